@@ -1,0 +1,1 @@
+"""rkc's compiler: ONNX/GGUF -> IR -> segments -> NPU tasks -> one .rkbin file."""

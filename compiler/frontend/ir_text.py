@@ -1,0 +1,20 @@
+"""IR text files: parse and verify."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ir.graph import Graph
+from ir.text import parse_graph
+
+
+def load(path: Path) -> Graph:
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        from ir.errors import FormatError
+
+        raise FormatError(f"{path}: IR text must be UTF-8") from None
+    graph = parse_graph(text, source=str(path))
+    graph.verify()
+    return graph

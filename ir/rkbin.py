@@ -1,0 +1,144 @@
+"""The .rkbin container: a GGUF file (written and read with the `gguf` package)
+with ``general.architecture = "rkbin"``.
+
+* ``rkbin.version``: format version (uint32); readers refuse others.
+* ``rkbin.module``: the Module (ir.program) as JSON: regions, tensors,
+  relocations, programs, metadata.
+* ``rkbin.checksums``: JSON {blob name: sha256 hex} over every blob's bytes.
+* every blob (weights, regcmd arrays, ...) is a GGUF tensor of raw bytes.
+
+Standard GGUF tools can list the file; GGUF's alignment keeps blobs mmap-able.
+Reading checks the magic, version, every checksum and every cross-reference
+(Module.validate) before returning, and turns any damage into one FormatError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ir.errors import FormatError
+from ir.npu.regcmd import ENTRY_BYTES
+from ir.program import Module
+
+FORMAT_VERSION = 1
+ARCH = "rkbin"
+KEY_VERSION = "rkbin.version"
+KEY_MODULE = "rkbin.module"
+KEY_CHECKSUMS = "rkbin.checksums"
+MAX_BLOB_NAME = 63  # GGUF tensor names are at most 63 bytes
+
+
+def _as_bytes(data: np.ndarray | bytes) -> np.ndarray:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(data), dtype=np.uint8)
+    return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+
+
+def _digest(data: np.ndarray) -> str:
+    return hashlib.sha256(memoryview(np.ascontiguousarray(data))).hexdigest()
+
+
+def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray | bytes]) -> int:
+    """Write atomically (temporary file in the same folder, then rename).
+    Returns the file size. Validates the module against the blobs first."""
+    import gguf
+
+    raw = {name: _as_bytes(b) for name, b in blobs.items()}
+    for name in raw:
+        if not name or len(name.encode()) > MAX_BLOB_NAME:
+            raise FormatError(f"blob name {name!r} must be 1..{MAX_BLOB_NAME} bytes")
+    module.validate({n: b.size for n, b in raw.items()})
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, arch=ARCH)
+        writer.add_uint32(KEY_VERSION, FORMAT_VERSION)
+        writer.add_string(KEY_MODULE, module.to_json())
+        writer.add_string(KEY_CHECKSUMS, json.dumps({n: _digest(b) for n, b in raw.items()}, sort_keys=True))
+        for name, data in raw.items():
+            # GGUF has no u8 type: raw bytes travel as I8 and are viewed back as u8
+            writer.add_tensor(name, data.view(np.int8) if data.size else np.zeros(0, np.int8),
+                              raw_dtype=gguf.GGMLQuantizationType.I8)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+@dataclass
+class Rkbin:
+    path: Path
+    module: Module
+    blobs: dict[str, np.ndarray]  # uint8 views (memory-mapped)
+
+    def regcmd_streams(self) -> list[tuple[str, np.ndarray]]:
+        """(title, entries) per task of every NPU step, for the disassembler."""
+        streams = []
+        regions = {r.name: r for r in self.module.regions}
+        for prog in self.module.programs:
+            for step in prog.steps:
+                for j, job in enumerate(step.jobs):
+                    for t, task in enumerate(job.tasks):
+                        blob = self.blobs[regions[task.region].blob]
+                        entries = blob[task.entry * ENTRY_BYTES:(task.entry + task.count) * ENTRY_BYTES]
+                        streams.append((f"{prog.name} / {step.name} / job {j} task {t}",
+                                        np.frombuffer(entries.tobytes(), dtype="<u8")))
+        return streams
+
+
+def read_rkbin(path: str | Path) -> Rkbin:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(2, "No such file", str(path))
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise FormatError(f"{path}: not an rkbin file (no GGUF magic)")
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:  # the reader raises many kinds on damage
+        raise FormatError(f"{path}: truncated or corrupt rkbin ({type(exc).__name__}: {exc})") from None
+    fields = reader.fields
+
+    def text(key: str) -> str:
+        if key not in fields:
+            raise FormatError(f"{path}: not an rkbin file (missing {key})")
+        return str(fields[key].contents())
+
+    if text("general.architecture") != ARCH:
+        raise FormatError(f"{path}: a GGUF file of architecture {text('general.architecture')!r}, not an rkbin")
+    version = int(fields[KEY_VERSION].contents()) if KEY_VERSION in fields else -1
+    if version != FORMAT_VERSION:
+        raise FormatError(f"{path}: rkbin format version {version}, this rkc reads version {FORMAT_VERSION}")
+    try:
+        checksums = json.loads(text(KEY_CHECKSUMS))
+    except ValueError:
+        raise FormatError(f"{path}: corrupt checksum table") from None
+    blobs = {t.name: np.asarray(t.data).view(np.uint8).reshape(-1) for t in reader.tensors}
+    if set(blobs) != set(checksums):
+        missing = sorted(set(checksums) ^ set(blobs))
+        raise FormatError(f"{path}: blob list and checksum table disagree ({', '.join(missing[:3])})")
+    for name, data in blobs.items():
+        if _digest(data) != checksums[name]:
+            raise FormatError(f"{path}: blob {name!r} fails its checksum (corrupt file)")
+    module = Module.from_json(text(KEY_MODULE))
+    try:
+        module.validate({n: b.size for n, b in blobs.items()})
+    except FormatError as exc:
+        raise FormatError(f"{path}: {exc}") from None
+    return Rkbin(path, module, blobs)
