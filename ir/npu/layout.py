@@ -1,0 +1,165 @@
+"""The NPU's native memory layouts, as pure numpy: one place for the emitters
+(packing weights at compile time), the simulator (reading what the hardware
+reads) and the runtime (converting tensors at segment edges).
+
+Feature maps ("NC1HWC2"): channels are cut into atoms of 16 bytes, C2 channels
+each (16 int8, 8 fp16/int16, 4 int32/fp32); memory order is
+``[C/C2][H][W][C2]``. A GEMM operand A[M, K] is the feature map C=K, H=M, W=1,
+i.e. ``[K/C2][M][C2]``. (hw-rocket-and-mesa.md 4.2, hw-matmul.md 2.1.)
+
+Weights for direct convolution (and GEMM as 1x1 convolution): kernels are
+grouped KG at a time (32 int8, 16 fp16), input channels 32 elements at a time
+(the last channel group holds what is left, rounded up to the 16-byte atom);
+memory order ``[kernel group][channel group][ky][kx][kernel][channel]``. Every
+full tile is 1 KiB. Depthwise weights have one kernel and channel groups of 64.
+(Mesa rkt_coefs.c as documented in hw-rocket-and-mesa.md 4.3; the GEMM layouts
+(N/32, K/32, 32, 32) int8 and (N/16, K/32, 16, 32) fp16 of hw-matmul.md 2.1 are
+the 1x1 case.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ATOM_BYTES = 16
+CHANNEL_GROUP = 32  # input channels per weight tile row
+DEPTHWISE_CHANNEL_GROUP = 64
+
+
+def c2_for(itemsize: int) -> int:
+    """Channels per 16-byte atom for elements of `itemsize` bytes."""
+    if itemsize not in (1, 2, 4):
+        raise ValueError(f"no NPU feature layout for {itemsize}-byte elements")
+    return ATOM_BYTES // itemsize
+
+
+def kernel_group_for(itemsize: int) -> int:
+    """Kernels per weight tile: 32 int8, 16 fp16/int16."""
+    if itemsize not in (1, 2):
+        raise ValueError(f"no NPU weight layout for {itemsize}-byte elements")
+    return 32 // itemsize
+
+
+def align(value: int, to: int) -> int:
+    return -(-value // to) * to
+
+
+# -- feature maps ---------------------------------------------------------------
+def feature_bytes(channels: int, height: int, width: int, itemsize: int) -> int:
+    c2 = c2_for(itemsize)
+    return align(channels, c2) * height * width * itemsize
+
+
+def pack_feature(x: np.ndarray, pad_value: int | float = 0) -> np.ndarray:
+    """[C, H, W] -> [ceil(C/C2), H, W, C2] (C2 from x's itemsize); channels past C
+    are filled with `pad_value`."""
+    c, h, w = x.shape
+    c2 = c2_for(x.dtype.itemsize)
+    out = np.full((align(c, c2), h, w), pad_value, dtype=x.dtype)
+    out[:c] = x
+    return np.ascontiguousarray(out.reshape(-1, c2, h, w).transpose(0, 2, 3, 1))
+
+
+def unpack_feature(native: np.ndarray, channels: int) -> np.ndarray:
+    """[C1, H, W, C2] -> [C, H, W]."""
+    c1, h, w, c2 = native.shape
+    return np.ascontiguousarray(native.transpose(0, 3, 1, 2).reshape(c1 * c2, h, w)[:channels])
+
+
+def feature_view(buf: np.ndarray, channels: int, height: int, width: int, dtype: np.dtype,
+                 surface_stride: int | None = None, line_stride: int | None = None) -> np.ndarray:
+    """View raw bytes as [C1, H, W, C2] with the given byte strides between
+    surfaces (channel groups) and lines (rows); dense by default."""
+    dtype = np.dtype(dtype)
+    c2 = c2_for(dtype.itemsize)
+    atom = c2 * dtype.itemsize
+    line = width * atom if line_stride is None else line_stride
+    surface = height * line if surface_stride is None else surface_stride
+    c1 = -(-channels // c2)
+    need = (c1 - 1) * surface + (height - 1) * line + width * atom if c1 and height and width else 0
+    if need > buf.size:
+        raise ValueError(f"feature map needs {need} bytes, buffer has {buf.size}")
+    return np.lib.stride_tricks.as_strided(
+        buf.view(dtype), shape=(c1, height, width, c2),
+        strides=(surface, line, atom, dtype.itemsize), writeable=buf.flags.writeable)
+
+
+def pack_gemm_a(a: np.ndarray) -> np.ndarray:
+    """A[M, K] -> feature [K/C2, M, 1, C2] (K padded with zeros)."""
+    return pack_feature(a.T[:, :, None])
+
+
+def unpack_gemm_c(native: np.ndarray, n: int) -> np.ndarray:
+    """Output feature [N/C2, M, 1, C2] -> C[M, N]."""
+    return unpack_feature(native, n)[:, :, 0].T
+
+
+# -- weights --------------------------------------------------------------------
+def weight_bytes(kernels: int, kh: int, kw: int, channels: int, itemsize: int) -> int:
+    return kernels * kh * kw * align(channels, c2_for(itemsize)) * itemsize
+
+
+def pack_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndarray:
+    """Direct-convolution weights [K, KH, KW, C] -> the flat native layout.
+
+    Input channels are padded to the 16-byte atom with `pad_value`; kernels are
+    not padded (the caller decides how many kernels the hardware sees)."""
+    k, kh, kw, c = w.shape
+    item = w.dtype.itemsize
+    kg = kernel_group_for(item)
+    cp = align(c, c2_for(item))
+    padded = np.full((k, kh, kw, cp), pad_value, dtype=w.dtype)
+    padded[..., :c] = w
+    parts = []
+    for k0 in range(0, k, kg):
+        for c0 in range(0, cp, CHANNEL_GROUP):
+            tile = padded[k0:k0 + kg, :, :, c0:c0 + CHANNEL_GROUP]  # [kg', kh, kw, cg']
+            parts.append(tile.transpose(1, 2, 0, 3).reshape(-1))
+    return np.concatenate(parts) if parts else np.zeros(0, w.dtype)
+
+
+def unpack_weights(flat: np.ndarray, kernels: int, kh: int, kw: int, channels: int) -> np.ndarray:
+    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned]."""
+    item = flat.dtype.itemsize
+    kg = kernel_group_for(item)
+    cp = align(channels, c2_for(item))
+    out = np.empty((kernels, kh, kw, cp), flat.dtype)
+    pos = 0
+    for k0 in range(0, kernels, kg):
+        kgs = min(kg, kernels - k0)
+        for c0 in range(0, cp, CHANNEL_GROUP):
+            cgs = min(CHANNEL_GROUP, cp - c0)
+            n = kh * kw * kgs * cgs
+            if pos + n > flat.size:
+                raise ValueError(f"weights need more than the {flat.size} elements given")
+            out[k0:k0 + kgs, :, :, c0:c0 + cgs] = flat[pos:pos + n].reshape(kh, kw, kgs, cgs).transpose(2, 0, 1, 3)
+            pos += n
+    return out
+
+
+def pack_depthwise_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndarray:
+    """Depthwise weights [KH, KW, C] -> flat native layout (channel groups of 64)."""
+    kh, kw, c = w.shape
+    cp = align(c, c2_for(w.dtype.itemsize))
+    padded = np.full((kh, kw, cp), pad_value, dtype=w.dtype)
+    padded[..., :c] = w
+    parts = [padded[:, :, c0:c0 + DEPTHWISE_CHANNEL_GROUP].reshape(-1)
+             for c0 in range(0, cp, DEPTHWISE_CHANNEL_GROUP)]
+    return np.concatenate(parts)
+
+
+def unpack_depthwise_weights(flat: np.ndarray, kh: int, kw: int, channels: int) -> np.ndarray:
+    cp = align(channels, c2_for(flat.dtype.itemsize))
+    out = np.empty((kh, kw, cp), flat.dtype)
+    pos = 0
+    for c0 in range(0, cp, DEPTHWISE_CHANNEL_GROUP):
+        cgs = min(DEPTHWISE_CHANNEL_GROUP, cp - c0)
+        n = kh * kw * cgs
+        out[:, :, c0:c0 + cgs] = flat[pos:pos + n].reshape(kh, kw, cgs)
+        pos += n
+    return out
+
+
+def pack_gemm_b(b: np.ndarray) -> np.ndarray:
+    """B[K, N] -> native 1x1 weights: N kernels of K channels."""
+    return pack_weights(np.ascontiguousarray(b.T)[:, None, None, :])
