@@ -34,8 +34,8 @@ class ConvInput:
 
     prec: Precision
     mode: str  # "direct" | "depthwise"
-    x: np.ndarray  # padded input [C, Hp, Wp] (int64 or float32)
-    weights: np.ndarray  # direct [K, kh, kw, C]; depthwise [kh, kw, C] (int64 or float32)
+    x: np.ndarray  # padded input [C, Hp, Wp] (int8/int16 values, or float32)
+    weights: np.ndarray  # direct [K, kh, kw, C]; depthwise [kh, kw, C] (int8/int16, or float32)
     kernels: int
     channels: int
     kh: int
@@ -259,9 +259,8 @@ def _fetch_argb(r: TaskRegisters, mem: IovaSpace, prec: Precision, w: int, h: in
             raise r.error(UnsupportedError, "CVT enabled but not for channel 0 (PER_CHANNEL_CVT_EN)",
                           "CNA_CVT_CON5")
         values = _cvt(r, values, cvt)
-    lo, hi = -128, 127
-    values = np.clip(values, lo, hi)
-    x = np.zeros((channels, h, w), np.int64)
+    values = np.clip(values, -128, 127)
+    x = np.zeros((channels, h, w), np.int8)
     x[0] = values  # the other channels of the atom carry nothing (Q3)
     return x
 
@@ -334,4 +333,4 @@ def _fetch_weights(r: TaskRegisters, mem: IovaSpace, prec: Precision, mode: str,
         w = layout.unpack_depthwise_weights(flat, kh, kw, channels)
     else:
         w = layout.unpack_weights(flat, kernels, kh, kw, channels)
-    return to_compute(w, prec), total
+    return to_compute(w, prec, copy=False), total  # unpacking already copied out of the BO

@@ -37,6 +37,16 @@ PRECISIONS = {
 INT_RANGE = {0: (-128, 127), 1: (-32768, 32767), 4: (-(1 << 31), (1 << 31) - 1)}
 
 
+# every fp16 bit pattern as float32: a table gather converts large weight arrays
+# several times faster than numpy's float16 casts on this build (exact, NaNs kept)
+_F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+_F16_TO_F32.flags.writeable = False
+
+
+def f16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return _F16_TO_F32[np.asarray(raw).view(np.uint16)]
+
+
 def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
@@ -51,13 +61,17 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def to_compute(raw: np.ndarray, prec: Precision) -> np.ndarray:
-    """Memory elements -> the values the MAC array multiplies (int64 or float32)."""
+def to_compute(raw: np.ndarray, prec: Precision, copy: bool = True) -> np.ndarray:
+    """Memory elements -> the values the MAC array multiplies: float32 for float
+    precisions, the integers themselves (int8/int16/int32, copied unless
+    `copy` is False) otherwise; callers widen before arithmetic that could overflow."""
     if prec.code == 3:
         return bf16_to_f32(raw)
+    if prec.code == 2:
+        return f16_to_f32(raw)
     if prec.is_float:
         return raw.astype(np.float32)
-    return raw.astype(np.int64)
+    return np.array(raw, dtype=prec.storage, copy=copy)
 
 
 def from_float(x: np.ndarray, prec: Precision) -> np.ndarray:
@@ -105,9 +119,7 @@ def exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     k = a.shape[-1]
     if k == 0 or a.size == 0 or b.size == 0:
         return np.zeros(a.shape[:-1] + b.shape[1:], np.int64)
-    amax = int(np.abs(a).max())
-    bmax = int(np.abs(b).max())
-    prod = max(amax * bmax, 1)
+    prod = max(_absmax(a) * _absmax(b), 1)
     chunk32 = (1 << 24) // prod
     if chunk32 >= 128:
         dtype, chunk = np.float32, chunk32
@@ -117,7 +129,18 @@ def exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     bf = b.astype(dtype)
     if chunk >= k:
         return (af @ bf).astype(np.int64)
+    if dtype is np.float32:
+        # each chunk result is an exact integer below 2**24; fewer than 2**29 of
+        # them sum exactly in float64
+        out = np.zeros(a.shape[:-1] + b.shape[1:], np.float64)
+        for k0 in range(0, k, chunk):
+            out += af[..., k0:k0 + chunk] @ bf[k0:k0 + chunk]
+        return out.astype(np.int64)
     out = np.zeros(a.shape[:-1] + b.shape[1:], np.int64)
     for k0 in range(0, k, chunk):
         out += (af[..., k0:k0 + chunk] @ bf[k0:k0 + chunk]).astype(np.int64)
     return out
+
+
+def _absmax(x: np.ndarray) -> int:
+    return max(abs(int(x.min())), abs(int(x.max())))

@@ -103,8 +103,10 @@ QUESTIONS: tuple[Question, ...] = (
         "Q10", "OUT_CVT rounding",
         "TRM: CVT_ROUND 'rounding type when 0.5' (0: carry if odd, 1: always carry), i.e. round to "
         "nearest. gregordinary out-cvt-converter: the shift truncates (floor) on the integer path.",
-        "`out_cvt_rounding`: see the value below (chosen by replaying Mesa's captures against "
-        "their independent references)."),
+        "Round to nearest, ties per CVT_ROUND (0: to even, 1: up); the same for the BS/BN MUL and EW "
+        "shifts and CLIP_TRUNCATE (`out_cvt_rounding`). Chosen by replaying Mesa's captures against "
+        "their independent references: nearest reproduces 187 exactly and the rest within 1 LSB, a "
+        "floor shift only 11 exactly."),
     Question(
         "Q11", "BS/BN ALU algorithms",
         "TRM: 2 = add, 4 = minus, 0/1/3 reserved. hw-matmul.md (NVDLA reading): 0 max, 1 min.",

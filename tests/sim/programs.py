@@ -313,3 +313,114 @@ def run_gemm(dev, a: np.ndarray, b: np.ndarray, out: str | None = None, chained:
     prog = place(dev, [conv_task(spec, x, w, y)], in_bos=[x.bo, w.bo], out_bos=[y.bo])
     dev.run([prog.job()], chained=chained)
     return read_gemm(dev, y, spec)
+
+
+# -- a flying (DPU-only) LUT activation, fp16 (dpu-lut-activation.md) -----------------------
+def lut_tables(f, index_scale: float, lo: float = 0.0, s_exp: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """LE/LO tables of q = (f(x) - lo) / 2^s_exp in unsigned Q0.15 (kept >= 1)."""
+    step = 32.0 / index_scale
+    le_x = -(512 - np.arange(513)) * step
+    lo_x = np.arange(513) * step
+    q = lambda x: np.clip(np.rint((f(x) - lo) / 2.0 ** s_exp * 32768), 1, 32767).astype(np.int16)
+    return q(le_x), q(lo_x)
+
+
+def flying_lut_task(x: Ref, y: Ref, atoms: int, le: np.ndarray, lo: np.ndarray, index_scale: float,
+                    lo_value: float = 0.0, s_exp: int = 0) -> RegcmdBuilder:
+    """y = f(x) for `atoms` 8-channel fp16 atoms laid out as one line (H=1)."""
+    c, h, w = 8, 1, atoms
+    b = RegcmdBuilder()
+    b.write("DPU_S_POINTER", 0xE)
+    b.write("DPU_RDMA_RDMA_S_POINTER", 0xE)
+    b.write("DPU_FEATURE_MODE_CFG", BURST_LEN=15, OUTPUT_MODE=2, FLYING_MODE=1)
+    b.write("DPU_DATA_FORMAT", OUT_PRECISION=2, IN_PRECISION=2, PROC_PRECISION=2)
+    b.write("DPU_OFFSET_PEND", 0)
+    b.address("DPU_DST_BASE_ADDR", y.bo, y.offset)
+    b.write("DPU_DST_SURF_STRIDE", DST_SURF_STRIDE=w * h)
+    b.write("DPU_DATA_CUBE_WIDTH", WIDTH=w - 1)
+    b.write("DPU_DATA_CUBE_HEIGHT", HEIGHT=h - 1)
+    b.write("DPU_DATA_CUBE_NOTCH_ADDR", 0)
+    b.write("DPU_DATA_CUBE_CHANNEL", ORIG_CHANNEL=c - 1, CHANNEL=c - 1)
+    b.write("DPU_BS_CFG", BS_RELU_BYPASS=1, BS_MUL_BYPASS=1, BS_ALU_BYPASS=1, BS_BYPASS=1)
+    for n in ("DPU_BS_ALU_CFG", "DPU_BS_MUL_CFG", "DPU_BS_RELUX_CMP_VALUE", "DPU_BS_OW_OP"):
+        b.write(n, 0)
+    b.write("DPU_BS_OW_CFG", SIZE_E_2=1, SIZE_E_1=1, SIZE_E_0=1, OD_BYPASS=1)
+    b.write("DPU_WDMA_SIZE_0", CHANNEL_WDMA=c - 1)
+    b.write("DPU_WDMA_SIZE_1", HEIGHT_WDMA=h - 1, WIDTH_WDMA=w - 1)
+    b.write("DPU_BN_CFG", BN_ALU_ALGO=2, BN_RELU_BYPASS=1)
+    b.write("DPU_BN_ALU_CFG", 0x80000000)  # fp32 -0.0: a no-op add
+    b.write("DPU_BN_MUL_CFG", BN_MUL_OPERAND=int(np.array(index_scale, np.float16).view(np.uint16)))
+    b.write("DPU_BN_RELUX_CMP_VALUE", 0)
+    b.write("DPU_EW_CFG", EW_RELU_BYPASS=1, EW_OP_CVT_BYPASS=1)
+    b.write("DPU_EW_CVT_OFFSET_VALUE", 0)
+    b.write("DPU_EW_CVT_SCALE_VALUE", EW_OP_CVT_SCALE=1)
+    b.write("DPU_EW_RELUX_CMP_VALUE", 0)
+    b.write("DPU_OUT_CVT_OFFSET", round(lo_value * 32768 / 2.0 ** s_exp) & 0xFFFFFFFF)
+    b.write("DPU_OUT_CVT_SCALE", FP32TOFP16_EN=1, OUT_CVT_SCALE=1)
+    b.write("DPU_OUT_CVT_SHIFT", CVT_TYPE=1, MINUS_EXP=15 - s_exp)
+    for i in range(8):
+        b.write(f"DPU_EW_OP_VALUE_{i}", 0)
+    b.write("DPU_SURFACE_ADD", SURF_ADD=w * h * 2)
+    b.write("UNNAMED_0x40c4", 0)
+    for table, values in ((0, le), (1, lo)):
+        b.write("DPU_LUT_ACCESS_CFG", LUT_ACCESS_TYPE=1, LUT_TABLE_ID=table, LUT_ADDR=0)
+        for v in values:
+            b.write("DPU_LUT_ACCESS_DATA", LUT_ACCESS_DATA=int(v) & 0xFFFF)
+    b.write("DPU_LUT_CFG", LUT_HYBRID_PRIORITY=1, LUT_OFLOW_PRIORITY=1, LUT_LO_LE_MUX=2)
+    b.write("DPU_LUT_INFO", LUT_LO_INDEX_SELECT=5, LUT_LE_INDEX_SELECT=5)
+    b.write("DPU_LUT_LE_START", (-16384) & 0xFFFFFFFF)
+    b.write("DPU_LUT_LE_END", 0)
+    b.write("DPU_LUT_LO_START", 0)
+    b.write("DPU_LUT_LO_END", 16384)
+    for n in ("LE_SLOPE_SCALE", "LE_SLOPE_SHIFT", "LO_SLOPE_SCALE", "LO_SLOPE_SHIFT"):
+        b.write(f"DPU_LUT_{n}", 0)
+    b.write("DPU_RDMA_RDMA_DATA_CUBE_WIDTH", WIDTH=w - 1)
+    b.write("DPU_RDMA_RDMA_DATA_CUBE_HEIGHT", HEIGHT=h - 1)
+    b.write("DPU_RDMA_RDMA_DATA_CUBE_CHANNEL", CHANNEL=c - 1)
+    b.address("DPU_RDMA_RDMA_SRC_BASE_ADDR", x.bo, x.offset)
+    for n in ("BRDMA_CFG", "BS_BASE_ADDR", "NRDMA_CFG", "BN_BASE_ADDR", "EW_BASE_ADDR", "EW_SURF_STRIDE",
+              "SRC_DMA_CFG", "SURF_NOTCH", "PAD_CFG", "EW_SURF_NOTCH"):
+        b.write(f"DPU_RDMA_RDMA_{n}", 0)
+    b.write("DPU_RDMA_RDMA_ERDMA_CFG", ERDMA_DISABLE=1)
+    b.write("DPU_RDMA_RDMA_FEATURE_MODE_CFG", IN_PRECISION=2, BURST_LEN=15, PROC_PRECISION=2,
+            MRDMA_FP16TOFP32_EN=1, FLYING_MODE=1)
+    b.write("DPU_RDMA_RDMA_WEIGHT", E_WEIGHT=1, N_WEIGHT=1, B_WEIGHT=1, M_WEIGHT=1)
+    b.finish(0x18)  # DPU | DPU_RDMA
+    return b
+
+
+# -- a standalone fp16 pool (ppu-pooling.md) ------------------------------------------------
+def pool_task(x: Ref, y: Ref, c: int, h: int, w: int, k: int, stride: int, method: str,
+              pad: int = 0) -> RegcmdBuilder:
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    b = RegcmdBuilder()
+    b.write("PPU_S_POINTER", 0xE)
+    b.write("PPU_RDMA_RDMA_S_POINTER", 0xE)
+    b.write("PPU_DATA_CUBE_IN_WIDTH", CUBE_IN_WIDTH=w - 1)
+    b.write("PPU_DATA_CUBE_IN_HEIGHT", CUBE_IN_HEIGHT=h - 1)
+    b.write("PPU_DATA_CUBE_IN_CHANNEL", CUBE_IN_CHANNEL=c - 1)
+    b.write("PPU_DATA_CUBE_OUT_WIDTH", CUBE_OUT_WIDTH=ow - 1)
+    b.write("PPU_DATA_CUBE_OUT_HEIGHT", CUBE_OUT_HEIGHT=oh - 1)
+    b.write("PPU_DATA_CUBE_OUT_CHANNEL", CUBE_OUT_CHANNEL=c - 1)
+    b.write("PPU_OPERATION_MODE_CFG", FLYING_MODE=1, POOLING_METHOD={"avg": 0, "max": 1, "min": 2}[method])
+    b.write("PPU_POOLING_KERNEL_CFG", KERNEL_STRIDE_HEIGHT=stride - 1, KERNEL_STRIDE_WIDTH=stride - 1,
+            KERNEL_HEIGHT=k - 1, KERNEL_WIDTH=k - 1)
+    recip = int(np.array(65536.0 / k, np.float16).view(np.uint16)) if method == "avg" else 0
+    b.write("PPU_RECIP_KERNEL_WIDTH", RECIP_KERNEL_WIDTH=recip)
+    b.write("PPU_RECIP_KERNEL_HEIGHT", RECIP_KERNEL_HEIGHT=recip)
+    b.write("PPU_POOLING_PADDING_CFG", PAD_BOTTOM=pad, PAD_RIGHT=pad, PAD_TOP=pad, PAD_LEFT=pad)
+    b.write("PPU_PADDING_VALUE_1_CFG", 0xFC00 if method == "max" else 0)
+    b.write("PPU_PADDING_VALUE_2_CFG", 0)
+    b.address("PPU_DST_BASE_ADDR", y.bo, y.offset)
+    b.write("PPU_DST_SURF_STRIDE", DST_SURF_STRIDE=oh * ow)
+    b.write("PPU_DATA_FORMAT", INDEX_ADD=oh * ow, PROC_PRECISION=2)
+    b.write("PPU_MISC_CTRL", BURST_LEN=3)
+    b.write("PPU_RDMA_RDMA_CUBE_IN_WIDTH", CUBE_IN_WIDTH=w - 1)
+    b.write("PPU_RDMA_RDMA_CUBE_IN_HEIGHT", CUBE_IN_HEIGHT=h - 1)
+    b.write("PPU_RDMA_RDMA_CUBE_IN_CHANNEL", CUBE_IN_CHANNEL=c - 1)
+    b.address("PPU_RDMA_RDMA_SRC_BASE_ADDR", x.bo, x.offset)
+    b.write("PPU_RDMA_RDMA_SRC_LINE_STRIDE", SRC_LINE_STRIDE=w)
+    b.write("PPU_RDMA_RDMA_SRC_SURF_STRIDE", SRC_SURF_STRIDE=w * h)
+    b.write("PPU_RDMA_RDMA_DATA_FORMAT", IN_PRECISION=2)
+    b.finish(0x60)
+    return b
