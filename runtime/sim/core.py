@@ -17,7 +17,7 @@ import numpy as np
 
 from runtime.sim.cna import ConvInput
 from runtime.sim.errors import FieldError, GeometryError, UnsupportedError
-from runtime.sim.numerics import exact_int_matmul, shift_round
+from runtime.sim.numerics import blas_threads_for, exact_int_matmul, shift_round
 from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import TaskRegisters
 
@@ -77,7 +77,8 @@ def convolve(conv: ConvInput, channels: int, want_window_sum: bool) -> Accumulat
             cols = np.concatenate([window(x, ky, kx).reshape(c, -1) for ky, kx in taps], axis=0)
         wmat = w.reshape(k, kh * kw * c)  # [K, (ky, kx, c)] matches the cols order
         if conv.prec.is_float:
-            acc = (wmat.astype(np.float32) @ cols.astype(np.float32)).reshape(k, ho, wo)
+            with blas_threads_for(wmat.size * cols.shape[1]):
+                acc = (wmat.astype(np.float32, copy=False) @ cols.astype(np.float32, copy=False)).reshape(k, ho, wo)
         else:
             acc = exact_int_matmul(wmat, cols).reshape(k, ho, wo)
         wsum = None

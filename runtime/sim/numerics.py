@@ -7,9 +7,12 @@ gregordinary/rockchip-npu-notes encodings/precision-field.md).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 
 @dataclass(frozen=True)
@@ -127,20 +130,39 @@ def exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         dtype, chunk = np.float64, max((1 << 53) // prod, 1)
     af = a.astype(dtype)
     bf = b.astype(dtype)
-    if chunk >= k:
-        return (af @ bf).astype(np.int64)
-    if dtype is np.float32:
-        # each chunk result is an exact integer below 2**24; fewer than 2**29 of
-        # them sum exactly in float64
-        out = np.zeros(a.shape[:-1] + b.shape[1:], np.float64)
+    with blas_threads_for(a.size * b.shape[-1]):
+        if chunk >= k:
+            return (af @ bf).astype(np.int64)
+        if dtype is np.float32:
+            # each chunk result is an exact integer below 2**24; fewer than 2**29 of
+            # them sum exactly in float64
+            out = np.zeros(a.shape[:-1] + b.shape[1:], np.float64)
+            for k0 in range(0, k, chunk):
+                out += af[..., k0:k0 + chunk] @ bf[k0:k0 + chunk]
+            return out.astype(np.int64)
+        out = np.zeros(a.shape[:-1] + b.shape[1:], np.int64)
         for k0 in range(0, k, chunk):
-            out += af[..., k0:k0 + chunk] @ bf[k0:k0 + chunk]
-        return out.astype(np.int64)
-    out = np.zeros(a.shape[:-1] + b.shape[1:], np.int64)
-    for k0 in range(0, k, chunk):
-        out += (af[..., k0:k0 + chunk] @ bf[k0:k0 + chunk]).astype(np.int64)
-    return out
+            out += (af[..., k0:k0 + chunk] @ bf[k0:k0 + chunk]).astype(np.int64)
+        return out
 
 
 def _absmax(x: np.ndarray) -> int:
     return max(abs(int(x.min())), abs(int(x.max())))
+
+
+# Below this many multiply-adds a product runs on one BLAS thread: waking the
+# pool's other threads costs more than it saves, and on a busy machine a small
+# sgemm can stall for milliseconds waiting for them.
+SINGLE_THREAD_MACS = 16 << 20
+
+
+@lru_cache(maxsize=1)
+def _blas() -> ThreadpoolController:
+    return ThreadpoolController()
+
+
+def blas_threads_for(macs: int):
+    """Context for one matrix product of `macs` multiply-adds."""
+    if macs >= SINGLE_THREAD_MACS:
+        return nullcontext()
+    return _blas().limit(limits=1, user_api="blas")
