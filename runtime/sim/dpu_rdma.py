@@ -24,7 +24,6 @@ from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangE
                                 SimError, UnsupportedError)
 from runtime.sim.memory import IovaSpace
 from runtime.sim.numerics import PRECISIONS, Precision, to_compute
-from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import TaskRegisters
 
 ATOM = 16

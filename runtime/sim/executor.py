@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, TARGET_OP_ENABLE, EntryKind
+from ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, EntryKind
 from ir.npu.registers import OP_ENABLE_BITS, Block
 from runtime.sim import cbuf as cbuf_mod
 from runtime.sim import cna, core, dpu, dpu_rdma, ppu
-from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, NoWritebackError, PcAmountError,
-                                QuirkRejection, SimError, UnknownRegisterError, UnsupportedError)
+from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, NoWritebackError,
+                                PcAmountError, QuirkRejection, SimError, UnknownRegisterError,
+                                UnsupportedError)
 from runtime.sim.memory import IovaSpace
 from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import RegisterFile, TaskRegisters, decode_cached

@@ -16,12 +16,12 @@ from typing import Sequence
 import numpy as np
 
 from ir.npu import layout
-from ir.npu.regcmd import RegcmdBuilder, decode_entry, link_tail, pc_amount_for, write_entry
+from ir.npu.regcmd import RegcmdBuilder, decode_entry, link_tail, write_entry
 from runtime.device import BufferObject, Job, Task
 
 PREC = {"int8": 0, "int16": 1, "fp16": 2, "bf16": 3, "int32": 4, "fp32": 5}
 ITEM = {"int8": 1, "int16": 2, "fp16": 2, "bf16": 2, "int32": 4, "fp32": 4}
-PASS = {("int8", False): 16, ("int8", True): 32, ("fp16", False): 8, ("fp16", True): 16}
+PASS = {("int8", False): 16, ("int8", True): 32, ("fp16", False): 8, ("fp16", True): 16, ("bf16", False): 8}
 BANK = 32 * 1024
 CONV_ENABLE = 0x1D  # CNA | CORE | DPU | DPU_RDMA
 

@@ -17,9 +17,6 @@ import base64
 import json
 from collections import Counter
 
-import numpy as np
-import pytest
-
 from golden_cases import case_files
 from ir.npu.regcmd import decode
 from runtime.replay import replay

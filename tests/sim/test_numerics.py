@@ -202,3 +202,47 @@ def test_chained_and_stock_submission_agree():
         outs.append((read_gemm(dev, y1, spec), read_gemm(dev, y2, spec)))
         assert dev.counters.kicks == (1 if chained else 2) and dev.counters.tasks == 2
     np.testing.assert_array_equal(outs[0][0], outs[1][1])
+
+
+def test_bf16_gemm_to_fp32():
+    """bf16 runs the fp16 program with precision 3 (precision-field.md): exact
+    bf16 products, fp32 accumulation."""
+    from programs import PREC, gemm_spec
+    rng = _rng(11)
+    a32 = rng.standard_normal((8, 64)).astype(np.float32)
+    b32 = rng.standard_normal((64, 16)).astype(np.float32)
+    to_bf16 = lambda x: (x.view(np.uint32) >> 16).astype(np.uint16)  # truncation is a valid bf16 value
+    a, b = to_bf16(a32), to_bf16(b32)
+    af = (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    bf = (b.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    dev = SimDevice()
+    spec = gemm_spec(8, 64, 16, "fp16", "fp32")
+    spec.prec = "bf16"
+    x, w = Ref(upload(dev, layout.pack_gemm_a(a))), Ref(upload(dev, layout.pack_gemm_b(b)))
+    y = Ref(dev.create_bo(spec.out_bytes()))
+    dev.run([place(dev, [conv_task(spec, x, w, y)]).job()])
+    got = read_gemm(dev, y, spec).astype(np.float64)
+    ref = af @ bf
+    assert PREC["bf16"] == 3 and np.all(np.abs(got - ref) <= 64 * 2.0**-23 * (np.abs(af) @ np.abs(bf)) + 1e-12)
+
+
+def test_data_reuse_reads_the_feature_once():
+    from ir.npu.regcmd import write_entry
+    rng = _rng(12)
+    a = rng.integers(-128, 128, (16, 64)).astype(np.int8)
+    b = rng.integers(-128, 128, (64, 32)).astype(np.int8)
+    dev = SimDevice()
+    spec = gemm_spec(16, 64, 32)
+    x, w = Ref(upload(dev, layout.pack_gemm_a(a))), Ref(upload(dev, layout.pack_gemm_b(b)))
+    y1, y2 = Ref(dev.create_bo(spec.out_bytes())), Ref(dev.create_bo(spec.out_bytes()))
+    first, second = conv_task(spec, x, w, y1), conv_task(spec, x, w, y2)
+    for j, e in enumerate(second.entries):
+        if (e & 0xFFFF) == 0x1040 and (e >> 48) == 0x0201:
+            second.entries[j] = write_entry("CNA_CBUF_CON0", e >> 16 & 0xFFFF | 1 << 12)  # DATA_REUSE
+    dev.run([place(dev, [first, second]).job()])
+    assert dev.counters.dma_read["CNA_FEATURE"] == 16 * 64
+    np.testing.assert_array_equal(read_gemm(dev, y2, spec), a.astype(np.int64) @ b)
+    from runtime.sim.errors import CbufError
+    import pytest
+    with pytest.raises(CbufError, match="DATA_REUSE"):
+        dev.run([place(dev, [second]).job()])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ir.npu.regcmd import TARGET_MARKER, encode, write_entry
-from programs import Ref, conv_task, gemm_buffers, gemm_spec, place, resolve, upload
+from programs import Ref, conv_task, gemm_buffers, place, resolve, upload
 from runtime.device import Job, Task
 from runtime.sim import SimDevice
 from runtime.sim.errors import (AlignmentError, CbufError, FieldError, GeometryError, HangError,
