@@ -57,6 +57,8 @@ class ConvSpec:
     # DPU epilogue
     bias: bool = False  # BS ALU add of a per-channel operand (int32 / fp32) from BRDMA
     relu: bool = False  # BS ReLU
+    relux: int | None = None  # BS ReLU clamped at this value
+    bn_mul_shift: int | None = None  # BN MUL by a per-channel int16 operand from NRDMA, then >> shift
     out_scale: int = 1
     out_shift: int = 0
     out_offset: int = 0
@@ -102,7 +104,7 @@ class ConvSpec:
 
 
 def conv_task(s: ConvSpec, x: Ref, w: Ref, y: Ref, bias: Ref | None = None, ew: Ref | None = None,
-              enable: int = CONV_ENABLE) -> RegcmdBuilder:
+              enable: int = CONV_ENABLE, bn: Ref | None = None) -> RegcmdBuilder:
     """One CNA+CORE+DPU(+RDMA) task in the order of the captured streams."""
     p = PREC[s.prec]
     e = ITEM[s.prec]
@@ -156,7 +158,8 @@ def conv_task(s: ConvSpec, x: Ref, w: Ref, y: Ref, bias: Ref | None = None, ew: 
     b.write("UNNAMED_0x3030", 0)
     mode = 3 if s.depthwise else 0
     b.write("DPU_FEATURE_MODE_CFG", BURST_LEN=15, CONV_MODE=mode, OUTPUT_MODE=2)
-    b.write("DPU_DATA_FORMAT", OUT_PRECISION=PREC[s.out], IN_PRECISION=p, PROC_PRECISION=p)
+    b.write("DPU_DATA_FORMAT", OUT_PRECISION=PREC[s.out], IN_PRECISION=p, PROC_PRECISION=p,
+            BN_MUL_SHIFT_VALUE_NEG=s.bn_mul_shift or 0)
     b.write("DPU_OFFSET_PEND", 0)
     b.address("DPU_DST_BASE_ADDR", y.bo, y.offset)
     b.write("DPU_DST_SURF_STRIDE", DST_SURF_STRIDE=oh * ow)
@@ -164,21 +167,27 @@ def conv_task(s: ConvSpec, x: Ref, w: Ref, y: Ref, bias: Ref | None = None, ew: 
     b.write("DPU_DATA_CUBE_HEIGHT", HEIGHT=oh - 1)
     b.write("DPU_DATA_CUBE_NOTCH_ADDR", 0)
     b.write("DPU_DATA_CUBE_CHANNEL", ORIG_CHANNEL=s.out_channels - 1, CHANNEL=s.out_channels - 1)
-    if s.bias or s.relu:
-        b.write("DPU_BS_CFG", BS_ALU_ALGO=2 if s.bias else 0, BS_ALU_SRC=int(s.bias), BS_RELU_BYPASS=int(not s.relu),
-                BS_MUL_BYPASS=1, BS_ALU_BYPASS=int(not s.bias))
+    relu = s.relu or s.relux is not None
+    if s.bias or relu:
+        b.write("DPU_BS_CFG", BS_ALU_ALGO=2 if s.bias else 0, BS_ALU_SRC=int(s.bias), BS_RELU_BYPASS=int(not relu),
+                BS_RELUX_EN=int(s.relux is not None), BS_MUL_BYPASS=1, BS_ALU_BYPASS=int(not s.bias))
     else:
         b.write("DPU_BS_CFG", BS_RELU_BYPASS=1, BS_MUL_BYPASS=1, BS_ALU_BYPASS=1, BS_BYPASS=1)
     b.write("DPU_BS_ALU_CFG", 0)
     b.write("DPU_BS_MUL_CFG", 0)
-    b.write("DPU_BS_RELUX_CMP_VALUE", 0)
+    b.write("DPU_BS_RELUX_CMP_VALUE", (s.relux or 0) & 0xFFFFFFFF)
     b.write("DPU_BS_OW_CFG", SIZE_E_2=s.size_e, SIZE_E_1=s.size_e, SIZE_E_0=s.size_e, OD_BYPASS=int(s.ow_op == 0))
     b.write("DPU_BS_OW_OP", OW_OP=s.ow_op & 0xFFFF)
     b.write("DPU_WDMA_SIZE_0", CHANNEL_WDMA=s.out_channels - 1)
     b.write("DPU_WDMA_SIZE_1", HEIGHT_WDMA=oh - 1, WIDTH_WDMA=ow - 1)
-    b.write("DPU_BN_CFG", BN_RELU_BYPASS=1, BN_MUL_BYPASS=1, BN_ALU_BYPASS=1, BN_BYPASS=1)
-    b.write("DPU_BN_ALU_CFG", 0)
-    b.write("DPU_BN_MUL_CFG", 0)
+    if s.bn_mul_shift is not None:
+        b.write("DPU_BN_CFG", BN_RELU_BYPASS=1, BN_ALU_BYPASS=1)
+        b.write("DPU_BN_ALU_CFG", 0)
+        b.write("DPU_BN_MUL_CFG", BN_MUL_SHIFT_VALUE=s.bn_mul_shift, BN_MUL_SRC=1)
+    else:
+        b.write("DPU_BN_CFG", BN_RELU_BYPASS=1, BN_MUL_BYPASS=1, BN_ALU_BYPASS=1, BN_BYPASS=1)
+        b.write("DPU_BN_ALU_CFG", 0)
+        b.write("DPU_BN_MUL_CFG", 0)
     b.write("DPU_BN_RELUX_CMP_VALUE", 0)
     if s.residual:
         size = {1: 1, 2: 2, 4: 3}[ITEM[s.residual_dtype]]
@@ -211,8 +220,12 @@ def conv_task(s: ConvSpec, x: Ref, w: Ref, y: Ref, bias: Ref | None = None, ew: 
         b.address("DPU_RDMA_RDMA_BS_BASE_ADDR", bias.bo, bias.offset)
     else:
         b.write("DPU_RDMA_RDMA_BS_BASE_ADDR", 0)
-    b.write("DPU_RDMA_RDMA_NRDMA_CFG", 0)
-    b.write("DPU_RDMA_RDMA_BN_BASE_ADDR", 0)
+    if s.bn_mul_shift is not None:
+        b.write("DPU_RDMA_RDMA_NRDMA_CFG", NRDMA_DATA_USE=4)  # the MUL operand
+        b.address("DPU_RDMA_RDMA_BN_BASE_ADDR", bn.bo, bn.offset)
+    else:
+        b.write("DPU_RDMA_RDMA_NRDMA_CFG", 0)
+        b.write("DPU_RDMA_RDMA_BN_BASE_ADDR", 0)
     surface = oh * ow
     if s.residual:
         size = {1: 1, 2: 2, 4: 3}[ITEM[s.residual_dtype]]

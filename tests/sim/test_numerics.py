@@ -246,3 +246,24 @@ def test_data_reuse_reads_the_feature_once():
     import pytest
     with pytest.raises(CbufError, match="DATA_REUSE"):
         dev.run([place(dev, [second]).job()])
+
+
+@FAST
+@given(hw=st.integers(4, 8), k=st.sampled_from([16, 32, 48]), relux=st.integers(0, 4000), shift=st.integers(0, 12),
+       seed=st.integers(0, 2**31))
+def test_bias_relux_and_per_channel_bn_multiplier(hw, k, relux, shift, seed):
+    """BS: bias from BRDMA, ReLU clamped at RELUX; BN: per-channel int16 multiplier
+    from NRDMA, shifted (ties up); OUT_CVT to int32."""
+    spec = ConvSpec("int8", 16, hw, hw, k, out="int32", bias=True, relux=relux, bn_mul_shift=shift)
+    x, wt, packed, b = _conv_case(spec, seed)
+    m = _rng(seed + 2).integers(-300, 300, spec.written_channels).astype(np.int16)
+    dev = SimDevice()
+    refs = [Ref(upload(dev, a)) for a in (layout.pack_feature(x), packed, b, m)]
+    yb = Ref(dev.create_bo(spec.out_bytes()))
+    dev.run([place(dev, [conv_task(spec, refs[0], refs[1], yb, bias=refs[2], bn=refs[3])]).job()])
+    n = -(-spec.written_channels // 4)
+    got = layout.unpack_feature(yb.bo.host[:n * hw * hw * 16].view(np.int32).reshape(n, hw, hw, 4), k)
+    acc = _ref_conv(x.astype(np.int64), wt.astype(np.int64), 1, 0, 0, hw, hw, 0, False) + b[:k, None, None]
+    acc = np.clip(acc, 0, relux) * m[:k, None, None].astype(np.int64)
+    ref = (acc + (1 << shift >> 1)) >> shift if shift else acc
+    np.testing.assert_array_equal(got, ref)
