@@ -118,15 +118,19 @@ def pack_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, w.dtype)
 
 
-def unpack_weights(flat: np.ndarray, kernels: int, kh: int, kw: int, channels: int) -> np.ndarray:
-    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned]."""
-    item = flat.dtype.itemsize
+def unpack_weights(flat: np.ndarray, kernels: int, kh: int, kw: int, channels: int,
+                   itemsize: int | None = None, dtype=None) -> np.ndarray:
+    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned].
+
+    `itemsize` is the element size the layout was packed for (default: flat's);
+    `dtype` the result's (default: flat's), converted in the same pass."""
+    item = itemsize or flat.dtype.itemsize
     kg = kernel_group_for(item)
     cp = align(channels, c2_for(item))
     need = kernels * kh * kw * cp
     if flat.size < need:
         raise ValueError(f"weights need more than the {flat.size} elements given")
-    out = np.empty((kernels, kh, kw, cp), flat.dtype)
+    out = np.empty((kernels, kh, kw, cp), dtype or flat.dtype)
     full = kernels // kg * kg
     if full:  # every whole kernel group at once
         _unpack_kernel_groups(flat[:full * kh * kw * cp], out[:full], kg, kh, kw, cp)

@@ -324,7 +324,10 @@ def _fetch_weights(r: TaskRegisters, mem: IovaSpace, prec: Precision, mode: str,
         raise exc.located(register="CNA_DCOMP_ADDR0", entry=r.entry("CNA_DCOMP_ADDR0"))
     flat = raw.view(prec.storage)
     if mode == "depthwise":
-        w = layout.unpack_depthwise_weights(flat, kh, kw, channels)
+        w = to_compute(layout.unpack_depthwise_weights(flat, kh, kw, channels), prec, copy=False)
     else:
-        w = layout.unpack_weights(flat, kernels, kh, kw, channels)
-    return to_compute(w, prec, copy=False), total  # unpacking already copied out of the BO
+        # float32 in one pass: the MAC products are exact in it (integers via the
+        # chunked BLAS of core.py); float precisions convert before the reorder
+        values = flat if not prec.is_float else to_compute(flat, prec)
+        w = layout.unpack_weights(values, kernels, kh, kw, channels, itemsize=prec.itemsize, dtype=np.float32)
+    return w, total

@@ -80,7 +80,8 @@ def convolve(conv: ConvInput, channels: int, want_window_sum: bool) -> Accumulat
             with blas_threads_for(wmat.size * cols.shape[1]):
                 acc = (wmat.astype(np.float32, copy=False) @ cols.astype(np.float32, copy=False)).reshape(k, ho, wo)
         else:
-            acc = exact_int_matmul(wmat, cols).reshape(k, ho, wo)
+            lim = 1 << (8 * conv.prec.itemsize - 1)  # |int8| <= 128, |int16| <= 32768
+            acc = exact_int_matmul(wmat, cols, bound=lim * lim).reshape(k, ho, wo)
         wsum = None
         if want_window_sum:
             plane = x.sum(axis=0, dtype=np.int64)

@@ -111,25 +111,26 @@ def saturate(x: np.ndarray, code: int) -> np.ndarray:
     return np.clip(x, lo, hi)
 
 
-def exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def exact_int_matmul(a: np.ndarray, b: np.ndarray, bound: int | None = None) -> np.ndarray:
     """a @ b for integer-valued arrays, exactly, through float BLAS.
 
     Every partial sum of integer products is an integer; float32 holds them
     exactly below 2**24 and float64 below 2**53, in any summation order. So the
     reduction is cut into chunks small enough for float32 (fast sgemm) when the
     operands are small (int8), else float64, and the chunk results are summed
-    in int64."""
+    in int64. `bound` caps |a_ij * b_jk| when the caller knows it (e.g. from the
+    element types), saving a pass over the data."""
     k = a.shape[-1]
     if k == 0 or a.size == 0 or b.size == 0:
         return np.zeros(a.shape[:-1] + b.shape[1:], np.int64)
-    prod = max(_absmax(a) * _absmax(b), 1)
+    prod = max(bound if bound is not None else _absmax(a) * _absmax(b), 1)
     chunk32 = (1 << 24) // prod
     if chunk32 >= 128:
         dtype, chunk = np.float32, chunk32
     else:
         dtype, chunk = np.float64, max((1 << 53) // prod, 1)
-    af = a.astype(dtype)
-    bf = b.astype(dtype)
+    af = a.astype(dtype, copy=False)
+    bf = b.astype(dtype, copy=False)
     with blas_threads_for(a.size * b.shape[-1]):
         if chunk >= k:
             return (af @ bf).astype(np.int64)
