@@ -119,12 +119,10 @@ def pack_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndarray:
 
 
 def unpack_weights(flat: np.ndarray, kernels: int, kh: int, kw: int, channels: int,
-                   itemsize: int | None = None, dtype=None) -> np.ndarray:
-    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned].
-
-    `itemsize` is the element size the layout was packed for (default: flat's);
-    `dtype` the result's (default: flat's), converted in the same pass."""
-    item = itemsize or flat.dtype.itemsize
+                   dtype=None) -> np.ndarray:
+    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned],
+    as `dtype` (default: flat's), converted in the same pass."""
+    item = flat.dtype.itemsize
     kg = kernel_group_for(item)
     cp = align(channels, c2_for(item))
     need = kernels * kh * kw * cp
