@@ -10,6 +10,7 @@ from ir.errors import UnsupportedError
 # operation class name -> "module:function(op, options) -> EmitResult"
 LOWERINGS = {
     "MesaConv": "compiler.npu.mesa:lower_mesa_with_options",
+    "Gemm": "compiler.npu.gemm:lower_gemm",
 }
 
 
