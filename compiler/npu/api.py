@@ -341,6 +341,7 @@ class Task:
     cbuf: CbufPlan | None
     counters: Counters
     label: str = ""
+    touches: list[tuple[str, int, int]] = field(default_factory=list)  # (buffer, start, end) bytes read/written
 
     @property
     def count(self) -> int:
@@ -407,6 +408,22 @@ class EmitResult:
         for t in self.tasks:
             total.add(t.counters)
         return total
+
+    def extents(self) -> dict[str, int]:
+        """Bytes each buffer must have (from its start) for this op's tasks: what
+        they read and write, including channels written past the logical end."""
+        out: dict[str, int] = {}
+        for t in self.tasks:
+            for buf, _, end in t.touches:
+                out[buf] = max(out.get(buf, 0), end)
+        for c in self.constants:
+            out[c.name] = max(out.get(c.name, 0), len(c.data))
+        for s in self.scratch:
+            out[s.name] = max(out.get(s.name, 0), s.size)
+        for step in self.cpu:
+            for f in (*step.inputs, step.output):
+                out[f.buffer] = max(out.get(f.buffer, 0), f.offset + f.nbytes)
+        return out
 
     @property
     def kicks_stock(self) -> int:

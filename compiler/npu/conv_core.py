@@ -34,6 +34,9 @@ from ir.npu import hw, layout
 BURST_LEN = 15  # DMA burst length every public program uses (Mesa, rocket-userspace)
 DW_FEATURE_GRAINS_BASE = 50  # Mesa's depthwise prefetch depth, 50 + stride + 1
 BANK_BYTES = hw.CBUF_BANK_BYTES
+# feature maps of fewer than 4 rows give wrong results on silicon (rocket-userspace
+# include/rocket_matmul.h; hw-matmul.md 2.3): every task reads at least 4 rows
+MIN_INPUT_ROWS = 4
 
 
 def kernel_group(in_dtype: str) -> int:
@@ -108,7 +111,12 @@ def tile_registers(t: ConvTile) -> RegisterFile:
     r.set("DPU_S_POINTER", **S_POINTER_FIELDS)
     r.set("DPU_RDMA_RDMA_S_POINTER", **S_POINTER_FIELDS)
     r.set("CNA_CONV_CON1", CONV_MODE=3 if t.depthwise else 0, IN_PRECISION=in_p, PROC_PRECISION=in_p)
-    grains = (DW_FEATURE_GRAINS_BASE + sy + 1) if t.depthwise else min(f.height + 1, formats.FEATURE_GRAINS_MAX)
+    # at least the TRM's minimum kernel_h + stride_y + 1
+    grains = (DW_FEATURE_GRAINS_BASE + sy + 1) if t.depthwise else \
+        min(max(f.height + 1, kh + sy + 1), formats.FEATURE_GRAINS_MAX)
+    if f.height < MIN_INPUT_ROWS:
+        raise UnsupportedError(f"{t.label}: a task reads {f.height} input rows; fewer than {MIN_INPUT_ROWS} "
+                               f"compute wrongly on hardware (pad the map, or run it on the CPU)")
     r.set("CNA_CONV_CON2", FEATURE_GRAINS=grains)
     r.set("CNA_CONV_CON3", CONV_X_STRIDE=sx, CONV_Y_STRIDE=sy)
     r.set("CNA_DATA_SIZE0", DATAIN_WIDTH=f.width, DATAIN_HEIGHT=f.height)
@@ -139,7 +147,8 @@ def tile_registers(t: ConvTile) -> RegisterFile:
     r.set("CNA_PAD_CON1", PAD_VALUE=t.pad_value & 0xFFFFFFFF)
     # QD_EN: set by Mesa's int8-output and every fp16 program, clear in the
     # HW-validated int8 -> int32 program (rocket-userspace gen_matmul_int8)
-    qd = not (f.dtype == "int8" and t.dpu.out_dtype in ("int32", "fp32"))
+    # (the OW weight-zero-point term needs the window sums the CORE makes with QD_EN)
+    qd = not (f.dtype == "int8" and t.dpu.out_dtype in ("int32", "fp32")) or t.dpu.ow_op != 0
     r.set("CORE_MISC_CFG", PROC_PRECISION=in_p, DW_EN=int(t.depthwise), QD_EN=int(qd))
     r.set("CORE_DATAOUT_SIZE_0", DATAOUT_HEIGHT=o.height - 1, DATAOUT_WIDTH=o.width - 1)
     r.set("CORE_DATAOUT_SIZE_1", DATAOUT_CHANNEL=t.out_channels_hw - 1)
@@ -193,7 +202,10 @@ def _residual_rdma(t: ConvTile, r: RegisterFile, mode: dict) -> None:
     r.address("DPU_RDMA_RDMA_EW_BASE_ADDR", res.buffer, res.offset + res.surface_bytes)
     r.set("DPU_RDMA_RDMA_EW_SURF_STRIDE", EW_SURF_STRIDE=stride)
     r.set("DPU_RDMA_RDMA_FEATURE_MODE_CFG", COMB_USE=5, IN_PRECISION=prec, PROC_PRECISION=prec, **mode)
-    notch = stride + o.width * (t.residual_rows - o.height)
+    # MRDMA reads the even operand surfaces, ERDMA the odd ones, each stepping two
+    # surfaces: notch = 2 * stride - W * H_tile (Mesa's stride + W*(H_op - H_task) for a
+    # dense operand)
+    notch = 2 * stride - o.width * o.height
     r.set("DPU_RDMA_RDMA_SURF_NOTCH", SURF_NOTCH_ADDR=notch)
     r.set("DPU_RDMA_RDMA_EW_SURF_NOTCH", EW_SURF_NOTCH=notch)
 
@@ -201,7 +213,29 @@ def _residual_rdma(t: ConvTile, r: RegisterFile, mode: dict) -> None:
 def tile_task(t: ConvTile) -> api.Task:
     b = build(tile_registers(t), CONV_ORDER, CONV_BLOCKS)
     return api.Task(b.array(), [api.Reloc(e, buf, off) for e, buf, off in b.relocations], t.cbuf,
-                    tile_counters(t), t.label)
+                    tile_counters(t), t.label, tile_touches(t))
+
+
+def written_surfaces(t: ConvTile) -> int:
+    """Output surfaces the DPU writes: CHANNEL+1 channels (whole kernel groups or
+    Mesa's depthwise count), not just the real ones."""
+    return -(-t.out_channels_hw // t.output.c2)
+
+
+def tile_touches(t: ConvTile) -> list[tuple[str, int, int]]:
+    def span(f: api.Feature, surfaces: int | None = None) -> tuple[str, int, int]:
+        n = f.surfaces if surfaces is None else surfaces
+        return f.buffer, f.offset, f.offset + (n - 1) * f.surface_bytes + f.dense_surface_bytes
+
+    out = [span(t.input), (t.weights_buffer, t.weights_offset, t.weights_offset + t.weight_bytes),
+           span(t.output, written_surfaces(t))]
+    if t.residual is not None:
+        out.append(span(t.residual))
+    if t.bs_buffer is not None and t.dpu.bs_data is not None:
+        start = t.dpu.bs_offset(t.channel0)
+        per = 8 if t.dpu.bs_groups else 4
+        out.append((t.bs_buffer, start, start + layout.align(t.out_channels_hw, 8) * per))
+    return out
 
 
 def tile_counters(t: ConvTile) -> api.Counters:

@@ -164,12 +164,9 @@ class DpuPlan:
         if self.bs_groups:
             r.set("DPU_BS_MUL_CFG", BS_MUL_SHIFT_VALUE=self.bs_shift, BS_MUL_SRC=1)
         size_e = self.writer.size_e
-        r.set("DPU_BS_OW_CFG", SIZE_E_2=size_e, SIZE_E_1=size_e, SIZE_E_0=size_e,
-              OD_BYPASS=int(self.ow_op == 0 and not self._keeps_ow()))
+        r.set("DPU_BS_OW_CFG", SIZE_E_2=size_e, SIZE_E_1=size_e, SIZE_E_0=size_e, OD_BYPASS=int(self.ow_op == 0))
         if self.ow_op:
             r.set("DPU_BS_OW_OP", OW_OP=self.ow_op & 0xFFFF)
-        elif self._keeps_ow():
-            r.set("DPU_BS_OW_OP", OW_OP=0x80)
         if self.lut is not None:
             self.lut.write_bn(r)
         else:
@@ -185,12 +182,6 @@ class DpuPlan:
         if has_bs or self.bs_groups:
             r.set("DPU_RDMA_RDMA_BRDMA_CFG", BRDMA_DATA_USE=7 if self.bs_groups else 1)
             r.address("DPU_RDMA_RDMA_BS_BASE_ADDR", bs_buffer, self.bs_offset(channel0))
-
-    def _keeps_ow(self) -> bool:
-        # rocket-userspace's HW-validated fp16 depthwise program writes OW_OP = 0x80
-        # with OD_BYPASS clear (a Mesa field it copied); kept, the OW path being inert
-        # at fp16 per that validation (docs/npu-emitters.md, open question 4).
-        return self.depthwise and not self.integer
 
     def _write_ew(self, r: RegisterFile) -> None:
         ew_act = self.act_stage == "ew"

@@ -37,7 +37,6 @@ WRITERS = {
     ("fp16", "fp32", False): Writer(3, 4, "rocket-userspace gen_matmul_fp16, GEMM captures"),
     ("fp16", "fp16", False): Writer(1, 2, "rocket-userspace fp16->fp16, GEMM captures"),
     ("fp16", "fp16", True): Writer(3, 4, "rocket-userspace gen_conv2d_dw_fp16 (HW-validated)"),
-    ("fp16", "fp32", True): Writer(3, 8, "rocket-userspace gen_conv2d_dw_fp16 fp32 out"),
 }
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from compiler.npu import api, epilogue, schedule
 from compiler.npu.conv_core import ConvTile, kernel_group, tile_task
-from compiler.npu.schedule import Work
+from compiler.npu.schedule import Work, pad_constants
 from ir.errors import UnsupportedError
 from ir.npu import hw, layout
 
@@ -60,15 +60,9 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
     rows = api.gemm_rows(op.m)
     notes = []
 
-    k_tiles = schedule.split_evenly(k, -(-k // options.k_tile_max), WEIGHT_ROW)
+    k_tiles, m_tiles = _k_and_m_tiles(op, dtype, kg, rows, options)
     kt_max = max(size for _, size in k_tiles)
     kt_bytes = layout.align(kt_max, op.a.c2) * item
-    slack = schedule.FEATURE_SLACK_BANKS[dtype]
-    rows_cap = (hw.CBUF_BANKS - 1 - slack) * hw.CBUF_BANK_BYTES // kt_bytes // api.GEMM_ROW_ALIGN * api.GEMM_ROW_ALIGN
-    if rows_cap < api.GEMM_ROW_ALIGN:
-        raise UnsupportedError(f"{op.name}: a K tile of {kt_max} does not fit CBUF")
-    rows_cap = min(rows_cap, 2044)  # CNA DATAIN_HEIGHT is 11 bits
-    m_tiles = schedule.split_evenly(rows, -(-rows // rows_cap), api.GEMM_ROW_ALIGN)
     mt_max = max(size for _, size in m_tiles)
     n_parts = -(-n // options.n_tile_max)
     if n_parts * len(m_tiles) < options.cores:
@@ -124,6 +118,7 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
                 works.append(_work(op, dtype, full, bool(partials), dest, nk, on_chip_kacc, (n0, nt, ni), (m0, mt, mi),
                                    (k0, kt, ki), k_offsets[ki], lane, d_banks, w_banks, weight_sums))
     tasks, jobs = schedule.schedule(works)
+    consts = pad_constants(consts, tasks)
     cpu = []
     if partials:
         cpu.append(api.CpuStep("sum_partials", tuple(partials), op.c, op.epilogue, params={"plan": full},
@@ -133,6 +128,35 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
     notes.insert(0, f"GEMM M={op.m} K={k} N={n}: {len(m_tiles)} M x {len(n_tiles)} N x {nk} K tiles on "
                     f"{len(jobs)} core(s); CBUF {d_banks} data + {w_banks} weight banks")
     return api.EmitResult(op, tasks, jobs, consts, scratch, cpu, notes)
+
+
+def _k_and_m_tiles(op: api.Gemm, dtype: str, kg: int, rows: int, options: api.EmitOptions):
+    """K tiles at most k_tile_max, M tiles of the rows that fit CBUF beside one
+    streamed kernel group. For a K-split fp16 GEMM, smaller K tiles are tried when
+    they let every M tile reach the 12 rows the on-chip accumulation needs."""
+    k, item, slack = op.k, api.ITEMSIZE[dtype], schedule.FEATURE_SLACK_BANKS[dtype]
+    choice = None
+    limit = options.k_tile_max
+    while True:
+        k_tiles = schedule.split_evenly(k, -(-k // limit), WEIGHT_ROW)
+        kt_bytes = layout.align(max(s for _, s in k_tiles), op.a.c2) * item
+        group_banks = schedule.banks_for(kg * kt_bytes)  # streamed weights: one kernel group at a time
+        rows_cap = (hw.CBUF_BANKS - group_banks - slack) * hw.CBUF_BANK_BYTES // kt_bytes
+        rows_cap = min(rows_cap, 2044) // api.GEMM_ROW_ALIGN * api.GEMM_ROW_ALIGN  # DATAIN_HEIGHT: 11 bits
+        if rows_cap >= api.GEMM_ROW_ALIGN:
+            m_tiles = schedule.split_evenly(rows, -(-rows // rows_cap), api.GEMM_ROW_ALIGN)
+            choice = choice or (k_tiles, m_tiles)
+            enough = len(k_tiles) == 1 or min(s for _, s in m_tiles) >= KACC_MIN_ROWS
+            if dtype != "fp16" or enough:
+                return k_tiles, m_tiles
+            if rows < KACC_MIN_ROWS:
+                break
+        if limit <= 1024:
+            break
+        limit //= 2
+    if choice is None:
+        raise UnsupportedError(f"{op.name}: no K tile of B[{k}, {op.n}] fits CBUF")
+    return choice
 
 
 def _pack_b(op: api.Gemm, k_tiles, kg: int) -> tuple[bytes, list[int]]:

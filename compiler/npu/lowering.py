@@ -11,6 +11,7 @@ from ir.errors import UnsupportedError
 LOWERINGS = {
     "MesaConv": "compiler.npu.mesa:lower_mesa_with_options",
     "Gemm": "compiler.npu.gemm:lower_gemm",
+    "Conv2D": "compiler.npu.conv:lower_conv",
 }
 
 

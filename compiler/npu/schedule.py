@@ -71,18 +71,33 @@ def schedule(works: Sequence[Work]) -> tuple[list[api.Task], list[api.JobPlan]]:
 
 
 def split_evenly(total: int, parts: int, align: int) -> list[tuple[int, int]]:
-    """[start, size) ranges covering `total`, starts multiples of `align`, sizes as
-    equal as the alignment allows, every range non-empty."""
-    parts = max(1, min(parts, -(-total // align)))
-    step = -(-(-(-total // parts)) // align) * align
-    out = []
-    start = 0
-    while start < total:
-        out.append((start, min(step, total - start)))
-        start += step
+    """`parts` [start, size) ranges covering `total` (fewer if `total` is small),
+    starts multiples of `align`, sizes differing by at most one `align` unit."""
+    units = -(-total // align)
+    parts = max(1, min(parts, units))
+    base, extra = divmod(units, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = (base + (1 if i < extra else 0)) * align
+        out.append((start, min(size, total - start)))
+        start += size
     return out
 
 
 def lane_of(index: int, count: int, cores: int) -> int:
     """Contiguous blocks of `count` items over `cores` lanes."""
     return index * min(cores, count) // count
+
+
+def pad_constants(consts: Sequence[api.ConstBuffer], tasks: Sequence[api.Task]) -> list[api.ConstBuffer]:
+    """Zero-extend each constant to what the tasks read of it (the DPU reads
+    per-channel operands for every computed channel, padding channels included)."""
+    need: dict[str, int] = {}
+    for t in tasks:
+        for buf, _, end in t.touches:
+            need[buf] = max(need.get(buf, 0), end)
+    out = []
+    for c in consts:
+        n = need.get(c.name, 0)
+        out.append(api.ConstBuffer(c.name, c.data + bytes(max(0, n - len(c.data))), c.align))
+    return out
