@@ -48,6 +48,8 @@ def _check(op: api.Conv2D) -> str:
         raise UnsupportedError(f"{op.name}: output is {o.height}x{o.width}, the convolution gives {oh}x{ow}")
     if min(op.stride) < 1 or min(op.padding) < 0:
         raise UnsupportedError(f"{op.name}: bad stride {op.stride} or padding {op.padding}")
+    formats.check(max(op.kernel), formats.KERNEL_SIZE_MAX, f"{op.name}: kernel size")
+    formats.check(max(op.stride), formats.STRIDE_MAX, f"{op.name}: stride")
     if f.height < MIN_INPUT_ROWS:
         raise UnsupportedError(f"{op.name}: the input has {f.height} rows; the NPU needs at least "
                                f"{MIN_INPUT_ROWS} (maps of fewer rows compute wrongly on hardware)")
