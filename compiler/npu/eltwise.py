@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.npu import api, epilogue, formats, schedule
-from compiler.npu.conv_core import ConvTile, kernel_group, tile_task
+from compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
 from compiler.npu.schedule import Work, pad_constants
 from ir.errors import UnsupportedError
 from ir.npu import hw, layout
@@ -43,12 +43,18 @@ def _check(op: api.Elementwise) -> str:
     return a.dtype
 
 
-def flat_chunks(atoms: int) -> list[tuple[int, int, int]]:
+def flat_chunks(atoms: int, overlap_ok: bool = True) -> list[tuple[int, int, int]]:
     """(first atom, rows, width) of each chunk: two atoms per position; full chunks
     of CHUNK_ROWS x CHUNK_WIDTH_MAX positions, the rest as one or two smaller ones.
-    Every chunk has at least 4 rows and 12 positions (the EW operand stride floor)."""
+    Every chunk has at least 4 rows and 12 positions (the EW operand stride floor).
+    An odd atom count gets a last chunk overlapping the one before (computing a few
+    elements twice is harmless unless the op works in place: `overlap_ok`)."""
     if atoms % 2:
-        raise UnsupportedError(f"an element-wise op over {atoms} atoms (odd) cannot pair them into positions")
+        if not overlap_ok or atoms < 2 * formats.EW_STRIDE_MIN + 1:
+            raise UnsupportedError(f"an in-place or tiny element-wise op over {atoms} atoms (odd) cannot pair "
+                                   f"them into positions")
+        last = 2 * formats.EW_STRIDE_MIN
+        return flat_chunks(atoms - 1) + [(atoms - last, formats.EW_STRIDE_MIN, 1)]
     positions = atoms // 2
     full = CHUNK_ROWS * CHUNK_WIDTH_MAX
     if positions < formats.EW_STRIDE_MIN:
@@ -79,7 +85,8 @@ def lower_eltwise(op: api.Elementwise, options: api.EmitOptions) -> api.EmitResu
     kg = kernel_group(dtype)
     npdt = api.NUMPY[dtype]
     atoms = a.surfaces * a.height * a.width
-    chunks = flat_chunks(atoms)
+    in_place = any(o.buffer == f.buffer and o.offset == f.offset for f in (a, b))
+    chunks = flat_chunks(atoms, overlap_ok=not in_place)
     identity = layout.pack_weights(np.eye(kg, dtype=npdt)[:, None, None, :]).tobytes()
     consts = [api.ConstBuffer(f"{op.name}.identity", identity)]
 
@@ -93,7 +100,7 @@ def lower_eltwise(op: api.Elementwise, options: api.EmitOptions) -> api.EmitResu
         api.Epilogue(residual=api.Residual(chunk(b, *chunks[0]), op.op))))
     if plan.bs_data is not None:
         consts.append(api.ConstBuffer(f"{op.name}.bs", plan.bs_bytes()))
-    biggest = max(h * w for _, h, w in chunks) * 2 * layout.ATOM_BYTES
+    biggest = max(h * cbuf_row_bytes(w, 2) for _, h, w in chunks)
     d_banks = schedule.data_banks(biggest, dtype)
     w_banks = hw.CBUF_BANKS - d_banks
     works = []

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.npu import api, epilogue, schedule
-from compiler.npu.conv_core import ConvTile, kernel_group, tile_task
+from compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
 from compiler.npu.schedule import Work, pad_constants
 from ir.errors import UnsupportedError
 from ir.npu import hw, layout
@@ -71,7 +71,7 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
     nk = len(k_tiles)
 
     # the M tile's banks (+ the int8 slack bank), every other bank to the weights
-    d_banks = schedule.data_banks(mt_max * kt_bytes, dtype)
+    d_banks = schedule.data_banks(mt_max * cbuf_row_bytes(1, kt_bytes // layout.ATOM_BYTES), dtype)
     if d_banks > hw.CBUF_BANKS - w_banks:
         raise UnsupportedError(f"{op.name}: internal: M tile of {mt_max} rows overflows the data banks")
     w_banks = hw.CBUF_BANKS - d_banks
@@ -149,11 +149,12 @@ def _k_and_m_tiles(op: api.Gemm, dtype: str, kg: int, rows: int, nt_max: int, op
     while True:
         k_tiles = schedule.split_evenly(k, -(-k // limit), WEIGHT_ROW)
         kt_bytes = layout.align(max(s for _, s in k_tiles), op.a.c2) * item
+        row_bytes = cbuf_row_bytes(1, kt_bytes // layout.ATOM_BYTES)
         resident = schedule.banks_for(layout.align(nt_max, kg) * kt_bytes)
         streamed = schedule.banks_for(kg * kt_bytes)  # one kernel group at a time
 
         def cap(weight_banks: int) -> int:
-            c = (hw.CBUF_BANKS - weight_banks - slack) * hw.CBUF_BANK_BYTES // kt_bytes
+            c = (hw.CBUF_BANKS - weight_banks - slack) * hw.CBUF_BANK_BYTES // row_bytes
             return max(0, min(c, 2044) // api.GEMM_ROW_ALIGN * api.GEMM_ROW_ALIGN)  # DATAIN_HEIGHT: 11 bits
 
         w_banks = resident if cap(resident) >= min(rows, RESIDENT_MIN_ROWS) else streamed
