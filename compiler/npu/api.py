@@ -442,6 +442,11 @@ class EmitOptions:
     n_tile_max: int = 4096  # output channels per task (13-bit fields end at 8192; stay off the edge)
     k_tile_max: int = 8192  # input channels per task (Rockchip's matmul API splits B above 8192)
     allow_cpu_finish: bool = True  # int8 K splits: sum partials on the CPU (else raise)
+    # Stock rocket completes a task only on the DPU interrupt, so a PPU-only pooling
+    # task never finishes there; set this on a kernel that completes PPU tasks.
+    # Without it average pooling runs as a depthwise convolution and max pooling
+    # is refused.
+    ppu_completes: bool = False
 
 
 DEFAULT_OPTIONS = EmitOptions()

@@ -50,6 +50,7 @@ def _check(op: api.Conv2D) -> str:
         raise UnsupportedError(f"{op.name}: bad stride {op.stride} or padding {op.padding}")
     formats.check(max(op.kernel), formats.KERNEL_SIZE_MAX, f"{op.name}: kernel size")
     (kh, kw), (pt, pb, pl, pr) = op.kernel, op.padding
+    formats.check(max(op.padding), formats.PAD_MAX, f"{op.name}: padding")
     if max(pt, pb) >= kh or max(pl, pr) >= kw:
         raise UnsupportedError(f"{op.name}: padding {op.padding} reaches a whole kernel ({kh}x{kw}) past the "
                                f"map; the CNA pads less than a kernel (pad the tensor instead)")

@@ -4,8 +4,11 @@ The MRDMA reads the input straight from memory, BN maps it to the table index,
 the EW stage looks the value up, OUT_CVT decodes it to fp16 and the WDMA writes
 it. This is rocket-userspace's HW-validated gen_lut_activation_fp16 program
 (src/npu_regcmd.c @ e0677862): the data is a flat vector seen as one surface of
-8 fp16 channels by `cols` positions, one row, and the writer uses size_e 0 and
-SURFACE_ADD = DST_SURF_STRIDE = cols in that program.
+8 fp16 channels by `cols` positions, one row. One field differs: that program
+writes the output with size_e 0 and SURFACE_ADD = cols, rkc with the fp16
+writer geometry of its other fp16 programs (size_e 1, SURFACE_ADD = 2 * cols,
+formats.WRITERS); for a single-surface cube both write the same bytes under
+every reading we know (docs/npu-emitters.md, open question 6).
 """
 
 from __future__ import annotations
@@ -40,13 +43,14 @@ def lower_activation(op: api.Activation, options: api.EmitOptions) -> api.EmitRe
         r.set("DPU_DATA_CUBE_WIDTH", WIDTH=n - 1)
         r.set("DPU_DATA_CUBE_CHANNEL", ORIG_CHANNEL=7, CHANNEL=7)
         r.set("DPU_BS_CFG", BS_RELU_BYPASS=1, BS_MUL_BYPASS=1, BS_ALU_BYPASS=1, BS_BYPASS=1)
-        r.set("DPU_BS_OW_CFG", OD_BYPASS=1)
+        wr = formats.writer("fp16", "fp16", False)
+        r.set("DPU_BS_OW_CFG", SIZE_E_2=wr.size_e, SIZE_E_1=wr.size_e, SIZE_E_0=wr.size_e, OD_BYPASS=1)
         r.set("DPU_WDMA_SIZE_0", CHANNEL_WDMA=7)
         r.set("DPU_WDMA_SIZE_1", WIDTH_WDMA=n - 1)
         plan.write_bn(r)
         plan.write_out_cvt(r)
         plan.write_tables(r)
-        r.set("DPU_SURFACE_ADD", SURF_ADD=n)
+        r.set("DPU_SURFACE_ADD", SURF_ADD=n * wr.surface_add)
         r.set("DPU_RDMA_RDMA_DATA_CUBE_WIDTH", WIDTH=n - 1)
         r.set("DPU_RDMA_RDMA_DATA_CUBE_CHANNEL", CHANNEL=7)
         r.address("DPU_RDMA_RDMA_SRC_BASE_ADDR", f.buffer, f.offset + a0 * layout.ATOM_BYTES)

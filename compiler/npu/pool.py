@@ -8,6 +8,12 @@ multiplies the window sum by fp16(65536 / k) per axis (so it divides by kh * kw,
 padding included); a padded max fills with fp16 -inf. Windows and strides are
 at most 16, pads at most 7 (4- and 3-bit fields). A global pooling larger than
 16 x 16 runs as successive poolings whose windows tile the map exactly.
+
+Stock rocket completes a task only on the DPU interrupt (rocket_job.c), which a
+PPU-only task never raises; unless `EmitOptions.ppu_completes` says the kernel
+handles it, average pooling is lowered as a depthwise convolution with every
+weight 1 (the DPU divides: fp16 multiplies by 1/(kh*kw), int8 requantizes by
+in_scale/(kh*kw*out_scale)), and max pooling is refused.
 """
 
 from __future__ import annotations
@@ -59,6 +65,11 @@ def lower_pool(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
     f, o = op.input, op.output
     if op.method not in METHOD:
         raise UnsupportedError(f"{op.name}: pooling method {op.method!r} (max or avg)")
+    if not options.ppu_completes:
+        if op.method == "avg":
+            return _avg_as_depthwise(op, options)
+        raise UnsupportedError(f"{op.name}: max pooling runs on the PPU, whose tasks stock rocket never sees "
+                               f"complete (EmitOptions.ppu_completes=True on a kernel that handles it)")
     if f.dtype != "fp16" or o.dtype != "fp16":
         raise UnsupportedError(f"{op.name}: the PPU pools fp16 tensors (int8 reads back wrongly)")
     stages = _stages(op)
@@ -122,3 +133,28 @@ def _task(op, f: api.Feature, o: api.Feature, kernel, stride, pad, i) -> api.Tas
     touches = [(f.buffer, f.offset, f.offset + f.nbytes), (o.buffer, o.offset, o.offset + o.nbytes)]
     return api.Task(b.array(), [api.Reloc(e, buf, off) for e, buf, off in b.relocations], None, counters,
                     f"{op.name} stage {i}", touches)
+
+
+def _avg_as_depthwise(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
+    from compiler.npu.conv import lower_conv
+
+    f, o = op.input, op.output
+    kh, kw = op.kernel if op.kernel is not None else (f.height, f.width)
+    n = kh * kw
+    if f.dtype == "fp16":
+        # 1/n in fp16 (exact for powers of two; else within fp16 rounding, as the
+        # PPU's own fp16 reciprocal is)
+        weights = np.full((kh, kw, f.channels), 1.0 / n, np.float16)
+        conv = api.Conv2D(f, weights, o, op.stride, op.padding, True, None, api.NO_EPILOGUE, op.name)
+    elif f.dtype == "int8":
+        if f.quant is None or o.quant is None:
+            raise UnsupportedError(f"{op.name}: int8 average pooling needs input and output quantization")
+        # every weight 1 with scale 1/n: the requantization divides the window sum
+        conv = api.Conv2D(f, np.ones((kh, kw, f.channels), np.int8), o, op.stride, op.padding, True,
+                          api.Quant(1.0 / n), api.NO_EPILOGUE, op.name)
+    else:
+        raise UnsupportedError(f"{op.name}: pooling of {f.dtype}")
+    result = lower_conv(conv, options)
+    result.op = op
+    result.notes.insert(0, f"avg pool {kh}x{kw} as a depthwise convolution (completes on the DPU interrupt)")
+    return result

@@ -267,6 +267,8 @@ def test_every_emitted_entry_decodes_cleanly():
         api.emit(api.Activation(api.Feature("x", 0, 16, 8, 8, "fp16"), api.Feature("y", 0, 16, 8, 8, "fp16"),
                                 "silu")),
         api.emit(api.Pool(api.Feature("x", 0, 16, 8, 8, "fp16"), api.Feature("y", 0, 16, 4, 4, "fp16"),
+                          "avg", (2, 2), (2, 2)), api.EmitOptions(ppu_completes=True)),
+        api.emit(api.Pool(api.Feature("x", 0, 32, 8, 8, "fp16"), api.Feature("y", 0, 32, 4, 4, "fp16"),
                           "avg", (2, 2), (2, 2))),
     ]
     for r in results:
@@ -293,12 +295,27 @@ def test_lut_tables_follow_the_function():
                                                         "CVT_TYPE": 1, "MINUS_EXP": 14}
 
 
+PPU = api.EmitOptions(ppu_completes=True)
+
+
 def test_global_pool_decomposes_into_exact_windows():
-    r = api.emit(api.Pool(api.Feature("x", 0, 64, 56, 56, "fp16"), api.Feature("y", 0, 64, 1, 1, "fp16"), "avg"))
+    r = api.emit(api.Pool(api.Feature("x", 0, 64, 56, 56, "fp16"), api.Feature("y", 0, 64, 1, 1, "fp16"), "avg"),
+                 PPU)
     kernels = [(_fields(t, "PPU_POOLING_KERNEL_CFG")["KERNEL_HEIGHT"] + 1) for t in r.tasks]
     assert np.prod(kernels) == 56 and max(kernels) <= 16
     with pytest.raises(UnsupportedError, match="no exact split"):
-        api.emit(api.Pool(api.Feature("x", 0, 64, 17, 17, "fp16"), api.Feature("y", 0, 64, 1, 1, "fp16"), "avg"))
+        api.emit(api.Pool(api.Feature("x", 0, 64, 17, 17, "fp16"), api.Feature("y", 0, 64, 1, 1, "fp16"), "avg"),
+                 PPU)
+
+
+def test_pooling_under_stock_rocket_stays_dpu_terminated():
+    x, y = api.Feature("x", 0, 32, 8, 8, "fp16"), api.Feature("y", 0, 32, 4, 4, "fp16")
+    r = api.emit(api.Pool(x, y, "avg", (2, 2), (2, 2)))
+    assert all(split(int(t.regcmd[-1]))[2] == 0x1D for t in r.tasks)  # CNA+CORE+DPU+DPU_RDMA
+    assert _fields(r.tasks[0], "CORE_MISC_CFG")["DW_EN"] == 1
+    with pytest.raises(UnsupportedError, match="max pooling runs on the PPU"):
+        api.emit(api.Pool(x, y, "max", (2, 2), (2, 2)))
+    assert split(int(api.emit(api.Pool(x, y, "max", (2, 2), (2, 2)), PPU).tasks[0].regcmd[-1]))[2] == 0x60
 
 
 def test_extents_cover_channels_written_past_the_logical_end():
