@@ -211,6 +211,8 @@ def check_path(path: str | Path, stop_at_first: bool = True) -> GoldenReport:
     case = load_case(path)
     try:
         return check_case(case, stop_at_first)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise FormatError(f"{path}: malformed capture ({type(exc).__name__}: {exc})") from None
     except RkcError as exc:
         return GoldenReport(case.get("name", str(path)), "mismatch",
                             mismatches=[Mismatch(str(path), "rkc refused the operation", "accepted", str(exc))])
