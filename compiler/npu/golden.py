@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.npu import api, mesa
+from compiler.npu import mesa
 from ir.errors import FormatError, RkcError
 from ir.npu.regcmd import decode_entry
 
@@ -223,4 +223,4 @@ def is_ground_truth(case: dict) -> bool:
     return case.get("params", {}).get("kind") != "add"
 
 
-__all__ = ["GoldenReport", "Mismatch", "check_case", "check_path", "load_case", "is_ground_truth", "api"]
+__all__ = ["GoldenReport", "Mismatch", "check_case", "check_path", "load_case", "is_ground_truth"]
