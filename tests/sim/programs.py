@@ -285,10 +285,12 @@ def place(dev, builders: Sequence[RegcmdBuilder], chain: bool = False, in_bos=()
         offsets.append(pos)
         pos += -(-s.size * 8 // slot_align) * slot_align
     bo = dev.create_bo(pos)
+    dev.prepare_cpu_access(bo)
     for i, s in enumerate(streams):
         if chain and i + 1 < len(streams):
             link_tail(s, bo.iova + offsets[i + 1], streams[i + 1].size)
         bo.host[offsets[i]:offsets[i] + s.size * 8] = s.view(np.uint8)
+    dev.finish_cpu_access(bo)
     tasks = [Task(bo.iova + o, s.size) for o, s in zip(offsets, streams)]
     return Program(bo, tasks, list(in_bos), list(out_bos))
 
@@ -296,7 +298,9 @@ def place(dev, builders: Sequence[RegcmdBuilder], chain: bool = False, in_bos=()
 def upload(dev, data: np.ndarray, size: int | None = None) -> BufferObject:
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
     bo = dev.create_bo(max(size or 0, raw.size, 1))
+    dev.prepare_cpu_access(bo)
     bo.host[:raw.size] = raw
+    dev.finish_cpu_access(bo)
     return bo
 
 
@@ -318,7 +322,9 @@ def read_gemm(dev, c: Ref, spec: ConvSpec) -> np.ndarray:
     c2 = 16 // np.dtype(dt).itemsize
     surfaces = -(-spec.written_channels // c2)
     raw = c.bo.host[c.offset:c.offset + surfaces * spec.height * 16].view(dt).reshape(surfaces, spec.height, 1, c2)
-    return layout.unpack_gemm_c(raw, spec.kernels)
+    out = layout.unpack_gemm_c(raw, spec.kernels)
+    dev.finish_cpu_access(c.bo)
+    return out
 
 
 def run_gemm(dev, a: np.ndarray, b: np.ndarray, out: str | None = None, chained: bool = False) -> np.ndarray:
