@@ -17,7 +17,7 @@ from ir.npu import layout
 from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, QuirkRejection, SimError,
                                 UnsupportedError)
 from runtime.sim.memory import IovaSpace
-from runtime.sim.numerics import PRECISIONS, Precision, shift_round, to_compute
+from runtime.sim.numerics import PRECISIONS, TIE_RULES, Precision, shift_round, to_compute
 from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import TaskRegisters
 
@@ -269,7 +269,7 @@ def _cvt(r: TaskRegisters, x: np.ndarray, cvt: dict[str, int]) -> np.ndarray:
     if scale & 0x8000:
         raise r.error(FieldError, f"CVT_SCALE0={scale:#x}: the sign of a scale >= 0x8000 is unknown",
                       "CNA_CVT_CON1")
-    mode = "half_up" if cvt["ROUND_TYPE"] else "half_even"
+    mode = TIE_RULES[cvt["ROUND_TYPE"]]
     if cvt["CVT_TYPE"]:  # add first, then multiply
         return shift_round((x + offset) * scale, trunc, mode)
     return shift_round(x * scale, trunc, mode) + offset

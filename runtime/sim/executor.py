@@ -85,10 +85,6 @@ class FetchedTask:
         return 200 * (len(self.regs.values) + len(self.lut_written))
 
 
-def fetch(mem: IovaSpace, iova: int, amount: int) -> np.ndarray:
-    return _fetch_region(mem, iova, amount).data().view("<u8")
-
-
 def _fetch_region(mem: IovaSpace, iova: int, amount: int) -> Region:
     if iova % FETCH_UNIT:
         raise AlignmentError(f"regcmd address {iova:#x} is not 16-byte aligned", register="PC_BASE_ADDRESS")

@@ -384,14 +384,7 @@ def test_average_pool_as_depthwise_convolution(dtype):
         np.testing.assert_allclose(got, wins.mean(axis=(2, 4)), rtol=3e-3, atol=3e-3)
 
 
-PER_CHANNEL_REQUANT_GAP = pytest.mark.xfail(
-    strict=True, raises=sim.SimError,
-    reason="the simulator reads BRDMA_DATA_USE=7 (int32 bias, int16 CPEND, int16 multiplier per 8-channel "
-           "64-byte group) as an unconsumed operand and does not model ALU + MUL operands from memory; "
-           "rockchip-npu-notes out-cvt-converter.md measured exactly this program on RK3588")
-
-
-@pytest.mark.parametrize("out", ["int32", pytest.param("int8", marks=PER_CHANNEL_REQUANT_GAP)])
+@pytest.mark.parametrize("out", ["int32", "int8"])
 def test_gemm_with_per_channel_weights(out):
     m, k, n = 20, 96, 70
     scales = tuple(float(s) for s in np.random.default_rng(0).uniform(0.002, 0.03, n))
