@@ -131,7 +131,8 @@ def test_per_channel_multiplier_from_operand_groups(m, k, n, shift, shift_neg, s
 
 def test_multiplier_product_is_wide_under_a_shift_and_saturates_without():
     """The out-cvt-converter.md arms: products past 2**31 are kept wide under a
-    shift, and saturate at int32 with shift 0."""
+    shift, and saturate at int32 with shift 0 (seen through an OUT_CVT shift of 8,
+    which would bring an unsaturated product back into range)."""
     rng = np.random.default_rng(2)
     a = rng.integers(-128, 128, (8, 256)).astype(np.int8)
     b = rng.integers(-128, 128, (256, 32)).astype(np.int8)
@@ -140,9 +141,9 @@ def test_multiplier_product_is_wide_under_a_shift_and_saturates_without():
     mul = np.full(32, 30000, np.int16)
     assert (np.abs(acc * 30000) >= 1 << 31).mean() > 0.3
     for s in (0, 20):
-        spec = replace(gemm_spec(8, 256, 32), bs=Stage(alu=2, mul=True, shift=s, shift_neg=s))
+        spec = replace(gemm_spec(8, 256, 32), bs=Stage(alu=2, mul=True, shift=s, shift_neg=s), out_shift=8)
         got = _gemm(a, b, spec, bs_operand=operand_groups(bias, mul))
-        np.testing.assert_array_equal(got, np.clip(_rne_shift(acc * 30000, s), *I32))
+        np.testing.assert_array_equal(got, _rne_shift(np.clip(_rne_shift(acc * 30000, s), *I32), 8))
 
 
 def test_per_channel_requant_to_int8_with_a_cpend_operand():
