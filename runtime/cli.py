@@ -12,7 +12,11 @@ from ir.errors import RkcError
 @debug_option
 @click.version_option(package_name="rkc")
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
-def main(model: str | None) -> None:
+@click.option("--inputs", type=click.Path(dir_okay=False), help="Inputs (.npz keyed by the model's input names).")
+@click.option("--outputs", type=click.Path(dir_okay=False), help="Write the outputs here (.npz keyed by name).")
+@click.option("--device", type=click.Choice(["auto", "sim", "rocket"]), default="auto", show_default=True,
+              help="rocket when an NPU is present, else the built-in simulator.")
+def main(model: str | None, inputs: str | None, outputs: str | None, device: str) -> None:
     """Run MODEL (an .rkbin made by `rkc compile`) on the NPU or its simulator.
 
     \b
@@ -22,4 +26,6 @@ def main(model: str | None) -> None:
     """
     if model is None:
         raise RkcError("no model given (see rkrun --help)")
-    raise RkcError(f"{model}: running models arrives with the runtime (issue 5)")
+    from runtime.run_cli import run_once
+
+    run_once(model, inputs, outputs, device)

@@ -11,8 +11,11 @@ from ir.cli_support import ErrorReportingGroup, debug_option
 
 # module name -> attribute holding the click command
 COMMANDS = {
+    "compile": "compiler.cli.compile:compile_command",
     "disasm": "compiler.cli.disasm:disasm",
+    "inspect": "compiler.cli.inspect_cmd:inspect_command",
     "ir": "compiler.cli.ir_cmd:ir_command",
+    "ops": "compiler.cli.ops_cmd:ops_command",
 }
 
 

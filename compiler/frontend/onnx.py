@@ -307,8 +307,9 @@ ATTRIBUTES_TO_INPUTS = {
 
 
 class _Translator:
-    def __init__(self, model, consts: Mapping[str, np.ndarray], source: str) -> None:
+    def __init__(self, model, consts: Mapping[str, np.ndarray], inputs: Sequence[str], source: str) -> None:
         self.model = model
+        self.input_names = list(inputs)
         self.consts = consts
         self.source = source
         self.opset = default_opset(model)
@@ -326,13 +327,11 @@ class _Translator:
         self.g.metadata["opset"] = self.opset
         if self.model.producer_name:
             self.g.metadata["producer"] = self.model.producer_name
-        for vi in og.input:
-            if vi.name in self.consts:
-                continue
-            t = self.types[vi.name]
+        for name in self.input_names:
+            t = self.types.get(name)
             if t is None:
-                raise UnsupportedError(f"{self.source}: input {vi.name!r} has no type")
-            self.g.add_input(vi.name, t)
+                raise UnsupportedError(f"{self.source}: input {name!r} has no type")
+            self.g.add_input(name, t)
         for name, value in self.consts.items():
             self.add_const(name, value)
         for node in og.node:
@@ -467,8 +466,9 @@ def load(path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None) ->
     for node in model.graph.node:
         if node.op_type != "Constant" and node.op_type not in NONDETERMINISTIC:
             check_known(node.op_type, f"{source}: node {node.name!r}")
+    inputs = [i.name for i in _real_inputs(model.graph)]
     model, consts = fold_constants(model, source)
     try:
-        return _Translator(model, consts, source).run()
+        return _Translator(model, consts, inputs, source).run()
     except VerifyError as exc:
         raise VerifyError(f"{source}: {exc}") from None
