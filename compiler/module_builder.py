@@ -133,11 +133,12 @@ class ModuleBuilder:
                 self.tensors[name].offset = plans[program].offsets[name]
         scratch = max((p.size for p in plans.values()), default=0)
         regions, blobs = [], {}
+        used = {t.region for t in self.tensors.values()}
         for region, kind, blob in (("weights", "weights", self.weights), ("host", "host", self.host),
                                    ("regcmd", "regcmd", self.regcmd)):
-            if blob.size:
+            if blob.size or region in used:
                 blobs[region] = blob.bytes()
-                regions.append(Region(region, _align(blob.size, 4096), kind, region))
+                regions.append(Region(region, max(_align(blob.size, 4096), 4096), kind, region))
         if scratch:
             regions.append(Region("scratch", _align(scratch, 4096), "scratch"))
         module = Module(regions, list(self.tensors.values()), self.relocations, self.programs, self.metadata)

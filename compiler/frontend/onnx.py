@@ -41,7 +41,7 @@ def _onnx():
 
 def _dtype_table() -> dict[int, DType]:
     tp = _onnx().TensorProto
-    return {tp.FLOAT: DType.FP32, tp.FLOAT16: DType.FP16, tp.DOUBLE: DType.FP64, tp.BFLOAT16: DType.BF16,
+    return {tp.FLOAT: DType.FP32, tp.FLOAT16: DType.FP16, tp.DOUBLE: DType.FP64,
             tp.INT8: DType.INT8, tp.UINT8: DType.UINT8, tp.INT16: DType.INT16, tp.UINT16: DType.UINT16,
             tp.INT32: DType.INT32, tp.INT64: DType.INT64, tp.BOOL: DType.BOOL}
 
@@ -112,7 +112,7 @@ def fix_input_shapes(model, shapes: Mapping[str, Sequence[int]], source: str) ->
             raise UnsupportedError(f"{source}: input {name!r} has rank {len(shape.dim)}, --input-shape gives "
                                    f"{len(dims)} dims")
         for d, v in zip(shape.dim, dims):
-            if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != v:
+            if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != v:
                 raise UnsupportedError(f"{source}: input {name!r} has fixed dims "
                                        f"{[x.dim_value or '?' for x in shape.dim]}, --input-shape gives {list(dims)}")
             d.Clear()
@@ -124,6 +124,10 @@ def infer_shapes(model, source: str):
     onnx = _onnx()
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:
+        pass  # data propagation trips over some valid models (e.g. Size in opset 21): try without
+    try:
+        return onnx.shape_inference.infer_shapes(model)
     except Exception as exc:
         raise FormatError(f"{source}: ONNX shape inference failed: {str(exc).strip().splitlines()[-1]}") from None
 
@@ -134,7 +138,7 @@ def _static_shape(value_info) -> tuple[int, ...] | None:
         return None
     dims = []
     for d in t.shape.dim:
-        if not d.HasField("dim_value") or d.dim_value <= 0:
+        if not d.HasField("dim_value") or d.dim_value < 0:
             return None
         dims.append(d.dim_value)
     return tuple(dims)
@@ -237,6 +241,9 @@ def fold_constants(model, source: str):
                                   f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
             for name, value in zip(node.output, results):
                 if name:
+                    declared = shapes.get(name)
+                    if declared is not None and value.shape != declared and value.size == int(np.prod(declared)):
+                        value = value.reshape(declared)  # e.g. a scalar the evaluator returned as [1]
                     consts[name] = value
             changed = True
         if not changed:
@@ -250,7 +257,7 @@ _DIM_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
 def _dim(d) -> int | str:
-    if d.HasField("dim_value") and d.dim_value > 0:
+    if d.HasField("dim_value") and d.dim_value >= 0:
         return int(d.dim_value)
     name = _DIM_NAME.sub("_", d.dim_param) if d.dim_param else "unk"
     return name if name[0].isalpha() or name[0] == "_" else "d_" + name
@@ -365,6 +372,8 @@ class _Translator:
             if a.name in LEGACY_IGNORED:
                 continue
             attrs[a.name] = _attr_value(node, a, self.opset)
+            if a.type == a.TENSOR:  # a one-element tensor became a scalar: keep its type
+                attrs["dtype"] = ir_dtype(a.t.data_type, f"op {node.op_type} attribute {a.name}").value
         inputs = list(node.input)
         while inputs and not inputs[-1]:
             inputs.pop()
@@ -400,7 +409,7 @@ class _Translator:
 
     @staticmethod
     def translate_dtypes(op_type: str, attrs: dict) -> None:
-        for key in ("to", "output_dtype", "dtype"):
+        for key in ("to", "output_dtype"):
             if key in attrs and isinstance(attrs[key], int) and (op_type != "QuantizeLinear" or attrs[key]):
                 attrs[key] = ir_dtype(attrs[key], f"op {op_type} attribute {key}").value
         if op_type == "QuantizeLinear" and attrs.get("output_dtype") == 0:

@@ -25,6 +25,12 @@ def second_operand_fits(ctx) -> bool:
     return all(d == 1 for i, d in enumerate(dims) if i != channel)
 
 
+def inference_dropout(ctx) -> bool:
+    """Dropout in training mode (random masks) is not supported: rkc compiles for inference"""
+    mode = ctx.const(2)
+    return not ctx.has(2) or (mode is not None and not bool(mode.reshape(-1)[0]))
+
+
 def dropout_shape(ctx):
     t = need(ctx)
     out = [TensorType(t.dtype, t.shape)]
@@ -89,6 +95,7 @@ SPECS = [
     OpSpec("Min", broadcast, npu=BASIC, summary="elementwise min of N tensors"),
     OpSpec("Where", where_shape, npu=(GLUE,), summary="select by condition"),
     OpSpec("Identity", same, npu=(GLUE,), summary="pass-through (removed by canonicalize)"),
-    OpSpec("Dropout", dropout_shape, npu=(GLUE,), summary="identity at inference (removed by canonicalize)"),
+    OpSpec("Dropout", dropout_shape, npu=(GLUE,), cpu=(inference_dropout,),
+           summary="identity at inference (removed by canonicalize)"),
     OpSpec("Cast", cast_shape, npu=(GLUE,), summary="element type conversion"),
 ]

@@ -28,8 +28,13 @@ def softmax_shape(ctx):
 
 REDUCES_CHANNELS = cpu_only("normalises across a whole axis (exp/sum or mean/variance): the NPU has no such reduction")
 
+def inference_batchnorm(ctx) -> bool:
+    """BatchNormalization in training mode (batch statistics) is not supported: rkc compiles for inference"""
+    return not ctx.attr("training_mode", 0) and len(ctx.op.outputs) == 1
+
+
 SPECS = [
-    OpSpec("BatchNormalization", same, npu=BASIC,
+    OpSpec("BatchNormalization", lambda ctx: same(ctx) if len(ctx.op.outputs) == 1 else None, npu=BASIC, cpu=(inference_batchnorm,),
            summary="folded into the preceding Conv; else a per-channel scale and shift"),
     OpSpec("LayerNormalization", layer_norm_shape, npu=(REDUCES_CHANNELS,), summary="layer normalisation"),
     OpSpec("InstanceNormalization", same, npu=(REDUCES_CHANNELS,), summary="instance normalisation"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from compiler.ops import OpSpec
 from compiler.ops.constraints import cpu_only
-from compiler.ops.rules import UNKNOWN, const_or_attr, need, norm_axis
+from compiler.ops.rules import const_or_attr, need, norm_axis, runtime_value
 from ir.types import TensorType
 
 
@@ -14,8 +14,8 @@ def reduce_shape(ctx):
     rank = len(x.shape)
     axes = const_or_attr(ctx, 1, "axes")
     keep = bool(ctx.attr("keepdims", 1))
-    if axes is None and ctx.has(1):
-        return [TensorType(x.dtype, tuple([UNKNOWN] * rank) if keep else ())]  # axes known only at run time
+    if runtime_value(ctx, 1):
+        return None
     if not axes:
         if ctx.attr("noop_with_empty_axes", 0):
             return [TensorType(x.dtype, x.shape)]

@@ -68,6 +68,12 @@ def const_or_attr(ctx, index: int, attr: str) -> list[int] | None:
     return None if a is None else [int(x) for x in a]
 
 
+def runtime_value(ctx, *indices: int) -> bool:
+    """True when one of these inputs is given but is not a constant: the rule
+    cannot know the output shape, and the ONNX-declared type stands."""
+    return any(ctx.has(i) and ctx.const(i) is None for i in indices)
+
+
 def norm_axis(axis: int, rank: int, what: str) -> int:
     if not -rank <= axis < max(rank, 1):
         raise VerifyError(f"{what}: axis {axis} out of range for rank {rank}")

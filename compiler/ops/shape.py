@@ -8,7 +8,7 @@ import numpy as np
 
 from compiler.ops import OpSpec
 from compiler.ops.constraints import cpu_only
-from compiler.ops.rules import UNKNOWN, broadcast_shapes, const_or_attr, need, norm_axis
+from compiler.ops.rules import UNKNOWN, broadcast_shapes, const_or_attr, need, norm_axis, runtime_value
 from ir.errors import VerifyError
 from ir.types import DType, TensorType
 
@@ -21,6 +21,8 @@ def _static_numel(shape) -> int | None:
 
 def reshape_shape(ctx):
     x = need(ctx)
+    if runtime_value(ctx, 1):
+        return None
     want = const_or_attr(ctx, 1, "shape")
     if want is None:
         raise VerifyError(f"op {ctx.op.describe()}: the target shape must be a constant")
@@ -40,7 +42,11 @@ def reshape_shape(ctx):
 
 def flatten_shape(ctx):
     x = need(ctx)
-    axis = norm_axis(int(ctx.attr("axis", 1)), len(x.shape) + 1, f"op {ctx.op.describe()}")
+    rank = len(x.shape)
+    axis = int(ctx.attr("axis", 1))
+    if not -rank <= axis <= rank:
+        raise VerifyError(f"op {ctx.op.describe()}: axis {axis} out of range for rank {rank}")
+    axis = axis + rank if axis < 0 else axis
     lead, tail = _static_numel(x.shape[:axis]), _static_numel(x.shape[axis:])
     return [TensorType(x.dtype, (UNKNOWN if lead is None else lead, UNKNOWN if tail is None else tail))]
 
@@ -55,6 +61,8 @@ def transpose_shape(ctx):
 
 def squeeze_shape(ctx):
     x = need(ctx)
+    if runtime_value(ctx, 1):
+        return None
     axes = const_or_attr(ctx, 1, "axes")
     if axes is None:
         if ctx.has(1):
@@ -66,6 +74,8 @@ def squeeze_shape(ctx):
 
 def unsqueeze_shape(ctx):
     x = need(ctx)
+    if runtime_value(ctx, 1):
+        return None
     axes = const_or_attr(ctx, 1, "axes")
     if axes is None:
         raise VerifyError(f"op {ctx.op.describe()}: axes must be a constant")
@@ -90,6 +100,8 @@ def concat_shape(ctx):
 
 def split_shape(ctx):
     x = need(ctx)
+    if runtime_value(ctx, 1):
+        return None
     axis = norm_axis(int(ctx.attr("axis", 0)), len(x.shape), f"op {ctx.op.describe()}")
     sizes = const_or_attr(ctx, 1, "split")
     n = len(ctx.op.outputs)
@@ -110,6 +122,8 @@ def split_shape(ctx):
 
 def slice_shape(ctx):
     x = need(ctx)
+    if runtime_value(ctx, 1, 2, 3, 4):
+        return None
     starts, ends = ctx.const(1), ctx.const(2)
     if starts is None or ends is None or (ctx.has(3) and ctx.const(3) is None) or (ctx.has(4) and ctx.const(4) is None):
         raise VerifyError(f"op {ctx.op.describe()}: starts, ends, axes and steps must be constants")
@@ -127,6 +141,8 @@ def slice_shape(ctx):
 
 def pad_shape(ctx):
     x = need(ctx)
+    if runtime_value(ctx, 1, 3):
+        return None
     pads = const_or_attr(ctx, 1, "pads")
     if pads is None:
         raise VerifyError(f"op {ctx.op.describe()}: pads must be a constant")
@@ -161,6 +177,8 @@ def constant_of_shape_shape(ctx):
 
 def expand_shape(ctx):
     x = need(ctx)
+    if runtime_value(ctx, 1):
+        return None
     want = ctx.const(1)
     if want is None:
         raise VerifyError(f"op {ctx.op.describe()}: the target shape must be a constant")
@@ -170,6 +188,8 @@ def expand_shape(ctx):
 
 def tile_shape(ctx):
     x = need(ctx)
+    if runtime_value(ctx, 1):
+        return None
     reps = ctx.const(1)
     if reps is None:
         raise VerifyError(f"op {ctx.op.describe()}: repeats must be a constant")

@@ -117,7 +117,9 @@ def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, 
         contrib = np.einsum("ngc...,gcm->ngm...", xg, wk).reshape(n, m, *in_sp)
         sl = tuple(slice(k * d, k * d + s * (i - 1) + 1, s) for k, d, s, i in zip(kidx, dilations, strides, in_sp))
         y[(slice(None), slice(None), *sl)] += contrib
-    crop = tuple(slice(bg, f - e) for bg, e, f in zip(begin, end, full))
+    # negative padding (an output_shape larger than the full result) appends zeros
+    y = np.pad(y, [(0, 0), (0, 0), *[(max(-bg, 0), max(-e, 0)) for bg, e in zip(begin, end)]])
+    crop = tuple(slice(max(bg, 0), y.shape[2 + i] - max(e, 0)) for i, (bg, e) in enumerate(zip(begin, end)))
     y = y[(slice(None), slice(None), *crop)]
     if b is not None:
         y = y + b.astype(np.float32).reshape(1, m, *([1] * nd))
@@ -148,7 +150,30 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape,
     xp = np.pad(x, [(0, 0), (0, 0), *zip(begin, [e + x_ for e, x_ in zip(end, extra)])], constant_values=low)
     win = _windows(xp, kernel, strides, dil)
     nd = len(kernel)
-    return win.max(axis=tuple(range(-nd, 0)))
+    y = win.max(axis=tuple(range(-nd, 0)))
+    return y, _argmax_indices(x, win, kernel, strides, dil, begin, storage_order)
+
+
+def _argmax_indices(x, win, kernel, strides, dilations, begin, storage_order) -> np.ndarray:
+    """MaxPool's second output: the flat index of each maximum in the unpadded
+    input ([N, C, *spatial], row-major, or column-major over H, W with storage_order=1)."""
+    nd = len(kernel)
+    out_sp = win.shape[2:2 + nd]
+    flat = win.reshape(*win.shape[:2 + nd], -1)
+    arg = flat.argmax(axis=-1)  # first maximum, like onnxruntime
+    k_pos = np.unravel_index(arg, kernel)
+    coords = []
+    for a in range(nd):
+        grid = np.arange(out_sp[a]).reshape([-1 if i == a else 1 for i in range(nd)]) * strides[a] - begin[a]
+        coords.append(grid + k_pos[a] * dilations[a])
+    spatial = x.shape[2:]
+    if storage_order and nd == 2:
+        inner = coords[1] * spatial[0] + coords[0]
+    else:
+        inner = np.ravel_multi_index(tuple(np.broadcast_arrays(*coords)), spatial, mode="clip")
+    n, c = x.shape[:2]
+    base = (np.arange(n).reshape(-1, 1) * c + np.arange(c).reshape(1, -1)) * int(np.prod(spatial))
+    return (base.reshape(n, c, *[1] * nd) + inner).astype(np.int64)
 
 
 def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape,

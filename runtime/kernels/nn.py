@@ -73,25 +73,27 @@ def instance_normalization(x, scale, b, *, epsilon=1e-5):
 # -- Resize ---------------------------------------------------------------------
 def _source_coordinate(mode: str, out_len: int, in_len: int, scale: float, roi: tuple[float, float]) -> np.ndarray:
     """Where each output index samples the input (ONNX Resize
-    coordinate_transformation_mode)."""
+    coordinate_transformation_mode). The formulas use the real-valued output
+    length scale * in_len; `out_len` (its integer size) only counts the samples."""
     x = np.arange(out_len, dtype=np.float64)
+    out_int, out_len = out_len, scale * in_len
     if mode == "half_pixel":
         return (x + 0.5) / scale - 0.5
     if mode == "half_pixel_symmetric":
-        adjustment = out_len / (scale * in_len)
+        adjustment = out_int / out_len
         offset = in_len / 2 * (1 - adjustment)
         return offset + (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
+        return (x + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_int)
     if mode == "align_corners":
-        return x * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_len)
+        return x * (in_len - 1) / (out_len - 1) if out_len != 1 else np.zeros(out_int)
     if mode == "asymmetric":
         return x / scale
     if mode == "tf_crop_and_resize":
         start, end = roi
         if out_len > 1:
             return start * (in_len - 1) + x * (end - start) * (in_len - 1) / (out_len - 1)
-        return np.full(out_len, 0.5 * (start + end) * (in_len - 1))
+        return np.full(out_int, 0.5 * (start + end) * (in_len - 1))
     raise ValueError(f"Resize coordinate_transformation_mode={mode!r}")
 
 

@@ -6,6 +6,20 @@ from __future__ import annotations
 import numpy as np
 
 
+def _extreme(fn, low: bool):
+    """max/min with ONNX's identities for an empty reduction (-inf/+inf, the
+    integer limits, False/True)."""
+    def reduce(x, axis, keepdims):
+        if x.dtype == np.bool_:
+            initial = not low
+        elif x.dtype.kind == "f":
+            initial = -np.inf if low else np.inf
+        else:
+            initial = np.iinfo(x.dtype).min if low else np.iinfo(x.dtype).max
+        return fn(x, axis=axis, keepdims=keepdims, initial=initial)
+    return reduce
+
+
 def _reducer(fn, float_acc: bool = True):
     def kernel(data, axes_input=None, *, axes=None, keepdims=1, noop_with_empty_axes=0):
         chosen = axes_input if axes_input is not None else axes
@@ -33,7 +47,7 @@ def _l1(x, axis, keepdims):
 
 
 KERNELS = {
-    "ReduceMean": _reducer(np.mean), "ReduceSum": _reducer(np.sum), "ReduceMax": _reducer(np.max, False),
-    "ReduceMin": _reducer(np.min, False), "ReduceProd": _reducer(np.prod),
+    "ReduceMean": _reducer(np.mean), "ReduceSum": _reducer(np.sum), "ReduceMax": _reducer(_extreme(np.max, True), False),
+    "ReduceMin": _reducer(_extreme(np.min, False), False), "ReduceProd": _reducer(np.prod),
     "ReduceSumSquare": _reducer(_sum_square), "ReduceL2": _reducer(_l2), "ReduceL1": _reducer(_l1),
 }

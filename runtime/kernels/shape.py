@@ -21,9 +21,9 @@ def reshape(data, shape_input=None, *, allowzero=0, shape=None):
 
 
 def flatten(x, *, axis=1):
-    axis = axis % x.ndim if x.ndim else 0
+    axis = axis + x.ndim if axis < 0 else axis
     lead = int(np.prod(x.shape[:axis], dtype=np.int64))
-    return x.reshape(lead, -1) if x.size or lead else x.reshape(lead, int(np.prod(x.shape[axis:])))
+    return x.reshape(lead, int(np.prod(x.shape[axis:], dtype=np.int64)))
 
 
 def transpose(x, *, perm=None):
