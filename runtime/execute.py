@@ -171,7 +171,9 @@ def check_feeds(program: Program, tensors: Mapping[str, TensorInfo], feeds: Mapp
         if list(value.shape) != list(info.shape):
             raise InputError(f"input {name!r} has shape {list(value.shape)}, the model expects {info.shape}")
         want = _dtype(info)
-        if value.dtype != want and not np.can_cast(value.dtype, want, casting="same_kind"):
+        same_family = value.dtype.kind == want.kind or (value.dtype.kind in "iu" and want.kind in "iu"
+                                                        and np.can_cast(value.dtype, want, casting="safe"))
+        if value.dtype != want and not same_family:
             raise InputError(f"input {name!r} is {value.dtype}, the model expects {want}")
         ready[name] = value.astype(want, copy=False)
     return ready
