@@ -11,7 +11,8 @@ Weights for direct convolution (and GEMM as 1x1 convolution): kernels are
 grouped KG at a time (32 int8, 16 fp16), input channels 32 elements at a time
 (the last channel group holds what is left, rounded up to the 16-byte atom);
 memory order ``[kernel group][channel group][ky][kx][kernel][channel]``. Every
-full tile is 1 KiB. Depthwise weights have one kernel and channel groups of 64.
+full tile is 1 KiB. Depthwise weights have one kernel and channel groups of 64
+bytes (64 int8, 32 fp16).
 (Mesa rkt_coefs.c as documented in hw-rocket-and-mesa.md 4.3; the GEMM layouts
 (N/32, K/32, 32, 32) int8 and (N/16, K/32, 16, 32) fp16 of hw-matmul.md 2.1 are
 the 1x1 case.)
@@ -23,7 +24,12 @@ import numpy as np
 
 ATOM_BYTES = 16
 CHANNEL_GROUP = 32  # input channels per weight tile row
-DEPTHWISE_CHANNEL_GROUP = 64
+DEPTHWISE_GROUP_BYTES = 64  # depthwise channel groups: 64 int8 (Mesa), 32 fp16 (rocket-userspace
+# gen_conv2d_dw_fp16, HW-confirmed: "G=64 fails HW ... G=32 -> max_abs=0")
+
+
+def depthwise_group_for(itemsize: int) -> int:
+    return DEPTHWISE_GROUP_BYTES // itemsize
 
 
 def c2_for(itemsize: int) -> int:
@@ -143,8 +149,8 @@ def pack_depthwise_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndar
     cp = align(c, c2_for(w.dtype.itemsize))
     padded = np.full((kh, kw, cp), pad_value, dtype=w.dtype)
     padded[..., :c] = w
-    parts = [padded[:, :, c0:c0 + DEPTHWISE_CHANNEL_GROUP].reshape(-1)
-             for c0 in range(0, cp, DEPTHWISE_CHANNEL_GROUP)]
+    group = depthwise_group_for(w.dtype.itemsize)
+    parts = [padded[:, :, c0:c0 + group].reshape(-1) for c0 in range(0, cp, group)]
     return np.concatenate(parts)
 
 
@@ -152,8 +158,9 @@ def unpack_depthwise_weights(flat: np.ndarray, kh: int, kw: int, channels: int) 
     cp = align(channels, c2_for(flat.dtype.itemsize))
     out = np.empty((kh, kw, cp), flat.dtype)
     pos = 0
-    for c0 in range(0, cp, DEPTHWISE_CHANNEL_GROUP):
-        cgs = min(DEPTHWISE_CHANNEL_GROUP, cp - c0)
+    group = depthwise_group_for(flat.dtype.itemsize)
+    for c0 in range(0, cp, group):
+        cgs = min(group, cp - c0)
         n = kh * kw * cgs
         out[:, :, c0:c0 + cgs] = flat[pos:pos + n].reshape(kh, kw, cgs)
         pos += n
