@@ -45,6 +45,7 @@ class BuildReport:
     segments: int
     cpu_steps: int
     npu_tasks: int
+    conversions: int
     size: int
     seconds: float
     stage_seconds: dict[str, float]
@@ -61,7 +62,8 @@ class BuildReport:
         return [
             f"compiled {self.source} -> {self.output} ({self.precision}) in {self.seconds:.1f} s",
             f"  ops: {self.ops_npu} on the NPU, {self.ops_cpu} on the CPU",
-            f"  steps: {self.segments} NPU segment(s) with {self.npu_tasks} task(s), {self.cpu_steps} CPU step(s)",
+            f"  steps: {self.segments} NPU segment(s) with {self.npu_tasks} task(s), {self.cpu_steps} CPU op step(s), "
+            f"{self.conversions} layout conversion(s)",
             f"  file: {self.size / 1e6:.2f} MB",
         ]
 
@@ -87,16 +89,16 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
     graph = stage("passes", run_passes, graph)
     stage("check shapes", require_static, graph)
     graph = stage("quantize", quantize, graph, options.precision, options.calib)
-    placements = stage("place", place_ops, graph, options.precision, options.cpu_only)
+    placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only)
     steps = stage("partition", partition, graph, lambda i: placements[i].device == "npu")
     builder = ModuleBuilder(metadata={"source": Path(source).name, "precision": options.precision,
                                       "producer": "rkc", "graph": graph.name})
-    stats = stage("lower", lowering.lower_program, graph, steps, builder, options.precision, "main", progress)
+    stats = stage("lower", lowering.lower_program, graph, steps, builder, options.precision, groups)
     module, blobs, _plans = stage("memory plan + assemble", builder.finish)
     size = stage("write", write_rkbin, output, module, blobs)
     return BuildReport(str(source), str(output), options.precision, placements,
                        segments=sum(s.device == "npu" for s in steps), cpu_steps=stats.cpu_steps,
-                       npu_tasks=stats.npu_tasks, size=size, seconds=time.perf_counter() - start,
+                       npu_tasks=stats.npu_tasks, conversions=stats.conversions, size=size, seconds=time.perf_counter() - start,
                        stage_seconds=times)
 
 

@@ -69,7 +69,7 @@ def summary(module: Module) -> list[str]:
     for p in module.programs:
         npu = [s for s in p.steps if s.kind == "npu"]
         cpu = [s for s in p.steps if s.kind == "cpu"]
-        npu_ops = sum(len(s.stats.get("layers", [])) for s in npu)
+        npu_ops = sum(len(layer["op"].split("+")) for s in npu for layer in s.stats.get("layers", []))
         cpu_ops = sum(1 for s in cpu if not s.stats.get("conversion"))
         conversions = len(cpu) - cpu_ops
         tasks = sum(_tasks(s) for s in npu)

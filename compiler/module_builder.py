@@ -70,8 +70,7 @@ class ModuleBuilder:
         self.regcmd = _Blob()
         self.relocations: list[Relocation] = []
         self.programs: list[Program] = []
-        self.scratch_buffers: dict[str, list[Buffer]] = {}  # program -> buffers
-        self.scratch_tensors: dict[str, list[str]] = {}  # program -> tensor names
+        self.lifetimes: dict[str, dict[str, list[int]]] = {}  # program -> scratch tensor -> [first, last] step
 
     # -- tensors ------------------------------------------------------------------
     def _info(self, info: TensorInfo) -> TensorInfo:
@@ -98,13 +97,23 @@ class ModuleBuilder:
                                      int(np.asarray(packed).nbytes), quant))
 
     def scratch_tensor(self, program: str, name: str, shape, dtype: DType, layout: str, nbytes: int,
-                       first: int, last: int, quant: dict | None = None) -> TensorInfo:
-        """An NPU activation alive from step `first` to step `last` of `program`;
-        its offset comes from the memory plan at finish()."""
-        info = self._info(TensorInfo(name, [int(d) for d in shape], dtype.value, layout, "scratch", 0, nbytes, quant))
-        self.scratch_buffers.setdefault(program, []).append(Buffer(name, nbytes, first, last))
-        self.scratch_tensors.setdefault(program, []).append(name)
+                       quant: dict | None = None) -> TensorInfo:
+        """An NPU activation of `program`; `touch` records the steps that use it,
+        and the memory plan gives its offset at finish()."""
+        info = self._info(TensorInfo(name, [int(d) for d in shape], dtype.value, layout, "scratch", 0,
+                                     _align(nbytes, 16), quant))
+        self.lifetimes.setdefault(program, {})[name] = []
         return info
+
+    def touch(self, program: str, name: str, step: int) -> None:
+        """Step `step` of `program` reads or writes scratch tensor `name`."""
+        span = self.lifetimes[program][name]
+        span[:] = [min(span[0], step), max(span[1], step)] if span else [step, step]
+
+    def grow(self, name: str, nbytes: int) -> None:
+        """The NPU touches `nbytes` of tensor `name` (channel or row padding)."""
+        info = self.tensors[name]
+        info.nbytes = max(info.nbytes, _align(nbytes, 16))
 
     # -- register commands ----------------------------------------------------------
     def add_regcmd(self, entries: np.ndarray) -> int:
@@ -114,8 +123,18 @@ class ModuleBuilder:
 
     def relocate(self, entry: int, target: str, offset: int = 0) -> None:
         """Regcmd entry `entry` (absolute index in the regcmd region) gets the
-        IOVA of region `target` + offset."""
+        IOVA of `target` + offset, where `target` is a region or a tensor placed
+        in a region (resolved at finish(), once the memory plan is known)."""
         self.relocations.append(Relocation("regcmd", entry, target, offset))
+
+    def region_of(self, name: str) -> str:
+        """The region a tensor lives in (or `name` itself when it is a region)."""
+        info = self.tensors.get(name)
+        if info is not None and info.region is not None:
+            return info.region
+        if name in ("weights", "host", "regcmd", "scratch"):
+            return name
+        raise UnsupportedError(f"NPU buffer {name!r} was never placed")
 
     def task(self, entry: int, count: int) -> TaskRef:
         return TaskRef("regcmd", entry, count)
@@ -127,10 +146,19 @@ class ModuleBuilder:
         return p
 
     def finish(self) -> tuple[Module, dict[str, np.ndarray], dict[str, MemoryPlan]]:
-        plans = {p: plan_memory(bufs) for p, bufs in self.scratch_buffers.items()}
-        for program, names in self.scratch_tensors.items():
-            for name in names:
+        plans = {}
+        for program, spans in self.lifetimes.items():
+            unused = [n for n, span in spans.items() if not span]
+            if unused:
+                raise UnsupportedError(f"scratch tensor {unused[0]!r} of program {program!r} is never used")
+            buffers = [Buffer(n, self.tensors[n].nbytes, span[0], span[1]) for n, span in spans.items()]
+            plans[program] = plan_memory(buffers)
+            for name in spans:
                 self.tensors[name].offset = plans[program].offsets[name]
+        for rel in self.relocations:  # symbolic targets -> region + offset
+            info = self.tensors.get(rel.target)
+            if info is not None:
+                rel.target, rel.offset = info.region, info.offset + rel.offset
         scratch = max((p.size for p in plans.values()), default=0)
         regions, blobs = [], {}
         used = {t.region for t in self.tensors.values()}

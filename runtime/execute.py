@@ -18,7 +18,7 @@ from typing import Mapping
 import numpy as np
 
 from ir.errors import RkcError
-from ir.npu import layout as native
+from runtime import native
 from ir.npu.regcmd import ENTRY_BYTES
 from ir.program import Program, Step, TensorInfo
 from ir.types import DType
@@ -125,37 +125,20 @@ def from_layout(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
     if info.layout == "row":
         n = int(np.prod(info.shape, dtype=np.int64))
         return raw[:n * dtype.itemsize].view(dtype).reshape(info.shape).copy()
-    if info.layout == "native":
-        c, h, w = _chw(info.shape)
-        view = native.feature_view(raw, c, h, w, dtype)
-        return native.unpack_feature(np.ascontiguousarray(view), c).reshape(info.shape)
+    if info.layout.startswith("native"):
+        return native.unpack(raw, info.shape, info.layout, dtype)
     raise RkcError(f"tensor {info.name!r} has unknown layout {info.layout!r}")
 
 
 def to_layout(value: np.ndarray, info: TensorInfo, raw: np.ndarray) -> None:
-    dtype = _dtype(info)
-    value = np.asarray(value, dtype=dtype)
-    if info.layout == "row":
-        raw[:value.nbytes] = value.reshape(-1).view(np.uint8)
-        return
-    if info.layout == "native":
-        c, h, w = _chw(info.shape)
-        packed = native.pack_feature(value.reshape(c, h, w))
-        raw[:packed.nbytes] = packed.reshape(-1).view(np.uint8)
-        return
-    raise RkcError(f"tensor {info.name!r} has unknown layout {info.layout!r}")
-
-
-def _chw(shape) -> tuple[int, int, int]:
-    """The feature map (C, H, W) a logical tensor is stored as on the NPU:
-    [1, C, H, W] as is; [M, K] (a GEMM operand) as C=K, H=M, W=1; [1, C] as C."""
-    if len(shape) == 4:
-        return shape[1], shape[2], shape[3]
-    if len(shape) == 3:
-        return shape[2], shape[0] * shape[1], 1
-    if len(shape) == 2:
-        return shape[1], shape[0], 1
-    return int(np.prod(shape)), 1, 1
+    value = np.asarray(value, dtype=_dtype(info)).reshape(info.shape)
+    packed = value if info.layout == "row" else None
+    if info.layout.startswith("native"):
+        packed = native.pack(value, info.layout)
+    if packed is None:
+        raise RkcError(f"tensor {info.name!r} has unknown layout {info.layout!r}")
+    data = packed.reshape(-1).view(np.uint8)
+    raw[:data.size] = data
 
 
 def check_feeds(program: Program, tensors: Mapping[str, TensorInfo], feeds: Mapping[str, np.ndarray]) -> dict:

@@ -39,13 +39,19 @@ def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
 
 
 def run_once(model_path: str, inputs: str | None, outputs: str | None, device: str) -> None:
-    from runtime.loader import load
+    from ir.rkbin import read_rkbin
+    from runtime.devices import open_device
+    from runtime.execute import check_feeds
+    from runtime.loader import LoadedModel, needs_device
 
     feeds = read_inputs(inputs)
-    with load(model_path, device, quiet=False) as model:
-        program = model.module.programs[0]
-        if not feeds and program.inputs:
-            raise RkcError(f"{model_path}: give the inputs with --inputs FILE.npz (keys: {', '.join(program.inputs)})")
+    rkbin = read_rkbin(model_path)
+    program = rkbin.module.programs[0]
+    if not feeds and program.inputs:
+        raise RkcError(f"{model_path}: give the inputs with --inputs FILE.npz (keys: {', '.join(program.inputs)})")
+    check_feeds(program, {t.name: t for t in rkbin.module.tensors}, feeds)  # before any device is opened
+    dev = open_device(device) if device != "auto" or needs_device(rkbin.module) else None
+    with LoadedModel(rkbin, dev, own_device=dev is not None) as model:
         if model.device is not None:
             model.device.reset_counters()
         result = model.run(feeds)

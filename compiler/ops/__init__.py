@@ -70,8 +70,9 @@ class OpSpec:
     # every constraint must hold for the op to run on the NPU; the docstring of
     # the first that fails is the reason it runs on the CPU instead
     npu: Sequence[Constraint] = ()
-    # NPU lowering: (OpContext, lowering session) -> None; None: the op never runs on the NPU
-    lower: Callable | None = None
+    # how the op reaches the NPU (compiler/npu_lower.py): "emitter" (an operation of its
+    # own), "epilogue" (folded into the preceding convolution / matrix product), None (not yet)
+    lower: str | None = None
     kernel: str = ""  # CPU kernel name in runtime.kernels; defaults to the op name
     summary: str = ""  # one line for the supported-op table
     # checks on the CPU kernel's limits (docstring: why the model cannot compile)

@@ -77,6 +77,7 @@ def qlinear_conv_shape(ctx):
 
 SPECS = [
     OpSpec("Conv", conv_shape, npu=(*BASIC, is_2d, constant_weights, plain_or_depthwise, no_dilation, fits_fields),
+           lower="emitter",
            summary="convolution, 2-D on the NPU (direct or depthwise), with fused bias and activation"),
     OpSpec("ConvTranspose", conv_transpose_shape,
            npu=(cpu_only("transposed convolution is not lowered to the NPU yet"),),

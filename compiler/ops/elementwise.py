@@ -54,21 +54,21 @@ def compare_shape(ctx):
     return [with_dtype(DType.BOOL, broadcast(ctx)[0].shape)]
 
 
-def _unary(name: str, summary: str, npu=BASIC) -> OpSpec:
-    return OpSpec(name, same, npu=npu, summary=summary)
+def _unary(name: str, summary: str, npu=BASIC, lower: str | None = None) -> OpSpec:
+    return OpSpec(name, same, npu=npu, lower=lower, summary=summary)
 
 
-def _binary(name: str, summary: str) -> OpSpec:
-    return OpSpec(name, broadcast, npu=(*BASIC, second_operand_fits), summary=summary)
+def _binary(name: str, summary: str, lower: str | None = None) -> OpSpec:
+    return OpSpec(name, broadcast, npu=(*BASIC, second_operand_fits), lower=lower, summary=summary)
 
 
 NO_LUT = cpu_only("the DPU has no lookup table or ALU stage for this function")
 GLUE = cpu_only("host-side glue: no arithmetic worth an NPU task")
 
 SPECS = [
-    _unary("Relu", "max(x, 0)"),
+    _unary("Relu", "max(x, 0)", lower="epilogue"),
     _unary("LeakyRelu", "x if x >= 0 else alpha * x"),
-    _unary("Clip", "clamp to [min, max]"),
+    _unary("Clip", "clamp to [min, max]", lower="epilogue"),
     _unary("Sigmoid", "1 / (1 + exp(-x)) (DPU LUT)"),
     _unary("HardSigmoid", "clamp(alpha * x + beta, 0, 1)"),
     _unary("HardSwish", "x * hardsigmoid(x)"),
@@ -85,7 +85,7 @@ SPECS = [
     _unary("Softplus", "log(1 + exp(x))", npu=(NO_LUT,)),
     _unary("Floor", "floor", npu=(NO_LUT,)),
     _unary("Ceil", "ceil", npu=(NO_LUT,)),
-    _binary("Add", "a + b (broadcasting)"),
+    _binary("Add", "a + b (broadcasting; on the NPU a bias or a residual)", lower="epilogue"),
     _binary("Sub", "a - b (broadcasting)"),
     _binary("Mul", "a * b (broadcasting)"),
     _binary("Div", "a / b (NPU when b is a constant: multiply by 1/b)"),

@@ -47,6 +47,12 @@ def two_d_weights(ctx) -> bool:
     return len(need(ctx, 1).shape) == 2
 
 
+def gemm_operand(ctx) -> bool:
+    """the NPU's matrix operand is [M, K] or [1, M, K]"""
+    shape = need(ctx).shape
+    return len(shape) == 2 or (len(shape) == 3 and shape[0] == 1)
+
+
 def no_trans_a(ctx) -> bool:
     """a transposed activation operand (transA=1) is not lowered to the NPU"""
     return not ctx.attr("transA", 0)
@@ -57,11 +63,11 @@ def qlinear_constant_b(ctx) -> bool:
     return ctx.const(3) is not None
 
 
-NPU_GEMM = (static_shapes, float_data, constant_b, two_d_weights)
+NPU_GEMM = (static_shapes, float_data, constant_b, two_d_weights, gemm_operand)
 
 SPECS = [
-    OpSpec("Gemm", gemm_shape, npu=(*NPU_GEMM, no_trans_a), summary="alpha * A @ B + beta * C"),
-    OpSpec("MatMul", matmul_shape, npu=NPU_GEMM, summary="matrix product (numpy semantics)"),
+    OpSpec("Gemm", gemm_shape, npu=(*NPU_GEMM, no_trans_a), lower="emitter", summary="alpha * A @ B + beta * C"),
+    OpSpec("MatMul", matmul_shape, npu=NPU_GEMM, lower="emitter", summary="matrix product (numpy semantics)"),
     OpSpec("MatMulInteger", lambda ctx: matmul_shape(ctx, DType.INT32), npu=(static_shapes, constant_b),
            summary="integer matrix product to int32"),
     OpSpec("QLinearMatMul", lambda ctx: matmul_shape(ctx, (ctx.type(7) or need(ctx)).dtype, 0, 3),

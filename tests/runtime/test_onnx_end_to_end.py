@@ -50,7 +50,7 @@ def test_rkrun_reads_and_writes_npz(tmp_path):
             str(tmp_path / "out.npz"), "--device", "auto")
     assert r.returncode == 0, r.stderr
     got = np.load(tmp_path / "out.npz")["probs"]
-    np.testing.assert_allclose(got, onnxruntime_outputs(path, {"x": x})["probs"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got, onnxruntime_outputs(path, {"x": x})["probs"], rtol=1e-2, atol=1e-3)  # fp16
 
 
 def test_rkrun_input_errors_are_one_line(tmp_path):
