@@ -34,6 +34,7 @@ class BuildOptions:
     input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
     calib: str | Path | None = None
     cpu_only: bool = False  # place every op on the CPU (debugging, references)
+    bind: Mapping[str, object] = field(default_factory=dict)  # inputs turned into constants (name -> array)
 
 
 @dataclass
@@ -85,7 +86,8 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
         times[name] = time.perf_counter() - t
         return result
 
-    graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes)))
+    graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
+                                                    bind=dict(options.bind)))
     graph = stage("passes", run_passes, graph)
     stage("check shapes", require_static, graph)
     graph = stage("quantize", quantize, graph, options.precision, options.calib)

@@ -352,9 +352,11 @@ class _Translator:
 
     def add_const(self, name: str, value: np.ndarray) -> str:
         value = np.ascontiguousarray(value)
-        dtype = DType.from_numpy(value.dtype) if value.dtype.kind != "U" else None
-        if dtype is None:
-            raise UnsupportedError(f"{self.source}: constant {name!r} holds strings")
+        try:
+            dtype = DType.from_numpy(value.dtype)
+        except ValueError:
+            raise UnsupportedError(f"{self.source}: constant {name!r}: element type {value.dtype} "
+                                   "is not supported") from None
         self.g.add_const(name, TensorType(dtype, tuple(value.shape)), value)
         return name
 
@@ -467,9 +469,25 @@ def check_known(op_type: str, where: str) -> None:
         raise UnsupportedError(f"{where}: ONNX op {op_type} is not supported by rkc")
 
 
-def load(path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+def bind_inputs(model, values: Mapping[str, np.ndarray], source: str) -> None:
+    """Turn graph inputs into constants with the given values (like binding
+    weights that a model takes as inputs); they then fold like initializers."""
+    from onnx import numpy_helper
+
+    inputs = {i.name: i for i in _real_inputs(model.graph)}
+    for name, value in values.items():
+        if name not in inputs:
+            raise UnsupportedError(f"{source}: cannot bind {name!r}: the model's inputs are {', '.join(inputs)}")
+        model.graph.input.remove(inputs[name])
+        model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+
+
+def load(path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None,
+         bind: Mapping[str, np.ndarray] | None = None) -> Graph:
     source = str(path)
     model = read_model(path)
+    if bind:
+        bind_inputs(model, bind, source)
     if input_shapes:
         fix_input_shapes(model, input_shapes, source)
     for node in model.graph.node:
