@@ -113,3 +113,29 @@ def test_python_api_checks_inputs(tmp_path):
             model.run({"x": np.zeros((4, 64), np.int64)})
         out = model.run({"x": np.zeros((4, 64), np.float64)})  # float64 narrows to the model's float32
         assert next(iter(out.values())).dtype == np.float32
+
+
+def test_inspect_svg_or_a_clear_error(tmp_path):
+    import shutil
+
+    path = save(example("mlp").build_model(), tmp_path / "mlp.onnx")
+    build(path, tmp_path / "mlp.rkbin", BuildOptions())
+    r = run("rkc", "inspect", str(tmp_path / "mlp.rkbin"), "--svg", str(tmp_path / "g.svg"))
+    if shutil.which("dot"):
+        assert r.returncode == 0 and (tmp_path / "g.svg").read_text().lstrip().startswith("<?xml"), r.stderr
+    else:
+        assert r.returncode == 1 and "graphviz" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_npu_segments_run_on_the_simulator(tmp_path):
+    """The quickstart model: convolutions with fused bias/ReLU/residual and a
+    MatMul run as NPU segments on the simulator and match onnxruntime."""
+    quick = example("quickstart")
+    path = save(quick.tiny_model(), tmp_path / "tiny.onnx")
+    report = build(path, tmp_path / "tiny.rkbin", BuildOptions())
+    assert report.segments >= 1 and report.npu_tasks >= 1 and report.ops_npu >= 5
+    x = np.random.default_rng(3).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    with runtime.load(tmp_path / "tiny.rkbin", "sim") as model:
+        got = model.run({"x": x})["probs"]
+        assert model.last_run.submits == report.segments
+    np.testing.assert_allclose(got, onnxruntime_outputs(path, {"x": x})["probs"], rtol=1e-2, atol=1e-3)
