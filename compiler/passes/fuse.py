@@ -2,6 +2,7 @@
 
 * Erf GELU:  x * 0.5 * (1 + erf(x / sqrt(2)))  (any association of the two
   multiplies, x / sqrt(2) or x * (1 / sqrt(2)))  -> Gelu
+* HardSwish: x * clip(x + 3, 0, 6) / 6 (or * (1/6))   -> HardSwish
 * LayerNorm: mean = ReduceMean(x); d = x - mean; v = ReduceMean(d ** 2);
   y = d / sqrt(v + eps) [* gamma] [+ beta] over trailing axes -> LayerNormalization
 """
@@ -146,6 +147,29 @@ def fuse_layernorm(graph: Graph, mean_op: Op) -> bool:
     return True
 
 
+def fuse_hard_swish(graph: Graph, add: Op) -> bool:
+    if add.type != "Add" or len(add.inputs) != 2:
+        return False
+    x = next((i for i in add.inputs if _near(_scalar(graph, _other(add, i) or ""), 3.0)), None)
+    if x is None or _const(graph, x) is not None:
+        return False
+    clip = only_consumer(graph, add.outputs[0])
+    if clip is None or clip.type != "Clip" or len(clip.inputs) < 3 or \
+            _scalar(graph, clip.inputs[1]) != 0.0 or _scalar(graph, clip.inputs[2]) != 6.0:
+        return False
+    mul = only_consumer(graph, clip.outputs[0])
+    if mul is None or mul.type != "Mul" or _other(mul, clip.outputs[0]) != x:
+        return False
+    scale = only_consumer(graph, mul.outputs[0])
+    if scale is None or not ((scale.type == "Div" and scale.inputs[0] == mul.outputs[0]
+                              and _near(_scalar(graph, scale.inputs[1]), 6.0))
+                             or (scale.type == "Mul" and _near(_scalar(graph, _other(scale, mul.outputs[0]) or ""),
+                                                               1 / 6))):
+        return False
+    _replace_chain(graph, [add, clip, mul, scale], scale, "HardSwish", [x], {}, add.name)
+    return True
+
+
 def _axes(graph: Graph, op: Op) -> list[int] | None:
     if len(op.inputs) > 1 and op.inputs[1]:
         v = _const(graph, op.inputs[1])
@@ -154,4 +178,4 @@ def _axes(graph: Graph, op: Op) -> list[int] | None:
     return None if a is None else [int(v) for v in a]
 
 
-REWRITES = [fuse_erf_gelu, fuse_layernorm]
+REWRITES = [fuse_erf_gelu, fuse_layernorm, fuse_hard_swish]
