@@ -149,13 +149,14 @@ class Feature:
 
 
 # -- epilogues ------------------------------------------------------------------------
+ELEMENTWISE_OPS = ("add", "mul", "max", "min")
 LUT_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu", "exp", "hardsigmoid", "hardswish")
 ACTIVATIONS = ("relu", "relu6", "clip", *LUT_FUNCTIONS)
 
 
 @dataclass(frozen=True)
 class Residual:
-    """A second tensor combined element by element with the result: `add` or `mul`.
+    """A second tensor combined element by element with the result (add, mul, max, min).
     It has the output's shape; quantized outputs need its quant."""
 
     tensor: Feature
@@ -182,8 +183,8 @@ class Epilogue:
             raise UnsupportedError(f"unknown activation {self.activation!r} (have {', '.join(ACTIVATIONS)})")
         if self.activation == "clip" and self.clip is None:
             raise UnsupportedError("activation 'clip' needs clip=(lo, hi)")
-        if self.residual is not None and self.residual.op not in ("add", "mul"):
-            raise UnsupportedError(f"residual op {self.residual.op!r} is not add or mul")
+        if self.residual is not None and self.residual.op not in ELEMENTWISE_OPS:
+            raise UnsupportedError(f"residual op {self.residual.op!r} is not one of {', '.join(ELEMENTWISE_OPS)}")
 
     @property
     def clip_range(self) -> tuple[float, float] | None:
@@ -248,9 +249,6 @@ class Conv2D:
     def output_hw(self) -> tuple[int, int]:
         (kh, kw), (sy, sx), (pt, pb, pl, pr) = self.kernel, self.stride, self.padding
         return ((self.input.height + pt + pb - kh) // sy + 1, (self.input.width + pl + pr - kw) // sx + 1)
-
-
-ELEMENTWISE_OPS = ("add", "mul", "max", "min")
 
 
 @dataclass(frozen=True, eq=False)
@@ -444,6 +442,11 @@ class EmitOptions:
     n_tile_max: int = 4096  # output channels per task (13-bit fields end at 8192; stay off the edge)
     k_tile_max: int = 8192  # input channels per task (Rockchip's matmul API splits B above 8192)
     allow_cpu_finish: bool = True  # int8 K splits: sum partials on the CPU (else raise)
+    # Stock rocket completes a task only on the DPU interrupt, so a PPU-only pooling
+    # task never finishes there; set this on a kernel that completes PPU tasks.
+    # Without it average pooling runs as a depthwise convolution and max pooling
+    # is refused.
+    ppu_completes: bool = False
 
 
 DEFAULT_OPTIONS = EmitOptions()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.npu import api, epilogue, formats, schedule
-from compiler.npu.conv_core import ConvTile, kernel_group, tile_task
+from compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
 from compiler.npu.schedule import Work, pad_constants
 from ir.errors import UnsupportedError
 from ir.npu import hw, layout
@@ -48,6 +48,13 @@ def _check(op: api.Conv2D) -> str:
         raise UnsupportedError(f"{op.name}: output is {o.height}x{o.width}, the convolution gives {oh}x{ow}")
     if min(op.stride) < 1 or min(op.padding) < 0:
         raise UnsupportedError(f"{op.name}: bad stride {op.stride} or padding {op.padding}")
+    formats.check(max(op.kernel), formats.KERNEL_SIZE_MAX, f"{op.name}: kernel size")
+    (kh, kw), (pt, pb, pl, pr) = op.kernel, op.padding
+    formats.check(max(op.padding), formats.PAD_MAX, f"{op.name}: padding")
+    if max(pt, pb) >= kh or max(pl, pr) >= kw:
+        raise UnsupportedError(f"{op.name}: padding {op.padding} reaches a whole kernel ({kh}x{kw}) past the "
+                               f"map; the CNA pads less than a kernel (pad the tensor instead)")
+    formats.check(max(op.stride), formats.STRIDE_MAX, f"{op.name}: stride")
     if f.height < MIN_INPUT_ROWS:
         raise UnsupportedError(f"{op.name}: the input has {f.height} rows; the NPU needs at least "
                                f"{MIN_INPUT_ROWS} (maps of fewer rows compute wrongly on hardware)")
@@ -93,10 +100,9 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
         c_tiles = schedule.split_evenly(o.channels, -(-o.channels // options.n_tile_max), kg)
     tile_weight_bytes = max(_tile_weight_bytes(op, dtype, kg, ct) for _, ct in c_tiles)
     slack = schedule.FEATURE_SLACK_BANKS[dtype]
-    in_row_bytes = f.width * f.surfaces * layout.ATOM_BYTES if not dw else None
 
     def row_bytes(c_count: int) -> int:
-        return f.width * -(-c_count // f.c2) * layout.ATOM_BYTES
+        return cbuf_row_bytes(f.width, -(-c_count // f.c2))
 
     max_c = max(ct for _, ct in c_tiles) if dw else f.channels
     rb = row_bytes(max_c)

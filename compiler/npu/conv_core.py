@@ -84,8 +84,16 @@ def feature_strides(f: api.Feature) -> tuple[int, int]:
     return line, f.surface_bytes // layout.ATOM_BYTES - line
 
 
+CBUF_DATA_ENTRY = 64  # bytes of one CNA_CBUF_CON1 data entry (4 atoms)
+
+
 def data_entries(f: api.Feature) -> int:
     return -(-f.width * f.surfaces // 4)
+
+
+def cbuf_row_bytes(width: int, atoms: int) -> int:
+    """CBUF bytes one input row occupies: whole 64-byte data entries."""
+    return -(-width * atoms // 4) * CBUF_DATA_ENTRY
 
 
 def tile_registers(t: ConvTile) -> RegisterFile:

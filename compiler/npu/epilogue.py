@@ -35,6 +35,10 @@ from compiler.npu.quant import multiplier_pair, requantize, rne_shift, saturate
 from compiler.npu.regfile import RegisterFile
 from ir.errors import UnsupportedError
 
+_COMBINE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+# EW_ALU_ALGO: 0 max, 1 min, 2 add (NVDLA SDP; rockchip-npu-notes dpu-lut-activation.md "Max and Min")
+EW_ALU_ALGO = {"max": 0, "min": 1, "add": 2}
+
 BS_GROUP_CHANNELS = 8  # BRDMA_DATA_USE=7: one 64-byte group per 8 channels
 BS_GROUP_BYTES = 64  # int32 A[8] @0, int16 B[8] @32, int16 C[8] @48 (out-cvt-converter.md)
 PER_CHANNEL_SHIFT = 15  # BS MUL shift of the per-channel requant: C[c] is a Q15 fraction
@@ -110,7 +114,7 @@ class DpuPlan:
                 v = self._activate(v)
             if self.residual is not None:
                 r = rne_shift((np.asarray(residual, np.int64) + self.ew_offset) * self.ew_mul, self.ew_shift)
-                v = v + r
+                v = _COMBINE[self.residual.op](v, r)
                 if self.act_stage == "ew":
                     v = self._activate(v)
             if self.out_dtype == "int8":
@@ -124,8 +128,7 @@ class DpuPlan:
         if self.act_stage == "bs":
             v = self._activate(v)
         if self.residual is not None:
-            r = np.asarray(residual, np.float64)
-            v = v + r if self.residual.op == "add" else v * r
+            v = _COMBINE[self.residual.op](v, np.asarray(residual, np.float64))
             if self.act_stage == "ew":
                 v = self._activate(v)
         if self.lut is not None:
@@ -194,25 +197,29 @@ class DpuPlan:
             r.set("DPU_EW_CVT_SCALE_VALUE", EW_OP_CVT_SCALE=1)
             return
         relux = int(ew_act and self.relux is not None)
+        op = self.residual.op
+        size = formats.EDATA_SIZE[self.residual.tensor.itemsize]
+        common = dict(EW_DATA_MODE=1, EDATA_SIZE=size, EW_RELUX_EN=relux, EW_RELU_BYPASS=relu_bypass,
+                      EW_LUT_BYPASS=1, EW_OP_SRC=1)
         if self.integer:
-            # Mesa's fused-ADD word (rkt_regcmd.c): per-pixel operand, 8-bit, ALU add,
-            # operand converter live.
-            r.set("DPU_EW_CFG", EW_CVT_TYPE=1, EW_DATA_MODE=1, EDATA_SIZE=1, EW_ALU_ALGO=2,
-                  EW_RELUX_EN=relux, EW_RELU_BYPASS=relu_bypass, EW_LUT_BYPASS=1, EW_OP_SRC=1)
+            # Mesa's fused-ADD word (rkt_regcmd.c): per-pixel 8-bit operand, converter
+            # live, (r + offset) * scale >> shift first (EW_CVT_TYPE=1); MUL multiplies
+            # instead of the ALU (EW_OP_TYPE)
+            if op == "mul":
+                r.set("DPU_EW_CFG", EW_CVT_TYPE=1, EW_OP_TYPE=1, **common)
+            else:
+                r.set("DPU_EW_CFG", EW_CVT_TYPE=1, EW_ALU_ALGO=EW_ALU_ALGO[op], **common)
             r.set("DPU_EW_CVT_OFFSET_VALUE", EW_OP_CVT_OFFSET=self.ew_offset & 0xFFFFFFFF)
             r.set("DPU_EW_CVT_SCALE_VALUE", EW_OP_CVT_SHIFT=self.ew_shift, EW_OP_CVT_SCALE=self.ew_mul)
-        elif self.residual.op == "add":
-            # fp16 operand add, converter live (k-accumulation.md: 0x108202C0); an fp32
-            # partial is the same word with a 32-bit operand (its "precision-safe" variant)
-            size = formats.EDATA_SIZE[self.residual.tensor.itemsize]
-            r.set("DPU_EW_CFG", EW_DATA_MODE=1, EDATA_SIZE=size, EW_ALU_ALGO=2, EW_RELUX_EN=relux,
-                  EW_RELU_BYPASS=relu_bypass, EW_LUT_BYPASS=1, EW_OP_SRC=1)
+        elif op == "mul":
+            # fp16 operand multiply, converter bypassed (dpu-lut-activation.md: 0x108003C4)
+            r.set("DPU_EW_CFG", EW_OP_CVT_BYPASS=1, EW_OP_TYPE=1, **common)
             r.set("DPU_EW_CVT_SCALE_VALUE", EW_OP_CVT_SCALE=1)
         else:
-            # fp16 operand multiply, converter bypassed (dpu-lut-activation.md: 0x108003C4)
-            r.set("DPU_EW_CFG", EW_DATA_MODE=1, EDATA_SIZE=2, EW_ALU_ALGO=0, EW_RELUX_EN=relux,
-                  EW_RELU_BYPASS=relu_bypass, EW_OP_CVT_BYPASS=1, EW_LUT_BYPASS=1, EW_OP_SRC=1,
-                  EW_OP_TYPE=1)
+            # fp16 add / max / min, converter live (k-accumulation.md 0x108202C0 and its
+            # 0x108002C0 / 0x108102C0 siblings); an fp32 partial is the same word with
+            # a 32-bit operand (the "precision-safe" K-accumulation variant)
+            r.set("DPU_EW_CFG", EW_ALU_ALGO=EW_ALU_ALGO[op], **common)
             r.set("DPU_EW_CVT_SCALE_VALUE", EW_OP_CVT_SCALE=1)
         if ew_act and self.relux is not None:
             r.set("DPU_EW_RELUX_CMP_VALUE", EW_RELUX_CMP_DAT=self.relux)
@@ -325,15 +332,26 @@ def _integer_activation(p: DpuPlan, ep: api.Epilogue, real_per_step: float | Non
 
 
 def _integer_residual(p: DpuPlan, req: DpuRequest, real_per_step: float | None) -> None:
+    """The second operand r (int8, its own quant) on the EW stage: add / max / min
+    bring it to v's units, rne((r - zp_r) * m >> t); mul takes (r - zp_r) as is and
+    folds its scale into OUT_CVT."""
     res = req.epilogue.residual
-    if res.op != "add":
-        raise UnsupportedError("an int8 residual must be an add")
     if res.tensor.dtype != "int8" or res.tensor.quant is None or real_per_step is None:
-        raise UnsupportedError("an int8 residual add needs an int8 operand with per-tensor quantization")
+        raise UnsupportedError("an int8 element-wise operand needs int8 data with per-tensor quantization")
+    if res.op not in _COMBINE:
+        raise UnsupportedError(f"element-wise {res.op!r} is not an NPU operation")
     p.residual = res
     p.act_stage = "ew"
-    p.ew_mul, p.ew_shift = multiplier_pair(res.tensor.quant.scale / real_per_step, "residual scale")
     p.ew_offset = -res.tensor.quant.zero_point
+    if res.op == "mul":
+        p.ew_mul, p.ew_shift = 1, 0
+        if p.out_dtype == "int8":
+            m = real_per_step * res.tensor.quant.scale / req.output.quant.scale
+            p.out_mul, p.out_shift = multiplier_pair(m, "product scale")
+        if p.relux_value is not None:
+            raise UnsupportedError("a clip bound after an int8 multiply is not supported")
+    else:
+        p.ew_mul, p.ew_shift = multiplier_pair(res.tensor.quant.scale / real_per_step, "operand scale")
 
 
 def _plan_float(req: DpuRequest) -> DpuPlan:
@@ -357,6 +375,8 @@ def _plan_float(req: DpuRequest) -> DpuPlan:
         if ep.residual.tensor.dtype not in ("fp16", "fp32") or \
                 (ep.residual.tensor.dtype == "fp32" and ep.residual.op != "add"):
             raise UnsupportedError("an fp16 path's residual is an fp16 tensor (or an fp32 partial to add)")
+        if ep.residual.op not in _COMBINE:
+            raise UnsupportedError(f"element-wise {ep.residual.op!r} is not an NPU operation")
         p.residual, p.act_stage = ep.residual, "ew"
     if rng is not None:
         lo, hi = rng

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.npu import api, epilogue, schedule
-from compiler.npu.conv_core import ConvTile, kernel_group, tile_task
+from compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
 from compiler.npu.schedule import Work, pad_constants
 from ir.errors import UnsupportedError
 from ir.npu import hw, layout
@@ -60,17 +60,20 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
     rows = api.gemm_rows(op.m)
     notes = []
 
-    k_tiles, m_tiles = _k_and_m_tiles(op, dtype, kg, rows, options)
+    # N: at most n_tile_max per task, and cut so that every core gets a range
+    n_parts = max(-(-n // options.n_tile_max), min(options.cores, -(-n // kg)))
+    n_tiles = schedule.split_evenly(n, n_parts, kg)
+    nt_max = max(size for _, size in n_tiles)
+    k_tiles, m_tiles, w_banks = _k_and_m_tiles(op, dtype, kg, rows, nt_max, options)
     kt_max = max(size for _, size in k_tiles)
     kt_bytes = layout.align(kt_max, op.a.c2) * item
     mt_max = max(size for _, size in m_tiles)
-    n_parts = -(-n // options.n_tile_max)
-    if n_parts * len(m_tiles) < options.cores:
-        n_parts = max(n_parts, min(options.cores, -(-n // kg)))
-    n_tiles = schedule.split_evenly(n, n_parts, kg)
     nk = len(k_tiles)
 
-    d_banks = schedule.data_banks(mt_max * kt_bytes, dtype)
+    # the M tile's banks (+ the int8 slack bank), every other bank to the weights
+    d_banks = schedule.data_banks(mt_max * cbuf_row_bytes(1, kt_bytes // layout.ATOM_BYTES), dtype)
+    if d_banks > hw.CBUF_BANKS - w_banks:
+        raise UnsupportedError(f"{op.name}: internal: M tile of {mt_max} rows overflows the data banks")
     w_banks = hw.CBUF_BANKS - d_banks
     packed, k_offsets = _pack_b(op, k_tiles, kg)
     consts = [api.ConstBuffer(f"{op.name}.weights", packed)]
@@ -108,7 +111,7 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
             return op.c
         return ping[ki % 2]
 
-    lanes_by_n = len(n_tiles) >= len(m_tiles) or len(n_tiles) >= options.cores
+    lanes_by_n = len(n_tiles) >= options.cores or len(n_tiles) >= len(m_tiles)
     works = []
     for ni, (n0, nt) in enumerate(n_tiles):
         for mi, (m0, mt) in enumerate(m_tiles):
@@ -130,25 +133,38 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
     return api.EmitResult(op, tasks, jobs, consts, scratch, cpu, notes)
 
 
-def _k_and_m_tiles(op: api.Gemm, dtype: str, kg: int, rows: int, options: api.EmitOptions):
-    """K tiles at most k_tile_max, M tiles of the rows that fit CBUF beside one
-    streamed kernel group. For a K-split fp16 GEMM, smaller K tiles are tried when
-    they let every M tile reach the 12 rows the on-chip accumulation needs."""
+RESIDENT_MIN_ROWS = 64  # keep weights resident if that still leaves this many rows per M tile
+
+
+def _k_and_m_tiles(op: api.Gemm, dtype: str, kg: int, rows: int, nt_max: int, options: api.EmitOptions):
+    """(K tiles, M tiles, weight banks). K tiles are at most k_tile_max; the weight
+    banks hold a whole N tile's weights (resident: consecutive M tiles on a core
+    reuse them) when that leaves at least RESIDENT_MIN_ROWS rows (or all rows) for
+    the feature, else one streamed kernel group; M tiles take the rows that fit the
+    rest. For a K-split fp16 GEMM, smaller K tiles are tried when they let every M
+    tile reach the 12 rows the on-chip accumulation needs."""
     k, item, slack = op.k, api.ITEMSIZE[dtype], schedule.FEATURE_SLACK_BANKS[dtype]
     choice = None
     limit = options.k_tile_max
     while True:
         k_tiles = schedule.split_evenly(k, -(-k // limit), WEIGHT_ROW)
         kt_bytes = layout.align(max(s for _, s in k_tiles), op.a.c2) * item
-        group_banks = schedule.banks_for(kg * kt_bytes)  # streamed weights: one kernel group at a time
-        rows_cap = (hw.CBUF_BANKS - group_banks - slack) * hw.CBUF_BANK_BYTES // kt_bytes
-        rows_cap = min(rows_cap, 2044) // api.GEMM_ROW_ALIGN * api.GEMM_ROW_ALIGN  # DATAIN_HEIGHT: 11 bits
+        row_bytes = cbuf_row_bytes(1, kt_bytes // layout.ATOM_BYTES)
+        resident = schedule.banks_for(layout.align(nt_max, kg) * kt_bytes)
+        streamed = schedule.banks_for(kg * kt_bytes)  # one kernel group at a time
+
+        def cap(weight_banks: int) -> int:
+            c = (hw.CBUF_BANKS - weight_banks - slack) * hw.CBUF_BANK_BYTES // row_bytes
+            return max(0, min(c, 2044) // api.GEMM_ROW_ALIGN * api.GEMM_ROW_ALIGN)  # DATAIN_HEIGHT: 11 bits
+
+        w_banks = resident if cap(resident) >= min(rows, RESIDENT_MIN_ROWS) else streamed
+        rows_cap = cap(w_banks)
         if rows_cap >= api.GEMM_ROW_ALIGN:
             m_tiles = schedule.split_evenly(rows, -(-rows // rows_cap), api.GEMM_ROW_ALIGN)
-            choice = choice or (k_tiles, m_tiles)
+            choice = choice or (k_tiles, m_tiles, w_banks)
             enough = len(k_tiles) == 1 or min(s for _, s in m_tiles) >= KACC_MIN_ROWS
             if dtype != "fp16" or enough:
-                return k_tiles, m_tiles
+                return k_tiles, m_tiles, w_banks
             if rows < KACC_MIN_ROWS:
                 break
         if limit <= 1024:

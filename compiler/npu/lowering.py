@@ -12,6 +12,9 @@ LOWERINGS = {
     "MesaConv": "compiler.npu.mesa:lower_mesa_with_options",
     "Gemm": "compiler.npu.gemm:lower_gemm",
     "Conv2D": "compiler.npu.conv:lower_conv",
+    "Elementwise": "compiler.npu.eltwise:lower_eltwise",
+    "Activation": "compiler.npu.flying:lower_activation",
+    "Pool": "compiler.npu.pool:lower_pool",
 }
 
 

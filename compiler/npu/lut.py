@@ -125,9 +125,9 @@ def _slope_pair(slope: float, spec: LutFunction, index_scale: float) -> tuple[in
 
 
 def _quantize(g: np.ndarray) -> np.ndarray:
-    # Q0.15, clamped; an entry of exactly 0 decodes as ~4.0 on silicon (QUIRK in
-    # dpu-lut-activation.md), so the smallest stored value is 1
-    return np.clip(np.rint(g * (1 << Q_BITS)), 1, (1 << 16) - 1).astype(np.uint16)
+    # Q0.15 in a signed 16-bit entry (act_lut_readme.md), clamped to [1, 32767]: an
+    # entry of exactly 0 decodes as ~4.0 on silicon (QUIRK in dpu-lut-activation.md)
+    return np.clip(np.rint(g * (1 << Q_BITS)), 1, (1 << Q_BITS) - 1).astype(np.uint16)
 
 
 def plan(name: str) -> LutPlan:
