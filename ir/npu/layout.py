@@ -124,23 +124,39 @@ def pack_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, w.dtype)
 
 
-def unpack_weights(flat: np.ndarray, kernels: int, kh: int, kw: int, channels: int) -> np.ndarray:
-    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned]."""
-    item = flat.dtype.itemsize
+def unpack_weights(flat: np.ndarray, kernels: int, kh: int, kw: int, channels: int,
+                   itemsize: int | None = None, dtype=None) -> np.ndarray:
+    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned].
+
+    `itemsize` is the element size the layout was packed for (default: flat's);
+    `dtype` the result's (default: flat's), converted in the same pass."""
+    item = itemsize or flat.dtype.itemsize
     kg = kernel_group_for(item)
     cp = align(channels, c2_for(item))
-    out = np.empty((kernels, kh, kw, cp), flat.dtype)
-    pos = 0
-    for k0 in range(0, kernels, kg):
-        kgs = min(kg, kernels - k0)
-        for c0 in range(0, cp, CHANNEL_GROUP):
-            cgs = min(CHANNEL_GROUP, cp - c0)
-            n = kh * kw * kgs * cgs
-            if pos + n > flat.size:
-                raise ValueError(f"weights need more than the {flat.size} elements given")
-            out[k0:k0 + kgs, :, :, c0:c0 + cgs] = flat[pos:pos + n].reshape(kh, kw, kgs, cgs).transpose(2, 0, 1, 3)
-            pos += n
+    need = kernels * kh * kw * cp
+    if flat.size < need:
+        raise ValueError(f"weights need more than the {flat.size} elements given")
+    out = np.empty((kernels, kh, kw, cp), dtype or flat.dtype)
+    full = kernels // kg * kg
+    if full:  # every whole kernel group at once
+        _unpack_kernel_groups(flat[:full * kh * kw * cp], out[:full], kg, kh, kw, cp)
+    if kernels > full:
+        _unpack_kernel_groups(flat[full * kh * kw * cp:need], out[full:], kernels - full, kh, kw, cp)
     return out
+
+
+def _unpack_kernel_groups(part: np.ndarray, out: np.ndarray, kgs: int, kh: int, kw: int, cp: int) -> None:
+    """Kernel groups of `kgs` kernels each: [group][channel group][ky][kx][kernel][channel]
+    with channel groups of 32 and a shorter last one."""
+    groups = out.shape[0] // kgs
+    rows = part.reshape(groups, kgs * kh * kw * cp)
+    whole = cp // CHANNEL_GROUP * CHANNEL_GROUP
+    if whole:
+        a = rows[:, :kgs * kh * kw * whole].reshape(groups, whole // CHANNEL_GROUP, kh, kw, kgs, CHANNEL_GROUP)
+        out[:, :, :, :whole] = a.transpose(0, 4, 2, 3, 1, 5).reshape(groups * kgs, kh, kw, whole)
+    if cp > whole:
+        t = rows[:, kgs * kh * kw * whole:].reshape(groups, kh, kw, kgs, cp - whole)
+        out[:, :, :, whole:] = t.transpose(0, 3, 1, 2, 4).reshape(groups * kgs, kh, kw, cp - whole)
 
 
 def pack_depthwise_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndarray:
