@@ -39,15 +39,17 @@ EMIT_OPTIONS = api.EmitOptions(allow_cpu_finish=False)  # K splits the NPU canno
 # simulator are being brought into agreement; delete a line when they are).
 # (device dtype, kind) -> why the op stays on the CPU meanwhile.
 NOT_YET_RUNNABLE = {
-    ("int8", "conv"): "int8 on the NPU waits for emitter and simulator to agree on the DPU bias/requant "
-                      "operand DMA (BRDMA DATA_USE)",
-    ("int8", "depthwise"): "int8 on the NPU waits for emitter and simulator to agree on the DPU bias/requant "
-                           "operand DMA (BRDMA DATA_USE)",
-    ("int8", "gemm"): "int8 on the NPU waits for emitter and simulator to agree on the DPU bias/requant "
-                      "operand DMA (BRDMA DATA_USE)",
+    ("int8", "per-channel"): "per-channel int8 weight scales wait for emitter and simulator to agree on the DPU "
+                             "bias + multiplier operand DMA (BRDMA DATA_USE 7)",
     ("fp16", "depthwise"): "fp16 depthwise convolution waits for emitter and simulator to agree on the DPU "
-                           "size_e of its 8-channel datapath",
+                           "size_e of its 8-channel datapath (simulator open question Q4)",
 }
+
+
+# Whether a segment's jobs may run as hardware-chained kicks: integer tasks after
+# the first of a chained kick are reported wrong on hardware (docs/hardware-questions.md
+# Q1), so int8 segments kick every task on its own.
+CHAINABLE = {"fp16": True, "int8": False}
 
 
 def _kind(op) -> str:
@@ -101,6 +103,16 @@ def _weight_scales(graph: Graph, name: str) -> np.ndarray:
     if not isinstance(q, PerAxisQuant):
         raise _Refused(f"int8 weights {name!r} have no per-channel scales")
     return graph.payloads[q.scale].astype(np.float64).reshape(-1)
+
+
+def _weight_quant(scales: np.ndarray) -> api.Quant:
+    """Per-channel scales; one scale when they are all equal (the per-tensor path)."""
+    if np.all(scales == scales[0]):
+        return api.Quant(float(scales[0]))
+    gap = NOT_YET_RUNNABLE.get(("int8", "per-channel"))
+    if gap is not None:
+        raise _Refused(gap)
+    return api.Quant(tuple(float(s) for s in scales))
 
 
 def _feature(graph: Graph, tensor: str, layout: str, dtype: str, precision: str) -> api.Feature:
@@ -211,7 +223,7 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Conv2D
     if dtype == "int8":
         w_scales = _weight_scales(graph, op.inputs[1])
         wq = np.clip(np.rint(w / w_scales.reshape(-1, 1, 1, 1)), -127, 127).astype(np.int8)
-        weight_quant = api.Quant(tuple(float(s) for s in w_scales))
+        weight_quant = _weight_quant(w_scales)
     else:
         wq, weight_quant = w.astype(np.float16), None
     weights = wq[:, 0].transpose(1, 2, 0) if depthwise else wq.transpose(0, 2, 3, 1)
@@ -255,7 +267,7 @@ def _gemm(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Gemm, 
     if dtype == "int8":
         w_scales = _weight_scales(graph, op.inputs[1])
         bq = np.clip(np.rint(b / w_scales.reshape(1, -1)), -127, 127).astype(np.int8)
-        b_quant = api.Quant(tuple(float(s) for s in w_scales))
+        b_quant = _weight_quant(w_scales)
     else:
         bq, b_quant = b.astype(np.float16), None
     m = int(a_shape[-2])
@@ -364,7 +376,7 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             extents[buf] = max(extents.get(buf, 0), end)
     reads = sorted({t for g in groups for t in g.reads})
     outputs = sorted({g.output for g in groups})
-    step = Step(kind="npu", name=name, jobs=jobs, chained=True, inputs=[npu_name(t) for t in reads],
+    step = Step(kind="npu", name=name, jobs=jobs, chained=CHAINABLE[device_dtype(precision)], inputs=[npu_name(t) for t in reads],
                 outputs=[npu_name(t) for t in outputs],
                 stats={"layers": layers, "tasks": sum(len(j.tasks) for j in jobs),
                        "kicks_stock": sum(len(j.tasks) for j in jobs), "kicks_chained": len(jobs)})
