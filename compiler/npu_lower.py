@@ -24,15 +24,32 @@ from compiler.npu import api
 from compiler.npu.assemble import assemble
 from ir.errors import UnsupportedError
 from ir.graph import Graph
+from ir.npu.regcmd import link_amount, pc_amount_for
 from ir.program import Job, Step, TaskRef
 from ir.types import DType, PerAxisQuant, PerTensorQuant
 from runtime import native
 from runtime.kernels.conv import pads_for
 
-ANCHORS = ("Conv", "Gemm", "MatMul")
-# activations the DPU applies in the epilogue without a lookup table
-# (LUT functions — sigmoid, tanh, hardswish, gelu — join once the simulator models the LUT)
-EPILOGUE_ACTIVATIONS = ("Relu", "Clip")
+ANCHORS = ("Conv", "Gemm", "MatMul", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu", "Add", "Mul", "Max",
+           "Min", "Sum", "AveragePool", "GlobalAveragePool")
+ELEMENTWISE = {"Add": "add", "Sum": "add", "Mul": "mul", "Max": "max", "Min": "min"}
+
+
+def lut_function(op) -> str | None:
+    """The DPU lookup-table function computing this ONNX op exactly as ONNX
+    defines it (compiler/npu/lut.py), or None."""
+    if op.type in ("Sigmoid", "Tanh", "HardSwish"):
+        return op.type.lower()
+    if op.type == "Gelu" and op.attrs.get("approximate", "none") == "none":
+        return "gelu"
+    if op.type == "HardSigmoid" and abs(float(op.attrs.get("alpha", 0.2)) - 1 / 6) < 1e-6 \
+            and float(op.attrs.get("beta", 0.5)) == 0.5:
+        return "hardsigmoid"  # the table is x/6 + 1/2; ONNX's default slope 0.2 is another function
+    return None
+
+
+def _layout(graph: Graph, tensor: str) -> str:
+    return "native" if len(graph.tensors[tensor].type.shape) == 4 else "native-gemm"
 EMIT_OPTIONS = api.EmitOptions(allow_cpu_finish=False)  # K splits the NPU cannot sum stay on the CPU
 
 # Operations the emitter produces but the simulator does not run yet (emitter and
@@ -41,8 +58,6 @@ EMIT_OPTIONS = api.EmitOptions(allow_cpu_finish=False)  # K splits the NPU canno
 NOT_YET_RUNNABLE = {
     ("int8", "per-channel"): "per-channel int8 weight scales wait for emitter and simulator to agree on the DPU "
                              "bias + multiplier operand DMA (BRDMA DATA_USE 7)",
-    ("fp16", "depthwise"): "fp16 depthwise convolution waits for emitter and simulator to agree on the DPU "
-                           "size_e of its 8-channel datapath (simulator open question Q4)",
 }
 
 
@@ -52,9 +67,20 @@ NOT_YET_RUNNABLE = {
 CHAINABLE = {"fp16": True, "int8": False}
 
 
+def chain_fetches_whole_tasks(jobs: list[Job]) -> bool:
+    """A hardware chain fetches each linked task with the amount its
+    predecessor's tail gives (ir.npu.regcmd.link_amount, Mesa's rule); that must
+    cover the task up to its op-enable, as pc_amount_for does for a kick. For
+    some entry counts (e.g. odd ones, like LUT uploads) it does not: such
+    segments are kicked task by task."""
+    return all(link_amount(t.count) >= pc_amount_for(t.count) for job in jobs for t in job.tasks[1:])
+
+
 def _kind(op) -> str:
-    if op.type != "Conv":
+    if op.type in ("Gemm", "MatMul"):
         return "gemm"
+    if op.type != "Conv":
+        return op.type
     return "depthwise" if int(op.attrs.get("group", 1)) > 1 else "conv"
 
 
@@ -177,6 +203,8 @@ def _tail(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Cal
                 return tail
         elif op.type == "Relu" and tail.activation is None:
             tail.activation = "relu"
+        elif lut_function(op) is not None and tail.activation is None:
+            tail.activation = lut_function(op)
         elif op.type == "Clip" and tail.activation is None:
             lo, hi = _const(graph, op.inputs[1]) if len(op.inputs) > 1 else None, \
                 _const(graph, op.inputs[2]) if len(op.inputs) > 2 else None
@@ -282,17 +310,73 @@ def _gemm(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Gemm, 
     return gemm, reads
 
 
+def _activation(graph: Graph, i: int, tail: _Tail, precision: str):
+    op = graph.ops[i]
+    function = lut_function(op)
+    if function is None:
+        raise _Refused(f"{op.type} with these attributes has no DPU lookup table")
+    if precision != "fp16":
+        raise _Refused("standalone lookup-table activations run in fp16")
+    layout = _layout(graph, op.inputs[0])
+    act = api.Activation(_feature(graph, op.inputs[0], layout, "fp16", precision),
+                         _feature(graph, op.outputs[0], layout, "fp16", precision), function, name=f"npu{i}")
+    return act, {op.inputs[0]: layout}
+
+
+def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str):
+    op = graph.ops[i]
+    if len(op.inputs) != 2 or any(_const(graph, t) is not None for t in op.inputs):
+        raise _Refused("the NPU combines two tensors element by element (constants fold into a convolution)")
+    shapes = {tuple(graph.tensors[t].type.shape) for t in (*op.inputs, op.outputs[0])}
+    if len(shapes) != 1:
+        raise _Refused("the NPU's element-wise operands have the output's shape (no broadcasting)")
+    dtype = device_dtype(precision)
+    layout = _layout(graph, op.outputs[0])
+    a, b = (_feature(graph, t, layout, dtype, precision) for t in op.inputs)
+    ew = api.Elementwise(a, b, _feature(graph, op.outputs[0], layout, dtype, precision), ELEMENTWISE[op.type],
+                         name=f"npu{i}")
+    return ew, {t: layout for t in op.inputs}
+
+
+def _pool(graph: Graph, i: int, tail: _Tail, precision: str):
+    op = graph.ops[i]
+    x = graph.tensors[op.inputs[0]].type
+    dtype = device_dtype(precision)
+    if op.type == "GlobalAveragePool":
+        kernel, stride, padding = None, (1, 1), (0, 0, 0, 0)
+    else:
+        kernel = tuple(int(k) for k in op.attrs["kernel_shape"])
+        stride = tuple(int(s) for s in op.attrs.get("strides", [1, 1]))
+        begin, end = pads_for(op.attrs.get("auto_pad", "NOTSET"), x.shape[2:], kernel, stride, [1, 1],
+                              op.attrs.get("pads"))
+        padding = (begin[0], end[0], begin[1], end[1])
+        if any(padding) and not op.attrs.get("count_include_pad", 0):
+            raise _Refused("the NPU's average divides by the whole window; padded windows that exclude the "
+                           "padding from the count stay on the CPU")
+        if op.attrs.get("ceil_mode", 0):
+            raise _Refused("ceil_mode pooling is not lowered")
+    pool = api.Pool(_feature(graph, op.inputs[0], "native", dtype, precision),
+                    _feature(graph, op.outputs[0], "native", dtype, precision), "avg", kernel, stride, padding,
+                    name=f"npu{i}")
+    return pool, {op.inputs[0]: "native"}
+
+
+BUILDERS = {"Conv": _conv, "Gemm": _gemm, "MatMul": _gemm, **{k: _eltwise for k in ELEMENTWISE},
+            "AveragePool": _pool, "GlobalAveragePool": _pool,
+            **{k: _activation for k in ("Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu")}}
+
+
 def _emit(graph: Graph, i: int, tail: _Tail, precision: str) -> NpuGroup:
     op = graph.ops[i]
     gap = NOT_YET_RUNNABLE.get((device_dtype(precision), _kind(op)))
     if gap is not None:
         raise _Refused(gap)
-    build = _conv if op.type == "Conv" else _gemm
-    api_op, reads = build(graph, i, tail, precision)
+    api_op, reads = BUILDERS[op.type](graph, i, tail, precision)
     result = api.emit(api_op, EMIT_OPTIONS)
     if result.cpu:
         raise _Refused("the emitter needs a CPU finishing step")
-    layout = "native" if op.type == "Conv" else "native-gemm"
+    layout = "native" if op.type in ("Conv", "AveragePool", "GlobalAveragePool") else \
+        ("native-gemm" if op.type in ("Gemm", "MatMul") else _layout(graph, op.outputs[0]))
     return NpuGroup(i, [i, *tail.ops], reads, tail.output, layout, result, list(result.notes))
 
 
@@ -308,11 +392,14 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool]
     for i, op in enumerate(graph.ops):
         if op.type not in ANCHORS or not candidate(i) or i in groups:
             continue
-        gemm = op.type != "Conv"
-        w = _const(graph, op.inputs[1])
-        channels = (w.shape[0] if op.type == "Conv" else
-                    (w.shape[0] if op.type == "Gemm" and op.attrs.get("transB") else w.shape[-1]))
-        full = _tail(graph, i, users, lambda j: candidate(j) and j not in groups, channels, gemm)
+        if op.type in ("Conv", "Gemm", "MatMul"):
+            gemm = op.type != "Conv"
+            w = _const(graph, op.inputs[1])
+            channels = (w.shape[0] if op.type == "Conv" else
+                        (w.shape[0] if op.type == "Gemm" and op.attrs.get("transB") else w.shape[-1]))
+            full = _tail(graph, i, users, lambda j: candidate(j) and j not in groups, channels, gemm)
+        else:
+            full = _Tail(output=op.outputs[0])  # no epilogue of its own
         for tail in (full, _Tail(output=op.outputs[0])) if full.ops else (full,):
             try:
                 group = _emit(graph, i, tail, precision)
@@ -376,7 +463,8 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             extents[buf] = max(extents.get(buf, 0), end)
     reads = sorted({t for g in groups for t in g.reads})
     outputs = sorted({g.output for g in groups})
-    step = Step(kind="npu", name=name, jobs=jobs, chained=CHAINABLE[device_dtype(precision)], inputs=[npu_name(t) for t in reads],
+    chained = CHAINABLE[device_dtype(precision)] and chain_fetches_whole_tasks(jobs)
+    step = Step(kind="npu", name=name, jobs=jobs, chained=chained, inputs=[npu_name(t) for t in reads],
                 outputs=[npu_name(t) for t in outputs],
                 stats={"layers": layers, "tasks": sum(len(j.tasks) for j in jobs),
                        "kicks_stock": sum(len(j.tasks) for j in jobs), "kicks_chained": len(jobs)})

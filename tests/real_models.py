@@ -29,9 +29,32 @@ class RealModel:
         return np.random.default_rng(seed).standard_normal(self.shape).astype(np.float32)
 
 
+WORDS = ["rkc", "NPU", "RK3588", "rocket", "tensor", "segment", "compile", "kernel", "simulator", "onnx"]
+
+
 def text_like_image(shape, seed: int) -> np.ndarray:
-    """A light page with dark strokes, normalised the way PP-OCR does
-    ((pixel / 255 - 0.5) / 0.5): closer to what the models see than noise."""
+    """Printed words on a light page (OpenCV, which rapidocr-onnxruntime brings),
+    normalised the way PP-OCR does ((pixel / 255 - 0.5) / 0.5): the detector then
+    finds real text. Without OpenCV: dark strokes on a light page."""
+    try:
+        import cv2
+    except ImportError:
+        return _strokes(shape, seed)
+    rng = np.random.default_rng(seed)
+    n, c, h, w = shape
+    img = np.full((h, w, 3), 235, np.uint8)
+    lines = max(1, h // 40)
+    for k in range(lines):
+        text = " ".join(rng.choice(WORDS, size=4))
+        scale = min(h / lines / 40, 1.2) + rng.uniform(0, 0.2)
+        y = int((k + 0.75) * h / lines)
+        cv2.putText(img, text, (int(rng.integers(0, max(1, w // 8))), y), cv2.FONT_HERSHEY_SIMPLEX, scale,
+                    (20, 20, 20), max(1, int(2 * scale)), cv2.LINE_AA)
+    x = img.astype(np.float32).transpose(2, 0, 1)[None] / 255.0
+    return np.ascontiguousarray(np.broadcast_to((x - 0.5) / 0.5, (n, c, h, w))).astype(np.float32)
+
+
+def _strokes(shape, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n, c, h, w = shape
     img = np.full((n, c, h, w), 0.9, np.float32) + rng.normal(0, 0.03, (n, c, h, w)).astype(np.float32)

@@ -21,9 +21,9 @@ def float_data(ctx) -> bool:
 
 
 def feature_map(ctx) -> bool:
-    """the NPU's feature maps have batch 1 and rank 2 to 4"""
+    """the NPU holds [1, C, H, W] feature maps and [M, K] / [1, M, K] matrices"""
     shape = ctx.graph.tensors[ctx.op.outputs[0]].type.shape
-    return 2 <= len(shape) <= 4 and shape[0] == 1
+    return len(shape) == 2 or (len(shape) in (3, 4) and shape[0] == 1)
 
 
 def constant_weights(ctx) -> bool:

@@ -41,9 +41,12 @@ def pool_fields(ctx) -> bool:
 
 
 SPECS = [
-    OpSpec("MaxPool", pool_shape, npu=(*BASIC, pool_2d, pool_fields), summary="max pooling"),
-    OpSpec("AveragePool", pool_shape, npu=(*BASIC, pool_2d, pool_fields), summary="average pooling"),
-    OpSpec("GlobalAveragePool", global_pool_shape, npu=(*BASIC, pool_2d), summary="mean over H, W"),
+    OpSpec("MaxPool", pool_shape, npu=(cpu_only("max pooling is a PPU-only task, which stock rocket never "
+                                                 "completes (it waits for a DPU interrupt)"),),
+           summary="max pooling"),
+    OpSpec("AveragePool", pool_shape, npu=(*BASIC, pool_2d, pool_fields), lower="emitter",
+           summary="average pooling (NPU: as a depthwise convolution)"),
+    OpSpec("GlobalAveragePool", global_pool_shape, npu=(*BASIC, pool_2d), lower="emitter", summary="mean over H, W"),
     OpSpec("GlobalMaxPool", global_pool_shape, npu=(*BASIC, pool_2d), summary="max over H, W"),
     OpSpec("LRN", lambda ctx: [need(ctx)], npu=(cpu_only("local response normalisation has no NPU unit"),),
            summary="local response normalisation across channels"),
