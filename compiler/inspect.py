@@ -20,6 +20,7 @@ from ir.types import DType
 
 NPU_COLOUR = "#8ecae6"
 CPU_COLOUR = "#ffb703"
+CONVERSION_COLOUR = "#fff1c1"  # host <-> NPU layout conversions (CPU steps)
 IO_COLOUR = "#e9ecef"
 
 
@@ -104,9 +105,11 @@ def segment_graph(module: Module, program: Program | None = None) -> nx.DiGraph:
         if s.kind == "npu":
             segment += 1
             nbytes = sum(tensor_bytes(module, n) for n in [*s.inputs, *s.outputs] if n)
-            ops = len(s.stats.get("layers", []))
+            ops = sum(len(layer["op"].split("+")) for layer in s.stats.get("layers", []))
             g.add_node(node, kind="npu", label=f"NPU segment {segment}\\n{ops} ops, {_tasks(s)} tasks\\n"
                                                f"{nbytes:,} B in/out")
+        elif s.stats.get("conversion"):
+            g.add_node(node, kind="conversion", label=s.name.replace(":", "\\n", 1))
         else:
             g.add_node(node, kind="cpu", label=f"{s.op}\\n{s.name}" if s.name != s.op else s.op)
         for name in s.inputs:
@@ -126,8 +129,8 @@ def _q(text: str) -> str:
 
 
 def to_dot(g: nx.DiGraph, title: str = "rkbin") -> str:
-    colour = {"npu": NPU_COLOUR, "cpu": CPU_COLOUR, "io": IO_COLOUR}
-    shape = {"npu": "box", "cpu": "box", "io": "ellipse"}
+    colour = {"npu": NPU_COLOUR, "cpu": CPU_COLOUR, "conversion": CONVERSION_COLOUR, "io": IO_COLOUR}
+    shape = {"npu": "box", "cpu": "box", "conversion": "note", "io": "ellipse"}
     lines = [f"digraph {_q(title)} {{", "  rankdir=TB;", '  node [style="filled,rounded", fontname="Helvetica"];',
              '  edge [fontname="Helvetica", fontsize=9];']
     for node, data in g.nodes(data=True):
