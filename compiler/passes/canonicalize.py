@@ -1,5 +1,6 @@
 """Canonical form: pass-through ops (Identity, inference Dropout) removed, a
-ReduceMean over all spatial axes of a 4-D map is a GlobalAveragePool."""
+ReduceMean over all spatial axes of a 4-D map is a GlobalAveragePool, a Sum
+of two tensors is an Add."""
 
 from __future__ import annotations
 
@@ -44,4 +45,13 @@ def reduce_mean_to_global_pool(graph: Graph, op: Op) -> bool:
     return True
 
 
-REWRITES = [drop_pass_through, reduce_mean_to_global_pool]
+def sum_of_two_is_add(graph: Graph, op: Op) -> bool:
+    """Sum(a, b) is Add(a, b) (one form for fusion and lowering); Sum(a) is a.
+    Max/Min of two tensors stay as they are."""
+    if op.type != "Sum" or len(op.inputs) > 2:
+        return False
+    op.type = "Add" if len(op.inputs) == 2 else "Identity"
+    return True
+
+
+REWRITES = [drop_pass_through, reduce_mean_to_global_pool, sum_of_two_is_add]
