@@ -286,13 +286,6 @@ class RocketDevice(Device):
     def _take_witness(self) -> _Bo:
         return self._witness_pool.pop() if self._witness_pool else self._new_witness()
 
-    def _drop_witness(self, record: _Bo, reuse: bool) -> None:
-        if reuse:
-            self._witness_pool.append(record)
-        else:  # its fence may still be pending: never hand it to another job
-            self._witnesses.remove(record)
-            self._free_record(record)
-
     # --- submit ---------------------------------------------------------------------------
 
     def _lane_of(self, job: Job) -> int:
@@ -435,10 +428,12 @@ class RocketDevice(Device):
             names = ", ".join(job_name(t.job, t.index) for t in submission.dropped)
             errors.append(JobDropped(f"{names}: the kernel did not queue this job (SUBMIT returned 0 "
                                      f"but the job has no fence); nothing it should write was written"))
+        still_running = []
         for t in submission.tracked:
             timed_out = not self._wait_job(t, deadline)
             if timed_out:
                 errors.append(JobTimeout(f"{job_name(t.job, t.index)}: not finished after {timeout_s:g} s"))
+                still_running.append(t)
             elif t.sync_fd is not None:
                 status = fences.sync_file_status(self.kernel, t.sync_fd)
                 if status.failed:
@@ -448,10 +443,12 @@ class RocketDevice(Device):
             if t.sync_fd is not None:
                 self.kernel.close(t.sync_fd)
                 t.sync_fd = None
-            if t.witness is not None:
-                self._drop_witness(t.witness, reuse=not timed_out)
+            if t.witness is not None and not timed_out:
+                self._witness_pool.append(t.witness)
                 t.witness = None
-        self._outstanding = [t for t in self._outstanding if t not in submission.tracked]
+        # a job that timed out is still queued: later writers must keep waiting
+        # for it and its witness must not go to another job
+        self._outstanding = [t for t in self._outstanding if t not in submission.tracked or t in still_running]
         submission.done = True
         if errors:
             more = f" (and {len(errors) - 1} more problem(s) in this submission)" if len(errors) > 1 else ""

@@ -42,7 +42,8 @@ timeout does: the fence signals with -ECANCELED and the task stops.
 Options model kernels that do not exist upstream: `shared_address_space`
 makes all files share one IOMMU domain (the kernel change docs/rocket.md
 proposes for multi-core), `stalled` keeps jobs from ever finishing (deadline
-tests). Requests that the UAPI does not define raise UapiMismatch: the real
+tests), `push_errors` fails chosen jobs inside the kernel (-ENOMEM and the like,
+which no userspace check can foresee). Requests that the UAPI does not define raise UapiMismatch: the real
 kernel would silently read the wrong number of bytes, so it is always a bug in
 the caller.
 """
@@ -275,7 +276,8 @@ class EmulatedKernel:
     def __init__(self, variant: KernelVariant = STOCK, *, nodes: dict[str, str] | None = None,
                  cores: int = 3, executor: Executor | None = None, schedule: str = "lazy",
                  policy: str = "fifo", shared_address_space: bool = False, hw_chain: bool = True,
-                 stalled: bool = False, denied: tuple[str, ...] = ()) -> None:
+                 stalled: bool = False, denied: tuple[str, ...] = (),
+                 push_errors: dict[int, int] | None = None) -> None:
         if schedule not in ("lazy", "eager") or policy not in ("fifo", "adversarial"):
             raise ValueError(f"schedule {schedule!r} / policy {policy!r}")
         self.variant = variant
@@ -287,6 +289,10 @@ class EmulatedKernel:
         self.hw_chain = hw_chain  # /sys/module/rocket/parameters/hw_chain of patch 0003
         self.stalled = stalled
         self.denied = set(denied)
+        # fault injection: the n-th job pushed (0-based, over all SUBMITs) fails
+        # with this errno inside the kernel, e.g. ENOMEM from kvmalloc
+        self.push_errors = dict(push_errors or {})
+        self._pushed = 0
         self.name = f"emulated {variant.name}" + (", shared address space" if shared_address_space else "")
 
         self._files: dict[int, object] = {}
@@ -526,6 +532,10 @@ class EmulatedKernel:
             jobs.append(job)
         for i, job in enumerate(jobs):
             try:
+                injected = self.push_errors.get(self._pushed)
+                self._pushed += 1
+                if injected:
+                    raise _oserror(injected)
                 self._push_job(f, job)
             except OSError as exc:  # rocket_ioctl_submit ignores per-job errors
                 self.dropped.append(DroppedJob(fd, i, errno.errorcode.get(exc.errno, str(exc.errno))))
