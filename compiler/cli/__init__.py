@@ -12,6 +12,7 @@ from ir.cli_support import ErrorReportingGroup, debug_option
 # module name -> attribute holding the click command
 COMMANDS = {
     "disasm": "compiler.cli.disasm:disasm",
+    "doctor": "compiler.cli.doctor:doctor",
     "ir": "compiler.cli.ir_cmd:ir_command",
 }
 

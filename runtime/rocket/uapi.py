@@ -218,7 +218,7 @@ ABI: tuple[AbiEntry, ...] = (
 NESTED_STRUCTS: tuple[tuple[str, type[Struct], int], ...] = (
     ("drm_rocket_task", RocketTask, 8),
     ("drm_rocket_job (1.0)", RocketJob, 40),
-    ("drm_rocket_job (1.1, kernel/ patch 0003)", RocketJobV11, 48),
+    ("drm_rocket_job (1.1, patch 0003)", RocketJobV11, 48),
     ("sync_fence_info", SyncFenceInfo, 80),
 )
 
