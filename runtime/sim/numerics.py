@@ -1,0 +1,123 @@
+"""Data types and the integer arithmetic the NPU blocks share.
+
+Precision codes are the 3-bit fields of CNA_CONV_CON1, CORE_MISC_CFG and
+DPU_DATA_FORMAT (TRM ch. 36; int16/bf16/int4/tf32 values HW-established by
+gregordinary/rockchip-npu-notes encodings/precision-field.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Precision:
+    code: int
+    name: str
+    itemsize: int
+    storage: np.dtype  # how memory holds one element
+    is_float: bool
+
+    @property
+    def c2(self) -> int:
+        """Channels per 16-byte atom of the NC1HWC2 layout."""
+        return 16 // self.itemsize
+
+
+PRECISIONS = {
+    0: Precision(0, "int8", 1, np.dtype(np.int8), False),
+    1: Precision(1, "int16", 2, np.dtype(np.int16), False),
+    2: Precision(2, "fp16", 2, np.dtype(np.float16), True),
+    3: Precision(3, "bf16", 2, np.dtype(np.uint16), True),
+    4: Precision(4, "int32", 4, np.dtype(np.int32), False),
+    5: Precision(5, "fp32", 4, np.dtype(np.float32), True),
+}
+INT_RANGE = {0: (-128, 127), 1: (-32768, 32767), 4: (-(1 << 31), (1 << 31) - 1)}
+
+
+def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even (NaN kept quiet)."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = np.isnan(x)
+    out = rounded.astype(np.uint16)
+    out[nan] = 0x7FC0
+    return out
+
+
+def to_compute(raw: np.ndarray, prec: Precision) -> np.ndarray:
+    """Memory elements -> the values the MAC array multiplies (int64 or float32)."""
+    if prec.code == 3:
+        return bf16_to_f32(raw)
+    if prec.is_float:
+        return raw.astype(np.float32)
+    return raw.astype(np.int64)
+
+
+def from_float(x: np.ndarray, prec: Precision) -> np.ndarray:
+    """float32 values -> memory elements of a float precision."""
+    if prec.code == 3:
+        return f32_to_bf16(x)
+    return np.asarray(x, np.float32).astype(prec.storage)
+
+
+def shift_round(x: np.ndarray, shift: int, mode: str) -> np.ndarray:
+    """x / 2**shift for int64 x. Modes: 'floor' (arithmetic shift), 'half_even'
+    (round to nearest, ties to even: TRM 'if the integer is odd, carry 1'),
+    'half_up' (ties towards +inf: TRM 'carry 1 no matter what')."""
+    x = np.asarray(x, np.int64)
+    if shift <= 0:
+        return x << -shift
+    q = x >> shift
+    if mode == "floor":
+        return q
+    rem = x - (q << shift)
+    half = 1 << (shift - 1)
+    up = rem > half
+    if mode == "half_up":
+        up |= rem == half
+    elif mode == "half_even":
+        up |= (rem == half) & ((q & 1) == 1)
+    else:
+        raise ValueError(mode)
+    return q + up
+
+
+def saturate(x: np.ndarray, code: int) -> np.ndarray:
+    lo, hi = INT_RANGE[code]
+    return np.clip(x, lo, hi)
+
+
+def exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b for integer-valued arrays, exactly, through float BLAS.
+
+    Every partial sum of integer products is an integer; float32 holds them
+    exactly below 2**24 and float64 below 2**53, in any summation order. So the
+    reduction is cut into chunks small enough for float32 (fast sgemm) when the
+    operands are small (int8), else float64, and the chunk results are summed
+    in int64."""
+    k = a.shape[-1]
+    if k == 0 or a.size == 0 or b.size == 0:
+        return np.zeros(a.shape[:-1] + b.shape[1:], np.int64)
+    amax = int(np.abs(a).max())
+    bmax = int(np.abs(b).max())
+    prod = max(amax * bmax, 1)
+    chunk32 = (1 << 24) // prod
+    if chunk32 >= 128:
+        dtype, chunk = np.float32, chunk32
+    else:
+        dtype, chunk = np.float64, max((1 << 53) // prod, 1)
+    af = a.astype(dtype)
+    bf = b.astype(dtype)
+    if chunk >= k:
+        return (af @ bf).astype(np.int64)
+    out = np.zeros(a.shape[:-1] + b.shape[1:], np.int64)
+    for k0 in range(0, k, chunk):
+        out += (af[..., k0:k0 + chunk] @ bf[k0:k0 + chunk]).astype(np.int64)
+    return out
