@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ir.errors import FormatError
+from ir.npu import regcmd
 from runtime.device import BufferObject, Device, Job, Task
 
 
@@ -135,9 +136,11 @@ class PlacedCase:
             entries[index] = np.uint64((e & ~(0xFFFFFFFF << 16)) | (address << 16))
         return entries
 
-    def load(self, s: int) -> list[Job]:
+    def load(self, s: int, link_tails: bool = False) -> list[Job]:
         """Write what submit `s` found in memory, relocate its regcmds, hand
-        everything to the NPU; -> its jobs."""
+        everything to the NPU; -> its jobs. With `link_tails`, each task's tail
+        is pointed at the next task of its job (for a hardware-chained kick;
+        captures of stock rocket leave the link slots empty)."""
         dirty = set()
         for handle, data in self.case.contents[s].items():
             bo = self.bos[handle]
@@ -145,13 +148,15 @@ class PlacedCase:
             dirty.add(handle)
         jobs = []
         for j, cj in enumerate(self.case.submits[s]):
-            tasks = []
-            for t in cj.tasks:
-                bo = self.bos[t.regcmd_bo]
-                raw = self.relocated(t).astype("<u8").view(np.uint8)
-                bo.host[t.regcmd_offset: t.regcmd_offset + raw.nbytes] = raw
-                dirty.add(t.regcmd_bo)
-                tasks.append(Task(bo.iova + t.regcmd_offset, len(t.entries)))
+            programs = [(t.regcmd_bo, t.regcmd_offset, self.relocated(t)) for t in cj.tasks]
+            tasks = [Task(self.bos[h].iova + offset, len(entries)) for h, offset, entries in programs]
+            if link_tails:
+                for (_, _, entries), nxt in zip(programs, tasks[1:]):
+                    regcmd.link_tail(entries, nxt.regcmd_iova, nxt.regcmd_count)
+            for h, offset, entries in programs:
+                raw = entries.astype("<u8").view(np.uint8)
+                self.bos[h].host[offset: offset + raw.nbytes] = raw
+                dirty.add(h)
             jobs.append(Job(tasks, [self.bos[h] for h in cj.in_handles], [self.bos[h] for h in cj.out_handles],
                             label=f"{self.case.name} submit {s} job {j}"))
         for handle in sorted(dirty):
@@ -161,4 +166,4 @@ class PlacedCase:
     def read(self, handle: int) -> bytes:
         bo = self.bos[handle]
         self.device.prepare_cpu_access(bo)
-        return bo.host.tobytes()
+        return bo.host[: self.case.sizes[handle]].tobytes()  # devices may round a BO up

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runtime.rocket import uapi
-from runtime.rocket.executors import Executor, IommuFault, NpuHang, NpuMemory, PAGE, TraceExecutor, run_kick
+from runtime.rocket.executors import PAGE, Executor, NpuFault, NpuModel, PcModel, TraceExecutor
 
 APERTURE = (0, 1 << 32)  # rockchip IOMMU: 32-bit IOVAs from 0
 MMAP_OFFSET_START = 1 << 32  # DRM_FILE_PAGE_OFFSET_START on 64-bit, in bytes
@@ -126,6 +126,7 @@ class Domain:
     def __init__(self) -> None:
         self.pages: dict[int, tuple["GemObject", int]] = {}
         self.nodes: dict[int, int] = {}  # start -> size (drm_mm nodes)
+        self.objects: dict[int, "GemObject"] = {}  # start -> mapped object
 
     def alloc(self, size: int) -> int:
         """Best fit, PAGE aligned (drm_mm_insert_node_generic, DRM_MM_INSERT_BEST)."""
@@ -148,15 +149,20 @@ class Domain:
     def map(self, iova: int, obj: "GemObject") -> None:
         for i in range(obj.npages):
             self.pages[iova // PAGE + i] = (obj, i)
+        self.objects[iova] = obj
 
     def unmap(self, iova: int, obj: "GemObject") -> None:
         for i in range(obj.npages):
             self.pages.pop(iova // PAGE + i, None)
         self.nodes.pop(iova, None)
+        self.objects.pop(iova, None)
 
     def lookup(self, page: int):
         hit = self.pages.get(page)
         return None if hit is None else (hit[0].dram, hit[1] * PAGE)
+
+    def mappings(self) -> list[tuple[int, int, bytearray]]:
+        return [(iova, obj.npages * PAGE, obj.dram) for iova, obj in sorted(self.objects.items())]
 
 
 class GemObject:
@@ -274,7 +280,7 @@ class EmulatedKernel:
     """KernelInterface for tests and `rkc probe` on machines without an NPU."""
 
     def __init__(self, variant: KernelVariant = STOCK, *, nodes: dict[str, str] | None = None,
-                 cores: int = 3, executor: Executor | None = None, schedule: str = "lazy",
+                 cores: int = 3, executor: Executor | NpuModel | None = None, schedule: str = "lazy",
                  policy: str = "fifo", shared_address_space: bool = False, hw_chain: bool = True,
                  stalled: bool = False, denied: tuple[str, ...] = (),
                  push_errors: dict[int, int] | None = None) -> None:
@@ -284,6 +290,8 @@ class EmulatedKernel:
         self.nodes = nodes if nodes is not None else {"/dev/accel/accel0": "rocket"}
         self.cores = cores
         self.executor = executor if executor is not None else TraceExecutor()
+        # a task-level executor gets the PC model; a job-level one (the simulator) brings its own
+        self.npu: NpuModel = self.executor if hasattr(self.executor, "run_job") else PcModel(self.executor)
         self.schedule, self.policy = schedule, policy
         self.shared_address_space = shared_address_space
         self.hw_chain = hw_chain  # /sys/module/rocket/parameters/hw_chain of patch 0003
@@ -642,17 +650,17 @@ class EmulatedKernel:
         job.file.entity.popleft()
         job.core = self._core_rr % self.cores
         self._core_rr += 1
-        memory = NpuMemory(job.file.domain)
+        kicks, i = [], 0
+        while i < len(job.tasks):  # what rocket_job_hw_submit programs, kick by kick
+            number = min(len(job.tasks) - i, uapi.CHAIN_TASKS_PER_KICK) if job.chain else 1
+            iova, count = job.tasks[i]
+            self.kicks.append(KickRecord(job.file.fd, job.core, iova, count, number))
+            kicks.append(number)
+            i += number
         try:
-            i = 0
-            while i < len(job.tasks):
-                iova, count = job.tasks[i]
-                number = min(len(job.tasks) - i, uapi.CHAIN_TASKS_PER_KICK) if job.chain else 1
-                self.kicks.append(KickRecord(job.file.fd, job.core, iova, count, number))
-                run_kick(self.executor, memory, iova, count, number)
-                i += number
+            self.npu.run_job(job.file.domain, job.core, job.tasks, kicks, f"fd {job.file.fd} job {job.seq}")
             job.fence.signal()
-        except (IommuFault, NpuHang) as exc:
+        except NpuFault as exc:
             self.log.append(f"rocket core {job.core}: NPU job timed out ({exc}); core reset")
             job.fence.signal(-errno.ECANCELED)
         self.jobs_run += 1

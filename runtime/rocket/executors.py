@@ -35,17 +35,25 @@ _PC_BASE = register("PC_BASE_ADDRESS")
 _PC_AMOUNTS = register("PC_REGISTER_AMOUNTS")
 
 
-class IommuFault(Exception):
+class NpuFault(Exception):
+    """The job cannot complete on the board: the core hangs or faults, and the
+    kernel resets it after its job timeout."""
+
+
+class IommuFault(NpuFault):
     """The NPU touched an IOVA the job's IOMMU domain does not map."""
 
 
-class NpuHang(Exception):
+class NpuHang(NpuFault):
     """The task would never raise the interrupt the kernel waits for."""
 
 
 class PageTable(Protocol):
     def lookup(self, page: int) -> tuple[bytearray, int] | None:
         """(backing store, byte offset of the page in it) or None if unmapped."""
+
+    def mappings(self) -> list[tuple[int, int, bytearray]]:
+        """Every mapped object: (IOVA, mapped bytes, backing store)."""
 
 
 class NpuMemory:
@@ -83,8 +91,36 @@ class NpuMemory:
 
 
 class Executor(Protocol):
+    """Task level: what one task does, given the PC model of `PcModel`."""
+
     def run_task(self, memory: NpuMemory, iova: int, entries: np.ndarray) -> None:
         """Execute one task's regcmd (as fetched) against `memory`."""
+
+
+class NpuModel(Protocol):
+    """Job level: what the emulated kernel hands a job to."""
+
+    def run_job(self, table: PageTable, core: int, tasks: list[tuple[int, int]], kicks: list[int],
+                label: str) -> None:
+        """Run `tasks` [(regcmd IOVA, entries)] on `core` as kicks of `kicks[i]`
+        tasks each, through the IOMMU domain `table`; raise NpuFault if the
+        board would hang or fault."""
+
+
+class PcModel:
+    """An NpuModel from a task-level executor and `run_kick`'s PC model."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    def run_job(self, table: PageTable, core: int, tasks: list[tuple[int, int]], kicks: list[int],
+                label: str) -> None:
+        memory = NpuMemory(table)
+        first = 0
+        for number in kicks:
+            iova, count = tasks[first]
+            run_kick(self.executor, memory, iova, count, number)
+            first += number
 
 
 @dataclass
