@@ -14,6 +14,7 @@ COMMANDS = {
     "disasm": "compiler.cli.disasm:disasm",
     "doctor": "compiler.cli.doctor:doctor",
     "ir": "compiler.cli.ir_cmd:ir_command",
+    "probe": "compiler.cli.probe:probe",
 }
 
 
