@@ -38,7 +38,7 @@ from runtime.rocket import fences, uapi
 from runtime.rocket.errors import JobDropped, JobFailed, JobTimeout, RocketError
 from runtime.rocket.kernel import KernelInterface, LinuxKernel
 from runtime.rocket.nodes import DriverVersion, find_rocket_node, read_version
-from runtime.rocket.validate import AddressMap, check_job, job_name
+from runtime.rocket.validate import AddressMap, TaskCache, check_jobs, job_name
 
 GUARD_BYTES = 4096
 WITNESS_BYTES = 4096
@@ -102,6 +102,7 @@ class RocketDevice(Device):
         self._witnesses: list[_Bo] = []
         self._outstanding: list[_Tracked] = []  # submitted, not yet waited
         self._address_map: AddressMap | None = None
+        self._validated = TaskCache()
         self._fds: list[int] = []
         try:
             self._fds.append(self._open_node())
@@ -251,6 +252,7 @@ class RocketDevice(Device):
         record = self._record(bo)
         del self._bos[bo.handle]
         self._address_map = None
+        self._validated.freed(bo)
         self._free_record(record)
 
     def prepare_cpu_access(self, bo: BufferObject, timeout_s: float = 5.0) -> None:
@@ -266,6 +268,7 @@ class RocketDevice(Device):
 
     def finish_cpu_access(self, bo: BufferObject) -> None:
         record = self._record(bo)
+        self._validated.wrote(bo)
         try:
             self.kernel.ioctl(self._fds[0], uapi.DRM_IOCTL_ROCKET_FINI_BO, uapi.RocketFiniBo(handle=record.handles[0]))
         except OSError as exc:
@@ -297,9 +300,8 @@ class RocketDevice(Device):
         if self._address_map is None:
             self._address_map = AddressMap(r.bo for r in self._bos.values())
         live = self._bos
-        for i, job in enumerate(jobs):
-            check_job(job, i, self._address_map,
-                      lambda bo: (r := live.get(bo.handle)) is not None and r.bo is bo, chained)
+        check_jobs(jobs, self._address_map, lambda bo: (r := live.get(bo.handle)) is not None and r.bo is bo,
+                   chained, self._validated)
 
     def submit(self, jobs: Sequence[Job], chained: bool = False) -> RocketSubmission:
         jobs = list(jobs)

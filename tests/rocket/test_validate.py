@@ -147,3 +147,20 @@ def test_rejection_happens_before_anything_is_submitted(dev, bos):
     with pytest.raises(JobRejected, match="^bad: "):
         dev.submit([good, bad])
     assert dev.counters.submits == 0
+
+
+def test_validated_tasks_are_cached_until_their_bo_is_written_or_a_bo_freed(dev, bos):
+    src, dst, rc = bos
+    job = Job([put(dev, rc, 0, task_entries(src.iova, dst.iova))], in_bos=[rc, src], out_bos=[dst], label="c")
+    dev.run([job])
+    put_task(rc, 0, task_entries(src.iova, 0x5000_0000))  # CPU writes, not yet handed to the NPU
+    dev.submit([job])  # still the validated program as far as the NPU is concerned
+    dev.finish_cpu_access(rc)  # now it is: validate again
+    rejected(dev, job, "DPU_DST_BASE_ADDR=0x50000000 points outside")
+    put(dev, rc, 0, task_entries(src.iova, dst.iova))
+    dev.run([job])
+    other = dev.create_bo(4096)
+    put(dev, rc, 0, task_entries(other.iova, dst.iova))
+    dev.run([job])
+    dev.free_bo(other)  # no write to rc, but its address now dangles
+    rejected(dev, job, "CNA_FEATURE_DATA_ADDR=.* points outside")
