@@ -42,6 +42,11 @@ from runtime.rocket.validate import AddressMap, TaskCache, check_jobs, job_name
 
 GUARD_BYTES = 4096
 WITNESS_BYTES = 4096
+# jobs tracked through a witness at once: each holds a sync_file fd until its
+# wait, so this bounds the fds the device uses (later jobs are still validated
+# and waited for through their out BOs, and order write-after-read by listing
+# what they read as outputs)
+MAX_TRACKED_JOBS = 256
 BO_SIZE_MAX = 0xFFFFFFFF  # drm_rocket_create_bo.size is a u32
 
 
@@ -50,7 +55,6 @@ class _Bo:
     bo: BufferObject
     mapping: object | None  # None for BOs the CPU never maps (witnesses)
     handles: list[int]  # handle of the BO in each lane fd; [0] is the home fd
-    dmabuf_fd: int | None = None  # witnesses keep their dma-buf to export fences
 
 
 @dataclass(eq=False)
@@ -152,21 +156,28 @@ class RocketDevice(Device):
 
     def _probe_fence_checks(self) -> JobChecks:
         """Per-job fences need PRIME export and dma-buf sync-file export."""
+        witness = self._new_witness()
         try:
-            witness = self._new_witness()
+            fences.sync_file_status(self.kernel, sync_fd := self._export_fences(witness))
+            self.kernel.close(sync_fd)
         except OSError as exc:
-            return JobChecks(False, f"dma-buf export failed: {os.strerror(exc.errno or errno.EIO)}")
-        try:
-            sync_fd = fences.export_write_fences(self.kernel, witness.dmabuf_fd)
-            try:
-                fences.sync_file_status(self.kernel, sync_fd)
-            finally:
-                self.kernel.close(sync_fd)
-        except OSError as exc:
-            self._free_record(witness)
-            return JobChecks(False, f"sync_file export failed: {os.strerror(exc.errno or errno.EIO)}")
+            what = "dma-buf" if exc.filename == "prime" else "sync_file"
+            return JobChecks(False, f"{what} export failed: {os.strerror(exc.errno or errno.EIO)}")
         self._witness_pool.append(witness)
         return JobChecks(True)
+
+    def _export_fences(self, witness: _Bo) -> int:
+        """A sync_file of the witness's pending write fences (the dma-buf fd is
+        only needed for the export)."""
+        try:
+            dmabuf = fences.export_dmabuf(self.kernel, self._fds[0], witness.handles[0])
+        except OSError as exc:
+            exc.filename = "prime"
+            raise
+        try:
+            return fences.export_write_fences(self.kernel, dmabuf)
+        finally:
+            self.kernel.close(dmabuf)
 
     # --- raw ioctls -----------------------------------------------------------------------
 
@@ -229,9 +240,6 @@ class RocketDevice(Device):
             except BufferError:
                 pass  # a caller still holds a view; the mapping goes when that view does
             record.mapping = None
-        if record.dmabuf_fd is not None:
-            self.kernel.close(record.dmabuf_fd)
-            record.dmabuf_fd = None
         for fd, handle in zip(self._fds, record.handles):
             self._gem_close(fd, handle)
         record.handles = []
@@ -278,11 +286,6 @@ class RocketDevice(Device):
 
     def _new_witness(self) -> _Bo:
         record = self._new_record(WITNESS_BYTES, mapped=False)
-        try:
-            record.dmabuf_fd = fences.export_dmabuf(self.kernel, self._fds[0], record.handles[0])
-        except BaseException:
-            self._free_record(record)
-            raise
         self._witnesses.append(record)
         return record
 
@@ -309,7 +312,8 @@ class RocketDevice(Device):
         chain = chained and self.supports_chaining
         tracked = [_Tracked(job, i, self._lane_of(job), None) for i, job in enumerate(jobs)]
         if self.job_checks.fences:
-            for t in tracked:
+            room = MAX_TRACKED_JOBS - sum(t.witness is not None for t in self._outstanding)
+            for t in tracked[:max(room, 0)]:
                 t.witness = self._take_witness()
         lists = [self._handle_lists(t, tracked[:i]) for i, t in enumerate(tracked)]
 
@@ -348,11 +352,11 @@ class RocketDevice(Device):
         outs = _unique(job.out_bos)
         out_ids = {id(b) for b in outs}
         ins = [b for b in _unique(job.in_bos) if id(b) not in out_ids]
-        if self.lanes > 1 and not self.job_checks.fences:
+        if self.lanes > 1 and t.witness is None:
             outs, ins = outs + ins, []
         in_handles = [self._record(b).handles[lane] for b in ins]
         out_handles = [self._record(b).handles[lane] for b in outs]
-        if self.lanes > 1 and t.witness is not None:
+        if self.lanes > 1:
             waits = []
             for reader in self._outstanding + earlier:
                 if reader.lane != lane and reader.witness is not None and \
@@ -406,7 +410,9 @@ class RocketDevice(Device):
         for lane_jobs in by_lane.values():
             unseen: list[_Tracked] = []
             for t in reversed(lane_jobs):
-                sync_fd = fences.export_write_fences(self.kernel, t.witness.dmabuf_fd)
+                if t.witness is None:
+                    continue
+                sync_fd = self._export_fences(t.witness)
                 status = fences.sync_file_status(self.kernel, sync_fd)
                 if status.active or status.failed:
                     t.sync_fd = sync_fd

@@ -107,3 +107,23 @@ def test_many_independent_jobs_over_three_lanes():
     assert [read(dev, d) for d in dsts] == [i + 1 for i in range(9)]
     assert {k.core for k in kernel.kicks} <= {0, 1, 2}
     dev.close()
+
+
+def test_jobs_beyond_the_tracking_limit_still_order_correctly(monkeypatch):
+    """Past MAX_TRACKED_JOBS jobs get no witness: they are waited for through
+    their out BOs and list what they read as outputs, so a later writer on
+    another lane still waits for them."""
+    import runtime.rocket.device as device_mod
+    monkeypatch.setattr(device_mod, "MAX_TRACKED_JOBS", 1)
+    dev, kernel = open_lanes()
+    x, y, z, w, rc = (dev.create_bo(4096) for _ in range(5))
+    fill(dev, x, 10)
+    fill(dev, z, 50)
+    jobs = [job(dev, rc, 0, z, w, 2, "tracked"), job(dev, rc, 1, x, y, 0, "untracked reader"),
+            job(dev, rc, 2, z, x, 1, "writer")]
+    dev.finish_cpu_access(rc)
+    sub = dev.submit(jobs)
+    assert [t.witness is not None for t in sub.tracked] == [True, False, False]
+    dev.wait(sub)
+    assert (read(dev, y), read(dev, x), read(dev, w)) == (11, 51, 51)
+    dev.close()
