@@ -86,7 +86,9 @@ def build_report(root: str = "/", kernel: KernelInterface | None = None) -> Repo
         add((WARN, "NPU cores", "none listed under /sys/bus/platform/drivers/rocket"))
 
     if facts.clock_hz is None:
-        add((INFO, "NPU clock", "unknown: not readable in debugfs (run as root with debugfs mounted)"))
+        target = facts.params.get("npu_freq_mhz")
+        also = f"; the OPP patch targets {target} MHz (rocket.npu_freq_mhz)" if target else ""
+        add((INFO, "NPU clock", f"unknown: not readable in debugfs (run as root with debugfs mounted){also}"))
     elif facts.clock_hz < TARGET_HZ - RATE_SLACK_HZ:
         add((WARN, "NPU clock", f"{facts.clock_name} at {_mhz(facts.clock_hz)}, below 1 GHz: kernel/README.md "
                                 f"(patches 0001 + the OPP overlay) runs it at 1 GHz"))

@@ -91,7 +91,7 @@ def test_core_without_iommu_and_unreadable_debugfs(tmp_path):
     r = build_report(str(root), EmulatedKernel(CHAIN_PATCHED, shared_address_space=True))
     topics = {t: (level, m) for level, t, m in r.checks}
     assert topics["IOMMU"][0] == "FAIL" and "fdab0000.npu" in topics["IOMMU"][1]
-    assert topics["NPU clock"][0] == "INFO"
+    assert topics["NPU clock"][0] == "INFO" and "the OPP patch targets 1000 MHz" in topics["NPU clock"][1]
     assert topics["runtime device"] == ("OK", "3 lane(s)")
     assert "but: no IOMMU group for fdab0000.npu" in r.verdict
 
