@@ -22,7 +22,6 @@ with no fence after one that is still active was never queued.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 from runtime.rocket import uapi
@@ -68,12 +67,3 @@ def sync_file_status(kernel: KernelInterface, sync_fd: int) -> FenceStatus:
     info = uapi.SyncFileInfo()  # num_fences = 0: the kernel only reports count and status
     kernel.ioctl(sync_fd, uapi.SYNC_IOC_FILE_INFO, info)
     return FenceStatus(info.status, info.num_fences)
-
-
-def sync_file_fences(kernel: KernelInterface, sync_fd: int) -> list[uapi.SyncFenceInfo]:
-    """Per-fence detail (driver and timeline names, status), for diagnostics."""
-    count = sync_file_status(kernel, sync_fd).num_fences
-    fences = (uapi.SyncFenceInfo * max(count, 1))()
-    info = uapi.SyncFileInfo(num_fences=count, sync_fence_info=ctypes.addressof(fences))
-    kernel.ioctl(sync_fd, uapi.SYNC_IOC_FILE_INFO, info)
-    return list(fences[: info.num_fences])

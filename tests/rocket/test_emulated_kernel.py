@@ -230,3 +230,31 @@ def test_no_false_drop_reports_when_jobs_finish_before_the_check():
     dev.run([Job([task], in_bos=[src, rc], out_bos=[dst], label=f"j{i}") for i in range(4)])
     assert k.jobs_run == 4
     dev.close()
+
+
+def test_sync_file_info_lists_the_fences():
+    k = EmulatedKernel(executor=IncrementExecutor(), stalled=True)
+    raw = Raw(k)
+    src, dst, rc = raw.bo(), raw.bo(), raw.bo()
+    raw.submit([raw.job([raw.task(rc, src, dst)], outs=[dst.handle])])
+    d = uapi.DrmPrimeHandle(handle=dst.handle, flags=uapi.DRM_CLOEXEC)
+    k.ioctl(raw.fd, uapi.DRM_IOCTL_PRIME_HANDLE_TO_FD, d)
+    e = uapi.DmaBufExportSyncFile(flags=uapi.DMA_BUF_SYNC_READ)
+    k.ioctl(d.fd, uapi.DMA_BUF_IOCTL_EXPORT_SYNC_FILE, e)
+    info = uapi.SyncFileInfo()
+    k.ioctl(e.fd, uapi.SYNC_IOC_FILE_INFO, info)
+    assert (info.status, info.num_fences) == (0, 1)
+    fences = (uapi.SyncFenceInfo * 1)()
+    info = uapi.SyncFileInfo(num_fences=1, sync_fence_info=ctypes.addressof(fences))
+    k.ioctl(e.fd, uapi.SYNC_IOC_FILE_INFO, info)
+    assert (fences[0].driver_name, fences[0].obj_name, fences[0].status) == (b"drm_sched", b"rockchip-npu", 0)
+    assert errno_of(lambda: k.ioctl(e.fd, uapi.SYNC_IOC_FILE_INFO, uapi.SyncFileInfo(flags=1))) == errno.EINVAL
+    assert errno_of(lambda: k.ioctl(d.fd, uapi.DMA_BUF_IOCTL_EXPORT_SYNC_FILE,
+                                    uapi.DmaBufExportSyncFile(flags=4))) == errno.EINVAL
+    s = uapi.DmaBufExportSyncFile(flags=uapi.DMA_BUF_SYNC_READ)  # src has no writer: the signalled stub
+    d2 = uapi.DrmPrimeHandle(handle=src.handle)
+    k.ioctl(raw.fd, uapi.DRM_IOCTL_PRIME_HANDLE_TO_FD, d2)
+    k.ioctl(d2.fd, uapi.DMA_BUF_IOCTL_EXPORT_SYNC_FILE, s)
+    info = uapi.SyncFileInfo()
+    k.ioctl(s.fd, uapi.SYNC_IOC_FILE_INFO, info)
+    assert (info.status, info.name) == (1, b"stub")
