@@ -55,7 +55,8 @@ class Check:
 
     def line(self) -> str:
         verdict = "ok" if self.ok else "FAIL"
-        return f"  {self.what}: max error {self.max_error:.4g}{self.unit} (tolerance {self.tolerance:g}{self.unit}) {verdict}"
+        return (f"  {self.what}: max error {self.max_error:.4g}{self.unit} "
+                f"(tolerance {self.tolerance:g}{self.unit}) {verdict}")
 
 
 @dataclass
@@ -147,7 +148,8 @@ def _run(dev, jobs: list[Job], report: ReplayReport) -> None:
 def _replay_mesa(case: dict, dev) -> ReplayReport:
     report = ReplayReport(case["name"], MESA)
     if case.get("status") != "ok":
-        report.status, report.note = "not-replayable", f"capture status {case.get('status')!r}: the driver compiled nothing"
+        report.status = "not-replayable"
+        report.note = f"capture status {case.get('status')!r}: the driver compiled nothing"
         return report
     tensors = {t["index"]: t for t in case["model"]["tensors"]}
     info = {b["handle"]: b for b in case["bos"]}
@@ -209,7 +211,8 @@ def _tile_to_rows(raw: np.ndarray, m: int, n: int, stride: int) -> np.ndarray:
 def _replay_gemm(case: dict, dev) -> ReplayReport:
     report = ReplayReport(case["name"], GEMM)
     if case.get("status") != "ok":
-        report.status, report.note = "not-replayable", f"capture status {case.get('status')!r}: the library refused the shape"
+        report.status = "not-replayable"
+        report.note = f"capture status {case.get('status')!r}: the library refused the shape"
         return report
     params = case["params"]
     bos = {b["handle"]: dev.create_bo_at(int(b["dma_address"], 16), int(b["size"])) for b in case["buffers"]}

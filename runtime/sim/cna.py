@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ir.npu import layout
-from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, QuirkRejection,
+from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, QuirkRejection, SimError,
                                 UnsupportedError)
 from runtime.sim.memory import IovaSpace
 from runtime.sim.numerics import PRECISIONS, Precision, shift_round, to_compute
@@ -34,8 +34,8 @@ class ConvInput:
 
     prec: Precision
     mode: str  # "direct" | "depthwise"
-    x: np.ndarray  # padded input [C, Hp, Wp] (int64 or float32)
-    weights: np.ndarray  # direct [K, kh, kw, C]; depthwise [kh, kw, C] (int64 or float32)
+    x: np.ndarray  # padded input [C, Hp, Wp] (int8/int16 values, or float32)
+    weights: np.ndarray  # direct [K, kh, kw, C]; depthwise [kh, kw, C] (int8/int16, or float32)
     kernels: int
     channels: int
     kh: int
@@ -219,10 +219,8 @@ def _fetch_feature(r: TaskRegisters, mem: IovaSpace, prec: Precision, w: int, h:
     try:
         view = mem.strided(addr, (c1, h, w, c2), (surface_atoms * ATOM, row_atoms * ATOM, ATOM,
                                                    prec.itemsize), prec.storage, "CNA feature DMA")
-    except Exception as exc:
-        if hasattr(exc, "located"):
-            raise exc.located(register="CNA_FEATURE_DATA_ADDR", entry=r.entry("CNA_FEATURE_DATA_ADDR"))
-        raise
+    except SimError as exc:
+        raise exc.located(register="CNA_FEATURE_DATA_ADDR", entry=r.entry("CNA_FEATURE_DATA_ADDR"))
     x = to_compute(view, prec).transpose(0, 3, 1, 2).reshape(channels, h, w)
     return x, c1 * h * w * ATOM
 
@@ -249,19 +247,16 @@ def _fetch_argb(r: TaskRegisters, mem: IovaSpace, prec: Precision, w: int, h: in
     signed = bool(cvt["DATA_SIGN"])
     try:
         raw = mem.strided(addr, (h, w), (line, 1), np.int8 if signed else np.uint8, "CNA feature DMA")
-    except Exception as exc:
-        if hasattr(exc, "located"):
-            raise exc.located(register="CNA_FEATURE_DATA_ADDR", entry=r.entry("CNA_FEATURE_DATA_ADDR"))
-        raise
+    except SimError as exc:
+        raise exc.located(register="CNA_FEATURE_DATA_ADDR", entry=r.entry("CNA_FEATURE_DATA_ADDR"))
     values = raw.astype(np.int64)
     if not cvt["CVT_BYPASS"]:
         if not r.value("CNA_CVT_CON5") & 1:
             raise r.error(UnsupportedError, "CVT enabled but not for channel 0 (PER_CHANNEL_CVT_EN)",
                           "CNA_CVT_CON5")
         values = _cvt(r, values, cvt)
-    lo, hi = -128, 127
-    values = np.clip(values, lo, hi)
-    x = np.zeros((channels, h, w), np.int64)
+    values = np.clip(values, -128, 127)
+    x = np.zeros((channels, h, w), np.int8)
     x[0] = values  # the other channels of the atom carry nothing (Q3)
     return x
 
@@ -325,13 +320,14 @@ def _fetch_weights(r: TaskRegisters, mem: IovaSpace, prec: Precision, mode: str,
                       "DECOMPRESS_ADDR0 is bits 31:4)", "CNA_DCOMP_ADDR0")
     try:
         raw = mem.bytes_at(addr, total, "CNA weight DMA")
-    except Exception as exc:
-        if hasattr(exc, "located"):
-            raise exc.located(register="CNA_DCOMP_ADDR0", entry=r.entry("CNA_DCOMP_ADDR0"))
-        raise
+    except SimError as exc:
+        raise exc.located(register="CNA_DCOMP_ADDR0", entry=r.entry("CNA_DCOMP_ADDR0"))
     flat = raw.view(prec.storage)
     if mode == "depthwise":
-        w = layout.unpack_depthwise_weights(flat, kh, kw, channels)
+        w = to_compute(layout.unpack_depthwise_weights(flat, kh, kw, channels), prec, copy=False)
     else:
-        w = layout.unpack_weights(flat, kernels, kh, kw, channels)
-    return to_compute(w, prec), total
+        if prec.is_float:  # reorder the 2-byte elements, then convert (fewer bytes moved)
+            w = to_compute(layout.unpack_weights(flat, kernels, kh, kw, channels), prec)
+        else:  # integers go straight to float32, exact for the chunked BLAS of core.py
+            w = layout.unpack_weights(flat, kernels, kh, kw, channels, dtype=np.float32)
+    return w, total

@@ -17,7 +17,7 @@ import numpy as np
 
 from runtime.sim.cna import ConvInput
 from runtime.sim.errors import FieldError, GeometryError, UnsupportedError
-from runtime.sim.numerics import exact_int_matmul, shift_round
+from runtime.sim.numerics import blas_threads_for, exact_int_matmul, shift_round
 from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import TaskRegisters
 
@@ -75,22 +75,24 @@ def convolve(conv: ConvInput, channels: int, want_window_sum: bool) -> Accumulat
             cols = x.reshape(c, -1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(c, -1)
         else:
             cols = np.concatenate([window(x, ky, kx).reshape(c, -1) for ky, kx in taps], axis=0)
-        wmat = w.transpose(0, 1, 2, 3).reshape(k, kh * kw * c)  # [K, (ky, kx, c)] matches cols order
+        wmat = w.reshape(k, kh * kw * c)  # [K, (ky, kx, c)] matches the cols order
         if conv.prec.is_float:
-            acc = (wmat.astype(np.float32) @ cols.astype(np.float32)).reshape(k, ho, wo)
+            with blas_threads_for(wmat.size * cols.shape[1]):
+                acc = (wmat.astype(np.float32, copy=False) @ cols.astype(np.float32, copy=False)).reshape(k, ho, wo)
         else:
-            acc = exact_int_matmul(wmat, cols).reshape(k, ho, wo)
+            lim = 1 << (8 * conv.prec.itemsize - 1)  # |int8| <= 128, |int16| <= 32768
+            acc = exact_int_matmul(wmat, cols, bound=lim * lim).reshape(k, ho, wo)
         wsum = None
         if want_window_sum:
-            plane = x.sum(axis=0)
+            plane = x.sum(axis=0, dtype=np.int64)
             wsum = sum(window(plane, ky, kx) for ky, kx in taps)
         macs = k * ho * wo * kh * kw * c
     else:
         dtype = np.float32 if conv.prec.is_float else np.int64
         acc = np.zeros((c, ho, wo), dtype)
         for ky, kx in taps:
-            acc += window(x, ky, kx) * w[ky, kx][:, None, None].astype(dtype)
-        wsum = sum(window(x, ky, kx) for ky, kx in taps) if want_window_sum else None
+            acc += window(x, ky, kx).astype(dtype) * w[ky, kx][:, None, None].astype(dtype)
+        wsum = sum(window(x, ky, kx).astype(np.int64) for ky, kx in taps) if want_window_sum else None
         macs = c * ho * wo * kh * kw
     if channels > acc.shape[0]:
         # channels past the last kernel: the MAC array multiplies by no weights

@@ -65,7 +65,6 @@ class SimDevice(Device):
     # -- execution --------------------------------------------------------------
     def submit(self, jobs: Sequence[Job], chained: bool = False) -> Submission:
         sub = Submission(jobs)
-        sub.error = None
         stats: list[JobStats] = []
         self._counters.submits += 1
         for j, job in enumerate(jobs):
@@ -91,7 +90,7 @@ class SimDevice(Device):
         return sub
 
     def wait(self, submission: Submission, timeout_s: float = 5.0) -> None:
-        err = getattr(submission, "error", None)
+        err = submission.error
         if err is not None:
             for job in submission.jobs:
                 for bo in job.out_bos:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.sim import dpu_rdma
+from runtime.sim import dpu_rdma, lut
 from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, QuirkRejection,
                                 SimError, UnsupportedError)
 from runtime.sim.memory import IovaSpace
@@ -94,7 +94,7 @@ def feature_mode(r: TaskRegisters) -> dict[str, int]:
 
 
 def run(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, main: DpuInput, rdma: dpu_rdma.RdmaMode | None,
-        geom: tuple[int, int, int, int]) -> DpuTraffic:
+        geom: tuple[int, int, int, int], lut_state: tuple[np.ndarray, set]) -> DpuTraffic:
     w, h, c, orig = geom
     fmt = r.fields("DPU_DATA_FORMAT")
     proc = fmt["PROC_PRECISION"]
@@ -115,7 +115,7 @@ def run(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, main: DpuInput, rdma: 
     x = _cpend(r, x, main, is_float)
     x = _stage(r, mem, quirks, x, "BS", is_float, c, traffic)
     x = _stage(r, mem, quirks, x, "BN", is_float, c, traffic)
-    x = _ew(r, mem, quirks, x, rdma, main, is_float, (c, h, w), traffic)
+    x = _ew(r, mem, quirks, x, rdma, main, is_float, (c, h, w), traffic, lut_state)
     out_prec, y = _out_cvt(r, quirks, x, is_float)
     traffic.written = _write(r, mem, quirks, y, out_prec, main, orig, (w, h, c))
     return traffic
@@ -128,13 +128,19 @@ def _cpend(r: TaskRegisters, x: np.ndarray, main: DpuInput, is_float: bool) -> n
     if ow["OD_BYPASS"]:
         return x
     if is_float:
-        raise r.error(UnsupportedError, "CPEND (OD_BYPASS=0) on a float datapath is not modelled", "DPU_BS_OW_CFG")
+        # CPEND adds the weight zero-point term of quantized convolutions; on the fp16
+        # datapath it is inert (rocket-userspace gen_conv2d_dw_fp16 writes OW_OP=0x80
+        # with OD_BYPASS=0 and is HW-validated bit-exact, npu_regcmd.c @ e0677862)
+        return x
     if ow["OW_SRC"]:
         raise r.error(UnsupportedError, "CPEND operand from BRDMA (OW_SRC=1) is not modelled", "DPU_BS_OW_CFG")
     if main.window_sum is None:
         raise r.error(HangError, "CPEND (OD_BYPASS=0) needs the input window sums the CORE computes with "
                       "QD_EN=1 and a convolution feeding the DPU", "DPU_BS_OW_CFG")
     op = r.signed("DPU_BS_OW_OP", "OW_OP")
+    if op and r.field("CORE_CLIP_TRUNCATE", "CLIP_TRUNCATE"):
+        raise r.error(QuirkRejection, "CPEND (OW_OP != 0) together with CORE CLIP_TRUNCATE: whether the window-sum "
+                      "term is truncated with the accumulator is unknown (Q17)", "DPU_BS_OW_OP")
     s = main.window_sum
     out = x.copy()
     n = s.shape[0] if s.ndim == 3 else out.shape[0]
@@ -231,7 +237,8 @@ def _stage(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, x: np.ndarray, stag
 
 
 def _ew(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, x: np.ndarray, rdma: dpu_rdma.RdmaMode | None,
-        main: DpuInput, is_float: bool, shape: tuple[int, int, int], traffic: DpuTraffic) -> np.ndarray:
+        main: DpuInput, is_float: bool, shape: tuple[int, int, int], traffic: DpuTraffic,
+        lut_state: tuple[np.ndarray, set]) -> np.ndarray:
     cfg = r.fields("DPU_EW_CFG")
     erdma = r.fields("DPU_RDMA_RDMA_ERDMA_CFG") if rdma is not None else None
     erdma_on = erdma is not None and not erdma["ERDMA_DISABLE"]
@@ -246,12 +253,24 @@ def _ew(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, x: np.ndarray, rdma: d
         return x
     if cfg["EW_EQUAL_EN"] or cfg["EW_BINARY_EN"]:
         raise r.error(UnsupportedError, "EW min/max equal/binary modes are not modelled", "DPU_EW_CFG")
-    if not cfg["EW_LUT_BYPASS"]:
-        raise r.error(UnsupportedError, "the LUT is not modelled in this configuration", "DPU_EW_CFG")
-    if not cfg["EW_OP_BYPASS"]:
-        if not cfg["EW_OP_SRC"]:
-            raise r.error(UnsupportedError, "an EW operand from the EW_OP_VALUE registers (EW_OP_SRC=0) is "
-                          "not modelled", "DPU_EW_CFG")
+    use_lut = not cfg["EW_LUT_BYPASS"]
+    if use_lut:
+        if not is_float:
+            raise r.error(UnsupportedError, "the LUT on an integer datapath is not modelled (Q18)", "DPU_EW_CFG")
+        if uses_operand:
+            raise r.error(UnsupportedError, "an ERDMA operand and the LUT in one EW stage: their order is "
+                          "unknown (Q18)", "DPU_EW_CFG")
+    if not cfg["EW_OP_BYPASS"] and not cfg["EW_OP_SRC"]:
+        # the validated LUT programs leave the EW op on with a register operand of 0
+        # (EW_CFG = RELU_BYPASS | OP_CVT_BYPASS); on hardware it does not clamp the
+        # table index, so exactly that form is treated as inert (Q18)
+        operands = [r.value(f"DPU_EW_OP_VALUE_{i}") for i in range(8)]
+        inert = (use_lut and not cfg["EW_OP_TYPE"] and cfg["EW_ALU_ALGO"] == 0 and cfg["EW_OP_CVT_BYPASS"]
+                 and not any(operands))
+        if not inert:
+            raise r.error(UnsupportedError, "an EW operation on the EW_OP_VALUE registers (EW_OP_SRC=0) is not "
+                          "modelled (only the LUT programs' inert form)", "DPU_EW_CFG")
+    elif not cfg["EW_OP_BYPASS"]:
         if main.mode == "flying" and quirks.flying_erdma == "reject":
             raise r.error(QuirkRejection, "an ERDMA operand without a convolution feeding the DPU wrote zeros "
                           "on hardware (Q13); use an identity convolution as the main feed", "DPU_EW_CFG")
@@ -289,6 +308,8 @@ def _ew(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, x: np.ndarray, rdma: d
                 raise r.error(UnsupportedError, f"EW_ALU_ALGO={cfg['EW_ALU_ALGO']} is not modelled "
                               "(0 max, 1 min, 2 add, 4 minus)", "DPU_EW_CFG")
             x = {"max": np.maximum, "min": np.minimum, "add": np.add, "minus": np.subtract}[algo](x, e)
+    if use_lut:
+        x = lut.apply(r, lut_state[0], lut_state[1], x)
     if not cfg["EW_RELU_BYPASS"]:
         if cfg["EW_RELUX_EN"]:
             raw = r.value("DPU_EW_RELUX_CMP_VALUE")

@@ -24,7 +24,6 @@ from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangE
                                 SimError, UnsupportedError)
 from runtime.sim.memory import IovaSpace
 from runtime.sim.numerics import PRECISIONS, Precision, to_compute
-from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import TaskRegisters
 
 ATOM = 16
@@ -47,6 +46,10 @@ def mode(r: TaskRegisters) -> RdmaMode:
     if f["BURST_LEN"] not in BURST_LENS:
         raise r.error(FieldError, f"BURST_LEN={f['BURST_LEN']} is reserved (3, 7 or 15)",
                       "DPU_RDMA_RDMA_FEATURE_MODE_CFG")
+    unpool = {k: v for k, v in r.fields("DPU_RDMA_RDMA_SRC_DMA_CFG").items() if k != "LINE_NOTCH_ADDR" and v}
+    if unpool or r.value("DPU_RDMA_RDMA_PAD_CFG"):
+        raise r.error(UnsupportedError, f"un-pooling (SRC_DMA_CFG {unpool or ''}, PAD_CFG) is not modelled",
+                      "DPU_RDMA_RDMA_SRC_DMA_CFG")
     return RdmaMode(bool(f["FLYING_MODE"]), not f["MRDMA_DISABLE"], f["COMB_USE"], f["IN_PRECISION"],
                     bool(f["MRDMA_FP16TOFP32_EN"]))
 

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, TARGET_OP_ENABLE, EntryKind
+from ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, EntryKind
 from ir.npu.registers import OP_ENABLE_BITS, Block
 from runtime.sim import cbuf as cbuf_mod
 from runtime.sim import cna, core, dpu, dpu_rdma, ppu
-from runtime.sim.errors import (AlignmentError, FieldError, HangError, NoWritebackError, PcAmountError,
-                                QuirkRejection, SimError, UnknownRegisterError, UnsupportedError)
+from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, NoWritebackError,
+                                PcAmountError, QuirkRejection, SimError, UnknownRegisterError,
+                                UnsupportedError)
 from runtime.sim.memory import IovaSpace
 from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import RegisterFile, TaskRegisters, decode_cached
@@ -66,7 +67,7 @@ class Link:
 
 
 @dataclass
-class Task:
+class FetchedTask:
     """One task as the PC fetched it."""
 
     regs: TaskRegisters
@@ -89,7 +90,7 @@ def fetch(mem: IovaSpace, iova: int, amount: int) -> np.ndarray:
     return raw.view("<u8")
 
 
-def decode_task(state: CoreState, entries: np.ndarray) -> Task:
+def decode_task(state: CoreState, entries: np.ndarray) -> FetchedTask:
     """Apply entries up to the op-enable word; returns what the task programmed."""
     regs = TaskRegisters()
     lut_written: set = set()
@@ -110,7 +111,7 @@ def decode_task(state: CoreState, entries: np.ndarray) -> Task:
                 raise HangError("op-enable without the 0x0041 marker entry right before it (TRM)",
                                 entry=i, register="PC_OPERATION_ENABLE")
             link = Link(regs.values.get("PC_BASE_ADDRESS"), regs.values.get("PC_REGISTER_AMOUNTS"))
-            return Task(regs, d.value, i, link, lut_written)
+            return FetchedTask(regs, d.value, i, link, lut_written)
         if kind in (EntryKind.UNKNOWN_TARGET, EntryKind.UNKNOWN_REGISTER):
             raise UnknownRegisterError(f"{d.problems[0]} (entry {raw:#018x})", entry=i,
                                        register=f"target {d.target:#06x} offset {d.offset:#06x}")
@@ -154,7 +155,7 @@ def _blocks(enable: int) -> set[Block]:
     return {b for b, bit in OP_ENABLE_BITS.items() if enable & bit}
 
 
-def execute(state: CoreState, mem: IovaSpace, quirks: Quirks, task: Task, stats: TaskStats) -> None:
+def execute(state: CoreState, mem: IovaSpace, quirks: Quirks, task: FetchedTask, stats: TaskStats) -> None:
     """Run the blocks the op-enable word starts."""
     r = task.regs
     enable = task.enable
@@ -171,24 +172,32 @@ def execute(state: CoreState, mem: IovaSpace, quirks: Quirks, task: Task, stats:
         raise HangError("DPU_RDMA without the DPU has no consumer", **where)
     if Block.PPU_RDMA in blocks and Block.PPU not in blocks:
         raise HangError("PPU_RDMA without the PPU has no consumer", **where)
-    if "DPU" in quirks.completion_blocks:
-        if Block.DPU not in blocks:
-            raise NoWritebackError("the task never raises the DPU interrupt rocket completes a task on "
-                                   f"(op-enable {enable:#x}); the job would time out (Q12)", **where)
-        if not r.field("DPU_FEATURE_MODE_CFG", "OUTPUT_MODE") & 2:
-            raise NoWritebackError("the DPU does not write to memory (OUTPUT_MODE bit 1 clear); rocket "
-                                   "completes a task on the DPU write-back interrupt (Q12)",
-                                   entry=r.entry("DPU_FEATURE_MODE_CFG"), register="DPU_FEATURE_MODE_CFG")
-    if not blocks:
-        raise NoWritebackError("op-enable starts no block", **where)
+    _check_completion(r, quirks, blocks, enable, where)
 
     main = None
     if Block.CNA in blocks:
         main = _convolution(state, mem, quirks, r, stats)
     if Block.DPU in blocks:
-        _dpu(mem, quirks, r, main, stats)
+        _dpu(mem, quirks, r, main, stats, (state.lut, task.lut_written))
     if Block.PPU in blocks:
         ppu.run(r, mem, quirks, blocks, stats)
+
+
+def _check_completion(r: TaskRegisters, quirks: Quirks, blocks: set, enable: int, where: dict) -> None:
+    """The task must raise an interrupt the kernel completes tasks on (Q12):
+    stock rocket waits for the DPU's, which it raises when it writes to memory."""
+    if "DPU" in quirks.completion_blocks and Block.DPU in blocks:
+        if r.field("DPU_FEATURE_MODE_CFG", "OUTPUT_MODE") & 2:
+            return
+        if "PPU" not in quirks.completion_blocks or Block.PPU not in blocks:
+            raise NoWritebackError("the DPU does not write to memory (OUTPUT_MODE bit 1 clear); rocket "
+                                   "completes a task on the DPU write-back interrupt (Q12)",
+                                   entry=r.entry("DPU_FEATURE_MODE_CFG"), register="DPU_FEATURE_MODE_CFG")
+    if "PPU" in quirks.completion_blocks and Block.PPU in blocks:
+        return
+    if Block.DPU not in blocks:
+        raise NoWritebackError("the task never raises the DPU interrupt rocket completes a task on "
+                               f"(op-enable {enable:#x}); the job would time out (Q12)", **where)
 
 
 def _convolution(state: CoreState, mem: IovaSpace, quirks: Quirks, r: TaskRegisters,
@@ -218,7 +227,7 @@ def _convolution(state: CoreState, mem: IovaSpace, quirks: Quirks, r: TaskRegist
 
 
 def _dpu(mem: IovaSpace, quirks: Quirks, r: TaskRegisters, main: dpu.DpuInput | None,
-         stats: TaskStats) -> None:
+         stats: TaskStats, lut_state: tuple) -> None:
     fm = dpu.feature_mode(r)
     m = dpu_rdma.mode(r)
     geom = dpu.geometry(r, quirks)
@@ -249,9 +258,9 @@ def _dpu(mem: IovaSpace, quirks: Quirks, r: TaskRegisters, main: dpu.DpuInput | 
             raise FieldError(f"CONV_MODE={fm['CONV_MODE']} but the CORE runs a {main.mode} convolution",
                              entry=r.entry("DPU_FEATURE_MODE_CFG"), register="DPU_FEATURE_MODE_CFG")
         if main.data.shape[0] != c:
-            raise SimError(f"DPU CHANNEL+1={c} differs from the CORE's {main.data.shape[0]} output channels",
+            raise GeometryError(f"DPU CHANNEL+1={c} differs from the CORE's {main.data.shape[0]} output channels",
                            entry=r.entry("DPU_DATA_CUBE_CHANNEL"), register="DPU_DATA_CUBE_CHANNEL")
-    traffic = dpu.run(r, mem, quirks, main, m, geom)
+    traffic = dpu.run(r, mem, quirks, main, m, geom, lut_state)
     for k, v in traffic.read.items():
         stats.dma_read[k] += v
     stats.dma_written["DPU_WDMA"] += traffic.written

@@ -42,31 +42,44 @@ class Npu:
         self.cores = [CoreState(i) for i in range(cores)]
 
     def run_job(self, label: str, lane: int, tasks: Sequence[tuple[int, int]], chained: bool) -> JobStats:
-        """Execute one job's tasks [(regcmd IOVA, entry count)] on core `lane`."""
-        state = self.cores[lane % len(self.cores)]
-        state.cbuf.reset()
-        job = JobStats(label, lane, chained)
-        if not tasks:
-            raise PcAmountError("a job with no tasks (the kernel rejects it with -EINVAL)").located(job=label)
-        if chained:
-            if len(tasks) > MAX_TASKS_PER_KICK:
-                raise PcAmountError(f"{len(tasks)} tasks in one kick; PC_TASK_CON.TASK_NUMBER holds at most "
-                                    f"{MAX_TASKS_PER_KICK}").located(job=label)
-            self._kick(state, job, tasks, 0, len(tasks))
-        else:
-            for i in range(len(tasks)):
-                self._kick(state, job, tasks, i, 1)
+        """Execute one job's tasks [(regcmd IOVA, entry count)] on core `lane`
+        the way rocket does: one kick per task, or one chained kick."""
+        job = self.begin_job(label, lane, chained)
+        index = 0
+        try:
+            if not tasks:
+                raise PcAmountError("a job with no tasks (the kernel rejects it with -EINVAL)")
+            if chained:
+                if len(tasks) > MAX_TASKS_PER_KICK:
+                    raise PcAmountError(f"{len(tasks)} tasks in one kick; PC_TASK_CON.TASK_NUMBER holds at most "
+                                        f"{MAX_TASKS_PER_KICK}")
+                self.kick(job, tasks[0][0], kernel_amount(tasks[0][1]), len(tasks), expected=tasks)
+            else:
+                for index, (iova, count) in enumerate(tasks):
+                    self.kick(job, iova, kernel_amount(count), 1, first_index=index)
+        except SimError as exc:
+            raise exc.located(job=label, task=index if tasks else None)
         return job
 
-    def _kick(self, state: CoreState, job: JobStats, tasks: Sequence[tuple[int, int]], first: int,
-              count: int) -> None:
+    def begin_job(self, label: str, lane: int, chained: bool = False) -> JobStats:
+        """A new job on core `lane`: nothing left in its CBUF is trusted any more."""
+        self.cores[lane % len(self.cores)].cbuf.reset()
+        return JobStats(label, lane, chained)
+
+    def kick(self, job: JobStats, iova: int, amount: int, task_number: int = 1, first_index: int = 0,
+             expected: Sequence[tuple[int, int]] | None = None) -> None:
+        """What the kernel starts with PC_BASE_ADDRESS=iova, PC_REGISTER_AMOUNTS=amount,
+        PC_TASK_CON.TASK_NUMBER=task_number and OP_EN (rocket_job.c): run
+        `task_number` tasks, following the tails' links after the first. With
+        `expected` (the job's task list), every link must reach the listed task."""
+        state = self.cores[job.lane % len(self.cores)]
         job.kicks += 1
-        iova, n_entries = tasks[first]
-        index = first
+        index = first_index
         try:
-            amount = kernel_amount(n_entries)
-            for k in range(count):
-                index = first + k
+            if not 1 <= task_number <= MAX_TASKS_PER_KICK:
+                raise PcAmountError(f"TASK_NUMBER={task_number} does not fit 12 bits (1..{MAX_TASKS_PER_KICK})")
+            for k in range(task_number):
+                index = first_index + k
                 entries = fetch(self.mem, iova, amount)
                 task = decode_task(state, entries)
                 stats = TaskStats(job.label, index, job.lane, task.enable, "")
@@ -76,20 +89,21 @@ class Npu:
                                          "wrong on hardware (Q1); submit integer tasks one kick each")
                 stats.dma_read["PC_REGCMD"] += (task.enable_entry + 1) * 8
                 job.tasks.append(stats)
-                if k + 1 < count:
-                    iova, amount = self._follow(task, tasks[index + 1])
+                if k + 1 < task_number:
+                    nxt = expected[index + 1] if expected is not None else None
+                    iova, amount = self._follow(task, nxt)
         except SimError as exc:
             raise exc.located(job=job.label, task=index)
 
     @staticmethod
-    def _follow(task, expected: tuple[int, int]) -> tuple[int, int]:
+    def _follow(task, expected: tuple[int, int] | None) -> tuple[int, int]:
         link = task.link
         where = dict(entry=task.regs.entry("PC_REGISTER_AMOUNTS"), register="PC_REGISTER_AMOUNTS")
         if link.address is None or link.amount is None or link.amount == 0:
             raise HangError("chained kick: the tail does not link to a next task (PC_BASE_ADDRESS / "
                             "PC_REGISTER_AMOUNTS not written or 0) before TASK_NUMBER is reached", **where)
         address = link.address & ~0xF
-        if address != expected[0]:
+        if expected is not None and address != expected[0]:
             raise HangError(f"chained kick: the tail links to {address:#x} but the job's next task is at "
                             f"{expected[0]:#x}", entry=task.regs.entry("PC_BASE_ADDRESS"),
                             register="PC_BASE_ADDRESS")

@@ -7,9 +7,12 @@ gregordinary/rockchip-npu-notes encodings/precision-field.md).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,16 @@ PRECISIONS = {
 INT_RANGE = {0: (-128, 127), 1: (-32768, 32767), 4: (-(1 << 31), (1 << 31) - 1)}
 
 
+# every fp16 bit pattern as float32: a table gather converts large weight arrays
+# several times faster than numpy's float16 casts on this build (exact, NaNs kept)
+_F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+_F16_TO_F32.flags.writeable = False
+
+
+def f16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return _F16_TO_F32[np.asarray(raw).view(np.uint16)]
+
+
 def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
@@ -51,13 +64,17 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def to_compute(raw: np.ndarray, prec: Precision) -> np.ndarray:
-    """Memory elements -> the values the MAC array multiplies (int64 or float32)."""
+def to_compute(raw: np.ndarray, prec: Precision, copy: bool = True) -> np.ndarray:
+    """Memory elements -> the values the MAC array multiplies: float32 for float
+    precisions, the integers themselves (int8/int16/int32, copied unless
+    `copy` is False) otherwise; callers widen before arithmetic that could overflow."""
     if prec.code == 3:
         return bf16_to_f32(raw)
+    if prec.code == 2:
+        return f16_to_f32(raw)
     if prec.is_float:
         return raw.astype(np.float32)
-    return raw.astype(np.int64)
+    return np.array(raw, dtype=prec.storage, copy=copy)
 
 
 def from_float(x: np.ndarray, prec: Precision) -> np.ndarray:
@@ -94,30 +111,59 @@ def saturate(x: np.ndarray, code: int) -> np.ndarray:
     return np.clip(x, lo, hi)
 
 
-def exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def exact_int_matmul(a: np.ndarray, b: np.ndarray, bound: int | None = None) -> np.ndarray:
     """a @ b for integer-valued arrays, exactly, through float BLAS.
 
     Every partial sum of integer products is an integer; float32 holds them
     exactly below 2**24 and float64 below 2**53, in any summation order. So the
     reduction is cut into chunks small enough for float32 (fast sgemm) when the
     operands are small (int8), else float64, and the chunk results are summed
-    in int64."""
+    in int64. `bound` caps |a_ij * b_jk| when the caller knows it (e.g. from the
+    element types), saving a pass over the data."""
     k = a.shape[-1]
     if k == 0 or a.size == 0 or b.size == 0:
         return np.zeros(a.shape[:-1] + b.shape[1:], np.int64)
-    amax = int(np.abs(a).max())
-    bmax = int(np.abs(b).max())
-    prod = max(amax * bmax, 1)
+    prod = max(bound if bound is not None else _absmax(a) * _absmax(b), 1)
     chunk32 = (1 << 24) // prod
     if chunk32 >= 128:
         dtype, chunk = np.float32, chunk32
     else:
         dtype, chunk = np.float64, max((1 << 53) // prod, 1)
-    af = a.astype(dtype)
-    bf = b.astype(dtype)
-    if chunk >= k:
-        return (af @ bf).astype(np.int64)
-    out = np.zeros(a.shape[:-1] + b.shape[1:], np.int64)
-    for k0 in range(0, k, chunk):
-        out += (af[..., k0:k0 + chunk] @ bf[k0:k0 + chunk]).astype(np.int64)
-    return out
+    af = a.astype(dtype, copy=False)
+    bf = b.astype(dtype, copy=False)
+    with blas_threads_for(a.size * b.shape[-1]):
+        if chunk >= k:
+            return (af @ bf).astype(np.int64)
+        if dtype is np.float32:
+            # each chunk result is an exact integer below 2**24; fewer than 2**29 of
+            # them sum exactly in float64
+            out = np.zeros(a.shape[:-1] + b.shape[1:], np.float64)
+            for k0 in range(0, k, chunk):
+                out += af[..., k0:k0 + chunk] @ bf[k0:k0 + chunk]
+            return out.astype(np.int64)
+        out = np.zeros(a.shape[:-1] + b.shape[1:], np.int64)
+        for k0 in range(0, k, chunk):
+            out += (af[..., k0:k0 + chunk] @ bf[k0:k0 + chunk]).astype(np.int64)
+        return out
+
+
+def _absmax(x: np.ndarray) -> int:
+    return max(abs(int(x.min())), abs(int(x.max())))
+
+
+# Below this many multiply-adds a product runs on one BLAS thread: waking the
+# pool's other threads costs more than it saves, and on a busy machine a small
+# sgemm can stall for milliseconds waiting for them.
+SINGLE_THREAD_MACS = 16 << 20
+
+
+@lru_cache(maxsize=1)
+def _blas() -> ThreadpoolController:
+    return ThreadpoolController()
+
+
+def blas_threads_for(macs: int):
+    """Context for one matrix product of `macs` multiply-adds."""
+    if macs >= SINGLE_THREAD_MACS:
+        return nullcontext()
+    return _blas().limit(limits=1, user_api="blas")

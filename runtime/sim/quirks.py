@@ -59,9 +59,14 @@ QUESTIONS: tuple[Question, ...] = (
         "7/8*S (gregordinary size-e-quirk: int32 with the 'natural' 3 leaves surfaces unwritten), "
         "allbilly row-major fp32 output: NOTCH_ADDR_0 = NOTCH_ADDR_1 = row atoms - 1.",
         "The DPU writes a fixed number of channels per pass (`dpu_channels_per_pass`: 16 for int8 "
-        "direct, 32 int8 depthwise, 8 for fp16/bf16/int16); size_e must be pass*out_bytes/8 - 1 in "
+        "direct, 32 int8 depthwise, 8 for fp16/bf16 direct, 16 fp16 depthwise (rocket-userspace "
+        "gen_conv2d_dw_fp16, HW-validated with size_e 3 for fp16 out; its fp32-out depthwise variant "
+        "writes size_e 3 with SURFACE_ADD 8*S, which this reading rejects)); size_e must be "
+        "pass*out_bytes/8 - 1 in "
         "all three fields and SURFACE_ADD must be DST_SURF_STRIDE*(size_e+1); any other value "
-        "raises. Output line pitch = (width + NOTCH_ADDR_0) atoms; NOTCH_ADDR_1 must equal NOTCH_ADDR_0."),
+        "raises. Output line pitch = (width + NOTCH_ADDR_0) atoms; NOTCH_ADDR_1 must equal NOTCH_ADDR_0. "
+        "int16 convolutions have no writer entry: gregordinary found their output writer emits one "
+        "int32 tile or a transposed saturating buffer, never the full result (output-transpose-int16.md)."),
     Question(
         "Q5", "on-NPU int32 element-wise add (EW stage with 32-bit integer operands)",
         "gregordinary: the EW ALU is float-only, int32 adds return garbage (HW-tested). happyme531: a "
@@ -100,8 +105,10 @@ QUESTIONS: tuple[Question, ...] = (
         "Q10", "OUT_CVT rounding",
         "TRM: CVT_ROUND 'rounding type when 0.5' (0: carry if odd, 1: always carry), i.e. round to "
         "nearest. gregordinary out-cvt-converter: the shift truncates (floor) on the integer path.",
-        "`out_cvt_rounding`: see the value below (chosen by replaying Mesa's captures against "
-        "their independent references)."),
+        "Round to nearest, ties per CVT_ROUND (0: to even, 1: up); the same for the BS/BN MUL and EW "
+        "shifts and CLIP_TRUNCATE (`out_cvt_rounding`). Chosen by replaying Mesa's captures against "
+        "their independent references: nearest reproduces 187 exactly and the rest within 1 LSB, a "
+        "floor shift only 11 exactly."),
     Question(
         "Q11", "BS/BN ALU algorithms",
         "TRM: 2 = add, 4 = minus, 0/1/3 reserved. hw-matmul.md (NVDLA reading): 0 max, 1 min.",
@@ -131,13 +138,46 @@ QUESTIONS: tuple[Question, ...] = (
         "12 the upper channel surfaces mis-stride on hardware.",
         "With the combined MRDMA/ERDMA read (COMB_USE=5) EW_SURF_STRIDE must equal the operand surface "
         "(W*H atoms of the whole cube), so W*H < 12 raises."),
+    Question(
+        "Q17", "CPEND (BS_OW_OP x input window sum) and CORE CLIP_TRUNCATE",
+        "Mesa subtracts the input zero-point term from the bias divided by 2^t but lets the OW_OP term "
+        "through CPEND; its captures with truncation all have OW_OP = 0. rocket-userspace's "
+        "HW-validated fp16 depthwise writes OW_OP=0x80 with OD_BYPASS=0.",
+        "CPEND adds OW_OP x (sum of the input window, all DATAIN_CHANNEL channels, padding included) on "
+        "integer datapaths and needs QD_EN=1; it is inert on float datapaths; a non-zero OW_OP with "
+        "CLIP_TRUNCATE != 0 raises."),
+    Question(
+        "Q18", "the LUT and the EW stage around it",
+        "gregordinary dpu-lut-activation.md (HW): BN maps x to an index, 513-entry LE/LO tables with "
+        "index select 5 over [-16384, 0] / [0, 16384], hybrid mux on the sign, slopes outside; an entry "
+        "of 0 decodes as ~4.0; its EW word leaves the EW op on with a zero register operand. "
+        "act_lut_readme.md: entries are signed int16.",
+        "Exactly that configuration, on a float datapath, with both tables uploaded in the same task: "
+        "signed 16-bit entries, linear interpolation, result rounded to an integer; the EW op with a "
+        "zero register operand is inert; other LUT_CFG values, geometries, a zero entry, an ERDMA "
+        "operand next to the LUT raise. The x~0 and flat-run glitches are not modelled."),
+    Question(
+        "Q19", "how many channels the DPU writes",
+        "TRM: DATA_CUBE_CHANNEL.CHANNEL is the cube, ORIG_CHANNEL the 'original output channel', "
+        "OFFSET_PEND 'what value the extra channel be set'. Mesa programs CHANNEL = 32 for 16 real "
+        "channels (64 for depthwise <= 32) and allocates output BOs twice the data size.",
+        "The WDMA writes CHANNEL+1 channels rounded up to whole passes; channels past ORIG_CHANNEL hold "
+        "OFFSET_PEND. Buffers must hold all of them (Mesa's depthwise streams with <= 16 channels write "
+        "past their output BO under this reading)."),
+    Question(
+        "Q20", "fp16/bf16 accumulation order",
+        "hw-matmul.md 1: the accumulator keeps fp16 sums in an FP32-class precision; the order is not "
+        "documented. rocket-userspace's fp32-out gate passes at a normalised error below 2e-4.",
+        "Products are exact in fp32 and summed in fp32 by sgemm, whose order is one valid fp32 order; "
+        "results differ from the hardware's by fp32 rounding only (bounded by K * 2^-23 * sum|a*b|). "
+        "Tests compare fp16 paths against that bound, never bit for bit."),
 )
 
 
 def _default_passes() -> dict[tuple[str, int], int]:
     # (conv mode, CORE precision) -> channels per DPU pass (Q4)
-    return {("direct", 0): 16, ("depthwise", 0): 32, ("direct", 1): 8, ("direct", 2): 8,
-            ("direct", 3): 8, ("depthwise", 2): 8, ("depthwise", 3): 8}
+    return {("direct", 0): 16, ("depthwise", 0): 32, ("direct", 2): 8, ("direct", 3): 8,
+            ("depthwise", 2): 16, ("depthwise", 3): 16}
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,11 @@ class JobStats:
         return sum(t.macs for t in self.tasks)
 
     @property
+    def cbuf_banks(self) -> int:
+        """The most CBUF banks any task of the job claims."""
+        return max((t.cbuf_banks for t in self.tasks), default=0)
+
+    @property
     def dma_read(self) -> Counter:
         return sum((t.dma_read for t in self.tasks), Counter())
 
