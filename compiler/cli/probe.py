@@ -88,7 +88,8 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str) -> Non
     if not on_npu:
         for r in results:
             if r.conclusion:
-                r.conclusion = "emulated run: the program works through the ioctl path; says nothing about hardware"
+                ran = "the program ran through the ioctl path; " if r.status == "agree" else ""
+                r.conclusion = f"emulated run: {ran}says nothing about hardware"
 
     report = {
         "schema": "rkc-probe-report/1",

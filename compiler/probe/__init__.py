@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from ir.errors import RkcError
+from ir.errors import RkcError, UnsupportedError
 from runtime.device import Device
 
 
@@ -35,10 +35,12 @@ class ProbeUnavailable(Exception):
 @dataclass
 class ProbeRun:
     """What a program produced: named output bytes, and independent references
-    (e.g. a capture's expected bytes) where the program has them."""
+    where the program has them: expected bytes (e.g. a capture's) or exact
+    values (got, expected), e.g. an int8 product numpy computes."""
 
     outputs: dict[str, bytes]
     references: dict[str, bytes] = field(default_factory=dict)
+    exact: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ def _compare(npu: ProbeRun, sim: ProbeRun) -> tuple[bool, str, dict]:
         ref = npu.references.get(name)
         if ref is not None and a[: len(ref)] != ref:
             problems.append(f"{name}: the NPU output does not match the program's reference")
+    for name, (got, want) in npu.exact.items():
+        if got.shape != want.shape or not np.array_equal(got, want):
+            wrong = int(np.count_nonzero(got != want)) if got.shape == want.shape else got.size
+            problems.append(f"{name}: {wrong} of {want.size} values differ from the exact result")
     return not problems, "; ".join(problems), table
 
 
@@ -103,6 +109,9 @@ def run_probe(probe: Probe, make_npu: Callable[[dict], Device], make_sim: Callab
             npu_run = probe.program(npu)
         except ProbeUnavailable as exc:
             result.detail = str(exc)
+            return result
+        except UnsupportedError as exc:  # the emitter refused to build the program
+            result.detail = f"the program cannot be built: {exc}"
             return result
         except RkcError as exc:
             result.status, result.detail = "npu-failed", str(exc)
