@@ -40,6 +40,7 @@ class CapturedJob:
     tasks: list[CapturedTask]
     in_handles: list[int]
     out_handles: list[int]
+    lane: int = 0  # captures have none; emitted programs spread jobs over lanes
 
 
 @dataclass
@@ -158,7 +159,7 @@ class PlacedCase:
                 self.bos[h].host[offset: offset + raw.nbytes] = raw
                 dirty.add(h)
             jobs.append(Job(tasks, [self.bos[h] for h in cj.in_handles], [self.bos[h] for h in cj.out_handles],
-                            label=f"{self.case.name} submit {s} job {j}"))
+                            lane=cj.lane, label=f"{self.case.name} submit {s} job {j}"))
         for handle in sorted(dirty):
             self.device.finish_cpu_access(self.bos[handle])
         return jobs

@@ -92,7 +92,7 @@ def place(results: Sequence[api.EmitResult], inputs: dict[str, tuple[api.Feature
                       if ref.entry <= rel.entry < ref.entry + ref.count]
             tasks.append(CapturedTask(handles[asm.region], ref.entry * 8, asm.entries[ref.entry: ref.entry + ref.count],
                                       relocs))
-        jobs.append(CapturedJob(tasks, [handles[b] for b in job.reads], [handles[b] for b in job.writes]))
+        jobs.append(CapturedJob(tasks, [handles[b] for b in job.reads], [handles[b] for b in job.writes], job.lane))
     case = CapturedCase(name, {handles[b]: n for b, n in sizes.items()}, [contents], [jobs])
     return Emitted(case, handles)
 

@@ -10,9 +10,10 @@ runs the most recent runnable job first, so only the dependencies the device
 actually expressed in the in/out lists keep the results right.
 
 A workload is a name and a function device -> {output name: bytes}. Today
-they are the captured Mesa and GEMM programs (../shared/golden); compiled
-models (issue 5) plug in the same way: load the rkbin on the device, run it,
-return its outputs.
+they are the captured Mesa and GEMM programs (../shared/golden) and programs
+of rkc's own op emitters, whose jobs the emitter spreads over the three cores
+(lanes); compiled models (issue 5) plug in the same way: load the rkbin on the
+device, run it, return its outputs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from typing import Callable
 
 import pytest
 
+import numpy as np
+
+from compiler.npu import api
+from compiler.probe import emitted
 from golden_cases import golden_dir
 from runtime.captured import PlacedCase, load_case
 from runtime.device import Device
@@ -103,7 +108,63 @@ def captured_workloads() -> list[Workload]:
     return picked
 
 
-WORKLOADS = captured_workloads()
+def _emitted(name: str, build) -> Workload:
+    """An op of compiler/npu with its jobs on the lanes the emitter chose."""
+    def run(device: Device, config: Config) -> dict[str, bytes]:
+        results, inputs, outputs = build()
+        program = emitted.place(results, inputs, name)
+        placed = PlacedCase(program.case, device)
+        jobs = placed.load(0)
+        if not config.spread_lanes:
+            for job in jobs:
+                job.lane = 0
+        device.run(jobs, chained=config.chained and fp16)
+        return {out: placed.read(program.handles[f.buffer]) for out, f in outputs.items()}
+
+    fp16 = name.startswith("fp16")
+    results, _, _ = build()
+    return Workload(name, run, fp16, max_jobs=len(results[0].jobs), max_tasks=max(len(j.tasks) for j in results[0].jobs))
+
+
+def _gemm(m, k, n, dtype, out, **options):
+    def build():
+        rng = np.random.default_rng(m * 7 + k * 3 + n)
+        a = rng.integers(-128, 128, (m, k)).astype(np.int8) if dtype == "int8" else \
+            rng.standard_normal((m, k)).astype(np.float16)
+        b = rng.integers(-128, 128, (k, n)).astype(np.int8) if dtype == "int8" else \
+            (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+        A, C = api.Feature.gemm("A", 0, m, k, dtype), api.Feature.gemm("C", 0, m, n, out)
+        apad = np.zeros((api.gemm_rows(m), k), a.dtype)
+        apad[:m] = a
+        return [api.emit(api.Gemm(A, b, C, m), api.EmitOptions(**options))], {"A": (A, apad.T[:, :, None])}, {"C": C}
+    return build
+
+
+def _conv(c, h, w, o, kernel, dtype, out):
+    def build():
+        rng = np.random.default_rng(c + h + w + o)
+        x = rng.integers(-128, 128, (c, h, w)).astype(np.int8) if dtype == "int8" else \
+            rng.standard_normal((c, h, w)).astype(np.float16)
+        wt = rng.integers(-128, 128, (o, kernel, kernel, c)).astype(np.int8) if dtype == "int8" else \
+            (rng.standard_normal((o, kernel, kernel, c)) / kernel / np.sqrt(c)).astype(np.float16)
+        p = kernel // 2
+        X, Y = api.Feature("X", 0, c, h, w, dtype), api.Feature("Y", 0, o, h, w, out)
+        return [api.emit(api.Conv2D(X, wt, Y, padding=(p, p, p, p)))], {"X": (X, x)}, {"Y": Y}
+    return build
+
+
+def emitted_workloads() -> list[Workload]:
+    return [
+        _emitted("int8_gemm_n8200_3cores", _gemm(4, 256, 8200, "int8", "int32")),
+        _emitted("int8_gemm_m300_tiles", _gemm(300, 1000, 70, "int8", "int32")),
+        _emitted("fp16_gemm_k8300", _gemm(48, 8300, 48, "fp16", "fp16")),
+        _emitted("fp16_gemm_n3000_3cores", _gemm(16, 512, 3000, "fp16", "fp32", n_tile_max=512)),
+        _emitted("int8_conv3x3_rows_over_cores", _conv(64, 96, 96, 64, 3, "int8", "int32")),
+        _emitted("fp16_conv3x3", _conv(32, 24, 24, 48, 3, "fp16", "fp16")),
+    ]
+
+
+WORKLOADS = captured_workloads() + emitted_workloads()
 
 
 def _reason(message: str) -> str:
@@ -158,3 +219,4 @@ def test_there_are_workloads_of_every_kind():
     assert any(n.startswith("conv") for n in names) and any(n.startswith("dwconv") for n in names)
     assert any(n.startswith("add_residual") for n in names)
     assert any(n.startswith("gemm_int8") for n in names) and any(w.fp16 for w in WORKLOADS)
+    assert sum(w.max_jobs > 1 and w.name.endswith("cores") for w in WORKLOADS) >= 2  # emitter-spread lanes
