@@ -12,8 +12,10 @@ from ir.cli_support import ErrorReportingGroup, debug_option
 # module name -> attribute holding the click command
 COMMANDS = {
     "disasm": "compiler.cli.disasm:disasm",
+    "doctor": "compiler.cli.doctor:doctor",
     "golden": "compiler.cli.golden:golden",
     "ir": "compiler.cli.ir_cmd:ir_command",
+    "probe": "compiler.cli.probe:probe",
 }
 
 
