@@ -121,12 +121,22 @@ def _unpack_blob(b64: str, compressed: bool) -> bytes:
     return zlib.decompress(raw) if compressed else raw
 
 
-def _fill(bo, data: bytes, sha256: str | None, what: str) -> None:
+def _fill(dev, bo, data: bytes, sha256: str | None, what: str) -> None:
     if sha256 and hashlib.sha256(data).hexdigest() != sha256:
         raise FormatError(f"{what}: contents do not match their sha256")
     if len(data) > bo.size:
         raise FormatError(f"{what}: {len(data)} bytes do not fit the {bo.size}-byte BO")
+    dev.prepare_cpu_access(bo)
     bo.host[:len(data)] = np.frombuffer(data, np.uint8)
+    dev.finish_cpu_access(bo)
+
+
+def _read(dev, bo, start: int, nbytes: int) -> np.ndarray:
+    """A copy of BO bytes [start, start + nbytes), read the way the CPU must."""
+    dev.prepare_cpu_access(bo)
+    data = bo.host[start:start + nbytes].copy()
+    dev.finish_cpu_access(bo)
+    return data
 
 
 def _jobs(submit: dict, bos: dict) -> list[Job]:
@@ -163,7 +173,7 @@ def _replay_mesa(case: dict, dev) -> ReplayReport:
                 data = _unpack_blob(content["data"], content.get("encoding") == "zlib+base64")
             else:
                 data = base64.b64decode(tensors[content["same_bytes_as_model_tensor"]]["data_b64"])
-            _fill(bos[h], data, content.get("sha256"), f"BO {h}")
+            _fill(dev, bos[h], data, content.get("sha256"), f"BO {h}")
         _run(dev, _jobs(submit, bos), report)
     ref = case.get("reference_output")
     if ref is None:
@@ -173,10 +183,8 @@ def _replay_mesa(case: dict, dev) -> ReplayReport:
     out_handle = next(b["handle"] for b in case["bos"] if b["role"] == out_role)
     _, h, w, c = ref["shape"]
     expected = np.frombuffer(base64.b64decode(ref["data_b64"]), np.uint8).reshape(h, w, c)
-    bo = bos[out_handle]
-    dev.prepare_cpu_access(bo)
     nbytes = layout.feature_bytes(c, h, w, 1)
-    native = bo.host[:nbytes].view(np.int8).reshape(-1, h, w, 16)
+    native = _read(dev, bos[out_handle], 0, nbytes).view(np.int8).reshape(-1, h, w, 16)
     got = (layout.unpack_feature(native, c).astype(np.int16) + 0x80).transpose(1, 2, 0)
     err = float(np.abs(got.astype(np.int32) - expected.astype(np.int32)).max())
     report.checks.append(Check("output vs reference (uint8 NHWC)", err, float(ref.get("tolerance_lsb", 2)),
@@ -226,21 +234,23 @@ def _replay_gemm(case: dict, dev) -> ReplayReport:
         for b in case["buffers"]:
             for snap in b.get("snapshots") or []:
                 if snap["submit"] == submit["index"]:
-                    _fill(bos[b["handle"]], _unpack_blob(snap["data"], snap.get("encoding") == "zlib+base64"),
+                    _fill(dev, bos[b["handle"]],
+                          _unpack_blob(snap["data"], snap.get("encoding") == "zlib+base64"),
                           snap.get("sha256"), f"buffer {b['handle']}")
         _run(dev, _jobs(submit, bos), report)
         for job in submit["jobs"]:
             for t in job["tasks"]:
                 ref = t["reference_output"]
                 bo = bos[ref["bo_handle"]]
-                dev.prepare_cpu_access(bo)
                 dt = np.dtype(_NP[ref["dtype"]])
-                raw = bo.host[ref["offset_in_bo"]:ref["offset_in_bo"] + ref["nbytes"]].view(dt)
-                expect = np.frombuffer(_unpack_blob(ref["data"], ref.get("encoding") == "zlib+base64"), dt)
-                worst_task = max(worst_task, _gemm_error(raw, expect, out_dtype))
                 tile = t["tile"]
-                rows = _tile_to_rows(bo.host[ref["offset_in_bo"]:].view(dt), tile["Mtile"], tile["Ntile"],
-                                     _surf_stride(t["regcmd"]))
+                stride = _surf_stride(t["regcmd"])
+                c2 = 16 // dt.itemsize
+                span = max(ref["nbytes"], (-(-tile["Ntile"] // c2) - 1) * stride + tile["Mtile"] * 16)
+                data = _read(dev, bo, ref["offset_in_bo"], span)
+                expect = np.frombuffer(_unpack_blob(ref["data"], ref.get("encoding") == "zlib+base64"), dt)
+                worst_task = max(worst_task, _gemm_error(data[:ref["nbytes"]].view(dt), expect, out_dtype))
+                rows = _tile_to_rows(data.view(dt), tile["Mtile"], tile["Ntile"], stride)
                 m0, n0 = tile["m0"], tile["n0"]
                 total[m0:m0 + tile["Mtile"], n0:n0 + tile["Ntile"]] += rows.astype(acc_dtype)
                 if partial16 is not None:

@@ -92,12 +92,16 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
     if plan.bs_data is not None:
         consts.append(api.ConstBuffer(f"{op.name}.bs", plan.bs_bytes()))
 
-    # channel tiles
-    if dw:
-        group = DW_GROUP_BYTES // item
-        c_tiles = schedule.split_evenly(o.channels, -(-o.channels // options.n_tile_max), group)
-    else:
-        c_tiles = schedule.split_evenly(o.channels, -(-o.channels // options.n_tile_max), kg)
+    # channel tiles: at most n_tile_max, and one range per core when the weights
+    # outweigh the input (each core then streams only its share of the weights and
+    # re-reads the smaller input, instead of every core streaming all weights)
+    group = DW_GROUP_BYTES // item if dw else kg
+    parts = -(-o.channels // options.n_tile_max)
+    weight_total = len(packed)
+    input_total = f.surfaces * f.dense_surface_bytes
+    if weight_total > input_total:
+        parts = max(parts, min(options.cores, -(-o.channels // group)))
+    c_tiles = schedule.split_evenly(o.channels, parts, group)
     tile_weight_bytes = max(_tile_weight_bytes(op, dtype, kg, ct) for _, ct in c_tiles)
     slack = schedule.FEATURE_SLACK_BANKS[dtype]
 
@@ -116,8 +120,8 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
         d_banks = resident_data_banks  # weights resident, rows split
     else:
         # weights stream through the weight banks one kernel group at a time
-        group = 1 if dw else kg
-        d_banks = hw.CBUF_BANKS - schedule.banks_for(group * per_kernel)
+        streamed_kernels = 1 if dw else kg
+        d_banks = hw.CBUF_BANKS - schedule.banks_for(streamed_kernels * per_kernel)
     w_banks = hw.CBUF_BANKS - d_banks
     data_cap = (d_banks - slack) * hw.CBUF_BANK_BYTES
     max_in_rows = min(data_cap // rb, formats.CNA_SIZE_MAX)
@@ -136,7 +140,7 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
     works = []
     total = len(c_tiles) * len(r_tiles)
     idx = 0
-    by_channels = len(c_tiles) >= options.cores
+    by_channels = len(c_tiles) >= options.cores or len(r_tiles) == 1
     for ci, (c0, ct) in enumerate(c_tiles):
         for ri, (r0, rt) in enumerate(r_tiles):
             lane = schedule.lane_of(ci if by_channels else idx, len(c_tiles) if by_channels else total,

@@ -191,6 +191,7 @@ def _dpu_geometry(t: ConvTile, r: RegisterFile) -> None:
         r.set("DPU_RDMA_RDMA_FEATURE_MODE_CFG", MRDMA_DISABLE=1, MRDMA_FP16TOFP32_EN=int(p.narrow_fp16), **mode)
     else:
         _residual_rdma(t, r, mode)
+    # equal arbitration weights for the four DPU read DMAs, as every public program
     r.set("DPU_RDMA_RDMA_WEIGHT", E_WEIGHT=1, N_WEIGHT=1, B_WEIGHT=1, M_WEIGHT=1)
 
 

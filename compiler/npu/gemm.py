@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.npu import api, epilogue, schedule
+from compiler.npu import api, epilogue, formats, schedule
 from compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
 from compiler.npu.schedule import Work, pad_constants
 from ir.errors import UnsupportedError
 from ir.npu import hw, layout
 
 WEIGHT_ROW = layout.CHANNEL_GROUP  # K tiles start on a 32-channel weight row
-KACC_MIN_ROWS = 12  # EW operand stride floor (formats.EW_STRIDE_MIN) in rows of a W=1 map
+KACC_MIN_ROWS = formats.EW_STRIDE_MIN  # the EW operand stride floor, in rows of a W=1 map
 
 
 def _check(op: api.Gemm) -> str:
@@ -183,11 +183,9 @@ def _pack_b(op: api.Gemm, k_tiles, kg: int) -> tuple[bytes, list[int]]:
     pad_w = op.b_quant.zero_point if op.b_quant is not None else 0
     parts, offsets, pos = [], [], 0
     for k0, kt in k_tiles:
-        block = np.full((kt, n_hw), 0, op.b.dtype)
-        block[:, :n] = op.b[k0:k0 + kt]
-        if pad_w:
-            block[:, n:] = pad_w  # (w - zp) = 0 in padding kernels
-        packed = layout.pack_weights(np.ascontiguousarray(block.T)[:, None, None, :], pad_value=pad_w).tobytes()
+        block = np.full((n_hw, kt), pad_w, op.b.dtype)  # padding kernels: (w - zp) = 0
+        block[:n] = op.b[k0:k0 + kt].T
+        packed = layout.pack_weights(block[:, None, None, :], pad_value=pad_w).tobytes()
         offsets.append(pos)
         parts.append(packed)
         pos += len(packed)

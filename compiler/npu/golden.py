@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.npu import api, mesa
+from compiler.npu import mesa
 from ir.errors import FormatError, RkcError
 from ir.npu.regcmd import decode_entry
 
@@ -211,6 +211,8 @@ def check_path(path: str | Path, stop_at_first: bool = True) -> GoldenReport:
     case = load_case(path)
     try:
         return check_case(case, stop_at_first)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise FormatError(f"{path}: malformed capture ({type(exc).__name__}: {exc})") from None
     except RkcError as exc:
         return GoldenReport(case.get("name", str(path)), "mismatch",
                             mismatches=[Mismatch(str(path), "rkc refused the operation", "accepted", str(exc))])
@@ -221,4 +223,4 @@ def is_ground_truth(case: dict) -> bool:
     return case.get("params", {}).get("kind") != "add"
 
 
-__all__ = ["GoldenReport", "Mismatch", "check_case", "check_path", "load_case", "is_ground_truth", "api"]
+__all__ = ["GoldenReport", "Mismatch", "check_case", "check_path", "load_case", "is_ground_truth"]

@@ -99,5 +99,5 @@ def pad_constants(consts: Sequence[api.ConstBuffer], tasks: Sequence[api.Task]) 
     out = []
     for c in consts:
         n = need.get(c.name, 0)
-        out.append(api.ConstBuffer(c.name, c.data + bytes(max(0, n - len(c.data))), c.align))
+        out.append(c if n <= len(c.data) else api.ConstBuffer(c.name, c.data + bytes(n - len(c.data)), c.align))
     return out

@@ -116,21 +116,31 @@ def pack_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndarray:
     cp = align(c, c2_for(item))
     padded = np.full((k, kh, kw, cp), pad_value, dtype=w.dtype)
     padded[..., :c] = w
-    parts = []
-    for k0 in range(0, k, kg):
-        for c0 in range(0, cp, CHANNEL_GROUP):
-            tile = padded[k0:k0 + kg, :, :, c0:c0 + CHANNEL_GROUP]  # [kg', kh, kw, cg']
-            parts.append(tile.transpose(1, 2, 0, 3).reshape(-1))
+    full = k // kg * kg
+    parts = [_pack_kernel_groups(padded[:full], kg)] if full else []
+    if k > full:
+        parts.append(_pack_kernel_groups(padded[full:], k - full))
     return np.concatenate(parts) if parts else np.zeros(0, w.dtype)
 
 
-def unpack_weights(flat: np.ndarray, kernels: int, kh: int, kw: int, channels: int,
-                   itemsize: int | None = None, dtype=None) -> np.ndarray:
-    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned].
+def _pack_kernel_groups(padded: np.ndarray, kg: int) -> np.ndarray:
+    """Kernel groups of `kg` kernels: per group the whole 32-channel tiles, then the
+    partial last channel tile, each [ky][kx][kernel][channel]."""
+    k, kh, kw, cp = padded.shape
+    groups = padded.reshape(k // kg, kg, kh, kw, cp)
+    whole = cp // CHANNEL_GROUP * CHANNEL_GROUP
+    tiles = groups[..., :whole].reshape(k // kg, kg, kh, kw, whole // CHANNEL_GROUP, CHANNEL_GROUP)
+    out = [tiles.transpose(0, 4, 2, 3, 1, 5).reshape(k // kg, -1)]
+    if cp > whole:
+        out.append(groups[..., whole:].transpose(0, 2, 3, 1, 4).reshape(k // kg, -1))
+    return np.concatenate(out, axis=1).reshape(-1)
 
-    `itemsize` is the element size the layout was packed for (default: flat's);
-    `dtype` the result's (default: flat's), converted in the same pass."""
-    item = itemsize or flat.dtype.itemsize
+
+def unpack_weights(flat: np.ndarray, kernels: int, kh: int, kw: int, channels: int,
+                   dtype=None) -> np.ndarray:
+    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned],
+    as `dtype` (default: flat's), converted in the same pass."""
+    item = flat.dtype.itemsize
     kg = kernel_group_for(item)
     cp = align(channels, c2_for(item))
     need = kernels * kh * kw * cp

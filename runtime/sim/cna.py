@@ -326,8 +326,8 @@ def _fetch_weights(r: TaskRegisters, mem: IovaSpace, prec: Precision, mode: str,
     if mode == "depthwise":
         w = to_compute(layout.unpack_depthwise_weights(flat, kh, kw, channels), prec, copy=False)
     else:
-        # float32 in one pass: the MAC products are exact in it (integers via the
-        # chunked BLAS of core.py); float precisions convert before the reorder
-        values = flat if not prec.is_float else to_compute(flat, prec)
-        w = layout.unpack_weights(values, kernels, kh, kw, channels, itemsize=prec.itemsize, dtype=np.float32)
+        if prec.is_float:  # reorder the 2-byte elements, then convert (fewer bytes moved)
+            w = to_compute(layout.unpack_weights(flat, kernels, kh, kw, channels), prec)
+        else:  # integers go straight to float32, exact for the chunked BLAS of core.py
+            w = layout.unpack_weights(flat, kernels, kh, kw, channels, dtype=np.float32)
     return w, total

@@ -67,7 +67,7 @@ class Link:
 
 
 @dataclass
-class Task:
+class FetchedTask:
     """One task as the PC fetched it."""
 
     regs: TaskRegisters
@@ -90,7 +90,7 @@ def fetch(mem: IovaSpace, iova: int, amount: int) -> np.ndarray:
     return raw.view("<u8")
 
 
-def decode_task(state: CoreState, entries: np.ndarray) -> Task:
+def decode_task(state: CoreState, entries: np.ndarray) -> FetchedTask:
     """Apply entries up to the op-enable word; returns what the task programmed."""
     regs = TaskRegisters()
     lut_written: set = set()
@@ -111,7 +111,7 @@ def decode_task(state: CoreState, entries: np.ndarray) -> Task:
                 raise HangError("op-enable without the 0x0041 marker entry right before it (TRM)",
                                 entry=i, register="PC_OPERATION_ENABLE")
             link = Link(regs.values.get("PC_BASE_ADDRESS"), regs.values.get("PC_REGISTER_AMOUNTS"))
-            return Task(regs, d.value, i, link, lut_written)
+            return FetchedTask(regs, d.value, i, link, lut_written)
         if kind in (EntryKind.UNKNOWN_TARGET, EntryKind.UNKNOWN_REGISTER):
             raise UnknownRegisterError(f"{d.problems[0]} (entry {raw:#018x})", entry=i,
                                        register=f"target {d.target:#06x} offset {d.offset:#06x}")
@@ -155,7 +155,7 @@ def _blocks(enable: int) -> set[Block]:
     return {b for b, bit in OP_ENABLE_BITS.items() if enable & bit}
 
 
-def execute(state: CoreState, mem: IovaSpace, quirks: Quirks, task: Task, stats: TaskStats) -> None:
+def execute(state: CoreState, mem: IovaSpace, quirks: Quirks, task: FetchedTask, stats: TaskStats) -> None:
     """Run the blocks the op-enable word starts."""
     r = task.regs
     enable = task.enable

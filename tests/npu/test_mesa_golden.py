@@ -78,3 +78,13 @@ def test_unsupported_capture_is_reported_not_matched():
     with pytest.raises(Exception, match="dilated"):
         from compiler.npu import mesa
         mesa.mesa_operations(case["model"])
+
+
+def test_cli_reports_bad_files_in_one_line(tmp_path):
+    runner = CliRunner()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "rkc-mesa-rocket-golden/1", "status": "ok", "model": {}}')
+    out = runner.invoke(main, ["golden", str(bad)])
+    assert out.exit_code == 1 and "malformed capture" in out.output and "Traceback" not in out.output
+    out = runner.invoke(main, ["golden", str(tmp_path / "missing.json")])
+    assert out.exit_code == 1 and "cannot read a captured case" in out.output

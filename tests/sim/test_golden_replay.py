@@ -113,3 +113,19 @@ def test_replay_cli_exit_codes(tmp_path):
     broken.write_text("{")
     result = CliRunner().invoke(main, ["--replay", str(broken)])
     assert result.exit_code == 1 and "not a readable JSON capture" in result.output
+
+
+def test_gemm_capture_split_over_two_submits(tmp_path):
+    """The replay handles captures of several SUBMITs (buffer snapshots per submit,
+    per-task checks after each): one two-task capture split into two submits."""
+    path = next(p for p in case_files("gemm-rocket-userspace")
+                if sum(len(j["tasks"]) for s in json.loads(p.read_text()).get("submits", []) for j in s["jobs"]) == 2
+                and len(json.loads(p.read_text())["submits"]) == 1)
+    case = json.loads(path.read_text())
+    submit = case["submits"][0]
+    job = submit["jobs"][0]
+    case["submits"] = [dict(submit, index=i, jobs=[dict(job, tasks=[t])]) for i, t in enumerate(job["tasks"])]
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps(case))
+    report = replay(split)
+    assert report.status == "pass" and report.tasks == 2, report.lines()
