@@ -14,7 +14,11 @@ from ir.errors import RkcError
 @click.option("--replay", "replay_case", metavar="CASE.json", type=click.Path(dir_okay=False),
               help="Replay a captured regcmd case on the simulator and compare with its reference.")
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
-def main(model: str | None, replay_case: str | None) -> None:
+@click.option("--inputs", type=click.Path(dir_okay=False), help="Inputs (.npz keyed by the model's input names).")
+@click.option("--outputs", type=click.Path(dir_okay=False), help="Write the outputs here (.npz keyed by name).")
+@click.option("--device", type=click.Choice(["auto", "sim", "rocket"]), default="auto", show_default=True,
+              help="rocket when an NPU is present, else the built-in simulator.")
+def main(model: str | None, replay_case: str | None, inputs: str | None, outputs: str | None, device: str) -> None:
     """Run MODEL (an .rkbin made by `rkc compile`) on the NPU or its simulator.
 
     \b
@@ -28,4 +32,6 @@ def main(model: str | None, replay_case: str | None) -> None:
         raise SystemExit(run_cli(replay_case))
     if model is None:
         raise RkcError("no model given (see rkrun --help)")
-    raise RkcError(f"{model}: running models arrives with the runtime (issue 5)")
+    from runtime.run_cli import run_once
+
+    run_once(model, inputs, outputs, device)

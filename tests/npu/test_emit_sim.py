@@ -322,6 +322,26 @@ def test_standalone_lut_activation(function):
     assert np.abs(got - ref).max() <= plan.tolerance(), (function, np.abs(got - ref).max())
 
 
+def test_a_chained_kick_fetches_tasks_of_any_length():
+    """A chain links a conv (130-odd entries) to a LUT activation whose table
+    upload makes it ~1100 entries long: every tail must fetch the whole next task
+    (Mesa's ALIGN((n-4)/2, 2) falls short for such counts)."""
+    from compiler.npu import lut
+
+    c, h, w = 16, 4, 8
+    X, M, Y = (api.Feature(n, 0, c, h, w, "fp16") for n in ("x", "m", "y"))
+    conv = api.emit(api.Conv2D(X, _fp16((c, 1, 1, c), 5, 0.3), M))
+    act = api.emit(api.Activation(M, Y, "tanh"))
+    counts = [len(t.regcmd) for r in (conv, act) for t in r.tasks]
+    assert any(n % 4 != 2 for n in counts), counts  # a count where Mesa's rule under-fetches
+    x = _fp16((c, h, w), 6)
+    stock = _run([conv, act], {"x": (X, x)}, merge_jobs=True).feature(Y)
+    chained = _run([conv, act], {"x": (X, x)}, merge_jobs=True, chained=True).feature(Y)
+    np.testing.assert_array_equal(stock, chained)
+    ref = lut.plan("tanh").function(_conv_acc(x, _fp16((c, 1, 1, c), 5, 0.3), (1, 1), (0,) * 4, False, 0))
+    assert np.abs(chained.astype(np.float64) - ref).max() <= lut.plan("tanh").tolerance()
+
+
 def test_conv_with_fused_lut_epilogue():
     from compiler.npu import lut
 

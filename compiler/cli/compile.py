@@ -1,0 +1,58 @@
+"""`rkc compile MODEL -o OUT.rkbin`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from compiler.build import PRECISIONS, BuildOptions, build
+from compiler.frontend.onnx import parse_input_shapes
+
+
+class _Progress:
+    """Stage names on stderr as they start (only when stderr is a terminal, or
+    always with --verbose), with the elapsed time of the previous stage."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.start = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        if self.enabled:
+            click.echo(f"  [{time.perf_counter() - self.start:6.1f} s] {stage}", err=True)
+
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Output .rkbin (default: MODEL with .rkbin).")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp16", show_default=True,
+              help="NPU number format: fp16 (no calibration) or int8 (per-channel weights, per-tensor activations).")
+@click.option("--calib", type=click.Path(dir_okay=False),
+              help="int8 calibration set: .npz with one array per input, leading axis over samples.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
+              help="Fix the dynamic dimensions of an input (repeatable).")
+@click.option("--explain", is_flag=True, help="List every op, where it runs and why.")
+@click.option("--cpu-only", is_flag=True, help="Place every op on the CPU (for debugging and references).")
+@click.option("-v", "--verbose", is_flag=True, help="Show every stage as it starts.")
+def compile_command(model: str, output: str | None, precision: str, calib: str | None, input_shapes: tuple[str, ...],
+                    explain: bool, cpu_only: bool, verbose: bool) -> None:
+    """Compile MODEL (ONNX or IR text) into an .rkbin for the NPU.
+
+    \b
+    rkc compile model.onnx -o model.rkbin
+    rkc compile model.onnx --input-shape x=1x3x224x224 --precision int8 --calib calib.npz
+    rkc compile model.onnx --explain
+    """
+    out = Path(output) if output else Path(model).with_suffix(".rkbin")
+    options = BuildOptions(precision=precision, input_shapes=parse_input_shapes(input_shapes), calib=calib,
+                           cpu_only=cpu_only)
+    report = build(model, out, options, _Progress(verbose or sys.stderr.isatty()))
+    for line in report.summary():
+        click.echo(line)
+    if explain:
+        click.echo("ops (device, op, reason):")
+        for p in report.placements:
+            click.echo(f"  {p.device:3s}  {p.op.describe():50s}  {p.reason}")
