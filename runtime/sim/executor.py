@@ -108,7 +108,8 @@ def fetch_task(state: CoreState, mem: IovaSpace, iova: int, amount: int) -> Fetc
         state.regs.values.update(task.regs.values)
         tables, addrs, values, cursor = task.lut_effect
         state.lut[tables, addrs] = values
-        state.lut_cursor = cursor
+        if cursor is not None:
+            state.lut_cursor = cursor
         return task
     task = decode_task(state, region.data().view("<u8"))
     if task.lut_effect is not None:
@@ -143,7 +144,8 @@ def decode_task(state: CoreState, entries: np.ndarray) -> FetchedTask:
                 cells = sorted(lut_written)
                 tables = np.array([t for t, _ in cells], np.intp)
                 addrs = np.array([a for _, a in cells], np.intp)
-                effect = (tables, addrs, state.lut[tables, addrs].copy(), state.lut_cursor)
+                cursor = state.lut_cursor if lut_self_contained else None  # None: left as it was
+                effect = (tables, addrs, state.lut[tables, addrs].copy(), cursor)
             return FetchedTask(regs, d.value, i, link, lut_written, effect)
         if kind in (EntryKind.UNKNOWN_TARGET, EntryKind.UNKNOWN_REGISTER):
             raise UnknownRegisterError(f"{d.problems[0]} (entry {raw:#018x})", entry=i,

@@ -162,10 +162,6 @@ class IovaSpace:
                 "without finish_cpu_access): the NPU would see stale memory")
         return Region(bo, iova - bo.iova, nbytes)
 
-    def bytes_at(self, iova: int, nbytes: int, what: str) -> np.ndarray:
-        """A read-only uint8 view of [iova, iova + nbytes)."""
-        return self.region(iova, nbytes, what).data()
-
     def decoded(self, region: Region, form, build) -> np.ndarray:
         """`build()`'s operand decoded from `region`, kept until those bytes change
         (runtime/sim/opcache.py); `form` names how it was decoded."""
