@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.npu.epilogue import PER_CHANNEL_RANGE
 from compiler.reference import run_graph
 from ir.errors import FormatError, UnsupportedError
 from ir.graph import Graph
@@ -68,17 +69,27 @@ def observe_ranges(graph: Graph, samples: list[dict[str, np.ndarray]]) -> dict[s
 
 
 def activation_quant(lo: float, hi: float) -> PerTensorQuant:
-    """Symmetric int8 (zero point 0): what the NPU's int8 path and requantization use."""
-    bound = max(abs(lo), abs(hi), 1e-8)
-    return PerTensorQuant(bound / 127.0, 0)
+    """Asymmetric int8 over the observed range (widened to hold 0 exactly): all
+    256 levels serve the values, where a symmetric scale would leave half of them
+    unused on a one-sided tensor (after a ReLU or HardSwish). The NPU's int8 path
+    takes the zero points (feature offsets, padding value, output offset)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    scale = max(hi - lo, 1e-8) / 255.0
+    zero_point = int(np.clip(np.rint(-128.0 - lo / scale), -128, 127))
+    return PerTensorQuant(scale, zero_point)
 
 
 def weight_quant(graph: Graph, name: str, axis: int = 0) -> None:
-    """Per-output-channel symmetric int8 scales for a constant weight tensor."""
+    """Per-output-channel symmetric int8 scales for a constant weight tensor, none
+    below 1/PER_CHANNEL_RANGE of the largest: the NPU's per-channel multiplier
+    resolves no wider span (compiler/npu/epilogue.py), and a channel that small
+    (typically a dead one left by BatchNorm folding) loses nothing visible at the
+    output's per-tensor step by the coarser scale."""
     t = graph.tensors[name]
     w = graph.payloads[t.payload].astype(np.float64)
     moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
     scale = np.maximum(np.abs(moved).max(axis=1), 1e-12) / 127.0
+    scale = np.maximum(scale, scale.max() / PER_CHANNEL_RANGE)
     graph.payloads[f"{name}.scale"] = scale.astype(np.float32)
     graph.payloads[f"{name}.zp"] = np.zeros(scale.size, np.int8)
     t.type = TensorType(t.type.dtype, t.type.shape, PerAxisQuant(axis, f"{name}.scale", f"{name}.zp"))
