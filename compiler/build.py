@@ -16,11 +16,11 @@ from typing import Callable, Mapping, Sequence
 
 from compiler import lower as lowering
 from compiler.frontend import load_graph
+from compiler.mixed_precision import choose_fp16
 from compiler.module_builder import ModuleBuilder
 from compiler.partition import partition
 from compiler.passes import run_passes
 from compiler.placement import Placement, place_ops
-from compiler.mixed_precision import choose_fp16
 from compiler.quantize import quantize
 from ir.errors import UnsupportedError
 from ir.graph import Graph
@@ -95,16 +95,7 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
         times[name] = time.perf_counter() - t
         return result
 
-    graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
-                                                    bind=dict(options.bind)))
-    graph = stage("passes", run_passes, graph)
-    stage("check shapes", require_static, graph)
-    graph = stage("quantize", quantize, graph, options.precision, options.calib)
-    placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only)
-    if options.precision == "int8" and options.calib is not None and not options.cpu_only:
-        fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
-        if fp16:
-            placements, groups = stage("place", place_ops, graph, options.precision, False, fp16)
+    graph, placements, groups = plan(source, options, stage)
     steps = stage("partition", partition, graph,
                   lambda i: groups[i].dtype if placements[i].device == "npu" else None)
     builder = ModuleBuilder(metadata={"source": Path(source).name, "precision": options.precision,
@@ -116,6 +107,23 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
                        segments=sum(s.device == "npu" for s in steps), cpu_steps=stats.cpu_steps,
                        npu_tasks=stats.npu_tasks, conversions=stats.conversions, size=size, seconds=time.perf_counter() - start,
                        stage_seconds=times)
+
+
+def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args: fn(*args)
+         ) -> tuple[Graph, list[Placement], dict]:
+    """The graph as compiled (passes, quantization parameters) and where each op
+    runs: the NPU groups (compiler/npu_lower.NpuGroup) by op index."""
+    graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
+                                                    bind=dict(options.bind)))
+    graph = stage("passes", run_passes, graph)
+    stage("check shapes", require_static, graph)
+    graph = stage("quantize", quantize, graph, options.precision, options.calib)
+    placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only)
+    if options.precision == "int8" and options.calib is not None and not options.cpu_only:
+        fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
+        if fp16:
+            placements, groups = stage("place", place_ops, graph, options.precision, False, fp16)
+    return graph, placements, groups
 
 
 def require_static(graph: Graph) -> None:

@@ -36,13 +36,15 @@ def quantized_weight(graph: Graph, name: str) -> np.ndarray:
     t = graph.tensors[name]
     w = graph.payloads[t.payload].astype(np.float64)
     q = t.type.quant
+    if isinstance(q, PerTensorQuant):
+        return (np.clip(np.rint(w / q.scale) + q.zero_point, -128, 127) - q.zero_point) * q.scale
     if not isinstance(q, PerAxisQuant):
         return w
     shape = [1] * w.ndim
     shape[q.axis] = -1
     s = graph.payloads[q.scale].astype(np.float64).reshape(shape)
     zp = graph.payloads[q.zero_point].astype(np.float64).reshape(shape)
-    return (np.clip(np.rint(w / s) + zp, -127, 127) - zp) * s
+    return (np.clip(np.rint(w / s) + zp, -128, 127) - zp) * s
 
 
 def run_fake_quant(graph: Graph, groups: Mapping[int, object], feeds: Mapping[str, np.ndarray],

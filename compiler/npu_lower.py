@@ -106,10 +106,13 @@ def _act_quant(graph: Graph, name: str, precision: str) -> api.Quant | None:
     return api.Quant(float(q.scale), int(q.zero_point))
 
 
-def _weight_scales(graph: Graph, name: str) -> np.ndarray:
+def _weight_scales(graph: Graph, name: str, channels: int) -> np.ndarray:
+    """One scale per output channel (a per-tensor scale repeated)."""
     q = graph.tensors[name].type.quant
+    if isinstance(q, PerTensorQuant) and q.zero_point == 0:
+        return np.full(channels, float(q.scale))
     if not isinstance(q, PerAxisQuant):
-        raise _Refused(f"int8 weights {name!r} have no per-channel scales")
+        raise _Refused(f"int8 weights {name!r} have no symmetric int8 scales")
     return graph.payloads[q.scale].astype(np.float64).reshape(-1)
 
 
@@ -236,8 +239,8 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tu
     begin, end = pads_for(op.attrs.get("auto_pad", "NOTSET"), x.shape[2:], kernel, strides, dil, op.attrs.get("pads"))
     w_scales = None
     if dtype == "int8":
-        w_scales = _weight_scales(graph, op.inputs[1])
-        wq = np.clip(np.rint(w / w_scales.reshape(-1, 1, 1, 1)), -127, 127).astype(np.int8)
+        w_scales = _weight_scales(graph, op.inputs[1], w.shape[0])
+        wq = np.clip(np.rint(w / w_scales.reshape(-1, 1, 1, 1)), -128, 127).astype(np.int8)
         weight_quant = _weight_quant(w_scales)
     else:
         wq, weight_quant = w.astype(np.float16), None
@@ -280,8 +283,8 @@ def _gemm(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tu
         bias = tail.bias if bias is None else bias + tail.bias
     w_scales = None
     if dtype == "int8":
-        w_scales = _weight_scales(graph, op.inputs[1])
-        bq = np.clip(np.rint(b / w_scales.reshape(1, -1)), -127, 127).astype(np.int8)
+        w_scales = _weight_scales(graph, op.inputs[1], b.shape[1])
+        bq = np.clip(np.rint(b / w_scales.reshape(1, -1)), -128, 127).astype(np.int8)
         b_quant = _weight_quant(w_scales)
     else:
         bq, b_quant = b.astype(np.float16), None

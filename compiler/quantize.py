@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from compiler.npu.epilogue import PER_CHANNEL_RANGE
+from compiler.qdq import absorb_qdq
 from compiler.reference import run_graph
 from ir.errors import FormatError, UnsupportedError
 from ir.graph import Graph
@@ -97,19 +98,23 @@ def weight_quant(graph: Graph, name: str, axis: int = 0) -> None:
 
 def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> Graph:
     prequantized = any(op.type in QUANT_OPS for op in graph.ops)
+    if precision != "int8" and calib is not None:
+        raise UnsupportedError("--calib applies to --precision int8 only")
+    if prequantized:
+        # the model's own integers: constant weights and biases become float constants
+        # carrying their scales; in int8, Q/DQ pairs on activations become scales too
+        absorb_qdq(graph, fold_activations=precision == "int8")
     if precision != "int8":
-        if calib is not None:
-            raise UnsupportedError("--calib applies to --precision int8 only")
         return graph
-    if calib is None:
-        if prequantized:
-            return graph  # the model's own scales
+    if calib is None and not prequantized:
         raise UnsupportedError("--precision int8 needs --calib FILE.npz (or a model quantized with QDQ/QLinear ops)")
-    ranges = observe_ranges(graph, load_calibration(calib, graph))
-    for name, (lo, hi) in ranges.items():
-        t = graph.tensors[name]
-        if t.type.dtype in (DType.FP32, DType.FP16) and t.type.quant is None:
-            t.type = TensorType(t.type.dtype, t.type.shape, activation_quant(lo, hi))
+    if calib is not None:
+        # calibrate what the model does not quantize itself
+        ranges = observe_ranges(graph, load_calibration(calib, graph))
+        for name, (lo, hi) in ranges.items():
+            t = graph.tensors[name]
+            if t.type.dtype in (DType.FP32, DType.FP16) and t.type.quant is None:
+                t.type = TensorType(t.type.dtype, t.type.shape, activation_quant(lo, hi))
     for op in graph.ops:
         index = WEIGHT_OPS.get(op.type)
         if index is None or len(op.inputs) <= index:
@@ -119,5 +124,5 @@ def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> G
             axis = 0 if op.type == "Conv" else (0 if op.type == "Gemm" and op.attrs.get("transB") else
                                                len(w.type.shape) - 1)
             weight_quant(graph, w.name, axis)
-    graph.metadata["quantized"] = "int8 calibrated"
+    graph.metadata["quantized"] = "int8 calibrated" if calib is not None else "int8 (the model's own scales)"
     return graph

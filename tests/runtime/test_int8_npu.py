@@ -95,3 +95,22 @@ def test_reading_an_npu_tensor_copies_it_out_of_the_buffer(shape, kind):
     got = native.unpack(raw, shape, kind, np.dtype(np.int8))
     np.testing.assert_array_equal(got, value)
     assert not np.shares_memory(got, raw)
+
+
+def test_int8_layers_tool_finds_no_arithmetic_difference(tmp_path, capsys):
+    """tools/int8_layers.py: every NPU group of a small int8 build within one step of
+    the integer model (the column that would show a lowering/emitter/simulator bug)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import int8_layers
+
+    rng = np.random.default_rng(2)
+    path = save(conv_model(rng, dead=(5,)), tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((4, 1, 16, 12, 12)).astype(np.float32))
+    np.savez(tmp_path / "in.npz", x=rng.standard_normal((1, 16, 12, 12)).astype(np.float32))
+    assert int8_layers.main([str(path), "--calib", str(tmp_path / "calib.npz"), "--inputs", str(tmp_path / "in.npz"),
+                             "--out", str(tmp_path / "m.rkbin")]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:] if not line.startswith("output")]
+    assert len(rows) == 3 and all(r[2] == "int8" and r[3] == "0" and int(r[4]) <= 1 for r in rows), rows
