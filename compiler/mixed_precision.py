@@ -13,8 +13,9 @@ is the group's own int8 error, whatever its cause: an activation whose range
 is set by a few extreme values, weights that int8 represents badly, a very
 coarse output step. Groups below `SQNR_MIN_DB` run in fp16 on the NPU; the
 rest stay int8. The threshold is a measured choice (docs/onnx.md): at 8 bits a
-well-behaved layer sits at 35-45 dB, and the PP-OCR detector's few groups
-below 32 dB are the ones whose noise survives to its output.
+well-behaved layer sits at 35-45 dB; on the PP-OCR detector, 11 of 60 groups
+measure below 32 dB (20-31 dB), and with them in fp16 its output goes from
+cosine 0.985-0.992 to 0.996-0.997 against onnxruntime over four inputs.
 """
 
 from __future__ import annotations

@@ -2,12 +2,15 @@
 parameters.
 
 * fp16: nothing to annotate; NPU tensors are fp16, weights converted at lowering.
-* int8: activations per tensor from calibration (`--calib FILE.npz`: one array
-  per model input keyed by input name, with a leading sample axis), weights of
-  convolutions and matrix products per output channel (symmetric, from their
-  values). The parameters travel on the tensors' types (TensorType.quant), so
-  `rkc ir`-style dumps show them and the lowering reads them from there.
-* a pre-quantized model (QDQ or QLinear ops) keeps its own scales.
+* int8: activations asymmetric per tensor over the range calibration observes
+  (`--calib FILE.npz`: one array per model input keyed by input name, with a
+  leading sample axis), weights of convolutions and matrix products symmetric
+  per output channel (floored to the span the NPU's multiplier resolves). The
+  parameters travel on the tensors' types (TensorType.quant), so `rkc ir`-style
+  dumps show them and the lowering reads them from there. Which groups then run
+  in fp16 instead is compiler/mixed_precision.py's measurement.
+* a pre-quantized model (QDQ or QLinear ops) keeps its own scales (compiler/qdq.py);
+  `--calib` then fills in the tensors it leaves unquantized.
 """
 
 from __future__ import annotations
