@@ -1,7 +1,7 @@
 """`rkc compile`: the build driver. Its body is the table of contents:
 
-  load -> passes -> quantize -> place -> partition -> lower -> memory plan
-  -> assemble -> write (atomically)
+  load -> passes -> quantize -> place [-> mixed precision -> place] -> partition
+  -> lower -> memory plan -> assemble -> write (atomically)
 
 Each stage lives in its own module; this file only sequences them and
 reports progress and what was done.
@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 from compiler import lower as lowering
 from compiler.frontend import load_graph
+from compiler.mixed_precision import choose_fp16
 from compiler.module_builder import ModuleBuilder
 from compiler.partition import partition
 from compiler.passes import run_passes
@@ -59,10 +60,18 @@ class BuildReport:
     def ops_cpu(self) -> int:
         return sum(p.device == "cpu" for p in self.placements)
 
+    def ops_in(self, dtype: str) -> int:
+        return sum(p.device == "npu" and p.dtype == dtype for p in self.placements)
+
+    def _dtypes(self) -> str:
+        if self.precision != "int8":
+            return ""
+        return f" ({self.ops_in('int8')} int8, {self.ops_in('fp16')} fp16)"
+
     def summary(self) -> list[str]:
         return [
             f"compiled {self.source} -> {self.output} ({self.precision}) in {self.seconds:.1f} s",
-            f"  ops: {self.ops_npu} on the NPU, {self.ops_cpu} on the CPU",
+            f"  ops: {self.ops_npu} on the NPU{self._dtypes()}, {self.ops_cpu} on the CPU",
             f"  steps: {self.segments} NPU segment(s) with {self.npu_tasks} task(s), {self.cpu_steps} CPU op step(s), "
             f"{self.conversions} layout conversion(s)",
             f"  file: {self.size / 1e6:.2f} MB",
@@ -86,13 +95,9 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
         times[name] = time.perf_counter() - t
         return result
 
-    graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
-                                                    bind=dict(options.bind)))
-    graph = stage("passes", run_passes, graph)
-    stage("check shapes", require_static, graph)
-    graph = stage("quantize", quantize, graph, options.precision, options.calib)
-    placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only)
-    steps = stage("partition", partition, graph, lambda i: placements[i].device == "npu")
+    graph, placements, groups = plan(source, options, stage)
+    steps = stage("partition", partition, graph,
+                  lambda i: groups[i].dtype if placements[i].device == "npu" else None)
     builder = ModuleBuilder(metadata={"source": Path(source).name, "precision": options.precision,
                                       "producer": "rkc", "graph": graph.name})
     stats = stage("lower", lowering.lower_program, graph, steps, builder, options.precision, groups)
@@ -102,6 +107,23 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
                        segments=sum(s.device == "npu" for s in steps), cpu_steps=stats.cpu_steps,
                        npu_tasks=stats.npu_tasks, conversions=stats.conversions, size=size, seconds=time.perf_counter() - start,
                        stage_seconds=times)
+
+
+def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args: fn(*args)
+         ) -> tuple[Graph, list[Placement], dict]:
+    """The graph as compiled (passes, quantization parameters) and where each op
+    runs: the NPU groups (compiler/npu_lower.NpuGroup) by op index."""
+    graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
+                                                    bind=dict(options.bind)))
+    graph = stage("passes", run_passes, graph)
+    stage("check shapes", require_static, graph)
+    graph = stage("quantize", quantize, graph, options.precision, options.calib)
+    placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only)
+    if options.precision == "int8" and options.calib is not None and not options.cpu_only:
+        fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
+        if fp16:
+            placements, groups = stage("place", place_ops, graph, options.precision, False, fp16)
+    return graph, placements, groups
 
 
 def require_static(graph: Graph) -> None:

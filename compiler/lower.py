@@ -21,7 +21,7 @@ import numpy as np
 
 from compiler import cost
 from compiler.module_builder import ModuleBuilder, quant_dict
-from compiler.npu_lower import NpuGroup, device_dtype, lower_segment, npu_name
+from compiler.npu_lower import NpuGroup, lower_segment, npu_name
 from compiler.partition import Step as PartStep
 from ir.errors import UnsupportedError
 from ir.graph import Graph, PayloadRef
@@ -55,7 +55,8 @@ class _Lowering:
     program: str
     steps: list[Step] = field(default_factory=list)
     on_host: set[str] = field(default_factory=set)
-    on_npu: dict[str, str] = field(default_factory=dict)  # IR tensor -> layout of its NPU copy
+    on_npu: dict[str, str] = field(default_factory=dict)  # NPU buffer -> its layout
+    copies: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # IR tensor -> [(buffer, dtype)]
     stats: LowerStats = field(default_factory=LowerStats)
 
     # -- host side ----------------------------------------------------------------------
@@ -66,7 +67,7 @@ class _Lowering:
         t = self.graph.tensors[name]
         if t.kind == "const":
             self.builder.host_const(name, self.graph.payloads[t.payload])
-        elif name in self.on_npu:
+        elif name in self.copies:
             self.builder.host_tensor(name, t.type.shape, t.type.dtype)
             self.convert_from_npu(name)
         else:
@@ -79,31 +80,33 @@ class _Lowering:
         self.on_host.add(name)
 
     # -- NPU side -----------------------------------------------------------------------
-    def npu_tensor(self, name: str, layout: str) -> None:
+    def npu_tensor(self, name: str, layout: str, dtype_name: str) -> None:
         t = self.graph.tensors[name]
         if not t.type.is_static:
             raise UnsupportedError(f"tensor {name!r} needs a static shape on the NPU")
-        dtype = DType(device_dtype(self.precision))
+        dtype = DType(dtype_name)
         quant = None
         if dtype is DType.INT8:
             q = t.type.quant
             if not isinstance(q, PerTensorQuant):
                 raise UnsupportedError(f"tensor {name!r} has no int8 scale")
             quant = {"scale": q.scale, "zero_point": q.zero_point}
-        self.builder.scratch_tensor(self.program, npu_name(name), t.type.shape, dtype, layout,
+        buffer = npu_name(name, dtype_name, self.precision)
+        self.builder.scratch_tensor(self.program, buffer, t.type.shape, dtype, layout,
                                     native.nbytes(t.type.shape, layout, dtype.itemsize), quant)
-        self.on_npu[name] = layout
+        self.on_npu[buffer] = layout
+        self.copies.setdefault(name, []).append((buffer, dtype_name))
 
-    def to_npu(self, name: str, layout: str) -> None:
-        """Make `name` readable on the NPU in `layout` (before the next NPU step)."""
-        if name in self.on_npu:
-            if self.on_npu[name] != layout:
+    def to_npu(self, name: str, layout: str, dtype: str) -> None:
+        """Make `name` readable on the NPU in `layout` and `dtype` (before the next NPU step)."""
+        target = npu_name(name, dtype, self.precision)
+        if target in self.on_npu:
+            if self.on_npu[target] != layout:
                 raise UnsupportedError(f"tensor {name!r} is read by the NPU in two layouts")
             return
         self.host(name)
-        self.npu_tensor(name, layout)
-        target = npu_name(name)
-        if self.precision == "int8":
+        self.npu_tensor(name, layout, dtype)
+        if dtype == "int8":
             scale, zp = self._qparams(name)
             self.add(Step(kind="cpu", name=f"to_npu:{name}", op="QuantizeLinear", inputs=[name, scale, zp],
                           outputs=[target], stats=self._conversion_stats(name)))
@@ -113,9 +116,9 @@ class _Lowering:
         self.stats.conversions += 1
 
     def convert_from_npu(self, name: str) -> None:
-        source = npu_name(name)
+        source, dtype = self.copies[name][0]  # the copy a producing group wrote
         t = self.graph.tensors[name]
-        if self.precision == "int8":
+        if dtype == "int8":
             scale, zp = self._qparams(name)
             self.add(Step(kind="cpu", name=f"from_npu:{name}", op="DequantizeLinear", inputs=[source, scale, zp],
                           outputs=[name], stats=self._conversion_stats(name)))
@@ -126,7 +129,8 @@ class _Lowering:
 
     def _qparams(self, name: str) -> tuple[str, str]:
         q = self.graph.tensors[name].type.quant
-        scale, zp = f"{npu_name(name)}.scale", f"{npu_name(name)}.zp"
+        base = npu_name(name, "int8", self.precision)
+        scale, zp = f"{base}.scale", f"{base}.zp"
         if scale not in self.builder.tensors:
             self.builder.host_const(scale, np.array(q.scale, np.float32))
             self.builder.host_const(zp, np.array(q.zero_point, np.int8))
@@ -161,13 +165,13 @@ class _Lowering:
             g = groups[i]
             if g.anchor == i:
                 ordered.append(g)
-        produced = {g.output for g in ordered}
+        produced = {g.npu_name(g.output, self.precision) for g in ordered}
         for g in ordered:
             for name, layout in g.reads.items():
-                if name not in produced:
-                    self.to_npu(name, layout)
+                if g.npu_name(name, self.precision) not in produced:
+                    self.to_npu(name, layout, g.dtype)
         for g in ordered:
-            self.npu_tensor(g.output, g.output_layout)
+            self.npu_tensor(g.output, g.output_layout, g.dtype)
         lowered = lower_segment(self.graph, ordered, self.builder, f"segment {number}", self.precision)
         for buffer, end in lowered.extents.items():
             if buffer in self.builder.tensors and self.builder.tensors[buffer].region == "scratch":

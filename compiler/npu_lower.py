@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -51,14 +51,6 @@ def _layout(graph: Graph, tensor: str) -> str:
     return "native" if len(graph.tensors[tensor].type.shape) == 4 else "native-gemm"
 EMIT_OPTIONS = api.EmitOptions(allow_cpu_finish=False)  # K splits the NPU cannot sum stay on the CPU
 
-# Operations the emitter produces but the simulator does not run yet (emitter and
-# simulator are being brought into agreement; delete a line when they are).
-# (device dtype, kind) -> why the op stays on the CPU meanwhile.
-NOT_YET_RUNNABLE = {
-    ("int8", "per-channel"): "per-channel int8 weight scales wait for emitter and simulator to agree on the DPU "
-                             "bias + multiplier operand DMA (BRDMA DATA_USE 7)",
-}
-
 
 # Whether a segment's jobs may run as hardware-chained kicks: integer tasks after
 # the first of a chained kick are reported wrong on hardware (docs/hardware-questions.md
@@ -66,16 +58,11 @@ NOT_YET_RUNNABLE = {
 CHAINABLE = {"fp16": True, "int8": False}
 
 
-def _kind(op) -> str:
-    if op.type in ("Gemm", "MatMul"):
-        return "gemm"
-    if op.type != "Conv":
-        return op.type
-    return "depthwise" if int(op.attrs.get("group", 1)) > 1 else "conv"
-
-
-def npu_name(tensor: str) -> str:
-    return f"{tensor}@npu"
+def npu_name(tensor: str, dtype: str | None = None, precision: str | None = None) -> str:
+    """The NPU copy of `tensor`: "<tensor>@npu" in the program's own dtype, with the
+    dtype appended for the other one (an fp16 group of a mixed int8 program)."""
+    base = f"{tensor}@npu"
+    return base if dtype is None or dtype == device_dtype(precision or dtype) else f"{base}.{dtype}"
 
 
 def device_dtype(precision: str) -> str:
@@ -91,6 +78,11 @@ class NpuGroup:
     output_layout: str
     result: api.EmitResult
     notes: list[str] = field(default_factory=list)
+    dtype: str = "fp16"  # what the group computes in: "int8" or "fp16" (mixed int8 programs have both)
+
+    def npu_name(self, tensor: str, precision: str) -> str:
+        """This group's NPU buffer of `tensor` in a program of `precision`."""
+        return npu_name(tensor, self.dtype, precision)
 
 
 class _Refused(Exception):
@@ -114,10 +106,13 @@ def _act_quant(graph: Graph, name: str, precision: str) -> api.Quant | None:
     return api.Quant(float(q.scale), int(q.zero_point))
 
 
-def _weight_scales(graph: Graph, name: str) -> np.ndarray:
+def _weight_scales(graph: Graph, name: str, channels: int) -> np.ndarray:
+    """One scale per output channel (a per-tensor scale repeated)."""
     q = graph.tensors[name].type.quant
+    if isinstance(q, PerTensorQuant) and q.zero_point == 0:
+        return np.full(channels, float(q.scale))
     if not isinstance(q, PerAxisQuant):
-        raise _Refused(f"int8 weights {name!r} have no per-channel scales")
+        raise _Refused(f"int8 weights {name!r} have no symmetric int8 scales")
     return graph.payloads[q.scale].astype(np.float64).reshape(-1)
 
 
@@ -125,22 +120,20 @@ def _weight_quant(scales: np.ndarray) -> api.Quant:
     """Per-channel scales; one scale when they are all equal (the per-tensor path)."""
     if np.all(scales == scales[0]):
         return api.Quant(float(scales[0]))
-    gap = NOT_YET_RUNNABLE.get(("int8", "per-channel"))
-    if gap is not None:
-        raise _Refused(gap)
     return api.Quant(tuple(float(s) for s in scales))
 
 
-def _feature(graph: Graph, tensor: str, layout: str, dtype: str, precision: str) -> api.Feature:
+def _feature(graph: Graph, tensor: str, layout: str, dtype: str, precision: str, program: str) -> api.Feature:
     shape = graph.tensors[tensor].type.shape
     try:
         c, h, rows, w = native.geometry(shape, layout)
     except ValueError as exc:
         raise _Refused(str(exc)) from None
     quant = _act_quant(graph, tensor, precision)
+    name = npu_name(tensor, dtype, program)
     if layout == "native-gemm":
-        return api.Feature.gemm(npu_name(tensor), 0, h, c, dtype, quant)
-    return api.Feature(npu_name(tensor), 0, c, h, w, dtype, quant)
+        return api.Feature.gemm(name, 0, h, c, dtype, quant)
+    return api.Feature(name, 0, c, h, w, dtype, quant)
 
 
 # -- epilogue fusion ------------------------------------------------------------------------
@@ -167,14 +160,18 @@ def _per_channel(value: np.ndarray, channels: int, rank: int, gemm: bool) -> np.
     return np.ascontiguousarray(b).reshape(-1).astype(np.float64)
 
 
-def _tail(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Callable[[int], bool],
-          channels: int, gemm: bool) -> _Tail:
-    tail = _Tail(output=graph.ops[anchor].outputs[0])
+def _tails(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Callable[[int], bool],
+           channels: int, gemm: bool) -> list[_Tail]:
+    """The epilogues the anchor could absorb, longest first (each a prefix of the
+    next longer): when the emitter refuses one (an int8 path has no lookup-table
+    activation), a shorter one still fuses what it can."""
+    prefixes = [_Tail(output=graph.ops[anchor].outputs[0])]
     while True:
+        tail = replace(prefixes[-1], ops=list(prefixes[-1].ops))
         out = tail.output
         nxt = users.get(out, [])
         if len(nxt) != 1 or out in graph.outputs or not candidate(nxt[0]):
-            return tail
+            return prefixes[::-1]
         j = nxt[0]
         op = graph.ops[j]
         rank = len(graph.tensors[out].type.shape)
@@ -184,13 +181,13 @@ def _tail(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Cal
             if value is not None and tail.bias is None:
                 vec = _per_channel(value, channels, rank, gemm)
                 if vec is None:
-                    return tail
+                    return prefixes[::-1]
                 tail.bias = vec
             elif value is None and graph.tensors[other].type.shape == graph.tensors[out].type.shape \
                     and other != out:
                 tail.residual = other
             else:
-                return tail
+                return prefixes[::-1]
         elif op.type == "Relu" and tail.activation is None:
             tail.activation = "relu"
         elif lut_function(op) is not None and tail.activation is None:
@@ -199,18 +196,21 @@ def _tail(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Cal
             lo, hi = _const(graph, op.inputs[1]) if len(op.inputs) > 1 else None, \
                 _const(graph, op.inputs[2]) if len(op.inputs) > 2 else None
             if (len(op.inputs) > 1 and op.inputs[1] and lo is None) or (len(op.inputs) > 2 and op.inputs[2] and hi is None):
-                return tail
-            lo_v = float(lo) if lo is not None else float("-inf")
-            hi_v = float(hi) if hi is not None else float("inf")
+                return prefixes[::-1]
+            if any(v is not None and np.size(v) != 1 for v in (lo, hi)):
+                return prefixes[::-1]
+            lo_v = float(np.reshape(lo, -1)[0]) if lo is not None else float("-inf")
+            hi_v = float(np.reshape(hi, -1)[0]) if hi is not None else float("inf")
             tail.activation, tail.clip = ("relu6", None) if (lo_v, hi_v) == (0.0, 6.0) else ("clip", (lo_v, hi_v))
         else:
-            return tail
+            return prefixes[::-1]
         tail.ops.append(j)
         tail.output = op.outputs[0]
+        prefixes.append(tail)
 
 
-def _epilogue(graph: Graph, tail: _Tail, bias: np.ndarray | None, dtype: str, precision: str, layout: str,
-              in_scale: float, w_scales: np.ndarray | None) -> api.Epilogue:
+def _epilogue(graph: Graph, tail: _Tail, bias: np.ndarray | None, dtype: str, precision: str, program: str,
+              layout: str, in_scale: float, w_scales: np.ndarray | None) -> api.Epilogue:
     if bias is not None and dtype == "int8":
         bias = np.rint(bias / (in_scale * w_scales)).astype(np.int64)
         if np.abs(bias).max(initial=0) >= 2 ** 31:
@@ -220,12 +220,12 @@ def _epilogue(graph: Graph, tail: _Tail, bias: np.ndarray | None, dtype: str, pr
         bias = bias.astype(np.float32)
     residual = None
     if tail.residual is not None:
-        residual = api.Residual(_feature(graph, tail.residual, layout, dtype, precision), "add")
+        residual = api.Residual(_feature(graph, tail.residual, layout, dtype, precision, program), "add")
     return api.Epilogue(bias=bias, activation=tail.activation, clip=tail.clip, residual=residual)
 
 
 # -- anchors -------------------------------------------------------------------------------------
-def _conv(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Conv2D, dict[str, str]]:
+def _conv(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tuple[api.Conv2D, dict[str, str]]:
     op = graph.ops[i]
     dtype = device_dtype(precision)
     x = graph.tensors[op.inputs[0]].type
@@ -239,8 +239,8 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Conv2D
     begin, end = pads_for(op.attrs.get("auto_pad", "NOTSET"), x.shape[2:], kernel, strides, dil, op.attrs.get("pads"))
     w_scales = None
     if dtype == "int8":
-        w_scales = _weight_scales(graph, op.inputs[1])
-        wq = np.clip(np.rint(w / w_scales.reshape(-1, 1, 1, 1)), -127, 127).astype(np.int8)
+        w_scales = _weight_scales(graph, op.inputs[1], w.shape[0])
+        wq = np.clip(np.rint(w / w_scales.reshape(-1, 1, 1, 1)), -128, 127).astype(np.int8)
         weight_quant = _weight_quant(w_scales)
     else:
         wq, weight_quant = w.astype(np.float16), None
@@ -252,9 +252,9 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Conv2D
     else:
         bias = tail.bias
     in_scale = _act_quant(graph, op.inputs[0], precision).scale if dtype == "int8" else 1.0
-    epi = _epilogue(graph, tail, bias, dtype, precision, "native", in_scale, w_scales)
-    conv = api.Conv2D(_feature(graph, op.inputs[0], "native", dtype, precision), np.ascontiguousarray(weights),
-                      _feature(graph, tail.output, "native", dtype, precision), stride=(strides[0], strides[1]),
+    epi = _epilogue(graph, tail, bias, dtype, precision, program, "native", in_scale, w_scales)
+    conv = api.Conv2D(_feature(graph, op.inputs[0], "native", dtype, precision, program), np.ascontiguousarray(weights),
+                      _feature(graph, tail.output, "native", dtype, precision, program), stride=(strides[0], strides[1]),
                       padding=(begin[0], end[0], begin[1], end[1]), depthwise=depthwise,
                       weight_quant=weight_quant, epilogue=epi, name=f"npu{i}")
     reads = {op.inputs[0]: "native"}
@@ -263,7 +263,7 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Conv2D
     return conv, reads
 
 
-def _gemm(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Gemm, dict[str, str]]:
+def _gemm(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tuple[api.Gemm, dict[str, str]]:
     op = graph.ops[i]
     dtype = device_dtype(precision)
     a_shape = graph.tensors[op.inputs[0]].type.shape
@@ -283,16 +283,16 @@ def _gemm(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Gemm, 
         bias = tail.bias if bias is None else bias + tail.bias
     w_scales = None
     if dtype == "int8":
-        w_scales = _weight_scales(graph, op.inputs[1])
-        bq = np.clip(np.rint(b / w_scales.reshape(1, -1)), -127, 127).astype(np.int8)
+        w_scales = _weight_scales(graph, op.inputs[1], b.shape[1])
+        bq = np.clip(np.rint(b / w_scales.reshape(1, -1)), -128, 127).astype(np.int8)
         b_quant = _weight_quant(w_scales)
     else:
         bq, b_quant = b.astype(np.float16), None
     m = int(a_shape[-2])
     in_scale = _act_quant(graph, op.inputs[0], precision).scale if dtype == "int8" else 1.0
-    epi = _epilogue(graph, tail, bias, dtype, precision, "native-gemm", in_scale, w_scales)
-    gemm = api.Gemm(_feature(graph, op.inputs[0], "native-gemm", dtype, precision), np.ascontiguousarray(bq),
-                    _feature(graph, tail.output, "native-gemm", dtype, precision), m, b_quant=b_quant,
+    epi = _epilogue(graph, tail, bias, dtype, precision, program, "native-gemm", in_scale, w_scales)
+    gemm = api.Gemm(_feature(graph, op.inputs[0], "native-gemm", dtype, precision, program), np.ascontiguousarray(bq),
+                    _feature(graph, tail.output, "native-gemm", dtype, precision, program), m, b_quant=b_quant,
                     epilogue=epi, name=f"npu{i}")
     reads = {op.inputs[0]: "native-gemm"}
     if tail.residual:
@@ -300,7 +300,7 @@ def _gemm(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Gemm, 
     return gemm, reads
 
 
-def _activation(graph: Graph, i: int, tail: _Tail, precision: str):
+def _activation(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
     op = graph.ops[i]
     function = lut_function(op)
     if function is None:
@@ -308,12 +308,12 @@ def _activation(graph: Graph, i: int, tail: _Tail, precision: str):
     if precision != "fp16":
         raise _Refused("standalone lookup-table activations run in fp16")
     layout = _layout(graph, op.inputs[0])
-    act = api.Activation(_feature(graph, op.inputs[0], layout, "fp16", precision),
-                         _feature(graph, op.outputs[0], layout, "fp16", precision), function, name=f"npu{i}")
+    act = api.Activation(_feature(graph, op.inputs[0], layout, "fp16", precision, program),
+                         _feature(graph, op.outputs[0], layout, "fp16", precision, program), function, name=f"npu{i}")
     return act, {op.inputs[0]: layout}
 
 
-def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str):
+def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
     op = graph.ops[i]
     if len(op.inputs) != 2 or any(_const(graph, t) is not None for t in op.inputs):
         raise _Refused("the NPU combines two tensors element by element (constants fold into a convolution)")
@@ -322,13 +322,13 @@ def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str):
         raise _Refused("the NPU's element-wise operands have the output's shape (no broadcasting)")
     dtype = device_dtype(precision)
     layout = _layout(graph, op.outputs[0])
-    a, b = (_feature(graph, t, layout, dtype, precision) for t in op.inputs)
-    ew = api.Elementwise(a, b, _feature(graph, op.outputs[0], layout, dtype, precision), ELEMENTWISE[op.type],
+    a, b = (_feature(graph, t, layout, dtype, precision, program) for t in op.inputs)
+    ew = api.Elementwise(a, b, _feature(graph, op.outputs[0], layout, dtype, precision, program), ELEMENTWISE[op.type],
                          name=f"npu{i}")
     return ew, {t: layout for t in op.inputs}
 
 
-def _pool(graph: Graph, i: int, tail: _Tail, precision: str):
+def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
     op = graph.ops[i]
     x = graph.tensors[op.inputs[0]].type
     dtype = device_dtype(precision)
@@ -345,8 +345,8 @@ def _pool(graph: Graph, i: int, tail: _Tail, precision: str):
                            "padding from the count stay on the CPU")
         if op.attrs.get("ceil_mode", 0):
             raise _Refused("ceil_mode pooling is not lowered")
-    pool = api.Pool(_feature(graph, op.inputs[0], "native", dtype, precision),
-                    _feature(graph, op.outputs[0], "native", dtype, precision), "avg", kernel, stride, padding,
+    pool = api.Pool(_feature(graph, op.inputs[0], "native", dtype, precision, program),
+                    _feature(graph, op.outputs[0], "native", dtype, precision, program), "avg", kernel, stride, padding,
                     name=f"npu{i}")
     return pool, {op.inputs[0]: "native"}
 
@@ -356,23 +356,23 @@ BUILDERS = {"Conv": _conv, "Gemm": _gemm, "MatMul": _gemm, **{k: _eltwise for k 
             **{k: _activation for k in ("Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu")}}
 
 
-def _emit(graph: Graph, i: int, tail: _Tail, precision: str) -> NpuGroup:
+def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> NpuGroup:
     op = graph.ops[i]
-    gap = NOT_YET_RUNNABLE.get((device_dtype(precision), _kind(op)))
-    if gap is not None:
-        raise _Refused(gap)
-    api_op, reads = BUILDERS[op.type](graph, i, tail, precision)
+    api_op, reads = BUILDERS[op.type](graph, i, tail, precision, program)
     result = api.emit(api_op, EMIT_OPTIONS)
     if result.cpu:
         raise _Refused("the emitter needs a CPU finishing step")
     layout = "native" if op.type in ("Conv", "AveragePool", "GlobalAveragePool") else \
         ("native-gemm" if op.type in ("Gemm", "MatMul") else _layout(graph, op.outputs[0]))
-    return NpuGroup(i, [i, *tail.ops], reads, tail.output, layout, result, list(result.notes))
+    return NpuGroup(i, [i, *tail.ops], reads, tail.output, layout, result, list(result.notes),
+                    device_dtype(precision))
 
 
-def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool]
+def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
+                fp16_anchors: frozenset[int] | set[int] = frozenset()
                 ) -> tuple[dict[int, NpuGroup], dict[int, str]]:
-    """Groups keyed by every op they cover; reasons for candidates left on the CPU."""
+    """Groups keyed by every op they cover; reasons for candidates left on the CPU.
+    In an int8 program, groups anchored at `fp16_anchors` compute in fp16."""
     users: dict[str, list[int]] = {}
     for j, op in enumerate(graph.ops):
         for name in op.present_inputs():
@@ -387,12 +387,15 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool]
             w = _const(graph, op.inputs[1])
             channels = (w.shape[0] if op.type == "Conv" else
                         (w.shape[0] if op.type == "Gemm" and op.attrs.get("transB") else w.shape[-1]))
-            full = _tail(graph, i, users, lambda j: candidate(j) and j not in groups, channels, gemm)
+            tails = _tails(graph, i, users, lambda j: candidate(j) and j not in groups, channels, gemm)
         else:
-            full = _Tail(output=op.outputs[0])  # no epilogue of its own
-        for tail in (full, _Tail(output=op.outputs[0])) if full.ops else (full,):
+            tails = [_Tail(output=op.outputs[0])]  # no epilogue of its own
+        # a group meant for fp16 the emitter cannot build in fp16 stays in the program's dtype
+        tries = [(own, tail) for own in dict.fromkeys(("fp16" if i in fp16_anchors else precision, precision))
+                 for tail in tails]
+        for own, tail in tries:
             try:
-                group = _emit(graph, i, tail, precision)
+                group = _emit(graph, i, tail, own, precision)
             except _Refused as exc:
                 reasons[i] = str(exc)
                 continue
@@ -442,7 +445,8 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             "op": "+".join(graph.ops[j].type for j in g.ops),
             "macs": int(counters.macs) or cost.op_macs(graph, op),
             "ddr_bytes": int(counters.ddr_bytes),
-            "cycles": cost.npu_cycles(int(counters.macs), int(counters.ddr_bytes), device_dtype(precision)),
+            "cycles": cost.npu_cycles(int(counters.macs), int(counters.ddr_bytes), g.dtype),
+            "dtype": g.dtype,
             "tasks": len(g.result.tasks),
             "notes": g.notes,
         })
@@ -451,11 +455,10 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
     for r in results:
         for buf, end in r.extents().items():
             extents[buf] = max(extents.get(buf, 0), end)
-    reads = sorted({t for g in groups for t in g.reads})
-    outputs = sorted({g.output for g in groups})
-    chained = CHAINABLE[device_dtype(precision)]
-    step = Step(kind="npu", name=name, jobs=jobs, chained=chained, inputs=[npu_name(t) for t in reads],
-                outputs=[npu_name(t) for t in outputs],
+    reads = sorted({g.npu_name(t, precision) for g in groups for t in g.reads})
+    outputs = sorted({g.npu_name(g.output, precision) for g in groups})
+    chained = all(CHAINABLE[g.dtype] for g in groups)
+    step = Step(kind="npu", name=name, jobs=jobs, chained=chained, inputs=reads, outputs=outputs,
                 stats={"layers": layers, "tasks": sum(len(j.tasks) for j in jobs),
                        "kicks_stock": sum(len(j.tasks) for j in jobs), "kicks_chained": len(jobs)})
     return SegmentLowering(step, scratch, extents)

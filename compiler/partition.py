@@ -34,15 +34,17 @@ class Step:
     outputs: list[str] = field(default_factory=list)  # tensors read after the step (or graph outputs)
 
 
-def _levels(dag: nx.DiGraph, on_npu: Callable[[int], bool]) -> dict[int, int]:
+def _levels(dag: nx.DiGraph, kind: Callable[[int], object]) -> dict[int, int]:
+    """Leaving a CPU op, or entering an NPU op of another kind, raises the level."""
     level: dict[int, int] = {}
     for v in nx.topological_sort(dag):
-        level[v] = max((level[p] + (0 if on_npu(p) else 1) for p in dag.predecessors(v)), default=0)
+        level[v] = max((level[p] + (0 if kind(p) and (not kind(v) or kind(v) == kind(p)) else 1)
+                        for p in dag.predecessors(v)), default=0)
     return level
 
 
-def _convex_merge(dag: nx.DiGraph, groups: list[set[int]]) -> list[set[int]]:
-    """Merge groups pairwise while the quotient graph stays acyclic."""
+def _convex_merge(dag: nx.DiGraph, groups: list[set[int]], kind: Callable[[int], object]) -> list[set[int]]:
+    """Merge groups of one kind pairwise while the quotient graph stays acyclic."""
     def quotient() -> tuple[nx.DiGraph, dict[int, object]]:
         owner: dict[int, object] = {v: ("op", v) for v in dag}
         for i, g in enumerate(groups):
@@ -60,7 +62,8 @@ def _convex_merge(dag: nx.DiGraph, groups: list[set[int]]) -> list[set[int]]:
         for i in range(len(groups)):
             for j in range(i + 1, len(groups)):
                 a, b = ("seg", i), ("seg", j)
-                if _path_through_others(q, a, b) or _path_through_others(q, b, a):
+                if kind(next(iter(groups[i]))) != kind(next(iter(groups[j]))) \
+                        or _path_through_others(q, a, b) or _path_through_others(q, b, a):
                     continue
                 groups[i] = groups[i] | groups[j]
                 del groups[j]
@@ -76,15 +79,17 @@ def _path_through_others(q: nx.DiGraph, a, b) -> bool:
     return any(s != b and nx.has_path(q, s, b) for s in q.successors(a))
 
 
-def partition(graph: Graph, on_npu: Callable[[int], bool]) -> list[Step]:
-    """Steps in execution order. `on_npu(i)` says whether graph.ops[i] may run on the NPU."""
+def partition(graph: Graph, on_npu: Callable[[int], object]) -> list[Step]:
+    """Steps in execution order. `on_npu(i)` says whether graph.ops[i] may run on
+    the NPU: False/None for the CPU, else True or the op's NPU kind (its dtype in a
+    mixed-precision program); a segment holds NPU ops of one kind."""
     dag = graph.dependency_graph()
     level = _levels(dag, on_npu)
-    by_level: dict[int, set[int]] = {}
+    by_level: dict[tuple, set[int]] = {}
     for v in dag:
         if on_npu(v):
-            by_level.setdefault(level[v], set()).add(v)
-    groups = _convex_merge(dag, [by_level[k] for k in sorted(by_level)])
+            by_level.setdefault((level[v], str(on_npu(v))), set()).add(v)
+    groups = _convex_merge(dag, [by_level[k] for k in sorted(by_level)], on_npu)
 
     owner = {v: ("op", v) for v in dag}
     for i, g in enumerate(groups):

@@ -11,6 +11,7 @@ compile, and the error names the op)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from compiler.npu_lower import NpuGroup, plan_groups
 from compiler.ops import OpContext, check_cpu, npu_verdict
@@ -22,22 +23,32 @@ class Placement:
     op: Op
     device: str  # "npu" or "cpu"
     reason: str
+    dtype: str | None = None  # what an NPU op computes in ("int8" / "fp16")
 
 
-def place_ops(graph: Graph, precision: str, cpu_only: bool = False) -> tuple[list[Placement], dict[int, NpuGroup]]:
+def place_ops(graph: Graph, precision: str, cpu_only: bool = False,
+              fp16_anchors: Mapping[int, str] | None = None) -> tuple[list[Placement], dict[int, NpuGroup]]:
+    """`fp16_anchors`: in an int8 program, the ops whose groups compute in fp16,
+    with why (compiler/mixed_precision.py)."""
+    fp16_anchors = fp16_anchors or {}
     verdicts = []
     for op in graph.ops:
         if cpu_only:
             verdicts.append((False, "placed on the CPU by request (--cpu-only)"))
         else:
             verdicts.append(npu_verdict(OpContext(op, graph, precision)))
-    groups, refusals = plan_groups(graph, precision, lambda i: verdicts[i][0])
+    groups, refusals = plan_groups(graph, precision, lambda i: verdicts[i][0], frozenset(fp16_anchors))
     result = []
     for i, op in enumerate(graph.ops):
         if i in groups:
             g = groups[i]
-            why = "NPU" if g.anchor == i else f"fused into the epilogue of {graph.ops[g.anchor].describe()}"
-            result.append(Placement(op, "npu", why if g.anchor != i else "all NPU constraints hold"))
+            if g.anchor != i:
+                why = f"fused into the epilogue of {graph.ops[g.anchor].describe()}"
+            elif i in fp16_anchors and g.dtype == "fp16" and precision == "int8":
+                why = f"all NPU constraints hold; fp16: {fp16_anchors[i]}"
+            else:
+                why = "all NPU constraints hold"
+            result.append(Placement(op, "npu", why, g.dtype))
             continue
         ok, reason = verdicts[i]
         if ok:

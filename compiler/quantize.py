@@ -2,12 +2,15 @@
 parameters.
 
 * fp16: nothing to annotate; NPU tensors are fp16, weights converted at lowering.
-* int8: activations per tensor from calibration (`--calib FILE.npz`: one array
-  per model input keyed by input name, with a leading sample axis), weights of
-  convolutions and matrix products per output channel (symmetric, from their
-  values). The parameters travel on the tensors' types (TensorType.quant), so
-  `rkc ir`-style dumps show them and the lowering reads them from there.
-* a pre-quantized model (QDQ or QLinear ops) keeps its own scales.
+* int8: activations asymmetric per tensor over the range calibration observes
+  (`--calib FILE.npz`: one array per model input keyed by input name, with a
+  leading sample axis), weights of convolutions and matrix products symmetric
+  per output channel (floored to the span the NPU's multiplier resolves). The
+  parameters travel on the tensors' types (TensorType.quant), so `rkc ir`-style
+  dumps show them and the lowering reads them from there. Which groups then run
+  in fp16 instead is compiler/mixed_precision.py's measurement.
+* a pre-quantized model (QDQ or QLinear ops) keeps its own scales (compiler/qdq.py);
+  `--calib` then fills in the tensors it leaves unquantized.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.npu.epilogue import PER_CHANNEL_RANGE
+from compiler.qdq import absorb_qdq
 from compiler.reference import run_graph
 from ir.errors import FormatError, UnsupportedError
 from ir.graph import Graph
@@ -68,17 +73,27 @@ def observe_ranges(graph: Graph, samples: list[dict[str, np.ndarray]]) -> dict[s
 
 
 def activation_quant(lo: float, hi: float) -> PerTensorQuant:
-    """Symmetric int8 (zero point 0): what the NPU's int8 path and requantization use."""
-    bound = max(abs(lo), abs(hi), 1e-8)
-    return PerTensorQuant(bound / 127.0, 0)
+    """Asymmetric int8 over the observed range (widened to hold 0 exactly): all
+    256 levels serve the values, where a symmetric scale would leave half of them
+    unused on a one-sided tensor (after a ReLU or HardSwish). The NPU's int8 path
+    takes the zero points (feature offsets, padding value, output offset)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    scale = max(hi - lo, 1e-8) / 255.0
+    zero_point = int(np.clip(np.rint(-128.0 - lo / scale), -128, 127))
+    return PerTensorQuant(scale, zero_point)
 
 
 def weight_quant(graph: Graph, name: str, axis: int = 0) -> None:
-    """Per-output-channel symmetric int8 scales for a constant weight tensor."""
+    """Per-output-channel symmetric int8 scales for a constant weight tensor, none
+    below 1/PER_CHANNEL_RANGE of the largest: the NPU's per-channel multiplier
+    resolves no wider span (compiler/npu/epilogue.py), and a channel that small
+    (typically a dead one left by BatchNorm folding) loses nothing visible at the
+    output's per-tensor step by the coarser scale."""
     t = graph.tensors[name]
     w = graph.payloads[t.payload].astype(np.float64)
     moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
     scale = np.maximum(np.abs(moved).max(axis=1), 1e-12) / 127.0
+    scale = np.maximum(scale, scale.max() / PER_CHANNEL_RANGE)
     graph.payloads[f"{name}.scale"] = scale.astype(np.float32)
     graph.payloads[f"{name}.zp"] = np.zeros(scale.size, np.int8)
     t.type = TensorType(t.type.dtype, t.type.shape, PerAxisQuant(axis, f"{name}.scale", f"{name}.zp"))
@@ -86,19 +101,23 @@ def weight_quant(graph: Graph, name: str, axis: int = 0) -> None:
 
 def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> Graph:
     prequantized = any(op.type in QUANT_OPS for op in graph.ops)
+    if precision != "int8" and calib is not None:
+        raise UnsupportedError("--calib applies to --precision int8 only")
+    if prequantized:
+        # the model's own integers: constant weights and biases become float constants
+        # carrying their scales; in int8, Q/DQ pairs on activations become scales too
+        absorb_qdq(graph, fold_activations=precision == "int8")
     if precision != "int8":
-        if calib is not None:
-            raise UnsupportedError("--calib applies to --precision int8 only")
         return graph
-    if calib is None:
-        if prequantized:
-            return graph  # the model's own scales
+    if calib is None and not prequantized:
         raise UnsupportedError("--precision int8 needs --calib FILE.npz (or a model quantized with QDQ/QLinear ops)")
-    ranges = observe_ranges(graph, load_calibration(calib, graph))
-    for name, (lo, hi) in ranges.items():
-        t = graph.tensors[name]
-        if t.type.dtype in (DType.FP32, DType.FP16) and t.type.quant is None:
-            t.type = TensorType(t.type.dtype, t.type.shape, activation_quant(lo, hi))
+    if calib is not None:
+        # calibrate what the model does not quantize itself
+        ranges = observe_ranges(graph, load_calibration(calib, graph))
+        for name, (lo, hi) in ranges.items():
+            t = graph.tensors[name]
+            if t.type.dtype in (DType.FP32, DType.FP16) and t.type.quant is None:
+                t.type = TensorType(t.type.dtype, t.type.shape, activation_quant(lo, hi))
     for op in graph.ops:
         index = WEIGHT_OPS.get(op.type)
         if index is None or len(op.inputs) <= index:
@@ -108,5 +127,5 @@ def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> G
             axis = 0 if op.type == "Conv" else (0 if op.type == "Gemm" and op.attrs.get("transB") else
                                                len(w.type.shape) - 1)
             weight_quant(graph, w.name, axis)
-    graph.metadata["quantized"] = "int8 calibrated"
+    graph.metadata["quantized"] = "int8 calibrated" if calib is not None else "int8 (the model's own scales)"
     return graph

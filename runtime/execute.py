@@ -162,7 +162,9 @@ def check_feeds(program: Program, tensors: Mapping[str, TensorInfo], feeds: Mapp
     return ready
 
 
-def run_program(model, program: Program, feeds: Mapping[str, np.ndarray]):
+def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observe=None):
+    """`observe(step, read)`, if given, runs after every step; `read(name)` returns
+    any tensor the step wrote (NPU tensors as stored: int8 / fp16 values)."""
     run = _Run(model, program)
     stats = RunStats()
     for name, value in check_feeds(program, model.tensors, feeds).items():
@@ -176,6 +178,8 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray]):
             run.npu(step)
             stats.submits += 1
         dt = time.perf_counter() - t
+        if observe is not None:
+            observe(step, run.read)
         stats.step_seconds.append(dt)
         if step.kind == "cpu":
             stats.cpu_seconds += dt

@@ -82,11 +82,13 @@ class LoadedModel:
     def programs(self) -> list[str]:
         return [p.name for p in self.module.programs]
 
-    def run(self, feeds: Mapping[str, np.ndarray], program: str | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], program: str | None = None,
+            observe=None) -> dict[str, np.ndarray]:
+        """`observe(step, read)`: called after every step (debugging, tools/int8_layers.py)."""
         from runtime.execute import run_program
 
         prog = self.module.programs[0] if program is None else self.module.program(program)
-        outputs, self.last_run = run_program(self, prog, feeds)
+        outputs, self.last_run = run_program(self, prog, feeds, observe)
         return outputs
 
     def close(self) -> None:

@@ -48,8 +48,10 @@ def pack(value: np.ndarray, kind: str) -> np.ndarray:
 
 
 def unpack(raw: np.ndarray, shape, kind: str, dtype: np.dtype) -> np.ndarray:
+    """A new array: never a view of `raw` (a BO's memory, which the NPU rewrites
+    once the CPU hands it back)."""
     c, h, rows, w = geometry(shape, kind)
     view = layout.feature_view(raw, c, rows, w, dtype)
     chw = layout.unpack_feature(np.ascontiguousarray(view), c)[:, :h]
     out = chw.reshape(c, h, w) if kind == "native" else chw[:, :, 0].T
-    return np.ascontiguousarray(out).reshape(shape)
+    return np.array(out, copy=True).reshape(shape)

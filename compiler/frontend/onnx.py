@@ -29,6 +29,10 @@ from ir.types import DType, TensorType
 MIN_OPSET = 7  # older files are rejected; opsets 7-10 (e.g. the onnx `light_*` models) are read as well
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                     "Bernoulli"}
+# kept as ops even on constant inputs: compiler/qdq.py reads the model's own
+# integers and scales from them (and onnx.reference has no DequantizeLinear
+# before opset 19)
+QUANTIZATION = {"QuantizeLinear", "DequantizeLinear"}
 # attributes kept for old opsets that carry no meaning at inference
 LEGACY_IGNORED = {"consumed_inputs", "is_test", "spatial"}
 
@@ -225,7 +229,7 @@ def fold_constants(model, source: str):
         for node in nodes:
             present = [i for i in node.input if i]
             values = consts
-            foldable = node.op_type not in NONDETERMINISTIC and all(i in consts for i in present)
+            foldable = node.op_type not in NONDETERMINISTIC | QUANTIZATION and all(i in consts for i in present)
             if node.op_type in ("Shape", "Size") and present and shapes.get(present[0]) is not None:
                 foldable = True
                 values = {present[0]: np.zeros(shapes[present[0]], np.float32)}  # only its shape is read

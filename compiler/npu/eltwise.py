@@ -23,6 +23,11 @@ from compiler.npu.schedule import Work, pad_constants
 from ir.errors import UnsupportedError
 from ir.npu import hw, layout
 
+# int8: the identity weight is 64, not 1, so the accumulator counts 1/64 steps of
+# `a` and the EW stage brings `b` to that unit, not to a's whole steps: rounding
+# b there would add up to half a step before the output's own rounding (a second
+# rounding that put a fifth of the sums one step off).
+INT8_GAIN = 64
 CHUNK_ROWS = 4  # rows of every chunk (the minimum a task may read)
 CHUNK_WIDTH_MAX = 1024  # positions per row (13-bit DPU cube width, 11-bit CNA width)
 
@@ -87,16 +92,17 @@ def lower_eltwise(op: api.Elementwise, options: api.EmitOptions) -> api.EmitResu
     atoms = a.surfaces * a.height * a.width
     in_place = any(o.buffer == f.buffer and o.offset == f.offset for f in (a, b))
     chunks = flat_chunks(atoms, overlap_ok=not in_place)
-    identity = layout.pack_weights(np.eye(kg, dtype=npdt)[:, None, None, :]).tobytes()
+    gain = INT8_GAIN if dtype == "int8" else 1
+    identity = layout.pack_weights((np.eye(kg) * gain).astype(npdt)[:, None, None, :]).tobytes()
     consts = [api.ConstBuffer(f"{op.name}.identity", identity)]
 
     def chunk(f: api.Feature, a0: int, rows: int, width: int) -> api.Feature:
         return api.Feature(f.buffer, f.offset + a0 * layout.ATOM_BYTES, kg, rows, width, dtype, f.quant)
 
     sample = chunk(o, *chunks[0])
-    wq = api.Quant(1.0) if dtype == "int8" else None
+    wq = api.Quant(1.0 / gain) if dtype == "int8" else None
     plan = epilogue.plan(epilogue.DpuRequest(
-        dtype, sample, kg, a.quant, wq, np.ones(kg, np.int64),
+        dtype, sample, kg, a.quant, wq, np.full(kg, gain, np.int64),
         api.Epilogue(residual=api.Residual(chunk(b, *chunks[0]), op.op))))
     if plan.bs_data is not None:
         consts.append(api.ConstBuffer(f"{op.name}.bs", plan.bs_bytes()))

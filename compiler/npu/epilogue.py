@@ -42,6 +42,7 @@ EW_ALU_ALGO = {"max": 0, "min": 1, "add": 2}
 BS_GROUP_CHANNELS = 8  # BRDMA_DATA_USE=7: one 64-byte group per 8 channels
 BS_GROUP_BYTES = 64  # int32 A[8] @0, int16 B[8] @32, int16 C[8] @48 (out-cvt-converter.md)
 PER_CHANNEL_SHIFT = 15  # BS MUL shift of the per-channel requant: C[c] is a Q15 fraction
+PER_CHANNEL_RANGE = 128  # largest / smallest per-channel multiplier the BS MUL resolves to 0.2 %
 
 
 def f32_bits(x: float) -> int:
@@ -278,12 +279,10 @@ def _plan_integer(req: DpuRequest) -> DpuPlan:
             raise UnsupportedError("int8 output needs input, weight and output quantization")
         m = iq.scales(1)[0] * wq.scales(n) / out.quant.scale
         if wq.per_channel:
-            if ep.residual is not None:
-                raise UnsupportedError("a residual cannot follow a per-channel requantization on the NPU")
-            mmax = float(m.max())
-            c = np.maximum(np.rint(m / mmax * 32767), 1).astype(np.int64)
-            p.bs_groups, p.bs_mul, p.bs_shift = True, c, PER_CHANNEL_SHIFT
-            gain = mmax * (1 << PER_CHANNEL_SHIFT) / 32767
+            # after the BS multiplier v is in one unit for every channel (1/gain output
+            # steps), so a residual, ReLU-X or OUT_CVT treat it like the per-tensor case
+            c, shift, gain = per_channel_multipliers(m)
+            p.bs_groups, p.bs_mul, p.bs_shift = True, c, shift
             p.out_mul, p.out_shift = multiplier_pair(gain, "requant gain")
             acc_scale = 1.0 / gain  # v units per output step
             p.bs_data = _group_bytes(a, c, n)
@@ -300,6 +299,32 @@ def _plan_integer(req: DpuRequest) -> DpuPlan:
     if ep.residual is not None:
         _integer_residual(p, req, real_per_step)
     return p
+
+
+def per_channel_multipliers(m: np.ndarray) -> tuple[np.ndarray, int, float]:
+    """The per-channel requantization m[c] = C[c] / 2^shift * gain (BS MUL, then
+    OUT_CVT): C[c] int16 relative to the largest channel, one shift and one gain.
+
+    C[c] carries each channel's multiplier with 0.5 / C[c] relative error, so a
+    channel whose multiplier is far below the largest one comes out wrong (a
+    BN-folded dead channel: C rounds to 0 or 1 and its bias-only output lands
+    tens of steps off). Multipliers must stay within PER_CHANNEL_RANGE of the
+    largest (C >= 256, error <= 0.2 %); the quantizer floors weight scales to
+    that range. The shift keeps the BS result at least 2^8 finer than an output
+    step (gain <= 2^-8) so its rounding adds nothing visible; a larger BS result
+    only saturates int32 where the int8 output saturates anyway."""
+    mmax = float(m.max())
+    if not (mmax > 0 and np.isfinite(mmax)) or float(m.min()) <= 0:
+        raise UnsupportedError(f"per-channel requantization scales must be positive and finite "
+                               f"(range {float(m.min()):.3g}..{mmax:.3g})")
+    if float(m.min()) < mmax / PER_CHANNEL_RANGE:
+        raise UnsupportedError(f"per-channel weight scales span {mmax / float(m.min()):.3g}x, more than the "
+                               f"{PER_CHANNEL_RANGE}x the 16-bit BS multiplier resolves (floor the smallest)")
+    shift = min(PER_CHANNEL_SHIFT, int(np.floor(np.log2(2.0 ** -8 * 32767 / mmax))))
+    if shift < 0:
+        raise UnsupportedError(f"per-channel requantization scale {mmax:.3g} is too large for the DPU")
+    c = np.rint(m / mmax * 32767).astype(np.int64)
+    return c, shift, mmax * (1 << shift) / 32767
 
 
 def _group_bytes(a: np.ndarray, c: np.ndarray, n: int) -> np.ndarray:

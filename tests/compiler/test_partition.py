@@ -70,3 +70,31 @@ def test_unrelated_branches_share_a_segment():
 def test_segment_edges_name_the_crossing_tensors():
     steps = _check(_graph(3, [(0, 1), (1, 2)]), {0, 2})
     assert steps[0].outputs == ["t0"] and steps[1].inputs == ["t0"] and steps[2].outputs == ["t2"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 12).flatmap(lambda n: st.tuples(
+    st.just(n),
+    st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=3 * n),
+    st.lists(st.sampled_from([None, "int8", "fp16"]), min_size=n, max_size=n))))
+def test_mixed_kinds_never_share_a_segment(case):
+    """Mixed precision: NPU ops of different kinds (dtypes) land in different
+    convex segments; the rest of the contract holds as for one kind."""
+    n, raw, kinds = case
+    edges = sorted({(min(a, b), max(a, b)) for a, b in raw if a != b})
+    g = _graph(n, edges)
+    steps = partition(g, lambda i: kinds[i])
+    dag = g.dependency_graph()
+    assert sorted(i for s in steps for i in s.ops) == list(range(n))
+    for s in steps:
+        assert len({kinds[i] for i in s.ops}) == 1
+        assert (s.device == "npu") == (kinds[s.ops[0]] is not None)
+        members = set(s.ops)
+        for a in members:
+            for d in nx.descendants(dag, a) - members:
+                assert not (nx.descendants(dag, d) & members)
+
+
+def test_a_chain_of_two_kinds_splits_where_the_kind_changes():
+    steps = partition(_graph(4, [(0, 1), (1, 2), (2, 3)]), lambda i: ["int8", "int8", "fp16", "int8"][i])
+    assert [s.ops for s in steps] == [[0, 1], [2], [3]]

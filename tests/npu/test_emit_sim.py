@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from compiler.npu import api, epilogue
+from compiler.npu import api, eltwise, epilogue
 from compiler.npu.quant import requantize, rne_shift
 from ir.errors import UnsupportedError
 
@@ -292,17 +292,24 @@ def test_elementwise(c, h, w, op, dtype, seed):
     if dtype == "fp16":
         np.testing.assert_array_equal(got, f(a.astype(np.float32), b.astype(np.float32)).astype(np.float16))
         return
-    plan = epilogue.plan(epilogue.DpuRequest("int8", O, 32, A.quant, api.Quant(1.0), np.ones(32, np.int64),
-                                             api.Epilogue(residual=api.Residual(B, op))))
-    # the integer model: v = a - za; the operand b - zb scaled to v's units (or taken
-    # as is for mul, whose scale goes to the output conversion); then requantize
-    v = a.astype(np.int64) - 3
+    gain = eltwise.INT8_GAIN
+    plan = epilogue.plan(epilogue.DpuRequest("int8", O, 32, A.quant, api.Quant(1.0 / gain),
+                                             np.full(32, gain, np.int64), api.Epilogue(residual=api.Residual(B, op))))
+    # the integer model: v = (a - za) * gain (the identity weight); the operand b - zb
+    # scaled to v's units (or taken as is for mul, whose scale goes to the output
+    # conversion); then requantize
+    v = (a.astype(np.int64) - 3) * gain
     rb = b.astype(np.int64) + 7
     if op != "mul":
         rb = rne_shift(rb * plan.ew_mul, plan.ew_shift)
     np.testing.assert_array_equal(got, requantize(f(v, rb), plan.out_mul, plan.out_shift, 2))
-    ideal = np.clip(np.rint(f(0.05 * (a - 3.0), 0.08 * (b + 7.0)) / O.quant.scale) + 2, -128, 127)
+    real = f(0.05 * (a - 3.0), 0.08 * (b + 7.0)) / O.quant.scale
+    ideal = np.clip(np.rint(real) + 2, -128, 127)
     assert np.abs(got - ideal).max() <= 1
+    # one rounding, not two: off by a step only where the real value is within the
+    # multipliers' 2^-15 precision of a tie
+    near_tie = np.abs(np.abs(real - np.floor(real)) - 0.5) < 2e-3
+    assert np.all((got == ideal) | near_tie)
 
 
 # -- LUT activations and pooling (need the simulator's LUT and PPU models) ----------------
@@ -452,6 +459,64 @@ def test_conv_int8_per_channel_requantized(shape, seed, act, zx):
     np.testing.assert_array_equal(got, plan.apply(acc))
     real = (_conv_acc(x.astype(np.int64) - zx, wt.astype(np.int64), (s, s), pad, dw, 0)
             + bias[:, None, None]) * 0.05 * scales[:, None, None]
+    if act:
+        real = np.maximum(real, 0)
+    ideal = np.clip(np.rint(real / yq.scale) + yq.zero_point, -128, 127)
+    assert np.abs(got.astype(np.int64) - ideal).max() <= 1
+
+
+def test_per_channel_scales_beyond_the_multiplier_range_are_refused():
+    """A channel whose multiplier is far below the largest (a BN-folded dead
+    channel: weights ~1e-10, a bias) cannot be carried by the 16-bit BS
+    multiplier: it used to round to 1 and put its bias-only output up to 128
+    steps off. The emitter refuses; the quantizer floors such scales."""
+    c, o = 16, 8
+    scales = np.full(o, 0.01)
+    scales[3] = 0.01 / (epilogue.PER_CHANNEL_RANGE * 4)
+    X = api.Feature("x", 0, c, 4, 4, "int8", api.Quant(0.05))
+    Y = api.Feature("y", 0, o, 4, 4, "int8", api.Quant(0.2))
+    conv = api.Conv2D(X, _int8((o, 1, 1, c), 1), Y, weight_quant=api.Quant(tuple(scales)),
+                      epilogue=api.Epilogue(bias=np.full(o, 5000)))
+    with pytest.raises(UnsupportedError, match="per-channel weight scales span"):
+        api.emit(conv)
+    scales[3] = 0.01 / epilogue.PER_CHANNEL_RANGE  # at the edge: accepted
+    api.emit(api.Conv2D(X, _int8((o, 1, 1, c), 1), Y, weight_quant=api.Quant(tuple(scales))))
+
+
+@SWEEP
+@given(seed=st.integers(0, 999), span=st.sampled_from([1.5, 20.0, 120.0]), mmax=st.sampled_from([0.003, 0.3, 3.0]),
+       act=st.sampled_from([None, "relu"]), residual=st.booleans(), zx=st.integers(-10, 10))
+def test_conv_int8_per_channel_wide_spans_large_multipliers_and_residuals(seed, span, mmax, act, residual, zx):
+    """Per-channel multipliers spanning up to PER_CHANNEL_RANGE, a largest one from
+    3e-3 to 3 (the BS shift adapts so its result stays finer than an output step),
+    and a residual add after the per-channel multiplier: bit-exact against the
+    plan's integer model and within one step of the real result."""
+    c, h, w, o = 24, 6, 7, 20
+    rng = np.random.default_rng(seed)
+    scales = np.exp(rng.uniform(0, np.log(span), o)) * 0.002
+    scales[0] = 0.002
+    xq, wq = api.Quant(0.05, zx), api.Quant(tuple(float(v) for v in scales))
+    yq = api.Quant(0.05 * scales.max() / mmax, -3)
+    rq = api.Quant(yq.scale * 1.7, 6)
+    X = api.Feature("x", 0, c, h, w, "int8", xq)
+    Y = api.Feature("y", 0, o, h, w, "int8", yq)
+    R = api.Feature("r", 0, o, h, w, "int8", rq)
+    wt = _int8((o, 1, 1, c), seed + 1)
+    bias = rng.integers(-2000, 2000, o)
+    epi = api.Epilogue(bias=bias, activation=act, residual=api.Residual(R, "add") if residual else None)
+    r = api.emit(api.Conv2D(X, wt, Y, weight_quant=wq, epilogue=epi))
+    x, res = _int8((c, h, w), seed), _int8((o, h, w), seed + 2)
+    inputs = {"x": (X, x)}
+    if residual:
+        inputs["r"] = (R, res)
+    got = _run(r, inputs).feature(Y)
+    acc = _conv_acc(x, wt.astype(np.int64), (1, 1), (0,) * 4, False, zx)
+    plan = epilogue.plan(epilogue.DpuRequest("int8", Y, o, xq, wq, wt.astype(np.int64).sum(axis=(1, 2, 3)), epi))
+    np.testing.assert_array_equal(got, plan.apply(acc, res if residual else None))
+    real = (_conv_acc(x.astype(np.int64) - zx, wt.astype(np.int64), (1, 1), (0,) * 4, False, 0)
+            + bias[:, None, None]) * 0.05 * scales[:, None, None]
+    if residual:
+        real = real + (res.astype(np.float64) - rq.zero_point) * rq.scale
     if act:
         real = np.maximum(real, 0)
     ideal = np.clip(np.rint(real / yq.scale) + yq.zero_point, -128, 127)

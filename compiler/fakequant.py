@@ -1,0 +1,82 @@
+"""The int8 NPU program as numpy arithmetic: a fake-quantized run of the graph.
+
+Every NPU group (compiler/npu_lower.py: an anchor and what its epilogue absorbed)
+that runs in int8 reads its inputs as int8 at their tensor scales, multiplies
+by its weights as quantized to int8 (per output channel), and writes its output
+rounded to the output's scale; everything else runs in float, as the CPU does.
+This is the integer model the NPU must match (to the rounding of its 16-bit
+multipliers: one step at most), and the reference the quantizer uses to judge
+its choices (compiler/quantize.py) and `tools/int8_layers.py` prints per layer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ir.graph import Graph
+from ir.types import PerAxisQuant, PerTensorQuant
+from runtime.kernels import run_kernel
+
+WEIGHTED = {"Conv": 1, "Gemm": 1, "MatMul": 1}
+
+
+def quantize_act(graph: Graph, name: str, value: np.ndarray) -> np.ndarray:
+    """`value` as the NPU holds tensor `name`: int8 at its scale, dequantized."""
+    q = graph.tensors[name].type.quant
+    if not isinstance(q, PerTensorQuant):
+        return value
+    v = np.asarray(value, np.float64)
+    return (np.clip(np.rint(v / q.scale) + q.zero_point, -128, 127) - q.zero_point) * q.scale
+
+
+def quantized_weight(graph: Graph, name: str) -> np.ndarray:
+    """Constant weight `name` as the NPU multiplies it (int8 per channel, dequantized)."""
+    t = graph.tensors[name]
+    w = graph.payloads[t.payload].astype(np.float64)
+    q = t.type.quant
+    if isinstance(q, PerTensorQuant):
+        return (np.clip(np.rint(w / q.scale) + q.zero_point, -128, 127) - q.zero_point) * q.scale
+    if not isinstance(q, PerAxisQuant):
+        return w
+    shape = [1] * w.ndim
+    shape[q.axis] = -1
+    s = graph.payloads[q.scale].astype(np.float64).reshape(shape)
+    zp = graph.payloads[q.zero_point].astype(np.float64).reshape(shape)
+    return (np.clip(np.rint(w / s) + zp, -128, 127) - zp) * s
+
+
+def run_fake_quant(graph: Graph, groups: Mapping[int, object], feeds: Mapping[str, np.ndarray],
+                   float_groups: set[int] | frozenset = frozenset(),
+                   observe: Callable[[str, np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
+    """Graph outputs of the int8 program. `groups` maps op index -> NpuGroup
+    (anything with .anchor, .reads, .output); a group whose anchor is in
+    `float_groups` runs in float (mixed precision)."""
+    env: dict[str, np.ndarray] = {n: np.asarray(feeds[n]) for n in graph.inputs}
+    for name, t in graph.tensors.items():
+        if t.kind == "const":
+            env[name] = graph.payloads[t.payload]
+    for i, op in enumerate(graph.ops):
+        g = groups.get(i)
+        quant = g is not None and g.anchor not in float_groups
+        inputs = []
+        for k, name in enumerate(op.inputs):
+            if not name:
+                inputs.append(None)
+                continue
+            value = env[name]
+            if quant and i == g.anchor:
+                if name in g.reads:
+                    value = quantize_act(graph, name, value)
+                elif k == WEIGHTED.get(op.type) and graph.tensors[name].kind == "const":
+                    value = quantized_weight(graph, name)
+            inputs.append(value)
+        for name, value in zip(op.outputs, run_kernel(op.type, inputs, op.attrs)):
+            value = np.asarray(value)
+            if quant and name == g.output:
+                value = quantize_act(graph, name, value).astype(value.dtype)
+            env[name] = value
+            if observe is not None:
+                observe(name, value)
+    return {name: env[name] for name in graph.outputs}
