@@ -11,6 +11,7 @@ from ir.cli_support import ErrorReportingGroup, debug_option
 
 # module name -> attribute holding the click command
 COMMANDS = {
+    "compile": "compiler.cli.compile:compile_command",
     "disasm": "compiler.cli.disasm:disasm",
     "ir": "compiler.cli.ir_cmd:ir_command",
 }

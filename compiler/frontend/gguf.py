@@ -103,9 +103,8 @@ class _Builder:
         kind = self.gf.type_name(name)
         shape = self.gf.shape(name)
         if kind in PLAIN_TYPES:
-            data = np.asarray(self.gf.raw(name)).reshape(shape)
-            if kind == "BF16":
-                data = data.view(np.uint16)
+            # the reader hands BF16 out as raw bytes: view every plain type by its width
+            data = np.asarray(self.gf.raw(name)).reshape(-1).view(PLAIN_TYPES[kind].numpy).reshape(shape)
             self.g.add_const(name, TensorType(PLAIN_TYPES[kind], shape), data)
         elif kind in BLOCK_TYPES:
             self.g.add_const(name, TensorType(DType.FP32, shape, BlockQuant(kind)), np.asarray(self.gf.raw(name)))

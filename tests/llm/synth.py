@@ -59,7 +59,8 @@ def spm_vocab(style: str) -> tuple[list[str], list[float], list[int], dict[str, 
         tokens.append(f"<0x{b:02X}>")
         types.append(6)
         scores.append(0.0)
-    pieces: list[str] = []
+    # every character is a piece of its own, as in a real SentencePiece vocabulary
+    pieces: list[str] = sorted(set("".join(WORDS)) | {"\u2581"})
     for w in WORDS:
         for text in ("\u2581" + w, w):
             for i in range(1, len(text) + 1):
