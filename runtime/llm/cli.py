@@ -76,14 +76,11 @@ def run_llm(rk: Rkbin, o: LlmRunOptions) -> None:
     gen = Generator(engine, o.ctx)
     sampler = Sampler(o.temperature, o.top_k, o.top_p, o.seed)
     stream = TextStream(tok)
-    out = click.get_text_stream("stdout")
     for token in gen.generate(ids, o.n_predict, sampler):
         piece = stream.push(token)
         if piece:
-            out.write(piece)
-            out.flush()
-    out.write("\n")
-    out.flush()
+            click.echo(piece, nl=False)  # echo flushes: the text streams as it comes
+    click.echo("")
     click.echo(f"load: {load_s:.2f} s; placement: prefill {engine.placement.get('prefill')}, "
                f"decode {engine.placement.get('decode')}", err=True)
     for line in gen.timings.lines():
