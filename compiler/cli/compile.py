@@ -22,7 +22,9 @@ def _chunks(text: str) -> tuple[int, ...]:
               help="int8: W8A8 (per-channel int8 weights, per-token int8 activations); fp16.")
 @click.option("--prefill-chunks", default="1,32,128,512", show_default=True,
               help="LLM: prompt chunk sizes with a precompiled prefill program each.")
-def compile_command(model: str, output: str, precision: str, prefill_chunks: str) -> None:
+@click.option("--smooth-alpha", default=0.5, show_default=True,
+              help="int8: SmoothQuant migration strength (0 disables).")
+def compile_command(model: str, output: str, precision: str, prefill_chunks: str, smooth_alpha: float) -> None:
     """Compile MODEL (GGUF LLM) into an .rkbin for rkrun."""
     from pathlib import Path
 
@@ -34,6 +36,6 @@ def compile_command(model: str, output: str, precision: str, prefill_chunks: str
         raise UnsupportedError(f"{model}: compiling {kind} models is not supported by this build of rkc")
     from compiler.llm.build import LlmCompileOptions, compile_gguf
 
-    report = compile_gguf(path, output, LlmCompileOptions(precision, _chunks(prefill_chunks)))
+    report = compile_gguf(path, output, LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha))
     for line in report.lines:
         click.echo(line, err=True)

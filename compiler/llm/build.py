@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compiler.frontend.gguf import GgufFile, graph_from_gguf
-from compiler.llm.weights import pack, prepare
+from compiler.llm.weights import dequantize_all, encode, pack
+from compiler.llm.calibrate import CALIBRATION_TEXT, activation_ranges
+from compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from ir.errors import UnsupportedError
 from ir.graph import Graph
 from ir.program import Module, Program, Region, Step, TensorInfo
@@ -30,6 +32,7 @@ _DTYPE = {"float32": "fp32", "float16": "fp16", "int8": "int8"}
 class LlmCompileOptions:
     precision: str = "int8"
     prefill_chunks: tuple[int, ...] = DEFAULT_CHUNKS
+    smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
 
 
 @dataclass
@@ -75,7 +78,13 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
         {k: f.contents() for k, f in gf.reader.fields.items() if k.startswith("tokenizer.")}, str(path))
 
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
-    packed = prepare(gf, consts, _weight_roles(graph), options.precision)
+    weights = dequantize_all(gf, consts)
+    if options.precision == "int8" and options.smooth_alpha > 0:
+        ranges = activation_ranges(graph, cfg, weights, tokenizer)
+        smoothed = smooth(graph, weights, ranges, options.smooth_alpha)
+        report.say(f"int8: SmoothQuant (alpha {options.smooth_alpha}) on {len(smoothed)} of "
+                   f"{len(_weight_roles(graph))} matrices, calibrated on {CALIBRATION_TEXT.name}")
+    packed = encode(weights, _weight_roles(graph), options.precision)
     blob, where = pack(packed)
     tensors = []
     for t in packed:

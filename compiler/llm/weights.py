@@ -30,12 +30,15 @@ class PackedTensor:
     quant: dict | None = None  # {"scale": name of the fp32 per-row scale tensor}
 
 
-def prepare(gf: GgufFile, names: list[str], matrices: set[str], precision: str) -> list[PackedTensor]:
+def dequantize_all(gf: GgufFile, names: list[str]) -> dict[str, np.ndarray]:
+    return {name: gf.dequantize(name) for name in names}
+
+
+def encode(weights: dict[str, np.ndarray], matrices: set[str], precision: str) -> list[PackedTensor]:
     if precision not in PRECISIONS:
         raise UnsupportedError(f"precision {precision!r} is not supported (choose {' or '.join(PRECISIONS)})")
     out: list[PackedTensor] = []
-    for name in names:
-        data = gf.dequantize(name)
+    for name, data in weights.items():
         if name not in matrices:
             out.append(PackedTensor(name, data.astype(np.float32)))
         elif precision == "fp16":
