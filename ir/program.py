@@ -2,7 +2,8 @@
 
 * A **region** becomes one buffer object at load time: the read-only weights,
   the regcmd arrays, activation scratch. Its initial bytes (if any) come from a
-  named blob of the file.
+  named blob of the file. A "host" region (constants only CPU steps read)
+  stays in host memory and never takes IOVA space.
 * A **relocation** says: the 64-bit regcmd entry `entry` of region `region`
   carries in its value field (bits 47..16) the IOVA of `target` plus `offset`.
   The file never holds a raw address; the loader writes every one.
@@ -25,7 +26,8 @@ from typing import Any
 from ir.errors import FormatError
 from ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, PC_FETCH_ENTRIES
 
-REGION_KINDS = ("weights", "regcmd", "scratch", "io")
+# "host": constants only CPU steps read; the loader keeps them in host memory (no BO)
+REGION_KINDS = ("weights", "regcmd", "scratch", "io", "host")
 
 
 @dataclass
@@ -160,7 +162,7 @@ class Module:
                 if blob_sizes[r.blob] > r.size:
                     raise FormatError(f"blob {r.blob!r} ({blob_sizes[r.blob]} B) exceeds region {r.name!r}")
             regions[r.name] = r
-        if sum(r.size for r in self.regions) >= 1 << 32:
+        if sum(r.size for r in self.regions if r.kind != "host") >= 1 << 32:
             raise FormatError("regions do not fit the 4 GiB IOVA window")
 
         def entries(region: str, what: str) -> int:

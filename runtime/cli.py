@@ -11,7 +11,13 @@ from ir.errors import RkcError
 @click.command(cls=ErrorReportingCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @debug_option
 @click.version_option(package_name="rkc")
+@click.option("--replay", "replay_case", metavar="CASE.json", type=click.Path(dir_okay=False),
+              help="Replay a captured regcmd case on the simulator and compare with its reference.")
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option("--inputs", type=click.Path(dir_okay=False), help="Inputs (.npz keyed by the model's input names).")
+@click.option("--outputs", type=click.Path(dir_okay=False), help="Write the outputs here (.npz keyed by name).")
+@click.option("--device", type=click.Choice(["auto", "sim", "rocket"]), default="auto", show_default=True,
+              help="rocket when an NPU is present, else the built-in simulator.")
 @click.option("-p", "--prompt", help="LLM: the prompt to continue.")
 @click.option("-n", "--n-predict", default=64, show_default=True, help="LLM: tokens to generate.")
 @click.option("--temp", "temperature", default=0.8, show_default=True, help="LLM: temperature (0 = greedy).")
@@ -22,15 +28,21 @@ from ir.errors import RkcError
 @click.option("--perplexity", type=click.Path(dir_okay=False, exists=True), help="LLM: score a text file.")
 @click.option("--tokenize", help="LLM: print the token ids of TEXT (BOS first).")
 @click.option("--chat", is_flag=True, help="LLM: wrap the prompt in the model's chat template.")
-def main(model: str | None, **llm) -> None:
+def main(model: str | None, replay_case: str | None, inputs: str | None, outputs: str | None, device: str,
+         **llm) -> None:
     """Run MODEL (an .rkbin made by `rkc compile`) on the NPU or its simulator.
 
     \b
     rkrun model.rkbin --inputs in.npz --outputs out.npz   # an ONNX model
     rkrun model.rkbin -p "Hello" -n 64                    # an LLM: generate text
     rkrun model.rkbin --perplexity wiki.txt --ctx 256     # an LLM: perplexity
+    rkrun model.rkbin --tokenize "Hello"                  # an LLM: token ids
     rkrun --replay CASE.json                              # replay a captured regcmd case
     """
+    if replay_case is not None:
+        from runtime.replay import run_cli
+
+        raise SystemExit(run_cli(replay_case))
     if model is None:
         raise RkcError("no model given (see rkrun --help)")
     from ir.rkbin import read_rkbin
@@ -39,6 +51,8 @@ def main(model: str | None, **llm) -> None:
     if rk.module.metadata.get("model_kind") == "llm":
         from runtime.llm.cli import LlmRunOptions, run_llm
 
-        run_llm(rk, LlmRunOptions(**llm))
+        run_llm(rk, LlmRunOptions(**llm), device)
         return
-    raise RkcError(f"{model}: running models arrives with the runtime (issue 5)")
+    from runtime.run_cli import run_once
+
+    run_once(model, inputs, outputs, device)

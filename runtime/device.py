@@ -79,6 +79,7 @@ class Submission:
     def __init__(self, jobs: Sequence[Job]) -> None:
         self.jobs = list(jobs)
         self.done = False
+        self.error: Exception | None = None  # what `wait` raises (a job failed)
 
 
 class Device(ABC):

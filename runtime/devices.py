@@ -19,26 +19,54 @@ FACTORIES = {
 KINDS = ("auto", *FACTORIES)
 
 
+def rocket_status(kernel=None) -> tuple[bool, str]:
+    """(usable, why): is there an accel node driven by "rocket" that we can open?"""
+    try:
+        from runtime.rocket import scan_nodes
+    except ImportError:
+        return False, "rkc was built without the rocket device"
+    nodes = scan_nodes(kernel)
+    rocket = [n for n in nodes if n.is_rocket]
+    if rocket:
+        return True, f"rocket NPU at {rocket[0].path}"
+    unopened = [n for n in nodes if n.driver is None]
+    if unopened:
+        return False, f"no rocket NPU found; {unopened[0].path} could not be asked ({unopened[0].error})"
+    return False, "no rocket NPU found"
+
+
 def rocket_available() -> bool:
     """True when a DRM accel node driven by "rocket" exists on this machine."""
-    try:
-        from runtime.rocket import find_rocket_node
-    except ImportError:
-        return False
-    return find_rocket_node() is not None
+    return rocket_status()[0]
 
 
 def open_device(kind: str = "auto", quiet: bool = False, **options) -> Device:
+    """Open a device; `options` go to its factory (rocket: node, cores, kernel)."""
     if kind not in KINDS:
         raise RkcError(f"unknown device {kind!r} (choose from {', '.join(KINDS)})")
     if kind == "auto":
-        kind = "rocket" if rocket_available() else "sim"
+        usable, why = rocket_status(options.get("kernel"))
+        kind = "rocket" if usable else "sim"
         if not quiet:
-            why = "rocket NPU found" if kind == "rocket" else "no rocket NPU found"
             print(f"rkc: using device {kind} ({why})", file=sys.stderr)
+    if kind == "sim":
+        options = {k: v for k, v in options.items() if k not in ("kernel", "node", "cores")}
     module, attr = FACTORIES[kind].split(":")
     try:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError):
         raise RkcError(f"device {kind!r} is not available in this build of rkc") from None
+    if kind == "rocket":
+        options.setdefault("quiet", quiet)
     return factory(**options)
+
+
+def device_options(f):
+    """`--device` and `--cores` for a click command; the command gets `device`
+    (auto|sim|rocket) and `cores` and passes them to open_device(device, cores=cores)."""
+    import click
+
+    f = click.option("--cores", type=click.IntRange(1, 3), default=3, show_default=True,
+                     help="NPU cores (rocket: one fd per core; jobs are spread over them).")(f)
+    return click.option("--device", type=click.Choice(KINDS), default="auto", show_default=True,
+                        help="auto: the rocket NPU if this machine has one, else the simulator.")(f)

@@ -13,7 +13,12 @@ from ir.cli_support import ErrorReportingGroup, debug_option
 COMMANDS = {
     "compile": "compiler.cli.compile:compile_command",
     "disasm": "compiler.cli.disasm:disasm",
+    "doctor": "compiler.cli.doctor:doctor",
+    "golden": "compiler.cli.golden:golden",
+    "inspect": "compiler.cli.inspect_cmd:inspect_command",
     "ir": "compiler.cli.ir_cmd:ir_command",
+    "ops": "compiler.cli.ops_cmd:ops_command",
+    "probe": "compiler.cli.probe:probe",
 }
 
 

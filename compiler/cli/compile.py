@@ -1,11 +1,16 @@
-"""`rkc compile MODEL -o OUT.rkbin`: compile a model for the NPU."""
+"""`rkc compile MODEL -o OUT.rkbin`."""
 
 from __future__ import annotations
 
+import sys
+import time
+from pathlib import Path
+
 import click
 
+from compiler.build import PRECISIONS, BuildOptions, build
 from compiler.frontend import detect_kind
-from ir.errors import UnsupportedError
+from compiler.frontend.onnx import parse_input_shapes
 
 
 def _chunks(text: str) -> tuple[int, ...]:
@@ -15,27 +20,59 @@ def _chunks(text: str) -> tuple[int, ...]:
         raise click.BadParameter(f"{text!r} is not a comma-separated list of sizes") from None
 
 
+class _Progress:
+    """Stage names on stderr as they start (only when stderr is a terminal, or
+    always with --verbose), with the elapsed time of the previous stage."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.start = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        if self.enabled:
+            click.echo(f"  [{time.perf_counter() - self.start:6.1f} s] {stage}", err=True)
+
+
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .rkbin to write.")
-@click.option("--precision", type=click.Choice(["int8", "fp16"]), default="int8", show_default=True,
-              help="int8: W8A8 (per-channel int8 weights, per-token int8 activations); fp16.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Output .rkbin (default: MODEL with .rkbin).")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp16", show_default=True,
+              help="NPU number format: fp16 (no calibration) or int8 (per-channel weights, per-tensor activations).")
+@click.option("--calib", type=click.Path(dir_okay=False),
+              help="int8 calibration set: .npz with one array per input, leading axis over samples.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
+              help="Fix the dynamic dimensions of an input (repeatable).")
+@click.option("--explain", is_flag=True, help="List every op, where it runs and why.")
+@click.option("--cpu-only", is_flag=True, help="Place every op on the CPU (for debugging and references).")
+@click.option("-v", "--verbose", is_flag=True, help="Show every stage as it starts.")
 @click.option("--prefill-chunks", default="1,32,128,512", show_default=True,
-              help="LLM: prompt chunk sizes with a precompiled prefill program each.")
+              help="GGUF LLM: prompt chunk sizes, each with a precompiled prefill program.")
 @click.option("--smooth-alpha", default=0.5, show_default=True,
-              help="int8: SmoothQuant migration strength (0 disables).")
-def compile_command(model: str, output: str, precision: str, prefill_chunks: str, smooth_alpha: float) -> None:
-    """Compile MODEL (GGUF LLM) into an .rkbin for rkrun."""
-    from pathlib import Path
+              help="GGUF LLM, int8: SmoothQuant migration strength (0 disables).")
+def compile_command(model: str, output: str | None, precision: str, calib: str | None, input_shapes: tuple[str, ...],
+                    explain: bool, cpu_only: bool, verbose: bool, prefill_chunks: str, smooth_alpha: float) -> None:
+    """Compile MODEL (ONNX, GGUF LLM or IR text) into an .rkbin for the NPU.
 
-    path = Path(model)
-    if not path.is_file():
-        raise FileNotFoundError(2, "No such file", model)
-    kind = detect_kind(path)
-    if kind != "gguf":
-        raise UnsupportedError(f"{model}: compiling {kind} models is not supported by this build of rkc")
-    from compiler.llm.build import LlmCompileOptions, compile_gguf
+    \b
+    rkc compile model.onnx -o model.rkbin
+    rkc compile model.gguf -o model.rkbin --precision int8
+    rkc compile model.onnx --input-shape x=1x3x224x224 --precision int8 --calib calib.npz
+    rkc compile model.onnx --explain
+    """
+    out = Path(output) if output else Path(model).with_suffix(".rkbin")
+    if Path(model).is_file() and detect_kind(Path(model)) == "gguf":
+        from compiler.llm.build import LlmCompileOptions, compile_gguf
 
-    report = compile_gguf(path, output, LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha))
-    for line in report.lines:
-        click.echo(line, err=True)
+        llm = LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha)
+        for line in compile_gguf(model, out, llm).lines:
+            click.echo(line)
+        return
+    options = BuildOptions(precision=precision, input_shapes=parse_input_shapes(input_shapes), calib=calib,
+                           cpu_only=cpu_only)
+    report = build(model, out, options, _Progress(verbose or sys.stderr.isatty()))
+    for line in report.summary():
+        click.echo(line)
+    if explain:
+        click.echo("ops (device, op, reason):")
+        for p in report.placements:
+            click.echo(f"  {p.device:3s}  {p.op.describe():50s}  {p.reason}")

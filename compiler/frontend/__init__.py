@@ -13,6 +13,7 @@ from ir.graph import Graph
 # kind -> "module:function" taking (path, **options) and returning a verified Graph
 FRONTENDS: dict[str, str] = {
     "ir": "compiler.frontend.ir_text:load",
+    "onnx": "compiler.frontend.onnx:load",
     "gguf": "compiler.frontend.gguf:load",
 }
 

@@ -8,7 +8,11 @@ from ir.graph import Graph
 from ir.text import parse_graph
 
 
-def load(path: Path) -> Graph:
+def load(path: Path, input_shapes=None, bind=None) -> Graph:
+    if input_shapes or bind:
+        from ir.errors import UnsupportedError
+
+        raise UnsupportedError(f"{path}: --input-shape and bound inputs apply to ONNX models; IR text declares its shapes")
     try:
         text = path.read_text()
     except UnicodeDecodeError:

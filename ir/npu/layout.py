@@ -11,7 +11,8 @@ Weights for direct convolution (and GEMM as 1x1 convolution): kernels are
 grouped KG at a time (32 int8, 16 fp16), input channels 32 elements at a time
 (the last channel group holds what is left, rounded up to the 16-byte atom);
 memory order ``[kernel group][channel group][ky][kx][kernel][channel]``. Every
-full tile is 1 KiB. Depthwise weights have one kernel and channel groups of 64.
+full tile is 1 KiB. Depthwise weights have one kernel and channel groups of 64
+bytes (64 int8, 32 fp16).
 (Mesa rkt_coefs.c as documented in hw-rocket-and-mesa.md 4.3; the GEMM layouts
 (N/32, K/32, 32, 32) int8 and (N/16, K/32, 16, 32) fp16 of hw-matmul.md 2.1 are
 the 1x1 case.)
@@ -23,7 +24,12 @@ import numpy as np
 
 ATOM_BYTES = 16
 CHANNEL_GROUP = 32  # input channels per weight tile row
-DEPTHWISE_CHANNEL_GROUP = 64
+DEPTHWISE_GROUP_BYTES = 64  # depthwise channel groups: 64 int8 (Mesa), 32 fp16 (rocket-userspace
+# gen_conv2d_dw_fp16, HW-confirmed: "G=64 fails HW ... G=32 -> max_abs=0")
+
+
+def depthwise_group_for(itemsize: int) -> int:
+    return DEPTHWISE_GROUP_BYTES // itemsize
 
 
 def c2_for(itemsize: int) -> int:
@@ -110,31 +116,57 @@ def pack_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndarray:
     cp = align(c, c2_for(item))
     padded = np.full((k, kh, kw, cp), pad_value, dtype=w.dtype)
     padded[..., :c] = w
-    parts = []
-    for k0 in range(0, k, kg):
-        for c0 in range(0, cp, CHANNEL_GROUP):
-            tile = padded[k0:k0 + kg, :, :, c0:c0 + CHANNEL_GROUP]  # [kg', kh, kw, cg']
-            parts.append(tile.transpose(1, 2, 0, 3).reshape(-1))
+    full = k // kg * kg
+    parts = [_pack_kernel_groups(padded[:full], kg)] if full else []
+    if k > full:
+        parts.append(_pack_kernel_groups(padded[full:], k - full))
     return np.concatenate(parts) if parts else np.zeros(0, w.dtype)
 
 
-def unpack_weights(flat: np.ndarray, kernels: int, kh: int, kw: int, channels: int) -> np.ndarray:
-    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned]."""
+def _pack_kernel_groups(padded: np.ndarray, kg: int) -> np.ndarray:
+    """Kernel groups of `kg` kernels: per group the whole 32-channel tiles, then the
+    partial last channel tile, each [ky][kx][kernel][channel]."""
+    k, kh, kw, cp = padded.shape
+    groups = padded.reshape(k // kg, kg, kh, kw, cp)
+    whole = cp // CHANNEL_GROUP * CHANNEL_GROUP
+    tiles = groups[..., :whole].reshape(k // kg, kg, kh, kw, whole // CHANNEL_GROUP, CHANNEL_GROUP)
+    out = [tiles.transpose(0, 4, 2, 3, 1, 5).reshape(k // kg, -1)]
+    if cp > whole:
+        out.append(groups[..., whole:].transpose(0, 2, 3, 1, 4).reshape(k // kg, -1))
+    return np.concatenate(out, axis=1).reshape(-1)
+
+
+def unpack_weights(flat: np.ndarray, kernels: int, kh: int, kw: int, channels: int,
+                   dtype=None) -> np.ndarray:
+    """Inverse of pack_weights: flat native layout -> [K, KH, KW, C_atom_aligned],
+    as `dtype` (default: flat's), converted in the same pass."""
     item = flat.dtype.itemsize
     kg = kernel_group_for(item)
     cp = align(channels, c2_for(item))
-    out = np.empty((kernels, kh, kw, cp), flat.dtype)
-    pos = 0
-    for k0 in range(0, kernels, kg):
-        kgs = min(kg, kernels - k0)
-        for c0 in range(0, cp, CHANNEL_GROUP):
-            cgs = min(CHANNEL_GROUP, cp - c0)
-            n = kh * kw * kgs * cgs
-            if pos + n > flat.size:
-                raise ValueError(f"weights need more than the {flat.size} elements given")
-            out[k0:k0 + kgs, :, :, c0:c0 + cgs] = flat[pos:pos + n].reshape(kh, kw, kgs, cgs).transpose(2, 0, 1, 3)
-            pos += n
+    need = kernels * kh * kw * cp
+    if flat.size < need:
+        raise ValueError(f"weights need more than the {flat.size} elements given")
+    out = np.empty((kernels, kh, kw, cp), dtype or flat.dtype)
+    full = kernels // kg * kg
+    if full:  # every whole kernel group at once
+        _unpack_kernel_groups(flat[:full * kh * kw * cp], out[:full], kg, kh, kw, cp)
+    if kernels > full:
+        _unpack_kernel_groups(flat[full * kh * kw * cp:need], out[full:], kernels - full, kh, kw, cp)
     return out
+
+
+def _unpack_kernel_groups(part: np.ndarray, out: np.ndarray, kgs: int, kh: int, kw: int, cp: int) -> None:
+    """Kernel groups of `kgs` kernels each: [group][channel group][ky][kx][kernel][channel]
+    with channel groups of 32 and a shorter last one."""
+    groups = out.shape[0] // kgs
+    rows = part.reshape(groups, kgs * kh * kw * cp)
+    whole = cp // CHANNEL_GROUP * CHANNEL_GROUP
+    if whole:
+        a = rows[:, :kgs * kh * kw * whole].reshape(groups, whole // CHANNEL_GROUP, kh, kw, kgs, CHANNEL_GROUP)
+        out[:, :, :, :whole] = a.transpose(0, 4, 2, 3, 1, 5).reshape(groups * kgs, kh, kw, whole)
+    if cp > whole:
+        t = rows[:, kgs * kh * kw * whole:].reshape(groups, kh, kw, kgs, cp - whole)
+        out[:, :, :, whole:] = t.transpose(0, 3, 1, 2, 4).reshape(groups * kgs, kh, kw, cp - whole)
 
 
 def pack_depthwise_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndarray:
@@ -143,8 +175,8 @@ def pack_depthwise_weights(w: np.ndarray, pad_value: int | float = 0) -> np.ndar
     cp = align(c, c2_for(w.dtype.itemsize))
     padded = np.full((kh, kw, cp), pad_value, dtype=w.dtype)
     padded[..., :c] = w
-    parts = [padded[:, :, c0:c0 + DEPTHWISE_CHANNEL_GROUP].reshape(-1)
-             for c0 in range(0, cp, DEPTHWISE_CHANNEL_GROUP)]
+    group = depthwise_group_for(w.dtype.itemsize)
+    parts = [padded[:, :, c0:c0 + group].reshape(-1) for c0 in range(0, cp, group)]
     return np.concatenate(parts)
 
 
@@ -152,8 +184,9 @@ def unpack_depthwise_weights(flat: np.ndarray, kh: int, kw: int, channels: int) 
     cp = align(channels, c2_for(flat.dtype.itemsize))
     out = np.empty((kh, kw, cp), flat.dtype)
     pos = 0
-    for c0 in range(0, cp, DEPTHWISE_CHANNEL_GROUP):
-        cgs = min(DEPTHWISE_CHANNEL_GROUP, cp - c0)
+    group = depthwise_group_for(flat.dtype.itemsize)
+    for c0 in range(0, cp, group):
+        cgs = min(group, cp - c0)
         n = kh * kw * cgs
         out[:, :, c0:c0 + cgs] = flat[pos:pos + n].reshape(kh, kw, cgs)
         pos += n

@@ -43,7 +43,7 @@ def chat_prompt(template: str | None, user: str) -> str:
                                             add_generation_prompt=True, bos_token="")
 
 
-def run_llm(rk: Rkbin, o: LlmRunOptions) -> None:
+def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto") -> None:
     from runtime.llm.engine import LlmEngine
     from runtime.llm.generate import Generator, Sampler
     from runtime.llm.tokenizer import TextStream

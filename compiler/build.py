@@ -1,0 +1,118 @@
+"""`rkc compile`: the build driver. Its body is the table of contents:
+
+  load -> passes -> quantize -> place -> partition -> lower -> memory plan
+  -> assemble -> write (atomically)
+
+Each stage lives in its own module; this file only sequences them and
+reports progress and what was done.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from compiler import lower as lowering
+from compiler.frontend import load_graph
+from compiler.module_builder import ModuleBuilder
+from compiler.partition import partition
+from compiler.passes import run_passes
+from compiler.placement import Placement, place_ops
+from compiler.quantize import quantize
+from ir.errors import UnsupportedError
+from ir.graph import Graph
+from ir.rkbin import write_rkbin
+
+PRECISIONS = ("fp16", "int8")
+
+
+@dataclass
+class BuildOptions:
+    precision: str = "fp16"
+    input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    calib: str | Path | None = None
+    cpu_only: bool = False  # place every op on the CPU (debugging, references)
+    bind: Mapping[str, object] = field(default_factory=dict)  # inputs turned into constants (name -> array)
+
+
+@dataclass
+class BuildReport:
+    source: str
+    output: str
+    precision: str
+    placements: list[Placement]
+    segments: int
+    cpu_steps: int
+    npu_tasks: int
+    conversions: int
+    size: int
+    seconds: float
+    stage_seconds: dict[str, float]
+
+    @property
+    def ops_npu(self) -> int:
+        return sum(p.device == "npu" for p in self.placements)
+
+    @property
+    def ops_cpu(self) -> int:
+        return sum(p.device == "cpu" for p in self.placements)
+
+    def summary(self) -> list[str]:
+        return [
+            f"compiled {self.source} -> {self.output} ({self.precision}) in {self.seconds:.1f} s",
+            f"  ops: {self.ops_npu} on the NPU, {self.ops_cpu} on the CPU",
+            f"  steps: {self.segments} NPU segment(s) with {self.npu_tasks} task(s), {self.cpu_steps} CPU op step(s), "
+            f"{self.conversions} layout conversion(s)",
+            f"  file: {self.size / 1e6:.2f} MB",
+        ]
+
+
+Progress = Callable[[str], None]
+
+
+def build(source: str | Path, output: str | Path, options: BuildOptions,
+          progress: Progress = lambda stage: None) -> BuildReport:
+    if options.precision not in PRECISIONS:
+        raise UnsupportedError(f"--precision {options.precision!r}: choose from {', '.join(PRECISIONS)}")
+    start = time.perf_counter()
+    times: dict[str, float] = {}
+
+    def stage(name: str, fn, *args):
+        progress(name)
+        t = time.perf_counter()
+        result = fn(*args)
+        times[name] = time.perf_counter() - t
+        return result
+
+    graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
+                                                    bind=dict(options.bind)))
+    graph = stage("passes", run_passes, graph)
+    stage("check shapes", require_static, graph)
+    graph = stage("quantize", quantize, graph, options.precision, options.calib)
+    placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only)
+    steps = stage("partition", partition, graph, lambda i: placements[i].device == "npu")
+    builder = ModuleBuilder(metadata={"source": Path(source).name, "precision": options.precision,
+                                      "producer": "rkc", "graph": graph.name})
+    stats = stage("lower", lowering.lower_program, graph, steps, builder, options.precision, groups)
+    module, blobs, _plans = stage("memory plan + assemble", builder.finish)
+    size = stage("write", write_rkbin, output, module, blobs)
+    return BuildReport(str(source), str(output), options.precision, placements,
+                       segments=sum(s.device == "npu" for s in steps), cpu_steps=stats.cpu_steps,
+                       npu_tasks=stats.npu_tasks, conversions=stats.conversions, size=size, seconds=time.perf_counter() - start,
+                       stage_seconds=times)
+
+
+def require_static(graph: Graph) -> None:
+    for name in graph.inputs:
+        t = graph.tensors[name].type
+        if not t.is_static:
+            dims = "x".join(str(d) if isinstance(d, int) else "?" for d in t.shape)
+            raise UnsupportedError(f"input {name!r} has dynamic dimensions [{dims}]: fix them with "
+                                   f"--input-shape {name}=" + "x".join(str(d) if isinstance(d, int) else "N"
+                                                                         for d in t.shape))
+    for name, t in graph.tensors.items():
+        if not t.type.is_static:
+            raise UnsupportedError(f"tensor {name!r} has a dynamic shape {list(t.type.shape)} even with the "
+                                   "inputs fixed (data-dependent shapes are not supported)")

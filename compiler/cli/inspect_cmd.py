@@ -1,0 +1,51 @@
+"""`rkc inspect MODEL.rkbin`: summary, segment graph, per-layer table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from compiler.inspect import layers_csv, render_svg, segment_graph, summary, to_dot
+from ir.rkbin import read_rkbin
+
+
+def _write(path: str, data: str | bytes) -> None:
+    import os
+    import tempfile
+
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--dot", "dot_path", type=click.Path(dir_okay=False), help="Write the segment graph as Graphviz DOT.")
+@click.option("--svg", "svg_path", type=click.Path(dir_okay=False), help="Render the segment graph to SVG (needs `dot`).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
+              help="Write a per-layer table: op, device, MACs, DDR bytes, modelled cycles.")
+@click.option("--program", help="Which program's segment graph (default: the first).")
+def inspect_command(model: str, dot_path: str | None, svg_path: str | None, csv_path: str | None,
+                    program: str | None) -> None:
+    """Summarise MODEL: segments, ops per device, tasks and kicks, weight and
+    activation bytes, modelled NPU time."""
+    rkbin = read_rkbin(model)
+    module = rkbin.module
+    for line in summary(module):
+        click.echo(line)
+    prog = module.program(program) if program else None
+    if dot_path or svg_path:
+        dot = to_dot(segment_graph(module, prog), Path(model).stem)
+        if svg_path:
+            _write(svg_path, render_svg(dot))
+        if dot_path:
+            _write(dot_path, dot)
+    if csv_path:
+        _write(csv_path, layers_csv(module))

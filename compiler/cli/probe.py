@@ -1,0 +1,115 @@
+"""`rkc probe`: test the simulator's hardware assumptions on this board's NPU.
+
+Runs every probe of compiler.probe.programs on the NPU and on the simulator,
+compares the bytes and writes a JSON report a user can share. Without an NPU it
+runs against the emulated kernel and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import click
+
+from compiler.probe import run_probe
+from compiler.probe.programs import PROBES
+from ir.errors import RkcError
+from runtime.devices import rocket_status
+from runtime.sim import SimDevice
+from runtime.sim.quirks import DEFAULT
+
+EMULATED_NOTE = ("no NPU on this machine: the probes ran against the emulated rocket kernel (with the kernel/ "
+                 "chained-submit patch) whose NPU is the simulator, so they check the probe programs and the "
+                 "ioctl path, not the hardware")
+
+
+def _quirks(hypothesis: dict):
+    return dataclasses.replace(DEFAULT, **hypothesis)
+
+
+def _rkc_version() -> str:
+    try:
+        return version("rkc")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@click.command()
+@click.option("-o", "--output", default="rkc-probe.json", show_default=True, type=click.Path(dir_okay=False),
+              help="Where to write the JSON report.")
+@click.option("--only", multiple=True, metavar="NAME", help="Run only these probes (repeatable).")
+@click.option("--list", "list_only", is_flag=True, help="List the probes and exit.")
+@click.option("--root", envvar="RKC_ROOT", default="/", show_default=True, type=click.Path(exists=True, file_okay=False),
+              help="Read /dev and /sys below this directory (env RKC_ROOT).")
+def probe(output: str, only: tuple[str, ...], list_only: bool, root: str) -> None:
+    """Run small programs that each test one hardware assumption of the simulator.
+
+    Each runs on the NPU and on the simulator; the outputs are compared byte
+    for byte and the results written as JSON (share it!).
+    """
+    if list_only:
+        for p in PROBES:
+            click.echo(f"{p.name:13} {p.question or '-':4} {p.assumption}")
+        return
+    unknown = set(only) - {p.name for p in PROBES}
+    if unknown:
+        raise RkcError(f"unknown probe(s) {', '.join(sorted(unknown))} (see rkc probe --list)")
+    selected = [p for p in PROBES if not only or p.name in only]
+
+    from runtime.rocket import RocketDevice
+    from runtime.rocket.board import gather
+    from runtime.rocket.kernel import LinuxKernel
+
+    kernel = LinuxKernel(os.path.join(root, "dev", "accel"))
+    on_npu, why = rocket_status(kernel)
+    if on_npu:
+        def make_npu(hypothesis):
+            return RocketDevice(kernel=kernel, quiet=True)
+        target = f"NPU ({why})"
+    else:
+        from runtime.rocket.emulated import CHAIN_PATCHED, EmulatedKernel
+        from runtime.rocket.sim_executor import SimExecutor
+
+        def make_npu(hypothesis):
+            return RocketDevice(kernel=EmulatedKernel(CHAIN_PATCHED, executor=SimExecutor(_quirks(hypothesis))),
+                                quiet=True)
+        target = "emulated kernel"
+        click.echo(f"rkc probe: {EMULATED_NOTE}", err=True)
+
+    with make_npu({}) as dev:
+        device = dev.describe()
+    results = [run_probe(p, make_npu, lambda h: SimDevice(quirks=_quirks(h))) for p in selected]
+    if not on_npu:
+        for r in results:
+            if r.conclusion:
+                ran = "the program ran through the ioctl path; " if r.status == "agree" else ""
+                r.conclusion = f"emulated run: {ran}says nothing about hardware"
+
+    report = {
+        "schema": "rkc-probe-report/1",
+        "rkc": _rkc_version(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": {"machine": platform.machine(), "kernel": platform.release(), "python": platform.python_version()},
+        "target": target,
+        "note": "" if on_npu else EMULATED_NOTE,
+        "device": device,
+        "board": gather(root, kernel).as_dict() if on_npu else None,
+        "probes": [r.as_dict() for r in results],
+        "summary": {s: sum(r.status == s for r in results) for s in sorted({r.status for r in results})},
+    }
+    tmp = f"{output}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, output)
+
+    click.echo(f"probes on the {target}:")
+    for r in results:
+        click.echo(f"  {r.name:13} {r.question or '-':4} {r.status:12} {r.detail or r.conclusion}")
+    click.echo(f"report: {output} ({', '.join(f'{n} {s}' for s, n in report['summary'].items())})")

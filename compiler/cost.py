@@ -1,0 +1,47 @@
+"""Per-op cost figures for reports: MACs, DDR bytes and modelled NPU cycles
+(at 1 GHz, 3 cores, the sustained DRAM bandwidth of ir/npu/hw.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ir.graph import Graph, Op
+from ir.npu import hw
+
+
+def _numel(shape) -> int:
+    return int(np.prod([d for d in shape if isinstance(d, int)], dtype=np.int64))
+
+
+def tensor_bytes(graph: Graph, name: str) -> int:
+    t = graph.tensors[name].type
+    return _numel(t.shape) * t.dtype.itemsize if t.is_static else 0
+
+
+def op_macs(graph: Graph, op: Op) -> int:
+    out = graph.tensors[op.outputs[0]].type
+    if not out.is_static:
+        return 0
+    if op.type in ("Conv", "ConvInteger", "QLinearConv", "ConvTranspose"):
+        w = graph.tensors[op.inputs[3 if op.type == "QLinearConv" else 1]].type.shape
+        per_output = _numel(w[1:])
+        if op.type == "ConvTranspose":
+            x = graph.tensors[op.inputs[0]].type.shape
+            return _numel(x) * _numel(w[1:])
+        return _numel(out.shape) * per_output
+    if op.type in ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul"):
+        a = graph.tensors[op.inputs[0]].type.shape
+        k = a[0] if op.type == "Gemm" and op.attrs.get("transA") else a[-1]
+        return _numel(out.shape) * int(k)
+    return _numel(out.shape)
+
+
+def op_ddr_bytes(graph: Graph, op: Op) -> int:
+    return sum(tensor_bytes(graph, n) for n in [*op.present_inputs(), *op.outputs])
+
+
+def npu_cycles(macs: int, ddr_bytes: int, precision: str, clock_hz: float = hw.CLOCK_HZ_MAX) -> int:
+    """max(compute, memory) on one core: the roofline of one task."""
+    compute = macs / hw.MACS_PER_CYCLE.get(precision, hw.MACS_PER_CYCLE["fp16"])
+    memory = ddr_bytes / (hw.DRAM_BYTES_PER_S_SUSTAINED / clock_hz)
+    return int(max(compute, memory))

@@ -1,0 +1,198 @@
+"""Lower partitioned steps into the steps of one rkbin program.
+
+* a CPU step runs one kernel (runtime/kernels) on host tensors;
+* an NPU segment becomes one NPU step (compiler/npu_lower.py);
+* a tensor crossing between the two gets an explicit conversion step the
+  first time the other side needs it: host -> NPU (Cast to fp16, or
+  QuantizeLinear to int8, into the NPU native layout) and NPU -> host (Cast /
+  DequantizeLinear back). Tensors flowing from one NPU segment to the next stay
+  on the NPU. NPU tensors live in the scratch region; their lifetimes (first
+  and last step that touch them) feed the memory plan.
+
+Graph-kind agnostic: it reads only the ir.Graph, the partition and the NPU groups.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler import cost
+from compiler.module_builder import ModuleBuilder, quant_dict
+from compiler.npu_lower import NpuGroup, device_dtype, lower_segment, npu_name
+from compiler.partition import Step as PartStep
+from ir.errors import UnsupportedError
+from ir.graph import Graph, PayloadRef
+from ir.program import Step
+from ir.types import DType, PerTensorQuant
+from runtime import native
+
+
+@dataclass
+class LowerStats:
+    cpu_steps: int = 0
+    npu_tasks: int = 0
+    conversions: int = 0
+
+
+def _json_attrs(op) -> dict:
+    for key, value in op.attrs.items():
+        if isinstance(value, PayloadRef):
+            raise UnsupportedError(f"op {op.describe()}: attribute {key} refers to a payload; "
+                                   "the CPU kernel cannot take it")
+    attrs = dict(op.attrs)
+    json.dumps(attrs)  # everything a CPU step carries must be plain data
+    return attrs
+
+
+@dataclass
+class _Lowering:
+    graph: Graph
+    builder: ModuleBuilder
+    precision: str
+    program: str
+    steps: list[Step] = field(default_factory=list)
+    on_host: set[str] = field(default_factory=set)
+    on_npu: dict[str, str] = field(default_factory=dict)  # IR tensor -> layout of its NPU copy
+    stats: LowerStats = field(default_factory=LowerStats)
+
+    # -- host side ----------------------------------------------------------------------
+    def host(self, name: str) -> None:
+        """Make `name` readable on the host: a constant, or a copy back from the NPU."""
+        if not name or name in self.on_host:
+            return
+        t = self.graph.tensors[name]
+        if t.kind == "const":
+            self.builder.host_const(name, self.graph.payloads[t.payload])
+        elif name in self.on_npu:
+            self.builder.host_tensor(name, t.type.shape, t.type.dtype)
+            self.convert_from_npu(name)
+        else:
+            self.builder.host_tensor(name, t.type.shape, t.type.dtype, quant_dict(t.type.quant, self.graph.payloads))
+        self.on_host.add(name)
+
+    def produced_on_host(self, name: str) -> None:
+        t = self.graph.tensors[name]
+        self.builder.host_tensor(name, t.type.shape, t.type.dtype, quant_dict(t.type.quant, self.graph.payloads))
+        self.on_host.add(name)
+
+    # -- NPU side -----------------------------------------------------------------------
+    def npu_tensor(self, name: str, layout: str) -> None:
+        t = self.graph.tensors[name]
+        if not t.type.is_static:
+            raise UnsupportedError(f"tensor {name!r} needs a static shape on the NPU")
+        dtype = DType(device_dtype(self.precision))
+        quant = None
+        if dtype is DType.INT8:
+            q = t.type.quant
+            if not isinstance(q, PerTensorQuant):
+                raise UnsupportedError(f"tensor {name!r} has no int8 scale")
+            quant = {"scale": q.scale, "zero_point": q.zero_point}
+        self.builder.scratch_tensor(self.program, npu_name(name), t.type.shape, dtype, layout,
+                                    native.nbytes(t.type.shape, layout, dtype.itemsize), quant)
+        self.on_npu[name] = layout
+
+    def to_npu(self, name: str, layout: str) -> None:
+        """Make `name` readable on the NPU in `layout` (before the next NPU step)."""
+        if name in self.on_npu:
+            if self.on_npu[name] != layout:
+                raise UnsupportedError(f"tensor {name!r} is read by the NPU in two layouts")
+            return
+        self.host(name)
+        self.npu_tensor(name, layout)
+        target = npu_name(name)
+        if self.precision == "int8":
+            scale, zp = self._qparams(name)
+            self.add(Step(kind="cpu", name=f"to_npu:{name}", op="QuantizeLinear", inputs=[name, scale, zp],
+                          outputs=[target], stats=self._conversion_stats(name)))
+        else:
+            self.add(Step(kind="cpu", name=f"to_npu:{name}", op="Cast", inputs=[name], outputs=[target],
+                          attrs={"to": DType.FP16.value}, stats=self._conversion_stats(name)))
+        self.stats.conversions += 1
+
+    def convert_from_npu(self, name: str) -> None:
+        source = npu_name(name)
+        t = self.graph.tensors[name]
+        if self.precision == "int8":
+            scale, zp = self._qparams(name)
+            self.add(Step(kind="cpu", name=f"from_npu:{name}", op="DequantizeLinear", inputs=[source, scale, zp],
+                          outputs=[name], stats=self._conversion_stats(name)))
+        else:
+            self.add(Step(kind="cpu", name=f"from_npu:{name}", op="Cast", inputs=[source], outputs=[name],
+                          attrs={"to": t.type.dtype.value}, stats=self._conversion_stats(name)))
+        self.stats.conversions += 1
+
+    def _qparams(self, name: str) -> tuple[str, str]:
+        q = self.graph.tensors[name].type.quant
+        scale, zp = f"{npu_name(name)}.scale", f"{npu_name(name)}.zp"
+        if scale not in self.builder.tensors:
+            self.builder.host_const(scale, np.array(q.scale, np.float32))
+            self.builder.host_const(zp, np.array(q.zero_point, np.int8))
+        return scale, zp
+
+    def _conversion_stats(self, name: str) -> dict:
+        return {"conversion": True, "macs": 0, "ddr_bytes": cost.tensor_bytes(self.graph, name)}
+
+    # -- steps --------------------------------------------------------------------------
+    def add(self, step: Step) -> None:
+        index = len(self.steps)
+        self.steps.append(step)
+        for name in [*step.inputs, *step.outputs]:
+            if name and name in self.builder.lifetimes.get(self.program, {}):
+                self.builder.touch(self.program, name, index)
+
+    def cpu_op(self, index: int) -> None:
+        op = self.graph.ops[index]
+        for name in op.present_inputs():
+            self.host(name)
+        for name in op.outputs:
+            self.produced_on_host(name)
+        self.add(Step(kind="cpu", name=op.name or f"{op.type}:{op.outputs[0]}", op=op.type,
+                      inputs=list(op.inputs), outputs=list(op.outputs), attrs=_json_attrs(op),
+                      stats={"op": op.type, "macs": cost.op_macs(self.graph, op),
+                             "ddr_bytes": cost.op_ddr_bytes(self.graph, op)}))
+        self.stats.cpu_steps += 1
+
+    def segment(self, part: PartStep, groups: dict[int, NpuGroup], number: int) -> None:
+        ordered: list[NpuGroup] = []
+        for i in part.ops:
+            g = groups[i]
+            if g.anchor == i:
+                ordered.append(g)
+        produced = {g.output for g in ordered}
+        for g in ordered:
+            for name, layout in g.reads.items():
+                if name not in produced:
+                    self.to_npu(name, layout)
+        for g in ordered:
+            self.npu_tensor(g.output, g.output_layout)
+        lowered = lower_segment(self.graph, ordered, self.builder, f"segment {number}", self.precision)
+        for buffer, end in lowered.extents.items():
+            if buffer in self.builder.tensors and self.builder.tensors[buffer].region == "scratch":
+                self.builder.grow(buffer, end)
+        for name, size in lowered.scratch:
+            self.builder.scratch_tensor(self.program, name, [size], DType.UINT8, "row", size)
+        self.add(lowered.step)
+        for name, _ in lowered.scratch:
+            self.builder.touch(self.program, name, len(self.steps) - 1)
+        self.stats.npu_tasks += lowered.step.stats["tasks"]
+
+
+def lower_program(graph: Graph, steps: list[PartStep], builder: ModuleBuilder, precision: str,
+                  groups: dict[int, NpuGroup] | None = None, program: str = "main") -> LowerStats:
+    work = _Lowering(graph, builder, precision, program)
+    for name in graph.inputs:
+        work.host(name)
+    segments = 0
+    for step in steps:
+        if step.device == "npu":
+            segments += 1
+            work.segment(step, groups or {}, segments)
+        else:
+            work.cpu_op(step.ops[0])
+    for name in graph.outputs:
+        work.host(name)
+    builder.program(program, list(graph.inputs), list(graph.outputs), work.steps)
+    return work.stats

@@ -1,0 +1,177 @@
+"""The rkbin program writer: collects regions, tensors, relocations and
+programs into an ir.program.Module plus its blobs. Graph-kind agnostic; the
+ONNX build and the LLM build both drive it.
+
+Regions it makes (only those that end up non-empty):
+  "weights"  read-only NPU weights, in native layouts (one BO)
+  "host"     constants only CPU steps read (kept in host memory)
+  "regcmd"   every task's register commands (one BO)
+  "scratch"  NPU activations; offsets from the memory plan (one BO)
+Several programs may share all of them: programs never run at the same time,
+so the scratch plan is per program and the region is as large as the largest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.memplan import Buffer, MemoryPlan, plan_memory
+from ir.errors import UnsupportedError
+from ir.npu.regcmd import ENTRY_BYTES
+from ir.program import Job, Module, Program, Region, Relocation, Step, TaskRef, TensorInfo
+from ir.types import DType, Quant
+
+ALIGN = 64  # bytes; every tensor in a region starts at a 64-byte boundary
+
+
+def _align(v: int, a: int = ALIGN) -> int:
+    return -(-v // a) * a
+
+
+@dataclass
+class _Blob:
+    parts: list[np.ndarray] = field(default_factory=list)
+    size: int = 0
+
+    def add(self, data: np.ndarray, align: int = ALIGN) -> int:
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        offset = _align(self.size, align)
+        if offset > self.size:
+            self.parts.append(np.zeros(offset - self.size, np.uint8))
+        self.parts.append(raw)
+        self.size = offset + raw.size
+        return offset
+
+    def bytes(self) -> np.ndarray:
+        return np.concatenate(self.parts) if self.parts else np.zeros(0, np.uint8)
+
+
+def quant_dict(q: Quant | None, payloads: dict[str, np.ndarray] | None = None) -> dict | None:
+    """Quantization parameters as JSON-able data for TensorInfo.quant."""
+    if q is None:
+        return None
+    if hasattr(q, "axis"):
+        p = payloads or {}
+        return {"axis": q.axis, "scale": np.asarray(p.get(q.scale, [])).astype(float).tolist(),
+                "zero_point": np.asarray(p.get(q.zero_point, [])).astype(int).tolist()}
+    if hasattr(q, "scale"):
+        return {"scale": float(q.scale), "zero_point": int(q.zero_point)}
+    return {"block": q.ggml_type}
+
+
+class ModuleBuilder:
+    def __init__(self, metadata: dict | None = None) -> None:
+        self.metadata = dict(metadata or {})
+        self.tensors: dict[str, TensorInfo] = {}
+        self.weights = _Blob()
+        self.host = _Blob()
+        self.regcmd = _Blob()
+        self.relocations: list[Relocation] = []
+        self.programs: list[Program] = []
+        self.lifetimes: dict[str, dict[str, list[int]]] = {}  # program -> scratch tensor -> [first, last] step
+
+    # -- tensors ------------------------------------------------------------------
+    def _info(self, info: TensorInfo) -> TensorInfo:
+        if info.name in self.tensors:
+            raise UnsupportedError(f"tensor {info.name!r} is placed twice")
+        self.tensors[info.name] = info
+        return info
+
+    def host_tensor(self, name: str, shape, dtype: DType, quant: dict | None = None) -> TensorInfo:
+        """A tensor that lives in host memory while a program runs (CPU steps, I/O)."""
+        return self._info(TensorInfo(name, [int(d) for d in shape], dtype.value, quant=quant))
+
+    def host_const(self, name: str, value: np.ndarray) -> TensorInfo:
+        value = np.ascontiguousarray(value)
+        offset = self.host.add(value)
+        return self._info(TensorInfo(name, list(value.shape), DType.from_numpy(value.dtype).value, "row", "host",
+                                     offset, value.nbytes))
+
+    def weight(self, name: str, packed: np.ndarray, shape, dtype: DType, layout: str,
+               quant: dict | None = None) -> TensorInfo:
+        """NPU weights already in their native layout (`packed` holds the bytes)."""
+        offset = self.weights.add(packed)
+        return self._info(TensorInfo(name, [int(d) for d in shape], dtype.value, layout, "weights", offset,
+                                     int(np.asarray(packed).nbytes), quant))
+
+    def scratch_tensor(self, program: str, name: str, shape, dtype: DType, layout: str, nbytes: int,
+                       quant: dict | None = None) -> TensorInfo:
+        """An NPU activation of `program`; `touch` records the steps that use it,
+        and the memory plan gives its offset at finish()."""
+        info = self._info(TensorInfo(name, [int(d) for d in shape], dtype.value, layout, "scratch", 0,
+                                     _align(nbytes, 16), quant))
+        self.lifetimes.setdefault(program, {})[name] = []
+        return info
+
+    def touch(self, program: str, name: str, step: int) -> None:
+        """Step `step` of `program` reads or writes scratch tensor `name`."""
+        span = self.lifetimes[program][name]
+        span[:] = [min(span[0], step), max(span[1], step)] if span else [step, step]
+
+    def grow(self, name: str, nbytes: int) -> None:
+        """The NPU touches `nbytes` of tensor `name` (channel or row padding)."""
+        info = self.tensors[name]
+        info.nbytes = max(info.nbytes, _align(nbytes, 16))
+
+    # -- register commands ----------------------------------------------------------
+    def add_regcmd(self, entries: np.ndarray) -> int:
+        """Append a task's entries (16-byte aligned); returns its first entry index."""
+        offset = self.regcmd.add(np.asarray(entries, dtype="<u8"), align=16)
+        return offset // ENTRY_BYTES
+
+    def relocate(self, entry: int, target: str, offset: int = 0) -> None:
+        """Regcmd entry `entry` (absolute index in the regcmd region) gets the
+        IOVA of `target` + offset, where `target` is a region or a tensor placed
+        in a region (resolved at finish(), once the memory plan is known)."""
+        self.relocations.append(Relocation("regcmd", entry, target, offset))
+
+    def region_of(self, name: str) -> str:
+        """The region a tensor lives in (or `name` itself when it is a region)."""
+        info = self.tensors.get(name)
+        if info is not None and info.region is not None:
+            return info.region
+        if name in ("weights", "host", "regcmd", "scratch"):
+            return name
+        raise UnsupportedError(f"NPU buffer {name!r} was never placed")
+
+    def task(self, entry: int, count: int) -> TaskRef:
+        return TaskRef("regcmd", entry, count)
+
+    # -- programs -------------------------------------------------------------------
+    def program(self, name: str, inputs: list[str], outputs: list[str], steps: list[Step]) -> Program:
+        p = Program(name, inputs, outputs, steps)
+        self.programs.append(p)
+        return p
+
+    def finish(self) -> tuple[Module, dict[str, np.ndarray], dict[str, MemoryPlan]]:
+        plans = {}
+        for program, spans in self.lifetimes.items():
+            unused = [n for n, span in spans.items() if not span]
+            if unused:
+                raise UnsupportedError(f"scratch tensor {unused[0]!r} of program {program!r} is never used")
+            buffers = [Buffer(n, self.tensors[n].nbytes, span[0], span[1]) for n, span in spans.items()]
+            plans[program] = plan_memory(buffers)
+            for name in spans:
+                self.tensors[name].offset = plans[program].offsets[name]
+        for rel in self.relocations:  # symbolic targets -> region + offset
+            info = self.tensors.get(rel.target)
+            if info is not None:
+                rel.target, rel.offset = info.region, info.offset + rel.offset
+        scratch = max((p.size for p in plans.values()), default=0)
+        regions, blobs = [], {}
+        used = {t.region for t in self.tensors.values()}
+        for region, kind, blob in (("weights", "weights", self.weights), ("host", "host", self.host),
+                                   ("regcmd", "regcmd", self.regcmd)):
+            if blob.size or region in used:
+                blobs[region] = blob.bytes()
+                regions.append(Region(region, max(_align(blob.size, 4096), 4096), kind, region))
+        if scratch:
+            regions.append(Region("scratch", _align(scratch, 4096), "scratch"))
+        module = Module(regions, list(self.tensors.values()), self.relocations, self.programs, self.metadata)
+        return module, blobs, plans
+
+
+def npu_job(tasks: list[TaskRef], reads: list[str], writes: list[str], lane: int = 0) -> Job:
+    return Job(tasks, reads, writes, lane)

@@ -1,0 +1,1 @@
+"""Graph-free NPU op emitters: one NPU operation -> chained regcmd tasks (see api.py)."""

@@ -1,0 +1,467 @@
+"""The graph-free NPU op API: one NPU operation and its tensors in, tasks out.
+
+This is the contract the graph compilers (ONNX, GGUF) and the tests build on;
+it knows nothing about graphs. A client describes
+
+* **operands** (`Feature`): a tensor in NPU memory, named by a symbolic buffer
+  (resolved later by relocation), a byte offset, its logical shape and dtype,
+  optional quantization, in the native NC1HWC2 layout of `ir/npu/layout.py`
+  (C2 = 16 bytes / element size). A GEMM operand A[M, K] is the feature
+  C=K, H=gemm_rows(M), W=1 (`Feature.gemm`), and C[M, N] likewise;
+* **constants** as numpy arrays (weights, bias): `emit` packs them into the
+  native layout and returns them as `ConstBuffer`s to place in a weights region;
+* **one operation** (`Gemm`, `Conv2D`, `Elementwise`, `Activation`, `Pool`, or the
+  Mesa-compatible `compiler.npu.mesa.MesaConv`) with an `Epilogue`.
+
+`emit(op)` returns an `EmitResult`: the tasks (regcmd incl. the 4-entry tail,
+relocations, CBUF plan, counters), the jobs (task indices per job, one core
+each; independent jobs spread over the 3 cores), the constant buffers to fill,
+scratch buffers the caller must allocate, and `CpuStep`s for what the NPU
+cannot finish. `assemble(results)` lays the tasks of several ops into one regcmd
+region, links tails within each job, and returns `ir.program` records.
+
+Dtype names are those of `ir.types.DType` ("int8", "fp16", "int32", "fp32").
+8-bit features are signed on the NPU: a uint8 tensor is stored as int8 with
+zero point - 128 (the Mesa-compatible mode does that conversion itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ir.errors import UnsupportedError
+from ir.npu import layout
+
+ITEMSIZE = {"int8": 1, "int16": 2, "fp16": 2, "int32": 4, "fp32": 4}
+NUMPY = {"int8": np.int8, "int16": np.int16, "fp16": np.float16, "int32": np.int32, "fp32": np.float32}
+GEMM_ROW_ALIGN = 4  # GEMM rows are padded to 4: H < 4 single-column maps are broken on
+# silicon (rocket-userspace include/rocket_matmul.h @ e0677862; hw-matmul.md 2.3)
+
+
+def gemm_rows(m: int) -> int:
+    """Rows the NPU reads and writes for a GEMM of M rows (M=1 decode included)."""
+    if m < 1:
+        raise UnsupportedError(f"GEMM needs at least one row, got M={m}")
+    return layout.align(m, GEMM_ROW_ALIGN)
+
+
+# -- operands -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Quant:
+    """Affine quantization: real = scale * (q - zero_point). `scale` is a float
+    (per tensor) or a tuple (per output channel, weights only; zero point 0)."""
+
+    scale: float | tuple[float, ...]
+    zero_point: int = 0
+
+    @property
+    def per_channel(self) -> bool:
+        return isinstance(self.scale, tuple)
+
+    def scales(self, n: int) -> np.ndarray:
+        s = np.asarray(self.scale, dtype=np.float64)
+        return np.broadcast_to(s, (n,)).copy() if s.ndim == 0 else s
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A tensor in NPU memory, native layout [C/C2][H][W][C2] (C2 = 16 B / itemsize).
+
+    `surface_stride` (bytes between channel groups) defaults to the dense H*W*16;
+    a larger one lets a tile address part of a bigger tensor (rows are always
+    dense: line stride W*16)."""
+
+    buffer: str
+    offset: int
+    channels: int
+    height: int
+    width: int
+    dtype: str
+    quant: Quant | None = None
+    surface_stride: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ITEMSIZE:
+            raise UnsupportedError(f"{self.buffer}: NPU tensors are {', '.join(ITEMSIZE)}, not {self.dtype}")
+        if min(self.channels, self.height, self.width) < 1 or self.offset < 0:
+            raise UnsupportedError(f"{self.buffer}: bad feature shape {self.shape} at offset {self.offset}")
+        if self.offset % layout.ATOM_BYTES:
+            raise UnsupportedError(f"{self.buffer}: feature offset {self.offset} is not 16-byte aligned")
+        if self.surface_stride is not None and (
+                self.surface_stride % layout.ATOM_BYTES or self.surface_stride < self.dense_surface_bytes):
+            raise UnsupportedError(f"{self.buffer}: surface stride {self.surface_stride} is below the "
+                                   f"{self.dense_surface_bytes} bytes of one surface or not 16-byte aligned")
+
+    @classmethod
+    def gemm(cls, buffer: str, offset: int, rows: int, cols: int, dtype: str,
+             quant: Quant | None = None) -> "Feature":
+        """GEMM operand [rows, cols] as the feature C=cols, H=gemm_rows(rows), W=1."""
+        return cls(buffer, offset, cols, gemm_rows(rows), 1, dtype, quant)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.channels, self.height, self.width
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def c2(self) -> int:
+        return layout.c2_for(self.itemsize)
+
+    @property
+    def surfaces(self) -> int:
+        return -(-self.channels // self.c2)
+
+    @property
+    def line_bytes(self) -> int:
+        return self.width * layout.ATOM_BYTES
+
+    @property
+    def dense_surface_bytes(self) -> int:
+        return self.height * self.line_bytes
+
+    @property
+    def surface_bytes(self) -> int:
+        return self.surface_stride or self.dense_surface_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes from `offset` to the end of the last element."""
+        return (self.surfaces - 1) * self.surface_bytes + self.dense_surface_bytes
+
+    def view(self, channel0: int = 0, channels: int | None = None,
+             row0: int = 0, rows: int | None = None) -> "Feature":
+        """A sub-tensor: channels [channel0, +channels) and rows [row0, +rows)
+        (channel0 a multiple of C2); strides are those of this tensor."""
+        channels = self.channels - channel0 if channels is None else channels
+        rows = self.height - row0 if rows is None else rows
+        if channel0 % self.c2 or channel0 + channels > self.channels or row0 + rows > self.height:
+            raise UnsupportedError(f"{self.buffer}: view c[{channel0}+{channels}] h[{row0}+{rows}] "
+                                   f"outside {self.shape}")
+        offset = self.offset + channel0 // self.c2 * self.surface_bytes + row0 * self.line_bytes
+        return replace(self, offset=offset, channels=channels, height=rows,
+                       surface_stride=self.surface_bytes)
+
+
+# -- epilogues ------------------------------------------------------------------------
+ELEMENTWISE_OPS = ("add", "mul", "max", "min")
+LUT_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu", "exp", "hardsigmoid", "hardswish")
+ACTIVATIONS = ("relu", "relu6", "clip", *LUT_FUNCTIONS)
+
+
+@dataclass(frozen=True)
+class Residual:
+    """A second tensor combined element by element with the result (add, mul, max, min).
+    It has the output's shape; quantized outputs need its quant."""
+
+    tensor: Feature
+    op: str = "add"
+
+
+@dataclass(frozen=True, eq=False)
+class Epilogue:
+    """What the DPU does to the accumulator before writing it.
+
+    Order: + bias (per output channel) -> residual -> activation -> output
+    conversion (requantization when the output is int8, fp32->fp16 narrowing,
+    raw int32/fp32 otherwise). `bias` is int32 (in units of
+    input_scale*weight_scale) for integer paths, float for fp16 paths.
+    `clip` bounds are in real units (for "clip"; "relu6" implies (0, 6))."""
+
+    bias: np.ndarray | None = None
+    activation: str | None = None
+    clip: tuple[float, float] | None = None
+    residual: Residual | None = None
+
+    def __post_init__(self) -> None:
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            raise UnsupportedError(f"unknown activation {self.activation!r} (have {', '.join(ACTIVATIONS)})")
+        if self.activation == "clip" and self.clip is None:
+            raise UnsupportedError("activation 'clip' needs clip=(lo, hi)")
+        if self.residual is not None and self.residual.op not in ELEMENTWISE_OPS:
+            raise UnsupportedError(f"residual op {self.residual.op!r} is not one of {', '.join(ELEMENTWISE_OPS)}")
+
+    @property
+    def clip_range(self) -> tuple[float, float] | None:
+        return {"relu": (0.0, float("inf")), "relu6": (0.0, 6.0), "clip": self.clip}.get(self.activation or "")
+
+    @property
+    def lut(self) -> str | None:
+        return self.activation if self.activation in LUT_FUNCTIONS else None
+
+
+NO_EPILOGUE = Epilogue()
+
+
+# -- operations -----------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Gemm:
+    """C[M, N] = A[M, K] x B[K, N] as a 1x1 convolution.
+
+    int8 x int8 -> int32 (raw), int8 (requantized: `c.quant` set), fp32 (exact
+    cast of the int32 sum); fp16 x fp16 -> fp32 or fp16. `b` is the constant
+    [K, N] matrix (int8 with `b_quant`, or float16)."""
+
+    a: Feature
+    b: np.ndarray
+    c: Feature
+    m: int
+    b_quant: Quant | None = None
+    epilogue: Epilogue = NO_EPILOGUE
+    name: str = "gemm"
+
+    @property
+    def k(self) -> int:
+        return self.b.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.b.shape[1]
+
+
+@dataclass(frozen=True, eq=False)
+class Conv2D:
+    """Direct or depthwise 2-D convolution on NC1HWC2 features.
+
+    `weights` is [O, KH, KW, I] (TFLite OHWI) for a direct conv and [KH, KW, C]
+    for depthwise (channel multiplier 1). `padding` = (top, bottom, left, right),
+    `stride` = (y, x)."""
+
+    input: Feature
+    weights: np.ndarray
+    output: Feature
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+    depthwise: bool = False
+    weight_quant: Quant | None = None
+    epilogue: Epilogue = NO_EPILOGUE
+    name: str = "conv"
+
+    @property
+    def kernel(self) -> tuple[int, int]:
+        return tuple(self.weights.shape[:2]) if self.depthwise else tuple(self.weights.shape[1:3])
+
+    def output_hw(self) -> tuple[int, int]:
+        (kh, kw), (sy, sx), (pt, pb, pl, pr) = self.kernel, self.stride, self.padding
+        return ((self.input.height + pt + pb - kh) // sy + 1, (self.input.width + pl + pr - kw) // sx + 1)
+
+
+@dataclass(frozen=True, eq=False)
+class Elementwise:
+    """out = a OP b for two tensors of one shape (standalone DPU "flying" task)."""
+
+    a: Feature
+    b: Feature
+    out: Feature
+    op: str = "add"
+    name: str = "eltwise"
+
+
+@dataclass(frozen=True, eq=False)
+class Activation:
+    """out = f(x) through the DPU lookup table (standalone flying task), fp16."""
+
+    input: Feature
+    output: Feature
+    function: str = "sigmoid"
+    name: str = "act"
+
+
+@dataclass(frozen=True, eq=False)
+class Pool:
+    """Max or average pooling on the PPU. `kernel=None` means global pooling."""
+
+    input: Feature
+    output: Feature
+    method: str = "max"
+    kernel: tuple[int, int] | None = None
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+    name: str = "pool"
+
+
+# -- results --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reloc:
+    """Regcmd entry `entry` of a task carries the address of `buffer` + `offset`."""
+
+    entry: int
+    buffer: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class CbufPlan:
+    """How a task uses the 12 x 32 KiB convolution buffer of its core."""
+
+    data_banks: int
+    weight_banks: int
+    data_bytes: int = 0  # feature bytes the task holds in its data banks
+    weight_bytes: int = 0  # weight bytes of the task
+    weights_resident: bool = True  # all weights fit the weight banks (else streamed)
+    data_reuse: bool = False  # feature left in CBUF by the previous task on this core
+    weight_reuse: bool = False  # weights left in CBUF by the previous task on this core
+
+    @property
+    def banks(self) -> int:
+        return self.data_banks + self.weight_banks
+
+
+@dataclass
+class Counters:
+    """What a task costs: multiply-accumulates and DDR bytes per DMA engine."""
+
+    macs: int = 0
+    dma_read: dict[str, int] = field(default_factory=dict)
+    dma_write: dict[str, int] = field(default_factory=dict)
+    mac_dtype: str = "int8"
+
+    @property
+    def ddr_bytes(self) -> int:
+        return sum(self.dma_read.values()) + sum(self.dma_write.values())
+
+    def add(self, other: "Counters") -> None:
+        self.macs += other.macs
+        for mine, theirs in ((self.dma_read, other.dma_read), (self.dma_write, other.dma_write)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+
+
+@dataclass
+class Task:
+    regcmd: np.ndarray  # uint64 entries, the 4-entry tail included
+    relocations: list[Reloc]
+    cbuf: CbufPlan | None
+    counters: Counters
+    label: str = ""
+    touches: list[tuple[str, int, int]] = field(default_factory=list)  # (buffer, start, end) bytes read/written
+
+    @property
+    def count(self) -> int:
+        return len(self.regcmd)
+
+
+@dataclass
+class JobPlan:
+    """Tasks (indices into EmitResult.tasks) that run in order on one core."""
+
+    tasks: list[int]
+    lane: int = 0
+    reads: list[str] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, eq=False)
+class ConstBuffer:
+    """Bytes to place in a read-only region under `name` (weights, bias, tables)."""
+
+    name: str
+    data: bytes
+    align: int = 64
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """An NPU buffer the caller must allocate (contents undefined between ops)."""
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True, eq=False)
+class CpuStep:
+    """Work the NPU cannot finish, to run on the CPU after `after` (job indices).
+
+    kind "sum_partials": output = finish(sum of the int32 `inputs`), where finish
+    applies `epilogue` (bias, requantization to `output.quant`, clip); see
+    compiler.npu.cpu_finish.run_cpu_step for the exact arithmetic."""
+
+    kind: str
+    inputs: tuple[Feature, ...]
+    output: Feature
+    epilogue: Epilogue = NO_EPILOGUE
+    params: Mapping[str, object] = field(default_factory=dict)
+    after: tuple[int, ...] = ()
+    reason: str = ""
+
+
+@dataclass
+class EmitResult:
+    op: object
+    tasks: list[Task]
+    jobs: list[JobPlan]
+    constants: list[ConstBuffer] = field(default_factory=list)
+    scratch: list[Scratch] = field(default_factory=list)
+    cpu: list[CpuStep] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # tiling decisions, for `rkc inspect`
+
+    @property
+    def counters(self) -> Counters:
+        total = Counters()
+        for t in self.tasks:
+            total.add(t.counters)
+        return total
+
+    def extents(self) -> dict[str, int]:
+        """Bytes each buffer must have (from its start) for this op's tasks: what
+        they read and write, including channels written past the logical end."""
+        out: dict[str, int] = {}
+        for t in self.tasks:
+            for buf, _, end in t.touches:
+                out[buf] = max(out.get(buf, 0), end)
+        for c in self.constants:
+            out[c.name] = max(out.get(c.name, 0), len(c.data))
+        for s in self.scratch:
+            out[s.name] = max(out.get(s.name, 0), s.size)
+        for step in self.cpu:
+            for f in (*step.inputs, step.output):
+                out[f.buffer] = max(out.get(f.buffer, 0), f.offset + f.nbytes)
+        return out
+
+    @property
+    def kicks_stock(self) -> int:
+        """Kicks under stock rocket: one per task."""
+        return len(self.tasks)
+
+    @property
+    def kicks_chained(self) -> int:
+        """Kicks with hardware chaining: one per job."""
+        return len(self.jobs)
+
+
+@dataclass(frozen=True)
+class EmitOptions:
+    """Knobs of the emitter (defaults are rkc's choices; see docs/npu-emitters.md)."""
+
+    cores: int = 3
+    n_tile_max: int = 4096  # output channels per task (13-bit fields end at 8192; stay off the edge)
+    k_tile_max: int = 8192  # input channels per task (Rockchip's matmul API splits B above 8192)
+    allow_cpu_finish: bool = True  # int8 K splits: sum partials on the CPU (else raise)
+    # Stock rocket completes a task only on the DPU interrupt, so a PPU-only pooling
+    # task never finishes there; set this on a kernel that completes PPU tasks.
+    # Without it average pooling runs as a depthwise convolution and max pooling
+    # is refused.
+    ppu_completes: bool = False
+
+
+DEFAULT_OPTIONS = EmitOptions()
+
+
+def emit(op: object, options: EmitOptions = DEFAULT_OPTIONS) -> EmitResult:
+    """Lower one NPU operation to tasks, jobs and constant buffers."""
+    from compiler.npu.lowering import lower  # the dispatch table lives with the lowerings
+
+    return lower(op, options)
+
+
+def assemble(results: Sequence[EmitResult], region: str = "regcmd", align: int = 64,
+             merge_jobs: bool = False):
+    """Lay several ops' tasks into one regcmd region; see compiler.npu.assemble."""
+    from compiler.npu.assemble import assemble as _assemble
+
+    return _assemble(results, region=region, align=align, merge_jobs=merge_jobs)

@@ -1,0 +1,246 @@
+"""Direct and depthwise 2-D convolution on NC1HWC2 features (rkc's own mode).
+
+Tiling (docs/npu-emitters.md "Convolution tiling"):
+* output channels in tiles of at most `n_tile_max` (whole kernel groups; a
+  depthwise tile is a multiple of the 64-byte weight channel group);
+* output rows in tiles whose input rows (halo included) fit the data banks; the
+  weights stay resident in the remaining banks when they fit (then consecutive
+  row tiles on a core set WEIGHT_REUSE), else they stream through them;
+* when that leaves fewer tiles than cores, rows are cut further so every core
+  has work; each core runs a contiguous range of tiles as one job.
+Padding: top/left go to CNA_PAD_CON0 of the first row / every tile; bottom and
+right follow from the output size (the CNA pads with PAD_VALUE past the edge).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.npu import api, epilogue, formats, schedule
+from compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
+from compiler.npu.schedule import Work, pad_constants
+from ir.errors import UnsupportedError
+from ir.npu import hw, layout
+
+from compiler.npu.conv_core import MIN_INPUT_ROWS
+
+DW_GROUP_BYTES = layout.DEPTHWISE_GROUP_BYTES
+
+
+def _check(op: api.Conv2D) -> str:
+    f, o = op.input, op.output
+    dtype = f.dtype
+    if dtype not in ("int8", "fp16"):
+        raise UnsupportedError(f"{op.name}: convolution inputs are int8 or fp16, not {dtype}")
+    want = np.int8 if dtype == "int8" else np.float16
+    if op.weights.dtype != want:
+        raise UnsupportedError(f"{op.name}: weights are {op.weights.dtype}, expected {np.dtype(want)}")
+    if op.depthwise:
+        if op.weights.ndim != 3 or op.weights.shape[2] != f.channels:
+            raise UnsupportedError(f"{op.name}: depthwise weights must be [KH, KW, {f.channels}]")
+        if o.channels != f.channels:
+            raise UnsupportedError(f"{op.name}: depthwise keeps the channel count ({f.channels} -> {o.channels})")
+    elif op.weights.ndim != 4 or op.weights.shape[3] != f.channels or op.weights.shape[0] != o.channels:
+        raise UnsupportedError(f"{op.name}: weights must be [{o.channels}, KH, KW, {f.channels}], "
+                               f"got {list(op.weights.shape)}")
+    oh, ow = op.output_hw()
+    if (o.height, o.width) != (oh, ow) or oh < 1 or ow < 1:
+        raise UnsupportedError(f"{op.name}: output is {o.height}x{o.width}, the convolution gives {oh}x{ow}")
+    if min(op.stride) < 1 or min(op.padding) < 0:
+        raise UnsupportedError(f"{op.name}: bad stride {op.stride} or padding {op.padding}")
+    formats.check(max(op.kernel), formats.KERNEL_SIZE_MAX, f"{op.name}: kernel size")
+    (kh, kw), (pt, pb, pl, pr) = op.kernel, op.padding
+    formats.check(max(op.padding), formats.PAD_MAX, f"{op.name}: padding")
+    if max(pt, pb) >= kh or max(pl, pr) >= kw:
+        raise UnsupportedError(f"{op.name}: padding {op.padding} reaches a whole kernel ({kh}x{kw}) past the "
+                               f"map; the CNA pads less than a kernel (pad the tensor instead)")
+    formats.check(max(op.stride), formats.STRIDE_MAX, f"{op.name}: stride")
+    if f.height < MIN_INPUT_ROWS:
+        raise UnsupportedError(f"{op.name}: the input has {f.height} rows; the NPU needs at least "
+                               f"{MIN_INPUT_ROWS} (maps of fewer rows compute wrongly on hardware)")
+    return dtype
+
+
+def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
+    dtype = _check(op)
+    f, o = op.input, op.output
+    item = api.ITEMSIZE[dtype]
+    kh, kw = op.kernel
+    sy, sx = op.stride
+    pt, pb, pl, pr = op.padding
+    formats.check(pl, formats.PAD_MAX, f"{op.name}: left padding")
+    formats.check(pt, formats.PAD_MAX, f"{op.name}: top padding")
+    c_hw = layout.align(f.channels, f.c2)
+    kg = kernel_group(dtype)
+    dw = op.depthwise
+    per_kernel = kh * kw * c_hw * item
+    if not dw and per_kernel > hw.CBUF_BANK_BYTES:
+        raise UnsupportedError(f"{op.name}: a {kh}x{kw}x{f.channels} kernel is {per_kernel} bytes, more than a "
+                               f"CBUF bank; lower it as K-split GEMMs")
+
+    wq = op.weight_quant
+    zp_w = wq.zero_point if wq is not None else 0
+    w64 = op.weights.astype(np.int64) - zp_w if dtype == "int8" else None
+    if dw:
+        weight_sums = w64.sum(axis=(0, 1)) if w64 is not None else np.zeros(f.channels)
+    else:
+        weight_sums = w64.sum(axis=(1, 2, 3)) if w64 is not None else np.zeros(o.channels)
+    plan = epilogue.plan(epilogue.DpuRequest(dtype, o, o.channels, f.quant, wq, weight_sums, op.epilogue,
+                                             depthwise=dw))
+    packed = _pack(op, dtype, kg, zp_w)
+    consts = [api.ConstBuffer(f"{op.name}.weights", packed)]
+    if plan.bs_data is not None:
+        consts.append(api.ConstBuffer(f"{op.name}.bs", plan.bs_bytes()))
+
+    # channel tiles: at most n_tile_max, and one range per core when the weights
+    # outweigh the input (each core then streams only its share of the weights and
+    # re-reads the smaller input, instead of every core streaming all weights)
+    group = DW_GROUP_BYTES // item if dw else kg
+    parts = -(-o.channels // options.n_tile_max)
+    weight_total = len(packed)
+    input_total = f.surfaces * f.dense_surface_bytes
+    if weight_total > input_total:
+        parts = max(parts, min(options.cores, -(-o.channels // group)))
+    c_tiles = schedule.split_evenly(o.channels, parts, group)
+    tile_weight_bytes = max(_tile_weight_bytes(op, dtype, kg, ct) for _, ct in c_tiles)
+    slack = schedule.FEATURE_SLACK_BANKS[dtype]
+
+    def row_bytes(c_count: int) -> int:
+        return cbuf_row_bytes(f.width, -(-c_count // f.c2))
+
+    max_c = max(ct for _, ct in c_tiles) if dw else f.channels
+    rb = row_bytes(max_c)
+    full_in = f.height * rb
+    w_banks_needed = schedule.banks_for(tile_weight_bytes)
+    resident_data_banks = hw.CBUF_BANKS - w_banks_needed
+    if schedule.banks_for(full_in) + slack <= resident_data_banks:
+        d_banks = schedule.banks_for(full_in) + slack
+    elif resident_data_banks - slack >= 1 and (resident_data_banks - slack) * hw.CBUF_BANK_BYTES >= \
+            (kh + sy) * rb:
+        d_banks = resident_data_banks  # weights resident, rows split
+    else:
+        # weights stream through the weight banks one kernel group at a time
+        streamed_kernels = 1 if dw else kg
+        d_banks = hw.CBUF_BANKS - schedule.banks_for(streamed_kernels * per_kernel)
+    w_banks = hw.CBUF_BANKS - d_banks
+    data_cap = (d_banks - slack) * hw.CBUF_BANK_BYTES
+    max_in_rows = min(data_cap // rb, formats.CNA_SIZE_MAX)
+    if max_in_rows < kh:
+        raise UnsupportedError(f"{op.name}: {kh} input rows of {rb} bytes do not fit CBUF")
+    rows_per_tile = min(o.height, (max_in_rows - kh) // sy + 1)
+    n_row_tiles = -(-o.height // rows_per_tile)
+    if n_row_tiles * len(c_tiles) < options.cores and o.height >= 2 * options.cores:
+        n_row_tiles = options.cores
+    r_tiles = schedule.split_evenly(o.height, n_row_tiles, 1)
+    while len(r_tiles) > 1 and min(_input_rows(op, r0, rt)[2] for r0, rt in r_tiles) < MIN_INPUT_ROWS:
+        r_tiles = schedule.split_evenly(o.height, len(r_tiles) - 1, 1)
+    if max(_input_rows(op, r0, rt)[2] for r0, rt in r_tiles) > max_in_rows:
+        raise UnsupportedError(f"{op.name}: no row split keeps {MIN_INPUT_ROWS}+ input rows per task in CBUF")
+
+    works = []
+    total = len(c_tiles) * len(r_tiles)
+    idx = 0
+    by_channels = len(c_tiles) >= options.cores or len(r_tiles) == 1
+    for ci, (c0, ct) in enumerate(c_tiles):
+        for ri, (r0, rt) in enumerate(r_tiles):
+            lane = schedule.lane_of(ci if by_channels else idx, len(c_tiles) if by_channels else total,
+                                    options.cores)
+            idx += 1
+            works.append(_work(op, dtype, plan, (c0, ct, ci), (r0, rt, ri), lane, d_banks, w_banks, kg))
+    tasks, jobs = schedule.schedule(works)
+    consts = pad_constants(consts, tasks)
+    notes = [f"conv {kh}x{kw}/{sy}x{sx} {f.shape}->{o.shape} {dtype}: {len(r_tiles)} row x {len(c_tiles)} "
+             f"channel tiles on {len(jobs)} core(s); CBUF {d_banks} data + {w_banks} weight banks, weights "
+             f"{'resident' if tile_weight_bytes <= w_banks * hw.CBUF_BANK_BYTES else 'streamed'}"]
+    return api.EmitResult(op, tasks, jobs, consts, notes=notes)
+
+
+def _tile_weight_bytes(op, dtype, kg, ct) -> int:
+    kh, kw = op.kernel
+    item = api.ITEMSIZE[dtype]
+    if op.depthwise:
+        return kh * kw * layout.align(ct, op.input.c2) * item
+    return layout.align(ct, kg) * kh * kw * layout.align(op.input.channels, op.input.c2) * item
+
+
+def _pack(op: api.Conv2D, dtype: str, kg: int, zp_w: int) -> bytes:
+    if op.depthwise:
+        return layout.pack_depthwise_weights(op.weights, pad_value=zp_w).tobytes()
+    o, kh, kw, c = op.weights.shape
+    grid = np.full((layout.align(o, kg), kh, kw, c), zp_w, op.weights.dtype)
+    grid[:o] = op.weights
+    return layout.pack_weights(grid, pad_value=zp_w).tobytes()
+
+
+def _work(op: api.Conv2D, dtype, plan, ctile, rtile, lane, d_banks, w_banks, kg) -> Work:
+    (c0, ct, ci), (r0, rt, ri) = ctile, rtile
+    f, o = op.input, op.output
+    kh, kw = op.kernel
+    sy, sx = op.stride
+    pt, pb, pl, pr = op.padding
+    item = api.ITEMSIZE[dtype]
+    pad_top, a, rows = _input_rows(op, r0, rt)
+    if rows < MIN_INPUT_ROWS:
+        raise UnsupportedError(f"{op.name}: output rows {r0}..{r0 + rt - 1} read {rows} input rows, fewer than "
+                               f"{MIN_INPUT_ROWS}")
+    b = a + rows - 1
+    dw = op.depthwise
+    in_view = f.view(channel0=c0 if dw else 0, channels=ct if dw else f.channels, row0=a, rows=b - a + 1)
+    out_view = o.view(channel0=c0, channels=ct, row0=r0, rows=rt)
+    c_hw = layout.align(f.channels, f.c2)
+    if dw:
+        kernels = 1
+        group = DW_GROUP_BYTES // item
+        w_offset = c0 // group * kh * kw * group * item
+        out_hw = _dw_channels(dtype, ct)
+        w_bytes = kh * kw * layout.align(ct, f.c2) * item
+    else:
+        kernels = layout.align(ct, kg)
+        w_offset = c0 * kh * kw * c_hw * item
+        out_hw = kernels
+        w_bytes = kernels * kh * kw * c_hw * item
+    residual = None
+    if plan.residual is not None:
+        residual = plan.residual.tensor.view(channel0=c0, channels=ct, row0=r0, rows=rt)
+    cbuf = api.CbufPlan(d_banks, w_banks, data_bytes=in_view.surfaces * in_view.dense_surface_bytes,
+                        weight_bytes=w_bytes, weights_resident=w_bytes <= w_banks * hw.CBUF_BANK_BYTES)
+    pad_value = f.quant.zero_point if (f.quant is not None and dtype == "int8") else 0
+    tile = ConvTile(input=in_view, output=out_view, weights_buffer=f"{op.name}.weights", weights_offset=w_offset,
+                    kernels=kernels, out_channels_hw=out_hw, kernel=(kh, kw), stride=(sy, sx), pad=(pad_top, pl),
+                    pad_value=pad_value, depthwise=dw, dpu=plan, cbuf=cbuf, channel0=c0,
+                    bs_buffer=f"{op.name}.bs", residual=residual,
+                    residual_rows=plan.residual.tensor.height if plan.residual is not None else 0,
+                    label=f"{op.name} rows{r0}+{rt} ch{c0}+{ct}")
+    reads = [f.buffer, f"{op.name}.weights"] + ([residual.buffer] if residual is not None else [])
+    data_key = ("in", ri, ci if dw else 0)
+    return Work(lane, data_key, ("w", ci), cbuf, lambda cb, t=tile: tile_task(_with(t, cb)), tuple(reads),
+                (o.buffer,))
+
+
+def _input_rows(op: api.Conv2D, r0: int, rt: int) -> tuple[int, int, int]:
+    """(pad_top, first input row, input rows) of output rows [r0, r0+rt): the rows the
+    windows touch, extended downwards to at least MIN_INPUT_ROWS where the map allows
+    (the extra rows are read, not used)."""
+    kh, sy, pt = op.kernel[0], op.stride[0], op.padding[0]
+    first = r0 * sy - pt
+    last = min(op.input.height - 1, (r0 + rt - 1) * sy - pt + kh - 1)
+    a = max(0, first)
+    last = max(last, min(op.input.height - 1, a + MIN_INPUT_ROWS - 1))
+    return max(0, -first), a, last - a + 1
+
+
+def _dw_channels(dtype: str, c: int) -> int:
+    """CORE/DPU channel count of a depthwise task: Mesa's rule for int8 (align 32,
+    doubled up to 32 channels, align 64: rkt_task.c), the channel count itself for
+    fp16 (rocket-userspace gen_conv2d_dw_fp16, channels a multiple of 32)."""
+    if dtype == "fp16":
+        return c
+    n = layout.align(max(c, 32), 32)
+    if c <= 32:
+        n *= 2
+    return layout.align(n, 64)
+
+
+def _with(tile: ConvTile, cbuf: api.CbufPlan) -> ConvTile:
+    tile.cbuf = cbuf
+    return tile

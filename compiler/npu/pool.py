@@ -1,0 +1,160 @@
+"""Max / average pooling on the PPU (the NVDLA PDP analogue), fp16.
+
+rocket-userspace's HW-validated gen_pool_fp16 program (src/npu_regcmd.c
+@ e0677862; rockchip-npu-notes encodings/ppu-pooling.md): PPU_RDMA reads the
+NC1HWC2 input, the PPU reduces each window per channel and writes the output;
+geometry fields hold value - 1, pads are counts, strides are bytes; an average
+multiplies the window sum by fp16(65536 / k) per axis (so it divides by kh * kw,
+padding included); a padded max fills with fp16 -inf. Windows and strides are
+at most 16, pads at most 7 (4- and 3-bit fields). A global pooling larger than
+16 x 16 runs as successive poolings whose windows tile the map exactly.
+
+Stock rocket completes a task only on the DPU interrupt (rocket_job.c), which a
+PPU-only task never raises; unless `EmitOptions.ppu_completes` says the kernel
+handles it, average pooling is lowered as a depthwise convolution with every
+weight 1 (the DPU divides: fp16 multiplies by 1/(kh*kw), int8 requantizes by
+in_scale/(kh*kw*out_scale)), and max pooling is refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.npu import api, formats
+from compiler.npu.regfile import PPU_BLOCKS, PPU_ORDER, S_POINTER_FIELDS, RegisterFile, build
+from ir.errors import UnsupportedError
+
+WINDOW_MAX = 16  # 4-bit (value - 1) kernel and stride fields
+PAD_MAX = 7  # 3-bit pad counts
+METHOD = {"avg": 0, "max": 1}  # PPU_OPERATION_MODE_CFG.POOLING_METHOD
+NEG_INF_FP16 = 0xFC00
+PPU_BURST_LEN = 3
+
+
+def _factors(n: int) -> list[int]:
+    """n as a product of factors <= WINDOW_MAX (largest first), or raise."""
+    out = []
+    while n > WINDOW_MAX:
+        f = next((d for d in range(WINDOW_MAX, 1, -1) if n % d == 0), None)
+        if f is None:
+            raise UnsupportedError(f"global pooling over {n} rows/columns: no exact split into windows of "
+                                   f"at most {WINDOW_MAX}")
+        out.append(f)
+        n //= f
+    return out + [n]
+
+
+def recip_fp16(k: int) -> int:
+    if k < 2:
+        return 0  # 65536 overflows fp16; a 1-wide window needs no division on this axis
+    return int(np.array(65536.0 / k, np.float16).view(np.uint16))
+
+
+def _stages(op: api.Pool) -> list[tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]]:
+    f = op.input
+    if op.kernel is None:
+        hs, ws = _factors(f.height), _factors(f.width)
+        n = max(len(hs), len(ws))
+        hs += [1] * (n - len(hs))
+        ws += [1] * (n - len(ws))
+        return [((kh, kw), (kh, kw), (0, 0, 0, 0)) for kh, kw in zip(hs, ws)]
+    return [(op.kernel, op.stride, op.padding)]
+
+
+def lower_pool(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
+    f, o = op.input, op.output
+    if op.method not in METHOD:
+        raise UnsupportedError(f"{op.name}: pooling method {op.method!r} (max or avg)")
+    if not options.ppu_completes:
+        if op.method == "avg":
+            return _avg_as_depthwise(op, options)
+        raise UnsupportedError(f"{op.name}: max pooling runs on the PPU, whose tasks stock rocket never sees "
+                               f"complete (EmitOptions.ppu_completes=True on a kernel that handles it)")
+    if f.dtype != "fp16" or o.dtype != "fp16":
+        raise UnsupportedError(f"{op.name}: the PPU pools fp16 tensors (int8 reads back wrongly)")
+    stages = _stages(op)
+    tasks, scratch, cur = [], [], f
+    for i, (kernel, stride, pad) in enumerate(stages):
+        (kh, kw), (sy, sx), (pt, pb, pl, pr) = kernel, stride, pad
+        for v, lim, what in ((kh, WINDOW_MAX, "window"), (kw, WINDOW_MAX, "window"), (sy, WINDOW_MAX, "stride"),
+                             (sx, WINDOW_MAX, "stride"), (max(pad), PAD_MAX, "padding")):
+            formats.check(v, lim, f"{op.name}: pooling {what}")
+        oh, ow = (cur.height + pt + pb - kh) // sy + 1, (cur.width + pl + pr - kw) // sx + 1
+        if i == len(stages) - 1:
+            dst = o
+            if (o.channels, o.height, o.width) != (cur.channels, oh, ow):
+                raise UnsupportedError(f"{op.name}: output {o.shape}, pooling gives {(cur.channels, oh, ow)}")
+        else:
+            dst = api.Feature(f"{op.name}.stage{i}", 0, cur.channels, oh, ow, "fp16")
+            scratch.append(api.Scratch(dst.buffer, dst.nbytes))
+        for n, lim in ((cur.width, formats.CUBE_MAX), (cur.height, formats.CUBE_MAX), (cur.channels, formats.CUBE_MAX)):
+            formats.check(n - 1, lim - 1, f"{op.name}: pooling cube size")
+        tasks.append(_task(op, cur, dst, kernel, stride, pad, i))
+        cur = dst
+    jobs = [api.JobPlan(list(range(len(tasks))), 0, [f.buffer], [o.buffer] + [s.name for s in scratch])]
+    notes = [f"{op.method} pool {f.shape}->{o.shape}: {len(tasks)} PPU task(s)"]
+    return api.EmitResult(op, tasks, jobs, scratch=scratch, notes=notes)
+
+
+def _task(op, f: api.Feature, o: api.Feature, kernel, stride, pad, i) -> api.Task:
+    (kh, kw), (sy, sx), (pt, pb, pl, pr) = kernel, stride, pad
+    r = RegisterFile()
+    r.set("PPU_S_POINTER", **S_POINTER_FIELDS)
+    r.set("PPU_RDMA_RDMA_S_POINTER", **S_POINTER_FIELDS)
+    r.set("PPU_DATA_CUBE_IN_WIDTH", CUBE_IN_WIDTH=f.width - 1)
+    r.set("PPU_DATA_CUBE_IN_HEIGHT", CUBE_IN_HEIGHT=f.height - 1)
+    r.set("PPU_DATA_CUBE_IN_CHANNEL", CUBE_IN_CHANNEL=f.channels - 1)
+    r.set("PPU_DATA_CUBE_OUT_WIDTH", CUBE_OUT_WIDTH=o.width - 1)
+    r.set("PPU_DATA_CUBE_OUT_HEIGHT", CUBE_OUT_HEIGHT=o.height - 1)
+    r.set("PPU_DATA_CUBE_OUT_CHANNEL", CUBE_OUT_CHANNEL=o.channels - 1)
+    r.set("PPU_OPERATION_MODE_CFG", FLYING_MODE=1, POOLING_METHOD=METHOD[op.method])
+    r.set("PPU_POOLING_KERNEL_CFG", KERNEL_WIDTH=kw - 1, KERNEL_HEIGHT=kh - 1, KERNEL_STRIDE_WIDTH=sx - 1,
+          KERNEL_STRIDE_HEIGHT=sy - 1)
+    if op.method == "avg":
+        r.set("PPU_RECIP_KERNEL_WIDTH", RECIP_KERNEL_WIDTH=recip_fp16(kw))
+        r.set("PPU_RECIP_KERNEL_HEIGHT", RECIP_KERNEL_HEIGHT=recip_fp16(kh))
+    r.set("PPU_POOLING_PADDING_CFG", PAD_LEFT=pl, PAD_TOP=pt, PAD_RIGHT=pr, PAD_BOTTOM=pb)
+    if op.method == "max" and any(pad):
+        r.set("PPU_PADDING_VALUE_1_CFG", PAD_VALUE_0=NEG_INF_FP16)
+    r.address("PPU_DST_BASE_ADDR", o.buffer, o.offset)
+    r.set("PPU_DST_SURF_STRIDE", DST_SURF_STRIDE=o.surface_bytes // 16)
+    r.set("PPU_DATA_FORMAT", INDEX_ADD=o.surface_bytes // 16, PROC_PRECISION=formats.PRECISION["fp16"])
+    r.set("PPU_MISC_CTRL", BURST_LEN=PPU_BURST_LEN)
+    r.set("PPU_RDMA_RDMA_CUBE_IN_WIDTH", CUBE_IN_WIDTH=f.width - 1)
+    r.set("PPU_RDMA_RDMA_CUBE_IN_HEIGHT", CUBE_IN_HEIGHT=f.height - 1)
+    r.set("PPU_RDMA_RDMA_CUBE_IN_CHANNEL", CUBE_IN_CHANNEL=f.channels - 1)
+    r.address("PPU_RDMA_RDMA_SRC_BASE_ADDR", f.buffer, f.offset)
+    r.set("PPU_RDMA_RDMA_SRC_LINE_STRIDE", SRC_LINE_STRIDE=f.line_bytes // 16)
+    r.set("PPU_RDMA_RDMA_SRC_SURF_STRIDE", SRC_SURF_STRIDE=f.surface_bytes // 16)
+    r.set("PPU_RDMA_RDMA_DATA_FORMAT", IN_PRECISION=formats.PRECISION["fp16"])
+    b = build(r, PPU_ORDER, PPU_BLOCKS)
+    counters = api.Counters(0, {"ppu_rdma": f.surfaces * f.dense_surface_bytes},
+                            {"ppu_wdma": o.surfaces * o.dense_surface_bytes}, "fp16")
+    touches = [(f.buffer, f.offset, f.offset + f.nbytes), (o.buffer, o.offset, o.offset + o.nbytes)]
+    return api.Task(b.array(), [api.Reloc(e, buf, off) for e, buf, off in b.relocations], None, counters,
+                    f"{op.name} stage {i}", touches)
+
+
+def _avg_as_depthwise(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
+    from compiler.npu.conv import lower_conv
+
+    f, o = op.input, op.output
+    kh, kw = op.kernel if op.kernel is not None else (f.height, f.width)
+    n = kh * kw
+    if f.dtype == "fp16":
+        # 1/n in fp16 (exact for powers of two; else within fp16 rounding, as the
+        # PPU's own fp16 reciprocal is)
+        weights = np.full((kh, kw, f.channels), 1.0 / n, np.float16)
+        conv = api.Conv2D(f, weights, o, op.stride, op.padding, True, None, api.NO_EPILOGUE, op.name)
+    elif f.dtype == "int8":
+        if f.quant is None or o.quant is None:
+            raise UnsupportedError(f"{op.name}: int8 average pooling needs input and output quantization")
+        # every weight 1 with scale 1/n: the requantization divides the window sum
+        conv = api.Conv2D(f, np.ones((kh, kw, f.channels), np.int8), o, op.stride, op.padding, True,
+                          api.Quant(1.0 / n), api.NO_EPILOGUE, op.name)
+    else:
+        raise UnsupportedError(f"{op.name}: pooling of {f.dtype}")
+    result = lower_conv(conv, options)
+    result.op = op
+    result.notes.insert(0, f"avg pool {kh}x{kw} as a depthwise convolution (completes on the DPU interrupt)")
+    return result

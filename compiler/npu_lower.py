@@ -1,0 +1,471 @@
+"""NPU lowering: graph ops -> operations of the graph-free emitter API
+(compiler/npu/api.py), and NPU segments -> one NPU program step each.
+
+* `plan_groups` finds every op the NPU can run: an anchor (Conv, Gemm,
+  MatMul) plus what folds into its DPU epilogue (a constant per-channel bias
+  Add, a residual Add of a same-shaped tensor, ReLU / ReLU6 / Clip), builds the
+  emitter operation with symbolic buffers (one per tensor, "<tensor>@npu") and
+  emits it once; the emitter's refusal is the reason the op stays on the CPU.
+* `lower_segment` assembles the groups of one segment into one regcmd run
+  (tails linked, consecutive single-job ops merged into one chained job) and
+  records the program step. Tensor copies between host and NPU are made by
+  compiler/lower.py at segment edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from compiler import cost
+from compiler.npu import api
+from compiler.npu.assemble import assemble
+from ir.errors import UnsupportedError
+from ir.graph import Graph
+from ir.npu.regcmd import link_amount, pc_amount_for
+from ir.program import Job, Step, TaskRef
+from ir.types import DType, PerAxisQuant, PerTensorQuant
+from runtime import native
+from runtime.kernels.conv import pads_for
+
+ANCHORS = ("Conv", "Gemm", "MatMul", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu", "Add", "Mul", "Max",
+           "Min", "Sum", "AveragePool", "GlobalAveragePool")
+ELEMENTWISE = {"Add": "add", "Sum": "add", "Mul": "mul", "Max": "max", "Min": "min"}
+
+
+def lut_function(op) -> str | None:
+    """The DPU lookup-table function computing this ONNX op exactly as ONNX
+    defines it (compiler/npu/lut.py), or None."""
+    if op.type in ("Sigmoid", "Tanh", "HardSwish"):
+        return op.type.lower()
+    if op.type == "Gelu" and op.attrs.get("approximate", "none") == "none":
+        return "gelu"
+    if op.type == "HardSigmoid" and abs(float(op.attrs.get("alpha", 0.2)) - 1 / 6) < 1e-6 \
+            and float(op.attrs.get("beta", 0.5)) == 0.5:
+        return "hardsigmoid"  # the table is x/6 + 1/2; ONNX's default slope 0.2 is another function
+    return None
+
+
+def _layout(graph: Graph, tensor: str) -> str:
+    return "native" if len(graph.tensors[tensor].type.shape) == 4 else "native-gemm"
+EMIT_OPTIONS = api.EmitOptions(allow_cpu_finish=False)  # K splits the NPU cannot sum stay on the CPU
+
+# Operations the emitter produces but the simulator does not run yet (emitter and
+# simulator are being brought into agreement; delete a line when they are).
+# (device dtype, kind) -> why the op stays on the CPU meanwhile.
+NOT_YET_RUNNABLE = {
+    ("int8", "per-channel"): "per-channel int8 weight scales wait for emitter and simulator to agree on the DPU "
+                             "bias + multiplier operand DMA (BRDMA DATA_USE 7)",
+}
+
+
+# Whether a segment's jobs may run as hardware-chained kicks: integer tasks after
+# the first of a chained kick are reported wrong on hardware (docs/hardware-questions.md
+# Q1), so int8 segments kick every task on its own.
+CHAINABLE = {"fp16": True, "int8": False}
+
+
+def chain_fetches_whole_tasks(jobs: list[Job]) -> bool:
+    """A hardware chain fetches each linked task with the amount its
+    predecessor's tail gives (ir.npu.regcmd.link_amount, Mesa's rule); that must
+    cover the task up to its op-enable, as pc_amount_for does for a kick. For
+    some entry counts (e.g. odd ones, like LUT uploads) it does not: such
+    segments are kicked task by task."""
+    return all(link_amount(t.count) >= pc_amount_for(t.count) for job in jobs for t in job.tasks[1:])
+
+
+def _kind(op) -> str:
+    if op.type in ("Gemm", "MatMul"):
+        return "gemm"
+    if op.type != "Conv":
+        return op.type
+    return "depthwise" if int(op.attrs.get("group", 1)) > 1 else "conv"
+
+
+def npu_name(tensor: str) -> str:
+    return f"{tensor}@npu"
+
+
+def device_dtype(precision: str) -> str:
+    return "int8" if precision == "int8" else "fp16"
+
+
+@dataclass
+class NpuGroup:
+    anchor: int
+    ops: list[int]  # op indices: the anchor, then what its epilogue absorbed
+    reads: dict[str, str]  # IR tensor -> NPU layout ("native" / "native-gemm") it is read in
+    output: str
+    output_layout: str
+    result: api.EmitResult
+    notes: list[str] = field(default_factory=list)
+
+
+class _Refused(Exception):
+    """This op cannot be lowered as asked (the message says why)."""
+
+
+# -- reading the graph --------------------------------------------------------------------
+def _const(graph: Graph, name: str) -> np.ndarray | None:
+    t = graph.tensors.get(name) if name else None
+    if t is None or t.kind != "const" or t.payload not in graph.payloads:
+        return None
+    return graph.payloads[t.payload]
+
+
+def _act_quant(graph: Graph, name: str, precision: str) -> api.Quant | None:
+    if precision != "int8":
+        return None
+    q = graph.tensors[name].type.quant
+    if not isinstance(q, PerTensorQuant):
+        raise _Refused(f"int8 needs a calibrated scale for {name!r} (give --calib)")
+    return api.Quant(float(q.scale), int(q.zero_point))
+
+
+def _weight_scales(graph: Graph, name: str) -> np.ndarray:
+    q = graph.tensors[name].type.quant
+    if not isinstance(q, PerAxisQuant):
+        raise _Refused(f"int8 weights {name!r} have no per-channel scales")
+    return graph.payloads[q.scale].astype(np.float64).reshape(-1)
+
+
+def _weight_quant(scales: np.ndarray) -> api.Quant:
+    """Per-channel scales; one scale when they are all equal (the per-tensor path)."""
+    if np.all(scales == scales[0]):
+        return api.Quant(float(scales[0]))
+    gap = NOT_YET_RUNNABLE.get(("int8", "per-channel"))
+    if gap is not None:
+        raise _Refused(gap)
+    return api.Quant(tuple(float(s) for s in scales))
+
+
+def _feature(graph: Graph, tensor: str, layout: str, dtype: str, precision: str) -> api.Feature:
+    shape = graph.tensors[tensor].type.shape
+    try:
+        c, h, rows, w = native.geometry(shape, layout)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    quant = _act_quant(graph, tensor, precision)
+    if layout == "native-gemm":
+        return api.Feature.gemm(npu_name(tensor), 0, h, c, dtype, quant)
+    return api.Feature(npu_name(tensor), 0, c, h, w, dtype, quant)
+
+
+# -- epilogue fusion ------------------------------------------------------------------------
+@dataclass
+class _Tail:
+    ops: list[int] = field(default_factory=list)
+    bias: np.ndarray | None = None  # float, per output channel
+    residual: str | None = None
+    activation: str | None = None
+    clip: tuple[float, float] | None = None
+    output: str = ""
+
+
+def _per_channel(value: np.ndarray, channels: int, rank: int, gemm: bool) -> np.ndarray | None:
+    """A constant that adds one value per output channel, as a [channels] vector."""
+    full = [1] * rank
+    full[-1 if gemm else 1] = channels
+    try:
+        b = np.broadcast_to(value, full) if value.ndim <= rank else None
+    except ValueError:
+        return None
+    if b is None or np.broadcast_shapes(value.shape, tuple(full)) != tuple(full):
+        return None
+    return np.ascontiguousarray(b).reshape(-1).astype(np.float64)
+
+
+def _tail(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Callable[[int], bool],
+          channels: int, gemm: bool) -> _Tail:
+    tail = _Tail(output=graph.ops[anchor].outputs[0])
+    while True:
+        out = tail.output
+        nxt = users.get(out, [])
+        if len(nxt) != 1 or out in graph.outputs or not candidate(nxt[0]):
+            return tail
+        j = nxt[0]
+        op = graph.ops[j]
+        rank = len(graph.tensors[out].type.shape)
+        if op.type == "Add" and tail.activation is None and tail.residual is None and len(op.inputs) == 2:
+            other = op.inputs[1] if op.inputs[0] == out else op.inputs[0]
+            value = _const(graph, other)
+            if value is not None and tail.bias is None:
+                vec = _per_channel(value, channels, rank, gemm)
+                if vec is None:
+                    return tail
+                tail.bias = vec
+            elif value is None and graph.tensors[other].type.shape == graph.tensors[out].type.shape \
+                    and other != out:
+                tail.residual = other
+            else:
+                return tail
+        elif op.type == "Relu" and tail.activation is None:
+            tail.activation = "relu"
+        elif lut_function(op) is not None and tail.activation is None:
+            tail.activation = lut_function(op)
+        elif op.type == "Clip" and tail.activation is None:
+            lo, hi = _const(graph, op.inputs[1]) if len(op.inputs) > 1 else None, \
+                _const(graph, op.inputs[2]) if len(op.inputs) > 2 else None
+            if (len(op.inputs) > 1 and op.inputs[1] and lo is None) or (len(op.inputs) > 2 and op.inputs[2] and hi is None):
+                return tail
+            lo_v = float(lo) if lo is not None else float("-inf")
+            hi_v = float(hi) if hi is not None else float("inf")
+            tail.activation, tail.clip = ("relu6", None) if (lo_v, hi_v) == (0.0, 6.0) else ("clip", (lo_v, hi_v))
+        else:
+            return tail
+        tail.ops.append(j)
+        tail.output = op.outputs[0]
+
+
+def _epilogue(graph: Graph, tail: _Tail, bias: np.ndarray | None, dtype: str, precision: str, layout: str,
+              in_scale: float, w_scales: np.ndarray | None) -> api.Epilogue:
+    if bias is not None and dtype == "int8":
+        bias = np.rint(bias / (in_scale * w_scales)).astype(np.int64)
+        if np.abs(bias).max(initial=0) >= 2 ** 31:
+            raise _Refused("the int8 bias does not fit 32 bits at these scales")
+        bias = bias.astype(np.int32)
+    elif bias is not None:
+        bias = bias.astype(np.float32)
+    residual = None
+    if tail.residual is not None:
+        residual = api.Residual(_feature(graph, tail.residual, layout, dtype, precision), "add")
+    return api.Epilogue(bias=bias, activation=tail.activation, clip=tail.clip, residual=residual)
+
+
+# -- anchors -------------------------------------------------------------------------------------
+def _conv(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Conv2D, dict[str, str]]:
+    op = graph.ops[i]
+    dtype = device_dtype(precision)
+    x = graph.tensors[op.inputs[0]].type
+    w = _const(graph, op.inputs[1])
+    bias = _const(graph, op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] else None
+    groups = int(op.attrs.get("group", 1))
+    depthwise = groups > 1
+    kernel = list(w.shape[2:])
+    strides = [int(s) for s in op.attrs.get("strides", [1, 1])]
+    dil = [int(d) for d in op.attrs.get("dilations", [1, 1])]
+    begin, end = pads_for(op.attrs.get("auto_pad", "NOTSET"), x.shape[2:], kernel, strides, dil, op.attrs.get("pads"))
+    w_scales = None
+    if dtype == "int8":
+        w_scales = _weight_scales(graph, op.inputs[1])
+        wq = np.clip(np.rint(w / w_scales.reshape(-1, 1, 1, 1)), -127, 127).astype(np.int8)
+        weight_quant = _weight_quant(w_scales)
+    else:
+        wq, weight_quant = w.astype(np.float16), None
+    weights = wq[:, 0].transpose(1, 2, 0) if depthwise else wq.transpose(0, 2, 3, 1)
+    if bias is not None:
+        bias = bias.astype(np.float64)
+        if tail.bias is not None:
+            bias = bias + tail.bias
+    else:
+        bias = tail.bias
+    in_scale = _act_quant(graph, op.inputs[0], precision).scale if dtype == "int8" else 1.0
+    epi = _epilogue(graph, tail, bias, dtype, precision, "native", in_scale, w_scales)
+    conv = api.Conv2D(_feature(graph, op.inputs[0], "native", dtype, precision), np.ascontiguousarray(weights),
+                      _feature(graph, tail.output, "native", dtype, precision), stride=(strides[0], strides[1]),
+                      padding=(begin[0], end[0], begin[1], end[1]), depthwise=depthwise,
+                      weight_quant=weight_quant, epilogue=epi, name=f"npu{i}")
+    reads = {op.inputs[0]: "native"}
+    if tail.residual:
+        reads[tail.residual] = "native"
+    return conv, reads
+
+
+def _gemm(graph: Graph, i: int, tail: _Tail, precision: str) -> tuple[api.Gemm, dict[str, str]]:
+    op = graph.ops[i]
+    dtype = device_dtype(precision)
+    a_shape = graph.tensors[op.inputs[0]].type.shape
+    b = _const(graph, op.inputs[1]).astype(np.float64)
+    bias = None
+    if op.type == "Gemm":
+        if op.attrs.get("transB", 0):
+            b = b.T
+        b = b * float(op.attrs.get("alpha", 1.0))
+        if len(op.inputs) > 2 and op.inputs[2]:
+            c = _const(graph, op.inputs[2])
+            vec = None if c is None else _per_channel(c, b.shape[1], 2, True)
+            if vec is None:
+                raise _Refused("Gemm's C must be a constant per-column bias")
+            bias = vec * float(op.attrs.get("beta", 1.0))
+    if tail.bias is not None:
+        bias = tail.bias if bias is None else bias + tail.bias
+    w_scales = None
+    if dtype == "int8":
+        w_scales = _weight_scales(graph, op.inputs[1])
+        bq = np.clip(np.rint(b / w_scales.reshape(1, -1)), -127, 127).astype(np.int8)
+        b_quant = _weight_quant(w_scales)
+    else:
+        bq, b_quant = b.astype(np.float16), None
+    m = int(a_shape[-2])
+    in_scale = _act_quant(graph, op.inputs[0], precision).scale if dtype == "int8" else 1.0
+    epi = _epilogue(graph, tail, bias, dtype, precision, "native-gemm", in_scale, w_scales)
+    gemm = api.Gemm(_feature(graph, op.inputs[0], "native-gemm", dtype, precision), np.ascontiguousarray(bq),
+                    _feature(graph, tail.output, "native-gemm", dtype, precision), m, b_quant=b_quant,
+                    epilogue=epi, name=f"npu{i}")
+    reads = {op.inputs[0]: "native-gemm"}
+    if tail.residual:
+        reads[tail.residual] = "native-gemm"
+    return gemm, reads
+
+
+def _activation(graph: Graph, i: int, tail: _Tail, precision: str):
+    op = graph.ops[i]
+    function = lut_function(op)
+    if function is None:
+        raise _Refused(f"{op.type} with these attributes has no DPU lookup table")
+    if precision != "fp16":
+        raise _Refused("standalone lookup-table activations run in fp16")
+    layout = _layout(graph, op.inputs[0])
+    act = api.Activation(_feature(graph, op.inputs[0], layout, "fp16", precision),
+                         _feature(graph, op.outputs[0], layout, "fp16", precision), function, name=f"npu{i}")
+    return act, {op.inputs[0]: layout}
+
+
+def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str):
+    op = graph.ops[i]
+    if len(op.inputs) != 2 or any(_const(graph, t) is not None for t in op.inputs):
+        raise _Refused("the NPU combines two tensors element by element (constants fold into a convolution)")
+    shapes = {tuple(graph.tensors[t].type.shape) for t in (*op.inputs, op.outputs[0])}
+    if len(shapes) != 1:
+        raise _Refused("the NPU's element-wise operands have the output's shape (no broadcasting)")
+    dtype = device_dtype(precision)
+    layout = _layout(graph, op.outputs[0])
+    a, b = (_feature(graph, t, layout, dtype, precision) for t in op.inputs)
+    ew = api.Elementwise(a, b, _feature(graph, op.outputs[0], layout, dtype, precision), ELEMENTWISE[op.type],
+                         name=f"npu{i}")
+    return ew, {t: layout for t in op.inputs}
+
+
+def _pool(graph: Graph, i: int, tail: _Tail, precision: str):
+    op = graph.ops[i]
+    x = graph.tensors[op.inputs[0]].type
+    dtype = device_dtype(precision)
+    if op.type == "GlobalAveragePool":
+        kernel, stride, padding = None, (1, 1), (0, 0, 0, 0)
+    else:
+        kernel = tuple(int(k) for k in op.attrs["kernel_shape"])
+        stride = tuple(int(s) for s in op.attrs.get("strides", [1, 1]))
+        begin, end = pads_for(op.attrs.get("auto_pad", "NOTSET"), x.shape[2:], kernel, stride, [1, 1],
+                              op.attrs.get("pads"))
+        padding = (begin[0], end[0], begin[1], end[1])
+        if any(padding) and not op.attrs.get("count_include_pad", 0):
+            raise _Refused("the NPU's average divides by the whole window; padded windows that exclude the "
+                           "padding from the count stay on the CPU")
+        if op.attrs.get("ceil_mode", 0):
+            raise _Refused("ceil_mode pooling is not lowered")
+    pool = api.Pool(_feature(graph, op.inputs[0], "native", dtype, precision),
+                    _feature(graph, op.outputs[0], "native", dtype, precision), "avg", kernel, stride, padding,
+                    name=f"npu{i}")
+    return pool, {op.inputs[0]: "native"}
+
+
+BUILDERS = {"Conv": _conv, "Gemm": _gemm, "MatMul": _gemm, **{k: _eltwise for k in ELEMENTWISE},
+            "AveragePool": _pool, "GlobalAveragePool": _pool,
+            **{k: _activation for k in ("Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu")}}
+
+
+def _emit(graph: Graph, i: int, tail: _Tail, precision: str) -> NpuGroup:
+    op = graph.ops[i]
+    gap = NOT_YET_RUNNABLE.get((device_dtype(precision), _kind(op)))
+    if gap is not None:
+        raise _Refused(gap)
+    api_op, reads = BUILDERS[op.type](graph, i, tail, precision)
+    result = api.emit(api_op, EMIT_OPTIONS)
+    if result.cpu:
+        raise _Refused("the emitter needs a CPU finishing step")
+    layout = "native" if op.type in ("Conv", "AveragePool", "GlobalAveragePool") else \
+        ("native-gemm" if op.type in ("Gemm", "MatMul") else _layout(graph, op.outputs[0]))
+    return NpuGroup(i, [i, *tail.ops], reads, tail.output, layout, result, list(result.notes))
+
+
+def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool]
+                ) -> tuple[dict[int, NpuGroup], dict[int, str]]:
+    """Groups keyed by every op they cover; reasons for candidates left on the CPU."""
+    users: dict[str, list[int]] = {}
+    for j, op in enumerate(graph.ops):
+        for name in op.present_inputs():
+            users.setdefault(name, []).append(j)
+    groups: dict[int, NpuGroup] = {}
+    reasons: dict[int, str] = {}
+    for i, op in enumerate(graph.ops):
+        if op.type not in ANCHORS or not candidate(i) or i in groups:
+            continue
+        if op.type in ("Conv", "Gemm", "MatMul"):
+            gemm = op.type != "Conv"
+            w = _const(graph, op.inputs[1])
+            channels = (w.shape[0] if op.type == "Conv" else
+                        (w.shape[0] if op.type == "Gemm" and op.attrs.get("transB") else w.shape[-1]))
+            full = _tail(graph, i, users, lambda j: candidate(j) and j not in groups, channels, gemm)
+        else:
+            full = _Tail(output=op.outputs[0])  # no epilogue of its own
+        for tail in (full, _Tail(output=op.outputs[0])) if full.ops else (full,):
+            try:
+                group = _emit(graph, i, tail, precision)
+            except _Refused as exc:
+                reasons[i] = str(exc)
+                continue
+            except UnsupportedError as exc:
+                reasons[i] = f"the emitter refuses it: {exc}"
+                continue
+            for j in group.ops:
+                groups[j] = group
+            reasons.pop(i, None)
+            break
+    return groups, reasons
+
+
+# -- segments -> program steps ----------------------------------------------------------------
+@dataclass
+class SegmentLowering:
+    """What compiler/lower.py needs back from one segment."""
+
+    step: Step
+    scratch: list[tuple[str, int]]  # emitter scratch buffers (name, bytes) live during the step
+    extents: dict[str, int]  # symbolic buffer -> bytes the tasks touch
+
+
+def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, precision: str) -> SegmentLowering:
+    results = [g.result for g in groups]
+    asm = assemble(results, region="regcmd", align=64, merge_jobs=True)
+    base = builder.add_regcmd(asm.entries)
+    for r in results:
+        for c in r.constants:
+            builder.weight(c.name, np.frombuffer(c.data, np.uint8), [len(c.data)], DType.UINT8, "packed")
+    for rel in asm.relocations:
+        if rel.target == asm.region:
+            builder.relocate(base + rel.entry, "regcmd", rel.offset + base * 8)
+        else:
+            builder.relocate(base + rel.entry, rel.target, rel.offset)
+    jobs = []
+    for job in asm.jobs:
+        tasks = [TaskRef("regcmd", base + t.entry, t.count) for t in job.tasks]
+        jobs.append(Job(tasks, sorted({builder.region_of(b) for b in job.reads}),
+                        sorted({builder.region_of(b) for b in job.writes}), job.lane))
+    layers = []
+    for g in groups:
+        counters = g.result.counters
+        op = graph.ops[g.anchor]
+        layers.append({
+            "name": op.name or f"{op.type}:{op.outputs[0]}",
+            "op": "+".join(graph.ops[j].type for j in g.ops),
+            "macs": int(counters.macs) or cost.op_macs(graph, op),
+            "ddr_bytes": int(counters.ddr_bytes),
+            "cycles": cost.npu_cycles(int(counters.macs), int(counters.ddr_bytes), device_dtype(precision)),
+            "tasks": len(g.result.tasks),
+            "notes": g.notes,
+        })
+    scratch = [(s.name, s.size) for r in results for s in r.scratch]
+    extents: dict[str, int] = {}
+    for r in results:
+        for buf, end in r.extents().items():
+            extents[buf] = max(extents.get(buf, 0), end)
+    reads = sorted({t for g in groups for t in g.reads})
+    outputs = sorted({g.output for g in groups})
+    chained = CHAINABLE[device_dtype(precision)] and chain_fetches_whole_tasks(jobs)
+    step = Step(kind="npu", name=name, jobs=jobs, chained=chained, inputs=[npu_name(t) for t in reads],
+                outputs=[npu_name(t) for t in outputs],
+                stats={"layers": layers, "tasks": sum(len(j.tasks) for j in jobs),
+                       "kicks_stock": sum(len(j.tasks) for j in jobs), "kicks_chained": len(jobs)})
+    return SegmentLowering(step, scratch, extents)

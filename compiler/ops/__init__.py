@@ -1,0 +1,144 @@
+"""Every op rkc knows, in one place per op (family): its shape rule, its NPU
+constraints, its NPU lowering and the name of its CPU kernel.
+
+Op support is data: an `OpSpec` per op type. Each NPU constraint is a small
+function of an `OpContext` whose docstring is the reason a user reads when the
+op falls back to the CPU (`rkc compile --explain`, `rkc ops`,
+docs/supported-ops.md). The numpy kernels themselves live in runtime/kernels
+(the runtime runs an rkbin without the compiler).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ir.errors import UnsupportedError
+from ir.graph import Graph, Op, ShapeRule
+from ir.types import TensorType
+
+
+@dataclass
+class OpContext:
+    """What a shape rule or a constraint may look at: the op, its graph (types
+    and constant payloads) and the compile options."""
+
+    op: Op
+    graph: Graph
+    precision: str = "fp16"
+    in_types: Sequence[TensorType | None] | None = None
+
+    def type(self, i: int) -> TensorType | None:
+        if self.in_types is not None:
+            return self.in_types[i] if i < len(self.in_types) else None
+        name = self.op.inputs[i] if i < len(self.op.inputs) else ""
+        return self.graph.tensors[name].type if name else None
+
+    def out_type(self, i: int = 0) -> TensorType:
+        return self.graph.tensors[self.op.outputs[i]].type
+
+    def has(self, i: int) -> bool:
+        return i < len(self.op.inputs) and bool(self.op.inputs[i])
+
+    def const(self, i: int) -> np.ndarray | None:
+        """The value of input i when it is a constant with a loaded payload."""
+        if not self.has(i):
+            return None
+        t = self.graph.tensors.get(self.op.inputs[i])
+        if t is None or t.kind != "const" or t.payload not in self.graph.payloads:
+            return None
+        return self.graph.payloads[t.payload]
+
+    def attr(self, name: str, default=None):
+        return self.op.attrs.get(name, default)
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.op.inputs)
+
+
+Constraint = Callable[[OpContext], bool]
+InferRule = Callable[[OpContext], Sequence[TensorType]]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    infer: InferRule
+    # every constraint must hold for the op to run on the NPU; the docstring of
+    # the first that fails is the reason it runs on the CPU instead
+    npu: Sequence[Constraint] = ()
+    # how the op reaches the NPU (compiler/npu_lower.py): "emitter" (an operation of its
+    # own), "epilogue" (folded into the preceding convolution / matrix product), None (not yet)
+    lower: str | None = None
+    kernel: str = ""  # CPU kernel name in runtime.kernels; defaults to the op name
+    summary: str = ""  # one line for the supported-op table
+    # checks on the CPU kernel's limits (docstring: why the model cannot compile)
+    cpu: Sequence[Constraint] = field(default_factory=tuple)
+
+    @property
+    def kernel_name(self) -> str:
+        return self.kernel or self.name
+
+
+def _load_specs() -> dict[str, OpSpec]:
+    from compiler.ops import conv, elementwise, matmul, norm, pool, quant, reduce, resize, shape
+
+    specs: dict[str, OpSpec] = {}
+    for module in (elementwise, conv, matmul, pool, norm, reduce, shape, resize, quant):
+        for spec in module.SPECS:
+            if spec.name in specs:
+                raise RuntimeError(f"op {spec.name} is specified twice")
+            specs[spec.name] = spec
+    return specs
+
+
+OPS: dict[str, OpSpec] = _load_specs()
+
+
+def spec_for(op_type: str) -> OpSpec | None:
+    return OPS.get(op_type)
+
+
+def infer_for(graph: Graph, precision: str = "fp16") -> ShapeRule:
+    """A Graph.verify `infer` callback that knows every op in OPS (and can read
+    the graph's constants, which some shape rules need)."""
+
+    def infer(op: Op, in_types: Sequence[TensorType | None]):
+        spec = OPS.get(op.type)
+        if spec is None:
+            return None
+        return spec.infer(OpContext(op, graph, precision, in_types))
+
+    return infer
+
+
+def npu_verdict(ctx: OpContext) -> tuple[bool, str]:
+    """(runs on the NPU?, why) for one op."""
+    spec = OPS.get(ctx.op.type)
+    if spec is None:
+        return False, f"rkc has no NPU lowering for {ctx.op.type}"
+    for check in spec.npu:
+        if not check(ctx):
+            return False, (check.__doc__ or check.__name__).strip().splitlines()[0]
+    if spec.lower is None:
+        return False, f"no NPU lowering for {ctx.op.type} yet"
+    return True, "all NPU constraints hold"
+
+
+def check_cpu(ctx: OpContext) -> None:
+    """Raise UnsupportedError when the op cannot run on the CPU either."""
+    from runtime.kernels import KERNELS, check_binding
+
+    spec = OPS.get(ctx.op.type)
+    name = spec.kernel_name if spec else ctx.op.type
+    if name not in KERNELS:
+        raise UnsupportedError(f"op {ctx.op.describe()}: rkc does not support {ctx.op.type} "
+                               "(no NPU lowering and no CPU kernel)")
+    for check in (spec.cpu if spec else ()):
+        if not check(ctx):
+            reason = (check.__doc__ or check.__name__).strip().splitlines()[0]
+            raise UnsupportedError(f"op {ctx.op.describe()}: {reason}")
+    check_binding(name, len(ctx.op.inputs), ctx.op.attrs, f"op {ctx.op.describe()}")

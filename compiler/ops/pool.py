@@ -1,0 +1,53 @@
+"""Pooling (NPU: PPU max/avg, global average) and LRN (CPU)."""
+
+from __future__ import annotations
+
+from compiler.ops import OpSpec
+from compiler.ops.constraints import BASIC, cpu_only
+from compiler.ops.rules import need, spatial_out, window_params
+from ir.types import DType, TensorType
+
+
+def pool_shape(ctx):
+    x = need(ctx)
+    kernel = [int(k) for k in ctx.attr("kernel_shape")]
+    strides, dilations = window_params(ctx, kernel)
+    sp = spatial_out(x.shape[2:], kernel, strides, dilations, ctx.attr("pads"), ctx.attr("auto_pad", "NOTSET"),
+                     int(ctx.attr("ceil_mode", 0)))
+    out = [TensorType(x.dtype, (*x.shape[:2], *sp))]
+    if len(ctx.op.outputs) > 1:
+        out.append(TensorType(DType.INT64, out[0].shape))
+    return out
+
+
+def global_pool_shape(ctx):
+    x = need(ctx)
+    return [TensorType(x.dtype, (*x.shape[:2], *[1] * (len(x.shape) - 2)))]
+
+
+def pool_2d(ctx) -> bool:
+    """the PPU pools 2-D feature maps only"""
+    return len(need(ctx).shape) == 4
+
+
+def pool_fields(ctx) -> bool:
+    """the PPU takes kernels up to 8x8, strides up to 8 and padding up to 7, without dilation or ceil mode overhang"""
+    kernel = [int(k) for k in ctx.attr("kernel_shape")]
+    strides = [int(s) for s in ctx.attr("strides", [1, 1])]
+    pads = [int(p) for p in ctx.attr("pads", [0, 0, 0, 0])]
+    dil = [int(d) for d in ctx.attr("dilations", [1, 1])]
+    return (max(kernel) <= 8 and max(strides) <= 8 and max(pads, default=0) <= 7 and dil == [1, 1]
+            and len(ctx.op.outputs) == 1)
+
+
+SPECS = [
+    OpSpec("MaxPool", pool_shape, npu=(cpu_only("max pooling is a PPU-only task, which stock rocket never "
+                                                 "completes (it waits for a DPU interrupt)"),),
+           summary="max pooling"),
+    OpSpec("AveragePool", pool_shape, npu=(*BASIC, pool_2d, pool_fields), lower="emitter",
+           summary="average pooling (NPU: as a depthwise convolution)"),
+    OpSpec("GlobalAveragePool", global_pool_shape, npu=(*BASIC, pool_2d), lower="emitter", summary="mean over H, W"),
+    OpSpec("GlobalMaxPool", global_pool_shape, npu=(*BASIC, pool_2d), summary="max over H, W"),
+    OpSpec("LRN", lambda ctx: [need(ctx)], npu=(cpu_only("local response normalisation has no NPU unit"),),
+           summary="local response normalisation across channels"),
+]

@@ -1,0 +1,43 @@
+"""Graph rewrites. Each rewrite is a small function `(graph, op) -> bool` that
+changes the graph around one op and says whether it did; `apply` walks the ops
+until none applies. Order: canonical form first, then folds and fusions."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from compiler.passes import canonicalize, fold_batchnorm, fuse
+from compiler.passes.edit import remove_dead
+from ir.graph import Graph, Op
+
+Rewrite = Callable[[Graph, Op], bool]
+
+PIPELINE: Sequence[Rewrite] = (*canonicalize.REWRITES, *fold_batchnorm.REWRITES, *fuse.REWRITES)
+
+
+def apply(graph: Graph, rewrites: Sequence[Rewrite], limit: int = 100_000) -> int:
+    """Apply rewrites until a fixed point; returns how many fired."""
+    fired = 0
+    progress = True
+    while progress:
+        progress = False
+        for op in list(graph.ops):
+            if not any(o is op for o in graph.ops):
+                continue  # removed by an earlier rewrite in this sweep
+            for rewrite in rewrites:
+                if rewrite(graph, op):
+                    fired += 1
+                    progress = True
+                    break
+        if fired > limit:
+            raise RuntimeError("graph rewrites do not converge")
+    remove_dead(graph)
+    return fired
+
+
+def run_passes(graph: Graph) -> Graph:
+    from compiler.ops import infer_for
+
+    apply(graph, PIPELINE)
+    graph.verify(infer_for(graph))
+    return graph

@@ -1,0 +1,57 @@
+"""Canonical form: pass-through ops (Identity, inference Dropout) removed, a
+ReduceMean over all spatial axes of a 4-D map is a GlobalAveragePool, a Sum
+of two tensors is an Add."""
+
+from __future__ import annotations
+
+from compiler.passes.edit import consumers, producer, remove_op, rename_output, replace_uses
+from ir.graph import Graph, Op
+
+
+def drop_pass_through(graph: Graph, op: Op) -> bool:
+    if op.type not in ("Identity", "Dropout"):
+        return False
+    if op.type == "Dropout" and len(op.outputs) > 1 and consumers(graph, op.outputs[1]):
+        return False  # someone reads the mask
+    src, dst = op.inputs[0], op.outputs[0]
+    if dst in graph.outputs:
+        up = producer(graph, src)
+        if up is None or src in graph.outputs:
+            return False  # an input or constant passed straight out: keep the copy
+        graph.ops.remove(op)
+        del graph.tensors[dst]
+        rename_output(graph, up, src, dst)
+        return True
+    replace_uses(graph, dst, src)
+    remove_op(graph, op)
+    return True
+
+
+def reduce_mean_to_global_pool(graph: Graph, op: Op) -> bool:
+    if op.type != "ReduceMean" or not op.attrs.get("keepdims", 1):
+        return False
+    x = graph.tensors[op.inputs[0]].type
+    axes = op.attrs.get("axes")
+    if len(op.inputs) > 1 and op.inputs[1]:
+        t = graph.tensors[op.inputs[1]]
+        if t.kind != "const" or t.payload not in graph.payloads:
+            return False
+        axes = [int(a) for a in graph.payloads[t.payload].reshape(-1)]
+    if len(x.shape) != 4 or axes is None or sorted(a % 4 for a in axes) != [2, 3]:
+        return False
+    op.type = "GlobalAveragePool"
+    op.inputs = op.inputs[:1]
+    op.attrs = {}
+    return True
+
+
+def sum_of_two_is_add(graph: Graph, op: Op) -> bool:
+    """Sum(a, b) is Add(a, b) (one form for fusion and lowering); Sum(a) is a.
+    Max/Min of two tensors stay as they are."""
+    if op.type != "Sum" or len(op.inputs) > 2:
+        return False
+    op.type = "Add" if len(op.inputs) == 2 else "Identity"
+    return True
+
+
+REWRITES = [drop_pass_through, reduce_mean_to_global_pool, sum_of_two_is_add]

@@ -1,0 +1,92 @@
+"""Per-channel affine maps after a Conv whose output feeds only them, folded
+into the Conv's weights and bias:
+
+* BatchNormalization: y = (conv(x) - mean) * g / sqrt(var + eps) + b
+* Mul by a constant per output channel (exporters spell BN as Mul + Add):
+  y = conv(x) * s  ->  weights * s, bias * s (the Add then fuses as a bias)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.passes.edit import add_const, only_consumer, producer, rename_output
+from ir.graph import Graph, Op
+
+
+def _const(graph: Graph, name: str) -> np.ndarray | None:
+    t = graph.tensors.get(name) if name else None
+    if t is None or t.kind != "const" or t.payload not in graph.payloads:
+        return None
+    return graph.payloads[t.payload]
+
+
+def fold_into_conv(graph: Graph, bn: Op) -> bool:
+    if bn.type != "BatchNormalization" or len(bn.outputs) != 1 or bn.attrs.get("training_mode", 0):
+        return False
+    conv = producer(graph, bn.inputs[0])
+    if conv is None or conv.type != "Conv" or only_consumer(graph, conv.outputs[0]) is not bn:
+        return False
+    w = _const(graph, conv.inputs[1])
+    params = [_const(graph, n) for n in bn.inputs[1:5]]
+    if w is None or any(p is None for p in params) or w.dtype.kind != "f":
+        return False
+    bias = _const(graph, conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0], w.dtype)
+    if bias is None:
+        return False
+    gamma, beta, mean, var = (p.astype(np.float64) for p in params)
+    k = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+    new_w = (w.astype(np.float64) * k.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
+    new_b = ((bias.astype(np.float64) - mean) * k + beta).astype(w.dtype)
+    base = conv.name or conv.outputs[0]
+    conv.inputs = [conv.inputs[0], add_const(graph, f"{base}.w_bn", new_w), add_const(graph, f"{base}.b_bn", new_b)]
+    out = bn.outputs[0]
+    graph.ops.remove(bn)
+    del graph.tensors[out]
+    rename_output(graph, conv, conv.outputs[0], out)
+    return True
+
+
+def _channel_vector(value: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that scales each output channel of [N, C, ...]: as a [C] vector."""
+    if value.ndim > rank:
+        return None
+    shape = (1,) * (rank - value.ndim) + value.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(-1), (channels,)) if value.size == 1 else value.reshape(-1)
+
+
+def fold_scale_into_conv(graph: Graph, mul: Op) -> bool:
+    if mul.type != "Mul" or len(mul.inputs) != 2:
+        return False
+    for data, other in (mul.inputs, mul.inputs[::-1]):
+        conv = producer(graph, data)
+        scale = _const(graph, other)
+        if conv is None or conv.type != "Conv" or scale is None or only_consumer(graph, data) is not mul:
+            continue
+        w = _const(graph, conv.inputs[1])
+        if w is None or w.dtype.kind != "f" or scale.dtype != w.dtype:
+            continue
+        vec = _channel_vector(scale, w.shape[0], len(graph.tensors[data].type.shape))
+        if vec is None:
+            continue
+        has_bias = len(conv.inputs) > 2 and conv.inputs[2]
+        bias = _const(graph, conv.inputs[2]) if has_bias else np.zeros(w.shape[0], w.dtype)
+        if bias is None:
+            continue
+        vec = vec.astype(np.float64)
+        base = conv.name or conv.outputs[0]
+        new_w = (w.astype(np.float64) * vec.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
+        new_b = (bias.astype(np.float64) * vec).astype(w.dtype)
+        conv.inputs = [conv.inputs[0], add_const(graph, f"{base}.w_scaled", new_w),
+                       add_const(graph, f"{base}.b_scaled", new_b)]
+        out = mul.outputs[0]
+        graph.ops.remove(mul)
+        del graph.tensors[out]
+        rename_output(graph, conv, data, out)
+        return True
+    return False
+
+
+REWRITES = [fold_into_conv, fold_scale_into_conv]

@@ -1,0 +1,182 @@
+"""The probe programs, one function each, and the probe table.
+
+Programs are built with rkc's own op emitters (compiler/npu) and deterministic
+data; where the result is an exact integer product the NPU's values are also
+checked against numpy. Where a probe tests a reading the emitter deliberately
+avoids (a 1-row map, no int8 slack bank, an 8191-channel cube), it builds that
+program under `emitted.reading` and says so in its assumption.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.npu import api, conv, conv_core, schedule
+from compiler.probe import Probe, ProbeRun
+from compiler.probe import emitted
+from runtime.device import Device
+
+SEED = 20261130
+
+
+def _int8(shape, salt: int) -> np.ndarray:
+    return np.random.default_rng(SEED + salt).integers(-128, 128, shape).astype(np.int8)
+
+
+def _fp16(shape, salt: int, scale: float = 1.0) -> np.ndarray:
+    return (np.random.default_rng(SEED + salt).standard_normal(shape) * scale).astype(np.float16)
+
+
+def _run(device: Device, name: str, results: list[api.EmitResult], inputs: dict, outputs: dict[str, api.Feature],
+         chained: bool = False, exact: dict[str, np.ndarray] | None = None,
+         view=lambda name, values: values) -> ProbeRun:
+    """Run the program; outputs as raw bytes (NPU vs simulator) and, for
+    `exact`, the decoded values next to the exact result."""
+    program = emitted.place(results, inputs, name)
+    placed = emitted.run(device, program, chained)
+    try:
+        raw = {out: placed.read(program.handles[f.buffer]) for out, f in outputs.items()}
+    finally:
+        placed.free()
+    got = {out: view(out, emitted.feature_values(outputs[out], raw[out])) for out in outputs}
+    return ProbeRun({f"{name}:{out}": raw[out] for out in outputs}, {},
+                    {f"{name}:{out}": (got[out], want) for out, want in (exact or {}).items()})
+
+
+def _gemm_int8(device: Device, name: str, m: int, k: int, n: int, options: api.EmitOptions,
+               chained: bool = False) -> ProbeRun:
+    a, b = _int8((m, k), 1), _int8((k, n), 2)
+    A = api.Feature.gemm("A", 0, m, k, "int8")
+    C = api.Feature.gemm("C", 0, m, n, "int32")
+    result = api.emit(api.Gemm(A, b, C, m, name=name), options)
+    rows = api.gemm_rows(m)
+    apad = np.zeros((rows, k), np.int8)
+    apad[:m] = a
+    return _run(device, name, [result], {"A": (A, apad.T[:, :, None])}, {"C": C}, chained,
+                {"C": a.astype(np.int64) @ b.astype(np.int64)},
+                view=lambda _, v: v[:, :m, 0].T.astype(np.int64))
+
+
+def gemv_m1(device: Device) -> ProbeRun:
+    """int8 GEMV as a 1x1 convolution of a 1x1 map (K=256, N=128), no padding to 4 rows."""
+    k, n = 256, 128
+    a, w = _int8((k, 1, 1), 3), _int8((n, 1, 1, k), 4)
+    A, C = api.Feature("A", 0, k, 1, 1, "int8"), api.Feature("C", 0, n, 1, 1, "int32")
+    with emitted.reading([(conv, "MIN_INPUT_ROWS", 1), (conv_core, "MIN_INPUT_ROWS", 1)]):
+        result = api.emit(api.Conv2D(A, w, C, name="gemv_m1"))
+    return _run(device, "gemv_m1", [result], {"A": (A, a)}, {"C": C}, exact={
+        "C": (w[:, 0, 0, :].astype(np.int64) @ a[:, 0, 0].astype(np.int64))[:, None, None]},
+        view=lambda _, v: v.astype(np.int64))
+
+
+def chain_int8(device: Device) -> ProbeRun:
+    """int8 GEMM M=4 K=64 N=4096 as 8 tasks of 512 columns in one job, one chained kick."""
+    return _gemm_int8(device, "chain_int8", 4, 64, 4096, api.EmitOptions(cores=1, n_tile_max=512), chained=True)
+
+
+def chain_fp16(device: Device) -> ProbeRun:
+    """fp16 GEMM M=4 K=64 N=1024 as 8 tasks of 128 columns in one job, one chained kick."""
+    m, k, n = 4, 64, 1024
+    a, b = _fp16((m, k), 5), _fp16((k, n), 6, 1 / 8)
+    A, C = api.Feature.gemm("A", 0, m, k, "fp16"), api.Feature.gemm("C", 0, m, n, "fp32")
+    result = api.emit(api.Gemm(A, b, C, m, name="chain_fp16"), api.EmitOptions(cores=1, n_tile_max=128))
+    return _run(device, "chain_fp16", [result], {"A": (A, a.T[:, :, None])}, {"C": C}, chained=True)
+
+
+def strides(device: Device) -> ProbeRun:
+    """int8 3x3 convolution, padded, over a 40-channel 9x13 map whose channel
+    surfaces sit 64 bytes further apart than dense (LINE_STRIDE and SURF_STRIDE
+    both matter), int32 out."""
+    c, h, w, o = 40, 9, 13, 24
+    x, wt = _int8((c, h, w), 7), _int8((o, 3, 3, c), 8)
+    X = api.Feature("X", 0, c, h, w, "int8", surface_stride=h * w * 16 + 64)
+    Y = api.Feature("Y", 0, o, h, w, "int32")
+    result = api.emit(api.Conv2D(X, wt, Y, padding=(1, 1, 1, 1), name="strides"))
+    xp = np.pad(x.astype(np.int64), ((0, 0), (1, 1), (1, 1)))
+    want = np.zeros((o, h, w), np.int64)
+    for dy in range(3):
+        for dx in range(3):
+            want += np.einsum("oc,chw->ohw", wt[:, dy, dx, :].astype(np.int64), xp[:, dy:dy + h, dx:dx + w])
+    return _run(device, "strides", [result], {"X": (X, x)}, {"Y": Y}, exact={"Y": want},
+                view=lambda _, v: v.astype(np.int64))
+
+
+def n_near_8192(device: Device) -> ProbeRun:
+    """int8 GEMM M=4 K=32 N=8160 as one task: a DPU output cube of 8160 channels
+    (the largest multiple of 32 whose padded cube the emitter's 13-bit field check allows)."""
+    return _gemm_int8(device, "n_near_8192", 4, 32, 8160, api.EmitOptions(cores=1, n_tile_max=8160))
+
+
+def k_over_8192(device: Device) -> ProbeRun:
+    """fp16 GEMM M=48 K=8300 N=48: K split over tasks, the partials added on the NPU."""
+    m, k, n = 48, 8300, 48
+    a, b = _fp16((m, k), 9), _fp16((k, n), 10, 1 / np.sqrt(k))
+    A, C = api.Feature.gemm("A", 0, m, k, "fp16"), api.Feature.gemm("C", 0, m, n, "fp16")
+    result = api.emit(api.Gemm(A, b, C, m, name="k_over_8192"), api.EmitOptions(cores=1))
+    return _run(device, "k_over_8192", [result], {"A": (A, a.T[:, :, None])}, {"C": C})
+
+
+def lut(device: Device) -> ProbeRun:
+    """sigmoid through the DPU lookup table on an fp16 map spanning [-8, 8]."""
+    c, h, w = 16, 4, 32
+    x = np.linspace(-8, 8, c * h * w).reshape(c, h, w).astype(np.float16)
+    X, Y = api.Feature("X", 0, c, h, w, "fp16"), api.Feature("Y", 0, c, h, w, "fp16")
+    result = api.emit(api.Activation(X, Y, "sigmoid", name="lut"))
+    return _run(device, "lut", [result], {"X": (X, x)}, {"Y": Y})
+
+
+def ppu_pool(device: Device) -> ProbeRun:
+    """2x2 max pooling of an fp16 map on the PPU (a PPU-only task)."""
+    c, h, w = 16, 8, 8
+    x = _fp16((c, h, w), 11)
+    X, Y = api.Feature("X", 0, c, h, w, "fp16"), api.Feature("Y", 0, c, h // 2, w // 2, "fp16")
+    result = api.emit(api.Pool(X, Y, "max", (2, 2), (2, 2), name="ppu_pool"), api.EmitOptions(ppu_completes=True))
+    want = x.reshape(c, h // 2, 2, w // 2, 2).max(axis=(2, 4))
+    return _run(device, "ppu_pool", [result], {"X": (X, x)}, {"Y": Y}, exact={"Y": want})
+
+
+def cbuf_slack(device: Device) -> ProbeRun:
+    """int8 GEMM M=600 K=1024 N=64 whose M tiles fill their CBUF data banks
+    completely (no slack bank)."""
+    slack = dict(schedule.FEATURE_SLACK_BANKS, int8=0)
+    with emitted.reading([(schedule, "FEATURE_SLACK_BANKS", slack)]):
+        return _gemm_int8(device, "cbuf_slack", 600, 1024, 64, api.EmitOptions(cores=1))
+
+
+def weight_reuse(device: Device) -> ProbeRun:
+    """int8 GEMM M=300 K=1000 N=70: several M tiles in one job, the weights kept
+    in CBUF (WEIGHT_REUSE) after the first."""
+    return _gemm_int8(device, "weight_reuse", 300, 1000, 70, api.EmitOptions(cores=1))
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("gemv_m1", "Q2", "a 1x1 convolution of a 1-row map (M=1 GEMV) computes correctly",
+          {"min_feature_rows": 1}, gemv_m1,
+          "M=1 works on this board: GEMV needs no padding to 4 rows (quirks.min_feature_rows=1)",
+          "M=1 is wrong on this board: keep padding GEMV to 4 rows"),
+    Probe("chain_int8", "Q1", "int8 tasks after the first of a hardware-chained kick compute correctly",
+          {"chained_integer_tasks": "allow"}, chain_int8,
+          "int8 chains are right on this board: quirks.chained_integer_tasks can be 'allow'",
+          "int8 chains are wrong on this board: keep one kick per int8 task", needs_chaining=True),
+    Probe("chain_fp16", "Q1", "fp16 tasks chained in one kick compute correctly (control for chain_int8)",
+          {}, chain_fp16, "fp16 chains are right on this board, as assumed",
+          "fp16 chains are wrong on this board: chaining itself is broken here", needs_chaining=True),
+    Probe("strides", "Q3", "CNA LINE_STRIDE/SURF_STRIDE are 16-byte units with the group-line model",
+          {}, strides, "the stride model holds", "the stride model is wrong: see the differing outputs"),
+    Probe("n_near_8192", "Q6", "a DPU output cube of 8160 channels in one task is written correctly",
+          {"max_dpu_cube": 8192}, n_near_8192, "cubes up to 8160 channels work: quirks.max_dpu_cube can grow",
+          "cubes near 8192 corrupt output: keep max_dpu_cube at 4096"),
+    Probe("k_over_8192", "Q20", "K > 8192 split over tasks, partials added on the NPU, matches the simulator",
+          {}, k_over_8192, "the K split matches the simulator's accumulation", "the K split differs on the board"),
+    Probe("lut", "", "the DPU LUT (LE/LO tables, index shift, slopes) matches the simulator's sigmoid",
+          {}, lut, "LUT activations are bit-exact with the simulator", "LUT activations differ from the model"),
+    Probe("ppu_pool", "Q12", "a PPU-only pooling task completes and pools like the simulator",
+          {"completion_blocks": ("DPU", "PPU")}, ppu_pool,
+          "PPU tasks complete and pool as modelled", "PPU-only tasks do not complete (or pool differently) here"),
+    Probe("cbuf_slack", "Q6", "an int8 feature tile with W=1 fills its CBUF banks without a slack bank",
+          {"int8_width1_slack_bank": False}, cbuf_slack,
+          "no slack bank needed: quirks.int8_width1_slack_bank can be False",
+          "the slack bank is needed: keep int8_width1_slack_bank"),
+    Probe("weight_reuse", "", "WEIGHT_REUSE keeps weights in CBUF across the tasks of a job",
+          {}, weight_reuse, "weight reuse across tasks works", "weight reuse across tasks gives wrong results"),
+)

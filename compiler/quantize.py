@@ -1,0 +1,112 @@
+"""Precision: which number format each NPU tensor gets, as IR quantization
+parameters.
+
+* fp16: nothing to annotate; NPU tensors are fp16, weights converted at lowering.
+* int8: activations per tensor from calibration (`--calib FILE.npz`: one array
+  per model input keyed by input name, with a leading sample axis), weights of
+  convolutions and matrix products per output channel (symmetric, from their
+  values). The parameters travel on the tensors' types (TensorType.quant), so
+  `rkc ir`-style dumps show them and the lowering reads them from there.
+* a pre-quantized model (QDQ or QLinear ops) keeps its own scales.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from compiler.reference import run_graph
+from ir.errors import FormatError, UnsupportedError
+from ir.graph import Graph
+from ir.types import DType, PerAxisQuant, PerTensorQuant, TensorType
+
+WEIGHT_OPS = {"Conv": 1, "MatMul": 1, "Gemm": 1}
+QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
+             "ConvInteger"}
+
+
+def load_calibration(path: str | Path, graph: Graph) -> list[dict[str, np.ndarray]]:
+    """The npz as a list of feeds (one per sample)."""
+    try:
+        data = dict(np.load(path, allow_pickle=False))
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{path}: not a readable .npz calibration file ({exc})") from None
+    missing = [n for n in graph.inputs if n not in data]
+    if missing:
+        raise FormatError(f"{path}: no calibration array for input(s) {', '.join(missing)} "
+                          f"(has: {', '.join(data) or 'none'})")
+    counts = set()
+    for name in graph.inputs:
+        want = tuple(graph.tensors[name].type.shape)
+        got = data[name].shape
+        if got[1:] != want:
+            raise FormatError(f"{path}: calibration array {name!r} is {list(got)}, expected "
+                              f"[samples, {', '.join(map(str, want))}]")
+        counts.add(got[0])
+    if len(counts) != 1 or 0 in counts:
+        raise FormatError(f"{path}: calibration arrays must have the same, non-zero number of samples")
+    n = counts.pop()
+    return [{name: data[name][i] for name in graph.inputs} for i in range(n)]
+
+
+def observe_ranges(graph: Graph, samples: list[dict[str, np.ndarray]]) -> dict[str, tuple[float, float]]:
+    ranges: dict[str, tuple[float, float]] = {}
+
+    def observe(name: str, value: np.ndarray) -> None:
+        if value.dtype.kind != "f" or not value.size:
+            return
+        lo, hi = float(np.nanmin(value)), float(np.nanmax(value))
+        old = ranges.get(name)
+        ranges[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
+    for feeds in samples:
+        for name in graph.inputs:
+            observe(name, np.asarray(feeds[name]))
+        run_graph(graph, feeds, observe)
+    return ranges
+
+
+def activation_quant(lo: float, hi: float) -> PerTensorQuant:
+    """Symmetric int8 (zero point 0): what the NPU's int8 path and requantization use."""
+    bound = max(abs(lo), abs(hi), 1e-8)
+    return PerTensorQuant(bound / 127.0, 0)
+
+
+def weight_quant(graph: Graph, name: str, axis: int = 0) -> None:
+    """Per-output-channel symmetric int8 scales for a constant weight tensor."""
+    t = graph.tensors[name]
+    w = graph.payloads[t.payload].astype(np.float64)
+    moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+    scale = np.maximum(np.abs(moved).max(axis=1), 1e-12) / 127.0
+    graph.payloads[f"{name}.scale"] = scale.astype(np.float32)
+    graph.payloads[f"{name}.zp"] = np.zeros(scale.size, np.int8)
+    t.type = TensorType(t.type.dtype, t.type.shape, PerAxisQuant(axis, f"{name}.scale", f"{name}.zp"))
+
+
+def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> Graph:
+    prequantized = any(op.type in QUANT_OPS for op in graph.ops)
+    if precision != "int8":
+        if calib is not None:
+            raise UnsupportedError("--calib applies to --precision int8 only")
+        return graph
+    if calib is None:
+        if prequantized:
+            return graph  # the model's own scales
+        raise UnsupportedError("--precision int8 needs --calib FILE.npz (or a model quantized with QDQ/QLinear ops)")
+    ranges = observe_ranges(graph, load_calibration(calib, graph))
+    for name, (lo, hi) in ranges.items():
+        t = graph.tensors[name]
+        if t.type.dtype in (DType.FP32, DType.FP16) and t.type.quant is None:
+            t.type = TensorType(t.type.dtype, t.type.shape, activation_quant(lo, hi))
+    for op in graph.ops:
+        index = WEIGHT_OPS.get(op.type)
+        if index is None or len(op.inputs) <= index:
+            continue
+        w = graph.tensors[op.inputs[index]]
+        if w.kind == "const" and w.type.quant is None and w.type.dtype.is_float:
+            axis = 0 if op.type == "Conv" else (0 if op.type == "Gemm" and op.attrs.get("transB") else
+                                               len(w.type.shape) - 1)
+            weight_quant(graph, w.name, axis)
+    graph.metadata["quantized"] = "int8 calibrated"
+    return graph

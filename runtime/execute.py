@@ -1,0 +1,187 @@
+"""Run one program of a loaded rkbin: steps in order.
+
+* CPU step: gather its inputs (host tensors, host constants, or NPU tensors
+  read back through the device with prepare/finish_cpu_access and converted
+  from their native layout), run the numpy kernel (runtime/kernels), store
+  the outputs (host, or written into a BO in the tensor's layout).
+* NPU step: submit its jobs (tasks resolved to IOVAs) and wait.
+
+Host tensors are freed after their last reader.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from ir.errors import RkcError
+from runtime import native
+from ir.npu.regcmd import ENTRY_BYTES
+from ir.program import Program, Step, TensorInfo
+from ir.types import DType
+from runtime.device import Job, Task
+from runtime.kernels import run_kernel
+
+
+class InputError(RkcError):
+    """The inputs given to a program do not match what it expects."""
+
+
+@dataclass
+class RunStats:
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    npu_seconds: float = 0.0
+    submits: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+
+
+def _dtype(info: TensorInfo) -> np.dtype:
+    return DType(info.dtype).numpy
+
+
+class _Run:
+    def __init__(self, model, program: Program) -> None:
+        self.model = model
+        self.program = program
+        self.env: dict[str, np.ndarray] = {}
+        self.last_use = self._last_uses()
+
+    def _last_uses(self) -> dict[str, int]:
+        last: dict[str, int] = {}
+        for i, step in enumerate(self.program.steps):
+            for name in step.inputs:
+                if name:
+                    last[name] = i
+        for name in self.program.outputs:
+            last[name] = len(self.program.steps)
+        return last
+
+    # -- tensor access ------------------------------------------------------------------
+    def read(self, name: str) -> np.ndarray:
+        if name in self.env:
+            return self.env[name]
+        info = self.model.tensors[name]
+        if info.region is None:
+            raise RkcError(f"program {self.program.name!r} reads {name!r} before any step wrote it")
+        if info.region in self.model.host_regions:
+            raw = self.model.host_regions[info.region][info.offset:info.offset + info.nbytes]
+            return raw.view(_dtype(info)).reshape(info.shape)
+        bo = self.model.bos[info.region]
+        self.model.device.prepare_cpu_access(bo)
+        raw = bo.host[info.offset:info.offset + info.nbytes]
+        value = from_layout(raw, info)
+        self.model.device.finish_cpu_access(bo)
+        return value
+
+    def write(self, name: str, value: np.ndarray) -> None:
+        info = self.model.tensors.get(name)
+        if info is None or info.region is None:
+            self.env[name] = value
+            return
+        bo = self.model.bos[info.region]
+        self.model.device.prepare_cpu_access(bo)
+        to_layout(value, info, bo.host[info.offset:info.offset + info.nbytes])
+        self.model.device.finish_cpu_access(bo)
+
+    # -- steps --------------------------------------------------------------------------
+    def cpu(self, step: Step) -> None:
+        inputs = [self.read(n) if n else None for n in step.inputs]
+        outputs = run_kernel(step.op, inputs, step.attrs)
+        if len(outputs) < len(step.outputs):
+            raise RkcError(f"step {step.name!r}: kernel {step.op} gave {len(outputs)} outputs, "
+                           f"the step needs {len(step.outputs)}")
+        for name, value in zip(step.outputs, outputs):
+            info = self.model.tensors.get(name)
+            if info is not None and info.region is None:
+                value = np.asarray(value)
+                if list(value.shape) != list(info.shape):
+                    raise RkcError(f"step {step.name!r}: {name!r} came out {list(value.shape)}, "
+                                   f"the program declares {info.shape}")
+                value = value.astype(_dtype(info), copy=False)
+            self.write(name, value)
+
+    def npu(self, step: Step) -> None:
+        bos = self.model.bos
+        jobs = []
+        for j, job in enumerate(step.jobs):
+            tasks = [Task(bos[t.region].iova + t.entry * ENTRY_BYTES, t.count) for t in job.tasks]
+            jobs.append(Job(tasks, [bos[r] for r in job.reads], [bos[r] for r in job.writes], job.lane,
+                            f"{step.name} job {j}"))
+        device = self.model.device
+        device.wait(device.submit(jobs, chained=step.chained and device.supports_chaining))
+
+    def free_dead(self, index: int) -> None:
+        for name in [n for n in self.env if self.last_use.get(n, -1) <= index and n not in self.program.outputs]:
+            del self.env[name]
+
+
+def from_layout(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
+    """Bytes of a tensor in a BO -> logical row-major array."""
+    dtype = _dtype(info)
+    if info.layout == "row":
+        n = int(np.prod(info.shape, dtype=np.int64))
+        return raw[:n * dtype.itemsize].view(dtype).reshape(info.shape).copy()
+    if info.layout.startswith("native"):
+        return native.unpack(raw, info.shape, info.layout, dtype)
+    raise RkcError(f"tensor {info.name!r} has unknown layout {info.layout!r}")
+
+
+def to_layout(value: np.ndarray, info: TensorInfo, raw: np.ndarray) -> None:
+    value = np.asarray(value, dtype=_dtype(info)).reshape(info.shape)
+    packed = value if info.layout == "row" else None
+    if info.layout.startswith("native"):
+        packed = native.pack(value, info.layout)
+    if packed is None:
+        raise RkcError(f"tensor {info.name!r} has unknown layout {info.layout!r}")
+    data = packed.reshape(-1).view(np.uint8)
+    raw[:data.size] = data
+
+
+def check_feeds(program: Program, tensors: Mapping[str, TensorInfo], feeds: Mapping[str, np.ndarray]) -> dict:
+    extra = sorted(set(feeds) - set(program.inputs))
+    if extra:
+        raise InputError(f"unknown input(s) {', '.join(extra)} (the model takes: {', '.join(program.inputs)})")
+    ready = {}
+    for name in program.inputs:
+        if name not in feeds:
+            raise InputError(f"missing input {name!r} (the model takes: {', '.join(program.inputs)})")
+        info = tensors[name]
+        value = np.asarray(feeds[name])
+        if list(value.shape) != list(info.shape):
+            raise InputError(f"input {name!r} has shape {list(value.shape)}, the model expects {info.shape}")
+        want = _dtype(info)
+        same_family = value.dtype.kind == want.kind or (value.dtype.kind in "iu" and want.kind in "iu"
+                                                        and np.can_cast(value.dtype, want, casting="safe"))
+        if value.dtype != want and not same_family:
+            raise InputError(f"input {name!r} is {value.dtype}, the model expects {want}")
+        ready[name] = value.astype(want, copy=False)
+    return ready
+
+
+def run_program(model, program: Program, feeds: Mapping[str, np.ndarray]):
+    run = _Run(model, program)
+    stats = RunStats()
+    for name, value in check_feeds(program, model.tensors, feeds).items():
+        run.write(name, value)
+    start = time.perf_counter()
+    for i, step in enumerate(program.steps):
+        t = time.perf_counter()
+        if step.kind == "cpu":
+            run.cpu(step)
+        else:
+            run.npu(step)
+            stats.submits += 1
+        dt = time.perf_counter() - t
+        stats.step_seconds.append(dt)
+        if step.kind == "cpu":
+            stats.cpu_seconds += dt
+        else:
+            stats.npu_seconds += dt
+        run.free_dead(i)
+    outputs = {name: np.array(run.read(name)) for name in program.outputs}
+    stats.seconds = time.perf_counter() - start
+    return outputs, stats

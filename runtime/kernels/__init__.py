@@ -1,0 +1,46 @@
+"""numpy CPU kernels, registered by op name (ONNX op types).
+
+A kernel is ``fn(*inputs, **attrs)``: inputs in the op's order (None for an
+absent optional input), attributes by their ONNX names; it returns one array
+or a tuple of arrays (one per output). The runtime looks kernels up here by
+the name a CPU step gives; the compiler checks at compile time that the op's
+attributes bind to the kernel's signature (`check_binding`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ir.errors import UnsupportedError
+from runtime.kernels import conv, elementwise, nn, quant, reduce, shape
+
+Kernel = Callable[..., "np.ndarray | tuple[np.ndarray, ...]"]
+
+KERNELS: Mapping[str, Kernel] = {
+    **elementwise.KERNELS, **conv.KERNELS, **nn.KERNELS, **reduce.KERNELS,
+    **shape.KERNELS, **quant.KERNELS,
+}
+
+
+def kernel_for(name: str) -> Kernel:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise UnsupportedError(f"no CPU kernel for op {name!r}") from None
+
+
+def check_binding(name: str, n_inputs: int, attrs: Mapping[str, object], what: str) -> None:
+    """Raise UnsupportedError when the kernel cannot take these inputs/attributes."""
+    sig = inspect.signature(kernel_for(name))
+    try:
+        sig.bind(*([None] * n_inputs), **attrs)
+    except TypeError as exc:
+        raise UnsupportedError(f"{what}: the CPU kernel does not support this form ({exc})") from None
+
+
+def run_kernel(name: str, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, object]) -> list[np.ndarray]:
+    result = kernel_for(name)(*inputs, **attrs)
+    return list(result) if isinstance(result, tuple) else [result]

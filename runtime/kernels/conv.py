@@ -1,0 +1,220 @@
+"""Convolution and pooling kernels over N-d spatial inputs ([N, C, *spatial]).
+
+Convolution is im2col (numpy's sliding_window_view) followed by one matmul per
+group; ConvTranspose adds one product per kernel offset into a strided slice of
+the output. Float inputs accumulate in float32 like onnxruntime; integer inputs
+(ConvInteger) accumulate exactly in float64 and return int32.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+def _ints(v, n: int, default: int) -> list[int]:
+    return [default] * n if v is None else [int(x) for x in v]
+
+
+def pads_for(auto_pad: str, in_sizes, kernel, strides, dilations, pads) -> tuple[list[int], list[int]]:
+    """(begin, end) paddings per spatial axis, after ONNX's auto_pad rules."""
+    n = len(in_sizes)
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i, k, s in zip(in_sizes, eff, strides):
+            total = max((-(-i // s) - 1) * s + k - i, 0)
+            small = total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        return begin, end
+    if auto_pad == "VALID":
+        return [0] * n, [0] * n
+    p = _ints(pads, 2 * n, 0)
+    return p[:n], p[n:]
+
+
+def _windows(x: np.ndarray, kernel, strides, dilations) -> np.ndarray:
+    """[N, C, *padded] -> [N, C, *out, *kernel] (a strided view)."""
+    nd = len(kernel)
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    win = sliding_window_view(x, eff, axis=tuple(range(2, 2 + nd)))
+    index = (slice(None), slice(None), *[slice(None, None, s) for s in strides],
+             *[slice(None, None, d) for d in dilations])
+    return win[index]
+
+
+def _conv(x, w, b, auto_pad, dilations, group, kernel_shape, pads, strides, acc):
+    nd = x.ndim - 2
+    kernel = list(w.shape[2:]) if kernel_shape is None else [int(k) for k in kernel_shape]
+    strides = _ints(strides, nd, 1)
+    dilations = _ints(dilations, nd, 1)
+    begin, end = pads_for(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
+    xp = np.pad(x.astype(acc), [(0, 0), (0, 0), *zip(begin, end)])
+    cols = _windows(xp, kernel, strides, dilations)  # [N, C, *out, *k]
+    n, c = x.shape[:2]
+    out_sp = cols.shape[2:2 + nd]
+    m = w.shape[0]
+    cg, mg = c // group, m // group
+    cols = cols.reshape(n, group, cg, *out_sp, *kernel)
+    # -> [N, G, *out, Cg * prod(k)]
+    order = (0, 1, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
+    cols = cols.transpose(order).reshape(n, group, int(np.prod(out_sp, dtype=np.int64)), -1)
+    wg = w.astype(acc).reshape(group, mg, -1)  # [G, Mg, Cg * prod(k)]
+    y = np.matmul(cols, wg.transpose(0, 2, 1)[None])  # [N, G, P, Mg]
+    y = y.transpose(0, 1, 3, 2).reshape(n, m, *out_sp)
+    if b is not None:
+        y = y + b.astype(acc).reshape(1, m, *([1] * nd))
+    return y
+
+
+def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+         strides=None):
+    return _conv(x, w, b, auto_pad, dilations, group, kernel_shape, pads, strides, np.float32).astype(x.dtype)
+
+
+def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None):
+    xs = x.astype(np.float64) - (0 if x_zero_point is None else float(np.asarray(x_zero_point).reshape(-1)[0]))
+    wz = 0 if w_zero_point is None else np.asarray(w_zero_point, np.float64).reshape(-1, *([1] * (w.ndim - 1)))
+    ws = w.astype(np.float64) - wz
+    return _conv(xs, ws, None, auto_pad, dilations, group, kernel_shape, pads, strides, np.float64).astype(np.int32)
+
+
+def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                   output_padding=None, output_shape=None, pads=None, strides=None):
+    nd = x.ndim - 2
+    kernel = list(w.shape[2:]) if kernel_shape is None else [int(k) for k in kernel_shape]
+    strides = _ints(strides, nd, 1)
+    dilations = _ints(dilations, nd, 1)
+    out_pad = _ints(output_padding, nd, 0)
+    in_sp = x.shape[2:]
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    full = [s * (i - 1) + op + e for i, s, op, e in zip(in_sp, strides, out_pad, eff)]
+    if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        want = ([int(v) for v in output_shape][-nd:] if output_shape is not None
+                else [i * s for i, s in zip(in_sp, strides)])
+        total = [f - o for f, o in zip(full, want)]
+        if auto_pad == "SAME_UPPER":
+            begin = [t // 2 for t in total]
+        else:
+            begin = [t - t // 2 for t in total]
+        end = [t - bg for t, bg in zip(total, begin)]
+    else:
+        p = _ints(pads, 2 * nd, 0)
+        begin, end = p[:nd], p[nd:]
+    n, c = x.shape[:2]
+    mg = w.shape[1]
+    m = mg * group
+    cg = c // group
+    y = np.zeros((n, m, *full), np.float32)
+    xg = x.astype(np.float32).reshape(n, group, cg, *in_sp)
+    wg = w.astype(np.float32).reshape(group, cg, mg, *kernel)
+    for kidx in itertools.product(*[range(k) for k in kernel]):
+        wk = wg[(slice(None), slice(None), slice(None), *kidx)]  # [G, Cg, Mg]
+        contrib = np.einsum("ngc...,gcm->ngm...", xg, wk).reshape(n, m, *in_sp)
+        sl = tuple(slice(k * d, k * d + s * (i - 1) + 1, s) for k, d, s, i in zip(kidx, dilations, strides, in_sp))
+        y[(slice(None), slice(None), *sl)] += contrib
+    # negative padding (an output_shape larger than the full result) appends zeros
+    y = np.pad(y, [(0, 0), (0, 0), *[(max(-bg, 0), max(-e, 0)) for bg, e in zip(begin, end)]])
+    crop = tuple(slice(max(bg, 0), y.shape[2 + i] - max(e, 0)) for i, (bg, e) in enumerate(zip(begin, end)))
+    y = y[(slice(None), slice(None), *crop)]
+    if b is not None:
+        y = y + b.astype(np.float32).reshape(1, m, *([1] * nd))
+    return np.ascontiguousarray(y).astype(x.dtype)
+
+
+def _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides):
+    nd = x.ndim - 2
+    kernel = [int(k) for k in kernel_shape]
+    strides = _ints(strides, nd, 1)
+    dilations = _ints(dilations, nd, 1)
+    begin, end = pads_for(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
+    extra = []
+    for i, k, s, d, bg, e in zip(x.shape[2:], kernel, strides, dilations, begin, end):
+        span = i + bg + e - ((k - 1) * d + 1)
+        out = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (out - 1) * s >= i + bg:  # the last window must start inside input or left pad
+            out -= 1
+        extra.append(max((out - 1) * s + (k - 1) * d + 1 - (i + bg + e), 0))
+    return kernel, strides, dilations, begin, end, extra
+
+
+def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None, storage_order=0,
+             strides=None):
+    kernel, strides, dil, begin, end, extra = _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape,
+                                                             pads, strides)
+    low = np.array(-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min, dtype=x.dtype)
+    xp = np.pad(x, [(0, 0), (0, 0), *zip(begin, [e + x_ for e, x_ in zip(end, extra)])], constant_values=low)
+    win = _windows(xp, kernel, strides, dil)
+    nd = len(kernel)
+    y = win.max(axis=tuple(range(-nd, 0)))
+    return y, _argmax_indices(x, win, kernel, strides, dil, begin, storage_order)
+
+
+def _argmax_indices(x, win, kernel, strides, dilations, begin, storage_order) -> np.ndarray:
+    """MaxPool's second output: the flat index of each maximum in the unpadded
+    input ([N, C, *spatial], row-major, or column-major over H, W with storage_order=1)."""
+    nd = len(kernel)
+    out_sp = win.shape[2:2 + nd]
+    flat = win.reshape(*win.shape[:2 + nd], -1)
+    arg = flat.argmax(axis=-1)  # first maximum, like onnxruntime
+    k_pos = np.unravel_index(arg, kernel)
+    coords = []
+    for a in range(nd):
+        grid = np.arange(out_sp[a]).reshape([-1 if i == a else 1 for i in range(nd)]) * strides[a] - begin[a]
+        coords.append(grid + k_pos[a] * dilations[a])
+    spatial = x.shape[2:]
+    if storage_order and nd == 2:
+        inner = coords[1] * spatial[0] + coords[0]
+    else:
+        inner = np.ravel_multi_index(tuple(np.broadcast_arrays(*coords)), spatial, mode="clip")
+    n, c = x.shape[:2]
+    base = (np.arange(n).reshape(-1, 1) * c + np.arange(c).reshape(1, -1)) * int(np.prod(spatial))
+    return (base.reshape(n, c, *[1] * nd) + inner).astype(np.int64)
+
+
+def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape,
+                 pads=None, strides=None):
+    kernel, strides, dil, begin, end, extra = _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape,
+                                                             pads, strides)
+    nd = len(kernel)
+    widths = [(0, 0), (0, 0), *zip(begin, [e + x_ for e, x_ in zip(end, extra)])]
+    xp = np.pad(x.astype(np.float64), widths)
+    # which positions count towards the divisor: the input (and the explicit pads
+    # with count_include_pad), never the ceil-mode overhang
+    ones = np.ones((1, 1, *x.shape[2:]))
+    if count_include_pad:
+        counted = np.pad(ones, [(0, 0), (0, 0), *zip(begin, end)], constant_values=1)
+        counted = np.pad(counted, [(0, 0), (0, 0), *[(0, e) for e in extra]])
+    else:
+        counted = np.pad(ones, widths)
+    total = _windows(xp, kernel, strides, dil).sum(axis=tuple(range(-nd, 0)))
+    count = _windows(counted, kernel, strides, dil).sum(axis=tuple(range(-nd, 0)))
+    return (total / count).astype(x.dtype)
+
+
+def global_average_pool(x):
+    return x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=np.float64).astype(x.dtype)
+
+
+def global_max_pool(x):
+    return x.max(axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+def lrn(x, *, size, alpha=1e-4, beta=0.75, bias=1.0):
+    sq = np.square(x.astype(np.float64))
+    c = x.shape[1]
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    padded = np.pad(sq, [(0, 0), (lo, hi)] + [(0, 0)] * (x.ndim - 2))
+    acc = sum(padded[:, i:i + c] for i in range(size))
+    return (x / (bias + alpha / size * acc) ** beta).astype(x.dtype)
+
+
+KERNELS = {
+    "Conv": conv, "ConvInteger": conv_integer, "ConvTranspose": conv_transpose,
+    "MaxPool": max_pool, "AveragePool": average_pool, "GlobalAveragePool": global_average_pool,
+    "GlobalMaxPool": global_max_pool, "LRN": lrn,
+}

@@ -1,0 +1,122 @@
+"""Load an rkbin onto a Device: one BO per region (host regions stay in host
+memory), blobs copied in, every relocation applied; then run programs.
+(The module is `loader` so that the package-level `runtime.load` function
+keeps its name.)
+
+    model = runtime.load("model.rkbin")           # device="auto"
+    outputs = model.run({"x": array})             # the first program
+    model.run(feeds, program="decode")            # another program of the file
+
+Works for any rkbin (ONNX or LLM): it knows only ir.program.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ir.errors import FormatError
+from ir.npu.regcmd import ENTRY_BYTES
+from ir.program import Module, TensorInfo
+from ir.rkbin import Rkbin, read_rkbin
+from runtime.device import BufferObject, Device
+
+VALUE_SHIFT = 16  # a regcmd entry's value field is bits 47..16
+VALUE_MASK = 0xFFFF_FFFF << VALUE_SHIFT
+
+
+class LoadedModel:
+    """An rkbin resident on a device. Use as a context manager or call close()."""
+
+    def __init__(self, rkbin: Rkbin, device: Device | None, own_device: bool = False) -> None:
+        self.rkbin = rkbin
+        self.module: Module = rkbin.module
+        self.device = device
+        self._own_device = own_device
+        self.bos: dict[str, BufferObject] = {}
+        self.host_regions: dict[str, np.ndarray] = {}
+        self.tensors: dict[str, TensorInfo] = {t.name: t for t in self.module.tensors}
+        self.last_run = None  # execute.RunStats of the latest run
+        try:
+            self._place_regions()
+            self._apply_relocations()
+        except BaseException:
+            self.close()
+            raise
+
+    def _place_regions(self) -> None:
+        for region in self.module.regions:
+            blob = self.rkbin.blobs[region.blob] if region.blob else None
+            if region.kind == "host":
+                self.host_regions[region.name] = blob if blob is not None else np.zeros(region.size, np.uint8)
+                continue
+            if self.device is None:
+                raise FormatError(f"region {region.name!r} needs a device")
+            bo = self.device.create_bo(region.size)
+            self.bos[region.name] = bo
+            if blob is not None:
+                self.device.prepare_cpu_access(bo)
+                bo.host[:blob.size] = blob
+                self.device.finish_cpu_access(bo)
+
+    def _apply_relocations(self) -> None:
+        by_region: dict[str, list] = {}
+        for rel in self.module.relocations:
+            by_region.setdefault(rel.region, []).append(rel)
+        for region, rels in by_region.items():
+            bo = self.bos[region]
+            self.device.prepare_cpu_access(bo)
+            entries = bo.host[:bo.size - bo.size % ENTRY_BYTES].view("<u8")
+            for rel in rels:
+                address = self.bos[rel.target].iova + rel.offset
+                if address >= 1 << 32:
+                    raise FormatError(f"relocation to {rel.target!r}+{rel.offset} leaves the 32-bit IOVA window")
+                old = int(entries[rel.entry])
+                entries[rel.entry] = (old & ~VALUE_MASK & 0xFFFF_FFFF_FFFF_FFFF) | (address << VALUE_SHIFT)
+            self.device.finish_cpu_access(bo)
+
+    # -- running ----------------------------------------------------------------------
+    @property
+    def programs(self) -> list[str]:
+        return [p.name for p in self.module.programs]
+
+    def run(self, feeds: Mapping[str, np.ndarray], program: str | None = None) -> dict[str, np.ndarray]:
+        from runtime.execute import run_program
+
+        prog = self.module.programs[0] if program is None else self.module.program(program)
+        outputs, self.last_run = run_program(self, prog, feeds)
+        return outputs
+
+    def close(self) -> None:
+        for bo in self.bos.values():
+            self.device.free_bo(bo)
+        self.bos.clear()
+        if self._own_device and self.device is not None:
+            self.device.close()
+
+    def __enter__(self) -> "LoadedModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def needs_device(module: Module) -> bool:
+    """False for an rkbin of CPU steps only (everything in host memory)."""
+    return any(r.kind != "host" for r in module.regions) or any(
+        s.kind == "npu" for p in module.programs for s in p.steps)
+
+
+def load(path: str | Path, device: Device | str = "auto", quiet: bool = True) -> LoadedModel:
+    """Read and validate an rkbin, then place it on `device` (a Device, or
+    "auto" | "sim" | "rocket")."""
+    rkbin = read_rkbin(path)
+    if device == "auto" and not needs_device(rkbin.module):
+        return LoadedModel(rkbin, None)  # CPU steps only: no NPU involved
+    if isinstance(device, str):
+        from runtime.devices import open_device
+
+        return LoadedModel(rkbin, open_device(device, quiet=quiet), own_device=True)
+    return LoadedModel(rkbin, device)

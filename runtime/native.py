@@ -1,0 +1,55 @@
+"""How a logical tensor is stored as an NPU feature map (the layouts
+themselves are ir/npu/layout.py). Shared by the compiler, which plans the
+bytes, and the runtime, which converts at segment edges.
+
+Layout names in TensorInfo.layout:
+  "native"       [1, C, H, W]          -> feature C x H x W
+  "native-gemm"  [M, K] or [1, M, K]   -> feature C=K, H=align(M, 4), W=1 (a GEMM
+                 operand; rows past M are padding the NPU reads and writes:
+                 single-column maps of fewer than 4 rows compute wrongly on silicon,
+                 rocket-userspace include/rocket_matmul.h, hw-matmul.md 2.3)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ir.npu import layout
+
+GEMM_ROW_ALIGN = 4
+
+
+def geometry(shape, kind: str) -> tuple[int, int, int, int]:
+    """(channels, logical rows, stored rows, width) of the feature map."""
+    if kind == "native":
+        if len(shape) != 4 or shape[0] != 1:
+            raise ValueError(f"a native feature map is [1, C, H, W], not {list(shape)}")
+        return int(shape[1]), int(shape[2]), int(shape[2]), int(shape[3])
+    if kind == "native-gemm":
+        if len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1):
+            raise ValueError(f"a GEMM operand is [M, K] or [1, M, K], not {list(shape)}")
+        m, k = int(shape[-2]), int(shape[-1])
+        return k, m, layout.align(m, GEMM_ROW_ALIGN), 1
+    raise ValueError(f"unknown NPU layout {kind!r}")
+
+
+def nbytes(shape, kind: str, itemsize: int) -> int:
+    c, _, rows, w = geometry(shape, kind)
+    return layout.feature_bytes(c, rows, w, itemsize)
+
+
+def pack(value: np.ndarray, kind: str) -> np.ndarray:
+    """Logical array -> native bytes (padding channels and rows are zero)."""
+    c, h, rows, w = geometry(value.shape, kind)
+    chw = value.reshape(c, h, w) if kind == "native" else value.reshape(h, c).T.reshape(c, h, 1)
+    if rows > h:
+        chw = np.concatenate([chw, np.zeros((c, rows - h, w), chw.dtype)], axis=1)
+    return layout.pack_feature(np.ascontiguousarray(chw))
+
+
+def unpack(raw: np.ndarray, shape, kind: str, dtype: np.dtype) -> np.ndarray:
+    c, h, rows, w = geometry(shape, kind)
+    view = layout.feature_view(raw, c, rows, w, dtype)
+    chw = layout.unpack_feature(np.ascontiguousarray(view), c)[:, :h]
+    out = chw.reshape(c, h, w) if kind == "native" else chw[:, :, 0].T
+    return np.ascontiguousarray(out).reshape(shape)

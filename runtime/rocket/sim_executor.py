@@ -1,0 +1,50 @@
+"""The simulator as the NPU behind the emulated kernel.
+
+`SimExecutor` is an NpuModel: the emulated kernel hands it each job with the
+kicks it programmed, and it runs them with runtime.sim's Npu (PC, CNA, CORE,
+DPU, PPU) over the job's IOMMU domain. The simulator sees exactly the memory
+the NPU would: the objects mapped in that file's domain, at their IOVAs, as
+they are in DRAM (not the CPU's cached view), so a missing FINI_BO, a BO not
+mapped in the job's domain or a dangling address all show up as they would on
+the board. Anything the simulator refuses becomes an NpuFault, which the
+kernel turns into a reset job with an errored fence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.rocket.executors import NpuFault, PageTable
+from runtime.sim.errors import SimError
+from runtime.sim.memory import IovaSpace
+from runtime.sim.npu import Npu
+from runtime.sim.quirks import DEFAULT, Quirks
+
+
+def domain_space(table: PageTable) -> IovaSpace:
+    """An IovaSpace whose BOs are the objects mapped in `table`, sharing their memory."""
+    space = IovaSpace()
+    for iova, nbytes, store in table.mappings():
+        bo = space.create_at(iova, nbytes)
+        bo.host = np.frombuffer(store, np.uint8)  # the object's DRAM, not a copy
+    return space
+
+
+class SimExecutor:
+    def __init__(self, quirks: Quirks = DEFAULT) -> None:
+        self.quirks = quirks
+        self.jobs: list = []  # runtime.sim JobStats of every job run, for tests and probes
+
+    def run_job(self, table: PageTable, core: int, tasks: list[tuple[int, int]], kicks: list[int],
+                label: str) -> None:
+        npu = Npu(domain_space(table), self.quirks)
+        try:
+            if all(k == 1 for k in kicks):
+                self.jobs.append(npu.run_job(label, core, tasks, chained=False))
+                return
+            first = 0
+            for number in kicks:  # > 4095 tasks: one chained kick per slice
+                self.jobs.append(npu.run_job(label, core, tasks[first:first + number], chained=number > 1))
+                first += number
+        except SimError as exc:
+            raise NpuFault(str(exc)) from exc

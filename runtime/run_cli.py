@@ -1,0 +1,70 @@
+"""`rkrun MODEL --inputs in.npz --outputs out.npz`: run an ONNX-style rkbin once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import numpy as np
+
+from ir.errors import FormatError, RkcError
+
+
+def read_inputs(path: str | None) -> dict[str, np.ndarray]:
+    if path is None:
+        return {}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{path}: not a readable .npz file ({exc})") from None
+
+
+def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
+    """Atomically: a temporary file next to it, then rename."""
+    import os
+    import tempfile
+
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".npz", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **outputs)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run_once(model_path: str, inputs: str | None, outputs: str | None, device: str) -> None:
+    from ir.rkbin import read_rkbin
+    from runtime.devices import open_device
+    from runtime.execute import check_feeds
+    from runtime.loader import LoadedModel, needs_device
+
+    feeds = read_inputs(inputs)
+    rkbin = read_rkbin(model_path)
+    program = rkbin.module.programs[0]
+    if not feeds and program.inputs:
+        raise RkcError(f"{model_path}: give the inputs with --inputs FILE.npz (keys: {', '.join(program.inputs)})")
+    check_feeds(program, {t.name: t for t in rkbin.module.tensors}, feeds)  # before any device is opened
+    dev = open_device(device) if device != "auto" or needs_device(rkbin.module) else None
+    with LoadedModel(rkbin, dev, own_device=dev is not None) as model:
+        if model.device is not None:
+            model.device.reset_counters()
+        result = model.run(feeds)
+        stats = model.last_run
+        modelled = model.device.counters.modelled_seconds if model.device is not None else 0.0
+    for name, value in result.items():
+        v = value.astype(np.float64) if value.size else value
+        extra = f" min {v.min():.6g} max {v.max():.6g} mean {v.mean():.6g}" if value.size and value.dtype.kind in "fiu" else ""
+        click.echo(f"{name}: {value.dtype}{list(value.shape)}{extra}")
+    if outputs:
+        write_outputs(outputs, result)
+    line = (f"rkrun: {len(program.steps)} steps in {stats.seconds * 1e3:.1f} ms "
+            f"(CPU {stats.cpu_seconds * 1e3:.1f} ms, NPU {stats.npu_seconds * 1e3:.1f} ms, {stats.submits} submits)")
+    if modelled:
+        line += f"; modelled NPU time {modelled * 1e3:.3f} ms"
+    click.echo(line, err=True)

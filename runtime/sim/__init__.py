@@ -1,0 +1,14 @@
+"""The built-in functional simulator of the RK3588 NPU (a Device).
+
+One module per hardware block: memory (IOVA space of BOs), regfile (register
+groups), executor (PC: fetch, decode, op-enable), cna (feature/weight DMA),
+cbuf (bank accounting and reuse), core (MAC array), dpu + dpu_rdma (post
+processing and its DMAs), ppu (pooling), npu (cores and kicks), perf (time
+model), quirks (the readings of open hardware questions), device (SimDevice).
+"""
+
+from runtime.sim.device import SimDevice
+from runtime.sim.errors import SimError
+from runtime.sim.quirks import Quirks
+
+__all__ = ["SimDevice", "SimError", "Quirks"]

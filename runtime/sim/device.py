@@ -1,0 +1,125 @@
+"""SimDevice: the Device interface over the simulated NPU."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from runtime.device import BufferObject, Counters, Device, Job, Submission
+from runtime.sim.errors import MemoryAccessError, SimError
+from runtime.sim.memory import IovaSpace
+from runtime.sim.npu import CORES, Npu
+from runtime.sim.perf import PerfModel
+from runtime.sim.quirks import DEFAULT, Quirks
+from runtime.sim.stats import JobStats
+
+
+class SimDevice(Device):
+    """Executes regcmd bytes on the functional simulator, synchronously at submit.
+
+    Errors surface where rocket would report them: `wait` (or
+    `prepare_cpu_access` of a BO a failed job wrote) raises the SimError that
+    names job, task, entry and register."""
+
+    kind = "sim"
+    lanes = CORES
+    supports_chaining = True
+
+    def __init__(self, quirks: Quirks = DEFAULT, perf: PerfModel | None = None, **_options) -> None:
+        self.mem = IovaSpace()
+        self.npu = Npu(self.mem, quirks)
+        self.perf = perf or PerfModel()
+        self._counters = Counters()
+        self._cpu_held: set[int] = set()  # handles between prepare_cpu_access and finish_cpu_access
+        self._failed: dict[int, SimError] = {}  # out-BO handle -> error of the job that should have written it
+        self.last_jobs: list[JobStats] = []  # stats of the most recent submission
+        self._closed = False
+
+    # -- buffers --------------------------------------------------------------
+    def create_bo(self, size: int) -> BufferObject:
+        return self.mem.allocate(size)
+
+    def create_bo_at(self, iova: int, size: int) -> BufferObject:
+        """Simulator only: a BO at a chosen IOVA (replaying captured streams)."""
+        return self.mem.create_at(iova, size)
+
+    def free_bo(self, bo: BufferObject) -> None:
+        self.mem.free(bo)
+        self._cpu_held.discard(bo.handle)
+        self._failed.pop(bo.handle, None)
+
+    def prepare_cpu_access(self, bo: BufferObject, timeout_s: float = 5.0) -> None:
+        self._live(bo)
+        err = self._failed.pop(bo.handle, None)
+        if err is not None:
+            raise err
+        self._cpu_held.add(bo.handle)
+
+    def finish_cpu_access(self, bo: BufferObject) -> None:
+        self._live(bo)
+        self._cpu_held.discard(bo.handle)
+
+    def _live(self, bo: BufferObject) -> None:
+        if self.mem.find(bo.iova) is not bo:
+            raise MemoryAccessError(f"{bo!r} is not a live BO of this device")
+
+    # -- execution --------------------------------------------------------------
+    def submit(self, jobs: Sequence[Job], chained: bool = False) -> Submission:
+        sub = Submission(jobs)
+        stats: list[JobStats] = []
+        self._counters.submits += 1
+        for j, job in enumerate(jobs):
+            label = job.label or f"{j}"
+            try:
+                for bo in list(job.in_bos) + list(job.out_bos):
+                    self._live(bo)
+                    if bo.handle in self._cpu_held:
+                        raise SimError(f"{bo!r} is still held by the CPU (prepare_cpu_access without "
+                                       "finish_cpu_access): the NPU could read stale cache lines")
+                js = self.npu.run_job(label, job.lane, [(t.regcmd_iova, t.regcmd_count) for t in job.tasks],
+                                      chained)
+            except SimError as exc:
+                exc.located(job=label)
+                sub.error = exc
+                for later in jobs[j:]:
+                    for bo in later.out_bos:
+                        self._failed[bo.handle] = exc
+                break
+            stats.append(js)
+        self._account(stats)
+        self.last_jobs = stats
+        return sub
+
+    def wait(self, submission: Submission, timeout_s: float = 5.0) -> None:
+        err = submission.error
+        if err is not None:
+            for job in submission.jobs:
+                for bo in job.out_bos:
+                    self._failed.pop(bo.handle, None)
+            submission.error = None
+            raise err
+        submission.done = True
+
+    def _account(self, stats: list[JobStats]) -> None:
+        c = self._counters
+        c.modelled_seconds += self.perf.submission_seconds(stats)
+        for js in stats:
+            c.jobs += 1
+            c.tasks += len(js.tasks)
+            c.kicks += js.kicks
+            c.macs += js.macs
+            for k, v in js.dma_read.items():
+                c.dma_read[k] = c.dma_read.get(k, 0) + v
+            for k, v in js.dma_written.items():
+                c.dma_written[k] = c.dma_written.get(k, 0) + v
+
+    @property
+    def counters(self) -> Counters:
+        return self._counters
+
+    def reset_counters(self) -> None:
+        self._counters = Counters()
+
+    def close(self) -> None:
+        for bo in self.mem.bos:
+            self.mem.free(bo)
+        self._closed = True

@@ -1,0 +1,453 @@
+"""DPU: the data processing unit after the accumulator (TRM ch. 36 'DPU'
+0x4000-0x412C; NVDLA SDP lineage: BS = X1, BN = X2, EW = Y stages).
+
+Per element, in order: CPEND (BS_OW: adds OW_OP x the input window sum, the
+weight zero-point term of Mesa's uint8 convolutions), BS (ALU, MUL, ReLU), BN
+(same), EW (operand conversion, ALU or MUL with the ERDMA operand, ReLU),
+OUT_CVT (scale, shift, offset, saturate), then the WDMA write in NC1HWC2.
+Integer processing works on exact int64 values; float processing (fp16/bf16
+convolutions) on float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.sim import dpu_rdma, lut
+from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, QuirkRejection,
+                                SimError, UnsupportedError)
+from runtime.sim.memory import IovaSpace
+from runtime.sim.numerics import INT_RANGE, PRECISIONS, Precision, from_float, shift_round
+from runtime.sim.quirks import Quirks
+from runtime.sim.regfile import TaskRegisters
+
+ATOM = 16
+BURST_LENS = (3, 7, 15)
+OUT_PRECISIONS_INT = (0, 1, 4, 5)  # int8, int16, int32, fp32 (exact cast) from an integer datapath
+OUT_PRECISIONS_FLOAT = (2, 5)  # fp16 (FP32TOFP16_EN), fp32
+EW_ALU = {0: "max", 1: "min", 2: "add", 4: "minus"}
+EDATA_BYTES = {1: 1, 2: 2, 3: 4}
+
+
+@dataclass
+class DpuInput:
+    """The DPU's main data and what it needs to know about its producer."""
+
+    data: np.ndarray  # [C, H, W] int64 (integer datapath) or float32
+    prec: Precision  # precision of the producer (CORE or MRDMA input)
+    mode: str  # "direct" | "depthwise" | "flying"
+    valid_channels: int  # channels holding defined data
+    window_sum: np.ndarray | None = None
+
+
+@dataclass
+class DpuTraffic:
+    read: dict[str, int]
+    written: int
+
+
+def rounding(quirks: Quirks, carry_always: int) -> str:
+    if quirks.out_cvt_rounding == "floor":
+        return "floor"
+    return "half_up" if carry_always else "half_even"
+
+
+def geometry(r: TaskRegisters, quirks: Quirks) -> tuple[int, int, int, int]:
+    """(width, height, channels, original channels) of the DPU cube, checked."""
+    w = r.field("DPU_DATA_CUBE_WIDTH", "WIDTH") + 1
+    hf = r.fields("DPU_DATA_CUBE_HEIGHT")
+    h = hf["HEIGHT"] + 1
+    ch = r.fields("DPU_DATA_CUBE_CHANNEL")
+    c, orig = ch["CHANNEL"] + 1, ch["ORIG_CHANNEL"] + 1
+    if hf["MINMAX_CTL"]:
+        raise r.error(UnsupportedError, "MINMAX_CTL is not modelled", "DPU_DATA_CUBE_HEIGHT")
+    if orig > c:
+        raise r.error(GeometryError, f"ORIG_CHANNEL+1={orig} exceeds CHANNEL+1={c}", "DPU_DATA_CUBE_CHANNEL")
+    for n, what, reg in ((w, "width", "DPU_DATA_CUBE_WIDTH"), (h, "height", "DPU_DATA_CUBE_HEIGHT"),
+                         (c, "channels", "DPU_DATA_CUBE_CHANNEL")):
+        if n > quirks.max_dpu_cube:
+            raise r.error(QuirkRejection, f"cube {what} {n} exceeds {quirks.max_dpu_cube}: large 13-bit "
+                          "cube dimensions corrupt data on hardware (Q6)", reg)
+    wd0 = r.fields("DPU_WDMA_SIZE_0")
+    wd1 = r.fields("DPU_WDMA_SIZE_1")
+    if (wd0["CHANNEL_WDMA"] + 1, wd1["HEIGHT_WDMA"] + 1, wd1["WIDTH_WDMA"] + 1) != (c, h, w):
+        raise r.error(GeometryError, f"WDMA size {wd1['WIDTH_WDMA'] + 1}x{wd1['HEIGHT_WDMA'] + 1}x"
+                      f"{wd0['CHANNEL_WDMA'] + 1} differs from the cube {w}x{h}x{c}", "DPU_WDMA_SIZE_0")
+    if wd0["SIZE_C_WDMA"] or wd0["TP_PRECISION"]:
+        raise r.error(UnsupportedError, "SIZE_C_WDMA / TP_PRECISION (transpose) are not modelled",
+                      "DPU_WDMA_SIZE_0")
+    return w, h, c, orig
+
+
+def feature_mode(r: TaskRegisters) -> dict[str, int]:
+    f = dict(r.fields("DPU_FEATURE_MODE_CFG"))
+    if f["BURST_LEN"] not in BURST_LENS:
+        raise r.error(FieldError, f"BURST_LEN={f['BURST_LEN']} is reserved (3, 7 or 15)", "DPU_FEATURE_MODE_CFG")
+    for name in ("TP_EN", "RGP_TYPE", "NONALIGN"):
+        if f[name]:
+            raise r.error(UnsupportedError, f"{name} is not modelled", "DPU_FEATURE_MODE_CFG")
+    if f["CONV_MODE"] not in (0, 3):
+        raise r.error(FieldError, f"CONV_MODE={f['CONV_MODE']} is reserved", "DPU_FEATURE_MODE_CFG")
+    return f
+
+
+def run(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, main: DpuInput, rdma: dpu_rdma.RdmaMode | None,
+        geom: tuple[int, int, int, int], lut_state: tuple[np.ndarray, set]) -> DpuTraffic:
+    w, h, c, orig = geom
+    fmt = r.fields("DPU_DATA_FORMAT")
+    proc = fmt["PROC_PRECISION"]
+    if fmt["IN_PRECISION"] != main.prec.code or proc != main.prec.code:
+        raise r.error(FieldError, f"IN/PROC_PRECISION {fmt['IN_PRECISION']}/{proc} differ from the main "
+                      f"data's {main.prec.code} ({main.prec.name})", "DPU_DATA_FORMAT")
+    if fmt["MC_SURF_OUT"]:
+        raise r.error(UnsupportedError, "MC_SURF_OUT is not modelled", "DPU_DATA_FORMAT")
+    if orig > main.valid_channels:
+        raise r.error(GeometryError, f"ORIG_CHANNEL+1={orig} exceeds the {main.valid_channels} channels the "
+                      "producer computes", "DPU_DATA_CUBE_CHANNEL")
+    if main.data.shape != (c, h, w):
+        raise r.error(GeometryError, f"DPU cube {w}x{h}x{c} differs from its input "
+                      f"{main.data.shape[2]}x{main.data.shape[1]}x{main.data.shape[0]}", "DPU_DATA_CUBE_WIDTH")
+    is_float = main.prec.is_float
+    x = main.data
+    traffic = DpuTraffic({}, 0)
+    x = _cpend(r, x, main, is_float)
+    x = _stage(r, mem, quirks, x, "BS", is_float, c, traffic)
+    x = _stage(r, mem, quirks, x, "BN", is_float, c, traffic)
+    x = _ew(r, mem, quirks, x, rdma, main, is_float, (c, h, w), traffic, lut_state)
+    out_prec, y = _out_cvt(r, quirks, x, is_float)
+    traffic.written = _write(r, mem, quirks, y, out_prec, main, orig, (w, h, c))
+    return traffic
+
+
+def _cpend(r: TaskRegisters, x: np.ndarray, main: DpuInput, is_float: bool) -> np.ndarray:
+    ow = r.fields("DPU_BS_OW_CFG")
+    if ow["RGP_CNTER"] or ow["TP_ORG_EN"]:
+        raise r.error(UnsupportedError, "RGP_CNTER / TP_ORG_EN are not modelled", "DPU_BS_OW_CFG")
+    if ow["OD_BYPASS"]:
+        return x
+    if is_float:
+        # CPEND adds the weight zero-point term of quantized convolutions; on the fp16
+        # datapath it is inert (rocket-userspace gen_conv2d_dw_fp16 writes OW_OP=0x80
+        # with OD_BYPASS=0 and is HW-validated bit-exact, npu_regcmd.c @ e0677862)
+        return x
+    if ow["OW_SRC"]:
+        raise r.error(UnsupportedError, "CPEND operand from BRDMA (OW_SRC=1) is not modelled", "DPU_BS_OW_CFG")
+    if main.window_sum is None:
+        raise r.error(HangError, "CPEND (OD_BYPASS=0) needs the input window sums the CORE computes with "
+                      "QD_EN=1 and a convolution feeding the DPU", "DPU_BS_OW_CFG")
+    op = r.signed("DPU_BS_OW_OP", "OW_OP")
+    if op and r.field("CORE_CLIP_TRUNCATE", "CLIP_TRUNCATE"):
+        raise r.error(QuirkRejection, "CPEND (OW_OP != 0) together with CORE CLIP_TRUNCATE: whether the window-sum "
+                      "term is truncated with the accumulator is unknown (Q17)", "DPU_BS_OW_OP")
+    s = main.window_sum
+    out = x.copy()
+    n = s.shape[0] if s.ndim == 3 else out.shape[0]
+    out[:n] += op * s
+    return out
+
+
+def _operand_prec(is_float: bool, kind: str) -> np.dtype:
+    if kind == "ALU":
+        return np.dtype(np.float32 if is_float else np.int32)
+    return np.dtype(np.float16 if is_float else np.int16)
+
+
+def _stage(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, x: np.ndarray, stage: str, is_float: bool,
+           channels: int, traffic: DpuTraffic) -> np.ndarray:
+    """BS or BN: ALU -> MUL -> ReLU(X), operands from the register or per channel."""
+    lower = stage.lower()
+    cfg_reg = f"DPU_{stage}_CFG"
+    cfg = r.fields(cfg_reg)
+    p = stage + "_"
+    rdma_reg = "DPU_RDMA_RDMA_BRDMA_CFG" if stage == "BS" else "DPU_RDMA_RDMA_NRDMA_CFG"
+    use = r.field(rdma_reg, "BRDMA_DATA_USE" if stage == "BS" else "NRDMA_DATA_USE")
+    if cfg[p + "BYPASS"]:
+        if use:
+            raise r.error(HangError, f"{stage} is bypassed but its RDMA is told to fetch operands "
+                          f"(DATA_USE={use}) nobody consumes", rdma_reg)
+        return x
+    alu_from_mem = not cfg[p + "ALU_BYPASS"] and cfg[p + "ALU_SRC"]
+    mul_cfg = r.fields(f"DPU_{stage}_MUL_CFG")
+    mul_from_mem = not cfg[p + "MUL_BYPASS"] and mul_cfg[p + "MUL_SRC"]
+    expect = (dpu_rdma.DATA_USE_ALU if alu_from_mem else 0) | (dpu_rdma.DATA_USE_MUL if mul_from_mem else 0)
+    if use != expect:
+        raise r.error(HangError, f"{stage} reads operands {expect:#x} from memory but DATA_USE={use:#x} "
+                      "(an unfed or unconsumed operand DMA stalls the DPU)", rdma_reg)
+    if alu_from_mem and mul_from_mem:
+        raise r.error(UnsupportedError, f"{stage}: ALU and MUL operands both from memory (interleaved "
+                      "operand layout) are not modelled", cfg_reg)
+    base_reg = "DPU_RDMA_RDMA_BS_BASE_ADDR" if stage == "BS" else "DPU_RDMA_RDMA_BN_BASE_ADDR"
+    shape = (channels, 1, 1)
+
+    if not cfg[p + "ALU_BYPASS"]:
+        algo = cfg[p + "ALU_ALGO"]
+        if algo not in quirks.bs_bn_alu_algos:
+            raise r.error(QuirkRejection, f"{p}ALU_ALGO={algo}: the TRM marks it reserved (Q11)", cfg_reg)
+        if alu_from_mem:
+            dt = _operand_prec(is_float, "ALU")
+            operand = dpu_rdma.per_channel(r, mem, base_reg, channels, dt, f"DPU {stage} operand DMA")
+            traffic.read[f"{'B' if stage == 'BS' else 'N'}RDMA"] = channels * dt.itemsize
+            operand = operand.astype(np.float32 if is_float else np.int64).reshape(shape)
+        else:
+            raw = r.value(f"DPU_{stage}_ALU_CFG")
+            operand = (np.array([raw], np.uint32).view(np.float32)[0] if is_float
+                       else r.signed(f"DPU_{stage}_ALU_CFG"))
+        x = x + operand if algo == 2 else x - operand
+
+    if not cfg[p + "MUL_BYPASS"]:
+        if mul_cfg[p + "TRUNCATE_SRC"]:
+            raise r.error(UnsupportedError, f"{p}TRUNCATE_SRC=1 (shift from memory) is not modelled",
+                          f"DPU_{stage}_MUL_CFG")
+        if mul_from_mem:
+            dt = _operand_prec(is_float, "MUL")
+            m = dpu_rdma.per_channel(r, mem, base_reg, channels, dt, f"DPU {stage} operand DMA")
+            traffic.read[f"{'B' if stage == 'BS' else 'N'}RDMA"] = channels * dt.itemsize
+            m = m.astype(np.float32 if is_float else np.int64).reshape(shape)
+        elif is_float:
+            m = np.float32(np.array([mul_cfg[p + "MUL_OPERAND"]], np.uint16).view(np.float16)[0])
+        else:
+            m = r.signed(f"DPU_{stage}_MUL_CFG", p + "MUL_OPERAND")
+        shift_pos = mul_cfg[p + "MUL_SHIFT_VALUE"]
+        shift_neg = r.field("DPU_DATA_FORMAT", f"{p}MUL_SHIFT_VALUE_NEG")
+        prelu = cfg[p + "MUL_PRELU"]
+        if is_float:
+            if shift_pos or shift_neg:
+                raise r.error(UnsupportedError, f"{p}MUL shifts on a float datapath are not modelled",
+                              f"DPU_{stage}_MUL_CFG")
+            y = x * m
+        else:
+            prod = x * m
+            mode = rounding(quirks, 1)
+            y = np.where(prod >= 0, shift_round(prod, shift_pos, mode), shift_round(prod, shift_neg, mode))
+        x = np.where(x < 0, y, x) if prelu else y
+
+    if not cfg[p + "RELU_BYPASS"]:
+        if cfg[p + "RELUX_EN"]:
+            raw = r.value(f"DPU_{stage}_RELUX_CMP_VALUE")
+            cap = np.array([raw], np.uint32).view(np.float32)[0] if is_float else r.signed(
+                f"DPU_{stage}_RELUX_CMP_VALUE")
+            x = np.clip(x, 0, cap)
+        else:
+            x = np.maximum(x, 0)
+    elif cfg[p + "RELUX_EN"]:
+        raise r.error(FieldError, f"{p}RELUX_EN with {p}RELU_BYPASS: the clamp needs the ReLU", cfg_reg)
+    return x
+
+
+def _ew(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, x: np.ndarray, rdma: dpu_rdma.RdmaMode | None,
+        main: DpuInput, is_float: bool, shape: tuple[int, int, int], traffic: DpuTraffic,
+        lut_state: tuple[np.ndarray, set]) -> np.ndarray:
+    cfg = r.fields("DPU_EW_CFG")
+    erdma = r.fields("DPU_RDMA_RDMA_ERDMA_CFG") if rdma is not None else None
+    erdma_on = erdma is not None and not erdma["ERDMA_DISABLE"]
+    uses_operand = not cfg["EW_BYPASS"] and not cfg["EW_OP_BYPASS"] and cfg["EW_OP_SRC"]
+    if erdma_on != uses_operand:
+        if erdma_on:
+            raise r.error(HangError, "ERDMA is enabled but the EW stage takes no operand from it (an armed, "
+                          "unconsumed ERDMA hangs the job: mrdma-trap corollary)", "DPU_RDMA_RDMA_ERDMA_CFG")
+        raise r.error(HangError, "the EW stage takes its operand from ERDMA (EW_OP_SRC=1) but ERDMA is "
+                      "disabled", "DPU_EW_CFG")
+    if cfg["EW_BYPASS"]:
+        return x
+    if cfg["EW_EQUAL_EN"] or cfg["EW_BINARY_EN"]:
+        raise r.error(UnsupportedError, "EW min/max equal/binary modes are not modelled", "DPU_EW_CFG")
+    use_lut = not cfg["EW_LUT_BYPASS"]
+    if use_lut:
+        if not is_float:
+            raise r.error(UnsupportedError, "the LUT on an integer datapath is not modelled (Q18)", "DPU_EW_CFG")
+        if uses_operand:
+            raise r.error(UnsupportedError, "an ERDMA operand and the LUT in one EW stage: their order is "
+                          "unknown (Q18)", "DPU_EW_CFG")
+    if not cfg["EW_OP_BYPASS"] and not cfg["EW_OP_SRC"]:
+        # the validated LUT programs leave the EW op on with a register operand of 0
+        # (EW_CFG = RELU_BYPASS | OP_CVT_BYPASS); on hardware it does not clamp the
+        # table index, so exactly that form is treated as inert (Q18)
+        operands = [r.value(f"DPU_EW_OP_VALUE_{i}") for i in range(8)]
+        inert = (use_lut and not cfg["EW_OP_TYPE"] and cfg["EW_ALU_ALGO"] == 0 and cfg["EW_OP_CVT_BYPASS"]
+                 and not any(operands))
+        if not inert:
+            raise r.error(UnsupportedError, "an EW operation on the EW_OP_VALUE registers (EW_OP_SRC=0) is not "
+                          "modelled (only the LUT programs' inert form)", "DPU_EW_CFG")
+    elif not cfg["EW_OP_BYPASS"]:
+        if main.mode == "flying" and quirks.flying_erdma == "reject":
+            raise r.error(QuirkRejection, "an ERDMA operand without a convolution feeding the DPU wrote zeros "
+                          "on hardware (Q13); use an identity convolution as the main feed", "DPU_EW_CFG")
+        size = cfg["EDATA_SIZE"]
+        if size != erdma["ERDMA_DATA_SIZE"] or size not in EDATA_BYTES:
+            raise r.error(FieldError, f"EDATA_SIZE={size} / ERDMA_DATA_SIZE={erdma['ERDMA_DATA_SIZE']}: must "
+                          "agree and be 8, 16 or 32 bit", "DPU_EW_CFG")
+        if cfg["EW_DATA_MODE"] != erdma["ERDMA_DATA_MODE"] or cfg["EW_DATA_MODE"] not in (0, 1):
+            raise r.error(FieldError, f"EW_DATA_MODE={cfg['EW_DATA_MODE']} / ERDMA_DATA_MODE="
+                          f"{erdma['ERDMA_DATA_MODE']}: must agree and be per channel (0) or per pixel (1)",
+                          "DPU_EW_CFG")
+        if erdma["ERDMA_SURF_MODE"] or erdma["ERDMA_NONALIGN"]:
+            raise r.error(UnsupportedError, "ERDMA surface/non-align modes are not modelled",
+                          "DPU_RDMA_RDMA_ERDMA_CFG")
+        nbytes = EDATA_BYTES[size]
+        if is_float:
+            if nbytes == 1:
+                raise r.error(FieldError, "an 8-bit EW operand on a float datapath", "DPU_EW_CFG")
+            eprec = PRECISIONS[2 if nbytes == 2 else 5]
+        else:
+            eprec = PRECISIONS[{1: 0, 2: 1, 4: 4}[nbytes]]
+            if nbytes == 4 and quirks.ew_int32 == "reject":
+                raise r.error(QuirkRejection, "a 32-bit integer EW operation: the EW ALU is reported float-only "
+                              "(int32 adds return garbage, Q5)", "DPU_EW_CFG")
+        c, h, w = shape
+        raw, nread = dpu_rdma.ew_operand(r, mem, rdma, eprec, cfg["EW_DATA_MODE"] == 1, c, h, w)
+        traffic.read["ERDMA"] = nread
+        e = raw.astype(np.float32) if is_float else raw.astype(np.int64)
+        e = _ew_cvt(r, quirks, e, cfg, is_float)
+        if cfg["EW_OP_TYPE"]:
+            x = _ew_mul(r, quirks, x, e, cfg, is_float)
+        else:
+            algo = EW_ALU.get(cfg["EW_ALU_ALGO"])
+            if algo is None:
+                raise r.error(UnsupportedError, f"EW_ALU_ALGO={cfg['EW_ALU_ALGO']} is not modelled "
+                              "(0 max, 1 min, 2 add, 4 minus)", "DPU_EW_CFG")
+            x = {"max": np.maximum, "min": np.minimum, "add": np.add, "minus": np.subtract}[algo](x, e)
+    if use_lut:
+        x = lut.apply(r, lut_state[0], lut_state[1], x)
+    if not cfg["EW_RELU_BYPASS"]:
+        if cfg["EW_RELUX_EN"]:
+            raw = r.value("DPU_EW_RELUX_CMP_VALUE")
+            cap = np.array([raw], np.uint32).view(np.float32)[0] if is_float else r.signed("DPU_EW_RELUX_CMP_VALUE")
+            x = np.clip(x, 0, cap)
+        else:
+            x = np.maximum(x, 0)
+    return x
+
+
+def _ew_cvt(r: TaskRegisters, quirks: Quirks, e: np.ndarray, cfg, is_float: bool) -> np.ndarray:
+    if cfg["EW_OP_CVT_BYPASS"]:
+        return e
+    sc = r.fields("DPU_EW_CVT_SCALE_VALUE")
+    scale, shift = sc["EW_OP_CVT_SCALE"], sc["EW_OP_CVT_SHIFT"]
+    offset = r.signed("DPU_EW_CVT_OFFSET_VALUE")
+    if scale & 0x8000:
+        raise r.error(FieldError, f"EW_OP_CVT_SCALE={scale:#x}: the sign of a scale >= 0x8000 is unknown",
+                      "DPU_EW_CVT_SCALE_VALUE")
+    if is_float:
+        if offset or shift:
+            raise r.error(UnsupportedError, "EW operand conversion with offset/shift on a float datapath is "
+                          "not modelled", "DPU_EW_CVT_SCALE_VALUE")
+        return e * np.float32(scale)
+    mode = rounding(quirks, cfg["EW_CVT_ROUND"])
+    if cfg["EW_CVT_TYPE"]:  # add first
+        return shift_round((e + offset) * scale, shift, mode)
+    return shift_round(e * scale, shift, mode) + offset
+
+
+def _ew_mul(r: TaskRegisters, quirks: Quirks, x, e, cfg, is_float: bool):
+    trunc = r.field("DPU_EW_CVT_SCALE_VALUE", "EW_TRUNCATE")
+    trunc_neg = r.field("DPU_DATA_FORMAT", "EW_TRUNCATE_NEG")
+    if is_float:
+        if trunc or trunc_neg:
+            raise r.error(UnsupportedError, "EW_TRUNCATE on a float datapath is not modelled",
+                          "DPU_EW_CVT_SCALE_VALUE")
+        y = x * e
+    else:
+        prod = x * e
+        mode = rounding(quirks, 1)
+        y = np.where(prod >= 0, shift_round(prod, trunc, mode), shift_round(prod, trunc_neg, mode))
+    return np.where(x < 0, y, x) if cfg["EW_MUL_PRELU"] else y
+
+
+def _out_cvt(r: TaskRegisters, quirks: Quirks, x: np.ndarray, is_float: bool) -> tuple[Precision, np.ndarray]:
+    out = r.field("DPU_DATA_FORMAT", "OUT_PRECISION")
+    sc = r.fields("DPU_OUT_CVT_SCALE")
+    sh = r.fields("DPU_OUT_CVT_SHIFT")
+    offset = r.signed("DPU_OUT_CVT_OFFSET")
+    scale, shift = sc["OUT_CVT_SCALE"], sh["OUT_CVT_SHIFT"]
+    to16 = sc["FP32TOFP16_EN"]
+    if is_float:
+        if out not in OUT_PRECISIONS_FLOAT:
+            raise r.error(UnsupportedError, f"OUT_PRECISION={out} from a float datapath is not modelled "
+                          "(fp16 via FP32TOFP16_EN, or fp32)", "DPU_DATA_FORMAT")
+        if bool(to16) != (out == 2):
+            raise r.error(FieldError, f"FP32TOFP16_EN={to16} with OUT_PRECISION={out}: fp16 output needs the "
+                          "fp32->fp16 converter and only fp16 output may use it", "DPU_OUT_CVT_SCALE")
+        if shift:
+            raise r.error(UnsupportedError, "OUT_CVT_SHIFT on a float datapath is not modelled",
+                          "DPU_OUT_CVT_SHIFT")
+        f = x.astype(np.float32)
+        if sh["CVT_TYPE"]:
+            f = (f + np.float32(offset)) * np.float32(scale)
+        else:
+            f = f * np.float32(scale) + np.float32(offset)
+        if sh["MINUS_EXP"]:
+            f = f * np.float32(2.0 ** -sh["MINUS_EXP"])
+        return PRECISIONS[out], f
+    if out not in OUT_PRECISIONS_INT:
+        raise r.error(UnsupportedError, f"OUT_PRECISION={out} from an integer datapath is not modelled "
+                      "(int8, int16, int32 or an fp32 cast; fp16 output garbles beyond small tiles)",
+                      "DPU_DATA_FORMAT")
+    if to16 or sh["MINUS_EXP"]:
+        raise r.error(FieldError, "FP32TOFP16_EN / MINUS_EXP belong to the float datapath", "DPU_OUT_CVT_SCALE")
+    if shift > 62:
+        raise r.error(FieldError, f"OUT_CVT_SHIFT={shift} shifts every value to 0 or -1", "DPU_OUT_CVT_SHIFT")
+    mode = rounding(quirks, sh["CVT_ROUND"])
+    if sh["CVT_TYPE"]:  # ALU (offset) first, then multiply
+        y = shift_round((x + offset) * scale, shift, mode)
+    else:
+        y = shift_round(x * scale, shift, mode) + offset
+    if out == 5:
+        return PRECISIONS[5], y.astype(np.float32)
+    lo, hi = INT_RANGE[out]
+    return PRECISIONS[out], np.clip(y, lo, hi)
+
+
+def _write(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, y: np.ndarray, out: Precision, main: DpuInput,
+           orig: int, dims: tuple[int, int, int]) -> int:
+    w, h, c = dims
+    ow = r.fields("DPU_BS_OW_CFG")
+    sizes = {ow["SIZE_E_0"], ow["SIZE_E_1"], ow["SIZE_E_2"]}
+    key = ("depthwise" if main.mode == "depthwise" else "direct", main.prec.code)
+    per_pass = quirks.dpu_channels_per_pass.get(key)
+    if per_pass is None:
+        raise r.error(UnsupportedError, f"no known DPU writer geometry for a {key[0]} {main.prec.name} "
+                      "datapath (Q4)", "DPU_BS_OW_CFG")
+    size_e = per_pass * out.itemsize // 8 - 1
+    if sizes != {size_e}:
+        raise r.error(QuirkRejection, f"SIZE_E_0/1/2={ow['SIZE_E_0']}/{ow['SIZE_E_1']}/{ow['SIZE_E_2']}: a "
+                      f"{key[0]} {main.prec.name} datapath writing {out.name} passes {per_pass} channels "
+                      f"= {per_pass * out.itemsize} bytes, size_e {size_e} (Q4)", "DPU_BS_OW_CFG")
+    stride = r.value("DPU_DST_SURF_STRIDE")
+    surf_add = r.value("DPU_SURFACE_ADD")
+    if surf_add != stride * (size_e + 1):
+        raise r.error(QuirkRejection, f"SURFACE_ADD={surf_add:#x} must be DST_SURF_STRIDE x (size_e+1) = "
+                      f"{stride * (size_e + 1):#x} (Q4)", "DPU_SURFACE_ADD")
+    for name in quirks.unnamed_zero:
+        if name.startswith("UNNAMED_0x40") and r.value(name) != 0:
+            raise r.error(FieldError, f"{name}={r.value(name):#x}: every known-good stream writes 0 (Q8)", name)
+    notch = r.fields("DPU_DATA_CUBE_NOTCH_ADDR")
+    if notch["NOTCH_ADDR_0"] != notch["NOTCH_ADDR_1"]:
+        raise r.error(QuirkRejection, "NOTCH_ADDR_0 and NOTCH_ADDR_1 differ; only equal values are known "
+                      "(Q4)", "DPU_DATA_CUBE_NOTCH_ADDR")
+    line = w + notch["NOTCH_ADDR_0"]
+    base = r.value("DPU_DST_BASE_ADDR")
+    if base % ATOM:
+        raise r.error(AlignmentError, f"destination {base:#x} is not 16-byte aligned (TRM: bits 31:4)",
+                      "DPU_DST_BASE_ADDR")
+    c2 = out.c2
+    channels = -(-c // per_pass) * per_pass  # the writer emits whole passes
+    surfaces = -(-channels // c2)
+    full = np.empty((surfaces * c2, h, w), y.dtype)
+    full[:orig] = y[:orig]
+    pend = r.signed("DPU_OFFSET_PEND", "OFFSET_PEND")
+    full[orig:] = pend if not out.is_float else np.float32(
+        np.array([pend & 0xFFFF], np.uint16).view(np.float16)[0])
+    if out.is_float:
+        stored = from_float(full, out)
+    else:
+        stored = full.astype(out.storage)
+    native = stored.reshape(surfaces, c2, h, w).transpose(0, 2, 3, 1)
+    try:
+        view = mem.strided(base, (surfaces, h, w, c2), (stride, line * ATOM, ATOM, out.itemsize),
+                           out.storage, "DPU write-back (WDMA)", writable=True)
+    except SimError as exc:
+        raise exc.located(register="DPU_DST_BASE_ADDR", entry=r.entry("DPU_DST_BASE_ADDR"))
+    view[...] = native
+    return surfaces * h * w * ATOM

@@ -1,0 +1,202 @@
+"""Every open hardware question the simulator has to answer, in one place.
+
+The public sources (RK3588 TRM ch. 36 as transcribed in allbilly/rk3588
+experimental/rk3588_trm.md @ 40fae7b; Mesa's rocket driver @ bminor/mesa-mesa
+5b829658; Linux drivers/accel/rocket @ torvalds/linux 0755a4e3;
+gregordinary/rockchip-npu-notes @ e0c72133; gregordinary/rocket-userspace @
+e0677862; mtx512/rk3588-npu @ 47239478; happyme531/rknpu2_matmul_open) disagree
+or are silent on these. For each, `QUESTIONS` records what the sources say and
+which reading the simulator takes; `Quirks` holds the switches the blocks
+consult. The rule when unsure: take the reading under which the simulator
+REJECTS what might fail on a board, so that what passes here is safe there.
+A board measurement changes one value below (and the row in
+docs/hardware-questions.md, which mirrors this table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    title: str
+    sources: str
+    reading: str
+
+
+QUESTIONS: tuple[Question, ...] = (
+    Question(
+        "Q1", "int8 tasks chained in one hardware kick",
+        "gregordinary (rocket + batched-submit patch): only the first int8/int4 task of a chained "
+        "kick is correct, fp16 chains are bit-exact. happyme531 and RKNN (vendor driver) chain int8 "
+        "GEMM tasks exactly.",
+        "Reject: in a chained kick, a task after the first whose CORE precision is an integer type "
+        "raises QuirkRejection (`chained_integer_tasks`). Stock rocket (one kick per task) is unaffected."),
+    Question(
+        "Q2", "feature maps with fewer than 4 rows (M < 4 GEMV)",
+        "gregordinary: H < 4 gives wrong results for every dtype with realistic data; their one-shot "
+        "entry points pad M=1 to 4. mtx512 accepts M=1; RKLLM decodes with M=1 (vendor stack).",
+        "Reject a convolution whose input has fewer than `min_feature_rows` (4) rows (CNA DMA_HEIGHT)."),
+    Question(
+        "Q3", "CNA LINE_STRIDE / SURF_STRIDE units and semantics",
+        "TRM: 'line_stride: feature width with virtual box', 'surf_stride: feature map actual surface "
+        "area', no units. Every working stream fits one model (hw-matmul.md 2.2): 16-byte units; with "
+        "group-line fetch on, LINE_STRIDE is the step between groups of 4 lines (4*W when dense) and a "
+        "channel surface starts SURF_STRIDE + LINE_STRIDE after the previous one; with group-line off "
+        "LINE_STRIDE is the row pitch and the surface step SURF_STRIDE + W. In the 1-channel (ARGB) "
+        "mode Mesa's LINE_STRIDE is the row pitch in bytes.",
+        "That model, and nothing else: group-line mode requires LINE_STRIDE == 4*DMA_WIDTH (other "
+        "values would separate the two readings, so they are rejected); SURF_STRIDE is read as a "
+        "28-bit two's complement number (happyme531 programs -3*M). The ARGB mode is modelled for "
+        "1 channel (ARGB_IN=8) only."),
+    Question(
+        "Q4", "DPU write geometry: size_e, SURFACE_ADD, NOTCH",
+        "TRM: size_e 'how many 8 channels in a row ... (minus 1)', SURFACE_ADD 'how many surfaces in a "
+        "row', notch 'pixels from the end of width to the end of the line'. Working streams: int8 "
+        "conv size_e=1 SURF_ADD=2*S, depthwise int8 3/4*S, fp16 out 1/2*S, fp32 out 3/4*S, int32 out "
+        "7/8*S (gregordinary size-e-quirk: int32 with the 'natural' 3 leaves surfaces unwritten), "
+        "allbilly row-major fp32 output: NOTCH_ADDR_0 = NOTCH_ADDR_1 = row atoms - 1.",
+        "The DPU writes a fixed number of channels per pass (`dpu_channels_per_pass`: 16 for int8 "
+        "direct, 32 int8 depthwise, 8 for fp16/bf16 direct, 16 fp16 depthwise (rocket-userspace "
+        "gen_conv2d_dw_fp16, HW-validated with size_e 3 for fp16 out; its fp32-out depthwise variant "
+        "writes size_e 3 with SURFACE_ADD 8*S, which this reading rejects)); size_e must be "
+        "pass*out_bytes/8 - 1 in "
+        "all three fields and SURFACE_ADD must be DST_SURF_STRIDE*(size_e+1); any other value "
+        "raises. Output line pitch = (width + NOTCH_ADDR_0) atoms; NOTCH_ADDR_1 must equal NOTCH_ADDR_0. "
+        "int16 convolutions have no writer entry: gregordinary found their output writer emits one "
+        "int32 tile or a transposed saturating buffer, never the full result (output-transpose-int16.md)."),
+    Question(
+        "Q5", "on-NPU int32 element-wise add (EW stage with 32-bit integer operands)",
+        "gregordinary: the EW ALU is float-only, int32 adds return garbage (HW-tested). happyme531: a "
+        "standalone DPU task does exact int32 split-K reduction on the vendor driver.",
+        "Reject an EW ALU/MUL operation on 32-bit operands when the DPU processes integers "
+        "(`ew_int32`)."),
+    Question(
+        "Q6", "per-task limits: large N, large K, FEATURE_GRAINS, the int8 slack bank",
+        "13-bit DPU cube fields allow 8191, but a cube at the 8191 ceiling corrupts a tail "
+        "(gregordinary LUT QUIRK 3) and N=8192 fp16 poisoned a later job (happyme531, 4096 safe). "
+        "happyme531 saw an int8 timeout at K=3840, M>4. TRM: FEATURE_GRAINS 'suggested' "
+        "y_stride + kernel_h + 1. gregordinary: an int8 feature tile with W=1 needs one CBUF bank "
+        "of slack (last rows garbled at 97-99% fill).",
+        "DPU cube width/height/channels <= `max_dpu_cube` (4096); FEATURE_GRAINS >= y_stride + "
+        "kernel_h + 1; int8 with DATAIN_WIDTH == 1 needs DATA_BANK >= ceil(bytes/32 KiB) + 1. The "
+        "K=3840 report is vendor-driver only and not enforced."),
+    Question(
+        "Q7", "which hardware field maps to which axis for non-square maps and kernels",
+        "Mesa writes TFLite H into DATAIN_WIDTH (self-consistent only for square shapes, README of the "
+        "golden captures); gregordinary writes the real width and kept a stride-swap knob for bring-up.",
+        "WIDTH is the contiguous axis (atoms of one line, LINE_STRIDE apart), HEIGHT counts lines; "
+        "CONV_X_STRIDE, PAD_LEFT and WEIGHT_WIDTH go with width. Under this reading Mesa's non-square "
+        "3x3 streams compute a different convolution than their reference (reported, not hidden)."),
+    Question(
+        "Q8", "CORE 0x3030 and DPU 0x40C4 (unnamed registers)",
+        "Not in registers.xml; Mesa and rocket-userspace always write 0.",
+        "A task enabling CORE (DPU) must write CORE 0x3030 (DPU 0x40C4) with 0; anything else raises "
+        "(`unnamed_zero`)."),
+    Question(
+        "Q9", "PC_OPERATION_ENABLE bits",
+        "TRM: bit 55 of a regcmd entry sets op_en of the blocks in its value; example 0x7f. Working "
+        "masks: 0x0D, 0x1D (conv), 0x18 (DPU only), 0x60 (PPU). Bit 1 names no block in registers.xml.",
+        "Bits: CNA 0, CORE 2, DPU 3, DPU_RDMA 4, PPU 5, PPU_RDMA 6. Bit 1 raises; CNA and CORE only "
+        "together; DPU only with DPU_RDMA (rocket hangs on an unprogrammed DPU-RDMA, mrdma-trap)."),
+    Question(
+        "Q10", "OUT_CVT rounding",
+        "TRM: CVT_ROUND 'rounding type when 0.5' (0: carry if odd, 1: always carry), i.e. round to "
+        "nearest. gregordinary out-cvt-converter: the shift truncates (floor) on the integer path.",
+        "Round to nearest, ties per CVT_ROUND (0: to even, 1: up); the same for the BS/BN MUL and EW "
+        "shifts and CLIP_TRUNCATE (`out_cvt_rounding`). Chosen by replaying Mesa's captures against "
+        "their independent references: nearest reproduces 187 exactly and the rest within 1 LSB, a "
+        "floor shift only 11 exactly."),
+    Question(
+        "Q11", "BS/BN ALU algorithms",
+        "TRM: 2 = add, 4 = minus, 0/1/3 reserved. hw-matmul.md (NVDLA reading): 0 max, 1 min.",
+        "Add and minus only (`bs_bn_alu_algos`); max/min raise."),
+    Question(
+        "Q12", "tasks without a DPU interrupt; PPU completion",
+        "Linux rocket_job.c completes a task only on DPU_0/DPU_1 raw interrupt status; a PPU-only "
+        "task (mask 0x60) never completes there. gregordinary runs PPU pools on a patched stack.",
+        "Every task must enable the DPU writing to memory (`completion_blocks`)."),
+    Question(
+        "Q13", "element-wise operand fetch (ERDMA) without a convolution",
+        "gregordinary: a flying (DPU-only) EW with an ERDMA operand wrote all zeros; an identity "
+        "convolution as main feed works. happyme531 runs standalone int32 adds on the vendor driver.",
+        "Reject an ERDMA operand in flying mode (`flying_erdma`)."),
+    Question(
+        "Q14", "PPU precision",
+        "gregordinary: PPU int8 pooling reads the bytes as fp16 (garbage); fp16 is bit-exact.",
+        "PPU/PPU_RDMA must process fp16 (`ppu_precisions`)."),
+    Question(
+        "Q15", "atrous (dilated) convolution encoding",
+        "TRM: 'pad numbers inserted ... between 2 pixels'; rocket-userspace writes rate-1 and calls it "
+        "a guess; Mesa rejects dilation.",
+        "Non-zero ATROUS_X/Y_DILATION raises."),
+    Question(
+        "Q16", "elementwise operand surface stride floor",
+        "Mesa and gregordinary program EW_SURF_STRIDE = max(W*H, 12) surfaces; gregordinary: below "
+        "12 the upper channel surfaces mis-stride on hardware.",
+        "With the combined MRDMA/ERDMA read (COMB_USE=5) EW_SURF_STRIDE must equal the operand surface "
+        "(W*H atoms of the whole cube), so W*H < 12 raises."),
+    Question(
+        "Q17", "CPEND (BS_OW_OP x input window sum) and CORE CLIP_TRUNCATE",
+        "Mesa subtracts the input zero-point term from the bias divided by 2^t but lets the OW_OP term "
+        "through CPEND; its captures with truncation all have OW_OP = 0. rocket-userspace's "
+        "HW-validated fp16 depthwise writes OW_OP=0x80 with OD_BYPASS=0.",
+        "CPEND adds OW_OP x (sum of the input window, all DATAIN_CHANNEL channels, padding included) on "
+        "integer datapaths and needs QD_EN=1; it is inert on float datapaths; a non-zero OW_OP with "
+        "CLIP_TRUNCATE != 0 raises."),
+    Question(
+        "Q18", "the LUT and the EW stage around it",
+        "gregordinary dpu-lut-activation.md (HW): BN maps x to an index, 513-entry LE/LO tables with "
+        "index select 5 over [-16384, 0] / [0, 16384], hybrid mux on the sign, slopes outside; an entry "
+        "of 0 decodes as ~4.0; its EW word leaves the EW op on with a zero register operand. "
+        "act_lut_readme.md: entries are signed int16.",
+        "Exactly that configuration, on a float datapath, with both tables uploaded in the same task: "
+        "signed 16-bit entries, linear interpolation, result rounded to an integer; the EW op with a "
+        "zero register operand is inert; other LUT_CFG values, geometries, a zero entry, an ERDMA "
+        "operand next to the LUT raise. The x~0 and flat-run glitches are not modelled."),
+    Question(
+        "Q19", "how many channels the DPU writes",
+        "TRM: DATA_CUBE_CHANNEL.CHANNEL is the cube, ORIG_CHANNEL the 'original output channel', "
+        "OFFSET_PEND 'what value the extra channel be set'. Mesa programs CHANNEL = 32 for 16 real "
+        "channels (64 for depthwise <= 32) and allocates output BOs twice the data size.",
+        "The WDMA writes CHANNEL+1 channels rounded up to whole passes; channels past ORIG_CHANNEL hold "
+        "OFFSET_PEND. Buffers must hold all of them (Mesa's depthwise streams with <= 16 channels write "
+        "past their output BO under this reading)."),
+    Question(
+        "Q20", "fp16/bf16 accumulation order",
+        "hw-matmul.md 1: the accumulator keeps fp16 sums in an FP32-class precision; the order is not "
+        "documented. rocket-userspace's fp32-out gate passes at a normalised error below 2e-4.",
+        "Products are exact in fp32 and summed in fp32 by sgemm, whose order is one valid fp32 order; "
+        "results differ from the hardware's by fp32 rounding only (bounded by K * 2^-23 * sum|a*b|). "
+        "Tests compare fp16 paths against that bound, never bit for bit."),
+)
+
+
+def _default_passes() -> dict[tuple[str, int], int]:
+    # (conv mode, CORE precision) -> channels per DPU pass (Q4)
+    return {("direct", 0): 16, ("depthwise", 0): 32, ("direct", 2): 8, ("direct", 3): 8,
+            ("depthwise", 2): 16, ("depthwise", 3): 16}
+
+
+@dataclass(frozen=True)
+class Quirks:
+    """The readings in force (defaults = the conservative ones documented above)."""
+
+    chained_integer_tasks: str = "reject"  # Q1: "reject" | "allow"
+    min_feature_rows: int = 4  # Q2
+    dpu_channels_per_pass: dict = field(default_factory=_default_passes)  # Q4
+    ew_int32: str = "reject"  # Q5
+    max_dpu_cube: int = 4096  # Q6
+    int8_width1_slack_bank: bool = True  # Q6
+    feature_grains_min: bool = True  # Q6
+    unnamed_zero: tuple[str, ...] = ("UNNAMED_0x3030", "UNNAMED_0x40c4")  # Q8
+    out_cvt_rounding: str = "nearest"  # Q10: "nearest" (tie per CVT_ROUND) | "floor"
+    bs_bn_alu_algos: tuple[int, ...] = (2, 4)  # Q11
+    completion_blocks: tuple[str, ...] = ("DPU",)  # Q12
+    flying_erdma: str = "reject"  # Q13
+    ppu_precisions: tuple[int, ...] = (2,)  # Q14
+
+
+DEFAULT = Quirks()

@@ -1,0 +1,412 @@
+"""Every emitter op run on the NPU simulator against numpy, over hypothesis sweeps.
+
+Integer outputs are compared bit for bit with the integer arithmetic the op
+promises (the DPU plan's requantization model, epilogue.DpuPlan.apply, applied to
+an accumulator numpy computes independently) and checked to be within one step
+of the ideal real-valued result; float outputs to fp16-level tolerance.
+Sweep sizes are listed in docs/npu-emitters.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings, strategies as st
+
+from compiler.npu import api, epilogue
+from compiler.npu.quant import requantize, rne_shift
+from ir.errors import UnsupportedError
+
+sim = pytest.importorskip("runtime.sim", reason="the NPU simulator (issue 3) is not in this tree yet")
+from npu_runner import run  # noqa: E402
+
+SWEEP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+rng = np.random.default_rng(12345)
+
+
+def _run(results, inputs, device=None, **kw):
+    """Run on the simulator; a program the simulator declares it does not model
+    (its UnsupportedError) skips the test with the simulator's own words."""
+    from runtime.sim.errors import UnsupportedError as NotModelled
+
+    try:
+        return run(results if isinstance(results, list) else [results], device or sim.SimDevice(), inputs, **kw)
+    except NotModelled as exc:
+        if "not modelled" not in str(exc):
+            raise
+        pytest.skip(f"simulator: {exc}")
+
+
+def _sim_reads(question: str) -> bool:
+    """Whether the simulator's table of hardware readings has `question`."""
+    from runtime.sim.quirks import QUESTIONS
+
+    return any(q.id == question for q in QUESTIONS)
+
+
+def _sim_takes_fp16_depthwise() -> bool:
+    """rocket-userspace's HW-validated fp16 depthwise program writes 16 channels per
+    pass (size_e 3); a simulator reading 8 rejects it (its Q4)."""
+    from runtime.sim.quirks import DEFAULT
+
+    return DEFAULT.dpu_channels_per_pass.get(("depthwise", 2)) == 16
+
+
+def _needs_fp16_depthwise_writer():
+    if not _sim_takes_fp16_depthwise():
+        pytest.skip("this simulator reads fp16 depthwise writes as 8-channel passes (Q4), against "
+                    "rocket-userspace's HW-validated size_e 3")
+
+
+def _int8(shape, seed):
+    return np.random.default_rng(seed).integers(-128, 128, shape).astype(np.int8)
+
+
+def _fp16(shape, seed, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float16)
+
+
+# -- GEMM -----------------------------------------------------------------------------
+def _gemm(m, k, n, dtype, out, seed, epi=api.NO_EPILOGUE, aq=None, bq=None, cq=None, **opts):
+    a = _int8((m, k), seed) if dtype == "int8" else _fp16((m, k), seed)
+    b = _int8((k, n), seed + 1) if dtype == "int8" else _fp16((k, n), seed + 1, 1 / np.sqrt(k))
+    A = api.Feature.gemm("A", 0, m, k, dtype, aq)
+    C = api.Feature.gemm("C", 0, m, n, out, cq)
+    r = api.emit(api.Gemm(A, b, C, m, bq, epi, "g"), api.EmitOptions(**opts))
+    rows = api.gemm_rows(m)
+    apad = np.zeros((rows, k), a.dtype)
+    apad[:m] = a
+    got = _run(r, {"A": (A, apad.T[:, :, None])}).feature(C)[:, :m, 0].T
+    return a, b, got, r
+
+
+@SWEEP
+@given(m=st.integers(1, 70), k=st.integers(1, 300), n=st.integers(1, 200), seed=st.integers(0, 999))
+def test_gemm_int8_to_int32_is_exact(m, k, n, seed):
+    a, b, got, _ = _gemm(m, k, n, "int8", "int32", seed)
+    np.testing.assert_array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
+
+
+@SWEEP
+@given(m=st.integers(1, 40), k=st.integers(1, 300), n=st.integers(1, 100), seed=st.integers(0, 999),
+       act=st.sampled_from([None, "relu", "relu6"]), za=st.integers(-20, 20))
+def test_gemm_int8_requantized_to_int8(m, k, n, seed, act, za):
+    aq, bq = api.Quant(0.05, za), api.Quant(0.01)
+    cq = api.Quant(0.05 * 0.01 * np.sqrt(k) * 40, -3)
+    bias = np.random.default_rng(seed).integers(-3000, 3000, n)
+    epi = api.Epilogue(bias=bias, activation=act)
+    a, b, got, r = _gemm(m, k, n, "int8", "int8", seed, epi, aq, bq, cq)
+    acc = a.astype(np.int64) @ b.astype(np.int64)  # the stored values; zero points are the DPU's job
+    plan = epilogue.plan(epilogue.DpuRequest("int8", api.Feature.gemm("C", 0, m, n, "int8", cq), n, aq, bq,
+                                             b.astype(np.int64).sum(0), epi))
+    np.testing.assert_array_equal(got, plan.apply(acc.T).T)
+    real = ((a.astype(np.float64) - za) @ b.astype(np.float64) + bias) * 0.05 * 0.01
+    if act:
+        real = np.clip(real, 0, 6 if act == "relu6" else np.inf)
+    ideal = np.clip(np.rint(real / cq.scale) + cq.zero_point, -128, 127)
+    assert np.abs(got.astype(np.int64) - ideal).max() <= 1
+
+
+@SWEEP
+@given(m=st.integers(1, 40), k=st.integers(1, 200), n=st.integers(1, 100), seed=st.integers(0, 999))
+def test_gemm_int8_to_fp32_is_the_exact_sum(m, k, n, seed):
+    a, b, got, _ = _gemm(m, k, n, "int8", "fp32", seed)
+    np.testing.assert_array_equal(got, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.float32))
+
+
+@SWEEP
+@given(m=st.integers(1, 70), k=st.integers(1, 300), n=st.integers(1, 200), seed=st.integers(0, 999),
+       out=st.sampled_from(["fp32", "fp16"]))
+def test_gemm_fp16(m, k, n, seed, out):
+    a, b, got, _ = _gemm(m, k, n, "fp16", out, seed)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    tol = 1e-5 if out == "fp32" else 2e-3
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol * max(1.0, np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("m, k, n, dtype, out", [
+    (1, 64, 8200, "int8", "int32"),  # N > 8192: split over tasks and cores
+    (4, 8300, 40, "int8", "int32"),  # K > 8192: int8 partials summed on the CPU
+    (1, 8300, 32, "fp16", "fp32"),  # K > 8192 at decode M: fp32 partials on the CPU
+    (48, 8300, 48, "fp16", "fp16"),  # K > 8192: fp16 accumulated on the NPU in fp32
+    (300, 1000, 70, "int8", "int32"),  # several M tiles with resident weights
+])
+def test_gemm_edge_sizes(m, k, n, dtype, out):
+    a, b, got, r = _gemm(m, k, n, dtype, out, 7)
+    if dtype == "int8":
+        np.testing.assert_array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
+    else:
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        tol = 1e-4 if out == "fp32" else 3e-3
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+def test_gemm_fp16_runs_identically_as_one_chained_kick_per_job():
+    a = _fp16((64, 512), 1)
+    b = _fp16((512, 1024), 2, 0.05)
+    A, C = api.Feature.gemm("A", 0, 64, 512, "fp16"), api.Feature.gemm("C", 0, 64, 1024, "fp16")
+    r = api.emit(api.Gemm(A, b, C, 64), api.EmitOptions(n_tile_max=128))
+    assert max(len(j.tasks) for j in r.jobs) > 1
+    stock = _run(r, {"A": (A, a.T[:, :, None])}).feature(C)
+    chained = _run(r, {"A": (A, a.T[:, :, None])}, chained=True).feature(C)
+    np.testing.assert_array_equal(stock, chained)
+
+
+# -- convolution ----------------------------------------------------------------------
+def _conv_acc(x, w, stride, pad, depthwise, pad_value):
+    """Direct numpy convolution over the stored values, padded with `pad_value`."""
+    xp = np.pad(x.astype(np.float64 if x.dtype == np.float16 else np.int64),
+                ((0, 0), (pad[0], pad[1]), (pad[2], pad[3])), constant_values=pad_value)
+    kh, kw = w.shape[:2] if depthwise else w.shape[1:3]
+    sy, sx = stride
+    oh = (xp.shape[1] - kh) // sy + 1
+    ow = (xp.shape[2] - kw) // sx + 1
+    wv = w.astype(xp.dtype)
+    out = np.zeros(((x.shape[0] if depthwise else w.shape[0]), oh, ow), xp.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, i:i + sy * (oh - 1) + 1:sy, j:j + sx * (ow - 1) + 1:sx]
+            out += patch * wv[i, j][:, None, None] if depthwise else np.einsum("chw,oc->ohw", patch, wv[:, i, j, :])
+    return out
+
+
+@st.composite
+def conv_shapes(draw):
+    """(C, H, W, O, k, stride, (top, bottom, left, right), depthwise): kernels 1-5,
+    strides 1-2, pads below the kernel on each side independently (asymmetric,
+    one-sided), maps from 4 rows and 1 column, Cin from 1."""
+    k = draw(st.sampled_from([1, 2, 3, 5]))
+    pad = tuple(draw(st.integers(0, min(2, k - 1))) for _ in range(4))
+    h = draw(st.integers(max(4, k - pad[0] - pad[1]), 19))
+    w = draw(st.integers(max(1, k - pad[2] - pad[3]), 19))
+    return (draw(st.integers(1, 40)), h, w, draw(st.integers(1, 40)), k, draw(st.sampled_from([1, 2])), pad,
+            draw(st.booleans()))
+
+
+@SWEEP
+@given(shape=conv_shapes(), seed=st.integers(0, 999), act=st.sampled_from([None, "relu", "relu6"]),
+       zx=st.integers(-10, 10), zw=st.sampled_from([0, 0, 5]))
+def test_conv_int8(shape, seed, act, zx, zw):
+    c, h, w, o, k, s, pad, dw = shape
+    o = c if dw else o
+    if dw:
+        zw = 0
+    xq, wq = api.Quant(0.05, zx), api.Quant(0.02, zw)
+    yq = api.Quant(0.05 * 0.02 * np.sqrt(k * k * (1 if dw else c)) * 30, 4)
+    oh, ow = (h + pad[0] + pad[1] - k) // s + 1, (w + pad[2] + pad[3] - k) // s + 1
+    X = api.Feature("x", 0, c, h, w, "int8", xq)
+    Y = api.Feature("y", 0, o, oh, ow, "int8", yq)
+    wt = _int8((k, k, c) if dw else (o, k, k, c), seed + 1)
+    bias = np.random.default_rng(seed).integers(-2000, 2000, o)
+    epi = api.Epilogue(bias=bias, activation=act)
+    r = api.emit(api.Conv2D(X, wt, Y, (s, s), pad, dw, wq, epi, "c"))
+    event(f"{len(r.tasks)} task(s)")
+    x = _int8((c, h, w), seed)
+    got = _run(r, {"x": (X, x)}).feature(Y)
+    acc = _conv_acc(x, wt.astype(np.int64) - zw, (s, s), pad, dw, zx)  # the DPU's accumulator
+    sums = (wt.astype(np.int64) - zw).sum(axis=(0, 1) if dw else (1, 2, 3))
+    plan = epilogue.plan(epilogue.DpuRequest("int8", Y, o, xq, wq, sums, epi, depthwise=dw))
+    np.testing.assert_array_equal(got, plan.apply(acc))
+    real = (_conv_acc(x.astype(np.int64) - zx, wt.astype(np.int64) - zw, (s, s), pad, dw, 0)
+            + bias[:, None, None]) * 0.05 * 0.02
+    if act:
+        real = np.clip(real, 0, 6 if act == "relu6" else np.inf)
+    ideal = np.clip(np.rint(real / yq.scale) + yq.zero_point, -128, 127)
+    assert np.abs(got.astype(np.int64) - ideal).max() <= 1
+
+
+@SWEEP
+@given(shape=conv_shapes(), seed=st.integers(0, 999), bias=st.booleans(), act=st.sampled_from([None, "relu"]),
+       out=st.sampled_from(["fp16", "fp32"]))
+def test_conv_fp16(shape, seed, bias, act, out):
+    c, h, w, o, k, s, pad, dw = shape
+    if dw and not _sim_takes_fp16_depthwise():
+        event("depthwise drawn but not run: the simulator's Q4 reading rejects the fp16 depthwise writer")
+        dw = False
+    if dw:
+        c = o = 32 * (1 + c % 2)  # fp16 depthwise runs whole 32-channel groups
+        out = "fp16"
+    oh, ow = (h + pad[0] + pad[1] - k) // s + 1, (w + pad[2] + pad[3] - k) // s + 1
+    X = api.Feature("x", 0, c, h, w, "fp16")
+    Y = api.Feature("y", 0, o, oh, ow, out)
+    wt = _fp16((k, k, c) if dw else (o, k, k, c), seed + 1, 1 / k)
+    b = np.random.default_rng(seed).standard_normal(o).astype(np.float32) if bias else None
+    r = api.emit(api.Conv2D(X, wt, Y, (s, s), pad, dw, None, api.Epilogue(bias=b, activation=act), "c"))
+    x = _fp16((c, h, w), seed)
+    got = _run(r, {"x": (X, x)}).feature(Y).astype(np.float64)
+    ref = _conv_acc(x, wt, (s, s), pad, dw, 0)
+    if b is not None:
+        ref = ref + b[:, None, None]
+    if act:
+        ref = np.maximum(ref, 0)
+    np.testing.assert_allclose(got, ref, rtol=3e-3, atol=3e-3 * max(1.0, np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+def test_conv_with_fused_residual_add_and_relu(dtype):
+    c, h, w = 32, 16, 12
+    q = (lambda s, z: api.Quant(s, z)) if dtype == "int8" else (lambda s, z: None)
+    X = api.Feature("x", 0, c, h, w, dtype, q(0.05, 2))
+    Y = api.Feature("y", 0, c, h, w, dtype, q(0.2, -4))
+    R = api.Feature("r", 0, c, h, w, dtype, q(0.1, 6))
+    wt = _int8((c, 1, 1, c), 5) if dtype == "int8" else _fp16((c, 1, 1, c), 5, 0.2)
+    epi = api.Epilogue(bias=np.arange(c) * (10 if dtype == "int8" else 0.01), activation="relu",
+                       residual=api.Residual(R, "add"))
+    op = api.Conv2D(X, wt, Y, weight_quant=q(0.02, 0), epilogue=epi)
+    r = api.emit(op)
+    x = _int8((c, h, w), 1) if dtype == "int8" else _fp16((c, h, w), 1)
+    res = _int8((c, h, w), 2) if dtype == "int8" else _fp16((c, h, w), 2)
+    got = _run(r, {"x": (X, x), "r": (R, res)}).feature(Y)
+    if dtype == "int8":
+        acc = _conv_acc(x, wt, (1, 1), (0, 0, 0, 0), False, 2)
+        plan = epilogue.plan(epilogue.DpuRequest("int8", Y, c, X.quant, op.weight_quant,
+                                                 wt.astype(np.int64).sum(axis=(1, 2, 3)), epi))
+        np.testing.assert_array_equal(got, plan.apply(acc, res))
+        real = np.maximum((_conv_acc(x.astype(np.int64) - 2, wt, (1, 1), (0,) * 4, False, 0)
+                           + epi.bias[:, None, None]) * 0.001 + 0.1 * (res.astype(np.float64) - 6), 0)
+        assert np.abs(got - np.clip(np.rint(real / 0.2) - 4, -128, 127)).max() <= 1
+    else:
+        ref = np.maximum(_conv_acc(x, wt, (1, 1), (0,) * 4, False, 0) + epi.bias[:, None, None] + res, 0)
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=3e-3, atol=3e-3 * np.abs(ref).max())
+
+
+# -- element-wise -----------------------------------------------------------------------
+@SWEEP
+@given(c=st.integers(1, 70), h=st.integers(1, 20), w=st.integers(3, 24), op=st.sampled_from(api.ELEMENTWISE_OPS),
+       dtype=st.sampled_from(["int8", "fp16"]), seed=st.integers(0, 999))
+def test_elementwise(c, h, w, op, dtype, seed):
+    q = (lambda s, z: api.Quant(s, z)) if dtype == "int8" else (lambda s, z: None)
+    A = api.Feature("a", 0, c, h, w, dtype, q(0.05, 3))
+    B = api.Feature("b", 0, c, h, w, dtype, q(0.08, -7))
+    O = api.Feature("o", 0, c, h, w, dtype, q(0.2 if op == "mul" else 0.1, 2))
+    try:
+        r = api.emit(api.Elementwise(A, B, O, op, "e"))
+    except UnsupportedError as exc:
+        assert "atoms" in str(exc)  # odd or tiny atom counts only
+        event("refused: odd or tiny atom count")
+        return
+    gen = _int8 if dtype == "int8" else _fp16
+    a, b = gen((c, h, w), seed), gen((c, h, w), seed + 1)
+    got = _run(r, {"a": (A, a), "b": (B, b)}).feature(O)
+    f = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}[op]
+    if dtype == "fp16":
+        np.testing.assert_array_equal(got, f(a.astype(np.float32), b.astype(np.float32)).astype(np.float16))
+        return
+    plan = epilogue.plan(epilogue.DpuRequest("int8", O, 32, A.quant, api.Quant(1.0), np.ones(32, np.int64),
+                                             api.Epilogue(residual=api.Residual(B, op))))
+    # the integer model: v = a - za; the operand b - zb scaled to v's units (or taken
+    # as is for mul, whose scale goes to the output conversion); then requantize
+    v = a.astype(np.int64) - 3
+    rb = b.astype(np.int64) + 7
+    if op != "mul":
+        rb = rne_shift(rb * plan.ew_mul, plan.ew_shift)
+    np.testing.assert_array_equal(got, requantize(f(v, rb), plan.out_mul, plan.out_shift, 2))
+    ideal = np.clip(np.rint(f(0.05 * (a - 3.0), 0.08 * (b + 7.0)) / O.quant.scale) + 2, -128, 127)
+    assert np.abs(got - ideal).max() <= 1
+
+
+# -- LUT activations and pooling (need the simulator's LUT and PPU models) ----------------
+@pytest.mark.parametrize("function", ["sigmoid", "tanh", "silu", "gelu", "hardsigmoid", "hardswish", "exp"])
+def test_standalone_lut_activation(function):
+    from compiler.npu import lut
+
+    c, h, w = 16, 6, 40
+    X, Y = api.Feature("x", 0, c, h, w, "fp16"), api.Feature("y", 0, c, h, w, "fp16")
+    r = api.emit(api.Activation(X, Y, function))
+    plan = lut.plan(function)
+    lim = plan.spec.x_max * 0.98
+    x = np.linspace(-lim if function != "exp" else -lim, lim if function != "exp" else 0, c * h * w)
+    x = np.random.default_rng(1).permutation(x).reshape(c, h, w).astype(np.float16)
+    got = _run(r, {"x": (X, x)}).feature(Y).astype(np.float64)
+    ref = plan.function(x.astype(np.float64))
+    assert np.abs(got - ref).max() <= plan.tolerance(), (function, np.abs(got - ref).max())
+
+
+def test_conv_with_fused_lut_epilogue():
+    from compiler.npu import lut
+
+    c, h, w, o = 16, 8, 8, 32
+    X, Y = api.Feature("x", 0, c, h, w, "fp16"), api.Feature("y", 0, o, h, w, "fp16")
+    wt = _fp16((o, 1, 1, c), 3, 0.5)
+    r = api.emit(api.Conv2D(X, wt, Y, epilogue=api.Epilogue(activation="sigmoid")))
+    x = _fp16((c, h, w), 4)
+    got = _run(r, {"x": (X, x)}).feature(Y).astype(np.float64)
+    ref = lut.plan("sigmoid").function(_conv_acc(x, wt, (1, 1), (0,) * 4, False, 0))
+    assert np.abs(got - ref).max() <= lut.plan("sigmoid").tolerance()
+
+
+@pytest.mark.parametrize("method, k, s, pad", [("max", 2, 2, (0, 0, 0, 0)), ("max", 3, 1, (1, 1, 1, 1)),
+                                                ("max", 3, 2, (0, 1, 0, 1)), ("avg", 2, 2, (0, 0, 0, 0)),
+                                                ("avg", 3, 1, (0, 0, 0, 0)), ("avg", None, 1, (0, 0, 0, 0))])
+def test_ppu_pooling(method, k, s, pad):
+    from runtime.sim import Quirks
+
+    if not _sim_reads("Q18"):
+        pytest.skip("this simulator does not model the PPU yet")
+
+    c, h, w = 24, 9, 10 if k is None else 11
+    if k is None:
+        h, w = 8, 12  # global: windows 8x12
+    x = _fp16((c, h, w), 9, 4.0)
+    kh = kw = k if k else None
+    oh, ow = ((h + pad[0] + pad[1] - k) // s + 1, (w + pad[2] + pad[3] - k) // s + 1) if k else (1, 1)
+    X, Y = api.Feature("x", 0, c, h, w, "fp16"), api.Feature("y", 0, c, oh, ow, "fp16")
+    r = api.emit(api.Pool(X, Y, method, (kh, kw) if k else None, (s, s), pad), api.EmitOptions(ppu_completes=True))
+    dev = sim.SimDevice(quirks=Quirks(completion_blocks=("DPU", "PPU")))  # a kernel completing PPU tasks
+    got = _run(r, {"x": (X, x)}, device=dev).feature(Y).astype(np.float64)
+    kh, kw = (k, k) if k else (h, w)
+    fill = -np.inf if method == "max" else 0.0
+    xp = np.pad(x.astype(np.float64), ((0, 0), (pad[0], pad[1]), (pad[2], pad[3])), constant_values=fill)
+    wins = np.stack([xp[:, i:i + s * (oh - 1) + 1:s, j:j + s * (ow - 1) + 1:s] for i in range(kh) for j in range(kw)])
+    if method == "max":
+        np.testing.assert_array_equal(got, wins.max(0))
+    else:
+        ref = wins.sum(0) / (kh * kw)
+        assert np.abs(got - ref).max() <= 3e-3 * np.abs(ref).max() + 2e-3
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+def test_average_pool_as_depthwise_convolution(dtype):
+    if dtype == "fp16":
+        _needs_fp16_depthwise_writer()
+    c, h, w = 32, 12, 10
+    q = (lambda s, z: api.Quant(s, z)) if dtype == "int8" else (lambda s, z: None)
+    X = api.Feature("x", 0, c, h, w, dtype, q(0.1, 5))
+    Y = api.Feature("y", 0, c, 6, 5, dtype, q(0.1, 5))
+    r = api.emit(api.Pool(X, Y, "avg", (2, 2), (2, 2)))
+    x = _int8((c, h, w), 3) if dtype == "int8" else _fp16((c, h, w), 3)
+    got = _run(r, {"x": (X, x)}).feature(Y).astype(np.float64)
+    wins = x.astype(np.float64).reshape(c, 6, 2, 5, 2)
+    if dtype == "int8":
+        ideal = np.clip(np.rint((wins - 5).mean(axis=(2, 4))) + 5, -128, 127)
+        assert np.abs(got - ideal).max() <= 1
+    else:
+        np.testing.assert_allclose(got, wins.mean(axis=(2, 4)), rtol=3e-3, atol=3e-3)
+
+
+PER_CHANNEL_REQUANT_GAP = pytest.mark.xfail(
+    strict=True, raises=sim.SimError,
+    reason="the simulator reads BRDMA_DATA_USE=7 (int32 bias, int16 CPEND, int16 multiplier per 8-channel "
+           "64-byte group) as an unconsumed operand and does not model ALU + MUL operands from memory; "
+           "rockchip-npu-notes out-cvt-converter.md measured exactly this program on RK3588")
+
+
+@pytest.mark.parametrize("out", ["int32", pytest.param("int8", marks=PER_CHANNEL_REQUANT_GAP)])
+def test_gemm_with_per_channel_weights(out):
+    m, k, n = 20, 96, 70
+    scales = tuple(float(s) for s in np.random.default_rng(0).uniform(0.002, 0.03, n))
+    bq, aq = api.Quant(scales), api.Quant(0.05, 4)
+    cq = api.Quant(0.05 * 0.03 * 40, -6) if out == "int8" else None
+    bias = np.random.default_rng(1).integers(-2000, 2000, n)
+    epi = api.Epilogue(bias=bias, activation="relu")
+    a, b, got, r = _gemm(m, k, n, "int8", out, 5, epi, aq, bq, cq)
+    acc = a.astype(np.int64) @ b.astype(np.int64)
+    plan = epilogue.plan(epilogue.DpuRequest("int8", api.Feature.gemm("C", 0, m, n, out, cq), n, aq, bq,
+                                             b.astype(np.int64).sum(0), epi))
+    np.testing.assert_array_equal(got, plan.apply(acc.T).T)
+    real = np.maximum((a.astype(np.float64) - 4) @ b.astype(np.float64) + bias, 0)
+    if out == "int32":
+        np.testing.assert_array_equal(got, real.astype(np.int64))
+    else:
+        ideal = np.clip(np.rint(real * 0.05 * np.asarray(scales) / cq.scale) - 6, -128, 127)
+        assert np.abs(got - ideal).max() <= 1
