@@ -8,6 +8,7 @@ so calibration sees exactly the activations the compiled model will quantize.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -27,7 +28,7 @@ def activation_ranges(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarra
     ids = tokenizer.encode(CALIBRATION_TEXT.read_text())
     dense = {name: Weight(w) for name, w in weights.items()}
     windows = [cfg.swa_window if cfg.is_swa(i) else 0 for i in range(cfg.n_layer)]
-    cache = KVCache(cfg.n_layer, windows, len(ids) + 1)
+    state = SimpleNamespace(cache=KVCache(cfg.n_layer, windows, len(ids) + 1), model=None)
     ops = graph.topological_ops()
     ranges: dict[str, np.ndarray] = {}
     for start in range(0, len(ids), chunk):
@@ -40,6 +41,6 @@ def activation_ranges(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarra
                 amax = np.abs(values[op.inputs[0]]).max(axis=0)
                 w = op.inputs[1]
                 ranges[w] = amax if w not in ranges else np.maximum(ranges[w], amax)
-            for name, v in zip(op.outputs, KERNELS[op.type](ins, op.attrs, cache)):
+            for name, v in zip(op.outputs, KERNELS[op.type](ins, op.attrs, state)):
                 values[name] = v
     return ranges

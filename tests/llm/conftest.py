@@ -32,11 +32,11 @@ def synth_rkbin(synth_dir, synth_gguf):
 
     built = {}
 
-    def get(arch: str, precision: str = "fp16", chunks: tuple[int, ...] = (1, 4, 16)):
-        key = (arch, precision, chunks)
+    def get(arch: str, precision: str = "fp16", chunks: tuple[int, ...] = (1, 4, 16), alpha: float = 0.5):
+        key = (arch, precision, chunks, alpha)
         if key not in built:
-            out = synth_dir / f"{arch}-{precision}-{'_'.join(map(str, chunks))}.rkbin"
-            compile_gguf(synth_gguf(arch), out, LlmCompileOptions(precision, chunks))
+            out = synth_dir / f"{arch}-{precision}-{'_'.join(map(str, chunks))}-{alpha}.rkbin"
+            compile_gguf(synth_gguf(arch), out, LlmCompileOptions(precision, chunks, alpha))
             built[key] = out
         return built[key]
 

@@ -50,27 +50,53 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per row, as W8A8 defines it: in float32 (scale = max|x| / 127,
+    round half to even), so that values on a rounding edge round alike."""
+    x32 = x.astype(np.float32)
+    amax = np.abs(x32).max(axis=-1)
+    scale = np.where(amax > 0, amax / np.float32(127), np.float32(1))
+    q = np.clip(np.rint(x32 / scale[:, None]), -127, 127)
+    return q.astype(np.float64), scale.astype(np.float64)
+
+
 @dataclass
 class ReferenceModel:
+    """`arith`: "exact" (float64), or the arithmetic a precision defines for the
+    matrix products: "w8a8" (int8 weights per output channel, int8 activations
+    per token, exact integer sums) or "fp16" (fp16 weights and activations)."""
+
     cfg: LlmConfig
     w: dict[str, np.ndarray]
+    arith: str = "exact"
     # per layer: keys [P, Hkv, hd], values, positions [P]
     k_cache: list[list[np.ndarray]] = field(default_factory=list)
     v_cache: list[list[np.ndarray]] = field(default_factory=list)
     pos_cache: list[list[int]] = field(default_factory=list)
 
     @classmethod
-    def load(cls, path: str) -> "ReferenceModel":
+    def load(cls, path: str, arith: str = "exact") -> "ReferenceModel":
         gf = GgufFile(path)
         cfg = gf.config()
         w = {name: gf.dequantize(name).astype(np.float64) for name in gf.tensors}
-        return cls(cfg, w)
+        for name in list(w):
+            if w[name].ndim == 2 and arith == "w8a8":
+                q, s = quantize_rows(w[name])
+                w[name] = q * s[:, None]
+            elif w[name].ndim == 2 and arith == "fp16":
+                w[name] = w[name].astype(np.float16).astype(np.float64)
+        return cls(cfg, w, arith)
 
     def reset(self) -> None:
         n = self.cfg.n_layer
         self.k_cache, self.v_cache, self.pos_cache = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
 
     def lin(self, x: np.ndarray, name: str) -> np.ndarray:
+        if self.arith == "w8a8":
+            q, s = quantize_rows(x)
+            x = q * s[:, None]
+        elif self.arith == "fp16":
+            x = x.astype(np.float16).astype(np.float64)
         y = x @ self.w[f"{name}.weight"].T
         if f"{name}.bias" in self.w:
             y = y + self.w[f"{name}.bias"]
@@ -96,6 +122,9 @@ class ReferenceModel:
             base, scale = cfg.layer_rope(il)
             ff = w.get("rope_freqs.weight") if not cfg.is_swa(il) else None
             q, k = rope(q, pos, cfg, base, scale, ff), rope(k, pos, cfg, base, scale, ff)
+            if self.arith != "exact":  # the runtime keeps its KV cache in fp16, as llama.cpp does
+                k = k.astype(np.float32).astype(np.float16).astype(np.float64)
+                v = v.astype(np.float32).astype(np.float16).astype(np.float64)
             self.k_cache[il].append(k)
             self.v_cache[il].append(v)
             self.pos_cache[il].extend(pos.tolist())

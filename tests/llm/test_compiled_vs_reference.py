@@ -34,14 +34,24 @@ def references(synth_gguf):
     return {a: ReferenceModel.load(str(synth_gguf(a))) for a in ARCHS}
 
 
-@pytest.mark.parametrize("precision,min_cos,max_rel", [("fp16", 0.9999, 0.02), ("int8", 0.995, 0.12)])
+# (compiled precision, SmoothQuant alpha, reference arithmetic, min cosine, max relative error)
+CASES = [
+    ("fp16", 0.0, "fp16", 0.9999, 0.01),  # the NPU's fp16 products, as numpy computes them
+    ("int8", 0.0, "w8a8", 0.9999, 0.01),  # W8A8 as defined (int8 per channel / per token, int32 sums)
+    ("fp16", 0.0, "exact", 0.9999, 0.02),  # and both close to the exact float64 model
+    ("int8", 0.0, "exact", 0.98, 0.25),
+    ("int8", 0.5, "exact", 0.98, 0.25),  # SmoothQuant keeps the model equivalent
+]
+
+
+@pytest.mark.parametrize("precision,alpha,arith,min_cos,max_rel", CASES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_logits_match_reference(arch, precision, min_cos, max_rel, synth_rkbin, references):
-    engine = LlmEngine(synth_rkbin(arch, precision))
+def test_logits_match_reference(arch, precision, alpha, arith, min_cos, max_rel, synth_rkbin, synth_gguf):
+    engine = LlmEngine(synth_rkbin(arch, precision, alpha=alpha))
     rng = np.random.default_rng(1)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, PROMPT_LEN + 8 - 1).tolist()]
     got = _teacher_forced(engine, tokens, PROMPT_LEN)
-    ref = references[arch]
+    ref = ReferenceModel.load(str(synth_gguf(arch)), arith)
     ref.reset()
     want = ref.forward(tokens, 0)
     assert got.shape == want.shape == (len(tokens), engine.cfg.n_vocab)
