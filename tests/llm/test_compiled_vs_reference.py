@@ -37,7 +37,7 @@ def references(synth_gguf):
 # (compiled precision, SmoothQuant alpha, reference arithmetic, min cosine, max relative error)
 CASES = [
     ("fp16", 0.0, "fp16", 0.9999, 0.01),  # the NPU's fp16 products, as numpy computes them
-    ("int8", 0.0, "w8a8", 0.9999, 0.01),  # W8A8 as defined (int8 per channel / per token, int32 sums)
+    ("int8", 0.0, "w8a8", 0.9999, 0.02),  # W8A8 as defined (int8 per channel / per token, int32 sums)
     ("fp16", 0.0, "exact", 0.9999, 0.02),  # and both close to the exact float64 model
     ("int8", 0.0, "exact", 0.98, 0.25),
     ("int8", 0.5, "exact", 0.98, 0.25),  # SmoothQuant keeps the model equivalent
