@@ -81,6 +81,7 @@ def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto") -> None:
         if piece:
             click.echo(piece, nl=False)  # echo flushes: the text streams as it comes
     click.echo("")
+    sys.stdout.flush()
     click.echo(f"load: {load_s:.2f} s; placement: prefill {engine.placement.get('prefill')}, "
                f"decode {engine.placement.get('decode')}", err=True)
     for line in gen.timings.lines():

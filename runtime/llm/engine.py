@@ -28,6 +28,7 @@ from runtime.loader import LoadedModel, needs_device
 class LlmState:
     cache: KVCache
     model: LoadedModel
+    valid: int  # rows of the chunk that are real tokens (the rest pad a short chunk)
 
 
 class _LlmRun(_Run):
@@ -85,12 +86,23 @@ class LlmEngine:
         return KVCache(self.cfg.n_layer, windows, n_ctx)
 
     def run(self, program: str, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Logits of the chunk (every row, or the last real row for prefill
+        programs). Fewer tokens than the program's rows are padded: pad rows
+        never enter the KV cache and their logits are dropped."""
         import time
 
         prog = self.programs[program]
-        run = _LlmRun(self.model, prog, LlmState(cache, self.model))
-        run.write(f"{program}/tokens", np.asarray(tokens, np.int32))
-        run.write(f"{program}/positions", np.asarray(positions, np.int32))
+        rows = self.model.tensors[f"{program}/tokens"].shape[0]
+        valid = len(tokens)
+        if valid > rows:
+            raise FormatError(f"program {program} takes {rows} tokens, got {valid}")
+        pad = rows - valid
+        tokens = np.concatenate([np.asarray(tokens, np.int32), np.zeros(pad, np.int32)])
+        positions = np.asarray(positions, np.int32)
+        positions = np.concatenate([positions, positions[-1] + 1 + np.arange(pad, dtype=np.int32)])
+        run = _LlmRun(self.model, prog, LlmState(cache, self.model, valid))
+        run.write(f"{program}/tokens", tokens)
+        run.write(f"{program}/positions", positions)
         for i, step in enumerate(prog.steps):
             t = time.perf_counter()
             if step.kind == "cpu":
@@ -101,7 +113,8 @@ class LlmEngine:
                 self.times.npu_s += time.perf_counter() - t
                 self.times.submits += 1
             run.free_dead(i)
-        return np.asarray(run.read(prog.outputs[0]))
+        logits = np.asarray(run.read(prog.outputs[0]))
+        return logits if logits.shape[0] == 1 else logits[:valid]
 
     def close(self) -> None:
         self.model.close()

@@ -58,12 +58,19 @@ class Timings:
                 f"decode: {self.generated} tokens in {self.decode_s:.3f} s ({dc:.1f} t/s)"]
 
 
-def chunk_plan(n: int, chunks: list[int]) -> list[int]:
-    """Split n tokens into the available program sizes, largest first."""
+def chunk_plan(n: int, chunks: list[int]) -> list[tuple[int, int]]:
+    """(program size, tokens) pairs covering n tokens: whole chunks, largest
+    first; a remainder of two or more tokens runs padded in the smallest chunk
+    that holds it (the NPU's time for a product hardly depends on its rows)."""
     plan, sizes = [], sorted(set(chunks) | {1}, reverse=True)
     while n > 0:
-        c = next(s for s in sizes if s <= n)
-        plan.append(c)
+        fit = [s for s in sizes if s <= n]
+        c = fit[0]
+        if c == 1 and n > 1 and sizes[0] >= n:
+            c = min(s for s in sizes if s >= n)
+            plan.append((c, n))
+            break
+        plan.append((c, c))
         n -= c
     return plan
 
@@ -79,11 +86,11 @@ class Generator:
 
     def _forward(self, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:
         outs, pos = [], start
-        for c in chunk_plan(len(tokens), self.engine.chunks):
+        for c, n in chunk_plan(len(tokens), self.engine.chunks):
             name = "decode" if c == 1 else (f"score_{c}" if all_logits else f"prefill_{c}")
-            ids = np.asarray(tokens[pos - start: pos - start + c], np.int32)
-            outs.append(self.engine.run(name, ids, np.arange(pos, pos + c, dtype=np.int32), self.cache))
-            pos += c
+            ids = np.asarray(tokens[pos - start: pos - start + n], np.int32)
+            outs.append(self.engine.run(name, ids, np.arange(pos, pos + n, dtype=np.int32), self.cache))
+            pos += n
         return np.concatenate(outs) if all_logits else outs[-1][-1]
 
     def generate(self, prompt: list[int], n: int, sampler: Sampler,

@@ -138,9 +138,11 @@ def attention(inputs, attrs, state):
     """Causal attention of the new rows over the cached ones and themselves;
     with a window, a query at p sees keys at p - window < k <= p."""
     q, k, v, pos = inputs
+    n = getattr(state, "valid", len(pos))  # pad rows of a short chunk stay out of the cache
+    q, k, v, pos = q[:n], k[:n], v[:n], np.asarray(pos)[:n]
     layer = int(attrs["layer"])
     cache: KVCache = state.cache
-    keys, values, kpos = cache.context(layer, k, v, np.asarray(pos))
+    keys, values, kpos = cache.context(layer, k, v, pos)
     T, H, hd = q.shape
     Hkv = keys.shape[1]
     group = H // Hkv
@@ -154,8 +156,10 @@ def attention(inputs, attrs, state):
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
     out = np.einsum("kgtp,pkd->tkgd", probs, values, optimize=True)
-    cache.append(layer, k, v, np.asarray(pos))
-    return [out.reshape(T, H * values.shape[-1]).astype(np.float32)]
+    cache.append(layer, k, v, pos)
+    full = np.zeros((len(inputs[0]), H * values.shape[-1]), np.float32)
+    full[:n] = out.reshape(T, H * values.shape[-1])
+    return [full]
 
 
 def silu(inputs, attrs, state):
@@ -182,7 +186,8 @@ def add(inputs, attrs, state):
 
 
 def take_last(inputs, attrs, state):
-    return [inputs[0][-1:]]
+    n = getattr(state, "valid", len(inputs[0]))
+    return [inputs[0][n - 1:n]]
 
 
 KERNELS: dict[str, Kernel] = {

@@ -11,7 +11,7 @@ from llm.reference import ReferenceModel
 from runtime.llm.engine import LlmEngine
 from runtime.llm.generate import Generator, Sampler, chunk_plan
 
-PROMPT_LEN = 23  # crosses the gemma3 sliding window (6) and uses chunks 16 + 4 + 1*3
+PROMPT_LEN = 23  # crosses the gemma3 sliding window (6) and uses chunks 16 + 4 + a padded 4
 
 
 def _cosine(a, b):
@@ -81,9 +81,11 @@ def test_chunking_does_not_change_the_numbers(synth_rkbin):
 
 
 def test_chunk_plan():
-    assert chunk_plan(23, [1, 4, 16]) == [16, 4, 1, 1, 1]
+    assert chunk_plan(23, [1, 4, 16]) == [(16, 16), (4, 4), (4, 3)]
+    assert chunk_plan(17, [1, 4, 16]) == [(16, 16), (1, 1)]
     assert chunk_plan(0, [1, 32]) == []
-    assert sum(chunk_plan(1000, [1, 32, 128, 512])) == 1000
+    assert chunk_plan(6, [1, 32]) == [(32, 6)]
+    assert sum(n for _, n in chunk_plan(1000, [1, 32, 128, 512])) == 1000
 
 
 def test_perplexity_counts_every_token_but_bos_once(synth_rkbin, references):
