@@ -37,6 +37,9 @@ PROMPTS = [
     "My favourite season of the year is",
     "The largest planet in the solar system is",
     "In 1492, Columbus",
+    "One, two, three, four, five,",
+    "The days of the week are Monday, Tuesday,",
+    "To be or not to be,",
 ]
 N_TOKENS = 16
 MIN_MARGIN = 0.1
