@@ -49,8 +49,12 @@ class _Progress:
               help="GGUF LLM: prompt chunk sizes, each with a precompiled prefill program.")
 @click.option("--smooth-alpha", default=0.5, show_default=True,
               help="GGUF LLM, int8: SmoothQuant migration strength (0 disables).")
+@click.option("--keep-fp16", default="", metavar="NAMES",
+              help="GGUF LLM, int8: comma-separated weight names (substrings, e.g. ffn_down) whose products "
+                   "stay fp16 (a hybrid).")
 def compile_command(model: str, output: str | None, precision: str, calib: str | None, input_shapes: tuple[str, ...],
-                    explain: bool, cpu_only: bool, verbose: bool, prefill_chunks: str, smooth_alpha: float) -> None:
+                    explain: bool, cpu_only: bool, verbose: bool, prefill_chunks: str, smooth_alpha: float,
+                    keep_fp16: str) -> None:
     """Compile MODEL (ONNX, GGUF LLM or IR text) into an .rkbin for the NPU.
 
     \b
@@ -63,7 +67,8 @@ def compile_command(model: str, output: str | None, precision: str, calib: str |
     if Path(model).is_file() and detect_kind(Path(model)) == "gguf":
         from compiler.llm.build import LlmCompileOptions, compile_gguf
 
-        llm = LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha)
+        keep = tuple(k.strip() for k in keep_fp16.split(",") if k.strip())
+        llm = LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha, keep)
         for line in compile_gguf(model, out, llm).lines:
             click.echo(line)
         return

@@ -32,6 +32,9 @@ from runtime.llm.tokenizer import LlmTokenizer
 from runtime.llm.weights import quantize_rows
 
 DEFAULT_CHUNKS = (1, 32, 128, 512)
+# int8 is W8A8 throughout by default; `keep_fp16` makes a hybrid (e.g. ("ffn_down",):
+# the FFN's gated activations are the hardest for per-token int8; docs/llm.md)
+DEFAULT_KEEP_FP16: tuple[str, ...] = ()
 
 
 @dataclass
@@ -39,6 +42,8 @@ class LlmCompileOptions:
     precision: str = "int8"
     prefill_chunks: tuple[int, ...] = DEFAULT_CHUNKS
     smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
+    # int8 only: products whose weight name contains one of these stay fp16 (hybrid)
+    keep_fp16: tuple[str, ...] = DEFAULT_KEEP_FP16
 
 
 @dataclass
@@ -104,7 +109,16 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
         report.say(f"int8: SmoothQuant (alpha {options.smooth_alpha}) on {len(smoothed)} matrices, "
                    f"calibrated on {CALIBRATION_TEXT.name}")
         lap("calibrate")
-    matrices = {n: _encode(weights[n], options.precision) for n in _matrix_names(graph)}
+    def precision_of(name: str) -> str:
+        if options.precision == "int8" and any(k in name for k in options.keep_fp16):
+            return "fp16"
+        return options.precision
+
+    matrices = {n: _encode(weights[n], precision_of(n)) for n in _matrix_names(graph)}
+    kept = sorted(n for n in matrices if precision_of(n) != options.precision)
+    if kept:
+        report.say(f"int8: {len(kept)} products kept fp16 ({', '.join(options.keep_fp16)}): "
+                   f"{sum(matrices[n].data.nbytes for n in kept) / 1e6:.1f} MB")
     vectors = {n: w.astype(np.float32) for n, w in weights.items() if n not in matrices}
     del weights
     lap("encode")

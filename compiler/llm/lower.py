@@ -183,7 +183,10 @@ class _ProgramLowering:
 
     # -- NPU segments ------------------------------------------------------------------------
     def segment(self, ops: list[int]) -> None:
-        int8 = self.llm.precision == "int8"
+        kinds = {self.llm.matrices[self.graph.ops[i].inputs[1]].data.dtype == np.int8 for i in ops}
+        if len(kinds) != 1:
+            raise UnsupportedError(f"segment of {len(ops)} products mixes int8 and fp16 weights")
+        int8 = kinds.pop()  # a segment runs in its weights' precision (int8 builds keep some in fp16)
         dev = DType.INT8 if int8 else DType.FP16
         groups: list[NpuGroup] = []
         converted: dict[str, str] = {}
@@ -221,7 +224,7 @@ class _ProgramLowering:
             groups.append(NpuGroup(i, [i], {x: "native-gemm"}, y, "native-gemm", result))
             outputs.append((y, x, w, bias))
         lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}",
-                                self.llm.precision)
+                                "int8" if int8 else "fp16")
         for buffer, end in lowered.extents.items():
             if buffer in self.builder.tensors and self.builder.tensors[buffer].region == "scratch":
                 self.builder.grow(buffer, end)

@@ -32,11 +32,12 @@ def synth_rkbin(synth_dir, synth_gguf):
 
     built = {}
 
-    def get(arch: str, precision: str = "fp16", chunks: tuple[int, ...] = (1, 4, 16), alpha: float = 0.5):
-        key = (arch, precision, chunks, alpha)
+    def get(arch: str, precision: str = "fp16", chunks: tuple[int, ...] = (1, 4, 16), alpha: float = 0.5,
+            keep: tuple[str, ...] = ()):
+        key = (arch, precision, chunks, alpha, keep)
         if key not in built:
-            out = synth_dir / f"{arch}-{precision}-{'_'.join(map(str, chunks))}-{alpha}.rkbin"
-            compile_gguf(synth_gguf(arch), out, LlmCompileOptions(precision, chunks, alpha))
+            out = synth_dir / f"{arch}-{precision}-{'_'.join(map(str, chunks))}-{alpha}-{'_'.join(keep)}.rkbin"
+            compile_gguf(synth_gguf(arch), out, LlmCompileOptions(precision, chunks, alpha, keep))
             built[key] = out
         return built[key]
 

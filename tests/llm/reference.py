@@ -69,30 +69,35 @@ class ReferenceModel:
     cfg: LlmConfig
     w: dict[str, np.ndarray]
     arith: str = "exact"
+    keep_fp16: tuple[str, ...] = ()  # with "w8a8": weights named so use fp16 arithmetic
     # per layer: keys [P, Hkv, hd], values, positions [P]
     k_cache: list[list[np.ndarray]] = field(default_factory=list)
     v_cache: list[list[np.ndarray]] = field(default_factory=list)
     pos_cache: list[list[int]] = field(default_factory=list)
 
     @classmethod
-    def load(cls, path: str, arith: str = "exact") -> "ReferenceModel":
+    def load(cls, path: str, arith: str = "exact", keep_fp16: tuple[str, ...] = ()) -> "ReferenceModel":
         gf = GgufFile(path)
         cfg = gf.config()
         w = {name: gf.dequantize(name).astype(np.float64) for name in gf.tensors}
         for name in list(w):
-            if w[name].ndim == 2 and arith == "w8a8":
+            if w[name].ndim == 2 and arith == "w8a8" and any(k in name for k in keep_fp16):
+                w[name] = w[name].astype(np.float16).astype(np.float64)
+            elif w[name].ndim == 2 and arith == "w8a8":
                 q, s = quantize_rows(w[name])
                 w[name] = q * s[:, None]
             elif w[name].ndim == 2 and arith == "fp16":
                 w[name] = w[name].astype(np.float16).astype(np.float64)
-        return cls(cfg, w, arith)
+        return cls(cfg, w, arith, tuple(keep_fp16))
 
     def reset(self) -> None:
         n = self.cfg.n_layer
         self.k_cache, self.v_cache, self.pos_cache = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
 
     def lin(self, x: np.ndarray, name: str) -> np.ndarray:
-        if self.arith == "w8a8":
+        if self.arith == "w8a8" and any(k in name for k in self.keep_fp16):
+            x = x.astype(np.float16).astype(np.float64)
+        elif self.arith == "w8a8":
             q, s = quantize_rows(x)
             x = q * s[:, None]
         elif self.arith == "fp16":
