@@ -79,3 +79,15 @@ def test_rkrun_llm_without_prompt_is_one_line(synth_rkbin):
     r = CliRunner().invoke(rkrun, [str(synth_rkbin("llama"))])
     assert r.exit_code == 1
     assert r.output.strip().count("\n") == 0 and "needs -p PROMPT" in r.output
+
+
+def test_chat_prompt_renders_the_gguf_template():
+    from runtime.llm.cli import chat_prompt
+
+    template = ("{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+                "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    assert chat_prompt(template, "hi") == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    from ir.errors import RkcError
+
+    with pytest.raises(RkcError, match="no chat template"):
+        chat_prompt(None, "hi")
