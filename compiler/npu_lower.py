@@ -24,7 +24,6 @@ from compiler.npu import api
 from compiler.npu.assemble import assemble
 from ir.errors import UnsupportedError
 from ir.graph import Graph
-from ir.npu.regcmd import link_amount, pc_amount_for
 from ir.program import Job, Step, TaskRef
 from ir.types import DType, PerAxisQuant, PerTensorQuant
 from runtime import native
@@ -65,15 +64,6 @@ NOT_YET_RUNNABLE = {
 # the first of a chained kick are reported wrong on hardware (docs/hardware-questions.md
 # Q1), so int8 segments kick every task on its own.
 CHAINABLE = {"fp16": True, "int8": False}
-
-
-def chain_fetches_whole_tasks(jobs: list[Job]) -> bool:
-    """A hardware chain fetches each linked task with the amount its
-    predecessor's tail gives (ir.npu.regcmd.link_amount, Mesa's rule); that must
-    cover the task up to its op-enable, as pc_amount_for does for a kick. For
-    some entry counts (e.g. odd ones, like LUT uploads) it does not: such
-    segments are kicked task by task."""
-    return all(link_amount(t.count) >= pc_amount_for(t.count) for job in jobs for t in job.tasks[1:])
 
 
 def _kind(op) -> str:
@@ -463,7 +453,7 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             extents[buf] = max(extents.get(buf, 0), end)
     reads = sorted({t for g in groups for t in g.reads})
     outputs = sorted({g.output for g in groups})
-    chained = CHAINABLE[device_dtype(precision)] and chain_fetches_whole_tasks(jobs)
+    chained = CHAINABLE[device_dtype(precision)]
     step = Step(kind="npu", name=name, jobs=jobs, chained=chained, inputs=[npu_name(t) for t in reads],
                 outputs=[npu_name(t) for t in outputs],
                 stats={"layers": layers, "tasks": sum(len(j.tasks) for j in jobs),

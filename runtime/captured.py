@@ -142,11 +142,16 @@ class PlacedCase:
         everything to the NPU; -> its jobs. With `link_tails`, each task's tail
         is pointed at the next task of its job (for a hardware-chained kick;
         captures of stock rocket leave the link slots empty)."""
-        dirty = set()
+        dirty = set()  # BOs the CPU holds (PREP_BO) while it writes them
+
+        def hold(handle: int) -> BufferObject:
+            if handle not in dirty:
+                self.device.prepare_cpu_access(self.bos[handle])
+                dirty.add(handle)
+            return self.bos[handle]
+
         for handle, data in self.case.contents[s].items():
-            bo = self.bos[handle]
-            bo.host[: len(data)] = np.frombuffer(data, np.uint8)
-            dirty.add(handle)
+            hold(handle).host[: len(data)] = np.frombuffer(data, np.uint8)
         jobs = []
         for j, cj in enumerate(self.case.submits[s]):
             programs = [(t.regcmd_bo, t.regcmd_offset, self.relocated(t)) for t in cj.tasks]
@@ -156,8 +161,7 @@ class PlacedCase:
                     regcmd.link_tail(entries, nxt.regcmd_iova, nxt.regcmd_count)
             for h, offset, entries in programs:
                 raw = entries.astype("<u8").view(np.uint8)
-                self.bos[h].host[offset: offset + raw.nbytes] = raw
-                dirty.add(h)
+                hold(h).host[offset: offset + raw.nbytes] = raw
             jobs.append(Job(tasks, [self.bos[h] for h in cj.in_handles], [self.bos[h] for h in cj.out_handles],
                             lane=cj.lane, label=f"{self.case.name} submit {s} job {j}"))
         for handle in sorted(dirty):
@@ -167,4 +171,6 @@ class PlacedCase:
     def read(self, handle: int) -> bytes:
         bo = self.bos[handle]
         self.device.prepare_cpu_access(bo)
-        return bo.host[: self.case.sizes[handle]].tobytes()  # devices may round a BO up
+        data = bo.host[: self.case.sizes[handle]].tobytes()  # devices may round a BO up
+        self.device.finish_cpu_access(bo)
+        return data

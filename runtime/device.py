@@ -9,6 +9,7 @@ rocket driver (`runtime.rocket`). The interface mirrors the rocket UAPI
 * the CPU brackets every access to a BO the NPU may touch with
   `prepare_cpu_access` (wait for the NPU's writes, make caches coherent for the
   CPU: rocket PREP_BO) and `finish_cpu_access` (hand it back: rocket FINI_BO);
+  the simulator enforces it (a BO's host view is read-only outside the bracket);
 * `submit` queues jobs; a job is an ordered list of tasks that run on one core,
   each task being the IOVA of its first regcmd entry and its entry count (tail
   included), plus the BOs it reads and writes (used only for ordering). A job's

@@ -90,7 +90,7 @@ class FakeBoard:
         self._write("sys/class/regulator/regulator.1/name", "vcc5v0_sys\n")
 
 
-PATCHED_PARAMS = {"npu_freq_mhz": 1000, "hold_power": "Y", "hw_chain": "Y"}
+PATCHED_PARAMS = {"npu_freq_mhz": 1000, "hold_power": "Y", "hw_chain": "Y", "shared_vm": "Y"}
 
 
 def ready_board(root, **driver):

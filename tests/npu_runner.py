@@ -61,6 +61,8 @@ def run(results, device, inputs: dict[str, tuple[api.Feature, np.ndarray]] | Non
         need[name] = max(need.get(name, 0), f.offset + f.nbytes)
     need[asm.region] = asm.nbytes
     bos = {name: device.create_bo(layout.align(size + guard, 16)) for name, size in need.items()}
+    for bo in bos.values():  # the CPU fills them: its writes need the bracket (rocket PREP_BO/FINI_BO)
+        device.prepare_cpu_access(bo)
     for name, (f, values) in (inputs or {}).items():
         put_feature(f, bos[name].host, values)
     for r in results:

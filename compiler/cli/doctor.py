@@ -4,7 +4,7 @@ On any machine it prints the rocket UAPI as the runtime encodes it (request
 numbers and struct sizes, next to the sizes the UAPI header defines). On a
 board it reports the rocket node and driver version, the NPU cores, their
 clock (below 1 GHz points to kernel/), the NPU rail, the IOMMU, whether the
-chained-submit patch is there, what the runtime device finds when it opens the
+chained-submit and shared-address-space patches are there, what the runtime device finds when it opens the
 node, and a one-line verdict. Without an NPU it exits 1 with the reason.
 The full 1 GHz readiness check of a board is kernel/check-npu.
 """
@@ -107,6 +107,20 @@ def build_report(root: str = "/", kernel: KernelInterface | None = None) -> Repo
                                    f"{', hw_chain=' + chain_param if chain_param else ''})"))
     elif rocket:
         add((INFO, "chained submit", "absent: one kick per task (kernel/patches/0003 adds it)"))
+
+    # the driver version says the patch is there; whether this process's fds
+    # really share a space is what the runtime device checks at open (lanes)
+    shared_param = facts.params.get("shared_vm")
+    if rocket and rocket[0].driver.version >= uapi.SHARED_VM_VERSION:
+        version = f"driver {rocket[0].driver.major}.{rocket[0].driver.minor}"
+        if shared_param == "N":
+            add((INFO, "shared space", f"switched off ({version}, shared_vm=N): every fd has its own NPU "
+                                       f"address space, so one core at a time"))
+        else:
+            add((OK, "shared space", f"present ({version}{', shared_vm=' + shared_param if shared_param else ''})"))
+    elif rocket:
+        add((INFO, "shared space", "absent: every fd has its own NPU address space, so one core at a "
+                                   "time (kernel/patches/0004 adds it)"))
 
     if rocket:
         from runtime.rocket.device import RocketDevice

@@ -617,8 +617,8 @@ def link_operation(result: api.EmitResult, align: int = 64) -> tuple[np.ndarray,
     """Mesa's regcmd buffer of one operation (rkt_ml.c compile_operation): tasks at
     64-byte aligned offsets, each non-final task's tail pointing at the next one
     (PC_BASE_ADDRESS through a relocation into the op's regcmd buffer, and
-    PC_REGISTER_AMOUNTS = link_amount(next count)), whatever the job split."""
-    from ir.npu.regcmd import ENTRY_BYTES, link_amount, write_entry
+    PC_REGISTER_AMOUNTS = mesa_link_amount(next count)), whatever the job split."""
+    from ir.npu.regcmd import ENTRY_BYTES, mesa_link_amount, write_entry
 
     op = result.op
     offsets, pos = [], 0
@@ -633,7 +633,7 @@ def link_operation(result: api.EmitResult, align: int = 64) -> tuple[np.ndarray,
         if i + 1 < len(result.tasks):
             nxt = result.tasks[i + 1]
             entries[-4] = write_entry("PC_BASE_ADDRESS", 0)
-            entries[-3] = write_entry("PC_REGISTER_AMOUNTS", link_amount(nxt.count))
+            entries[-3] = write_entry("PC_REGISTER_AMOUNTS", mesa_link_amount(nxt.count))
             rel.append(api.Reloc(t.count - 4, op.regcmd_buffer, offsets[i + 1]))
         start = offsets[i] // ENTRY_BYTES
         blob[start:start + t.count] = entries

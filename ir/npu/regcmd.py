@@ -211,10 +211,18 @@ class RegcmdBuilder:
 
 
 def link_amount(next_entry_count: int) -> int:
-    """PC_DATA_AMOUNT a tail programs to fetch the next task of a hardware chain.
+    """PC_DATA_AMOUNT a tail programs to fetch the next task of a hardware chain:
+    like the kernel's kick, 128-bit units minus one, covering the whole task.
 
-    Mesa's rule: ALIGN((next_count - 4) / 2, 2) (rkt_ml.c); it covers the next
-    task's body and tail in 128-bit units with room to spare."""
+    This is the RKNN/vendor rule ceil(body/2) + 1 (hw-matmul.md 3.3). Mesa's
+    ALIGN((count - 4) / 2, 2) (rkt_ml.c, see `mesa_link_amount`) agrees for its
+    130-entry tasks but fetches short for other counts (e.g. 1099 entries)."""
+    return pc_amount_for(next_entry_count)
+
+
+def mesa_link_amount(next_entry_count: int) -> int:
+    """Mesa's in-stream link amount, ALIGN((next_count - 4) / 2, 2) (rkt_ml.c);
+    only the Mesa-compatible emitter uses it, to reproduce Mesa byte for byte."""
     body_units = (next_entry_count - TAIL_ENTRIES) // 2
     value = (body_units + 1) & ~1
     if value > PC_AMOUNT_MAX:

@@ -22,8 +22,9 @@ REGULATORS = "sys/class/regulator"
 #: the NPU clock in debugfs: the SCMI "npu" clock on RK3588 mainline (seed 000 REPLICATION.md)
 CLOCK_NAMES = ("scmi_clk_npu", "clk_npu")
 DEFAULT_RAIL = "vdd_npu_s0"
-#: module parameters the kernel/ patches add: 0001 npu_freq_mhz, 0002 hold_power, 0003 hw_chain
-PARAMS = ("npu_freq_mhz", "hold_power", "hw_chain")
+#: module parameters the kernel/ patches add: 0001 npu_freq_mhz, 0002 hold_power, 0003 hw_chain,
+#: 0004 shared_vm
+PARAMS = ("npu_freq_mhz", "hold_power", "hw_chain", "shared_vm")
 _DRIVER_DIR_ENTRIES = {"bind", "unbind", "uevent", "module", "new_id", "remove_id"}
 TARGET_HZ = 1_000_000_000
 RATE_SLACK_HZ = 10_000_000  # SCMI rounds rates

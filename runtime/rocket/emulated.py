@@ -40,8 +40,8 @@ executors.run_kick; an IOMMU fault or a hang fails the job like the 500 ms
 timeout does: the fence signals with -ECANCELED and the task stops.
 
 Options model kernels that do not exist upstream: `shared_address_space`
-makes all files share one IOMMU domain (the kernel change docs/rocket.md
-proposes for multi-core), `stalled` keeps jobs from ever finishing (deadline
+makes all files share one IOMMU domain (kernel/patches/0004, which the
+SHARED_PATCHED variant carries; False there models shared_vm=N), `stalled` keeps jobs from ever finishing (deadline
 tests), `push_errors` fails chosen jobs inside the kernel (-ENOMEM and the like,
 which no userspace check can foresee). Requests that the UAPI does not define raise UapiMismatch: the real
 kernel would silently read the wrong number of bytes, so it is always a bug in
@@ -77,6 +77,7 @@ class KernelVariant:
     name: str
     version: tuple[int, int, int]
     job_flags: bool  # understands drm_rocket_job.flags (kernel/ patch 0003)
+    shares_address_space: bool = False  # the files of one process share one domain (patch 0004)
 
     @property
     def job_struct_size(self) -> int:
@@ -85,6 +86,8 @@ class KernelVariant:
 
 STOCK = KernelVariant("rocket 0.0.0 (Linux 6.18, stock)", (0, 0, 0), False)
 CHAIN_PATCHED = KernelVariant("rocket 1.1.0 (kernel/ patch 0003: chained kicks)", (1, 1, 0), True)
+SHARED_PATCHED = KernelVariant("rocket 1.2.0 (kernel/ patches 0003 + 0004: chained kicks, one address "
+                               "space per process)", (1, 2, 0), True, shares_address_space=True)
 
 
 def _oserror(code: int) -> OSError:
@@ -281,7 +284,7 @@ class EmulatedKernel:
 
     def __init__(self, variant: KernelVariant = STOCK, *, nodes: dict[str, str] | None = None,
                  cores: int = 3, executor: Executor | NpuModel | None = None, schedule: str = "lazy",
-                 policy: str = "fifo", shared_address_space: bool = False, hw_chain: bool = True,
+                 policy: str = "fifo", shared_address_space: bool | None = None, hw_chain: bool = True,
                  stalled: bool = False, denied: tuple[str, ...] = (),
                  push_errors: dict[int, int] | None = None) -> None:
         if schedule not in ("lazy", "eager") or policy not in ("fifo", "adversarial"):
@@ -293,7 +296,9 @@ class EmulatedKernel:
         # a task-level executor gets the PC model; a job-level one (the simulator) brings its own
         self.npu: NpuModel = self.executor if hasattr(self.executor, "run_job") else PcModel(self.executor)
         self.schedule, self.policy = schedule, policy
-        self.shared_address_space = shared_address_space
+        # None: as the variant does (its shared_vm default); the emulator has one process
+        self.shared_address_space = (variant.shares_address_space if shared_address_space is None
+                                     else shared_address_space)
         self.hw_chain = hw_chain  # /sys/module/rocket/parameters/hw_chain of patch 0003
         self.stalled = stalled
         self.denied = set(denied)
@@ -301,7 +306,7 @@ class EmulatedKernel:
         # with this errno inside the kernel, e.g. ENOMEM from kvmalloc
         self.push_errors = dict(push_errors or {})
         self._pushed = 0
-        self.name = f"emulated {variant.name}" + (", shared address space" if shared_address_space else "")
+        self.name = f"emulated {variant.name}" + (", shared address space" if self.shared_address_space else "")
 
         self._files: dict[int, object] = {}
         self._next_fd = 1000  # far from real descriptors, so a mix-up fails loudly

@@ -9,6 +9,9 @@ run):
 * kernel/patches/0003 of this repository (issue 8): drm_rocket_job grows
   ``flags`` + ``reserved`` to 48 bytes, DRM_ROCKET_JOB_CHAIN = 1 << 0, and the
   driver reports version 1.1 through DRM_IOCTL_VERSION (stock reports 0.0).
+* kernel/patches/0004: no UAPI change; the files of one process share one NPU
+  address space and the driver reports 1.2 (the device still checks the
+  sharing itself at open, since the shared_vm parameter can switch it off).
 * include/uapi/drm/drm.h, torvalds/linux 00c9672606f781f2db7e904127dcbdc2831701ca
   (DRM_IOCTL_VERSION, DRM_IOCTL_GEM_CLOSE, PRIME_HANDLE_TO_FD/FD_TO_HANDLE,
   DRM_COMMAND_BASE 0x40; these layouts have not changed since).
@@ -134,6 +137,8 @@ ROCKET_JOB_FLAGS_VALID = DRM_ROCKET_JOB_CHAIN
 CHAIN_TASKS_PER_KICK = 0xFFF
 #: driver version that understands drm_rocket_job.flags (kernel/ patch 0003)
 CHAIN_VERSION = (1, 1)
+#: driver version whose files of one process share one address space (kernel/ patch 0004)
+SHARED_VM_VERSION = (1, 2)
 
 # --- dma-buf.h / sync_file.h -----------------------------------------------------------
 

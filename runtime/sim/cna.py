@@ -17,7 +17,7 @@ from ir.npu import layout
 from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, QuirkRejection, SimError,
                                 UnsupportedError)
 from runtime.sim.memory import IovaSpace
-from runtime.sim.numerics import PRECISIONS, Precision, shift_round, to_compute
+from runtime.sim.numerics import PRECISIONS, TIE_RULES, Precision, shift_round, to_compute
 from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import TaskRegisters
 
@@ -269,7 +269,7 @@ def _cvt(r: TaskRegisters, x: np.ndarray, cvt: dict[str, int]) -> np.ndarray:
     if scale & 0x8000:
         raise r.error(FieldError, f"CVT_SCALE0={scale:#x}: the sign of a scale >= 0x8000 is unknown",
                       "CNA_CVT_CON1")
-    mode = "half_up" if cvt["ROUND_TYPE"] else "half_even"
+    mode = TIE_RULES[cvt["ROUND_TYPE"]]
     if cvt["CVT_TYPE"]:  # add first, then multiply
         return shift_round((x + offset) * scale, trunc, mode)
     return shift_round(x * scale, trunc, mode) + offset
@@ -319,15 +319,19 @@ def _fetch_weights(r: TaskRegisters, mem: IovaSpace, prec: Precision, mode: str,
         raise r.error(AlignmentError, f"weight address {addr:#x} is not 16-byte aligned (TRM: "
                       "DECOMPRESS_ADDR0 is bits 31:4)", "CNA_DCOMP_ADDR0")
     try:
-        raw = mem.bytes_at(addr, total, "CNA weight DMA")
+        region = mem.region(addr, total, "CNA weight DMA")
     except SimError as exc:
         raise exc.located(register="CNA_DCOMP_ADDR0", entry=r.entry("CNA_DCOMP_ADDR0"))
-    flat = raw.view(prec.storage)
-    if mode == "depthwise":
-        w = to_compute(layout.unpack_depthwise_weights(flat, kh, kw, channels), prec, copy=False)
-    else:
+
+    def decode() -> np.ndarray:
+        flat = region.data().view(prec.storage)
+        if mode == "depthwise":
+            return to_compute(layout.unpack_depthwise_weights(flat, kh, kw, channels), prec, copy=False)
         if prec.is_float:  # reorder the 2-byte elements, then convert (fewer bytes moved)
-            w = to_compute(layout.unpack_weights(flat, kernels, kh, kw, channels), prec)
-        else:  # integers go straight to float32, exact for the chunked BLAS of core.py
-            w = layout.unpack_weights(flat, kernels, kh, kw, channels, dtype=np.float32)
+            return to_compute(layout.unpack_weights(flat, kernels, kh, kw, channels), prec)
+        # integers go straight to float32, exact for the chunked BLAS of core.py
+        return layout.unpack_weights(flat, kernels, kh, kw, channels, dtype=np.float32)
+
+    # a model runs the same weights again and again: decode them once per content
+    w = mem.decoded(region, ("weights", mode, prec.code, kernels, kh, kw, channels), decode)
     return w, total

@@ -17,7 +17,7 @@ import numpy as np
 
 from runtime.sim.cna import ConvInput
 from runtime.sim.errors import FieldError, GeometryError, UnsupportedError
-from runtime.sim.numerics import blas_threads_for, exact_int_matmul, shift_round
+from runtime.sim.numerics import TIE_RULES, blas_threads_for, exact_int_matmul, shift_round
 from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import TaskRegisters
 
@@ -103,9 +103,9 @@ def convolve(conv: ConvInput, channels: int, want_window_sum: bool) -> Accumulat
 
 def truncate(r: TaskRegisters, acc: np.ndarray, quirks: Quirks) -> np.ndarray:
     """CORE_CLIP_TRUNCATE: shift the integer accumulator right (ROUND_TYPE: 0
-    ties to even, 1 ties up)."""
+    ties to even, 1 ties away from zero, numerics.TIE_RULES)."""
     clip = r.fields("CORE_CLIP_TRUNCATE")
     t = clip["CLIP_TRUNCATE"]
     if t == 0 or acc.dtype.kind == "f":
         return acc
-    return shift_round(acc, t, "half_up" if clip["ROUND_TYPE"] else "half_even")
+    return shift_round(acc, t, TIE_RULES[clip["ROUND_TYPE"]])

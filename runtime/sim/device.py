@@ -8,6 +8,7 @@ from runtime.device import BufferObject, Counters, Device, Job, Submission
 from runtime.sim.errors import MemoryAccessError, SimError
 from runtime.sim.memory import IovaSpace
 from runtime.sim.npu import CORES, Npu
+from runtime.sim.opcache import DEFAULT_BUDGET
 from runtime.sim.perf import PerfModel
 from runtime.sim.quirks import DEFAULT, Quirks
 from runtime.sim.stats import JobStats
@@ -18,18 +19,24 @@ class SimDevice(Device):
 
     Errors surface where rocket would report them: `wait` (or
     `prepare_cpu_access` of a BO a failed job wrote) raises the SimError that
-    names job, task, entry and register."""
+    names job, task, entry and register.
+
+    CPU access is strict, as rocket's cache maintenance demands: a BO's host
+    view is read-only (numpy raises on a write) except between
+    `prepare_cpu_access` and `finish_cpu_access`, and no job may touch a BO in
+    that bracket. Operands decoded from memory (converted weights) are kept
+    until their bytes change (runtime/sim/opcache.py); `cache_bytes` bounds them."""
 
     kind = "sim"
     lanes = CORES
     supports_chaining = True
 
-    def __init__(self, quirks: Quirks = DEFAULT, perf: PerfModel | None = None, **_options) -> None:
-        self.mem = IovaSpace()
+    def __init__(self, quirks: Quirks = DEFAULT, perf: PerfModel | None = None,
+                 cache_bytes: int = DEFAULT_BUDGET, **_options) -> None:
+        self.mem = IovaSpace(cache_bytes=cache_bytes)
         self.npu = Npu(self.mem, quirks)
         self.perf = perf or PerfModel()
         self._counters = Counters()
-        self._cpu_held: set[int] = set()  # handles between prepare_cpu_access and finish_cpu_access
         self._failed: dict[int, SimError] = {}  # out-BO handle -> error of the job that should have written it
         self.last_jobs: list[JobStats] = []  # stats of the most recent submission
         self._closed = False
@@ -44,7 +51,6 @@ class SimDevice(Device):
 
     def free_bo(self, bo: BufferObject) -> None:
         self.mem.free(bo)
-        self._cpu_held.discard(bo.handle)
         self._failed.pop(bo.handle, None)
 
     def prepare_cpu_access(self, bo: BufferObject, timeout_s: float = 5.0) -> None:
@@ -52,11 +58,11 @@ class SimDevice(Device):
         err = self._failed.pop(bo.handle, None)
         if err is not None:
             raise err
-        self._cpu_held.add(bo.handle)
+        self.mem.hold(bo)
 
     def finish_cpu_access(self, bo: BufferObject) -> None:
         self._live(bo)
-        self._cpu_held.discard(bo.handle)
+        self.mem.release(bo)
 
     def _live(self, bo: BufferObject) -> None:
         if self.mem.find(bo.iova) is not bo:
@@ -72,7 +78,7 @@ class SimDevice(Device):
             try:
                 for bo in list(job.in_bos) + list(job.out_bos):
                     self._live(bo)
-                    if bo.handle in self._cpu_held:
+                    if self.mem.held(bo):
                         raise SimError(f"{bo!r} is still held by the CPU (prepare_cpu_access without "
                                        "finish_cpu_access): the NPU could read stale cache lines")
                 js = self.npu.run_job(label, job.lane, [(t.regcmd_iova, t.regcmd_count) for t in job.tasks],

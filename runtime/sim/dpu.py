@@ -3,7 +3,8 @@
 
 Per element, in order: CPEND (BS_OW: adds OW_OP x the input window sum, the
 weight zero-point term of Mesa's uint8 convolutions), BS (ALU, MUL, ReLU), BN
-(same), EW (operand conversion, ALU or MUL with the ERDMA operand, ReLU),
+(same) (those three in dpu_x.py), EW (operand conversion, ALU or MUL with the
+ERDMA operand, ReLU),
 OUT_CVT (scale, shift, offset, saturate), then the WDMA write in NC1HWC2.
 Integer processing works on exact int64 values; float processing (fp16/bf16
 convolutions) on float32.
@@ -15,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.sim import dpu_rdma, lut
+from runtime.sim import dpu_rdma, dpu_x, lut
 from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, QuirkRejection,
                                 SimError, UnsupportedError)
 from runtime.sim.memory import IovaSpace
-from runtime.sim.numerics import INT_RANGE, PRECISIONS, Precision, from_float, shift_round
+from runtime.sim.numerics import INT_RANGE, PRECISIONS, TIE_RULES, Precision, from_float, shift_round
 from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import TaskRegisters
 
@@ -48,10 +49,12 @@ class DpuTraffic:
     written: int
 
 
-def rounding(quirks: Quirks, carry_always: int) -> str:
+def rounding(quirks: Quirks, round_field: int | None) -> str:
+    """The tie rule of a DPU shift (Q10): per its round field, or ties up for the EW
+    multiplier's truncation, which has none (`round_field` None)."""
     if quirks.out_cvt_rounding == "floor":
         return "floor"
-    return "half_up" if carry_always else "half_even"
+    return "half_up" if round_field is None else TIE_RULES[round_field]
 
 
 def geometry(r: TaskRegisters, quirks: Quirks) -> tuple[int, int, int, int]:
@@ -112,128 +115,17 @@ def run(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, main: DpuInput, rdma: 
     is_float = main.prec.is_float
     x = main.data
     traffic = DpuTraffic({}, 0)
-    x = _cpend(r, x, main, is_float)
-    x = _stage(r, mem, quirks, x, "BS", is_float, c, traffic)
-    x = _stage(r, mem, quirks, x, "BN", is_float, c, traffic)
+    for stage in ("BS", "BN"):
+        ops = dpu_x.operands(r, mem, quirks, stage, is_float, c)
+        if ops.nbytes:
+            traffic.read[dpu_x.DMA_NAME[stage]] = ops.nbytes
+        if stage == "BS":
+            x = dpu_x.cpend(r, x, main.window_sum, is_float, ops)
+        x = dpu_x.stage(r, quirks, x, stage, is_float, ops)
     x = _ew(r, mem, quirks, x, rdma, main, is_float, (c, h, w), traffic, lut_state)
     out_prec, y = _out_cvt(r, quirks, x, is_float)
     traffic.written = _write(r, mem, quirks, y, out_prec, main, orig, (w, h, c))
     return traffic
-
-
-def _cpend(r: TaskRegisters, x: np.ndarray, main: DpuInput, is_float: bool) -> np.ndarray:
-    ow = r.fields("DPU_BS_OW_CFG")
-    if ow["RGP_CNTER"] or ow["TP_ORG_EN"]:
-        raise r.error(UnsupportedError, "RGP_CNTER / TP_ORG_EN are not modelled", "DPU_BS_OW_CFG")
-    if ow["OD_BYPASS"]:
-        return x
-    if is_float:
-        # CPEND adds the weight zero-point term of quantized convolutions; on the fp16
-        # datapath it is inert (rocket-userspace gen_conv2d_dw_fp16 writes OW_OP=0x80
-        # with OD_BYPASS=0 and is HW-validated bit-exact, npu_regcmd.c @ e0677862)
-        return x
-    if ow["OW_SRC"]:
-        raise r.error(UnsupportedError, "CPEND operand from BRDMA (OW_SRC=1) is not modelled", "DPU_BS_OW_CFG")
-    if main.window_sum is None:
-        raise r.error(HangError, "CPEND (OD_BYPASS=0) needs the input window sums the CORE computes with "
-                      "QD_EN=1 and a convolution feeding the DPU", "DPU_BS_OW_CFG")
-    op = r.signed("DPU_BS_OW_OP", "OW_OP")
-    if op and r.field("CORE_CLIP_TRUNCATE", "CLIP_TRUNCATE"):
-        raise r.error(QuirkRejection, "CPEND (OW_OP != 0) together with CORE CLIP_TRUNCATE: whether the window-sum "
-                      "term is truncated with the accumulator is unknown (Q17)", "DPU_BS_OW_OP")
-    s = main.window_sum
-    out = x.copy()
-    n = s.shape[0] if s.ndim == 3 else out.shape[0]
-    out[:n] += op * s
-    return out
-
-
-def _operand_prec(is_float: bool, kind: str) -> np.dtype:
-    if kind == "ALU":
-        return np.dtype(np.float32 if is_float else np.int32)
-    return np.dtype(np.float16 if is_float else np.int16)
-
-
-def _stage(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, x: np.ndarray, stage: str, is_float: bool,
-           channels: int, traffic: DpuTraffic) -> np.ndarray:
-    """BS or BN: ALU -> MUL -> ReLU(X), operands from the register or per channel."""
-    lower = stage.lower()
-    cfg_reg = f"DPU_{stage}_CFG"
-    cfg = r.fields(cfg_reg)
-    p = stage + "_"
-    rdma_reg = "DPU_RDMA_RDMA_BRDMA_CFG" if stage == "BS" else "DPU_RDMA_RDMA_NRDMA_CFG"
-    use = r.field(rdma_reg, "BRDMA_DATA_USE" if stage == "BS" else "NRDMA_DATA_USE")
-    if cfg[p + "BYPASS"]:
-        if use:
-            raise r.error(HangError, f"{stage} is bypassed but its RDMA is told to fetch operands "
-                          f"(DATA_USE={use}) nobody consumes", rdma_reg)
-        return x
-    alu_from_mem = not cfg[p + "ALU_BYPASS"] and cfg[p + "ALU_SRC"]
-    mul_cfg = r.fields(f"DPU_{stage}_MUL_CFG")
-    mul_from_mem = not cfg[p + "MUL_BYPASS"] and mul_cfg[p + "MUL_SRC"]
-    expect = (dpu_rdma.DATA_USE_ALU if alu_from_mem else 0) | (dpu_rdma.DATA_USE_MUL if mul_from_mem else 0)
-    if use != expect:
-        raise r.error(HangError, f"{stage} reads operands {expect:#x} from memory but DATA_USE={use:#x} "
-                      "(an unfed or unconsumed operand DMA stalls the DPU)", rdma_reg)
-    if alu_from_mem and mul_from_mem:
-        raise r.error(UnsupportedError, f"{stage}: ALU and MUL operands both from memory (interleaved "
-                      "operand layout) are not modelled", cfg_reg)
-    base_reg = "DPU_RDMA_RDMA_BS_BASE_ADDR" if stage == "BS" else "DPU_RDMA_RDMA_BN_BASE_ADDR"
-    shape = (channels, 1, 1)
-
-    if not cfg[p + "ALU_BYPASS"]:
-        algo = cfg[p + "ALU_ALGO"]
-        if algo not in quirks.bs_bn_alu_algos:
-            raise r.error(QuirkRejection, f"{p}ALU_ALGO={algo}: the TRM marks it reserved (Q11)", cfg_reg)
-        if alu_from_mem:
-            dt = _operand_prec(is_float, "ALU")
-            operand = dpu_rdma.per_channel(r, mem, base_reg, channels, dt, f"DPU {stage} operand DMA")
-            traffic.read[f"{'B' if stage == 'BS' else 'N'}RDMA"] = channels * dt.itemsize
-            operand = operand.astype(np.float32 if is_float else np.int64).reshape(shape)
-        else:
-            raw = r.value(f"DPU_{stage}_ALU_CFG")
-            operand = (np.array([raw], np.uint32).view(np.float32)[0] if is_float
-                       else r.signed(f"DPU_{stage}_ALU_CFG"))
-        x = x + operand if algo == 2 else x - operand
-
-    if not cfg[p + "MUL_BYPASS"]:
-        if mul_cfg[p + "TRUNCATE_SRC"]:
-            raise r.error(UnsupportedError, f"{p}TRUNCATE_SRC=1 (shift from memory) is not modelled",
-                          f"DPU_{stage}_MUL_CFG")
-        if mul_from_mem:
-            dt = _operand_prec(is_float, "MUL")
-            m = dpu_rdma.per_channel(r, mem, base_reg, channels, dt, f"DPU {stage} operand DMA")
-            traffic.read[f"{'B' if stage == 'BS' else 'N'}RDMA"] = channels * dt.itemsize
-            m = m.astype(np.float32 if is_float else np.int64).reshape(shape)
-        elif is_float:
-            m = np.float32(np.array([mul_cfg[p + "MUL_OPERAND"]], np.uint16).view(np.float16)[0])
-        else:
-            m = r.signed(f"DPU_{stage}_MUL_CFG", p + "MUL_OPERAND")
-        shift_pos = mul_cfg[p + "MUL_SHIFT_VALUE"]
-        shift_neg = r.field("DPU_DATA_FORMAT", f"{p}MUL_SHIFT_VALUE_NEG")
-        prelu = cfg[p + "MUL_PRELU"]
-        if is_float:
-            if shift_pos or shift_neg:
-                raise r.error(UnsupportedError, f"{p}MUL shifts on a float datapath are not modelled",
-                              f"DPU_{stage}_MUL_CFG")
-            y = x * m
-        else:
-            prod = x * m
-            mode = rounding(quirks, 1)
-            y = np.where(prod >= 0, shift_round(prod, shift_pos, mode), shift_round(prod, shift_neg, mode))
-        x = np.where(x < 0, y, x) if prelu else y
-
-    if not cfg[p + "RELU_BYPASS"]:
-        if cfg[p + "RELUX_EN"]:
-            raw = r.value(f"DPU_{stage}_RELUX_CMP_VALUE")
-            cap = np.array([raw], np.uint32).view(np.float32)[0] if is_float else r.signed(
-                f"DPU_{stage}_RELUX_CMP_VALUE")
-            x = np.clip(x, 0, cap)
-        else:
-            x = np.maximum(x, 0)
-    elif cfg[p + "RELUX_EN"]:
-        raise r.error(FieldError, f"{p}RELUX_EN with {p}RELU_BYPASS: the clamp needs the ReLU", cfg_reg)
-    return x
 
 
 def _ew(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, x: np.ndarray, rdma: dpu_rdma.RdmaMode | None,
@@ -350,7 +242,7 @@ def _ew_mul(r: TaskRegisters, quirks: Quirks, x, e, cfg, is_float: bool):
         y = x * e
     else:
         prod = x * e
-        mode = rounding(quirks, 1)
+        mode = rounding(quirks, None)
         y = np.where(prod >= 0, shift_round(prod, trunc, mode), shift_round(prod, trunc_neg, mode))
     return np.where(x < 0, y, x) if cfg["EW_MUL_PRELU"] else y
 

@@ -67,7 +67,7 @@ def _located(exc: SimError, r: TaskRegisters, reg: str) -> SimError:
     return exc.located(register=reg, entry=r.entry(reg))
 
 
-def _address(r: TaskRegisters, reg: str) -> int:
+def address(r: TaskRegisters, reg: str) -> int:
     addr = r.value(reg)
     if addr % ATOM:
         raise r.error(AlignmentError, f"{addr:#x} is not 16-byte aligned", reg)
@@ -77,7 +77,7 @@ def _address(r: TaskRegisters, reg: str) -> int:
 def per_channel(r: TaskRegisters, mem: IovaSpace, base_reg: str, channels: int, dtype,
                 what: str) -> np.ndarray:
     """A per-channel operand vector (BRDMA/NRDMA, or ERDMA per channel)."""
-    addr = _address(r, base_reg)
+    addr = address(r, base_reg)
     dtype = np.dtype(dtype)
     try:
         return mem.strided(addr, (channels,), (dtype.itemsize,), dtype, what).copy()
@@ -90,7 +90,7 @@ def cube(r: TaskRegisters, mem: IovaSpace, addr_reg: str, prec: Precision, chann
          ) -> np.ndarray:
     """Read an NC1HWC2 cube (raw storage elements) -> [S, H, W, C2] for the
     surfaces given (default all)."""
-    addr = _address(r, addr_reg)
+    addr = address(r, addr_reg)
     n = -(-channels // prec.c2)
     picks = surfaces if surfaces is not None else range(n)
     if len(picks) == 0:

@@ -24,7 +24,7 @@ from runtime.sim import cna, core, dpu, dpu_rdma, ppu
 from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, NoWritebackError,
                                 PcAmountError, QuirkRejection, SimError, UnknownRegisterError,
                                 UnsupportedError)
-from runtime.sim.memory import IovaSpace
+from runtime.sim.memory import IovaSpace, Region
 from runtime.sim.quirks import Quirks
 from runtime.sim.regfile import RegisterFile, TaskRegisters, decode_cached
 from runtime.sim.stats import TaskStats
@@ -75,25 +75,53 @@ class FetchedTask:
     enable_entry: int
     link: Link
     lut_written: set
+    # the task's whole effect on the core's LUT memory when it depends on nothing
+    # before it (None: it does, e.g. a data write before any LUT_ACCESS_CFG)
+    lut_effect: tuple | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Rough memory held (for the operand cache's budget)."""
+        return 200 * (len(self.regs.values) + len(self.lut_written))
 
 
-def fetch(mem: IovaSpace, iova: int, amount: int) -> np.ndarray:
+def _fetch_region(mem: IovaSpace, iova: int, amount: int) -> Region:
     if iova % FETCH_UNIT:
         raise AlignmentError(f"regcmd address {iova:#x} is not 16-byte aligned", register="PC_BASE_ADDRESS")
     if not 0 <= amount <= PC_AMOUNT_MAX:
         raise PcAmountError(f"PC_DATA_AMOUNT={amount} does not fit 16 bits", register="PC_REGISTER_AMOUNTS")
     nbytes = (amount + 1) * FETCH_UNIT
     try:
-        raw = mem.bytes_at(iova, nbytes, "PC regcmd fetch")
+        return mem.region(iova, nbytes, "PC regcmd fetch")
     except SimError as exc:
         raise exc.located(register="PC_BASE_ADDRESS")
-    return raw.view("<u8")
+
+
+def fetch_task(state: CoreState, mem: IovaSpace, iova: int, amount: int) -> FetchedTask:
+    """Fetch and decode the task at `iova`, applying its register (and LUT) writes
+    to the core. A regcmd stream runs again and again unchanged (every token of a
+    model), so its decoding is kept with the bytes it came from (opcache.py) and
+    replayed: the same register values, the same LUT contents and cursor."""
+    region = _fetch_region(mem, iova, amount)
+    task = mem.cache.lookup(region.bo.handle, region.offset, region.nbytes, "regcmd")
+    if task is not None:
+        state.regs.values.update(task.regs.values)
+        tables, addrs, values, cursor = task.lut_effect
+        state.lut[tables, addrs] = values
+        if cursor is not None:
+            state.lut_cursor = cursor
+        return task
+    task = decode_task(state, region.data().view("<u8"))
+    if task.lut_effect is not None:
+        mem.cache.store(region.bo.handle, region.offset, region.nbytes, "regcmd", task)
+    return task
 
 
 def decode_task(state: CoreState, entries: np.ndarray) -> FetchedTask:
     """Apply entries up to the op-enable word; returns what the task programmed."""
     regs = TaskRegisters()
     lut_written: set = set()
+    lut_self_contained = None  # set by the task's first LUT access register write
     previous_kind = None
     for i, raw in enumerate(entries.tolist()):
         d = decode_cached(raw)
@@ -111,7 +139,14 @@ def decode_task(state: CoreState, entries: np.ndarray) -> FetchedTask:
                 raise HangError("op-enable without the 0x0041 marker entry right before it (TRM)",
                                 entry=i, register="PC_OPERATION_ENABLE")
             link = Link(regs.values.get("PC_BASE_ADDRESS"), regs.values.get("PC_REGISTER_AMOUNTS"))
-            return FetchedTask(regs, d.value, i, link, lut_written)
+            effect = None
+            if lut_self_contained is not False:
+                cells = sorted(lut_written)
+                tables = np.array([t for t, _ in cells], np.intp)
+                addrs = np.array([a for _, a in cells], np.intp)
+                cursor = state.lut_cursor if lut_self_contained else None  # None: left as it was
+                effect = (tables, addrs, state.lut[tables, addrs].copy(), cursor)
+            return FetchedTask(regs, d.value, i, link, lut_written, effect)
         if kind in (EntryKind.UNKNOWN_TARGET, EntryKind.UNKNOWN_REGISTER):
             raise UnknownRegisterError(f"{d.problems[0]} (entry {raw:#018x})", entry=i,
                                        register=f"target {d.target:#06x} offset {d.offset:#06x}")
@@ -128,8 +163,12 @@ def decode_task(state: CoreState, entries: np.ndarray) -> FetchedTask:
         if name == "PC_BASE_ADDRESS" and d.fields["PC_SEL"]:
             raise UnsupportedError("PC_SEL=1 (slave mode) from a regcmd", entry=i, register=name)
         if name == "DPU_LUT_ACCESS_DATA":
+            if lut_self_contained is None:
+                lut_self_contained = False  # writes where an earlier task left the cursor
             _lut_write(state, d.value, i, lut_written)
         elif name == "DPU_LUT_ACCESS_CFG":
+            if lut_self_contained is None:
+                lut_self_contained = True
             f = d.fields
             state.lut_cursor = (f["LUT_ACCESS_TYPE"], f["LUT_TABLE_ID"], f["LUT_ADDR"])
         regs.record(reg, d.value, i)

@@ -10,6 +10,12 @@ checks that the bytes lie inside ONE buffer object: an access outside every BO
 would be an IOMMU fault on the board (the job times out, the output is
 garbage), and one that runs from a BO into its neighbour reads or corrupts
 data that belongs to someone else even where the IOVAs happen to be adjacent.
+
+CPU ownership follows rocket's cache maintenance (PREP_BO / FINI_BO): a BO's
+host view is read-only except while the CPU holds it (`hold` .. `release`, i.e.
+prepare_cpu_access .. finish_cpu_access), and the NPU may not touch a held BO
+(on the board it would read stale DRAM or have its writes overwritten by the
+CPU's cache lines). That is what makes `decoded` (runtime/sim/opcache.py) sound.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 
 from runtime.device import IOVA_LIMIT, BufferObject
 from runtime.sim.errors import AlignmentError, MemoryAccessError
+from runtime.sim.opcache import DEFAULT_BUDGET, OperandCache
 
 PAGE = 4096
 
@@ -37,15 +44,23 @@ class Region:
     offset: int  # of `start` inside the BO
     nbytes: int
 
+    def data(self) -> np.ndarray:
+        """The bytes, read-only."""
+        view = self.bo.host[self.offset:self.offset + self.nbytes]
+        view.flags.writeable = False
+        return view
+
 
 class IovaSpace:
     """Buffer objects by IOVA; allocation, lookup and bounds-checked views."""
 
-    def __init__(self, limit: int = IOVA_LIMIT) -> None:
+    def __init__(self, limit: int = IOVA_LIMIT, cache_bytes: int = DEFAULT_BUDGET) -> None:
         self.limit = limit
         self._starts: list[int] = []  # sorted IOVAs
         self._bos: list[BufferObject] = []  # same order
         self._next_handle = 1
+        self._held: set[int] = set()  # handles the CPU holds
+        self.cache = OperandCache(cache_bytes)
 
     # -- allocation ---------------------------------------------------------
     def allocate(self, size: int) -> BufferObject:
@@ -80,6 +95,8 @@ class IovaSpace:
             raise MemoryAccessError(f"{bo!r} is not a live BO of this device")
         del self._starts[i]
         del self._bos[i]
+        self._held.discard(bo.handle)
+        self.cache.forget(bo.handle)
 
     def _checked_size(self, size: int) -> int:
         if size <= 0:
@@ -87,7 +104,9 @@ class IovaSpace:
         return page_round(size)
 
     def _insert(self, iova: int, size: int) -> BufferObject:
-        bo = BufferObject(self._next_handle, size, iova, np.zeros(size, np.uint8))
+        host = np.zeros(size, np.uint8)[:]  # a view: its writeable flag toggles, the memory stays writable
+        host.flags.writeable = False
+        bo = BufferObject(self._next_handle, size, iova, host)
         self._next_handle += 1
         i = bisect.bisect_left(self._starts, iova)
         self._starts.insert(i, iova)
@@ -97,6 +116,22 @@ class IovaSpace:
     @property
     def bos(self) -> tuple[BufferObject, ...]:
         return tuple(self._bos)
+
+    # -- CPU ownership --------------------------------------------------------
+    def hold(self, bo: BufferObject) -> None:
+        """The CPU takes the BO (prepare_cpu_access): its host view becomes writable."""
+        self._held.add(bo.handle)
+        bo.host.flags.writeable = True
+
+    def release(self, bo: BufferObject) -> None:
+        """The CPU hands the BO back (finish_cpu_access): read-only again, and
+        whatever was decoded from it is stale."""
+        self._held.discard(bo.handle)
+        bo.host.flags.writeable = False
+        self.cache.released(bo.handle)
+
+    def held(self, bo: BufferObject) -> bool:
+        return bo.handle in self._held
 
     # -- lookup ---------------------------------------------------------------
     def find(self, iova: int) -> BufferObject | None:
@@ -121,12 +156,16 @@ class IovaSpace:
             raise MemoryAccessError(
                 f"{what}: [{iova:#x}, {end:#x}) runs past the end of {bo!r} "
                 f"(by {end - bo.iova - bo.size} bytes){beyond}")
+        if bo.handle in self._held:
+            raise MemoryAccessError(
+                f"{what}: [{iova:#x}, {end:#x}) is in {bo!r}, which the CPU holds (prepare_cpu_access "
+                "without finish_cpu_access): the NPU would see stale memory")
         return Region(bo, iova - bo.iova, nbytes)
 
-    def bytes_at(self, iova: int, nbytes: int, what: str) -> np.ndarray:
-        """A writable uint8 view of [iova, iova + nbytes)."""
-        r = self.region(iova, nbytes, what)
-        return r.bo.host[r.offset:r.offset + nbytes]
+    def decoded(self, region: Region, form, build) -> np.ndarray:
+        """`build()`'s operand decoded from `region`, kept until those bytes change
+        (runtime/sim/opcache.py); `form` names how it was decoded."""
+        return self.cache.get(region.bo.handle, region.offset, region.nbytes, form, build)
 
     def strided(self, iova: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype,
                 what: str, writable: bool = False) -> np.ndarray:
@@ -146,8 +185,12 @@ class IovaSpace:
                                      f"{strides} are not element aligned")
             # element-misaligned within the BO: go through bytes
             raw = np.lib.stride_tricks.as_strided(
-                r.bo.host[base:], shape=shape + (dtype.itemsize,), strides=strides + (1,))
+                r.bo.host[base:], shape=shape + (dtype.itemsize,), strides=strides + (1,), writeable=False)
             return np.ascontiguousarray(raw).view(dtype).reshape(shape)
-        typed = r.bo.host.view(dtype)
+        memory = r.bo.host.view()
+        if writable:  # the NPU writes DRAM whatever the CPU mapping allows
+            memory.flags.writeable = True
+            self.cache.written(r.bo.handle, r.offset, r.offset + r.nbytes)
+        typed = memory.view(dtype)
         start = base // dtype.itemsize
-        return np.lib.stride_tricks.as_strided(typed[start:], shape=shape, strides=strides)
+        return np.lib.stride_tricks.as_strided(typed[start:], shape=shape, strides=strides, writeable=writable)

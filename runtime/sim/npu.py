@@ -13,7 +13,7 @@ from typing import Sequence
 
 from ir.npu.regcmd import PC_AMOUNT_MAX
 from runtime.sim.errors import HangError, PcAmountError, QuirkRejection, SimError
-from runtime.sim.executor import CoreState, decode_task, execute, fetch
+from runtime.sim.executor import CoreState, execute, fetch_task
 from runtime.sim.memory import IovaSpace
 from runtime.sim.quirks import DEFAULT, Quirks
 from runtime.sim.stats import JobStats, TaskStats
@@ -80,8 +80,7 @@ class Npu:
                 raise PcAmountError(f"TASK_NUMBER={task_number} does not fit 12 bits (1..{MAX_TASKS_PER_KICK})")
             for k in range(task_number):
                 index = first_index + k
-                entries = fetch(self.mem, iova, amount)
-                task = decode_task(state, entries)
+                task = fetch_task(state, self.mem, iova, amount)
                 stats = TaskStats(job.label, index, job.lane, task.enable, "")
                 execute(state, self.mem, self.quirks, task, stats)
                 if k > 0 and stats.precision in INTEGER_PRECISIONS and self.quirks.chained_integer_tasks == "reject":

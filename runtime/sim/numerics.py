@@ -7,6 +7,7 @@ gregordinary/rockchip-npu-notes encodings/precision-field.md).
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
@@ -84,10 +85,17 @@ def from_float(x: np.ndarray, prec: Precision) -> np.ndarray:
     return np.asarray(x, np.float32).astype(prec.storage)
 
 
+# The TRM's 1-bit round fields (OUT_CVT CVT_ROUND, EW_CVT_ROUND, CORE and CNA
+# ROUND_TYPE): 0 'if the integer is odd, carry 1' = ties to even, 1 'carry 1 no
+# matter what' = ties away from zero (measured on OUT_CVT bit 30, RK3588: rockchip-npu-
+# notes encodings/out-cvt-converter.md @ 224b1390; the other fields by the same wording)
+TIE_RULES = {0: "half_even", 1: "half_away"}
+
+
 def shift_round(x: np.ndarray, shift: int, mode: str) -> np.ndarray:
     """x / 2**shift for int64 x. Modes: 'floor' (arithmetic shift), 'half_even'
-    (round to nearest, ties to even: TRM 'if the integer is odd, carry 1'),
-    'half_up' (ties towards +inf: TRM 'carry 1 no matter what')."""
+    (round to nearest, ties to even), 'half_away' (ties away from zero), 'half_up'
+    (ties towards +inf)."""
     x = np.asarray(x, np.int64)
     if shift <= 0:
         return x << -shift
@@ -99,6 +107,8 @@ def shift_round(x: np.ndarray, shift: int, mode: str) -> np.ndarray:
     up = rem > half
     if mode == "half_up":
         up |= rem == half
+    elif mode == "half_away":
+        up |= (rem == half) & (x >= 0)
     elif mode == "half_even":
         up |= (rem == half) & ((q & 1) == 1)
     else:
@@ -131,7 +141,7 @@ def exact_int_matmul(a: np.ndarray, b: np.ndarray, bound: int | None = None) -> 
         dtype, chunk = np.float64, max((1 << 53) // prod, 1)
     af = a.astype(dtype, copy=False)
     bf = b.astype(dtype, copy=False)
-    with blas_threads_for(a.size * b.shape[-1]):
+    with blas_threads_for(a.size * b.shape[-1], b.shape[-1], order_free=True):
         if chunk >= k:
             return (af @ bf).astype(np.int64)
         if dtype is np.float32:
@@ -155,6 +165,7 @@ def _absmax(x: np.ndarray) -> int:
 # pool's other threads costs more than it saves, and on a busy machine a small
 # sgemm can stall for milliseconds waiting for them.
 SINGLE_THREAD_MACS = 16 << 20
+WIDE_COLS = 64  # an exact product with fewer output columns stays on one thread
 
 
 @lru_cache(maxsize=1)
@@ -162,8 +173,24 @@ def _blas() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def blas_threads_for(macs: int):
-    """Context for one matrix product of `macs` multiply-adds."""
-    if macs >= SINGLE_THREAD_MACS:
+def blas_threads_for(macs: int, cols: int = 0, order_free: bool = False):
+    """Context for one matrix product of `macs` multiply-adds producing `cols`
+    columns per row.
+
+    The thread count changes sgemm's summation order, so a float product's bits
+    depend on it: float products keep this fixed rule (by size). An exact integer
+    product (`order_free`) has the same bits on any number of threads, so it runs
+    on one thread also when it is narrow (GEMV-like: bound by memory, where the
+    threads' hand-offs cost more than they share) or when the machine has no idle
+    core (BLAS threads spinning for a busy core): both measured several-fold
+    slower on two threads on the 2-core development machine."""
+    if macs >= SINGLE_THREAD_MACS and not (order_free and (cols < WIDE_COLS or _machine_busy())):
         return nullcontext()
     return _blas().limit(limits=1, user_api="blas")
+
+
+def _machine_busy() -> bool:
+    try:
+        return os.getloadavg()[0] >= (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform
+        return False

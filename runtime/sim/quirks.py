@@ -104,15 +104,24 @@ QUESTIONS: tuple[Question, ...] = (
     Question(
         "Q10", "OUT_CVT rounding",
         "TRM: CVT_ROUND 'rounding type when 0.5' (0: carry if odd, 1: always carry), i.e. round to "
-        "nearest. gregordinary out-cvt-converter: the shift truncates (floor) on the integer path.",
-        "Round to nearest, ties per CVT_ROUND (0: to even, 1: up); the same for the BS/BN MUL and EW "
-        "shifts and CLIP_TRUNCATE (`out_cvt_rounding`). Chosen by replaying Mesa's captures against "
-        "their independent references: nearest reproduces 187 exactly and the rest within 1 LSB, a "
-        "floor shift only 11 exactly."),
+        "nearest. gregordinary out-cvt-converter.md: @ e0c72133 the shift truncates (floor) on the "
+        "integer path; @ 224b1390 (HW sweep on RK3588 and RK3576, 128 tie elements per setting) it "
+        "rounds to nearest, CVT_ROUND 0 ties to even, 1 ties away from zero.",
+        "Round to nearest, ties per the stage's round field (OUT_CVT CVT_ROUND, EW_CVT_ROUND, "
+        "CLIP_TRUNCATE and CNA CVT ROUND_TYPE; 0: to even, 1: away from zero, the other fields read "
+        "like the measured CVT_ROUND); the EW multiplier's truncation has no field and ties up. The "
+        "DPU's OUT_CVT and EW shifts follow `out_cvt_rounding` (\"floor\" makes them floor shifts). "
+        "The BS/BN multiplier's shift is Q21. Chosen by replaying Mesa's captures against their "
+        "independent references: nearest reproduces 187 exactly and the rest within 1 LSB, a floor "
+        "shift only 11 exactly."),
     Question(
         "Q11", "BS/BN ALU algorithms",
-        "TRM: 2 = add, 4 = minus, 0/1/3 reserved. hw-matmul.md (NVDLA reading): 0 max, 1 min.",
-        "Add and minus only (`bs_bn_alu_algos`); max/min raise."),
+        "TRM: 2 = add, 4 = minus, 0/1/3 reserved. NVDLA, whose SDP X1/X2 the BS/BN stages are: 0 max, "
+        "1 min, 2 sum, 3 equal (nvdla/hw cmod/hls/sdp/sdp_x.cpp @ 9e5648d0: max/min compare the "
+        "operand with the data); hw-matmul.md 5 reads 0 max, 1 min. No RK3588 measurement of 0/1.",
+        "Add, minus, max (0) and min (1) with the register or the per-channel operand "
+        "(`bs_bn_alu_algos`); 3 and the other values raise. Max and min follow NVDLA, unmeasured on "
+        "RK3588."),
     Question(
         "Q12", "tasks without a DPU interrupt; PPU completion",
         "Linux rocket_job.c completes a task only on DPU_0/DPU_1 raw interrupt status; a PPU-only "
@@ -142,10 +151,14 @@ QUESTIONS: tuple[Question, ...] = (
         "Q17", "CPEND (BS_OW_OP x input window sum) and CORE CLIP_TRUNCATE",
         "Mesa subtracts the input zero-point term from the bias divided by 2^t but lets the OW_OP term "
         "through CPEND; its captures with truncation all have OW_OP = 0. rocket-userspace's "
-        "HW-validated fp16 depthwise writes OW_OP=0x80 with OD_BYPASS=0.",
-        "CPEND adds OW_OP x (sum of the input window, all DATAIN_CHANNEL channels, padding included) on "
-        "integer datapaths and needs QD_EN=1; it is inert on float datapaths; a non-zero OW_OP with "
-        "CLIP_TRUNCATE != 0 raises."),
+        "HW-validated fp16 depthwise writes OW_OP=0x80 with OD_BYPASS=0. gregordinary "
+        "out-cvt-converter.md @ 224b1390 (HW): with OW_SRC=1 the CPEND operand is per channel, the "
+        "int16 B of the BS operand groups (Q21), window sum including the border padding; with OW_SRC=0 "
+        "B is not read.",
+        "CPEND adds OW x (sum of the input window, all DATAIN_CHANNEL channels, padding included) on "
+        "integer datapaths and needs QD_EN=1; OW is OW_OP, or with OW_SRC=1 the per-channel B of the "
+        "BRDMA groups (other DATA_USE values then starve it: raises); it is inert on float datapaths; a "
+        "non-zero OW with CLIP_TRUNCATE != 0 raises."),
     Question(
         "Q18", "the LUT and the EW stage around it",
         "gregordinary dpu-lut-activation.md (HW): BN maps x to an index, 513-entry LE/LO tables with "
@@ -171,6 +184,24 @@ QUESTIONS: tuple[Question, ...] = (
         "Products are exact in fp32 and summed in fp32 by sgemm, whose order is one valid fp32 order; "
         "results differ from the hardware's by fp32 rounding only (bounded by K * 2^-23 * sum|a*b|). "
         "Tests compare fp16 paths against that bound, never bit for bit."),
+    Question(
+        "Q21", "BS/BN operands from memory (DATA_USE) and the BS multiplier",
+        "gregordinary out-cvt-converter.md and sdp-stage-precision.md @ 224b1390 (HW sweep, RK1, "
+        "int8-out depthwise program; the direct program computes the same model): BRDMA_DATA_USE 1 "
+        "reads a dense int32 bias; 7 reads one 64-byte group per 8 output channels: int32 A[8] at 0, "
+        "int16 B[8] at 32, int16 C[8] at 48; with BS_CFG 0x20140 (ALU add of A from DMA, MUL live) and "
+        "BS_MUL_SRC the stage computes sat32(rne(((acc + A) * C) >> (p >= 0 ? s : s_neg))), p the "
+        "product held wide, s = BS_MUL_SHIFT_VALUE, s_neg = DATA_FORMAT BS_MUL_SHIFT_VALUE_NEG, ties to "
+        "even (9216/9216 elements; half-up 9174). BN with NRDMA_DATA_USE 7, BN_MUL_SRC and the ALU "
+        "from DMA hung every task (8 of 8); other BN layouts unsearched. No source shows a dense int16 "
+        "MUL operand (DATA_USE 4).",
+        "DATA_USE 7 on BS is that group layout and that arithmetic, on integer datapaths, and only "
+        "with the ALU and the MUL both reading it (`grouped_operand_stages`); on BN it raises HangError "
+        "(the measured hang) or, for other combinations, UnsupportedError. DATA_USE 1 is a dense ALU "
+        "vector (int32, fp32 on float datapaths), 4 a dense MUL vector (int16 / fp16, unmeasured); "
+        "other values raise. Every integer BS/BN multiply follows the measured rule: wide product, "
+        "sign-split shift, round half to even (`bs_bn_mul_rounding`), int32 saturation (BN by "
+        "analogy: the same SDP X unit)."),
 )
 
 
@@ -193,10 +224,12 @@ class Quirks:
     feature_grains_min: bool = True  # Q6
     unnamed_zero: tuple[str, ...] = ("UNNAMED_0x3030", "UNNAMED_0x40c4")  # Q8
     out_cvt_rounding: str = "nearest"  # Q10: "nearest" (tie per CVT_ROUND) | "floor"
-    bs_bn_alu_algos: tuple[int, ...] = (2, 4)  # Q11
+    bs_bn_alu_algos: tuple[int, ...] = (0, 1, 2, 4)  # Q11: max, min, add, minus
     completion_blocks: tuple[str, ...] = ("DPU",)  # Q12
     flying_erdma: str = "reject"  # Q13
     ppu_precisions: tuple[int, ...] = (2,)  # Q14
+    grouped_operand_stages: tuple[str, ...] = ("BS",)  # Q21: stages that read DATA_USE=7 groups
+    bs_bn_mul_rounding: str = "half_even"  # Q21: "half_even" | "half_up" | "floor"
 
 
 DEFAULT = Quirks()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Mapping
 
 from ir.npu.regcmd import Decoded, decode_entry
@@ -31,6 +32,12 @@ from runtime.sim.errors import FieldError, StaleRegisterError
 def decode_cached(raw: int) -> Decoded:
     """decode_entry without the index (streams repeat the same words a lot)."""
     return decode_entry(raw, 0)
+
+
+@lru_cache(maxsize=1 << 14)
+def _unpacked(name: str, value: int) -> Mapping[str, int]:
+    """A register value split into its fields (tasks repeat the same values)."""
+    return MappingProxyType(BY_NAME[name].unpack(value))
 
 
 @dataclass
@@ -56,10 +63,14 @@ class TaskRegisters:
                 "(the hardware would use a stale ping-pong group value)", register=name) from None
 
     def fields(self, name: str) -> Mapping[str, int]:
-        return BY_NAME[name].unpack(self.value(name))
+        return _unpacked(name, self.value(name))
 
     def field(self, name: str, field_name: str) -> int:
-        return BY_NAME[name].field(field_name).extract(self.value(name))
+        try:
+            return _unpacked(name, self.value(name))[field_name]
+        except KeyError:
+            BY_NAME[name].field(field_name)  # raises naming the register's fields
+            raise
 
     def signed(self, name: str, field_name: str | None = None) -> int:
         """A field (default: the whole register) read as two's complement."""

@@ -50,6 +50,7 @@ def test_ready_board_exits_0(fake_root):
     assert "3 cores probed" in out
     assert "/dev/accel/accel0" in out
     assert "chained submit  present (hw_chain=Y)" in out
+    assert "shared space    present (shared_vm=Y): the files of one process share" in out
     assert "active: fdab0000.npu, fdac0000.npu, fdad0000.npu" in out
 
 
@@ -64,6 +65,7 @@ def test_ready_board_json_reports_every_fact(fake_root):
     assert [p["hz"] for p in facts["device_tree"][0]["opp"]][-1] == 1000 * MHZ
     assert facts["driver"]["params"] == {k: str(v) for k, v in PATCHED_PARAMS.items()}
     assert report["chain_supported"] is True
+    assert report["shared_vm_supported"] is True and report["shared_vm_enabled"] is True
 
 
 def test_200mhz_stock_board_is_not_ready(fake_root):
@@ -77,6 +79,7 @@ def test_200mhz_stock_board_is_not_ready(fake_root):
     assert "OPP patch       absent" in fails
     assert "SError guard    absent" in fails
     assert "chained submit  absent" in res.stdout
+    assert "shared space    absent: every file has its own NPU address space" in res.stdout
     assert "suspended: fdab0000.npu" in res.stdout
     assert "NOT READY" in res.stdout
 
@@ -122,6 +125,41 @@ def test_one_hour_autosuspend_counts_as_serror_guard(fake_root):
     assert res.returncode == 0, res.stdout
     assert "autosuspend delay >= 1 h" in res.stdout
     assert "chained submit  absent" in res.stdout
+
+
+def test_shared_vm_switched_off_is_reported_but_does_not_block_1ghz(fake_root):
+    ready_board(fake_root)
+    (fake_root / "sys/module/rocket/parameters/shared_vm").write_text("N\n")
+    status, report = check_json(fake_root)
+    assert status == 0
+    assert report["shared_vm_supported"] is True and report["shared_vm_enabled"] is False
+    res = check_npu(fake_root)
+    assert "shared space    present but switched off (shared_vm=N)" in res.stdout
+
+
+def test_series_up_to_0003_has_no_shared_space(fake_root):
+    ready_board(fake_root)
+    os.remove(fake_root / "sys/module/rocket/parameters/shared_vm")
+    status, report = check_json(fake_root)
+    assert status == 0
+    assert report["chain_supported"] is True and report["shared_vm_supported"] is False
+    assert any(c["topic"] == "shared space" and c["message"].startswith("absent")
+               for c in report["checks"])
+
+
+def test_driver_version_1_2_alone_means_shared_space(fake_root):
+    """On a board the version comes from DRM_IOCTL_VERSION on the node."""
+    mod = load_check_npu()
+    ready_board(fake_root)
+    os.remove(fake_root / "sys/module/rocket/parameters/shared_vm")
+    for version, present in (((1, 1), False), ((1, 2), True), ((2, 0), True)):
+        facts = mod.gather(str(fake_root))
+        facts["driver"]["accel"][0]["version"] = {"name": "rocket", "major": version[0],
+                                                  "minor": version[1]}
+        checks, status = mod.judge(facts)
+        shared = [m for _, t, m in checks if t == "shared space"]
+        assert shared and shared[0].startswith("present") == present, (version, shared)
+        assert "rocket %d.%d" % version in [m for _, t, m in checks if t == "/dev/accel"][0]
 
 
 def test_hold_power_switched_off_is_not_ready(fake_root):

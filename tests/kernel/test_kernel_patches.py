@@ -5,7 +5,8 @@ here through the git blob ids: the pre-image ids in the patches' index
 lines must be the Linux v6.18 ids recorded in kernel/patches/BASE, and each
 later patch must start from the previous one's post-image.  With a kernel
 tree at hand, set ROCKET_LINUX_TREE=/path/to/linux to also run
-kernel/patches/check-apply against it.
+kernel/patches/check-apply against it, and to compile and run the shared
+address-space code of 0004 against userspace stubs (needs gcc).
 """
 
 import os
@@ -56,14 +57,14 @@ def commit_message(text):
     return rest.split("\n---\n", 1)[0]
 
 
-def test_series_has_the_three_patches():
+def test_series_has_the_four_patches():
     subjects = [re.match(r"\[PATCH (\d)/(\d)\] (.*)$", subject(p.read_text()) or "")
                 for p in PATCHES]
     assert all(subjects), "every patch needs a numbered Subject line"
-    assert [(s.group(1), s.group(2)) for s in subjects] == [("1", "3"), ("2", "3"), ("3", "3")]
-    titles = " ".join(s.group(3) for s in subjects)
-    for word in ("OPP", "powered", "chain"):
-        assert word in titles
+    assert [(s.group(1), s.group(2)) for s in subjects] == [(str(n), "4") for n in range(1, 5)]
+    titles = [s.group(3) for s in subjects]
+    for title, word in zip(titles, ("OPP", "powered", "chain", "share one address space")):
+        assert word in title
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name[:4])
@@ -143,10 +144,119 @@ def test_kernel_side_accepts_old_job_size():
     assert "-\tif (args->job_struct_size < sizeof(struct drm_rocket_job)) {" in diff
 
 
-@pytest.mark.skipif(not os.environ.get("ROCKET_LINUX_TREE"),
-                    reason="set ROCKET_LINUX_TREE to a Linux v6.18 tree to run check-apply")
+def added(body):
+    return [l[1:] for l in body.splitlines() if l.startswith("+") and not l.startswith("+++")]
+
+
+def removed(body):
+    return [l[1:] for l in body.splitlines() if l.startswith("-") and not l.startswith("---")]
+
+
+SHARED_PATCH = PATCHES[3]  # 0004, the shared address space
+
+
+def shared_diffs():
+    return {path: body for path, _, _, body in file_diffs(SHARED_PATCH.read_text())}
+
+
+def test_shared_address_space_needs_no_uapi_and_reports_version_1_2():
+    diffs = shared_diffs()
+    assert set(diffs) == {"drivers/accel/rocket/rocket_drv.c", "drivers/accel/rocket/rocket_drv.h",
+                          "drivers/accel/rocket/rocket_gem.c", "drivers/accel/rocket/rocket_gem.h"}
+    drv = diffs["drivers/accel/rocket/rocket_drv.c"]
+    assert "\t.minor\t\t\t= 1," in removed(drv) and "\t.minor\t\t\t= 2," in added(drv)
+    assert "module_param(shared_vm, bool, 0644);" in added(drv)
+
+
+def test_shared_address_space_moves_the_allocator_into_the_refcounted_domain():
+    diffs = shared_diffs()
+    header = diffs["drivers/accel/rocket/rocket_drv.h"]
+    for member in ("\tstruct drm_mm mm;", "\tstruct mutex mm_lock;"):
+        assert member in removed(header) and member in added(header)
+    assert "\tstruct mm_struct *owner;" in added(header)
+    # BOs no longer point at the file that created them: it may be closed first
+    assert "\tstruct rocket_file_priv *driver_priv;" in removed(diffs["drivers/accel/rocket/rocket_gem.h"])
+    gem = diffs["drivers/accel/rocket/rocket_gem.c"]
+    assert "\tmutex_lock(&domain->mm_lock);" in added(gem)
+    assert not [l for l in added(gem) if "driver_priv" in l or "rocket_priv->mm" in l]
+    assert not [l for l in added(diffs["drivers/accel/rocket/rocket_drv.c"]) if "rocket_priv->mm" in l]
+
+
+def test_shared_address_space_is_keyed_on_the_pinned_opener_mm():
+    drv = added(shared_diffs()["drivers/accel/rocket/rocket_drv.c"])
+    assert "\tstruct mm_struct *owner = READ_ONCE(shared_vm) ? current->mm : NULL;" in drv
+    assert "\t\tmmgrab(owner);" in drv and "\t\tmmdrop(domain->owner);" in drv
+    assert any("kref_put_mutex(&domain->kref" in l for l in drv), \
+        "the last put must take the lookup lock, or a lookup could revive a dying domain"
+
+
+def test_shared_address_space_message_says_why_how_to_detect_and_what_it_exposes():
+    message = commit_message(SHARED_PATCH.read_text())
+    for needed in ("absolute IOVAs", "PRIME", "current->mm", "exec()", "mmgrab()",
+                   "SCM_RIGHTS", "shared_vm", "DRM_IOCTL_VERSION now reports 1.2",
+                   "Mesa", "No UAPI changes"):
+        assert needed in message, needed
+
+
+LINUX_TREE = os.environ.get("ROCKET_LINUX_TREE")
+needs_tree = pytest.mark.skipif(not LINUX_TREE,
+                                reason="set ROCKET_LINUX_TREE to a Linux v6.18 tree")
+
+
+@needs_tree
 def test_check_apply_against_a_real_tree():
-    res = subprocess.run(["sh", str(PATCH_DIR / "check-apply"),
-                          os.environ["ROCKET_LINUX_TREE"]],
+    res = subprocess.run(["sh", str(PATCH_DIR / "check-apply"), LINUX_TREE],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("applies  ") == len(PATCHES) == 4
+
+
+def patched_tree(dest):
+    """The files in BASE from ROCKET_LINUX_TREE with the whole series applied."""
+    for path in read_base():
+        (dest / path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / path).write_bytes((Path(LINUX_TREE) / path).read_bytes())
+    for patch in PATCHES:
+        res = subprocess.run(["git", "apply", str(patch)], cwd=dest, capture_output=True, text=True)
+        assert res.returncode == 0, patch.name + ": " + res.stderr
+    return dest
+
+
+def between(text, start, end_after):
+    """text from the line starting `start` to the first "\n}\n"/"\n};\n" after `end_after`."""
+    first = text.index(start)
+    tail = text.index(end_after, first)
+    close = re.compile(r"\n}\n|\n};\n").search(text, tail)
+    return text[first:close.end()]
+
+
+@needs_tree
+def test_patched_gem_code_uses_only_the_domain_allocator(tmp_path):
+    gem = (patched_tree(tmp_path) / "drivers/accel/rocket/rocket_gem.c").read_text()
+    assert "driver_priv = " not in gem and "bo->driver_priv" not in gem
+    assert re.findall(r"mutex_lock\(&(\S+)\);", gem) == [
+        "domain->mm_lock", "rocket_priv->domain->mm_lock", "rocket_priv->domain->mm_lock"]
+
+
+@needs_tree
+def test_shared_domain_code_runs_against_userspace_stubs(tmp_path):
+    """Compile the patched lookup/refcount code with gcc against kernel_stubs.h and run it."""
+    tree = patched_tree(tmp_path / "linux")
+    drv_c = (tree / "drivers/accel/rocket/rocket_drv.c").read_text()
+    drv_h = (tree / "drivers/accel/rocket/rocket_drv.h").read_text()
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "rocket_iommu_domain.h").write_text(
+        between(drv_h, "struct rocket_iommu_domain {", "struct rocket_iommu_domain {"))
+    (build / "domain_section.c").write_text(
+        between(drv_c, "static bool shared_vm = true;", "rocket_iommu_domain_put(struct"))
+    data = Path(__file__).parent / "data" / "shared_domain"
+    exe = build / "shared_domain_test"
+    res = subprocess.run(["gcc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function",
+                          "-fsanitize=address,undefined", "-g", "-I", str(build), "-I", str(data),
+                          "-o", str(exe), str(data / "shared_domain_test.c")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip() == "shared domain: ok"

@@ -322,6 +322,26 @@ def test_standalone_lut_activation(function):
     assert np.abs(got - ref).max() <= plan.tolerance(), (function, np.abs(got - ref).max())
 
 
+def test_a_chained_kick_fetches_tasks_of_any_length():
+    """A chain links a conv (130-odd entries) to a LUT activation whose table
+    upload makes it ~1100 entries long: every tail must fetch the whole next task
+    (Mesa's ALIGN((n-4)/2, 2) falls short for such counts)."""
+    from compiler.npu import lut
+
+    c, h, w = 16, 4, 8
+    X, M, Y = (api.Feature(n, 0, c, h, w, "fp16") for n in ("x", "m", "y"))
+    conv = api.emit(api.Conv2D(X, _fp16((c, 1, 1, c), 5, 0.3), M))
+    act = api.emit(api.Activation(M, Y, "tanh"))
+    counts = [len(t.regcmd) for r in (conv, act) for t in r.tasks]
+    assert any(n % 4 != 2 for n in counts), counts  # a count where Mesa's rule under-fetches
+    x = _fp16((c, h, w), 6)
+    stock = _run([conv, act], {"x": (X, x)}, merge_jobs=True).feature(Y)
+    chained = _run([conv, act], {"x": (X, x)}, merge_jobs=True, chained=True).feature(Y)
+    np.testing.assert_array_equal(stock, chained)
+    ref = lut.plan("tanh").function(_conv_acc(x, _fp16((c, 1, 1, c), 5, 0.3), (1, 1), (0,) * 4, False, 0))
+    assert np.abs(chained.astype(np.float64) - ref).max() <= lut.plan("tanh").tolerance()
+
+
 def test_conv_with_fused_lut_epilogue():
     from compiler.npu import lut
 
@@ -384,14 +404,7 @@ def test_average_pool_as_depthwise_convolution(dtype):
         np.testing.assert_allclose(got, wins.mean(axis=(2, 4)), rtol=3e-3, atol=3e-3)
 
 
-PER_CHANNEL_REQUANT_GAP = pytest.mark.xfail(
-    strict=True, raises=sim.SimError,
-    reason="the simulator reads BRDMA_DATA_USE=7 (int32 bias, int16 CPEND, int16 multiplier per 8-channel "
-           "64-byte group) as an unconsumed operand and does not model ALU + MUL operands from memory; "
-           "rockchip-npu-notes out-cvt-converter.md measured exactly this program on RK3588")
-
-
-@pytest.mark.parametrize("out", ["int32", pytest.param("int8", marks=PER_CHANNEL_REQUANT_GAP)])
+@pytest.mark.parametrize("out", ["int32", "int8"])
 def test_gemm_with_per_channel_weights(out):
     m, k, n = 20, 96, 70
     scales = tuple(float(s) for s in np.random.default_rng(0).uniform(0.002, 0.03, n))
@@ -410,3 +423,36 @@ def test_gemm_with_per_channel_weights(out):
     else:
         ideal = np.clip(np.rint(real * 0.05 * np.asarray(scales) / cq.scale) - 6, -128, 127)
         assert np.abs(got - ideal).max() <= 1
+
+
+@SWEEP
+@given(shape=conv_shapes(), seed=st.integers(0, 999), act=st.sampled_from([None, "relu"]), zx=st.integers(-10, 10))
+def test_conv_int8_per_channel_requantized(shape, seed, act, zx):
+    """Per-output-channel weight scales: the BS multiplier from the BRDMA operand
+    groups (DATA_USE=7), bit-exact against the plan's integer model and within one
+    step of the real result."""
+    c, h, w, o, k, s, pad, dw = shape
+    o = c if dw else o
+    scales = np.random.default_rng(seed).uniform(0.002, 0.03, o)
+    xq, wq = api.Quant(0.05, zx), api.Quant(tuple(float(v) for v in scales))
+    yq = api.Quant(0.05 * 0.03 * np.sqrt(k * k * (1 if dw else c)) * 30, 4)
+    oh, ow = (h + pad[0] + pad[1] - k) // s + 1, (w + pad[2] + pad[3] - k) // s + 1
+    X = api.Feature("x", 0, c, h, w, "int8", xq)
+    Y = api.Feature("y", 0, o, oh, ow, "int8", yq)
+    wt = _int8((k, k, c) if dw else (o, k, k, c), seed + 1)
+    bias = np.random.default_rng(seed + 2).integers(-2000, 2000, o)
+    epi = api.Epilogue(bias=bias, activation=act)
+    r = api.emit(api.Conv2D(X, wt, Y, (s, s), pad, dw, wq, epi, "c"))
+    x = _int8((c, h, w), seed)
+    got = _run(r, {"x": (X, x)}).feature(Y)
+    acc = _conv_acc(x, wt.astype(np.int64), (s, s), pad, dw, zx)
+    sums = wt.astype(np.int64).sum(axis=(0, 1) if dw else (1, 2, 3))
+    plan = epilogue.plan(epilogue.DpuRequest("int8", Y, o, xq, wq, sums, epi, depthwise=dw))
+    assert plan.bs_groups
+    np.testing.assert_array_equal(got, plan.apply(acc))
+    real = (_conv_acc(x.astype(np.int64) - zx, wt.astype(np.int64), (s, s), pad, dw, 0)
+            + bias[:, None, None]) * 0.05 * scales[:, None, None]
+    if act:
+        real = np.maximum(real, 0)
+    ideal = np.clip(np.rint(real / yq.scale) + yq.zero_point, -128, 127)
+    assert np.abs(got.astype(np.int64) - ideal).max() <= 1

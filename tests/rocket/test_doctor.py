@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from compiler.cli import main
 from compiler.cli.doctor import build_report
-from runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
+from runtime.rocket.emulated import CHAIN_PATCHED, SHARED_PATCHED, STOCK, EmulatedKernel
 
 CORES = ("fdab0000.npu", "fdac0000.npu", "fdad0000.npu")
 
@@ -30,7 +30,7 @@ def fake_board(root: Path, *, clock_hz=1_000_000_000, uv=850_000, cores=CORES, i
             group.mkdir(parents=True, exist_ok=True)
             os.symlink(group, d / "iommu_group")
     (root / "sys/bus/platform/drivers/rocket/bind").write_text("")
-    values = {"npu_freq_mhz": "1000", "hold_power": "Y", "hw_chain": "Y"}
+    values = {"npu_freq_mhz": "1000", "hold_power": "Y", "hw_chain": "Y", "shared_vm": "Y"}
     for p in params:
         write(f"sys/module/rocket/parameters/{p}", values[p])
     write("sys/kernel/debug/clk/scmi_clk_npu/clk_rate", str(clock_hz))
@@ -71,6 +71,27 @@ def test_ready_board_with_the_kernel_patches(tmp_path):
     assert r.device["job_checks"].startswith("validation before submit; per-job fences")
 
 
+def test_board_with_the_shared_address_space_patch(tmp_path):
+    root = fake_board(tmp_path, params=("npu_freq_mhz", "hold_power", "hw_chain", "shared_vm"))
+    r = build_report(str(root), EmulatedKernel(SHARED_PATCHED))
+    topics = {t: (level, m) for level, t, m in r.checks}
+    assert topics["shared space"] == ("OK", "present (driver 1.2, shared_vm=Y)")
+    assert topics["chained submit"] == ("OK", "present (driver 1.2, hw_chain=Y)")
+    assert topics["runtime device"] == ("OK", "3 lane(s)")
+    assert r.verdict == "NPU ready: rocket 1.2 at /dev/accel/accel0, 3 core(s), 1000 MHz, chained kicks"
+
+
+def test_shared_address_space_switched_off(tmp_path):
+    """shared_vm=N: the version still says 1.2, the device's own check finds private spaces."""
+    root = fake_board(tmp_path, params=("npu_freq_mhz", "hold_power", "hw_chain", "shared_vm"))
+    (root / "sys/module/rocket/parameters/shared_vm").write_text("N\n")
+    r = build_report(str(root), EmulatedKernel(SHARED_PATCHED, shared_address_space=False))
+    topics = {t: (level, m) for level, t, m in r.checks}
+    assert topics["shared space"] == ("INFO", "switched off (driver 1.2, shared_vm=N): every fd has its own "
+                                              "NPU address space, so one core at a time")
+    assert topics["runtime device"][1].startswith("1 lane(s): this kernel gives every file its own")
+
+
 def test_stock_board_at_200_mhz(tmp_path):
     root = fake_board(tmp_path, clock_hz=200_000_000, uv=700_000, params=())
     r = build_report(str(root), EmulatedKernel(STOCK))
@@ -79,6 +100,8 @@ def test_stock_board_at_200_mhz(tmp_path):
     assert topics["NPU clock"] == ("WARN", "scmi_clk_npu at 200 MHz, below 1 GHz: kernel/README.md "
                                            "(patches 0001 + the OPP overlay) runs it at 1 GHz")
     assert topics["chained submit"] == ("INFO", "absent: one kick per task (kernel/patches/0003 adds it)")
+    assert topics["shared space"] == ("INFO", "absent: every fd has its own NPU address space, so one core at "
+                                              "a time (kernel/patches/0004 adds it)")
     assert topics["runtime device"][1].startswith("1 lane(s): this kernel gives every file its own")
     assert r.verdict.startswith("NPU usable (rocket 0.0 at /dev/accel/accel0, 3 core(s), 200 MHz, one kick per "
                                 "task), but: scmi_clk_npu at 200 MHz, below 1 GHz")

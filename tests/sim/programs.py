@@ -39,6 +39,29 @@ class Ref:
 
 
 @dataclass
+class Stage:
+    """One BS or BN stage programmed explicitly: ALU -> MUL (shift) -> ReLU. An
+    operand left None comes per channel from the stage's DMA (BRDMA / NRDMA)."""
+
+    alu: int | None = None  # ALU_ALGO (0 max, 1 min, 2 add, 4 minus); None: ALU bypassed
+    alu_operand: int | None = None  # register operand, raw 32 bits
+    mul: bool = False
+    mul_operand: int | None = None  # register operand, raw 16 bits
+    shift: int = 0  # MUL_SHIFT_VALUE (non-negative products)
+    shift_neg: int = 0  # DATA_FORMAT *_MUL_SHIFT_VALUE_NEG (negative products)
+    relu: bool = False
+    data_use: int | None = None  # the DMA's DATA_USE; default: 1 ALU, 4 MUL, 7 (64-byte groups) both
+
+    @property
+    def use(self) -> int:
+        if self.data_use is not None:
+            return self.data_use
+        alu = self.alu is not None and self.alu_operand is None
+        mul = self.mul and self.mul_operand is None
+        return 7 if alu and mul else (1 if alu else 0) | (4 if mul else 0)
+
+
+@dataclass
 class ConvSpec:
     prec: str  # "int8" | "fp16"
     channels: int  # C (input channels; multiple of the atom)
@@ -63,6 +86,9 @@ class ConvSpec:
     out_shift: int = 0
     out_offset: int = 0
     ow_op: int = 0  # CPEND operand (integer paths)
+    ow_src: bool = False  # CPEND operand per channel from the BS groups (OW_SRC=1)
+    bs: Stage | None = None  # explicit BS stage (replaces bias / relu / relux)
+    bn: Stage | None = None  # explicit BN stage (replaces bn_mul_shift)
     residual: str | None = None  # None | "add": EW add of a per-pixel operand (COMB_USE=5 pairing)
     residual_dtype: str = "int8"
     ew_scale: int = 1
@@ -159,7 +185,8 @@ def conv_task(s: ConvSpec, x: Ref, w: Ref, y: Ref, bias: Ref | None = None, ew: 
     mode = 3 if s.depthwise else 0
     b.write("DPU_FEATURE_MODE_CFG", BURST_LEN=15, CONV_MODE=mode, OUTPUT_MODE=2)
     b.write("DPU_DATA_FORMAT", OUT_PRECISION=PREC[s.out], IN_PRECISION=p, PROC_PRECISION=p,
-            BN_MUL_SHIFT_VALUE_NEG=s.bn_mul_shift or 0)
+            BS_MUL_SHIFT_VALUE_NEG=s.bs.shift_neg if s.bs else 0,
+            BN_MUL_SHIFT_VALUE_NEG=s.bn.shift_neg if s.bn else s.bn_mul_shift or 0)
     b.write("DPU_OFFSET_PEND", 0)
     b.address("DPU_DST_BASE_ADDR", y.bo, y.offset)
     b.write("DPU_DST_SURF_STRIDE", DST_SURF_STRIDE=oh * ow)
@@ -168,19 +195,25 @@ def conv_task(s: ConvSpec, x: Ref, w: Ref, y: Ref, bias: Ref | None = None, ew: 
     b.write("DPU_DATA_CUBE_NOTCH_ADDR", 0)
     b.write("DPU_DATA_CUBE_CHANNEL", ORIG_CHANNEL=s.out_channels - 1, CHANNEL=s.out_channels - 1)
     relu = s.relu or s.relux is not None
-    if s.bias or relu:
+    if s.bs:
+        _write_stage(b, "BS", s.bs)
+    elif s.bias or relu:
         b.write("DPU_BS_CFG", BS_ALU_ALGO=2 if s.bias else 0, BS_ALU_SRC=int(s.bias), BS_RELU_BYPASS=int(not relu),
                 BS_RELUX_EN=int(s.relux is not None), BS_MUL_BYPASS=1, BS_ALU_BYPASS=int(not s.bias))
     else:
         b.write("DPU_BS_CFG", BS_RELU_BYPASS=1, BS_MUL_BYPASS=1, BS_ALU_BYPASS=1, BS_BYPASS=1)
-    b.write("DPU_BS_ALU_CFG", 0)
-    b.write("DPU_BS_MUL_CFG", 0)
+    if not s.bs:
+        b.write("DPU_BS_ALU_CFG", 0)
+        b.write("DPU_BS_MUL_CFG", 0)
     b.write("DPU_BS_RELUX_CMP_VALUE", (s.relux or 0) & 0xFFFFFFFF)
-    b.write("DPU_BS_OW_CFG", SIZE_E_2=s.size_e, SIZE_E_1=s.size_e, SIZE_E_0=s.size_e, OD_BYPASS=int(s.ow_op == 0))
+    b.write("DPU_BS_OW_CFG", SIZE_E_2=s.size_e, SIZE_E_1=s.size_e, SIZE_E_0=s.size_e, OW_SRC=int(s.ow_src),
+            OD_BYPASS=int(s.ow_op == 0 and not s.ow_src))
     b.write("DPU_BS_OW_OP", OW_OP=s.ow_op & 0xFFFF)
     b.write("DPU_WDMA_SIZE_0", CHANNEL_WDMA=s.out_channels - 1)
     b.write("DPU_WDMA_SIZE_1", HEIGHT_WDMA=oh - 1, WIDTH_WDMA=ow - 1)
-    if s.bn_mul_shift is not None:
+    if s.bn:
+        _write_stage(b, "BN", s.bn)
+    elif s.bn_mul_shift is not None:
         b.write("DPU_BN_CFG", BN_RELU_BYPASS=1, BN_ALU_BYPASS=1)
         b.write("DPU_BN_ALU_CFG", 0)
         b.write("DPU_BN_MUL_CFG", BN_MUL_SHIFT_VALUE=s.bn_mul_shift, BN_MUL_SRC=1)
@@ -215,13 +248,15 @@ def conv_task(s: ConvSpec, x: Ref, w: Ref, y: Ref, bias: Ref | None = None, ew: 
         b.address("DPU_RDMA_RDMA_SRC_BASE_ADDR", ew.bo, ew.offset)
     else:
         b.write("DPU_RDMA_RDMA_SRC_BASE_ADDR", 0)
-    b.write("DPU_RDMA_RDMA_BRDMA_CFG", BRDMA_DATA_USE=1 if s.bias else 0)
-    if s.bias:
+    bs_use = s.bs.use if s.bs else (1 if s.bias else 0)
+    b.write("DPU_RDMA_RDMA_BRDMA_CFG", BRDMA_DATA_USE=bs_use)
+    if bs_use:
         b.address("DPU_RDMA_RDMA_BS_BASE_ADDR", bias.bo, bias.offset)
     else:
         b.write("DPU_RDMA_RDMA_BS_BASE_ADDR", 0)
-    if s.bn_mul_shift is not None:
-        b.write("DPU_RDMA_RDMA_NRDMA_CFG", NRDMA_DATA_USE=4)  # the MUL operand
+    bn_use = s.bn.use if s.bn else (4 if s.bn_mul_shift is not None else 0)  # 4: the MUL operand
+    if bn_use:
+        b.write("DPU_RDMA_RDMA_NRDMA_CFG", NRDMA_DATA_USE=bn_use)
         b.address("DPU_RDMA_RDMA_BN_BASE_ADDR", bn.bo, bn.offset)
     else:
         b.write("DPU_RDMA_RDMA_NRDMA_CFG", 0)
@@ -245,6 +280,33 @@ def conv_task(s: ConvSpec, x: Ref, w: Ref, y: Ref, bias: Ref | None = None, ew: 
     b.write("DPU_RDMA_RDMA_EW_SURF_NOTCH", EW_SURF_NOTCH=surface if s.residual else 0)
     b.finish(enable)
     return b
+
+
+def _write_stage(b: RegcmdBuilder, name: str, st: Stage) -> None:
+    p = name + "_"
+    on = st.alu is not None or st.mul or st.relu
+    b.write(f"DPU_{name}_CFG", **{p + "ALU_ALGO": st.alu or 0, p + "ALU_SRC": int(st.alu is not None and
+                                                                               st.alu_operand is None),
+                                   p + "RELU_BYPASS": int(not st.relu), p + "MUL_BYPASS": int(not st.mul),
+                                   p + "ALU_BYPASS": int(st.alu is None), p + "BYPASS": int(not on)})
+    b.write(f"DPU_{name}_ALU_CFG", (st.alu_operand or 0) & 0xFFFFFFFF)
+    b.write(f"DPU_{name}_MUL_CFG", **{p + "MUL_OPERAND": (st.mul_operand or 0) & 0xFFFF,
+                                       p + "MUL_SHIFT_VALUE": st.shift,
+                                       p + "MUL_SRC": int(st.mul and st.mul_operand is None)})
+
+
+def operand_groups(alu: np.ndarray, mul: np.ndarray, cpend: np.ndarray | None = None) -> np.ndarray:
+    """DATA_USE=7 operands: per 8 channels a 64-byte group, int32 A @0, int16 B
+    (CPEND) @32, int16 C (MUL) @48 (rockchip-npu-notes out-cvt-converter.md)."""
+    n = len(alu)
+    groups = -(-n // 8)
+    buf = np.zeros((groups, 64), np.uint8)
+    for values, off, dt in ((alu, 0, "<i4"), (cpend, 32, "<i2"), (mul, 48, "<i2")):
+        if values is not None:
+            v = np.zeros(groups * 8, dt)
+            v[:n] = values
+            buf[:, off:off + 8 * v.itemsize] = v.view(np.uint8).reshape(groups, -1)
+    return buf.reshape(-1)
 
 
 def gemm_spec(m: int, k: int, n: int, prec: str = "int8", out: str | None = None) -> ConvSpec:
@@ -285,10 +347,12 @@ def place(dev, builders: Sequence[RegcmdBuilder], chain: bool = False, in_bos=()
         offsets.append(pos)
         pos += -(-s.size * 8 // slot_align) * slot_align
     bo = dev.create_bo(pos)
+    dev.prepare_cpu_access(bo)
     for i, s in enumerate(streams):
         if chain and i + 1 < len(streams):
             link_tail(s, bo.iova + offsets[i + 1], streams[i + 1].size)
         bo.host[offsets[i]:offsets[i] + s.size * 8] = s.view(np.uint8)
+    dev.finish_cpu_access(bo)
     tasks = [Task(bo.iova + o, s.size) for o, s in zip(offsets, streams)]
     return Program(bo, tasks, list(in_bos), list(out_bos))
 
@@ -296,7 +360,9 @@ def place(dev, builders: Sequence[RegcmdBuilder], chain: bool = False, in_bos=()
 def upload(dev, data: np.ndarray, size: int | None = None) -> BufferObject:
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
     bo = dev.create_bo(max(size or 0, raw.size, 1))
+    dev.prepare_cpu_access(bo)
     bo.host[:raw.size] = raw
+    dev.finish_cpu_access(bo)
     return bo
 
 
@@ -318,7 +384,9 @@ def read_gemm(dev, c: Ref, spec: ConvSpec) -> np.ndarray:
     c2 = 16 // np.dtype(dt).itemsize
     surfaces = -(-spec.written_channels // c2)
     raw = c.bo.host[c.offset:c.offset + surfaces * spec.height * 16].view(dt).reshape(surfaces, spec.height, 1, c2)
-    return layout.unpack_gemm_c(raw, spec.kernels)
+    out = layout.unpack_gemm_c(raw, spec.kernels)
+    dev.finish_cpu_access(c.bo)
+    return out
 
 
 def run_gemm(dev, a: np.ndarray, b: np.ndarray, out: str | None = None, chained: bool = False) -> np.ndarray:

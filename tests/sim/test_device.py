@@ -6,7 +6,8 @@ the performance model."""
 import numpy as np
 import pytest
 
-from programs import Ref, conv_task, gemm_buffers, place, resolve, upload
+from ir.npu import layout
+from programs import Ref, conv_task, gemm_buffers, place, read_gemm, resolve, upload
 from runtime.device import Job
 from runtime.devices import open_device
 from runtime.sim import SimDevice
@@ -100,3 +101,80 @@ def test_counters_and_performance_model():
     t16 = dev.last_jobs[0].tasks[0]
     assert c.modelled_seconds == pytest.approx(3 * t16.modelled_seconds + 30e-6)
     assert t16.modelled_seconds == pytest.approx(max(128 * 512 * 256 / (512 * 1e9), t16.dma_bytes / 25e9))
+
+
+# -- CPU access bracket (rocket PREP_BO / FINI_BO) and the decoded-operand cache ----------
+def test_host_view_is_writable_only_between_prepare_and_finish():
+    dev = SimDevice()
+    bo = dev.create_bo(64)
+    with pytest.raises(ValueError, match="read-only"):
+        bo.host[0] = 1  # a fresh BO belongs to the device
+    dev.prepare_cpu_access(bo)
+    bo.host[:4] = 7
+    dev.finish_cpu_access(bo)
+    assert list(bo.host[:5]) == [7, 7, 7, 7, 0]  # reading stays possible (and is what PREP_BO is for)
+    with pytest.raises(ValueError, match="read-only"):
+        bo.host[1:3] = 0
+
+
+def test_no_dma_may_touch_a_bo_the_cpu_holds():
+    """Even a BO missing from the job's lists: the NPU would read stale DRAM."""
+    dev = SimDevice()
+    spec, x, w, y = gemm_buffers(dev, np.ones((8, 32), np.int8), np.ones((32, 32), np.int8), "int32")
+    prog = place(dev, [conv_task(spec, x, w, y)])
+    dev.prepare_cpu_access(w.bo)
+    with pytest.raises(MemoryAccessError, match="CPU holds"):
+        dev.run([Job(prog.tasks, [x.bo], [y.bo], label="unlisted")])
+    dev.finish_cpu_access(w.bo)
+    dev.run([Job(prog.tasks, [x.bo], [y.bo])])
+
+
+def test_decoded_weights_follow_every_write_to_their_bytes():
+    """Weights are converted once and reused, until the CPU (finish_cpu_access)
+    or the NPU (a DPU write landing in their bytes) changes them."""
+    rng = np.random.default_rng(3)
+    dev = SimDevice()
+    a = rng.integers(-128, 128, (8, 64)).astype(np.int8)
+    b = rng.integers(-128, 128, (64, 32)).astype(np.int8)
+    spec, x, w, y = gemm_buffers(dev, a, b, "int32")
+    prog = place(dev, [conv_task(spec, x, w, y)], in_bos=[x.bo, w.bo], out_bos=[y.bo])
+    cache = dev.mem.cache
+
+    def product() -> np.ndarray:
+        dev.run([prog.job()])
+        return read_gemm(dev, y, spec)
+
+    np.testing.assert_array_equal(product(), a.astype(np.int64) @ b)
+    hits = cache.hits
+    np.testing.assert_array_equal(product(), a.astype(np.int64) @ b)
+    assert cache.hits == hits + 2  # the weights and the regcmd, decoded once
+
+    # the CPU rewrites the weights
+    b2 = rng.integers(-128, 128, (64, 32)).astype(np.int8)
+    dev.prepare_cpu_access(w.bo)
+    w.bo.host[:b2.size] = layout.pack_gemm_b(b2).view(np.uint8).reshape(-1)
+    dev.finish_cpu_access(w.bo)
+    np.testing.assert_array_equal(product(), a.astype(np.int64) @ b2)
+
+    # the NPU writes an int8 copy of src (src @ I) over the first 128 bytes of the weights
+    src = rng.integers(-128, 128, (4, 32)).astype(np.int8)
+    ispec, ix, iw, _ = gemm_buffers(dev, src, np.eye(32, dtype=np.int8), "int8")
+    writer = place(dev, [conv_task(ispec, ix, iw, Ref(w.bo, 0))], in_bos=[ix.bo, iw.bo], out_bos=[w.bo])
+    dev.run([writer.job()])
+    flat = layout.pack_gemm_b(b2).view(np.uint8).reshape(-1).copy()
+    flat[:128] = layout.pack_gemm_a(src).view(np.uint8).reshape(-1)  # 2 surfaces x 4 rows x 16 channels
+    b3 = layout.unpack_weights(flat.view(np.int8), 32, 1, 1, 64)[:, 0, 0, :].T.astype(np.int64)
+    assert not np.array_equal(b3, b2)
+    np.testing.assert_array_equal(product(), a.astype(np.int64) @ b3)
+
+
+def test_decoded_operands_stay_within_the_cache_budget():
+    dev = SimDevice(cache_bytes=4096)  # smaller than one decoded weight tensor here
+    a = np.ones((8, 64), np.int8)
+    b = np.ones((64, 32), np.int8)
+    spec, x, w, y = gemm_buffers(dev, a, b, "int32")
+    prog = place(dev, [conv_task(spec, x, w, y)])
+    for _ in range(2):
+        dev.run([prog.job()])
+        np.testing.assert_array_equal(read_gemm(dev, y, spec), np.full((8, 32), 64))
+    assert dev.mem.cache.nbytes <= 4096

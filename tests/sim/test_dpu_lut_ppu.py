@@ -88,3 +88,24 @@ def test_average_pool_within_reciprocal_rounding(k, stride):
 def test_pool_alone_never_completes_under_stock_rocket():
     with pytest.raises(NoWritebackError, match="DPU interrupt"):
         _pool("max", 2, 2, 0, Quirks())
+
+
+def test_lut_programs_alternating_on_one_core_keep_their_own_tables():
+    """A task's decoding is replayed from the simulator's cache on later runs; its LUT
+    uploads must be replayed too (here two functions take turns on core 0)."""
+    x = np.linspace(-3.9, 3.9, 8 * 64)
+    fns = [(_sigmoid, 2596.0, 0.0, 0), (np.tanh, 16384 / 4.0, -1.0, 1)]
+    dev = SimDevice()
+    xb = Ref(upload(dev, x.astype(np.float16)))
+    progs = []
+    for f, scale, lo_value, s_exp in fns:
+        le, lo = lut_tables(f, scale, lo=lo_value, s_exp=s_exp)
+        yb = Ref(dev.create_bo(x.size * 2))
+        progs.append((place(dev, [flying_lut_task(xb, yb, x.size // 8, le, lo, scale, lo_value, s_exp)],
+                            in_bos=[xb.bo], out_bos=[yb.bo]), yb, f))
+    for _ in range(2):
+        for prog, yb, f in progs:
+            dev.run([prog.job()])
+            got = yb.bo.host[:x.size * 2].view(np.float16).astype(np.float64)
+            assert np.abs(got - f(x.astype(np.float16).astype(np.float64))).max() < 3e-3
+    assert dev.mem.cache.hits >= 2

@@ -253,7 +253,7 @@ def test_data_reuse_reads_the_feature_once():
        seed=st.integers(0, 2**31))
 def test_bias_relux_and_per_channel_bn_multiplier(hw, k, relux, shift, seed):
     """BS: bias from BRDMA, ReLU clamped at RELUX; BN: per-channel int16 multiplier
-    from NRDMA, shifted (ties up); OUT_CVT to int32."""
+    from NRDMA, shifted (ties to even, Q21); OUT_CVT to int32."""
     spec = ConvSpec("int8", 16, hw, hw, k, out="int32", bias=True, relux=relux, bn_mul_shift=shift)
     x, wt, packed, b = _conv_case(spec, seed)
     m = _rng(seed + 2).integers(-300, 300, spec.written_channels).astype(np.int16)
@@ -265,5 +265,5 @@ def test_bias_relux_and_per_channel_bn_multiplier(hw, k, relux, shift, seed):
     got = layout.unpack_feature(yb.bo.host[:n * hw * hw * 16].view(np.int32).reshape(n, hw, hw, 4), k)
     acc = _ref_conv(x.astype(np.int64), wt.astype(np.int64), 1, 0, 0, hw, hw, 0, False) + b[:k, None, None]
     acc = np.clip(acc, 0, relux) * m[:k, None, None].astype(np.int64)
-    ref = (acc + (1 << shift >> 1)) >> shift if shift else acc
+    ref = _round_half_even_shift(acc, shift)
     np.testing.assert_array_equal(got, ref)
