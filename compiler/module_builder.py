@@ -13,6 +13,7 @@ so the scratch plan is per program and the region is as large as the largest.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,6 +72,7 @@ class ModuleBuilder:
         self.relocations: list[Relocation] = []
         self.programs: list[Program] = []
         self.lifetimes: dict[str, dict[str, list[int]]] = {}  # program -> scratch tensor -> [first, last] step
+        self._weight_digests: dict[str, str] = {}
 
     # -- tensors ------------------------------------------------------------------
     def _info(self, info: TensorInfo) -> TensorInfo:
@@ -91,7 +93,12 @@ class ModuleBuilder:
 
     def weight(self, name: str, packed: np.ndarray, shape, dtype: DType, layout: str,
                quant: dict | None = None) -> TensorInfo:
-        """NPU weights already in their native layout (`packed` holds the bytes)."""
+        """NPU weights already in their native layout (`packed` holds the bytes).
+        Programs that place the same weights under the same name share one copy."""
+        digest = hashlib.sha256(np.ascontiguousarray(packed).tobytes()).hexdigest()
+        if name in self.tensors and self._weight_digests.get(name) == digest:
+            return self.tensors[name]
+        self._weight_digests[name] = digest
         offset = self.weights.add(packed)
         return self._info(TensorInfo(name, [int(d) for d in shape], dtype.value, layout, "weights", offset,
                                      int(np.asarray(packed).nbytes), quant))

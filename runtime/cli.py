@@ -18,12 +18,25 @@ from ir.errors import RkcError
 @click.option("--outputs", type=click.Path(dir_okay=False), help="Write the outputs here (.npz keyed by name).")
 @click.option("--device", type=click.Choice(["auto", "sim", "rocket"]), default="auto", show_default=True,
               help="rocket when an NPU is present, else the built-in simulator.")
-def main(model: str | None, replay_case: str | None, inputs: str | None, outputs: str | None, device: str) -> None:
+@click.option("-p", "--prompt", help="LLM: the prompt to continue.")
+@click.option("-n", "--n-predict", default=64, show_default=True, help="LLM: tokens to generate.")
+@click.option("--temp", "temperature", default=0.8, show_default=True, help="LLM: temperature (0 = greedy).")
+@click.option("--top-k", default=40, show_default=True, help="LLM: sample among the k most likely (0 = all).")
+@click.option("--top-p", default=0.95, show_default=True, help="LLM: nucleus sampling threshold.")
+@click.option("--seed", type=int, default=None, help="LLM: random seed for sampling.")
+@click.option("--ctx", type=int, default=None, help="LLM: context size (default: the model's; 512 for perplexity).")
+@click.option("--perplexity", type=click.Path(dir_okay=False, exists=True), help="LLM: score a text file.")
+@click.option("--tokenize", help="LLM: print the token ids of TEXT (BOS first).")
+@click.option("--chat", is_flag=True, help="LLM: wrap the prompt in the model's chat template.")
+def main(model: str | None, replay_case: str | None, inputs: str | None, outputs: str | None, device: str,
+         **llm) -> None:
     """Run MODEL (an .rkbin made by `rkc compile`) on the NPU or its simulator.
 
     \b
     rkrun model.rkbin --inputs in.npz --outputs out.npz   # an ONNX model
     rkrun model.rkbin -p "Hello" -n 64                    # an LLM: generate text
+    rkrun model.rkbin --perplexity wiki.txt --ctx 256     # an LLM: perplexity
+    rkrun model.rkbin --tokenize "Hello"                  # an LLM: token ids
     rkrun --replay CASE.json                              # replay a captured regcmd case
     """
     if replay_case is not None:
@@ -32,6 +45,14 @@ def main(model: str | None, replay_case: str | None, inputs: str | None, outputs
         raise SystemExit(run_cli(replay_case))
     if model is None:
         raise RkcError("no model given (see rkrun --help)")
+    from ir.rkbin import read_rkbin
+
+    rk = read_rkbin(model)
+    if rk.module.metadata.get("model_kind") == "llm":
+        from runtime.llm.cli import LlmRunOptions, run_llm
+
+        run_llm(rk, LlmRunOptions(**llm), device)
+        return
     from runtime.run_cli import run_once
 
     run_once(model, inputs, outputs, device)

@@ -9,7 +9,15 @@ from pathlib import Path
 import click
 
 from compiler.build import PRECISIONS, BuildOptions, build
+from compiler.frontend import detect_kind
 from compiler.frontend.onnx import parse_input_shapes
+
+
+def _chunks(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of sizes") from None
 
 
 class _Progress:
@@ -37,16 +45,33 @@ class _Progress:
 @click.option("--explain", is_flag=True, help="List every op, where it runs and why.")
 @click.option("--cpu-only", is_flag=True, help="Place every op on the CPU (for debugging and references).")
 @click.option("-v", "--verbose", is_flag=True, help="Show every stage as it starts.")
+@click.option("--prefill-chunks", default="1,32,128,512", show_default=True,
+              help="GGUF LLM: prompt chunk sizes, each with a precompiled prefill program.")
+@click.option("--smooth-alpha", default=0.5, show_default=True,
+              help="GGUF LLM, int8: SmoothQuant migration strength (0 disables).")
+@click.option("--keep-fp16", default="", metavar="NAMES",
+              help="GGUF LLM, int8: comma-separated weight names (substrings, e.g. ffn_down) whose products "
+                   "stay fp16 (a hybrid).")
 def compile_command(model: str, output: str | None, precision: str, calib: str | None, input_shapes: tuple[str, ...],
-                    explain: bool, cpu_only: bool, verbose: bool) -> None:
-    """Compile MODEL (ONNX or IR text) into an .rkbin for the NPU.
+                    explain: bool, cpu_only: bool, verbose: bool, prefill_chunks: str, smooth_alpha: float,
+                    keep_fp16: str) -> None:
+    """Compile MODEL (ONNX, GGUF LLM or IR text) into an .rkbin for the NPU.
 
     \b
     rkc compile model.onnx -o model.rkbin
+    rkc compile model.gguf -o model.rkbin --precision int8
     rkc compile model.onnx --input-shape x=1x3x224x224 --precision int8 --calib calib.npz
     rkc compile model.onnx --explain
     """
     out = Path(output) if output else Path(model).with_suffix(".rkbin")
+    if Path(model).is_file() and detect_kind(Path(model)) == "gguf":
+        from compiler.llm.build import LlmCompileOptions, compile_gguf
+
+        keep = tuple(k.strip() for k in keep_fp16.split(",") if k.strip())
+        llm = LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha, keep)
+        for line in compile_gguf(model, out, llm).lines:
+            click.echo(line)
+        return
     options = BuildOptions(precision=precision, input_shapes=parse_input_shapes(input_shapes), calib=calib,
                            cpu_only=cpu_only)
     report = build(model, out, options, _Progress(verbose or sys.stderr.isatty()))

@@ -32,14 +32,33 @@ def _write(path: str, data: str | bytes) -> None:
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
               help="Write a per-layer table: op, device, MACs, DDR bytes, modelled cycles.")
 @click.option("--program", help="Which program's segment graph (default: the first).")
+@click.option("--json", "as_json", is_flag=True, help="LLM rkbin: the figures as JSON (tokens/s, bytes, kicks).")
 def inspect_command(model: str, dot_path: str | None, svg_path: str | None, csv_path: str | None,
-                    program: str | None) -> None:
+                    program: str | None, as_json: bool) -> None:
     """Summarise MODEL: segments, ops per device, tasks and kicks, weight and
-    activation bytes, modelled NPU time."""
+    activation bytes, modelled NPU time (LLMs: per decode token and prefill chunk)."""
     rkbin = read_rkbin(model)
     module = rkbin.module
-    for line in summary(module):
-        click.echo(line)
+    llm = module.metadata.get("model_kind") == "llm"
+    if as_json:
+        import json
+
+        from ir.errors import UnsupportedError
+
+        if not llm:
+            raise UnsupportedError(f"{model}: --json describes LLM rkbins")
+        from compiler.llm.report import figures
+
+        click.echo(json.dumps(figures(module), indent=1))
+        return
+    if llm:
+        from compiler.llm.report import summary_lines
+
+        for line in summary_lines(module):
+            click.echo(line)
+    else:
+        for line in summary(module):
+            click.echo(line)
     prog = module.program(program) if program else None
     if dot_path or svg_path:
         dot = to_dot(segment_graph(module, prog), Path(model).stem)

@@ -14,6 +14,7 @@ from ir.graph import Graph
 FRONTENDS: dict[str, str] = {
     "ir": "compiler.frontend.ir_text:load",
     "onnx": "compiler.frontend.onnx:load",
+    "gguf": "compiler.frontend.gguf:load",
 }
 
 

@@ -1,0 +1,210 @@
+"""GGUF LLM -> ir.Graph, driven by the file's metadata (ir/llm.py).
+
+The graph computes one forward step over T new tokens (T is symbolic): inputs
+`tokens` int32[T] and `positions` int32[T]; output `logits` fp32[T, vocab].
+Attention ops read and extend the KV cache of their layer (attribute `layer`),
+which the runtime owns. Weights are constants whose payloads are the file's
+own bytes (memory-mapped GGUF blocks, BlockQuant type) — referenced by name,
+never inlined; the compiler dequantizes and re-lays them out.
+
+Op vocabulary (CPU kernels in runtime/kernels/llm.py):
+  Gather(table, ids)            rows of a [V, D] table
+  Scale(x) {factor}             x * factor
+  RMSNorm(x, w) {epsilon}       over the last axis
+  Linear(x, W[, b])             x @ W.T (+ b), W is [out, in] as GGUF stores it
+  Reshape(x) {shape}            -1 allowed once
+  RoPE(x, positions) {base, scale, dims, mode}
+  Attention(q, k, v, positions) {layer, scale, window, kv_heads}  causal, over the cache
+  SiLU / GeluTanh / Tanh (x), Mul(a, b), Add(a, b)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ir.errors import FormatError, UnsupportedError
+from ir.graph import Graph
+from ir.llm import LlmConfig, config_from_gguf
+from ir.types import BlockQuant, DType, TensorType
+
+# GGML tensor types rkc reads: F32/F16/BF16 as plain arrays, the rest as blocks
+PLAIN_TYPES = {"F32": DType.FP32, "F16": DType.FP16, "BF16": DType.BF16}
+BLOCK_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")
+SUPPORTED_TYPES = (*PLAIN_TYPES, *BLOCK_TYPES)
+
+
+class GgufFile:
+    """A GGUF file's metadata (plain values, tokenizer arrays excepted) and tensors."""
+
+    def __init__(self, path: str | Path) -> None:
+        import gguf
+
+        self.path = Path(path)
+        try:
+            self.reader = gguf.GGUFReader(self.path)
+        except Exception as exc:  # the reader raises many kinds on damage
+            raise FormatError(f"{self.path}: truncated or corrupt GGUF ({type(exc).__name__}: {exc})") from None
+        self.kv: dict[str, Any] = {}
+        for key, fld in self.reader.fields.items():
+            if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "scores", "token_type", "merges")):
+                continue  # large arrays: read on demand by the tokenizer
+            self.kv[key] = fld.contents()
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def type_name(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """numpy order (GGUF lists ne0 first)."""
+        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+
+    def n_vocab(self) -> int:
+        if "token_embd.weight" not in self.tensors:
+            raise FormatError(f"{self.path}: no token_embd.weight tensor")
+        return self.shape("token_embd.weight")[0]
+
+    def config(self) -> LlmConfig:
+        return config_from_gguf(self.kv, self.n_vocab(), str(self.path))
+
+    def raw(self, name: str) -> np.ndarray:
+        return self.tensors[name].data
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """fp32 array in numpy order, whatever the stored type."""
+        import gguf
+
+        t = self.tensors[name]
+        kind = t.tensor_type.name
+        if kind not in SUPPORTED_TYPES:
+            raise UnsupportedError(f"{self.path}: tensor {name} has type {kind}, which rkc does not support "
+                                   f"(supported: {', '.join(SUPPORTED_TYPES)})")
+        data = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        return np.asarray(data, dtype=np.float32).reshape(self.shape(name))
+
+
+class _Builder:
+    """Adds the ops of one forward step to a Graph, naming tensors after GGUF's."""
+
+    def __init__(self, gf: GgufFile, cfg: LlmConfig) -> None:
+        self.gf, self.cfg = gf, cfg
+        self.g = Graph(name=gf.kv.get("general.name") or gf.path.stem)
+        self._consts: set[str] = set()
+
+    def const(self, name: str, required: bool = True) -> str | None:
+        if name not in self.gf.tensors:
+            if required:
+                raise FormatError(f"{self.gf.path}: missing tensor {name}")
+            return None
+        if name in self._consts:
+            return name
+        kind = self.gf.type_name(name)
+        shape = self.gf.shape(name)
+        if kind in PLAIN_TYPES:
+            # the reader hands BF16 out as raw bytes: view every plain type by its width
+            data = np.asarray(self.gf.raw(name)).reshape(-1).view(PLAIN_TYPES[kind].numpy).reshape(shape)
+            self.g.add_const(name, TensorType(PLAIN_TYPES[kind], shape), data)
+        elif kind in BLOCK_TYPES:
+            self.g.add_const(name, TensorType(DType.FP32, shape, BlockQuant(kind)), np.asarray(self.gf.raw(name)))
+        else:
+            raise UnsupportedError(f"{self.gf.path}: tensor {name} has type {kind}, which rkc does not support "
+                                   f"(supported: {', '.join(SUPPORTED_TYPES)})")
+        self._consts.add(name)
+        return name
+
+    def op(self, type_: str, inputs: list[str], out: str, shape: tuple, attrs: dict | None = None) -> str:
+        self.g.add_op(type_, inputs, [(out, TensorType(DType.FP32, shape))], attrs)
+        return out
+
+    def linear(self, x: str, weight: str, out: str, rows: str | int = "T") -> str:
+        w = self.const(f"{weight}.weight")
+        b = self.const(f"{weight}.bias", required=False)
+        n_out, n_in = self.gf.shape(w)
+        return self.op("Linear", [x, w] + ([b] if b else []), out, (rows, n_out))
+
+    def rms(self, x: str, weight: str, out: str, shape: tuple) -> str:
+        w = self.const(weight)
+        return self.op("RMSNorm", [x, w], out, shape, {"epsilon": self.cfg.rms_eps})
+
+    def build(self) -> Graph:
+        cfg, g = self.cfg, self.g
+        T, D = "T", cfg.n_embd
+        for key, value in cfg.to_dict().items():
+            g.metadata[f"llm_{key}"] = value if not isinstance(value, bool) else int(value)
+        g.add_input("tokens", TensorType(DType.INT32, (T,)))
+        g.add_input("positions", TensorType(DType.INT32, (T,)))
+        emb = self.const("token_embd.weight")
+        x = self.op("Gather", [emb, "tokens"], "embd", (T, D))
+        if cfg.embed_scale != 1.0:
+            x = self.op("Scale", [x], "embd_scaled", (T, D), {"factor": cfg.embed_scale})
+        for il in range(cfg.n_layer):
+            x = self.layer(il, x)
+        x = self.rms(x, "output_norm.weight", "result_norm", (T, D))
+        head = "output" if "output.weight" in self.gf.tensors else "token_embd"
+        logits = self.linear(x, head, "logits")
+        if cfg.logit_softcap:
+            c = cfg.logit_softcap
+            s = self.op("Scale", [logits], "logits_div", (T, cfg.n_vocab), {"factor": 1.0 / c})
+            s = self.op("Tanh", [s], "logits_tanh", (T, cfg.n_vocab))
+            logits = self.op("Scale", [s], "logits_capped", (T, cfg.n_vocab), {"factor": c})
+        g.outputs.append(logits)
+        return g
+
+    def layer(self, il: int, x: str) -> str:
+        cfg, T, D = self.cfg, "T", self.cfg.n_embd
+        p = f"blk.{il}"
+        H, Hkv, hd, hdv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
+        h = self.rms(x, f"{p}.attn_norm.weight", f"{p}.attn_norm", (T, D))
+        q = self.linear(h, f"{p}.attn_q", f"{p}.q")
+        k = self.linear(h, f"{p}.attn_k", f"{p}.k")
+        v = self.linear(h, f"{p}.attn_v", f"{p}.v")
+        q = self.op("Reshape", [q], f"{p}.q_heads", (T, H, hd), {"shape": [-1, H, hd]})
+        k = self.op("Reshape", [k], f"{p}.k_heads", (T, Hkv, hd), {"shape": [-1, Hkv, hd]})
+        v = self.op("Reshape", [v], f"{p}.v_heads", (T, Hkv, hdv), {"shape": [-1, Hkv, hdv]})
+        if cfg.qk_norm:
+            q = self.rms(q, f"{p}.attn_q_norm.weight", f"{p}.q_normed", (T, H, hd))
+            k = self.rms(k, f"{p}.attn_k_norm.weight", f"{p}.k_normed", (T, Hkv, hd))
+        base, scale = cfg.layer_rope(il)
+        rope = {"base": base, "scale": scale, "dims": cfg.rope_dims, "mode": cfg.rope_mode}
+        freqs = self.const("rope_freqs.weight", required=False) if not cfg.is_swa(il) else None
+        q = self.op("RoPE", [q, "positions"] + ([freqs] if freqs else []), f"{p}.q_rope", (T, H, hd), rope)
+        k = self.op("RoPE", [k, "positions"] + ([freqs] if freqs else []), f"{p}.k_rope", (T, Hkv, hd), rope)
+        window = cfg.swa_window if cfg.is_swa(il) else 0
+        a = self.op("Attention", [q, k, v, "positions"], f"{p}.attn", (T, H * hdv),
+                    {"layer": il, "scale": cfg.attn_scale, "window": window, "kv_heads": Hkv})
+        a = self.linear(a, f"{p}.attn_output", f"{p}.attn_out")
+        if cfg.post_norms:
+            a = self.rms(a, f"{p}.post_attention_norm.weight", f"{p}.attn_post_norm", (T, D))
+        x = self.op("Add", [a, x], f"{p}.attn_residual", (T, D))
+        h = self.rms(x, f"{p}.ffn_norm.weight", f"{p}.ffn_norm", (T, D))
+        gate = self.linear(h, f"{p}.ffn_gate", f"{p}.gate")
+        up = self.linear(h, f"{p}.ffn_up", f"{p}.up")
+        act = {"silu": "SiLU", "gelu_tanh": "GeluTanh"}[cfg.ffn_act]
+        gate = self.op(act, [gate], f"{p}.gate_act", (T, cfg.n_ff))
+        hid = self.op("Mul", [gate, up], f"{p}.ffn_hidden", (T, cfg.n_ff))
+        f = self.linear(hid, f"{p}.ffn_down", f"{p}.ffn_out")
+        if cfg.post_norms:
+            f = self.rms(f, f"{p}.post_ffw_norm.weight", f"{p}.ffn_post_norm", (T, D))
+        return self.op("Add", [f, x], f"{p}.out", (T, D))
+
+
+def check_tensor_types(gf: GgufFile) -> None:
+    for name in gf.tensors:
+        kind = gf.type_name(name)
+        if kind not in SUPPORTED_TYPES:
+            raise UnsupportedError(f"{gf.path}: tensor {name} has type {kind}, which rkc does not support "
+                                   f"(supported: {', '.join(SUPPORTED_TYPES)})")
+
+
+def graph_from_gguf(gf: GgufFile) -> Graph:
+    cfg = gf.config()
+    check_tensor_types(gf)
+    graph = _Builder(gf, cfg).build()
+    graph.verify()
+    return graph
+
+
+def load(path: Path) -> Graph:
+    return graph_from_gguf(GgufFile(path))

@@ -1,0 +1,254 @@
+"""LLM programs -> rkbin steps: NPU segments for the matrix products, CPU steps
+for everything else, conversions at the edges, all written through the shared
+ModuleBuilder (one copy of the weights, shared by every program).
+
+* Each program (decode = 1 token, prefill_C / score_C = C tokens) is the
+  frontend graph with T fixed and its values renamed "<program>/<tensor>".
+* Every Linear goes to the NPU as an emitter GEMM (compiler/npu/api.Gemm) named
+  after its weight, so every program's GEMM of a weight packs the same bytes
+  under the same name. The partitioner (compiler/partition.py) groups Linears
+  that no CPU op separates into one segment (q/k/v; gate/up; ...);
+  compiler/npu_lower.lower_segment assembles a segment into one NPU step.
+* Conversions at a segment's edges, on the CPU:
+    fp16: Cast fp32 -> fp16 (native GEMM layout) before, Cast back after;
+    int8 (W8A8): QuantizeRows (int8 per token, scale per row) before; the NPU
+          accumulates int8 x int8 in int32; DequantizeRows (row scale x
+          per-output-channel weight scale, + bias) after.
+* The embedding gather reads the rows it needs straight from the packed NPU
+  weights of a tied output head (GatherPacked), or from a host table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.module_builder import ModuleBuilder
+from compiler.npu import api
+from compiler.npu_lower import EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
+from compiler.partition import partition
+from ir.errors import UnsupportedError
+from ir.graph import Graph
+from ir.program import Step
+from ir.types import DType, TensorType
+from runtime import native
+
+
+@dataclass
+class EncodedWeight:
+    """A matrix as the NPU multiplies it: int8 + per-output-channel scale, or fp16."""
+
+    data: np.ndarray  # [N, K] int8 or fp16
+    scale: np.ndarray | None = None  # [N] fp32 (int8)
+
+
+@dataclass
+class ProgramStats:
+    segments: int = 0
+    npu_tasks: int = 0
+    cpu_steps: int = 0
+
+
+def program_graph(base: Graph, name: str, rows: int, last_row_only: bool) -> Graph:
+    """`base` with T = rows, values renamed "<name>/<tensor>" (constants keep
+    their names: they are shared); optionally only the last row reaches the head."""
+    g = Graph(name=f"{base.name}:{name}", metadata=dict(base.metadata))
+
+    def fix(t: TensorType, n: int) -> TensorType:
+        return TensorType(t.dtype, tuple(n if d == "T" else d for d in t.shape), t.quant)
+
+    ren = {}
+    for tname, t in base.tensors.items():
+        if t.kind == "const":
+            g.add_const(tname, t.type, payload=t.payload)
+            ren[tname] = tname
+    for tname in base.inputs:
+        ren[tname] = f"{name}/{tname}"
+        g.add_input(ren[tname], fix(base.tensors[tname].type, rows))
+    n_rows = rows
+    for op in base.topological_ops():
+        inputs = [ren[i] if i else "" for i in op.inputs]
+        if last_row_only and op.outputs[0] == "result_norm" and rows > 1:
+            last = f"{name}/last_row"
+            src = base.tensors[op.inputs[0]].type
+            g.add_op("TakeLast", [inputs[0]], [(last, fix(src, 1))])
+            inputs[0] = last
+            n_rows = 1
+        outs = []
+        for o in op.outputs:
+            ren[o] = f"{name}/{o}"
+            n = n_rows if o in ("result_norm", "logits", "logits_div", "logits_tanh", "logits_capped") else rows
+            outs.append((ren[o], fix(base.tensors[o].type, n)))
+        attrs = dict(op.attrs)
+        if op.type == "Reshape":
+            attrs["shape"] = [rows if d == -1 else d for d in attrs["shape"]]
+        g.add_op(op.type, inputs, outs, attrs, name=op.name)
+    g.outputs = [ren[o] for o in base.outputs]
+    g.payloads = base.payloads
+    return g
+
+
+@dataclass
+class LlmLowering:
+    builder: ModuleBuilder
+    precision: str
+    matrices: dict[str, EncodedWeight]  # Linear weight name -> encoded
+    vectors: dict[str, np.ndarray]  # fp32 constants CPU steps read (norms, biases, rope factors)
+    gather_table: str  # the Gather's table constant
+    head_weight: str  # the output head's weight constant
+    stats: dict[str, ProgramStats] = field(default_factory=dict)
+
+    # -- constants, shared by every program ------------------------------------------------
+    def host_const(self, name: str, value: np.ndarray) -> str:
+        if name not in self.builder.tensors:
+            self.builder.host_const(name, np.ascontiguousarray(value))
+        return name
+
+    def lower(self, graph: Graph, program: str) -> None:
+        on_npu = {i for i, op in enumerate(graph.ops) if op.type == "Linear"}
+        steps = partition(graph, lambda i: i in on_npu)
+        run = _ProgramLowering(self, graph, program)
+        for name in graph.inputs:
+            run.host_value(name)
+        for part in steps:
+            if part.device == "npu":
+                run.segment(part.ops)
+            else:
+                run.cpu_op(part.ops[0])
+        self.builder.program(program, list(graph.inputs), list(graph.outputs), run.steps)
+        self.stats[program] = run.stats
+
+
+@dataclass
+class _ProgramLowering:
+    llm: LlmLowering
+    graph: Graph
+    program: str
+    steps: list[Step] = field(default_factory=list)
+    stats: ProgramStats = field(default_factory=ProgramStats)
+
+    @property
+    def builder(self) -> ModuleBuilder:
+        return self.llm.builder
+
+    def host_value(self, name: str) -> None:
+        t = self.graph.tensors[name]
+        self.builder.host_tensor(name, t.type.shape, t.type.dtype)
+
+    def add(self, step: Step) -> None:
+        index = len(self.steps)
+        self.steps.append(step)
+        for name in [*step.inputs, *step.outputs]:
+            if name and name in self.builder.lifetimes.get(self.program, {}):
+                self.builder.touch(self.program, name, index)
+
+    def scratch(self, name: str, shape, dtype: DType) -> None:
+        self.builder.scratch_tensor(self.program, name, shape, dtype, "native-gemm",
+                                    native.nbytes(shape, "native-gemm", dtype.itemsize))
+
+    # -- CPU ops -----------------------------------------------------------------------------
+    def cpu_op(self, index: int) -> None:
+        op = self.graph.ops[index]
+        inputs = list(op.inputs)
+        attrs = dict(op.attrs)
+        kernel = op.type
+        for i, name in enumerate(inputs):
+            t = self.graph.tensors.get(name)
+            if t is None or t.kind != "const":
+                continue
+            if op.type == "Gather" and i == 0:
+                kernel, inputs, attrs = self._gather(name, inputs, attrs)
+                break
+            self.llm.host_const(name, self.llm.vectors[name])
+        for name in op.outputs:
+            self.host_value(name)
+        self.add(Step(kind="cpu", name=op.outputs[0], op=kernel, inputs=inputs, outputs=list(op.outputs),
+                      attrs=attrs))
+        self.stats.cpu_steps += 1
+
+    def _gather(self, table: str, inputs: list[str], attrs: dict):
+        enc = self.llm.matrices[table]
+        ids = inputs[1]
+        if table == self.llm.head_weight:
+            # tied head: read rows from its packed NPU weights (no second copy)
+            packed = f"{_op_name(table)}.weights"
+            attrs = {"packed": packed, "rows": int(enc.data.shape[0]), "cols": int(enc.data.shape[1]),
+                     "dtype": str(enc.data.dtype)}
+            extra = [self.llm.host_const(f"{table}.scale", enc.scale)] if enc.scale is not None else []
+            return "GatherPacked", [ids, *extra], attrs
+        data = self.llm.host_const(table, enc.data)
+        extra = [self.llm.host_const(f"{table}.scale", enc.scale)] if enc.scale is not None else []
+        return "GatherRows", [data, ids, *extra], {}
+
+    # -- NPU segments ------------------------------------------------------------------------
+    def segment(self, ops: list[int]) -> None:
+        kinds = {self.llm.matrices[self.graph.ops[i].inputs[1]].data.dtype == np.int8 for i in ops}
+        if len(kinds) != 1:
+            raise UnsupportedError(f"segment of {len(ops)} products mixes int8 and fp16 weights")
+        int8 = kinds.pop()  # a segment runs in its weights' precision (int8 builds keep some in fp16)
+        dev = DType.INT8 if int8 else DType.FP16
+        groups: list[NpuGroup] = []
+        converted: dict[str, str] = {}
+        outputs = []
+        for i in ops:
+            op = self.graph.ops[i]
+            x, w = op.inputs[0], op.inputs[1]
+            m, k = (int(d) for d in self.graph.tensors[x].type.shape)
+            if x not in converted:
+                self.scratch(npu_name(x), [m, k], dev)
+                if int8:
+                    self.host_value_named(f"{x}.rowscale", [m], DType.FP32)
+                    self.add(Step(kind="cpu", name=f"to_npu:{x}", op="QuantizeRows", inputs=[x],
+                                  outputs=[npu_name(x), f"{x}.rowscale"]))
+                else:
+                    self.add(Step(kind="cpu", name=f"to_npu:{x}", op="Cast", inputs=[x], outputs=[npu_name(x)],
+                                  attrs={"to": "fp16"}))
+                converted[x] = npu_name(x)
+            y = op.outputs[0]
+            enc = self.llm.matrices[w]
+            n = enc.data.shape[0]
+            out_dtype = DType.INT32 if int8 else DType.FP16
+            self.scratch(npu_name(y), [m, n], out_dtype)
+            bias = op.inputs[2] if len(op.inputs) > 2 else None
+            epi = api.NO_EPILOGUE
+            if bias and not int8:
+                epi = api.Epilogue(bias=self.llm.vectors[bias].astype(np.float32))
+            gemm = api.Gemm(api.Feature.gemm(npu_name(x), 0, m, k, dev.value), np.ascontiguousarray(enc.data.T),
+                            api.Feature.gemm(npu_name(y), 0, m, n, out_dtype.value), m, name=_op_name(w),
+                            epilogue=epi)
+            try:
+                result = api.emit(gemm, EMIT_OPTIONS)
+            except UnsupportedError as exc:
+                raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
+            groups.append(NpuGroup(i, [i], {x: "native-gemm"}, y, "native-gemm", result))
+            outputs.append((y, x, w, bias))
+        lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}",
+                                "int8" if int8 else "fp16")
+        for buffer, end in lowered.extents.items():
+            if buffer in self.builder.tensors and self.builder.tensors[buffer].region == "scratch":
+                self.builder.grow(buffer, end)
+        for name, size in lowered.scratch:
+            self.builder.scratch_tensor(self.program, name, [size], DType.UINT8, "row", size)
+        self.add(lowered.step)
+        for name, _ in lowered.scratch:
+            self.builder.touch(self.program, name, len(self.steps) - 1)
+        self.stats.segments += 1
+        self.stats.npu_tasks += lowered.step.stats["tasks"]
+        for y, x, w, bias in outputs:
+            self.host_value(y)
+            if int8:
+                scale = self.llm.host_const(f"{w}.scale", self.llm.matrices[w].scale)
+                ins = [npu_name(y), f"{x}.rowscale", scale] + ([self.llm.host_const(bias, self.llm.vectors[bias])]
+                                                               if bias else [])
+                self.add(Step(kind="cpu", name=f"from_npu:{y}", op="DequantizeRows", inputs=ins, outputs=[y]))
+            else:
+                self.add(Step(kind="cpu", name=f"from_npu:{y}", op="Cast", inputs=[npu_name(y)], outputs=[y],
+                              attrs={"to": "fp32"}))
+
+    def host_value_named(self, name: str, shape, dtype: DType) -> None:
+        self.builder.host_tensor(name, shape, dtype)
+
+
+def _op_name(weight: str) -> str:
+    return weight[: -len(".weight")] if weight.endswith(".weight") else weight

@@ -1,0 +1,80 @@
+"""SmoothQuant (Xiao et al., 2022) for W8A8: move activation outliers into the
+weights with a per-input-channel factor s_j = max|x_j|^a / max|W_:,j|^(1-a).
+The Linear sees x / s and W * s (the same product); x / s is folded, for free,
+into the op that produces x:
+
+* RMSNorm(x, w)            -> w / s           (q/k/v after attn_norm, gate/up after ffn_norm)
+* Mul(act(gate), up)       -> up rows / s     (ffn_down)
+* Attention(q, k, v)       -> v rows / s      (attn_output; s shared by the query heads of a KV head)
+
+Linears whose input comes from anything else, or whose weights serve another op
+too (a tied embedding), are left alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ir.graph import Graph
+
+DEFAULT_ALPHA = 0.5
+
+
+def _factors(act: np.ndarray, mats: list[np.ndarray], alpha: float) -> np.ndarray:
+    wmax = np.max([np.abs(m).max(axis=0) for m in mats], axis=0)
+    s = np.power(np.maximum(act, 1e-5), alpha) / np.power(np.maximum(wmax, 1e-5), 1 - alpha)
+    s = np.where(act > 0, s, 1.0)
+    return np.clip(s, 1e-4, 1e4).astype(np.float32)
+
+
+def smooth(graph: Graph, weights: dict[str, np.ndarray], ranges: dict[str, np.ndarray],
+           alpha: float = DEFAULT_ALPHA) -> list[str]:
+    """Rescale `weights` (fp32, in place); return the Linear weights smoothed."""
+    producers = graph.producers()
+    consumers = graph.consumers()
+    groups: dict[str, list[str]] = {}
+    for op in graph.ops:
+        if op.type == "Linear":
+            groups.setdefault(op.inputs[0], []).append(op.inputs[1])
+    done: list[str] = []
+    for x, names in groups.items():
+        if any(len(consumers[n]) != 1 for n in names) or any(n not in ranges for n in names):
+            continue
+        prod = producers.get(x)
+        act = np.max([ranges[n] for n in names], axis=0)
+        mats = [weights[n] for n in names]
+        if prod is None:
+            continue
+        if prod.type == "RMSNorm" and len(consumers[prod.inputs[1]]) == 1:
+            s = _factors(act, mats, alpha)
+            weights[prod.inputs[1]] = weights[prod.inputs[1]] / s
+        elif prod.type == "Mul" and producers.get(prod.inputs[1]) is not None \
+                and producers[prod.inputs[1]].type == "Linear":
+            up = producers[prod.inputs[1]]
+            s = _factors(act, mats, alpha)
+            _divide_rows(weights, up.inputs, s)
+        elif prod.type == "Attention":
+            # attention output channel (h, d) carries v channel (h // group, d)
+            reshape = producers[prod.inputs[2]]
+            v_lin = producers[reshape.inputs[0]]
+            hkv = int(prod.attrs["kv_heads"])
+            n_v = weights[v_lin.inputs[1]].shape[0]
+            group = act.size // n_v
+            a = act.reshape(hkv, group, -1).max(axis=1).reshape(-1)
+            per_kv = [np.abs(m).reshape(m.shape[0], hkv, group, -1).max(axis=2).reshape(m.shape[0], -1) for m in mats]
+            s_kv = _factors(a, per_kv, alpha)
+            _divide_rows(weights, v_lin.inputs, s_kv)
+            s = np.repeat(s_kv.reshape(hkv, 1, -1), group, axis=1).reshape(-1)
+        else:
+            continue
+        for n in names:
+            weights[n] = weights[n] * s[None, :]
+        done.extend(names)
+    return done
+
+
+def _divide_rows(weights: dict[str, np.ndarray], linear_inputs: list[str], s: np.ndarray) -> None:
+    w, bias = linear_inputs[1], (linear_inputs[2] if len(linear_inputs) > 2 else None)
+    weights[w] = weights[w] / s[:, None]
+    if bias:
+        weights[bias] = weights[bias] / s

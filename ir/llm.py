@@ -1,0 +1,160 @@
+"""What a decoder-only LLM is, as data: the hyperparameters read from a GGUF
+file's metadata, with the per-architecture traits the metadata leaves implicit.
+
+Shared by the GGUF frontend (to build the graph), the runtime (KV cache sizes,
+sliding windows) and the numpy reference in the tests. The traits follow
+llama.cpp's model definitions (ggml-org/llama.cpp, src/models/{llama,qwen2,
+qwen3,gemma3}.cpp and src/llama-model.cpp rope types): facts, restated here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from ir.errors import FormatError, UnsupportedError
+
+
+@dataclass(frozen=True)
+class ArchTraits:
+    rope_mode: str  # "norm": rotate adjacent pairs (x0,x1); "neox": rotate (x_i, x_{i+d/2})
+    ffn_act: str  # activation of the gate branch: "silu" or "gelu_tanh"
+    qk_norm: bool  # per-head RMSNorm of q and k before RoPE
+    post_norms: bool  # RMSNorm after attention and after the FFN (Gemma 2/3)
+    embed_scale: bool  # embeddings multiplied by sqrt(n_embd) (Gemma)
+    swa_pattern: int = 0  # every n-th layer is global, the others use the sliding window
+    rope_base_swa: float = 10000.0  # RoPE base of sliding-window layers
+
+
+ARCH_TRAITS: dict[str, ArchTraits] = {
+    "llama": ArchTraits(rope_mode="norm", ffn_act="silu", qk_norm=False, post_norms=False, embed_scale=False),
+    "qwen2": ArchTraits(rope_mode="neox", ffn_act="silu", qk_norm=False, post_norms=False, embed_scale=False),
+    "qwen3": ArchTraits(rope_mode="neox", ffn_act="silu", qk_norm=True, post_norms=False, embed_scale=False),
+    "gemma3": ArchTraits(rope_mode="neox", ffn_act="gelu_tanh", qk_norm=True, post_norms=True, embed_scale=True,
+                         swa_pattern=6),
+}
+
+
+@dataclass(frozen=True)
+class LlmConfig:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int  # key/query head size
+    head_dim_v: int
+    n_ff: int
+    n_vocab: int
+    context_length: int
+    rms_eps: float
+    rope_base: float
+    rope_scale: float  # position multiplier of global layers (1 / linear scaling factor)
+    rope_dims: int  # leading dimensions of each head that RoPE rotates
+    rope_mode: str
+    ffn_act: str
+    qk_norm: bool
+    post_norms: bool
+    embed_scale: float  # 1.0 when the architecture does not scale
+    attn_scale: float  # multiplies q.k
+    swa_window: int  # 0: no sliding window
+    swa_layers: tuple[bool, ...] = field(default_factory=tuple)
+    rope_base_swa: float = 10000.0
+    logit_softcap: float = 0.0
+
+    @property
+    def traits(self) -> ArchTraits:
+        return ARCH_TRAITS[self.arch]
+
+    def is_swa(self, layer: int) -> bool:
+        return bool(self.swa_window) and bool(self.swa_layers[layer])
+
+    def layer_rope(self, layer: int) -> tuple[float, float]:
+        """(base, position scale) of RoPE in `layer`."""
+        if self.is_swa(layer):
+            return self.rope_base_swa, 1.0
+        return self.rope_base, self.rope_scale
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["swa_layers"] = [int(x) for x in self.swa_layers]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LlmConfig":
+        try:
+            return cls(**{**d, "swa_layers": tuple(bool(x) for x in d.get("swa_layers", ()))})
+        except TypeError as exc:
+            raise FormatError(f"malformed LLM description ({exc})") from None
+
+
+def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -> LlmConfig:
+    """Build the config from GGUF key/values (plain Python values)."""
+    arch = kv.get("general.architecture")
+    if arch not in ARCH_TRAITS:
+        raise UnsupportedError(f"{path}: architecture {arch!r} is not supported "
+                               f"(supported: {', '.join(ARCH_TRAITS)})")
+    traits = ARCH_TRAITS[arch]
+
+    def get(key: str, default: Any = None) -> Any:
+        full = f"{arch}.{key}"
+        if full in kv:
+            return kv[full]
+        if default is None:
+            raise FormatError(f"{path}: GGUF metadata lacks {full}")
+        return default
+
+    n_embd = int(get("embedding_length"))
+    n_head = int(get("attention.head_count"))
+    n_layer = int(get("block_count"))
+    n_head_kv = get("attention.head_count_kv", n_head)
+    if isinstance(n_head_kv, list):  # per-layer list: rkc needs it uniform
+        if len(set(n_head_kv)) != 1:
+            raise UnsupportedError(f"{path}: per-layer KV head counts {sorted(set(n_head_kv))} are not supported")
+        n_head_kv = n_head_kv[0]
+    head_dim = int(get("attention.key_length", n_embd // n_head))
+    head_dim_v = int(get("attention.value_length", head_dim))
+    n_ff = get("feed_forward_length")
+    if isinstance(n_ff, list):
+        if len(set(n_ff)) != 1:
+            raise UnsupportedError(f"{path}: per-layer FFN sizes are not supported")
+        n_ff = n_ff[0]
+    scaling = kv.get(f"{arch}.rope.scaling.type", "none")
+    factor = float(kv.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    if scaling not in ("none", "linear") and factor != 1.0:
+        raise UnsupportedError(f"{path}: RoPE scaling {scaling!r} is not supported")
+    window = int(kv.get(f"{arch}.attention.sliding_window", 0) or 0)
+    swa_layers: tuple[bool, ...] = ()
+    if window and traits.swa_pattern:
+        pattern = kv.get(f"{arch}.attention.sliding_window_pattern", traits.swa_pattern)
+        if isinstance(pattern, list):
+            swa_layers = tuple(bool(x) for x in pattern)
+        else:
+            # llama.cpp set_swa_pattern: layer il slides unless il % n == n - 1
+            n = int(pattern)
+            swa_layers = tuple(n == 0 or (il % n) < n - 1 for il in range(n_layer))
+    elif window:
+        window = 0  # the architecture has no sliding-window layers in llama.cpp
+    if swa_layers and len(swa_layers) != n_layer:
+        raise FormatError(f"{path}: sliding-window pattern has {len(swa_layers)} entries for {n_layer} layers")
+    if arch == "gemma3":
+        # llama.cpp gemma3.cpp: 1/sqrt(n_embd/n_head) for the 62-layer (27B) model, else 1/sqrt(head_dim)
+        attn_scale = 1.0 / math.sqrt(n_embd / n_head if n_layer == 62 else head_dim)
+    else:
+        attn_scale = 1.0 / math.sqrt(head_dim)
+    return LlmConfig(
+        arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=int(n_head_kv),
+        head_dim=head_dim, head_dim_v=head_dim_v, n_ff=int(n_ff), n_vocab=n_vocab,
+        context_length=int(get("context_length", 2048)),
+        rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_base=float(get("rope.freq_base", 10000.0)),
+        rope_scale=1.0 / factor,
+        rope_dims=int(get("rope.dimension_count", head_dim)),
+        rope_mode=traits.rope_mode, ffn_act=traits.ffn_act, qk_norm=traits.qk_norm,
+        post_norms=traits.post_norms,
+        embed_scale=math.sqrt(n_embd) if traits.embed_scale else 1.0,
+        attn_scale=attn_scale, swa_window=window, swa_layers=swa_layers,
+        rope_base_swa=float(kv.get(f"{arch}.rope.freq_base_swa", traits.rope_base_swa)),
+        logit_softcap=float(kv.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
+    )

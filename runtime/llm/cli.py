@@ -1,0 +1,88 @@
+"""What `rkrun` does with an LLM rkbin: generate, score (perplexity) or tokenize."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from ir.errors import RkcError
+from ir.rkbin import Rkbin
+
+
+@dataclass
+class LlmRunOptions:
+    prompt: str | None = None
+    n_predict: int = 64
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    seed: int | None = None
+    ctx: int | None = None
+    perplexity: str | None = None
+    tokenize: str | None = None
+    chat: bool = False
+
+
+def chat_prompt(template: str | None, user: str) -> str:
+    """One user turn in the model's chat template (Jinja, as the GGUF gives it)."""
+    if not template:
+        raise RkcError("the model has no chat template (tokenizer.chat_template); drop --chat")
+    import jinja2
+
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(msg: str) -> None:
+        raise RkcError(f"chat template: {msg}")
+
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(messages=[{"role": "user", "content": user}],
+                                            add_generation_prompt=True, bos_token="")
+
+
+def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto") -> None:
+    from runtime.llm.engine import LlmEngine
+    from runtime.llm.generate import Generator, Sampler
+    from runtime.llm.tokenizer import TextStream
+
+    t0 = time.perf_counter()
+    engine = LlmEngine(rk)
+    tok = engine.tokenizer
+    if o.tokenize is not None:
+        click.echo(" ".join(str(i) for i in tok.encode(o.tokenize)))
+        return
+    load_s = time.perf_counter() - t0
+    if o.perplexity is not None:
+        text = Path(o.perplexity).read_text(encoding="utf-8")
+        ctx = o.ctx or 512
+        gen = Generator(engine, ctx + 1)
+        ids = tok.encode(text, add_bos=True)
+        if ids[0] != tok.bos_id:
+            raise RkcError("the model has no BOS token; perplexity windows start with one")
+        t1 = time.perf_counter()
+        ppl, n = gen.perplexity(ids, ctx, progress=lambda i, k: click.echo(f"[{i}/{k}]", err=True, nl=False))
+        dt = time.perf_counter() - t1
+        click.echo("", err=True)
+        click.echo(f"scored {n} tokens in {dt:.1f} s ({n / dt:.1f} t/s), windows of {ctx}", err=True)
+        click.echo(f"perplexity: {ppl:.4f} over {n} tokens")
+        return
+    if o.prompt is None:
+        raise RkcError("an LLM needs -p PROMPT, --perplexity FILE or --tokenize TEXT")
+    text = chat_prompt(tok.chat_template, o.prompt) if o.chat else o.prompt
+    ids = tok.encode(text, special=o.chat)
+    gen = Generator(engine, o.ctx)
+    sampler = Sampler(o.temperature, o.top_k, o.top_p, o.seed)
+    stream = TextStream(tok)
+    for token in gen.generate(ids, o.n_predict, sampler):
+        piece = stream.push(token)
+        if piece:
+            click.echo(piece, nl=False)  # echo flushes: the text streams as it comes
+    click.echo("")
+    sys.stdout.flush()
+    click.echo(f"load: {load_s:.2f} s; placement: prefill {engine.placement.get('prefill')}, "
+               f"decode {engine.placement.get('decode')}", err=True)
+    for line in gen.timings.lines():
+        click.echo(line, err=True)

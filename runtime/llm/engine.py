@@ -1,0 +1,123 @@
+"""Load an LLM rkbin onto a device and run its programs (one forward step over
+a chunk of tokens), through the shared loader (runtime/loader.py: BOs,
+relocations) and executor (runtime/execute.py: NPU submits, layout conversions).
+LLM ops run as runtime/llm/kernels.py kernels that also see the generation
+state (the KV cache, the loaded model); standard ops as runtime/kernels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ir.errors import FormatError
+from ir.llm import LlmConfig
+from ir.program import Step
+from ir.rkbin import Rkbin, read_rkbin
+from runtime.execute import _Run
+from runtime.kernels import run_kernel
+from runtime.llm.kernels import KERNELS as LLM_KERNELS
+from runtime.llm.kvcache import KVCache
+from runtime.llm.tokenizer import LlmTokenizer
+from runtime.loader import LoadedModel, needs_device
+
+
+@dataclass
+class LlmState:
+    cache: KVCache
+    model: LoadedModel
+    valid: int  # rows of the chunk that are real tokens (the rest pad a short chunk)
+
+
+class _LlmRun(_Run):
+    """One program run: LLM kernels get the state; everything else as usual."""
+
+    def __init__(self, model: LoadedModel, program, state: LlmState) -> None:
+        super().__init__(model, program)
+        self.state = state
+
+    def cpu(self, step: Step) -> None:
+        kernel = LLM_KERNELS.get(step.op)
+        if kernel is None:
+            return super().cpu(step)
+        inputs = [self.read(n) if n else None for n in step.inputs]
+        for name, value in zip(step.outputs, kernel(inputs, step.attrs, self.state)):
+            self.write(name, value)
+
+
+@dataclass
+class StepTimes:
+    npu_s: float = 0.0
+    cpu_s: float = 0.0
+    submits: int = 0
+
+
+class LlmEngine:
+    def __init__(self, source: "str | Path | Rkbin", device: str = "auto") -> None:
+        rk = source if isinstance(source, Rkbin) else read_rkbin(source)
+        meta = rk.module.metadata
+        if meta.get("model_kind") != "llm":
+            raise FormatError(f"{rk.path}: not an LLM rkbin")
+        self.path = Path(rk.path)
+        self.cfg = LlmConfig.from_dict(meta["llm"])
+        self.precision = meta.get("precision")
+        self.chunks = sorted(int(c) for c in meta.get("prefill_chunks", [1]))
+        self.placement = meta.get("placement", {})
+        if "tokenizer" not in rk.blobs:
+            raise FormatError(f"{rk.path}: LLM rkbin without a tokenizer")
+        self.tokenizer = LlmTokenizer.from_json(bytes(rk.blobs["tokenizer"]).decode())
+        if device == "auto" and not needs_device(rk.module):
+            self.model = LoadedModel(rk, None)
+        else:
+            from runtime.devices import open_device
+
+            self.model = LoadedModel(rk, open_device(device, quiet=True), own_device=True)
+        self.programs = {p.name: p for p in rk.module.programs}
+        self.times = StepTimes()
+
+    @property
+    def device(self):
+        return self.model.device
+
+    def new_cache(self, n_ctx: int) -> KVCache:
+        windows = [self.cfg.swa_window if self.cfg.is_swa(i) else 0 for i in range(self.cfg.n_layer)]
+        return KVCache(self.cfg.n_layer, windows, n_ctx)
+
+    def run(self, program: str, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Logits of the chunk (every row, or the last real row for prefill
+        programs). Fewer tokens than the program's rows are padded: pad rows
+        never enter the KV cache and their logits are dropped."""
+        import time
+
+        prog = self.programs[program]
+        rows = self.model.tensors[f"{program}/tokens"].shape[0]
+        valid = len(tokens)
+        if valid > rows:
+            raise FormatError(f"program {program} takes {rows} tokens, got {valid}")
+        pad = rows - valid
+        tokens = np.concatenate([np.asarray(tokens, np.int32), np.zeros(pad, np.int32)])
+        positions = np.asarray(positions, np.int32)
+        positions = np.concatenate([positions, positions[-1] + 1 + np.arange(pad, dtype=np.int32)])
+        run = _LlmRun(self.model, prog, LlmState(cache, self.model, valid))
+        run.write(f"{program}/tokens", tokens)
+        run.write(f"{program}/positions", positions)
+        for i, step in enumerate(prog.steps):
+            t = time.perf_counter()
+            if step.kind == "cpu":
+                run.cpu(step)
+                self.times.cpu_s += time.perf_counter() - t
+            else:
+                run.npu(step)
+                self.times.npu_s += time.perf_counter() - t
+                self.times.submits += 1
+            run.free_dead(i)
+        logits = np.asarray(run.read(prog.outputs[0]))
+        return logits if logits.shape[0] == 1 else logits[:valid]
+
+    def close(self) -> None:
+        self.model.close()
+
+    def stats(self) -> dict[str, Any]:
+        return {"npu_s": self.times.npu_s, "cpu_s": self.times.cpu_s, "submits": self.times.submits}

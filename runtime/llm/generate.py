@@ -1,0 +1,143 @@
+"""Prefill, decode, sampling, streaming and perplexity over an LlmEngine."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ir.errors import RkcError
+from runtime.llm.engine import LlmEngine
+from runtime.llm.kvcache import KVCache
+
+
+@dataclass
+class Sampler:
+    """temperature <= 0 is greedy; otherwise top-k, then top-p (nucleus),
+    then a draw at the temperature from a seeded generator."""
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    seed: int | None = None
+    rng: np.random.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        logits = np.asarray(logits, dtype=np.float64).reshape(-1)
+        if self.temperature <= 0:
+            return int(np.argmax(logits))
+        order = np.argsort(-logits, kind="stable")
+        if self.top_k > 0:
+            order = order[: self.top_k]
+        z = logits[order] / self.temperature
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        if self.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(p), self.top_p) + 1)
+            order, p = order[:keep], p[:keep] / p[:keep].sum()
+        return int(order[self.rng.choice(len(order), p=p)])
+
+
+@dataclass
+class Timings:
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    generated: int = 0
+    decode_s: float = 0.0
+
+    def lines(self) -> list[str]:
+        pf = self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+        dc = self.generated / self.decode_s if self.decode_s else 0.0
+        return [f"prefill: {self.prompt_tokens} tokens in {self.prefill_s:.3f} s ({pf:.1f} t/s)",
+                f"decode: {self.generated} tokens in {self.decode_s:.3f} s ({dc:.1f} t/s)"]
+
+
+def chunk_plan(n: int, chunks: list[int]) -> list[tuple[int, int]]:
+    """(program size, tokens) pairs covering n tokens: whole chunks, largest
+    first; a remainder of two or more tokens runs padded in the smallest chunk
+    that holds it (the NPU's time for a product hardly depends on its rows)."""
+    plan, sizes = [], sorted(set(chunks) | {1}, reverse=True)
+    while n > 0:
+        fit = [s for s in sizes if s <= n]
+        c = fit[0]
+        if c == 1 and n > 1 and sizes[0] >= n:
+            c = min(s for s in sizes if s >= n)
+            plan.append((c, n))
+            break
+        plan.append((c, c))
+        n -= c
+    return plan
+
+
+class Generator:
+    def __init__(self, engine: LlmEngine, n_ctx: int | None = None) -> None:
+        self.engine = engine
+        self.n_ctx = n_ctx or engine.cfg.context_length
+        if self.n_ctx > engine.cfg.context_length:
+            raise RkcError(f"--ctx {self.n_ctx} exceeds the model's context length {engine.cfg.context_length}")
+        self.cache: KVCache = engine.new_cache(self.n_ctx)
+        self.timings = Timings()
+
+    def _forward(self, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:
+        outs, pos = [], start
+        for c, n in chunk_plan(len(tokens), self.engine.chunks):
+            name = "decode" if c == 1 else (f"score_{c}" if all_logits else f"prefill_{c}")
+            ids = np.asarray(tokens[pos - start: pos - start + n], np.int32)
+            outs.append(self.engine.run(name, ids, np.arange(pos, pos + n, dtype=np.int32), self.cache))
+            pos += n
+        return np.concatenate(outs) if all_logits else outs[-1][-1]
+
+    def generate(self, prompt: list[int], n: int, sampler: Sampler,
+                 stop_at_eos: bool = True) -> Iterator[int]:
+        """Yield up to n new tokens after the prompt."""
+        if not prompt:
+            raise RkcError("empty prompt (the model has no BOS token to start from)")
+        if len(prompt) + n > self.n_ctx:
+            n = max(0, self.n_ctx - len(prompt))
+        self.cache.reset()
+        t0 = time.perf_counter()
+        logits = self._forward(prompt, 0, all_logits=False)
+        self.timings.prompt_tokens, self.timings.prefill_s = len(prompt), time.perf_counter() - t0
+        pos = len(prompt)
+        t1 = time.perf_counter()
+        for i in range(n):
+            token = sampler(logits)
+            if stop_at_eos and token in self.engine.tokenizer.eos_ids:
+                break
+            self.timings.generated = i + 1
+            yield token
+            if i + 1 < n:
+                logits = self.engine.run("decode", np.asarray([token], np.int32), np.asarray([pos], np.int32),
+                                         self.cache)[-1]
+                pos += 1
+            self.timings.decode_s = time.perf_counter() - t1
+
+    def perplexity(self, tokens: list[int], ctx: int,
+                   progress: Callable[[int, int], None] | None = None) -> tuple[float, int]:
+        """tokens start with BOS; windows of ctx tokens, every window after the
+        first prefixed with BOS; each token but the first predicted once."""
+        bos = tokens[0]
+        nll, count = 0.0, 0
+        starts = list(range(0, len(tokens), ctx))
+        for w, s in enumerate(starts):
+            window = tokens[s:s + ctx] if s == 0 else [bos, *tokens[s:s + ctx]]
+            if len(window) < 2:
+                continue
+            self.cache.reset()
+            logits = self._forward(window[:-1], 0, all_logits=True).astype(np.float64)
+            logp = logits - logits.max(axis=1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+            targets = np.asarray(window[1:])
+            nll -= float(logp[np.arange(len(targets)), targets].sum())
+            count += len(targets)
+            if progress:
+                progress(w + 1, len(starts))
+        if count == 0:
+            raise RkcError("perplexity needs at least two tokens of text")
+        return math.exp(nll / count), count

@@ -1,0 +1,198 @@
+"""numpy CPU kernels for the LLM ops of compiler/frontend/gguf.py and the
+conversions of compiler/llm/lower.py, by op name.
+
+A kernel takes (inputs, attrs, state) and returns the outputs. `state` is the
+generation state: the KV cache (Attention) and the loaded model (GatherPacked
+reads rows of the packed NPU weights). Standard ops (Cast, ...) come from
+runtime/kernels. Linear (a CPU-placed product) takes its weight in a compiled
+form (runtime/llm/weights.py) and computes what the NPU computes for it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ir.errors import FormatError
+from ir.npu import layout
+from runtime.llm.kvcache import KVCache
+from runtime.llm.weights import quantize_rows
+
+Kernel = Callable[[list[Any], dict[str, Any], Any], list[np.ndarray]]
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gather(inputs, attrs, state):
+    table, ids = inputs
+    return [table.rows(np.asarray(ids, dtype=np.int64))]
+
+
+def gather_rows(inputs, attrs, state):
+    """Rows of a host table (fp16, or int8 with a scale per row)."""
+    table, ids = inputs[0], np.asarray(inputs[1], np.int64)
+    rows = table[ids].astype(np.float32)
+    if len(inputs) > 2:
+        rows *= inputs[2][ids][:, None]
+    return [rows]
+
+
+def packed_rows(raw: np.ndarray, ids: np.ndarray, rows: int, cols: int, dtype) -> np.ndarray:
+    """Rows `ids` of a [rows, cols] matrix stored as 1x1 NPU weights (kernels =
+    rows, channels = cols; ir/npu/layout.pack_weights), without unpacking the rest:
+    per group of kg kernels, 32-channel tiles of [kernel][channel]."""
+    item = np.dtype(dtype).itemsize
+    kg = layout.kernel_group_for(item)
+    cp = layout.align(cols, layout.c2_for(item))
+    tile = layout.CHANNEL_GROUP
+    if cp % tile:
+        raise FormatError(f"packed {rows}x{cols} weights: rows cannot be gathered ({cols} columns)")
+    groups = layout.align(rows, kg) // kg
+    view = raw[: groups * kg * cp * item].view(dtype).reshape(groups, cp // tile, kg, tile)
+    return view[ids // kg, :, ids % kg, :].reshape(len(ids), cp)[:, :cols]
+
+
+def gather_packed(inputs, attrs, state):
+    """Embedding rows read from the output head's packed NPU weights (tied head)."""
+    ids = np.asarray(inputs[0], np.int64)
+    model = state.model
+    info = model.tensors[attrs["packed"]]
+    bo = model.bos[info.region]
+    model.device.prepare_cpu_access(bo)
+    try:
+        raw = bo.host[info.offset:info.offset + info.nbytes]
+        rows = packed_rows(raw, ids, attrs["rows"], attrs["cols"], np.dtype(attrs["dtype"])).astype(np.float32)
+    finally:
+        model.device.finish_cpu_access(bo)
+    if len(inputs) > 1:
+        rows *= inputs[1][ids][:, None]
+    return [rows]
+
+
+def quantize_rows_kernel(inputs, attrs, state):
+    """fp32 [M, K] -> int8 [M, K] and one scale per row (symmetric, W8A8's A8)."""
+    q, scale = quantize_rows(np.asarray(inputs[0], np.float32))
+    return [q, scale]
+
+
+def dequantize_rows(inputs, attrs, state):
+    """int32 accumulators [M, N] -> fp32: x row scale x weight channel scale (+ bias)."""
+    acc, row_scale, ch_scale = inputs[0], inputs[1], inputs[2]
+    y = acc.astype(np.float64) * row_scale.astype(np.float64)[:, None] * ch_scale.astype(np.float64)[None, :]
+    if len(inputs) > 3:
+        y += inputs[3]
+    return [y.astype(np.float32)]
+
+
+def scale(inputs, attrs, state):
+    return [(inputs[0] * np.float32(attrs["factor"])).astype(np.float32)]
+
+
+def _dense(w):
+    return w.dense() if hasattr(w, "dense") else w
+
+
+def rms_norm(inputs, attrs, state):
+    x, w = inputs
+    x = x.astype(np.float32)
+    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    return [(x / np.sqrt(ms + np.float32(attrs["epsilon"])) * _dense(w)).astype(np.float32)]
+
+
+def linear(inputs, attrs, state):
+    x, w = inputs[0], inputs[1]
+    y = w.matmul(x)
+    if len(inputs) > 2:
+        y = y + _dense(inputs[2])
+    return [y.astype(np.float32, copy=False)]
+
+
+def reshape(inputs, attrs, state):
+    return [inputs[0].reshape([int(d) for d in attrs["shape"]])]
+
+
+def rope(inputs, attrs, state):
+    x, pos = inputs[0], np.asarray(inputs[1])
+    d = int(attrs["dims"])
+    theta = np.float64(attrs["base"]) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if len(inputs) > 2:
+        theta = theta / _dense(inputs[2]).astype(np.float64)
+    ang = (pos.astype(np.float64) * float(attrs["scale"]))[:, None] * theta[None, :]
+    cos = np.cos(ang).astype(np.float32)[:, None, :]
+    sin = np.sin(ang).astype(np.float32)[:, None, :]
+    out = x.astype(np.float32, copy=True)
+    if attrs["mode"] == "neox":
+        a, b = x[..., : d // 2], x[..., d // 2: d]
+        out[..., : d // 2] = a * cos - b * sin
+        out[..., d // 2: d] = a * sin + b * cos
+    else:
+        a, b = x[..., 0:d:2], x[..., 1:d:2]
+        out[..., 0:d:2] = a * cos - b * sin
+        out[..., 1:d:2] = a * sin + b * cos
+    return [out]
+
+
+def attention(inputs, attrs, state):
+    """Causal attention of the new rows over the cached ones and themselves;
+    with a window, a query at p sees keys at p - window < k <= p."""
+    q, k, v, pos = inputs
+    n = getattr(state, "valid", len(pos))  # pad rows of a short chunk stay out of the cache
+    q, k, v, pos = q[:n], k[:n], v[:n], np.asarray(pos)[:n]
+    layer = int(attrs["layer"])
+    cache: KVCache = state.cache
+    keys, values, kpos = cache.context(layer, k, v, pos)
+    T, H, hd = q.shape
+    Hkv = keys.shape[1]
+    group = H // Hkv
+    qg = q.astype(np.float32).reshape(T, Hkv, group, hd)
+    scores = np.einsum("tkgd,pkd->kgtp", qg, keys, optimize=True) * np.float32(attrs["scale"])
+    allowed = kpos[None, :] <= pos[:, None]
+    window = int(attrs["window"])
+    if window:
+        allowed &= (pos[:, None] - kpos[None, :]) < window
+    scores = np.where(allowed[None, None], scores, -np.inf)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = scores / scores.sum(axis=-1, keepdims=True)
+    out = np.einsum("kgtp,pkd->tkgd", probs, values, optimize=True)
+    cache.append(layer, k, v, pos)
+    full = np.zeros((len(inputs[0]), H * values.shape[-1]), np.float32)
+    full[:n] = out.reshape(T, H * values.shape[-1])
+    return [full]
+
+
+def silu(inputs, attrs, state):
+    x = inputs[0]
+    return [(x / (1.0 + np.exp(-x))).astype(np.float32)]
+
+
+def gelu_tanh(inputs, attrs, state):
+    x = inputs[0]
+    return [(0.5 * x * (1.0 + np.tanh(np.float32(_GELU_C) * (x + np.float32(0.044715) * x * x * x))))
+            .astype(np.float32)]
+
+
+def tanh(inputs, attrs, state):
+    return [np.tanh(inputs[0])]
+
+
+def mul(inputs, attrs, state):
+    return [inputs[0] * inputs[1]]
+
+
+def add(inputs, attrs, state):
+    return [inputs[0] + inputs[1]]
+
+
+def take_last(inputs, attrs, state):
+    n = getattr(state, "valid", len(inputs[0]))
+    return [inputs[0][n - 1:n]]
+
+
+KERNELS: dict[str, Kernel] = {
+    "Gather": gather, "Scale": scale, "RMSNorm": rms_norm, "Linear": linear, "Reshape": reshape,
+    "RoPE": rope, "Attention": attention, "SiLU": silu, "GeluTanh": gelu_tanh, "Tanh": tanh,
+    "Mul": mul, "Add": add, "TakeLast": take_last, "GatherRows": gather_rows, "GatherPacked": gather_packed,
+    "QuantizeRows": quantize_rows_kernel, "DequantizeRows": dequantize_rows,
+}

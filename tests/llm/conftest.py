@@ -1,0 +1,44 @@
+"""Fixtures: tiny synthetic GGUFs per architecture, compiled once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm.synth import SHAPES, write_model
+
+ARCHS = sorted(SHAPES)
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("synth")
+
+
+@pytest.fixture(scope="session")
+def synth_gguf(synth_dir):
+    paths = {}
+
+    def get(arch: str):
+        if arch not in paths:
+            paths[arch] = write_model(synth_dir / f"{arch}.gguf", arch)
+        return paths[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def synth_rkbin(synth_dir, synth_gguf):
+    from compiler.llm.build import LlmCompileOptions, compile_gguf
+
+    built = {}
+
+    def get(arch: str, precision: str = "fp16", chunks: tuple[int, ...] = (1, 4, 16), alpha: float = 0.5,
+            keep: tuple[str, ...] = ()):
+        key = (arch, precision, chunks, alpha, keep)
+        if key not in built:
+            out = synth_dir / f"{arch}-{precision}-{'_'.join(map(str, chunks))}-{alpha}-{'_'.join(keep)}.rkbin"
+            compile_gguf(synth_gguf(arch), out, LlmCompileOptions(precision, chunks, alpha, keep))
+            built[key] = out
+        return built[key]
+
+    return get

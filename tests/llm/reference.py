@@ -1,0 +1,175 @@
+"""A plain numpy implementation of the supported decoder architectures, straight
+from the GGUF file (no rkc graph, no rkc kernels): the independent reference the
+compiled models are checked against, and a tool to debug against llama.cpp.
+
+Written from the architecture descriptions (llama.cpp src/models/*.cpp), in
+float64 so its own rounding does not hide a bug in the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.frontend.gguf import GgufFile
+from ir.llm import LlmConfig
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x: np.ndarray, pos: np.ndarray, cfg: LlmConfig, base: float, scale: float,
+         freq_factors: np.ndarray | None) -> np.ndarray:
+    """x [T, H, hd]; rotate the first rope_dims of each head."""
+    d = cfg.rope_dims
+    theta = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if freq_factors is not None:
+        theta = theta / freq_factors
+    ang = (pos.astype(np.float64) * scale)[:, None] * theta[None, :]  # [T, d/2]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    out = x.copy()
+    if cfg.rope_mode == "neox":
+        a, b = x[..., : d // 2], x[..., d // 2: d]
+        out[..., : d // 2] = a * cos - b * sin
+        out[..., d // 2: d] = a * sin + b * cos
+    else:
+        a, b = x[..., 0:d:2], x[..., 1:d:2]
+        out[..., 0:d:2] = a * cos - b * sin
+        out[..., 1:d:2] = a * sin + b * cos
+    return out
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per row, as W8A8 defines it: in float32 (scale = max|x| / 127,
+    round half to even), so that values on a rounding edge round alike."""
+    x32 = x.astype(np.float32)
+    amax = np.abs(x32).max(axis=-1)
+    scale = np.where(amax > 0, amax / np.float32(127), np.float32(1))
+    q = np.clip(np.rint(x32 / scale[:, None]), -127, 127)
+    return q.astype(np.float64), scale.astype(np.float64)
+
+
+@dataclass
+class ReferenceModel:
+    """`arith`: "exact" (float64), or the arithmetic a precision defines for the
+    matrix products: "w8a8" (int8 weights per output channel, int8 activations
+    per token, exact integer sums) or "fp16" (fp16 weights and activations)."""
+
+    cfg: LlmConfig
+    w: dict[str, np.ndarray]
+    arith: str = "exact"
+    keep_fp16: tuple[str, ...] = ()  # with "w8a8": weights named so use fp16 arithmetic
+    # per layer: keys [P, Hkv, hd], values, positions [P]
+    k_cache: list[list[np.ndarray]] = field(default_factory=list)
+    v_cache: list[list[np.ndarray]] = field(default_factory=list)
+    pos_cache: list[list[int]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str, arith: str = "exact", keep_fp16: tuple[str, ...] = ()) -> "ReferenceModel":
+        gf = GgufFile(path)
+        cfg = gf.config()
+        w = {name: gf.dequantize(name).astype(np.float64) for name in gf.tensors}
+        for name in list(w):
+            if w[name].ndim == 2 and arith == "w8a8" and any(k in name for k in keep_fp16):
+                w[name] = w[name].astype(np.float16).astype(np.float64)
+            elif w[name].ndim == 2 and arith == "w8a8":
+                q, s = quantize_rows(w[name])
+                w[name] = q * s[:, None]
+            elif w[name].ndim == 2 and arith == "fp16":
+                w[name] = w[name].astype(np.float16).astype(np.float64)
+        return cls(cfg, w, arith, tuple(keep_fp16))
+
+    def reset(self) -> None:
+        n = self.cfg.n_layer
+        self.k_cache, self.v_cache, self.pos_cache = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
+
+    def lin(self, x: np.ndarray, name: str) -> np.ndarray:
+        if self.arith == "w8a8" and any(k in name for k in self.keep_fp16):
+            x = x.astype(np.float16).astype(np.float64)
+        elif self.arith == "w8a8":
+            q, s = quantize_rows(x)
+            x = q * s[:, None]
+        elif self.arith == "fp16":
+            x = x.astype(np.float16).astype(np.float64)
+        y = x @ self.w[f"{name}.weight"].T
+        if f"{name}.bias" in self.w:
+            y = y + self.w[f"{name}.bias"]
+        return y
+
+    def forward(self, tokens: list[int], start: int) -> np.ndarray:
+        """Logits [T, vocab] for tokens at positions start.., appending to the cache."""
+        cfg, w = self.cfg, self.w
+        if not self.k_cache:
+            self.reset()
+        T = len(tokens)
+        pos = np.arange(start, start + T)
+        x = w["token_embd.weight"][np.asarray(tokens)] * cfg.embed_scale
+        for il in range(cfg.n_layer):
+            p = f"blk.{il}"
+            h = rms_norm(x, w[f"{p}.attn_norm.weight"], cfg.rms_eps)
+            q = self.lin(h, f"{p}.attn_q").reshape(T, cfg.n_head, cfg.head_dim)
+            k = self.lin(h, f"{p}.attn_k").reshape(T, cfg.n_head_kv, cfg.head_dim)
+            v = self.lin(h, f"{p}.attn_v").reshape(T, cfg.n_head_kv, cfg.head_dim_v)
+            if cfg.qk_norm:
+                q = rms_norm(q, w[f"{p}.attn_q_norm.weight"], cfg.rms_eps)
+                k = rms_norm(k, w[f"{p}.attn_k_norm.weight"], cfg.rms_eps)
+            base, scale = cfg.layer_rope(il)
+            ff = w.get("rope_freqs.weight") if not cfg.is_swa(il) else None
+            q, k = rope(q, pos, cfg, base, scale, ff), rope(k, pos, cfg, base, scale, ff)
+            if self.arith != "exact":  # the runtime keeps its KV cache in fp16, as llama.cpp does
+                k = k.astype(np.float32).astype(np.float16).astype(np.float64)
+                v = v.astype(np.float32).astype(np.float16).astype(np.float64)
+            self.k_cache[il].append(k)
+            self.v_cache[il].append(v)
+            self.pos_cache[il].extend(pos.tolist())
+            K = np.concatenate(self.k_cache[il])
+            V = np.concatenate(self.v_cache[il])
+            kpos = np.asarray(self.pos_cache[il])
+            group = cfg.n_head // cfg.n_head_kv
+            out = np.zeros((T, cfg.n_head, cfg.head_dim_v))
+            for hh in range(cfg.n_head):
+                s = (q[:, hh, :] @ K[:, hh // group, :].T) * cfg.attn_scale  # [T, P]
+                allowed = kpos[None, :] <= pos[:, None]
+                if cfg.is_swa(il):
+                    allowed &= (pos[:, None] - kpos[None, :]) < cfg.swa_window
+                s = np.where(allowed, s, -np.inf)
+                s = np.exp(s - s.max(axis=1, keepdims=True))
+                out[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ V[:, hh // group, :]
+            a = self.lin(out.reshape(T, -1), f"{p}.attn_output")
+            if cfg.post_norms:
+                a = rms_norm(a, w[f"{p}.post_attention_norm.weight"], cfg.rms_eps)
+            x = x + a
+            h = rms_norm(x, w[f"{p}.ffn_norm.weight"], cfg.rms_eps)
+            act = gelu_tanh if cfg.ffn_act == "gelu_tanh" else silu
+            f = self.lin(act(self.lin(h, f"{p}.ffn_gate")) * self.lin(h, f"{p}.ffn_up"), f"{p}.ffn_down")
+            if cfg.post_norms:
+                f = rms_norm(f, w[f"{p}.post_ffw_norm.weight"], cfg.rms_eps)
+            x = x + f
+        x = rms_norm(x, w["output_norm.weight"], cfg.rms_eps)
+        logits = self.lin(x, "output" if "output.weight" in w else "token_embd")
+        if cfg.logit_softcap:
+            logits = np.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
+        return logits
+
+    def greedy(self, tokens: list[int], n: int) -> list[int]:
+        self.reset()
+        logits = self.forward(tokens, 0)
+        out = []
+        pos = len(tokens)
+        for _ in range(n):
+            t = int(np.argmax(logits[-1]))
+            out.append(t)
+            logits = self.forward([t], pos)
+            pos += 1
+        return out

@@ -1,0 +1,122 @@
+"""A tiny synthetic model per architecture, compiled (fp16 and int8) and run by
+the LLM runtime, against the plain numpy reference of tests/llm/reference.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llm.conftest import ARCHS
+from llm.reference import ReferenceModel
+from runtime.llm.engine import LlmEngine
+from runtime.llm.generate import Generator, Sampler, chunk_plan
+
+PROMPT_LEN = 23  # crosses the gemma3 sliding window (6) and uses chunks 16 + 4 + a padded 4
+
+
+def _cosine(a, b):
+    return float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def _teacher_forced(engine: LlmEngine, tokens: list[int], prompt_len: int) -> np.ndarray:
+    """Logits for every position: prefill the prompt in chunks, then decode
+    the rest one token at a time (feeding the given tokens)."""
+    gen = Generator(engine, 64)
+    gen.cache.reset()
+    rows = [gen._forward(tokens[:prompt_len], 0, all_logits=True)]
+    for pos in range(prompt_len, len(tokens)):
+        rows.append(engine.run("decode", np.asarray([tokens[pos]], np.int32), np.asarray([pos], np.int32), gen.cache))
+    return np.concatenate(rows)
+
+
+@pytest.fixture(scope="module")
+def references(synth_gguf):
+    return {a: ReferenceModel.load(str(synth_gguf(a))) for a in ARCHS}
+
+
+# (compiled precision, SmoothQuant alpha, products kept fp16, reference arithmetic, min cosine, max rel. error)
+CASES = [
+    ("fp16", 0.0, (), "fp16", 0.9999, 0.01),  # the NPU's fp16 products, as numpy computes them
+    ("int8", 0.0, (), "w8a8", 0.9999, 0.02),  # W8A8 as defined (int8 per channel / per token, int32 sums)
+    # hybrid: ffn_down in fp16 (its fp16 outputs move later int8 roundings a step now and then)
+    ("int8", 0.0, ("ffn_down",), "w8a8", 0.9995, 0.05),
+    ("fp16", 0.0, (), "exact", 0.9999, 0.02),  # and all close to the exact float64 model
+    ("int8", 0.0, (), "exact", 0.98, 0.25),
+    ("int8", 0.5, ("ffn_down",), "exact", 0.98, 0.25),  # SmoothQuant keeps the model equivalent
+]
+
+
+@pytest.mark.parametrize("precision,alpha,keep,arith,min_cos,max_rel", CASES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_reference(arch, precision, alpha, keep, arith, min_cos, max_rel, synth_rkbin, synth_gguf):
+    engine = LlmEngine(synth_rkbin(arch, precision, alpha=alpha, keep=keep))
+    rng = np.random.default_rng(1)
+    tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, PROMPT_LEN + 8 - 1).tolist()]
+    got = _teacher_forced(engine, tokens, PROMPT_LEN)
+    ref = ReferenceModel.load(str(synth_gguf(arch)), arith, keep)
+    ref.reset()
+    want = ref.forward(tokens, 0)
+    assert got.shape == want.shape == (len(tokens), engine.cfg.n_vocab)
+    for row in range(len(tokens)):
+        assert _cosine(got[row], want[row]) > min_cos, f"row {row}"
+        err = np.abs(got[row] - want[row]).max() / np.abs(want[row]).max()
+        assert err < max_rel, f"row {row}: relative error {err:.4f}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_generation_matches_reference(arch, synth_rkbin, references):
+    engine = LlmEngine(synth_rkbin(arch, "fp16"))
+    prompt = engine.tokenizer.encode("the cat and the dog run")
+    got = list(Generator(engine, 64).generate(prompt, 12, Sampler(0.0), stop_at_eos=False))
+    assert got == references[arch].greedy(prompt, 12)
+
+
+def test_chunking_does_not_change_the_numbers(synth_rkbin):
+    """Prefill in chunks of 16/4/1 and one token at a time give the same logits."""
+    a = LlmEngine(synth_rkbin("gemma3", "fp16", (1, 4, 16)))
+    b = LlmEngine(synth_rkbin("gemma3", "fp16", (1,)))
+    tokens = list(range(2, 2 + PROMPT_LEN))
+    la = Generator(a, 64)._forward(tokens, 0, all_logits=True)
+    lb = Generator(b, 64)._forward(tokens, 0, all_logits=True)
+    # only float rounding differs (BLAS blocking, fp16 casts of values near a rounding edge)
+    np.testing.assert_allclose(la, lb, rtol=1e-3, atol=2e-2)
+
+
+def test_chunk_plan():
+    assert chunk_plan(23, [1, 4, 16]) == [(16, 16), (4, 4), (4, 3)]
+    assert chunk_plan(17, [1, 4, 16]) == [(16, 16), (1, 1)]
+    assert chunk_plan(0, [1, 32]) == []
+    assert chunk_plan(6, [1, 32]) == [(32, 6)]
+    assert sum(n for _, n in chunk_plan(1000, [1, 32, 128, 512])) == 1000
+
+
+def test_perplexity_counts_every_token_but_bos_once(synth_rkbin, references):
+    engine = LlmEngine(synth_rkbin("llama", "fp16"))
+    tokens = engine.tokenizer.encode("the cat and the dog run in the world at one time " * 3)
+    ctx = 8
+    ppl, n = Generator(engine, ctx + 1).perplexity(tokens, ctx)
+    assert n == len(tokens) - 1
+    # the same windows with the numpy reference
+    ref = references["llama"]
+    nll = 0.0
+    for s in range(0, len(tokens), ctx):
+        window = tokens[s:s + ctx] if s == 0 else [tokens[0], *tokens[s:s + ctx]]
+        if len(window) < 2:
+            continue
+        ref.reset()
+        logits = ref.forward(window[:-1], 0)
+        logp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) \
+            - logits.max(1, keepdims=True)
+        nll -= logp[np.arange(len(window) - 1), window[1:]].sum()
+    assert ppl == pytest.approx(np.exp(nll / n), rel=1e-3)
+
+
+def test_sampler():
+    logits = np.array([0.0, 3.0, 1.0, 2.9])
+    assert Sampler(0.0)(logits) == 1
+    assert Sampler(1.0, top_k=1, seed=3)(logits) == 1
+    draws = [Sampler(1.0, top_k=0, top_p=1.0, seed=s)(logits) for s in range(200)]
+    assert set(draws) == {0, 1, 2, 3}
+    assert [Sampler(0.7, seed=5)(logits) for _ in range(3)] == [Sampler(0.7, seed=5)(logits) for _ in range(3)]
+    # top-p 0.5 keeps only the two near-equal leaders
+    assert {Sampler(1.0, top_k=0, top_p=0.5, seed=s)(logits) for s in range(100)} == {1, 3}

@@ -1,0 +1,93 @@
+"""Tokenizers built from GGUF vocabularies, and the rkrun LLM command line."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from llm import llamacpp
+from llm.conftest import ARCHS
+from runtime.cli import main as rkrun
+from runtime.llm.engine import LlmEngine
+from runtime.llm.tokenizer import LlmTokenizer, TextStream
+
+TEXTS = ["hello world the", " the cat and the dog", "Hello, world! 123 ünï 東京", "time\n\nrun  ing\tx",
+         "thethethe hellohello", "", " ", "it's we'll THEY'RE 12345 ...!!", "<start_of_turn>user"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_round_trip(arch, synth_gguf):
+    tok = LlmTokenizer.from_gguf(str(synth_gguf(arch)))
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert ids[:1] == [tok.bos_id]
+        assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tokens_equal_llama_cpp(arch, synth_gguf):
+    model = llamacpp.load(str(synth_gguf(arch)), n_ctx=64)
+    tok = LlmTokenizer.from_gguf(str(synth_gguf(arch)))
+    for text in TEXTS:
+        assert tok.encode(text) == llamacpp.tokenize(model, text), repr(text)
+
+
+def test_spm_tokens_by_hand(synth_gguf):
+    """gemma3-style SPM (no space prefix): whole words where the vocabulary has them,
+    bytes for what it lacks."""
+    tok = LlmTokenizer.from_gguf(str(synth_gguf("gemma3")))
+    pieces = [tok.hf.id_to_token(i) for i in tok.encode("hello world!")[1:]]
+    assert pieces == ["hello", "\u2581world", "<0x21>"]
+
+
+def test_stream_holds_back_partial_characters(synth_gguf):
+    tok = LlmTokenizer.from_gguf(str(synth_gguf("gemma3")))
+    ids = tok.encode("東 x", add_bos=False)  # 東 is three byte tokens
+    stream = TextStream(tok)
+    pieces = [stream.push(i) for i in ids]
+    assert pieces[:2] == ["", ""] and "".join(pieces) == "東 x"
+
+
+def test_rkrun_tokenize(synth_rkbin):
+    path = synth_rkbin("llama")
+    r = CliRunner().invoke(rkrun, [str(path), "--tokenize", "the cat"])
+    assert r.exit_code == 0, r.output
+    ids = LlmEngine(path).tokenizer.encode("the cat")
+    assert r.output == " ".join(map(str, ids)) + "\n"
+
+
+def test_rkrun_generates_greedily(synth_rkbin):
+    path = synth_rkbin("qwen3")
+    r1 = CliRunner().invoke(rkrun, [str(path), "-p", "the cat", "-n", "6", "--temp", "0"])
+    r2 = CliRunner().invoke(rkrun, [str(path), "-p", "the cat", "-n", "6", "--temp", "0"])
+    assert r1.exit_code == 0, r1.output
+    assert r1.stdout == r2.stdout and r1.stdout.strip()
+    assert "decode:" in r1.stderr and "prefill:" in r1.stderr
+
+
+def test_rkrun_perplexity_last_line(synth_rkbin, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("the cat and the dog run in the world at one time. " * 4)
+    r = CliRunner().invoke(rkrun, [str(synth_rkbin("gemma3")), "--perplexity", str(text), "--ctx", "16"])
+    assert r.exit_code == 0, r.output
+    last = r.stdout.strip().splitlines()[-1]
+    n = len(LlmEngine(synth_rkbin("gemma3")).tokenizer.encode(text.read_text())) - 1
+    assert last.startswith("perplexity: ") and last.endswith(f" over {n} tokens")
+
+
+def test_rkrun_llm_without_prompt_is_one_line(synth_rkbin):
+    r = CliRunner().invoke(rkrun, [str(synth_rkbin("llama"))])
+    assert r.exit_code == 1
+    assert r.output.strip().count("\n") == 0 and "needs -p PROMPT" in r.output
+
+
+def test_chat_prompt_renders_the_gguf_template():
+    from runtime.llm.cli import chat_prompt
+
+    template = ("{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+                "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    assert chat_prompt(template, "hi") == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    from ir.errors import RkcError
+
+    with pytest.raises(RkcError, match="no chat template"):
+        chat_prompt(None, "hi")
