@@ -77,8 +77,8 @@ class NpuGroup:
     output: str
     output_layout: str
     result: api.EmitResult
+    dtype: str  # what the group computes in: "int8" or "fp16" (mixed int8 programs have both)
     notes: list[str] = field(default_factory=list)
-    dtype: str = "fp16"  # what the group computes in: "int8" or "fp16" (mixed int8 programs have both)
 
     def npu_name(self, tensor: str, precision: str) -> str:
         """This group's NPU buffer of `tensor` in a program of `precision`."""
@@ -364,8 +364,8 @@ def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> Np
         raise _Refused("the emitter needs a CPU finishing step")
     layout = "native" if op.type in ("Conv", "AveragePool", "GlobalAveragePool") else \
         ("native-gemm" if op.type in ("Gemm", "MatMul") else _layout(graph, op.outputs[0]))
-    return NpuGroup(i, [i, *tail.ops], reads, tail.output, layout, result, list(result.notes),
-                    device_dtype(precision))
+    return NpuGroup(i, [i, *tail.ops], reads, tail.output, layout, result, device_dtype(precision),
+                    list(result.notes))
 
 
 def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],

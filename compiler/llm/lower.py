@@ -221,7 +221,7 @@ class _ProgramLowering:
                 result = api.emit(gemm, EMIT_OPTIONS)
             except UnsupportedError as exc:
                 raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
-            groups.append(NpuGroup(i, [i], {x: "native-gemm"}, y, "native-gemm", result))
+            groups.append(NpuGroup(i, [i], {x: "native-gemm"}, y, "native-gemm", result, dev.value))
             outputs.append((y, x, w, bias))
         lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}",
                                 "int8" if int8 else "fp16")
