@@ -72,11 +72,18 @@ def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a written file honours the umask
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path.stat().st_size
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @dataclass

@@ -95,3 +95,15 @@ def test_bad_cross_references_are_refused_before_writing(tmp_path, damage, messa
     with pytest.raises(FormatError, match=message):
         write_rkbin(tmp_path / "m.rkbin", module, blobs)
     assert not list(tmp_path.iterdir()), "nothing half-written"
+
+
+def test_written_file_honours_the_umask(tmp_path):
+    import os
+
+    module, blobs = _module_and_blobs()
+    old = os.umask(0o022)
+    try:
+        write_rkbin(tmp_path / "m.rkbin", module, blobs)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m.rkbin").stat().st_mode & 0o777 == 0o644
