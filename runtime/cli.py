@@ -6,6 +6,7 @@ import click
 
 from ir.cli_support import ErrorReportingCommand, debug_option
 from ir.errors import RkcError
+from runtime.devices import device_options
 
 
 @click.command(cls=ErrorReportingCommand, context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,8 +17,7 @@ from ir.errors import RkcError
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--inputs", type=click.Path(dir_okay=False), help="Inputs (.npz keyed by the model's input names).")
 @click.option("--outputs", type=click.Path(dir_okay=False), help="Write the outputs here (.npz keyed by name).")
-@click.option("--device", type=click.Choice(["auto", "sim", "rocket"]), default="auto", show_default=True,
-              help="rocket when an NPU is present, else the built-in simulator.")
+@device_options
 @click.option("-p", "--prompt", help="LLM: the prompt to continue.")
 @click.option("-n", "--n-predict", default=64, show_default=True, help="LLM: tokens to generate.")
 @click.option("--temp", "temperature", default=0.8, show_default=True, help="LLM: temperature (0 = greedy).")
@@ -29,7 +29,7 @@ from ir.errors import RkcError
 @click.option("--tokenize", help="LLM: print the token ids of TEXT (BOS first).")
 @click.option("--chat", is_flag=True, help="LLM: wrap the prompt in the model's chat template.")
 def main(model: str | None, replay_case: str | None, inputs: str | None, outputs: str | None, device: str,
-         **llm) -> None:
+         cores: int, **llm) -> None:
     """Run MODEL (an .rkbin made by `rkc compile`) on the NPU or its simulator.
 
     \b
@@ -51,8 +51,8 @@ def main(model: str | None, replay_case: str | None, inputs: str | None, outputs
     if rk.module.metadata.get("model_kind") == "llm":
         from runtime.llm.cli import LlmRunOptions, run_llm
 
-        run_llm(rk, LlmRunOptions(**llm), device)
+        run_llm(rk, LlmRunOptions(**llm), device, cores)
         return
     from runtime.run_cli import run_once
 
-    run_once(model, inputs, outputs, device)
+    run_once(model, inputs, outputs, device, cores)

@@ -38,7 +38,7 @@ def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
         raise
 
 
-def run_once(model_path: str, inputs: str | None, outputs: str | None, device: str) -> None:
+def run_once(model_path: str, inputs: str | None, outputs: str | None, device: str, cores: int = 3) -> None:
     from ir.rkbin import read_rkbin
     from runtime.devices import open_device
     from runtime.execute import check_feeds
@@ -50,7 +50,7 @@ def run_once(model_path: str, inputs: str | None, outputs: str | None, device: s
     if not feeds and program.inputs:
         raise RkcError(f"{model_path}: give the inputs with --inputs FILE.npz (keys: {', '.join(program.inputs)})")
     check_feeds(program, {t.name: t for t in rkbin.module.tensors}, feeds)  # before any device is opened
-    dev = open_device(device) if device != "auto" or needs_device(rkbin.module) else None
+    dev = open_device(device, cores=cores) if device != "auto" or needs_device(rkbin.module) else None
     with LoadedModel(rkbin, dev, own_device=dev is not None) as model:
         if model.device is not None:
             model.device.reset_counters()

@@ -44,3 +44,23 @@ def test_help_texts():
     for prog in ("rkc", "rkrun"):
         r = run(prog, "--help")
         assert r.returncode == 0 and "Usage:" in r.stdout
+
+
+def test_rkrun_device_and_cores_reach_the_device(tmp_path):
+    """--device rocket on a machine without an NPU is one clear line, not a silent
+    fallback; --cores is accepted by every model kind."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "in.npz", x=np.ones((1, 4), np.float32))
+    assert run("rkc", "compile", "m.onnx", "-o", "m.rkbin", cwd=tmp_path).returncode == 0
+    r = run("rkrun", "m.rkbin", "--inputs", "in.npz", "--device", "rocket", "--cores", "2", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "rocket" in r.stderr, r.stderr
+    r = run("rkrun", "m.rkbin", "--inputs", "in.npz", "--device", "sim", "--cores", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr

@@ -43,17 +43,24 @@ def chat_prompt(template: str | None, user: str) -> str:
                                             add_generation_prompt=True, bos_token="")
 
 
-def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto") -> None:
+def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -> None:
     from runtime.llm.engine import LlmEngine
     from runtime.llm.generate import Generator, Sampler
     from runtime.llm.tokenizer import TextStream
 
-    t0 = time.perf_counter()
-    engine = LlmEngine(rk)
-    tok = engine.tokenizer
-    if o.tokenize is not None:
+    if o.tokenize is not None:  # needs no device
+        from runtime.llm.tokenizer import LlmTokenizer
+
+        if "tokenizer" not in rk.blobs:
+            raise RkcError(f"{rk.path}: LLM rkbin without a tokenizer")
+        tok = LlmTokenizer.from_json(bytes(rk.blobs["tokenizer"]).decode())
         click.echo(" ".join(str(i) for i in tok.encode(o.tokenize)))
         return
+    if o.prompt is None and o.perplexity is None:
+        raise RkcError("an LLM needs -p PROMPT, --perplexity FILE or --tokenize TEXT")
+    t0 = time.perf_counter()
+    engine = LlmEngine(rk, device, cores)
+    tok = engine.tokenizer
     load_s = time.perf_counter() - t0
     if o.perplexity is not None:
         text = Path(o.perplexity).read_text(encoding="utf-8")
@@ -69,8 +76,6 @@ def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto") -> None:
         click.echo(f"scored {n} tokens in {dt:.1f} s ({n / dt:.1f} t/s), windows of {ctx}", err=True)
         click.echo(f"perplexity: {ppl:.4f} over {n} tokens")
         return
-    if o.prompt is None:
-        raise RkcError("an LLM needs -p PROMPT, --perplexity FILE or --tokenize TEXT")
     text = chat_prompt(tok.chat_template, o.prompt) if o.chat else o.prompt
     ids = tok.encode(text, special=o.chat)
     gen = Generator(engine, o.ctx)

@@ -55,7 +55,7 @@ class StepTimes:
 
 
 class LlmEngine:
-    def __init__(self, source: "str | Path | Rkbin", device: str = "auto") -> None:
+    def __init__(self, source: "str | Path | Rkbin", device: str = "auto", cores: int = 3) -> None:
         rk = source if isinstance(source, Rkbin) else read_rkbin(source)
         meta = rk.module.metadata
         if meta.get("model_kind") != "llm":
@@ -73,7 +73,7 @@ class LlmEngine:
         else:
             from runtime.devices import open_device
 
-            self.model = LoadedModel(rk, open_device(device, quiet=True), own_device=True)
+            self.model = LoadedModel(rk, open_device(device, cores=cores), own_device=True)
         self.programs = {p.name: p for p in rk.module.programs}
         self.times = StepTimes()
 
