@@ -13,7 +13,7 @@ from runtime.devices import device_options
 @debug_option
 @click.version_option(package_name="rkc")
 @click.option("--replay", "replay_case", metavar="CASE.json", type=click.Path(dir_okay=False),
-              help="Replay a captured regcmd case on the simulator and compare with its reference.")
+              help="Replay a captured regcmd case on --device and compare with its reference.")
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--inputs", type=click.Path(dir_okay=False), help="Inputs (.npz keyed by the model's input names).")
 @click.option("--outputs", type=click.Path(dir_okay=False), help="Write the outputs here (.npz keyed by name).")
@@ -37,12 +37,12 @@ def main(model: str | None, replay_case: str | None, inputs: str | None, outputs
     rkrun model.rkbin -p "Hello" -n 64                    # an LLM: generate text
     rkrun model.rkbin --perplexity wiki.txt --ctx 256     # an LLM: perplexity
     rkrun model.rkbin --tokenize "Hello"                  # an LLM: token ids
-    rkrun --replay CASE.json                              # replay a captured regcmd case
+    rkrun --replay CASE.json --device rocket              # replay a captured regcmd case
     """
     if replay_case is not None:
         from runtime.replay import run_cli
 
-        raise SystemExit(run_cli(replay_case))
+        raise SystemExit(run_cli(replay_case, device, cores))
     if model is None:
         raise RkcError("no model given (see rkrun --help)")
     from ir.rkbin import read_rkbin

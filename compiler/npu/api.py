@@ -448,6 +448,24 @@ class EmitOptions:
     # is refused.
     ppu_completes: bool = False
 
+    # -- readings of open hardware questions (docs/hardware-questions.md) --------
+    # These exist so that `rkc probe` (compiler/probe) can build the programs the
+    # safe readings refuse and ask a board how it behaves. The defaults ARE the
+    # safe readings, matching runtime/sim/quirks.DEFAULT; nothing else sets them.
+    #
+    # Q2: every convolution task reads at least this many input rows: maps of
+    # fewer than 4 rows compute wrongly on silicon (rocket-userspace
+    # include/rocket_matmul.h @ e0677862; hw-matmul.md 2.3).
+    min_input_rows: int = 4
+    # Q6: CBUF banks reserved past an int8 feature tile: the int8 feature DMA
+    # over-reads one bank past its allocation near bank-full sizes
+    # (rockchip-npu-notes encodings/cbuf-bank-slack.md, HW-proven); fp16 needs none.
+    int8_slack_banks: int = 1
+
+    def slack_banks(self, dtype: str) -> int:
+        """CBUF banks a feature tile of `dtype` keeps free past its data."""
+        return self.int8_slack_banks if dtype == "int8" else 0
+
 
 DEFAULT_OPTIONS = EmitOptions()
 

@@ -22,12 +22,10 @@ from compiler.npu.schedule import Work, pad_constants
 from ir.errors import UnsupportedError
 from ir.npu import hw, layout
 
-from compiler.npu.conv_core import MIN_INPUT_ROWS
-
 DW_GROUP_BYTES = layout.DEPTHWISE_GROUP_BYTES
 
 
-def _check(op: api.Conv2D) -> str:
+def _check(op: api.Conv2D, min_rows: int) -> str:
     f, o = op.input, op.output
     dtype = f.dtype
     if dtype not in ("int8", "fp16"):
@@ -55,14 +53,15 @@ def _check(op: api.Conv2D) -> str:
         raise UnsupportedError(f"{op.name}: padding {op.padding} reaches a whole kernel ({kh}x{kw}) past the "
                                f"map; the CNA pads less than a kernel (pad the tensor instead)")
     formats.check(max(op.stride), formats.STRIDE_MAX, f"{op.name}: stride")
-    if f.height < MIN_INPUT_ROWS:
+    if f.height < min_rows:
         raise UnsupportedError(f"{op.name}: the input has {f.height} rows; the NPU needs at least "
-                               f"{MIN_INPUT_ROWS} (maps of fewer rows compute wrongly on hardware)")
+                               f"{min_rows} (maps of fewer rows compute wrongly on hardware)")
     return dtype
 
 
 def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
-    dtype = _check(op)
+    min_rows = options.min_input_rows
+    dtype = _check(op, min_rows)
     f, o = op.input, op.output
     item = api.ITEMSIZE[dtype]
     kh, kw = op.kernel
@@ -103,7 +102,7 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
         parts = max(parts, min(options.cores, -(-o.channels // group)))
     c_tiles = schedule.split_evenly(o.channels, parts, group)
     tile_weight_bytes = max(_tile_weight_bytes(op, dtype, kg, ct) for _, ct in c_tiles)
-    slack = schedule.FEATURE_SLACK_BANKS[dtype]
+    slack = options.slack_banks(dtype)
 
     def row_bytes(c_count: int) -> int:
         return cbuf_row_bytes(f.width, -(-c_count // f.c2))
@@ -132,10 +131,10 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
     if n_row_tiles * len(c_tiles) < options.cores and o.height >= 2 * options.cores:
         n_row_tiles = options.cores
     r_tiles = schedule.split_evenly(o.height, n_row_tiles, 1)
-    while len(r_tiles) > 1 and min(_input_rows(op, r0, rt)[2] for r0, rt in r_tiles) < MIN_INPUT_ROWS:
+    while len(r_tiles) > 1 and min(_input_rows(op, r0, rt, min_rows)[2] for r0, rt in r_tiles) < min_rows:
         r_tiles = schedule.split_evenly(o.height, len(r_tiles) - 1, 1)
-    if max(_input_rows(op, r0, rt)[2] for r0, rt in r_tiles) > max_in_rows:
-        raise UnsupportedError(f"{op.name}: no row split keeps {MIN_INPUT_ROWS}+ input rows per task in CBUF")
+    if max(_input_rows(op, r0, rt, min_rows)[2] for r0, rt in r_tiles) > max_in_rows:
+        raise UnsupportedError(f"{op.name}: no row split keeps {min_rows}+ input rows per task in CBUF")
 
     works = []
     total = len(c_tiles) * len(r_tiles)
@@ -146,7 +145,8 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
             lane = schedule.lane_of(ci if by_channels else idx, len(c_tiles) if by_channels else total,
                                     options.cores)
             idx += 1
-            works.append(_work(op, dtype, plan, (c0, ct, ci), (r0, rt, ri), lane, d_banks, w_banks, kg))
+            works.append(_work(op, dtype, plan, (c0, ct, ci), (r0, rt, ri), lane, d_banks, w_banks, kg,
+                               min_rows))
     tasks, jobs = schedule.schedule(works)
     consts = pad_constants(consts, tasks)
     notes = [f"conv {kh}x{kw}/{sy}x{sx} {f.shape}->{o.shape} {dtype}: {len(r_tiles)} row x {len(c_tiles)} "
@@ -172,17 +172,17 @@ def _pack(op: api.Conv2D, dtype: str, kg: int, zp_w: int) -> bytes:
     return layout.pack_weights(grid, pad_value=zp_w).tobytes()
 
 
-def _work(op: api.Conv2D, dtype, plan, ctile, rtile, lane, d_banks, w_banks, kg) -> Work:
+def _work(op: api.Conv2D, dtype, plan, ctile, rtile, lane, d_banks, w_banks, kg, min_rows: int) -> Work:
     (c0, ct, ci), (r0, rt, ri) = ctile, rtile
     f, o = op.input, op.output
     kh, kw = op.kernel
     sy, sx = op.stride
     pt, pb, pl, pr = op.padding
     item = api.ITEMSIZE[dtype]
-    pad_top, a, rows = _input_rows(op, r0, rt)
-    if rows < MIN_INPUT_ROWS:
+    pad_top, a, rows = _input_rows(op, r0, rt, min_rows)
+    if rows < min_rows:
         raise UnsupportedError(f"{op.name}: output rows {r0}..{r0 + rt - 1} read {rows} input rows, fewer than "
-                               f"{MIN_INPUT_ROWS}")
+                               f"{min_rows}")
     b = a + rows - 1
     dw = op.depthwise
     in_view = f.view(channel0=c0 if dw else 0, channels=ct if dw else f.channels, row0=a, rows=b - a + 1)
@@ -210,22 +210,22 @@ def _work(op: api.Conv2D, dtype, plan, ctile, rtile, lane, d_banks, w_banks, kg)
                     pad_value=pad_value, depthwise=dw, dpu=plan, cbuf=cbuf, channel0=c0,
                     bs_buffer=f"{op.name}.bs", residual=residual,
                     residual_rows=plan.residual.tensor.height if plan.residual is not None else 0,
-                    label=f"{op.name} rows{r0}+{rt} ch{c0}+{ct}")
+                    label=f"{op.name} rows{r0}+{rt} ch{c0}+{ct}", min_input_rows=min_rows)
     reads = [f.buffer, f"{op.name}.weights"] + ([residual.buffer] if residual is not None else [])
     data_key = ("in", ri, ci if dw else 0)
     return Work(lane, data_key, ("w", ci), cbuf, lambda cb, t=tile: tile_task(_with(t, cb)), tuple(reads),
                 (o.buffer,))
 
 
-def _input_rows(op: api.Conv2D, r0: int, rt: int) -> tuple[int, int, int]:
+def _input_rows(op: api.Conv2D, r0: int, rt: int, min_rows: int) -> tuple[int, int, int]:
     """(pad_top, first input row, input rows) of output rows [r0, r0+rt): the rows the
-    windows touch, extended downwards to at least MIN_INPUT_ROWS where the map allows
+    windows touch, extended downwards to at least `min_rows` where the map allows
     (the extra rows are read, not used)."""
     kh, sy, pt = op.kernel[0], op.stride[0], op.padding[0]
     first = r0 * sy - pt
     last = min(op.input.height - 1, (r0 + rt - 1) * sy - pt + kh - 1)
     a = max(0, first)
-    last = max(last, min(op.input.height - 1, a + MIN_INPUT_ROWS - 1))
+    last = max(last, min(op.input.height - 1, a + min_rows - 1))
     return max(0, -first), a, last - a + 1
 
 

@@ -34,9 +34,6 @@ from ir.npu import hw, layout
 BURST_LEN = 15  # DMA burst length every public program uses (Mesa, rocket-userspace)
 DW_FEATURE_GRAINS_BASE = 50  # Mesa's depthwise prefetch depth, 50 + stride + 1
 BANK_BYTES = hw.CBUF_BANK_BYTES
-# feature maps of fewer than 4 rows give wrong results on silicon (rocket-userspace
-# include/rocket_matmul.h; hw-matmul.md 2.3): every task reads at least 4 rows
-MIN_INPUT_ROWS = 4
 
 
 def kernel_group(in_dtype: str) -> int:
@@ -63,6 +60,8 @@ class ConvTile:
     residual: api.Feature | None = None  # the residual tile (a view), if fused
     residual_rows: int = 0  # rows of the whole residual tensor (EW notch)
     label: str = ""
+    # fewer input rows compute wrongly on silicon (Q2; EmitOptions.min_input_rows)
+    min_input_rows: int = api.DEFAULT_OPTIONS.min_input_rows
 
     @property
     def in_channels_hw(self) -> int:
@@ -122,8 +121,8 @@ def tile_registers(t: ConvTile) -> RegisterFile:
     # at least the TRM's minimum kernel_h + stride_y + 1
     grains = (DW_FEATURE_GRAINS_BASE + sy + 1) if t.depthwise else \
         min(max(f.height + 1, kh + sy + 1), formats.FEATURE_GRAINS_MAX)
-    if f.height < MIN_INPUT_ROWS:
-        raise UnsupportedError(f"{t.label}: a task reads {f.height} input rows; fewer than {MIN_INPUT_ROWS} "
+    if f.height < t.min_input_rows:
+        raise UnsupportedError(f"{t.label}: a task reads {f.height} input rows; fewer than {t.min_input_rows} "
                                f"compute wrongly on hardware (pad the map, or run it on the CPU)")
     r.set("CNA_CONV_CON2", FEATURE_GRAINS=grains)
     r.set("CNA_CONV_CON3", CONV_X_STRIDE=sx, CONV_Y_STRIDE=sy)

@@ -107,7 +107,7 @@ def lower_eltwise(op: api.Elementwise, options: api.EmitOptions) -> api.EmitResu
     if plan.bs_data is not None:
         consts.append(api.ConstBuffer(f"{op.name}.bs", plan.bs_bytes()))
     biggest = max(h * cbuf_row_bytes(w, 2) for _, h, w in chunks)
-    d_banks = schedule.data_banks(biggest, dtype)
+    d_banks = schedule.data_banks(biggest, options.slack_banks(dtype))
     w_banks = hw.CBUF_BANKS - d_banks
     works = []
     for i, (a0, h, w) in enumerate(chunks):

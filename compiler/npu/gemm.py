@@ -71,7 +71,8 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
     nk = len(k_tiles)
 
     # the M tile's banks (+ the int8 slack bank), every other bank to the weights
-    d_banks = schedule.data_banks(mt_max * cbuf_row_bytes(1, kt_bytes // layout.ATOM_BYTES), dtype)
+    d_banks = schedule.data_banks(mt_max * cbuf_row_bytes(1, kt_bytes // layout.ATOM_BYTES),
+                                  options.slack_banks(dtype))
     if d_banks > hw.CBUF_BANKS - w_banks:
         raise UnsupportedError(f"{op.name}: internal: M tile of {mt_max} rows overflows the data banks")
     w_banks = hw.CBUF_BANKS - d_banks
@@ -143,7 +144,7 @@ def _k_and_m_tiles(op: api.Gemm, dtype: str, kg: int, rows: int, nt_max: int, op
     the feature, else one streamed kernel group; M tiles take the rows that fit the
     rest. For a K-split fp16 GEMM, smaller K tiles are tried when they let every M
     tile reach the 12 rows the on-chip accumulation needs."""
-    k, item, slack = op.k, api.ITEMSIZE[dtype], schedule.FEATURE_SLACK_BANKS[dtype]
+    k, item, slack = op.k, api.ITEMSIZE[dtype], options.slack_banks(dtype)
     choice = None
     limit = options.k_tile_max
     while True:

@@ -16,18 +16,14 @@ from typing import Callable, Sequence
 from compiler.npu import api
 from ir.npu import hw
 
-# int8 feature DMA over-reads one bank past its allocation near bank-full sizes;
-# rocket-userspace reserves a slack bank for int8 features (rockchip-npu-notes
-# encodings/cbuf-bank-slack.md, HW-proven); fp16 needs none.
-FEATURE_SLACK_BANKS = {"int8": 1, "fp16": 0}
-
-
 def banks_for(nbytes: int) -> int:
     return max(1, -(-nbytes // hw.CBUF_BANK_BYTES))
 
 
-def data_banks(nbytes: int, dtype: str) -> int:
-    return banks_for(nbytes) + FEATURE_SLACK_BANKS[dtype]
+def data_banks(nbytes: int, slack: int) -> int:
+    """Data banks of a feature tile of `nbytes` with `slack` banks kept free
+    past it (EmitOptions.slack_banks)."""
+    return banks_for(nbytes) + slack
 
 
 @dataclass

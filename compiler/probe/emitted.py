@@ -3,18 +3,12 @@
 `place` turns compiler/npu results into a runtime.captured case (buffers by
 name, regcmd with relocations, jobs), so the one relocating loader that runs
 captured programs on any Device also runs the probes' own programs.
-
-`reading` lets a probe build the program that the emitter deliberately avoids
-(the reading under test, e.g. a 1-row map or an int8 tile without the slack
-bank): it overrides the emitter's documented constants for the duration of
-one emission and restores them.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -23,20 +17,6 @@ from compiler.npu.assemble import assemble
 from ir.npu import layout
 from runtime.captured import CapturedCase, CapturedJob, CapturedTask, PlacedCase
 from runtime.device import Device
-
-
-@contextlib.contextmanager
-def reading(overrides: Sequence[tuple[object, str, object]]) -> Iterator[None]:
-    """Temporarily set module attributes [(module, name, value)] (a probe's
-    reading of an open hardware question) while emitting."""
-    saved = [(module, name, getattr(module, name)) for module, name, _ in overrides]
-    try:
-        for module, name, value in overrides:
-            setattr(module, name, value)
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
 
 
 def _put_feature(f: api.Feature, raw: np.ndarray, values: np.ndarray) -> None:

@@ -3,15 +3,16 @@
 Programs are built with rkc's own op emitters (compiler/npu) and deterministic
 data; where the result is an exact integer product the NPU's values are also
 checked against numpy. Where a probe tests a reading the emitter deliberately
-avoids (a 1-row map, no int8 slack bank, an 8191-channel cube), it builds that
-program under `emitted.reading` and says so in its assumption.
+avoids (a 1-row map, no int8 slack bank), it asks for that program through the
+EmitOptions fields that exist for open hardware questions (min_input_rows,
+int8_slack_banks); the defaults are the safe readings.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from compiler.npu import api, conv, conv_core, schedule
+from compiler.npu import api
 from compiler.probe import Probe, ProbeRun
 from compiler.probe import emitted
 from runtime.device import Device
@@ -62,8 +63,7 @@ def gemv_m1(device: Device) -> ProbeRun:
     k, n = 256, 128
     a, w = _int8((k, 1, 1), 3), _int8((n, 1, 1, k), 4)
     A, C = api.Feature("A", 0, k, 1, 1, "int8"), api.Feature("C", 0, n, 1, 1, "int32")
-    with emitted.reading([(conv, "MIN_INPUT_ROWS", 1), (conv_core, "MIN_INPUT_ROWS", 1)]):
-        result = api.emit(api.Conv2D(A, w, C, name="gemv_m1"))
+    result = api.emit(api.Conv2D(A, w, C, name="gemv_m1"), api.EmitOptions(min_input_rows=1))
     return _run(device, "gemv_m1", [result], {"A": (A, a)}, {"C": C}, exact={
         "C": (w[:, 0, 0, :].astype(np.int64) @ a[:, 0, 0].astype(np.int64))[:, None, None]},
         view=lambda _, v: v.astype(np.int64))
@@ -138,9 +138,7 @@ def ppu_pool(device: Device) -> ProbeRun:
 def cbuf_slack(device: Device) -> ProbeRun:
     """int8 GEMM M=600 K=1024 N=64 whose M tiles fill their CBUF data banks
     completely (no slack bank)."""
-    slack = dict(schedule.FEATURE_SLACK_BANKS, int8=0)
-    with emitted.reading([(schedule, "FEATURE_SLACK_BANKS", slack)]):
-        return _gemm_int8(device, "cbuf_slack", 600, 1024, 64, api.EmitOptions(cores=1))
+    return _gemm_int8(device, "cbuf_slack", 600, 1024, 64, api.EmitOptions(cores=1, int8_slack_banks=0))
 
 
 def weight_reuse(device: Device) -> ProbeRun:

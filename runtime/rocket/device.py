@@ -92,7 +92,7 @@ class RocketDevice(Device):
     kind = "rocket"
 
     def __init__(self, node: str | None = None, cores: int = hw.CORES, kernel: KernelInterface | None = None,
-                 check_fences: bool = True, quiet: bool = False) -> None:
+                 check_fences: bool = True, quiet: bool = False, max_tracked_jobs: int = MAX_TRACKED_JOBS) -> None:
         self.kernel = kernel or LinuxKernel()
         self.node = node or find_rocket_node(self.kernel)
         if self.node is None:
@@ -100,6 +100,7 @@ class RocketDevice(Device):
         if cores < 1:
             raise RocketError(f"--cores must be at least 1, got {cores}")
         self._quiet = quiet
+        self._max_tracked = max_tracked_jobs  # tests lower it to reach the untracked path
         self._counters = Counters()
         self._bos: dict[int, _Bo] = {}  # home handle -> record (user BOs only)
         self._witness_pool: list[_Bo] = []
@@ -312,7 +313,7 @@ class RocketDevice(Device):
         chain = chained and self.supports_chaining
         tracked = [_Tracked(job, i, self._lane_of(job), None) for i, job in enumerate(jobs)]
         if self.job_checks.fences:
-            room = MAX_TRACKED_JOBS - sum(t.witness is not None for t in self._outstanding)
+            room = self._max_tracked - sum(t.witness is not None for t in self._outstanding)
             for t in tracked[:max(room, 0)]:
                 t.witness = self._take_witness()
         lists = [self._handle_lists(t, tracked[:i]) for i, t in enumerate(tracked)]

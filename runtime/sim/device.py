@@ -45,10 +45,6 @@ class SimDevice(Device):
     def create_bo(self, size: int) -> BufferObject:
         return self.mem.allocate(size)
 
-    def create_bo_at(self, iova: int, size: int) -> BufferObject:
-        """Simulator only: a BO at a chosen IOVA (replaying captured streams)."""
-        return self.mem.create_at(iova, size)
-
     def free_bo(self, bo: BufferObject) -> None:
         self.mem.free(bo)
         self._failed.pop(bo.handle, None)

@@ -76,7 +76,8 @@ class IovaSpace:
         return self._insert(cursor, size)
 
     def create_at(self, iova: int, size: int) -> BufferObject:
-        """A zero-filled BO at a chosen IOVA (replaying captures)."""
+        """A zero-filled BO at an IOVA another allocator chose (the emulated
+        kernel's IOMMU domain, runtime/rocket/sim_executor.py)."""
         size = self._checked_size(size)
         if iova % PAGE:
             raise MemoryAccessError(f"BO address {iova:#x} is not page aligned")

@@ -174,6 +174,31 @@ def test_cbuf_plans_fit_and_int8_keeps_a_slack_bank(dtype):
             assert c["DATA_BANK"] >= need
 
 
+def test_hardware_question_options_default_to_the_safe_readings():
+    """min_input_rows and int8_slack_banks exist for `rkc probe`: by default a
+    1-row map is refused and an int8 tile keeps a slack bank; set, the emitter
+    builds exactly the program in question (and nothing else changes)."""
+    x, y = api.Feature("x", 0, 64, 1, 1, "int8"), api.Feature("y", 0, 32, 1, 1, "int32")
+    gemv = api.Conv2D(x, np.ones((32, 1, 1, 64), np.int8), y, name="gemv")
+    with pytest.raises(UnsupportedError, match="the input has 1 rows; the NPU needs at least 4"):
+        api.emit(gemv)
+    (t,) = api.emit(gemv, api.EmitOptions(min_input_rows=1)).tasks
+    assert _fields(t, "CNA_DATA_SIZE0")["DATAIN_HEIGHT"] == 1
+    # a 6-row map: the default extends a 1-row tile to 4 input rows, min_input_rows=1 does not
+    x6, y6 = api.Feature("x", 0, 16, 6, 8, "int8"), api.Feature("y", 0, 16, 6, 8, "int32")
+    conv = api.Conv2D(x6, np.ones((16, 1, 1, 16), np.int8), y6, name="c")
+    rows = {opt: [_fields(t, "CNA_DATA_SIZE0")["DATAIN_HEIGHT"] for t in api.emit(conv, opt).tasks]
+            for opt in (api.EmitOptions(cores=3), api.EmitOptions(cores=3, min_input_rows=1))}
+    assert min(rows[api.EmitOptions(cores=3)]) >= 4 and min(rows[api.EmitOptions(cores=3, min_input_rows=1)]) < 4
+
+    a, c = api.Feature.gemm("A", 0, 600, 1024, "int8"), api.Feature.gemm("C", 0, 600, 64, "int32")
+    gemm = api.Gemm(a, np.zeros((1024, 64), np.int8), c, 600, name="g")
+    for slack in (1, 0):
+        for t in api.emit(gemm, api.EmitOptions(cores=1, int8_slack_banks=slack)).tasks:
+            assert _fields(t, "CNA_CBUF_CON0")["DATA_BANK"] == -(-t.cbuf.data_bytes // hw.CBUF_BANK_BYTES) + slack
+    assert api.DEFAULT_OPTIONS.min_input_rows == 4 and api.DEFAULT_OPTIONS.int8_slack_banks == 1
+
+
 def test_conv_rows_split_with_halo_and_pads_only_at_the_edges():
     x = api.Feature("x", 0, 32, 112, 112, "int8", api.Quant(0.1, 0))
     y = api.Feature("y", 0, 32, 112, 112, "int8", api.Quant(0.2, 0))

@@ -109,13 +109,11 @@ def test_many_independent_jobs_over_three_lanes():
     dev.close()
 
 
-def test_jobs_beyond_the_tracking_limit_still_order_correctly(monkeypatch):
-    """Past MAX_TRACKED_JOBS jobs get no witness: they are waited for through
-    their out BOs and list what they read as outputs, so a later writer on
-    another lane still waits for them."""
-    import runtime.rocket.device as device_mod
-    monkeypatch.setattr(device_mod, "MAX_TRACKED_JOBS", 1)
-    dev, kernel = open_lanes()
+def test_jobs_beyond_the_tracking_limit_still_order_correctly():
+    """Past max_tracked_jobs (MAX_TRACKED_JOBS) jobs get no witness: they are
+    waited for through their out BOs and list what they read as outputs, so a
+    later writer on another lane still waits for them."""
+    dev, kernel = open_lanes(max_tracked_jobs=1)
     x, y, z, w, rc = (dev.create_bo(4096) for _ in range(5))
     fill(dev, x, 10)
     fill(dev, z, 50)

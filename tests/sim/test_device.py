@@ -12,6 +12,7 @@ from runtime.device import Job
 from runtime.devices import open_device
 from runtime.sim import SimDevice
 from runtime.sim.errors import CbufError, MemoryAccessError
+from runtime.sim.memory import IovaSpace
 from runtime.sim.perf import PerfModel
 
 
@@ -31,14 +32,21 @@ def test_bo_allocation_like_drm_mm():
     assert c.iova == 0  # lowest fit reuses the hole
     with pytest.raises(MemoryAccessError, match="not a live BO"):
         dev.free_bo(a)
+
+
+def test_bo_at_an_iova_chosen_elsewhere():
+    """IovaSpace.create_at mirrors another allocator's objects (the emulated
+    kernel's IOMMU domain): page aligned, inside the window, never overlapping."""
+    mem = IovaSpace()
+    b = mem.allocate(8192)
     with pytest.raises(MemoryAccessError, match="overlaps"):
-        dev.create_bo_at(b.iova + 4096, 4096)
+        mem.create_at(b.iova + 4096, 4096)
     with pytest.raises(MemoryAccessError, match="page aligned"):
-        dev.create_bo_at(0x100010, 4096)
-    d = dev.create_bo_at(0x10000000, 10)
-    assert (d.iova, d.size) == (0x10000000, 4096)
+        mem.create_at(0x100010, 4096)
+    d = mem.create_at(0x10000000, 10)
+    assert (d.iova, d.size) == (0x10000000, 4096) and mem.find(0x10000fff) is d
     with pytest.raises(MemoryAccessError, match="outside the IOVA window"):
-        dev.create_bo_at(0xFFFFF000, 8192)
+        mem.create_at(0xFFFFF000, 8192)
 
 
 def test_job_failure_surfaces_at_wait_and_at_cpu_access():

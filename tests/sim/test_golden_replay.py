@@ -1,5 +1,9 @@
 """Replay every captured stream (../shared/golden) on the simulator.
 
+The replay places the buffers wherever the device puts them and rewrites the
+addresses through the capture's relocations (runtime/captured.py);
+test_relocations_are_every_address shows that is the captured program itself.
+
 Mesa's convolution captures must reproduce their independent onnxruntime
 references within Mesa CI's 2 LSB, the rocket-userspace GEMM captures their
 per-task and whole-product references (int8 exact, fp16 per runtime/replay.py).
@@ -19,6 +23,7 @@ from collections import Counter
 
 from golden_cases import case_files
 from ir.npu.regcmd import decode
+from runtime.captured import load_case
 from runtime.replay import replay
 from runtime.sim.errors import MemoryAccessError
 
@@ -129,3 +134,34 @@ def test_gemm_capture_split_over_two_submits(tmp_path):
     split.write_text(json.dumps(case))
     report = replay(split)
     assert report.status == "pass" and report.tasks == 2, report.lines()
+
+
+def test_relocations_are_every_address():
+    """Why no replay recreates the captured IOVAs: in every capture each
+    non-zero address register of each task is relocated, to the buffer and
+    offset its captured value points at (captured dma_address + offset). So the
+    relocated program placed at the captured addresses would be the captured
+    one bit for bit; placed anywhere else (the simulator starts at IOVA 0, the
+    captures at 0x10000000), an address missing from the relocations would
+    point outside every BO and the replay would fail."""
+    tasks = checked = 0
+    for kind in ("mesa-rocket", "gemm-rocket-userspace"):
+        for path in case_files(kind):
+            case = load_case(path)
+            captured_at = {b["handle"]: int(b["dma_address"], 16)
+                           for b in case.raw.get("bos", case.raw.get("buffers", []))}
+            for task in (t for s in case.submits for j in s for t in j.tasks):
+                relocated = {entry: (handle, offset) for entry, handle, offset in task.relocations}
+                names = set()
+                for d in decode(task.entries):
+                    if d.register is None or not d.register.is_address or d.value == 0:
+                        continue
+                    assert d.index in relocated, f"{path.name}: {d.register.name} is not relocated"
+                    handle, offset = relocated.pop(d.index)
+                    assert d.value == captured_at[handle] + offset, f"{path.name}: {d.register.name}"
+                    names.add(d.register.name)
+                assert not relocated, f"{path.name}: relocations of entries that hold no address: {relocated}"
+                assert {"CNA_FEATURE_DATA_ADDR", "DPU_DST_BASE_ADDR"} <= names, path.name
+                tasks += 1
+                checked += len(names)
+    print(f"\n{checked} address registers of {tasks} tasks checked")
