@@ -43,22 +43,25 @@ def _levels(dag: nx.DiGraph, kind: Callable[[int], object]) -> dict[int, int]:
     return level
 
 
+def _quotient(dag: nx.DiGraph, groups: list[set[int]]) -> tuple[nx.DiGraph, dict[int, tuple]]:
+    """The graph with every group contracted to one node ("seg", i); other ops
+    stay ("op", v). Also returns each op's node."""
+    owner: dict[int, tuple] = {v: ("op", v) for v in dag}
+    for i, g in enumerate(groups):
+        for v in g:
+            owner[v] = ("seg", i)
+    q = nx.DiGraph()
+    q.add_nodes_from(set(owner.values()))
+    q.add_edges_from((owner[a], owner[b]) for a, b in dag.edges if owner[a] != owner[b])
+    return q, owner
+
+
 def _convex_merge(dag: nx.DiGraph, groups: list[set[int]], kind: Callable[[int], object]) -> list[set[int]]:
     """Merge groups of one kind pairwise while the quotient graph stays acyclic."""
-    def quotient() -> tuple[nx.DiGraph, dict[int, object]]:
-        owner: dict[int, object] = {v: ("op", v) for v in dag}
-        for i, g in enumerate(groups):
-            for v in g:
-                owner[v] = ("seg", i)
-        q = nx.DiGraph()
-        q.add_nodes_from(set(owner.values()))
-        q.add_edges_from((owner[a], owner[b]) for a, b in dag.edges if owner[a] != owner[b])
-        return q, owner
-
     merged = True
     while merged and len(groups) > 1:
         merged = False
-        q, _ = quotient()
+        q, _ = _quotient(dag, groups)
         for i in range(len(groups)):
             for j in range(i + 1, len(groups)):
                 a, b = ("seg", i), ("seg", j)
@@ -91,13 +94,7 @@ def partition(graph: Graph, on_npu: Callable[[int], object]) -> list[Step]:
             by_level.setdefault((level[v], str(on_npu(v))), set()).add(v)
     groups = _convex_merge(dag, [by_level[k] for k in sorted(by_level)], on_npu)
 
-    owner = {v: ("op", v) for v in dag}
-    for i, g in enumerate(groups):
-        for v in g:
-            owner[v] = ("seg", i)
-    q = nx.DiGraph()
-    q.add_nodes_from(set(owner.values()))
-    q.add_edges_from((owner[a], owner[b]) for a, b in dag.edges if owner[a] != owner[b])
+    q, owner = _quotient(dag, groups)
     first = {node: min(v for v in dag if owner[v] == node) for node in q}
     order = list(nx.lexicographical_topological_sort(q, key=lambda n: first[n]))
 
