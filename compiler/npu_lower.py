@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -431,6 +431,8 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             builder.relocate(base + rel.entry, "regcmd", rel.offset + base * 8)
         else:
             builder.relocate(base + rel.entry, rel.target, rel.offset)
+    planned = {ref.entry: r.tasks[t] for r, refs in zip(results, asm.task_refs) for t, ref in enumerate(refs)}
+    task_costs = [[list(astuple(planned[t.entry].cost())) for t in job.tasks] for job in asm.jobs]
     jobs = []
     for job in asm.jobs:
         tasks = [TaskRef("regcmd", base + t.entry, t.count) for t in job.tasks]
@@ -459,6 +461,6 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
     outputs = sorted({g.npu_name(g.output, precision) for g in groups})
     chained = all(CHAINABLE[g.dtype] for g in groups)
     step = Step(kind="npu", name=name, jobs=jobs, chained=chained, inputs=reads, outputs=outputs,
-                stats={"layers": layers, "tasks": sum(len(j.tasks) for j in jobs),
+                stats={"layers": layers, "task_costs": task_costs, "tasks": sum(len(j.tasks) for j in jobs),
                        "kicks_stock": sum(len(j.tasks) for j in jobs), "kicks_chained": len(jobs)})
     return SegmentLowering(step, scratch, extents)

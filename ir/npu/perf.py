@@ -1,4 +1,9 @@
-"""Performance model: counters -> modelled seconds.
+"""The NPU performance model: per-task counters -> modelled seconds.
+
+One formula for everyone: the simulator applies it to what it counted while
+executing the regcmd bytes (runtime/sim), the compiler to what its plan says
+each task will do (compiler/npu, stored per task in the rkbin), `rkc inspect`,
+`rkrun` and bench/ print its results.
 
 Per task: max(MAC time, DMA time), MAC time = MACs / (MACs per cycle of the
 precision x clock), DMA time = bytes / DRAM bandwidth. Per kick: a fixed
@@ -11,11 +16,42 @@ bytes at the DRAM bandwidth. Physical figures: ir/npu/hw.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol, Sequence
 
 from ir.npu import hw
-from runtime.sim.stats import JobStats, TaskStats
+
+
+class TaskCounts(Protocol):
+    macs: int
+    precision: str  # CORE precision ("" for a task without a convolution)
+
+    @property
+    def dma_bytes(self) -> int: ...
+
+
+class JobCounts(Protocol):
+    lane: int
+    kicks: int
+
+    @property
+    def tasks(self) -> Sequence[TaskCounts]: ...
+
+
+@dataclass(frozen=True)
+class TaskCost:
+    """A task as the compiler plans it (the simulator's TaskStats has the same fields)."""
+
+    macs: int
+    dma_bytes: int
+    precision: str = ""
+
+
+@dataclass
+class JobCost:
+    lane: int
+    kicks: int
+    tasks: list[TaskCost] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -25,17 +61,14 @@ class PerfModel:
     kick_overhead_s: float = hw.KICK_OVERHEAD_S
     cores: int = hw.CORES
 
-    def task_seconds(self, t: TaskStats) -> float:
+    def task_seconds(self, t: TaskCounts) -> float:
         rate = hw.MACS_PER_CYCLE.get(t.precision, hw.MACS_PER_CYCLE["int8"]) * self.clock_hz
         return max(t.macs / rate, t.dma_bytes / self.dram_bytes_per_s)
 
-    def job_seconds(self, job: JobStats) -> float:
-        for t in job.tasks:
-            t.modelled_seconds = self.task_seconds(t)
-        job.modelled_seconds = sum(t.modelled_seconds for t in job.tasks) + job.kicks * self.kick_overhead_s
-        return job.modelled_seconds
+    def job_seconds(self, job: JobCounts) -> float:
+        return sum(self.task_seconds(t) for t in job.tasks) + job.kicks * self.kick_overhead_s
 
-    def submission_seconds(self, jobs: Iterable[JobStats]) -> float:
+    def submission_seconds(self, jobs: Iterable[JobCounts]) -> float:
         jobs = list(jobs)
         lanes: dict[int, float] = {}
         for j in jobs:
