@@ -75,3 +75,11 @@ class PerfModel:
             lanes[j.lane % self.cores] = lanes.get(j.lane % self.cores, 0.0) + self.job_seconds(j)
         dram = sum(t.dma_bytes for j in jobs for t in j.tasks) / self.dram_bytes_per_s
         return max(max(lanes.values(), default=0.0), dram)
+
+
+def describe(seconds: float, tasks: int, kicks: int, ddr_bytes: int, chaining: bool,
+             clock_hz: float = hw.CLOCK_HZ_MAX) -> str:
+    """The words `rkrun` and `rkc inspect` both use for a modelled figure."""
+    how = "with hardware chaining" if chaining else "with stock rocket"
+    return (f"modelled NPU time {seconds * 1e3:.3f} ms at {clock_hz / 1e9:g} GHz ({tasks} tasks, "
+            f"{kicks} kicks {how}, {ddr_bytes:,} DDR bytes)")
