@@ -113,6 +113,23 @@ def npu_figures(steps: list[Step], model: PerfModel | None = None) -> NpuFigures
     return f
 
 
+def figures(module: Module, model: PerfModel | None = None) -> dict:
+    """The JSON of `rkc inspect --json` for a (non-LLM) rkbin: per program, its
+    modelled NPU figures with hardware chaining ("kicks", "modelled_npu_s", kick
+    overhead included) and with stock rocket (the *_stock keys)."""
+    model = model or PerfModel()
+    out: dict = {"source": module.metadata.get("source"), "precision": module.metadata.get("precision"),
+                 "clock_hz": model.clock_hz, "dram_bytes_per_s": model.dram_bytes_per_s,
+                 "kick_overhead_s_each": model.kick_overhead_s, "programs": {}}
+    for p in module.programs:
+        f = npu_figures(p.steps, model)
+        out["programs"][p.name] = {
+            "segments": f.segments, "tasks": f.tasks, "kicks": f.kicks_chained, "kicks_stock": f.kicks_stock,
+            "macs": f.macs, "ddr_bytes": f.ddr_bytes, "modelled_npu_s": f.seconds_chained,
+            "kick_overhead_s": f.kick_seconds_chained, "modelled_npu_s_stock": f.seconds_stock}
+    return out
+
+
 def summary(module: Module) -> list[str]:
     region = {r.kind: 0 for r in module.regions}
     for r in module.regions:
