@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import pytest
 
 from compiler.inspect import planned_jobs
+from ir.npu.perf import JobCost
 from runtime.sim import SimDevice
 from runtime.sim.stats import JobStats
 
@@ -33,21 +34,23 @@ def recorded_submits(dev: SimDevice):
         del dev.submit
 
 
+def assert_jobs_match(planned: list[JobCost], counted: list[JobStats], where: str) -> None:
+    """Job by job: lane, tasks and kicks; task by task: MACs, DMA bytes, precision."""
+    assert len(planned) == len(counted), where
+    for j, (plan, sim) in enumerate(zip(planned, counted)):
+        at = f"{where} job {j}"
+        assert (plan.lane, plan.kicks, len(plan.tasks)) == (sim.lane, sim.kicks, len(sim.tasks)), at
+        for t, (p, s) in enumerate(zip(plan.tasks, sim.tasks)):
+            got = (s.macs, s.dma_bytes, s.precision)
+            assert (p.macs, p.dma_bytes, p.precision) == got, (
+                f"{at} task {t}: plan {p}, simulator {got} (read {dict(s.dma_read)}, written {dict(s.dma_written)})")
+
+
 def assert_plan_matches_simulator(steps, subs: list[list[JobStats]], chaining: bool) -> None:
-    """Task by task: MACs, DMA bytes, precision; job by job: tasks and kicks."""
     npu = [s for s in steps if s.kind == "npu"]
     assert len(subs) == len(npu), "one submission per NPU step"
-    for step, sim_jobs in zip(npu, subs):
-        planned = planned_jobs(step, chaining)
-        assert len(planned) == len(sim_jobs), step.name
-        for j, (plan, sim) in enumerate(zip(planned, sim_jobs)):
-            where = f"{step.name} job {j}"
-            assert (plan.lane, plan.kicks, len(plan.tasks)) == (sim.lane, sim.kicks, len(sim.tasks)), where
-            for t, (p, s) in enumerate(zip(plan.tasks, sim.tasks)):
-                counted = (s.macs, s.dma_bytes, s.precision)
-                assert (p.macs, p.dma_bytes, p.precision) == counted, (
-                    f"{where} task {t}: plan {p}, simulator {counted} "
-                    f"(read {dict(s.dma_read)}, written {dict(s.dma_written)})")
+    for step, counted in zip(npu, subs):
+        assert_jobs_match(planned_jobs(step, chaining), counted, step.name)
 
 
 def assert_same_totals(seconds: float, tasks: int, kicks: int, ddr_bytes: int, counters) -> None:
