@@ -105,17 +105,19 @@ def figures(module: Module) -> dict:
 def summary_lines(module: Module) -> list[str]:
     fig = figures(module)
     d = fig["decode"]
+    tasks, ddr = d["tasks_per_token"], d["ddr_bytes_per_token"]
+    chained = describe(d["modelled_npu_s"], tasks, d["kicks_per_token"], ddr, True)
     lines = [f"LLM {fig['model']} ({fig['precision']}): weights {fig['weight_bytes'] / 1e6:.1f} MB on the NPU, "
              f"one copy for {len(module.programs)} programs",
-             f"decode, per token: {d['segments_per_token']} NPU segments, {d['tasks_per_token']} tasks, "
+             f"decode, per token: {d['segments_per_token']} NPU segments, {tasks} tasks, "
              f"{d['kicks_per_token']} kicks with hardware chaining ({d['kicks_per_token_stock']} with stock "
              f"rocket), {d['cpu_steps_per_token']} CPU steps",
-             f"  DDR {d['ddr_bytes_per_token'] / 1e6:.1f} MB per token vs {fig['weight_bytes'] / 1e6:.1f} MB of "
-             f"weights",
-             f"  {describe(d['modelled_npu_s'], d['tasks_per_token'], d['kicks_per_token'], d['ddr_bytes_per_token'], True)}"
-             f" = {d['modelled_tokens_per_s']:.1f} tokens/s at 25 GB/s ({d['kick_overhead_s'] * 1e3:.2f} ms of it kicks)",
-             f"  {describe(d['modelled_npu_s_stock'], d['tasks_per_token'], d['kicks_per_token_stock'], d['ddr_bytes_per_token'], False)}"
-             f" = {d['modelled_tokens_per_s_stock']:.1f} tokens/s"]
+             f"  DDR {ddr / 1e6:.1f} MB per token vs {fig['weight_bytes'] / 1e6:.1f} MB of weights",
+             f"  {chained} = {d['modelled_tokens_per_s']:.1f} tokens/s at 25 GB/s "
+             f"({d['kick_overhead_s'] * 1e3:.2f} ms of it kicks)"]
+    if d["kicks_per_token_stock"] != d["kicks_per_token"]:
+        stock = describe(d["modelled_npu_s_stock"], tasks, d["kicks_per_token_stock"], ddr, False)
+        lines.append(f"  {stock} = {d['modelled_tokens_per_s_stock']:.1f} tokens/s")
     for rows, p in sorted(fig["prefill"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"prefill {rows}: {p['segments']} segments, "
                      f"{describe(p['modelled_npu_s'], p['tasks'], p['kicks'], p['ddr_bytes'], True)}"

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from compiler.llm.report import figures
+from ir.npu.perf import describe
 from perf_agreement import assert_plan_matches_simulator, assert_same_totals, recorded_submits
 from runtime.llm.engine import LlmEngine
+from runtime.llm.generate import Generator, Sampler
 
 
 @pytest.mark.parametrize("arch,precision", [("gemma3", "fp16"), ("gemma3", "int8"), ("qwen2", "fp16")])
@@ -34,3 +36,22 @@ def test_decode_and_prefill_figures_are_the_simulators(arch, precision, synth_rk
         engine.close()
     assert d["modelled_tokens_per_s"] == pytest.approx(1 / d["modelled_npu_s"])
     assert p["modelled_tokens_per_s"] == pytest.approx(16 / p["modelled_npu_s"])
+
+
+def test_rkrun_timings_state_the_inspect_figures(synth_rkbin):
+    """`rkrun -p` prints, per decode token, the modelled figures `rkc inspect` states."""
+    engine = LlmEngine(synth_rkbin("qwen2", "fp16"), device="sim")
+    try:
+        gen = Generator(engine, 64)
+        list(gen.generate([engine.tokenizer.bos_id, 5, 6], 4, Sampler(), stop_at_eos=False))
+    finally:
+        engine.close()
+    d = figures(engine.model.rkbin.module)["decode"]
+    t = gen.timings
+    assert t.decode_runs == 3
+    per_token = (t.decode_npu.seconds / 3, t.decode_npu.tasks / 3, t.decode_npu.kicks / 3, t.decode_npu.ddr_bytes / 3)
+    assert per_token == pytest.approx((d["modelled_npu_s"], d["tasks_per_token"], d["kicks_per_token"],
+                                       d["ddr_bytes_per_token"]), rel=1e-9)
+    stated = describe(d["modelled_npu_s"] * 3, d["tasks_per_token"] * 3, d["kicks_per_token"] * 3,
+                      d["ddr_bytes_per_token"] * 3, True)
+    assert f"decode: {stated} for 3 tokens" in "\n".join(t.lines())
