@@ -3,10 +3,11 @@ DDR bytes and modelled time at 1 GHz, against the physical limit.
 
     python bench/emit_shapes.py [--json out.json] [--quick]
 
-Modelled time uses the simulator's performance model (runtime/sim/perf.py:
-per task max(MAC time, DMA time), one kick overhead per task under stock rocket
-or per job when hardware-chained, three cores sharing the DRAM bandwidth) fed
-with the counters the emitter computes for each task. The physical limit of a
+Modelled time uses the one performance model (ir/npu/perf.py, which the
+simulator and `rkc inspect` use too: per task max(MAC time, DMA time), one kick
+overhead per task under stock rocket or per job when hardware-chained, three
+cores sharing the DRAM bandwidth) fed with the counters the emitter computes for
+each task (api.Task.cost, which the simulator's counts match). The physical limit of a
 shape is max(MACs / (peak MAC/cycle x 3 cores x 1 GHz), minimal bytes / 25 GB/s),
 the minimal bytes being every input, weight and output byte moved once.
 """
@@ -17,7 +18,6 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -26,15 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiler.npu import api  # noqa: E402
 from ir.npu import hw  # noqa: E402
+from ir.npu.perf import PerfModel  # noqa: E402
 
-try:  # the simulator's performance model, when the simulator is in this tree
-    from runtime.sim.perf import PerfModel
-    from runtime.sim.stats import JobStats, TaskStats
+MODEL = PerfModel()
 
-    MODEL = "runtime.sim.perf.PerfModel"
-except ImportError:  # pragma: no cover - same formula, stated here
-    PerfModel = None
-    MODEL = "own estimate: per task max(MACs/peak, bytes/DRAM) + kick overhead"
 
 GEMMA_270M = [  # (what, K, N) of Gemma-3-270M's matmuls (hidden 640, FFN 2048, vocab 262144)
     ("q/o proj", 640, 1024), ("k/v proj", 640, 256), ("ffn gate/up", 640, 2048), ("ffn down", 2048, 640),
@@ -57,27 +52,7 @@ CNN = [  # (what, C, H, W, O, k, stride, pad, depthwise)
 
 
 def modelled_seconds(r: api.EmitResult, chained: bool) -> float:
-    if PerfModel is None:
-        lanes = Counter()
-        for j in r.jobs:
-            t = sum(_task_seconds(r.tasks[i]) for i in j.tasks)
-            lanes[j.lane] += t + (1 if chained else len(j.tasks)) * hw.KICK_OVERHEAD_S
-        dram = r.counters.ddr_bytes / hw.DRAM_BYTES_PER_S_SUSTAINED
-        return max(max(lanes.values()), dram)
-    jobs = []
-    for j in r.jobs:
-        js = JobStats(f"job {j.lane}", j.lane, chained, kicks=1 if chained else len(j.tasks))
-        for n, i in enumerate(j.tasks):
-            c = r.tasks[i].counters
-            js.tasks.append(TaskStats(js.label, n, j.lane, 0, c.mac_dtype, c.macs, Counter(c.dma_read),
-                                      Counter(c.dma_write)))
-        jobs.append(js)
-    return PerfModel().submission_seconds(jobs)
-
-
-def _task_seconds(t: api.Task) -> float:
-    rate = hw.MACS_PER_CYCLE[t.counters.mac_dtype] * hw.CLOCK_HZ_MAX
-    return max(t.counters.macs / rate, t.counters.ddr_bytes / hw.DRAM_BYTES_PER_S_SUSTAINED)
+    return MODEL.submission_seconds(r.cost_jobs(chained))
 
 
 def limit_seconds(macs: int, dtype: str, min_bytes: int) -> float:
@@ -87,7 +62,6 @@ def limit_seconds(macs: int, dtype: str, min_bytes: int) -> float:
 
 def row(kind: str, what: str, shape: str, dtype: str, r: api.EmitResult, macs: int, min_bytes: int,
         emit_s: float) -> dict:
-    c = r.counters
     stock, chained = modelled_seconds(r, False), modelled_seconds(r, True)
     limit = limit_seconds(macs, dtype, min_bytes)
     banks = [t.cbuf for t in r.tasks if t.cbuf is not None]
@@ -99,7 +73,7 @@ def row(kind: str, what: str, shape: str, dtype: str, r: api.EmitResult, macs: i
         "cbuf_weight_banks": max((b.weight_banks for b in banks), default=0),
         "weights_resident": all(b.weights_resident for b in banks),
         "reuse_tasks": sum(b.weight_reuse or b.data_reuse for b in banks),
-        "macs": macs, "ddr_bytes": c.ddr_bytes, "min_bytes": min_bytes,
+        "macs": macs, "ddr_bytes": sum(t.cost().dma_bytes for t in r.tasks), "min_bytes": min_bytes,
         "modelled_us_stock": stock * 1e6, "modelled_us_chained": chained * 1e6, "limit_us": limit * 1e6,
         "ratio_stock": stock / limit, "ratio_chained": chained / limit,
         "cpu_steps": len(r.cpu), "emit_s": emit_s,
@@ -156,8 +130,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     args = ap.parse_args()
     rows = list(gemm_rows(args.quick)) + list(conv_rows(args.quick))
-    out = {"model": MODEL, "clock_hz": hw.CLOCK_HZ_MAX, "dram_bytes_per_s": hw.DRAM_BYTES_PER_S_SUSTAINED,
-           "kick_overhead_s": hw.KICK_OVERHEAD_S, "cores": hw.CORES, "rows": rows}
+    out = {"model": "ir.npu.perf.PerfModel", "clock_hz": MODEL.clock_hz, "dram_bytes_per_s": MODEL.dram_bytes_per_s,
+           "kick_overhead_s": MODEL.kick_overhead_s, "cores": MODEL.cores, "rows": rows}
     print(json.dumps(out, indent=1) if not args.json else f"modelled with {MODEL}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -2,7 +2,9 @@
 run it on the NPU simulator; print compile time, host time per decode token
 outside the device (CPU ops + runtime overhead), simulator time per token, and
 the modelled figures of the compiled program (pp128 / pp512 / tg at 1 GHz and
-25 GB/s, compiler/llm/report.py). Prints a table, and with --json one object.
+25 GB/s, compiler/llm/report.py; tg also from the simulator's own counters of
+the timed decode, the same model: the two agree). Prints a table, and with
+--json one object.
 
     PYTHONPATH=$PWD python bench/llm.py [--precision int8 fp16] [--tokens 16] [--json]
     PYTHONPATH=$PWD python bench/llm.py --gguf other.gguf
@@ -48,6 +50,7 @@ def bench(gguf: Path, precision: str, tokens: int, chunks: tuple[int, ...], work
     # the simulator) and the host's (CPU kernels, conversions, runtime overhead)
     engine.times.npu_s = engine.times.cpu_s = 0.0
     out_tokens, token, pos = [first], first, len(prompt)
+    modelled0 = engine.device.counters.modelled_seconds
     t = time.perf_counter()
     for _ in range(tokens):
         logits = engine.run("decode", np.asarray([token], np.int32), np.asarray([pos], np.int32), gen.cache)
@@ -57,6 +60,7 @@ def bench(gguf: Path, precision: str, tokens: int, chunks: tuple[int, ...], work
     n = tokens
     decode_dev = engine.times.npu_s
     decode_host = wall - decode_dev
+    simulated = engine.device.counters.modelled_seconds - modelled0  # the simulator's count: equals the plan's
     engine.close()
     d, pf = fig["decode"], fig["prefill"]
     return {
@@ -70,6 +74,7 @@ def bench(gguf: Path, precision: str, tokens: int, chunks: tuple[int, ...], work
         "decode": {k: d[k] for k in ("segments_per_token", "tasks_per_token", "kicks_per_token",
                                      "ddr_bytes_per_token", "modelled_tokens_per_s")},
         "modelled_tg_tokens_per_s": d["modelled_tokens_per_s"],
+        "simulated_tg_tokens_per_s": n / simulated if simulated else None,
         "modelled_pp128_tokens_per_s": pf.get("128", {}).get("modelled_tokens_per_s"),
         "modelled_pp512_tokens_per_s": pf.get("512", {}).get("modelled_tokens_per_s"),
         "text": engine.tokenizer.decode(out_tokens[:tokens]),
@@ -93,14 +98,15 @@ def main() -> None:
         return
     print(f"{gguf.name}: compile, host and simulator time; modelled figures at 1 GHz, 25 GB/s")
     head = ("precision", "compile s", "host ms/tok", "sim s/tok", "segs/tok", "tasks/tok", "kicks/tok",
-            "DDR MB/tok", "weights MB", "tg t/s", "pp128 t/s", "pp512 t/s")
+            "DDR MB/tok", "weights MB", "tg t/s", "tg t/s sim", "pp128 t/s", "pp512 t/s")
     print(" | ".join(head))
     for r in rows:
         d = r["decode"]
         vals = (r["precision"], f"{r['compile_s']:.0f}", f"{r['host_s_per_decode_token'] * 1e3:.0f}",
                 f"{r['sim_s_per_decode_token']:.2f}", d["segments_per_token"], d["tasks_per_token"],
                 d["kicks_per_token"], f"{d['ddr_bytes_per_token'] / 1e6:.0f}", f"{r['weight_bytes'] / 1e6:.0f}",
-                f"{r['modelled_tg_tokens_per_s']:.1f}", f"{r['modelled_pp128_tokens_per_s'] or 0:.0f}",
+                f"{r['modelled_tg_tokens_per_s']:.1f}", f"{r['simulated_tg_tokens_per_s'] or 0:.1f}",
+                f"{r['modelled_pp128_tokens_per_s'] or 0:.0f}",
                 f"{r['modelled_pp512_tokens_per_s'] or 0:.0f}")
         print(" | ".join(str(v) for v in vals))
     for r in rows:

@@ -1,12 +1,12 @@
-"""Per-op cost figures for reports: MACs, DDR bytes and modelled NPU cycles
-(at 1 GHz, 3 cores, the sustained DRAM bandwidth of ir/npu/hw.py)."""
+"""Per-op cost figures of the graph for reports: MACs and DDR bytes of CPU ops
+and layout conversions. NPU figures come from the emitter's per-task counters
+and the one performance model (ir/npu/perf.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ir.graph import Graph, Op
-from ir.npu import hw
 
 
 def _numel(shape) -> int:
@@ -38,10 +38,3 @@ def op_macs(graph: Graph, op: Op) -> int:
 
 def op_ddr_bytes(graph: Graph, op: Op) -> int:
     return sum(tensor_bytes(graph, n) for n in [*op.present_inputs(), *op.outputs])
-
-
-def npu_cycles(macs: int, ddr_bytes: int, precision: str, clock_hz: float = hw.CLOCK_HZ_MAX) -> int:
-    """max(compute, memory) on one core: the roofline of one task."""
-    compute = macs / hw.MACS_PER_CYCLE.get(precision, hw.MACS_PER_CYCLE["fp16"])
-    memory = ddr_bytes / (hw.DRAM_BYTES_PER_S_SUSTAINED / clock_hz)
-    return int(max(compute, memory))

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -24,6 +24,7 @@ from compiler.npu import api
 from compiler.npu.assemble import assemble
 from ir.errors import UnsupportedError
 from ir.graph import Graph
+from ir.npu.perf import PerfModel
 from ir.program import Job, Step, TaskRef
 from ir.types import DType, PerAxisQuant, PerTensorQuant
 from runtime import native
@@ -410,6 +411,9 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
 
 
 # -- segments -> program steps ----------------------------------------------------------------
+BUSY = PerfModel(kick_overhead_s=0.0)  # a layer's modelled cycles: its tasks on their cores, kicks apart
+
+
 @dataclass
 class SegmentLowering:
     """What compiler/lower.py needs back from one segment."""
@@ -431,6 +435,8 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             builder.relocate(base + rel.entry, "regcmd", rel.offset + base * 8)
         else:
             builder.relocate(base + rel.entry, rel.target, rel.offset)
+    planned = {ref.entry: r.tasks[t] for r, refs in zip(results, asm.task_refs) for t, ref in enumerate(refs)}
+    task_costs = [[list(astuple(planned[t.entry].cost())) for t in job.tasks] for job in asm.jobs]
     jobs = []
     for job in asm.jobs:
         tasks = [TaskRef("regcmd", base + t.entry, t.count) for t in job.tasks]
@@ -444,8 +450,8 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             "name": op.name or f"{op.type}:{op.outputs[0]}",
             "op": "+".join(graph.ops[j].type for j in g.ops),
             "macs": int(counters.macs) or cost.op_macs(graph, op),
-            "ddr_bytes": int(counters.ddr_bytes),
-            "cycles": cost.npu_cycles(int(counters.macs), int(counters.ddr_bytes), g.dtype),
+            "ddr_bytes": sum(t.cost().dma_bytes for t in g.result.tasks),  # regcmd fetches included
+            "cycles": round(BUSY.submission_seconds(g.result.cost_jobs(chained=True)) * BUSY.clock_hz),
             "dtype": g.dtype,
             "tasks": len(g.result.tasks),
             "notes": g.notes,
@@ -459,6 +465,7 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
     outputs = sorted({g.npu_name(g.output, precision) for g in groups})
     chained = all(CHAINABLE[g.dtype] for g in groups)
     step = Step(kind="npu", name=name, jobs=jobs, chained=chained, inputs=reads, outputs=outputs,
-                stats={"layers": layers, "tasks": sum(len(j.tasks) for j in jobs),
-                       "kicks_stock": sum(len(j.tasks) for j in jobs), "kicks_chained": len(jobs)})
+                stats={"layers": layers, "task_costs": task_costs, "tasks": sum(len(j.tasks) for j in jobs),
+                       "kicks_stock": sum(len(j.tasks) for j in jobs),
+                       "kicks_chained": len(jobs) if chained else sum(len(j.tasks) for j in jobs)})
     return SegmentLowering(step, scratch, extents)

@@ -8,6 +8,7 @@ import click
 import numpy as np
 
 from ir.errors import FormatError, RkcError
+from ir.npu.perf import describe
 
 
 def read_inputs(path: str | None) -> dict[str, np.ndarray]:
@@ -56,7 +57,8 @@ def run_once(model_path: str, inputs: str | None, outputs: str | None, device: s
             model.device.reset_counters()
         result = model.run(feeds)
         stats = model.last_run
-        modelled = model.device.counters.modelled_seconds if model.device is not None else 0.0
+        counters = model.device.counters if model.device is not None else None
+        chaining = model.device is not None and model.device.supports_chaining
     for name, value in result.items():
         v = value.astype(np.float64) if value.size else value
         extra = f" min {v.min():.6g} max {v.max():.6g} mean {v.mean():.6g}" if value.size and value.dtype.kind in "fiu" else ""
@@ -65,6 +67,6 @@ def run_once(model_path: str, inputs: str | None, outputs: str | None, device: s
         write_outputs(outputs, result)
     line = (f"rkrun: {len(program.steps)} steps in {stats.seconds * 1e3:.1f} ms "
             f"(CPU {stats.cpu_seconds * 1e3:.1f} ms, NPU {stats.npu_seconds * 1e3:.1f} ms, {stats.submits} submits)")
-    if modelled:
-        line += f"; modelled NPU time {modelled * 1e3:.3f} ms"
+    if counters is not None and counters.modelled_seconds:  # the simulator's performance model
+        line += "; " + describe(counters.modelled_seconds, counters.tasks, counters.kicks, counters.ddr_bytes, chaining)
     click.echo(line, err=True)

@@ -12,6 +12,8 @@ from compiler.npu import api
 from compiler.npu.assemble import assemble
 from compiler.npu.cpu_finish import run_cpu_step
 from ir.npu import layout
+from ir.npu.perf import JobCost
+from perf_agreement import assert_jobs_match
 from runtime.device import Job, Task
 
 
@@ -78,6 +80,7 @@ def run(results, device, inputs: dict[str, tuple[api.Feature, np.ndarray]] | Non
         device.finish_cpu_access(bo)
     base = bos[asm.region].iova
     done = 0
+    plan = {ref.entry: r.tasks[t] for r, refs in zip(results, asm.task_refs) for t, ref in enumerate(refs)}
     steps = list(asm.cpu_steps)
     runner = Run(device, bos)
 
@@ -89,6 +92,10 @@ def run(results, device, inputs: dict[str, tuple[api.Feature, np.ndarray]] | Non
                     [bos[b] for b in j.reads], [bos[b] for b in j.writes], j.lane, f"job {i}")
                 for i, j in enumerate(asm.jobs[done:upto], start=done)]
         device.run(jobs, chained=chained)
+        if hasattr(device, "last_jobs"):  # the simulator: its counters must be the plan's (tests/perf_agreement.py)
+            planned = [JobCost(j.lane, 1 if chained else len(j.tasks), [plan[t.entry].cost() for t in j.tasks])
+                       for j in asm.jobs[done:upto]]
+            assert_jobs_match(planned, device.last_jobs, "emitted ops")
         done = upto
 
     for step, after in steps:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from compiler.inspect import layers_csv, render_svg, segment_graph, summary, to_dot
+from compiler.inspect import figures, layers_csv, render_svg, segment_graph, summary, to_dot
 from ir.rkbin import read_rkbin
 
 
@@ -32,7 +32,8 @@ def _write(path: str, data: str | bytes) -> None:
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
               help="Write a per-layer table: op, device, MACs, DDR bytes, modelled cycles.")
 @click.option("--program", help="Which program's segment graph (default: the first).")
-@click.option("--json", "as_json", is_flag=True, help="LLM rkbin: the figures as JSON (tokens/s, bytes, kicks).")
+@click.option("--json", "as_json", is_flag=True,
+              help="The modelled figures as JSON (tasks, kicks, DDR bytes, NPU time; LLMs per token and chunk).")
 def inspect_command(model: str, dot_path: str | None, svg_path: str | None, csv_path: str | None,
                     program: str | None, as_json: bool) -> None:
     """Summarise MODEL: segments, ops per device, tasks and kicks, weight and
@@ -43,13 +44,12 @@ def inspect_command(model: str, dot_path: str | None, svg_path: str | None, csv_
     if as_json:
         import json
 
-        from ir.errors import UnsupportedError
+        if llm:
+            from compiler.llm.report import figures as llm_figures
 
-        if not llm:
-            raise UnsupportedError(f"{model}: --json describes LLM rkbins")
-        from compiler.llm.report import figures
-
-        click.echo(json.dumps(figures(module), indent=1))
+            click.echo(json.dumps(llm_figures(module), indent=1))
+        else:
+            click.echo(json.dumps(figures(module), indent=1))
         return
     if llm:
         from compiler.llm.report import summary_lines

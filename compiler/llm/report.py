@@ -2,12 +2,13 @@
 segments, tasks and kicks per decode token and per prefill chunk, DDR bytes
 per token next to the weight bytes, and modelled tokens/s.
 
-The model (docs: compiler/cost.py, ir/npu/hw.py): an NPU segment takes
-max(MACs / (3 cores x MACs per cycle at 1 GHz), DDR bytes / 25 GB/s), from the
-emitter's own counters; each kick adds the stock-rocket kick overhead (30 us).
-Kicks "with hardware chaining" are one per job of a chainable segment and one
-per task otherwise (int8 segments are kicked task by task, hardware question Q1).
-CPU steps are host work and are not part of the modelled NPU time.
+The figures apply the one performance model (ir/npu/perf.py, the simulator's)
+to the per-task counters stored with each NPU step (compiler/inspect.py
+npu_figures): per task max(MAC time, DMA time), kicks x kick overhead, lanes on
+3 cores sharing DRAM, at 1 GHz and 25 GB/s. "With hardware chaining" is one kick
+per job of a chainable segment and one per task otherwise (int8 segments are
+kicked task by task, hardware question Q1): what `rkrun` submits to the
+simulator. CPU steps are host work and are not part of the modelled NPU time.
 """
 
 from __future__ import annotations
@@ -15,74 +16,42 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ir.npu import hw
+from compiler.inspect import NpuFigures, npu_figures
+from ir.npu.perf import PerfModel, describe
 from ir.program import Module, Program
 
-BANDWIDTH = hw.DRAM_BYTES_PER_S_SUSTAINED  # 25 GB/s
-CLOCK = hw.CLOCK_HZ_MAX  # 1 GHz
+MODEL = PerfModel()  # 1 GHz, 25 GB/s, 3 cores, the stock-rocket kick overhead (ir/npu/hw.py)
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
 @dataclass
 class PhaseFigures:
     rows: int
-    segments: int = 0
-    tasks: int = 0
-    kicks_chained: int = 0
-    kicks_stock: int = 0
+    npu: NpuFigures
     cpu_steps: int = 0
-    macs: int = 0
-    ddr_bytes: int = 0
-    npu_s: float = 0.0
     per_layer: dict[str, dict] = field(default_factory=dict)
 
-    @property
-    def kick_overhead_s(self) -> float:
-        return self.kicks_chained * hw.KICK_OVERHEAD_S
-
-    @property
-    def seconds(self) -> float:
-        return self.npu_s + self.kick_overhead_s
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.rows / self.seconds if self.seconds else 0.0
-
-
-def _segment_seconds(layers: list[dict], precision: str) -> tuple[int, int, float]:
-    macs = sum(int(layer.get("macs", 0)) for layer in layers)
-    ddr = sum(int(layer.get("ddr_bytes", 0)) for layer in layers)
-    rate = hw.MACS_PER_CYCLE.get(precision, hw.MACS_PER_CYCLE["fp16"]) * hw.CORES * CLOCK
-    return macs, ddr, max(macs / rate, ddr / BANDWIDTH)
+    def tokens_per_s(self, seconds: float) -> float:
+        return self.rows / seconds if seconds else 0.0
 
 
 def phase(module: Module, program: Program) -> PhaseFigures:
-    precision = "int8" if module.metadata.get("precision") == "int8" else "fp16"
     rows = module.metadata.get("programs", {}).get(program.name, {}).get("rows", 1)
-    f = PhaseFigures(rows)
+    f = PhaseFigures(rows, npu_figures(program.steps, MODEL))
+    f.cpu_steps = sum(1 for s in program.steps if s.kind == "cpu")
     for s in program.steps:
-        if s.kind == "cpu":
-            f.cpu_steps += 1
+        if s.kind != "npu":
             continue
         layers = s.stats.get("layers", [])
-        macs, ddr, seconds = _segment_seconds(layers, precision)
-        tasks = sum(len(j.tasks) for j in s.jobs)
-        kicks = len(s.jobs) if s.chained else tasks
-        f.segments += 1
-        f.tasks += tasks
-        f.kicks_chained += kicks
-        f.kicks_stock += tasks
-        f.macs += macs
-        f.ddr_bytes += ddr
-        f.npu_s += seconds
+        one = npu_figures([s], MODEL)
         m = _LAYER.match(_tensor(layers[0]["name"])) if layers else None
         key = f"layer {int(m.group(1))}" if m else "head"
         row = f.per_layer.setdefault(key, {"segments": [], "tasks": 0, "kicks": 0, "ddr_bytes": 0, "npu_us": 0.0})
         row["segments"].append("+".join(_short(layer["name"]) for layer in layers))
-        row["tasks"] += tasks
-        row["kicks"] += kicks
-        row["ddr_bytes"] += ddr
-        row["npu_us"] += seconds * 1e6
+        row["tasks"] += one.tasks
+        row["kicks"] += one.kicks_chained
+        row["ddr_bytes"] += one.ddr_bytes
+        row["npu_us"] += one.seconds_chained * 1e6
     return f
 
 
@@ -99,43 +68,61 @@ def weight_bytes(module: Module) -> int:
     return sum(r.size for r in module.regions if r.kind == "weights")
 
 
+def _phase_json(f: PhaseFigures) -> dict:
+    n = f.npu
+    return {"segments": n.segments, "tasks": n.tasks, "kicks": n.kicks_chained, "kicks_stock": n.kicks_stock,
+            "cpu_steps": f.cpu_steps, "ddr_bytes": n.ddr_bytes, "macs": n.macs,
+            "modelled_npu_s": n.seconds_chained, "kick_overhead_s": n.kick_seconds_chained,
+            "modelled_npu_s_stock": n.seconds_stock,
+            "modelled_tokens_per_s": f.tokens_per_s(n.seconds_chained),
+            "modelled_tokens_per_s_stock": f.tokens_per_s(n.seconds_stock)}
+
+
 def figures(module: Module) -> dict:
-    """The JSON of `rkc inspect --json` for an LLM rkbin."""
+    """The JSON of `rkc inspect --json` for an LLM rkbin. Per phase: "kicks" and
+    "modelled_npu_s" (kick overhead included, "kick_overhead_s" of it) with
+    hardware chaining, as `rkrun` runs on the simulator; the *_stock keys with
+    stock rocket."""
     out: dict = {"model": module.metadata.get("name"), "precision": module.metadata.get("precision"),
-                 "weight_bytes": weight_bytes(module), "clock_hz": CLOCK, "dram_bytes_per_s": BANDWIDTH,
+                 "weight_bytes": weight_bytes(module), "clock_hz": MODEL.clock_hz,
+                 "dram_bytes_per_s": MODEL.dram_bytes_per_s, "kick_overhead_s_each": MODEL.kick_overhead_s,
                  "placement": module.metadata.get("placement", {})}
-    d = phase(module, module.program("decode"))
-    out["decode"] = {"segments_per_token": d.segments, "tasks_per_token": d.tasks,
-                     "kicks_per_token": d.kicks_chained, "kicks_per_token_stock": d.kicks_stock,
-                     "cpu_steps_per_token": d.cpu_steps, "ddr_bytes_per_token": d.ddr_bytes,
-                     "macs_per_token": d.macs, "modelled_npu_s": d.npu_s, "kick_overhead_s": d.kick_overhead_s,
-                     "modelled_tokens_per_s": d.tokens_per_s, "per_layer": d.per_layer}
+    decode = phase(module, module.program("decode"))
+    d = _phase_json(decode)
+    out["decode"] = {"segments_per_token": d.pop("segments"), "tasks_per_token": d.pop("tasks"),
+                     "kicks_per_token": d.pop("kicks"), "kicks_per_token_stock": d.pop("kicks_stock"),
+                     "cpu_steps_per_token": d.pop("cpu_steps"), "ddr_bytes_per_token": d.pop("ddr_bytes"),
+                     "macs_per_token": d.pop("macs"), **d}
+    out["decode"]["per_layer"] = decode.per_layer
     out["prefill"] = {}
     for p in module.programs:
         if p.name.startswith("prefill_"):
             f = phase(module, p)
-            out["prefill"][str(f.rows)] = {"segments": f.segments, "tasks": f.tasks, "kicks": f.kicks_chained,
-                                           "ddr_bytes": f.ddr_bytes, "macs": f.macs, "modelled_npu_s": f.npu_s,
-                                           "kick_overhead_s": f.kick_overhead_s,
-                                           "modelled_tokens_per_s": f.tokens_per_s}
+            out["prefill"][str(f.rows)] = _phase_json(f)
     return out
 
 
 def summary_lines(module: Module) -> list[str]:
     fig = figures(module)
     d = fig["decode"]
+    tasks, ddr = d["tasks_per_token"], d["ddr_bytes_per_token"]
+    chained = describe(d["modelled_npu_s"], tasks, d["kicks_per_token"], ddr, True)
     lines = [f"LLM {fig['model']} ({fig['precision']}): weights {fig['weight_bytes'] / 1e6:.1f} MB on the NPU, "
              f"one copy for {len(module.programs)} programs",
-             f"decode, per token: {d['segments_per_token']} NPU segments, {d['tasks_per_token']} tasks, "
-             f"{d['kicks_per_token']} kicks with hardware chaining ({d['kicks_per_token_stock']} stock), "
-             f"{d['cpu_steps_per_token']} CPU steps",
-             f"  DDR {d['ddr_bytes_per_token'] / 1e6:.1f} MB per token vs {fig['weight_bytes'] / 1e6:.1f} MB of "
-             f"weights; modelled {d['modelled_npu_s'] * 1e3:.2f} ms NPU + {d['kick_overhead_s'] * 1e3:.2f} ms "
-             f"kicks = {d['modelled_tokens_per_s']:.1f} tokens/s at 1 GHz, 25 GB/s"]
+             f"decode, per token: {d['segments_per_token']} NPU segments, {tasks} tasks, "
+             f"{d['kicks_per_token']} kicks with hardware chaining ({d['kicks_per_token_stock']} with stock "
+             f"rocket), {d['cpu_steps_per_token']} CPU steps",
+             f"  DDR {ddr / 1e6:.1f} MB per token vs {fig['weight_bytes'] / 1e6:.1f} MB of weights",
+             f"  {chained} = {d['modelled_tokens_per_s']:.1f} tokens/s at 25 GB/s "
+             f"({d['kick_overhead_s'] * 1e3:.2f} ms of it kicks)"]
+    if d["kicks_per_token_stock"] != d["kicks_per_token"]:
+        stock = describe(d["modelled_npu_s_stock"], tasks, d["kicks_per_token_stock"], ddr, False)
+        lines.append(f"  {stock} = {d['modelled_tokens_per_s_stock']:.1f} tokens/s")
     for rows, p in sorted(fig["prefill"].items(), key=lambda kv: int(kv[0])):
-        lines.append(f"prefill {rows}: {p['segments']} segments, {p['tasks']} tasks, {p['kicks']} kicks, "
-                     f"DDR {p['ddr_bytes'] / 1e6:.1f} MB, modelled {p['modelled_tokens_per_s']:.0f} tokens/s")
-    lines.append("decode segments per layer (tasks / kicks / DDR / modelled):")
+        lines.append(f"prefill {rows}: {p['segments']} segments, "
+                     f"{describe(p['modelled_npu_s'], p['tasks'], p['kicks'], p['ddr_bytes'], True)}"
+                     f" = {p['modelled_tokens_per_s']:.0f} tokens/s")
+    lines.append("decode segments per layer (tasks / kicks with hardware chaining / DDR / modelled NPU time):")
     for key, row in d["per_layer"].items():
         lines.append(f"  {key:9s} {' | '.join(row['segments']):40s} {row['tasks']:4d} / {row['kicks']:4d} / "
                      f"{row['ddr_bytes'] / 1e6:7.2f} MB / {row['npu_us']:8.1f} us")

@@ -34,6 +34,8 @@ import numpy as np
 
 from ir.errors import UnsupportedError
 from ir.npu import layout
+from ir.npu.perf import JobCost, TaskCost
+from ir.npu.regcmd import ENTRY_BYTES
 
 ITEMSIZE = {"int8": 1, "int16": 2, "fp16": 2, "int32": 4, "fp32": 4}
 NUMPY = {"int8": np.int8, "int16": np.int16, "fp16": np.float16, "int32": np.int32, "fp32": np.float32}
@@ -345,6 +347,14 @@ class Task:
     def count(self) -> int:
         return len(self.regcmd)
 
+    def cost(self) -> TaskCost:
+        """What the performance model needs (ir/npu/perf.py): the DMA engines'
+        bytes plus the regcmd bytes the PC fetches (the whole task, through its
+        op-enable entry, as the simulator counts them)."""
+        c = self.counters
+        precision = c.mac_dtype if self.cbuf is not None else ""  # the CORE's, for a convolution task
+        return TaskCost(c.macs, c.ddr_bytes + self.count * ENTRY_BYTES, precision)
+
 
 @dataclass
 class JobPlan:
@@ -432,6 +442,11 @@ class EmitResult:
     def kicks_chained(self) -> int:
         """Kicks with hardware chaining: one per job."""
         return len(self.jobs)
+
+    def cost_jobs(self, chained: bool) -> list[JobCost]:
+        """The jobs as the performance model sees them when submitted on their own."""
+        return [JobCost(j.lane, 1 if chained else len(j.tasks), [self.tasks[i].cost() for i in j.tasks])
+                for j in self.jobs]
 
 
 @dataclass(frozen=True)

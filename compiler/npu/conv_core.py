@@ -224,10 +224,16 @@ def tile_task(t: ConvTile) -> api.Task:
                     tile_counters(t), t.label, tile_touches(t))
 
 
+def written_channels(t: ConvTile) -> int:
+    """Channels the DPU handles: CHANNEL+1 (whole kernel groups or Mesa's
+    depthwise count), not just the real ones; the writer emits whole passes of
+    (SIZE_E+1) x 8 bytes."""
+    per_pass = (t.dpu.writer.size_e + 1) * 8 // t.output.itemsize
+    return layout.align(t.out_channels_hw, per_pass)
+
+
 def written_surfaces(t: ConvTile) -> int:
-    """Output surfaces the DPU writes: CHANNEL+1 channels (whole kernel groups or
-    Mesa's depthwise count), not just the real ones."""
-    return -(-t.out_channels_hw // t.output.c2)
+    return -(-written_channels(t) // t.output.c2)
 
 
 def tile_touches(t: ConvTile) -> list[tuple[str, int, int]]:
@@ -249,19 +255,18 @@ def tile_touches(t: ConvTile) -> list[tuple[str, int, int]]:
 def tile_counters(t: ConvTile) -> api.Counters:
     kh, kw = t.kernel
     o, f = t.output, t.input
-    per_out = kh * kw * (1 if t.depthwise else f.channels)
-    macs = o.width * o.height * per_out * o.channels
+    # what the MAC array runs: every programmed kernel over the atom-padded input channels
+    kernels = t.in_channels_hw if t.depthwise else t.kernels * t.in_channels_hw
+    macs = o.width * o.height * kh * kw * kernels
     reads = {}
     if not t.cbuf.data_reuse:
         reads["cna_feature"] = f.surfaces * f.dense_surface_bytes
     if not t.cbuf.weight_reuse:
         reads["cna_weight"] = t.weight_bytes
-    if t.dpu.bs_data is not None:
-        reads["dpu_bs"] = o.channels * (8 if t.dpu.bs_groups else 4)
-    if t.residual is not None:
-        reads["dpu_ew"] = t.residual.surfaces * t.residual.dense_surface_bytes
-    if t.dpu.lut is not None:
-        pass  # tables travel inside the regcmd
-    out_surfaces = -(-o.channels // o.c2)
-    writes = {"dpu_wdma": out_surfaces * o.dense_surface_bytes}
+    if t.dpu.bs_data is not None:  # BRDMA reads an operand for every DPU channel
+        reads["dpu_bs"] = t.out_channels_hw * (8 if t.dpu.bs_groups else 4)
+    if t.residual is not None:  # ERDMA reads whole surfaces of every DPU channel
+        reads["dpu_ew"] = -(-t.out_channels_hw // t.residual.c2) * t.residual.dense_surface_bytes
+    # LUT tables travel inside the regcmd (counted with it)
+    writes = {"dpu_wdma": written_surfaces(t) * o.dense_surface_bytes}
     return api.Counters(macs, reads, writes, mac_dtype=f.dtype)

@@ -128,7 +128,8 @@ def _task(op, f: api.Feature, o: api.Feature, kernel, stride, pad, i) -> api.Tas
     r.set("PPU_RDMA_RDMA_SRC_SURF_STRIDE", SRC_SURF_STRIDE=f.surface_bytes // 16)
     r.set("PPU_RDMA_RDMA_DATA_FORMAT", IN_PRECISION=formats.PRECISION["fp16"])
     b = build(r, PPU_ORDER, PPU_BLOCKS)
-    counters = api.Counters(0, {"ppu_rdma": f.surfaces * f.dense_surface_bytes},
+    window_ops = f.surfaces * f.c2 * o.height * o.width * kh * kw  # the PPU's work, counted like MACs
+    counters = api.Counters(window_ops, {"ppu_rdma": f.surfaces * f.dense_surface_bytes},
                             {"ppu_wdma": o.surfaces * o.dense_surface_bytes}, "fp16")
     touches = [(f.buffer, f.offset, f.offset + f.nbytes), (o.buffer, o.offset, o.offset + o.nbytes)]
     return api.Task(b.array(), [api.Reloc(e, buf, off) for e, buf, off in b.relocations], None, counters,

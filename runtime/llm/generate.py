@@ -10,6 +10,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ir.errors import RkcError
+from ir.npu.perf import describe
 from runtime.llm.engine import LlmEngine
 from runtime.llm.kvcache import KVCache
 
@@ -44,18 +45,53 @@ class Sampler:
         return int(order[self.rng.choice(len(order), p=p)])
 
 
+@dataclass(frozen=True)
+class Modelled:
+    """The device's performance-model counters (the simulator's; zero on a board)."""
+
+    seconds: float = 0.0
+    tasks: int = 0
+    kicks: int = 0
+    ddr_bytes: int = 0
+    chaining: bool = False
+
+    @classmethod
+    def of(cls, device) -> "Modelled":
+        if device is None:
+            return cls()
+        c = device.counters
+        return cls(c.modelled_seconds, c.tasks, c.kicks, c.ddr_bytes, device.supports_chaining)
+
+    def since(self, start: "Modelled") -> "Modelled":
+        return Modelled(self.seconds - start.seconds, self.tasks - start.tasks, self.kicks - start.kicks,
+                        self.ddr_bytes - start.ddr_bytes, self.chaining)
+
+    def line(self, phase: str, tokens: int) -> str:
+        rate = tokens / self.seconds if self.seconds else 0.0
+        return (f"{phase}: {describe(self.seconds, self.tasks, self.kicks, self.ddr_bytes, self.chaining)} "
+                f"for {tokens} tokens = {rate:.1f} modelled tokens/s")
+
+
 @dataclass
 class Timings:
     prompt_tokens: int = 0
     prefill_s: float = 0.0
     generated: int = 0
     decode_s: float = 0.0
+    decode_runs: int = 0  # decode programs run (the first generated token comes from the prefill)
+    prefill_npu: Modelled = Modelled()
+    decode_npu: Modelled = Modelled()
 
     def lines(self) -> list[str]:
         pf = self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
         dc = self.generated / self.decode_s if self.decode_s else 0.0
-        return [f"prefill: {self.prompt_tokens} tokens in {self.prefill_s:.3f} s ({pf:.1f} t/s)",
-                f"decode: {self.generated} tokens in {self.decode_s:.3f} s ({dc:.1f} t/s)"]
+        lines = [f"prefill: {self.prompt_tokens} tokens in {self.prefill_s:.3f} s ({pf:.1f} t/s)",
+                 f"decode: {self.generated} tokens in {self.decode_s:.3f} s ({dc:.1f} t/s)"]
+        if self.prefill_npu.seconds:
+            lines.append(self.prefill_npu.line("prefill", self.prompt_tokens))
+        if self.decode_npu.seconds:
+            lines.append(self.decode_npu.line("decode", self.decode_runs))
+        return lines
 
 
 def chunk_plan(n: int, chunks: list[int]) -> list[tuple[int, int]]:
@@ -101,11 +137,14 @@ class Generator:
         if len(prompt) + n > self.n_ctx:
             n = max(0, self.n_ctx - len(prompt))
         self.cache.reset()
-        t0 = time.perf_counter()
+        self.timings = Timings()
+        device = self.engine.device
+        t0, m0 = time.perf_counter(), Modelled.of(device)
         logits = self._forward(prompt, 0, all_logits=False)
         self.timings.prompt_tokens, self.timings.prefill_s = len(prompt), time.perf_counter() - t0
+        self.timings.prefill_npu = Modelled.of(device).since(m0)
         pos = len(prompt)
-        t1 = time.perf_counter()
+        t1, m1 = time.perf_counter(), Modelled.of(device)
         for i in range(n):
             token = sampler(logits)
             if stop_at_eos and token in self.engine.tokenizer.eos_ids:
@@ -116,6 +155,8 @@ class Generator:
                 logits = self.engine.run("decode", np.asarray([token], np.int32), np.asarray([pos], np.int32),
                                          self.cache)[-1]
                 pos += 1
+                self.timings.decode_runs += 1
+                self.timings.decode_npu = Modelled.of(device).since(m1)
             self.timings.decode_s = time.perf_counter() - t1
 
     def perplexity(self, tokens: list[int], ctx: int,

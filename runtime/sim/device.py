@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ir.npu.perf import PerfModel
 from runtime.device import BufferObject, Counters, Device, Job, Submission
 from runtime.sim.errors import MemoryAccessError, SimError
 from runtime.sim.memory import IovaSpace
 from runtime.sim.npu import CORES, Npu
 from runtime.sim.opcache import DEFAULT_BUDGET
-from runtime.sim.perf import PerfModel
 from runtime.sim.quirks import DEFAULT, Quirks
 from runtime.sim.stats import JobStats
 
@@ -105,6 +105,9 @@ class SimDevice(Device):
         c = self._counters
         c.modelled_seconds += self.perf.submission_seconds(stats)
         for js in stats:
+            for t in js.tasks:
+                t.modelled_seconds = self.perf.task_seconds(t)
+            js.modelled_seconds = self.perf.job_seconds(js)
             c.jobs += 1
             c.tasks += len(js.tasks)
             c.kicks += js.kicks

@@ -13,7 +13,7 @@ from runtime.devices import open_device
 from runtime.sim import SimDevice
 from runtime.sim.errors import CbufError, MemoryAccessError
 from runtime.sim.memory import IovaSpace
-from runtime.sim.perf import PerfModel
+from ir.npu.perf import PerfModel
 
 
 def test_open_device_sim():
