@@ -132,6 +132,13 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
     input_total = f.surfaces * f.dense_surface_bytes
     if weight_total > input_total:
         parts = max(parts, min(options.cores, -(-o.channels // group)))
+    if dw:
+        # a depthwise task's kernel spans its channels: keep it within one CBUF bank
+        groups_per_bank = hw.CBUF_BANK_BYTES // (kh * kw * group * item)
+        if groups_per_bank < 1:
+            raise UnsupportedError(f"{op.name}: a {kh}x{kw} depthwise kernel of {group} channels is more than "
+                                   f"a CBUF bank")
+        parts = max(parts, -(-o.channels // (groups_per_bank * group)))
     c_tiles = schedule.split_evenly(o.channels, parts, group)
     tile_weight_bytes = max(_tile_weight_bytes(op, dtype, kg, ct) for _, ct in c_tiles)
     slack = options.slack_banks(dtype)
