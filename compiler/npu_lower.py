@@ -21,6 +21,7 @@ import numpy as np
 
 from compiler import cost
 from compiler.npu import api
+from compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
 from compiler.npu.assemble import assemble
 from ir.errors import UnsupportedError
 from ir.graph import Graph
@@ -28,6 +29,7 @@ from ir.npu.perf import PerfModel
 from ir.program import Job, Step, TaskRef
 from ir.types import DType, PerAxisQuant, PerTensorQuant
 from runtime import native
+from runtime.native import GEMM_ROW_ALIGN
 from runtime.kernels.conv import pads_for
 
 ANCHORS = ("Conv", "Gemm", "MatMul", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu", "Add", "Mul", "Max",
@@ -48,8 +50,16 @@ def lut_function(op) -> str | None:
     return None
 
 
+def _vector_map(shape) -> bool:
+    """[1, C, 1, 1]: one value per channel (a global pool's result, a squeeze-excite
+    branch). It is held as a GEMM row (runtime/native.py): a 1-row map is below the
+    rows a task must read (Q2), the GEMM row's 4 stored rows are not."""
+    return len(shape) == 4 and shape[0] == 1 and shape[2] == 1 and shape[3] == 1
+
+
 def _layout(graph: Graph, tensor: str) -> str:
-    return "native" if len(graph.tensors[tensor].type.shape) == 4 else "native-gemm"
+    shape = graph.tensors[tensor].type.shape
+    return "native" if len(shape) == 4 and not _vector_map(shape) else "native-gemm"
 EMIT_OPTIONS = api.EmitOptions(allow_cpu_finish=False)  # K splits the NPU cannot sum stay on the CPU
 
 
@@ -124,7 +134,11 @@ def _weight_quant(scales: np.ndarray) -> api.Quant:
     return api.Quant(tuple(float(s) for s in scales))
 
 
-def _feature(graph: Graph, tensor: str, layout: str, dtype: str, precision: str, program: str) -> api.Feature:
+def _feature(graph: Graph, tensor: str, layout: str, dtype: str, precision: str, program: str,
+             view: tuple[int, int] | None = None) -> api.Feature:
+    """The NPU feature of `tensor`; `view` = (rows, width) reads a native map's
+    H*W positions as another grid of the same size (the same bytes: a surface holds
+    the positions row-major), for ops that treat every position alike."""
     shape = graph.tensors[tensor].type.shape
     try:
         c, h, rows, w = native.geometry(shape, layout)
@@ -134,7 +148,23 @@ def _feature(graph: Graph, tensor: str, layout: str, dtype: str, precision: str,
     name = npu_name(tensor, dtype, program)
     if layout == "native-gemm":
         return api.Feature.gemm(name, 0, h, c, dtype, quant)
+    if view is not None:
+        assert view[0] * view[1] == h * w, (view, shape)
+        h, w = view
     return api.Feature(name, 0, c, h, w, dtype, quant)
+
+
+def _position_view(shape, fits: Callable[[int, int], bool]) -> tuple[int, int] | None:
+    """(rows, width) for the H*W positions of a [1, C, H, W] map: H x W itself
+    when it `fits`, else the first grid of the same size (fewest rows first) that does."""
+    h, w = int(shape[2]), int(shape[3])
+    if fits(h, w):
+        return None
+    n = h * w
+    return next(((r, n // r) for r in range(1, n + 1) if n % r == 0 and fits(r, n // r)), None)
+
+
+MIN_ROWS = EMIT_OPTIONS.min_input_rows  # every convolution task reads this many input rows (Q2)
 
 
 # -- epilogue fusion ------------------------------------------------------------------------
@@ -211,7 +241,8 @@ def _tails(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Ca
 
 
 def _epilogue(graph: Graph, tail: _Tail, bias: np.ndarray | None, dtype: str, precision: str, program: str,
-              layout: str, in_scale: float, w_scales: np.ndarray | None) -> api.Epilogue:
+              layout: str, in_scale: float, w_scales: np.ndarray | None,
+              view: tuple[int, int] | None = None) -> api.Epilogue:
     if bias is not None and dtype == "int8":
         bias = np.rint(bias / (in_scale * w_scales)).astype(np.int64)
         if np.abs(bias).max(initial=0) >= 2 ** 31:
@@ -221,7 +252,7 @@ def _epilogue(graph: Graph, tail: _Tail, bias: np.ndarray | None, dtype: str, pr
         bias = bias.astype(np.float32)
     residual = None
     if tail.residual is not None:
-        residual = api.Residual(_feature(graph, tail.residual, layout, dtype, precision, program), "add")
+        residual = api.Residual(_feature(graph, tail.residual, layout, dtype, precision, program, view), "add")
     return api.Epilogue(bias=bias, activation=tail.activation, clip=tail.clip, residual=residual)
 
 
@@ -253,15 +284,31 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tu
     else:
         bias = tail.bias
     in_scale = _act_quant(graph, op.inputs[0], precision).scale if dtype == "int8" else 1.0
-    epi = _epilogue(graph, tail, bias, dtype, precision, program, "native", in_scale, w_scales)
-    conv = api.Conv2D(_feature(graph, op.inputs[0], "native", dtype, precision, program), np.ascontiguousarray(weights),
-                      _feature(graph, tail.output, "native", dtype, precision, program), stride=(strides[0], strides[1]),
+    pointwise = kernel == [1, 1] and strides == [1, 1] and not any(begin) and not any(end)
+    layout = _layout(graph, op.inputs[0])
+    view = None
+    if layout == "native-gemm":
+        if not pointwise:
+            raise _Refused("a convolution with a window over a 1x1 map (padding only) is not lowered")
+        if not depthwise:  # [1, C] x [C, O]: the GEMM it is
+            epi = _epilogue(graph, tail, bias, dtype, precision, program, layout, in_scale, w_scales)
+            gemm = api.Gemm(_feature(graph, op.inputs[0], layout, dtype, precision, program),
+                            np.ascontiguousarray(weights[:, 0, 0, :].T),
+                            _feature(graph, tail.output, layout, dtype, precision, program), 1,
+                            b_quant=weight_quant, epilogue=epi, name=f"npu{i}")
+            return gemm, {t: layout for t in (op.inputs[0], tail.residual) if t}
+    elif pointwise:
+        # a pointwise convolution treats every position alike: a map of fewer rows
+        # than a task must read is read as a taller grid of the same positions
+        view = _position_view(x.shape, lambda r, w: r >= MIN_ROWS)
+    epi = _epilogue(graph, tail, bias, dtype, precision, program, layout, in_scale, w_scales, view)
+    conv = api.Conv2D(_feature(graph, op.inputs[0], layout, dtype, precision, program, view),
+                      np.ascontiguousarray(weights),
+                      _feature(graph, tail.output, layout, dtype, precision, program, view),
+                      stride=(strides[0], strides[1]),
                       padding=(begin[0], end[0], begin[1], end[1]), depthwise=depthwise,
                       weight_quant=weight_quant, epilogue=epi, name=f"npu{i}")
-    reads = {op.inputs[0]: "native"}
-    if tail.residual:
-        reads[tail.residual] = "native"
-    return conv, reads
+    return conv, {t: layout for t in (op.inputs[0], tail.residual) if t}
 
 
 def _gemm(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tuple[api.Gemm, dict[str, str]]:
@@ -333,8 +380,20 @@ def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
     op = graph.ops[i]
     x = graph.tensors[op.inputs[0]].type
     dtype = device_dtype(precision)
+    view = None
+    if _vector_map(x.shape):
+        raise _Refused("pooling a 1x1 map is the identity")
     if op.type == "GlobalAveragePool":
-        kernel, stride, padding = None, (1, 1), (0, 0, 0, 0)
+        # the mean of every position: any grid of them will do, so take one whose
+        # window fits the kernel fields and gives a task its minimum rows
+        view = _position_view(x.shape, lambda r, w: MIN_ROWS <= r <= KERNEL_MAX and w <= KERNEL_MAX)
+        rows, width = view or x.shape[2:]
+        # the result is a GEMM row of 4 stored rows (_vector_map): the window slides
+        # 3 rows further into bottom padding, which makes those rows (never read)
+        kernel, stride, padding = (int(rows), int(width)), (1, 1), (0, GEMM_ROW_ALIGN - 1, 0, 0)
+        if rows < GEMM_ROW_ALIGN:
+            raise _Refused(f"a global pool over {x.shape[2]}x{x.shape[3]} positions has no grid of "
+                           f"{GEMM_ROW_ALIGN}+ rows")
     else:
         kernel = tuple(int(k) for k in op.attrs["kernel_shape"])
         stride = tuple(int(s) for s in op.attrs.get("strides", [1, 1]))
@@ -346,9 +405,9 @@ def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
                            "padding from the count stay on the CPU")
         if op.attrs.get("ceil_mode", 0):
             raise _Refused("ceil_mode pooling is not lowered")
-    pool = api.Pool(_feature(graph, op.inputs[0], "native", dtype, precision, program),
-                    _feature(graph, op.outputs[0], "native", dtype, precision, program), "avg", kernel, stride, padding,
-                    name=f"npu{i}")
+    pool = api.Pool(_feature(graph, op.inputs[0], "native", dtype, precision, program, view),
+                    _feature(graph, op.outputs[0], _layout(graph, op.outputs[0]), dtype, precision, program), "avg",
+                    kernel, stride, padding, name=f"npu{i}")
     return pool, {op.inputs[0]: "native"}
 
 
@@ -363,8 +422,7 @@ def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> Np
     result = api.emit(api_op, EMIT_OPTIONS)
     if result.cpu:
         raise _Refused("the emitter needs a CPU finishing step")
-    layout = "native" if op.type in ("Conv", "AveragePool", "GlobalAveragePool") else \
-        ("native-gemm" if op.type in ("Gemm", "MatMul") else _layout(graph, op.outputs[0]))
+    layout = "native-gemm" if op.type in ("Gemm", "MatMul") else _layout(graph, tail.output)
     return NpuGroup(i, [i, *tail.ops], reads, tail.output, layout, result, device_dtype(precision),
                     list(result.notes))
 

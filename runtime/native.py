@@ -7,7 +7,8 @@ Layout names in TensorInfo.layout:
   "native-gemm"  [M, K] or [1, M, K]   -> feature C=K, H=align(M, 4), W=1 (a GEMM
                  operand; rows past M are padding the NPU reads and writes:
                  single-column maps of fewer than 4 rows compute wrongly on silicon,
-                 rocket-userspace include/rocket_matmul.h, hw-matmul.md 2.3)
+                 rocket-userspace include/rocket_matmul.h, hw-matmul.md 2.3);
+                 also [1, C, 1, 1] (one value per channel), held as the row [1, C]
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ def geometry(shape, kind: str) -> tuple[int, int, int, int]:
             raise ValueError(f"a native feature map is [1, C, H, W], not {list(shape)}")
         return int(shape[1]), int(shape[2]), int(shape[2]), int(shape[3])
     if kind == "native-gemm":
-        if len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1):
-            raise ValueError(f"a GEMM operand is [M, K] or [1, M, K], not {list(shape)}")
-        m, k = int(shape[-2]), int(shape[-1])
+        if len(shape) == 4 and shape[0] == 1 and shape[2] == shape[3] == 1:
+            m, k = 1, int(shape[1])
+        elif len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1):
+            raise ValueError(f"a GEMM operand is [M, K], [1, M, K] or [1, K, 1, 1], not {list(shape)}")
+        else:
+            m, k = int(shape[-2]), int(shape[-1])
         return k, m, layout.align(m, GEMM_ROW_ALIGN), 1
     raise ValueError(f"unknown NPU layout {kind!r}")
 

@@ -14,6 +14,8 @@ right follow from the output size (the CNA pads with PAD_VALUE past the edge).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from compiler.npu import api, epilogue, formats, schedule
@@ -23,6 +25,35 @@ from ir.errors import UnsupportedError
 from ir.npu import hw, layout
 
 DW_GROUP_BYTES = layout.DEPTHWISE_GROUP_BYTES
+# fp16 depthwise tasks run whole 32-channel groups: the only domain validated on
+# hardware (rocket-userspace gen_conv2d_dw_fp16); other counts are padded to it
+FP16_DW_CHANNELS = 32
+
+
+def _pad_fp16_depthwise(op: api.Conv2D) -> api.Conv2D:
+    """An fp16 depthwise convolution over channels padded to whole 32-channel groups:
+    zero weights and bias for the padding channels, which the task reads past the
+    tensor's last surface (don't-care values; channels never mix in a depthwise
+    convolution) and writes past the output's (the buffers grow by `extents`).
+    Only whole dense tensors can grow that way; a strided view is refused."""
+    c = op.input.channels
+    n = layout.align(c, FP16_DW_CHANNELS)
+    if n == c or op.input.dtype != "fp16" or not op.depthwise:
+        return op
+    ep = op.epilogue
+    views = [op.input, op.output] + ([ep.residual.tensor] if ep.residual is not None else [])
+    if any(f.surface_stride is not None for f in views):
+        raise UnsupportedError(f"{op.name}: fp16 depthwise needs channels in multiples of {FP16_DW_CHANNELS} "
+                               f"(got {c}); a strided view cannot be padded")
+    weights = np.zeros((*op.weights.shape[:2], n), op.weights.dtype)
+    weights[..., :c] = op.weights
+    bias = None
+    if ep.bias is not None:
+        bias = np.zeros(n, np.asarray(ep.bias).dtype)
+        bias[:c] = ep.bias
+    residual = None if ep.residual is None else replace(ep.residual, tensor=replace(ep.residual.tensor, channels=n))
+    return replace(op, input=replace(op.input, channels=n), output=replace(op.output, channels=n), weights=weights,
+                   epilogue=replace(ep, bias=bias, residual=residual))
 
 
 def _check(op: api.Conv2D, min_rows: int) -> str:
@@ -62,6 +93,7 @@ def _check(op: api.Conv2D, min_rows: int) -> str:
 def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
     min_rows = options.min_input_rows
     dtype = _check(op, min_rows)
+    op = _pad_fp16_depthwise(op)
     f, o = op.input, op.output
     item = api.ITEMSIZE[dtype]
     kh, kw = op.kernel
@@ -100,6 +132,13 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
     input_total = f.surfaces * f.dense_surface_bytes
     if weight_total > input_total:
         parts = max(parts, min(options.cores, -(-o.channels // group)))
+    if dw:
+        # a depthwise task's kernel spans its channels: keep it within one CBUF bank
+        groups_per_bank = hw.CBUF_BANK_BYTES // (kh * kw * group * item)
+        if groups_per_bank < 1:
+            raise UnsupportedError(f"{op.name}: a {kh}x{kw} depthwise kernel of {group} channels is more than "
+                                   f"a CBUF bank")
+        parts = max(parts, -(-o.channels // (groups_per_bank * group)))
     c_tiles = schedule.split_evenly(o.channels, parts, group)
     tile_weight_bytes = max(_tile_weight_bytes(op, dtype, kg, ct) for _, ct in c_tiles)
     slack = options.slack_banks(dtype)

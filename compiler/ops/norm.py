@@ -35,7 +35,7 @@ def inference_batchnorm(ctx) -> bool:
 
 SPECS = [
     OpSpec("BatchNormalization", lambda ctx: same(ctx) if len(ctx.op.outputs) == 1 else None, npu=BASIC, cpu=(inference_batchnorm,),
-           summary="folded into the preceding Conv; else a per-channel scale and shift"),
+           summary="folded into the preceding Conv; else a per-channel scale and shift (a 1x1 depthwise conv)"),
     OpSpec("LayerNormalization", layer_norm_shape, npu=(REDUCES_CHANNELS,), summary="layer normalisation"),
     OpSpec("InstanceNormalization", same, npu=(REDUCES_CHANNELS,), summary="instance normalisation"),
     OpSpec("Softmax", softmax_shape, npu=(REDUCES_CHANNELS,), summary="softmax along an axis"),

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from compiler.passes import canonicalize, fold_batchnorm, fuse
+from compiler.passes import affine, canonicalize, fold_batchnorm, fuse
 from compiler.passes.edit import remove_dead
 from ir.graph import Graph, Op
 
 Rewrite = Callable[[Graph, Op], bool]
 
 PIPELINE: Sequence[Rewrite] = (*canonicalize.REWRITES, *fold_batchnorm.REWRITES, *fuse.REWRITES)
+# after the fusions have matched their patterns: the remaining per-channel affine
+# maps become depthwise convolutions (the folds still run, on what they produce)
+AFFINE: Sequence[Rewrite] = (*PIPELINE, *affine.REWRITES)
 
 
 def apply(graph: Graph, rewrites: Sequence[Rewrite], limit: int = 100_000) -> int:
@@ -39,5 +42,6 @@ def run_passes(graph: Graph) -> Graph:
     from compiler.ops import infer_for
 
     apply(graph, PIPELINE)
+    apply(graph, AFFINE)
     graph.verify(infer_for(graph))
     return graph

@@ -1,0 +1,138 @@
+"""Ops that used to fall back to the CPU inside CNNs now run on the NPU, checked
+end to end on the simulator against onnxruntime (fp16 and calibrated int8):
+per-channel affine maps (Mul / Add / Sub / Div by constants, BatchNormalization,
+HardSigmoid) as 1x1 depthwise convolutions, fp16 depthwise convolutions of any
+channel count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import runtime
+from compiler.build import BuildOptions, build
+from compiler.frontend import load_graph
+from compiler.passes import run_passes
+from compiler.reference import run_graph
+from onnx_models import cosine, onnxruntime_outputs, save
+
+pytest.importorskip("runtime.sim")
+THRESHOLD = {"fp16": 0.9995, "int8": 0.995}
+
+
+def _model(nodes, inits, shape, opset=13):
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _affine_chain(c: int, seed: int):
+    """Relu (so nothing folds into a Conv) -> every affine form -> Relu."""
+    rng = np.random.default_rng(seed)
+    inits = {"s": rng.uniform(0.5, 2, (c, 1, 1)), "b": np.float32(0.25), "k": rng.standard_normal((1, c, 1, 1)),
+             "d": np.float32(1.5), "g": rng.uniform(0.5, 1.5, c), "beta": rng.standard_normal(c),
+             "mean": rng.standard_normal(c), "var": rng.uniform(0.5, 2, c)}
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["r", "s"], ["m"]),
+             helper.make_node("Add", ["b", "m"], ["a"]), helper.make_node("Sub", ["k", "a"], ["s1"]),
+             helper.make_node("Div", ["s1", "d"], ["d1"]),
+             helper.make_node("BatchNormalization", ["d1", "g", "beta", "mean", "var"], ["bn"]),
+             helper.make_node("HardSigmoid", ["bn"], ["h"], alpha=0.2, beta=0.5),
+             helper.make_node("Mul", ["h", "bn"], ["y"])]
+    return nodes, inits
+
+
+def test_affine_maps_become_depthwise_convolutions(tmp_path):
+    nodes, inits = _affine_chain(5, 0)
+    g = load_graph(save(_model(nodes, inits, [1, 5, 6, 7]), tmp_path / "m.onnx"))
+    x = np.random.default_rng(1).standard_normal((1, 5, 6, 7)).astype(np.float32)
+    before = run_graph(g, {"x": x})["y"]
+    run_passes(g)
+    types = [op.type for op in g.ops]
+    assert not {"Sub", "Div", "BatchNormalization", "HardSigmoid"} & set(types)
+    assert types.count("Mul") == 1  # x * hardsigmoid(x): two tensors
+    assert all(int(op.attrs["group"]) == 5 for op in g.ops if op.type == "Conv")
+    np.testing.assert_allclose(run_graph(g, {"x": x})["y"], before, rtol=1e-5, atol=1e-5)
+
+
+def test_a_constant_after_a_conv_still_folds_into_it(tmp_path):
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Add", ["c", "b"], ["y"])]
+    model = _model(nodes, {"w": rng.standard_normal((4, 3, 1, 1)), "b": rng.standard_normal((1, 4, 1, 1))},
+                   [1, 3, 5, 5])
+    g = run_passes(load_graph(save(model, tmp_path / "m.onnx")))
+    assert [op.type for op in g.ops] == ["Conv", "Add"]  # the Add fuses as the Conv's bias
+
+
+def _build_and_run(tmp_path, model, shape, precision):
+    path = save(model, tmp_path / "m.onnx")
+    options = BuildOptions(precision=precision)
+    rng = np.random.default_rng(7)
+    if precision == "int8":
+        options.calib = tmp_path / "calib.npz"
+        np.savez(options.calib, x=rng.standard_normal((4, *shape)).astype(np.float32))
+    report = build(path, tmp_path / "m.rkbin", options)
+    x = rng.standard_normal(shape).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        got = m.run({"x": x})["y"]
+    return report, got, onnxruntime_outputs(path, {"x": x})["y"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c", [3, 8, 24, 40])
+def test_affine_chain_runs_on_the_npu(tmp_path, precision, c):
+    nodes, inits = _affine_chain(c, c)
+    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, c, 6, 9]), (1, c, 6, 9), precision)
+    cpu = [p.op.type for p in report.placements if p.device == "cpu"]
+    assert cpu == ["Relu"], [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+@pytest.mark.parametrize("c", [1, 8, 16, 24, 48])
+def test_fp16_depthwise_of_any_channel_count_runs_on_the_npu(tmp_path, c):
+    rng = np.random.default_rng(c)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=c, pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = _model(nodes, {"w": rng.standard_normal((c, 1, 3, 3)), "b": rng.standard_normal(c)}, [1, c, 7, 10])
+    report, got, want = _build_and_run(tmp_path, model, (1, c, 7, 10), "fp16")
+    assert all(p.device == "npu" for p in report.placements)
+    assert cosine(got, want) >= THRESHOLD["fp16"]
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, h, w", [(8, 3, 20), (200, 3, 96), (40, 2, 7), (16, 1, 5)])
+def test_pointwise_conv_and_global_pool_on_maps_of_few_rows(tmp_path, precision, c, h, w):
+    """Fewer rows than a task reads (Q2): both treat every position alike, so the
+    H*W positions are read as a taller grid; a wide global pool's kernel also fits
+    the kernel fields that way, and a depthwise kernel over many channels is split
+    into channel tiles that each fit a CBUF bank."""
+    rng = np.random.default_rng(c + h)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["y"])]
+    model = _model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3, "b": rng.standard_normal(c)}, [1, 6, h, w])
+    report, got, want = _build_and_run(tmp_path, model, (1, 6, h, w), precision)
+    assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, h, w", [(8, 12, 20), (88, 3, 96), (40, 4, 5)])
+def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
+    """GlobalAveragePool -> 1x1 Conv + ReLU -> 1x1 Conv -> HardSigmoid: the [1, C, 1, 1]
+    maps are held as GEMM rows, the 1x1 convolutions run as GEMMs (M = 1), the
+    HardSigmoid as bias + clip. The final broadcast Mul stays on the CPU."""
+    rng = np.random.default_rng(c)
+    r = max(c // 4, 1)
+    inits = {"w1": rng.standard_normal((r, c, 1, 1)) / np.sqrt(c), "b1": rng.standard_normal(r) * 0.1,
+             "w2": rng.standard_normal((c, r, 1, 1)) / np.sqrt(r), "b2": rng.standard_normal((1, c, 1, 1))}
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Conv", ["p", "w1", "b1"], ["c1"]),
+             helper.make_node("Relu", ["c1"], ["r1"]), helper.make_node("Conv", ["r1", "w2"], ["c2"]),
+             helper.make_node("Add", ["c2", "b2"], ["a2"]),
+             helper.make_node("HardSigmoid", ["a2"], ["s"], alpha=0.2, beta=0.5),
+             helper.make_node("Mul", ["x", "s"], ["y"])]
+    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, c, h, w]), (1, c, h, w), precision)
+    cpu = [p.op.type for p in report.placements if p.device == "cpu"]
+    assert cpu == ["Mul"], [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    assert cosine(got, want) >= THRESHOLD[precision]
