@@ -213,13 +213,16 @@ def execute(state: CoreState, mem: IovaSpace, quirks: Quirks, task: FetchedTask,
         raise HangError("PPU_RDMA without the PPU has no consumer", **where)
     _check_completion(r, quirks, blocks, enable, where)
 
-    main = None
-    if Block.CNA in blocks:
-        main = _convolution(state, mem, quirks, r, stats)
-    if Block.DPU in blocks:
-        _dpu(mem, quirks, r, main, stats, (state.lut, task.lut_written))
-    if Block.PPU in blocks:
-        ppu.run(r, mem, quirks, blocks, stats)
+    # IEEE arithmetic on the NPU never traps: NaN/inf in bytes a task reads (e.g.
+    # uninitialised padding channels) flow through silently, as numpy must here
+    with np.errstate(invalid="ignore", over="ignore"):
+        main = None
+        if Block.CNA in blocks:
+            main = _convolution(state, mem, quirks, r, stats)
+        if Block.DPU in blocks:
+            _dpu(mem, quirks, r, main, stats, (state.lut, task.lut_written))
+        if Block.PPU in blocks:
+            ppu.run(r, mem, quirks, blocks, stats)
 
 
 def _check_completion(r: TaskRegisters, quirks: Quirks, blocks: set, enable: int, where: dict) -> None:
