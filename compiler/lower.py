@@ -141,11 +141,7 @@ class _Lowering:
 
     # -- steps --------------------------------------------------------------------------
     def add(self, step: Step) -> None:
-        index = len(self.steps)
-        self.steps.append(step)
-        for name in [*step.inputs, *step.outputs]:
-            if name and name in self.builder.lifetimes.get(self.program, {}):
-                self.builder.touch(self.program, name, index)
+        self.builder.append_step(self.program, self.steps, step)
 
     def cpu_op(self, index: int) -> None:
         op = self.graph.ops[index]
@@ -173,14 +169,7 @@ class _Lowering:
         for g in ordered:
             self.npu_tensor(g.output, g.output_layout, g.dtype)
         lowered = lower_segment(self.graph, ordered, self.builder, f"segment {number}", self.precision)
-        for buffer, end in lowered.extents.items():
-            if buffer in self.builder.tensors and self.builder.tensors[buffer].region == "scratch":
-                self.builder.grow(buffer, end)
-        for name, size in lowered.scratch:
-            self.builder.scratch_tensor(self.program, name, [size], DType.UINT8, "row", size)
-        self.add(lowered.step)
-        for name, _ in lowered.scratch:
-            self.builder.touch(self.program, name, len(self.steps) - 1)
+        self.builder.append_segment(self.program, self.steps, lowered)
         self.stats.npu_tasks += lowered.step.stats["tasks"]
 
 

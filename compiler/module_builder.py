@@ -122,6 +122,27 @@ class ModuleBuilder:
         info = self.tensors[name]
         info.nbytes = max(info.nbytes, _align(nbytes, 16))
 
+    # -- steps ------------------------------------------------------------------------
+    def append_step(self, program: str, steps: list[Step], step: Step) -> None:
+        """Append `step` to `program`'s steps, recording which scratch tensors it uses."""
+        index = len(steps)
+        steps.append(step)
+        for name in [*step.inputs, *step.outputs]:
+            if name and name in self.lifetimes.get(program, {}):
+                self.touch(program, name, index)
+
+    def append_segment(self, program: str, steps: list[Step], lowered) -> None:
+        """Append an NPU segment (compiler/npu_lower.SegmentLowering): its tensors
+        grow to what its tasks touch, and its emitter scratch lives for its step."""
+        for buffer, end in lowered.extents.items():
+            if buffer in self.tensors and self.tensors[buffer].region == "scratch":
+                self.grow(buffer, end)
+        for name, size in lowered.scratch:
+            self.scratch_tensor(program, name, [size], DType.UINT8, "row", size)
+        self.append_step(program, steps, lowered.step)
+        for name, _ in lowered.scratch:
+            self.touch(program, name, len(steps) - 1)
+
     # -- register commands ----------------------------------------------------------
     def add_regcmd(self, entries: np.ndarray) -> int:
         """Append a task's entries (16-byte aligned); returns its first entry index."""

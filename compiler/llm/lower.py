@@ -137,11 +137,7 @@ class _ProgramLowering:
         self.builder.host_tensor(name, t.type.shape, t.type.dtype)
 
     def add(self, step: Step) -> None:
-        index = len(self.steps)
-        self.steps.append(step)
-        for name in [*step.inputs, *step.outputs]:
-            if name and name in self.builder.lifetimes.get(self.program, {}):
-                self.builder.touch(self.program, name, index)
+        self.builder.append_step(self.program, self.steps, step)
 
     def scratch(self, name: str, shape, dtype: DType) -> None:
         self.builder.scratch_tensor(self.program, name, shape, dtype, "native-gemm",
@@ -225,14 +221,7 @@ class _ProgramLowering:
             outputs.append((y, x, w, bias))
         lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}",
                                 "int8" if int8 else "fp16")
-        for buffer, end in lowered.extents.items():
-            if buffer in self.builder.tensors and self.builder.tensors[buffer].region == "scratch":
-                self.builder.grow(buffer, end)
-        for name, size in lowered.scratch:
-            self.builder.scratch_tensor(self.program, name, [size], DType.UINT8, "row", size)
-        self.add(lowered.step)
-        for name, _ in lowered.scratch:
-            self.builder.touch(self.program, name, len(self.steps) - 1)
+        self.builder.append_segment(self.program, self.steps, lowered)
         self.stats.segments += 1
         self.stats.npu_tasks += lowered.step.stats["tasks"]
         for y, x, w, bias in outputs:
