@@ -115,7 +115,8 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
     runs: the NPU groups (compiler/npu_lower.NpuGroup) by op index."""
     graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
                                                     bind=dict(options.bind)))
-    graph = stage("passes", run_passes, graph)
+    # a calibrated int8 build decomposes ops the DPU has no int8 form for (their parts get scales)
+    graph = stage("passes", run_passes, graph, options.precision == "int8" and options.calib is not None)
     stage("check shapes", require_static, graph)
     graph = stage("quantize", quantize, graph, options.precision, options.calib)
     placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only)

@@ -136,3 +136,32 @@ def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
     cpu = [p.op.type for p in report.placements if p.device == "cpu"]
     assert cpu == ["Mul"], [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
     assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def _hard_swish_model(c: int, spelled_out: bool):
+    """Conv -> HardSwish, as the op or as exporters spell it: x * clip(x + 3, 0, 6) / 6."""
+    rng = np.random.default_rng(c)
+    inits = {"w": rng.standard_normal((c, 4, 3, 3)) / 4, "b": rng.standard_normal(c)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
+    if spelled_out:
+        inits |= {"three": np.float32(3), "zero": np.float32(0), "six": np.float32(6)}
+        nodes += [helper.make_node("Add", ["c", "three"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["k"]),
+                  helper.make_node("Mul", ["c", "k"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
+    else:
+        nodes.append(helper.make_node("HardSwish", ["c"], ["y"]))
+    return _model(nodes, inits, [1, 4, 8, 12], opset=14)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, spelled_out", [(8, False), (24, True), (40, False)])
+def test_hard_swish_runs_on_the_npu(tmp_path, precision, c, spelled_out):
+    """fp16: a lookup table in the convolution's epilogue. int8 (no int8 table):
+    x * clip(x/6 + 1/2, 0, 1), the gate a 1x1 depthwise convolution with a clip,
+    the product an element-wise Mul of two int8 tensors."""
+    report, got, want = _build_and_run(tmp_path, _hard_swish_model(c, spelled_out), (1, 4, 8, 12), precision)
+    assert all(p.device == "npu" for p in report.placements), \
+        [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    types = sorted(p.op.type for p in report.placements)
+    assert types == (["Conv", "HardSwish"] if precision == "fp16" else ["Add", "Clip", "Conv", "Conv", "Mul"])
+    assert cosine(got, want) >= THRESHOLD[precision]
+    assert report.segments == 1
