@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 from compiler import lower as lowering
 from compiler.frontend import load_graph
+from compiler.lone_ops import keep_lone_cheap_ops_on_cpu
 from compiler.mixed_precision import choose_fp16
 from compiler.module_builder import ModuleBuilder
 from compiler.partition import partition
@@ -124,6 +125,7 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
         fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
         if fp16:
             placements, groups = stage("place", place_ops, graph, options.precision, False, fp16)
+    placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups, options.precision)
     return graph, placements, groups
 
 

@@ -165,3 +165,49 @@ def test_hard_swish_runs_on_the_npu(tmp_path, precision, c, spelled_out):
     assert types == (["Conv", "HardSwish"] if precision == "fp16" else ["Add", "Clip", "Conv", "Conv", "Mul"])
     assert cosine(got, want) >= THRESHOLD[precision]
     assert report.segments == 1
+
+
+def _pool(src: str, dst: str):
+    """A CPU op (max pooling is PPU-only) that keeps the map's shape."""
+    return helper.make_node("MaxPool", [src], [dst], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+
+
+def _placed(report) -> dict[str, tuple[str, str]]:
+    return {p.op.outputs[0]: (p.device, p.reason) for p in report.placements}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_cheap_op_alone_between_cpu_ops_stays_on_the_cpu(tmp_path, precision):
+    """An affine map and an element-wise Add whose inputs come from CPU ops and
+    whose outputs go to CPU ops: converting in and out touches the same bytes the
+    op does, so both stay on the CPU and no segment is made for them."""
+    rng = np.random.default_rng(3)
+    nodes = [_pool("x", "p1"), helper.make_node("Mul", ["p1", "s"], ["m"]), _pool("m", "p2"),
+             _pool("x", "p3"), helper.make_node("Add", ["p2", "p3"], ["a"]), _pool("a", "y")]
+    model = _model(nodes, {"s": rng.uniform(0.5, 2, (1, 8, 1, 1))}, [1, 8, 6, 9])
+    report, got, want = _build_and_run(tmp_path, model, (1, 8, 6, 9), precision)
+    placed = _placed(report)
+    assert placed["m"][0] == placed["a"][0] == "cpu"
+    assert placed["m"][1] == placed["a"][1] == "kept on the CPU: alone between CPU ops, the conversions would " \
+                                                "cost more than it saves"
+    assert report.segments == 0 and report.conversions == 0
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_cheap_ops_with_an_npu_neighbour_or_real_work_stay_on_the_npu(tmp_path, precision):
+    """Not moved: an affine map feeding a convolution in its segment, a 3x3
+    depthwise convolution (9 MACs per output) alone between CPU ops, and an Add
+    reading the model's own input."""
+    rng = np.random.default_rng(4)
+    nodes = [_pool("x", "p1"), helper.make_node("Mul", ["p1", "s"], ["m"]),
+             helper.make_node("Conv", ["m", "w"], ["c"], pads=[1, 1, 1, 1]), _pool("c", "p2"),
+             helper.make_node("Conv", ["p2", "dw"], ["d"], group=8, pads=[1, 1, 1, 1]), _pool("d", "p3"),
+             helper.make_node("Add", ["p3", "x"], ["a"]), _pool("a", "y")]
+    inits = {"s": rng.uniform(0.5, 2, (1, 8, 1, 1)), "w": rng.standard_normal((8, 8, 3, 3)) / 8,
+             "dw": rng.standard_normal((8, 1, 3, 3)) / 3}
+    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, 8, 6, 9]), (1, 8, 6, 9), precision)
+    placed = _placed(report)
+    assert [placed[t][0] for t in ("m", "c", "d", "a")] == ["npu"] * 4, placed
+    assert report.segments == 3
+    assert cosine(got, want) >= THRESHOLD[precision]
