@@ -211,3 +211,12 @@ def test_cheap_ops_with_an_npu_neighbour_or_real_work_stay_on_the_npu(tmp_path, 
     assert [placed[t][0] for t in ("m", "c", "d", "a")] == ["npu"] * 4, placed
     assert report.segments == 3
     assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def test_an_average_pool_alone_between_cpu_ops_stays_on_the_npu(tmp_path):
+    """A 3x3 average pool does 9 operations per output: not memory-bound, so the
+    lone-op rule leaves it on the NPU even between two CPU ops."""
+    nodes = [_pool("x", "p1"), helper.make_node("AveragePool", ["p1"], ["a"], kernel_shape=[3, 3]), _pool("a", "y")]
+    report, got, want = _build_and_run(tmp_path, _model(nodes, {}, [1, 8, 9, 9]), (1, 8, 9, 9), "fp16")
+    assert _placed(report)["a"][0] == "npu"
+    assert cosine(got, want) >= THRESHOLD["fp16"]
