@@ -1,19 +1,25 @@
 """Cheap NPU operations alone between CPU ops stay on the CPU.
 
-An NPU group whose work is memory-bound (at most one MAC per element it reads
-or writes: an affine map as a 1x1 depthwise convolution, an element-wise op of
-two tensors, a lookup-table activation, a global pool) touches each byte of its
-inputs and output once. When every input comes from a CPU op and every reader
-of its output is a CPU op, the layout conversions in and out touch those very
-bytes on the CPU (compiler/cost.py `tensor_bytes`, what compiler/lower.py
-charges a conversion), so the CPU would do at least the op's own memory
-traffic anyway, and the NPU adds a submission (a kick, ir/npu/perf.py
-`KICK_OVERHEAD_S`): it cannot win. A tensor crossing between an int8 and an
-fp16 group is converted on the CPU too, so such a neighbour counts as a CPU op.
+An NPU group is moved to the CPU when all of these hold:
+
+* it is memory-bound: at most one MAC per element it reads or writes (an affine
+  map as a 1x1 depthwise convolution, an element-wise op of two tensors, a
+  lookup-table activation, a global pool);
+* it is alone between CPU ops: every input comes from a CPU op and only CPU ops
+  read its output. A tensor crossing between an int8 and an fp16 group is
+  converted on the CPU too, so such a neighbour counts as a CPU op;
+* in the byte counts of compiler/cost.py, the CPU running its ops
+  (`op_ddr_bytes`, constants aside) moves no more bytes than the layout
+  conversions it saves (`tensor_bytes`, what compiler/lower.py charges one):
+  the CPU then does no more memory work than the conversions alone would, and
+  the NPU's submission (its tasks and a kick, ir/npu/perf.py) is saved. A
+  group of several ops (a convolution with its ReLU) is one pass on the NPU but
+  one pass per op on the CPU: there the trade would need a CPU time model, so it
+  stays on the NPU.
 
 A model's own inputs and outputs are not CPU ops: a model that is one
-element-wise op still runs it on the NPU. Groups inside a segment (with an NPU
-neighbour of their dtype) never move.
+element-wise op still runs it on the NPU. Groups with an NPU neighbour of their
+dtype (inside a segment) never move.
 """
 
 from __future__ import annotations
@@ -74,6 +80,16 @@ def keep_lone_cheap_ops_on_cpu(graph: Graph, placements: list[Placement], groups
                      and readers and all(crosses(r, group.dtype) for r in readers)
                      and not any(o in graph.outputs for j in group.ops for o in graph.ops[j].outputs))
             if not alone or not _memory_bound(graph, group):
+                continue
+            # one conversion saved per input no other NPU reader of this dtype needs, and the output's
+            saved = sum(cost.tensor_bytes(graph, t) for t in inputs
+                        if all(r in inside or crosses(r, group.dtype) for r in read_by[t]))
+            saved += sum(cost.tensor_bytes(graph, graph.ops[j].outputs[0]) for j in group.ops
+                         if any(r not in inside for r in read_by.get(graph.ops[j].outputs[0], [])))
+            on_cpu = sum(cost.tensor_bytes(graph, t) for j in group.ops
+                         for t in (*graph.ops[j].present_inputs(), *graph.ops[j].outputs)
+                         if graph.tensors[t].kind != "const")
+            if on_cpu > saved:
                 continue
             for j in group.ops:
                 check_cpu(OpContext(graph.ops[j], graph, precision))

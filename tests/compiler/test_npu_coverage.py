@@ -197,19 +197,22 @@ def test_a_cheap_op_alone_between_cpu_ops_stays_on_the_cpu(tmp_path, precision):
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_cheap_ops_with_an_npu_neighbour_or_real_work_stay_on_the_npu(tmp_path, precision):
     """Not moved: an affine map feeding a convolution in its segment, a 3x3
-    depthwise convolution (9 MACs per output) alone between CPU ops, and an Add
-    reading the model's own input."""
+    depthwise convolution (9 MACs per output) alone between CPU ops, an Add
+    reading the model's own input, and an affine map with a fused ReLU alone
+    between CPU ops (one pass on the NPU, two on the CPU: more bytes than the
+    conversions it would save)."""
     rng = np.random.default_rng(4)
     nodes = [_pool("x", "p1"), helper.make_node("Mul", ["p1", "s"], ["m"]),
              helper.make_node("Conv", ["m", "w"], ["c"], pads=[1, 1, 1, 1]), _pool("c", "p2"),
              helper.make_node("Conv", ["p2", "dw"], ["d"], group=8, pads=[1, 1, 1, 1]), _pool("d", "p3"),
-             helper.make_node("Add", ["p3", "x"], ["a"]), _pool("a", "y")]
+             helper.make_node("Add", ["p3", "x"], ["a"]), _pool("a", "p4"),
+             helper.make_node("Mul", ["p4", "s"], ["m2"]), helper.make_node("Relu", ["m2"], ["r2"]), _pool("r2", "y")]
     inits = {"s": rng.uniform(0.5, 2, (1, 8, 1, 1)), "w": rng.standard_normal((8, 8, 3, 3)) / 8,
              "dw": rng.standard_normal((8, 1, 3, 3)) / 3}
     report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, 8, 6, 9]), (1, 8, 6, 9), precision)
     placed = _placed(report)
-    assert [placed[t][0] for t in ("m", "c", "d", "a")] == ["npu"] * 4, placed
-    assert report.segments == 3
+    assert [placed[t][0] for t in ("m", "c", "d", "a", "m2", "r2")] == ["npu"] * 6, placed
+    assert report.segments == 4
     assert cosine(got, want) >= THRESHOLD[precision]
 
 
