@@ -125,7 +125,8 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
         fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
         if fp16:
             placements, groups = stage("place", place_ops, graph, options.precision, False, fp16)
-    placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups, options.precision)
+    placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups,
+                               options.precision)
     return graph, placements, groups
 
 

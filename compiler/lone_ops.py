@@ -24,8 +24,6 @@ dtype (inside a segment) never move.
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import numpy as np
 
 from compiler import cost
