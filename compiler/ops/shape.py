@@ -12,7 +12,7 @@ from compiler.ops.rules import UNKNOWN, broadcast_shapes, const_or_attr, need, n
 from ir.errors import VerifyError
 from ir.types import DType, TensorType
 
-MOVES_DATA = cpu_only("rearranges data in memory; the NPU runs it only as a free view inside a segment")
+MOVES_DATA = cpu_only("rearranges data in memory: rkc moves data on the CPU (the NPU has no data-movement unit rkc drives yet)")
 
 
 def _static_numel(shape) -> int | None:

@@ -1,0 +1,87 @@
+"""A classifier head that flattens a pooled map before its matrix product:
+
+    Flatten/Reshape(x [N, C, 1, 1]) -> [N, C];  MatMul(., W [C, K]) or Gemm(., B, bias)
+
+becomes a 1x1 convolution on the map, flattened after it:
+
+    Conv(x, W^T as [K, C, 1, 1], bias) -> [N, K, 1, 1];  Flatten -> [N, K]
+
+The same products, but the flatten (a CPU step: it moves data between layouts)
+now follows the product instead of cutting the NPU segment before it, and the
+pooled map stays in the NPU's layout (a [N, C, 1, 1] map is stored like a
+one-row matrix, so the convolution runs as the same GEMM)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.passes.edit import add_const, only_consumer, producer
+from ir.graph import Graph, Op, Tensor
+from ir.types import TensorType
+
+
+def _const(graph: Graph, name: str) -> np.ndarray | None:
+    t = graph.tensors.get(name) if name else None
+    if t is None or t.kind != "const" or t.payload not in graph.payloads:
+        return None
+    return graph.payloads[t.payload]
+
+
+def _flattens_pooled_map(graph: Graph, op: Op) -> bool:
+    """Does `op` only drop the two unit spatial axes of a [N, C, 1, 1] map?"""
+    if op.type not in ("Flatten", "Reshape") or op.type == "Flatten" and int(op.attrs.get("axis", 1)) != 1:
+        return False
+    x, y = graph.tensors[op.inputs[0]].type.shape, graph.tensors[op.outputs[0]].type.shape
+    return len(x) == 4 and tuple(x[2:]) == (1, 1) and tuple(y) == tuple(x[:2])
+
+
+def _weights_and_bias(graph: Graph, mm: Op) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """(W [C, K], bias [K] or None) of a product with constant weights."""
+    w = _const(graph, mm.inputs[1])
+    if w is None or w.ndim != 2 or w.dtype.kind != "f":
+        return None
+    if mm.type == "MatMul":
+        return w, None
+    if mm.attrs.get("transA", 0):
+        return None
+    w = w.T if mm.attrs.get("transB", 0) else w
+    alpha, beta = float(mm.attrs.get("alpha", 1.0)), float(mm.attrs.get("beta", 1.0))
+    bias = None
+    if len(mm.inputs) > 2 and mm.inputs[2]:
+        c = _const(graph, mm.inputs[2])
+        if c is None or c.size not in (1, w.shape[1]) or c.ndim > 2 or c.ndim == 2 and c.shape[0] != 1:
+            return None
+        bias = np.broadcast_to(c.reshape(-1), (w.shape[1],)).astype(np.float64) * beta
+    w = w.astype(np.float64) * alpha
+    return w, bias
+
+
+def head_as_conv(graph: Graph, mm: Op) -> bool:
+    if mm.type not in ("MatMul", "Gemm"):
+        return False
+    flat = producer(graph, mm.inputs[0])
+    if flat is None or only_consumer(graph, flat.outputs[0]) is not mm or not _flattens_pooled_map(graph, flat):
+        return False
+    found = _weights_and_bias(graph, mm)
+    if found is None:
+        return False
+    w, bias = found
+    x, out = flat.inputs[0], mm.outputs[0]
+    dtype = graph.tensors[out].type.dtype
+    n, k = graph.tensors[out].type.shape
+    base = mm.name or out
+    mapped = f"{base}.map"
+    graph.tensors[mapped] = Tensor(mapped, TensorType(dtype, (n, k, 1, 1)), "value")
+    inputs = [x, add_const(graph, f"{base}.w_conv", w.T.reshape(k, -1, 1, 1).astype(dtype.numpy))]
+    if bias is not None:
+        inputs.append(add_const(graph, f"{base}.b_conv", bias.astype(dtype.numpy)))
+    conv = Op("Conv", inputs, [mapped], {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0]},
+              mm.name)
+    position = next(i for i, o in enumerate(graph.ops) if o is mm)
+    graph.ops[position:position + 1] = [conv, Op("Flatten", [mapped], [out], {"axis": 1}, flat.name)]
+    graph.ops.remove(flat)
+    del graph.tensors[flat.outputs[0]]
+    return True
+
+
+REWRITES = [head_as_conv]
