@@ -35,7 +35,7 @@ def measure(model, precision: str, tmp: Path) -> dict:
     report = build(model.path, tmp / f"{model.name}.{precision}.rkbin", options)
     row = {"model": model.name, "precision": precision, "compile_s": round(time.perf_counter() - t, 2),
            "size_mb": round(report.size / 1e6, 2), "ops_npu": report.ops_npu, "ops_cpu": report.ops_cpu,
-           "segments": report.segments, "tasks": report.npu_tasks}
+           "segments": report.segments, "conversions": report.conversions, "tasks": report.npu_tasks}
     if model.runs:
         import runtime
 
@@ -67,7 +67,7 @@ def main() -> None:
                         cos = ", ".join(f"{v:.6f}" for v in row.get("cosine", {}).values()) or "-"
                         print(f"{row['model']:22s} {precision:5s} compile {row['compile_s']:6.2f} s  "
                               f"{row['size_mb']:7.2f} MB  NPU ops {row['ops_npu']:4d}  CPU ops {row['ops_cpu']:4d}  "
-                              f"segments {row['segments']:3d}  run {row.get('run_s', '-')}  cosine {cos}", flush=True)
+                              f"segments {row['segments']:3d}  conversions {row['conversions']:3d}  run {row.get('run_s', '-')}  cosine {cos}", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
 

@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 from compiler import lower as lowering
 from compiler.frontend import load_graph
+from compiler.lone_ops import keep_lone_cheap_ops_on_cpu
 from compiler.mixed_precision import choose_fp16
 from compiler.module_builder import ModuleBuilder
 from compiler.partition import partition
@@ -115,7 +116,8 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
     runs: the NPU groups (compiler/npu_lower.NpuGroup) by op index."""
     graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
                                                     bind=dict(options.bind)))
-    graph = stage("passes", run_passes, graph)
+    # a calibrated int8 build decomposes ops the DPU has no int8 form for (their parts get scales)
+    graph = stage("passes", run_passes, graph, options.precision == "int8" and options.calib is not None)
     stage("check shapes", require_static, graph)
     graph = stage("quantize", quantize, graph, options.precision, options.calib)
     placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only)
@@ -123,6 +125,8 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
         fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
         if fp16:
             placements, groups = stage("place", place_ops, graph, options.precision, False, fp16)
+    placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups,
+                               options.precision)
     return graph, placements, groups
 
 

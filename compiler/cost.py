@@ -33,6 +33,10 @@ def op_macs(graph: Graph, op: Op) -> int:
         a = graph.tensors[op.inputs[0]].type.shape
         k = a[0] if op.type == "Gemm" and op.attrs.get("transA") else a[-1]
         return _numel(out.shape) * int(k)
+    if op.type in ("AveragePool", "MaxPool", "LpPool"):  # one operation per window element
+        return _numel(out.shape) * _numel(op.attrs.get("kernel_shape", [1]))
+    if op.type in ("GlobalAveragePool", "GlobalMaxPool"):  # one per input element
+        return _numel(graph.tensors[op.inputs[0]].type.shape)
     return _numel(out.shape)
 
 

@@ -39,10 +39,12 @@ def apply(graph: Graph, rewrites: Sequence[Rewrite], limit: int = 100_000) -> in
     return fired
 
 
-def run_passes(graph: Graph) -> Graph:
+def run_passes(graph: Graph, int8: bool = False) -> Graph:
+    """`int8`: the graph becomes a calibrated int8 program (its tensors are
+    calibrated after the passes), which adds the int8-only rewrites."""
     from compiler.ops import infer_for
 
     apply(graph, PIPELINE)
-    apply(graph, AFFINE)
+    apply(graph, (*affine.INT8_REWRITES, *AFFINE) if int8 else AFFINE)
     graph.verify(infer_for(graph))
     return graph

@@ -137,4 +137,26 @@ def hard_sigmoid_affine(graph: Graph, op: Op) -> bool:
     return True
 
 
+def hard_swish_product(graph: Graph, op: Op) -> bool:
+    """HardSwish(x) = x * HardSigmoid(x; 1/6, 1/2): the HardSigmoid becomes an
+    affine map with a clip (above), the product an element-wise Mul of two
+    same-shaped tensors. Only for calibrated int8 programs (INT8_REWRITES): the
+    DPU has no int8 lookup table, and in fp16 a table fused after the convolution
+    costs no task of its own."""
+    if op.type != "HardSwish" or _feature_map(graph, op.inputs[0]) is None:
+        return False
+    x, out = op.inputs[0], op.outputs[0]
+    base = op.name or out
+    gate = f"{base}.gate"
+    graph.tensors[gate] = Tensor(gate, graph.tensors[out].type, "value")
+    position = next(i for i, o in enumerate(graph.ops) if o is op)
+    graph.ops[position:position + 1] = [
+        Op("HardSigmoid", [x], [gate], {"alpha": 1 / 6, "beta": 0.5}, f"{base}.gate"),
+        Op("Mul", [x, gate], [out], {}, op.name),
+    ]
+    return True
+
+
 REWRITES = [hard_sigmoid_affine, batchnorm_affine, binary_affine]
+# int8 programs calibrated after the passes (every new tensor gets a scale)
+INT8_REWRITES = [hard_swish_product]

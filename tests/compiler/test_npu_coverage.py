@@ -136,3 +136,90 @@ def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
     cpu = [p.op.type for p in report.placements if p.device == "cpu"]
     assert cpu == ["Mul"], [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
     assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def _hard_swish_model(c: int, spelled_out: bool):
+    """Conv -> HardSwish, as the op or as exporters spell it: x * clip(x + 3, 0, 6) / 6."""
+    rng = np.random.default_rng(c)
+    inits = {"w": rng.standard_normal((c, 4, 3, 3)) / 4, "b": rng.standard_normal(c)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
+    if spelled_out:
+        inits |= {"three": np.float32(3), "zero": np.float32(0), "six": np.float32(6)}
+        nodes += [helper.make_node("Add", ["c", "three"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["k"]),
+                  helper.make_node("Mul", ["c", "k"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
+    else:
+        nodes.append(helper.make_node("HardSwish", ["c"], ["y"]))
+    return _model(nodes, inits, [1, 4, 8, 12], opset=14)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, spelled_out", [(8, False), (24, True), (40, False)])
+def test_hard_swish_runs_on_the_npu(tmp_path, precision, c, spelled_out):
+    """fp16: a lookup table in the convolution's epilogue. int8 (no int8 table):
+    x * clip(x/6 + 1/2, 0, 1), the gate a 1x1 depthwise convolution with a clip,
+    the product an element-wise Mul of two int8 tensors."""
+    report, got, want = _build_and_run(tmp_path, _hard_swish_model(c, spelled_out), (1, 4, 8, 12), precision)
+    assert all(p.device == "npu" for p in report.placements), \
+        [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    types = sorted(p.op.type for p in report.placements)
+    assert types == (["Conv", "HardSwish"] if precision == "fp16" else ["Add", "Clip", "Conv", "Conv", "Mul"])
+    assert cosine(got, want) >= THRESHOLD[precision]
+    assert report.segments == 1
+
+
+def _pool(src: str, dst: str):
+    """A CPU op (max pooling is PPU-only) that keeps the map's shape."""
+    return helper.make_node("MaxPool", [src], [dst], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+
+
+def _placed(report) -> dict[str, tuple[str, str]]:
+    return {p.op.outputs[0]: (p.device, p.reason) for p in report.placements}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_cheap_op_alone_between_cpu_ops_stays_on_the_cpu(tmp_path, precision):
+    """An affine map and an element-wise Add whose inputs come from CPU ops and
+    whose outputs go to CPU ops: converting in and out touches the same bytes the
+    op does, so both stay on the CPU and no segment is made for them."""
+    rng = np.random.default_rng(3)
+    nodes = [_pool("x", "p1"), helper.make_node("Mul", ["p1", "s"], ["m"]), _pool("m", "p2"),
+             _pool("x", "p3"), helper.make_node("Add", ["p2", "p3"], ["a"]), _pool("a", "y")]
+    model = _model(nodes, {"s": rng.uniform(0.5, 2, (1, 8, 1, 1))}, [1, 8, 6, 9])
+    report, got, want = _build_and_run(tmp_path, model, (1, 8, 6, 9), precision)
+    placed = _placed(report)
+    assert placed["m"][0] == placed["a"][0] == "cpu"
+    assert placed["m"][1] == placed["a"][1] == "kept on the CPU: alone between CPU ops, the conversions would " \
+                                                "cost more than it saves"
+    assert report.segments == 0 and report.conversions == 0
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_cheap_ops_with_an_npu_neighbour_or_real_work_stay_on_the_npu(tmp_path, precision):
+    """Not moved: an affine map feeding a convolution in its segment, a 3x3
+    depthwise convolution (9 MACs per output) alone between CPU ops, an Add
+    reading the model's own input, and an affine map with a fused ReLU alone
+    between CPU ops (one pass on the NPU, two on the CPU: more bytes than the
+    conversions it would save)."""
+    rng = np.random.default_rng(4)
+    nodes = [_pool("x", "p1"), helper.make_node("Mul", ["p1", "s"], ["m"]),
+             helper.make_node("Conv", ["m", "w"], ["c"], pads=[1, 1, 1, 1]), _pool("c", "p2"),
+             helper.make_node("Conv", ["p2", "dw"], ["d"], group=8, pads=[1, 1, 1, 1]), _pool("d", "p3"),
+             helper.make_node("Add", ["p3", "x"], ["a"]), _pool("a", "p4"),
+             helper.make_node("Mul", ["p4", "s"], ["m2"]), helper.make_node("Relu", ["m2"], ["r2"]), _pool("r2", "y")]
+    inits = {"s": rng.uniform(0.5, 2, (1, 8, 1, 1)), "w": rng.standard_normal((8, 8, 3, 3)) / 8,
+             "dw": rng.standard_normal((8, 1, 3, 3)) / 3}
+    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, 8, 6, 9]), (1, 8, 6, 9), precision)
+    placed = _placed(report)
+    assert [placed[t][0] for t in ("m", "c", "d", "a", "m2", "r2")] == ["npu"] * 6, placed
+    assert report.segments == 4
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def test_an_average_pool_alone_between_cpu_ops_stays_on_the_npu(tmp_path):
+    """A 3x3 average pool does 9 operations per output: not memory-bound, so the
+    lone-op rule leaves it on the NPU even between two CPU ops."""
+    nodes = [_pool("x", "p1"), helper.make_node("AveragePool", ["p1"], ["a"], kernel_shape=[3, 3]), _pool("a", "y")]
+    report, got, want = _build_and_run(tmp_path, _model(nodes, {}, [1, 8, 9, 9]), (1, 8, 9, 9), "fp16")
+    assert _placed(report)["a"][0] == "npu"
+    assert cosine(got, want) >= THRESHOLD["fp16"]
