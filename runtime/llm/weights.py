@@ -74,4 +74,6 @@ class Int8Weight:
     def matmul(self, x: np.ndarray) -> np.ndarray:
         xq, xs = quantize_rows(x.astype(np.float32))
         acc = xq.astype(self._qt.dtype) @ self._qt  # exact int32 accumulation
-        return (acc * xs[:, None] * self.scale[None, :]).astype(np.float32)
+        # rescaled as DequantizeRows does after the NPU (float64, then fp32)
+        return (acc.astype(np.float64) * xs.astype(np.float64)[:, None]
+                * self.scale.astype(np.float64)[None, :]).astype(np.float32)
