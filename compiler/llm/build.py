@@ -22,7 +22,8 @@ import numpy as np
 from compiler.frontend.gguf import GgufFile, graph_from_gguf
 from compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
 from compiler.llm.lower import EncodedWeight, LlmLowering, program_graph
-from compiler.llm.quantize import METHODS, quantize_matrix
+from compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_GROUPS, DEFAULT_ROUNDING, METHODS,
+                                   quantize_matrix)
 from compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from compiler.llm.weights import PRECISIONS, dequantize_all
 from compiler.module_builder import ModuleBuilder
@@ -45,13 +46,16 @@ class LlmCompileOptions:
     smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
     # int8 only: products whose weight name contains one of these stay fp16 (hybrid)
     keep_fp16: tuple[str, ...] = DEFAULT_KEEP_FP16
-    rounding: str = "rtn"  # int8 only: how weights are rounded (compiler/llm/quantize.py)
+    rounding: str = DEFAULT_ROUNDING  # int8 only: how weights are rounded (compiler/llm/quantize.py)
     scales: str = "max"  # int8 only: how the per-row weight scales are chosen (max or mse)
     calibration: Path = CALIBRATION_TEXT  # int8 only: the text calibration runs the float model on
     # int8 only: this many product groups (one NPU segment each: q+k+v, gate+up,
     # attn_output, ffn_down) stay fp16, those whose int8 output is noisiest on
     # the calibration text (a measured hybrid; the output head is never one)
-    fp16_groups: int = 0
+    fp16_groups: int = DEFAULT_FP16_GROUPS
+    # int8 only: SmoothQuant alpha chosen per product group from ALPHA_GRID, the
+    # one whose int8 output is least noisy on the calibration text
+    alpha_search: bool = DEFAULT_ALPHA_SEARCH
 
 
 @dataclass
@@ -122,24 +126,59 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
     SmoothQuant (folded into the norms / producing rows) and round. `weights`
     is consumed (smoothed in place)."""
     report = report or CompileReport()
-    cal, factors = None, {}
+    cal, factors, alpha = None, {}, options.smooth_alpha
     if options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)):
         cal = calibrate(graph, cfg, weights, tokenizer, hessians=_needs_hessians(options),
                         text=Path(options.calibration).read_text())
-        if options.smooth_alpha > 0:
-            factors = smooth(graph, weights, cal.ranges, options.smooth_alpha)
-            report.say(f"int8: SmoothQuant (alpha {options.smooth_alpha}) on {len(factors)} matrices, "
+        alpha: float | dict[str, float] = options.smooth_alpha
+        if options.alpha_search:
+            alpha = _search_alphas(graph, cfg, tokenizer, weights, cal, options)
+            report.say(f"int8: SmoothQuant alpha per product group, least int8 output noise on the calibration "
+                       f"text: {_histogram(alpha)}")
+        if options.alpha_search or options.smooth_alpha > 0:
+            factors = smooth(graph, weights, cal.ranges, alpha)
+            report.say(f"int8: SmoothQuant on {len(factors)} matrices, "
                        f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
     matrices = encode_matrices(graph, weights, options, cal, factors)
     if options.precision == "int8":
         report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding}")
-        report.quantization = {"smooth_alpha": options.smooth_alpha, "rounding": options.rounding,
+        report.quantization = {"smooth_alpha": alpha if options.alpha_search else options.smooth_alpha,
+                               "rounding": options.rounding,
                                "scales": options.scales, "calibration": Path(options.calibration).name,
                                "keep_fp16": list(options.keep_fp16)}
         if options.fp16_groups > 0:
             _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
     vectors = {n: w.astype(np.float32) for n, w in weights.items() if n not in matrices}
     return matrices, vectors
+
+
+ALPHA_GRID = (0.0, 0.3, 0.5, 0.7, 0.85)
+
+
+def _search_alphas(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray], cal: Calibration,
+                   options: LlmCompileOptions) -> dict[str, float]:
+    """Per group of products reading one input, the alpha of ALPHA_GRID whose
+    smoothed, round-to-nearest int8 products have the least output noise on the
+    calibration text (smoothing is exact in float, so every group is measured
+    on the same float activations, all groups in one pass per alpha)."""
+    head = next(op.inputs[1] for op in graph.ops if op.outputs[0] == "logits")
+    text = Path(options.calibration).read_text()
+    best: dict[str, tuple[float, float]] = {}
+    for a in ALPHA_GRID:
+        trial = dict(weights)  # smooth() replaces arrays, never writes into them
+        factors = smooth(graph, trial, cal.ranges, a) if a > 0 else {}
+        int8 = {n: Int8Weight(*quantize_matrix(trial[n])) for n in _matrix_names(graph) if n != head}
+        errors = product_errors(graph, cfg, trial, int8, tokenizer, text)
+        for group, e in errors.items():
+            if group not in best or e < best[group][1]:
+                best[group] = (a, e)
+        del trial, factors, int8
+    return {g: a for g, (a, _) in best.items()}
+
+
+def _histogram(alpha: dict[str, float]) -> str:
+    counts = {a: sum(1 for v in alpha.values() if v == a) for a in ALPHA_GRID}
+    return ", ".join(f"{a}: {c} groups" for a, c in counts.items() if c)
 
 
 def _keep_noisiest_fp16(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray],

@@ -28,8 +28,14 @@ from runtime.llm.tokenizer import LlmTokenizer
 from runtime.llm.weights import Weight
 
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
+# the text runs as independent sequences of WINDOW tokens (each after the first
+# starts with BOS), at most MAX_TOKENS in all: prompt-like lengths, and a cost
+# linear in the text
+WINDOW = 256
+MAX_TOKENS = 2048
 
-# observe(op, inputs, chunk_start) runs before each op; returning False skips the op
+# observe(op, inputs, chunk) runs before each op (chunk: a number distinct per forward
+# pass of a calibration run); returning False skips the op
 Observer = Callable[[object, list, int], "bool | None"]
 
 
@@ -80,13 +86,13 @@ class GraphRunner:
 def calibrate(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray], tokenizer: LlmTokenizer,
               hessians: bool = True, chunk: int = 64, text: str | None = None) -> Calibration:
     """Ranges (and X^T X) of every Linear's input over the calibration text."""
-    ids = tokenizer.encode(text if text is not None else CALIBRATION_TEXT.read_text())
+    windows = calibration_windows(tokenizer, text if text is not None else CALIBRATION_TEXT.read_text())
     dense = {name: Weight(w) for name, w in weights.items()}
-    cal = Calibration(tokens=len(ids))
+    cal = Calibration(tokens=sum(len(w) for w in windows))
     summed: dict[str, int] = {}  # input tensor -> last chunk added (q/k/v read one input)
     by_input: dict[str, np.ndarray] = {}
 
-    def observe(op, ins, start) -> bool:
+    def observe(op, ins, chunk_no) -> bool:
         if op.type != "Linear":
             return True
         x, w = np.asarray(ins[0], np.float32), op.inputs[1]
@@ -94,19 +100,35 @@ def calibrate(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray], toke
         cal.ranges[w] = amax if w not in cal.ranges else np.maximum(cal.ranges[w], amax)
         if hessians:
             key = op.inputs[0]
-            if summed.get(key) != start:
+            if summed.get(key) != chunk_no:
                 x64 = x.astype(np.float64)
                 if key not in by_input:
                     by_input[key] = np.zeros((x.shape[1], x.shape[1]))
                 by_input[key] += x64.T @ x64
-                summed[key] = start
+                summed[key] = chunk_no
             cal.hessians[w] = by_input[key]
         return op.outputs[0] != "logits"
 
-    runner = GraphRunner(graph, cfg, dense, len(ids) + 1)
-    for start in range(0, len(ids), chunk):
-        runner.forward(ids[start:start + chunk], start, observe)
+    _run_windows(GraphRunner(graph, cfg, dense, WINDOW + 1), windows, chunk, observe)
     return cal
+
+
+def calibration_windows(tokenizer: LlmTokenizer, text: str) -> list[list[int]]:
+    ids = tokenizer.encode(text)[:MAX_TOKENS]
+    bos = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
+    return [ids[:WINDOW]] + [bos + ids[s:s + WINDOW - len(bos)]
+                             for s in range(WINDOW, len(ids), WINDOW - len(bos))]
+
+
+def _run_windows(runner: GraphRunner, windows: list[list[int]], chunk: int, observe: Observer) -> None:
+    """Each window from an empty KV cache, in chunks (the chunk number is the
+    observer's key, so positions restart per window but chunks stay distinct)."""
+    n = 0
+    for ids in windows:
+        runner.reset()
+        for start in range(0, len(ids), chunk):
+            runner.forward(ids[start:start + chunk], start, lambda op, ins, _s, k=n: observe(op, ins, k))
+            n += 1
 
 
 def activation_ranges(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray],
@@ -124,7 +146,7 @@ def product_errors(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray],
     weight name -> runtime weight, e.g. Int8Weight) on the same input —
     the noise-to-signal ratio sum |y_c - y|^2 / sum |y|^2 of the group, keyed
     by its input tensor. The output head is not measured (kept as compiled)."""
-    ids = tokenizer.encode(text)
+    windows = calibration_windows(tokenizer, text)
     dense = {name: Weight(w) for name, w in weights.items()}
     noise: dict[str, float] = {}
     signal: dict[str, float] = {}
@@ -144,7 +166,5 @@ def product_errors(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray],
             signal[key] = signal.get(key, 0.0) + float(np.sum(y.astype(np.float64) ** 2))
         return True
 
-    runner = GraphRunner(graph, cfg, dense, len(ids) + 1)
-    for start in range(0, len(ids), chunk):
-        runner.forward(ids[start:start + chunk], start, observe)
+    _run_windows(GraphRunner(graph, cfg, dense, WINDOW + 1), windows, chunk, observe)
     return {k: noise[k] / max(signal[k], 1e-30) for k in noise}

@@ -26,6 +26,10 @@ from ir.errors import UnsupportedError
 
 QMAX = 127
 METHODS = ("gptq", "rtn")
+# `rkc compile --precision int8` defaults (measured on Gemma 3 270M: docs/llm.md)
+DEFAULT_ROUNDING = "rtn"
+DEFAULT_FP16_GROUPS = 0
+DEFAULT_ALPHA_SEARCH = False
 SCALES = ("max", "mse")
 CLIP_GRID = np.linspace(0.60, 1.0, 21)
 GPTQ_DAMP = 0.01  # of the mean diagonal of H (the paper's default)

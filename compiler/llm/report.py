@@ -103,7 +103,8 @@ def figures(module: Module) -> dict:
     """The JSON of `rkc inspect --json` for an LLM rkbin."""
     out: dict = {"model": module.metadata.get("name"), "precision": module.metadata.get("precision"),
                  "weight_bytes": weight_bytes(module), "clock_hz": CLOCK, "dram_bytes_per_s": BANDWIDTH,
-                 "placement": module.metadata.get("placement", {})}
+                 "placement": module.metadata.get("placement", {}),
+                 "quantization": module.metadata.get("quantization", {})}
     d = phase(module, module.program("decode"))
     out["decode"] = {"segments_per_token": d.segments, "tasks_per_token": d.tasks,
                      "kicks_per_token": d.kicks_chained, "kicks_per_token_stock": d.kicks_stock,
@@ -121,11 +122,26 @@ def figures(module: Module) -> dict:
     return out
 
 
+def quantization_lines(q: dict) -> list[str]:
+    """How an int8 file's weights were made (compiler/llm/build.py)."""
+    if not q:
+        return []
+    lines = [f"int8: SmoothQuant alpha {q['smooth_alpha']}, {q['scales']} row scales, {q['rounding']} rounding, "
+             f"calibrated on {q['calibration']}"]
+    hybrid = q.get("fp16_groups")
+    if hybrid:
+        lines.append(f"  hybrid: {len(hybrid['products'])} products kept fp16 (noisiest int8 groups on the "
+                     f"calibration text, +{hybrid['extra_weight_bytes'] / 1e6:.1f} MB): "
+                     f"{', '.join(n.removesuffix('.weight') for n in hybrid['products'])}")
+    return lines
+
+
 def summary_lines(module: Module) -> list[str]:
     fig = figures(module)
     d = fig["decode"]
     lines = [f"LLM {fig['model']} ({fig['precision']}): weights {fig['weight_bytes'] / 1e6:.1f} MB on the NPU, "
              f"one copy for {len(module.programs)} programs",
+             *quantization_lines(fig["quantization"]),
              f"decode, per token: {d['segments_per_token']} NPU segments, {d['tasks_per_token']} tasks, "
              f"{d['kicks_per_token']} kicks with hardware chaining ({d['kicks_per_token_stock']} stock), "
              f"{d['cpu_steps_per_token']} CPU steps",

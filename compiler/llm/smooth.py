@@ -31,7 +31,8 @@ def smooth(graph: Graph, weights: dict[str, np.ndarray], ranges: dict[str, np.nd
            alpha: float | dict[str, float] = DEFAULT_ALPHA) -> dict[str, np.ndarray]:
     """Rescale `weights` (fp32, in place); return, per Linear weight smoothed,
     the factors s its input columns were multiplied by (its input is now x / s).
-    `alpha` may be given per Linear input group (keyed by its first weight)."""
+    `alpha` may be given per group of Linears that read one input (keyed by
+    that input tensor; groups not listed get DEFAULT_ALPHA)."""
     producers = graph.producers()
     consumers = graph.consumers()
     groups: dict[str, list[str]] = {}
@@ -40,7 +41,7 @@ def smooth(graph: Graph, weights: dict[str, np.ndarray], ranges: dict[str, np.nd
             groups.setdefault(op.inputs[0], []).append(op.inputs[1])
     done: dict[str, np.ndarray] = {}
     for x, names in groups.items():
-        a_of = alpha.get(names[0], DEFAULT_ALPHA) if isinstance(alpha, dict) else alpha
+        a_of = alpha.get(x, DEFAULT_ALPHA) if isinstance(alpha, dict) else alpha
         if a_of <= 0:
             continue
         if any(len(consumers[n]) != 1 for n in names) or any(n not in ranges for n in names):
