@@ -19,7 +19,7 @@ float model (fp32 weights and activations):
 
     PYTHONPATH=$PWD python tools/llm_quant_eval.py SCHEME [SCHEME ...]
     SCHEME: float | fp16 | int8[:key=value,...]  keys: rounding=rtn|gptq, scales=max|mse, cal=TEXTFILE,
-            alpha=0.5|search, keep=ffn_down+output, fp16=N (groups), act=token|exact (exact: activations
+            alpha=0.5|search, keep=ffn_down+output, fp16=N (groups of Gemma 3 270M's 72), act=token|exact (exact: activations
             not quantized, to bound what the weights alone cost)
     --check-rkbin FILE: also run FILE's engine (simulator) on the test's prompts
             and compare its tokens and logits with the scheme's CPU run
@@ -190,7 +190,7 @@ def build_weights(bench: Bench, scheme: str) -> dict:
     if kind == "float":
         return {n: Weight(w) for n, w in weights.items()}
     given = {"rounding": kv.get("rounding"), "scales": kv.get("scales"), "calibration": kv.get("cal"),
-             "fp16_groups": int(kv["fp16"]) if "fp16" in kv else None,
+             "fp16_share": float(kv["fp16"]) / 72 if "fp16" in kv else None,  # groups of Gemma 3 270M
              "alpha_search": kv["alpha"] == "search" if "alpha" in kv else None,
              "smooth_alpha": float(kv["alpha"]) if kv.get("alpha", "search") != "search" else None,
              "keep_fp16": tuple(k for k in kv["keep"].split("+") if k) if "keep" in kv else None}

@@ -11,7 +11,7 @@ import click
 from compiler.build import PRECISIONS, BuildOptions, build
 from compiler.frontend import detect_kind
 from compiler.frontend.onnx import parse_input_shapes
-from compiler.llm.quantize import DEFAULT_FP16_GROUPS, DEFAULT_ROUNDING, METHODS
+from compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS
 
 
 def _chunks(text: str) -> tuple[int, ...]:
@@ -55,12 +55,12 @@ class _Progress:
                    "stay fp16 (a hybrid).")
 @click.option("--int8-rounding", type=click.Choice(METHODS), default=DEFAULT_ROUNDING, show_default=True,
               help="GGUF LLM, int8: weight rounding (gptq: error-compensating, on the calibration text).")
-@click.option("--fp16-groups", type=int, default=DEFAULT_FP16_GROUPS, show_default=True,
-              help="GGUF LLM, int8: keep this many product groups fp16, those noisiest in int8 on the "
+@click.option("--fp16-share", type=click.FloatRange(0, 1), default=DEFAULT_FP16_SHARE, show_default=True,
+              help="GGUF LLM, int8: this share of the product groups stays fp16, those noisiest in int8 on the "
                    "calibration text (a measured hybrid; 0: all int8).")
 def compile_command(model: str, output: str | None, precision: str, calib: str | None, input_shapes: tuple[str, ...],
                     explain: bool, cpu_only: bool, verbose: bool, prefill_chunks: str, smooth_alpha: float,
-                    keep_fp16: str, int8_rounding: str, fp16_groups: int) -> None:
+                    keep_fp16: str, int8_rounding: str, fp16_share: float) -> None:
     """Compile MODEL (ONNX, GGUF LLM or IR text) into an .rkbin for the NPU.
 
     \b
@@ -75,7 +75,7 @@ def compile_command(model: str, output: str | None, precision: str, calib: str |
 
         keep = tuple(k.strip() for k in keep_fp16.split(",") if k.strip())
         llm = LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha, keep, int8_rounding,
-                                fp16_groups=fp16_groups)
+                                fp16_share=fp16_share)
         for line in compile_gguf(model, out, llm).lines:
             click.echo(line)
         return

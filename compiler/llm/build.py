@@ -22,7 +22,7 @@ import numpy as np
 from compiler.frontend.gguf import GgufFile, graph_from_gguf
 from compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
 from compiler.llm.lower import EncodedWeight, LlmLowering, program_graph
-from compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_GROUPS, DEFAULT_ROUNDING, METHODS,
+from compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS,
                                    quantize_matrix)
 from compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from compiler.llm.weights import PRECISIONS, dequantize_all
@@ -49,10 +49,10 @@ class LlmCompileOptions:
     rounding: str = DEFAULT_ROUNDING  # int8 only: how weights are rounded (compiler/llm/quantize.py)
     scales: str = "max"  # int8 only: how the per-row weight scales are chosen (max or mse)
     calibration: Path = CALIBRATION_TEXT  # int8 only: the text calibration runs the float model on
-    # int8 only: this many product groups (one NPU segment each: q+k+v, gate+up,
-    # attn_output, ffn_down) stay fp16, those whose int8 output is noisiest on
-    # the calibration text (a measured hybrid; the output head is never one)
-    fp16_groups: int = DEFAULT_FP16_GROUPS
+    # int8 only: this share of the product groups (one NPU segment each: q+k+v,
+    # gate+up, attn_output, ffn_down) stays fp16, the groups whose int8 output is
+    # noisiest on the calibration text (a measured hybrid; never the output head)
+    fp16_share: float = DEFAULT_FP16_SHARE
     # int8 only: SmoothQuant alpha chosen per product group from ALPHA_GRID, the
     # one whose int8 output is least noisy on the calibration text
     alpha_search: bool = DEFAULT_ALPHA_SEARCH
@@ -146,7 +146,7 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
                                "rounding": options.rounding,
                                "scales": options.scales, "calibration": Path(options.calibration).name,
                                "keep_fp16": list(options.keep_fp16)}
-        if options.fp16_groups > 0:
+        if options.fp16_share > 0:
             _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
     vectors = {n: w.astype(np.float32) for n, w in weights.items() if n not in matrices}
     return matrices, vectors
@@ -184,12 +184,12 @@ def _histogram(alpha: dict[str, float]) -> str:
 def _keep_noisiest_fp16(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray],
                         matrices: dict[str, EncodedWeight], options: LlmCompileOptions,
                         report: CompileReport) -> None:
-    """The measured hybrid: re-encode as fp16 the options.fp16_groups product
+    """The measured hybrid: re-encode as fp16 the options.fp16_share of product
     groups whose int8 output error is largest on the calibration text."""
     head = next(op.inputs[1] for op in graph.ops if op.outputs[0] == "logits")
     int8 = {n: Int8Weight(e.data, e.scale) for n, e in matrices.items() if e.scale is not None and n != head}
     errors = product_errors(graph, cfg, weights, int8, tokenizer, Path(options.calibration).read_text())
-    chosen = sorted(errors, key=errors.get, reverse=True)[:options.fp16_groups]
+    chosen = sorted(errors, key=errors.get, reverse=True)[:round(options.fp16_share * len(errors))]
     names = {}
     for op in graph.ops:
         if op.type == "Linear" and op.inputs[0] in chosen and op.inputs[1] in int8:
@@ -203,7 +203,7 @@ def _keep_noisiest_fp16(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dic
     report.say(f"int8: hybrid: {len(chosen)} of {len(errors)} product groups kept fp16 (largest int8 output "
                f"noise/signal on the calibration text: {', '.join(f'{_short(names[g])} {errors[g]:.1e}' for g in chosen)}); "
                f"+{extra / 1e6:.1f} MB of weights")
-    report.quantization["fp16_groups"] = {"products": kept, "noise_to_signal": {g: errors[g] for g in chosen},
+    report.quantization["hybrid"] = {"products": kept, "noise_to_signal": {g: errors[g] for g in chosen},
                                           "extra_weight_bytes": extra}
 
 

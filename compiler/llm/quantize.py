@@ -27,8 +27,8 @@ from ir.errors import UnsupportedError
 QMAX = 127
 METHODS = ("gptq", "rtn")
 # `rkc compile --precision int8` defaults (measured on Gemma 3 270M: docs/llm.md)
-DEFAULT_ROUNDING = "rtn"
-DEFAULT_FP16_GROUPS = 0
+DEFAULT_ROUNDING = "gptq"
+DEFAULT_FP16_SHARE = 0.25  # of the product groups (Gemma 3 270M: 18 of 72)
 DEFAULT_ALPHA_SEARCH = False
 SCALES = ("max", "mse")
 CLIP_GRID = np.linspace(0.60, 1.0, 21)

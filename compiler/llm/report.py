@@ -128,7 +128,7 @@ def quantization_lines(q: dict) -> list[str]:
         return []
     lines = [f"int8: SmoothQuant alpha {q['smooth_alpha']}, {q['scales']} row scales, {q['rounding']} rounding, "
              f"calibrated on {q['calibration']}"]
-    hybrid = q.get("fp16_groups")
+    hybrid = q.get("hybrid")
     if hybrid:
         lines.append(f"  hybrid: {len(hybrid['products'])} products kept fp16 (noisiest int8 groups on the "
                      f"calibration text, +{hybrid['extra_weight_bytes'] / 1e6:.1f} MB): "

@@ -34,7 +34,7 @@ def synth_rkbin(synth_dir, synth_gguf):
 
     def get(arch: str, precision: str = "fp16", chunks: tuple[int, ...] = (1, 4, 16), alpha: float = 0.5,
             keep: tuple[str, ...] = (), **int8):
-        """int8: rounding=..., scales=..., fp16_groups=... (LlmCompileOptions; the defaults otherwise)."""
+        """int8: rounding=..., scales=..., fp16_share=... (LlmCompileOptions; the defaults otherwise)."""
         key = (arch, precision, chunks, alpha, keep, tuple(sorted(int8.items())))
         if key not in built:
             tag = "-".join(f"{k}={v}" for k, v in sorted(int8.items()))
