@@ -126,7 +126,10 @@ def quantization_lines(q: dict) -> list[str]:
     """How an int8 file's weights were made (compiler/llm/build.py)."""
     if not q:
         return []
-    lines = [f"int8: SmoothQuant alpha {q['smooth_alpha']}, {q['scales']} row scales, {q['rounding']} rounding, "
+    alpha = q["smooth_alpha"]
+    alpha = (f"alpha per product group ({min(alpha.values())}..{max(alpha.values())})" if isinstance(alpha, dict)
+             else f"alpha {alpha}")
+    lines = [f"int8: SmoothQuant {alpha}, {q['scales']} row scales, {q['rounding']} rounding, "
              f"calibrated on {q['calibration']}"]
     hybrid = q.get("hybrid")
     if hybrid:

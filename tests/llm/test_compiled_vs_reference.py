@@ -168,3 +168,15 @@ def test_sampler():
     assert [Sampler(0.7, seed=5)(logits) for _ in range(3)] == [Sampler(0.7, seed=5)(logits) for _ in range(3)]
     # top-p 0.5 keeps only the two near-equal leaders
     assert {Sampler(1.0, top_k=0, top_p=0.5, seed=s)(logits) for s in range(100)} == {1, 3}
+
+
+def test_inspect_says_how_int8_was_made(synth_rkbin):
+    from compiler.llm.report import figures, summary_lines
+    from ir.rkbin import read_rkbin
+
+    module = read_rkbin(synth_rkbin("gemma3", "int8")).module
+    q = figures(module)["quantization"]
+    assert q["rounding"] == "gptq" and q["hybrid"]["products"]
+    text = "\n".join(summary_lines(module))
+    assert "gptq rounding" in text and "kept fp16" in text and q["hybrid"]["products"][0].removesuffix(".weight") in text
+    assert figures(read_rkbin(synth_rkbin("gemma3", "fp16")).module)["quantization"] == {}
