@@ -18,9 +18,11 @@ float model (fp32 weights and activations):
   top-1 agreement with llama.cpp.
 
     PYTHONPATH=$PWD python tools/llm_quant_eval.py SCHEME [SCHEME ...]
-    SCHEME: float | fp16 | int8[:key=value,...]  keys: rounding=rtn|gptq, scales=max|mse, cal=TEXTFILE,
-            alpha=0.5|search, keep=ffn_down+output, fp16=N (groups of Gemma 3 270M's 72), act=token|exact (exact: activations
-            not quantized, to bound what the weights alone cost)
+    SCHEME: float | fp16 | int8[:key=value,...] (keys not given: rkc compile's defaults)
+            keys: rounding=rtn|gptq, scales=max|mse, cal=TEXTFILE, alpha=0.5|search,
+            keep=ffn_down+output, fp16=N (hybrid: N of Gemma 3 270M's 72 product groups),
+            act=token|exact (exact: activations not quantized, to bound what the weights
+            alone cost), w=float (weights not rounded: what the activations alone cost)
     --check-rkbin FILE: also run FILE's engine (simulator) on the test's prompts
             and compare its tokens and logits with the scheme's CPU run
 """

@@ -22,7 +22,7 @@ import numpy as np
 from compiler.frontend.gguf import GgufFile, graph_from_gguf
 from compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
 from compiler.llm.lower import EncodedWeight, LlmLowering, program_graph
-from compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS,
+from compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
                                    quantize_matrix)
 from compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from compiler.llm.weights import PRECISIONS, dequantize_all
@@ -34,8 +34,8 @@ from runtime.llm.tokenizer import LlmTokenizer
 from runtime.llm.weights import Int8Weight
 
 DEFAULT_CHUNKS = (1, 32, 128, 512)
-# int8 is W8A8 throughout by default; `keep_fp16` makes a hybrid (e.g. ("ffn_down",):
-# the FFN's gated activations are the hardest for per-token int8; docs/llm.md)
+# int8 products named here stay fp16 (e.g. ("ffn_down",)), besides the measured
+# hybrid of `fp16_share` (docs/llm.md)
 DEFAULT_KEEP_FP16: tuple[str, ...] = ()
 
 
@@ -126,11 +126,11 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
     SmoothQuant (folded into the norms / producing rows) and round. `weights`
     is consumed (smoothed in place)."""
     report = report or CompileReport()
-    cal, factors, alpha = None, {}, options.smooth_alpha
+    cal, factors = None, {}
+    alpha: float | dict[str, float] = options.smooth_alpha
     if options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)):
         cal = calibrate(graph, cfg, weights, tokenizer, hessians=_needs_hessians(options),
                         text=Path(options.calibration).read_text())
-        alpha: float | dict[str, float] = options.smooth_alpha
         if options.alpha_search:
             alpha = _search_alphas(graph, cfg, tokenizer, weights, cal, options)
             report.say(f"int8: SmoothQuant alpha per product group, least int8 output noise on the calibration "
@@ -142,10 +142,8 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
     matrices = encode_matrices(graph, weights, options, cal, factors)
     if options.precision == "int8":
         report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding}")
-        report.quantization = {"smooth_alpha": alpha if options.alpha_search else options.smooth_alpha,
-                               "rounding": options.rounding,
-                               "scales": options.scales, "calibration": Path(options.calibration).name,
-                               "keep_fp16": list(options.keep_fp16)}
+        report.quantization = {"smooth_alpha": alpha, "rounding": options.rounding, "scales": options.scales,
+                               "calibration": Path(options.calibration).name, "keep_fp16": list(options.keep_fp16)}
         if options.fp16_share > 0:
             _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
     vectors = {n: w.astype(np.float32) for n, w in weights.items() if n not in matrices}
@@ -200,11 +198,11 @@ def _keep_noisiest_fp16(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dic
             matrices[n] = EncodedWeight(weights[n].astype(np.float16))
             extra += matrices[n].data.nbytes // 2  # fp16 is twice int8's bytes
     kept = [n for g in chosen for n in names.get(g, [])]
+    noisiest = ", ".join(f"{_short(names[g])} {errors[g]:.1e}" for g in chosen)
     report.say(f"int8: hybrid: {len(chosen)} of {len(errors)} product groups kept fp16 (largest int8 output "
-               f"noise/signal on the calibration text: {', '.join(f'{_short(names[g])} {errors[g]:.1e}' for g in chosen)}); "
-               f"+{extra / 1e6:.1f} MB of weights")
+               f"noise/signal on the calibration text: {noisiest}); +{extra / 1e6:.1f} MB of weights")
     report.quantization["hybrid"] = {"products": kept, "noise_to_signal": {g: errors[g] for g in chosen},
-                                          "extra_weight_bytes": extra}
+                                     "extra_weight_bytes": extra}
 
 
 def _short(names: list[str]) -> str:
@@ -244,9 +242,9 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
     weights = dequantize_all(gf, consts)
     lap("dequantize")
-    if options.precision == "int8" and options.rounding not in METHODS:
-        raise UnsupportedError(f"int8 weight rounding {options.rounding!r} is not known "
-                               f"(choose {' or '.join(METHODS)})")
+    if options.precision == "int8" and (options.rounding not in METHODS or options.scales not in SCALES):
+        raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
+                               f"(rounding: {' or '.join(METHODS)}; scales: {' or '.join(SCALES)})")
     matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, options, report)
     kept = sorted(n for n in matrices if _precision_of(n, options) != options.precision)
     if kept:

@@ -131,11 +131,6 @@ def _run_windows(runner: GraphRunner, windows: list[list[int]], chunk: int, obse
             n += 1
 
 
-def activation_ranges(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray],
-                      tokenizer: LlmTokenizer, chunk: int = 64) -> dict[str, np.ndarray]:
-    """Linear weight name -> per-input-channel max |x| over the calibration text."""
-    return calibrate(graph, cfg, weights, tokenizer, hessians=False, chunk=chunk).ranges
-
 
 def product_errors(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray], compiled: dict,
                    tokenizer: LlmTokenizer, text: str, chunk: int = 64) -> dict[str, float]:
