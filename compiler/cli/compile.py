@@ -11,6 +11,7 @@ import click
 from compiler.build import PRECISIONS, BuildOptions, build
 from compiler.frontend import detect_kind
 from compiler.frontend.onnx import parse_input_shapes
+from compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS
 
 
 def _chunks(text: str) -> tuple[int, ...]:
@@ -52,9 +53,14 @@ class _Progress:
 @click.option("--keep-fp16", default="", metavar="NAMES",
               help="GGUF LLM, int8: comma-separated weight names (substrings, e.g. ffn_down) whose products "
                    "stay fp16 (a hybrid).")
+@click.option("--int8-rounding", type=click.Choice(METHODS), default=DEFAULT_ROUNDING, show_default=True,
+              help="GGUF LLM, int8: weight rounding (gptq: error-compensating, on the calibration text).")
+@click.option("--fp16-share", type=click.FloatRange(0, 1), default=DEFAULT_FP16_SHARE, show_default=True,
+              help="GGUF LLM, int8: this share of the product groups stays fp16, those noisiest in int8 on the "
+                   "calibration text (a measured hybrid; 0: all int8).")
 def compile_command(model: str, output: str | None, precision: str, calib: str | None, input_shapes: tuple[str, ...],
                     explain: bool, cpu_only: bool, verbose: bool, prefill_chunks: str, smooth_alpha: float,
-                    keep_fp16: str) -> None:
+                    keep_fp16: str, int8_rounding: str, fp16_share: float) -> None:
     """Compile MODEL (ONNX, GGUF LLM or IR text) into an .rkbin for the NPU.
 
     \b
@@ -68,7 +74,8 @@ def compile_command(model: str, output: str | None, precision: str, calib: str |
         from compiler.llm.build import LlmCompileOptions, compile_gguf
 
         keep = tuple(k.strip() for k in keep_fp16.split(",") if k.strip())
-        llm = LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha, keep)
+        llm = LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha, keep, int8_rounding,
+                                fp16_share=fp16_share)
         for line in compile_gguf(model, out, llm).lines:
             click.echo(line)
         return

@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from compiler.frontend.gguf import GgufFile, graph_from_gguf
-from compiler.llm.calibrate import CALIBRATION_TEXT, activation_ranges
+from compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
 from compiler.llm.lower import EncodedWeight, LlmLowering, program_graph
+from compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
+                                   quantize_matrix)
 from compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from compiler.llm.weights import PRECISIONS, dequantize_all
 from compiler.module_builder import ModuleBuilder
@@ -29,11 +31,11 @@ from ir.errors import UnsupportedError
 from ir.graph import Graph
 from ir.rkbin import write_rkbin
 from runtime.llm.tokenizer import LlmTokenizer
-from runtime.llm.weights import quantize_rows
+from runtime.llm.weights import Int8Weight
 
 DEFAULT_CHUNKS = (1, 32, 128, 512)
-# int8 is W8A8 throughout by default; `keep_fp16` makes a hybrid (e.g. ("ffn_down",):
-# the FFN's gated activations are the hardest for per-token int8; docs/llm.md)
+# int8 products named here stay fp16 (e.g. ("ffn_down",)), besides the measured
+# hybrid of `fp16_share` (docs/llm.md)
 DEFAULT_KEEP_FP16: tuple[str, ...] = ()
 
 
@@ -44,12 +46,23 @@ class LlmCompileOptions:
     smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
     # int8 only: products whose weight name contains one of these stay fp16 (hybrid)
     keep_fp16: tuple[str, ...] = DEFAULT_KEEP_FP16
+    rounding: str = DEFAULT_ROUNDING  # int8 only: how weights are rounded (compiler/llm/quantize.py)
+    scales: str = "max"  # int8 only: how the per-row weight scales are chosen (max or mse)
+    calibration: Path = CALIBRATION_TEXT  # int8 only: the text calibration runs the float model on
+    # int8 only: this share of the product groups (one NPU segment each: q+k+v,
+    # gate+up, attn_output, ffn_down) stays fp16, the groups whose int8 output is
+    # noisiest on the calibration text (a measured hybrid; never the output head)
+    fp16_share: float = DEFAULT_FP16_SHARE
+    # int8 only: SmoothQuant alpha chosen per product group from ALPHA_GRID, the
+    # one whose int8 output is least noisy on the calibration text
+    alpha_search: bool = DEFAULT_ALPHA_SEARCH
 
 
 @dataclass
 class CompileReport:
     lines: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    quantization: dict = field(default_factory=dict)  # int8: how (module metadata, rkc inspect)
 
     def say(self, text: str) -> None:
         self.lines.append(text)
@@ -66,11 +79,137 @@ def _matrix_names(graph: Graph) -> set[str]:
     return names
 
 
-def _encode(w: np.ndarray, precision: str) -> EncodedWeight:
-    if precision == "fp16":
-        return EncodedWeight(w.astype(np.float16))
-    q, scale = quantize_rows(w)
-    return EncodedWeight(q, scale)
+def _smoothed_hessian(h: np.ndarray, s: np.ndarray | None, cache: dict) -> np.ndarray:
+    """X^T X of the input x / s a smoothed product sees (one per shared input)."""
+    if s is None:
+        return h
+    key = (id(h), s.tobytes())
+    if key not in cache:
+        cache[key] = h / np.outer(s, s)
+    return cache[key]
+
+
+def encode_matrices(graph: Graph, weights: dict[str, np.ndarray], options: LlmCompileOptions,
+                    cal: Calibration | None, factors: dict[str, np.ndarray]) -> dict[str, EncodedWeight]:
+    """Every matrix in the form the NPU multiplies it: fp16, or int8 per output
+    channel rounded by `options.rounding` (GPTQ uses the calibration's X^T X,
+    in the smoothed coordinates)."""
+    out: dict[str, EncodedWeight] = {}
+    cache: dict = {}
+    for name in sorted(_matrix_names(graph)):
+        w = weights[name]
+        if _precision_of(name, options) == "fp16":
+            out[name] = EncodedWeight(w.astype(np.float16))
+            continue
+        h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
+        if h is not None:
+            h = _smoothed_hessian(h, factors.get(name), cache)
+        q, scale = quantize_matrix(w, options.rounding, h, options.scales)
+        out[name] = EncodedWeight(q, scale)
+    return out
+
+
+def _needs_hessians(options: LlmCompileOptions) -> bool:
+    return options.rounding != "rtn" or options.scales != "max"
+
+
+def _precision_of(name: str, options: LlmCompileOptions) -> str:
+    if options.precision == "int8" and any(k in name for k in options.keep_fp16):
+        return "fp16"
+    return options.precision
+
+
+def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray],
+                    options: LlmCompileOptions, report: CompileReport | None = None
+                    ) -> tuple[dict[str, EncodedWeight], dict[str, np.ndarray]]:
+    """fp32 weights -> (encoded matrices, fp32 vectors): for int8, calibrate,
+    SmoothQuant (folded into the norms / producing rows) and round. `weights`
+    is consumed (smoothed in place)."""
+    report = report or CompileReport()
+    cal, factors = None, {}
+    alpha: float | dict[str, float] = options.smooth_alpha
+    if options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)):
+        cal = calibrate(graph, cfg, weights, tokenizer, hessians=_needs_hessians(options),
+                        text=Path(options.calibration).read_text())
+        if options.alpha_search:
+            alpha = _search_alphas(graph, cfg, tokenizer, weights, cal, options)
+            report.say(f"int8: SmoothQuant alpha per product group, least int8 output noise on the calibration "
+                       f"text: {_histogram(alpha)}")
+        if options.alpha_search or options.smooth_alpha > 0:
+            factors = smooth(graph, weights, cal.ranges, alpha)
+            report.say(f"int8: SmoothQuant on {len(factors)} matrices, "
+                       f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
+    matrices = encode_matrices(graph, weights, options, cal, factors)
+    if options.precision == "int8":
+        report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding}")
+        report.quantization = {"smooth_alpha": alpha, "rounding": options.rounding, "scales": options.scales,
+                               "calibration": Path(options.calibration).name, "keep_fp16": list(options.keep_fp16)}
+        if options.fp16_share > 0:
+            _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
+    vectors = {n: w.astype(np.float32) for n, w in weights.items() if n not in matrices}
+    return matrices, vectors
+
+
+ALPHA_GRID = (0.0, 0.3, 0.5, 0.7, 0.85)
+
+
+def _search_alphas(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray], cal: Calibration,
+                   options: LlmCompileOptions) -> dict[str, float]:
+    """Per group of products reading one input, the alpha of ALPHA_GRID whose
+    smoothed, round-to-nearest int8 products have the least output noise on the
+    calibration text (smoothing is exact in float, so every group is measured
+    on the same float activations, all groups in one pass per alpha)."""
+    head = next(op.inputs[1] for op in graph.ops if op.outputs[0] == "logits")
+    text = Path(options.calibration).read_text()
+    best: dict[str, tuple[float, float]] = {}
+    for a in ALPHA_GRID:
+        trial = dict(weights)  # smooth() replaces arrays, never writes into them
+        factors = smooth(graph, trial, cal.ranges, a) if a > 0 else {}
+        int8 = {n: Int8Weight(*quantize_matrix(trial[n])) for n in _matrix_names(graph) if n != head}
+        errors = product_errors(graph, cfg, trial, int8, tokenizer, text)
+        for group, e in errors.items():
+            if group not in best or e < best[group][1]:
+                best[group] = (a, e)
+        del trial, factors, int8
+    return {g: a for g, (a, _) in best.items()}
+
+
+def _histogram(alpha: dict[str, float]) -> str:
+    counts = {a: sum(1 for v in alpha.values() if v == a) for a in ALPHA_GRID}
+    return ", ".join(f"{a}: {c} groups" for a, c in counts.items() if c)
+
+
+def _keep_noisiest_fp16(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray],
+                        matrices: dict[str, EncodedWeight], options: LlmCompileOptions,
+                        report: CompileReport) -> None:
+    """The measured hybrid: re-encode as fp16 the options.fp16_share of product
+    groups whose int8 output error is largest on the calibration text."""
+    head = next(op.inputs[1] for op in graph.ops if op.outputs[0] == "logits")
+    int8 = {n: Int8Weight(e.data, e.scale) for n, e in matrices.items() if e.scale is not None and n != head}
+    errors = product_errors(graph, cfg, weights, int8, tokenizer, Path(options.calibration).read_text())
+    chosen = sorted(errors, key=errors.get, reverse=True)[:round(options.fp16_share * len(errors))]
+    names = {}
+    for op in graph.ops:
+        if op.type == "Linear" and op.inputs[0] in chosen and op.inputs[1] in int8:
+            names.setdefault(op.inputs[0], []).append(op.inputs[1])
+    extra = 0
+    for group in chosen:
+        for n in names.get(group, []):
+            matrices[n] = EncodedWeight(weights[n].astype(np.float16))
+            extra += matrices[n].data.nbytes // 2  # fp16 is twice int8's bytes
+    kept = [n for g in chosen for n in names.get(g, [])]
+    noisiest = ", ".join(f"{_short(names[g])} {errors[g]:.1e}" for g in chosen)
+    report.say(f"int8: hybrid: {len(chosen)} of {len(errors)} product groups kept fp16 (largest int8 output "
+               f"noise/signal on the calibration text: {noisiest}); +{extra / 1e6:.1f} MB of weights")
+    report.quantization["hybrid"] = {"products": kept, "noise_to_signal": {g: errors[g] for g in chosen},
+                                     "extra_weight_bytes": extra}
+
+
+def _short(names: list[str]) -> str:
+    """blk.3.attn_q.weight + blk.3.attn_k.weight -> blk.3.attn_q+k (for the summary)."""
+    parts = [n.removesuffix(".weight") for n in names]
+    head, _, first = parts[0].rpartition(".")
+    return head + "." + "+".join([first] + [p.rpartition(".")[2].rpartition("_")[2] for p in parts[1:]])
 
 
 def program_plan(chunks: tuple[int, ...]) -> list[tuple[str, int, bool]]:
@@ -103,25 +242,16 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
     weights = dequantize_all(gf, consts)
     lap("dequantize")
-    if options.precision == "int8" and options.smooth_alpha > 0:
-        ranges = activation_ranges(graph, cfg, weights, tokenizer)
-        smoothed = smooth(graph, weights, ranges, options.smooth_alpha)
-        report.say(f"int8: SmoothQuant (alpha {options.smooth_alpha}) on {len(smoothed)} matrices, "
-                   f"calibrated on {CALIBRATION_TEXT.name}")
-        lap("calibrate")
-    def precision_of(name: str) -> str:
-        if options.precision == "int8" and any(k in name for k in options.keep_fp16):
-            return "fp16"
-        return options.precision
-
-    matrices = {n: _encode(weights[n], precision_of(n)) for n in _matrix_names(graph)}
-    kept = sorted(n for n in matrices if precision_of(n) != options.precision)
+    if options.precision == "int8" and (options.rounding not in METHODS or options.scales not in SCALES):
+        raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
+                               f"(rounding: {' or '.join(METHODS)}; scales: {' or '.join(SCALES)})")
+    matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, options, report)
+    kept = sorted(n for n in matrices if _precision_of(n, options) != options.precision)
     if kept:
         report.say(f"int8: {len(kept)} products kept fp16 ({', '.join(options.keep_fp16)}): "
                    f"{sum(matrices[n].data.nbytes for n in kept) / 1e6:.1f} MB")
-    vectors = {n: w.astype(np.float32) for n, w in weights.items() if n not in matrices}
     del weights
-    lap("encode")
+    lap("quantize")
     head = [op for op in graph.ops if op.outputs == ["logits"] or op.outputs[0] == "logits"][0].inputs[1]
     gather = [op for op in graph.ops if op.type == "Gather"][0].inputs[0]
     placement = {"prefill": "npu", "decode": "npu",
@@ -129,7 +259,8 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
                            "softmax and the conversions at segment edges on the CPU"}
     builder = ModuleBuilder(metadata={
         "model_kind": "llm", "llm": cfg.to_dict(), "precision": options.precision,
-        "prefill_chunks": list(chunks), "placement": placement, "source": Path(path).name,
+        "prefill_chunks": list(chunks), "placement": placement, "quantization": report.quantization,
+        "source": Path(path).name,
         "name": graph.name, "producer": "rkc", "programs": {}})
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head)
     plan = program_plan(chunks)

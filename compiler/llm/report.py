@@ -86,7 +86,8 @@ def figures(module: Module) -> dict:
     out: dict = {"model": module.metadata.get("name"), "precision": module.metadata.get("precision"),
                  "weight_bytes": weight_bytes(module), "clock_hz": MODEL.clock_hz,
                  "dram_bytes_per_s": MODEL.dram_bytes_per_s, "kick_overhead_s_each": MODEL.kick_overhead_s,
-                 "placement": module.metadata.get("placement", {})}
+                 "placement": module.metadata.get("placement", {}),
+                 "quantization": module.metadata.get("quantization", {})}
     decode = phase(module, module.program("decode"))
     d = _phase_json(decode)
     out["decode"] = {"segments_per_token": d.pop("segments"), "tasks_per_token": d.pop("tasks"),
@@ -102,6 +103,23 @@ def figures(module: Module) -> dict:
     return out
 
 
+def quantization_lines(q: dict) -> list[str]:
+    """How an int8 file's weights were made (compiler/llm/build.py)."""
+    if not q:
+        return []
+    alpha = q["smooth_alpha"]
+    alpha = (f"alpha per product group ({min(alpha.values())}..{max(alpha.values())})" if isinstance(alpha, dict)
+             else f"alpha {alpha}")
+    lines = [f"int8: SmoothQuant {alpha}, {q['scales']} row scales, {q['rounding']} rounding, "
+             f"calibrated on {q['calibration']}"]
+    hybrid = q.get("hybrid")
+    if hybrid:
+        lines.append(f"  hybrid: {len(hybrid['products'])} products kept fp16 (noisiest int8 groups on the "
+                     f"calibration text, +{hybrid['extra_weight_bytes'] / 1e6:.1f} MB): "
+                     f"{', '.join(n.removesuffix('.weight') for n in hybrid['products'])}")
+    return lines
+
+
 def summary_lines(module: Module) -> list[str]:
     fig = figures(module)
     d = fig["decode"]
@@ -109,6 +127,7 @@ def summary_lines(module: Module) -> list[str]:
     chained = describe(d["modelled_npu_s"], tasks, d["kicks_per_token"], ddr, True)
     lines = [f"LLM {fig['model']} ({fig['precision']}): weights {fig['weight_bytes'] / 1e6:.1f} MB on the NPU, "
              f"one copy for {len(module.programs)} programs",
+             *quantization_lines(fig["quantization"]),
              f"decode, per token: {d['segments_per_token']} NPU segments, {tasks} tasks, "
              f"{d['kicks_per_token']} kicks with hardware chaining ({d['kicks_per_token_stock']} with stock "
              f"rocket), {d['cpu_steps_per_token']} CPU steps",

@@ -28,16 +28,22 @@ def _factors(act: np.ndarray, mats: list[np.ndarray], alpha: float) -> np.ndarra
 
 
 def smooth(graph: Graph, weights: dict[str, np.ndarray], ranges: dict[str, np.ndarray],
-           alpha: float = DEFAULT_ALPHA) -> list[str]:
-    """Rescale `weights` (fp32, in place); return the Linear weights smoothed."""
+           alpha: float | dict[str, float] = DEFAULT_ALPHA) -> dict[str, np.ndarray]:
+    """Rescale `weights` (fp32, in place); return, per Linear weight smoothed,
+    the factors s its input columns were multiplied by (its input is now x / s).
+    `alpha` may be given per group of Linears that read one input (keyed by
+    that input tensor; groups not listed get DEFAULT_ALPHA)."""
     producers = graph.producers()
     consumers = graph.consumers()
     groups: dict[str, list[str]] = {}
     for op in graph.ops:
         if op.type == "Linear":
             groups.setdefault(op.inputs[0], []).append(op.inputs[1])
-    done: list[str] = []
+    done: dict[str, np.ndarray] = {}
     for x, names in groups.items():
+        a_of = alpha.get(x, DEFAULT_ALPHA) if isinstance(alpha, dict) else alpha
+        if a_of <= 0:
+            continue
         if any(len(consumers[n]) != 1 for n in names) or any(n not in ranges for n in names):
             continue
         prod = producers.get(x)
@@ -46,12 +52,12 @@ def smooth(graph: Graph, weights: dict[str, np.ndarray], ranges: dict[str, np.nd
         if prod is None:
             continue
         if prod.type == "RMSNorm" and len(consumers[prod.inputs[1]]) == 1:
-            s = _factors(act, mats, alpha)
+            s = _factors(act, mats, a_of)
             weights[prod.inputs[1]] = weights[prod.inputs[1]] / s
         elif prod.type == "Mul" and producers.get(prod.inputs[1]) is not None \
                 and producers[prod.inputs[1]].type == "Linear":
             up = producers[prod.inputs[1]]
-            s = _factors(act, mats, alpha)
+            s = _factors(act, mats, a_of)
             _divide_rows(weights, up.inputs, s)
         elif prod.type == "Attention":
             # attention output channel (h, d) carries v channel (h // group, d)
@@ -62,14 +68,14 @@ def smooth(graph: Graph, weights: dict[str, np.ndarray], ranges: dict[str, np.nd
             group = act.size // n_v
             a = act.reshape(hkv, group, -1).max(axis=1).reshape(-1)
             per_kv = [np.abs(m).reshape(m.shape[0], hkv, group, -1).max(axis=2).reshape(m.shape[0], -1) for m in mats]
-            s_kv = _factors(a, per_kv, alpha)
+            s_kv = _factors(a, per_kv, a_of)
             _divide_rows(weights, v_lin.inputs, s_kv)
             s = np.repeat(s_kv.reshape(hkv, 1, -1), group, axis=1).reshape(-1)
         else:
             continue
         for n in names:
             weights[n] = weights[n] * s[None, :]
-        done.extend(names)
+            done[n] = s
     return done
 
 

@@ -46,9 +46,11 @@ class Weight:
         return self._f32[ids]
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
-        """x @ W.T; fp16 weights see fp16 activations (the NPU's fp16 GEMM)."""
+        """x @ W.T; fp16 weights compute as the NPU's fp16 GEMM: fp16 activations
+        in, fp32 sums, fp16 out."""
         if self.data.dtype == np.float16:
             x = x.astype(np.float16).astype(np.float32)
+            return (x @ self._f32.T).astype(np.float16).astype(np.float32)
         return x.astype(np.float32) @ self._f32.T
 
 
@@ -74,4 +76,6 @@ class Int8Weight:
     def matmul(self, x: np.ndarray) -> np.ndarray:
         xq, xs = quantize_rows(x.astype(np.float32))
         acc = xq.astype(self._qt.dtype) @ self._qt  # exact int32 accumulation
-        return (acc * xs[:, None] * self.scale[None, :]).astype(np.float32)
+        # rescaled as DequantizeRows does after the NPU (float64, then fp32)
+        return (acc.astype(np.float64) * xs.astype(np.float64)[:, None]
+                * self.scale.astype(np.float64)[None, :]).astype(np.float32)

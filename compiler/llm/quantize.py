@@ -1,0 +1,122 @@
+"""int8 weights per output channel (row) for W8A8: q int8 [N, K] and one scale
+per row, w ~= q * scale[:, None]. The NPU program is the same whatever the
+method; the methods differ in the scale and in how each weight is rounded.
+
+* "rtn":  every weight rounded to nearest.
+* "gptq": GPTQ (Frantar et al., 2022, arXiv:2210.17323): the columns are
+  rounded one at a time (largest input energy first) and each column's
+  rounding error is spread over the columns not rounded yet, weighted by the
+  inverse of the input's second moment H = X^T X from calibration — so what is
+  minimised is the product's output error on real activations, ||X (W - Q)^T||,
+  not each weight's own error. Rows are independent given H, so the work runs
+  over blocks of rows, vectorised.
+
+The row scales are max|w| / 127 ("max"), or ("mse") the clipped scale
+c * max|w| / 127, c searched over CLIP_GRID per row, that minimises the row's
+rounding error sum_j d_j (w_j - q_j s)^2, with d_j the energy of input j
+(diag X^T X) when calibration gave it (else 1): a smaller scale rounds most
+weights finer at the price of clipping the few largest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ir.errors import UnsupportedError
+
+QMAX = 127
+METHODS = ("gptq", "rtn")
+# `rkc compile --precision int8` defaults (measured on Gemma 3 270M: docs/llm.md)
+DEFAULT_ROUNDING = "gptq"
+DEFAULT_FP16_SHARE = 0.25  # of the product groups (Gemma 3 270M: 18 of 72)
+DEFAULT_ALPHA_SEARCH = False
+SCALES = ("max", "mse")
+CLIP_GRID = np.linspace(0.60, 1.0, 21)
+GPTQ_DAMP = 0.01  # of the mean diagonal of H (the paper's default)
+_COLUMN_BLOCK = 64  # columns rounded before the rest is updated with one matrix product
+_ROW_BLOCK = 8192  # rows per pass (bounds the working set of the 262k-row output head)
+
+
+def row_scales(w: np.ndarray) -> np.ndarray:
+    amax = np.abs(w).max(axis=1)
+    return np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
+
+
+def mse_row_scales(w: np.ndarray, energy: np.ndarray | None = None) -> np.ndarray:
+    """Per row, the clipped scale of CLIP_GRID with the least (energy-weighted) rounding error."""
+    full = row_scales(w)
+    d = np.ones(w.shape[1], np.float32) if energy is None else np.asarray(energy, np.float32)
+    d = d / max(float(d.mean()), 1e-30)
+    best = full.copy()
+    for r0 in range(0, w.shape[0], _ROW_BLOCK):
+        rows = slice(r0, min(w.shape[0], r0 + _ROW_BLOCK))
+        wr, sr = w[rows], full[rows]
+        best_err = np.full(wr.shape[0], np.inf, np.float32)
+        for c in CLIP_GRID[::-1]:  # from 1.0 down: ties keep the unclipped scale
+            s = (sr * np.float32(c))[:, None]
+            e = wr - np.clip(np.rint(wr / s), -QMAX, QMAX) * s
+            err = (e * e) @ d
+            better = err < best_err
+            best_err = np.where(better, err, best_err)
+            best[rows] = np.where(better, s[:, 0], best[rows])
+    return best
+
+
+def round_to_nearest(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(w / scale[:, None]), -QMAX, QMAX).astype(np.int8)
+
+
+def quantize_matrix(w: np.ndarray, method: str = "rtn", hessian: np.ndarray | None = None,
+                    scales: str = "max") -> tuple[np.ndarray, np.ndarray]:
+    """(q int8 [N, K], scale fp32 [N]) for a float matrix [N, K]."""
+    if method not in METHODS:
+        raise UnsupportedError(f"int8 weight rounding {method!r} is not known (choose {' or '.join(METHODS)})")
+    if scales not in SCALES:
+        raise UnsupportedError(f"int8 weight scales {scales!r} are not known (choose {' or '.join(SCALES)})")
+    w = np.asarray(w, np.float32)
+    if scales == "mse":
+        scale = mse_row_scales(w, np.diag(hessian) if hessian is not None else None)
+    else:
+        scale = row_scales(w)
+    if method == "rtn" or hessian is None:
+        return round_to_nearest(w, scale), scale
+    return gptq(w, hessian, scale), scale
+
+
+def _inverse_cholesky(h: np.ndarray, damp: float) -> np.ndarray:
+    """Upper Cholesky factor U of H^-1 (H^-1 = U^T U), H damped on the diagonal."""
+    h = h + np.eye(len(h)) * damp * np.mean(np.diag(h))
+    hinv = np.linalg.inv(np.linalg.cholesky(h))  # L^-1 (H = L L^T)
+    hinv = hinv.T @ hinv  # H^-1
+    return np.linalg.cholesky(hinv).T
+
+
+def gptq(w: np.ndarray, hessian: np.ndarray, scale: np.ndarray, damp: float = GPTQ_DAMP) -> np.ndarray:
+    """GPTQ rounding of w [N, K] to int8 with the given per-row scales."""
+    n, k = w.shape
+    h = np.array(hessian, np.float64)
+    dead = np.diag(h) <= 0  # inputs never seen: their weights cannot matter
+    h[dead, dead] = 1.0
+    order = np.argsort(-np.diag(h), kind="stable")  # "act order": loud inputs first
+    u = _inverse_cholesky(h[np.ix_(order, order)], damp).astype(np.float32)
+    inv = 1.0 / np.diag(u)
+    q = np.empty((n, k), np.int8)
+    for r0 in range(0, n, _ROW_BLOCK):
+        rows = slice(r0, min(n, r0 + _ROW_BLOCK))
+        work = w[rows][:, order].copy()
+        work[:, dead[order]] = 0.0
+        s = scale[rows][:, None]
+        qr = np.empty(work.shape, np.int8)
+        for c0 in range(0, k, _COLUMN_BLOCK):
+            c1 = min(k, c0 + _COLUMN_BLOCK)
+            err = np.empty((work.shape[0], c1 - c0), np.float32)
+            for c in range(c0, c1):
+                col = work[:, c:c + 1]
+                qc = np.clip(np.rint(col / s), -QMAX, QMAX)
+                qr[:, c] = qc[:, 0]
+                e = (col - qc * s) * inv[c]
+                err[:, c - c0] = e[:, 0]
+                work[:, c + 1:c1] -= e * u[c, c + 1:c1]
+            work[:, c1:] -= err @ u[c0:c1, c1:]
+        q[rows.start:rows.stop, order] = qr
+    return q
