@@ -17,7 +17,7 @@ from lark import Lark, Transformer, v_args
 from lark.exceptions import LarkError, VisitError
 
 from ir.errors import FormatError, VerifyError
-from ir.graph import AttrValue, Graph, Op, PayloadRef, Tensor
+from ir.graph import AttrValue, Graph, PayloadRef, Tensor
 from ir.types import BlockQuant, DType, PerAxisQuant, PerTensorQuant, Quant, TensorType
 
 _BARE = re.compile(r"[A-Za-z0-9_.\-/]+\Z")

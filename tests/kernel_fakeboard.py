@@ -5,7 +5,6 @@ the same contents (device-tree properties as big-endian cells, sysfs values
 as text), below a temporary root that check-npu reads with --root.
 """
 
-import struct
 from pathlib import Path
 
 MHZ = 1_000_000

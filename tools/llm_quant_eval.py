@@ -44,7 +44,7 @@ for p in (ROOT, ROOT / "tests"):
 
 from compiler.frontend.gguf import GgufFile, graph_from_gguf  # noqa: E402
 from compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights  # noqa: E402
-from compiler.llm.calibrate import CALIBRATION_TEXT, GraphRunner  # noqa: E402
+from compiler.llm.calibrate import GraphRunner  # noqa: E402
 from compiler.llm.weights import dequantize_all  # noqa: E402
 from runtime.llm.tokenizer import LlmTokenizer  # noqa: E402
 from runtime.llm.weights import Int8Weight, Weight, quantize_rows  # noqa: E402
@@ -113,16 +113,7 @@ class Bench:
         model = llamacpp.load(gguf, n_ctx=1024, logits_all=True)
         ref = {"prompts": [p for p, _ in self.prompts], "text": self.text, "greedy": [], "margin": []}
         for p, _ in self.prompts:
-            ids = llamacpp.tokenize(model, p)
-            model.reset()
-            model.eval(ids)
-            out, margin = [], np.inf
-            for _ in range(N_TOKENS):
-                lg = np.asarray(model.scores[model.n_tokens - 1])
-                top = np.argsort(-lg)[:2]
-                margin = min(margin, float(lg[top[0]] - lg[top[1]]))
-                out.append(int(top[0]))
-                model.eval([int(top[0])])
+            out, margin = llamacpp.greedy_with_margin(model, llamacpp.tokenize(model, p), N_TOKENS)
             ref["greedy"].append(out)
             ref["margin"].append(margin)
         rows = []

@@ -12,7 +12,6 @@ import datetime
 import json
 import os
 import platform
-import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import click

@@ -241,7 +241,6 @@ class DpuRequest:
 
 
 def plan(req: DpuRequest) -> DpuPlan:
-    out = req.output
     if req.in_dtype == "int8":
         return _plan_integer(req)
     if req.in_dtype == "fp16":

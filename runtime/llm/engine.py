@@ -17,7 +17,6 @@ from ir.llm import LlmConfig
 from ir.program import Step
 from ir.rkbin import Rkbin, read_rkbin
 from runtime.execute import _Run
-from runtime.kernels import run_kernel
 from runtime.llm.kernels import KERNELS as LLM_KERNELS
 from runtime.llm.kvcache import KVCache
 from runtime.llm.tokenizer import LlmTokenizer

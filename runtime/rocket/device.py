@@ -27,7 +27,7 @@ import ctypes
 import errno
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np

@@ -53,7 +53,7 @@ def plan(r: TaskRegisters, conv: ConvInput, quirks: Quirks) -> BankUse:
     need = _banks(data_bytes)
     slack = (quirks.int8_width1_slack_bank and conv.prec.code == 0 and width == 1)
     if data < need + slack:
-        why = f" + 1 slack bank (int8 with DATAIN_WIDTH=1, Q6)" if slack else ""
+        why = " + 1 slack bank (int8 with DATAIN_WIDTH=1, Q6)" if slack else ""
         cls = QuirkRejection if slack and data == need else CbufError
         raise r.error(cls, f"the input tile is {data_bytes} bytes ({height} rows of {row_bytes}): needs "
                       f"{need}{why} data banks, DATA_BANK={data}", "CNA_CBUF_CON0")

@@ -33,6 +33,21 @@ def greedy(model, prompt: list[int], n: int) -> list[int]:
     return out
 
 
+def greedy_with_margin(model, prompt: list[int], n: int) -> tuple[list[int], float]:
+    """n greedy tokens (EOS included) and the smallest top-2 logit gap along the
+    way: a gap near 0 is a near-tie any rounding may flip."""
+    model.reset()
+    model.eval(prompt)
+    out, margin = [], np.inf
+    for _ in range(n):
+        logits = np.asarray(model.scores[model.n_tokens - 1])
+        top = np.argsort(-logits)[:2]
+        margin = min(margin, float(logits[top[0]] - logits[top[1]]))
+        out.append(int(top[0]))
+        model.eval([int(top[0])])
+    return out, margin
+
+
 def perplexity(model, tokens: list[int], ctx: int) -> tuple[float, int]:
     """Same windows as runtime/llm/generate.py: BOS-prefixed windows of ctx tokens."""
     bos = tokens[0]

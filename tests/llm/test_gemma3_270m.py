@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from llm import llamacpp
@@ -66,20 +65,6 @@ def compiled(request, gemma_path, tmp_path_factory):
     return request.param, LlmEngine(out)
 
 
-def _reference_greedy(model, prompt: list[int]) -> tuple[list[int], float]:
-    """llama.cpp's greedy tokens and the smallest top-2 gap along the way."""
-    model.reset()
-    model.eval(prompt)
-    out, margin = [], np.inf
-    for _ in range(N_TOKENS):
-        logits = np.asarray(model.scores[model.n_tokens - 1])
-        top = np.argsort(-logits)[:2]
-        margin = min(margin, float(logits[top[0]] - logits[top[1]]))
-        out.append(int(top[0]))
-        model.eval([int(top[0])])
-    return out, margin
-
-
 def test_greedy_matches_llama_cpp(compiled, reference, record_property, request):
     precision, engine = compiled
     if precision == "int8":
@@ -91,7 +76,7 @@ def test_greedy_matches_llama_cpp(compiled, reference, record_property, request)
     used, table = [], []
     for text in PROMPTS:
         prompt = llamacpp.tokenize(reference, text)
-        want, margin = _reference_greedy(reference, prompt)
+        want, margin = llamacpp.greedy_with_margin(reference, prompt, N_TOKENS)
         if margin < MIN_MARGIN:
             table.append(f"{text!r}: skipped, llama.cpp near-tie (gap {margin:.3f})")
             continue

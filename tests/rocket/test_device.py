@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import ctypes
-import errno
 
 import numpy as np
 import pytest
 
 from rocket_support import IncrementExecutor, RecordingKernel, chain_tasks, put_task, task_entries
-from runtime.device import Job, Task
+from runtime.device import Job
 from runtime.rocket import RocketDevice, RocketError, find_rocket_node, scan_nodes, uapi
 from runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
 from runtime.rocket.errors import JobFailed, JobTimeout

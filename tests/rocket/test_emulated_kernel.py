@@ -12,7 +12,7 @@ import pytest
 from rocket_support import IncrementExecutor, put_task, task_entries
 from runtime.device import Job
 from runtime.rocket import JobDropped, RocketDevice, uapi
-from runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel, UapiMismatch
+from runtime.rocket.emulated import CHAIN_PATCHED, EmulatedKernel, UapiMismatch
 
 
 class Raw:

@@ -4,7 +4,6 @@ so that any dependency the device forgets shows up as a wrong result."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from rocket_support import IncrementExecutor, put_task, task_entries

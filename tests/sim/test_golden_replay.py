@@ -58,7 +58,7 @@ def _non_square_kernel(case) -> bool:
 
 
 def test_every_mesa_capture():
-    counts, worst, refused = Counter(), 0.0, []
+    counts, worst = Counter(), 0.0
     for path in case_files("mesa-rocket"):
         case = json.loads(path.read_text())
         try:
