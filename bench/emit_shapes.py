@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compiler.npu import api  # noqa: E402
-from ir.npu import hw  # noqa: E402
-from ir.npu.perf import PerfModel  # noqa: E402
+from rkc.compiler.npu import api
+from rkc.ir.npu import hw
+from rkc.ir.npu.perf import PerfModel
 
 MODEL = PerfModel()
 
@@ -130,7 +128,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     args = ap.parse_args()
     rows = list(gemm_rows(args.quick)) + list(conv_rows(args.quick))
-    out = {"model": "ir.npu.perf.PerfModel", "clock_hz": MODEL.clock_hz, "dram_bytes_per_s": MODEL.dram_bytes_per_s,
+    out = {"model": "rkc.ir.npu.perf.PerfModel", "clock_hz": MODEL.clock_hz, "dram_bytes_per_s": MODEL.dram_bytes_per_s,
            "kick_overhead_s": MODEL.kick_overhead_s, "cores": MODEL.cores, "rows": rows}
     print(json.dumps(out, indent=1) if not args.json else f"modelled with {MODEL}")
     if args.json:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.llm.build import LlmCompileOptions, compile_gguf
-from compiler.llm.report import figures
-from runtime.llm.engine import LlmEngine
-from runtime.llm.generate import Generator, Sampler
+from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
+from rkc.compiler.llm.report import figures
+from rkc.runtime.llm.engine import LlmEngine
+from rkc.runtime.llm.generate import Generator, Sampler
 
 PROMPT = "The history of the lighthouse begins with fires lit on hills near harbours, and"
 

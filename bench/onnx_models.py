@@ -18,7 +18,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from compiler.build import BuildOptions, build  # noqa: E402
+from rkc.compiler.build import BuildOptions, build  # noqa: E402
 from onnx_models import cosine, onnxruntime_outputs  # noqa: E402
 from real_models import real_models  # noqa: E402
 
@@ -37,8 +37,7 @@ def measure(model, precision: str, tmp: Path) -> dict:
            "size_mb": round(report.size / 1e6, 2), "ops_npu": report.ops_npu, "ops_cpu": report.ops_cpu,
            "segments": report.segments, "conversions": report.conversions, "tasks": report.npu_tasks}
     if model.runs:
-        import runtime
-
+        from rkc import runtime
         x = model.inputs(0)
         want = onnxruntime_outputs(model.path, {model.input_name: x})
         with runtime.load(tmp / f"{model.name}.{precision}.rkbin") as compiled:

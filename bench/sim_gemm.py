@@ -25,9 +25,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sim"))
 
-from ir.npu import layout  # noqa: E402
+from rkc.ir.npu import layout  # noqa: E402
 from programs import BANK, Ref, conv_task, gemm_spec, place, upload  # noqa: E402
-from runtime.sim import SimDevice  # noqa: E402
+from rkc.runtime.sim import SimDevice  # noqa: E402
 
 SHAPES = [(m, k, n) for m in (1, 32, 128) for k in (640, 2048) for n in (256, 1024, 2048)]
 

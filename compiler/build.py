@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from compiler import lower as lowering
-from compiler.frontend import load_graph
-from compiler.lone_ops import keep_lone_cheap_ops_on_cpu
-from compiler.mixed_precision import choose_fp16
-from compiler.module_builder import ModuleBuilder
-from compiler.partition import partition
-from compiler.passes import run_passes
-from compiler.placement import Placement, place_ops
-from compiler.quantize import quantize
-from ir.errors import UnsupportedError
-from ir.graph import Graph
-from ir.rkbin import write_rkbin
+from rkc.compiler import lower as lowering
+from rkc.compiler.frontend import load_graph
+from rkc.compiler.lone_ops import keep_lone_cheap_ops_on_cpu
+from rkc.compiler.mixed_precision import choose_fp16
+from rkc.compiler.module_builder import ModuleBuilder
+from rkc.compiler.partition import partition
+from rkc.compiler.passes import run_passes
+from rkc.compiler.placement import Placement, place_ops
+from rkc.compiler.quantize import quantize
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.graph import Graph
+from rkc.ir.rkbin import write_rkbin
 
 PRECISIONS = ("fp16", "int8")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Graph, Op
+from rkc.ir.graph import Graph, Op
 
 
 def _numel(shape) -> int:

@@ -15,9 +15,9 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ir.graph import Graph
-from ir.types import PerAxisQuant, PerTensorQuant
-from runtime.kernels import run_kernel
+from rkc.ir.graph import Graph
+from rkc.ir.types import PerAxisQuant, PerTensorQuant
+from rkc.runtime.kernels import run_kernel
 
 WEIGHTED = {"Conv": 1, "Gemm": 1, "MatMul": 1}
 

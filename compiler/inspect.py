@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 import networkx as nx
 import numpy as np
 
-from ir.errors import FormatError, RkcError
-from ir.npu.perf import JobCost, PerfModel, TaskCost, describe
-from ir.program import Module, Program, Step
-from ir.types import DType
+from rkc.ir.errors import FormatError, RkcError
+from rkc.ir.npu.perf import JobCost, PerfModel, TaskCost, describe
+from rkc.ir.program import Module, Program, Step
+from rkc.ir.types import DType
 
 NPU_COLOUR = "#8ecae6"
 CPU_COLOUR = "#ffb703"

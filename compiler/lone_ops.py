@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler import cost
-from compiler.npu_lower import NpuGroup
-from compiler.ops import OpContext, check_cpu
-from compiler.placement import Placement
-from ir.graph import Graph
+from rkc.compiler import cost
+from rkc.compiler.npu_lower import NpuGroup
+from rkc.compiler.ops import OpContext, check_cpu
+from rkc.compiler.placement import Placement
+from rkc.ir.graph import Graph
 
 REASON = "kept on the CPU: alone between CPU ops, the conversions would cost more than it saves"
 

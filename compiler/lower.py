@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler import cost
-from compiler.module_builder import ModuleBuilder, quant_dict
-from compiler.npu_lower import NpuGroup, lower_segment, npu_name
-from compiler.partition import Step as PartStep
-from ir.errors import UnsupportedError
-from ir.graph import Graph, PayloadRef
-from ir.program import Step
-from ir.types import DType, PerTensorQuant
-from runtime import native
+from rkc.compiler import cost
+from rkc.compiler.module_builder import ModuleBuilder, quant_dict
+from rkc.compiler.npu_lower import NpuGroup, lower_segment, npu_name
+from rkc.compiler.partition import Step as PartStep
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.graph import Graph, PayloadRef
+from rkc.ir.program import Step
+from rkc.ir.types import DType, PerTensorQuant
+from rkc.runtime import native
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.errors import UnsupportedError
+from rkc.ir.errors import UnsupportedError
 
 IOVA_WINDOW = 1 << 32
 

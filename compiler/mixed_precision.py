@@ -24,10 +24,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from compiler.fakequant import WEIGHTED, quantize_act, quantized_weight
-from compiler.reference import run_graph
-from ir.graph import Graph
-from runtime.kernels import run_kernel
+from rkc.compiler.fakequant import WEIGHTED, quantize_act, quantized_weight
+from rkc.compiler.reference import run_graph
+from rkc.ir.graph import Graph
+from rkc.runtime.kernels import run_kernel
 
 SQNR_MIN_DB = 32.0
 
@@ -76,7 +76,7 @@ def fp16_groups(graph: Graph, groups: Mapping[int, object], samples: Sequence[Ma
 def choose_fp16(graph: Graph, groups: Mapping[int, object], calib) -> dict[int, str]:
     """The fp16 anchors of an int8 build calibrated from `calib` (an .npz path),
     with the reason `rkc compile --explain` shows."""
-    from compiler.quantize import load_calibration
+    from rkc.compiler.quantize import load_calibration
 
     samples = load_calibration(calib, graph)
     int8 = {i: g for i, g in groups.items() if getattr(g, "dtype", "int8") == "int8"}

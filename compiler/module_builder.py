@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.memplan import Buffer, MemoryPlan, plan_memory
-from ir.errors import UnsupportedError
-from ir.npu.regcmd import ENTRY_BYTES
-from ir.program import Job, Module, Program, Region, Relocation, Step, TaskRef, TensorInfo
-from ir.types import DType, Quant
+from rkc.compiler.memplan import Buffer, MemoryPlan, plan_memory
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu.regcmd import ENTRY_BYTES
+from rkc.ir.program import Job, Module, Program, Region, Relocation, Step, TaskRef, TensorInfo
+from rkc.ir.types import DType, Quant
 
 ALIGN = 64  # bytes; every tensor in a region starts at a 64-byte boundary
 

@@ -19,18 +19,18 @@ from typing import Callable
 
 import numpy as np
 
-from compiler import cost
-from compiler.npu import api
-from compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
-from compiler.npu.assemble import assemble
-from ir.errors import UnsupportedError
-from ir.graph import Graph
-from ir.npu.perf import PerfModel
-from ir.program import Job, Step, TaskRef
-from ir.types import DType, PerAxisQuant, PerTensorQuant
-from runtime import native
-from runtime.native import GEMM_ROW_ALIGN
-from runtime.kernels.conv import pads_for
+from rkc.compiler import cost
+from rkc.compiler.npu import api
+from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
+from rkc.compiler.npu.assemble import assemble
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.graph import Graph
+from rkc.ir.npu.perf import PerfModel
+from rkc.ir.program import Job, Step, TaskRef
+from rkc.ir.types import DType, PerAxisQuant, PerTensorQuant
+from rkc.runtime import native
+from rkc.runtime.native import GEMM_ROW_ALIGN
+from rkc.runtime.kernels.conv import pads_for
 
 ANCHORS = ("Conv", "Gemm", "MatMul", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu", "Add", "Mul", "Max",
            "Min", "Sum", "AveragePool", "GlobalAveragePool")

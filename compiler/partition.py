@@ -23,7 +23,7 @@ from typing import Callable
 
 import networkx as nx
 
-from ir.graph import Graph
+from rkc.ir.graph import Graph
 
 
 @dataclass

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from compiler.npu_lower import NpuGroup, plan_groups
-from compiler.ops import OpContext, check_cpu, npu_verdict
-from ir.graph import Graph, Op
+from rkc.compiler.npu_lower import NpuGroup, plan_groups
+from rkc.compiler.ops import OpContext, check_cpu, npu_verdict
+from rkc.ir.graph import Graph, Op
 
 
 @dataclass

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.passes.edit import add_const, consumers, producer, remove_dead, rename_output
-from ir.errors import UnsupportedError
-from ir.graph import Graph, Op, Tensor
-from ir.types import DType, PerAxisQuant, PerTensorQuant, TensorType
-from runtime.kernels.quant import dequantize_linear
+from rkc.compiler.passes.edit import add_const, consumers, producer, remove_dead, rename_output
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.graph import Graph, Op, Tensor
+from rkc.ir.types import DType, PerAxisQuant, PerTensorQuant, TensorType
+from rkc.runtime.kernels.quant import dequantize_linear
 
 INTEGER_8 = (DType.INT8, DType.UINT8)
 

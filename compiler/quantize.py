@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.npu.epilogue import PER_CHANNEL_RANGE
-from compiler.qdq import absorb_qdq
-from compiler.reference import run_graph
-from ir.errors import FormatError, UnsupportedError
-from ir.graph import Graph
-from ir.types import DType, PerAxisQuant, PerTensorQuant, TensorType
+from rkc.compiler.npu.epilogue import PER_CHANNEL_RANGE
+from rkc.compiler.qdq import absorb_qdq
+from rkc.compiler.reference import run_graph
+from rkc.ir.errors import FormatError, UnsupportedError
+from rkc.ir.graph import Graph
+from rkc.ir.types import DType, PerAxisQuant, PerTensorQuant, TensorType
 
 WEIGHT_OPS = {"Conv": 1, "MatMul": 1, "Gemm": 1}
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",

@@ -7,8 +7,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ir.graph import Graph
-from runtime.kernels import run_kernel
+from rkc.ir.graph import Graph
+from rkc.runtime.kernels import run_kernel
 
 
 def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray], observe=None) -> dict[str, np.ndarray]:

@@ -3,7 +3,7 @@ compiler/ops: NPU constraints by their docstrings, CPU kernels by name."""
 
 from __future__ import annotations
 
-from compiler.ops import OPS
+from rkc.compiler.ops import OPS
 
 
 def _first_line(fn) -> str:
@@ -11,7 +11,7 @@ def _first_line(fn) -> str:
 
 
 def supported_ops_markdown() -> str:
-    from runtime.kernels import KERNELS
+    from rkc.runtime.kernels import KERNELS
 
     lines = [
         "# Supported ops",

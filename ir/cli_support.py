@@ -8,7 +8,7 @@ import traceback
 
 import click
 
-from ir.errors import RkcError
+from rkc.ir.errors import RkcError
 
 EXIT_USER_ERROR = 1
 EXIT_INTERNAL_ERROR = 70

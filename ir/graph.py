@@ -14,8 +14,8 @@ from typing import Callable, Iterable, Mapping, Sequence, Union
 import networkx as nx
 import numpy as np
 
-from ir.errors import VerifyError
-from ir.types import BlockQuant, PerAxisQuant, TensorType
+from rkc.ir.errors import VerifyError
+from rkc.ir.types import BlockQuant, PerAxisQuant, TensorType
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from ir.errors import FormatError, UnsupportedError
+from rkc.ir.errors import FormatError, UnsupportedError
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ir.errors import FormatError
-from ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, PC_FETCH_ENTRIES
+from rkc.ir.errors import FormatError
+from rkc.ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, PC_FETCH_ENTRIES
 
 # "host": constants only CPU steps read; the loader keeps them in host memory (no BO)
 REGION_KINDS = ("weights", "regcmd", "scratch", "io", "host")

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from ir.errors import FormatError
-from ir.npu.regcmd import ENTRY_BYTES
-from ir.program import Module
+from rkc.ir.atomic import atomic_output
+from rkc.ir.errors import FormatError
+from rkc.ir.npu.regcmd import ENTRY_BYTES
+from rkc.ir.program import Module
 
 FORMAT_VERSION = 1
 ARCH = "rkbin"
@@ -57,9 +56,7 @@ def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray
             raise FormatError(f"blob name {name!r} must be 1..{MAX_BLOB_NAME} bytes")
     module.validate({n: b.size for n, b in raw.items()})
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    os.close(fd)
-    try:
+    with atomic_output(path) as tmp:
         writer = gguf.GGUFWriter(tmp, arch=ARCH)
         writer.add_uint32(KEY_VERSION, FORMAT_VERSION)
         writer.add_string(KEY_MODULE, module.to_json())
@@ -72,18 +69,7 @@ def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a written file honours the umask
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path.stat().st_size
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 @dataclass

@@ -16,9 +16,9 @@ from importlib import resources
 from lark import Lark, Transformer, v_args
 from lark.exceptions import LarkError, VisitError
 
-from ir.errors import FormatError, VerifyError
-from ir.graph import AttrValue, Graph, PayloadRef, Tensor
-from ir.types import BlockQuant, DType, PerAxisQuant, PerTensorQuant, Quant, TensorType
+from rkc.ir.errors import FormatError, VerifyError
+from rkc.ir.graph import AttrValue, Graph, PayloadRef, Tensor
+from rkc.ir.types import BlockQuant, DType, PerAxisQuant, PerTensorQuant, Quant, TensorType
 
 _BARE = re.compile(r"[A-Za-z0-9_.\-/]+\Z")
 
@@ -100,7 +100,7 @@ def print_graph(g: Graph) -> str:
 # -- parsing ------------------------------------------------------------------
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
-    grammar = resources.files("ir").joinpath("ir.lark").read_text()
+    grammar = resources.files("rkc.ir").joinpath("ir.lark").read_text()
     return Lark(grammar, parser="lalr", maybe_placeholders=True)
 
 

@@ -100,6 +100,6 @@ class TensorType:
         return int(np.prod(self.shape, dtype=np.int64))
 
     def __str__(self) -> str:
-        from ir.text import format_type
+        from rkc.ir.text import format_type
 
         return format_type(self)

@@ -1,13 +1,13 @@
 """rkc's runtime: load an .rkbin, run NPU segments on a Device (the rocket
 driver or the built-in simulator) and CPU ops in numpy.
 
-    import runtime
+    from rkc import runtime
     outputs = runtime.load("model.rkbin").run({"x": x})
 """
 
 
 def load(path, device="auto", quiet: bool = True):
     """Load an rkbin onto a device ("auto", "sim", "rocket" or a Device); see runtime.loader."""
-    from runtime.loader import load as _load
+    from rkc.runtime.loader import load as _load
 
     return _load(path, device, quiet)

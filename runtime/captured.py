@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ir.errors import FormatError
-from ir.npu import regcmd
-from runtime.device import BufferObject, Device, Job, Task
+from rkc.ir.errors import FormatError
+from rkc.ir.npu import regcmd
+from rkc.runtime.device import BufferObject, Device, Job, Task
 
 MESA = "rkc-mesa-rocket-golden/1"
 GEMM = "rkc-gemm-golden/1"

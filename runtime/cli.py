@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ir.cli_support import ErrorReportingCommand, debug_option
-from ir.errors import RkcError
-from runtime.devices import device_options
+from rkc.ir.cli_support import ErrorReportingCommand, debug_option
+from rkc.ir.errors import RkcError
+from rkc.runtime.devices import device_options
 
 
 @click.command(cls=ErrorReportingCommand, context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,19 +40,19 @@ def main(model: str | None, replay_case: str | None, inputs: str | None, outputs
     rkrun --replay CASE.json --device rocket              # replay a captured regcmd case
     """
     if replay_case is not None:
-        from runtime.replay import run_cli
+        from rkc.runtime.replay import run_cli
 
         raise SystemExit(run_cli(replay_case, device, cores))
     if model is None:
         raise RkcError("no model given (see rkrun --help)")
-    from ir.rkbin import read_rkbin
+    from rkc.ir.rkbin import read_rkbin
 
     rk = read_rkbin(model)
     if rk.module.metadata.get("model_kind") == "llm":
-        from runtime.llm.cli import LlmRunOptions, run_llm
+        from rkc.runtime.llm.cli import LlmRunOptions, run_llm
 
         run_llm(rk, LlmRunOptions(**llm), device, cores)
         return
-    from runtime.run_cli import run_once
+    from rkc.runtime.run_cli import run_once
 
     run_once(model, inputs, outputs, device, cores)

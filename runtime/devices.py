@@ -8,13 +8,13 @@ from __future__ import annotations
 import importlib
 import sys
 
-from ir.errors import RkcError
-from runtime.device import Device
+from rkc.ir.errors import RkcError
+from rkc.runtime.device import Device
 
 # kind -> "module:factory"; each factory takes keyword options and returns a Device
 FACTORIES = {
-    "sim": "runtime.sim:SimDevice",
-    "rocket": "runtime.rocket:RocketDevice",
+    "sim": "rkc.runtime.sim:SimDevice",
+    "rocket": "rkc.runtime.rocket:RocketDevice",
 }
 KINDS = ("auto", *FACTORIES)
 
@@ -22,7 +22,7 @@ KINDS = ("auto", *FACTORIES)
 def rocket_status(kernel=None) -> tuple[bool, str]:
     """(usable, why): is there an accel node driven by "rocket" that we can open?"""
     try:
-        from runtime.rocket import scan_nodes
+        from rkc.runtime.rocket import scan_nodes
     except ImportError:
         return False, "rkc was built without the rocket device"
     nodes = scan_nodes(kernel)

@@ -17,13 +17,13 @@ from typing import Mapping
 
 import numpy as np
 
-from ir.errors import RkcError
-from runtime import native
-from ir.npu.regcmd import ENTRY_BYTES
-from ir.program import Program, Step, TensorInfo
-from ir.types import DType
-from runtime.device import Job, Task
-from runtime.kernels import run_kernel
+from rkc.ir.errors import RkcError
+from rkc.runtime import native
+from rkc.ir.npu.regcmd import ENTRY_BYTES
+from rkc.ir.program import Program, Step, TensorInfo
+from rkc.ir.types import DType
+from rkc.runtime.device import Job, Task
+from rkc.runtime.kernels import run_kernel
 
 
 class InputError(RkcError):

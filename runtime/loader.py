@@ -17,11 +17,11 @@ from typing import Mapping
 
 import numpy as np
 
-from ir.errors import FormatError
-from ir.npu.regcmd import ENTRY_BYTES
-from ir.program import Module, TensorInfo
-from ir.rkbin import Rkbin, read_rkbin
-from runtime.device import BufferObject, Device
+from rkc.ir.errors import FormatError
+from rkc.ir.npu.regcmd import ENTRY_BYTES
+from rkc.ir.program import Module, TensorInfo
+from rkc.ir.rkbin import Rkbin, read_rkbin
+from rkc.runtime.device import BufferObject, Device
 
 VALUE_SHIFT = 16  # a regcmd entry's value field is bits 47..16
 VALUE_MASK = 0xFFFF_FFFF << VALUE_SHIFT
@@ -85,7 +85,7 @@ class LoadedModel:
     def run(self, feeds: Mapping[str, np.ndarray], program: str | None = None,
             observe=None) -> dict[str, np.ndarray]:
         """`observe(step, read)`: called after every step (debugging, tools/int8_layers.py)."""
-        from runtime.execute import run_program
+        from rkc.runtime.execute import run_program
 
         prog = self.module.programs[0] if program is None else self.module.program(program)
         outputs, self.last_run = run_program(self, prog, feeds, observe)
@@ -118,7 +118,7 @@ def load(path: str | Path, device: Device | str = "auto", quiet: bool = True) ->
     if device == "auto" and not needs_device(rkbin.module):
         return LoadedModel(rkbin, None)  # CPU steps only: no NPU involved
     if isinstance(device, str):
-        from runtime.devices import open_device
+        from rkc.runtime.devices import open_device
 
         return LoadedModel(rkbin, open_device(device, quiet=quiet), own_device=True)
     return LoadedModel(rkbin, device)

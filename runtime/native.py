@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.npu import layout
+from rkc.ir.npu import layout
 
 GEMM_ROW_ALIGN = 4
 

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ir.errors import FormatError
-from ir.npu import layout
-from ir.npu.regcmd import decode
-from runtime.captured import MESA, CapturedCase, PlacedCase, decode_blob, load_case
-from runtime.device import Device
+from rkc.ir.errors import FormatError
+from rkc.ir.npu import layout
+from rkc.ir.npu.regcmd import decode
+from rkc.runtime.captured import MESA, CapturedCase, PlacedCase, decode_blob, load_case
+from rkc.runtime.device import Device
 
 FP32_OUT_TOLERANCE = 2e-4  # the generator's gate (normalised error, fp32 accumulation in any order)
 # fp16 output adds its own rounding: the NPU rounds an fp32 sum, the reference a
@@ -103,7 +103,7 @@ def replay(case: CapturedCase | str | Path, device: Device | None = None) -> Rep
         case = load_case(case)
     own = device is None
     if own:
-        from runtime.sim import SimDevice
+        from rkc.runtime.sim import SimDevice
         device = SimDevice()
     try:
         compare = _replay_mesa if case.schema == MESA else _replay_gemm
@@ -254,7 +254,7 @@ def run_cli(path: str, device: str = "auto", cores: int = 3, **device_options) -
     `device_options` go to runtime.devices.open_device (tests pass an emulated kernel)."""
     import click
 
-    from runtime.devices import open_device
+    from rkc.runtime.devices import open_device
 
     case = load_case(path)
     with open_device(device, cores=cores, **device_options) as dev:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import click
 import numpy as np
 
-from ir.errors import FormatError, RkcError
-from ir.npu.perf import describe
+from rkc.ir.errors import FormatError, RkcError
+from rkc.ir.npu.perf import describe
 
 
 def read_inputs(path: str | None) -> dict[str, np.ndarray]:
@@ -25,25 +24,17 @@ def read_inputs(path: str | None) -> dict[str, np.ndarray]:
 
 def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
     """Atomically: a temporary file next to it, then rename."""
-    import os
-    import tempfile
+    from rkc.ir.atomic import atomic_output
 
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".npz", dir=target.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **outputs)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(path, suffix=".npz") as tmp:
+        np.savez(tmp, **outputs)
 
 
 def run_once(model_path: str, inputs: str | None, outputs: str | None, device: str, cores: int = 3) -> None:
-    from ir.rkbin import read_rkbin
-    from runtime.devices import open_device
-    from runtime.execute import check_feeds
-    from runtime.loader import LoadedModel, needs_device
+    from rkc.ir.rkbin import read_rkbin
+    from rkc.runtime.devices import open_device
+    from rkc.runtime.execute import check_feeds
+    from rkc.runtime.loader import LoadedModel, needs_device
 
     feeds = read_inputs(inputs)
     rkbin = read_rkbin(model_path)

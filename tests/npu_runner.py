@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.npu import api
-from compiler.npu.assemble import assemble
-from compiler.npu.cpu_finish import run_cpu_step
-from ir.npu import layout
-from ir.npu.perf import JobCost
+from rkc.compiler.npu import api
+from rkc.compiler.npu.assemble import assemble
+from rkc.compiler.npu.cpu_finish import run_cpu_step
+from rkc.ir.npu import layout
+from rkc.ir.npu.perf import JobCost
 from perf_agreement import assert_jobs_match
-from runtime.device import Job, Task
+from rkc.runtime.device import Job, Task
 
 
 def feature_array(f: api.Feature, raw: np.ndarray) -> np.ndarray:

@@ -10,10 +10,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from compiler.inspect import planned_jobs
-from ir.npu.perf import JobCost
-from runtime.sim import SimDevice
-from runtime.sim.stats import JobStats
+from rkc.compiler.inspect import planned_jobs
+from rkc.ir.npu.perf import JobCost
+from rkc.runtime.sim import SimDevice
+from rkc.runtime.sim.stats import JobStats
 
 
 @contextmanager

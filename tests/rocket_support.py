@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ir.npu import regcmd
-from ir.npu.regcmd import RegcmdBuilder
-from ir.npu.registers import Block
-from runtime.device import BufferObject, Task
-from runtime.rocket.executors import NpuMemory, check_startable
+from rkc.ir.npu import regcmd
+from rkc.ir.npu.regcmd import RegcmdBuilder
+from rkc.ir.npu.registers import Block
+from rkc.runtime.device import BufferObject, Task
+from rkc.runtime.rocket.executors import NpuMemory, check_startable
 
 COPY_BYTES = 64
 ENABLE = (Block.CNA, Block.CORE, Block.DPU)

@@ -29,14 +29,14 @@ if str(ROOT) not in sys.path:
 
 
 def main(argv=None) -> int:
-    from compiler.build import BuildOptions, build, plan
-    from compiler.fakequant import quantize_act, quantized_weight, WEIGHTED
-    from compiler.frontend.onnx import parse_input_shapes
-    from compiler.mixed_precision import group_sqnr
-    from compiler.npu_lower import npu_name
-    from compiler.reference import run_graph
-    from runtime import load
-    from runtime.kernels import run_kernel
+    from rkc.compiler.build import BuildOptions, build, plan
+    from rkc.compiler.fakequant import quantize_act, quantized_weight, WEIGHTED
+    from rkc.compiler.frontend.onnx import parse_input_shapes
+    from rkc.compiler.mixed_precision import group_sqnr
+    from rkc.compiler.npu_lower import npu_name
+    from rkc.compiler.reference import run_graph
+    from rkc.runtime import load
+    from rkc.runtime.kernels import run_kernel
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")

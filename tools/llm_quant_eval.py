@@ -42,12 +42,12 @@ for p in (ROOT, ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from compiler.frontend.gguf import GgufFile, graph_from_gguf  # noqa: E402
-from compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights  # noqa: E402
-from compiler.llm.calibrate import GraphRunner  # noqa: E402
-from compiler.llm.weights import dequantize_all  # noqa: E402
-from runtime.llm.tokenizer import LlmTokenizer  # noqa: E402
-from runtime.llm.weights import Int8Weight, Weight, quantize_rows  # noqa: E402
+from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf  # noqa: E402
+from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights  # noqa: E402
+from rkc.compiler.llm.calibrate import GraphRunner  # noqa: E402
+from rkc.compiler.llm.weights import dequantize_all  # noqa: E402
+from rkc.runtime.llm.tokenizer import LlmTokenizer  # noqa: E402
+from rkc.runtime.llm.weights import Int8Weight, Weight, quantize_rows  # noqa: E402
 
 N_TOKENS = 16
 MIN_MARGIN = 0.1
@@ -261,8 +261,8 @@ def evaluate(bench: Bench, scheme: str, float_logp: np.ndarray | None) -> dict:
 def check_rkbin(bench: Bench, rkbin: Path, weights: dict) -> bool:
     """The compiled engine (simulator) and the CPU run of the same scheme on the
     test's five prompts: the same greedy tokens, logits equal to fp32 rounding."""
-    from runtime.llm.engine import LlmEngine
-    from runtime.llm.generate import Generator
+    from rkc.runtime.llm.engine import LlmEngine
+    from rkc.runtime.llm.generate import Generator
 
     engine = LlmEngine(rkbin)
     runner = GraphRunner(bench.graph, bench.cfg, weights, 1024)

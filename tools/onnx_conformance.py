@@ -42,7 +42,7 @@ def claimed_cases():
     """(name, model, data_sets, ops) for every node case whose ops rkc claims."""
     from onnx.backend.test.loader import load_model_tests
 
-    from compiler.ops import OPS
+    from rkc.compiler.ops import OPS
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -76,9 +76,9 @@ def run_case(name: str, model, data_sets, precision: str, workdir: Path, npu_ops
     inputs; the NPU needs them at compile time): only cases with one data set."""
     import onnx
 
-    from compiler.build import BuildOptions, build
-    from ir.errors import RkcError
-    from runtime.loader import load
+    from rkc.compiler.build import BuildOptions, build
+    from rkc.ir.errors import RkcError
+    from rkc.runtime.loader import load
 
     from onnx import numpy_helper
 

@@ -7,18 +7,18 @@ import importlib
 
 import click
 
-from ir.cli_support import ErrorReportingGroup, debug_option
+from rkc.ir.cli_support import ErrorReportingGroup, debug_option
 
 # module name -> attribute holding the click command
 COMMANDS = {
-    "compile": "compiler.cli.compile:compile_command",
-    "disasm": "compiler.cli.disasm:disasm",
-    "doctor": "compiler.cli.doctor:doctor",
-    "golden": "compiler.cli.golden:golden",
-    "inspect": "compiler.cli.inspect_cmd:inspect_command",
-    "ir": "compiler.cli.ir_cmd:ir_command",
-    "ops": "compiler.cli.ops_cmd:ops_command",
-    "probe": "compiler.cli.probe:probe",
+    "compile": "rkc.compiler.cli.compile:compile_command",
+    "disasm": "rkc.compiler.cli.disasm:disasm",
+    "doctor": "rkc.compiler.cli.doctor:doctor",
+    "golden": "rkc.compiler.cli.golden:golden",
+    "inspect": "rkc.compiler.cli.inspect_cmd:inspect_command",
+    "ir": "rkc.compiler.cli.ir_cmd:ir_command",
+    "ops": "rkc.compiler.cli.ops_cmd:ops_command",
+    "probe": "rkc.compiler.cli.probe:probe",
 }
 
 

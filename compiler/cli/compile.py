@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from compiler.build import PRECISIONS, BuildOptions, build
-from compiler.frontend import detect_kind
-from compiler.frontend.onnx import parse_input_shapes
-from compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS
+from rkc.compiler.build import PRECISIONS, BuildOptions, build
+from rkc.compiler.frontend import detect_kind
+from rkc.compiler.frontend.onnx import parse_input_shapes
+from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS
 
 
 def _chunks(text: str) -> tuple[int, ...]:
@@ -71,7 +71,7 @@ def compile_command(model: str, output: str | None, precision: str, calib: str |
     """
     out = Path(output) if output else Path(model).with_suffix(".rkbin")
     if Path(model).is_file() and detect_kind(Path(model)) == "gguf":
-        from compiler.llm.build import LlmCompileOptions, compile_gguf
+        from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
 
         keep = tuple(k.strip() for k in keep_fp16.split(",") if k.strip())
         llm = LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha, keep, int8_rounding,

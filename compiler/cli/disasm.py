@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ir.npu.disasm import disassemble
-from ir.npu.sources import load_regcmd_streams
+from rkc.ir.npu.disasm import disassemble
+from rkc.ir.npu.sources import load_regcmd_streams
 
 
 @click.command()

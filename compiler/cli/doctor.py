@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import click
 
-from ir.errors import RkcError
-from runtime.rocket import uapi
-from runtime.rocket.board import RATE_SLACK_HZ, TARGET_HZ, BoardFacts, gather
-from runtime.rocket.kernel import KernelInterface, LinuxKernel
+from rkc.ir.errors import RkcError
+from rkc.runtime.rocket import uapi
+from rkc.runtime.rocket.board import RATE_SLACK_HZ, TARGET_HZ, BoardFacts, gather
+from rkc.runtime.rocket.kernel import KernelInterface, LinuxKernel
 
 OK, INFO, WARN, FAIL = "OK", "INFO", "WARN", "FAIL"
 
@@ -123,7 +123,7 @@ def build_report(root: str = "/", kernel: KernelInterface | None = None) -> Repo
                                    "time (kernel/patches/0004 adds it)"))
 
     if rocket:
-        from runtime.rocket.device import RocketDevice
+        from rkc.runtime.rocket.device import RocketDevice
 
         try:
             with RocketDevice(rocket[0].path, kernel=kernel, quiet=True) as dev:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from compiler.npu.golden import check_path
+from rkc.compiler.npu.golden import check_path
 
 
 @click.command()

@@ -6,23 +6,9 @@ from pathlib import Path
 
 import click
 
-from compiler.inspect import figures, layers_csv, render_svg, segment_graph, summary, to_dot
-from ir.rkbin import read_rkbin
-
-
-def _write(path: str, data: str | bytes) -> None:
-    import os
-    import tempfile
-
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from rkc.compiler.inspect import figures, layers_csv, render_svg, segment_graph, summary, to_dot
+from rkc.ir.atomic import write_atomic
+from rkc.ir.rkbin import read_rkbin
 
 
 @click.command()
@@ -45,14 +31,14 @@ def inspect_command(model: str, dot_path: str | None, svg_path: str | None, csv_
         import json
 
         if llm:
-            from compiler.llm.report import figures as llm_figures
+            from rkc.compiler.llm.report import figures as llm_figures
 
             click.echo(json.dumps(llm_figures(module), indent=1))
         else:
             click.echo(json.dumps(figures(module), indent=1))
         return
     if llm:
-        from compiler.llm.report import summary_lines
+        from rkc.compiler.llm.report import summary_lines
 
         for line in summary_lines(module):
             click.echo(line)
@@ -63,8 +49,8 @@ def inspect_command(model: str, dot_path: str | None, svg_path: str | None, csv_
     if dot_path or svg_path:
         dot = to_dot(segment_graph(module, prog), Path(model).stem)
         if svg_path:
-            _write(svg_path, render_svg(dot))
+            write_atomic(svg_path, render_svg(dot))
         if dot_path:
-            _write(dot_path, dot)
+            write_atomic(dot_path, dot)
     if csv_path:
-        _write(csv_path, layers_csv(module))
+        write_atomic(csv_path, layers_csv(module))

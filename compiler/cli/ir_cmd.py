@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from compiler.frontend import load_graph
-from ir.text import print_graph
+from rkc.compiler.frontend import load_graph
+from rkc.ir.text import print_graph
 
 
 @click.command()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from compiler.support_table import supported_ops_markdown
+from rkc.compiler.support_table import supported_ops_markdown
 
 
 @click.command()

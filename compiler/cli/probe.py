@@ -16,12 +16,13 @@ from importlib.metadata import PackageNotFoundError, version
 
 import click
 
-from compiler.probe import run_probe
-from compiler.probe.programs import PROBES
-from ir.errors import RkcError
-from runtime.devices import rocket_status
-from runtime.sim import SimDevice
-from runtime.sim.quirks import DEFAULT
+from rkc.compiler.probe import run_probe
+from rkc.compiler.probe.programs import PROBES
+from rkc.ir.atomic import write_atomic
+from rkc.ir.errors import RkcError
+from rkc.runtime.devices import rocket_status
+from rkc.runtime.sim import SimDevice
+from rkc.runtime.sim.quirks import DEFAULT
 
 EMULATED_NOTE = ("no NPU on this machine: the probes ran against the emulated rocket kernel (with the kernel/ "
                  "chained-submit patch) whose NPU is the simulator, so they check the probe programs and the "
@@ -61,9 +62,9 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str) -> Non
         raise RkcError(f"unknown probe(s) {', '.join(sorted(unknown))} (see rkc probe --list)")
     selected = [p for p in PROBES if not only or p.name in only]
 
-    from runtime.rocket import RocketDevice
-    from runtime.rocket.board import gather
-    from runtime.rocket.kernel import LinuxKernel
+    from rkc.runtime.rocket import RocketDevice
+    from rkc.runtime.rocket.board import gather
+    from rkc.runtime.rocket.kernel import LinuxKernel
 
     kernel = LinuxKernel(os.path.join(root, "dev", "accel"))
     on_npu, why = rocket_status(kernel)
@@ -72,8 +73,8 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str) -> Non
             return RocketDevice(kernel=kernel, quiet=True)
         target = f"NPU ({why})"
     else:
-        from runtime.rocket.emulated import CHAIN_PATCHED, EmulatedKernel
-        from runtime.rocket.sim_executor import SimExecutor
+        from rkc.runtime.rocket.emulated import CHAIN_PATCHED, EmulatedKernel
+        from rkc.runtime.rocket.sim_executor import SimExecutor
 
         def make_npu(hypothesis):
             return RocketDevice(kernel=EmulatedKernel(CHAIN_PATCHED, executor=SimExecutor(_quirks(hypothesis))),
@@ -102,11 +103,7 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str) -> Non
         "probes": [r.as_dict() for r in results],
         "summary": {s: sum(r.status == s for r in results) for s in sorted({r.status for r in results})},
     }
-    tmp = f"{output}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, output)
+    write_atomic(output, json.dumps(report, indent=2) + "\n")
 
     click.echo(f"probes on the {target}:")
     for r in results:

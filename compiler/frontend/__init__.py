@@ -7,14 +7,14 @@ import importlib
 from pathlib import Path
 from typing import Callable
 
-from ir.errors import FormatError, UnsupportedError
-from ir.graph import Graph
+from rkc.ir.errors import FormatError, UnsupportedError
+from rkc.ir.graph import Graph
 
 # kind -> "module:function" taking (path, **options) and returning a verified Graph
 FRONTENDS: dict[str, str] = {
-    "ir": "compiler.frontend.ir_text:load",
-    "onnx": "compiler.frontend.onnx:load",
-    "gguf": "compiler.frontend.gguf:load",
+    "ir": "rkc.compiler.frontend.ir_text:load",
+    "onnx": "rkc.compiler.frontend.onnx:load",
+    "gguf": "rkc.compiler.frontend.gguf:load",
 }
 
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ir.errors import FormatError, UnsupportedError
-from ir.graph import Graph
-from ir.llm import LlmConfig, config_from_gguf
-from ir.types import BlockQuant, DType, TensorType
+from rkc.ir.errors import FormatError, UnsupportedError
+from rkc.ir.graph import Graph
+from rkc.ir.llm import LlmConfig, config_from_gguf
+from rkc.ir.types import BlockQuant, DType, TensorType
 
 # GGML tensor types rkc reads: F32/F16/BF16 as plain arrays, the rest as blocks
 PLAIN_TYPES = {"F32": DType.FP32, "F16": DType.FP16, "BF16": DType.BF16}

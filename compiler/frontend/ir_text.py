@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ir.graph import Graph
-from ir.text import parse_graph
+from rkc.ir.graph import Graph
+from rkc.ir.text import parse_graph
 
 
 def load(path: Path, input_shapes=None, bind=None) -> Graph:
     if input_shapes or bind:
-        from ir.errors import UnsupportedError
+        from rkc.ir.errors import UnsupportedError
 
         raise UnsupportedError(f"{path}: --input-shape and bound inputs apply to ONNX models; IR text declares its shapes")
     try:
         text = path.read_text()
     except UnicodeDecodeError:
-        from ir.errors import FormatError
+        from rkc.ir.errors import FormatError
 
         raise FormatError(f"{path}: IR text must be UTF-8") from None
     graph = parse_graph(text, source=str(path))

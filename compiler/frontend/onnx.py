@@ -22,9 +22,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ir.errors import FormatError, UnsupportedError, VerifyError
-from ir.graph import Graph
-from ir.types import DType, TensorType
+from rkc.ir.errors import FormatError, UnsupportedError, VerifyError
+from rkc.ir.graph import Graph
+from rkc.ir.types import DType, TensorType
 
 MIN_OPSET = 7  # older files are rejected; opsets 7-10 (e.g. the onnx `light_*` models) are read as well
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -326,7 +326,7 @@ class _Translator:
         self.opset = default_opset(model)
         self.g = Graph(name=model.graph.name or Path(source).stem)
         self.types: dict[str, TensorType | None] = {}
-        from compiler.ops import infer_for
+        from rkc.compiler.ops import infer_for
 
         self.infer = infer_for(self.g)
         self.fresh = 0
@@ -442,7 +442,7 @@ class _Translator:
         for i in inputs:
             if i and i not in self.g.tensors:
                 raise FormatError(f"{self.source}: node {name!r} ({op_type}) reads {i!r} before it is produced")
-        from ir.graph import Op
+        from rkc.ir.graph import Op
 
         probe = Op(op_type, inputs, outputs, attrs, name)
         ours = self.infer(probe, [self.g.tensors[i].type if i else None for i in inputs])
@@ -466,8 +466,8 @@ def _all_known(t: TensorType) -> bool:
 
 def check_known(op_type: str, where: str) -> None:
     """An op rkc neither lowers nor has a CPU kernel for is a one-line error."""
-    from compiler.ops import OPS
-    from runtime.kernels import KERNELS
+    from rkc.compiler.ops import OPS
+    from rkc.runtime.kernels import KERNELS
 
     if op_type not in OPS and op_type not in KERNELS:
         raise UnsupportedError(f"{where}: ONNX op {op_type} is not supported by rkc")

@@ -19,19 +19,19 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.frontend.gguf import GgufFile, graph_from_gguf
-from compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
-from compiler.llm.lower import EncodedWeight, LlmLowering, program_graph
-from compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
+from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
+from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
+from rkc.compiler.llm.lower import EncodedWeight, LlmLowering, program_graph
+from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
                                    quantize_matrix)
-from compiler.llm.smooth import DEFAULT_ALPHA, smooth
-from compiler.llm.weights import PRECISIONS, dequantize_all
-from compiler.module_builder import ModuleBuilder
-from ir.errors import UnsupportedError
-from ir.graph import Graph
-from ir.rkbin import write_rkbin
-from runtime.llm.tokenizer import LlmTokenizer
-from runtime.llm.weights import Int8Weight
+from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
+from rkc.compiler.llm.weights import PRECISIONS, dequantize_all
+from rkc.compiler.module_builder import ModuleBuilder
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.graph import Graph
+from rkc.ir.rkbin import write_rkbin
+from rkc.runtime.llm.tokenizer import LlmTokenizer
+from rkc.runtime.llm.weights import Int8Weight
 
 DEFAULT_CHUNKS = (1, 32, 128, 512)
 # int8 products named here stay fp16 (e.g. ("ffn_down",)), besides the measured

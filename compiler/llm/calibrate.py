@@ -20,12 +20,12 @@ from typing import Callable
 
 import numpy as np
 
-from ir.graph import Graph
-from ir.llm import LlmConfig
-from runtime.llm.kernels import KERNELS
-from runtime.llm.kvcache import KVCache
-from runtime.llm.tokenizer import LlmTokenizer
-from runtime.llm.weights import Weight
+from rkc.ir.graph import Graph
+from rkc.ir.llm import LlmConfig
+from rkc.runtime.llm.kernels import KERNELS
+from rkc.runtime.llm.kvcache import KVCache
+from rkc.runtime.llm.tokenizer import LlmTokenizer
+from rkc.runtime.llm.weights import Weight
 
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
 # the text runs as independent sequences of WINDOW tokens (each after the first

@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.module_builder import ModuleBuilder
-from compiler.npu import api
-from compiler.npu_lower import EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
-from compiler.partition import partition
-from ir.errors import UnsupportedError
-from ir.graph import Graph
-from ir.program import Step
-from ir.types import DType, TensorType
-from runtime import native
+from rkc.compiler.module_builder import ModuleBuilder
+from rkc.compiler.npu import api
+from rkc.compiler.npu_lower import EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
+from rkc.compiler.partition import partition
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.graph import Graph
+from rkc.ir.program import Step
+from rkc.ir.types import DType, TensorType
+from rkc.runtime import native
 
 
 @dataclass

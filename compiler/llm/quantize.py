@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.errors import UnsupportedError
+from rkc.ir.errors import UnsupportedError
 
 QMAX = 127
 METHODS = ("gptq", "rtn")

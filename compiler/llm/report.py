@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from compiler.inspect import NpuFigures, npu_figures
-from ir.npu.perf import PerfModel, describe
-from ir.program import Module, Program
+from rkc.compiler.inspect import NpuFigures, npu_figures
+from rkc.ir.npu.perf import PerfModel, describe
+from rkc.ir.program import Module, Program
 
 MODEL = PerfModel()  # 1 GHz, 25 GB/s, 3 cores, the stock-rocket kick overhead (ir/npu/hw.py)
 _LAYER = re.compile(r"^blk\.(\d+)\.")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Graph
+from rkc.ir.graph import Graph
 
 DEFAULT_ALPHA = 0.5
 

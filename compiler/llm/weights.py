@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.frontend.gguf import GgufFile
+from rkc.compiler.frontend.gguf import GgufFile
 
 PRECISIONS = ("int8", "fp16")
 

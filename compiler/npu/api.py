@@ -32,10 +32,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ir.errors import UnsupportedError
-from ir.npu import layout
-from ir.npu.perf import JobCost, TaskCost
-from ir.npu.regcmd import ENTRY_BYTES
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import layout
+from rkc.ir.npu.perf import JobCost, TaskCost
+from rkc.ir.npu.regcmd import ENTRY_BYTES
 
 ITEMSIZE = {"int8": 1, "int16": 2, "fp16": 2, "int32": 4, "fp32": 4}
 NUMPY = {"int8": np.int8, "int16": np.int16, "fp16": np.float16, "int32": np.int32, "fp32": np.float32}
@@ -487,7 +487,7 @@ DEFAULT_OPTIONS = EmitOptions()
 
 def emit(op: object, options: EmitOptions = DEFAULT_OPTIONS) -> EmitResult:
     """Lower one NPU operation to tasks, jobs and constant buffers."""
-    from compiler.npu.lowering import lower  # the dispatch table lives with the lowerings
+    from rkc.compiler.npu.lowering import lower  # the dispatch table lives with the lowerings
 
     return lower(op, options)
 
@@ -495,6 +495,6 @@ def emit(op: object, options: EmitOptions = DEFAULT_OPTIONS) -> EmitResult:
 def assemble(results: Sequence[EmitResult], region: str = "regcmd", align: int = 64,
              merge_jobs: bool = False):
     """Lay several ops' tasks into one regcmd region; see compiler.npu.assemble."""
-    from compiler.npu.assemble import assemble as _assemble
+    from rkc.compiler.npu.assemble import assemble as _assemble
 
     return _assemble(results, region=region, align=align, merge_jobs=merge_jobs)

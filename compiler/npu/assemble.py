@@ -19,11 +19,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from compiler.npu import api
-from ir import program
-from ir.errors import RegisterError
-from ir.npu import layout
-from ir.npu.regcmd import ENTRY_BYTES, link_tail
+from rkc.compiler.npu import api
+from rkc.ir import program
+from rkc.ir.errors import RegisterError
+from rkc.ir.npu import layout
+from rkc.ir.npu.regcmd import ENTRY_BYTES, link_tail
 
 Resolver = Callable[[str], tuple[str, int]]
 

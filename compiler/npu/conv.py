@@ -18,11 +18,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from compiler.npu import api, epilogue, formats, schedule
-from compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
-from compiler.npu.schedule import Work, pad_constants
-from ir.errors import UnsupportedError
-from ir.npu import hw, layout
+from rkc.compiler.npu import api, epilogue, formats, schedule
+from rkc.compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
+from rkc.compiler.npu.schedule import Work, pad_constants
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import hw, layout
 
 DW_GROUP_BYTES = layout.DEPTHWISE_GROUP_BYTES
 # fp16 depthwise tasks run whole 32-channel groups: the only domain validated on

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.npu import api, formats
-from compiler.npu.epilogue import DpuPlan
-from compiler.npu.regfile import CONV_BLOCKS, CONV_ORDER, S_POINTER_FIELDS, RegisterFile, build
-from ir.errors import UnsupportedError
-from ir.npu import hw, layout
+from rkc.compiler.npu import api, formats
+from rkc.compiler.npu.epilogue import DpuPlan
+from rkc.compiler.npu.regfile import CONV_BLOCKS, CONV_ORDER, S_POINTER_FIELDS, RegisterFile, build
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import hw, layout
 
 BURST_LEN = 15  # DMA burst length every public program uses (Mesa, rocket-userspace)
 DW_FEATURE_GRAINS_BASE = 50  # Mesa's depthwise prefetch depth, 50 + stride + 1

@@ -12,8 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from compiler.npu import api
-from ir.errors import UnsupportedError
+from rkc.compiler.npu import api
+from rkc.ir.errors import UnsupportedError
 
 ReadFeature = Callable[[api.Feature], np.ndarray]  # -> [C, H, W] values
 WriteFeature = Callable[[api.Feature, np.ndarray], None]

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.npu import api, epilogue, formats, schedule
-from compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
-from compiler.npu.schedule import Work, pad_constants
-from ir.errors import UnsupportedError
-from ir.npu import hw, layout
+from rkc.compiler.npu import api, epilogue, formats, schedule
+from rkc.compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
+from rkc.compiler.npu.schedule import Work, pad_constants
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import hw, layout
 
 # int8: the identity weight is 64, not 1, so the accumulator counts 1/64 steps of
 # `a` and the EW stage brings `b` to that unit, not to a's whole steps: rounding

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.npu import api, formats, lut as lutmod
-from compiler.npu.quant import multiplier_pair, requantize, rne_shift, saturate
-from compiler.npu.regfile import RegisterFile
-from ir.errors import UnsupportedError
+from rkc.compiler.npu import api, formats, lut as lutmod
+from rkc.compiler.npu.quant import multiplier_pair, requantize, rne_shift, saturate
+from rkc.compiler.npu.regfile import RegisterFile
+from rkc.ir.errors import UnsupportedError
 
 _COMBINE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 # EW_ALU_ALGO: 0 max, 1 min, 2 add (NVDLA SDP; rockchip-npu-notes dpu-lut-activation.md "Max and Min")

@@ -13,10 +13,10 @@ every reading we know (docs/npu-emitters.md, open question 6).
 
 from __future__ import annotations
 
-from compiler.npu import api, formats, lut, schedule
-from compiler.npu.regfile import FLYING_BLOCKS, FLYING_ORDER, S_POINTER_FIELDS, RegisterFile, build
-from ir.errors import UnsupportedError
-from ir.npu import layout
+from rkc.compiler.npu import api, formats, lut, schedule
+from rkc.compiler.npu.regfile import FLYING_BLOCKS, FLYING_ORDER, S_POINTER_FIELDS, RegisterFile, build
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import layout
 
 BURST_LEN = 15
 

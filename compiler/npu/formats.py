@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.errors import UnsupportedError
+from rkc.ir.errors import UnsupportedError
 
 # Precision codes of CNA_CONV_CON1 / CORE_MISC_CFG / DPU_DATA_FORMAT / DPU_RDMA
 # FEATURE_MODE_CFG (TRM RK3588 Part 1 "RKNN_dpu_data_format", quoted in

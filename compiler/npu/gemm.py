@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.npu import api, epilogue, formats, schedule
-from compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
-from compiler.npu.schedule import Work, pad_constants
-from ir.errors import UnsupportedError
-from ir.npu import hw, layout
+from rkc.compiler.npu import api, epilogue, formats, schedule
+from rkc.compiler.npu.conv_core import ConvTile, cbuf_row_bytes, kernel_group, tile_task
+from rkc.compiler.npu.schedule import Work, pad_constants
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import hw, layout
 
 WEIGHT_ROW = layout.CHANNEL_GROUP  # K tiles start on a 32-channel weight row
 KACC_MIN_ROWS = formats.EW_STRIDE_MIN  # the EW operand stride floor, in rows of a W=1 map

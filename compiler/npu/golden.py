@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.npu import mesa
-from ir.errors import FormatError, RkcError
-from ir.npu.regcmd import decode_entry
+from rkc.compiler.npu import mesa
+from rkc.ir.errors import FormatError, RkcError
+from rkc.ir.npu.regcmd import decode_entry
 
 
 @dataclass(frozen=True)

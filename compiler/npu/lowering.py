@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import importlib
 
-from compiler.npu import api
-from ir.errors import UnsupportedError
+from rkc.compiler.npu import api
+from rkc.ir.errors import UnsupportedError
 
 # operation class name -> "module:function(op, options) -> EmitResult"
 LOWERINGS = {
-    "MesaConv": "compiler.npu.mesa:lower_mesa_with_options",
-    "Gemm": "compiler.npu.gemm:lower_gemm",
-    "Conv2D": "compiler.npu.conv:lower_conv",
-    "Elementwise": "compiler.npu.eltwise:lower_eltwise",
-    "Activation": "compiler.npu.flying:lower_activation",
-    "Pool": "compiler.npu.pool:lower_pool",
+    "MesaConv": "rkc.compiler.npu.mesa:lower_mesa_with_options",
+    "Gemm": "rkc.compiler.npu.gemm:lower_gemm",
+    "Conv2D": "rkc.compiler.npu.conv:lower_conv",
+    "Elementwise": "rkc.compiler.npu.eltwise:lower_eltwise",
+    "Activation": "rkc.compiler.npu.flying:lower_activation",
+    "Pool": "rkc.compiler.npu.pool:lower_pool",
 }
 
 

@@ -22,8 +22,8 @@ from typing import Callable
 
 import numpy as np
 
-from compiler.npu.regfile import RegisterFile
-from ir.errors import UnsupportedError
+from rkc.compiler.npu.regfile import RegisterFile
+from rkc.ir.errors import UnsupportedError
 
 TABLE_ENTRIES = 513
 INDEX_RANGE = 16384  # LE covers [-16384, 0], LO [0, 16384]

@@ -21,11 +21,11 @@ import struct
 from dataclasses import dataclass, field
 import numpy as np
 
-from compiler.npu import api
-from compiler.npu.regfile import (CONV_BLOCKS, CONV_ORDER, MESA_PREAMBLE, S_POINTER_FIELDS,
+from rkc.compiler.npu import api
+from rkc.compiler.npu.regfile import (CONV_BLOCKS, CONV_ORDER, MESA_PREAMBLE, S_POINTER_FIELDS,
                                   RegisterFile, build, unlinked_pc_base_entry)
-from ir.errors import UnsupportedError
-from ir.npu import hw, layout
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import hw, layout
 
 FEATURE_ATOM = 16  # int8 channels per feature atom (Mesa FEATURE_ATOMIC_SIZE / ATOMIC_K_SIZE)
 WEIGHT_ATOM = 32  # input channels per weight row (Mesa WEIGHT_ATOMIC_SIZE)
@@ -618,7 +618,7 @@ def link_operation(result: api.EmitResult, align: int = 64) -> tuple[np.ndarray,
     64-byte aligned offsets, each non-final task's tail pointing at the next one
     (PC_BASE_ADDRESS through a relocation into the op's regcmd buffer, and
     PC_REGISTER_AMOUNTS = mesa_link_amount(next count)), whatever the job split."""
-    from ir.npu.regcmd import ENTRY_BYTES, mesa_link_amount, write_entry
+    from rkc.ir.npu.regcmd import ENTRY_BYTES, mesa_link_amount, write_entry
 
     op = result.op
     offsets, pos = [], 0
@@ -642,7 +642,7 @@ def link_operation(result: api.EmitResult, align: int = 64) -> tuple[np.ndarray,
 
 
 def task_offsets(result: api.EmitResult, align: int = 64) -> list[int]:
-    from ir.npu.regcmd import ENTRY_BYTES
+    from rkc.ir.npu.regcmd import ENTRY_BYTES
 
     out, pos = [], 0
     for t in result.tasks:

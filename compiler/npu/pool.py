@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.npu import api, formats
-from compiler.npu.regfile import PPU_BLOCKS, PPU_ORDER, S_POINTER_FIELDS, RegisterFile, build
-from ir.errors import UnsupportedError
+from rkc.compiler.npu import api, formats
+from rkc.compiler.npu.regfile import PPU_BLOCKS, PPU_ORDER, S_POINTER_FIELDS, RegisterFile, build
+from rkc.ir.errors import UnsupportedError
 
 WINDOW_MAX = 16  # 4-bit (value - 1) kernel and stride fields
 PAD_MAX = 7  # 3-bit pad counts
@@ -137,7 +137,7 @@ def _task(op, f: api.Feature, o: api.Feature, kernel, stride, pad, i) -> api.Tas
 
 
 def _avg_as_depthwise(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
-    from compiler.npu.conv import lower_conv
+    from rkc.compiler.npu.conv import lower_conv
 
     f, o = op.input, op.output
     kh, kw = op.kernel if op.kernel is not None else (f.height, f.width)

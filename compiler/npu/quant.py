@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ir.errors import UnsupportedError
+from rkc.ir.errors import UnsupportedError
 
 MUL_BITS = 15  # the multiplier is signed 16-bit: 15 bits of magnitude
 SHIFT_MAX = 63  # OUT_CVT_SHIFT: beyond this every product rounds to 0

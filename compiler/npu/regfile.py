@@ -17,9 +17,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ir.errors import RegisterError
-from ir.npu.regcmd import RegcmdBuilder, write_entry
-from ir.npu.registers import Block, register
+from rkc.ir.errors import RegisterError
+from rkc.ir.npu.regcmd import RegcmdBuilder, write_entry
+from rkc.ir.npu.registers import Block, register
 
 _DCOMP_AMOUNTS = tuple(f"CNA_DCOMP_AMOUNT{i}" for i in range(16))
 _EW_OP_VALUES = tuple(f"DPU_EW_OP_VALUE_{i}" for i in range(8))

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from compiler.npu import api
-from ir.npu import hw
+from rkc.compiler.npu import api
+from rkc.ir.npu import hw
 
 def banks_for(nbytes: int) -> int:
     return max(1, -(-nbytes // hw.CBUF_BANK_BYTES))

@@ -15,9 +15,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ir.errors import UnsupportedError
-from ir.graph import Graph, Op, ShapeRule
-from ir.types import TensorType
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.graph import Graph, Op, ShapeRule
+from rkc.ir.types import TensorType
 
 
 @dataclass
@@ -84,7 +84,7 @@ class OpSpec:
 
 
 def _load_specs() -> dict[str, OpSpec]:
-    from compiler.ops import conv, elementwise, matmul, norm, pool, quant, reduce, resize, shape
+    from rkc.compiler.ops import conv, elementwise, matmul, norm, pool, quant, reduce, resize, shape
 
     specs: dict[str, OpSpec] = {}
     for module in (elementwise, conv, matmul, pool, norm, reduce, shape, resize, quant):
@@ -130,7 +130,7 @@ def npu_verdict(ctx: OpContext) -> tuple[bool, str]:
 
 def check_cpu(ctx: OpContext) -> None:
     """Raise UnsupportedError when the op cannot run on the CPU either."""
-    from runtime.kernels import KERNELS, check_binding
+    from rkc.runtime.kernels import KERNELS, check_binding
 
     spec = OPS.get(ctx.op.type)
     name = spec.kernel_name if spec else ctx.op.type

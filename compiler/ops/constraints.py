@@ -4,7 +4,7 @@ fails (the op then runs on the CPU)."""
 
 from __future__ import annotations
 
-from ir.types import DType
+from rkc.ir.types import DType
 
 NPU_DTYPES = (DType.FP32, DType.FP16, DType.INT8, DType.UINT8)
 

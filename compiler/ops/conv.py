@@ -3,11 +3,11 @@ ConvTranspose, and the integer forms ConvInteger / QLinearConv."""
 
 from __future__ import annotations
 
-from compiler.ops import OpSpec
-from compiler.ops.constraints import BASIC, constant_weights, cpu_only
-from compiler.ops.rules import need, spatial_out, window_params
-from ir.errors import VerifyError
-from ir.types import DType, TensorType
+from rkc.compiler.ops import OpSpec
+from rkc.compiler.ops.constraints import BASIC, constant_weights, cpu_only
+from rkc.compiler.ops.rules import need, spatial_out, window_params
+from rkc.ir.errors import VerifyError
+from rkc.ir.types import DType, TensorType
 
 
 def conv_shape(ctx, x_index: int = 0, w_index: int = 1, dtype: DType | None = None):

@@ -5,10 +5,10 @@ glue (Cast, Identity, Dropout, Where)."""
 from __future__ import annotations
 
 
-from compiler.ops import OpSpec
-from compiler.ops.constraints import BASIC, cpu_only
-from compiler.ops.rules import broadcast, need, same, with_dtype
-from ir.types import DType, TensorType
+from rkc.compiler.ops import OpSpec
+from rkc.compiler.ops.constraints import BASIC, cpu_only
+from rkc.compiler.ops.rules import broadcast, need, same, with_dtype
+from rkc.ir.types import DType, TensorType
 
 
 def second_operand_fits(ctx) -> bool:
@@ -44,7 +44,7 @@ def cast_shape(ctx):
 
 
 def where_shape(ctx):
-    from compiler.ops.rules import broadcast_shapes
+    from rkc.compiler.ops.rules import broadcast_shapes
 
     shapes = [need(ctx, i).shape for i in range(3)]
     return [TensorType(need(ctx, 1).dtype, broadcast_shapes(shapes, f"op {ctx.op.describe()}"))]

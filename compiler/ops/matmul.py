@@ -3,11 +3,11 @@ integer forms MatMulInteger / QLinearMatMul."""
 
 from __future__ import annotations
 
-from compiler.ops import OpSpec
-from compiler.ops.constraints import static_shapes, float_data
-from compiler.ops.rules import broadcast_shapes, need
-from ir.errors import VerifyError
-from ir.types import DType, TensorType
+from rkc.compiler.ops import OpSpec
+from rkc.compiler.ops.constraints import static_shapes, float_data
+from rkc.compiler.ops.rules import broadcast_shapes, need
+from rkc.ir.errors import VerifyError
+from rkc.ir.types import DType, TensorType
 
 
 def gemm_shape(ctx):

@@ -5,10 +5,10 @@ the NPU cannot do, so they are hard boundaries."""
 
 from __future__ import annotations
 
-from compiler.ops import OpSpec
-from compiler.ops.constraints import BASIC, cpu_only
-from compiler.ops.rules import need, norm_axis, same
-from ir.types import DType, TensorType
+from rkc.compiler.ops import OpSpec
+from rkc.compiler.ops.constraints import BASIC, cpu_only
+from rkc.compiler.ops.rules import need, norm_axis, same
+from rkc.ir.types import DType, TensorType
 
 
 def layer_norm_shape(ctx):

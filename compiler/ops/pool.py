@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from compiler.ops import OpSpec
-from compiler.ops.constraints import BASIC, cpu_only
-from compiler.ops.rules import need, spatial_out, window_params
-from ir.types import DType, TensorType
+from rkc.compiler.ops import OpSpec
+from rkc.compiler.ops.constraints import BASIC, cpu_only
+from rkc.compiler.ops.rules import need, spatial_out, window_params
+from rkc.ir.types import DType, TensorType
 
 
 def pool_shape(ctx):

@@ -4,10 +4,10 @@ over, they run on the CPU at segment edges."""
 
 from __future__ import annotations
 
-from compiler.ops import OpSpec
-from compiler.ops.constraints import cpu_only
-from compiler.ops.rules import need
-from ir.types import DType, TensorType
+from rkc.compiler.ops import OpSpec
+from rkc.compiler.ops.constraints import cpu_only
+from rkc.compiler.ops.rules import need
+from rkc.ir.types import DType, TensorType
 
 
 def quantize_shape(ctx):

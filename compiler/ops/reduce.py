@@ -3,10 +3,10 @@ rewritten to one by canonicalize)."""
 
 from __future__ import annotations
 
-from compiler.ops import OpSpec
-from compiler.ops.constraints import cpu_only
-from compiler.ops.rules import const_or_attr, need, norm_axis, runtime_value
-from ir.types import TensorType
+from rkc.compiler.ops import OpSpec
+from rkc.compiler.ops.constraints import cpu_only
+from rkc.compiler.ops.rules import const_or_attr, need, norm_axis, runtime_value
+from rkc.ir.types import TensorType
 
 
 def reduce_shape(ctx):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ops import OpSpec
-from compiler.ops.constraints import cpu_only
-from compiler.ops.rules import need, runtime_value
-from ir.errors import VerifyError
-from ir.types import TensorType
+from rkc.compiler.ops import OpSpec
+from rkc.compiler.ops.constraints import cpu_only
+from rkc.compiler.ops.rules import need, runtime_value
+from rkc.ir.errors import VerifyError
+from rkc.ir.types import TensorType
 
 
 def resize_shape(ctx):

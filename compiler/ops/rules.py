@@ -7,9 +7,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ir.errors import VerifyError
-from ir.types import Dim, DType, TensorType
-from runtime.kernels.conv import pads_for
+from rkc.ir.errors import VerifyError
+from rkc.ir.types import Dim, DType, TensorType
+from rkc.runtime.kernels.conv import pads_for
 
 UNKNOWN = "unk"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ops import OpSpec
-from compiler.ops.constraints import cpu_only
-from compiler.ops.rules import UNKNOWN, broadcast_shapes, const_or_attr, need, norm_axis, runtime_value
-from ir.errors import VerifyError
-from ir.types import DType, TensorType
+from rkc.compiler.ops import OpSpec
+from rkc.compiler.ops.constraints import cpu_only
+from rkc.compiler.ops.rules import UNKNOWN, broadcast_shapes, const_or_attr, need, norm_axis, runtime_value
+from rkc.ir.errors import VerifyError
+from rkc.ir.types import DType, TensorType
 
 MOVES_DATA = cpu_only("rearranges data in memory: rkc moves data on the CPU (the NPU has no data-movement unit rkc drives yet)")
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.passes.edit import add_const, only_consumer, producer
-from ir.graph import Graph, Op, Tensor
-from ir.types import TensorType
+from rkc.compiler.passes.edit import add_const, only_consumer, producer
+from rkc.ir.graph import Graph, Op, Tensor
+from rkc.ir.types import TensorType
 
 FOLDS_CONSTANTS = ("Conv", "Gemm", "MatMul")  # a constant after these folds into their weights / bias
 

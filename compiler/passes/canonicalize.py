@@ -4,8 +4,8 @@ of two tensors is an Add."""
 
 from __future__ import annotations
 
-from compiler.passes.edit import consumers, producer, remove_op, rename_output, replace_uses
-from ir.graph import Graph, Op
+from rkc.compiler.passes.edit import consumers, producer, remove_op, rename_output, replace_uses
+from rkc.ir.graph import Graph, Op
 
 
 def drop_pass_through(graph: Graph, op: Op) -> bool:

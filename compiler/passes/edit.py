@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Graph, Op
-from ir.types import DType, TensorType
+from rkc.ir.graph import Graph, Op
+from rkc.ir.types import DType, TensorType
 
 
 def consumers(graph: Graph, tensor: str) -> list[Op]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.passes.edit import add_const, only_consumer, producer
-from ir.graph import Graph, Op, Tensor
-from ir.types import TensorType
+from rkc.compiler.passes.edit import add_const, only_consumer, producer
+from rkc.ir.graph import Graph, Op, Tensor
+from rkc.ir.types import TensorType
 
 
 def _const(graph: Graph, name: str) -> np.ndarray | None:

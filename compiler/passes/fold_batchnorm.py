@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.passes.edit import add_const, only_consumer, producer, rename_output
-from ir.graph import Graph, Op
+from rkc.compiler.passes.edit import add_const, only_consumer, producer, rename_output
+from rkc.ir.graph import Graph, Op
 
 
 def _const(graph: Graph, name: str) -> np.ndarray | None:

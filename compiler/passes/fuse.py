@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from compiler.passes.edit import add_const, only_consumer, producer
-from ir.graph import Graph, Op
+from rkc.compiler.passes.edit import add_const, only_consumer, producer
+from rkc.ir.graph import Graph, Op
 
 
 def _const(graph: Graph, name: str) -> np.ndarray | None:

@@ -24,8 +24,8 @@ from typing import Callable
 
 import numpy as np
 
-from ir.errors import RkcError, UnsupportedError
-from runtime.device import Device
+from rkc.ir.errors import RkcError, UnsupportedError
+from rkc.runtime.device import Device
 
 
 class ProbeUnavailable(Exception):

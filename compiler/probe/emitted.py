@@ -12,11 +12,11 @@ from typing import Sequence
 
 import numpy as np
 
-from compiler.npu import api
-from compiler.npu.assemble import assemble
-from ir.npu import layout
-from runtime.captured import CapturedCase, CapturedJob, CapturedTask, PlacedCase
-from runtime.device import Device
+from rkc.compiler.npu import api
+from rkc.compiler.npu.assemble import assemble
+from rkc.ir.npu import layout
+from rkc.runtime.captured import CapturedCase, CapturedJob, CapturedTask, PlacedCase
+from rkc.runtime.device import Device
 
 
 def _put_feature(f: api.Feature, raw: np.ndarray, values: np.ndarray) -> None:

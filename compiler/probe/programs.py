@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.npu import api
-from compiler.probe import Probe, ProbeRun
-from compiler.probe import emitted
-from runtime.device import Device
+from rkc.compiler.npu import api
+from rkc.compiler.probe import Probe, ProbeRun
+from rkc.compiler.probe import emitted
+from rkc.runtime.device import Device
 
 SEED = 20261130
 

@@ -6,7 +6,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ir.npu.regcmd import Decoded, EntryKind, decode
+from rkc.ir.npu.regcmd import Decoded, EntryKind, decode
 
 
 def _field_text(d: Decoded, all_fields: bool) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol, Sequence
 
-from ir.npu import hw
+from rkc.ir.npu import hw
 
 
 class TaskCounts(Protocol):

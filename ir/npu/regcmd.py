@@ -19,8 +19,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from ir.errors import RegisterError
-from ir.npu.registers import (
+from rkc.ir.errors import RegisterError
+from rkc.ir.npu.registers import (
     BY_OFFSET,
     OP_ENABLE_BITS,
     OP_ENABLE_MASK,

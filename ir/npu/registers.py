@@ -12,8 +12,8 @@ from enum import IntEnum
 from functools import cached_property
 from typing import Mapping
 
-from ir.errors import RegisterError
-from ir.npu.register_table import TABLE
+from rkc.ir.errors import RegisterError
+from rkc.ir.npu.register_table import TABLE
 
 
 class Block(IntEnum):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ir.errors import FormatError
-from ir.npu.regcmd import as_entries
+from rkc.ir.errors import FormatError
+from rkc.ir.npu.regcmd import as_entries
 
 GGUF_MAGIC = b"GGUF"
 
@@ -18,7 +18,7 @@ def load_regcmd_streams(path: str | Path) -> list[tuple[str, np.ndarray]]:
     path = Path(path)
     data = path.read_bytes()
     if data[:4] == GGUF_MAGIC:
-        from ir.rkbin import read_rkbin  # local import: only rkbin files need it
+        from rkc.ir.rkbin import read_rkbin  # local import: only rkbin files need it
 
         return read_rkbin(path).regcmd_streams()
     if data[:1] in (b"{", b"["):

@@ -14,8 +14,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ir.errors import UnsupportedError
-from runtime.kernels import conv, elementwise, nn, quant, reduce, shape
+from rkc.ir.errors import UnsupportedError
+from rkc.runtime.kernels import conv, elementwise, nn, quant, reduce, shape
 
 Kernel = Callable[..., "np.ndarray | tuple[np.ndarray, ...]"]
 

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ir.types import DType
+from rkc.ir.types import DType
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 

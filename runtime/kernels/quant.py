@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.types import DType
-from runtime.kernels.conv import conv_integer
+from rkc.ir.types import DType
+from rkc.runtime.kernels.conv import conv_integer
 
 
 def _param(p, x: np.ndarray, axis: int, block_size: int) -> np.ndarray:

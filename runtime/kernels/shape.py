@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.types import DType
+from rkc.ir.types import DType
 
 
 def _ints(v) -> list[int]:

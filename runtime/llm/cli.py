@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from ir.errors import RkcError
-from ir.rkbin import Rkbin
+from rkc.ir.errors import RkcError
+from rkc.ir.rkbin import Rkbin
 
 
 @dataclass
@@ -44,12 +44,12 @@ def chat_prompt(template: str | None, user: str) -> str:
 
 
 def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -> None:
-    from runtime.llm.engine import LlmEngine
-    from runtime.llm.generate import Generator, Sampler
-    from runtime.llm.tokenizer import TextStream
+    from rkc.runtime.llm.engine import LlmEngine
+    from rkc.runtime.llm.generate import Generator, Sampler
+    from rkc.runtime.llm.tokenizer import TextStream
 
     if o.tokenize is not None:  # needs no device
-        from runtime.llm.tokenizer import LlmTokenizer
+        from rkc.runtime.llm.tokenizer import LlmTokenizer
 
         if "tokenizer" not in rk.blobs:
             raise RkcError(f"{rk.path}: LLM rkbin without a tokenizer")

@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from ir.errors import FormatError
-from ir.llm import LlmConfig
-from ir.program import Step
-from ir.rkbin import Rkbin, read_rkbin
-from runtime.execute import _Run
-from runtime.llm.kernels import KERNELS as LLM_KERNELS
-from runtime.llm.kvcache import KVCache
-from runtime.llm.tokenizer import LlmTokenizer
-from runtime.loader import LoadedModel, needs_device
+from rkc.ir.errors import FormatError
+from rkc.ir.llm import LlmConfig
+from rkc.ir.program import Step
+from rkc.ir.rkbin import Rkbin, read_rkbin
+from rkc.runtime.execute import _Run
+from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
+from rkc.runtime.llm.kvcache import KVCache
+from rkc.runtime.llm.tokenizer import LlmTokenizer
+from rkc.runtime.loader import LoadedModel, needs_device
 
 
 @dataclass
@@ -70,7 +70,7 @@ class LlmEngine:
         if device == "auto" and not needs_device(rk.module):
             self.model = LoadedModel(rk, None)
         else:
-            from runtime.devices import open_device
+            from rkc.runtime.devices import open_device
 
             self.model = LoadedModel(rk, open_device(device, cores=cores), own_device=True)
         self.programs = {p.name: p for p in rk.module.programs}

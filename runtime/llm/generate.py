@@ -9,10 +9,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ir.errors import RkcError
-from ir.npu.perf import describe
-from runtime.llm.engine import LlmEngine
-from runtime.llm.kvcache import KVCache
+from rkc.ir.errors import RkcError
+from rkc.ir.npu.perf import describe
+from rkc.runtime.llm.engine import LlmEngine
+from rkc.runtime.llm.kvcache import KVCache
 
 
 @dataclass

@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ir.errors import FormatError
-from ir.npu import layout
-from runtime.llm.kvcache import KVCache
-from runtime.llm.weights import quantize_rows
+from rkc.ir.errors import FormatError
+from rkc.ir.npu import layout
+from rkc.runtime.llm.kvcache import KVCache
+from rkc.runtime.llm.weights import quantize_rows
 
 Kernel = Callable[[list[Any], dict[str, Any], Any], list[np.ndarray]]
 

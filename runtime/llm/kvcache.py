@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.errors import RkcError
+from rkc.ir.errors import RkcError
 
 
 class ContextFullError(RkcError):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from runtime.rocket.kernel import KernelInterface, LinuxKernel
-from runtime.rocket.nodes import NodeInfo, scan_nodes
+from rkc.runtime.rocket.kernel import KernelInterface, LinuxKernel
+from rkc.runtime.rocket.nodes import NodeInfo, scan_nodes
 
 DRIVER_SYSFS = "sys/bus/platform/drivers/rocket"
 PARAMS_SYSFS = "sys/module/rocket/parameters"

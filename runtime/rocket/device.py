@@ -32,13 +32,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ir.npu import hw
-from runtime.device import BufferObject, Counters, Device, IOVA_LIMIT, Job, Submission
-from runtime.rocket import fences, uapi
-from runtime.rocket.errors import JobDropped, JobFailed, JobTimeout, RocketError
-from runtime.rocket.kernel import KernelInterface, LinuxKernel
-from runtime.rocket.nodes import DriverVersion, find_rocket_node, read_version
-from runtime.rocket.validate import AddressMap, TaskCache, check_jobs, job_name
+from rkc.ir.npu import hw
+from rkc.runtime.device import BufferObject, Counters, Device, IOVA_LIMIT, Job, Submission
+from rkc.runtime.rocket import fences, uapi
+from rkc.runtime.rocket.errors import JobDropped, JobFailed, JobTimeout, RocketError
+from rkc.runtime.rocket.kernel import KernelInterface, LinuxKernel
+from rkc.runtime.rocket.nodes import DriverVersion, find_rocket_node, read_version
+from rkc.runtime.rocket.validate import AddressMap, TaskCache, check_jobs, job_name
 
 GUARD_BYTES = 4096
 WITNESS_BYTES = 4096

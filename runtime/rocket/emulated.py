@@ -59,8 +59,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.rocket import uapi
-from runtime.rocket.executors import PAGE, Executor, NpuFault, NpuModel, PcModel, TraceExecutor
+from rkc.runtime.rocket import uapi
+from rkc.runtime.rocket.executors import PAGE, Executor, NpuFault, NpuModel, PcModel, TraceExecutor
 
 APERTURE = (0, 1 << 32)  # rockchip IOMMU: 32-bit IOVAs from 0
 MMAP_OFFSET_START = 1 << 32  # DRM_FILE_PAGE_OFFSET_START on 64-bit, in bytes
@@ -327,7 +327,7 @@ class EmulatedKernel:
     # --- KernelInterface -------------------------------------------------------------------
 
     def list_nodes(self) -> list[str]:
-        from runtime.rocket.kernel import sort_nodes
+        from rkc.runtime.rocket.kernel import sort_nodes
         by_name = {p.rsplit("/", 1)[-1]: p for p in self.nodes}
         return [by_name[n] for n in sort_nodes(by_name)]
 

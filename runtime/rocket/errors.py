@@ -1,7 +1,7 @@
 """Errors of the rocket device. All are user-facing (RkcError): one line that
 names the job (its label, e.g. the segment) or the BO, and what happened."""
 
-from ir.errors import RkcError
+from rkc.ir.errors import RkcError
 
 
 class RocketError(RkcError):

@@ -26,9 +26,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ir.npu import regcmd
-from ir.npu.registers import OP_ENABLE_BITS, Block, register
-from runtime.rocket.validate import ADDRESS_REGISTERS, fetch_entries
+from rkc.ir.npu import regcmd
+from rkc.ir.npu.registers import OP_ENABLE_BITS, Block, register
+from rkc.runtime.rocket.validate import ADDRESS_REGISTERS, fetch_entries
 
 PAGE = 4096
 _PC_BASE = register("PC_BASE_ADDRESS")

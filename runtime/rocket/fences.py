@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.rocket import uapi
-from runtime.rocket.kernel import KernelInterface
+from rkc.runtime.rocket import uapi
+from rkc.runtime.rocket.kernel import KernelInterface
 
 ACTIVE, SIGNALED = 0, 1
 

@@ -8,8 +8,8 @@ import errno
 import os
 from dataclasses import dataclass
 
-from runtime.rocket import uapi
-from runtime.rocket.kernel import KernelInterface, LinuxKernel
+from rkc.runtime.rocket import uapi
+from rkc.runtime.rocket.kernel import KernelInterface, LinuxKernel
 
 DRIVER_NAME = "rocket"
 _FIELD_BYTES = 256  # name/date/desc buffers; the kernel reports the real length

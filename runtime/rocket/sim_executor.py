@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.rocket.executors import NpuFault, PageTable
-from runtime.sim.errors import SimError
-from runtime.sim.memory import IovaSpace
-from runtime.sim.npu import Npu
-from runtime.sim.quirks import DEFAULT, Quirks
+from rkc.runtime.rocket.executors import NpuFault, PageTable
+from rkc.runtime.sim.errors import SimError
+from rkc.runtime.sim.memory import IovaSpace
+from rkc.runtime.sim.npu import Npu
+from rkc.runtime.sim.quirks import DEFAULT, Quirks
 
 
 def domain_space(table: PageTable) -> IovaSpace:

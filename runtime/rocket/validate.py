@@ -27,10 +27,10 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ir.npu import regcmd
-from ir.npu.registers import OP_ENABLE_BITS, REGISTERS, Block, register
-from runtime.device import BufferObject, Job, Task
-from runtime.rocket.errors import JobRejected
+from rkc.ir.npu import regcmd
+from rkc.ir.npu.registers import OP_ENABLE_BITS, REGISTERS, Block, register
+from rkc.runtime.device import BufferObject, Job, Task
+from rkc.runtime.rocket.errors import JobRejected
 
 _KNOWN_TARGETS = np.array(sorted({0, regcmd.TARGET_MARKER, regcmd.TARGET_OP_ENABLE}
                                  | {b.target for b in Block}), dtype=np.uint64)

@@ -7,8 +7,8 @@ processing and its DMAs), ppu (pooling), npu (cores and kicks), stats (the
 counters ir/npu/perf.py turns into modelled time), quirks (the readings of open hardware questions), device (SimDevice).
 """
 
-from runtime.sim.device import SimDevice
-from runtime.sim.errors import SimError
-from runtime.sim.quirks import Quirks
+from rkc.runtime.sim.device import SimDevice
+from rkc.runtime.sim.errors import SimError
+from rkc.runtime.sim.quirks import Quirks
 
 __all__ = ["SimDevice", "SimError", "Quirks"]

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.sim.cna import ATOM, ConvInput
-from runtime.sim.errors import CbufError, QuirkRejection
-from runtime.sim.quirks import Quirks
-from runtime.sim.regfile import TaskRegisters
+from rkc.runtime.sim.cna import ATOM, ConvInput
+from rkc.runtime.sim.errors import CbufError, QuirkRejection
+from rkc.runtime.sim.quirks import Quirks
+from rkc.runtime.sim.regfile import TaskRegisters
 
 BANKS = 12
 BANK_BYTES = 32 * 1024

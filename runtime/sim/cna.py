@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ir.npu import layout
-from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, QuirkRejection, SimError,
+from rkc.ir.npu import layout
+from rkc.runtime.sim.errors import (AlignmentError, FieldError, GeometryError, QuirkRejection, SimError,
                                 UnsupportedError)
-from runtime.sim.memory import IovaSpace
-from runtime.sim.numerics import PRECISIONS, TIE_RULES, Precision, shift_round, to_compute
-from runtime.sim.quirks import Quirks
-from runtime.sim.regfile import TaskRegisters
+from rkc.runtime.sim.memory import IovaSpace
+from rkc.runtime.sim.numerics import PRECISIONS, TIE_RULES, Precision, shift_round, to_compute
+from rkc.runtime.sim.quirks import Quirks
+from rkc.runtime.sim.regfile import TaskRegisters
 
 ATOM = 16
 CONV_MODES = {0: "direct", 3: "depthwise"}

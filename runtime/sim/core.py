@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.sim.cna import ConvInput
-from runtime.sim.errors import FieldError, GeometryError, UnsupportedError
-from runtime.sim.numerics import TIE_RULES, blas_threads_for, exact_int_matmul, shift_round
-from runtime.sim.quirks import Quirks
-from runtime.sim.regfile import TaskRegisters
+from rkc.runtime.sim.cna import ConvInput
+from rkc.runtime.sim.errors import FieldError, GeometryError, UnsupportedError
+from rkc.runtime.sim.numerics import TIE_RULES, blas_threads_for, exact_int_matmul, shift_round
+from rkc.runtime.sim.quirks import Quirks
+from rkc.runtime.sim.regfile import TaskRegisters
 
 
 @dataclass

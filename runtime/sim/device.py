@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ir.npu.perf import PerfModel
-from runtime.device import BufferObject, Counters, Device, Job, Submission
-from runtime.sim.errors import MemoryAccessError, SimError
-from runtime.sim.memory import IovaSpace
-from runtime.sim.npu import CORES, Npu
-from runtime.sim.opcache import DEFAULT_BUDGET
-from runtime.sim.quirks import DEFAULT, Quirks
-from runtime.sim.stats import JobStats
+from rkc.ir.npu.perf import PerfModel
+from rkc.runtime.device import BufferObject, Counters, Device, Job, Submission
+from rkc.runtime.sim.errors import MemoryAccessError, SimError
+from rkc.runtime.sim.memory import IovaSpace
+from rkc.runtime.sim.npu import CORES, Npu
+from rkc.runtime.sim.opcache import DEFAULT_BUDGET
+from rkc.runtime.sim.quirks import DEFAULT, Quirks
+from rkc.runtime.sim.stats import JobStats
 
 
 class SimDevice(Device):

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.sim import dpu_rdma, dpu_x, lut
-from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, QuirkRejection,
+from rkc.runtime.sim import dpu_rdma, dpu_x, lut
+from rkc.runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, QuirkRejection,
                                 SimError, UnsupportedError)
-from runtime.sim.memory import IovaSpace
-from runtime.sim.numerics import INT_RANGE, PRECISIONS, TIE_RULES, Precision, from_float, shift_round
-from runtime.sim.quirks import Quirks
-from runtime.sim.regfile import TaskRegisters
+from rkc.runtime.sim.memory import IovaSpace
+from rkc.runtime.sim.numerics import INT_RANGE, PRECISIONS, TIE_RULES, Precision, from_float, shift_round
+from rkc.runtime.sim.quirks import Quirks
+from rkc.runtime.sim.regfile import TaskRegisters
 
 ATOM = 16
 BURST_LENS = (3, 7, 15)

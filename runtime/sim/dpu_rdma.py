@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, QuirkRejection,
+from rkc.runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, QuirkRejection,
                                 SimError, UnsupportedError)
-from runtime.sim.memory import IovaSpace
-from runtime.sim.numerics import PRECISIONS, Precision, to_compute
-from runtime.sim.regfile import TaskRegisters
+from rkc.runtime.sim.memory import IovaSpace
+from rkc.runtime.sim.numerics import PRECISIONS, Precision, to_compute
+from rkc.runtime.sim.regfile import TaskRegisters
 
 ATOM = 16
 BURST_LENS = (3, 7, 15)

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.sim import dpu_rdma
-from runtime.sim.errors import FieldError, HangError, QuirkRejection, SimError, UnsupportedError
-from runtime.sim.memory import IovaSpace
-from runtime.sim.numerics import INT_RANGE, shift_round
-from runtime.sim.quirks import Quirks
-from runtime.sim.regfile import TaskRegisters
+from rkc.runtime.sim import dpu_rdma
+from rkc.runtime.sim.errors import FieldError, HangError, QuirkRejection, SimError, UnsupportedError
+from rkc.runtime.sim.memory import IovaSpace
+from rkc.runtime.sim.numerics import INT_RANGE, shift_round
+from rkc.runtime.sim.quirks import Quirks
+from rkc.runtime.sim.regfile import TaskRegisters
 
 ALU, CPEND, MUL = dpu_rdma.DATA_USE_ALU, dpu_rdma.DATA_USE_CPEND, dpu_rdma.DATA_USE_MUL
 

@@ -11,7 +11,7 @@ tell them apart.
 
 from __future__ import annotations
 
-from ir.errors import RkcError
+from rkc.ir.errors import RkcError
 
 
 class SimError(RkcError):

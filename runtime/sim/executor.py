@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, EntryKind
-from ir.npu.registers import OP_ENABLE_BITS, Block
-from runtime.sim import cbuf as cbuf_mod
-from runtime.sim import cna, core, dpu, dpu_rdma, ppu
-from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, NoWritebackError,
+from rkc.ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, EntryKind
+from rkc.ir.npu.registers import OP_ENABLE_BITS, Block
+from rkc.runtime.sim import cbuf as cbuf_mod
+from rkc.runtime.sim import cna, core, dpu, dpu_rdma, ppu
+from rkc.runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, NoWritebackError,
                                 PcAmountError, QuirkRejection, SimError, UnknownRegisterError,
                                 UnsupportedError)
-from runtime.sim.memory import IovaSpace, Region
-from runtime.sim.quirks import Quirks
-from runtime.sim.regfile import RegisterFile, TaskRegisters, decode_cached
-from runtime.sim.stats import TaskStats
+from rkc.runtime.sim.memory import IovaSpace, Region
+from rkc.runtime.sim.quirks import Quirks
+from rkc.runtime.sim.regfile import RegisterFile, TaskRegisters, decode_cached
+from rkc.runtime.sim.stats import TaskStats
 
 FETCH_UNIT = 2 * ENTRY_BYTES  # the PC reads 128 bits at a time
 LUT_ENTRIES = 513

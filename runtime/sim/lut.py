@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.sim.errors import QuirkRejection, StaleRegisterError, UnsupportedError
-from runtime.sim.regfile import TaskRegisters
+from rkc.runtime.sim.errors import QuirkRejection, StaleRegisterError, UnsupportedError
+from rkc.runtime.sim.regfile import TaskRegisters
 
 ENTRIES = 513
 SEGMENTS = ENTRIES - 1

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.device import IOVA_LIMIT, BufferObject
-from runtime.sim.errors import AlignmentError, MemoryAccessError
-from runtime.sim.opcache import DEFAULT_BUDGET, OperandCache
+from rkc.runtime.device import IOVA_LIMIT, BufferObject
+from rkc.runtime.sim.errors import AlignmentError, MemoryAccessError
+from rkc.runtime.sim.opcache import DEFAULT_BUDGET, OperandCache
 
 PAGE = 4096
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ir.npu.regcmd import PC_AMOUNT_MAX
-from runtime.sim.errors import HangError, PcAmountError, QuirkRejection, SimError
-from runtime.sim.executor import CoreState, execute, fetch_task
-from runtime.sim.memory import IovaSpace
-from runtime.sim.quirks import DEFAULT, Quirks
-from runtime.sim.stats import JobStats, TaskStats
+from rkc.ir.npu.regcmd import PC_AMOUNT_MAX
+from rkc.runtime.sim.errors import HangError, PcAmountError, QuirkRejection, SimError
+from rkc.runtime.sim.executor import CoreState, execute, fetch_task
+from rkc.runtime.sim.memory import IovaSpace
+from rkc.runtime.sim.quirks import DEFAULT, Quirks
+from rkc.runtime.sim.stats import JobStats, TaskStats
 
 CORES = 3
 INTEGER_PRECISIONS = ("int8", "int16")

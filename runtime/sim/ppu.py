@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.npu.registers import Block
-from runtime.sim.errors import (AlignmentError, FieldError, GeometryError, QuirkRejection, SimError,
+from rkc.ir.npu.registers import Block
+from rkc.runtime.sim.errors import (AlignmentError, FieldError, GeometryError, QuirkRejection, SimError,
                                 UnsupportedError)
-from runtime.sim.memory import IovaSpace
-from runtime.sim.numerics import PRECISIONS
-from runtime.sim.quirks import Quirks
-from runtime.sim.regfile import TaskRegisters
-from runtime.sim.stats import TaskStats
+from rkc.runtime.sim.memory import IovaSpace
+from rkc.runtime.sim.numerics import PRECISIONS
+from rkc.runtime.sim.quirks import Quirks
+from rkc.runtime.sim.regfile import TaskRegisters
+from rkc.runtime.sim.stats import TaskStats
 
 ATOM = 16
 METHODS = {0: "avg", 1: "max", 2: "min"}

@@ -23,9 +23,9 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Mapping
 
-from ir.npu.regcmd import Decoded, decode_entry
-from ir.npu.registers import BY_NAME, Register
-from runtime.sim.errors import FieldError, StaleRegisterError
+from rkc.ir.npu.regcmd import Decoded, decode_entry
+from rkc.ir.npu.registers import BY_NAME, Register
+from rkc.runtime.sim.errors import FieldError, StaleRegisterError
 
 
 @lru_cache(maxsize=1 << 16)

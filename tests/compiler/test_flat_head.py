@@ -10,11 +10,11 @@ import pytest
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-import runtime
-from compiler.build import BuildOptions, build
-from compiler.frontend import load_graph
-from compiler.passes import run_passes
-from compiler.reference import run_graph
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
+from rkc.compiler.frontend import load_graph
+from rkc.compiler.passes import run_passes
+from rkc.compiler.reference import run_graph
 from onnx_models import cosine, onnxruntime_outputs, save
 
 SHAPE = (1, 16, 5, 6)

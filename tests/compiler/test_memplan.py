@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.memplan import Buffer, check_plan, plan_memory
+from rkc.compiler.memplan import Buffer, check_plan, plan_memory
 
 buffers = st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 20), st.integers(0, 6)), min_size=1, max_size=40)
 

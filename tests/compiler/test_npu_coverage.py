@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import runtime
-from compiler.build import BuildOptions, build
-from compiler.frontend import load_graph
-from compiler.passes import run_passes
-from compiler.reference import run_graph
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
+from rkc.compiler.frontend import load_graph
+from rkc.compiler.passes import run_passes
+from rkc.compiler.reference import run_graph
 from onnx_models import cosine, onnxruntime_outputs, save
 
-pytest.importorskip("runtime.sim")
+pytest.importorskip("rkc.runtime.sim")
 THRESHOLD = {"fp16": 0.9995, "int8": 0.995}
 
 

@@ -9,10 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.frontend import load_graph
-from compiler.frontend.onnx import parse_input_shapes
-from ir.errors import UnsupportedError
-from ir.text import parse_graph, print_graph
+from rkc.compiler.frontend import load_graph
+from rkc.compiler.frontend.onnx import parse_input_shapes
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.text import parse_graph, print_graph
 from onnx_models import example, save
 
 BIN = Path(sys.executable).parent

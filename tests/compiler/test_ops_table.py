@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from compiler.ops import OPS
-from compiler.support_table import supported_ops_markdown
-from runtime.kernels import KERNELS
+from rkc.compiler.ops import OPS
+from rkc.compiler.support_table import supported_ops_markdown
+from rkc.runtime.kernels import KERNELS
 
 ROOT = Path(__file__).resolve().parents[2]
 

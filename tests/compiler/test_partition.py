@@ -5,9 +5,9 @@ import networkx as nx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.partition import partition
-from ir.graph import Graph
-from ir.types import DType, TensorType
+from rkc.compiler.partition import partition
+from rkc.ir.graph import Graph
+from rkc.ir.types import DType, TensorType
 
 T = TensorType(DType.FP32, (1, 4))
 

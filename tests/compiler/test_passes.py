@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from compiler.frontend import load_graph
-from compiler.passes import run_passes
-from compiler.reference import run_graph
+from rkc.compiler.frontend import load_graph
+from rkc.compiler.passes import run_passes
+from rkc.compiler.reference import run_graph
 from onnx_models import example, save
 
 

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from ir.errors import FormatError
-from ir.npu.regcmd import RegcmdBuilder
-from ir.npu.registers import Block
-from ir.program import Job, Module, Program, Region, Relocation, Step, TaskRef, TensorInfo
-from ir.rkbin import read_rkbin, write_rkbin
+from rkc.ir.errors import FormatError
+from rkc.ir.npu.regcmd import RegcmdBuilder
+from rkc.ir.npu.registers import Block
+from rkc.ir.program import Job, Module, Program, Region, Relocation, Step, TaskRef, TensorInfo
+from rkc.ir.rkbin import read_rkbin, write_rkbin
 
 
 def _module_and_blobs():

@@ -5,9 +5,9 @@ import math
 
 from hypothesis import given, settings, strategies as st
 
-from ir.graph import Graph, PayloadRef
-from ir.text import parse_graph, print_graph
-from ir.types import BlockQuant, DType, PerAxisQuant, PerTensorQuant, TensorType
+from rkc.ir.graph import Graph, PayloadRef
+from rkc.ir.text import parse_graph, print_graph
+from rkc.ir.types import BlockQuant, DType, PerAxisQuant, PerTensorQuant, TensorType
 
 names = st.one_of(
     st.from_regex(r"[A-Za-z_][A-Za-z0-9_.\-/]{0,12}", fullmatch=True),

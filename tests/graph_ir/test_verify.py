@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from ir.errors import VerifyError
-from ir.graph import Graph
-from ir.text import parse_graph
-from ir.types import DType, PerAxisQuant, TensorType
+from rkc.ir.errors import VerifyError
+from rkc.ir.graph import Graph
+from rkc.ir.text import parse_graph
+from rkc.ir.types import DType, PerAxisQuant, TensorType
 
 F = TensorType(DType.FP32, (1, 4))
 
@@ -85,7 +85,7 @@ def test_value_without_producer_is_rejected():
 
 
 def test_malformed_text_gives_one_line():
-    from ir.errors import FormatError
+    from rkc.ir.errors import FormatError
 
     with pytest.raises(FormatError) as info:
         parse_graph('graph "g" { input %x fp32[1,4] }', source="bad.txt")

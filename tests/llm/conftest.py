@@ -28,7 +28,7 @@ def synth_gguf(synth_dir):
 
 @pytest.fixture(scope="session")
 def synth_rkbin(synth_dir, synth_gguf):
-    from compiler.llm.build import LlmCompileOptions, compile_gguf
+    from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
 
     built = {}
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.frontend.gguf import GgufFile
-from ir.llm import LlmConfig
+from rkc.compiler.frontend.gguf import GgufFile
+from rkc.ir.llm import LlmConfig
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

@@ -10,8 +10,8 @@ import pytest
 
 from llm.conftest import ARCHS
 from llm.reference import ReferenceModel
-from runtime.llm.engine import LlmEngine
-from runtime.llm.generate import Generator, Sampler, chunk_plan
+from rkc.runtime.llm.engine import LlmEngine
+from rkc.runtime.llm.generate import Generator, Sampler, chunk_plan
 
 PROMPT_LEN = 23  # crosses the gemma3 sliding window (6) and uses chunks 16 + 4 + a padded 4
 
@@ -76,12 +76,12 @@ EMULATED = [(a, {}) for a in ARCHS] + [
 def test_int8_rkbin_computes_its_cpu_emulation(arch, options, synth_rkbin, synth_gguf):
     """What tools/llm_quant_eval.py emulates on the CPU (the compiler's own weight
     preparation, run with the runtime's int8 arithmetic) is what the rkbin computes."""
-    from compiler.frontend.gguf import GgufFile, graph_from_gguf
-    from compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights
-    from compiler.llm.calibrate import GraphRunner
-    from compiler.llm.weights import dequantize_all
-    from ir.rkbin import read_rkbin
-    from runtime.llm.weights import Int8Weight, Weight
+    from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
+    from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights
+    from rkc.compiler.llm.calibrate import GraphRunner
+    from rkc.compiler.llm.weights import dequantize_all
+    from rkc.ir.rkbin import read_rkbin
+    from rkc.runtime.llm.weights import Int8Weight, Weight
 
     path = synth_rkbin(arch, "int8", **options)
     engine = LlmEngine(path)
@@ -172,8 +172,8 @@ def test_sampler():
 
 
 def test_inspect_says_how_int8_was_made(synth_rkbin):
-    from compiler.llm.report import figures, summary_lines
-    from ir.rkbin import read_rkbin
+    from rkc.compiler.llm.report import figures, summary_lines
+    from rkc.ir.rkbin import read_rkbin
 
     module = read_rkbin(synth_rkbin("gemma3", "int8")).module
     q = figures(module)["quantization"]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from llm import llamacpp
-from runtime.llm.engine import LlmEngine
-from runtime.llm.generate import Generator, Sampler
+from rkc.runtime.llm.engine import LlmEngine
+from rkc.runtime.llm.generate import Generator, Sampler
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def reference(gemma_path):
 
 @pytest.fixture(scope="module", params=["int8", "fp16"])
 def compiled(request, gemma_path, tmp_path_factory):
-    from compiler.llm.build import LlmCompileOptions, compile_gguf
+    from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
 
     out = tmp_path_factory.mktemp("gemma") / f"gemma-{request.param}.rkbin"
     compile_gguf(gemma_path, out, LlmCompileOptions(request.param, (1, 32, 128)))
@@ -125,7 +125,7 @@ def _corpus() -> list[str]:
 
 
 def test_tokenizer_matches_llama_cpp(gemma_path, reference):
-    from runtime.llm.tokenizer import LlmTokenizer
+    from rkc.runtime.llm.tokenizer import LlmTokenizer
 
     tok = LlmTokenizer.from_gguf(str(gemma_path))
     total = 0

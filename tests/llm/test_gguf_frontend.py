@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from compiler.cli import main as rkc
-from compiler.frontend import load_graph
-from compiler.frontend.gguf import GgufFile
-from ir.errors import FormatError, UnsupportedError
-from ir.text import parse_graph, print_graph
+from rkc.compiler.cli import main as rkc
+from rkc.compiler.frontend import load_graph
+from rkc.compiler.frontend.gguf import GgufFile
+from rkc.ir.errors import FormatError, UnsupportedError
+from rkc.ir.text import parse_graph, print_graph
 from llm.conftest import ARCHS
 from llm.synth import SHAPES
 

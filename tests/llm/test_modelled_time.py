@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.llm.report import figures
-from ir.npu.perf import describe
+from rkc.compiler.llm.report import figures
+from rkc.ir.npu.perf import describe
 from perf_agreement import assert_plan_matches_simulator, assert_same_totals, recorded_submits
-from runtime.llm.engine import LlmEngine
-from runtime.llm.generate import Generator, Sampler
+from rkc.runtime.llm.engine import LlmEngine
+from rkc.runtime.llm.generate import Generator, Sampler
 
 
 @pytest.mark.parametrize("arch,precision", [("gemma3", "fp16"), ("gemma3", "int8"), ("qwen2", "fp16")])

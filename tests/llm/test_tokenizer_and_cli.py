@@ -7,9 +7,9 @@ from click.testing import CliRunner
 
 from llm import llamacpp
 from llm.conftest import ARCHS
-from runtime.cli import main as rkrun
-from runtime.llm.engine import LlmEngine
-from runtime.llm.tokenizer import LlmTokenizer, TextStream
+from rkc.runtime.cli import main as rkrun
+from rkc.runtime.llm.engine import LlmEngine
+from rkc.runtime.llm.tokenizer import LlmTokenizer, TextStream
 
 TEXTS = ["hello world the", " the cat and the dog", "Hello, world! 123 ünï 東京", "time\n\nrun  ing\tx",
          "thethethe hellohello", "", " ", "it's we'll THEY'RE 12345 ...!!", "<start_of_turn>user"]
@@ -82,12 +82,12 @@ def test_rkrun_llm_without_prompt_is_one_line(synth_rkbin):
 
 
 def test_chat_prompt_renders_the_gguf_template():
-    from runtime.llm.cli import chat_prompt
+    from rkc.runtime.llm.cli import chat_prompt
 
     template = ("{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
                 "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
     assert chat_prompt(template, "hi") == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
-    from ir.errors import RkcError
+    from rkc.ir.errors import RkcError
 
     with pytest.raises(RkcError, match="no chat template"):
         chat_prompt(None, "hi")

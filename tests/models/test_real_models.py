@@ -5,8 +5,8 @@ inputs >= 0.99); every `light_*` topology shipped in the onnx wheel compiles."""
 import numpy as np
 import pytest
 
-import runtime
-from compiler.build import BuildOptions, build
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
 from onnx_models import cosine, onnxruntime_outputs
 from real_models import real_models
 

@@ -24,7 +24,7 @@ def test_disasm_of_a_golden_case_names_every_entry():
 def test_disasm_flags_what_the_hardware_would_not_understand(tmp_path):
     import numpy as np
 
-    from ir.npu.regcmd import encode
+    from rkc.ir.npu.regcmd import encode
 
     raw = np.array([encode(0x0201, 0x1FF0, 1), encode(0x0801, 0x1040, 0xB1), encode(0x0301, 0x1040, 0)],
                    dtype="<u8")

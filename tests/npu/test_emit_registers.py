@@ -12,13 +12,13 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from compiler.npu import api
-from compiler.npu.assemble import assemble
+from rkc.compiler.npu import api
+from rkc.compiler.npu.assemble import assemble
 from golden_cases import case_files
-from ir.errors import UnsupportedError
-from ir.npu import hw
-from ir.npu.regcmd import TAIL_ENTRIES, decode, link_amount, split, write_entry
-from ir.npu.registers import register
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import hw
+from rkc.ir.npu.regcmd import TAIL_ENTRIES, decode, link_amount, split, write_entry
+from rkc.ir.npu.registers import register
 
 ONE_TILE = api.EmitOptions(cores=1, n_tile_max=8192, k_tile_max=16384)
 ROLES = {"CNA_FEATURE_DATA_ADDR": "A", "CNA_DCOMP_ADDR0": "B", "DPU_DST_BASE_ADDR": "C"}
@@ -72,7 +72,7 @@ def test_gemm_tasks_match_the_rocket_userspace_captures_field_by_field():
 def test_gemm_a_b_c_layouts_agree_with_the_capture_formulas():
     """The buffers rkc reads/writes for a tile follow the capture README's formulas:
     A (K/C2, M, C2), B (N/KG, K/32, KG, 32), C (N/C2o, M, C2o) with surface M*16."""
-    from ir.npu import layout
+    from rkc.ir.npu import layout
 
     rng = np.random.default_rng(0)
     for dtype, c2, kg in (("int8", 16, 32), ("fp16", 8, 16)):
@@ -305,7 +305,7 @@ def test_every_emitted_entry_decodes_cleanly():
 
 
 def test_lut_tables_follow_the_function():
-    from compiler.npu import lut
+    from rkc.compiler.npu import lut
 
     p = lut.plan("sigmoid")
     assert p.le.shape == p.lo.shape == (513,)

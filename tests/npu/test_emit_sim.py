@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from compiler.npu import api, eltwise, epilogue
-from compiler.npu.quant import requantize, rne_shift
-from ir.errors import UnsupportedError
+from rkc.compiler.npu import api, eltwise, epilogue
+from rkc.compiler.npu.quant import requantize, rne_shift
+from rkc.ir.errors import UnsupportedError
 
-sim = pytest.importorskip("runtime.sim", reason="the NPU simulator (issue 3) is not in this tree yet")
+sim = pytest.importorskip("rkc.runtime.sim", reason="the NPU simulator (issue 3) is not in this tree yet")
 from npu_runner import run  # noqa: E402
 
 SWEEP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -27,7 +27,7 @@ rng = np.random.default_rng(12345)
 def _run(results, inputs, device=None, **kw):
     """Run on the simulator; a program the simulator declares it does not model
     (its UnsupportedError) skips the test with the simulator's own words."""
-    from runtime.sim.errors import UnsupportedError as NotModelled
+    from rkc.runtime.sim.errors import UnsupportedError as NotModelled
 
     try:
         return run(results if isinstance(results, list) else [results], device or sim.SimDevice(), inputs, **kw)
@@ -39,7 +39,7 @@ def _run(results, inputs, device=None, **kw):
 
 def _sim_reads(question: str) -> bool:
     """Whether the simulator's table of hardware readings has `question`."""
-    from runtime.sim.quirks import QUESTIONS
+    from rkc.runtime.sim.quirks import QUESTIONS
 
     return any(q.id == question for q in QUESTIONS)
 
@@ -47,7 +47,7 @@ def _sim_reads(question: str) -> bool:
 def _sim_takes_fp16_depthwise() -> bool:
     """rocket-userspace's HW-validated fp16 depthwise program writes 16 channels per
     pass (size_e 3); a simulator reading 8 rejects it (its Q4)."""
-    from runtime.sim.quirks import DEFAULT
+    from rkc.runtime.sim.quirks import DEFAULT
 
     return DEFAULT.dpu_channels_per_pass.get(("depthwise", 2)) == 16
 
@@ -315,7 +315,7 @@ def test_elementwise(c, h, w, op, dtype, seed):
 # -- LUT activations and pooling (need the simulator's LUT and PPU models) ----------------
 @pytest.mark.parametrize("function", ["sigmoid", "tanh", "silu", "gelu", "hardsigmoid", "hardswish", "exp"])
 def test_standalone_lut_activation(function):
-    from compiler.npu import lut
+    from rkc.compiler.npu import lut
 
     c, h, w = 16, 6, 40
     X, Y = api.Feature("x", 0, c, h, w, "fp16"), api.Feature("y", 0, c, h, w, "fp16")
@@ -333,7 +333,7 @@ def test_a_chained_kick_fetches_tasks_of_any_length():
     """A chain links a conv (130-odd entries) to a LUT activation whose table
     upload makes it ~1100 entries long: every tail must fetch the whole next task
     (Mesa's ALIGN((n-4)/2, 2) falls short for such counts)."""
-    from compiler.npu import lut
+    from rkc.compiler.npu import lut
 
     c, h, w = 16, 4, 8
     X, M, Y = (api.Feature(n, 0, c, h, w, "fp16") for n in ("x", "m", "y"))
@@ -350,7 +350,7 @@ def test_a_chained_kick_fetches_tasks_of_any_length():
 
 
 def test_conv_with_fused_lut_epilogue():
-    from compiler.npu import lut
+    from rkc.compiler.npu import lut
 
     c, h, w, o = 16, 8, 8, 32
     X, Y = api.Feature("x", 0, c, h, w, "fp16"), api.Feature("y", 0, o, h, w, "fp16")
@@ -366,7 +366,7 @@ def test_conv_with_fused_lut_epilogue():
                                                 ("max", 3, 2, (0, 1, 0, 1)), ("avg", 2, 2, (0, 0, 0, 0)),
                                                 ("avg", 3, 1, (0, 0, 0, 0)), ("avg", None, 1, (0, 0, 0, 0))])
 def test_ppu_pooling(method, k, s, pad):
-    from runtime.sim import Quirks
+    from rkc.runtime.sim import Quirks
 
     if not _sim_reads("Q18"):
         pytest.skip("this simulator does not model the PPU yet")

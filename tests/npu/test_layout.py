@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from golden_cases import case_files
-from ir.npu import layout
+from rkc.ir.npu import layout
 
 
 def _bo(case, handle):

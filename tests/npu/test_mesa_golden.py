@@ -9,8 +9,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from compiler.cli import main
-from compiler.npu import golden
+from rkc.compiler.cli import main
+from rkc.compiler.npu import golden
 from golden_cases import case_files
 
 ADD_ARITHMETIC = {"DPU_EW_CVT_SCALE_VALUE", "DPU_OUT_CVT_OFFSET", "DPU_OUT_CVT_SCALE", "DPU_OUT_CVT_SHIFT"}
@@ -76,7 +76,7 @@ def test_unsupported_capture_is_reported_not_matched():
     case = next(c for _, c in _cases() if c["status"] == "unsupported")
     assert golden.check_case(case).status == "skipped"
     with pytest.raises(Exception, match="dilated"):
-        from compiler.npu import mesa
+        from rkc.compiler.npu import mesa
         mesa.mesa_operations(case["model"])
 
 

@@ -9,8 +9,8 @@ from functools import lru_cache
 import pytest
 
 from golden_cases import case_files
-from ir.npu.regcmd import EntryKind, decode, encode, write_entry
-from ir.npu.registers import register
+from rkc.ir.npu.regcmd import EntryKind, decode, encode, write_entry
+from rkc.ir.npu.registers import register
 
 
 @lru_cache(maxsize=None)
@@ -61,7 +61,7 @@ def test_vendor_blob_worked_example_fields():
 
 
 def test_packing_refuses_values_that_do_not_fit():
-    from ir.errors import RegisterError
+    from rkc.ir.errors import RegisterError
 
     with pytest.raises(RegisterError, match="DATAIN_WIDTH=0x800 does not fit 11 bits"):
         register("CNA_DATA_SIZE0").pack(DATAIN_WIDTH=2048)

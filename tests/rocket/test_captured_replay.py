@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from golden_cases import case_files
-from runtime.captured import PlacedCase, load_case
-from runtime.rocket import RocketDevice
-from runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
-from runtime.rocket.executors import TraceExecutor
+from rkc.runtime.captured import PlacedCase, load_case
+from rkc.runtime.rocket import RocketDevice
+from rkc.runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
+from rkc.runtime.rocket.executors import TraceExecutor
 
 
 @lru_cache(maxsize=None)
@@ -84,8 +84,8 @@ def test_outputs_identical_to_the_simulator_device():
     device and by RocketDevice over the emulated kernel executing with the
     simulator, leave byte-identical output buffers (and match the captured
     per-task references where the capture has them)."""
-    sim_mod = pytest.importorskip("runtime.sim", reason="runtime.sim (issue 3) is not on this branch yet")
-    from runtime.rocket.sim_executor import SimExecutor
+    sim_mod = pytest.importorskip("rkc.runtime.sim", reason="runtime.sim (issue 3) is not on this branch yet")
+    from rkc.runtime.rocket.sim_executor import SimExecutor
 
     for kind in ("mesa-rocket", "gemm-rocket-userspace"):
         for case in small_cases(kind, 3):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from rocket_support import IncrementExecutor, RecordingKernel, chain_tasks, put_task, task_entries
-from runtime.device import Job
-from runtime.rocket import RocketDevice, RocketError, find_rocket_node, scan_nodes, uapi
-from runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
-from runtime.rocket.errors import JobFailed, JobTimeout
+from rkc.runtime.device import Job
+from rkc.runtime.rocket import RocketDevice, RocketError, find_rocket_node, scan_nodes, uapi
+from rkc.runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
+from rkc.runtime.rocket.errors import JobFailed, JobTimeout
 
 
 def open_device(**kw) -> tuple[RocketDevice, EmulatedKernel]:

@@ -2,11 +2,11 @@
 
 import pytest
 
-from ir.errors import RkcError
-from runtime.devices import open_device, rocket_status
-from runtime.rocket import RocketDevice
-from runtime.rocket.emulated import EmulatedKernel
-from runtime.sim import SimDevice
+from rkc.ir.errors import RkcError
+from rkc.runtime.devices import open_device, rocket_status
+from rkc.runtime.rocket import RocketDevice
+from rkc.runtime.rocket.emulated import EmulatedKernel
+from rkc.runtime.sim import SimDevice
 
 
 def test_auto_without_npu_is_the_simulator(capsys):

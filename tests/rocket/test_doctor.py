@@ -8,9 +8,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from compiler.cli import main
-from compiler.cli.doctor import build_report
-from runtime.rocket.emulated import CHAIN_PATCHED, SHARED_PATCHED, STOCK, EmulatedKernel
+from rkc.compiler.cli import main
+from rkc.compiler.cli.doctor import build_report
+from rkc.runtime.rocket.emulated import CHAIN_PATCHED, SHARED_PATCHED, STOCK, EmulatedKernel
 
 CORES = ("fdab0000.npu", "fdac0000.npu", "fdad0000.npu")
 

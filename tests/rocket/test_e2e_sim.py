@@ -28,15 +28,15 @@ import pytest
 
 import numpy as np
 
-from compiler.npu import api
-from compiler.probe import emitted
+from rkc.compiler.npu import api
+from rkc.compiler.probe import emitted
 from golden_cases import golden_dir
-from runtime.captured import PlacedCase, load_case
-from runtime.device import Device
-from runtime.rocket import JobFailed, RocketDevice
-from runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
-from runtime.rocket.sim_executor import SimExecutor
-from runtime.sim import SimDevice, SimError
+from rkc.runtime.captured import PlacedCase, load_case
+from rkc.runtime.device import Device
+from rkc.runtime.rocket import JobFailed, RocketDevice
+from rkc.runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
+from rkc.runtime.rocket.sim_executor import SimExecutor
+from rkc.runtime.sim import SimDevice, SimError
 
 SIZE_LIMIT = 400_000  # bytes of JSON per capture, keeps the suite quick
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from rocket_support import IncrementExecutor, put_task, task_entries
-from runtime.device import Job
-from runtime.rocket import JobDropped, RocketDevice, uapi
-from runtime.rocket.emulated import CHAIN_PATCHED, EmulatedKernel, UapiMismatch
+from rkc.runtime.device import Job
+from rkc.runtime.rocket import JobDropped, RocketDevice, uapi
+from rkc.runtime.rocket.emulated import CHAIN_PATCHED, EmulatedKernel, UapiMismatch
 
 
 class Raw:

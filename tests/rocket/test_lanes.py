@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from rocket_support import IncrementExecutor, put_task, task_entries
-from runtime.device import Job
-from runtime.rocket import RocketDevice
-from runtime.rocket.emulated import EmulatedKernel
+from rkc.runtime.device import Job
+from rkc.runtime.rocket import RocketDevice
+from rkc.runtime.rocket.emulated import EmulatedKernel
 
 
 def open_lanes(cores=3, **kw):

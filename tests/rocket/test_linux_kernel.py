@@ -7,8 +7,8 @@ import termios
 
 import numpy as np
 
-from runtime.rocket.kernel import LinuxKernel, sort_nodes
-from runtime.rocket.nodes import scan_nodes
+from rkc.runtime.rocket.kernel import LinuxKernel, sort_nodes
+from rkc.runtime.rocket.nodes import scan_nodes
 
 
 def test_ioctl_fills_a_ctypes_struct_and_returns_the_result():

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from compiler.cli import main
-from compiler.probe import Probe, ProbeRun, ProbeUnavailable, run_probe
-from compiler.probe.programs import PROBES
+from rkc.compiler.cli import main
+from rkc.compiler.probe import Probe, ProbeRun, ProbeUnavailable, run_probe
+from rkc.compiler.probe.programs import PROBES
 from rocket_support import IncrementExecutor, put_task, task_entries
-from runtime.device import Job
-from runtime.rocket import RocketDevice
-from runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
-from runtime.rocket.sim_executor import SimExecutor
-from runtime.sim import SimDevice, SimError
-from runtime.sim.quirks import DEFAULT
+from rkc.runtime.device import Job
+from rkc.runtime.rocket import RocketDevice
+from rkc.runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
+from rkc.runtime.rocket.sim_executor import SimExecutor
+from rkc.runtime.sim import SimDevice, SimError
+from rkc.runtime.sim.quirks import DEFAULT
 
 
 def emulated(quirks_of=lambda h: dataclasses.replace(DEFAULT, **h), variant=CHAIN_PATCHED):
@@ -66,7 +66,7 @@ def test_each_program_exercises_its_question(probe):
 
 
 def test_weight_reuse_program_reuses_weights(monkeypatch):
-    from compiler.npu import api
+    from rkc.compiler.npu import api
 
     seen = []
     real_emit = api.emit
@@ -139,7 +139,7 @@ class _Twice(IncrementExecutor):
 
     def run_task(self, memory, iova, entries):
         super().run_task(memory, iova, entries)
-        from ir.npu.regcmd import decode
+        from rkc.ir.npu.regcmd import decode
         dst = next(d.value for d in decode(entries) if d.register is not None and d.register.name ==
                    "DPU_DST_BASE_ADDR")
         data = bytes((b + 1) & 0xFF for b in memory.read(dst, 64))

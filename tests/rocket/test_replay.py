@@ -18,13 +18,13 @@ import pytest
 from click.testing import CliRunner
 
 from golden_cases import case_files
-from runtime.captured import load_case
-from runtime.cli import main
-from runtime.replay import replay, run_cli
-from runtime.rocket import JobFailed, RocketDevice
-from runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
-from runtime.rocket.sim_executor import SimExecutor
-from runtime.sim import SimError
+from rkc.runtime.captured import load_case
+from rkc.runtime.cli import main
+from rkc.runtime.replay import replay, run_cli
+from rkc.runtime.rocket import JobFailed, RocketDevice
+from rkc.runtime.rocket.emulated import CHAIN_PATCHED, STOCK, EmulatedKernel
+from rkc.runtime.rocket.sim_executor import SimExecutor
+from rkc.runtime.sim import SimError
 
 
 def emulated_kernel(**options) -> EmulatedKernel:

@@ -4,7 +4,7 @@ import ctypes
 
 import pytest
 
-from runtime.rocket import uapi
+from rkc.runtime.rocket import uapi
 
 # docs/hw-rocket-and-mesa.md §1.2 (from include/uapi/drm/rocket_accel.h, torvalds/linux f088104d)
 ROCKET_REQUESTS = {

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ir.npu import regcmd
-from ir.npu.registers import Block
+from rkc.ir.npu import regcmd
+from rkc.ir.npu.registers import Block
 from rocket_support import chain_tasks, put_task, task_entries
-from runtime.device import BufferObject, Job, Task
-from runtime.rocket import JobRejected, RocketDevice
-from runtime.rocket.emulated import CHAIN_PATCHED, EmulatedKernel
+from rkc.runtime.device import BufferObject, Job, Task
+from rkc.runtime.rocket import JobRejected, RocketDevice
+from rkc.runtime.rocket.emulated import CHAIN_PATCHED, EmulatedKernel
 
 
 @pytest.fixture

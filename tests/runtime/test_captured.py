@@ -7,8 +7,8 @@ from functools import lru_cache
 import pytest
 
 from golden_cases import case_files
-from ir.errors import FormatError
-from runtime.captured import load_case
+from rkc.ir.errors import FormatError
+from rkc.runtime.captured import load_case
 
 
 def _smallest(kind: str) -> dict:

@@ -7,13 +7,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import runtime
-from compiler.build import BuildOptions, build
-from compiler.fakequant import run_fake_quant
-from compiler.frontend import load_graph
-from compiler.passes import run_passes
-from compiler.placement import place_ops
-from compiler.quantize import quantize
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
+from rkc.compiler.fakequant import run_fake_quant
+from rkc.compiler.frontend import load_graph
+from rkc.compiler.passes import run_passes
+from rkc.compiler.placement import place_ops
+from rkc.compiler.quantize import quantize
 from onnx_models import cosine, onnxruntime_outputs, save
 
 
@@ -88,7 +88,7 @@ def test_reading_an_npu_tensor_copies_it_out_of_the_buffer(shape, kind):
     """What the runtime reads back from a BO is the CPU's own array: a dense
     feature map used to come back as a view of the BO, which later NPU steps
     (memory-plan reuse) overwrote under the reader."""
-    from runtime import native
+    from rkc.runtime import native
 
     value = np.arange(np.prod(shape)).reshape(shape).astype(np.int8)
     raw = native.pack(value, kind).reshape(-1).view(np.uint8)

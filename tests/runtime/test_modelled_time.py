@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import runtime
-from compiler.build import BuildOptions, build
-from compiler.inspect import figures
-from ir.rkbin import read_rkbin
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
+from rkc.compiler.inspect import figures
+from rkc.ir.rkbin import read_rkbin
 from onnx_models import example, save
 from perf_agreement import assert_plan_matches_simulator, assert_same_totals, recorded_submits
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import runtime
-from compiler.build import BuildOptions, build
-from ir.rkbin import read_rkbin
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
+from rkc.ir.rkbin import read_rkbin
 from onnx_models import cosine, example, onnxruntime_outputs, save, single_op
 
 BIN = Path(sys.executable).parent
@@ -104,7 +104,7 @@ def test_inspect_summary_dot_and_csv(tmp_path):
 def test_python_api_checks_inputs(tmp_path):
     path = save(example("mlp").build_model(), tmp_path / "mlp.onnx")
     build(path, tmp_path / "mlp.rkbin", BuildOptions())
-    from ir.errors import RkcError
+    from rkc.ir.errors import RkcError
 
     with runtime.load(tmp_path / "mlp.rkbin") as model:
         with pytest.raises(RkcError, match="missing input"):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import runtime
-from compiler.build import BuildOptions, build
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
 from onnx_models import cosine, onnxruntime_outputs, save
 
 quantization = pytest.importorskip("onnxruntime.quantization")

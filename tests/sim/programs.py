@@ -15,9 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ir.npu import layout
-from ir.npu.regcmd import RegcmdBuilder, decode_entry, link_tail, write_entry
-from runtime.device import BufferObject, Job, Task
+from rkc.ir.npu import layout
+from rkc.ir.npu.regcmd import RegcmdBuilder, decode_entry, link_tail, write_entry
+from rkc.runtime.device import BufferObject, Job, Task
 
 PREC = {"int8": 0, "int16": 1, "fp16": 2, "bf16": 3, "int32": 4, "fp32": 5}
 ITEM = {"int8": 1, "int16": 2, "fp16": 2, "bf16": 2, "int32": 4, "fp32": 4}

@@ -6,14 +6,14 @@ the performance model."""
 import numpy as np
 import pytest
 
-from ir.npu import layout
+from rkc.ir.npu import layout
 from programs import Ref, conv_task, gemm_buffers, place, read_gemm, resolve, upload
-from runtime.device import Job
-from runtime.devices import open_device
-from runtime.sim import SimDevice
-from runtime.sim.errors import CbufError, MemoryAccessError
-from runtime.sim.memory import IovaSpace
-from ir.npu.perf import PerfModel
+from rkc.runtime.device import Job
+from rkc.runtime.devices import open_device
+from rkc.runtime.sim import SimDevice
+from rkc.runtime.sim.errors import CbufError, MemoryAccessError
+from rkc.runtime.sim.memory import IovaSpace
+from rkc.ir.npu.perf import PerfModel
 
 
 def test_open_device_sim():
@@ -54,7 +54,7 @@ def test_job_failure_surfaces_at_wait_and_at_cpu_access():
     spec, x, w, y = gemm_buffers(dev, np.ones((8, 32), np.int8), np.ones((32, 32), np.int8), "int32")
     entries = resolve(conv_task(spec, Ref(x.bo, 0x100000), w, y))
     bo = upload(dev, entries)
-    from runtime.device import Task
+    from rkc.runtime.device import Task
     sub = dev.submit([Job([Task(bo.iova, entries.size)], [x.bo], [y.bo], label="bad")])
     with pytest.raises(MemoryAccessError, match="job bad, task 0"):
         dev.prepare_cpu_access(y.bo)
@@ -66,7 +66,7 @@ def test_job_failure_surfaces_at_wait_and_at_cpu_access():
 def test_lanes_use_separate_cores_and_cbuf_does_not_survive_a_job():
     dev = SimDevice()
     spec, x, w, y = gemm_buffers(dev, np.ones((8, 32), np.int8), np.ones((32, 32), np.int8), "int32")
-    from ir.npu.regcmd import write_entry
+    from rkc.ir.npu.regcmd import write_entry
     first = conv_task(spec, x, w, y)
     second = conv_task(spec, x, w, y)
     for j, e in enumerate(second.entries):  # the second task asks for the weights left in CBUF

@@ -4,10 +4,10 @@ hardware notes validated (dpu-lut-activation.md, ppu-pooling.md)."""
 import numpy as np
 import pytest
 
-from ir.npu import layout
+from rkc.ir.npu import layout
 from programs import Ref, flying_lut_task, lut_tables, place, pool_task, upload
-from runtime.sim import Quirks, SimDevice
-from runtime.sim.errors import NoWritebackError, QuirkRejection
+from rkc.runtime.sim import Quirks, SimDevice
+from rkc.runtime.sim.errors import NoWritebackError, QuirkRejection
 
 
 def _sigmoid(x):

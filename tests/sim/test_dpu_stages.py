@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ir.npu import layout
+from rkc.ir.npu import layout
 from programs import Ref, Stage, conv_task, gemm_spec, operand_groups, place, read_gemm, upload
-from runtime.sim import SimDevice
-from runtime.sim.errors import HangError, QuirkRejection, UnsupportedError
+from rkc.runtime.sim import SimDevice
+from rkc.runtime.sim.errors import HangError, QuirkRejection, UnsupportedError
 
 FAST = settings(max_examples=25, deadline=None)
 I32 = (-(1 << 31), (1 << 31) - 1)

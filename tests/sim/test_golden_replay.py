@@ -22,10 +22,10 @@ import json
 from collections import Counter
 
 from golden_cases import case_files
-from ir.npu.regcmd import decode
-from runtime.captured import load_case
-from runtime.replay import replay
-from runtime.sim.errors import MemoryAccessError
+from rkc.ir.npu.regcmd import decode
+from rkc.runtime.captured import load_case
+from rkc.runtime.replay import replay
+from rkc.runtime.sim.errors import MemoryAccessError
 
 
 def _regs(task) -> dict:
@@ -97,7 +97,7 @@ def test_every_gemm_capture():
 def test_replay_cli_exit_codes(tmp_path):
     from click.testing import CliRunner
 
-    from runtime.cli import main
+    from rkc.runtime.cli import main
 
     ok = next(p for p in case_files("gemm-rocket-userspace") if "int8" in p.name)
     result = CliRunner().invoke(main, ["--replay", str(ok)])

@@ -6,9 +6,9 @@ float64 result."""
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ir.npu import layout
+from rkc.ir.npu import layout
 from programs import ConvSpec, Ref, conv_task, gemm_spec, place, read_gemm, run_gemm, upload
-from runtime.sim import SimDevice
+from rkc.runtime.sim import SimDevice
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -227,7 +227,7 @@ def test_bf16_gemm_to_fp32():
 
 
 def test_data_reuse_reads_the_feature_once():
-    from ir.npu.regcmd import write_entry
+    from rkc.ir.npu.regcmd import write_entry
     rng = _rng(12)
     a = rng.integers(-128, 128, (16, 64)).astype(np.int8)
     b = rng.integers(-128, 128, (64, 32)).astype(np.int8)
@@ -242,7 +242,7 @@ def test_data_reuse_reads_the_feature_once():
     dev.run([place(dev, [first, second]).job()])
     assert dev.counters.dma_read["CNA_FEATURE"] == 16 * 64
     np.testing.assert_array_equal(read_gemm(dev, y2, spec), a.astype(np.int64) @ b)
-    from runtime.sim.errors import CbufError
+    from rkc.runtime.sim.errors import CbufError
     import pytest
     with pytest.raises(CbufError, match="DATA_REUSE"):
         dev.run([place(dev, [second]).job()])

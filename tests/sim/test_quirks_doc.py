@@ -3,7 +3,7 @@ its sources and the simulator's reading, word for word."""
 
 from pathlib import Path
 
-from runtime.sim.quirks import DEFAULT, QUESTIONS
+from rkc.runtime.sim.quirks import DEFAULT, QUESTIONS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "hardware-questions.md"
 

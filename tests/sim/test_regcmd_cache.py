@@ -4,11 +4,11 @@ including the LUT cursor a later task's data writes continue from."""
 
 import numpy as np
 
-from ir.npu.regcmd import RegcmdBuilder
+from rkc.ir.npu.regcmd import RegcmdBuilder
 from programs import place
-from runtime.sim import SimDevice
-from runtime.sim.executor import CoreState, fetch_task
-from runtime.sim.npu import kernel_amount
+from rkc.runtime.sim import SimDevice
+from rkc.runtime.sim.executor import CoreState, fetch_task
+from rkc.runtime.sim.npu import kernel_amount
 
 
 def _task(*writes) -> RegcmdBuilder:

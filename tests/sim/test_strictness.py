@@ -5,11 +5,11 @@ baseline (test_baseline_runs); each test changes one thing."""
 import numpy as np
 import pytest
 
-from ir.npu.regcmd import TARGET_MARKER, encode, write_entry
+from rkc.ir.npu.regcmd import TARGET_MARKER, encode, write_entry
 from programs import Ref, conv_task, gemm_buffers, place, resolve, upload
-from runtime.device import Job, Task
-from runtime.sim import SimDevice
-from runtime.sim.errors import (AlignmentError, CbufError, FieldError, GeometryError, HangError,
+from rkc.runtime.device import Job, Task
+from rkc.runtime.sim import SimDevice
+from rkc.runtime.sim.errors import (AlignmentError, CbufError, FieldError, GeometryError, HangError,
                                 MemoryAccessError, NoWritebackError, PcAmountError, QuirkRejection,
                                 StaleRegisterError, UnknownRegisterError, UnsupportedError)
 
@@ -27,7 +27,7 @@ def _run_entries(dev, entries: np.ndarray, label="probe"):
 
 
 def _index(entries: np.ndarray, name: str) -> int:
-    from ir.npu.regcmd import decode
+    from rkc.ir.npu.regcmd import decode
     return next(d.index for d in decode(entries) if d.register is not None and d.register.name == name)
 
 
@@ -196,7 +196,7 @@ def test_stale_register_from_a_delta_task():
     dev = SimDevice()
     spec, x, w, y = _gemm(dev)
     full = conv_task(spec, x, w, y)
-    from ir.npu.regcmd import RegcmdBuilder
+    from rkc.ir.npu.regcmd import RegcmdBuilder
     delta = RegcmdBuilder()
     delta.address("CNA_FEATURE_DATA_ADDR", x.bo, 0)
     delta.address("DPU_DST_BASE_ADDR", y.bo, 0)
