@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from rkc.compiler import lower as lowering
+from rkc.compiler import program_steps
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.lone_ops import keep_lone_cheap_ops_on_cpu
 from rkc.compiler.mixed_precision import choose_fp16
@@ -101,7 +101,7 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
                   lambda i: groups[i].dtype if placements[i].device == "npu" else None)
     builder = ModuleBuilder(metadata={"source": Path(source).name, "precision": options.precision,
                                       "producer": "rkc", "graph": graph.name})
-    stats = stage("lower", lowering.lower_program, graph, steps, builder, options.precision, groups)
+    stats = stage("lower", program_steps.lower_program, graph, steps, builder, options.precision, groups)
     module, blobs, _plans = stage("memory plan + assemble", builder.finish)
     size = stage("write", write_rkbin, output, module, blobs)
     return BuildReport(str(source), str(output), options.precision, placements,
@@ -113,7 +113,7 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
 def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args: fn(*args)
          ) -> tuple[Graph, list[Placement], dict]:
     """The graph as compiled (passes, quantization parameters) and where each op
-    runs: the NPU groups (compiler/npu_lower.NpuGroup) by op index."""
+    runs: the NPU groups (compiler/emitter_ops.NpuGroup) by op index."""
     graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
                                                     bind=dict(options.bind)))
     # a calibrated int8 build decomposes ops the DPU has no int8 form for (their parts get scales)

@@ -1,6 +1,6 @@
 """The int8 NPU program as numpy arithmetic: a fake-quantized run of the graph.
 
-Every NPU group (compiler/npu_lower.py: an anchor and what its epilogue absorbed)
+Every NPU group (compiler/emitter_ops.py: an anchor and what its epilogue absorbed)
 that runs in int8 reads its inputs as int8 at their tensor scales, multiplies
 by its weights as quantized to int8 (per output channel), and writes its output
 rounded to the output's scale; everything else runs in float, as the CPU does.

@@ -10,7 +10,7 @@ An NPU group is moved to the CPU when all of these hold:
   converted on the CPU too, so such a neighbour counts as a CPU op;
 * in the byte counts of compiler/cost.py, the CPU running its ops
   (`op_ddr_bytes`, constants aside) moves no more bytes than the layout
-  conversions it saves (`tensor_bytes`, what compiler/lower.py charges one):
+  conversions it saves (`tensor_bytes`, what compiler/program_steps.py charges one):
   the CPU then does no more memory work than the conversions alone would, and
   the NPU's submission (its tasks and a kick, ir/npu/perf.py) is saved. A
   group of several ops (a convolution with its ReLU) is one pass on the NPU but
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from rkc.compiler import cost
-from rkc.compiler.npu_lower import NpuGroup
+from rkc.compiler.emitter_ops import NpuGroup
 from rkc.compiler.ops import OpContext, check_cpu
 from rkc.compiler.placement import Placement
 from rkc.ir.graph import Graph

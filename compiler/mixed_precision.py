@@ -2,7 +2,7 @@
 
 Hybrid quantization in the manner of rknn-toolkit2, chosen by a measured
 criterion rather than by hand: on the calibration samples, every int8 NPU
-group (an anchor and its fused epilogue, compiler/npu_lower.py) is run alone
+group (an anchor and its fused epilogue, compiler/emitter_ops.py) is run alone
 with float inputs, int8 arithmetic (inputs at their scales, int8 weights,
 output rounded to its scale: compiler/fakequant.py) and compared with the float
 result. The signal-to-quantization-noise ratio of that output,

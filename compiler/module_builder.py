@@ -132,7 +132,7 @@ class ModuleBuilder:
                 self.touch(program, name, index)
 
     def append_segment(self, program: str, steps: list[Step], lowered) -> None:
-        """Append an NPU segment (compiler/npu_lower.SegmentLowering): its tensors
+        """Append an NPU segment (compiler/emitter_ops.SegmentLowering): its tensors
         grow to what its tasks touch, and its emitter scratch lives for its step."""
         for buffer, end in lowered.extents.items():
             if buffer in self.tensors and self.tensors[buffer].region == "scratch":

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from rkc.compiler.fakequant import quantize_act, quantized_weight, WEIGHTED
     from rkc.compiler.frontend.onnx import parse_input_shapes
     from rkc.compiler.mixed_precision import group_sqnr
-    from rkc.compiler.npu_lower import npu_name
+    from rkc.compiler.emitter_ops import npu_name
     from rkc.compiler.reference import run_graph
     from rkc.runtime import load
     from rkc.runtime.kernels import run_kernel

@@ -2,7 +2,7 @@
 
   load (frontend graph) -> dequantize -> [int8: calibrate + SmoothQuant]
   -> encode (int8 per-channel / fp16) -> one program per phase (decode,
-  prefill_C, score_C), lowered with compiler/llm/lower.py through the shared
+  prefill_C, score_C), lowered with compiler/llm/program_builder.py through the shared
   ModuleBuilder -> write (atomically), tokenizer JSON as a blob.
 
 Programs: "decode" (1 token), "prefill_C" (C tokens, logits of the last one)
@@ -21,7 +21,7 @@ import numpy as np
 
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
-from rkc.compiler.llm.lower import EncodedWeight, LlmLowering, program_graph
+from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
                                    quantize_matrix)
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth

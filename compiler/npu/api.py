@@ -487,7 +487,7 @@ DEFAULT_OPTIONS = EmitOptions()
 
 def emit(op: object, options: EmitOptions = DEFAULT_OPTIONS) -> EmitResult:
     """Lower one NPU operation to tasks, jobs and constant buffers."""
-    from rkc.compiler.npu.lowering import lower  # the dispatch table lives with the lowerings
+    from rkc.compiler.npu.dispatch import lower  # the dispatch table lives with the lowerings
 
     return lower(op, options)
 

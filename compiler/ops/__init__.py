@@ -70,7 +70,7 @@ class OpSpec:
     # every constraint must hold for the op to run on the NPU; the docstring of
     # the first that fails is the reason it runs on the CPU instead
     npu: Sequence[Constraint] = ()
-    # how the op reaches the NPU (compiler/npu_lower.py): "emitter" (an operation of its
+    # how the op reaches the NPU (compiler/emitter_ops.py): "emitter" (an operation of its
     # own), "epilogue" (folded into the preceding convolution / matrix product), None (not yet)
     lower: str | None = None
     kernel: str = ""  # CPU kernel name in runtime.kernels; defaults to the op name

@@ -1,5 +1,5 @@
 """numpy CPU kernels for the LLM ops of compiler/frontend/gguf.py and the
-conversions of compiler/llm/lower.py, by op name.
+conversions of compiler/llm/program_builder.py, by op name.
 
 A kernel takes (inputs, attrs, state) and returns the outputs. `state` is the
 generation state: the KV cache (Attention) and the loaded model (GatherPacked

@@ -8,7 +8,7 @@ ModuleBuilder (one copy of the weights, shared by every program).
   after its weight, so every program's GEMM of a weight packs the same bytes
   under the same name. The partitioner (compiler/partition.py) groups Linears
   that no CPU op separates into one segment (q/k/v; gate/up; ...);
-  compiler/npu_lower.lower_segment assembles a segment into one NPU step.
+  compiler/emitter_ops.lower_segment assembles a segment into one NPU step.
 * Conversions at a segment's edges, on the CPU:
     fp16: Cast fp32 -> fp16 (native GEMM layout) before, Cast back after;
     int8 (W8A8): QuantizeRows (int8 per token, scale per row) before; the NPU
@@ -26,7 +26,7 @@ import numpy as np
 
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.npu import api
-from rkc.compiler.npu_lower import EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
+from rkc.compiler.emitter_ops import EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
 from rkc.compiler.partition import partition
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph

@@ -9,7 +9,7 @@
 * `lower_segment` assembles the groups of one segment into one regcmd run
   (tails linked, consecutive single-job ops merged into one chained job) and
   records the program step. Tensor copies between host and NPU are made by
-  compiler/lower.py at segment edges.
+  compiler/program_steps.py at segment edges.
 """
 
 from __future__ import annotations
@@ -474,7 +474,7 @@ BUSY = PerfModel(kick_overhead_s=0.0)  # a layer's modelled cycles: its tasks on
 
 @dataclass
 class SegmentLowering:
-    """What compiler/lower.py needs back from one segment."""
+    """What compiler/program_steps.py needs back from one segment."""
 
     step: Step
     scratch: list[tuple[str, int]]  # emitter scratch buffers (name, bytes) live during the step

@@ -1,7 +1,7 @@
 """Lower partitioned steps into the steps of one rkbin program.
 
 * a CPU step runs one kernel (runtime/kernels) on host tensors;
-* an NPU segment becomes one NPU step (compiler/npu_lower.py);
+* an NPU segment becomes one NPU step (compiler/emitter_ops.py);
 * a tensor crossing between the two gets an explicit conversion step the
   first time the other side needs it: host -> NPU (Cast to fp16, or
   QuantizeLinear to int8, into the NPU native layout) and NPU -> host (Cast /
@@ -21,7 +21,7 @@ import numpy as np
 
 from rkc.compiler import cost
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
-from rkc.compiler.npu_lower import NpuGroup, lower_segment, npu_name
+from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_name
 from rkc.compiler.partition import Step as PartStep
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph, PayloadRef
