@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from rkc.compiler.cli import main
-from rkc.compiler.cli.doctor import build_report
+from rkc.runtime.rocket.doctor import build_report
 from rkc.runtime.rocket.emulated import CHAIN_PATCHED, SHARED_PATCHED, STOCK, EmulatedKernel
 
 CORES = ("fdab0000.npu", "fdac0000.npu", "fdad0000.npu")
