@@ -30,7 +30,8 @@ def doctor(root: str, as_json: bool) -> None:
                       "uapi_size": e.uapi_size} for e in uapi.ABI],
             "board": r.facts.as_dict(), "device": r.device,
             "checks": [{"level": l, "topic": t, "message": m} for l, t, m in r.checks],
-            "verdict": r.verdict}, indent=2))
+            "soc_checks": [{"level": l, "topic": t, "message": m} for l, t, m in r.soc_checks],
+            "verdict": r.verdict, "soc_verdict": r.soc_verdict}, indent=2))
     else:
         click.echo("rocket UAPI as rkc encodes it (LP64):")
         for line in uapi_lines():
@@ -39,5 +40,8 @@ def doctor(root: str, as_json: bool) -> None:
         for level, topic, message in r.checks:
             click.echo(f"  [{level:4}] {topic:15} {message}")
         click.echo(f"verdict: {r.verdict}")
+        for level, topic, message in r.soc_checks:
+            click.echo(f"  [{level:4}] {topic:15} {message}")
+        click.echo(f"verdict: {r.soc_verdict}")
     if r.no_npu:
         raise RkcError(f"no NPU: {r.no_npu}")

@@ -6,7 +6,10 @@ struct sizes, next to the sizes the UAPI header defines). On a board: the rocket
 node and driver version, the NPU cores, their clock (below 1 GHz points to
 kernel/), the NPU rail, the IOMMU, whether the chained-submit and
 shared-address-space patches are there, what the runtime device finds when it
-opens the node, and a one-line verdict. The full 1 GHz readiness check of a
+opens the node, and a one-line verdict. Then, NPU or not, the memory
+controller and CPU clocks that decide decode speed (runtime/rocket/soc.py,
+shared with kernel/check-npu) and a second verdict for them. The full 1 GHz
+readiness check of a
 board is kernel/check-npu; the CLI command is compiler/cli/doctor.py.
 """
 
@@ -17,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 
 from rkc.ir.errors import RkcError
-from rkc.runtime.rocket import uapi
+from rkc.runtime.rocket import soc, uapi
 from rkc.runtime.rocket.board import RATE_SLACK_HZ, TARGET_HZ, BoardFacts, gather
 from rkc.runtime.rocket.kernel import KernelInterface, LinuxKernel
 
@@ -31,6 +34,8 @@ class Report:
     device: dict | None = None
     no_npu: str | None = None  # the reason, when there is no usable NPU
     verdict: str = ""
+    soc_checks: list[tuple[str, str, str]] = field(default_factory=list)
+    soc_verdict: str = ""
 
 
 def uapi_lines() -> list[str]:
@@ -142,4 +147,14 @@ def build_report(root: str = "/", kernel: KernelInterface | None = None) -> Repo
         summary = (f"rocket {rocket[0].driver.major}.{rocket[0].driver.minor} at {rocket[0].path}, "
                    f"{len(cores)} core(s){clock}, {'chained kicks' if chained else 'one kick per task'}")
         r.verdict = f"NPU ready: {summary}" if not notes else f"NPU usable ({summary}), but: {'; '.join(notes)}"
+
+    r.soc_checks = soc.judge(facts.soc)
+    failed = sorted({t for level, t, _ in r.soc_checks if level == FAIL})
+    warned = sorted({t for level, t, _ in r.soc_checks if level == WARN} - set(failed))
+    if failed:
+        r.soc_verdict = f"memory and CPUs: not ready to measure ({', '.join(failed + warned)}: see above)"
+    elif warned:
+        r.soc_verdict = f"memory and CPUs: measurable, but see {', '.join(warned)} above"
+    else:
+        r.soc_verdict = "memory and CPUs: ready to measure"
     return r
