@@ -317,7 +317,14 @@ def judge_cpus(facts: dict) -> list[tuple[str, str, str]]:
              "may run above its bin; stress-test it, and remove the overlay if the board is unstable "
              "(kernel/README.md)" % (OVERLAY_NAME, ", ".join(marked))))
     elif any(t and A76_TOP_HZ in t["opps"] for t in tables.values()):
-        add((INFO, "A76 overlay", "%s not applied" % OVERLAY_NAME))
+        tops = [t["opps"][A76_TOP_HZ]["supported_hw"] for t in tables.values() if t and A76_TOP_HZ in t["opps"]]
+        if not any(len(hw) > 1 and hw[1] != ALL_VOLT_SELS for hw in tops):
+            why = " (not needed: the 2.4 GHz OPP carries no speed-bin mask)"
+        elif a76 and all((p["hw_max_khz"] or 0) * KHZ >= A76_TOP_HZ for p in a76):
+            why = " (not needed: this die's speed bin admits 2.4 GHz)"
+        else:
+            why = ""
+        add((INFO, "A76 overlay", "%s not applied%s" % (OVERLAY_NAME, why)))
 
     loose = ["%s: %s" % (p["policy"], p["governor"]) for p in policies if p["governor"] != PIN_GOVERNOR]
     if loose:

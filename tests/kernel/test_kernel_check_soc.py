@@ -1,10 +1,13 @@
 """kernel/check-npu's memory-controller and CPU-clock lines (runtime/rocket/soc.py) on fake trees."""
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from kernel_fakeboard import A76_OPPS, check_json, check_npu, no_npu_board, ready_board
+from kernel_fakeboard import A76_OPPS, CHECK_NPU, check_json, check_npu, no_npu_board, ready_board
 
 
 @pytest.fixture
@@ -31,7 +34,8 @@ def test_pinned_dmc_and_full_a76_are_ok(fake_root):
     assert topic(res, "A76 clock") == ["[OK  ] A76 clock       policy4 (cpu4,5): max 2400 MHz",
                                        "[OK  ] A76 clock       policy6 (cpu6,7): max 2400 MHz"]
     assert topic(res, "CPU governor") == ["[OK  ] CPU governor    performance on policy0, policy4, policy6"]
-    assert topic(res, "A76 overlay") == ["[INFO] A76 overlay     rk3588-a76-2400 not applied"]
+    assert topic(res, "A76 overlay") == ["[INFO] A76 overlay     rk3588-a76-2400 not applied (not needed: this "
+                                         "die's speed bin admits 2.4 GHz)"]
 
 
 def test_no_dmc_device_blames_bl31_and_is_not_ready(fake_root):
@@ -173,3 +177,29 @@ def test_fixture_masks_give_the_seed_boards_caps():
     for sel in range(8):
         tops[sel] = max(m for m, hw in A76_OPPS if hw[1] >> sel & 1)
     assert tops == {0: 2256, 1: 2256, 2: 2304, 3: 2352, 4: 2256, 5: 2304, 6: 2352, 7: 2400}
+
+
+def test_mainline_table_without_masks_needs_no_overlay(fake_root):
+    ready_board(fake_root)
+    for opp in (fake_root / "sys/firmware/devicetree/base").glob("opp-table-cluster*/opp-*/opp-supported-hw"):
+        opp.unlink()
+    (line,) = topic(check_npu(fake_root), "A76 overlay")
+    assert line.endswith("not applied (not needed: the 2.4 GHz OPP carries no speed-bin mask)")
+
+
+def test_capped_board_says_plainly_not_applied(fake_root):
+    board = ready_board(fake_root)
+    board.cpufreq(volt_sel=(2, 2))
+    assert topic(check_npu(fake_root), "A76 overlay") == ["[INFO] A76 overlay     rk3588-a76-2400 not applied"]
+
+
+def test_check_npu_copied_out_of_the_tree_uses_the_installed_rkc(fake_root, tmp_path):
+    """On a board check-npu may run outside a checkout; then soc.py comes from the installed rkc."""
+    alone = tmp_path / "bin" / "check-npu"
+    alone.parent.mkdir()
+    alone.write_text(CHECK_NPU.read_text())
+    ready_board(fake_root).dmc(governor="powersave", cur_mhz=528)
+    res = subprocess.run([sys.executable, str(alone), "--root", str(fake_root)], capture_output=True, text=True,
+                         env=dict(os.environ), cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "[FAIL] DDR governor    powersave" in res.stdout
