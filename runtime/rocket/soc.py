@@ -243,6 +243,9 @@ def judge_dmc(facts: dict) -> list[tuple[str, str, str]]:
              % (_mhz(cur), _mhz(dmc["max_hz"]), _mhz(top), top, path)))
     elif cur >= top and gov in (PIN_GOVERNOR, "userspace"):
         add((OK, "DDR rate", "%s, its top rate, held there by the %s governor" % (_mhz(cur), gov)))
+    elif gov == PIN_GOVERNOR:
+        add((WARN, "DDR rate", "%s of %s under the performance governor: something else holds it down "
+             "(thermal or firmware; dmesg | grep -i dmc)" % (_mhz(cur), _mhz(top))))
     elif PIN_GOVERNOR in govs or "userspace" in govs:
         add((WARN, "DDR rate", "%s of %s; it can be held at %s for a run: %s"
              % (_mhz(cur), _mhz(top), _mhz(top), fix if PIN_GOVERNOR in govs else

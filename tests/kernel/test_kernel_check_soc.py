@@ -94,6 +94,12 @@ def test_dmc_ondemand_warns_and_max_freq_cap_is_reported(fake_root):
         "sudo tee /sys/class/devfreq/dmc/max_freq"]
 
 
+def test_dmc_below_top_under_performance_is_reported(fake_root):
+    ready_board(fake_root).dmc(governor="performance", cur_mhz=1560)
+    (line,) = topic(check_npu(fake_root), "DDR rate")
+    assert line.startswith("[WARN] DDR rate        1560 MHz of 2400 MHz under the performance governor")
+
+
 def test_dmc_that_cannot_be_pinned_fails(fake_root):
     board = ready_board(fake_root)
     board.dmc(governor="dmc_ondemand", cur_mhz=1068, governors="dmc_ondemand powersave")
