@@ -279,7 +279,7 @@ def _why_not_2400(table: dict | None, offered_hz: set[int]) -> str:
                 % (table["node"], A76_TOP_OPP, " with the %s overlay" % point["overlay"] if point["overlay"] else ""))
     sel = _volt_sel_guess(table, offered_hz)
     return ("hidden by the PVTM speed bin: %s/%s has opp-supported-hw <%s>, whose second cell is a "
-            "pvtm-volt-sel mask (volt-sel %s) and this die's volt-sel is %s (dmesg | grep -i volt-sel); "
+            "pvtm-volt-sel mask admitting volt-sel %s, and this die's volt-sel is %s (dmesg | grep -i volt-sel); "
             "kernel/dts/%s.dtso exposes it (reversible; the risk: kernel/README.md)"
             % (table["node"], A76_TOP_OPP, " ".join("%#x" % c for c in hw),
                ", ".join(map(str, _bits(hw[1]))) or "none",
