@@ -25,12 +25,11 @@ from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
 from rkc.compiler.npu.assemble import assemble
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
+from rkc.ir.npu import geometry
+from rkc.ir.npu.geometry import GEMM_ROW_ALIGN, pads_for
 from rkc.ir.npu.perf import PerfModel
 from rkc.ir.program import Job, Step, TaskRef
 from rkc.ir.types import DType, PerAxisQuant, PerTensorQuant
-from rkc.runtime import native
-from rkc.runtime.native import GEMM_ROW_ALIGN
-from rkc.runtime.kernels.conv import pads_for
 
 ANCHORS = ("Conv", "Gemm", "MatMul", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu", "Add", "Mul", "Max",
            "Min", "Sum", "AveragePool", "GlobalAveragePool")
@@ -52,7 +51,7 @@ def lut_function(op) -> str | None:
 
 def _vector_map(shape) -> bool:
     """[1, C, 1, 1]: one value per channel (a global pool's result, a squeeze-excite
-    branch). It is held as a GEMM row (runtime/native.py): a 1-row map is below the
+    branch). It is held as a GEMM row (ir/npu/geometry.py): a 1-row map is below the
     rows a task must read (Q2), the GEMM row's 4 stored rows are not."""
     return len(shape) == 4 and shape[0] == 1 and shape[2] == 1 and shape[3] == 1
 
@@ -134,7 +133,7 @@ def _feature(graph: Graph, tensor: str, layout: str, dtype: str, precision: str,
     the positions row-major), for ops that treat every position alike."""
     shape = graph.tensors[tensor].type.shape
     try:
-        c, h, rows, w = native.geometry(shape, layout)
+        c, h, rows, w = geometry.feature_map(shape, layout)
     except ValueError as exc:
         raise _Refused(str(exc)) from None
     quant = _act_quant(graph, tensor, precision)

@@ -30,9 +30,9 @@ from rkc.compiler.emitter_ops import EMIT_OPTIONS, NpuGroup, lower_segment, npu_
 from rkc.compiler.partition import partition
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
+from rkc.ir.npu import geometry
 from rkc.ir.program import Step
 from rkc.ir.types import DType, TensorType
-from rkc.runtime import native
 
 
 @dataclass
@@ -141,7 +141,7 @@ class _ProgramLowering:
 
     def scratch(self, name: str, shape, dtype: DType) -> None:
         self.builder.scratch_tensor(self.program, name, shape, dtype, "native-gemm",
-                                    native.nbytes(shape, "native-gemm", dtype.itemsize))
+                                    geometry.nbytes(shape, "native-gemm", dtype.itemsize))
 
     # -- CPU ops -----------------------------------------------------------------------------
     def cpu_op(self, index: int) -> None:
