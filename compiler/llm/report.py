@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
+from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
 from rkc.ir.program import Module, Program
 
@@ -36,7 +37,7 @@ class PhaseFigures:
 
 
 def phase(module: Module, program: Program, model: PerfModel = MODEL) -> PhaseFigures:
-    rows = module.metadata.get("programs", {}).get(program.name, {}).get("rows", 1)
+    rows = programs_in(module.metadata)[program.name].rows
     f = PhaseFigures(rows, npu_figures(program.steps, model))
     f.cpu_steps = sum(1 for s in program.steps if s.kind == "cpu")
     for s in program.steps:
@@ -88,7 +89,7 @@ def figures(module: Module, model: PerfModel = MODEL) -> dict:
                  "dram_bytes_per_s": model.dram_bytes_per_s, "kick_overhead_s_each": model.kick_overhead_s,
                  "placement": module.metadata.get("placement", {}),
                  "quantization": module.metadata.get("quantization", {})}
-    decode = phase(module, module.program("decode"), model)
+    decode = phase(module, module.program(DECODE), model)
     d = _phase_json(decode)
     out["decode"] = {"segments_per_token": d.pop("segments"), "tasks_per_token": d.pop("tasks"),
                      "kicks_per_token": d.pop("kicks"), "kicks_per_token_stock": d.pop("kicks_stock"),
@@ -96,8 +97,9 @@ def figures(module: Module, model: PerfModel = MODEL) -> dict:
                      "macs_per_token": d.pop("macs"), **d}
     out["decode"]["per_layer"] = decode.per_layer
     out["prefill"] = {}
+    table = programs_in(module.metadata)
     for p in module.programs:
-        if p.name.startswith("prefill_"):
+        if table[p.name].last_row_only:
             f = phase(module, p, model)
             out["prefill"][str(f.rows)] = _phase_json(f)
     return out
