@@ -124,7 +124,12 @@ def _add(writer: gguf.GGUFWriter, rng: np.random.Generator, name: str, shape: tu
         writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
 
 
-def write_model(path: str | Path, arch: str, seed: int = 0) -> Path:
+# ChatML, the template of the Qwen models (their BPE vocabulary has its markers)
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str | None = None) -> Path:
     s = SHAPES[arch]
     rng = np.random.default_rng(seed)
     path = Path(path)
@@ -167,6 +172,8 @@ def write_model(path: str | Path, arch: str, seed: int = 0) -> Path:
         w.add_bos_token_id(ids["bos"])
         w.add_eos_token_id(ids["eos"])
         w.add_add_bos_token(True)  # so --tokenize and perplexity have a BOS to put first
+    if chat_template:
+        w.add_chat_template(chat_template)
     V = len(tokens)
     _add(w, rng, "token_embd.weight", (V, D), Q.Q8_0, scale=0.5)
     _add(w, rng, "output_norm.weight", (D,), Q.F32, 0.1, 1.0)

@@ -1,0 +1,124 @@
+"""One NPU, many clients: a bounded first-come first-served queue in front of
+one thread that owns the LlmModel (the tokenizer and the engine are used from
+that thread only). Each job streams its events to the event loop of the
+request that made it; a job whose client has gone is cancelled at its next
+token (or skipped if it had not started)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rkc.runtime.api.llm import Completion, LlmModel, RequestError
+
+log = logging.getLogger("rkc.serve")
+
+# events a job sends: ("start", None), ("piece", str), ("done", Completion), ("error", RequestError | Exception)
+
+
+@dataclass
+class Job:
+    kind: str  # "chat" (input: messages) or "completion" (input: prompt)
+    input: Any
+    options: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    id: int = 0
+    queued_at: float = 0.0
+    started_at: float | None = None
+    first_token_at: float | None = None
+    ended_at: float | None = None
+    outcome: str = "queued"
+    tokens: int = 0
+
+    def send(self, kind: str, value: Any = None) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+    def timeline(self, t0: float) -> dict[str, Any]:
+        at = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
+        return {"id": self.id, "kind": self.kind, "queued": at(self.queued_at), "started": at(self.started_at),
+                "first_token": at(self.first_token_at), "ended": at(self.ended_at), "outcome": self.outcome,
+                "tokens": self.tokens}
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"the server is busy; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+class Worker:
+    def __init__(self, model: LlmModel, queue_size: int = 8, history: int = 64) -> None:
+        self.model = model
+        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.capacity = queue_size
+        self.jobs: deque[Job] = deque(maxlen=history)  # recent jobs, for /health's timeline
+        self.t0 = time.monotonic()
+        self._ids = itertools.count(1)
+        self._durations: deque[float] = deque(maxlen=16)
+        self.rejected = 0
+        self.thread = threading.Thread(target=self._loop, name="rkc-npu", daemon=True)
+        self.thread.start()
+
+    # -- the event loop's side -----------------------------------------------------------
+    def submit(self, job: Job) -> Job:
+        job.id, job.queued_at = next(self._ids), time.monotonic()
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            self.rejected += 1
+            mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
+            raise QueueFull(max(1, math.ceil(mean * (self.capacity + 1)))) from None
+        self.jobs.append(job)
+        return job
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=30)
+
+    def status(self) -> dict[str, Any]:
+        return {"waiting": self.queue.qsize(), "capacity": self.capacity, "rejected": self.rejected,
+                "jobs": [j.timeline(self.t0) for j in list(self.jobs)]}
+
+    # -- the NPU thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while (job := self.queue.get()) is not None:
+            job.started_at = time.monotonic()
+            if job.cancelled.is_set():
+                job.outcome, job.ended_at = "skipped", job.started_at
+                continue
+            try:
+                self._run(job)
+            except RequestError as exc:
+                job.outcome = "rejected"
+                job.send("error", exc)
+            except Exception as exc:  # a bug: this request fails, the server stays up
+                log.exception("job %d failed", job.id)
+                job.outcome = "failed"
+                job.send("error", exc)
+            job.ended_at = time.monotonic()
+            self._durations.append(job.ended_at - job.started_at)
+
+    def _run(self, job: Job) -> None:
+        call = self.model.chat if job.kind == "chat" else self.model.generate
+        stream = call(job.input, **job.options, stream=True)
+        job.send("start")
+        for piece in stream:
+            if job.first_token_at is None:
+                job.first_token_at = time.monotonic()
+            job.send("piece", piece)
+            if job.cancelled.is_set():
+                break
+        stream.close()  # at a cancel: the generation stops here, before the next token
+        result: Completion = stream.result
+        job.tokens, job.outcome = result.completion_tokens, result.finish_reason
+        job.send("done", result)
