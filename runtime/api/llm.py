@@ -194,6 +194,12 @@ class LlmModel:
         text = render_chat(self.tokenizer.chat_template, check_messages(messages))
         return self.tokenizer.encode(text, special=True)
 
+    def forget(self) -> None:
+        """Drop the prefix cache: the next request prefills its whole prompt."""
+        for slot in self._slots:
+            slot.tokens = []
+            slot.gen.cache.reset()
+
     def close(self) -> None:
         self.engine.close()
 
