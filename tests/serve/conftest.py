@@ -4,6 +4,7 @@ and real servers on 127.0.0.1 with an ephemeral port, run in a thread."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import pytest
@@ -84,3 +85,46 @@ def reference_model(tiny_chat_rkbin):
 
     with rkc.load(tiny_chat_rkbin, device="sim", cache_slots=1) as model:
         yield model
+
+
+class Http:
+    """Plain HTTP/1.1 to the server (stdlib http.client), for what the openai client hides."""
+
+    def __init__(self, url: str, timeout: float = 60) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        u = urlsplit(url)
+        self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+
+    def request(self, method: str, path: str, body=None):
+        """The response (read it, or iterate .readline() for a stream)."""
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        self.conn.request(method, path, body=body, headers=headers)
+        return self.conn.getresponse()
+
+    def json(self, method: str, path: str, body=None):
+        r = self.request(method, path, body)
+        return r.status, dict(r.getheaders()), json.loads(r.read() or b"null")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Http":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def get_json(url: str, path: str):
+    with Http(url) as h:
+        return h.json("GET", path)[2]
+
+
+def post_json(url: str, path: str, body):
+    """(status, headers, parsed body) of one POST."""
+    with Http(url) as h:
+        return h.json("POST", path, body)
