@@ -7,18 +7,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from rkc.ir.rkbin import Rkbin
     from rkc.runtime.api.llm import LlmModel
     from rkc.runtime.api.onnx import OnnxModel
 
 
-def load(path: "str | Path", device: str = "auto", cores: int = 3, ctx: int | None = None,
+def load(path: "str | Path | Rkbin", device: str = "auto", cores: int = 3, ctx: int | None = None,
          cache_slots: int = 2) -> "LlmModel | OnnxModel":
     """Open a compiled model. device: auto (the NPU if this machine has one,
     else the simulator), sim or rocket. LLMs only: ctx (context size, default
     the model's), cache_slots (conversations whose KV the prefix cache keeps)."""
-    from rkc.ir.rkbin import read_rkbin
+    from rkc.ir.rkbin import Rkbin, read_rkbin
 
-    rk = read_rkbin(path)
+    rk = path if isinstance(path, Rkbin) else read_rkbin(path)
     if rk.module.metadata.get("model_kind") == "llm":
         from rkc.runtime.api.llm import LlmModel
         from rkc.runtime.llm.engine import LlmEngine

@@ -55,20 +55,23 @@ def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, ca
     """Serve MODEL (an LLM .rkbin) over an OpenAI-compatible HTTP API and a chat page at /."""
     import asyncio
 
+    from rkc.ir.rkbin import read_rkbin
     from rkc.runtime.api import load
-    from rkc.runtime.api.llm import LlmModel
     from rkc.runtime.serve.app import create_app
 
-    sock = listen(host, port)
-    llm = load(model, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots)
-    if not isinstance(llm, LlmModel):
+    rk = read_rkbin(model)
+    if rk.module.metadata.get("model_kind") != "llm":
         raise RkcError(f"{model}: not an LLM rkbin (rkrun serve serves LLMs)")
+    sock = listen(host, port)
+    llm = load(rk, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots)
     server = uvicorn_server(create_app(llm, queue_size))
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"rkrun serve: {llm.name} on http://{shown}:{sock.getsockname()[1]}/ "
                f"(context {llm.n_ctx}, queue {queue_size}, {cache_slots} cache slots)", err=True)
     try:
         asyncio.run(server.serve(sockets=[sock]))
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop
+        click.echo("rkrun serve: stopped", err=True)
     finally:
         sock.close()
         llm.close()
