@@ -39,6 +39,7 @@ class Job:
     ended_at: float | None = None
     outcome: str = "queued"
     tokens: int = 0
+    engine_s: float = 0.0  # the engine's own time in its program steps (NPU and CPU) for this job
 
     def send(self, kind: str, value: Any = None) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
@@ -47,7 +48,7 @@ class Job:
         at = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
         return {"id": self.id, "kind": self.kind, "queued": at(self.queued_at), "started": at(self.started_at),
                 "first_token": at(self.first_token_at), "ended": at(self.ended_at), "outcome": self.outcome,
-                "tokens": self.tokens}
+                "tokens": self.tokens, "engine_s": round(self.engine_s, 6)}
 
 
 class QueueFull(Exception):
@@ -110,6 +111,8 @@ class Worker:
 
     def _run(self, job: Job) -> None:
         call = self.model.chat if job.kind == "chat" else self.model.generate
+        times = self.model.engine.times
+        steps0 = times.npu_s + times.cpu_s
         stream = call(job.input, **job.options, stream=True)
         job.send("start")
         for piece in stream:
@@ -121,4 +124,5 @@ class Worker:
         stream.close()  # at a cancel: the generation stops here, before the next token
         result: Completion = stream.result
         job.tokens, job.outcome = result.completion_tokens, result.finish_reason
+        job.engine_s = times.npu_s + times.cpu_s - steps0
         job.send("done", result)

@@ -129,14 +129,15 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str | None = None) -> Path:
+def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str | None = None,
+                context_length: int = 256) -> Path:
     s = SHAPES[arch]
     rng = np.random.default_rng(seed)
     path = Path(path)
     w = gguf.GGUFWriter(str(path), arch)
     D, H, Hkv, hd, F, L = s["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"], s["n_ff"], s["n_layer"]
     w.add_name(f"tiny-{arch}")
-    w.add_context_length(256)
+    w.add_context_length(context_length)
     w.add_embedding_length(D)
     w.add_block_count(L)
     w.add_feed_forward_length(F)
