@@ -13,10 +13,11 @@ if TYPE_CHECKING:
 
 
 def load(path: "str | Path | Rkbin", device: str = "auto", cores: int = 3, ctx: int | None = None,
-         cache_slots: int = 2) -> "LlmModel | OnnxModel":
+         cache_slots: int = 2, chat_template: str | None = None) -> "LlmModel | OnnxModel":
     """Open a compiled model. device: auto (the NPU if this machine has one,
     else the simulator), sim or rocket. LLMs only: ctx (context size, default
-    the model's), cache_slots (conversations whose KV the prefix cache keeps)."""
+    the model's), cache_slots (conversations whose KV the prefix cache keeps),
+    chat_template (Jinja, for a GGUF without tokenizer.chat_template)."""
     from rkc.ir.rkbin import Rkbin, read_rkbin
 
     rk = path if isinstance(path, Rkbin) else read_rkbin(path)
@@ -24,7 +25,7 @@ def load(path: "str | Path | Rkbin", device: str = "auto", cores: int = 3, ctx: 
         from rkc.runtime.api.llm import LlmModel
         from rkc.runtime.llm.engine import LlmEngine
 
-        return LlmModel(LlmEngine(rk, device, cores), ctx, cache_slots)
+        return LlmModel(LlmEngine(rk, device, cores), ctx, cache_slots, chat_template)
     from rkc.runtime.api.onnx import OnnxModel
 
     return OnnxModel(rk, device, cores)

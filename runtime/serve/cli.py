@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from pathlib import Path
 
 import click
 
@@ -49,9 +50,11 @@ def uvicorn_server(app):
               help="Requests that may wait for the NPU; beyond that: 503 with Retry-After.")
 @click.option("--cache-slots", type=click.IntRange(min=1), default=2, show_default=True,
               help="Conversations whose KV the prefix cache keeps.")
+@click.option("--chat-template", "template_file", type=click.Path(dir_okay=False, exists=True),
+              help="A Jinja chat template file, for a GGUF that has none (or to replace its own).")
 @device_options
-def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, cache_slots: int, device: str,
-          cores: int) -> None:
+def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, cache_slots: int,
+          template_file: str | None, device: str, cores: int) -> None:
     """Serve MODEL (an LLM .rkbin) over an OpenAI-compatible HTTP API and a chat page at /."""
     import asyncio
 
@@ -63,7 +66,8 @@ def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, ca
     if rk.module.metadata.get("model_kind") != "llm":
         raise RkcError(f"{model}: not an LLM rkbin (rkrun serve serves LLMs)")
     sock = listen(host, port)
-    llm = load(rk, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots)
+    template = Path(template_file).read_text(encoding="utf-8") if template_file else None
+    llm = load(rk, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots, chat_template=template)
     server = uvicorn_server(create_app(llm, queue_size))
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"rkrun serve: {llm.name} on http://{shown}:{sock.getsockname()[1]}/ "
