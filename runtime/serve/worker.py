@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import logging
 import math
-import queue
 import threading
 import time
 from collections import deque
@@ -60,8 +59,9 @@ class QueueFull(Exception):
 class Worker:
     def __init__(self, model: LlmModel, queue_size: int = 8, history: int = 64) -> None:
         self.model = model
-        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.capacity = queue_size
+        self._waiting: deque[Job | None] = deque()  # None: stop
+        self._cv = threading.Condition()
         self.jobs: deque[Job] = deque(maxlen=history)  # recent jobs, for /health's timeline
         self.t0 = time.monotonic()
         self._ids = itertools.count(1)
@@ -71,28 +71,42 @@ class Worker:
         self.thread.start()
 
     # -- the event loop's side -----------------------------------------------------------
+    def waiting(self) -> int:
+        """Jobs waiting whose clients are still there (the others are skipped when reached)."""
+        with self._cv:
+            return sum(1 for j in self._waiting if j is not None and not j.cancelled.is_set())
+
     def submit(self, job: Job) -> Job:
-        job.id, job.queued_at = next(self._ids), time.monotonic()
-        try:
-            self.queue.put_nowait(job)
-        except queue.Full:
-            self.rejected += 1
-            mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
-            raise QueueFull(max(1, math.ceil(mean * (self.capacity + 1)))) from None
-        self.jobs.append(job)
+        with self._cv:
+            if self.waiting() >= self.capacity:
+                self.rejected += 1
+                mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
+                raise QueueFull(max(1, math.ceil(mean * (self.capacity + 1))))
+            job.id, job.queued_at = next(self._ids), time.monotonic()
+            self._waiting.append(job)
+            self.jobs.append(job)
+            self._cv.notify()
         return job
 
     def stop(self) -> None:
-        self.queue.put(None)
+        with self._cv:
+            self._waiting.append(None)
+            self._cv.notify()
         self.thread.join(timeout=30)
 
     def status(self) -> dict[str, Any]:
-        return {"waiting": self.queue.qsize(), "capacity": self.capacity, "rejected": self.rejected,
+        return {"waiting": self.waiting(), "capacity": self.capacity, "rejected": self.rejected,
                 "jobs": [j.timeline(self.t0) for j in list(self.jobs)]}
 
     # -- the NPU thread -------------------------------------------------------------------
+    def _next(self) -> Job | None:
+        with self._cv:
+            while not self._waiting:
+                self._cv.wait()
+            return self._waiting.popleft()
+
     def _loop(self) -> None:
-        while (job := self.queue.get()) is not None:
+        while (job := self._next()) is not None:
             job.started_at = time.monotonic()
             if job.cancelled.is_set():
                 job.outcome, job.ended_at = "skipped", job.started_at

@@ -182,7 +182,7 @@ def test_full_queue_answers_503_with_retry_after(serve, tiny_model):
                                                            {**body, "stream": False, "max_tokens": 2}))
         waiting.start()
         for _ in range(200):
-            if server.worker.queue.qsize() == 1:
+            if server.worker.waiting() == 1:
                 break
             time.sleep(0.01)
         status, headers, error = post_json(server.url, "/v1/chat/completions", body)
@@ -240,3 +240,28 @@ def test_bad_requests_through_the_client(server):
     with Http(server.url) as h:
         assert h.json("GET", "/v1/nothing")[0] == 404
         assert h.json("GET", "/v1/chat/completions")[0] == 405
+
+
+def test_a_client_leaving_the_queue_is_skipped(serve, tiny_model):
+    server = serve(tiny_model)
+    body = {"messages": [{"role": "user", "content": "the cat"}], "max_tokens": 200, "temperature": 0,
+            "stream": True}
+    with Http(server.url) as first:
+        first.request("POST", "/v1/chat/completions", body).readline()  # running
+        for stream in (True, False):
+            with Http(server.url) as second:
+                second.conn.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": stream}),
+                                    {"Content-Type": "application/json"})
+                for _ in range(200):
+                    if server.worker.waiting() == 1:
+                        break
+                    time.sleep(0.01)
+                assert server.worker.waiting() == 1
+            # the second client has gone while waiting; the first one goes too
+    for _ in range(400):
+        jobs = get_json(server.url, "/health")["queue"]["jobs"]
+        if all(j["ended"] is not None for j in jobs):
+            break
+        time.sleep(0.05)
+    assert [j["outcome"] for j in jobs] == ["cancelled", "skipped", "skipped"]
+    assert jobs[0]["tokens"] < 200
