@@ -94,11 +94,13 @@ def render_chat(template: str | None, messages: Sequence[dict[str, str]]) -> str
     def raise_exception(msg: str) -> None:
         raise RequestError(f"chat template: {msg}", "messages")
 
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # a template is the model file's code: fenced
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     try:  # BOS: the tokenizer adds it, so the template's {{ bos_token }} is empty
         return env.from_string(template).render(messages=list(messages), add_generation_prompt=True, bos_token="")
-    except jinja2.TemplateError as exc:
+    except jinja2.TemplateError as exc:  # SecurityError included
         raise RequestError(f"chat template: {exc}", "messages") from None
 
 
@@ -170,6 +172,10 @@ class LlmModel:
         return self.engine.path.stem
 
     @property
+    def cache_slots(self) -> int:
+        return len(self._slots)
+
+    @property
     def kv_bytes(self) -> int:
         """Host memory the prefix cache's KV holds now."""
         return sum(a.nbytes for s in self._slots for store in (s.gen.cache.k, s.gen.cache.v)
@@ -178,20 +184,22 @@ class LlmModel:
     # -- the public calls ---------------------------------------------------------------
     def generate(self, prompt: str, *, max_tokens: int | None = 64, temperature: float = 0.8, top_p: float = 0.95,
                  top_k: int = 40, seed: int | None = None, stop: str | Sequence[str] | None = None,
-                 stream: bool = False) -> "Completion | CompletionStream":
+                 stream: bool = False, cancel: threading.Event | None = None) -> "Completion | CompletionStream":
         """Continue `prompt` (plain text, BOS added as the model asks). max_tokens
-        None: until the end of turn or the context."""
+        None: until the end of turn or the context. cancel: once set (from any
+        thread), generation ends at the next token, finish_reason "cancelled"."""
         if not isinstance(prompt, str):
             raise RequestError("prompt must be a string", "prompt")
         return self._start(self.tokenizer.encode(prompt), "prompt", max_tokens, temperature, top_p, top_k, seed, stop,
-                           stream)
+                           stream, cancel)
 
     def chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None, temperature: float = 0.8,
              top_p: float = 0.95, top_k: int = 40, seed: int | None = None,
-             stop: str | Sequence[str] | None = None, stream: bool = False) -> "Completion | CompletionStream":
+             stop: str | Sequence[str] | None = None, stream: bool = False,
+             cancel: threading.Event | None = None) -> "Completion | CompletionStream":
         """The assistant's reply to `messages` ([{"role", "content"}]), in the GGUF chat template."""
         return self._start(self.encode_chat(messages), "messages", max_tokens, temperature, top_p,
-                           top_k, seed, stop, stream)
+                           top_k, seed, stop, stream, cancel)
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """The token ids of `messages` in the chat template, the assistant's turn opened."""
@@ -214,7 +222,7 @@ class LlmModel:
         self.close()
 
     # -- inside ----------------------------------------------------------------------------
-    def _start(self, ids: list[int], source: str, max_tokens, temperature, top_p, top_k, seed, stop, stream):
+    def _start(self, ids: list[int], source: str, max_tokens, temperature, top_p, top_k, seed, stop, stream, cancel):
         stops = _check_sampling(max_tokens, temperature, top_p, top_k, seed, stop)
         if len(ids) >= self.n_ctx:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds {self.n_ctx} "
@@ -222,7 +230,7 @@ class LlmModel:
         box: list[Completion] = []
         sampler = Sampler(temperature, top_k, top_p, seed)
         limit = self.n_ctx - len(ids) if max_tokens is None else min(max_tokens, self.n_ctx - len(ids))
-        pieces = self._pieces(ids, limit, sampler, stops, box)
+        pieces = self._pieces(ids, limit, sampler, stops, box, cancel)
         if stream:
             return CompletionStream(pieces, box)
         for _ in pieces:
@@ -238,8 +246,8 @@ class LlmModel:
         self._slots[best].last_used = self._clock
         return self._slots[best], shared[best]
 
-    def _pieces(self, ids: list[int], limit: int, sampler: Sampler, stops: list[str],
-                box: list[Completion]) -> Iterator[str]:
+    def _pieces(self, ids: list[int], limit: int, sampler: Sampler, stops: list[str], box: list[Completion],
+                cancel: threading.Event | None) -> Iterator[str]:
         from rkc.runtime.llm.tokenizer import TextStream
 
         if not self._busy.acquire(blocking=False):
@@ -258,6 +266,8 @@ class LlmModel:
                 if scanner.stopped:
                     finish = "stop"
                     break
+                if cancel is not None and cancel.is_set():
+                    break  # finish stays "cancelled"
             else:
                 finish = "length" if len(out) >= limit else "stop"  # fewer: the model ended its turn
                 tail = scanner.flush()

@@ -76,7 +76,7 @@ class Api:
         s = self.model.stats
         return JSONResponse({"status": "ok", "model": self.model_id, "context_length": self.model.n_ctx,
                              "queue": self.worker.status(),
-                             "cache": {"slots": len(self.model._slots), "kv_bytes": self.model.kv_bytes,
+                             "cache": {"slots": self.model.cache_slots, "kv_bytes": self.model.kv_bytes,
                                        "requests": s.requests, "prefilled_tokens": s.prefilled_tokens,
                                        "cached_tokens": s.cached_tokens, "generated_tokens": s.generated_tokens,
                                        "cancelled": s.cancelled}})

@@ -127,15 +127,12 @@ class Worker:
         call = self.model.chat if job.kind == "chat" else self.model.generate
         times = self.model.engine.times
         steps0 = times.npu_s + times.cpu_s
-        stream = call(job.input, **job.options, stream=True)
+        stream = call(job.input, **job.options, stream=True, cancel=job.cancelled)  # set: stops at the next token
         job.send("start")
         for piece in stream:
             if job.first_token_at is None:
                 job.first_token_at = time.monotonic()
             job.send("piece", piece)
-            if job.cancelled.is_set():
-                break
-        stream.close()  # at a cancel: the generation stops here, before the next token
         result: Completion = stream.result
         job.tokens, job.outcome = result.completion_tokens, result.finish_reason
         job.engine_s = times.npu_s + times.cpu_s - steps0

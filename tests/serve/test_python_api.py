@@ -150,3 +150,16 @@ def test_onnx_model_runs(tmp_path):
             model.run({"y": x})
     for name, want in onnxruntime_outputs(path, {"x": x}).items():
         np.testing.assert_allclose(got[name], want, rtol=1e-2, atol=1e-2)
+
+
+def test_cancel_from_another_thread_stops_at_the_next_token(tiny_model):
+    import threading
+
+    cancel = threading.Event()
+    stream = tiny_model.generate("the cat", max_tokens=100, temperature=0, stream=True, cancel=cancel)
+    pieces = [next(stream)]
+    threading.Thread(target=cancel.set).start()
+    pieces += list(stream)
+    r = stream.result
+    assert r.finish_reason == "cancelled" and r.completion_tokens < 100
+    assert tiny_model.generate("the cat", max_tokens=100, temperature=0).text.startswith("".join(pieces))
