@@ -102,15 +102,12 @@ class Api:
             return Response(status_code=400)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
-        waiter = asyncio.ensure_future(job.events.get())
         gone = asyncio.ensure_future(_disconnected(request))
         try:  # while queued: the first event says whether the request was valid
-            done, _ = await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if waiter not in done:
-                job.cancelled.set()
-                waiter.cancel()
-                return Response(status_code=499)
-            event, value = waiter.result()
+            first = await _next_event(job, gone)
+            if first is None:
+                return Response(status_code=499)  # nobody to answer: the client has gone
+            event, value = first
             if event == "error":
                 return _error(HttpError.of(value) if isinstance(value, RequestError)
                               else HttpError(500, "internal error", kind="server_error"))
@@ -118,20 +115,15 @@ class Api:
                 gone.cancel()  # from here Starlette watches for the disconnect (and closes _sse)
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 return _JobStream(job, self._sse(job, kind, rid, created, include_usage),
-                                         media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            while True:
-                getter = asyncio.ensure_future(job.events.get())
-                done, _ = await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    job.cancelled.set()
-                    getter.cancel()
-                    return Response(status_code=499)
-                event, value = getter.result()
+                                  media_type="text/event-stream",
+                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            while (got := await _next_event(job, gone)) is not None:
+                event, value = got
                 if event == "done":
                     return JSONResponse(self._whole(kind, rid, created, value))
                 if event == "error":
                     return _error(HttpError(500, "internal error", kind="server_error"))
+            return Response(status_code=499)
         finally:
             gone.cancel()
 
@@ -186,6 +178,17 @@ async def _read_body(request: Request) -> bytes:
             raise HttpError(413, f"the request body is larger than {MAX_BODY} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _next_event(job: Job, gone: asyncio.Future) -> tuple[str, Any] | None:
+    """The job's next event, or None (and the job cancelled) if the client goes first."""
+    getter = asyncio.ensure_future(job.events.get())
+    done, _ = await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if getter in done:
+        return getter.result()
+    getter.cancel()
+    job.cancelled.set()
+    return None
 
 
 async def _disconnected(request: Request) -> None:
