@@ -137,7 +137,9 @@ class Api:
             while True:
                 name, value = await job.events.get()
                 if name == "piece":
+                    t = time.thread_time()  # CPU time: waiting for the GIL the NPU thread holds is none
                     yield event(self._chunk(kind, rid, created, value, None))
+                    job.stream_s += time.thread_time() - t  # to JSON, SSE, through uvicorn to the socket
                 elif name == "done":
                     yield event(self._chunk(kind, rid, created, None, value.finish_reason))
                     if include_usage:

@@ -39,15 +39,18 @@ class Job:
     outcome: str = "queued"
     tokens: int = 0
     engine_s: float = 0.0  # the engine's own time in its program steps (NPU and CPU) for this job
+    stream_s: float = 0.0  # CPU time of the server on this job's streamed pieces: the hand-off, the SSE writes
 
     def send(self, kind: str, value: Any = None) -> None:
+        t = time.thread_time()
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        self.stream_s += time.thread_time() - t
 
     def timeline(self, t0: float) -> dict[str, Any]:
         at = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
         return {"id": self.id, "kind": self.kind, "queued": at(self.queued_at), "started": at(self.started_at),
                 "first_token": at(self.first_token_at), "ended": at(self.ended_at), "outcome": self.outcome,
-                "tokens": self.tokens, "engine_s": round(self.engine_s, 6)}
+                "tokens": self.tokens, "engine_s": round(self.engine_s, 6), "stream_s": round(self.stream_s, 6)}
 
 
 class QueueFull(Exception):
