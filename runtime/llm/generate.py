@@ -75,7 +75,8 @@ class Modelled:
 
 @dataclass
 class Timings:
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # prefilled (the prompt minus its reused prefix)
+    cached_tokens: int = 0  # prompt tokens whose KV was reused from the cache
     prefill_s: float = 0.0
     generated: int = 0
     decode_s: float = 0.0
@@ -131,18 +132,22 @@ class Generator:
         return np.concatenate(outs) if all_logits else outs[-1][-1]
 
     def generate(self, prompt: list[int], n: int, sampler: Sampler,
-                 stop_at_eos: bool = True) -> Iterator[int]:
-        """Yield up to n new tokens after the prompt."""
+                 stop_at_eos: bool = True, reuse: int = 0) -> Iterator[int]:
+        """Yield up to n new tokens after the prompt. `reuse`: the cache already
+        holds the KV of prompt[:reuse] (the caller checked); only the rest is prefilled."""
         if not prompt:
             raise RkcError("empty prompt (the model has no BOS token to start from)")
         if len(prompt) + n > self.n_ctx:
             n = max(0, self.n_ctx - len(prompt))
-        self.cache.reset()
-        self.timings = Timings()
+        reuse = min(reuse, len(prompt) - 1)  # the last prompt token's logits are needed
+        if reuse <= 0 or not self.cache.truncate(reuse):
+            reuse = 0
+            self.cache.reset()
+        self.timings = Timings(cached_tokens=reuse)
         device = self.engine.device
         t0, m0 = time.perf_counter(), Modelled.of(device)
-        logits = self._forward(prompt, 0, all_logits=False)
-        self.timings.prompt_tokens, self.timings.prefill_s = len(prompt), time.perf_counter() - t0
+        logits = self._forward(prompt[reuse:], reuse, all_logits=False)
+        self.timings.prompt_tokens, self.timings.prefill_s = len(prompt) - reuse, time.perf_counter() - t0
         self.timings.prefill_npu = Modelled.of(device).since(m0)
         pos = len(prompt)
         t1, m1 = time.perf_counter(), Modelled.of(device)
