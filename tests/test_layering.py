@@ -25,7 +25,8 @@ MAY_IMPORT = {
     "rkc.compiler": ("rkc.ir", "rkc.runtime", "rkc.compiler"),
 }
 # the top layer: `rkc` and `rkrun` and their subcommands
-CLI_MODULES = ("rkc.compiler.cli", "rkc.runtime.cli", "rkc.runtime.run_cli", "rkc.runtime.llm.cli")
+CLI_MODULES = ("rkc.compiler.cli", "rkc.runtime.cli", "rkc.runtime.run_cli", "rkc.runtime.llm.cli",
+               "rkc.runtime.serve.cli")
 BARE_NAMES = tuple(FOLDERS)  # the folder names are not import names (rkc.* only)
 MODULE_STRING = re.compile(r"(rkc(?:\.\w+)+)(?::\w+)?")
 

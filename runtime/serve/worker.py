@@ -18,7 +18,7 @@ from typing import Any
 
 from rkc.runtime.api.llm import Completion, LlmModel, RequestError
 
-log = logging.getLogger("rkc.serve")
+log = logging.getLogger(__name__)
 
 # events a job sends: ("start", None), ("piece", str), ("done", Completion), ("error", RequestError | Exception)
 
