@@ -1,0 +1,275 @@
+"""Repeated layers of a program, found from its value names, and the segment
+graph with every layer of one structure folded into one drawn cluster.
+
+A step belongs to layer N of block prefix P when every value it writes is
+named "<program>/P.N.<...>" (GGUF's "blk.N.", as the LLM compiler keeps it;
+compiler/llm/program_builder.py). Two layers have the same structure when
+their steps match one for one: kind, op, attributes (names with the layer's
+own number blanked), which step of the layer feeds which, and per NPU segment
+its ops, precision and tasks. Each distinct structure ("kind") is drawn once,
+its first layer standing for all, with the count and the layers it stands for;
+attributes that differ between kinds (sliding-window vs full attention, fp16
+vs int8 products) are named on each cluster."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import networkx as nx
+
+from rkc.compiler.inspect.graph import (is_conversion, local_name, segment_precision, segment_products,
+                                        step_graph, step_label)
+from rkc.ir.program import Module, Program, Step
+
+_BLOCK = re.compile(r"^([A-Za-z][A-Za-z_]*)\.(\d+)\.")
+MIN_LAYERS = 2  # fewer repeats are no structure worth folding
+IDENTITY_ATTRS = frozenset({"layer"})  # attributes that name the layer itself (its KV cache), not its structure
+
+# how an attribute that differs between kinds of layer reads; others read "Op attr=value"
+ATTR_WORDS = {
+    ("Attention", "window"): lambda v: f"sliding-window attention (window {v})" if v else "full attention",
+    ("RoPE", "base"): lambda v: f"RoPE base {v:g}",
+}
+
+
+@dataclass
+class Layer:
+    prefix: str  # "blk"
+    index: int
+    steps: list[int]  # indices into program.steps, one contiguous run
+
+    @property
+    def name(self) -> str:
+        return f"{self.prefix}.{self.index}"
+
+
+@dataclass
+class LayerKind:
+    layers: list[Layer]
+    signature: tuple
+
+    @property
+    def first(self) -> Layer:
+        return self.layers[0]
+
+
+def _block_of(program: Program, step: Step) -> tuple[str, int] | None:
+    keys = set()
+    for name in step.outputs:
+        m = _BLOCK.match(local_name(program, name)) if name else None
+        keys.add((m.group(1), int(m.group(2))) if m else None)
+    return keys.pop() if len(keys) == 1 else None
+
+
+def find_layers(program: Program) -> list[Layer]:
+    """The program's layers in step order, or [] where its steps are not a run
+    of contiguous layers of one prefix (then nothing is folded)."""
+    keys = [_block_of(program, s) for s in program.steps]
+    prefixes = Counter(k[0] for k in keys if k)
+    if not prefixes:
+        return []
+    prefix = prefixes.most_common(1)[0][0]
+    layers: list[Layer] = []
+    for i, key in enumerate(keys):
+        if key is None or key[0] != prefix:
+            continue
+        if layers and layers[-1].index == key[1] and layers[-1].steps[-1] == i - 1:
+            layers[-1].steps.append(i)
+        elif any(layer.index == key[1] for layer in layers):
+            return []  # a layer in two pieces
+        else:
+            layers.append(Layer(prefix, key[1], [i]))
+    span = range(layers[0].steps[0], layers[-1].steps[-1] + 1)
+    if len(layers) < MIN_LAYERS or sum(len(layer.steps) for layer in layers) != len(span):
+        return []  # other steps between the layers
+    return layers
+
+
+def _blank(text: str, layer: Layer) -> str:
+    return text.replace(f"{layer.name}.", f"{layer.prefix}.#.")
+
+
+def _attrs(step: Step, layer: Layer) -> str:
+    kept = {k: v for k, v in step.attrs.items() if k not in IDENTITY_ATTRS}
+    return _blank(json.dumps(kept, sort_keys=True, default=str), layer)
+
+
+def signature(program: Program, layer: Layer) -> tuple:
+    """What two layers of the same structure share (see the module docstring)."""
+    own: dict[str, tuple[int, int]] = {}
+    items = []
+    for pos, i in enumerate(layer.steps):
+        s = program.steps[i]
+        inputs = []
+        for name in s.inputs:
+            if name in own:
+                inputs.append(own[name])
+            elif name in program.inputs:
+                inputs.append(("input", name))
+            elif name.startswith(f"{program.name}/"):
+                inputs.append(("before",))  # an earlier layer's value (or the embedding's)
+            else:
+                inputs.append(("const", _blank(name, layer)))
+        for k, name in enumerate(s.outputs):
+            own[name] = (pos, k)
+        npu = ()
+        if s.kind == "npu":
+            npu = (s.stats.get("tasks"), len(s.jobs), s.chained,
+                   tuple((entry["op"], entry.get("dtype"), entry.get("tasks"), entry.get("macs"),
+                          _blank(entry["name"], layer)) for entry in s.stats.get("layers", [])))
+        items.append((s.kind, s.op, tuple(inputs), len(s.outputs), _attrs(s, layer), npu))
+    return tuple(items)
+
+
+def layer_kinds(program: Program, layers: list[Layer]) -> list[LayerKind]:
+    """Layers grouped by structure, in the order each structure first occurs."""
+    kinds: dict[tuple, LayerKind] = {}
+    for layer in layers:
+        sig = signature(program, layer)
+        kinds.setdefault(sig, LayerKind([], sig)).layers.append(layer)
+    return list(kinds.values())
+
+
+def _features(program: Program, kind: LayerKind) -> dict[tuple, object]:
+    """Per step of the kind's first layer: op and attributes of its CPU steps
+    (conversions follow their segment's precision and are left out)."""
+    out: dict[tuple, object] = {}
+    for pos, i in enumerate(kind.first.steps):
+        s = program.steps[i]
+        if s.kind == "npu" or is_conversion(s):
+            continue
+        out[(pos, s.op, "")] = s.op
+        for key, value in s.attrs.items():
+            if key not in IDENTITY_ATTRS:
+                out[(pos, s.op, key)] = json.dumps(value, sort_keys=True, default=str) if isinstance(
+                    value, (list, dict)) else value
+    return out
+
+
+def _read(op: str, key: str, value: object) -> str:
+    if not key:
+        return f"{value} step"
+    words = ATTR_WORDS.get((op, key))
+    return words(value) if words else f"{op} {key}={value}"
+
+
+def precision_words(program: Program, kind: LayerKind) -> str:
+    """"fp16 products", or "int8 products; fp16: q+k+v, ffn_out" for a hybrid layer."""
+    drop = f"{kind.first.name}."
+    segments = [program.steps[i] for i in kind.first.steps if program.steps[i].kind == "npu"]
+    counts = Counter(segment_precision(s) for s in segments)
+    if not counts:
+        return "no NPU products"
+    main = counts.most_common(1)[0][0]
+    others = [f"{segment_precision(s)}: {'+'.join(segment_products(program, s, drop))}"
+              for s in segments if segment_precision(s) != main]
+    return "; ".join([f"{main} products", *others])
+
+
+def differences(program: Program, kinds: list[LayerKind]) -> list[list[str]]:
+    """Per kind, in words, what sets it apart from the other kinds (empty for
+    a single kind): the attributes whose values differ between kinds."""
+    if len(kinds) < 2:
+        return [[] for _ in kinds]
+    features = [_features(program, k) for k in kinds]
+    if len({len(k.first.steps) for k in kinds}) > 1:
+        return [[f"{len(k.first.steps)} steps"] for k in kinds]
+    keys = sorted({key for f in features for key in f})
+    varying = [key for key in keys if len({repr(f.get(key)) for f in features}) > 1]
+    out = []
+    for f in features:
+        words = []
+        for pos, op, key in varying:
+            if (pos, op, key) in f:
+                text = _read(op, key, f[(pos, op, key)])
+                if text not in words:
+                    words.append(text)
+        out.append(words)
+    return out
+
+
+def ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 4, 6, 7] -> "0-2, 4, 6-7"."""
+    out, start = [], None
+    for a, b in zip(indices, [*indices[1:], None]):
+        start = a if start is None else start
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = None
+    return ", ".join(out)
+
+
+def kind_title(program: Program, kind: LayerKind, words: list[str]) -> str:
+    layers = kind.layers
+    return (f"{kind.first.name} x {len(layers)}: {kind.first.prefix} {ranges([layer.index for layer in layers])}"
+            f"\\n{', '.join([*words, precision_words(program, kind)])}")
+
+
+def _end_titles(program: Program, steps: list[int], before: bool) -> str:
+    if before:
+        return "embedding" if any(program.steps[i].op.startswith("Gather") for i in steps) else "before the layers"
+    return "head"
+
+
+def folded_graph(module: Module, program: Program, sink: str | None = None, full: bool = False) -> nx.DiGraph:
+    """The segment graph with layers clustered: each kind of layer drawn once
+    (`full`: every layer drawn, one cluster each), the steps before the layers
+    (embedding) and after them (head) as clusters of their own. A program
+    without repeated layers comes back as its plain step graph."""
+    g = step_graph(module, program, sink)
+    layers = find_layers(program)
+    if not layers:
+        return g
+    kinds = layer_kinds(program, layers) if not full else [LayerKind([layer], ()) for layer in layers]
+    words = differences(program, layer_kinds(program, layers)) if not full else []
+    first_step, last_step = layers[0].steps[0], layers[-1].steps[-1]
+    before, after = list(range(first_step)), list(range(last_step + 1, len(program.steps)))
+    out = nx.DiGraph(clusters={})
+    order: list[str] = [n for n in g if n.startswith("in:")]
+
+    def keep(node: str, cluster: str | None, label: str | None = None) -> None:
+        data = dict(g.nodes[node], cluster=cluster)
+        if label:
+            data["label"] = label
+        out.add_node(node, **data)
+        order.append(node)
+
+    if before:
+        out.graph["clusters"]["before"] = _end_titles(program, before, True)
+    for n in order:
+        out.add_node(n, **g.nodes[n])
+    for i in before:
+        keep(f"step{i}", "before")
+    rep: dict[str, str] = {}  # every layer step's node -> the node standing for it
+    all_kinds = layer_kinds(program, layers)
+    for k, kind in enumerate(kinds):
+        key = f"layers{k}"
+        if full:
+            layer = kind.first
+            original = next(x for x in all_kinds if layer in x.layers)
+            out.graph["clusters"][key] = f"{layer.name}\\n{precision_words(program, original)}"
+        else:
+            out.graph["clusters"][key] = kind_title(program, kind, words[k])
+        drop = f"{kind.first.name}."
+        for pos, i in enumerate(kind.first.steps):
+            s = program.steps[i]
+            keep(f"step{i}", key, step_label(module, program, s, g.nodes[f"step{i}"]["segment"] or 0, drop))
+            for layer in kind.layers:
+                rep[f"step{layer.steps[pos]}"] = f"step{i}"
+    if after:
+        out.graph["clusters"]["after"] = _end_titles(program, after, False)
+    for i in after:
+        keep(f"step{i}", "after")
+    for n in g:
+        if n.startswith("out:") or n == "sink":
+            keep(n, None)
+    rank = {n: r for r, n in enumerate(order)}
+    for a, b, data in g.edges(data=True):
+        a, b = rep.get(a, a), rep.get(b, b)
+        # a folded layer feeds the next layer of its own kind, or one drawn above it: not drawn
+        if a != b and rank[a] < rank[b] and not out.has_edge(a, b):
+            out.add_edge(a, b, **data)
+    return out
