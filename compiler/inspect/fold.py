@@ -202,74 +202,70 @@ def ranges(indices: list[int]) -> str:
     return ", ".join(out)
 
 
-def kind_title(program: Program, kind: LayerKind, words: list[str]) -> str:
+def kind_title(program: Program, kind: LayerKind, words: list[str], one: Layer | None = None) -> str:
+    """A cluster's title: "blk.0 x 15: blk 0-4, 6-10, 12-16" (or `one` layer's
+    name when every layer is drawn), then what the kind computes."""
     layers = kind.layers
-    return (f"{kind.first.name} x {len(layers)}: {kind.first.prefix} {ranges([layer.index for layer in layers])}"
-            f"\\n{', '.join([*words, precision_words(program, kind)])}")
+    head = one.name if one else (f"{kind.first.name} x {len(layers)}: {kind.first.prefix} "
+                                 f"{ranges([layer.index for layer in layers])}")
+    return f"{head}\\n{', '.join([*words, precision_words(program, kind)])}"
 
 
-def _end_titles(program: Program, steps: list[int], before: bool) -> str:
-    if before:
-        return "embedding" if any(program.steps[i].op.startswith("Gather") for i in steps) else "before the layers"
-    return "head"
+def _end_title(program: Program, steps: list[int], before: bool) -> str:
+    if not before:
+        return "head"
+    return "embedding" if any(program.steps[i].op.startswith("Gather") for i in steps) else "before the layers"
 
 
 def folded_graph(module: Module, program: Program, sink: str | None = None, full: bool = False) -> nx.DiGraph:
-    """The segment graph with layers clustered: each kind of layer drawn once
-    (`full`: every layer drawn, one cluster each), the steps before the layers
-    (embedding) and after them (head) as clusters of their own. A program
-    without repeated layers comes back as its plain step graph."""
+    """The segment graph with layers clustered: each kind of layer drawn once,
+    its first layer standing for the others (`full`: every layer drawn, one
+    cluster each), the steps before the layers (embedding) and after them
+    (head) in clusters of their own. A program without repeated layers comes
+    back as its plain step graph."""
     g = step_graph(module, program, sink)
     layers = find_layers(program)
     if not layers:
         return g
-    kinds = layer_kinds(program, layers) if not full else [LayerKind([layer], ()) for layer in layers]
-    words = differences(program, layer_kinds(program, layers)) if not full else []
-    first_step, last_step = layers[0].steps[0], layers[-1].steps[-1]
-    before, after = list(range(first_step)), list(range(last_step + 1, len(program.steps)))
+    kinds = layer_kinds(program, layers)
+    words = differences(program, kinds)
     out = nx.DiGraph(clusters={})
-    order: list[str] = [n for n in g if n.startswith("in:")]
 
-    def keep(node: str, cluster: str | None, label: str | None = None) -> None:
-        data = dict(g.nodes[node], cluster=cluster)
-        if label:
-            data["label"] = label
-        out.add_node(node, **data)
-        order.append(node)
+    def place(node: str, cluster: str | None, label: str | None = None) -> None:
+        out.add_node(node, **{**g.nodes[node], "cluster": cluster, **({"label": label} if label else {})})
 
-    if before:
-        out.graph["clusters"]["before"] = _end_titles(program, before, True)
-    for n in order:
-        out.add_node(n, **g.nodes[n])
-    for i in before:
-        keep(f"step{i}", "before")
-    rep: dict[str, str] = {}  # every layer step's node -> the node standing for it
-    all_kinds = layer_kinds(program, layers)
-    for k, kind in enumerate(kinds):
-        key = f"layers{k}"
-        if full:
-            layer = kind.first
-            original = next(x for x in all_kinds if layer in x.layers)
-            out.graph["clusters"][key] = f"{layer.name}\\n{precision_words(program, original)}"
-        else:
-            out.graph["clusters"][key] = kind_title(program, kind, words[k])
-        drop = f"{kind.first.name}."
-        for pos, i in enumerate(kind.first.steps):
-            s = program.steps[i]
-            keep(f"step{i}", key, step_label(module, program, s, g.nodes[f"step{i}"]["segment"] or 0, drop))
-            for layer in kind.layers:
-                rep[f"step{layer.steps[pos]}"] = f"step{i}"
-    if after:
-        out.graph["clusters"]["after"] = _end_titles(program, after, False)
-    for i in after:
-        keep(f"step{i}", "after")
+    for n in g:
+        if n.startswith("in:"):
+            place(n, None)
+    ends = (list(range(layers[0].steps[0])), list(range(layers[-1].steps[-1] + 1, len(program.steps))))
+    if ends[0]:
+        out.graph["clusters"]["before"] = _end_title(program, ends[0], True)
+    for i in ends[0]:
+        place(f"step{i}", "before")
+    rep: dict[str, str] = {}  # a layer step's node -> the node drawn for it
+    drawn = [(LayerKind([layer], k.signature), k, w) for k, w in zip(kinds, words) for layer in k.layers] if full \
+        else list(zip(kinds, kinds, words))
+    drawn.sort(key=lambda d: d[0].first.steps[0])
+    for n, (shown, kind, w) in enumerate(drawn):
+        key = f"layers{n}"
+        out.graph["clusters"][key] = kind_title(program, kind, w, shown.first if full else None)
+        drop = f"{shown.first.name}."
+        for pos, i in enumerate(shown.first.steps):
+            node = f"step{i}"
+            place(node, key, step_label(module, program, program.steps[i], g.nodes[node]["segment"] or 0, drop))
+            for layer in shown.layers:
+                rep[f"step{layer.steps[pos]}"] = node
+    if ends[1]:
+        out.graph["clusters"]["after"] = _end_title(program, ends[1], False)
+    for i in ends[1]:
+        place(f"step{i}", "after")
     for n in g:
         if n.startswith("out:") or n == "sink":
-            keep(n, None)
-    rank = {n: r for r, n in enumerate(order)}
+            place(n, None)
+    rank = {n: r for r, n in enumerate(out)}
     for a, b, data in g.edges(data=True):
         a, b = rep.get(a, a), rep.get(b, b)
-        # a folded layer feeds the next layer of its own kind, or one drawn above it: not drawn
+        # a folded layer feeding the next layer of its kind, or a kind drawn above it: not drawn
         if a != b and rank[a] < rank[b] and not out.has_edge(a, b):
             out.add_edge(a, b, **data)
     return out

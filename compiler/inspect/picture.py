@@ -36,11 +36,12 @@ class Picture:
     dot: str
     nodes: int
     layers: int  # layers found (0: none, nothing folded)
-    kinds: int  # distinct layer structures drawn (every layer with `full`)
+    kinds: int  # distinct layer structures
+    full: bool  # every layer drawn
 
     def describe(self) -> str:
-        folded = (f", {self.layers} layers drawn as {self.kinds} kind(s)" if self.layers and self.kinds < self.layers
-                  else f", {self.layers} layers drawn one by one" if self.layers else "")
+        folded = ("" if not self.layers else f", {self.layers} layers drawn one by one" if self.full
+                  else f", {self.layers} layers drawn as {self.kinds} kind(s)")
         return f"segment graph of {self.program.name!r}: {self.nodes} nodes{folded}"
 
 
@@ -48,8 +49,8 @@ def picture(module: Module, title: str, program: str | None = None, full: bool =
     prog = module.program(program) if program else default_program(module)
     g = folded_graph(module, prog, _sink(module, prog), full)
     layers = find_layers(prog)
-    kinds = len(layers) if full else len(layer_kinds(prog, layers))
-    return Picture(prog, to_dot(g, f"{title} {prog.name}"), g.number_of_nodes(), len(layers), kinds)
+    return Picture(prog, to_dot(g, f"{title} {prog.name}"), g.number_of_nodes(), len(layers),
+                   len(layer_kinds(prog, layers)), full)
 
 
 def write_pictures(pic: Picture, dot_path: str | None = None, drawings: dict[str, str] | None = None) -> None:

@@ -96,13 +96,16 @@ def check_folded(svg: Path, program) -> None:
 
 
 @needs_dot
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_folded_picture_of_a_synthetic_gemma3(synth_rkbin, tmp_path, precision):
+@pytest.mark.parametrize("precision,options,kinds", [
+    ("fp16", {}, 2), ("int8", {}, 2),
+    # layer 1's products kept fp16 (no measured hybrid): three kinds, two apart by precision only
+    ("int8", {"keep": ("blk.1.",), "fp16_share": 0.0}, 3)])
+def test_folded_picture_of_a_synthetic_gemma3(synth_rkbin, tmp_path, precision, options, kinds):
     """Three layers: two sliding-window, one full attention (tests/llm/synth.py)."""
-    rkbin = synth_rkbin("gemma3", precision)
+    rkbin = synth_rkbin("gemma3", precision, **options)
     r = inspect(rkbin, "--svg", tmp_path / "g.svg", "--png", tmp_path / "g.png", "--dot", tmp_path / "g.dot")
     assert r.returncode == 0, r.stderr
-    assert "3 layers drawn as 2 kind(s)" in r.stdout
+    assert f"3 layers drawn as {kinds} kind(s)" in r.stdout
     check_folded(tmp_path / "g.svg", read_rkbin(rkbin).module.program("decode"))
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
