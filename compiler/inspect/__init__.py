@@ -14,7 +14,6 @@ import csv
 import io
 from dataclasses import dataclass, replace
 
-import networkx as nx
 import numpy as np
 
 from rkc.ir.errors import FormatError
