@@ -21,6 +21,7 @@ from rkc.ir.npu.perf import JobCost, PerfModel, TaskCost, describe
 from rkc.ir.program import Module, Step
 from rkc.ir.types import DType
 
+
 def tensor_bytes(module: Module, name: str) -> int:
     t = module.tensor(name)
     return t.nbytes or int(np.prod(t.shape, dtype=np.int64)) * DType(t.dtype).itemsize

@@ -188,7 +188,22 @@ def differences(program: Program, kinds: list[LayerKind]) -> list[list[str]]:
                 if text not in words:
                     words.append(text)
         out.append(words)
-    return out
+    return _tell_apart(program, kinds, out)
+
+
+def _tell_apart(program: Program, kinds: list[LayerKind], words: list[list[str]]) -> list[list[str]]:
+    """Where two kinds would read alike (they differ in tasks, wiring, ...),
+    name the first step of each that differs from the most common kind."""
+    said = [tuple([*w, precision_words(program, k)]) for k, w in zip(kinds, words)]
+    main = max(range(len(kinds)), key=lambda i: len(kinds[i].layers))
+    for i, kind in enumerate(kinds):
+        if said.count(said[i]) > 1 and i != main:
+            pos = next((p for p, (a, b) in enumerate(zip(kind.signature, kinds[main].signature)) if a != b),
+                       min(len(kind.signature), len(kinds[main].signature)) - 1)
+            step = program.steps[kind.first.steps[pos]]
+            what = f"NPU {step.name}" if step.kind == "npu" else f"{step.op} {local_name(program, step.name)}"
+            words[i] = [*words[i], f"unlike {kinds[main].first.name}: {what}"]
+    return words
 
 
 def ranges(indices: list[int]) -> str:

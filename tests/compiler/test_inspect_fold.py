@@ -56,3 +56,12 @@ def test_ranges():
     assert ranges([0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12]) == "0-4, 6-10, 12"
     assert ranges([5, 11, 17]) == "5, 11, 17"
     assert ranges([3]) == "3"
+
+
+def test_kinds_that_read_alike_are_told_apart():
+    program = _program([4, 4, 4])
+    add = program.steps[6]  # layer 1's residual Add reads its norm instead of its attention
+    add.inputs = ["p/blk.1.norm", add.inputs[1]]
+    kinds = layer_kinds(program, find_layers(program))
+    assert [[layer.index for layer in k.layers] for k in kinds] == [[0, 2], [1]]
+    assert differences(program, kinds) == [[], ["unlike blk.0: Add blk.1.out"]]
