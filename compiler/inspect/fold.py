@@ -157,16 +157,18 @@ def _read(op: str, key: str, value: object) -> str:
 
 
 def precision_words(program: Program, kind: LayerKind) -> str:
-    """"fp16 products", or "int8 products; fp16: q+k+v, ffn_out" for a hybrid layer."""
+    """"fp16 products", or "int8 products; fp16: attn_out, ffn_out" for a hybrid layer."""
     drop = f"{kind.first.name}."
     segments = [program.steps[i] for i in kind.first.steps if program.steps[i].kind == "npu"]
     counts = Counter(segment_precision(s) for s in segments)
     if not counts:
         return "no NPU products"
     main = counts.most_common(1)[0][0]
-    others = [f"{segment_precision(s)}: {'+'.join(segment_products(program, s, drop))}"
-              for s in segments if segment_precision(s) != main]
-    return "; ".join([f"{main} products", *others])
+    others: dict[str, list[str]] = {}
+    for s in segments:
+        if segment_precision(s) != main:
+            others.setdefault(segment_precision(s), []).append("+".join(segment_products(program, s, drop)))
+    return "; ".join([f"{main} products", *(f"{p}: {', '.join(names)}" for p, names in others.items())])
 
 
 def differences(program: Program, kinds: list[LayerKind]) -> list[list[str]]:
