@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from rkc.compiler.inspect import figures, layers_csv, summary
 from rkc.compiler.inspect.picture import picture, write_pictures
+from rkc.compiler.probe.dram import bandwidth_from
 from rkc.ir.atomic import write_atomic
+from rkc.ir.npu.perf import PerfModel
 from rkc.ir.rkbin import read_rkbin
 
 
@@ -27,11 +30,20 @@ from rkc.ir.rkbin import read_rkbin
               help="The modelled figures as JSON (tasks, kicks, DDR bytes, NPU time; LLMs per token and chunk).")
 @click.option("--json-file", "json_path", type=click.Path(dir_okay=False),
               help="Write the --json figures to this file instead of printing them.")
+@click.option("--dram-gbps", metavar="GBPS|PROBE.json",
+              help="Model with this DRAM bandwidth: GB/s, or a report of `rkc probe --dram` (default: the "
+                   "performance model's, ir/npu/hw.py).")
 def inspect_command(model: str, dot_path: str | None, svg_path: str | None, png_path: str | None,
                     csv_path: str | None, program: str | None, full: bool, as_json: bool,
-                    json_path: str | None) -> None:
+                    json_path: str | None, dram_gbps: str | None) -> None:
     """Summarise MODEL: segments, ops per device, tasks and kicks, weight and
     activation bytes, modelled NPU time (LLMs: per decode token and prefill chunk)."""
+    perf = PerfModel()
+    if dram_gbps:
+        bandwidth, source = bandwidth_from(dram_gbps)
+        perf = replace(perf, dram_bytes_per_s=bandwidth)
+        if not as_json:
+            click.echo(f"DRAM bandwidth: {source}")
     rkbin = read_rkbin(model)
     module = rkbin.module
     llm = module.metadata.get("model_kind") == "llm"
@@ -39,9 +51,9 @@ def inspect_command(model: str, dot_path: str | None, svg_path: str | None, png_
         if llm:
             from rkc.compiler.llm.report import figures as llm_figures
 
-            text = json.dumps(llm_figures(module), indent=1)
+            text = json.dumps(llm_figures(module, perf), indent=1)
         else:
-            text = json.dumps(figures(module), indent=1)
+            text = json.dumps(figures(module, perf), indent=1)
         if json_path:
             write_atomic(json_path, text + "\n")
         else:
@@ -50,10 +62,10 @@ def inspect_command(model: str, dot_path: str | None, svg_path: str | None, png_
     if llm:
         from rkc.compiler.llm.report import summary_lines
 
-        for line in summary_lines(module):
+        for line in summary_lines(module, perf):
             click.echo(line)
     else:
-        for line in summary(module):
+        for line in summary(module, perf):
             click.echo(line)
     drawings = {fmt: path for fmt, path in (("svg", svg_path), ("png", png_path)) if path}
     if dot_path or drawings:
