@@ -25,6 +25,7 @@ class LlmRunOptions:
     perplexity: str | None = None
     tokenize: str | None = None
     chat: bool = False
+    ignore_eos: bool = False
 
 
 def chat_prompt(template: str | None, user: str) -> str:
@@ -81,7 +82,7 @@ def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -
     gen = Generator(engine, o.ctx)
     sampler = Sampler(o.temperature, o.top_k, o.top_p, o.seed)
     stream = TextStream(tok)
-    for token in gen.generate(ids, o.n_predict, sampler):
+    for token in gen.generate(ids, o.n_predict, sampler, stop_at_eos=not o.ignore_eos):
         piece = stream.push(token)
         if piece:
             click.echo(piece, nl=False)  # echo flushes: the text streams as it comes
