@@ -21,6 +21,7 @@ from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 from rkc.runtime.llm.kvcache import KVCache
 from rkc.runtime.llm.tokenizer import LlmTokenizer
 from rkc.runtime.loader import LoadedModel, needs_device
+from rkc.runtime.plan import ProgramPlan, standard_binder
 
 
 @dataclass
@@ -75,6 +76,7 @@ class LlmEngine:
             self.model = LoadedModel(rk, open_device(device, cores=cores), own_device=True)
         self.programs = {p.name: p for p in rk.module.programs}
         self.times = StepTimes()
+        self.plans = self._plans()
 
     @property
     def device(self):
@@ -84,13 +86,23 @@ class LlmEngine:
         windows = [self.cfg.swa_window if self.cfg.is_swa(i) else 0 for i in range(self.cfg.n_layer)]
         return KVCache(self.cfg.n_layer, windows, n_ctx)
 
-    def run(self, program: str, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
-        """Logits of the chunk (every row, or the last real row for prefill
-        programs). Fewer tokens than the program's rows are padded: pad rows
-        never enter the KV cache and their logits are dropped."""
-        import time
+    def _plans(self) -> dict:
+        """Every program prepared once (runtime/plan.py), sharing one state."""
+        self._state = LlmState(self.new_cache(1), self.model, 1)
+        state, plans = self._state, {}
 
-        prog = self.programs[program]
+        def bind(step, consts):
+            kernel = LLM_KERNELS.get(step.op)
+            if kernel is None:
+                return standard_binder(step, consts)
+            attrs = step.attrs
+            return lambda inputs: kernel(inputs, attrs, state)
+
+        for name, prog in self.programs.items():
+            plans[name] = ProgramPlan(self.model, prog, bind, unchecked=frozenset(LLM_KERNELS))
+        return plans
+
+    def _feeds(self, program: str, tokens: np.ndarray, positions: np.ndarray) -> tuple[int, dict]:
         rows = self.model.tensors[f"{program}/tokens"].shape[0]
         valid = len(tokens)
         if valid > rows:
@@ -99,9 +111,34 @@ class LlmEngine:
         tokens = np.concatenate([np.asarray(tokens, np.int32), np.zeros(pad, np.int32)])
         positions = np.asarray(positions, np.int32)
         positions = np.concatenate([positions, positions[-1] + 1 + np.arange(pad, dtype=np.int32)])
+        return valid, {f"{program}/tokens": tokens, f"{program}/positions": positions}
+
+    def run(self, program: str, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Logits of the chunk (every row, or the last real row for prefill
+        programs). Fewer tokens than the program's rows are padded: pad rows
+        never enter the KV cache and their logits are dropped."""
+        import time
+
+        plan = self.plans[program]
+        valid, feeds = self._feeds(program, tokens, positions)
+        self._state.cache, self._state.valid = cache, valid
+        t = time.perf_counter()
+        logits = np.asarray(plan.run([feeds[n] for n in plan.program.inputs])[0])
+        self.times.cpu_s += time.perf_counter() - t
+        self.times.submits += plan.submits
+        return logits if logits.shape[0] == 1 else logits[:valid]
+
+    def run_interpreted(self, program: str, tokens: np.ndarray, positions: np.ndarray,
+                        cache: KVCache) -> np.ndarray:
+        """`run` through the step-by-step interpreter (runtime/execute.py): the
+        reference the prepared plans are checked against."""
+        import time
+
+        prog = self.programs[program]
+        valid, feeds = self._feeds(program, tokens, positions)
         run = _LlmRun(self.model, prog, LlmState(cache, self.model, valid))
-        run.write(f"{program}/tokens", tokens)
-        run.write(f"{program}/positions", positions)
+        for name, value in feeds.items():
+            run.write(name, value)
         for i, step in enumerate(prog.steps):
             t = time.perf_counter()
             if step.kind == "cpu":
