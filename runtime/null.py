@@ -35,6 +35,7 @@ class NullDevice(Device):
         self._starts: list[int] = []
         self._bos: list[BufferObject] = []
         self._held: set[int] = set()
+        self._live: dict[int, BufferObject] = {}  # handle -> BO
         self._next_iova = PAGE  # IOVA 0 stays unmapped: a zero address is never a BO's
         self._next_handle = 1
         self._counters = Counters()
@@ -52,11 +53,13 @@ class NullDevice(Device):
         i = bisect.bisect_left(self._starts, bo.iova)
         self._starts.insert(i, bo.iova)
         self._bos.insert(i, bo)
+        self._live[bo.handle] = bo
         return bo
 
     def free_bo(self, bo: BufferObject) -> None:
         i = self._index(bo)
         del self._starts[i], self._bos[i]
+        del self._live[bo.handle]
         self._held.discard(bo.handle)
 
     def _index(self, bo: BufferObject) -> int:
@@ -65,13 +68,17 @@ class NullDevice(Device):
             raise NullDeviceError(f"{bo!r} is not a live BO of this device")
         return i
 
+    def _check_live(self, bo: BufferObject) -> None:
+        if self._live.get(bo.handle) is not bo:
+            raise NullDeviceError(f"{bo!r} is not a live BO of this device")
+
     def prepare_cpu_access(self, bo: BufferObject, timeout_s: float = 5.0) -> None:
-        self._index(bo)
+        self._check_live(bo)
         self._held.add(bo.handle)
         bo.host.flags.writeable = True
 
     def finish_cpu_access(self, bo: BufferObject) -> None:
-        self._index(bo)
+        self._check_live(bo)
         self._held.discard(bo.handle)
         bo.host.flags.writeable = False
 
@@ -79,20 +86,21 @@ class NullDevice(Device):
     def submit(self, jobs: Sequence[Job], chained: bool = False) -> Submission:
         if chained and not self.supports_chaining:
             raise NullDeviceError("chained submission on a device without chaining")
+        live, held, n_tasks = self._live, self._held, 0
         for j, job in enumerate(jobs):
-            label = job.label or str(j)
             for bo in (*job.in_bos, *job.out_bos):
-                self._index(bo)
-                if bo.handle in self._held:
-                    raise NullDeviceError(f"job {label}: {bo!r} is still held by the CPU")
+                if live.get(bo.handle) is not bo:
+                    raise NullDeviceError(f"job {job.label or j}: {bo!r} is not a live BO of this device")
+                if bo.handle in held:
+                    raise NullDeviceError(f"job {job.label or j}: {bo!r} is still held by the CPU")
             if not 0 <= job.lane < self.lanes:
-                raise NullDeviceError(f"job {label}: lane {job.lane} (the device has {self.lanes})")
+                raise NullDeviceError(f"job {job.label or j}: lane {job.lane} (the device has {self.lanes})")
             for task in job.tasks:
-                self._check_task(label, task.regcmd_iova, task.regcmd_count)
+                self._check_task(job.label or str(j), task.regcmd_iova, task.regcmd_count)
+            n_tasks += len(job.tasks)
         c = self._counters
         c.submits += 1
         c.jobs += len(jobs)
-        n_tasks = sum(len(job.tasks) for job in jobs)
         c.tasks += n_tasks
         c.kicks += len(jobs) if chained else n_tasks
         sub = Submission(jobs)
@@ -119,4 +127,5 @@ class NullDevice(Device):
     def close(self) -> None:
         self._starts.clear()
         self._bos.clear()
+        self._live.clear()
         self._held.clear()

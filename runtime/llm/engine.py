@@ -19,6 +19,7 @@ from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime.execute import _Run
 from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 from rkc.runtime.llm.kvcache import KVCache
+from rkc.runtime.llm.prepared import BINDERS as PREPARED
 from rkc.runtime.llm.tokenizer import LlmTokenizer
 from rkc.runtime.loader import LoadedModel, needs_device
 from rkc.runtime.plan import ProgramPlan, standard_binder
@@ -95,6 +96,9 @@ class LlmEngine:
             kernel = LLM_KERNELS.get(step.op)
             if kernel is None:
                 return standard_binder(step, consts)
+            prepared = PREPARED[step.op](step, consts, state) if step.op in PREPARED else None
+            if prepared is not None:
+                return prepared
             attrs = step.attrs
             return lambda inputs: kernel(inputs, attrs, state)
 
@@ -122,9 +126,11 @@ class LlmEngine:
         plan = self.plans[program]
         valid, feeds = self._feeds(program, tokens, positions)
         self._state.cache, self._state.valid = cache, valid
-        t = time.perf_counter()
+        t, npu0 = time.perf_counter(), plan.npu_seconds[0]
         logits = np.asarray(plan.run([feeds[n] for n in plan.program.inputs])[0])
-        self.times.cpu_s += time.perf_counter() - t
+        npu = plan.npu_seconds[0] - npu0
+        self.times.npu_s += npu
+        self.times.cpu_s += time.perf_counter() - t - npu
         self.times.submits += plan.submits
         return logits if logits.shape[0] == 1 else logits[:valid]
 
