@@ -70,11 +70,14 @@ class KVCache:
         self.store_and_view(layer, k, v, pos)
 
     def store_and_view(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray):
-        """Append the chunk, then return views of what `context` returns
-        (the entries cached before it, then its own), valid until the next
-        store into this layer."""
+        """Append the chunk, then return what `context` returns (the entries
+        cached before it, then its own) as views of the cache, valid until the
+        next store into this layer. Into an empty layer: the chunk's own
+        values, laid out in memory as k and v are (as `context` does; numpy's
+        contractions round according to the operands' strides)."""
         self._check(pos)
         t = len(pos)
+        first = self._end[layer] == self._start[layer]
         self._reserve(layer, k, v, t)
         s, e = self._start[layer], self._end[layer]
         self._k[layer][e:e + t] = k.astype(np.float16)
@@ -84,6 +87,9 @@ class KVCache:
         window = self.windows[layer]
         if window and e + t - s > window:  # what no later query can see
             self._start[layer] = e + t - window
+        if first:  # the chunk alone, in the memory order of k and v, as `context` gives it
+            return (k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32),
+                    pos.astype(np.int64))
         return self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
 
     def _reserve(self, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> None:
