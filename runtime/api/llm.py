@@ -184,22 +184,24 @@ class LlmModel:
     # -- the public calls ---------------------------------------------------------------
     def generate(self, prompt: str, *, max_tokens: int | None = 64, temperature: float = 0.8, top_p: float = 0.95,
                  top_k: int = 40, seed: int | None = None, stop: str | Sequence[str] | None = None,
-                 stream: bool = False, cancel: threading.Event | None = None) -> "Completion | CompletionStream":
+                 stream: bool = False, cancel: threading.Event | None = None,
+                 ignore_eos: bool = False) -> "Completion | CompletionStream":
         """Continue `prompt` (plain text, BOS added as the model asks). max_tokens
         None: until the end of turn or the context. cancel: once set (from any
-        thread), generation ends at the next token, finish_reason "cancelled"."""
+        thread), generation ends at the next token, finish_reason "cancelled".
+        ignore_eos: run to max_tokens whatever the logits say (benchmarks)."""
         if not isinstance(prompt, str):
             raise RequestError("prompt must be a string", "prompt")
         return self._start(self.tokenizer.encode(prompt), "prompt", max_tokens, temperature, top_p, top_k, seed, stop,
-                           stream, cancel)
+                           stream, cancel, ignore_eos)
 
     def chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None, temperature: float = 0.8,
              top_p: float = 0.95, top_k: int = 40, seed: int | None = None,
              stop: str | Sequence[str] | None = None, stream: bool = False,
-             cancel: threading.Event | None = None) -> "Completion | CompletionStream":
+             cancel: threading.Event | None = None, ignore_eos: bool = False) -> "Completion | CompletionStream":
         """The assistant's reply to `messages` ([{"role", "content"}]), in the GGUF chat template."""
         return self._start(self.encode_chat(messages), "messages", max_tokens, temperature, top_p,
-                           top_k, seed, stop, stream, cancel)
+                           top_k, seed, stop, stream, cancel, ignore_eos)
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """The token ids of `messages` in the chat template, the assistant's turn opened."""
@@ -222,7 +224,8 @@ class LlmModel:
         self.close()
 
     # -- inside ----------------------------------------------------------------------------
-    def _start(self, ids: list[int], source: str, max_tokens, temperature, top_p, top_k, seed, stop, stream, cancel):
+    def _start(self, ids: list[int], source: str, max_tokens, temperature, top_p, top_k, seed, stop, stream, cancel,
+               ignore_eos: bool = False):
         stops = _check_sampling(max_tokens, temperature, top_p, top_k, seed, stop)
         if len(ids) >= self.n_ctx:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds {self.n_ctx} "
@@ -230,7 +233,7 @@ class LlmModel:
         box: list[Completion] = []
         sampler = Sampler(temperature, top_k, top_p, seed)
         limit = self.n_ctx - len(ids) if max_tokens is None else min(max_tokens, self.n_ctx - len(ids))
-        pieces = self._pieces(ids, limit, sampler, stops, box, cancel)
+        pieces = self._pieces(ids, limit, sampler, stops, box, cancel, ignore_eos)
         if stream:
             return CompletionStream(pieces, box)
         for _ in pieces:
@@ -247,7 +250,7 @@ class LlmModel:
         return self._slots[best], shared[best]
 
     def _pieces(self, ids: list[int], limit: int, sampler: Sampler, stops: list[str], box: list[Completion],
-                cancel: threading.Event | None) -> Iterator[str]:
+                cancel: threading.Event | None, ignore_eos: bool = False) -> Iterator[str]:
         from rkc.runtime.llm.tokenizer import TextStream
 
         if not self._busy.acquire(blocking=False):
@@ -255,7 +258,7 @@ class LlmModel:
         slot, reuse = self._pick(ids)
         gen, text, out = slot.gen, TextStream(self.tokenizer), []
         scanner, finish, emitted = StopScanner(stops), "cancelled", []
-        tokens = gen.generate(ids, limit, sampler, reuse=reuse)
+        tokens = gen.generate(ids, limit, sampler, stop_at_eos=not ignore_eos, reuse=reuse)
         try:
             for token in tokens:
                 out.append(token)

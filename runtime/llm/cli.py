@@ -25,6 +25,7 @@ class LlmRunOptions:
     perplexity: str | None = None
     tokenize: str | None = None
     chat: bool = False
+    ignore_eos: bool = False
 
 
 def chat_prompt(template: str | None, user: str) -> str:
@@ -69,7 +70,7 @@ def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -
         return
     llm = LlmModel(engine, o.ctx, cache_slots=1)
     sampling = dict(max_tokens=o.n_predict, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed,
-                    stream=True)
+                    stream=True, ignore_eos=o.ignore_eos)
     if o.chat:
         stream = llm.chat([{"role": "user", "content": o.prompt}], **sampling)
     else:

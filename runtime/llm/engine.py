@@ -19,8 +19,10 @@ from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime.execute import _Run
 from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 from rkc.runtime.llm.kvcache import KVCache
+from rkc.runtime.llm.prepared import BINDERS as PREPARED
 from rkc.runtime.llm.tokenizer import LlmTokenizer
 from rkc.runtime.loader import LoadedModel, needs_device
+from rkc.runtime.plan import ProgramPlan, standard_binder
 
 
 @dataclass
@@ -76,6 +78,7 @@ class LlmEngine:
             self.model = LoadedModel(rk, open_device(device, cores=cores), own_device=True)
         self.programs = {p.name: p for p in rk.module.programs}
         self.times = StepTimes()
+        self.plans = self._plans()
 
     @property
     def device(self):
@@ -89,13 +92,26 @@ class LlmEngine:
         """The file's program for a chunk of `rows` tokens (every row's logits or the last)."""
         return choose_program(self.llm_programs, rows, all_logits)
 
-    def run(self, program: str, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
-        """Logits of the chunk (every row, or the last real row for prefill
-        programs). Fewer tokens than the program's rows are padded: pad rows
-        never enter the KV cache and their logits are dropped."""
-        import time
+    def _plans(self) -> dict:
+        """Every program prepared once (runtime/plan.py), sharing one state."""
+        self._state = LlmState(self.new_cache(1), self.model, 1)
+        state, plans = self._state, {}
 
-        prog = self.programs[program]
+        def bind(step, consts):
+            kernel = LLM_KERNELS.get(step.op)
+            if kernel is None:
+                return standard_binder(step, consts)
+            prepared = PREPARED[step.op](step, consts, state) if step.op in PREPARED else None
+            if prepared is not None:
+                return prepared
+            attrs = step.attrs
+            return lambda inputs: kernel(inputs, attrs, state)
+
+        for name, prog in self.programs.items():
+            plans[name] = ProgramPlan(self.model, prog, bind, unchecked=frozenset(LLM_KERNELS))
+        return plans
+
+    def _feeds(self, program: str, tokens: np.ndarray, positions: np.ndarray) -> tuple[int, dict]:
         tensor = self.llm_programs[program].tensor
         rows = self.model.tensors[tensor("tokens")].shape[0]
         valid = len(tokens)
@@ -105,9 +121,36 @@ class LlmEngine:
         tokens = np.concatenate([np.asarray(tokens, np.int32), np.zeros(pad, np.int32)])
         positions = np.asarray(positions, np.int32)
         positions = np.concatenate([positions, positions[-1] + 1 + np.arange(pad, dtype=np.int32)])
+        return valid, {tensor("tokens"): tokens, tensor("positions"): positions}
+
+    def run(self, program: str, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Logits of the chunk (every row, or the last real row for prefill
+        programs). Fewer tokens than the program's rows are padded: pad rows
+        never enter the KV cache and their logits are dropped."""
+        import time
+
+        plan = self.plans[program]
+        valid, feeds = self._feeds(program, tokens, positions)
+        self._state.cache, self._state.valid = cache, valid
+        t, npu0 = time.perf_counter(), plan.npu_seconds[0]
+        logits = np.asarray(plan.run([feeds[n] for n in plan.program.inputs])[0])
+        npu = plan.npu_seconds[0] - npu0
+        self.times.npu_s += npu
+        self.times.cpu_s += time.perf_counter() - t - npu
+        self.times.submits += plan.submits
+        return logits if logits.shape[0] == 1 else logits[:valid]
+
+    def run_interpreted(self, program: str, tokens: np.ndarray, positions: np.ndarray,
+                        cache: KVCache) -> np.ndarray:
+        """`run` through the step-by-step interpreter (runtime/execute.py): the
+        reference the prepared plans are checked against."""
+        import time
+
+        prog = self.programs[program]
+        valid, feeds = self._feeds(program, tokens, positions)
         run = _LlmRun(self.model, prog, LlmState(cache, self.model, valid))
-        run.write(tensor("tokens"), tokens)
-        run.write(tensor("positions"), positions)
+        for name, value in feeds.items():
+            run.write(name, value)
         for i, step in enumerate(prog.steps):
             t = time.perf_counter()
             if step.kind == "cpu":

@@ -17,6 +17,7 @@ import numpy as np
 
 from rkc.ir.errors import FormatError
 from rkc.ir.npu import layout
+from rkc.runtime.constants import constant_bytes
 from rkc.runtime.llm.kvcache import KVCache
 from rkc.runtime.llm.weights import quantize_rows
 
@@ -59,13 +60,17 @@ def gather_packed(inputs, attrs, state):
     ids = np.asarray(inputs[0], np.int64)
     model = state.model
     info = model.tensors[attrs["packed"]]
-    bo = model.bos[info.region]
-    model.device.prepare_cpu_access(bo)
-    try:
-        raw = bo.host[info.offset:info.offset + info.nbytes]
+    raw = constant_bytes(model, info)  # the stored weights: only the rows' pages are read
+    if raw is not None:
         rows = packed_rows(raw, ids, attrs["rows"], attrs["cols"], np.dtype(attrs["dtype"])).astype(np.float32)
-    finally:
-        model.device.finish_cpu_access(bo)
+    else:
+        bo = model.bos[info.region]
+        model.device.prepare_cpu_access(bo)
+        try:
+            raw = bo.host[info.offset:info.offset + info.nbytes]
+            rows = packed_rows(raw, ids, attrs["rows"], attrs["cols"], np.dtype(attrs["dtype"])).astype(np.float32)
+        finally:
+            model.device.finish_cpu_access(bo)
     if len(inputs) > 1:
         rows *= inputs[1][ids][:, None]
     return [rows]

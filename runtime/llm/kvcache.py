@@ -1,7 +1,13 @@
 """The KV cache: per layer, keys and values of every position seen so far,
-stored in fp16 (as llama.cpp does by default). Sliding-window layers keep only
-the last `window` positions (a ring buffer); others grow up to the context
-length, doubling their storage as needed."""
+rounded to fp16 (as llama.cpp keeps them by default). Sliding-window layers
+keep only the last `window` positions; others grow up to the context length,
+doubling their storage as needed.
+
+The rounded values are held as fp32, in one buffer per layer, so that
+attention reads the cache in place (`store_and_view`): no per-token copy or
+conversion of the whole cache. A window layer's buffer slides: entries no
+query can see any more are dropped by moving the live ones to the front when
+the buffer is full."""
 
 from __future__ import annotations
 
@@ -18,66 +24,122 @@ class KVCache:
     def __init__(self, n_layer: int, windows: list[int], n_ctx: int) -> None:
         self.n_ctx = n_ctx
         self.windows = windows
-        self.k: list[np.ndarray | None] = [None] * n_layer
-        self.v: list[np.ndarray | None] = [None] * n_layer
-        self.pos: list[np.ndarray] = [np.zeros(0, np.int64) for _ in range(n_layer)]
+        self.reset()
 
     def reset(self) -> None:
-        n = len(self.k)
-        self.k, self.v = [None] * n, [None] * n
-        self.pos = [np.zeros(0, np.int64) for _ in range(n)]
+        n = len(self.windows)
+        self._k: list[np.ndarray | None] = [None] * n  # [capacity, kv heads, head dim] fp32 (fp16 values)
+        self._v: list[np.ndarray | None] = [None] * n
+        self._pos: list[np.ndarray] = [np.zeros(0, np.int64)] * n
+        self._start = [0] * n  # live entries: [start, end)
+        self._end = [0] * n
+
+    # -- what a layer holds -------------------------------------------------------------
+    def live(self, layer: int) -> int:
+        """Entries the layer holds (a window layer: at most its window)."""
+        return self._end[layer] - self._start[layer]
 
     @property
     def length(self) -> int:
         """Positions 0..length-1 have been through the model (they are contiguous)."""
-        return int(self.pos[0][-1]) + 1 if self.pos[0].size else 0
+        s, e = self._start[0], self._end[0]
+        return int(self._pos[0][e - 1]) + 1 if e > s else 0
 
     def truncate(self, n: int) -> bool:
         """Forget positions >= n, keeping 0..n-1 for a prompt that shares them
         (the prefix-reuse hook). False, and nothing changed, when a sliding-window
-        layer's ring has already dropped a key a query at position n still sees."""
+        layer has already dropped a key a query at position n still sees."""
         if n > self.length:
             return False
-        for pos, window in zip(self.pos, self.windows):
+        for layer, window in enumerate(self.windows):
+            pos = self._pos[layer][self._start[layer]:self._end[layer]]
             if window and n > 0 and (pos.size == 0 or pos[0] > max(0, n - window + 1)):
                 return False
-        self.pos = [pos[pos < n] for pos in self.pos]  # storage rows past the kept ones are dead
+        for layer in range(len(self.windows)):
+            s, e = self._start[layer], self._end[layer]
+            # live positions ascend, so those below n are a prefix of them
+            self._end[layer] = s + int(np.count_nonzero(self._pos[layer][s:e] < n))
         return True
 
-    def context(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray):
-        """Keys, values (fp32) and positions a chunk attends to: the cached ones
-        followed by the chunk's own."""
+    @property
+    def k(self) -> list[np.ndarray | None]:
+        return [None if k is None else k[s:e] for k, s, e in zip(self._k, self._start, self._end)]
+
+    @property
+    def v(self) -> list[np.ndarray | None]:
+        return [None if v is None else v[s:e] for v, s, e in zip(self._v, self._start, self._end)]
+
+    @property
+    def pos(self) -> list[np.ndarray]:
+        return [p[s:e] for p, s, e in zip(self._pos, self._start, self._end)]
+
+    def _check(self, pos: np.ndarray) -> None:
         if pos.size and pos.max() >= self.n_ctx:
             raise ContextFullError(f"context of {self.n_ctx} tokens is full (use --ctx to raise it)")
-        n = self.pos[layer].size
-        k16, v16 = k.astype(np.float16), v.astype(np.float16)
-        if n == 0:
-            return k16.astype(np.float32), v16.astype(np.float32), pos.astype(np.int64)
-        keys = np.concatenate([self.k[layer][:n], k16]).astype(np.float32)
-        values = np.concatenate([self.v[layer][:n], v16]).astype(np.float32)
-        return keys, values, np.concatenate([self.pos[layer], pos.astype(np.int64)])
+
+    # -- attention's view -----------------------------------------------------------------
+    def context(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray):
+        """Keys, values (fp32) and positions a chunk attends to: the cached ones
+        followed by the chunk's own (new arrays; the cache is unchanged)."""
+        self._check(pos)
+        s, e = self._start[layer], self._end[layer]
+        k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+        if e == s:
+            return k16, v16, pos.astype(np.int64)
+        return (np.concatenate([self._k[layer][s:e], k16]), np.concatenate([self._v[layer][s:e], v16]),
+                np.concatenate([self._pos[layer][s:e], pos.astype(np.int64)]))
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray) -> None:
-        n = self.pos[layer].size
+        self.store_and_view(layer, k, v, pos)
+
+    def store_and_view(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray):
+        """Append the chunk, then return what `context` returns (the entries
+        cached before it, then its own) as views of the cache, valid until the
+        next store into this layer. Into an empty layer: the chunk's own
+        values, laid out in memory as k and v are (as `context` does; numpy's
+        contractions round according to the operands' strides)."""
+        self._check(pos)
+        t = len(pos)
+        first = self._end[layer] == self._start[layer]
+        self._reserve(layer, k, v, t)
+        s, e = self._start[layer], self._end[layer]
+        self._k[layer][e:e + t] = k.astype(np.float16)
+        self._v[layer][e:e + t] = v.astype(np.float16)
+        self._pos[layer][e:e + t] = pos
+        self._end[layer] = e + t
         window = self.windows[layer]
-        keep = n + len(pos)
-        if window and keep > window:  # ring: drop what no later query can see
-            drop = keep - window
-            oldk = self.k[layer][:n] if n else k[:0].astype(np.float16)
-            oldv = self.v[layer][:n] if n else v[:0].astype(np.float16)
-            allk = np.concatenate([oldk, k.astype(np.float16)])[drop:]
-            allv = np.concatenate([oldv, v.astype(np.float16)])[drop:]
-            self.k[layer], self.v[layer] = allk, allv
-            self.pos[layer] = np.concatenate([self.pos[layer], pos.astype(np.int64)])[drop:]
+        if window and e + t - s > window:  # what no later query can see
+            self._start[layer] = e + t - window
+        if first:  # the chunk alone, in the memory order of k and v, as `context` gives it
+            return (k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32),
+                    pos.astype(np.int64))
+        return self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
+
+    def _reserve(self, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> None:
+        """Room for t more entries after the live ones."""
+        store = self._k[layer]
+        s, e = self._start[layer], self._end[layer]
+        if store is not None and e + t <= len(store):
             return
-        if self.k[layer] is None or self.k[layer].shape[0] < keep:
-            cap = max(keep, 2 * (0 if self.k[layer] is None else self.k[layer].shape[0]), 64)
-            for store in (self.k, self.v):
-                src = k if store is self.k else v
-                grown = np.zeros((cap, *src.shape[1:]), np.float16)
-                if store[layer] is not None:
-                    grown[:n] = store[layer][:n]
-                store[layer] = grown
-        self.k[layer][n:keep] = k
-        self.v[layer][n:keep] = v
-        self.pos[layer] = np.concatenate([self.pos[layer], pos.astype(np.int64)])
+        live = e - s
+        window = self.windows[layer]
+        need = live + t
+        cap = 0 if store is None else len(store)
+        if store is not None and need <= cap:  # slide the live entries to the front
+            for buf in (store, self._v[layer], self._pos[layer]):
+                buf[:live] = buf[s:e].copy()
+            self._start[layer], self._end[layer] = 0, live
+            return
+        if store is None or need > cap:
+            cap = max(need, 2 * cap, 64)
+            if window:
+                cap = max(min(cap, 2 * window + t), need)
+            if not window:
+                cap = min(cap, max(self.n_ctx, need))
+        ks = np.zeros((cap, *k.shape[1:]), np.float32)
+        vs = np.zeros((cap, *v.shape[1:]), np.float32)
+        ps = np.zeros(cap, np.int64)
+        if store is not None and live:
+            ks[:live], vs[:live], ps[:live] = store[s:e], self._v[layer][s:e], self._pos[layer][s:e]
+        self._k[layer], self._v[layer], self._pos[layer] = ks, vs, ps
+        self._start[layer], self._end[layer] = 0, live

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from llm import llamacpp
@@ -136,3 +137,19 @@ def test_tokenizer_matches_llama_cpp(gemma_path, reference):
         total += len(want)
     print(f"\ntokenizer: {total} tokens identical to llama.cpp over {len(_corpus())} texts")
     assert total > 2500
+
+
+def test_plans_give_the_interpreters_logits(compiled):
+    """The load-time plans (runtime/plan.py) against the step interpreter on the
+    real model: a padded prefill chunk and two decode steps, bit for bit."""
+    import numpy as np
+
+    precision, engine = compiled
+    prompt = engine.tokenizer.encode(PROMPTS[0])
+    planned, interpreted = engine.new_cache(64), engine.new_cache(64)
+    steps = [("prefill_32", prompt, 0), ("decode", [prompt[-1]], len(prompt)), ("decode", [236764], len(prompt) + 1)]
+    for program, tokens, start in steps:
+        pos = np.arange(start, start + len(tokens), dtype=np.int32)
+        got = engine.run(program, np.asarray(tokens, np.int32), pos, planned)
+        want = engine.run_interpreted(program, np.asarray(tokens, np.int32), pos, interpreted)
+        np.testing.assert_array_equal(got, want, err_msg=f"[{precision}] {program} at {start}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -91,3 +93,11 @@ def test_chat_prompt_renders_the_gguf_template():
 
     with pytest.raises(RkcError, match="no chat template"):
         chat_prompt(None, "hi")
+
+
+def test_rkrun_null_device_ignore_eos_runs_to_n(synth_rkbin):
+    """--device null measures the host alone; --ignore-eos makes the run as long as -n says."""
+    r = CliRunner().invoke(rkrun, [str(synth_rkbin("gemma3")), "-p", "the cat", "-n", "9", "--temp", "0",
+                                   "--device", "null", "--ignore-eos"])
+    assert r.exit_code == 0, r.output
+    assert re.search(r"^decode: 9 tokens in [0-9.]+ s \([0-9.]+ t/s\)$", r.stderr, re.M), r.stderr
