@@ -38,7 +38,7 @@ from rkc.ir.npu import layout
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
-from rkc.runtime import native
+from rkc.ir.npu import geometry
 from rkc.runtime.device import Job, Task
 from rkc.runtime.execute import from_layout, to_layout
 
@@ -67,7 +67,7 @@ class BoTensor:
             n = int(np.prod(self.shape, dtype=np.int64))
             self.flat_view = self.raw[:n * self.dtype.itemsize].view(self.dtype).reshape(self.shape)
         elif info.layout == "native-gemm":
-            k, m, rows, _ = native.geometry(self.shape, info.layout)
+            k, m, rows, _ = geometry.feature_map(self.shape, info.layout)
             c2 = layout.c2_for(self.dtype.itemsize)
             c1 = -(-k // c2)
             fm = layout.feature_view(self.raw, k, rows, 1, self.dtype)  # [C1, rows, 1, C2]
