@@ -21,6 +21,7 @@ import numpy as np
 
 from rkc.compiler import cost
 from rkc.compiler.npu import api
+from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
 from rkc.compiler.npu.assemble import assemble
 from rkc.ir.errors import UnsupportedError
@@ -419,7 +420,7 @@ BUILDERS = {"Conv": _conv, "Gemm": _gemm, "MatMul": _gemm, **{k: _eltwise for k 
 def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> NpuGroup:
     op = graph.ops[i]
     api_op, reads = BUILDERS[op.type](graph, i, tail, precision, program)
-    result = api.emit(api_op, EMIT_OPTIONS)
+    result = emit(api_op, EMIT_OPTIONS)
     if result.cpu:
         raise _Refused("the emitter needs a CPU finishing step")
     layout = "native-gemm" if op.type in ("Gemm", "MatMul") else _layout(graph, tail.output)
