@@ -22,6 +22,12 @@ def test_every_api_operation_has_one_emitter():
     assert set(dispatch.LOWERINGS) == {*api.OPERATIONS, mesa.MesaConv}
 
 
+def test_every_lookup_table_function_of_the_api_has_a_table():
+    from rkc.compiler.npu import lut
+
+    assert set(api.LUT_FUNCTIONS) == set(lut.FUNCTIONS)
+
+
 def test_api_is_a_leaf():
     """Importing the contract loads no emitter, dispatcher or assembler."""
     code = ("import sys, rkc.compiler.npu.api\n"
