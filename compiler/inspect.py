@@ -130,7 +130,7 @@ def figures(module: Module, model: PerfModel | None = None) -> dict:
     return out
 
 
-def summary(module: Module) -> list[str]:
+def summary(module: Module, model: PerfModel | None = None) -> list[str]:
     region = {r.kind: 0 for r in module.regions}
     for r in module.regions:
         region[r.kind] = region.get(r.kind, 0) + r.size
@@ -144,7 +144,7 @@ def summary(module: Module) -> list[str]:
         npu_ops = sum(len(layer["op"].split("+")) for s in npu for layer in s.stats.get("layers", []))
         cpu_ops = sum(1 for s in cpu if not s.stats.get("conversion"))
         conversions = len(cpu) - cpu_ops
-        f = npu_figures(npu)
+        f = npu_figures(npu, model)
         host_bytes = sum(tensor_bytes(module, n) for s in cpu for n in s.outputs if n)
         lines += [
             f"program {p.name!r}: inputs {', '.join(p.inputs)} -> outputs {', '.join(p.outputs)}",

@@ -10,6 +10,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from rkc.ir.errors import RkcError
+from rkc.ir.llm import DECODE
 from rkc.ir.npu.perf import describe
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.kvcache import KVCache
@@ -123,7 +124,7 @@ class Generator:
     def _forward(self, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:
         outs, pos = [], start
         for c, n in chunk_plan(len(tokens), self.engine.chunks):
-            name = "decode" if c == 1 else (f"score_{c}" if all_logits else f"prefill_{c}")
+            name = self.engine.program_for(c, all_logits).name
             ids = np.asarray(tokens[pos - start: pos - start + n], np.int32)
             outs.append(self.engine.run(name, ids, np.arange(pos, pos + n, dtype=np.int32), self.cache))
             pos += n
@@ -152,7 +153,7 @@ class Generator:
             self.timings.generated = i + 1
             yield token
             if i + 1 < n:
-                logits = self.engine.run("decode", np.asarray([token], np.int32), np.asarray([pos], np.int32),
+                logits = self.engine.run(DECODE, np.asarray([token], np.int32), np.asarray([pos], np.int32),
                                          self.cache)[-1]
                 pos += 1
                 self.timings.decode_runs += 1
