@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from rkc.compiler.npu import api
+from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.probe.dram import bandwidth_from
 from rkc.ir.npu import hw
 from rkc.ir.npu.perf import PerfModel
@@ -88,7 +89,7 @@ def gemm_rows(quick: bool):
                 op = api.Gemm(api.Feature.gemm("A", 0, m, k, dtype), b, api.Feature.gemm("C", 0, m, n, out), m,
                               name="g")
                 t0 = time.perf_counter()
-                r = api.emit(op)
+                r = emit(op)
                 dt = time.perf_counter() - t0
                 min_bytes = m * k * item + k * n * item + m * n * api.ITEMSIZE[out]
                 yield row("llm", f"gemma3-270m {what}", f"M={m} K={k} N={n}", dtype, r, m * k * n, min_bytes, dt)
@@ -103,7 +104,7 @@ def conv_rows(quick: bool):
         wt = np.zeros((k, k, c) if dw else (o, k, k, c), np.int8)
         op = api.Conv2D(x, wt, y, (s, s), pad, dw, api.Quant(0.01), api.Epilogue(bias=np.zeros(o, np.int64)))
         t0 = time.perf_counter()
-        r = api.emit(op)
+        r = emit(op)
         dt = time.perf_counter() - t0
         macs = oh * ow * o * k * k * (1 if dw else c)
         min_bytes = x.surfaces * h * w * 16 + wt.size + y.surfaces * oh * ow * 16

@@ -22,17 +22,15 @@ from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.partition import partition
 from rkc.compiler.passes import run_passes
 from rkc.compiler.placement import Placement, place_ops
+from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.compiler.quantize import quantize
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.rkbin import write_rkbin
 
-PRECISIONS = ("fp16", "int8")
-
-
 @dataclass
 class BuildOptions:
-    precision: str = "fp16"
+    precision: str = DEFAULT_PRECISION["onnx"]
     input_shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
     calib: str | Path | None = None
     cpu_only: bool = False  # place every op on the CPU (debugging, references)

@@ -21,8 +21,10 @@ import numpy as np
 
 from rkc.compiler import cost
 from rkc.compiler.npu import api
+from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
 from rkc.compiler.npu.assemble import assemble
+from rkc.compiler.ops import OPS, NpuLowering
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.npu import geometry
@@ -31,22 +33,26 @@ from rkc.ir.npu.perf import PerfModel
 from rkc.ir.program import Job, Step, TaskRef
 from rkc.ir.types import DType, PerAxisQuant, PerTensorQuant
 
-ANCHORS = ("Conv", "Gemm", "MatMul", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu", "Add", "Mul", "Max",
-           "Min", "Sum", "AveragePool", "GlobalAveragePool")
-ELEMENTWISE = {"Add": "add", "Sum": "add", "Mul": "mul", "Max": "max", "Min": "min"}
+def lowering(op) -> NpuLowering | None:
+    """How `op` reaches the NPU, as its OpSpec declares it (compiler/ops), or None."""
+    spec = OPS.get(op.type)
+    return spec.lower if spec is not None else None
 
 
 def lut_function(op) -> str | None:
     """The DPU lookup-table function computing this ONNX op exactly as ONNX
     defines it (compiler/npu/lut.py), or None."""
-    if op.type in ("Sigmoid", "Tanh", "HardSwish"):
-        return op.type.lower()
-    if op.type == "Gelu" and op.attrs.get("approximate", "none") == "none":
-        return "gelu"
-    if op.type == "HardSigmoid" and abs(float(op.attrs.get("alpha", 0.2)) - 1 / 6) < 1e-6 \
-            and float(op.attrs.get("beta", 0.5)) == 0.5:
-        return "hardsigmoid"  # the table is x/6 + 1/2; ONNX's default slope 0.2 is another function
-    return None
+    how = lowering(op)
+    return how.activation(op) if how is not None and how.operation is api.Activation else None
+
+
+def epilogue_activation(op) -> str | None:
+    """The activation stage of a DPU epilogue computing `op` (ReLU, a lookup
+    table), or None; Clip is read from its bound constants instead."""
+    how = lowering(op)
+    if how is None or how.operation not in (None, api.Activation) or how.function == "clip":
+        return None
+    return how.activation(op)
 
 
 def _vector_map(shape) -> bool:
@@ -211,10 +217,8 @@ def _tails(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Ca
                 tail.residual = other
             else:
                 return prefixes[::-1]
-        elif op.type == "Relu" and tail.activation is None:
-            tail.activation = "relu"
-        elif lut_function(op) is not None and tail.activation is None:
-            tail.activation = lut_function(op)
+        elif epilogue_activation(op) is not None and tail.activation is None:
+            tail.activation = epilogue_activation(op)
         elif op.type == "Clip" and tail.activation is None:
             lo, hi = graph.const_value(op.inputs[1]) if len(op.inputs) > 1 else None, \
                 graph.const_value(op.inputs[2]) if len(op.inputs) > 2 else None
@@ -363,8 +367,8 @@ def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
     dtype = device_dtype(precision)
     layout = _layout(graph, op.outputs[0])
     a, b = (_feature(graph, t, layout, dtype, precision, program) for t in op.inputs)
-    ew = api.Elementwise(a, b, _feature(graph, op.outputs[0], layout, dtype, precision, program), ELEMENTWISE[op.type],
-                         name=f"npu{i}")
+    ew = api.Elementwise(a, b, _feature(graph, op.outputs[0], layout, dtype, precision, program),
+                         lowering(op).function, name=f"npu{i}")
     return ew, {t: layout for t in op.inputs}
 
 
@@ -398,23 +402,26 @@ def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
         if op.attrs.get("ceil_mode", 0):
             raise _Refused("ceil_mode pooling is not lowered")
     pool = api.Pool(_feature(graph, op.inputs[0], "native", dtype, precision, program, view),
-                    _feature(graph, op.outputs[0], _layout(graph, op.outputs[0]), dtype, precision, program), "avg",
-                    kernel, stride, padding, name=f"npu{i}")
+                    _feature(graph, op.outputs[0], _layout(graph, op.outputs[0]), dtype, precision, program),
+                    lowering(op).function, kernel, stride, padding, name=f"npu{i}")
     return pool, {op.inputs[0]: "native"}
 
 
-BUILDERS = {"Conv": _conv, "Gemm": _gemm, "MatMul": _gemm, **{k: _eltwise for k in ELEMENTWISE},
-            "AveragePool": _pool, "GlobalAveragePool": _pool,
-            **{k: _activation for k in ("Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu")}}
+# emitter operation an op's NpuLowering names -> the builder making it from the
+# graph op; tests/npu/test_op_declarations.py checks every operation the OpSpecs
+# name has one, and every builder serves some OpSpec
+BUILDERS = {api.Conv2D: _conv, api.Gemm: _gemm, api.Elementwise: _eltwise, api.Activation: _activation,
+            api.Pool: _pool}
 
 
 def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> NpuGroup:
     op = graph.ops[i]
-    api_op, reads = BUILDERS[op.type](graph, i, tail, precision, program)
-    result = api.emit(api_op, EMIT_OPTIONS)
+    operation = lowering(op).operation
+    api_op, reads = BUILDERS[operation](graph, i, tail, precision, program)
+    result = emit(api_op, EMIT_OPTIONS)
     if result.cpu:
         raise _Refused("the emitter needs a CPU finishing step")
-    layout = "native-gemm" if op.type in ("Gemm", "MatMul") else _layout(graph, tail.output)
+    layout = "native-gemm" if operation is api.Gemm else _layout(graph, tail.output)
     return NpuGroup(i, [i, *tail.ops], reads, tail.output, layout, result, device_dtype(precision),
                     list(result.notes))
 
@@ -431,9 +438,10 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
     groups: dict[int, NpuGroup] = {}
     reasons: dict[int, str] = {}
     for i, op in enumerate(graph.ops):
-        if op.type not in ANCHORS or not candidate(i) or i in groups:
+        how = lowering(op)
+        if how is None or not how.anchors or not candidate(i) or i in groups:
             continue
-        if op.type in ("Conv", "Gemm", "MatMul"):
+        if how.operation in (api.Conv2D, api.Gemm):  # the anchors with an epilogue of their own
             gemm = op.type != "Conv"
             w = graph.const_value(op.inputs[1])
             channels = (w.shape[0] if op.type == "Conv" else

@@ -31,7 +31,7 @@ def supported_ops_markdown() -> str:
         if always_cpu:
             npu, when = "no", _first_line(always_cpu[0])
         else:
-            npu = {"emitter": "yes", "epilogue": "fused"}.get(spec.lower or "", "not yet")
+            npu = "not yet" if spec.lower is None else "yes" if spec.lower.anchors else "fused"
             when = "; ".join(_first_line(c) for c in spec.npu) or "always"
         cpu = "yes" if spec.kernel_name in KERNELS else "no"
         lines.append(f"| {name} | {spec.summary} | {npu} | {when} | {cpu} |")

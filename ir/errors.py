@@ -7,6 +7,10 @@ class RkcError(Exception):
     """A user-facing error: its message is the one line the CLI prints."""
 
 
+class OptionError(RkcError):
+    """A command-line option that does not apply to this model or precision, or a bad value."""
+
+
 class FormatError(RkcError):
     """A file is truncated, corrupt or not of the expected kind."""
 

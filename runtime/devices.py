@@ -5,27 +5,26 @@ and says which on stderr."""
 
 from __future__ import annotations
 
-import importlib
 import sys
+from typing import Callable
 
 from rkc.ir.errors import RkcError
 from rkc.runtime.device import Device
+from rkc.runtime.null import NullDevice
+from rkc.runtime.rocket import RocketDevice, scan_nodes
+from rkc.runtime.sim import SimDevice
 
-# kind -> "module:factory"; each factory takes keyword options and returns a Device
-FACTORIES = {
-    "sim": "rkc.runtime.sim:SimDevice",
-    "rocket": "rkc.runtime.rocket:RocketDevice",
-    "null": "rkc.runtime.null:NullDevice",  # checks and completes every submit at once (host cost)
+# kind -> factory taking keyword options and returning a Device
+FACTORIES: dict[str, Callable[..., Device]] = {
+    "sim": SimDevice,
+    "rocket": RocketDevice,
+    "null": NullDevice,  # checks and completes every submit at once (host cost)
 }
 KINDS = ("auto", *FACTORIES)
 
 
 def rocket_status(kernel=None) -> tuple[bool, str]:
     """(usable, why): is there an accel node driven by "rocket" that we can open?"""
-    try:
-        from rkc.runtime.rocket import scan_nodes
-    except ImportError:
-        return False, "rkc was built without the rocket device"
     nodes = scan_nodes(kernel)
     rocket = [n for n in nodes if n.is_rocket]
     if rocket:
@@ -52,14 +51,9 @@ def open_device(kind: str = "auto", quiet: bool = False, **options) -> Device:
             print(f"rkc: using device {kind} ({why})", file=sys.stderr)
     if kind == "sim":
         options = {k: v for k, v in options.items() if k not in ("kernel", "node", "cores")}
-    module, attr = FACTORIES[kind].split(":")
-    try:
-        factory = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError):
-        raise RkcError(f"device {kind!r} is not available in this build of rkc") from None
     if kind == "rocket":
         options.setdefault("quiet", quiet)
-    return factory(**options)
+    return FACTORIES[kind](**options)
 
 
 def device_options(f):

@@ -1,24 +1,14 @@
-"""`rkc compile MODEL -o OUT.rkbin`."""
+"""`rkc compile MODEL -o OUT.rkbin`: the options of compiler/driver.OPTIONS as
+click options, and the driver's one entry point."""
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import click
 
-from rkc.compiler.build import PRECISIONS, BuildOptions, build
-from rkc.compiler.frontend import detect_kind
-from rkc.compiler.frontend.onnx import parse_input_shapes
-from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS
-
-
-def _chunks(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of sizes") from None
+from rkc.compiler.driver import OPTIONS, Option, compile_model
 
 
 class _Progress:
@@ -34,57 +24,56 @@ class _Progress:
             click.echo(f"  [{time.perf_counter() - self.start:6.1f} s] {stage}", err=True)
 
 
+def _click_type(value: object):
+    if value == "path":
+        return click.Path(dir_okay=False)
+    if value is float:
+        return float
+    if isinstance(value, tuple) and all(isinstance(v, float) for v in value):
+        return click.FloatRange(*value)
+    if isinstance(value, tuple):
+        return click.Choice(value)
+    return str
+
+
+def _click_option(option: Option):
+    """The click option of one driver option: no click default, so the driver
+    sees only what was given (and applies each kind's default itself)."""
+    where = option.where()
+    text = f"{where}: {option.help}" if where else option.help
+    if option.default:
+        text += f"  [default: {option.default}]"
+    if option.value == "flag":
+        return click.option(option.flag, option.name, is_flag=True, default=None, help=text)
+    return click.option(option.flag, option.name, type=_click_type(option.value), default=None,
+                        multiple=option.repeat, metavar=option.metavar, help=text)
+
+
+def _driver_options(f):
+    for option in reversed(OPTIONS):
+        f = _click_option(option)(f)
+    return f
+
+
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Output .rkbin (default: MODEL with .rkbin).")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="fp16", show_default=True,
-              help="NPU number format: fp16 (no calibration) or int8 (per-channel weights, per-tensor activations).")
-@click.option("--calib", type=click.Path(dir_okay=False),
-              help="int8 calibration set: .npz with one array per input, leading axis over samples.")
-@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
-              help="Fix the dynamic dimensions of an input (repeatable).")
-@click.option("--explain", is_flag=True, help="List every op, where it runs and why.")
-@click.option("--cpu-only", is_flag=True, help="Place every op on the CPU (for debugging and references).")
+@_driver_options
 @click.option("-v", "--verbose", is_flag=True, help="Show every stage as it starts.")
-@click.option("--prefill-chunks", default="1,32,128,512", show_default=True,
-              help="GGUF LLM: prompt chunk sizes, each with a precompiled prefill program.")
-@click.option("--smooth-alpha", default=0.5, show_default=True,
-              help="GGUF LLM, int8: SmoothQuant migration strength (0 disables).")
-@click.option("--keep-fp16", default="", metavar="NAMES",
-              help="GGUF LLM, int8: comma-separated weight names (substrings, e.g. ffn_down) whose products "
-                   "stay fp16 (a hybrid).")
-@click.option("--int8-rounding", type=click.Choice(METHODS), default=DEFAULT_ROUNDING, show_default=True,
-              help="GGUF LLM, int8: weight rounding (gptq: error-compensating, on the calibration text).")
-@click.option("--fp16-share", type=click.FloatRange(0, 1), default=DEFAULT_FP16_SHARE, show_default=True,
-              help="GGUF LLM, int8: this share of the product groups stays fp16, those noisiest in int8 on the "
-                   "calibration text (a measured hybrid; 0: all int8).")
-def compile_command(model: str, output: str | None, precision: str, calib: str | None, input_shapes: tuple[str, ...],
-                    explain: bool, cpu_only: bool, verbose: bool, prefill_chunks: str, smooth_alpha: float,
-                    keep_fp16: str, int8_rounding: str, fp16_share: float) -> None:
+def compile_command(model: str, output: str | None, verbose: bool, **options) -> None:
     """Compile MODEL (ONNX, GGUF LLM or IR text) into an .rkbin for the NPU.
+
+    An option meant for another kind of model (or precision) is an error.
 
     \b
     rkc compile model.onnx -o model.rkbin
-    rkc compile model.gguf -o model.rkbin --precision int8
+    rkc compile model.gguf -o model.rkbin --precision fp16
     rkc compile model.onnx --input-shape x=1x3x224x224 --precision int8 --calib calib.npz
     rkc compile model.onnx --explain
     """
-    out = Path(output) if output else Path(model).with_suffix(".rkbin")
-    if Path(model).is_file() and detect_kind(Path(model)) == "gguf":
-        from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
-
-        keep = tuple(k.strip() for k in keep_fp16.split(",") if k.strip())
-        llm = LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha, keep, int8_rounding,
-                                fp16_share=fp16_share)
-        for line in compile_gguf(model, out, llm).lines:
-            click.echo(line)
-        return
-    options = BuildOptions(precision=precision, input_shapes=parse_input_shapes(input_shapes), calib=calib,
-                           cpu_only=cpu_only)
-    report = build(model, out, options, _Progress(verbose or sys.stderr.isatty()))
-    for line in report.summary():
+    # not given: None (no click default), False (a flag), () (a repeatable option); never
+    # compare with `in`: 0.0 == False
+    given = {name: value for name, value in options.items() if value is not None and value is not False
+             and value != ()}
+    for line in compile_model(model, output, given, _Progress(verbose or sys.stderr.isatty())):
         click.echo(line)
-    if explain:
-        click.echo("ops (device, op, reason):")
-        for p in report.placements:
-            click.echo(f"  {p.device:3s}  {p.op.describe():50s}  {p.reason}")

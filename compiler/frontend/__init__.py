@@ -3,18 +3,20 @@ each kind has one loader in FRONTENDS."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Callable
 
-from rkc.ir.errors import FormatError, UnsupportedError
+from rkc.compiler.frontend import gguf, ir_text, onnx
+from rkc.ir.errors import FormatError
 from rkc.ir.graph import Graph
 
-# kind -> "module:function" taking (path, **options) and returning a verified Graph
-FRONTENDS: dict[str, str] = {
-    "ir": "rkc.compiler.frontend.ir_text:load",
-    "onnx": "rkc.compiler.frontend.onnx:load",
-    "gguf": "rkc.compiler.frontend.gguf:load",
+# kind -> loader taking (path, **options) and returning a verified Graph. The
+# frontend modules are cheap to import: each imports its heavy parser library
+# (onnx, gguf) inside the functions that read a file.
+FRONTENDS: dict[str, Callable[..., Graph]] = {
+    "ir": ir_text.load,
+    "onnx": onnx.load,
+    "gguf": gguf.load,
 }
 
 
@@ -34,9 +36,4 @@ def load_graph(path: str | Path, **options) -> Graph:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(2, "No such file", str(path))
-    kind = detect_kind(path)
-    if kind not in FRONTENDS:
-        raise UnsupportedError(f"{path}: {kind} models are not supported by this build of rkc")
-    module, attr = FRONTENDS[kind].split(":")
-    loader: Callable[..., Graph] = getattr(importlib.import_module(module), attr)
-    return loader(path, **options)
+    return FRONTENDS[detect_kind(path)](path, **options)

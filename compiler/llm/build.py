@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -25,8 +26,9 @@ from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
                                    quantize_matrix)
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
-from rkc.compiler.llm.weights import PRECISIONS, dequantize_all
+from rkc.compiler.llm.weights import dequantize_all
 from rkc.compiler.module_builder import ModuleBuilder
+from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.llm import DECODE, program_plan
@@ -42,7 +44,7 @@ DEFAULT_KEEP_FP16: tuple[str, ...] = ()
 
 @dataclass
 class LlmCompileOptions:
-    precision: str = "int8"
+    precision: str = DEFAULT_PRECISION["gguf"]
     prefill_chunks: tuple[int, ...] = DEFAULT_CHUNKS
     smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
     # int8 only: products whose weight name contains one of these stay fp16 (hybrid)
@@ -213,7 +215,9 @@ def _short(names: list[str]) -> str:
     return head + "." + "+".join([first] + [p.rpartition(".")[2].rpartition("_")[2] for p in parts[1:]])
 
 
-def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) -> CompileReport:
+def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
+                 progress: Callable[[str], None] = lambda stage: None) -> CompileReport:
+    """`progress(stage)` is called as each stage starts (rkc compile -v)."""
     report = CompileReport()
     t0 = time.perf_counter()
     if options.precision not in PRECISIONS:
@@ -222,18 +226,21 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
     if any(c <= 0 for c in chunks):
         raise UnsupportedError(f"prefill chunk sizes must be positive, got {list(options.prefill_chunks)}")
 
-    def lap(stage: str) -> None:
+    def lap(stage: str, following: str | None = None) -> None:
         report.seconds[stage] = time.perf_counter() - t0 - sum(report.seconds.values())
+        if following:
+            progress(following)
 
+    progress("load")
     gf = GgufFile(path)
     graph = graph_from_gguf(gf)
     cfg = gf.config()
     tokenizer = LlmTokenizer.from_gguf_fields(
         {k: f.contents() for k, f in gf.reader.fields.items() if k.startswith("tokenizer.")}, str(path))
-    lap("load")
+    lap("load", "dequantize")
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
     weights = dequantize_all(gf, consts)
-    lap("dequantize")
+    lap("dequantize", "quantize")
     if options.precision == "int8" and (options.rounding not in METHODS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
                                f"(rounding: {' or '.join(METHODS)}; scales: {' or '.join(SCALES)})")
@@ -243,7 +250,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
         report.say(f"int8: {len(kept)} products kept fp16 ({', '.join(options.keep_fp16)}): "
                    f"{sum(matrices[n].data.nbytes for n in kept) / 1e6:.1f} MB")
     del weights
-    lap("quantize")
+    lap("quantize", "lower")
     head = [op for op in graph.ops if op.outputs == ["logits"] or op.outputs[0] == "logits"][0].inputs[1]
     gather = [op for op in graph.ops if op.type == "Gather"][0].inputs[0]
     placement = {"prefill": "npu", "decode": "npu",
@@ -259,7 +266,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
     for program in plan:
         lowering.lower(program_graph(graph, program), program.name)
         builder.metadata["programs"][program.name] = program.metadata()
-    lap("lower")
+    lap("lower", "write")
     module, blobs, _plans = builder.finish()
     blobs = {**blobs, "tokenizer": np.frombuffer(tokenizer.to_json().encode(), np.uint8)}
     size = write_rkbin(out, module, blobs)

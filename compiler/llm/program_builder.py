@@ -26,6 +26,7 @@ import numpy as np
 
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.npu import api
+from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.emitter_ops import EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
 from rkc.compiler.partition import partition
 from rkc.ir.errors import UnsupportedError
@@ -217,7 +218,7 @@ class _ProgramLowering:
                             api.Feature.gemm(npu_name(y), 0, m, n, out_dtype.value), m, name=_op_name(w),
                             epilogue=epi)
             try:
-                result = api.emit(gemm, EMIT_OPTIONS)
+                result = emit(gemm, EMIT_OPTIONS)
             except UnsupportedError as exc:
                 raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
             groups.append(NpuGroup(i, [i], {x: "native-gemm"}, y, "native-gemm", result, dev.value))

@@ -9,8 +9,5 @@ import numpy as np
 
 from rkc.compiler.frontend.gguf import GgufFile
 
-PRECISIONS = ("int8", "fp16")
-
-
 def dequantize_all(gf: GgufFile, names: list[str]) -> dict[str, np.ndarray]:
     return {name: gf.dequantize(name) for name in names}

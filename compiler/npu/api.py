@@ -13,12 +13,16 @@ it knows nothing about graphs. A client describes
 * **one operation** (`Gemm`, `Conv2D`, `Elementwise`, `Activation`, `Pool`, or the
   Mesa-compatible `compiler.npu.mesa.MesaConv`) with an `Epilogue`.
 
-`emit(op)` returns an `EmitResult`: the tasks (regcmd incl. the 4-entry tail,
-relocations, CBUF plan, counters), the jobs (task indices per job, one core
-each; independent jobs spread over the 3 cores), the constant buffers to fill,
-scratch buffers the caller must allocate, and `CpuStep`s for what the NPU
-cannot finish. `assemble(results)` lays the tasks of several ops into one regcmd
-region, links tails within each job, and returns `ir.program` records.
+`compiler.npu.dispatch.emit(op)` returns an `EmitResult`: the tasks (regcmd incl.
+the 4-entry tail, relocations, CBUF plan, counters), the jobs (task indices per
+job, one core each; independent jobs spread over the 3 cores), the constant
+buffers to fill, scratch buffers the caller must allocate, and `CpuStep`s for
+what the NPU cannot finish. `compiler.npu.assemble.assemble(results)` lays the
+tasks of several ops into one regcmd region, links tails within each job, and
+returns `ir.program` records.
+
+This module is a leaf: the data contract only. The emitters import it; it
+imports none of them.
 
 Dtype names are those of `ir.types.DType` ("int8", "fp16", "int32", "fp32").
 8-bit features are signed on the NPU: a uint8 tensor is stored as int8 with
@@ -28,7 +32,7 @@ zero point - 128 (the Mesa-compatible mode does that conversion itself).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 
@@ -286,6 +290,11 @@ class Pool:
     name: str = "pool"
 
 
+# the operations of this API; compiler/npu/dispatch.LOWERINGS has one emitter for each
+# (and for the Mesa-compatible compiler.npu.mesa.MesaConv)
+OPERATIONS = (Gemm, Conv2D, Elementwise, Activation, Pool)
+
+
 # -- results --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Reloc:
@@ -483,17 +492,3 @@ class EmitOptions:
 
 DEFAULT_OPTIONS = EmitOptions()
 
-
-def emit(op: object, options: EmitOptions = DEFAULT_OPTIONS) -> EmitResult:
-    """Lower one NPU operation to tasks, jobs and constant buffers."""
-    from rkc.compiler.npu.dispatch import lower  # the dispatch table lives with the lowerings
-
-    return lower(op, options)
-
-
-def assemble(results: Sequence[EmitResult], region: str = "regcmd", align: int = 64,
-             merge_jobs: bool = False):
-    """Lay several ops' tasks into one regcmd region; see compiler.npu.assemble."""
-    from rkc.compiler.npu.assemble import assemble as _assemble
-
-    return _assemble(results, region=region, align=align, merge_jobs=merge_jobs)

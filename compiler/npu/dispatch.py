@@ -1,26 +1,28 @@
-"""Dispatch: which module lowers which operation."""
+"""Dispatch: which emitter lowers which NPU operation, and `emit`, the one entry
+point from an operation of the graph-free API (compiler/npu/api.py) to its tasks."""
 
 from __future__ import annotations
 
-import importlib
+from typing import Callable
 
-from rkc.compiler.npu import api
+from rkc.compiler.npu import api, conv, eltwise, flying, gemm, mesa, pool
 from rkc.ir.errors import UnsupportedError
 
-# operation class name -> "module:function(op, options) -> EmitResult"
-LOWERINGS = {
-    "MesaConv": "rkc.compiler.npu.mesa:lower_mesa_with_options",
-    "Gemm": "rkc.compiler.npu.gemm:lower_gemm",
-    "Conv2D": "rkc.compiler.npu.conv:lower_conv",
-    "Elementwise": "rkc.compiler.npu.eltwise:lower_eltwise",
-    "Activation": "rkc.compiler.npu.flying:lower_activation",
-    "Pool": "rkc.compiler.npu.pool:lower_pool",
+# operation class -> emitter(op, options) -> EmitResult; tests/npu/test_op_declarations.py
+# checks that every operation class of the API has exactly one entry
+LOWERINGS: dict[type, Callable[..., api.EmitResult]] = {
+    mesa.MesaConv: mesa.lower_mesa_with_options,
+    api.Gemm: gemm.lower_gemm,
+    api.Conv2D: conv.lower_conv,
+    api.Elementwise: eltwise.lower_eltwise,
+    api.Activation: flying.lower_activation,
+    api.Pool: pool.lower_pool,
 }
 
 
-def lower(op: object, options: api.EmitOptions) -> api.EmitResult:
-    target = LOWERINGS.get(type(op).__name__)
-    if target is None:
+def emit(op: object, options: api.EmitOptions = api.DEFAULT_OPTIONS) -> api.EmitResult:
+    """Lower one NPU operation to tasks, jobs and constant buffers."""
+    lowering = LOWERINGS.get(type(op))
+    if lowering is None:
         raise UnsupportedError(f"no NPU lowering for {type(op).__name__}")
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)(op, options)
+    return lowering(op, options)

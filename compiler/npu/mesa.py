@@ -652,5 +652,5 @@ def task_offsets(result: api.EmitResult, align: int = 64) -> list[int]:
 
 
 def lower_mesa_with_options(op: MesaConv, options: api.EmitOptions) -> api.EmitResult:
-    """`api.emit` entry: Mesa's lowering takes no options (it has its own tiling)."""
+    """`dispatch.emit` entry: Mesa's lowering takes no options (it has its own tiling)."""
     return lower_mesa(op)

@@ -1,6 +1,12 @@
 """Every op rkc knows, in one place per op (family): its shape rule, its NPU
 constraints, its NPU lowering and the name of its CPU kernel.
 
+The `lower` of an OpSpec is the one declaration of how the op reaches the NPU
+(an `NpuLowering`): compiler/emitter_ops.py derives from it which ops anchor an
+NPU group, which builder makes their emitter operation and which fold into an
+epilogue; tests/npu/test_op_declarations.py checks the tables agree
+(docs/adding-an-op.md).
+
 Op support is data: an `OpSpec` per op type. Each NPU constraint is a small
 function of an `OpContext` whose docstring is the reason a user reads when the
 op falls back to the CPU (`rkc compile --explain`, `rkc ops`,
@@ -15,6 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rkc.compiler.npu import api
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph, Op, ShapeRule
 from rkc.ir.types import TensorType
@@ -59,15 +66,41 @@ InferRule = Callable[[OpContext], Sequence[TensorType]]
 
 
 @dataclass(frozen=True)
+class NpuLowering:
+    """How a graph op reaches the NPU.
+
+    `operation`: the emitter API operation it becomes on its own (an anchor of an
+    NPU group; compiler/emitter_ops.BUILDERS builds it), or None when it only
+    folds into the epilogue of the convolution or matrix product before it.
+    `function`: the DPU's name for what it computes: the `Elementwise.op`
+    (api.ELEMENTWISE_OPS), the lookup-table or epilogue activation
+    (api.ACTIVATIONS). `exact`: for an activation, whether the DPU's function is
+    this op's as ONNX defines it, given its attributes (default: always)."""
+
+    operation: type | None
+    function: str | None = None
+    exact: Callable[[Op], bool] | None = None
+
+    @property
+    def anchors(self) -> bool:
+        return self.operation is not None
+
+    def activation(self, op: Op) -> str | None:
+        """The DPU activation computing `op` (a lookup table or an epilogue stage), or None."""
+        if self.function not in api.ACTIVATIONS or (self.exact is not None and not self.exact(op)):
+            return None
+        return self.function
+
+
+@dataclass(frozen=True)
 class OpSpec:
     name: str
     infer: InferRule
     # every constraint must hold for the op to run on the NPU; the docstring of
     # the first that fails is the reason it runs on the CPU instead
     npu: Sequence[Constraint] = ()
-    # how the op reaches the NPU (compiler/emitter_ops.py): "emitter" (an operation of its
-    # own), "epilogue" (folded into the preceding convolution / matrix product), None (not yet)
-    lower: str | None = None
+    # how the op reaches the NPU (compiler/emitter_ops.py), None: not yet
+    lower: NpuLowering | None = None
     kernel: str = ""  # CPU kernel name in runtime.kernels; defaults to the op name
     summary: str = ""  # one line for the supported-op table
     # checks on the CPU kernel's limits (docstring: why the model cannot compile)

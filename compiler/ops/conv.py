@@ -3,7 +3,8 @@ ConvTranspose, and the integer forms ConvInteger / QLinearConv."""
 
 from __future__ import annotations
 
-from rkc.compiler.ops import OpSpec
+from rkc.compiler.npu import api
+from rkc.compiler.ops import NpuLowering, OpSpec
 from rkc.compiler.ops.constraints import BASIC, constant_weights, cpu_only
 from rkc.compiler.ops.rules import need, spatial_out, window_params
 from rkc.ir.errors import VerifyError
@@ -77,7 +78,7 @@ def qlinear_conv_shape(ctx):
 
 SPECS = [
     OpSpec("Conv", conv_shape, npu=(*BASIC, is_2d, constant_weights, plain_or_depthwise, no_dilation, fits_fields),
-           lower="emitter",
+           lower=NpuLowering(api.Conv2D),
            summary="convolution, 2-D on the NPU (direct or depthwise), with fused bias and activation"),
     OpSpec("ConvTranspose", conv_transpose_shape,
            npu=(cpu_only("transposed convolution is not lowered to the NPU yet"),),

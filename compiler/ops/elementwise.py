@@ -5,7 +5,8 @@ glue (Cast, Identity, Dropout, Where)."""
 from __future__ import annotations
 
 
-from rkc.compiler.ops import OpSpec
+from rkc.compiler.npu import api
+from rkc.compiler.ops import NpuLowering, OpSpec
 from rkc.compiler.ops.constraints import BASIC, cpu_only
 from rkc.compiler.ops.rules import broadcast, need, same, with_dtype
 from rkc.ir.types import DType, TensorType
@@ -54,26 +55,45 @@ def compare_shape(ctx):
     return [with_dtype(DType.BOOL, broadcast(ctx)[0].shape)]
 
 
-def _unary(name: str, summary: str, npu=BASIC, lower: str | None = None) -> OpSpec:
+def _unary(name: str, summary: str, npu=BASIC, lower: NpuLowering | None = None) -> OpSpec:
     return OpSpec(name, same, npu=npu, lower=lower, summary=summary)
 
 
-def _binary(name: str, summary: str, lower: str | None = None) -> OpSpec:
+def _binary(name: str, summary: str, lower: NpuLowering | None = None) -> OpSpec:
     return OpSpec(name, broadcast, npu=(*BASIC, second_operand_fits), lower=lower, summary=summary)
+
+
+def gelu_exact(op) -> bool:
+    """the table is GELU's erf form; approximate="tanh" is another function"""
+    return op.attrs.get("approximate", "none") == "none"
+
+
+def hardsigmoid_exact(op) -> bool:
+    """the table is x/6 + 1/2; ONNX's default slope 0.2 is another function"""
+    return abs(float(op.attrs.get("alpha", 0.2)) - 1 / 6) < 1e-6 and float(op.attrs.get("beta", 0.5)) == 0.5
+
+
+def _lut(function: str, exact=None) -> NpuLowering:
+    """A standalone DPU lookup-table task, or a stage of the epilogue before it."""
+    return NpuLowering(api.Activation, function, exact)
+
+
+def _eltwise(function: str) -> NpuLowering:
+    return NpuLowering(api.Elementwise, function)
 
 
 NO_LUT = cpu_only("the DPU has no lookup table or ALU stage for this function")
 GLUE = cpu_only("host-side glue: no arithmetic worth an NPU task")
 
 SPECS = [
-    _unary("Relu", "max(x, 0)", lower="epilogue"),
+    _unary("Relu", "max(x, 0)", lower=NpuLowering(None, "relu")),
     _unary("LeakyRelu", "x if x >= 0 else alpha * x"),
-    _unary("Clip", "clamp to [min, max]", lower="epilogue"),
-    _unary("Sigmoid", "1 / (1 + exp(-x)) (DPU LUT)", lower="emitter"),
-    _unary("HardSigmoid", "clamp(alpha * x + beta, 0, 1) (NPU: scale, shift and clip as a 1x1 depthwise conv or folded into the Conv before it)", lower="emitter"),
-    _unary("HardSwish", "x * hardsigmoid(x)", lower="emitter"),
-    _unary("Tanh", "tanh (DPU LUT)", lower="emitter"),
-    _unary("Gelu", "GELU, erf or tanh form (DPU LUT)", lower="emitter"),
+    _unary("Clip", "clamp to [min, max]", lower=NpuLowering(None, "clip")),
+    _unary("Sigmoid", "1 / (1 + exp(-x)) (DPU LUT)", lower=_lut("sigmoid")),
+    _unary("HardSigmoid", "clamp(alpha * x + beta, 0, 1) (NPU: scale, shift and clip as a 1x1 depthwise conv or folded into the Conv before it)", lower=_lut("hardsigmoid", hardsigmoid_exact)),
+    _unary("HardSwish", "x * hardsigmoid(x)", lower=_lut("hardswish")),
+    _unary("Tanh", "tanh (DPU LUT)", lower=_lut("tanh")),
+    _unary("Gelu", "GELU, erf or tanh form (DPU LUT)", lower=_lut("gelu", gelu_exact)),
     _unary("Erf", "erf (CPU; fused into GELU where the pattern matches)", npu=(NO_LUT,)),
     _unary("Exp", "exp", npu=(NO_LUT,)),
     _unary("Log", "log", npu=(NO_LUT,)),
@@ -86,15 +106,15 @@ SPECS = [
     _unary("Floor", "floor", npu=(NO_LUT,)),
     _unary("Ceil", "ceil", npu=(NO_LUT,)),
     _binary("Add", "a + b (broadcasting; on the NPU a bias, a residual or two same-shaped tensors)",
-            lower="emitter"),
+            lower=_eltwise("add")),
     _binary("Sub", "a - b (broadcasting; a per-channel or scalar constant: a 1x1 depthwise conv on the NPU)"),
     _binary("Mul", "a * b (broadcasting; on the NPU two same-shaped tensors, or a per-channel or scalar constant as a 1x1 "
-            "depthwise conv)", lower="emitter"),
+            "depthwise conv)", lower=_eltwise("mul")),
     _binary("Div", "a / b (NPU when b is a per-channel or scalar constant: a 1x1 depthwise conv by 1/b)"),
     OpSpec("Pow", broadcast, npu=(cpu_only("the NPU has no general power function"),), summary="a ** b"),
-    OpSpec("Sum", broadcast, npu=BASIC, lower="emitter", summary="sum of N tensors (NPU: two)"),
-    OpSpec("Max", broadcast, npu=BASIC, lower="emitter", summary="elementwise max of N tensors (NPU: two)"),
-    OpSpec("Min", broadcast, npu=BASIC, lower="emitter", summary="elementwise min of N tensors (NPU: two)"),
+    OpSpec("Sum", broadcast, npu=BASIC, lower=_eltwise("add"), summary="sum of N tensors (NPU: two)"),
+    OpSpec("Max", broadcast, npu=BASIC, lower=_eltwise("max"), summary="elementwise max of N tensors (NPU: two)"),
+    OpSpec("Min", broadcast, npu=BASIC, lower=_eltwise("min"), summary="elementwise min of N tensors (NPU: two)"),
     OpSpec("Where", where_shape, npu=(GLUE,), summary="select by condition"),
     OpSpec("Identity", same, npu=(GLUE,), summary="pass-through (removed by canonicalize)"),
     OpSpec("Dropout", dropout_shape, npu=(GLUE,), cpu=(inference_dropout,),

@@ -3,7 +3,8 @@ integer forms MatMulInteger / QLinearMatMul."""
 
 from __future__ import annotations
 
-from rkc.compiler.ops import OpSpec
+from rkc.compiler.npu import api
+from rkc.compiler.ops import NpuLowering, OpSpec
 from rkc.compiler.ops.constraints import static_shapes, float_data
 from rkc.compiler.ops.rules import broadcast_shapes, need
 from rkc.ir.errors import VerifyError
@@ -66,8 +67,8 @@ def qlinear_constant_b(ctx) -> bool:
 NPU_GEMM = (static_shapes, float_data, constant_b, two_d_weights, gemm_operand)
 
 SPECS = [
-    OpSpec("Gemm", gemm_shape, npu=(*NPU_GEMM, no_trans_a), lower="emitter", summary="alpha * A @ B + beta * C"),
-    OpSpec("MatMul", matmul_shape, npu=NPU_GEMM, lower="emitter", summary="matrix product (numpy semantics)"),
+    OpSpec("Gemm", gemm_shape, npu=(*NPU_GEMM, no_trans_a), lower=NpuLowering(api.Gemm), summary="alpha * A @ B + beta * C"),
+    OpSpec("MatMul", matmul_shape, npu=NPU_GEMM, lower=NpuLowering(api.Gemm), summary="matrix product (numpy semantics)"),
     OpSpec("MatMulInteger", lambda ctx: matmul_shape(ctx, DType.INT32), npu=(static_shapes, constant_b),
            summary="integer matrix product to int32"),
     OpSpec("QLinearMatMul", lambda ctx: matmul_shape(ctx, (ctx.type(7) or need(ctx)).dtype, 0, 3),

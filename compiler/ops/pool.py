@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rkc.compiler.ops import OpSpec
+from rkc.compiler.npu import api
+from rkc.compiler.ops import NpuLowering, OpSpec
 from rkc.compiler.ops.constraints import BASIC, cpu_only
 from rkc.compiler.ops.rules import need, spatial_out, window_params
 from rkc.ir.types import DType, TensorType
@@ -40,13 +41,15 @@ def pool_fields(ctx) -> bool:
             and len(ctx.op.outputs) == 1)
 
 
+AVG_POOL = NpuLowering(api.Pool, "avg")
+
 SPECS = [
     OpSpec("MaxPool", pool_shape, npu=(cpu_only("max pooling is a PPU-only task, which stock rocket never "
                                                  "completes (it waits for a DPU interrupt)"),),
            summary="max pooling"),
-    OpSpec("AveragePool", pool_shape, npu=(*BASIC, pool_2d, pool_fields), lower="emitter",
+    OpSpec("AveragePool", pool_shape, npu=(*BASIC, pool_2d, pool_fields), lower=AVG_POOL,
            summary="average pooling (NPU: as a depthwise convolution)"),
-    OpSpec("GlobalAveragePool", global_pool_shape, npu=(*BASIC, pool_2d), lower="emitter", summary="mean over H, W"),
+    OpSpec("GlobalAveragePool", global_pool_shape, npu=(*BASIC, pool_2d), lower=AVG_POOL, summary="mean over H, W"),
     OpSpec("GlobalMaxPool", global_pool_shape, npu=(*BASIC, pool_2d), summary="max over H, W"),
     OpSpec("LRN", lambda ctx: [need(ctx)], npu=(cpu_only("local response normalisation has no NPU unit"),),
            summary="local response normalisation across channels"),

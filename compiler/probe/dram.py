@@ -117,6 +117,7 @@ def npu_weight_stream(device, k: int = NPU_K, n: int = NPU_N, runs: int = NPU_RU
 
     The result is checked against numpy once, so a wrong program cannot pass for a fast one."""
     from rkc.compiler.npu import api
+    from rkc.compiler.npu.dispatch import emit
     from rkc.compiler.probe import emitted
 
     m = 1
@@ -124,7 +125,7 @@ def npu_weight_stream(device, k: int = NPU_K, n: int = NPU_N, runs: int = NPU_RU
     a = rng.integers(-128, 128, (m, k)).astype(np.int8)
     b = rng.integers(-128, 128, (k, n)).astype(np.int8)
     A, C = api.Feature.gemm("A", 0, m, k, "int8"), api.Feature.gemm("C", 0, m, n, "int32")
-    result = api.emit(api.Gemm(A, b, C, m, name="dram_stream"), api.EmitOptions())
+    result = emit(api.Gemm(A, b, C, m, name="dram_stream"), api.EmitOptions())
     apad = np.zeros((api.gemm_rows(m), k), np.int8)
     apad[:m] = a
     program = emitted.place([result], {"A": (A, apad.T[:, :, None])}, "dram_stream")

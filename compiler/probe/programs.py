@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from rkc.compiler.npu import api
+from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.probe import Probe, ProbeRun
 from rkc.compiler.probe import emitted
 from rkc.runtime.device import Device
@@ -49,7 +50,7 @@ def _gemm_int8(device: Device, name: str, m: int, k: int, n: int, options: api.E
     a, b = _int8((m, k), 1), _int8((k, n), 2)
     A = api.Feature.gemm("A", 0, m, k, "int8")
     C = api.Feature.gemm("C", 0, m, n, "int32")
-    result = api.emit(api.Gemm(A, b, C, m, name=name), options)
+    result = emit(api.Gemm(A, b, C, m, name=name), options)
     rows = api.gemm_rows(m)
     apad = np.zeros((rows, k), np.int8)
     apad[:m] = a
@@ -63,7 +64,7 @@ def gemv_m1(device: Device) -> ProbeRun:
     k, n = 256, 128
     a, w = _int8((k, 1, 1), 3), _int8((n, 1, 1, k), 4)
     A, C = api.Feature("A", 0, k, 1, 1, "int8"), api.Feature("C", 0, n, 1, 1, "int32")
-    result = api.emit(api.Conv2D(A, w, C, name="gemv_m1"), api.EmitOptions(min_input_rows=1))
+    result = emit(api.Conv2D(A, w, C, name="gemv_m1"), api.EmitOptions(min_input_rows=1))
     return _run(device, "gemv_m1", [result], {"A": (A, a)}, {"C": C}, exact={
         "C": (w[:, 0, 0, :].astype(np.int64) @ a[:, 0, 0].astype(np.int64))[:, None, None]},
         view=lambda _, v: v.astype(np.int64))
@@ -79,7 +80,7 @@ def chain_fp16(device: Device) -> ProbeRun:
     m, k, n = 4, 64, 1024
     a, b = _fp16((m, k), 5), _fp16((k, n), 6, 1 / 8)
     A, C = api.Feature.gemm("A", 0, m, k, "fp16"), api.Feature.gemm("C", 0, m, n, "fp32")
-    result = api.emit(api.Gemm(A, b, C, m, name="chain_fp16"), api.EmitOptions(cores=1, n_tile_max=128))
+    result = emit(api.Gemm(A, b, C, m, name="chain_fp16"), api.EmitOptions(cores=1, n_tile_max=128))
     return _run(device, "chain_fp16", [result], {"A": (A, a.T[:, :, None])}, {"C": C}, chained=True)
 
 
@@ -91,7 +92,7 @@ def strides(device: Device) -> ProbeRun:
     x, wt = _int8((c, h, w), 7), _int8((o, 3, 3, c), 8)
     X = api.Feature("X", 0, c, h, w, "int8", surface_stride=h * w * 16 + 64)
     Y = api.Feature("Y", 0, o, h, w, "int32")
-    result = api.emit(api.Conv2D(X, wt, Y, padding=(1, 1, 1, 1), name="strides"))
+    result = emit(api.Conv2D(X, wt, Y, padding=(1, 1, 1, 1), name="strides"))
     xp = np.pad(x.astype(np.int64), ((0, 0), (1, 1), (1, 1)))
     want = np.zeros((o, h, w), np.int64)
     for dy in range(3):
@@ -112,7 +113,7 @@ def k_over_8192(device: Device) -> ProbeRun:
     m, k, n = 48, 8300, 48
     a, b = _fp16((m, k), 9), _fp16((k, n), 10, 1 / np.sqrt(k))
     A, C = api.Feature.gemm("A", 0, m, k, "fp16"), api.Feature.gemm("C", 0, m, n, "fp16")
-    result = api.emit(api.Gemm(A, b, C, m, name="k_over_8192"), api.EmitOptions(cores=1))
+    result = emit(api.Gemm(A, b, C, m, name="k_over_8192"), api.EmitOptions(cores=1))
     return _run(device, "k_over_8192", [result], {"A": (A, a.T[:, :, None])}, {"C": C})
 
 
@@ -121,7 +122,7 @@ def lut(device: Device) -> ProbeRun:
     c, h, w = 16, 4, 32
     x = np.linspace(-8, 8, c * h * w).reshape(c, h, w).astype(np.float16)
     X, Y = api.Feature("X", 0, c, h, w, "fp16"), api.Feature("Y", 0, c, h, w, "fp16")
-    result = api.emit(api.Activation(X, Y, "sigmoid", name="lut"))
+    result = emit(api.Activation(X, Y, "sigmoid", name="lut"))
     return _run(device, "lut", [result], {"X": (X, x)}, {"Y": Y})
 
 
@@ -130,7 +131,7 @@ def ppu_pool(device: Device) -> ProbeRun:
     c, h, w = 16, 8, 8
     x = _fp16((c, h, w), 11)
     X, Y = api.Feature("X", 0, c, h, w, "fp16"), api.Feature("Y", 0, c, h // 2, w // 2, "fp16")
-    result = api.emit(api.Pool(X, Y, "max", (2, 2), (2, 2), name="ppu_pool"), api.EmitOptions(ppu_completes=True))
+    result = emit(api.Pool(X, Y, "max", (2, 2), (2, 2), name="ppu_pool"), api.EmitOptions(ppu_completes=True))
     want = x.reshape(c, h // 2, 2, w // 2, 2).max(axis=(2, 4))
     return _run(device, "ppu_pool", [result], {"X": (X, x)}, {"Y": Y}, exact={"Y": want})
 

@@ -29,6 +29,7 @@ import pytest
 import numpy as np
 
 from rkc.compiler.npu import api
+from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.probe import emitted
 from golden_cases import golden_dir
 from rkc.runtime.captured import PlacedCase, load_case
@@ -136,7 +137,7 @@ def _gemm(m, k, n, dtype, out, **options):
         A, C = api.Feature.gemm("A", 0, m, k, dtype), api.Feature.gemm("C", 0, m, n, out)
         apad = np.zeros((api.gemm_rows(m), k), a.dtype)
         apad[:m] = a
-        return [api.emit(api.Gemm(A, b, C, m), api.EmitOptions(**options))], {"A": (A, apad.T[:, :, None])}, {"C": C}
+        return [emit(api.Gemm(A, b, C, m), api.EmitOptions(**options))], {"A": (A, apad.T[:, :, None])}, {"C": C}
     return build
 
 
@@ -149,7 +150,7 @@ def _conv(c, h, w, o, kernel, dtype, out):
             (rng.standard_normal((o, kernel, kernel, c)) / kernel / np.sqrt(c)).astype(np.float16)
         p = kernel // 2
         X, Y = api.Feature("X", 0, c, h, w, dtype), api.Feature("Y", 0, o, h, w, out)
-        return [api.emit(api.Conv2D(X, wt, Y, padding=(p, p, p, p)))], {"X": (X, x)}, {"Y": Y}
+        return [emit(api.Conv2D(X, wt, Y, padding=(p, p, p, p)))], {"X": (X, x)}, {"Y": Y}
     return build
 
 

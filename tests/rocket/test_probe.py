@@ -67,10 +67,11 @@ def test_each_program_exercises_its_question(probe):
 
 def test_weight_reuse_program_reuses_weights(monkeypatch):
     from rkc.compiler.npu import api
+    from rkc.compiler.probe import programs
 
     seen = []
-    real_emit = api.emit
-    monkeypatch.setattr(api, "emit", lambda op, options=api.DEFAULT_OPTIONS: seen.append(real_emit(op, options))
+    real_emit = programs.emit
+    monkeypatch.setattr(programs, "emit", lambda op, options=api.DEFAULT_OPTIONS: seen.append(real_emit(op, options))
                         or seen[-1])
     by_name("weight_reuse").program(sim({}))
     (result,) = seen

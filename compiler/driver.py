@@ -1,0 +1,160 @@
+"""`rkc compile`'s one entry point for every model kind.
+
+`compile_model` recognises the model's kind (compiler/frontend.detect_kind),
+checks that every option given applies to that kind and precision (OPTIONS:
+each option declared once, with where it applies), fills in the defaults (the
+precision per kind: DEFAULT_PRECISION) and runs the kind's pipeline
+(COMPILERS): the graph compiler (compiler/build.py) for ONNX and IR text, the
+LLM compiler (compiler/llm/build.py) for GGUF. An option meant for another kind
+is an OptionError, never dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Mapping
+
+from rkc.compiler.build import BuildOptions, Progress, build
+from rkc.compiler.frontend import detect_kind
+from rkc.compiler.frontend.onnx import parse_input_shapes
+from rkc.compiler.llm.build import DEFAULT_CHUNKS, LlmCompileOptions, compile_gguf
+from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS
+from rkc.compiler.llm.smooth import DEFAULT_ALPHA
+from rkc.compiler.precision import DEFAULT_PRECISION, KIND_NAMES, KINDS, PRECISIONS
+from rkc.ir.errors import OptionError
+
+GRAPHS = ("onnx", "ir")  # the kinds compiler/build.py compiles
+INT8 = ("int8",)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One `rkc compile` option: `name` is its keyword in compile_model (and the
+    CLI parameter), `flag` how it is typed, `kinds`/`precisions` where it applies.
+    `value` says what it takes: "flag", "path", "text", float, a (lo, hi) float
+    range, or a tuple of choices; `repeat` for an option given many times."""
+
+    name: str
+    flag: str
+    kinds: tuple[str, ...]
+    help: str
+    value: object = "text"
+    precisions: tuple[str, ...] = PRECISIONS
+    default: str | None = None  # shown in --help
+    metavar: str | None = None
+    repeat: bool = False
+
+    def kind_names(self) -> str:
+        return " and ".join(KIND_NAMES[k] for k in self.kinds)
+
+    def where(self) -> str:
+        """Where the option applies, for --help ("GGUF LLM, int8"); empty: everywhere."""
+        kinds = "" if self.kinds == KINDS else self.kind_names()
+        precision = "" if self.precisions == PRECISIONS else "/".join(self.precisions)
+        return ", ".join(p for p in (kinds, precision) if p)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("precision", "--precision", KINDS,
+           "NPU number format: fp16 (no calibration) or int8 (per-channel weights; ONNX: per-tensor "
+           "activations, calibrated; GGUF: per-token activations).", PRECISIONS,
+           default=", ".join(f"{p} for {KIND_NAMES[k]}" for k, p in DEFAULT_PRECISION.items())),
+    Option("calib", "--calib", GRAPHS, "calibration set: .npz with one array per input, leading axis over samples.",
+           "path", INT8),
+    Option("input_shapes", "--input-shape", ("onnx",), "fix the dynamic dimensions of an input (repeatable).",
+           metavar="NAME=1x3x224x224", repeat=True),
+    Option("explain", "--explain", GRAPHS, "list every op, where it runs and why.", "flag"),
+    Option("cpu_only", "--cpu-only", GRAPHS, "place every op on the CPU (for debugging and references).", "flag"),
+    Option("prefill_chunks", "--prefill-chunks", ("gguf",),
+           "prompt chunk sizes, each with a precompiled prefill program.",
+           default=",".join(map(str, DEFAULT_CHUNKS)), metavar="SIZES"),
+    Option("smooth_alpha", "--smooth-alpha", ("gguf",), "SmoothQuant migration strength (0 disables).", float,
+           INT8, default=str(DEFAULT_ALPHA)),
+    Option("keep_fp16", "--keep-fp16", ("gguf",),
+           "comma-separated weight names (substrings, e.g. ffn_down) whose products stay fp16 (a hybrid).",
+           precisions=INT8, metavar="NAMES"),
+    Option("int8_rounding", "--int8-rounding", ("gguf",),
+           "weight rounding (gptq: error-compensating, on the calibration text).", METHODS, INT8,
+           default=DEFAULT_ROUNDING),
+    Option("fp16_share", "--fp16-share", ("gguf",),
+           "this share of the product groups stays fp16, those noisiest in int8 on the calibration text "
+           "(a measured hybrid; 0: all int8).", (0.0, 1.0), INT8, default=str(DEFAULT_FP16_SHARE)),
+)
+BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def check_options(kind: str, precision: str, given: Mapping[str, object]) -> None:
+    """Raise OptionError for the first option given that does not apply to this
+    kind of model or this precision."""
+    if precision not in PRECISIONS:
+        raise OptionError(f"--precision {precision!r}: choose from {', '.join(PRECISIONS)}")
+    for name in given:
+        option = BY_NAME.get(name)
+        if option is None:
+            raise OptionError(f"rkc compile has no option {name!r}")
+        if kind not in option.kinds:
+            raise OptionError(f"{option.flag} applies to {option.kind_names()} models only, not {KIND_NAMES[kind]}")
+        if precision not in option.precisions:
+            raise OptionError(f"{option.flag} applies to --precision {'/'.join(option.precisions)} only, "
+                              f"not {precision}")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise OptionError(f"--prefill-chunks {text!r} is not a comma-separated list of sizes") from None
+
+
+def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[str, object],
+                   progress: Progress) -> list[str]:
+    options = BuildOptions(precision=precision, input_shapes=parse_input_shapes(given.get("input_shapes", ())),
+                           calib=given.get("calib"), cpu_only=bool(given.get("cpu_only")))
+    report = build(source, output, options, progress)
+    lines = report.summary()
+    if given.get("explain"):
+        lines.append("ops (device, op, reason):")
+        lines += [f"  {p.device:3s}  {p.op.describe():50s}  {p.reason}" for p in report.placements]
+    return lines
+
+
+def _compile_llm(source: Path, output: Path, precision: str, given: Mapping[str, object],
+                 progress: Progress) -> list[str]:
+    options = LlmCompileOptions(precision=precision)
+    if "prefill_chunks" in given:
+        options = replace(options, prefill_chunks=_sizes(str(given["prefill_chunks"])))
+    if "smooth_alpha" in given:
+        options = replace(options, smooth_alpha=float(given["smooth_alpha"]))
+    if "keep_fp16" in given:
+        options = replace(options, keep_fp16=tuple(k.strip() for k in str(given["keep_fp16"]).split(",")
+                                                   if k.strip()))
+    if "int8_rounding" in given:
+        options = replace(options, rounding=str(given["int8_rounding"]))
+    if "fp16_share" in given:
+        options = replace(options, fp16_share=float(given["fp16_share"]))
+    return compile_gguf(source, output, options, progress).lines
+
+
+# model kind -> its pipeline (source, output, precision, options given, progress) -> summary lines
+COMPILERS: dict[str, Callable[..., list[str]]] = {
+    "onnx": _compile_graph,
+    "ir": _compile_graph,
+    "gguf": _compile_llm,
+}
+
+
+def compile_model(source: str | Path, output: str | Path | None = None, given: Mapping[str, object] | None = None,
+                  progress: Progress = lambda stage: None) -> list[str]:
+    """Compile any model rkc reads into an .rkbin (default: `source` with .rkbin);
+    `given` holds only the options the user gave (OPTIONS names). Returns the
+    summary lines."""
+    source = Path(source)
+    if not source.is_file():
+        raise FileNotFoundError(2, "No such file", str(source))
+    given = dict(given or {})
+    kind = detect_kind(source)
+    precision = str(given.pop("precision", None) or DEFAULT_PRECISION[kind])
+    check_options(kind, precision, given)
+    out = Path(output) if output else source.with_suffix(".rkbin")
+    return COMPILERS[kind](source, out, precision, given, progress)
