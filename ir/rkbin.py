@@ -22,6 +22,7 @@ from typing import Mapping
 
 import numpy as np
 
+from rkc.ir.access import check_accesses
 from rkc.ir.atomic import atomic_output
 from rkc.ir.errors import FormatError
 from rkc.ir.npu.regcmd import ENTRY_BYTES
@@ -55,6 +56,7 @@ def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray
         if not name or len(name.encode()) > MAX_BLOB_NAME:
             raise FormatError(f"blob name {name!r} must be 1..{MAX_BLOB_NAME} bytes")
     module.validate({n: b.size for n, b in raw.items()})
+    check_accesses(module, raw)
     path = Path(path)
     with atomic_output(path) as tmp:
         writer = gguf.GGUFWriter(tmp, arch=ARCH)
@@ -132,6 +134,7 @@ def read_rkbin(path: str | Path) -> Rkbin:
     module = Module.from_json(text(KEY_MODULE))
     try:
         module.validate({n: b.size for n, b in blobs.items()})
+        check_accesses(module, blobs)
     except FormatError as exc:
         raise FormatError(f"{path}: {exc}") from None
     return Rkbin(path, module, blobs)

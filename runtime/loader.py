@@ -23,6 +23,7 @@ from rkc.ir.program import Module, TensorInfo
 from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime.device import BufferObject, Device
 
+GUARD_BYTES = 4096  # one page at IOVA 0 that no job lists (see _place_guard)
 VALUE_SHIFT = 16  # a regcmd entry's value field is bits 47..16
 VALUE_MASK = 0xFFFF_FFFF << VALUE_SHIFT
 
@@ -36,15 +37,27 @@ class LoadedModel:
         self.device = device
         self._own_device = own_device
         self.bos: dict[str, BufferObject] = {}
+        self.guard: BufferObject | None = None
         self.host_regions: dict[str, np.ndarray] = {}
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in self.module.tensors}
         self.last_run = None  # execute.RunStats of the latest run
         try:
+            self._place_guard()
             self._place_regions()
             self._apply_relocations()
         except BaseException:
             self.close()
             raise
+
+    def _place_guard(self) -> None:
+        """Both allocators (rocket's drm_mm, the simulator's) give the first BO
+        IOVA 0, so an address register a task uses but the file left at 0
+        (unrelocated) would reach the model's first region. A guard page there
+        that no job lists makes such a use a refused access (the simulator
+        checks every DMA against the job's lists) and, on a board, a write into
+        memory nobody reads instead of into the weights."""
+        if self.device is not None and needs_device(self.module):
+            self.guard = self.device.create_guard_bo(GUARD_BYTES)
 
     def _place_regions(self) -> None:
         for region in self.module.regions:
@@ -95,6 +108,9 @@ class LoadedModel:
         for bo in self.bos.values():
             self.device.free_bo(bo)
         self.bos.clear()
+        if self.guard is not None:
+            self.device.free_bo(self.guard)
+            self.guard = None
         if self._own_device and self.device is not None:
             self.device.close()
 
