@@ -117,13 +117,19 @@ def read_rkbin(path: str | Path) -> Rkbin:
 
     if text("general.architecture") != ARCH:
         raise FormatError(f"{path}: a GGUF file of architecture {text('general.architecture')!r}, not an rkbin")
-    version = int(fields[KEY_VERSION].contents()) if KEY_VERSION in fields else -1
-    if version != FORMAT_VERSION:
-        raise FormatError(f"{path}: rkbin format version {version}, this rkc reads version {FORMAT_VERSION}")
+    version = fields.get(KEY_VERSION)
+    if version is None or version.types != [gguf.GGUFValueType.UINT32]:
+        kind = "missing" if version is None else f"of type {version.types[0].name.lower()}, not uint32"
+        raise FormatError(f"{path}: rkbin format version {kind}; this rkc reads version {FORMAT_VERSION}")
+    if int(version.contents()) != FORMAT_VERSION:
+        raise FormatError(f"{path}: rkbin format version {int(version.contents())}, this rkc reads version "
+                          f"{FORMAT_VERSION}")
     try:
         checksums = json.loads(text(KEY_CHECKSUMS))
-    except ValueError:
+    except (ValueError, RecursionError):
         raise FormatError(f"{path}: corrupt checksum table") from None
+    if not isinstance(checksums, dict) or not all(isinstance(v, str) for v in checksums.values()):
+        raise FormatError(f"{path}: the checksum table is not an object of blob name -> sha256 hex")
     blobs = {t.name: np.asarray(t.data).view(np.uint8).reshape(-1) for t in reader.tensors}
     if set(blobs) != set(checksums):
         missing = sorted(set(checksums) ^ set(blobs))
@@ -131,8 +137,8 @@ def read_rkbin(path: str | Path) -> Rkbin:
     for name, data in blobs.items():
         if _digest(data) != checksums[name]:
             raise FormatError(f"{path}: blob {name!r} fails its checksum (corrupt file)")
-    module = Module.from_json(text(KEY_MODULE))
     try:
+        module = Module.from_json(text(KEY_MODULE))
         module.validate({n: b.size for n, b in blobs.items()})
         check_accesses(module, blobs)
     except FormatError as exc:

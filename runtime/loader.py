@@ -22,6 +22,7 @@ from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Module, TensorInfo
 from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime.device import BufferObject, Device
+from rkc.runtime.module_check import check_module
 
 GUARD_BYTES = 4096  # one page at IOVA 0 that no job lists (see _place_guard)
 VALUE_SHIFT = 16  # a regcmd entry's value field is bits 47..16
@@ -41,6 +42,7 @@ class LoadedModel:
         self.host_regions: dict[str, np.ndarray] = {}
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in self.module.tensors}
         self.last_run = None  # execute.RunStats of the latest run
+        check_module(self.module)
         try:
             self._place_guard()
             self._place_regions()
