@@ -107,14 +107,23 @@ class LoadedModel:
         return outputs
 
     def close(self) -> None:
-        for bo in self.bos.values():
-            self.device.free_bo(bo)
+        """Free every BO (and the device if this model opened it), even when
+        one of them fails (a lost device): the first error is raised after."""
+        first: BaseException | None = None
+        owned = [*self.bos.values(), *([self.guard] if self.guard is not None else [])]
         self.bos.clear()
-        if self.guard is not None:
-            self.device.free_bo(self.guard)
-            self.guard = None
+        self.guard = None
+        closers = [lambda bo=bo: self.device.free_bo(bo) for bo in owned]
         if self._own_device and self.device is not None:
-            self.device.close()
+            closers.append(self.device.close)
+            self._own_device = False
+        for close in closers:
+            try:
+                close()
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     def __enter__(self) -> "LoadedModel":
         return self
