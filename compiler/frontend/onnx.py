@@ -545,6 +545,26 @@ def check_known(op_type: str, where: str) -> None:
         raise UnsupportedError(f"{where}: ONNX op {op_type} is not supported by rkc")
 
 
+def check_attribute_types(node, opset: int, where: str) -> None:
+    """Each attribute has the type ONNX's schema of the op declares (an int where
+    a list of ints belongs would reach the shape rules as garbage)."""
+    onnx = _onnx()
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+    except Exception:
+        return  # no schema (check_known has judged the op itself)
+    for attr in node.attribute:
+        declared = schema.attributes.get(attr.name)
+        if declared is None:
+            if attr.name in LEGACY_IGNORED:
+                continue
+            raise FormatError(f"{where}: {node.op_type} has no attribute {attr.name!r} in opset {opset}")
+        if attr.type != declared.type:
+            got = onnx.AttributeProto.AttributeType.Name(attr.type)
+            want = onnx.AttributeProto.AttributeType.Name(declared.type)
+            raise FormatError(f"{where}: {node.op_type} attribute {attr.name} is {got}, the op takes {want}")
+
+
 def bind_inputs(model, values: Mapping[str, np.ndarray], source: str) -> None:
     """Turn graph inputs into constants with the given values (like binding
     weights that a model takes as inputs); they then fold like initializers."""
@@ -566,9 +586,11 @@ def load(path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None,
         bind_inputs(model, bind, source)
     if input_shapes:
         fix_input_shapes(model, input_shapes, source)
+    opset = default_opset(model)
     for node in model.graph.node:
         if node.op_type != "Constant" and node.op_type not in NONDETERMINISTIC:
             check_known(node.op_type, f"{source}: node {node.name!r}")
+        check_attribute_types(node, opset, f"{source}: node {node.name!r}")
     inputs = [i.name for i in _real_inputs(model.graph)]
     model, consts = fold_constants(model, source)
     try:
