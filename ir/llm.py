@@ -133,7 +133,7 @@ def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -
     """Build the config from GGUF key/values (plain Python values), every
     hyperparameter checked for type, range and agreement with the others."""
     arch = kv.get("general.architecture")
-    if arch not in ARCH_TRAITS:
+    if not isinstance(arch, str) or arch not in ARCH_TRAITS:
         raise UnsupportedError(f"{path}: architecture {arch!r} is not supported "
                                f"(supported: {', '.join(ARCH_TRAITS)})")
     traits = ARCH_TRAITS[arch]

@@ -73,3 +73,37 @@ def relocation_of(module: dict, blobs: dict, register: str) -> dict:
         if getattr(d, "register", None) is not None and d.register.name == register:
             return rel
     raise LookupError(register)
+
+
+def gguf_with(good: Path, out: Path, overrides: dict[str, Any]) -> Path:
+    """A copy of the GGUF `good` whose metadata `overrides` replace (value None:
+    the key is removed), each written with the GGUF type its Python type implies."""
+    import gguf
+
+    reader = gguf.GGUFReader(good)
+    arch = str(reader.fields["general.architecture"].contents())
+    writer = gguf.GGUFWriter(out, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in overrides:
+            continue
+        sub = field.types[1] if len(field.types) > 1 else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub)
+    V = gguf.GGUFValueType
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            writer.add_key_value(key, value, V.BOOL)
+        elif isinstance(value, int):
+            writer.add_key_value(key, value, V.INT64 if not 0 <= value < 1 << 32 else V.UINT32)
+        elif isinstance(value, float):
+            writer.add_key_value(key, value, V.FLOAT32)
+        else:
+            writer.add_key_value(key, str(value), V.STRING)
+    for t in reader.tensors:  # quantized data comes as its byte shape, which add_tensor expects
+        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
