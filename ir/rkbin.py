@@ -63,15 +63,22 @@ def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray
         writer.add_uint32(KEY_VERSION, FORMAT_VERSION)
         writer.add_string(KEY_MODULE, module.to_json())
         writer.add_string(KEY_CHECKSUMS, json.dumps({n: _digest(b) for n, b in raw.items()}, sort_keys=True))
-        for name, data in raw.items():
-            # GGUF has no u8 type: raw bytes travel as I8 and are viewed back as u8
-            writer.add_tensor(name, data.view(np.int8) if data.size else np.zeros(0, np.int8),
-                              raw_dtype=gguf.GGMLQuantizationType.I8)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        write_blobs(writer, raw)
     return path.stat().st_size
+
+
+def write_blobs(writer, raw: Mapping[str, np.ndarray]) -> None:
+    """Add every blob (uint8) to a GGUFWriter whose key/values are set, and write the file."""
+    import gguf
+
+    for name, data in raw.items():
+        # GGUF has no u8 type: raw bytes travel as I8 and are viewed back as u8
+        writer.add_tensor(name, data.view(np.int8) if data.size else np.zeros(0, np.int8),
+                          raw_dtype=gguf.GGMLQuantizationType.I8)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 @dataclass

@@ -35,15 +35,18 @@ def write_raw(path: Path, module: Any, blobs: dict[str, np.ndarray], *, version:
     if checksums is None:
         checksums = {n: rk._digest(rk._as_bytes(b)) for n, b in blobs.items()}
     writer.add_string(rk.KEY_CHECKSUMS, checksums if isinstance(checksums, str) else json.dumps(checksums))
-    for name, data in blobs.items():
-        raw = rk._as_bytes(data)
-        writer.add_tensor(name, raw.view(np.int8) if raw.size else np.zeros(0, np.int8),
-                          raw_dtype=gguf.GGMLQuantizationType.I8)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    rk.write_blobs(writer, {n: rk._as_bytes(b) for n, b in blobs.items()})
     return path
+
+
+def compiled_small_cnn(folder: Path) -> Path:
+    """examples/small_cnn.py compiled (fp16) into folder/m.rkbin: the good file crafted cases start from."""
+    from onnx_models import example, save
+    from rkc.compiler.build import BuildOptions, build
+
+    build(save(example("small_cnn").build_model(), folder / "m.onnx"), folder / "m.rkbin",
+          BuildOptions(precision="fp16"))
+    return folder / "m.rkbin"
 
 
 def mutated(good: Path, out: Path, change: Callable[[dict, dict], Any]) -> Path:

@@ -13,8 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz import mutated_json, mutated_metadata, onnx_model
-from hostile import parts, write_raw
-from onnx_models import example, save
+from hostile import compiled_small_cnn, parts, write_raw
 from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
 from rkc.ir.errors import RkcError
@@ -28,42 +27,19 @@ def _one_line(exc: RkcError) -> None:
     assert str(exc) and "\n" not in str(exc), repr(exc)
 
 
+def fast_and_slow(case):
+    """Two tests of one case: 15 examples by default, 400 under -m slow."""
+    def run(request, data):
+        case(request, data)
+
+    fast = FAST(given(data=st.data())(run))
+    slow = pytest.mark.slow(SLOW(given(data=st.data())(run)))
+    return fast, slow
+
+
 @pytest.fixture(scope="module")
 def rkbin_parts(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fz")
-    build(save(example("small_cnn").build_model(), d / "m.onnx"), d / "m.rkbin", BuildOptions())
-    return parts(d / "m.rkbin")
-
-
-def _load_and_run(tmp_path, module, blobs) -> None:
-    try:
-        text = json.dumps(module)
-    except (ValueError, RecursionError):
-        return  # not expressible as JSON: no file to load
-    path = write_raw(tmp_path / "f.rkbin", None, blobs, module_text=text)
-    try:
-        with runtime.load(path, device="sim") as model:
-            model.run({"x": X})
-    except RkcError as exc:
-        _one_line(exc)
-
-
-def _rkbin_case(rkbin_parts, tmp_path_factory, data):
-    module, blobs = rkbin_parts
-    _load_and_run(tmp_path_factory.mktemp("c"), data.draw(mutated_json(module)), blobs)
-
-
-@FAST
-@given(data=st.data())
-def test_rkbin_module_mutations(rkbin_parts, tmp_path_factory, data):
-    _rkbin_case(rkbin_parts, tmp_path_factory, data)
-
-
-@pytest.mark.slow
-@SLOW
-@given(data=st.data())
-def test_rkbin_module_mutations_long(rkbin_parts, tmp_path_factory, data):
-    _rkbin_case(rkbin_parts, tmp_path_factory, data)
+    return parts(compiled_small_cnn(tmp_path_factory.mktemp("fz")))
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +49,26 @@ def gguf_file(tmp_path_factory):
     return write_model(tmp_path_factory.mktemp("g") / "llama.gguf", "llama")
 
 
-def _gguf_case(gguf_file, data):
+def rkbin_case(request, data) -> None:
+    module, blobs = request.getfixturevalue("rkbin_parts")
+    tree = data.draw(mutated_json(module))
+    try:
+        text = json.dumps(tree)
+    except (ValueError, RecursionError):
+        return  # not expressible as JSON: no file to load
+    path = write_raw(request.getfixturevalue("tmp_path_factory").mktemp("c") / "f.rkbin", None, blobs,
+                     module_text=text)
+    try:
+        with runtime.load(path, device="sim") as model:
+            model.run({"x": X})
+    except RkcError as exc:
+        _one_line(exc)
+
+
+def gguf_case(request, data) -> None:
     from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 
-    gf = GgufFile(gguf_file)
+    gf = GgufFile(request.getfixturevalue("gguf_file"))
     gf.kv = data.draw(mutated_metadata(gf.kv))
     try:
         graph_from_gguf(gf)
@@ -84,24 +76,11 @@ def _gguf_case(gguf_file, data):
         _one_line(exc)
 
 
-@FAST
-@given(data=st.data())
-def test_gguf_metadata_mutations(gguf_file, data):
-    _gguf_case(gguf_file, data)
-
-
-@pytest.mark.slow
-@SLOW
-@given(data=st.data())
-def test_gguf_metadata_mutations_long(gguf_file, data):
-    _gguf_case(gguf_file, data)
-
-
-def _onnx_case(tmp_path_factory, data):
+def onnx_case(request, data) -> None:
     import onnx
 
     _, model = data.draw(onnx_model())
-    d = tmp_path_factory.mktemp("o")
+    d = request.getfixturevalue("tmp_path_factory").mktemp("o")
     onnx.save(model, str(d / "m.onnx"))
     try:
         build(d / "m.onnx", d / "m.rkbin", BuildOptions())
@@ -110,14 +89,6 @@ def _onnx_case(tmp_path_factory, data):
         assert not (d / "m.rkbin").exists()
 
 
-@FAST
-@given(data=st.data())
-def test_onnx_graph_mutations(tmp_path_factory, data):
-    _onnx_case(tmp_path_factory, data)
-
-
-@pytest.mark.slow
-@SLOW
-@given(data=st.data())
-def test_onnx_graph_mutations_long(tmp_path_factory, data):
-    _onnx_case(tmp_path_factory, data)
+test_rkbin_module_mutations, test_rkbin_module_mutations_long = fast_and_slow(rkbin_case)
+test_gguf_metadata_mutations, test_gguf_metadata_mutations_long = fast_and_slow(gguf_case)
+test_onnx_graph_mutations, test_onnx_graph_mutations_long = fast_and_slow(onnx_case)

@@ -9,10 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hostile import mutated, parts, write_raw
-from onnx_models import example, save
+from hostile import compiled_small_cnn, mutated, parts, write_raw
 from rkc import runtime
-from rkc.compiler.build import BuildOptions, build
 from rkc.ir.errors import FormatError
 
 BIN = Path(sys.executable).parent
@@ -20,10 +18,7 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    d = tmp_path_factory.mktemp("good")
-    path = save(example("small_cnn").build_model(), d / "m.onnx")
-    build(path, d / "m.rkbin", BuildOptions(precision="fp16"))
-    return d / "m.rkbin"
+    return compiled_small_cnn(tmp_path_factory.mktemp("good"))
 
 
 def _set(path, value):

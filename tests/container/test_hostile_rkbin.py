@@ -6,10 +6,8 @@ simulator refuses what only shows when the task runs."""
 import numpy as np
 import pytest
 
-from hostile import mutated, npu_tasks, parts, relocation_of, write_raw
-from onnx_models import example, save
+from hostile import compiled_small_cnn, mutated, npu_tasks, parts, relocation_of, write_raw
 from rkc import runtime
-from rkc.compiler.build import BuildOptions, build
 from rkc.ir.errors import FormatError
 from rkc.ir.rkbin import read_rkbin
 from rkc.runtime.sim.errors import MemoryAccessError
@@ -17,10 +15,7 @@ from rkc.runtime.sim.errors import MemoryAccessError
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    d = tmp_path_factory.mktemp("good")
-    path = save(example("small_cnn").build_model(), d / "m.onnx")
-    build(path, d / "m.rkbin", BuildOptions(precision="fp16"))
-    return d / "m.rkbin"
+    return compiled_small_cnn(tmp_path_factory.mktemp("good"))
 
 
 def _retarget(register, target, offset=0):

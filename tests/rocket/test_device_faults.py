@@ -8,13 +8,12 @@ import errno
 import numpy as np
 import pytest
 
-from onnx_models import example, save
+from hostile import compiled_small_cnn
 from rkc import runtime
-from rkc.compiler.build import BuildOptions, build
 from rkc.ir.errors import RkcError
 from rkc.runtime.rocket import RocketDevice
 from rkc.runtime.rocket.emulated import STOCK, EmulatedKernel
-from rkc.runtime.rocket.errors import JobDropped, JobTimeout, RocketError
+from rkc.runtime.rocket.errors import JobDropped, JobTimeout
 from rkc.runtime.rocket.sim_executor import SimExecutor
 
 X = np.ones((1, 3, 32, 32), np.float32)
@@ -22,9 +21,7 @@ X = np.ones((1, 3, 32, 32), np.float32)
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    d = tmp_path_factory.mktemp("m")
-    build(save(example("small_cnn").build_model(), d / "m.onnx"), d / "m.rkbin", BuildOptions())
-    return d / "m.rkbin"
+    return compiled_small_cnn(tmp_path_factory.mktemp("m"))
 
 
 def _device(**kernel_options):
