@@ -204,6 +204,20 @@ class Module:
                     raise FormatError(f"program {p.name!r} names unknown tensor {name!r}")
             for s in p.steps:
                 self._validate_step(p, s, regions, names, entries)
+        self._validate_all_regions_used(regions)
+
+    def _validate_all_regions_used(self, regions: dict) -> None:
+        """A region without contents that nothing refers to only costs memory (a
+        file could ask for gigabytes of scratch that way): refused."""
+        used = {t.region for t in self.tensors} | {r.target for r in self.relocations} | \
+            {r.region for r in self.relocations}
+        for p in self.programs:
+            for s in p.steps:
+                for job in s.jobs:
+                    used |= {*job.reads, *job.writes, *(t.region for t in job.tasks)}
+        for name, r in regions.items():
+            if name not in used and r.blob is None:
+                raise FormatError(f"region {name!r} ({r.size} B) is used by no tensor, relocation or task")
 
     @staticmethod
     def _validate_step(p: Program, s: Step, regions, names, entries) -> None:

@@ -66,6 +66,9 @@ MODULE_CASES = {
     "unknown field": (_set(["regions", 0, "mode"], 1), r"regions\[0\]: unknown field 'mode'"),
     "module not an object": (lambda m, b: [m], r"module: expected an object, got list"),
     "huge region": (_set(["regions", 2, "size"], (1 << 32) - 4096), r"more than the 4 GiB IOVA window"),
+    "two unused 2 GiB regions": (lambda m, b: m["regions"].extend(
+        {"name": f"big{i}", "size": (2 << 30) - (1 << 24), "kind": "scratch"} for i in range(2)),
+        r"region 'big0' \(2130706432 B\) is used by no tensor, relocation or task"),
 }
 
 
