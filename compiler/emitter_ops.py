@@ -25,12 +25,11 @@ from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
 from rkc.compiler.npu.assemble import assemble
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
+from rkc.ir.npu import geometry
+from rkc.ir.npu.geometry import GEMM_ROW_ALIGN, pads_for
 from rkc.ir.npu.perf import PerfModel
 from rkc.ir.program import Job, Step, TaskRef
 from rkc.ir.types import DType, PerAxisQuant, PerTensorQuant
-from rkc.runtime import native
-from rkc.runtime.native import GEMM_ROW_ALIGN
-from rkc.runtime.kernels.conv import pads_for
 
 ANCHORS = ("Conv", "Gemm", "MatMul", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Gelu", "Add", "Mul", "Max",
            "Min", "Sum", "AveragePool", "GlobalAveragePool")
@@ -52,7 +51,7 @@ def lut_function(op) -> str | None:
 
 def _vector_map(shape) -> bool:
     """[1, C, 1, 1]: one value per channel (a global pool's result, a squeeze-excite
-    branch). It is held as a GEMM row (runtime/native.py): a 1-row map is below the
+    branch). It is held as a GEMM row (ir/npu/geometry.py): a 1-row map is below the
     rows a task must read (Q2), the GEMM row's 4 stored rows are not."""
     return len(shape) == 4 and shape[0] == 1 and shape[2] == 1 and shape[3] == 1
 
@@ -101,13 +100,6 @@ class _Refused(Exception):
 
 
 # -- reading the graph --------------------------------------------------------------------
-def _const(graph: Graph, name: str) -> np.ndarray | None:
-    t = graph.tensors.get(name) if name else None
-    if t is None or t.kind != "const" or t.payload not in graph.payloads:
-        return None
-    return graph.payloads[t.payload]
-
-
 def _act_quant(graph: Graph, name: str, precision: str) -> api.Quant | None:
     if precision != "int8":
         return None
@@ -141,7 +133,7 @@ def _feature(graph: Graph, tensor: str, layout: str, dtype: str, precision: str,
     the positions row-major), for ops that treat every position alike."""
     shape = graph.tensors[tensor].type.shape
     try:
-        c, h, rows, w = native.geometry(shape, layout)
+        c, h, rows, w = geometry.feature_map(shape, layout)
     except ValueError as exc:
         raise _Refused(str(exc)) from None
     quant = _act_quant(graph, tensor, precision)
@@ -208,7 +200,7 @@ def _tails(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Ca
         rank = len(graph.tensors[out].type.shape)
         if op.type == "Add" and tail.activation is None and tail.residual is None and len(op.inputs) == 2:
             other = op.inputs[1] if op.inputs[0] == out else op.inputs[0]
-            value = _const(graph, other)
+            value = graph.const_value(other)
             if value is not None and tail.bias is None:
                 vec = _per_channel(value, channels, rank, gemm)
                 if vec is None:
@@ -224,8 +216,8 @@ def _tails(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Ca
         elif lut_function(op) is not None and tail.activation is None:
             tail.activation = lut_function(op)
         elif op.type == "Clip" and tail.activation is None:
-            lo, hi = _const(graph, op.inputs[1]) if len(op.inputs) > 1 else None, \
-                _const(graph, op.inputs[2]) if len(op.inputs) > 2 else None
+            lo, hi = graph.const_value(op.inputs[1]) if len(op.inputs) > 1 else None, \
+                graph.const_value(op.inputs[2]) if len(op.inputs) > 2 else None
             if (len(op.inputs) > 1 and op.inputs[1] and lo is None) or (len(op.inputs) > 2 and op.inputs[2] and hi is None):
                 return prefixes[::-1]
             if any(v is not None and np.size(v) != 1 for v in (lo, hi)):
@@ -261,8 +253,8 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tu
     op = graph.ops[i]
     dtype = device_dtype(precision)
     x = graph.tensors[op.inputs[0]].type
-    w = _const(graph, op.inputs[1])
-    bias = _const(graph, op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] else None
+    w = graph.const_value(op.inputs[1])
+    bias = graph.const_value(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] else None
     groups = int(op.attrs.get("group", 1))
     depthwise = groups > 1
     kernel = list(w.shape[2:])
@@ -315,14 +307,14 @@ def _gemm(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tu
     op = graph.ops[i]
     dtype = device_dtype(precision)
     a_shape = graph.tensors[op.inputs[0]].type.shape
-    b = _const(graph, op.inputs[1]).astype(np.float64)
+    b = graph.const_value(op.inputs[1]).astype(np.float64)
     bias = None
     if op.type == "Gemm":
         if op.attrs.get("transB", 0):
             b = b.T
         b = b * float(op.attrs.get("alpha", 1.0))
         if len(op.inputs) > 2 and op.inputs[2]:
-            c = _const(graph, op.inputs[2])
+            c = graph.const_value(op.inputs[2])
             vec = None if c is None else _per_channel(c, b.shape[1], 2, True)
             if vec is None:
                 raise _Refused("Gemm's C must be a constant per-column bias")
@@ -363,7 +355,7 @@ def _activation(graph: Graph, i: int, tail: _Tail, precision: str, program: str)
 
 def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
     op = graph.ops[i]
-    if len(op.inputs) != 2 or any(_const(graph, t) is not None for t in op.inputs):
+    if len(op.inputs) != 2 or any(graph.const_value(t) is not None for t in op.inputs):
         raise _Refused("the NPU combines two tensors element by element (constants fold into a convolution)")
     shapes = {tuple(graph.tensors[t].type.shape) for t in (*op.inputs, op.outputs[0])}
     if len(shapes) != 1:
@@ -443,7 +435,7 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             continue
         if op.type in ("Conv", "Gemm", "MatMul"):
             gemm = op.type != "Conv"
-            w = _const(graph, op.inputs[1])
+            w = graph.const_value(op.inputs[1])
             channels = (w.shape[0] if op.type == "Conv" else
                         (w.shape[0] if op.type == "Gemm" and op.attrs.get("transB") else w.shape[-1]))
             tails = _tails(graph, i, users, lambda j: candidate(j) and j not in groups, channels, gemm)

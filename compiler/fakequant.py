@@ -11,7 +11,7 @@ its choices (compiler/quantize.py) and `tools/int8_layers.py` prints per layer.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -47,36 +47,55 @@ def quantized_weight(graph: Graph, name: str) -> np.ndarray:
     return (np.clip(np.rint(w / s) + zp, -128, 127) - zp) * s
 
 
+def start_env(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The values before the first op: graph inputs from `feeds`, constants."""
+    env: dict[str, np.ndarray] = {n: np.asarray(feeds[n]) for n in graph.inputs}
+    env.update({name: graph.payloads[t.payload] for name, t in graph.tensors.items() if t.kind == "const"})
+    return env
+
+
+def run_ops(graph: Graph, indices: Iterable[int], env: dict[str, np.ndarray],
+            int8_group: Callable[[int], object | None] = lambda i: None,
+            observe: Callable[[str, np.ndarray], None] | None = None) -> None:
+    """Run graph.ops[i] for each i in order over `env` (read and written in place).
+    An op for which `int8_group(i)` gives its NpuGroup (anything with .anchor,
+    .reads, .output) computes as the int8 NPU does: the anchor reads its inputs
+    at their scales and its weight as int8, and the group's output is rounded to
+    its scale; every other op runs in float."""
+    for i in indices:
+        op, g = graph.ops[i], int8_group(i)
+        inputs = [_operand(graph, g, i, k, name, env[name]) if name else None for k, name in enumerate(op.inputs)]
+        for name, value in zip(op.outputs, run_kernel(op.type, inputs, op.attrs)):
+            value = np.asarray(value)
+            if g is not None and name == g.output:
+                value = quantize_act(graph, name, value).astype(value.dtype)
+            env[name] = value
+            if observe is not None:
+                observe(name, value)
+
+
+def _operand(graph: Graph, g, i: int, k: int, name: str, value: np.ndarray) -> np.ndarray:
+    """Input k of op i as the int8 anchor of group `g` reads it (else unchanged)."""
+    if g is None or i != g.anchor:
+        return value
+    if name in g.reads:
+        return quantize_act(graph, name, value)
+    if k == WEIGHTED.get(graph.ops[i].type) and graph.tensors[name].kind == "const":
+        return quantized_weight(graph, name)
+    return value
+
+
 def run_fake_quant(graph: Graph, groups: Mapping[int, object], feeds: Mapping[str, np.ndarray],
                    float_groups: set[int] | frozenset = frozenset(),
                    observe: Callable[[str, np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
     """Graph outputs of the int8 program. `groups` maps op index -> NpuGroup
     (anything with .anchor, .reads, .output); a group whose anchor is in
     `float_groups` runs in float (mixed precision)."""
-    env: dict[str, np.ndarray] = {n: np.asarray(feeds[n]) for n in graph.inputs}
-    for name, t in graph.tensors.items():
-        if t.kind == "const":
-            env[name] = graph.payloads[t.payload]
-    for i, op in enumerate(graph.ops):
+
+    def int8_group(i: int):
         g = groups.get(i)
-        quant = g is not None and g.anchor not in float_groups
-        inputs = []
-        for k, name in enumerate(op.inputs):
-            if not name:
-                inputs.append(None)
-                continue
-            value = env[name]
-            if quant and i == g.anchor:
-                if name in g.reads:
-                    value = quantize_act(graph, name, value)
-                elif k == WEIGHTED.get(op.type) and graph.tensors[name].kind == "const":
-                    value = quantized_weight(graph, name)
-            inputs.append(value)
-        for name, value in zip(op.outputs, run_kernel(op.type, inputs, op.attrs)):
-            value = np.asarray(value)
-            if quant and name == g.output:
-                value = quantize_act(graph, name, value).astype(value.dtype)
-            env[name] = value
-            if observe is not None:
-                observe(name, value)
+        return g if g is not None and g.anchor not in float_groups else None
+
+    env = start_env(graph, feeds)
+    run_ops(graph, range(len(graph.ops)), env, int8_group, observe)
     return {name: env[name] for name in graph.outputs}

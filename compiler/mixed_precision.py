@@ -24,10 +24,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from rkc.compiler.fakequant import WEIGHTED, quantize_act, quantized_weight
+from rkc.compiler.fakequant import run_ops, start_env
 from rkc.compiler.reference import run_graph
 from rkc.ir.graph import Graph
-from rkc.runtime.kernels import run_kernel
 
 SQNR_MIN_DB = 32.0
 
@@ -39,29 +38,13 @@ def group_sqnr(graph: Graph, groups: Mapping[int, object], samples: Sequence[Map
     signal = {a: 0.0 for a in anchors}
     noise = {a: 0.0 for a in anchors}
     for feeds in samples:
-        env: dict[str, np.ndarray] = {n: np.asarray(feeds[n]) for n in graph.inputs}
-        for name, t in graph.tensors.items():
-            if t.kind == "const":
-                env[name] = graph.payloads[t.payload]
+        env = start_env(graph, feeds)
         run_graph(graph, feeds, lambda name, value: env.__setitem__(name, value))
         for a, g in anchors.items():
             local = dict(env)
-            for j in g.ops:
-                op = graph.ops[j]
-                inputs = []
-                for k, name in enumerate(op.inputs):
-                    if not name:
-                        inputs.append(None)
-                        continue
-                    value = local[name]
-                    if j == a and name in g.reads:
-                        value = quantize_act(graph, name, value)
-                    elif j == a and k == WEIGHTED.get(op.type) and graph.tensors[name].kind == "const":
-                        value = quantized_weight(graph, name)
-                    inputs.append(value)
-                local[op.outputs[0]] = run_kernel(op.type, inputs, op.attrs)[0]
+            run_ops(graph, g.ops, local, lambda i, g=g: g)  # output rounded to its scale
             y = np.asarray(env[g.output], np.float64)
-            yq = quantize_act(graph, g.output, np.asarray(local[g.output], np.float64))
+            yq = np.asarray(local[g.output], np.float64)
             signal[a] += float(np.sum(y * y))
             noise[a] += float(np.sum((yq - y) ** 2))
     return {a: 10 * np.log10(max(signal[a], 1e-30) / max(noise[a], 1e-30)) for a in anchors}

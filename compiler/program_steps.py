@@ -25,9 +25,9 @@ from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_name
 from rkc.compiler.partition import Step as PartStep
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph, PayloadRef
+from rkc.ir.npu import geometry
 from rkc.ir.program import Step
 from rkc.ir.types import DType, PerTensorQuant
-from rkc.runtime import native
 
 
 @dataclass
@@ -93,7 +93,7 @@ class _Lowering:
             quant = {"scale": q.scale, "zero_point": q.zero_point}
         buffer = npu_name(name, dtype_name, self.precision)
         self.builder.scratch_tensor(self.program, buffer, t.type.shape, dtype, layout,
-                                    native.nbytes(t.type.shape, layout, dtype.itemsize), quant)
+                                    geometry.nbytes(t.type.shape, layout, dtype.itemsize), quant)
         self.on_npu[buffer] = layout
         self.copies.setdefault(name, []).append((buffer, dtype_name))
 

@@ -30,11 +30,6 @@ from rkc.runtime.kernels.quant import dequantize_linear
 INTEGER_8 = (DType.INT8, DType.UINT8)
 
 
-def _const(graph: Graph, name: str) -> np.ndarray | None:
-    t = graph.tensors.get(name) if name else None
-    return graph.payloads[t.payload] if t is not None and t.kind == "const" else None
-
-
 def _int8_zero_point(zp: np.ndarray, dtype: DType) -> np.ndarray:
     zp = np.asarray(zp, np.int64)
     return zp - 128 if dtype is DType.UINT8 else zp
@@ -54,7 +49,7 @@ def _expand_qlinear(graph: Graph) -> None:
     for op in list(graph.ops):
         if op.type not in ("QLinearConv", "QLinearMatMul"):
             continue
-        if any(_const(graph, op.inputs[k]) is None for k in (1, 3, 4, 6)):
+        if any(graph.const_value(op.inputs[k]) is None for k in (1, 3, 4, 6)):
             continue  # an activation x activation product, or runtime scales: the exact CPU kernel
         i = graph.ops.index(op)
         graph.ops.remove(op)
@@ -74,9 +69,9 @@ def _expand_qlinear(graph: Graph) -> None:
         k = i + 2
         if bias:
             bf = _fresh(graph, f"{bias}.dq")
-            w_scale = _const(graph, ws)
-            x_scale = _const(graph, xs)
-            bvalue = _const(graph, bias)
+            w_scale = graph.const_value(ws)
+            x_scale = graph.const_value(xs)
+            bvalue = graph.const_value(bias)
             if w_scale is None or x_scale is None or bvalue is None:
                 raise UnsupportedError(f"op {op.describe()}: needs constant scales and bias")
             bias_scale = (np.asarray(x_scale, np.float64).reshape(()) * np.asarray(w_scale, np.float64).reshape(-1))
@@ -104,9 +99,9 @@ def _dequantize_constants(graph: Graph) -> None:
     for op in list(graph.ops):
         if op.type != "DequantizeLinear":
             continue
-        q, s = _const(graph, op.inputs[0]), _const(graph, op.inputs[1])
+        q, s = graph.const_value(op.inputs[0]), graph.const_value(op.inputs[1])
         zp_name = op.inputs[2] if len(op.inputs) > 2 else ""
-        zp = _const(graph, zp_name) if zp_name else np.zeros((), np.int64)
+        zp = graph.const_value(zp_name) if zp_name else np.zeros((), np.int64)
         if q is None or s is None or zp is None or op.attrs.get("block_size", 0):
             continue
         qdtype = graph.tensors[op.inputs[0]].type.dtype
@@ -131,9 +126,9 @@ def _dequantize_constants(graph: Graph) -> None:
 
 
 def _per_tensor(graph: Graph, op: Op) -> PerTensorQuant | None:
-    s = _const(graph, op.inputs[1])
+    s = graph.const_value(op.inputs[1])
     zp_name = op.inputs[2] if len(op.inputs) > 2 else ""
-    zp = _const(graph, zp_name) if zp_name else np.zeros((), np.uint8)
+    zp = graph.const_value(zp_name) if zp_name else np.zeros((), np.uint8)
     if s is None or zp is None or np.size(s) != 1 or np.size(zp) != 1:
         return None
     dtype = graph.tensors[zp_name].type.dtype if zp_name else DType.UINT8

@@ -121,6 +121,15 @@ class Graph:
             raise VerifyError(f"constant {tensor!r} has no payload loaded")
         return self.payloads[t.payload]
 
+    def const_value(self, name: str) -> np.ndarray | None:
+        """The payload of constant `name`; None when `name` is empty (an absent
+        optional input), not a constant, or a constant whose payload is not loaded
+        (parsed from text): what a rewrite asks before it folds a value."""
+        t = self.tensors.get(name) if name else None
+        if t is None or t.kind != "const" or t.payload not in self.payloads:
+            return None
+        return self.payloads[t.payload]
+
     def dependency_graph(self) -> nx.DiGraph:
         """Op-level DiGraph: nodes are op indices, edges producer -> consumer."""
         g = nx.DiGraph()

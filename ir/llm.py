@@ -2,7 +2,9 @@
 file's metadata, with the per-architecture traits the metadata leaves implicit.
 
 Shared by the GGUF frontend (to build the graph), the runtime (KV cache sizes,
-sliding windows) and the numpy reference in the tests. The traits follow
+sliding windows) and the numpy reference in the tests; and the programs of an
+LLM rkbin (names, rows, which logits), which the compiler writes into the
+metadata and the runtime chooses from. The traits follow
 llama.cpp's model definitions (ggml-org/llama.cpp, src/models/{llama,qwen2,
 qwen3,gemma3}.cpp and src/llama-model.cpp rope types): facts, restated here.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from rkc.ir.errors import FormatError, UnsupportedError
 
@@ -213,3 +215,57 @@ def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -
         rope_base_swa=number("rope.freq_base_swa", traits.rope_base_swa),
         logit_softcap=number("final_logit_softcapping", 0.0, positive=False),
     )
+
+
+# -- the programs of an LLM rkbin -------------------------------------------------------
+DECODE = "decode"  # one token; its logits
+
+
+@dataclass(frozen=True)
+class LlmProgram:
+    """One program of an LLM rkbin: it takes `rows` tokens a run; with
+    `last_row_only` only the last row reaches the head (prefill: the next token),
+    else every row's logits come back (decode, score: perplexity)."""
+
+    name: str
+    rows: int
+    last_row_only: bool
+
+    def metadata(self) -> dict[str, Any]:
+        """Its entry in the rkbin's metadata["programs"]."""
+        return {"rows": self.rows, "last_row_only": self.last_row_only}
+
+    def tensor(self, name: str) -> str:
+        """The program's own copy of graph value `name` (constants are shared)."""
+        return f"{self.name}/{name}"
+
+
+def program_plan(chunks: Iterable[int]) -> list[LlmProgram]:
+    """Every program of a file built for prefill chunk sizes `chunks`: decode,
+    then prefill_C and score_C for each C > 1."""
+    plan = [LlmProgram(DECODE, 1, False)]
+    for c in sorted(set(chunks)):
+        if c > 1:
+            plan += [LlmProgram(f"prefill_{c}", c, True), LlmProgram(f"score_{c}", c, False)]
+    return plan
+
+
+def programs_in(metadata: Mapping[str, Any], path: str = "rkbin") -> dict[str, LlmProgram]:
+    """The program table the compiler wrote into an LLM rkbin's metadata."""
+    table = metadata.get("programs")
+    try:
+        programs = {name: LlmProgram(name, int(p["rows"]), bool(p["last_row_only"])) for name, p in table.items()}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise FormatError(f"{path}: LLM rkbin without a valid program table (metadata \"programs\")") from None
+    if DECODE not in programs:
+        raise FormatError(f"{path}: LLM rkbin without a {DECODE!r} program")
+    return programs
+
+
+def choose_program(programs: Mapping[str, LlmProgram], rows: int, all_logits: bool) -> LlmProgram:
+    """The program that runs a chunk of `rows` tokens, returning every row's
+    logits or only the last one's (one token: decode, whose one row is both)."""
+    for p in programs.values():
+        if p.rows == rows and (rows == 1 or p.last_row_only != all_logits):
+            return p
+    raise FormatError(f"the rkbin has no {rows}-token program returning {'every row' if all_logits else 'the last row'}")

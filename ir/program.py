@@ -29,7 +29,7 @@ from rkc.ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, PC_FETCH_ENTRIES
 
 # "host": constants only CPU steps read; the loader keeps them in host memory (no BO)
 REGION_KINDS = ("weights", "regcmd", "scratch", "io", "host")
-# "row": C order; "packed": raw bytes the NPU decodes (weights); "native*": runtime/native.py
+# "row": C order; "packed": raw bytes the NPU decodes (weights); "native*": ir/npu/geometry.py
 TENSOR_LAYOUTS = ("row", "packed", "native", "native-gemm")
 STEP_KINDS = ("npu", "cpu")
 PAGE = 4096  # a BO takes whole pages of IOVA space
@@ -269,6 +269,16 @@ def _check_tensor(t: TensorInfo) -> None:
             want *= d
         if t.nbytes != want:
             raise FormatError(f"tensor {t.name!r} declares {t.nbytes} bytes, but {t.shape} x {t.dtype} is {want}")
+    elif t.region is not None:
+        from rkc.ir.npu import geometry
+
+        try:
+            want = geometry.nbytes(t.shape, t.layout, DType(t.dtype).itemsize)
+        except ValueError as exc:
+            raise FormatError(f"tensor {t.name!r}: {exc}") from None
+        if t.nbytes < want:  # more is fine: a producer may pad channels further (int8 C2 = 16)
+            raise FormatError(f"tensor {t.name!r} declares {t.nbytes} bytes, but {t.shape} {t.dtype} in layout "
+                              f"{t.layout} takes {want}")
 
 
 # -- typed construction from JSON ------------------------------------------------------

@@ -9,7 +9,21 @@ from rkc.ir.errors import RkcError
 from rkc.runtime.devices import device_options
 
 
-@click.command(cls=ErrorReportingCommand, context_settings={"help_option_names": ["-h", "--help"]})
+class RkrunCommand(ErrorReportingCommand):
+    """`rkrun serve ...` is its own command (rkc.runtime.serve.cli); everything else is rkrun's."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        import sys
+
+        args = list(sys.argv[1:] if args is None else args)
+        if args[:1] == ["serve"]:
+            from rkc.runtime.serve.cli import serve
+
+            return serve.main(args[1:], prog_name=f"{prog_name or 'rkrun'} serve", **extra)
+        return super().main(args, prog_name=prog_name, **extra)
+
+
+@click.command(cls=RkrunCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @debug_option
 @click.version_option(package_name="rkc")
 @click.option("--replay", "replay_case", metavar="CASE.json", type=click.Path(dir_okay=False),
@@ -38,6 +52,7 @@ def main(model: str | None, replay_case: str | None, inputs: str | None, outputs
     rkrun model.rkbin --perplexity wiki.txt --ctx 256     # an LLM: perplexity
     rkrun model.rkbin --tokenize "Hello"                  # an LLM: token ids
     rkrun --replay CASE.json --device rocket              # replay a captured regcmd case
+    rkrun serve model.rkbin --port 8080                   # an LLM: OpenAI-compatible HTTP API
     """
     if replay_case is not None:
         from rkc.runtime.replay import run_cli

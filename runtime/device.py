@@ -93,6 +93,9 @@ class Device(ABC):
     #: True when a job can run as one hardware-chained kick (tails followed by the PC)
     supports_chaining: bool = False
 
+    def __init__(self) -> None:
+        self._counters = Counters()  # implementations add to it as they submit
+
     @abstractmethod
     def create_bo(self, size: int) -> BufferObject:
         """Allocate a zero-filled BO of at least `size` bytes with an IOVA."""
@@ -124,12 +127,13 @@ class Device(ABC):
         """Block until every job of `submission` finished; raise if one failed."""
 
     @property
-    @abstractmethod
     def counters(self) -> Counters:
         """Running totals since the device was opened (or counters reset)."""
+        return self._counters
 
     def reset_counters(self) -> None:
         """Start counting afresh."""
+        self._counters = Counters()
 
     def close(self) -> None:
         """Release every resource (BOs, file descriptors)."""

@@ -18,7 +18,7 @@ from typing import Mapping
 import numpy as np
 
 from rkc.ir.errors import RkcError
-from rkc.runtime import native
+from rkc.ir.npu import geometry
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
@@ -126,7 +126,7 @@ def from_layout(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
         n = int(np.prod(info.shape, dtype=np.int64))
         return raw[:n * dtype.itemsize].view(dtype).reshape(info.shape).copy()
     if info.layout.startswith("native"):
-        return native.unpack(raw, info.shape, info.layout, dtype)
+        return geometry.unpack(raw, info.shape, info.layout, dtype)
     raise RkcError(f"tensor {info.name!r} has unknown layout {info.layout!r}")
 
 
@@ -134,7 +134,7 @@ def to_layout(value: np.ndarray, info: TensorInfo, raw: np.ndarray) -> None:
     value = np.asarray(value, dtype=_dtype(info)).reshape(info.shape)
     packed = value if info.layout == "row" else None
     if info.layout.startswith("native"):
-        packed = native.pack(value, info.layout)
+        packed = geometry.pack(value, info.layout)
     if packed is None:
         raise RkcError(f"tensor {info.name!r} has unknown layout {info.layout!r}")
     data = packed.reshape(-1).view(np.uint8)

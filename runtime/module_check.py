@@ -1,6 +1,6 @@
 """Load-time checks of what the runtime (not the container format) must trust in
-an rkbin: the byte size of every tensor stored in an NPU layout, every CPU
-step's kernel and attributes, and the memory the regions ask for. Run once by
+an rkbin: every CPU step's kernel and attributes, and the memory the regions
+ask for. Run once by
 the loader before any BO is created, so a hostile file is one clear error, not
 a numpy exception halfway through a run or an allocation the machine cannot
 hold. (ir/program.py checks types and cross-references, ir/access.py the NPU
@@ -13,7 +13,6 @@ import os
 from rkc.ir.errors import FormatError, RkcError
 from rkc.ir.program import Module, Step, TensorInfo
 from rkc.ir.types import DType
-from rkc.runtime import native
 
 # attribute -> what it must be; the rank is that of the step's first input
 _AXIS = "axis"  # one axis of the input
@@ -34,24 +33,11 @@ _OUTPUT_AXES = {"Unsqueeze": 1, "Flatten": 1}
 def check_module(module: Module) -> None:
     """Raise FormatError naming the first tensor, step or region the runtime cannot trust."""
     tensors = {t.name: t for t in module.tensors}
-    for t in module.tensors:
-        if t.region is not None and t.layout.startswith("native"):
-            _check_native(t)
     for prog in module.programs:
         for step in prog.steps:
             if step.kind == "cpu":
                 _check_cpu_step(f"program {prog.name!r} step {step.name!r}", step, tensors)
     _check_memory(module)
-
-
-def _check_native(t: TensorInfo) -> None:
-    try:
-        want = native.nbytes(t.shape, t.layout, DType(t.dtype).itemsize)
-    except ValueError as exc:
-        raise FormatError(f"tensor {t.name!r}: {exc}") from None
-    if t.nbytes < want:  # more is fine: a producer may pad channels further (int8 C2 = 16)
-        raise FormatError(f"tensor {t.name!r} declares {t.nbytes} bytes, but {t.shape} {t.dtype} in layout "
-                          f"{t.layout} takes {want}")
 
 
 def _ints(value) -> bool:

@@ -32,9 +32,8 @@ def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
 
 def run_once(model_path: str, inputs: str | None, outputs: str | None, device: str, cores: int = 3) -> None:
     from rkc.ir.rkbin import read_rkbin
-    from rkc.runtime.devices import open_device
+    from rkc.runtime.api.onnx import OnnxModel
     from rkc.runtime.execute import check_feeds
-    from rkc.runtime.loader import LoadedModel, needs_device
 
     feeds = read_inputs(inputs)
     rkbin = read_rkbin(model_path)
@@ -42,8 +41,7 @@ def run_once(model_path: str, inputs: str | None, outputs: str | None, device: s
     if not feeds and program.inputs:
         raise RkcError(f"{model_path}: give the inputs with --inputs FILE.npz (keys: {', '.join(program.inputs)})")
     check_feeds(program, {t.name: t for t in rkbin.module.tensors}, feeds)  # before any device is opened
-    dev = open_device(device, cores=cores) if device != "auto" or needs_device(rkbin.module) else None
-    with LoadedModel(rkbin, dev, own_device=dev is not None) as model:
+    with OnnxModel(rkbin, device, cores) as model:
         if model.device is not None:
             model.device.reset_counters()
         result = model.run(feeds)

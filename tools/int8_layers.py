@@ -30,13 +30,12 @@ if str(ROOT) not in sys.path:
 
 def main(argv=None) -> int:
     from rkc.compiler.build import BuildOptions, build, plan
-    from rkc.compiler.fakequant import quantize_act, quantized_weight, WEIGHTED
+    from rkc.compiler.fakequant import run_ops, start_env
     from rkc.compiler.frontend.onnx import parse_input_shapes
     from rkc.compiler.mixed_precision import group_sqnr
     from rkc.compiler.emitter_ops import npu_name
     from rkc.compiler.reference import run_graph
     from rkc.runtime import load
-    from rkc.runtime.kernels import run_kernel
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -54,6 +53,7 @@ def main(argv=None) -> int:
 
     ref: dict[str, np.ndarray] = dict(feeds)
     run_graph(graph, feeds, lambda n, v: ref.__setitem__(n, np.asarray(v)))
+    known = {**start_env(graph, feeds), **ref}  # constants and the float model's values
     stored: dict[str, np.ndarray] = {}
 
     def observe(step, read):
@@ -72,29 +72,16 @@ def main(argv=None) -> int:
         if got is None:
             continue
         q = graph.tensors[out].type.quant
-        env = {}
+        env = dict(known)
         for t in g.reads:
             held = stored.get(npu_name(t, g.dtype, "int8"))
-            value = held if held is not None else ref[t]
-            if g.dtype == "int8" and held is not None:
+            if held is not None:  # the NPU's own input
+                held = held.astype(np.float64)
                 tq = graph.tensors[t].type.quant
-                value = (held.astype(np.float64) - tq.zero_point) * tq.scale
-            env[t] = np.asarray(value, np.float64)
-        for j in g.ops:
-            op = graph.ops[j]
-            ins = []
-            for k, n in enumerate(op.inputs):
-                if not n:
-                    ins.append(None)
-                elif n in env:
-                    ins.append(env[n])
-                elif j == anchor and k == WEIGHTED.get(op.type) and g.dtype == "int8":
-                    ins.append(quantized_weight(graph, n))
-                else:
-                    ins.append(graph.payloads[graph.tensors[n].payload] if graph.tensors[n].kind == "const" else ref[n])
-            env[op.outputs[0]] = np.asarray(run_kernel(op.type, ins, op.attrs)[0], np.float64)
+                env[t] = (held - tq.zero_point) * tq.scale if g.dtype == "int8" else held
+        run_ops(graph, g.ops, env, (lambda i, g=g: g) if g.dtype == "int8" else (lambda i: None))
         if g.dtype == "int8":
-            model_q = np.rint(quantize_act(graph, out, env[out]) / q.scale) + q.zero_point
+            model_q = np.rint(np.asarray(env[out], np.float64) / q.scale) + q.zero_point  # run_ops rounded it
             diff = np.abs(model_q.reshape(got.shape) - got.astype(np.float64))
             real = (got.astype(np.float64) - q.zero_point) * q.scale
             off, worst = int((diff > 1).sum()), int(diff.max())

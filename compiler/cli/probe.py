@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import click
 
-from rkc.compiler.probe import run_probe
+from rkc.compiler.probe import dram, run_probe
 from rkc.compiler.probe.programs import PROBES
 from rkc.ir.atomic import write_atomic
 from rkc.ir.errors import RkcError
@@ -47,7 +47,12 @@ def _rkc_version() -> str:
 @click.option("--list", "list_only", is_flag=True, help="List the probes and exit.")
 @click.option("--root", envvar="RKC_ROOT", default="/", show_default=True, type=click.Path(exists=True, file_okay=False),
               help="Read /dev and /sys below this directory (env RKC_ROOT).")
-def probe(output: str, only: tuple[str, ...], list_only: bool, root: str) -> None:
+@click.option("--dram", "dram_flag", is_flag=True,
+              help="Also measure memory bandwidth: CPU streaming copy and read with 1 and 4 threads, and on a board "
+                   "an NPU task streaming weights (GB/s, into the report; rkc inspect --dram-gbps REPORT uses it).")
+@click.option("--dram-mib", default=dram.DEFAULT_BUFFER_MIB, show_default=True, type=click.IntRange(8, 4096),
+              help="Buffer size of the CPU streams (MiB; several times the last-level cache).")
+def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_flag: bool, dram_mib: int) -> None:
     """Run small programs that each test one hardware assumption of the simulator.
 
     Each runs on the NPU and on the simulator; the outputs are compared byte
@@ -91,6 +96,14 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str) -> Non
                 ran = "the program ran through the ioctl path; " if r.status == "agree" else ""
                 r.conclusion = f"emulated run: {ran}says nothing about hardware"
 
+    dram_section = None
+    if dram_flag:
+        if on_npu:
+            with RocketDevice(kernel=kernel, quiet=True) as dev:
+                dram_section = dram.measure(dev, dram_mib)
+        else:
+            dram_section = dram.measure(None, dram_mib)
+
     report = {
         "schema": "rkc-probe-report/1",
         "rkc": _rkc_version(),
@@ -101,6 +114,7 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str) -> Non
         "device": device,
         "board": gather(root, kernel).as_dict() if on_npu else None,
         "probes": [r.as_dict() for r in results],
+        "dram": dram_section,
         "summary": {s: sum(r.status == s for r in results) for s in sorted({r.status for r in results})},
     }
     write_atomic(output, json.dumps(report, indent=2) + "\n")
@@ -108,4 +122,8 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str) -> Non
     click.echo(f"probes on the {target}:")
     for r in results:
         click.echo(f"  {r.name:13} {r.question or '-':4} {r.status:12} {r.detail or r.conclusion}")
+    if dram_section:
+        click.echo(f"memory bandwidth ({dram_section['convention']}):")
+        for line in dram.lines(dram_section):
+            click.echo(line)
     click.echo(f"report: {output} ({', '.join(f'{n} {s}' for s, n in report['summary'].items())})")

@@ -29,6 +29,7 @@ from rkc.compiler.llm.weights import PRECISIONS, dequantize_all
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
+from rkc.ir.llm import DECODE, program_plan
 from rkc.ir.rkbin import write_rkbin
 from rkc.runtime.llm.tokenizer import LlmTokenizer
 from rkc.runtime.llm.weights import Int8Weight
@@ -212,15 +213,6 @@ def _short(names: list[str]) -> str:
     return head + "." + "+".join([first] + [p.rpartition(".")[2].rpartition("_")[2] for p in parts[1:]])
 
 
-def program_plan(chunks: tuple[int, ...]) -> list[tuple[str, int, bool]]:
-    """(program name, rows, last row only) for every program of the file."""
-    plan = [("decode", 1, False)]
-    for c in chunks:
-        if c > 1:
-            plan += [(f"prefill_{c}", c, True), (f"score_{c}", c, False)]
-    return plan
-
-
 def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) -> CompileReport:
     report = CompileReport()
     t0 = time.perf_counter()
@@ -264,23 +256,23 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
         "name": graph.name, "producer": "rkc", "programs": {}})
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head)
     plan = program_plan(chunks)
-    for name, rows, last_only in plan:
-        lowering.lower(program_graph(graph, name, rows, last_only), name)
-        builder.metadata["programs"][name] = {"rows": rows, "last_row_only": last_only}
+    for program in plan:
+        lowering.lower(program_graph(graph, program), program.name)
+        builder.metadata["programs"][program.name] = program.metadata()
     lap("lower")
     module, blobs, _plans = builder.finish()
     blobs = {**blobs, "tokenizer": np.frombuffer(tokenizer.to_json().encode(), np.uint8)}
     size = write_rkbin(out, module, blobs)
     lap("write")
     weight_bytes = int(blobs["weights"].size) if "weights" in blobs else 0
-    d = lowering.stats["decode"]
+    d = lowering.stats[DECODE]
     report.say(f"{Path(path).name}: {cfg.arch}, {cfg.n_layer} layers, vocab {cfg.n_vocab}; "
                f"{options.precision} NPU weights {weight_bytes / 1e6:.1f} MB (one copy for {len(plan)} programs)")
     report.say(f"decode: {d.segments} NPU segments, {d.npu_tasks} tasks, {d.cpu_steps} CPU steps per token")
-    for c in chunks:
-        if c > 1:
-            p = lowering.stats[f"prefill_{c}"]
-            report.say(f"prefill_{c}: {p.segments} NPU segments, {p.npu_tasks} tasks, {p.cpu_steps} CPU steps")
+    for program in plan:
+        if program.last_row_only:
+            p = lowering.stats[program.name]
+            report.say(f"{program.name}: {p.segments} NPU segments, {p.npu_tasks} tasks, {p.cpu_steps} CPU steps")
     report.say(f"placement: {placement['reason']}")
     report.say(f"wrote {out} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s")
     return report

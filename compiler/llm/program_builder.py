@@ -30,9 +30,10 @@ from rkc.compiler.emitter_ops import EMIT_OPTIONS, NpuGroup, lower_segment, npu_
 from rkc.compiler.partition import partition
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
+from rkc.ir.llm import LlmProgram
+from rkc.ir.npu import geometry
 from rkc.ir.program import Step
 from rkc.ir.types import DType, TensorType
-from rkc.runtime import native
 
 
 @dataclass
@@ -50,9 +51,11 @@ class ProgramStats:
     cpu_steps: int = 0
 
 
-def program_graph(base: Graph, name: str, rows: int, last_row_only: bool) -> Graph:
-    """`base` with T = rows, values renamed "<name>/<tensor>" (constants keep
-    their names: they are shared); optionally only the last row reaches the head."""
+def program_graph(base: Graph, program: LlmProgram) -> Graph:
+    """`base` with T = the program's rows, values renamed program.tensor(name)
+    (constants keep their names: they are shared); optionally only the last row
+    reaches the head."""
+    name, rows, last_row_only = program.name, program.rows, program.last_row_only
     g = Graph(name=f"{base.name}:{name}", metadata=dict(base.metadata))
 
     def fix(t: TensorType, n: int) -> TensorType:
@@ -64,20 +67,20 @@ def program_graph(base: Graph, name: str, rows: int, last_row_only: bool) -> Gra
             g.add_const(tname, t.type, payload=t.payload)
             ren[tname] = tname
     for tname in base.inputs:
-        ren[tname] = f"{name}/{tname}"
+        ren[tname] = program.tensor(tname)
         g.add_input(ren[tname], fix(base.tensors[tname].type, rows))
     n_rows = rows
     for op in base.topological_ops():
         inputs = [ren[i] if i else "" for i in op.inputs]
         if last_row_only and op.outputs[0] == "result_norm" and rows > 1:
-            last = f"{name}/last_row"
+            last = program.tensor("last_row")
             src = base.tensors[op.inputs[0]].type
             g.add_op("TakeLast", [inputs[0]], [(last, fix(src, 1))])
             inputs[0] = last
             n_rows = 1
         outs = []
         for o in op.outputs:
-            ren[o] = f"{name}/{o}"
+            ren[o] = program.tensor(o)
             n = n_rows if o in ("result_norm", "logits", "logits_div", "logits_tanh", "logits_capped") else rows
             outs.append((ren[o], fix(base.tensors[o].type, n)))
         attrs = dict(op.attrs)
@@ -141,7 +144,7 @@ class _ProgramLowering:
 
     def scratch(self, name: str, shape, dtype: DType) -> None:
         self.builder.scratch_tensor(self.program, name, shape, dtype, "native-gemm",
-                                    native.nbytes(shape, "native-gemm", dtype.itemsize))
+                                    geometry.nbytes(shape, "native-gemm", dtype.itemsize))
 
     # -- CPU ops -----------------------------------------------------------------------------
     def cpu_op(self, index: int) -> None:

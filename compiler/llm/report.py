@@ -17,10 +17,11 @@ import re
 from dataclasses import dataclass, field
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
+from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
 from rkc.ir.program import Module, Program
 
-MODEL = PerfModel()  # 1 GHz, 25 GB/s, 3 cores, the stock-rocket kick overhead (ir/npu/hw.py)
+MODEL = PerfModel()  # the defaults of ir/npu/hw.py (1 GHz, 25 GB/s, 3 cores, stock-rocket kicks); --dram-gbps overrides
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -35,15 +36,15 @@ class PhaseFigures:
         return self.rows / seconds if seconds else 0.0
 
 
-def phase(module: Module, program: Program) -> PhaseFigures:
-    rows = module.metadata.get("programs", {}).get(program.name, {}).get("rows", 1)
-    f = PhaseFigures(rows, npu_figures(program.steps, MODEL))
+def phase(module: Module, program: Program, model: PerfModel = MODEL) -> PhaseFigures:
+    rows = programs_in(module.metadata)[program.name].rows
+    f = PhaseFigures(rows, npu_figures(program.steps, model))
     f.cpu_steps = sum(1 for s in program.steps if s.kind == "cpu")
     for s in program.steps:
         if s.kind != "npu":
             continue
         layers = s.stats.get("layers", [])
-        one = npu_figures([s], MODEL)
+        one = npu_figures([s], model)
         m = _LAYER.match(_tensor(layers[0]["name"])) if layers else None
         key = f"layer {int(m.group(1))}" if m else "head"
         row = f.per_layer.setdefault(key, {"segments": [], "tasks": 0, "kicks": 0, "ddr_bytes": 0, "npu_us": 0.0})
@@ -78,17 +79,17 @@ def _phase_json(f: PhaseFigures) -> dict:
             "modelled_tokens_per_s_stock": f.tokens_per_s(n.seconds_stock)}
 
 
-def figures(module: Module) -> dict:
+def figures(module: Module, model: PerfModel = MODEL) -> dict:
     """The JSON of `rkc inspect --json` for an LLM rkbin. Per phase: "kicks" and
     "modelled_npu_s" (kick overhead included, "kick_overhead_s" of it) with
     hardware chaining, as `rkrun` runs on the simulator; the *_stock keys with
     stock rocket."""
     out: dict = {"model": module.metadata.get("name"), "precision": module.metadata.get("precision"),
-                 "weight_bytes": weight_bytes(module), "clock_hz": MODEL.clock_hz,
-                 "dram_bytes_per_s": MODEL.dram_bytes_per_s, "kick_overhead_s_each": MODEL.kick_overhead_s,
+                 "weight_bytes": weight_bytes(module), "clock_hz": model.clock_hz,
+                 "dram_bytes_per_s": model.dram_bytes_per_s, "kick_overhead_s_each": model.kick_overhead_s,
                  "placement": module.metadata.get("placement", {}),
                  "quantization": module.metadata.get("quantization", {})}
-    decode = phase(module, module.program("decode"))
+    decode = phase(module, module.program(DECODE), model)
     d = _phase_json(decode)
     out["decode"] = {"segments_per_token": d.pop("segments"), "tasks_per_token": d.pop("tasks"),
                      "kicks_per_token": d.pop("kicks"), "kicks_per_token_stock": d.pop("kicks_stock"),
@@ -96,9 +97,10 @@ def figures(module: Module) -> dict:
                      "macs_per_token": d.pop("macs"), **d}
     out["decode"]["per_layer"] = decode.per_layer
     out["prefill"] = {}
+    table = programs_in(module.metadata)
     for p in module.programs:
-        if p.name.startswith("prefill_"):
-            f = phase(module, p)
+        if table[p.name].last_row_only:
+            f = phase(module, p, model)
             out["prefill"][str(f.rows)] = _phase_json(f)
     return out
 
@@ -120,8 +122,8 @@ def quantization_lines(q: dict) -> list[str]:
     return lines
 
 
-def summary_lines(module: Module) -> list[str]:
-    fig = figures(module)
+def summary_lines(module: Module, model: PerfModel = MODEL) -> list[str]:
+    fig = figures(module, model)
     d = fig["decode"]
     tasks, ddr = d["tasks_per_token"], d["ddr_bytes_per_token"]
     chained = describe(d["modelled_npu_s"], tasks, d["kicks_per_token"], ddr, True)
@@ -132,7 +134,7 @@ def summary_lines(module: Module) -> list[str]:
              f"{d['kicks_per_token']} kicks with hardware chaining ({d['kicks_per_token_stock']} with stock "
              f"rocket), {d['cpu_steps_per_token']} CPU steps",
              f"  DDR {ddr / 1e6:.1f} MB per token vs {fig['weight_bytes'] / 1e6:.1f} MB of weights",
-             f"  {chained} = {d['modelled_tokens_per_s']:.1f} tokens/s at 25 GB/s "
+             f"  {chained} = {d['modelled_tokens_per_s']:.1f} tokens/s at {model.dram_bytes_per_s / 1e9:g} GB/s "
              f"({d['kick_overhead_s'] * 1e3:.2f} ms of it kicks)"]
     if d["kicks_per_token_stock"] != d["kicks_per_token"]:
         stock = describe(d["modelled_npu_s_stock"], tasks, d["kicks_per_token_stock"], ddr, False)

@@ -34,13 +34,12 @@ import numpy as np
 
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.npu import layout
+from rkc.ir.npu.geometry import GEMM_ROW_ALIGN
 from rkc.ir.npu.perf import JobCost, TaskCost
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 
 ITEMSIZE = {"int8": 1, "int16": 2, "fp16": 2, "int32": 4, "fp32": 4}
 NUMPY = {"int8": np.int8, "int16": np.int16, "fp16": np.float16, "int32": np.int32, "fp32": np.float32}
-GEMM_ROW_ALIGN = 4  # GEMM rows are padded to 4: H < 4 single-column maps are broken on
-# silicon (rocket-userspace include/rocket_matmul.h @ e0677862; hw-matmul.md 2.3)
 
 
 def gemm_rows(m: int) -> int:

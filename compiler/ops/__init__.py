@@ -44,12 +44,7 @@ class OpContext:
 
     def const(self, i: int) -> np.ndarray | None:
         """The value of input i when it is a constant with a loaded payload."""
-        if not self.has(i):
-            return None
-        t = self.graph.tensors.get(self.op.inputs[i])
-        if t is None or t.kind != "const" or t.payload not in self.graph.payloads:
-            return None
-        return self.graph.payloads[t.payload]
+        return self.graph.const_value(self.op.inputs[i]) if self.has(i) else None
 
     def attr(self, name: str, default=None):
         return self.op.attrs.get(name, default)

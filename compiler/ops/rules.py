@@ -8,8 +8,8 @@ from typing import Sequence
 import numpy as np
 
 from rkc.ir.errors import VerifyError
+from rkc.ir.npu.geometry import pads_for
 from rkc.ir.types import Dim, DType, TensorType
-from rkc.runtime.kernels.conv import pads_for
 
 UNKNOWN = "unk"
 

@@ -27,13 +27,6 @@ from rkc.ir.types import TensorType
 FOLDS_CONSTANTS = ("Conv", "Gemm", "MatMul")  # a constant after these folds into their weights / bias
 
 
-def _const(graph: Graph, name: str) -> np.ndarray | None:
-    t = graph.tensors.get(name) if name else None
-    if t is None or t.kind != "const" or t.payload not in graph.payloads:
-        return None
-    return graph.payloads[t.payload]
-
-
 def _feature_map(graph: Graph, name: str) -> tuple[int, np.dtype] | None:
     """(channels, numpy dtype) of a static float [1, C, H, W] value, else None."""
     t = graph.tensors.get(name)
@@ -78,7 +71,7 @@ def binary_affine(graph: Graph, op: Op) -> bool:
         fm = _feature_map(graph, x)
         if fm is None or tuple(graph.tensors[op.outputs[0]].type.shape) != tuple(graph.tensors[x].type.shape):
             continue
-        vec = _channel_vector(_const(graph, c), fm[0])
+        vec = _channel_vector(graph.const_value(c), fm[0])
         if vec is None or (op.type == "Div" and (position == 1 or np.any(vec == 0))):
             continue
         if _folds_into_producer(graph, x):
@@ -107,7 +100,7 @@ def batchnorm_affine(graph: Graph, op: Op) -> bool:
     if op.type != "BatchNormalization" or len(op.outputs) != 1 or op.attrs.get("training_mode", 0):
         return False
     fm = _feature_map(graph, op.inputs[0])
-    params = [_const(graph, n) for n in op.inputs[1:5]]
+    params = [graph.const_value(n) for n in op.inputs[1:5]]
     if fm is None or any(p is None for p in params):
         return False
     gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)

@@ -33,10 +33,10 @@ def reduce_mean_to_global_pool(graph: Graph, op: Op) -> bool:
     x = graph.tensors[op.inputs[0]].type
     axes = op.attrs.get("axes")
     if len(op.inputs) > 1 and op.inputs[1]:
-        t = graph.tensors[op.inputs[1]]
-        if t.kind != "const" or t.payload not in graph.payloads:
+        value = graph.const_value(op.inputs[1])
+        if value is None:
             return False
-        axes = [int(a) for a in graph.payloads[t.payload].reshape(-1)]
+        axes = [int(a) for a in value.reshape(-1)]
     if len(x.shape) != 4 or axes is None or sorted(a % 4 for a in axes) != [2, 3]:
         return False
     op.type = "GlobalAveragePool"

@@ -20,13 +20,6 @@ from rkc.ir.graph import Graph, Op, Tensor
 from rkc.ir.types import TensorType
 
 
-def _const(graph: Graph, name: str) -> np.ndarray | None:
-    t = graph.tensors.get(name) if name else None
-    if t is None or t.kind != "const" or t.payload not in graph.payloads:
-        return None
-    return graph.payloads[t.payload]
-
-
 def _flattens_pooled_map(graph: Graph, op: Op) -> bool:
     """Does `op` only drop the two unit spatial axes of a [N, C, 1, 1] map?"""
     if op.type not in ("Flatten", "Reshape") or op.type == "Flatten" and int(op.attrs.get("axis", 1)) != 1:
@@ -37,7 +30,7 @@ def _flattens_pooled_map(graph: Graph, op: Op) -> bool:
 
 def _weights_and_bias(graph: Graph, mm: Op) -> tuple[np.ndarray, np.ndarray | None] | None:
     """(W [C, K], bias [K] or None) of a product with constant weights."""
-    w = _const(graph, mm.inputs[1])
+    w = graph.const_value(mm.inputs[1])
     if w is None or w.ndim != 2 or w.dtype.kind != "f":
         return None
     if mm.type == "MatMul":
@@ -48,7 +41,7 @@ def _weights_and_bias(graph: Graph, mm: Op) -> tuple[np.ndarray, np.ndarray | No
     alpha, beta = float(mm.attrs.get("alpha", 1.0)), float(mm.attrs.get("beta", 1.0))
     bias = None
     if len(mm.inputs) > 2 and mm.inputs[2]:
-        c = _const(graph, mm.inputs[2])
+        c = graph.const_value(mm.inputs[2])
         if c is None or c.size not in (1, w.shape[1]) or c.ndim > 2 or c.ndim == 2 and c.shape[0] != 1:
             return None
         bias = np.broadcast_to(c.reshape(-1), (w.shape[1],)).astype(np.float64) * beta

@@ -14,24 +14,17 @@ from rkc.compiler.passes.edit import add_const, only_consumer, producer, rename_
 from rkc.ir.graph import Graph, Op
 
 
-def _const(graph: Graph, name: str) -> np.ndarray | None:
-    t = graph.tensors.get(name) if name else None
-    if t is None or t.kind != "const" or t.payload not in graph.payloads:
-        return None
-    return graph.payloads[t.payload]
-
-
 def fold_into_conv(graph: Graph, bn: Op) -> bool:
     if bn.type != "BatchNormalization" or len(bn.outputs) != 1 or bn.attrs.get("training_mode", 0):
         return False
     conv = producer(graph, bn.inputs[0])
     if conv is None or conv.type != "Conv" or only_consumer(graph, conv.outputs[0]) is not bn:
         return False
-    w = _const(graph, conv.inputs[1])
-    params = [_const(graph, n) for n in bn.inputs[1:5]]
+    w = graph.const_value(conv.inputs[1])
+    params = [graph.const_value(n) for n in bn.inputs[1:5]]
     if w is None or any(p is None for p in params) or w.dtype.kind != "f":
         return False
-    bias = _const(graph, conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0], w.dtype)
+    bias = graph.const_value(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0], w.dtype)
     if bias is None:
         return False
     gamma, beta, mean, var = (p.astype(np.float64) for p in params)
@@ -62,17 +55,17 @@ def fold_scale_into_conv(graph: Graph, mul: Op) -> bool:
         return False
     for data, other in (mul.inputs, mul.inputs[::-1]):
         conv = producer(graph, data)
-        scale = _const(graph, other)
+        scale = graph.const_value(other)
         if conv is None or conv.type != "Conv" or scale is None or only_consumer(graph, data) is not mul:
             continue
-        w = _const(graph, conv.inputs[1])
+        w = graph.const_value(conv.inputs[1])
         if w is None or w.dtype.kind != "f" or scale.dtype != w.dtype:
             continue
         vec = _channel_vector(scale, w.shape[0], len(graph.tensors[data].type.shape))
         if vec is None:
             continue
         has_bias = len(conv.inputs) > 2 and conv.inputs[2]
-        bias = _const(graph, conv.inputs[2]) if has_bias else np.zeros(w.shape[0], w.dtype)
+        bias = graph.const_value(conv.inputs[2]) if has_bias else np.zeros(w.shape[0], w.dtype)
         if bias is None:
             continue
         vec = vec.astype(np.float64)

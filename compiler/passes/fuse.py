@@ -17,15 +17,8 @@ from rkc.compiler.passes.edit import add_const, only_consumer, producer
 from rkc.ir.graph import Graph, Op
 
 
-def _const(graph: Graph, name: str) -> np.ndarray | None:
-    t = graph.tensors.get(name) if name else None
-    if t is None or t.kind != "const" or t.payload not in graph.payloads:
-        return None
-    return graph.payloads[t.payload]
-
-
 def _scalar(graph: Graph, name: str) -> float | None:
-    v = _const(graph, name)
+    v = graph.const_value(name)
     if v is None or v.size != 1:
         return None
     return float(v.reshape(-1)[0])
@@ -126,13 +119,13 @@ def fuse_layernorm(graph: Graph, mean_op: Op) -> bool:
     gamma = beta = None
     mul = only_consumer(graph, div.outputs[0])
     if mul is not None and mul.type == "Mul":
-        g = _const(graph, _other(mul, div.outputs[0]) or "")
+        g = graph.const_value(_other(mul, div.outputs[0]) or "")
         if g is not None and g.size and np.broadcast_shapes(g.shape, norm_shape) == tuple(norm_shape) \
                 and g.ndim <= len(axes):
             gamma, chain, last = g, [*chain, mul], mul
             bias = only_consumer(graph, mul.outputs[0])
             if bias is not None and bias.type == "Add":
-                b = _const(graph, _other(bias, mul.outputs[0]) or "")
+                b = graph.const_value(_other(bias, mul.outputs[0]) or "")
                 if b is not None and b.ndim <= len(axes) and \
                         np.broadcast_shapes(b.shape, norm_shape) == tuple(norm_shape):
                     beta, chain, last = b, [*chain, bias], bias
@@ -151,7 +144,7 @@ def fuse_hard_swish(graph: Graph, add: Op) -> bool:
     if add.type != "Add" or len(add.inputs) != 2:
         return False
     x = next((i for i in add.inputs if _near(_scalar(graph, _other(add, i) or ""), 3.0)), None)
-    if x is None or _const(graph, x) is not None:
+    if x is None or graph.const_value(x) is not None:
         return False
     clip = only_consumer(graph, add.outputs[0])
     if clip is None or clip.type != "Clip" or len(clip.inputs) < 3 or \
@@ -172,7 +165,7 @@ def fuse_hard_swish(graph: Graph, add: Op) -> bool:
 
 def _axes(graph: Graph, op: Op) -> list[int] | None:
     if len(op.inputs) > 1 and op.inputs[1]:
-        v = _const(graph, op.inputs[1])
+        v = graph.const_value(op.inputs[1])
         return None if v is None else [int(a) for a in v.reshape(-1)]
     a = op.attrs.get("axes")
     return None if a is None else [int(v) for v in a]

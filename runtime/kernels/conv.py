@@ -13,27 +13,11 @@ import itertools
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from rkc.ir.npu.geometry import pads_for
+
 
 def _ints(v, n: int, default: int) -> list[int]:
     return [default] * n if v is None else [int(x) for x in v]
-
-
-def pads_for(auto_pad: str, in_sizes, kernel, strides, dilations, pads) -> tuple[list[int], list[int]]:
-    """(begin, end) paddings per spatial axis, after ONNX's auto_pad rules."""
-    n = len(in_sizes)
-    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        begin, end = [], []
-        for i, k, s in zip(in_sizes, eff, strides):
-            total = max((-(-i // s) - 1) * s + k - i, 0)
-            small = total // 2
-            begin.append(small if auto_pad == "SAME_UPPER" else total - small)
-            end.append(total - begin[-1])
-        return begin, end
-    if auto_pad == "VALID":
-        return [0] * n, [0] * n
-    p = _ints(pads, 2 * n, 0)
-    return p[:n], p[n:]
 
 
 def _windows(x: np.ndarray, kernel, strides, dilations) -> np.ndarray:

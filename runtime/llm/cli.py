@@ -28,25 +28,16 @@ class LlmRunOptions:
 
 
 def chat_prompt(template: str | None, user: str) -> str:
-    """One user turn in the model's chat template (Jinja, as the GGUF gives it)."""
-    if not template:
-        raise RkcError("the model has no chat template (tokenizer.chat_template); drop --chat")
-    import jinja2
+    """One user turn in the model's chat template."""
+    from rkc.runtime.api.llm import render_chat
 
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-
-    def raise_exception(msg: str) -> None:
-        raise RkcError(f"chat template: {msg}")
-
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(messages=[{"role": "user", "content": user}],
-                                            add_generation_prompt=True, bos_token="")
+    return render_chat(template, [{"role": "user", "content": user}])
 
 
 def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -> None:
+    from rkc.runtime.api.llm import LlmModel
     from rkc.runtime.llm.engine import LlmEngine
-    from rkc.runtime.llm.generate import Generator, Sampler
-    from rkc.runtime.llm.tokenizer import TextStream
+    from rkc.runtime.llm.generate import Generator
 
     if o.tokenize is not None:  # needs no device
         from rkc.runtime.llm.tokenizer import LlmTokenizer
@@ -76,18 +67,18 @@ def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -
         click.echo(f"scored {n} tokens in {dt:.1f} s ({n / dt:.1f} t/s), windows of {ctx}", err=True)
         click.echo(f"perplexity: {ppl:.4f} over {n} tokens")
         return
-    text = chat_prompt(tok.chat_template, o.prompt) if o.chat else o.prompt
-    ids = tok.encode(text, special=o.chat)
-    gen = Generator(engine, o.ctx)
-    sampler = Sampler(o.temperature, o.top_k, o.top_p, o.seed)
-    stream = TextStream(tok)
-    for token in gen.generate(ids, o.n_predict, sampler):
-        piece = stream.push(token)
-        if piece:
-            click.echo(piece, nl=False)  # echo flushes: the text streams as it comes
+    llm = LlmModel(engine, o.ctx, cache_slots=1)
+    sampling = dict(max_tokens=o.n_predict, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed,
+                    stream=True)
+    if o.chat:
+        stream = llm.chat([{"role": "user", "content": o.prompt}], **sampling)
+    else:
+        stream = llm.generate(o.prompt, **sampling)
+    for piece in stream:
+        click.echo(piece, nl=False)  # echo flushes: the text streams as it comes
     click.echo("")
     sys.stdout.flush()
     click.echo(f"load: {load_s:.2f} s; placement: prefill {engine.placement.get('prefill')}, "
                f"decode {engine.placement.get('decode')}", err=True)
-    for line in gen.timings.lines():
+    for line in llm.timings.lines():
         click.echo(line, err=True)

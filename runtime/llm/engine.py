@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from rkc.ir.errors import FormatError
-from rkc.ir.llm import LlmConfig
+from rkc.ir.llm import LlmConfig, LlmProgram, choose_program, programs_in
 from rkc.ir.program import Step
 from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime.execute import _Run
@@ -62,7 +62,8 @@ class LlmEngine:
         self.path = Path(rk.path)
         self.cfg = LlmConfig.from_dict(meta["llm"])
         self.precision = meta.get("precision")
-        self.chunks = sorted(int(c) for c in meta.get("prefill_chunks", [1]))
+        self.llm_programs = programs_in(meta, str(rk.path))  # what the compiler built, by name
+        self.chunks = sorted({p.rows for p in self.llm_programs.values()})
         self.placement = meta.get("placement", {})
         if "tokenizer" not in rk.blobs:
             raise FormatError(f"{rk.path}: LLM rkbin without a tokenizer")
@@ -84,6 +85,10 @@ class LlmEngine:
         windows = [self.cfg.swa_window if self.cfg.is_swa(i) else 0 for i in range(self.cfg.n_layer)]
         return KVCache(self.cfg.n_layer, windows, n_ctx)
 
+    def program_for(self, rows: int, all_logits: bool) -> LlmProgram:
+        """The file's program for a chunk of `rows` tokens (every row's logits or the last)."""
+        return choose_program(self.llm_programs, rows, all_logits)
+
     def run(self, program: str, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
         """Logits of the chunk (every row, or the last real row for prefill
         programs). Fewer tokens than the program's rows are padded: pad rows
@@ -91,7 +96,8 @@ class LlmEngine:
         import time
 
         prog = self.programs[program]
-        rows = self.model.tensors[f"{program}/tokens"].shape[0]
+        tensor = self.llm_programs[program].tensor
+        rows = self.model.tensors[tensor("tokens")].shape[0]
         valid = len(tokens)
         if valid > rows:
             raise FormatError(f"program {program} takes {rows} tokens, got {valid}")
@@ -100,8 +106,8 @@ class LlmEngine:
         positions = np.asarray(positions, np.int32)
         positions = np.concatenate([positions, positions[-1] + 1 + np.arange(pad, dtype=np.int32)])
         run = _LlmRun(self.model, prog, LlmState(cache, self.model, valid))
-        run.write(f"{program}/tokens", tokens)
-        run.write(f"{program}/positions", positions)
+        run.write(tensor("tokens"), tokens)
+        run.write(tensor("positions"), positions)
         for i, step in enumerate(prog.steps):
             t = time.perf_counter()
             if step.kind == "cpu":

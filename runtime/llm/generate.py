@@ -10,6 +10,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from rkc.ir.errors import RkcError
+from rkc.ir.llm import DECODE
 from rkc.ir.npu.perf import describe
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.kvcache import KVCache
@@ -74,7 +75,8 @@ class Modelled:
 
 @dataclass
 class Timings:
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # prefilled (the prompt minus its reused prefix)
+    cached_tokens: int = 0  # prompt tokens whose KV was reused from the cache
     prefill_s: float = 0.0
     generated: int = 0
     decode_s: float = 0.0
@@ -123,25 +125,29 @@ class Generator:
     def _forward(self, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:
         outs, pos = [], start
         for c, n in chunk_plan(len(tokens), self.engine.chunks):
-            name = "decode" if c == 1 else (f"score_{c}" if all_logits else f"prefill_{c}")
+            name = self.engine.program_for(c, all_logits).name
             ids = np.asarray(tokens[pos - start: pos - start + n], np.int32)
             outs.append(self.engine.run(name, ids, np.arange(pos, pos + n, dtype=np.int32), self.cache))
             pos += n
         return np.concatenate(outs) if all_logits else outs[-1][-1]
 
     def generate(self, prompt: list[int], n: int, sampler: Sampler,
-                 stop_at_eos: bool = True) -> Iterator[int]:
-        """Yield up to n new tokens after the prompt."""
+                 stop_at_eos: bool = True, reuse: int = 0) -> Iterator[int]:
+        """Yield up to n new tokens after the prompt. `reuse`: the cache already
+        holds the KV of prompt[:reuse] (the caller checked); only the rest is prefilled."""
         if not prompt:
             raise RkcError("empty prompt (the model has no BOS token to start from)")
         if len(prompt) + n > self.n_ctx:
             n = max(0, self.n_ctx - len(prompt))
-        self.cache.reset()
-        self.timings = Timings()
+        reuse = min(reuse, len(prompt) - 1)  # the last prompt token's logits are needed
+        if reuse <= 0 or not self.cache.truncate(reuse):
+            reuse = 0
+            self.cache.reset()
+        self.timings = Timings(cached_tokens=reuse)
         device = self.engine.device
         t0, m0 = time.perf_counter(), Modelled.of(device)
-        logits = self._forward(prompt, 0, all_logits=False)
-        self.timings.prompt_tokens, self.timings.prefill_s = len(prompt), time.perf_counter() - t0
+        logits = self._forward(prompt[reuse:], reuse, all_logits=False)
+        self.timings.prompt_tokens, self.timings.prefill_s = len(prompt) - reuse, time.perf_counter() - t0
         self.timings.prefill_npu = Modelled.of(device).since(m0)
         pos = len(prompt)
         t1, m1 = time.perf_counter(), Modelled.of(device)
@@ -152,7 +158,7 @@ class Generator:
             self.timings.generated = i + 1
             yield token
             if i + 1 < n:
-                logits = self.engine.run("decode", np.asarray([token], np.int32), np.asarray([pos], np.int32),
+                logits = self.engine.run(DECODE, np.asarray([token], np.int32), np.asarray([pos], np.int32),
                                          self.cache)[-1]
                 pos += 1
                 self.timings.decode_runs += 1

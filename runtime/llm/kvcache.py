@@ -27,6 +27,23 @@ class KVCache:
         self.k, self.v = [None] * n, [None] * n
         self.pos = [np.zeros(0, np.int64) for _ in range(n)]
 
+    @property
+    def length(self) -> int:
+        """Positions 0..length-1 have been through the model (they are contiguous)."""
+        return int(self.pos[0][-1]) + 1 if self.pos[0].size else 0
+
+    def truncate(self, n: int) -> bool:
+        """Forget positions >= n, keeping 0..n-1 for a prompt that shares them
+        (the prefix-reuse hook). False, and nothing changed, when a sliding-window
+        layer's ring has already dropped a key a query at position n still sees."""
+        if n > self.length:
+            return False
+        for pos, window in zip(self.pos, self.windows):
+            if window and n > 0 and (pos.size == 0 or pos[0] > max(0, n - window + 1)):
+                return False
+        self.pos = [pos[pos < n] for pos in self.pos]  # storage rows past the kept ones are dead
+        return True
+
     def context(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray):
         """Keys, values (fp32) and positions a chunk attends to: the cached ones
         followed by the chunk's own."""

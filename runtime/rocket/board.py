@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
+from rkc.runtime.rocket import soc
 from rkc.runtime.rocket.kernel import KernelInterface, LinuxKernel
 from rkc.runtime.rocket.nodes import NodeInfo, scan_nodes
 
@@ -48,6 +49,7 @@ class BoardFacts:
     rail_name: str = DEFAULT_RAIL
     rail_uv: int | None = None
     params: dict[str, str | None] = field(default_factory=dict)
+    soc: dict = field(default_factory=dict)  # memory controller and CPU clusters (soc.gather)
 
     @property
     def rocket_nodes(self) -> list[NodeInfo]:
@@ -60,20 +62,7 @@ class BoardFacts:
         return d
 
 
-def _text(root: str, *parts: str) -> str | None:
-    try:
-        with open(os.path.join(root, *parts), "rb") as f:
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-
-
-def _int(root: str, *parts: str) -> int | None:
-    value = _text(root, *parts)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
+_text, _int = soc.read_text, soc.read_int
 
 
 def gather(root: str = "/", kernel: KernelInterface | None = None, rail: str = DEFAULT_RAIL) -> BoardFacts:
@@ -81,6 +70,7 @@ def gather(root: str = "/", kernel: KernelInterface | None = None, rail: str = D
     facts = BoardFacts(root, nodes=scan_nodes(kernel), rail_name=rail)
     facts.module_loaded = os.path.isdir(os.path.join(root, "sys/module/rocket"))
     facts.params = {p: _text(root, PARAMS_SYSFS, p) for p in PARAMS}
+    facts.soc = soc.gather(root)
 
     bound = os.path.join(root, DRIVER_SYSFS)
     if os.path.isdir(bound):

@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from rkc.ir.npu import hw
-from rkc.runtime.device import BufferObject, Counters, Device, IOVA_LIMIT, Job, Submission
+from rkc.runtime.device import BufferObject, Device, IOVA_LIMIT, Job, Submission
 from rkc.runtime.rocket import fences, uapi
 from rkc.runtime.rocket.errors import JobDropped, JobFailed, JobTimeout, RocketError
 from rkc.runtime.rocket.kernel import KernelInterface, LinuxKernel
@@ -101,7 +101,7 @@ class RocketDevice(Device):
             raise RocketError(f"--cores must be at least 1, got {cores}")
         self._quiet = quiet
         self._max_tracked = max_tracked_jobs  # tests lower it to reach the untracked path
-        self._counters = Counters()
+        super().__init__()
         self._bos: dict[int, _Bo] = {}  # home handle -> record (user BOs only)
         self._witness_pool: list[_Bo] = []
         self._witnesses: list[_Bo] = []
@@ -483,13 +483,6 @@ class RocketDevice(Device):
         return True
 
     # --- the rest of the interface --------------------------------------------------------
-
-    @property
-    def counters(self) -> Counters:
-        return self._counters
-
-    def reset_counters(self) -> None:
-        self._counters = Counters()
 
     def describe(self) -> dict:
         """What the device found at open (for `rkc doctor` and `rkc probe`)."""

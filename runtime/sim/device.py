@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from rkc.ir.npu.perf import PerfModel
-from rkc.runtime.device import BufferObject, Counters, Device, Job, Submission
+from rkc.runtime.device import BufferObject, Device, Job, Submission
 from rkc.runtime.sim.errors import MemoryAccessError, SimError
 from rkc.runtime.sim.memory import IovaSpace, JobAccess
 from rkc.runtime.sim.npu import CORES, Npu
@@ -36,7 +36,7 @@ class SimDevice(Device):
         self.mem = IovaSpace(cache_bytes=cache_bytes)
         self.npu = Npu(self.mem, quirks)
         self.perf = perf or PerfModel()
-        self._counters = Counters()
+        super().__init__()
         self._failed: dict[int, SimError] = {}  # out-BO handle -> error of the job that should have written it
         self.last_jobs: list[JobStats] = []  # stats of the most recent submission
         self._closed = False
@@ -129,13 +129,6 @@ class SimDevice(Device):
                 c.dma_read[k] = c.dma_read.get(k, 0) + v
             for k, v in js.dma_written.items():
                 c.dma_written[k] = c.dma_written.get(k, 0) + v
-
-    @property
-    def counters(self) -> Counters:
-        return self._counters
-
-    def reset_counters(self) -> None:
-        self._counters = Counters()
 
     def close(self) -> None:
         for bo in self.mem.bos:

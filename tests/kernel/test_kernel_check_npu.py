@@ -1,17 +1,11 @@
 """kernel/check-npu against fake board trees (see kernel_fakeboard.py)."""
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from kernel_fakeboard import (MHZ, FakeBoard, PATCHED_PARAMS, no_npu_board, ready_board,
-                              stock_200mhz_board)
-
-CHECK_NPU = Path(__file__).resolve().parents[2] / "kernel" / "check-npu"
+from kernel_fakeboard import (CHECK_NPU, MHZ, FakeBoard, PATCHED_PARAMS, check_json, check_npu, lines,
+                              no_npu_board, ready_board, stock_200mhz_board)
 
 
 @pytest.fixture
@@ -19,22 +13,6 @@ def fake_root(tmp_path):
     root = tmp_path / "board"
     root.mkdir()
     return root
-
-
-def check_npu(root, *args, env=None):
-    cmd = [sys.executable, str(CHECK_NPU)]
-    if root is not None:
-        cmd += ["--root", str(root)]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, env=env)
-
-
-def lines(res, level):
-    return [l for l in res.stdout.splitlines() if l.startswith("[%-4s]" % level)]
-
-
-def check_json(root, *args):
-    res = check_npu(root, "--json", *args)
-    return res.returncode, json.loads(res.stdout)
 
 
 def test_ready_board_exits_0(fake_root):

@@ -1,4 +1,5 @@
-"""The 1 GHz NPU overlay compiles with dtc and applies with fdtoverlay.
+"""The kernel/dts overlays compile with dtc and apply with fdtoverlay: the 1 GHz NPU
+overlay, and the A76 2.4 GHz one (at the end).
 
 The base tree is tests/kernel/data/rk3588-npu-stub.dts: the labels the
 overlay refers to, shaped like rk3588-base.dtsi plus a board rail.  These
@@ -8,9 +9,12 @@ fdtget); without it they fail, they do not skip.
 
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from kernel_fakeboard import MHZ, check_npu, ready_board
 
 REPO = Path(__file__).resolve().parents[2]
 DTS_DIR = REPO / "kernel" / "dts"
@@ -145,3 +149,63 @@ def test_generator_rejects_bad_labels(bad):
     res = run("sh", GENERATOR, bad)
     assert res.returncode == 2
     assert "label" in res.stderr
+
+
+# kernel/dts/rk3588-a76-2400.dtso: applies to a vendor-shaped base (the A76 OPP tables with
+# their speed-bin masks), changes only the 2.4 GHz OPPs' mask, and check-npu reports it applied.
+A76_OVERLAY = DTS_DIR / "rk3588-a76-2400.dtso"
+A76_STUB = Path(__file__).resolve().parent / "data" / "rk3588-a76-stub.dts"
+A76_TABLES = ["/opp-table-cluster1", "/opp-table-cluster2"]
+
+
+def as_dts(dtb):
+    res = run("dtc", "-I", "dtb", "-O", "dts", dtb)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.splitlines()
+
+
+def test_a76_overlay_compiles_without_warnings(dt_tools, tmp_path):
+    res = compile_dt(A76_OVERLAY, tmp_path / "a76.dtbo")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+
+
+def test_a76_overlay_opens_only_the_2400_opp_to_every_bin(dt_tools, tmp_path):
+    res, merged = apply_overlay(tmp_path, A76_STUB, A76_OVERLAY)
+    assert res.returncode == 0, res.stderr
+    for table in A76_TABLES:
+        top = table + "/opp-2400000000"
+        assert fdtget(merged, top, "opp-supported-hw", "x") == ["f9", "ffff"]  # SoC-version mask kept
+        assert fdtget(merged, top, "rkc,overlay", "s") == ["rk3588-a76-2400"]
+        assert fdtget(merged, top, "opp-microvolt") == ["1000000", "1000000", "1000000"]  # voltage untouched
+        assert fdtget(merged, table + "/opp-2304000000", "opp-supported-hw", "x") == ["f9", "24"]
+    # nothing else changes: the merged tree is the base with these lines swapped, twice
+    base, merged_lines = Counter(as_dts(tmp_path / "base.dtb")), Counter(as_dts(merged))
+    assert {l.strip(): n for l, n in (base - merged_lines).items()} == {"opp-supported-hw = <0xf9 0x80>;": 2}
+    assert {l.strip(): n for l, n in (merged_lines - base).items()} == {
+        "opp-supported-hw = <0xf9 0xffff>;": 2, 'rkc,overlay = "rk3588-a76-2400";': 2}
+
+
+def test_a76_overlay_needs_the_vendor_labels(dt_tools, tmp_path):
+    base = tmp_path / "no-label.dts"
+    base.write_text(A76_STUB.read_text().replace("cluster2_opp_table: ", ""))
+    res, _ = apply_overlay(tmp_path, base, A76_OVERLAY)
+    assert res.returncode != 0
+
+
+def test_a76_check_npu_reports_the_applied_overlay(dt_tools, tmp_path):
+    """The 2.4 GHz OPP nodes as the merged DTB has them, laid out in a fake tree."""
+    res, merged = apply_overlay(tmp_path, A76_STUB, A76_OVERLAY)
+    assert res.returncode == 0, res.stderr
+    root = tmp_path / "board"
+    board = ready_board(root)
+    board.cpufreq(volt_sel=(2, 2), overlay=True)
+    for table in A76_TABLES:
+        node = "%s/opp-2400000000" % table.strip("/")
+        cells = fdtget(merged, table + "/opp-2400000000", "opp-supported-hw", "x")
+        board._prop(node, "opp-supported-hw", board.cells(*(int(c, 16) for c in cells)))
+        mark = fdtget(merged, table + "/opp-2400000000", "rkc,overlay", "s")[0]
+        board._prop(node, "rkc,overlay", mark + "\0")
+        assert board.cells(2400 * MHZ, width=8) == (root / "sys/firmware/devicetree/base" / node / "opp-hz").read_bytes()
+    out = check_npu(root).stdout
+    assert "[INFO] A76 overlay     rk3588-a76-2400 applied (opp-table-cluster1, opp-table-cluster2)" in out
+    assert "[OK  ] A76 clock       policy4 (cpu4,5): max 2400 MHz" in out

@@ -124,14 +124,20 @@ def _add(writer: gguf.GGUFWriter, rng: np.random.Generator, name: str, shape: tu
         writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
 
 
-def write_model(path: str | Path, arch: str, seed: int = 0) -> Path:
+# ChatML, the template of the Qwen models (their BPE vocabulary has its markers)
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str | None = None,
+                context_length: int = 256) -> Path:
     s = SHAPES[arch]
     rng = np.random.default_rng(seed)
     path = Path(path)
     w = gguf.GGUFWriter(str(path), arch)
     D, H, Hkv, hd, F, L = s["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"], s["n_ff"], s["n_layer"]
     w.add_name(f"tiny-{arch}")
-    w.add_context_length(256)
+    w.add_context_length(context_length)
     w.add_embedding_length(D)
     w.add_block_count(L)
     w.add_feed_forward_length(F)
@@ -167,6 +173,8 @@ def write_model(path: str | Path, arch: str, seed: int = 0) -> Path:
         w.add_bos_token_id(ids["bos"])
         w.add_eos_token_id(ids["eos"])
         w.add_add_bos_token(True)  # so --tokenize and perplexity have a BOS to put first
+    if chat_template:
+        w.add_chat_template(chat_template)
     V = len(tokens)
     _add(w, rng, "token_embd.weight", (V, D), Q.Q8_0, scale=0.5)
     _add(w, rng, "output_norm.weight", (D,), Q.F32, 0.1, 1.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from rkc.compiler.cli import main
-from rkc.compiler.cli.doctor import build_report
+from rkc.runtime.rocket.doctor import build_report
 from rkc.runtime.rocket.emulated import CHAIN_PATCHED, SHARED_PATCHED, STOCK, EmulatedKernel
 
 CORES = ("fdab0000.npu", "fdac0000.npu", "fdad0000.npu")
@@ -132,3 +132,53 @@ def test_json_report(tmp_path):
     assert report["board"]["clock_hz"] == 1_000_000_000
     assert len(report["board"]["cores"]) == 3
     assert {u["name"]: u["size"] for u in report["uapi"]}["DRM_IOCTL_ROCKET_CREATE_BO"] == 24
+
+
+def soc_report(tmp_path, **soc):
+    """A patched board (tests' fake_board) plus the memory controller and CPU tree of kernel_fakeboard."""
+    from kernel_fakeboard import FakeBoard
+
+    root = fake_board(tmp_path)
+    board = FakeBoard(root)
+    board.soc(**soc)
+    return board, build_report(str(root), EmulatedKernel(CHAIN_PATCHED))
+
+
+def test_memory_and_cpus_ready_keep_the_npu_verdict(tmp_path):
+    _, r = soc_report(tmp_path)
+    assert r.verdict.startswith("NPU ready")
+    topics = {t: (level, m) for level, t, m in r.soc_checks}
+    assert topics["DDR rate"] == ("OK", "2400 MHz, its top rate, held there by the performance governor")
+    assert r.soc_verdict == "memory and CPUs: ready to measure"
+
+
+def test_doctor_without_dmc_device_says_bl31(tmp_path):
+    _, r = soc_report(tmp_path, dmc=False)
+    level, message = {t: (level, m) for level, t, m in r.soc_checks}["DDR devfreq"]
+    assert level == "FAIL" and "BL31 probably lacks the DDR services" in message
+    assert r.soc_verdict == "memory and CPUs: not ready to measure (DDR devfreq: see above)"
+    assert r.verdict.startswith("NPU ready")  # the NPU side is judged on its own
+
+
+def test_doctor_dmc_powersave_and_a76_capped(tmp_path):
+    board, _ = soc_report(tmp_path, volt_sel=(2, 2))
+    board.dmc(governor="powersave", cur_mhz=528)
+    r = build_report(str(tmp_path), EmulatedKernel(CHAIN_PATCHED))
+    levels = [(level, t) for level, t, _ in r.soc_checks]
+    assert ("FAIL", "DDR governor") in levels and ("WARN", "DDR rate") in levels
+    assert [m.split(": hidden")[0] for _, t, m in r.soc_checks if t == "A76 clock"] == [
+        "policy4 (cpu4,5): tops out at 2304 MHz, not 2400 MHz", "policy6 (cpu6,7): tops out at 2304 MHz, not 2400 MHz"]
+    assert r.soc_verdict == "memory and CPUs: not ready to measure (DDR governor, A76 clock, DDR rate: see above)"
+
+
+def test_doctor_prints_soc_lines_without_an_npu(tmp_path):
+    from kernel_fakeboard import FakeBoard
+
+    FakeBoard(tmp_path).soc(volt_sel=(2, 2))
+    result = CliRunner().invoke(main, ["doctor", "--root", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "  [WARN] A76 clock       policy4 (cpu4,5): tops out at 2304 MHz" in result.stdout
+    assert "verdict: memory and CPUs: measurable, but see A76 clock above" in result.stdout
+    report = json.loads(CliRunner().invoke(main, ["doctor", "--json", "--root", str(tmp_path)]).stdout)
+    assert report["board"]["soc"]["dmc"]["cur_hz"] == 2_400_000_000
+    assert {c["topic"] for c in report["soc_checks"]} >= {"DDR devfreq", "A76 clock", "CPU governor"}

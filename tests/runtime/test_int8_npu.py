@@ -88,11 +88,11 @@ def test_reading_an_npu_tensor_copies_it_out_of_the_buffer(shape, kind):
     """What the runtime reads back from a BO is the CPU's own array: a dense
     feature map used to come back as a view of the BO, which later NPU steps
     (memory-plan reuse) overwrote under the reader."""
-    from rkc.runtime import native
+    from rkc.ir.npu import geometry
 
     value = np.arange(np.prod(shape)).reshape(shape).astype(np.int8)
-    raw = native.pack(value, kind).reshape(-1).view(np.uint8)
-    got = native.unpack(raw, shape, kind, np.dtype(np.int8))
+    raw = geometry.pack(value, kind).reshape(-1).view(np.uint8)
+    got = geometry.unpack(raw, shape, kind, np.dtype(np.int8))
     np.testing.assert_array_equal(got, value)
     assert not np.shares_memory(got, raw)
 

@@ -1,6 +1,8 @@
-"""How a logical tensor is stored as an NPU feature map (the layouts
-themselves are ir/npu/layout.py). Shared by the compiler, which plans the
-bytes, and the runtime, which converts at segment edges.
+"""The geometry an rkbin fixes and both sides read: how a logical tensor is
+stored as an NPU feature map (the byte layouts themselves are ir/npu/layout.py),
+and the padding of a convolution window. The compiler plans bytes and windows
+with it; the runtime converts tensors at segment edges and runs CPU kernels with
+the same numbers.
 
 Layout names in TensorInfo.layout:
   "native"       [1, C, H, W]          -> feature C x H x W
@@ -17,10 +19,11 @@ import numpy as np
 
 from rkc.ir.npu import layout
 
-GEMM_ROW_ALIGN = 4
+GEMM_ROW_ALIGN = 4  # GEMM rows are padded to 4: H < 4 single-column maps are broken on
+# silicon (rocket-userspace include/rocket_matmul.h @ e0677862; hw-matmul.md 2.3)
 
 
-def geometry(shape, kind: str) -> tuple[int, int, int, int]:
+def feature_map(shape, kind: str) -> tuple[int, int, int, int]:
     """(channels, logical rows, stored rows, width) of the feature map."""
     if kind == "native":
         if len(shape) != 4 or shape[0] != 1:
@@ -38,13 +41,13 @@ def geometry(shape, kind: str) -> tuple[int, int, int, int]:
 
 
 def nbytes(shape, kind: str, itemsize: int) -> int:
-    c, _, rows, w = geometry(shape, kind)
+    c, _, rows, w = feature_map(shape, kind)
     return layout.feature_bytes(c, rows, w, itemsize)
 
 
 def pack(value: np.ndarray, kind: str) -> np.ndarray:
     """Logical array -> native bytes (padding channels and rows are zero)."""
-    c, h, rows, w = geometry(value.shape, kind)
+    c, h, rows, w = feature_map(value.shape, kind)
     chw = value.reshape(c, h, w) if kind == "native" else value.reshape(h, c).T.reshape(c, h, 1)
     if rows > h:
         chw = np.concatenate([chw, np.zeros((c, rows - h, w), chw.dtype)], axis=1)
@@ -54,8 +57,27 @@ def pack(value: np.ndarray, kind: str) -> np.ndarray:
 def unpack(raw: np.ndarray, shape, kind: str, dtype: np.dtype) -> np.ndarray:
     """A new array: never a view of `raw` (a BO's memory, which the NPU rewrites
     once the CPU hands it back)."""
-    c, h, rows, w = geometry(shape, kind)
+    c, h, rows, w = feature_map(shape, kind)
     view = layout.feature_view(raw, c, rows, w, dtype)
     chw = layout.unpack_feature(np.ascontiguousarray(view), c)[:, :h]
     out = chw.reshape(c, h, w) if kind == "native" else chw[:, :, 0].T
     return np.array(out, copy=True).reshape(shape)
+
+
+# -- convolution windows (the compiler's shape rules and emitters, the CPU kernels) --------
+def pads_for(auto_pad: str, in_sizes, kernel, strides, dilations, pads) -> tuple[list[int], list[int]]:
+    """(begin, end) paddings per spatial axis, after ONNX's auto_pad rules."""
+    n = len(in_sizes)
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i, k, s in zip(in_sizes, eff, strides):
+            total = max((-(-i // s) - 1) * s + k - i, 0)
+            small = total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        return begin, end
+    if auto_pad == "VALID":
+        return [0] * n, [0] * n
+    p = [0] * (2 * n) if pads is None else [int(x) for x in pads]
+    return p[:n], p[n:]

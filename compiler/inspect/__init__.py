@@ -1,6 +1,8 @@
-"""What an rkbin holds, for people: a summary, the segment graph (DOT/SVG)
-and a per-layer table. Reads only the Module (ir.program), so it works for
-every rkbin, whatever graph it came from.
+"""What an rkbin holds, for people: a summary, the modelled figures and a
+per-layer table (here), and the segment graph (graph.py: steps and tensors;
+fold.py: repeated layers folded into one; dot.py: DOT text and Graphviz
+rendering). Reads only the Module (ir.program), so it works for every rkbin,
+whatever graph it came from.
 
 Modelled NPU figures apply the one performance model (ir/npu/perf.py, the
 simulator's) to the per-task counters the compiler stored with each NPU step
@@ -10,22 +12,14 @@ from __future__ import annotations
 
 import csv
 import io
-import shutil
-import subprocess
 from dataclasses import dataclass, replace
 
-import networkx as nx
 import numpy as np
 
-from rkc.ir.errors import FormatError, RkcError
+from rkc.ir.errors import FormatError
 from rkc.ir.npu.perf import JobCost, PerfModel, TaskCost, describe
-from rkc.ir.program import Module, Program, Step
+from rkc.ir.program import Module, Step
 from rkc.ir.types import DType
-
-NPU_COLOUR = "#8ecae6"
-CPU_COLOUR = "#ffb703"
-CONVERSION_COLOUR = "#fff1c1"  # host <-> NPU layout conversions (CPU steps)
-IO_COLOUR = "#e9ecef"
 
 
 def tensor_bytes(module: Module, name: str) -> int:
@@ -130,7 +124,7 @@ def figures(module: Module, model: PerfModel | None = None) -> dict:
     return out
 
 
-def summary(module: Module) -> list[str]:
+def summary(module: Module, model: PerfModel | None = None) -> list[str]:
     region = {r.kind: 0 for r in module.regions}
     for r in module.regions:
         region[r.kind] = region.get(r.kind, 0) + r.size
@@ -144,7 +138,7 @@ def summary(module: Module) -> list[str]:
         npu_ops = sum(len(layer["op"].split("+")) for s in npu for layer in s.stats.get("layers", []))
         cpu_ops = sum(1 for s in cpu if not s.stats.get("conversion"))
         conversions = len(cpu) - cpu_ops
-        f = npu_figures(npu)
+        f = npu_figures(npu, model)
         host_bytes = sum(tensor_bytes(module, n) for s in cpu for n in s.outputs if n)
         lines += [
             f"program {p.name!r}: inputs {', '.join(p.inputs)} -> outputs {', '.join(p.outputs)}",
@@ -158,70 +152,6 @@ def summary(module: Module) -> list[str]:
         if f.kicks_stock != f.kicks_chained:
             lines.append(f"  {describe(f.seconds_stock, f.tasks, f.kicks_stock, f.ddr_bytes, False)}")
     return lines
-
-
-def segment_graph(module: Module, program: Program | None = None) -> nx.DiGraph:
-    """Steps as nodes (NPU segments and CPU steps), tensors as edges from the
-    step that writes them to every step that reads them."""
-    p = program or module.programs[0]
-    g = nx.DiGraph()
-    writer: dict[str, str] = {}
-    for name in p.inputs:
-        g.add_node(f"in:{name}", kind="io", label=name)
-        writer[name] = f"in:{name}"
-    segment = 0
-    for i, s in enumerate(p.steps):
-        node = f"step{i}"
-        if s.kind == "npu":
-            segment += 1
-            nbytes = sum(tensor_bytes(module, n) for n in [*s.inputs, *s.outputs] if n)
-            ops = sum(len(layer["op"].split("+")) for layer in s.stats.get("layers", []))
-            g.add_node(node, kind="npu", label=f"NPU segment {segment}\\n{ops} ops, {_tasks(s)} tasks\\n"
-                                               f"{nbytes:,} B in/out")
-        elif s.stats.get("conversion"):
-            g.add_node(node, kind="conversion", label=s.name.replace(":", "\\n", 1))
-        else:
-            g.add_node(node, kind="cpu", label=f"{s.op}\\n{s.name}" if s.name != s.op else s.op)
-        for name in s.inputs:
-            if name and name in writer:
-                g.add_edge(writer[name], node, bytes=tensor_bytes(module, name))
-        for name in s.outputs:
-            writer[name] = node
-    for name in p.outputs:
-        g.add_node(f"out:{name}", kind="io", label=name)
-        if name in writer:
-            g.add_edge(writer[name], f"out:{name}", bytes=tensor_bytes(module, name))
-    return g
-
-
-def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\\\\n", "\\n") + '"'
-
-
-def to_dot(g: nx.DiGraph, title: str = "rkbin") -> str:
-    colour = {"npu": NPU_COLOUR, "cpu": CPU_COLOUR, "conversion": CONVERSION_COLOUR, "io": IO_COLOUR}
-    shape = {"npu": "box", "cpu": "box", "conversion": "note", "io": "ellipse"}
-    lines = [f"digraph {_q(title)} {{", "  rankdir=TB;", '  node [style="filled,rounded", fontname="Helvetica"];',
-             '  edge [fontname="Helvetica", fontsize=9];']
-    for node, data in g.nodes(data=True):
-        lines.append(f"  {_q(node)} [label={_q(data['label'])}, shape={shape[data['kind']]}, "
-                     f"fillcolor={_q(colour[data['kind']])}];")
-    for a, b, data in g.edges(data=True):
-        label = _q(f"{data['bytes']:,} B")
-        lines.append(f"  {_q(a)} -> {_q(b)} [label={label}];")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def render_svg(dot_text: str) -> bytes:
-    exe = shutil.which("dot")
-    if exe is None:
-        raise RkcError("--svg needs Graphviz's `dot` program (Debian/Ubuntu: apt-get install graphviz); "
-                       "--dot FILE writes the graph without it")
-    result = subprocess.run([exe, "-Tsvg"], input=dot_text.encode(), capture_output=True, check=False)
-    if result.returncode != 0:
-        raise RkcError(f"dot failed: {result.stderr.decode(errors='replace').strip().splitlines()[0]}")
-    return result.stdout
 
 
 def layers_csv(module: Module) -> str:

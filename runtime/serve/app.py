@@ -1,0 +1,232 @@
+"""The OpenAI-compatible HTTP API (Starlette): /v1/chat/completions,
+/v1/completions, /v1/models, /health, and the chat page at /."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from importlib import resources
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from rkc.runtime.api.llm import Completion, LlmModel, RequestError
+from rkc.runtime.serve import schema
+from rkc.runtime.serve.schema import HttpError
+from rkc.runtime.serve.worker import Job, QueueFull, Worker
+
+MAX_BODY = 1 << 20  # bytes; a chat that fits any context we run is far smaller
+COMPLETION_MAX_TOKENS = 16  # the OpenAI default of /v1/completions (chat: until the end of the turn)
+
+
+def _usage(r: Completion) -> dict[str, Any]:
+    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+            "total_tokens": r.prompt_tokens + r.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
+
+
+class Api:
+    def __init__(self, model: LlmModel, worker: Worker) -> None:
+        self.model, self.worker = model, worker
+        self.model_id = model.name
+        self.created = int(time.time())
+
+    # -- shapes ---------------------------------------------------------------------
+    def _chunk(self, kind: str, rid: str, created: int, text: str | None, finish: str | None,
+               first: bool = False) -> dict[str, Any]:
+        if kind == "chat":
+            delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": rid, "object": obj, "created": created, "model": self.model_id, "choices": [choice]}
+
+    def _whole(self, kind: str, rid: str, created: int, r: Completion) -> dict[str, Any]:
+        if kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
+                      "finish_reason": r.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
+            obj = "text_completion"
+        return {"id": rid, "object": obj, "created": created, "model": self.model_id, "choices": [choice],
+                "usage": _usage(r)}
+
+    # -- routes ----------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "completion")
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "rkc",
+             "context_length": self.model.n_ctx}]})
+
+    async def health(self, request: Request) -> Response:
+        s = self.model.stats
+        return JSONResponse({"status": "ok", "model": self.model_id, "context_length": self.model.n_ctx,
+                             "queue": self.worker.status(),
+                             "cache": {"slots": self.model.cache_slots, "kv_bytes": self.model.kv_bytes,
+                                       "requests": s.requests, "prefilled_tokens": s.prefilled_tokens,
+                                       "cached_tokens": s.cached_tokens, "generated_tokens": s.generated_tokens,
+                                       "cancelled": s.cancelled}})
+
+    async def page(self, request: Request) -> Response:
+        return HTMLResponse(resources.files("rkc.runtime.serve").joinpath("static/chat.html").read_text("utf-8"))
+
+    # -- generation ---------------------------------------------------------------------
+    async def _generate(self, request: Request, kind: str) -> Response:
+        try:
+            body = schema.parse(await _read_body(request), kind, self.model_id)
+            options = schema.keywords(body)
+            if kind == "completion":
+                options.setdefault("max_tokens", COMPLETION_MAX_TOKENS)
+            job = self.worker.submit(Job(kind, body["messages"] if kind == "chat" else body["prompt"], options,
+                                         asyncio.get_running_loop()))
+        except HttpError as exc:
+            return _error(exc)
+        except QueueFull as exc:
+            return _error(HttpError(503, str(exc), kind="server_error", code="queue_full",
+                                    headers={"Retry-After": str(exc.retry_after)}))
+        except ClientDisconnect:
+            return Response(status_code=400)
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:  # while queued: the first event says whether the request was valid
+            first = await _next_event(job, gone)
+            if first is None:
+                return Response(status_code=499)  # nobody to answer: the client has gone
+            event, value = first
+            if event == "error":
+                return _error(HttpError.of(value) if isinstance(value, RequestError)
+                              else HttpError(500, "internal error", kind="server_error"))
+            if body.get("stream"):
+                gone.cancel()  # from here Starlette watches for the disconnect (and closes _sse)
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return _JobStream(job, self._sse(job, kind, rid, created, include_usage),
+                                  media_type="text/event-stream",
+                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            while (got := await _next_event(job, gone)) is not None:
+                event, value = got
+                if event == "done":
+                    return JSONResponse(self._whole(kind, rid, created, value))
+                if event == "error":
+                    return _error(HttpError(500, "internal error", kind="server_error"))
+            return Response(status_code=499)
+        finally:
+            gone.cancel()
+
+    async def _sse(self, job: Job, kind: str, rid: str, created: int, include_usage: bool) -> AsyncIterator[str]:
+        def event(obj: dict[str, Any]) -> str:
+            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        try:
+            if kind == "chat":
+                yield event(self._chunk(kind, rid, created, None, None, first=True))
+            while True:
+                name, value = await job.events.get()
+                if name == "piece":
+                    t = time.thread_time()  # CPU time: waiting for the GIL the NPU thread holds is none
+                    yield event(self._chunk(kind, rid, created, value, None))
+                    job.stream_s += time.thread_time() - t  # to JSON, SSE, through uvicorn to the socket
+                elif name == "done":
+                    yield event(self._chunk(kind, rid, created, None, value.finish_reason))
+                    if include_usage:
+                        yield event({"id": rid, "object": self._chunk(kind, rid, created, None, None)["object"],
+                                     "created": created, "model": self.model_id, "choices": [],
+                                     "usage": _usage(value)})
+                    yield "data: [DONE]\n\n"
+                    return
+                else:  # a failure mid-stream: the status is sent already; say so in the stream
+                    yield event(HttpError(500, "internal error", kind="server_error").body())
+                    return
+        finally:  # the client went away (or the stream ended): the NPU stops at the next token
+            job.cancelled.set()
+
+
+class _JobStream(StreamingResponse):
+    """However the response ends (done, client gone, server shutdown), the job is told."""
+
+    def __init__(self, job: Job, content: AsyncIterator[str], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancelled.set()
+
+
+async def _read_body(request: Request) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+        raise HttpError(413, f"the request body is larger than {MAX_BODY} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise HttpError(413, f"the request body is larger than {MAX_BODY} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _next_event(job: Job, gone: asyncio.Future) -> tuple[str, Any] | None:
+    """The job's next event, or None (and the job cancelled) if the client goes first."""
+    getter = asyncio.ensure_future(job.events.get())
+    done, _ = await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if getter in done:
+        return getter.result()
+    getter.cancel()
+    job.cancelled.set()
+    return None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has closed the connection."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _error(exc: HttpError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 404)
+    return _error(HttpError(status, f"no route {request.method} {request.url.path}", code="not_found"))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return _error(HttpError(500, "internal error", kind="server_error"))
+
+
+def create_app(model: LlmModel, queue_size: int = 8) -> Starlette:
+    """The ASGI app; its worker thread starts now and stops at shutdown."""
+    worker = Worker(model, queue_size)
+    api = Api(model, worker)
+    routes = [Route("/", api.page), Route("/health", api.health), Route("/v1/models", api.models),
+              Route("/v1/chat/completions", api.chat, methods=["POST"]),
+              Route("/v1/completions", api.completions, methods=["POST"])]
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        yield
+        worker.stop()
+
+    app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_found, 500: _server_error},
+                    lifespan=lifespan)
+    app.state.worker = worker
+    return app

@@ -1,0 +1,81 @@
+"""`rkrun serve model.rkbin`: load the model, then serve it with uvicorn until
+interrupted."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+
+import click
+
+from rkc.ir.cli_support import ErrorReportingCommand, debug_option
+from rkc.ir.errors import RkcError
+from rkc.runtime.devices import device_options
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0: any free one); RkcError if the address is unusable."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        raise RkcError(f"--host {host!r} is not an IP address") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise RkcError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def uvicorn_server(app):
+    """A uvicorn server for `app`; .serve(sockets=[listen(...)]) runs it until stopped."""
+    import uvicorn
+
+    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                                         lifespan="on"))
+
+
+@click.command(cls=ErrorReportingCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@debug_option
+@click.argument("model", type=click.Path(dir_okay=False, exists=True))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (loopback: only this machine; 0.0.0.0 exposes the model to the network).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0: any free port.")
+@click.option("--ctx", type=click.IntRange(min=2), default=None, help="Context size (default: the model's).")
+@click.option("--queue", "queue_size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests that may wait for the NPU; beyond that: 503 with Retry-After.")
+@click.option("--cache-slots", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Conversations whose KV the prefix cache keeps.")
+@click.option("--chat-template", "template_file", type=click.Path(dir_okay=False, exists=True),
+              help="A Jinja chat template file, for a GGUF that has none (or to replace its own).")
+@device_options
+def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, cache_slots: int,
+          template_file: str | None, device: str, cores: int) -> None:
+    """Serve MODEL (an LLM .rkbin) over an OpenAI-compatible HTTP API and a chat page at /."""
+    import asyncio
+
+    from rkc.ir.rkbin import read_rkbin
+    from rkc.runtime.api import load
+    from rkc.runtime.serve.app import create_app
+
+    rk = read_rkbin(model)
+    if rk.module.metadata.get("model_kind") != "llm":
+        raise RkcError(f"{model}: not an LLM rkbin (rkrun serve serves LLMs)")
+    sock = listen(host, port)
+    template = Path(template_file).read_text(encoding="utf-8") if template_file else None
+    llm = load(rk, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots, chat_template=template)
+    server = uvicorn_server(create_app(llm, queue_size))
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"rkrun serve: {llm.name} on http://{shown}:{sock.getsockname()[1]}/ "
+               f"(context {llm.n_ctx}, queue {queue_size}, {cache_slots} cache slots)", err=True)
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop
+        click.echo("rkrun serve: stopped", err=True)
+    finally:
+        sock.close()
+        llm.close()

@@ -1,0 +1,142 @@
+"""One NPU, many clients: a bounded first-come first-served queue in front of
+one thread that owns the LlmModel (the tokenizer and the engine are used from
+that thread only). Each job streams its events to the event loop of the
+request that made it; a job whose client has gone is cancelled at its next
+token (or skipped if it had not started)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rkc.runtime.api.llm import Completion, LlmModel, RequestError
+
+log = logging.getLogger(__name__)
+
+# events a job sends: ("start", None), ("piece", str), ("done", Completion), ("error", RequestError | Exception)
+
+
+@dataclass
+class Job:
+    kind: str  # "chat" (input: messages) or "completion" (input: prompt)
+    input: Any
+    options: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    id: int = 0
+    queued_at: float = 0.0
+    started_at: float | None = None
+    first_token_at: float | None = None
+    ended_at: float | None = None
+    outcome: str = "queued"
+    tokens: int = 0
+    engine_s: float = 0.0  # the engine's own time in its program steps (NPU and CPU) for this job
+    stream_s: float = 0.0  # CPU time of the server on this job's streamed pieces: the hand-off, the SSE writes
+
+    def send(self, kind: str, value: Any = None) -> None:
+        t = time.thread_time()
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        self.stream_s += time.thread_time() - t
+
+    def timeline(self, t0: float) -> dict[str, Any]:
+        at = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
+        return {"id": self.id, "kind": self.kind, "queued": at(self.queued_at), "started": at(self.started_at),
+                "first_token": at(self.first_token_at), "ended": at(self.ended_at), "outcome": self.outcome,
+                "tokens": self.tokens, "engine_s": round(self.engine_s, 6), "stream_s": round(self.stream_s, 6)}
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"the server is busy; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+class Worker:
+    def __init__(self, model: LlmModel, queue_size: int = 8, history: int = 64) -> None:
+        self.model = model
+        self.capacity = queue_size
+        self._waiting: deque[Job | None] = deque()  # None: stop
+        self._cv = threading.Condition()
+        self.jobs: deque[Job] = deque(maxlen=history)  # recent jobs, for /health's timeline
+        self.t0 = time.monotonic()
+        self._ids = itertools.count(1)
+        self._durations: deque[float] = deque(maxlen=16)
+        self.rejected = 0
+        self.thread = threading.Thread(target=self._loop, name="rkc-npu", daemon=True)
+        self.thread.start()
+
+    # -- the event loop's side -----------------------------------------------------------
+    def waiting(self) -> int:
+        """Jobs waiting whose clients are still there (the others are skipped when reached)."""
+        with self._cv:
+            return sum(1 for j in self._waiting if j is not None and not j.cancelled.is_set())
+
+    def submit(self, job: Job) -> Job:
+        with self._cv:
+            if self.waiting() >= self.capacity:
+                self.rejected += 1
+                mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
+                raise QueueFull(max(1, math.ceil(mean * (self.capacity + 1))))
+            job.id, job.queued_at = next(self._ids), time.monotonic()
+            self._waiting.append(job)
+            self.jobs.append(job)
+            self._cv.notify()
+        return job
+
+    def stop(self) -> None:
+        with self._cv:
+            self._waiting.append(None)
+            self._cv.notify()
+        self.thread.join(timeout=30)
+
+    def status(self) -> dict[str, Any]:
+        return {"waiting": self.waiting(), "capacity": self.capacity, "rejected": self.rejected,
+                "jobs": [j.timeline(self.t0) for j in list(self.jobs)]}
+
+    # -- the NPU thread -------------------------------------------------------------------
+    def _next(self) -> Job | None:
+        with self._cv:
+            while not self._waiting:
+                self._cv.wait()
+            return self._waiting.popleft()
+
+    def _loop(self) -> None:
+        while (job := self._next()) is not None:
+            job.started_at = time.monotonic()
+            if job.cancelled.is_set():
+                job.outcome, job.ended_at = "skipped", job.started_at
+                continue
+            try:
+                self._run(job)
+            except RequestError as exc:
+                job.outcome = "rejected"
+                job.send("error", exc)
+            except Exception as exc:  # a bug: this request fails, the server stays up
+                log.exception("job %d failed", job.id)
+                job.outcome = "failed"
+                job.send("error", exc)
+            job.ended_at = time.monotonic()
+            self._durations.append(job.ended_at - job.started_at)
+
+    def _run(self, job: Job) -> None:
+        call = self.model.chat if job.kind == "chat" else self.model.generate
+        times = self.model.engine.times
+        steps0 = times.npu_s + times.cpu_s
+        stream = call(job.input, **job.options, stream=True, cancel=job.cancelled)  # set: stops at the next token
+        job.send("start")
+        for piece in stream:
+            if job.first_token_at is None:
+                job.first_token_at = time.monotonic()
+            job.send("piece", piece)
+        result: Completion = stream.result
+        job.tokens, job.outcome = result.completion_tokens, result.finish_reason
+        job.engine_s = times.npu_s + times.cpu_s - steps0
+        job.send("done", result)

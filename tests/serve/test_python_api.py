@@ -1,0 +1,165 @@
+"""rkc.load: an LLM's generate/chat (plain and streamed, stops, sampling, the
+prefix cache) and an ONNX model's run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rkc
+from rkc.runtime.api.llm import RequestError
+from rkc.runtime.api.stops import StopScanner
+
+CHAT = [{"role": "system", "content": "the cat is a model"}, {"role": "user", "content": "hello the world"}]
+
+
+def test_import_rkc_is_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, rkc; print('rkc.' in ' '.join(sys.modules), callable(rkc.load), "
+            "'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True", "False"]  # the model code comes with the first load()
+
+
+def test_stream_equals_plain_and_counts_tokens(tiny_model):
+    plain = tiny_model.chat(CHAT, max_tokens=12, temperature=0)
+    stream = tiny_model.chat(CHAT, max_tokens=12, temperature=0, stream=True)
+    pieces = list(stream)
+    assert "".join(pieces) == plain.text == stream.result.text and len(pieces) > 1
+    assert plain.completion_tokens == 12 and plain.finish_reason == "length"
+    assert plain.prompt_tokens == len(tiny_model.encode_chat(CHAT))
+
+
+def test_seeded_sampling_repeats(tiny_model):
+    a = tiny_model.generate("the cat", max_tokens=10, temperature=1.0, seed=5)
+    b = tiny_model.generate("the cat", max_tokens=10, temperature=1.0, seed=5)
+    c = tiny_model.generate("the cat", max_tokens=10, temperature=1.0, seed=6)
+    assert a.text == b.text and a.text != c.text
+
+
+def test_stop_string_cuts_the_text(tiny_model):
+    full = tiny_model.generate("the dog and", max_tokens=24, temperature=0).text
+    stop = full[len(full) // 2: len(full) // 2 + 3]  # from the continuation itself
+    got = tiny_model.generate("the dog and", max_tokens=24, temperature=0, stop=[stop, "\x00never"])
+    assert got.text == full[:full.index(stop)] and got.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stops,pieces,want", [
+    (["END"], ["abc E", "N", "D more"], "abc "),
+    (["END"], ["abc E", "x"], "abc Ex"),
+    (["ab", "b c"], ["xa", "b c"], "x"),
+])
+def test_stop_scanner_holds_back_partial_stops(stops, pieces, want):
+    scanner = StopScanner(stops)
+    out = "".join(scanner.push(p) for p in pieces) + scanner.flush()
+    assert out == want
+
+
+def test_second_turn_reuses_the_first_turns_kv_and_answers_the_same(tiny_model, reference_model):
+    tiny_model.forget()
+    first = tiny_model.chat(CHAT, max_tokens=10, temperature=0)
+    turn2 = [*CHAT, {"role": "assistant", "content": first.text}, {"role": "user", "content": "and the dog"}]
+    before = tiny_model.stats.prefilled_tokens
+    second = tiny_model.chat(turn2, max_tokens=10, temperature=0)
+    n1 = len(tiny_model.encode_chat(CHAT))
+    assert second.cached_tokens >= n1  # all of the first turn's prompt
+    assert tiny_model.stats.prefilled_tokens - before == second.prompt_tokens - second.cached_tokens
+    assert tiny_model.timings.prompt_tokens == second.prompt_tokens - second.cached_tokens
+    reference_model.forget()
+    fresh = reference_model.chat(turn2, max_tokens=10, temperature=0)
+    assert fresh.cached_tokens == 0 and fresh.text == second.text
+
+
+def test_sliding_window_layers_reuse_only_what_they_kept(synth_rkbin):
+    """gemma3's tiny model has a window of 6: a prefix is reused only when the
+    ring still holds the keys the next query sees; the answers never change."""
+    with rkc.load(synth_rkbin("gemma3"), device="sim", cache_slots=1) as model, \
+            rkc.load(synth_rkbin("gemma3"), device="sim") as fresh:
+        prompt = "the cat and the dog run in the world"
+        first = model.generate(prompt, max_tokens=6, temperature=0)
+        cached = []
+        for follow in (prompt + first.text + " at one time", prompt + " of"):
+            got = model.generate(follow, max_tokens=6, temperature=0)
+            fresh.forget()
+            want = fresh.generate(follow, max_tokens=6, temperature=0)
+            assert got.text == want.text, follow
+            cached.append(got.cached_tokens)
+        assert cached[0] > 0 and cached[1] == 0  # the ring had moved past the second one's prefix
+
+
+def test_kv_cache_truncate_keeps_what_later_queries_see():
+    from rkc.runtime.llm.kvcache import KVCache
+
+    cache = KVCache(2, [6, 0], n_ctx=64)
+    for layer in (0, 1):
+        pos = np.arange(20)
+        cache.append(layer, np.ones((20, 1, 4)), np.ones((20, 1, 4)), pos)
+    assert cache.length == 20
+    assert not cache.truncate(10) and not cache.truncate(21) and cache.length == 20
+    assert cache.truncate(19)  # a query at 19 sees 14..19: the ring holds 14..19
+    assert cache.length == 19 and cache.pos[0].tolist() == list(range(14, 19))
+    assert cache.pos[1].tolist() == list(range(19))
+
+
+def test_two_conversations_keep_their_slots(tiny_model):
+    tiny_model.forget()
+    a = [{"role": "user", "content": "the cat"}]
+    b = [{"role": "user", "content": "the dog and the world"}]
+    ra, rb = tiny_model.chat(a, max_tokens=4, temperature=0), tiny_model.chat(b, max_tokens=4, temperature=0)
+    again = tiny_model.chat([*a, {"role": "assistant", "content": ra.text}, {"role": "user", "content": "x"}],
+                            max_tokens=4, temperature=0)
+    assert again.cached_tokens >= ra.prompt_tokens
+    again_b = tiny_model.chat([*b, {"role": "assistant", "content": rb.text}, {"role": "user", "content": "y"}],
+                              max_tokens=4, temperature=0)
+    assert again_b.cached_tokens >= rb.prompt_tokens
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    (dict(max_tokens=0), "max_tokens"), (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"),
+    (dict(top_k=-2), "top_k"), (dict(seed=-1), "seed"), (dict(stop=[1]), "stop"),
+])
+def test_bad_arguments_name_the_parameter(tiny_model, kwargs, param):
+    with pytest.raises(RequestError) as info:
+        tiny_model.generate("the", **kwargs)
+    assert info.value.param == param
+
+
+def test_bad_messages_and_long_prompts(tiny_model):
+    for messages in ([], [{"role": "robot", "content": "x"}], [{"role": "user", "content": 3}], "hi"):
+        with pytest.raises(RequestError):
+            tiny_model.chat(messages)
+    with pytest.raises(RequestError, match="context holds") as info:
+        tiny_model.generate("the " * tiny_model.n_ctx)
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_onnx_model_runs(tmp_path):
+    from onnx_models import example, onnxruntime_outputs, save
+    from rkc.compiler.build import BuildOptions, build
+    from rkc.runtime.execute import InputError
+
+    path = save(example("mlp").build_model(), tmp_path / "mlp.onnx")
+    build(path, tmp_path / "mlp.rkbin", BuildOptions())
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    with rkc.load(tmp_path / "mlp.rkbin") as model:
+        assert model.inputs == ["x"]
+        got = model.run({"x": x})
+        with pytest.raises(InputError):
+            model.run({"y": x})
+    for name, want in onnxruntime_outputs(path, {"x": x}).items():
+        np.testing.assert_allclose(got[name], want, rtol=1e-2, atol=1e-2)
+
+
+def test_cancel_from_another_thread_stops_at_the_next_token(tiny_model):
+    import threading
+
+    cancel = threading.Event()
+    stream = tiny_model.generate("the cat", max_tokens=100, temperature=0, stream=True, cancel=cancel)
+    pieces = [next(stream)]
+    threading.Thread(target=cancel.set).start()
+    pieces += list(stream)
+    r = stream.result
+    assert r.finish_reason == "cancelled" and r.completion_tokens < 100
+    assert tiny_model.generate("the cat", max_tokens=100, temperature=0).text.startswith("".join(pieces))
