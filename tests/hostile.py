@@ -110,3 +110,17 @@ def gguf_with(good: Path, out: Path, overrides: dict[str, Any]) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def assert_refused(good: Path, out: Path, change: Callable[[dict, dict], Any], message: str,
+                   load: Callable[[Path], Any]) -> str:
+    """`load` of `good` changed by `change` raises one FormatError line matching `message`."""
+    import pytest
+
+    from rkc.ir.errors import FormatError
+
+    bad = mutated(good, out, change)
+    with pytest.raises(FormatError, match=message) as info:
+        load(bad)
+    assert "\n" not in str(info.value)
+    return str(info.value)
