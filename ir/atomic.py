@@ -66,14 +66,16 @@ def atomic_output(path: str | os.PathLike[str], suffix: str = ".tmp") -> Iterato
     one themselves (numpy's savez adds .npz to a name without it)."""
     target = Path(path)
     with _signals_unwind():
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent or ".")
-        os.close(fd)
-        try:
+        tmp = None
+        try:  # mkstemp inside the try: a signal right after it still removes the file
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent or ".")
+            os.close(fd)
             yield tmp
             os.chmod(tmp, 0o666 & ~current_umask())
             os.replace(tmp, target)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
             raise
 
 

@@ -15,7 +15,7 @@ import networkx as nx
 import numpy as np
 
 from rkc.ir.errors import VerifyError
-from rkc.ir.types import BlockQuant, PerAxisQuant, TensorType
+from rkc.ir.types import BlockQuant, PerAxisQuant, TensorType, check_tensor_size
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,8 @@ class Graph:
         for name, t in self.tensors.items():
             if t.kind == "value" and name not in produced:
                 raise VerifyError(f"tensor {name!r} is declared but no op produces it")
+            if t.type is not None:
+                check_tensor_size(t.type.shape, t.type.dtype.itemsize, f"tensor {name!r}")
             if t.kind == "const":
                 self._verify_const(t)
             if isinstance(t.type.quant, PerAxisQuant):

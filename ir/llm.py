@@ -91,15 +91,56 @@ class LlmConfig:
             raise FormatError(f"malformed LLM description ({exc})") from None
 
 
+# (lowest, highest) of each integer hyperparameter: past these no model exists
+# and sizes computed from them (KV cache, RoPE tables) would not fit memory
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "block_count": (0, 1024),  # 0: embeddings straight to the head (the tests' smallest model)
+    "embedding_length": (1, 1 << 16), "attention.head_count": (1, 1024),
+    "attention.head_count_kv": (1, 1024), "attention.key_length": (1, 1024), "attention.value_length": (1, 1024),
+    "feed_forward_length": (1, 1 << 18), "context_length": (1, 1 << 21), "rope.dimension_count": (1, 1024),
+    "attention.sliding_window": (0, 1 << 21),
+}
+TOKEN_ID_KEYS = ("bos", "eos", "eot", "unknown", "padding", "separator")
+
+
+def _checked_int(path: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FormatError(f"{path}: {key} is {value!r:.40}, not an integer")
+    lo, hi = INT_RANGES[key.split(".", 1)[1]]
+    if not lo <= value <= hi:
+        raise FormatError(f"{path}: {key} = {value} is outside {lo}..{hi}")
+    return value
+
+
+def _checked_float(path: str, key: str, value: Any, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FormatError(f"{path}: {key} is {value!r:.40}, not a number")
+    value = float(value)
+    if not math.isfinite(value) or (value <= 0 if positive else value < 0):
+        raise FormatError(f"{path}: {key} = {value} must be finite and {'> 0' if positive else '>= 0'}")
+    return value
+
+
+def check_token_ids(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -> None:
+    """The tokenizer's special token ids are integers naming tokens of the vocabulary."""
+    for name in TOKEN_ID_KEYS:
+        key = f"tokenizer.ggml.{name}_token_id"
+        if key in kv:
+            value = kv[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n_vocab:
+                raise FormatError(f"{path}: {key} = {value!r:.40} is not a token id (vocabulary of {n_vocab})")
+
+
 def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -> LlmConfig:
-    """Build the config from GGUF key/values (plain Python values)."""
+    """Build the config from GGUF key/values (plain Python values), every
+    hyperparameter checked for type, range and agreement with the others."""
     arch = kv.get("general.architecture")
-    if arch not in ARCH_TRAITS:
+    if not isinstance(arch, str) or arch not in ARCH_TRAITS:
         raise UnsupportedError(f"{path}: architecture {arch!r} is not supported "
                                f"(supported: {', '.join(ARCH_TRAITS)})")
     traits = ARCH_TRAITS[arch]
 
-    def get(key: str, default: Any = None) -> Any:
+    def raw(key: str, default: Any = None) -> Any:
         full = f"{arch}.{key}"
         if full in kv:
             return kv[full]
@@ -107,26 +148,38 @@ def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -
             raise FormatError(f"{path}: GGUF metadata lacks {full}")
         return default
 
-    n_embd = int(get("embedding_length"))
-    n_head = int(get("attention.head_count"))
-    n_layer = int(get("block_count"))
+    def get(key: str, default: Any = None) -> int:
+        value = raw(key, default)
+        if isinstance(value, list):  # per-layer list: rkc needs it uniform
+            if not value or len({repr(v) for v in value}) != 1:
+                raise UnsupportedError(f"{path}: per-layer values of {arch}.{key} are not supported")
+            value = value[0]
+        return _checked_int(path, f"{arch}.{key}", value)
+
+    def number(key: str, default: float, positive: bool = True) -> float:
+        full = f"{arch}.{key}"
+        return _checked_float(path, full, kv.get(full, default), positive)
+
+    n_embd = get("embedding_length")
+    n_head = get("attention.head_count")
+    n_layer = get("block_count")
     n_head_kv = get("attention.head_count_kv", n_head)
-    if isinstance(n_head_kv, list):  # per-layer list: rkc needs it uniform
-        if len(set(n_head_kv)) != 1:
-            raise UnsupportedError(f"{path}: per-layer KV head counts {sorted(set(n_head_kv))} are not supported")
-        n_head_kv = n_head_kv[0]
-    head_dim = int(get("attention.key_length", n_embd // n_head))
-    head_dim_v = int(get("attention.value_length", head_dim))
+    if n_head_kv > n_head or n_head % n_head_kv:
+        raise FormatError(f"{path}: {n_head_kv} KV heads do not divide the {n_head} attention heads")
+    head_dim = get("attention.key_length", max(n_embd // n_head, 1))
+    head_dim_v = get("attention.value_length", head_dim)
     n_ff = get("feed_forward_length")
-    if isinstance(n_ff, list):
-        if len(set(n_ff)) != 1:
-            raise UnsupportedError(f"{path}: per-layer FFN sizes are not supported")
-        n_ff = n_ff[0]
+    rope_dims = get("rope.dimension_count", head_dim)
+    if rope_dims > head_dim or rope_dims % 2:
+        raise FormatError(f"{path}: RoPE rotates {rope_dims} dimensions of a {head_dim}-wide head (must be even, "
+                          "at most the head)")
+    check_token_ids(kv, n_vocab, path)
     scaling = kv.get(f"{arch}.rope.scaling.type", "none")
-    factor = float(kv.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    factor = kv.get(f"{arch}.rope.scaling.factor", 1.0)
+    factor = _checked_float(path, f"{arch}.rope.scaling.factor", factor, positive=False) or 1.0
     if scaling not in ("none", "linear") and factor != 1.0:
         raise UnsupportedError(f"{path}: RoPE scaling {scaling!r} is not supported")
-    window = int(kv.get(f"{arch}.attention.sliding_window", 0) or 0)
+    window = get("attention.sliding_window", 0) if f"{arch}.attention.sliding_window" in kv else 0
     swa_layers: tuple[bool, ...] = ()
     if window and traits.swa_pattern:
         pattern = kv.get(f"{arch}.attention.sliding_window_pattern", traits.swa_pattern)
@@ -134,7 +187,9 @@ def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -
             swa_layers = tuple(bool(x) for x in pattern)
         else:
             # llama.cpp set_swa_pattern: layer il slides unless il % n == n - 1
-            n = int(pattern)
+            if isinstance(pattern, bool) or not isinstance(pattern, int) or not 0 <= pattern <= n_layer:
+                raise FormatError(f"{path}: {arch}.attention.sliding_window_pattern is {pattern!r:.40}")
+            n = pattern
             swa_layers = tuple(n == 0 or (il % n) < n - 1 for il in range(n_layer))
     elif window:
         window = 0  # the architecture has no sliding-window layers in llama.cpp
@@ -147,18 +202,18 @@ def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -
         attn_scale = 1.0 / math.sqrt(head_dim)
     return LlmConfig(
         arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=int(n_head_kv),
-        head_dim=head_dim, head_dim_v=head_dim_v, n_ff=int(n_ff), n_vocab=n_vocab,
-        context_length=int(get("context_length", 2048)),
-        rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_base=float(get("rope.freq_base", 10000.0)),
+        head_dim=head_dim, head_dim_v=head_dim_v, n_ff=n_ff, n_vocab=n_vocab,
+        context_length=get("context_length", 2048),
+        rms_eps=number("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_base=number("rope.freq_base", 10000.0),
         rope_scale=1.0 / factor,
-        rope_dims=int(get("rope.dimension_count", head_dim)),
+        rope_dims=rope_dims,
         rope_mode=traits.rope_mode, ffn_act=traits.ffn_act, qk_norm=traits.qk_norm,
         post_norms=traits.post_norms,
         embed_scale=math.sqrt(n_embd) if traits.embed_scale else 1.0,
         attn_scale=attn_scale, swa_window=window, swa_layers=swa_layers,
-        rope_base_swa=float(kv.get(f"{arch}.rope.freq_base_swa", traits.rope_base_swa)),
-        logit_softcap=float(kv.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
+        rope_base_swa=number("rope.freq_base_swa", traits.rope_base_swa),
+        logit_softcap=number("final_logit_softcapping", 0.0, positive=False),
     )
 
 

@@ -20,7 +20,8 @@ before anything reaches a device.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from rkc.ir.errors import FormatError
@@ -28,6 +29,11 @@ from rkc.ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, PC_FETCH_ENTRIES
 
 # "host": constants only CPU steps read; the loader keeps them in host memory (no BO)
 REGION_KINDS = ("weights", "regcmd", "scratch", "io", "host")
+# "row": C order; "packed": raw bytes the NPU decodes (weights); "native*": ir/npu/geometry.py
+TENSOR_LAYOUTS = ("row", "packed", "native", "native-gemm")
+STEP_KINDS = ("npu", "cpu")
+PAGE = 4096  # a BO takes whole pages of IOVA space
+MAX_JSON_DEPTH = 64  # far deeper than any module; bounds the recursion of checking it
 
 
 @dataclass
@@ -127,27 +133,20 @@ class Module:
 
     @classmethod
     def from_json(cls, text: str) -> "Module":
+        """Parse and type-check every field (an rkbin is untrusted input)."""
         try:
             raw = json.loads(text)
-            return cls(
-                regions=[Region(**r) for r in raw["regions"]],
-                tensors=[TensorInfo(**t) for t in raw["tensors"]],
-                relocations=[Relocation(**r) for r in raw["relocations"]],
-                programs=[
-                    Program(p["name"], p["inputs"], p["outputs"], [
-                        Step(**{**s, "jobs": [Job(**{**j, "tasks": [TaskRef(**t) for t in j["tasks"]]})
-                                              for j in s["jobs"]]})
-                        for s in p["steps"]])
-                    for p in raw["programs"]
-                ],
-                metadata=raw.get("metadata", {}),
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise FormatError(f"program description is malformed ({type(exc).__name__}: {exc})") from None
+        except RecursionError:
+            raise FormatError("program description is nested too deeply") from None
+        except ValueError as exc:
+            raise FormatError(f"program description is not JSON ({exc})") from None
+        return _build(cls, raw, "module")
 
     # -- validation ---------------------------------------------------------------
     def validate(self, blob_sizes: dict[str, int]) -> None:
-        """Check every cross-reference; raise FormatError naming the first bad one."""
+        """Check every cross-reference and range; raise FormatError naming the first bad one."""
+        if not self.programs:
+            raise FormatError("the module has no programs")
         regions = {}
         for r in self.regions:
             if r.name in regions:
@@ -162,8 +161,10 @@ class Module:
                 if blob_sizes[r.blob] > r.size:
                     raise FormatError(f"blob {r.blob!r} ({blob_sizes[r.blob]} B) exceeds region {r.name!r}")
             regions[r.name] = r
-        if sum(r.size for r in self.regions if r.kind != "host") >= 1 << 32:
-            raise FormatError("regions do not fit the 4 GiB IOVA window")
+        mapped = sum(-(-r.size // PAGE) * PAGE for r in self.regions if r.kind != "host") + PAGE  # + guard page
+        if mapped > 1 << 32:
+            raise FormatError(f"regions need {mapped} bytes of NPU address space (whole pages, a guard page at "
+                              "0), more than the 4 GiB IOVA window")
 
         def entries(region: str, what: str) -> int:
             if region not in regions:
@@ -178,6 +179,8 @@ class Module:
                 raise FormatError(f"relocation {i} entry {rel.entry} is outside region {rel.region!r}")
             if rel.target not in regions:
                 raise FormatError(f"relocation {i} targets missing region {rel.target!r}")
+            if regions[rel.target].kind == "host":
+                raise FormatError(f"relocation {i} targets host region {rel.target!r}, which has no NPU address")
             if not 0 <= rel.offset < regions[rel.target].size:
                 raise FormatError(f"relocation {i} offset {rel.offset} is outside region {rel.target!r}")
         names = set()
@@ -185,6 +188,7 @@ class Module:
             if t.name in names:
                 raise FormatError(f"tensor {t.name!r} is described twice")
             names.add(t.name)
+            _check_tensor(t)
             if t.region is not None:
                 if t.region not in regions:
                     raise FormatError(f"tensor {t.name!r} lives in missing region {t.region!r}")
@@ -200,10 +204,26 @@ class Module:
                     raise FormatError(f"program {p.name!r} names unknown tensor {name!r}")
             for s in p.steps:
                 self._validate_step(p, s, regions, names, entries)
+        self._validate_all_regions_used(regions)
+
+    def _validate_all_regions_used(self, regions: dict) -> None:
+        """A region without contents that nothing refers to only costs memory (a
+        file could ask for gigabytes of scratch that way): refused."""
+        used = {t.region for t in self.tensors} | {r.target for r in self.relocations} | \
+            {r.region for r in self.relocations}
+        for p in self.programs:
+            for s in p.steps:
+                for job in s.jobs:
+                    used |= {*job.reads, *job.writes, *(t.region for t in job.tasks)}
+        for name, r in regions.items():
+            if name not in used and r.blob is None:
+                raise FormatError(f"region {name!r} ({r.size} B) is used by no tensor, relocation or task")
 
     @staticmethod
     def _validate_step(p: Program, s: Step, regions, names, entries) -> None:
         where = f"program {p.name!r} step {s.name!r}"
+        if s.kind not in STEP_KINDS:
+            raise FormatError(f"{where} has unknown kind {s.kind!r}")
         if s.kind == "cpu":
             if not s.op:
                 raise FormatError(f"{where} has no kernel")
@@ -230,3 +250,111 @@ class Module:
                     raise FormatError(f"{where} job {j} task {t} does not start 16-byte aligned")
                 if (task.count + 1) // PC_FETCH_ENTRIES - 1 > PC_AMOUNT_MAX:
                     raise FormatError(f"{where} job {j} task {t} is too long for the 16-bit PC amount")
+
+
+def _check_tensor(t: TensorInfo) -> None:
+    from rkc.ir.types import DType
+
+    if t.dtype not in {d.value for d in DType}:
+        raise FormatError(f"tensor {t.name!r} has unknown dtype {t.dtype!r}")
+    if t.layout not in TENSOR_LAYOUTS:
+        raise FormatError(f"tensor {t.name!r} has unknown layout {t.layout!r} (known: {', '.join(TENSOR_LAYOUTS)})")
+    if any(d < 0 for d in t.shape) or len(t.shape) > 8:
+        raise FormatError(f"tensor {t.name!r} has shape {t.shape}: dimensions must be >= 0, at most 8 of them")
+    if t.offset < 0 or t.nbytes < 0:
+        raise FormatError(f"tensor {t.name!r} has offset {t.offset} / nbytes {t.nbytes}: negative")
+    if t.region is not None and t.layout in ("row", "packed"):
+        want = DType(t.dtype).itemsize
+        for d in t.shape:
+            want *= d
+        if t.nbytes != want:
+            raise FormatError(f"tensor {t.name!r} declares {t.nbytes} bytes, but {t.shape} x {t.dtype} is {want}")
+    elif t.region is not None:
+        from rkc.ir.npu import geometry
+
+        try:
+            want = geometry.nbytes(t.shape, t.layout, DType(t.dtype).itemsize)
+        except ValueError as exc:
+            raise FormatError(f"tensor {t.name!r}: {exc}") from None
+        if t.nbytes < want:  # more is fine: a producer may pad channels further (int8 C2 = 16)
+            raise FormatError(f"tensor {t.name!r} declares {t.nbytes} bytes, but {t.shape} {t.dtype} in layout "
+                              f"{t.layout} takes {want}")
+
+
+# -- typed construction from JSON ------------------------------------------------------
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _value(tp, value, where: str, depth: int):
+    """`value` checked against the annotation `tp` (and built if a dataclass)."""
+    if depth > MAX_JSON_DEPTH:
+        raise FormatError(f"{where}: nested more than {MAX_JSON_DEPTH} levels deep")
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        _bounded_depth(value, where, depth)
+        return value
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", ())):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        inner = [o for o in options if o is not type(None)]
+        return _value(inner[0], value, where, depth)
+    if origin is list:
+        if not isinstance(value, list):
+            raise FormatError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp)
+        return [_value(item, v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise FormatError(f"{where}: expected an object, got {type(value).__name__}")
+        _, item = typing.get_args(tp)
+        return {k: _value(item, v, f"{where}.{k}", depth + 1) for k, v in value.items()}
+    if isinstance(tp, type) and hasattr(tp, "__dataclass_fields__"):
+        return _build(tp, value, where, depth + 1)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise FormatError(f"{where}: expected true/false, got {value!r:.40}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FormatError(f"{where}: expected an integer, got {value!r:.40}")
+        if not -(1 << 63) <= value < 1 << 63:
+            raise FormatError(f"{where}: {value} does not fit 64 bits")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise FormatError(f"{where}: expected a string, got {value!r:.40}")
+        return value
+    raise FormatError(f"{where}: cannot check a field of type {_type_name(tp)}")  # a bug in the table
+
+
+def _bounded_depth(value, where: str, depth: int) -> None:
+    stack = [(value, depth)]
+    while stack:
+        v, d = stack.pop()
+        if d > MAX_JSON_DEPTH:
+            raise FormatError(f"{where}: nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+
+
+def _build(cls, raw, where: str, depth: int = 0):
+    if not isinstance(raw, dict):
+        raise FormatError(f"{where}: expected an object, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise FormatError(f"{where}: unknown field {unknown[0]!r}")
+    values = {}
+    for name, f in known.items():
+        if name not in raw:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise FormatError(f"{where}: missing field {name!r}")
+            continue
+        label = f"{where} {raw['name']!r}" if isinstance(raw.get("name"), str) and name != "name" else where
+        values[name] = _value(hints[name], raw[name], f"{label}.{name}", depth)
+    return cls(**values)

@@ -22,6 +22,7 @@ from typing import Mapping
 
 import numpy as np
 
+from rkc.ir.access import check_accesses
 from rkc.ir.atomic import atomic_output
 from rkc.ir.errors import FormatError
 from rkc.ir.npu.regcmd import ENTRY_BYTES
@@ -55,21 +56,29 @@ def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray
         if not name or len(name.encode()) > MAX_BLOB_NAME:
             raise FormatError(f"blob name {name!r} must be 1..{MAX_BLOB_NAME} bytes")
     module.validate({n: b.size for n, b in raw.items()})
+    check_accesses(module, raw)
     path = Path(path)
     with atomic_output(path) as tmp:
         writer = gguf.GGUFWriter(tmp, arch=ARCH)
         writer.add_uint32(KEY_VERSION, FORMAT_VERSION)
         writer.add_string(KEY_MODULE, module.to_json())
         writer.add_string(KEY_CHECKSUMS, json.dumps({n: _digest(b) for n, b in raw.items()}, sort_keys=True))
-        for name, data in raw.items():
-            # GGUF has no u8 type: raw bytes travel as I8 and are viewed back as u8
-            writer.add_tensor(name, data.view(np.int8) if data.size else np.zeros(0, np.int8),
-                              raw_dtype=gguf.GGMLQuantizationType.I8)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        write_blobs(writer, raw)
     return path.stat().st_size
+
+
+def write_blobs(writer, raw: Mapping[str, np.ndarray]) -> None:
+    """Add every blob (uint8) to a GGUFWriter whose key/values are set, and write the file."""
+    import gguf
+
+    for name, data in raw.items():
+        # GGUF has no u8 type: raw bytes travel as I8 and are viewed back as u8
+        writer.add_tensor(name, data.view(np.int8) if data.size else np.zeros(0, np.int8),
+                          raw_dtype=gguf.GGMLQuantizationType.I8)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 @dataclass
@@ -115,13 +124,19 @@ def read_rkbin(path: str | Path) -> Rkbin:
 
     if text("general.architecture") != ARCH:
         raise FormatError(f"{path}: a GGUF file of architecture {text('general.architecture')!r}, not an rkbin")
-    version = int(fields[KEY_VERSION].contents()) if KEY_VERSION in fields else -1
-    if version != FORMAT_VERSION:
-        raise FormatError(f"{path}: rkbin format version {version}, this rkc reads version {FORMAT_VERSION}")
+    version = fields.get(KEY_VERSION)
+    if version is None or version.types != [gguf.GGUFValueType.UINT32]:
+        kind = "missing" if version is None else f"of type {version.types[0].name.lower()}, not uint32"
+        raise FormatError(f"{path}: rkbin format version {kind}; this rkc reads version {FORMAT_VERSION}")
+    if int(version.contents()) != FORMAT_VERSION:
+        raise FormatError(f"{path}: rkbin format version {int(version.contents())}, this rkc reads version "
+                          f"{FORMAT_VERSION}")
     try:
         checksums = json.loads(text(KEY_CHECKSUMS))
-    except ValueError:
+    except (ValueError, RecursionError):
         raise FormatError(f"{path}: corrupt checksum table") from None
+    if not isinstance(checksums, dict) or not all(isinstance(v, str) for v in checksums.values()):
+        raise FormatError(f"{path}: the checksum table is not an object of blob name -> sha256 hex")
     blobs = {t.name: np.asarray(t.data).view(np.uint8).reshape(-1) for t in reader.tensors}
     if set(blobs) != set(checksums):
         missing = sorted(set(checksums) ^ set(blobs))
@@ -129,9 +144,10 @@ def read_rkbin(path: str | Path) -> Rkbin:
     for name, data in blobs.items():
         if _digest(data) != checksums[name]:
             raise FormatError(f"{path}: blob {name!r} fails its checksum (corrupt file)")
-    module = Module.from_json(text(KEY_MODULE))
     try:
+        module = Module.from_json(text(KEY_MODULE))
         module.validate({n: b.size for n, b in blobs.items()})
+        check_accesses(module, blobs)
     except FormatError as exc:
         raise FormatError(f"{path}: {exc}") from None
     return Rkbin(path, module, blobs)

@@ -51,6 +51,25 @@ _NUMPY = {
 }
 _ITEMSIZE = {d: np.dtype(n).itemsize for d, n in _NUMPY.items()}
 
+# The largest tensor rkc compiles: half the NPU's 4 GiB address window. It
+# bounds shapes before anything is allocated (ONNX shapes, constant folding,
+# GGUF tensors), so a hostile shape is refused with its size, not a MemoryError.
+MAX_TENSOR_BYTES = 1 << 31
+
+
+def check_tensor_size(shape, itemsize: int, what: str) -> None:
+    """Raise VerifyError if a tensor of `shape` (static dims) exceeds MAX_TENSOR_BYTES."""
+    from rkc.ir.errors import VerifyError
+
+    n = itemsize
+    for d in shape:
+        if isinstance(d, int):
+            n *= max(d, 0)
+    if n > MAX_TENSOR_BYTES:
+        raise VerifyError(f"{what}: shape {list(shape)} is {n} bytes, more than the {MAX_TENSOR_BYTES >> 30} GiB "
+                          "a tensor may take")
+
+
 Dim = Union[int, str]  # a fixed size, or a symbolic name for a dynamic dimension
 
 

@@ -100,6 +100,11 @@ class Device(ABC):
     def create_bo(self, size: int) -> BufferObject:
         """Allocate a zero-filled BO of at least `size` bytes with an IOVA."""
 
+    def create_guard_bo(self, size: int) -> BufferObject:
+        """A BO that no job may touch (runtime/loader.py maps one at IOVA 0).
+        The simulator refuses any DMA into it; a board just has the page."""
+        return self.create_bo(size)
+
     @abstractmethod
     def free_bo(self, bo: BufferObject) -> None:
         """Release a BO; its IOVA and host view become invalid."""

@@ -22,7 +22,9 @@ from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Module, TensorInfo
 from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime.device import BufferObject, Device
+from rkc.runtime.module_check import check_module
 
+GUARD_BYTES = 4096  # one page at IOVA 0 that no job lists (see _place_guard)
 VALUE_SHIFT = 16  # a regcmd entry's value field is bits 47..16
 VALUE_MASK = 0xFFFF_FFFF << VALUE_SHIFT
 
@@ -36,15 +38,28 @@ class LoadedModel:
         self.device = device
         self._own_device = own_device
         self.bos: dict[str, BufferObject] = {}
+        self.guard: BufferObject | None = None
         self.host_regions: dict[str, np.ndarray] = {}
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in self.module.tensors}
         self.last_run = None  # execute.RunStats of the latest run
+        check_module(self.module)
         try:
+            self._place_guard()
             self._place_regions()
             self._apply_relocations()
         except BaseException:
             self.close()
             raise
+
+    def _place_guard(self) -> None:
+        """Both allocators (rocket's drm_mm, the simulator's) give the first BO
+        IOVA 0, so an address register a task uses but the file left at 0
+        (unrelocated) would reach the model's first region. A guard page there
+        that no job lists makes such a use a refused access (the simulator
+        checks every DMA against the job's lists) and, on a board, a write into
+        memory nobody reads instead of into the weights."""
+        if self.device is not None and needs_device(self.module):
+            self.guard = self.device.create_guard_bo(GUARD_BYTES)
 
     def _place_regions(self) -> None:
         for region in self.module.regions:
@@ -92,11 +107,23 @@ class LoadedModel:
         return outputs
 
     def close(self) -> None:
-        for bo in self.bos.values():
-            self.device.free_bo(bo)
+        """Free every BO (and the device if this model opened it), even when
+        one of them fails (a lost device): the first error is raised after."""
+        first: BaseException | None = None
+        owned = [*self.bos.values(), *([self.guard] if self.guard is not None else [])]
         self.bos.clear()
+        self.guard = None
+        closers = [lambda bo=bo: self.device.free_bo(bo) for bo in owned]
         if self._own_device and self.device is not None:
-            self.device.close()
+            closers.append(self.device.close)
+            self._own_device = False
+        for close in closers:
+            try:
+                close()
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     def __enter__(self) -> "LoadedModel":
         return self

@@ -24,7 +24,7 @@ import numpy as np
 
 from rkc.ir.errors import FormatError, UnsupportedError, VerifyError
 from rkc.ir.graph import Graph
-from rkc.ir.types import DType, TensorType
+from rkc.ir.types import DType, TensorType, check_tensor_size
 
 MIN_OPSET = 7  # older files are rejected; opsets 7-10 (e.g. the onnx `light_*` models) are read as well
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -68,9 +68,18 @@ def read_model(path: Path):
                           f"{str(exc).splitlines()[0] if str(exc) else 'truncated or corrupt'})") from None
     if not model.graph.node and not model.graph.output:
         raise FormatError(f"{path}: not an ONNX model (empty graph)")
+    newest = _onnx().defs.onnx_opset_version()
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx") and imp.version < MIN_OPSET:
             raise UnsupportedError(f"{path}: ONNX opset {imp.version} is too old (rkc reads opset {MIN_OPSET}+)")
+        if imp.domain in ("", "ai.onnx") and imp.version > newest:
+            raise UnsupportedError(f"{path}: ONNX opset {imp.version} is newer than any this onnx knows "
+                                   f"(up to {newest})")
+    seen: set[str] = set()
+    for init in model.graph.initializer:
+        if init.name in seen:
+            raise FormatError(f"{path}: initializer {init.name!r} is defined twice")
+        seen.add(init.name)
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx"):
             raise UnsupportedError(f"{path}: op {node.domain}.{node.op_type} (node {node.name!r}) is not supported "
@@ -205,6 +214,67 @@ def _skeleton(model, consts: Mapping[str, np.ndarray]):
     return skel
 
 
+def _initializer(init, source: str) -> np.ndarray:
+    """An initializer's value; its declared shape bounded and matched by its data."""
+    from onnx import helper, numpy_helper
+
+    try:
+        itemsize = helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+    except Exception:
+        raise FormatError(f"{source}: initializer {init.name!r} has unknown data type {init.data_type}") from None
+    try:
+        check_tensor_size(list(init.dims), itemsize, f"{source}: initializer {init.name!r}")
+        if any(d < 0 for d in init.dims):
+            raise FormatError(f"{source}: initializer {init.name!r} has negative dimensions {list(init.dims)}")
+        if init.HasField("raw_data") and len(init.raw_data) != int(np.prod(init.dims, dtype=object)) * itemsize:
+            raise FormatError(f"{source}: initializer {init.name!r} has {len(init.raw_data)} bytes of data, but "
+                              f"shape {list(init.dims)} needs {int(np.prod(init.dims, dtype=object)) * itemsize}")
+        return numpy_helper.to_array(init)
+    except (FormatError, VerifyError):
+        raise
+    except Exception as exc:  # data that does not match the declared shape and type
+        raise FormatError(f"{source}: initializer {init.name!r} is malformed ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+def _check_shapes(value_infos, source: str) -> None:
+    """Every shape ONNX inferred, bounded before anything of that size exists."""
+    from onnx import helper
+
+    for vi in value_infos:
+        shape = _static_shape(vi)
+        if shape is not None:
+            try:
+                itemsize = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type).itemsize
+            except Exception:
+                itemsize = 1
+            check_tensor_size(shape, itemsize, f"{source}: tensor {vi.name!r}")
+
+
+def _fold_size_bound(node, values: Mapping[str, np.ndarray], shapes, source: str) -> None:
+    """Refuse a fold whose result would exceed the tensor limit, before evaluating it
+    (ConstantOfShape and Expand take their output shape from a constant input)."""
+    for out in node.output:
+        if out and shapes.get(out) is not None:
+            check_tensor_size(shapes[out], 1, f"{source}: {node.op_type} {node.name!r} output {out!r}")
+    if node.op_type in ("ConstantOfShape", "Expand", "Tile") and len(node.input) >= (1 if node.op_type ==
+                                                                                       "ConstantOfShape" else 2):
+        arg = values.get(node.input[0 if node.op_type == "ConstantOfShape" else 1])
+        if arg is None:
+            return
+        dims = [int(d) for d in np.asarray(arg).reshape(-1)]
+        if node.op_type != "ConstantOfShape":
+            base = list(np.shape(values.get(node.input[0], np.zeros(0))))
+            if node.op_type == "Tile":
+                dims = [a * b for a, b in zip(base, dims)]
+            else:
+                width = max(len(base), len(dims))
+                base = [1] * (width - len(base)) + base
+                dims = [1] * (width - len(dims)) + dims
+                dims = [max(a, b) for a, b in zip(base, dims)]
+        check_tensor_size(dims, 1, f"{source}: {node.op_type} {node.name!r}")
+
+
 def fold_constants(model, source: str):
     """Replace every node computable at compile time by a constant; repeat with
     fresh shape inference until nothing changes.
@@ -216,15 +286,16 @@ def fold_constants(model, source: str):
 
     opset = default_opset(model)
     input_names = {i.name for i in _real_inputs(model.graph)}
-    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name not in input_names}
+    consts = {i.name: _initializer(i, source) for i in model.graph.initializer if i.name not in input_names}
     nodes = list(model.graph.node)
     while True:
         skel = _skeleton(model, consts)
         del skel.graph.node[:]
         skel.graph.node.extend(nodes)
         skel = infer_shapes(skel, source)
-        shapes = {vi.name: _static_shape(vi) for vi in [*skel.graph.input, *skel.graph.value_info,
-                                                          *skel.graph.output]}
+        infos = [*skel.graph.input, *skel.graph.value_info, *skel.graph.output]
+        _check_shapes(infos, source)
+        shapes = {vi.name: _static_shape(vi) for vi in infos}
         keep, changed = [], False
         for node in nodes:
             present = [i for i in node.input if i]
@@ -236,9 +307,10 @@ def fold_constants(model, source: str):
             if not foldable or any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute):
                 keep.append(node)
                 continue
+            _fold_size_bound(node, values, shapes, source)
             try:
                 results = _evaluate(node, values, opset)
-            except UnsupportedError:
+            except (UnsupportedError, VerifyError):
                 raise
             except Exception as exc:
                 raise FormatError(f"{source}: folding constant {node.op_type} {node.name!r} failed: "
@@ -473,6 +545,26 @@ def check_known(op_type: str, where: str) -> None:
         raise UnsupportedError(f"{where}: ONNX op {op_type} is not supported by rkc")
 
 
+def check_attribute_types(node, opset: int, where: str) -> None:
+    """Each attribute has the type ONNX's schema of the op declares (an int where
+    a list of ints belongs would reach the shape rules as garbage)."""
+    onnx = _onnx()
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+    except Exception:
+        return  # no schema (check_known has judged the op itself)
+    for attr in node.attribute:
+        declared = schema.attributes.get(attr.name)
+        if declared is None:
+            if attr.name in LEGACY_IGNORED:
+                continue
+            raise FormatError(f"{where}: {node.op_type} has no attribute {attr.name!r} in opset {opset}")
+        if attr.type != declared.type:
+            got = onnx.AttributeProto.AttributeType.Name(attr.type)
+            want = onnx.AttributeProto.AttributeType.Name(declared.type)
+            raise FormatError(f"{where}: {node.op_type} attribute {attr.name} is {got}, the op takes {want}")
+
+
 def bind_inputs(model, values: Mapping[str, np.ndarray], source: str) -> None:
     """Turn graph inputs into constants with the given values (like binding
     weights that a model takes as inputs); they then fold like initializers."""
@@ -494,9 +586,11 @@ def load(path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None,
         bind_inputs(model, bind, source)
     if input_shapes:
         fix_input_shapes(model, input_shapes, source)
+    opset = default_opset(model)
     for node in model.graph.node:
         if node.op_type != "Constant" and node.op_type not in NONDETERMINISTIC:
             check_known(node.op_type, f"{source}: node {node.name!r}")
+        check_attribute_types(node, opset, f"{source}: node {node.name!r}")
     inputs = [i.name for i in _real_inputs(model.graph)]
     model, consts = fold_constants(model, source)
     try:

@@ -18,8 +18,26 @@ def conv_shape(ctx, x_index: int = 0, w_index: int = 1, dtype: DType | None = No
                           "do not make a convolution")
     kernel = [int(k) for k in ctx.attr("kernel_shape", w.shape[2:])]
     strides, dilations = window_params(ctx, kernel)
+    check_groups(ctx, x.shape[1], w.shape[0], w.shape[1])
     sp = spatial_out(x.shape[2:], kernel, strides, dilations, ctx.attr("pads"), ctx.attr("auto_pad", "NOTSET"))
     return [TensorType(dtype or x.dtype, (x.shape[0], w.shape[0], *sp))]
+
+
+def check_groups(ctx, channels, kernels, per_group) -> None:
+    """ONNX Conv: `group` divides the input channels and the kernels, and each
+    kernel sees channels / group of them."""
+    group = int(ctx.attr("group", 1))
+    what = f"op {ctx.op.describe()}"
+    if group < 1:
+        raise VerifyError(f"{what}: group {group} must be at least 1")
+    if not all(isinstance(d, int) for d in (channels, kernels, per_group)):
+        return
+    if channels % group or kernels % group:
+        raise VerifyError(f"{what}: group {group} does not divide the {channels} input channels and "
+                          f"{kernels} kernels")
+    if per_group * group != channels:
+        raise VerifyError(f"{what}: the weight takes {per_group} channels per group, but the input has "
+                          f"{channels} in {group} group(s)")
 
 
 def conv_transpose_shape(ctx):

@@ -98,8 +98,22 @@ def spatial_out(in_sizes: Sequence[Dim], kernel: Sequence[int], strides: Sequenc
     return out
 
 
+MAX_WINDOW = 1 << 16  # kernel, stride, dilation and pad values past this describe no real model
+
+
 def window_params(ctx, kernel: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(strides, dilations), with the kernel, strides, dilations and pads checked:
+    one value per spatial axis, kernels/strides/dilations in 1..MAX_WINDOW, pads
+    in 0..MAX_WINDOW."""
     n = len(kernel)
     strides = [int(s) for s in ctx.attr("strides", [1] * n)]
     dilations = [int(d) for d in ctx.attr("dilations", [1] * n)]
+    pads = [int(p) for p in ctx.attr("pads", [0] * 2 * n)]
+    what = f"op {ctx.op.describe()}"
+    for name, values, count, lo in (("kernel_shape", kernel, n, 1), ("strides", strides, n, 1),
+                                    ("dilations", dilations, n, 1), ("pads", pads, 2 * n, 0)):
+        if len(values) != count:
+            raise VerifyError(f"{what}: {name} {list(values)} has {len(values)} values, the window needs {count}")
+        if any(not lo <= v <= MAX_WINDOW for v in values):
+            raise VerifyError(f"{what}: {name} {list(values)} outside {lo}..{MAX_WINDOW}")
     return strides, dilations

@@ -42,5 +42,14 @@ def check_binding(name: str, n_inputs: int, attrs: Mapping[str, object], what: s
 
 
 def run_kernel(name: str, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, object]) -> list[np.ndarray]:
-    result = kernel_for(name)(*inputs, **attrs)
+    """Run one kernel. An rkbin is untrusted: attributes that disagree with the
+    inputs (a window of the wrong rank, an axis past the end) make numpy raise,
+    and that is the file's fault, so it becomes one UnsupportedError line."""
+    kernel = kernel_for(name)
+    try:
+        result = kernel(*inputs, **attrs)
+    except (ValueError, TypeError, IndexError, ArithmeticError) as exc:  # numpy's AxisError is a ValueError
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        raise UnsupportedError(f"CPU kernel {name} cannot run on these inputs and attributes "
+                               f"({type(exc).__name__}: {detail})") from None
     return list(result) if isinstance(result, tuple) else [result]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rkc.ir.errors import RkcError
 from rkc.ir.types import DType
 
 
@@ -94,7 +95,11 @@ def pad(data, pads_input=None, constant_value=None, axes_input=None, *, mode="co
 
 
 def gather(data, indices, *, axis=0):
-    idx = np.where(indices < 0, indices + data.shape[axis], indices)
+    n = data.shape[axis]
+    if indices.size and (int(indices.min()) < -n or int(indices.max()) >= n):
+        bad = int(indices.max()) if int(indices.max()) >= n else int(indices.min())
+        raise RkcError(f"Gather: index {bad} is out of range for axis {axis} of size {n}")
+    idx = np.where(indices < 0, indices + n, indices)
     return np.take(data, idx, axis=axis)
 
 

@@ -193,7 +193,12 @@ class RocketDevice(Device):
         return arg
 
     def _gem_close(self, fd: int, handle: int) -> None:
-        self.kernel.ioctl(fd, uapi.DRM_IOCTL_GEM_CLOSE, uapi.DrmGemClose(handle=handle))
+        try:
+            self.kernel.ioctl(fd, uapi.DRM_IOCTL_GEM_CLOSE, uapi.DrmGemClose(handle=handle))
+        except OSError as exc:
+            if exc.errno != errno.EBADF:  # EBADF: the file is gone, and its handles went with it
+                raise RocketError(f"GEM_CLOSE of handle {handle} failed: {os.strerror(exc.errno or errno.EIO)}") \
+                    from None
 
     def _prep(self, handle: int, deadline_ns: int) -> None:
         """PREP_BO with an absolute CLOCK_MONOTONIC deadline; any value >= 0 is
@@ -502,14 +507,21 @@ class RocketDevice(Device):
         self._witness_pool.clear()
         for t in self._outstanding:
             if t.sync_fd is not None:
-                self.kernel.close(t.sync_fd)
+                try:
+                    self.kernel.close(t.sync_fd)
+                except OSError:
+                    pass  # a sync_file of a lost device: nothing left to release
                 t.sync_fd = None
         self._outstanding.clear()
         self._close_fds()
 
     def _close_fds(self) -> None:
         for fd in self._fds:
-            self.kernel.close(fd)  # the kernel releases the handles (and the guard) with the file
+            try:
+                self.kernel.close(fd)  # the kernel releases the handles (and the guard) with the file
+            except OSError as exc:
+                if exc.errno != errno.EBADF:  # EBADF: closed underneath us already (a lost device)
+                    raise
         self._fds = []
 
 

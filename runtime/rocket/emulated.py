@@ -324,6 +324,10 @@ class EmulatedKernel:
         self.log: list[str] = []
         self.jobs_run = 0
 
+    def live_objects(self) -> int:
+        """GEM objects not yet freed (handles, mappings, dma-bufs or queued jobs hold them)."""
+        return len(self._offsets)
+
     # --- KernelInterface -------------------------------------------------------------------
 
     def list_nodes(self) -> list[str]:

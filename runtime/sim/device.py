@@ -7,7 +7,7 @@ from typing import Sequence
 from rkc.ir.npu.perf import PerfModel
 from rkc.runtime.device import BufferObject, Device, Job, Submission
 from rkc.runtime.sim.errors import MemoryAccessError, SimError
-from rkc.runtime.sim.memory import IovaSpace
+from rkc.runtime.sim.memory import IovaSpace, JobAccess
 from rkc.runtime.sim.npu import CORES, Npu
 from rkc.runtime.sim.opcache import DEFAULT_BUDGET
 from rkc.runtime.sim.quirks import DEFAULT, Quirks
@@ -45,6 +45,11 @@ class SimDevice(Device):
     def create_bo(self, size: int) -> BufferObject:
         return self.mem.allocate(size)
 
+    def create_guard_bo(self, size: int) -> BufferObject:
+        bo = self.mem.allocate(size)
+        self.mem.guards.add(bo.handle)
+        return bo
+
     def free_bo(self, bo: BufferObject) -> None:
         self.mem.free(bo)
         self._failed.pop(bo.handle, None)
@@ -72,13 +77,21 @@ class SimDevice(Device):
         for j, job in enumerate(jobs):
             label = job.label or f"{j}"
             try:
+                if not job.out_bos:
+                    raise SimError("lists no output BO: rocket refuses it (nothing orders it or waits for it)")
+                if not 0 <= job.lane < self.lanes:
+                    raise SimError(f"lane {job.lane} is not one of the NPU's {self.lanes} cores (0..{self.lanes - 1})")
                 for bo in list(job.in_bos) + list(job.out_bos):
                     self._live(bo)
                     if self.mem.held(bo):
                         raise SimError(f"{bo!r} is still held by the CPU (prepare_cpu_access without "
                                        "finish_cpu_access): the NPU could read stale cache lines")
-                js = self.npu.run_job(label, job.lane, [(t.regcmd_iova, t.regcmd_count) for t in job.tasks],
-                                      chained)
+                self.mem.job_access = JobAccess(label, frozenset(bo.handle for bo in job.out_bos))
+                try:
+                    js = self.npu.run_job(label, job.lane, [(t.regcmd_iova, t.regcmd_count) for t in job.tasks],
+                                          chained)
+                finally:
+                    self.mem.job_access = None
             except SimError as exc:
                 exc.located(job=label)
                 sub.error = exc

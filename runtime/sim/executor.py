@@ -92,7 +92,7 @@ def _fetch_region(mem: IovaSpace, iova: int, amount: int) -> Region:
         raise PcAmountError(f"PC_DATA_AMOUNT={amount} does not fit 16 bits", register="PC_REGISTER_AMOUNTS")
     nbytes = (amount + 1) * FETCH_UNIT
     try:
-        return mem.region(iova, nbytes, "PC regcmd fetch")
+        return mem.region(iova, nbytes, "PC regcmd fetch", fetch=True)
     except SimError as exc:
         raise exc.located(register="PC_BASE_ADDRESS")
 

@@ -11,6 +11,13 @@ would be an IOMMU fault on the board (the job times out, the output is
 garbage), and one that runs from a BO into its neighbour reads or corrupts
 data that belongs to someone else even where the IOVAs happen to be adjacent.
 
+While a job runs, its `JobAccess` bounds every DMA: writes go only to the
+job's out-BOs (rocket orders jobs by those lists: an unlisted write races
+other jobs, and a write into a weight or regcmd BO corrupts the model for every
+later run). Reads of unlisted BOs are legal (Mesa lists no weight BO) and stay
+allowed; no DMA but the PC's fetch may touch a guard BO (the loader's page at
+IOVA 0 that no job owns: an address register the file left unrelocated).
+
 CPU ownership follows rocket's cache maintenance (PREP_BO / FINI_BO): a BO's
 host view is read-only except while the CPU holds it (`hold` .. `release`, i.e.
 prepare_cpu_access .. finish_cpu_access), and the NPU may not touch a held BO
@@ -34,6 +41,14 @@ PAGE = 4096
 
 def page_round(size: int) -> int:
     return -(-size // PAGE) * PAGE
+
+
+@dataclass(frozen=True)
+class JobAccess:
+    """The BOs one job may touch (handles), named in refusals."""
+
+    label: str
+    writes: frozenset[int]
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,8 @@ class IovaSpace:
         self._next_handle = 1
         self._held: set[int] = set()  # handles the CPU holds
         self.cache = OperandCache(cache_bytes)
+        self.job_access: JobAccess | None = None  # set by the device while a job runs
+        self.guards: set[int] = set()  # handles of guard BOs
 
     # -- allocation ---------------------------------------------------------
     def allocate(self, size: int) -> BufferObject:
@@ -97,6 +114,7 @@ class IovaSpace:
         del self._starts[i]
         del self._bos[i]
         self._held.discard(bo.handle)
+        self.guards.discard(bo.handle)
         self.cache.forget(bo.handle)
 
     def _checked_size(self, size: int) -> int:
@@ -143,8 +161,9 @@ class IovaSpace:
                 return bo
         return None
 
-    def region(self, iova: int, nbytes: int, what: str) -> Region:
-        """The BO region [iova, iova + nbytes); raises unless one BO holds it all."""
+    def region(self, iova: int, nbytes: int, what: str, write: bool = False, fetch: bool = False) -> Region:
+        """The BO region [iova, iova + nbytes); raises unless one BO holds it all
+        and (but for the PC's `fetch`) the running job may touch it that way."""
         if nbytes <= 0:
             raise MemoryAccessError(f"{what}: empty access of {nbytes} bytes at {iova:#x}")
         bo = self.find(iova)
@@ -161,6 +180,13 @@ class IovaSpace:
             raise MemoryAccessError(
                 f"{what}: [{iova:#x}, {end:#x}) is in {bo!r}, which the CPU holds (prepare_cpu_access "
                 "without finish_cpu_access): the NPU would see stale memory")
+        if not fetch and bo.handle in self.guards:
+            raise MemoryAccessError(f"{what}: [{iova:#x}, {end:#x}) is in the guard page at IOVA {bo.iova:#x}, "
+                                    "which no job owns (an address the file left unrelocated)")
+        access = self.job_access
+        if access is not None and write and bo.handle not in access.writes:
+            raise MemoryAccessError(f"{what}: writes [{iova:#x}, {end:#x}) in {bo!r}, which is not an "
+                                    f"output BO of job {access.label}")
         return Region(bo, iova - bo.iova, nbytes)
 
     def decoded(self, region: Region, form, build) -> np.ndarray:
@@ -178,7 +204,7 @@ class IovaSpace:
             raise MemoryAccessError(f"{what}: empty data cube {shape}")
         lo = sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))
         hi = sum(max(0, (n - 1) * s) for n, s in zip(shape, strides)) + dtype.itemsize
-        r = self.region(iova + lo, hi - lo, what)
+        r = self.region(iova + lo, hi - lo, what, write=writable)
         base = r.offset - lo
         if base % dtype.itemsize or any(s % dtype.itemsize for s in strides):
             if writable:

@@ -354,7 +354,23 @@ def place(dev, builders: Sequence[RegcmdBuilder], chain: bool = False, in_bos=()
         bo.host[offsets[i]:offsets[i] + s.size * 8] = s.view(np.uint8)
     dev.finish_cpu_access(bo)
     tasks = [Task(bo.iova + o, s.size) for o, s in zip(offsets, streams)]
+    if not in_bos and not out_bos:  # the lists rocket orders by: what the tasks' addresses point into
+        in_bos, out_bos = touched_bos(builders)
     return Program(bo, tasks, list(in_bos), list(out_bos))
+
+
+def touched_bos(builders: Sequence[RegcmdBuilder]) -> tuple[list[BufferObject], list[BufferObject]]:
+    """(read BOs, written BOs) of the builders' relocated address registers."""
+    from rkc.ir.npu.addresses import ADDRESS_USE
+
+    reads: dict[int, BufferObject] = {}
+    writes: dict[int, BufferObject] = {}
+    for b in builders:
+        for index, bo, _ in b.relocations:
+            direction = ADDRESS_USE[decode_entry(int(b.entries[index])).register.name].direction
+            if direction in ("read", "write"):
+                (writes if direction == "write" else reads)[bo.handle] = bo
+    return [bo for h, bo in reads.items() if h not in writes], list(writes.values())
 
 
 def upload(dev, data: np.ndarray, size: int | None = None) -> BufferObject:

@@ -11,7 +11,7 @@ from programs import Ref, conv_task, gemm_buffers, place, read_gemm, resolve, up
 from rkc.runtime.device import Job
 from rkc.runtime.devices import open_device
 from rkc.runtime.sim import SimDevice
-from rkc.runtime.sim.errors import CbufError, MemoryAccessError
+from rkc.runtime.sim.errors import CbufError, MemoryAccessError, SimError
 from rkc.runtime.sim.memory import IovaSpace
 from rkc.ir.npu.perf import PerfModel
 
@@ -134,7 +134,24 @@ def test_no_dma_may_touch_a_bo_the_cpu_holds():
     with pytest.raises(MemoryAccessError, match="CPU holds"):
         dev.run([Job(prog.tasks, [x.bo], [y.bo], label="unlisted")])
     dev.finish_cpu_access(w.bo)
-    dev.run([Job(prog.tasks, [x.bo], [y.bo])])
+    dev.run([Job(prog.tasks, [x.bo], [y.bo])])  # an unlisted read is legal (Mesa lists no weight BO)
+
+
+def test_a_job_touches_only_the_bos_it_lists():
+    """rocket orders jobs by their BO lists: a read outside them races, a write
+    into an in-BO (weights) corrupts every later run. Refused, naming the register."""
+    dev = SimDevice()
+    spec, x, w, y = gemm_buffers(dev, np.ones((8, 32), np.int8), np.ones((32, 32), np.int8), "int32")
+    prog = place(dev, [conv_task(spec, x, w, y)])
+    with pytest.raises(MemoryAccessError, match="DPU_DST_BASE_ADDR: DPU write-back .* not an output BO of job w"):
+        dev.run([Job(prog.tasks, [x.bo, w.bo, y.bo], [x.bo], label="w")])
+    guard = dev.create_guard_bo(4096)
+    with pytest.raises(MemoryAccessError, match="DPU write-back .* guard page .* left unrelocated"):
+        dev.run([Job(place(dev, [conv_task(spec, x, w, Ref(guard))]).tasks, [x.bo, w.bo], [guard], label="g")])
+    with pytest.raises(SimError, match="job n: lists no output BO"):
+        dev.run([Job(prog.tasks, [x.bo, w.bo, y.bo], [], label="n")])
+    with pytest.raises(SimError, match="job l: lane -1 is not one of the NPU's 3 cores"):
+        dev.run([Job(prog.tasks, [x.bo, w.bo], [y.bo], lane=-1, label="l")])
 
 
 def test_decoded_weights_follow_every_write_to_their_bytes():

@@ -21,9 +21,26 @@ def _gemm(dev, m=8, k=64, n=32):
     return gemm_buffers(dev, a, b, "int32")
 
 
+def _written_bos(dev, entries: np.ndarray) -> list:
+    """The live BOs the entries' write-address registers point into (the job's
+    out-BOs); a spare BO when they point nowhere (the fault under test is elsewhere)."""
+    from rkc.ir.npu.addresses import ADDRESS_USE
+    from rkc.ir.npu.regcmd import decode_entry
+
+    found = {}
+    for e in entries.tolist():
+        d = decode_entry(int(e))
+        reg = getattr(d, "register", None)
+        if reg is not None and ADDRESS_USE.get(reg.name, None) and ADDRESS_USE[reg.name].direction == "write":
+            bo = dev.mem.find(d.value)
+            if bo is not None:
+                found[bo.handle] = bo
+    return list(found.values()) or [dev.create_bo(4096)]
+
+
 def _run_entries(dev, entries: np.ndarray, label="probe"):
     bo = upload(dev, entries)
-    dev.run([Job([Task(bo.iova, entries.size)], label=label)])
+    dev.run([Job([Task(bo.iova, entries.size)], out_bos=_written_bos(dev, entries), label=label)])
 
 
 def _index(entries: np.ndarray, name: str) -> int:
@@ -176,7 +193,7 @@ def test_pc_amount_overflow():
     dev = SimDevice()
     bo = dev.create_bo(4096)
     with pytest.raises(PcAmountError, match="does not fit 16 bits") as ei:
-        dev.run([Job([Task(bo.iova, 2 * 65536 + 2)], label="probe")])
+        dev.run([Job([Task(bo.iova, 2 * 65536 + 2)], out_bos=[dev.create_bo(4096)], label="probe")])
     _expect(ei, None, "PC_REGISTER_AMOUNTS")
 
 
@@ -186,7 +203,7 @@ def test_fetch_amount_shorter_than_the_task():
     entries = resolve(conv_task(spec, x, w, y))
     bo = upload(dev, entries)
     with pytest.raises(HangError, match="no op-enable entry") as ei:
-        dev.run([Job([Task(bo.iova, entries.size - 4)], label="probe")])
+        dev.run([Job([Task(bo.iova, entries.size - 4)], out_bos=[y.bo], label="probe")])
     _expect(ei, None, "PC_REGISTER_AMOUNTS")
 
 

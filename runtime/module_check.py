@@ -1,0 +1,104 @@
+"""Load-time checks of what the runtime (not the container format) must trust in
+an rkbin: every CPU step's kernel and attributes, and the memory the regions
+ask for. Run once by
+the loader before any BO is created, so a hostile file is one clear error, not
+a numpy exception halfway through a run or an allocation the machine cannot
+hold. (ir/program.py checks types and cross-references, ir/access.py the NPU
+addresses.)"""
+
+from __future__ import annotations
+
+import os
+
+from rkc.ir.errors import FormatError, RkcError
+from rkc.ir.program import Module, Step, TensorInfo
+from rkc.ir.types import DType
+
+# attribute -> what it must be; the rank is that of the step's first input
+_AXIS = "axis"  # one axis of the input
+_AXES = "axes"  # several
+_PERM = "perm"
+_DTYPE = "dtype name"
+_POSITIVE = "positive ints"
+_NON_NEGATIVE = "non-negative ints"
+ATTRIBUTE_RULES: dict[str, str] = {
+    "axis": _AXIS, "axes": _AXES, "perm": _PERM, "to": _DTYPE, "dtype": _DTYPE,
+    "kernel_shape": _POSITIVE, "strides": _POSITIVE, "dilations": _POSITIVE, "blocksize": _POSITIVE,
+    "group": _POSITIVE, "pads": _NON_NEGATIVE,
+}
+# ops whose `axis`/`axes` index their output rather than the input (one more dimension)
+_OUTPUT_AXES = {"Unsqueeze": 1, "Flatten": 1}
+
+
+def check_module(module: Module) -> None:
+    """Raise FormatError naming the first tensor, step or region the runtime cannot trust."""
+    tensors = {t.name: t for t in module.tensors}
+    for prog in module.programs:
+        for step in prog.steps:
+            if step.kind == "cpu":
+                _check_cpu_step(f"program {prog.name!r} step {step.name!r}", step, tensors)
+    _check_memory(module)
+
+
+def _ints(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _check_cpu_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:
+    from rkc.runtime.kernels import check_binding
+    from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
+
+    if step.op in LLM_KERNELS:
+        return  # LLM kernels take (inputs, attrs, state): runtime/llm checks what they read
+    try:
+        check_binding(step.op, len(step.inputs), step.attrs, where)
+    except RkcError as exc:
+        raise FormatError(str(exc)) from None
+    first = tensors.get(step.inputs[0]) if step.inputs and step.inputs[0] else None
+    rank = len(first.shape) + _OUTPUT_AXES.get(step.op, 0) if first is not None else None
+    for name, value in step.attrs.items():
+        rule = ATTRIBUTE_RULES.get(name)
+        bad = None
+        if rule == _AXIS:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            bad = None if ok and (rank is None or -rank <= value < rank) else f"not an axis of a rank-{rank} input"
+        elif rule == _AXES:
+            if value is not None and not (_ints(value) and (rank is None or all(-rank <= a < rank for a in value))):
+                bad = f"not axes of a rank-{rank} input"
+        elif rule == _PERM:
+            if value is not None and not (_ints(value) and (rank is None or sorted(value) == list(range(rank)))):
+                bad = f"not a permutation of {rank} axes"
+        elif rule == _DTYPE:
+            if value not in {d.value for d in DType}:
+                bad = f"not a dtype ({', '.join(d.value for d in DType)})"
+        elif rule == _POSITIVE:
+            ok = _ints(value) and all(0 < v < 1 << 31 for v in value) if isinstance(value, list) else \
+                isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 31
+            bad = None if ok else "not positive"
+        elif rule == _NON_NEGATIVE:
+            if not (_ints(value) and all(0 <= v < 1 << 31 for v in value)):
+                bad = "not a list of non-negative ints"
+        if bad:
+            raise FormatError(f"{where}: {step.op} attribute {name}={value!r:.40}: {bad}")
+
+
+def available_memory() -> int:
+    """Bytes this process can still allocate: MemAvailable where Linux says it,
+    else physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _check_memory(module: Module) -> None:
+    total = sum(r.size for r in module.regions if r.blob is None)  # blobs are mapped from the file already
+    total += sum(r.size for r in module.regions if r.blob is not None and r.kind != "host")
+    have = available_memory()
+    if total > have:
+        raise FormatError(f"the regions need {total / 2**20:.0f} MiB, more than the {have / 2**20:.0f} MiB "
+                          "of memory available")

@@ -1,0 +1,94 @@
+"""Fuzzing the three loaders with structured mutations (tests/fuzz.py): every
+input is either accepted or refused with one RkcError line; never another
+exception (the CLIs' internal error), a MemoryError or a hang (hypothesis'
+deadline). Fast by default; `-m slow` runs many more examples (CI's slow run)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fuzz import mutated_json, mutated_metadata, onnx_model
+from hostile import compiled_small_cnn, parts, write_raw
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
+from rkc.ir.errors import RkcError
+
+FAST = settings(max_examples=15, deadline=20_000, suppress_health_check=list(HealthCheck), derandomize=True)
+SLOW = settings(max_examples=400, deadline=60_000, suppress_health_check=list(HealthCheck))
+X = np.ones((1, 3, 32, 32), np.float32)
+
+
+def _one_line(exc: RkcError) -> None:
+    assert str(exc) and "\n" not in str(exc), repr(exc)
+
+
+def fast_and_slow(case):
+    """Two tests of one case: 15 examples by default, 400 under -m slow."""
+    def run(request, data):
+        case(request, data)
+
+    fast = FAST(given(data=st.data())(run))
+    slow = pytest.mark.slow(SLOW(given(data=st.data())(run)))
+    return fast, slow
+
+
+@pytest.fixture(scope="module")
+def rkbin_parts(tmp_path_factory):
+    return parts(compiled_small_cnn(tmp_path_factory.mktemp("fz")))
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    from llm.synth import write_model
+
+    return write_model(tmp_path_factory.mktemp("g") / "llama.gguf", "llama")
+
+
+def rkbin_case(request, data) -> None:
+    module, blobs = request.getfixturevalue("rkbin_parts")
+    tree = data.draw(mutated_json(module))
+    try:
+        text = json.dumps(tree)
+    except (ValueError, RecursionError):
+        return  # not expressible as JSON: no file to load
+    path = write_raw(request.getfixturevalue("tmp_path_factory").mktemp("c") / "f.rkbin", None, blobs,
+                     module_text=text)
+    try:
+        with runtime.load(path, device="sim") as model:
+            model.run({"x": X})
+    except RkcError as exc:
+        _one_line(exc)
+
+
+def gguf_case(request, data) -> None:
+    from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
+
+    gf = GgufFile(request.getfixturevalue("gguf_file"))
+    gf.kv = data.draw(mutated_metadata(gf.kv))
+    try:
+        graph_from_gguf(gf)
+    except RkcError as exc:
+        _one_line(exc)
+
+
+def onnx_case(request, data) -> None:
+    import onnx
+
+    _, model = data.draw(onnx_model())
+    d = request.getfixturevalue("tmp_path_factory").mktemp("o")
+    onnx.save(model, str(d / "m.onnx"))
+    try:
+        build(d / "m.onnx", d / "m.rkbin", BuildOptions())
+    except RkcError as exc:
+        _one_line(exc)
+        assert not (d / "m.rkbin").exists()
+
+
+test_rkbin_module_mutations, test_rkbin_module_mutations_long = fast_and_slow(rkbin_case)
+test_gguf_metadata_mutations, test_gguf_metadata_mutations_long = fast_and_slow(gguf_case)
+test_onnx_graph_mutations, test_onnx_graph_mutations_long = fast_and_slow(onnx_case)
