@@ -13,14 +13,15 @@ float model (fp32 weights and activations):
 * greedy: prompts whose 16 greedy tokens equal llama.cpp's — the slow test's
   5 (its rule: first 5 of its list without a llama.cpp near-tie), and every
   eligible prompt of the test list plus a held-out list;
-* teacher-forced on tests/llm/data/english.txt (windows of 128, like the
-  perplexity check): perplexity, KL(llama.cpp || scheme), KL(float || scheme),
+* teacher-forced on tests/llm/data/english.txt (windows of the slow test's
+  PPL_CTX, cut as rkrun --perplexity cuts them): perplexity, KL(llama.cpp || scheme), KL(float || scheme),
   top-1 agreement with llama.cpp.
 
     PYTHONPATH=$PWD python tools/llm_quant_eval.py SCHEME [SCHEME ...]
     SCHEME: float | fp16 | int8[:key=value,...] (keys not given: rkc compile's defaults)
             keys: rounding=rtn|gptq, scales=max|mse, cal=TEXTFILE, alpha=0.5|search,
             keep=ffn_down+output, fp16=N (hybrid: N of Gemma 3 270M's 72 product groups),
+            rot=kron|block|none (the rotation of each int8 product's input),
             act=token|exact (exact: activations not quantized, to bound what the weights
             alone cost), w=float (weights not rounded: what the activations alone cost)
     --check-rkbin FILE: also run FILE's engine (simulator) on the test's prompts
@@ -47,11 +48,10 @@ from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_wei
 from rkc.compiler.llm.calibrate import GraphRunner  # noqa: E402
 from rkc.compiler.llm.weights import dequantize_all  # noqa: E402
 from rkc.runtime.llm.tokenizer import LlmTokenizer  # noqa: E402
-from rkc.runtime.llm.weights import Int8Weight, Weight, quantize_rows  # noqa: E402
+from rkc.runtime.llm.weights import Weight, quantize_rows  # noqa: E402
 
-N_TOKENS = 16
-MIN_MARGIN = 0.1
-PPL_CTX = 128
+from llm.test_gemma3_270m import MIN_MARGIN, N_TOKENS, PPL_CTX, PROMPTS  # noqa: E402
+
 # not in the slow test: more prompts of the same kinds, to see past its five
 HELD_OUT = [
     "The sun rises in the east and sets in the",
@@ -77,12 +77,6 @@ HELD_OUT = [
 ]
 
 
-def _test_prompts() -> list[str]:
-    from llm.test_gemma3_270m import PROMPTS
-
-    return list(PROMPTS)
-
-
 class Bench:
     """The model, its float weights and llama.cpp's answers (cached on disk)."""
 
@@ -97,7 +91,7 @@ class Bench:
         self.float_weights = dequantize_all(self.gf, consts)
         print(f"loaded in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         self.text = self.tokenizer.encode((ROOT / "tests/llm/data/english.txt").read_text())
-        self.prompts = [(p, "test") for p in _test_prompts()] + [(p, "held-out") for p in HELD_OUT]
+        self.prompts = [(p, "test") for p in PROMPTS] + [(p, "held-out") for p in HELD_OUT]
         self.ref = self._reference(gguf, cache)
 
     def _reference(self, gguf: Path, cache: Path) -> dict:
@@ -105,13 +99,14 @@ class Bench:
         meta, logp = cache / "llamacpp.json", cache / "llamacpp_logp.npy"
         if meta.exists() and logp.exists():
             ref = json.loads(meta.read_text())
-            if ref["prompts"] == [p for p, _ in self.prompts] and ref["text"] == self.text:
+            if ref["prompts"] == [p for p, _ in self.prompts] and ref["text"] == self.text \
+                    and ref.get("ctx") == PPL_CTX:
                 ref["logp"] = np.load(logp, mmap_mode="r")
                 return ref
         from llm import llamacpp
 
         model = llamacpp.load(gguf, n_ctx=1024, logits_all=True)
-        ref = {"prompts": [p for p, _ in self.prompts], "text": self.text, "greedy": [], "margin": []}
+        ref = {"prompts": [p for p, _ in self.prompts], "text": self.text, "ctx": PPL_CTX, "greedy": [], "margin": []}
         for p, _ in self.prompts:
             out, margin = llamacpp.greedy_with_margin(model, llamacpp.tokenize(model, p), N_TOKENS)
             ref["greedy"].append(out)
@@ -186,7 +181,8 @@ def build_weights(bench: Bench, scheme: str) -> dict:
              "fp16_share": float(kv["fp16"]) / 72 if "fp16" in kv else None,  # groups of Gemma 3 270M
              "alpha_search": kv["alpha"] == "search" if "alpha" in kv else None,
              "smooth_alpha": float(kv["alpha"]) if kv.get("alpha", "search") != "search" else None,
-             "keep_fp16": tuple(k for k in kv["keep"].split("+") if k) if "keep" in kv else None}
+             "keep_fp16": tuple(k for k in kv["keep"].split("+") if k) if "keep" in kv else None,
+             "rotation": kv.get("rot")}
     # keys not given: `rkc compile --precision int8`'s defaults
     options = LlmCompileOptions(kind, (1,), **{k: v for k, v in given.items() if v is not None})
     report = CompileReport()
@@ -201,9 +197,9 @@ def build_weights(bench: Bench, scheme: str) -> dict:
         elif kv.get("w") == "float":  # smoothed but not rounded
             out[n] = FakeLinear(weights[n], act)
         elif act == "exact":
-            out[n] = FakeLinear(enc.data.astype(np.float32) * enc.scale[:, None], act)
+            out[n] = FakeLinear(enc.as_runtime().dense(), act)
         else:
-            out[n] = Int8Weight(enc.data, enc.scale)
+            out[n] = enc.as_runtime()
     return out
 
 
@@ -303,7 +299,7 @@ def main() -> None:
     bench = Bench(args.gguf, args.cache)
     five = bench.test_five()
     print("test's five: " + "; ".join(repr(bench.prompts[i][0]) for i in five), file=sys.stderr)
-    float_file = args.cache / "float_logp.npy"
+    float_file = args.cache / f"float_logp_{PPL_CTX}_{len(bench.text)}.npy"
     if float_file.exists():
         float_logp, results = np.load(float_file), []
     else:

@@ -36,7 +36,7 @@ def references(synth_gguf):
     return {a: ReferenceModel.load(str(synth_gguf(a))) for a in ARCHS}
 
 
-RTN = {"rounding": "rtn", "scales": "max", "fp16_share": 0}  # the reference's own int8 weights
+RTN = {"rounding": "rtn", "scales": "max", "fp16_share": 0, "rotation": "none"}  # the reference's own int8 weights
 # (compiled precision, SmoothQuant alpha, products kept fp16, reference arithmetic, min cosine, max rel. error)
 CASES = [
     ("fp16", 0.0, (), "fp16", 0.9999, 0.01),  # the NPU's fp16 products, as numpy computes them
@@ -81,7 +81,7 @@ def test_int8_rkbin_computes_its_cpu_emulation(arch, options, synth_rkbin, synth
     from rkc.compiler.llm.calibrate import GraphRunner
     from rkc.compiler.llm.weights import dequantize_all
     from rkc.ir.rkbin import read_rkbin
-    from rkc.runtime.llm.weights import Int8Weight, Weight
+    from rkc.runtime.llm.weights import Weight
 
     path = synth_rkbin(arch, "int8", **options)
     engine = LlmEngine(path)
@@ -96,7 +96,7 @@ def test_int8_rkbin_computes_its_cpu_emulation(arch, options, synth_rkbin, synth
         assert any(e.scale is None for e in matrices.values())
         assert any("hybrid" in line for line in report.lines)
     cpu = {n: Weight(v) for n, v in vectors.items()}
-    cpu |= {n: Int8Weight(e.data, e.scale) if e.scale is not None else Weight(e.data) for n, e in matrices.items()}
+    cpu |= {n: e.as_runtime() for n, e in matrices.items()}
     runner = GraphRunner(graph, cfg, cpu, 64)
     rng = np.random.default_rng(2)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, PROMPT_LEN + 4 - 1).tolist()]

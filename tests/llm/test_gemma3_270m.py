@@ -42,7 +42,7 @@ PROMPTS = [
 ]
 N_TOKENS = 16
 MIN_MARGIN = 0.1
-PPL_CTX = 128
+PPL_CTX = 256
 
 
 @pytest.fixture(scope="module")
