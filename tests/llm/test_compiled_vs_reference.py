@@ -41,6 +41,9 @@ RTN = {"rounding": "rtn", "scales": "max", "fp16_share": 0, "rotation": "none"} 
 CASES = [
     ("fp16", 0.0, (), "fp16", 0.9999, 0.01),  # the NPU's fp16 products, as numpy computes them
     ("int8", 0.0, (), "w8a8", 0.9999, 0.02),  # W8A8 as defined (int8 per channel / per token, int32 sums)
+    # rotated W8A8: inputs and weight rows rotated (x R, W R) before int8
+    ("int8", 0.0, (), "w8a8+kron", 0.9999, 0.02),
+    ("int8", 0.0, (), "w8a8+block", 0.9999, 0.02),
     # hybrid: ffn_down in fp16 (its fp16 outputs move later int8 roundings a step now and then)
     ("int8", 0.0, ("ffn_down",), "w8a8", 0.9995, 0.05),
     ("fp16", 0.0, (), "exact", 0.9999, 0.02),  # and all close to the exact float64 model
@@ -52,11 +55,13 @@ CASES = [
 @pytest.mark.parametrize("precision,alpha,keep,arith,min_cos,max_rel", CASES)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_match_reference(arch, precision, alpha, keep, arith, min_cos, max_rel, synth_rkbin, synth_gguf):
-    engine = LlmEngine(synth_rkbin(arch, precision, alpha=alpha, keep=keep, **(RTN if arith == "w8a8" else {})))
+    arith, _, rotation = arith.partition("+")
+    rtn = RTN | {"rotation": rotation or "none"}
+    engine = LlmEngine(synth_rkbin(arch, precision, alpha=alpha, keep=keep, **(rtn if arith == "w8a8" else {})))
     rng = np.random.default_rng(1)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, PROMPT_LEN + 8 - 1).tolist()]
     got = _teacher_forced(engine, tokens, PROMPT_LEN)
-    ref = ReferenceModel.load(str(synth_gguf(arch)), arith, keep)
+    ref = ReferenceModel.load(str(synth_gguf(arch)), arith, keep, rotation or "none")
     ref.reset()
     want = ref.forward(tokens, 0)
     assert got.shape == want.shape == (len(tokens), engine.cfg.n_vocab)
