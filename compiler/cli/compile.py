@@ -12,6 +12,8 @@ from rkc.compiler.build import PRECISIONS, BuildOptions, build
 from rkc.compiler.frontend import detect_kind
 from rkc.compiler.frontend.onnx import parse_input_shapes
 from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS
+from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
+from rkc.compiler.llm.smooth import DEFAULT_ALPHA
 
 
 def _chunks(text: str) -> tuple[int, ...]:
@@ -48,7 +50,7 @@ class _Progress:
 @click.option("-v", "--verbose", is_flag=True, help="Show every stage as it starts.")
 @click.option("--prefill-chunks", default="1,32,128,512", show_default=True,
               help="GGUF LLM: prompt chunk sizes, each with a precompiled prefill program.")
-@click.option("--smooth-alpha", default=0.5, show_default=True,
+@click.option("--smooth-alpha", default=DEFAULT_ALPHA, show_default=True,
               help="GGUF LLM, int8: SmoothQuant migration strength (0 disables).")
 @click.option("--keep-fp16", default="", metavar="NAMES",
               help="GGUF LLM, int8: comma-separated weight names (substrings, e.g. ffn_down) whose products "
@@ -58,9 +60,12 @@ class _Progress:
 @click.option("--fp16-share", type=click.FloatRange(0, 1), default=DEFAULT_FP16_SHARE, show_default=True,
               help="GGUF LLM, int8: this share of the product groups stays fp16, those noisiest in int8 on the "
                    "calibration text (a measured hybrid; 0: all int8).")
+@click.option("--int8-rotation", type=click.Choice(ROTATIONS), default=DEFAULT_ROTATION, show_default=True,
+              help="GGUF LLM, int8: randomised Hadamard rotation of each product's input before int8 (kron: "
+                   "one transform per row; block: block-diagonal; none).")
 def compile_command(model: str, output: str | None, precision: str, calib: str | None, input_shapes: tuple[str, ...],
                     explain: bool, cpu_only: bool, verbose: bool, prefill_chunks: str, smooth_alpha: float,
-                    keep_fp16: str, int8_rounding: str, fp16_share: float) -> None:
+                    keep_fp16: str, int8_rounding: str, fp16_share: float, int8_rotation: str) -> None:
     """Compile MODEL (ONNX, GGUF LLM or IR text) into an .rkbin for the NPU.
 
     \b
@@ -75,7 +80,7 @@ def compile_command(model: str, output: str | None, precision: str, calib: str |
 
         keep = tuple(k.strip() for k in keep_fp16.split(",") if k.strip())
         llm = LlmCompileOptions(precision, _chunks(prefill_chunks), smooth_alpha, keep, int8_rounding,
-                                fp16_share=fp16_share)
+                                fp16_share=fp16_share, rotation=int8_rotation)
         for line in compile_gguf(model, out, llm).lines:
             click.echo(line)
         return

@@ -158,21 +158,28 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
         report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding}; "
                    f"{_rotation_summary(matrices, options.rotation)}")
         report.quantization = {"smooth_alpha": alpha, "rounding": options.rounding, "scales": options.scales,
-                               "rotation": options.rotation,
-                               "calibration": Path(options.calibration).name, "keep_fp16": list(options.keep_fp16)}
+                               "rotation": options.rotation, "rotation_forms": _rotation_forms(matrices),
+                               "calibration": Path(options.calibration).name if cal is not None else None,
+                               "keep_fp16": list(options.keep_fp16)}
         if options.fp16_share > 0:
             _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
     vectors = {n: w.astype(np.float32) for n, w in weights.items() if n not in matrices}
     return matrices, vectors
 
 
+def _rotation_forms(matrices: dict[str, EncodedWeight]) -> dict[str, str]:
+    """Input width -> the rotation's construction (e.g. "640": "H20 (x) H32")."""
+    from rkc.runtime.kernels.hadamard import describe
+
+    return {str(k): describe(r) for k, r in sorted({e.rotation.size: e.rotation for e in matrices.values()
+                                                    if e.rotation is not None}.items())}
+
+
 def _rotation_summary(matrices: dict[str, EncodedWeight], kind: str) -> str:
     if kind == NONE:
         return "inputs not rotated"
-    from rkc.runtime.kernels.hadamard import describe
-
-    forms = sorted({f"K={e.rotation.size}: {describe(e.rotation)}" for e in matrices.values() if e.rotation})
-    return f"inputs rotated ({kind}: {', '.join(forms)})"
+    forms = ", ".join(f"K={k}: {f}" for k, f in _rotation_forms(matrices).items())
+    return f"inputs rotated ({kind}: {forms})"
 
 
 ALPHA_GRID = (0.0, 0.3, 0.5, 0.7, 0.85)

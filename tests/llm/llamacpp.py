@@ -86,13 +86,3 @@ class Agreement:
     def figures(self) -> dict[str, float]:
         return {"kl": self.kl / self.n, "top1": self.top1 / self.n, "ppl": math.exp(self.nll / self.n),
                 "ppl_llamacpp": math.exp(self.nll_ref / self.n), "tokens": self.n}
-
-
-def perplexity(model, tokens: list[int], ctx: int) -> tuple[float, int]:
-    """Same windows as runtime/llm/generate.py: BOS-prefixed windows of ctx tokens."""
-    nll, count = 0.0, 0
-    for window, logits in teacher_forced_logits(model, tokens, ctx):
-        logp = log_softmax(logits)
-        nll -= float(logp[np.arange(len(window) - 1), np.asarray(window[1:])].sum())
-        count += len(window) - 1
-    return math.exp(nll / count), count
