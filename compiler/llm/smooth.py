@@ -17,9 +17,8 @@ import numpy as np
 
 from rkc.ir.graph import Graph
 
-# `rkc compile --precision int8` default: off (the rotation does the outliers' job;
-# 0.5 was the unrotated default); groups an alpha dict does not list get it too
-DEFAULT_ALPHA = 0.0
+# `rkc compile --precision int8` default (also for groups an alpha dict does not list)
+DEFAULT_ALPHA = 0.5
 
 
 def _factors(act: np.ndarray, mats: list[np.ndarray], alpha: float) -> np.ndarray:
