@@ -1,10 +1,10 @@
 """Per-product int8 output noise/signal on Gemma 3 270M (float model on 255 tokens of
 english.txt): plain vs rotated (kron, block), RTN weights, no SmoothQuant, all int8."""
-import time, sys
+import time
 import numpy as np
 from pathlib import Path
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
-from rkc.compiler.llm.build import LlmCompileOptions, encode_matrices
+from rkc.compiler.llm.build import LlmCompileOptions, encode_matrices  # run from the repo root
 from rkc.compiler.llm.calibrate import product_errors
 from rkc.compiler.llm.weights import dequantize_all
 from rkc.runtime.llm.tokenizer import LlmTokenizer
