@@ -20,6 +20,7 @@ from rkc.compiler.frontend import detect_kind
 from rkc.compiler.frontend.onnx import parse_input_shapes
 from rkc.compiler.llm.build import DEFAULT_CHUNKS, LlmCompileOptions, compile_gguf
 from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS
+from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA
 from rkc.compiler.precision import DEFAULT_PRECISION, KIND_NAMES, KINDS, PRECISIONS
 from rkc.ir.errors import OptionError
@@ -80,6 +81,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("fp16_share", "--fp16-share", ("gguf",),
            "this share of the product groups stays fp16, those noisiest in int8 on the calibration text "
            "(a measured hybrid; 0: all int8).", (0.0, 1.0), INT8, default=str(DEFAULT_FP16_SHARE)),
+    Option("int8_rotation", "--int8-rotation", ("gguf",),
+           "randomised Hadamard rotation of each product's input before int8 (kron: one transform per row; "
+           "block: block-diagonal; none).", ROTATIONS, INT8, default=DEFAULT_ROTATION),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -133,6 +137,8 @@ def _compile_llm(source: Path, output: Path, precision: str, given: Mapping[str,
         options = replace(options, rounding=str(given["int8_rounding"]))
     if "fp16_share" in given:
         options = replace(options, fp16_share=float(given["fp16_share"]))
+    if "int8_rotation" in given:
+        options = replace(options, rotation=str(given["int8_rotation"]))
     return compile_gguf(source, output, options, progress).lines
 
 

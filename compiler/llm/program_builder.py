@@ -35,6 +35,8 @@ from rkc.ir.llm import LlmProgram
 from rkc.ir.npu import geometry
 from rkc.ir.program import Step
 from rkc.ir.types import DType, TensorType
+from rkc.runtime.kernels.hadamard import Rotation
+from rkc.runtime.llm.weights import Int8Weight, Weight
 
 
 @dataclass
@@ -43,6 +45,13 @@ class EncodedWeight:
 
     data: np.ndarray  # [N, K] int8 or fp16
     scale: np.ndarray | None = None  # [N] fp32 (int8)
+    rotation: Rotation | None = None  # int8: the input axis is rotated (data ~ W R; compiler/llm/rotate.py)
+
+    def as_runtime(self) -> "Int8Weight | Weight":
+        """The weight as the runtime's CPU arithmetic computes it (the CPU emulation of the NPU's)."""
+        if self.scale is None:
+            return Weight(self.data)
+        return Int8Weight(self.data, self.scale, self.rotation)
 
 
 @dataclass
@@ -108,6 +117,16 @@ class LlmLowering:
         if name not in self.builder.tensors:
             self.builder.host_const(name, np.ascontiguousarray(value))
         return name
+
+    def rotation_inputs(self, rot: Rotation | None) -> tuple[list[str], dict]:
+        """The constants and attrs by which a CPU step applies `rot` (runtime/llm/kernels.rotation_of)."""
+        if rot is None:
+            return [], {}
+        name = f"rotation.{rot.size}"
+        ins = [self.host_const(f"{name}.signs", rot.signs.astype(np.float32))]
+        if rot.factor is not None:
+            ins.append(self.host_const(f"{name}.factor", rot.factor.astype(np.float32)))
+        return ins, {"rotation": "hadamard", "block": rot.block}
 
     def lower(self, graph: Graph, program: str) -> None:
         on_npu = {i for i, op in enumerate(graph.ops) if op.type == "Linear"}
@@ -176,10 +195,12 @@ class _ProgramLowering:
             attrs = {"packed": packed, "rows": int(enc.data.shape[0]), "cols": int(enc.data.shape[1]),
                      "dtype": str(enc.data.dtype)}
             extra = [self.llm.host_const(f"{table}.scale", enc.scale)] if enc.scale is not None else []
-            return "GatherPacked", [ids, *extra], attrs
+            rot, rot_attrs = self.llm.rotation_inputs(enc.rotation)  # rows are rotated back
+            return "GatherPacked", [ids, *extra, *rot], attrs | rot_attrs
         data = self.llm.host_const(table, enc.data)
         extra = [self.llm.host_const(f"{table}.scale", enc.scale)] if enc.scale is not None else []
-        return "GatherRows", [data, ids, *extra], {}
+        rot, rot_attrs = self.llm.rotation_inputs(enc.rotation)
+        return "GatherRows", [data, ids, *extra, *rot], rot_attrs
 
     # -- NPU segments ------------------------------------------------------------------------
     def segment(self, ops: list[int]) -> None:
@@ -199,8 +220,9 @@ class _ProgramLowering:
                 self.scratch(npu_name(x), [m, k], dev)
                 if int8:
                     self.host_value_named(f"{x}.rowscale", [m], DType.FP32)
-                    self.add(Step(kind="cpu", name=f"to_npu:{x}", op="QuantizeRows", inputs=[x],
-                                  outputs=[npu_name(x), f"{x}.rowscale"]))
+                    rot, rot_attrs = self.llm.rotation_inputs(self.llm.matrices[w].rotation)
+                    self.add(Step(kind="cpu", name=f"to_npu:{x}", op="QuantizeRows", inputs=[x, *rot],
+                                  outputs=[npu_name(x), f"{x}.rowscale"], attrs=rot_attrs))
                 else:
                     self.add(Step(kind="cpu", name=f"to_npu:{x}", op="Cast", inputs=[x], outputs=[npu_name(x)],
                                   attrs={"to": "fp16"}))

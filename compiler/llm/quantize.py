@@ -26,9 +26,11 @@ from rkc.ir.errors import UnsupportedError
 
 QMAX = 127
 METHODS = ("gptq", "rtn")
-# `rkc compile --precision int8` defaults (measured on Gemma 3 270M: docs/llm.md)
-DEFAULT_ROUNDING = "gptq"
-DEFAULT_FP16_SHARE = 0.25  # of the product groups (Gemma 3 270M: 18 of 72)
+# `rkc compile --precision int8` defaults (docs/llm.md): with the inputs rotated
+# (compiler/llm/rotate.py) round-to-nearest and every product int8; no
+# calibration run is needed, so the compile is cheap
+DEFAULT_ROUNDING = "rtn"
+DEFAULT_FP16_SHARE = 0.0  # of the product groups (0.25 was the unrotated default: 18 of Gemma 3 270M's 72)
 DEFAULT_ALPHA_SEARCH = False
 SCALES = ("max", "mse")
 CLIP_GRID = np.linspace(0.60, 1.0, 21)

@@ -112,8 +112,14 @@ def quantization_lines(q: dict) -> list[str]:
     alpha = q["smooth_alpha"]
     alpha = (f"alpha per product group ({min(alpha.values())}..{max(alpha.values())})" if isinstance(alpha, dict)
              else f"alpha {alpha}")
-    lines = [f"int8: SmoothQuant {alpha}, {q['scales']} row scales, {q['rounding']} rounding, "
-             f"calibrated on {q['calibration']}"]
+    forms = q.get("rotation_forms") or {}
+    rotation = (f"inputs rotated ({q['rotation']}: {', '.join(f'K={k}: {f}' for k, f in forms.items())})" if forms
+                else "inputs not rotated")
+    cal = f"calibrated on {q['calibration']}" if q.get("calibration") else "no calibration"
+    lines = [f"int8: SmoothQuant {alpha}, {q['scales']} row scales, {q['rounding']} rounding, {rotation}, {cal}",
+             "  every product int8" if not q.get("hybrid") and not q.get("keep_fp16") else
+             "  products kept fp16: see below" if q.get("hybrid") else
+             f"  products kept fp16: {', '.join(q['keep_fp16'])}"]
     hybrid = q.get("hybrid")
     if hybrid:
         lines.append(f"  hybrid: {len(hybrid['products'])} products kept fp16 (noisiest int8 groups on the "

@@ -17,6 +17,7 @@ import numpy as np
 
 from rkc.ir.graph import Graph
 
+# `rkc compile --precision int8` default (also for groups an alpha dict does not list)
 DEFAULT_ALPHA = 0.5
 
 

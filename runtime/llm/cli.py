@@ -23,6 +23,8 @@ class LlmRunOptions:
     seed: int | None = None
     ctx: int | None = None
     perplexity: str | None = None
+    logits: str | None = None  # with text: write its teacher-forced logits
+    text: str | None = None
     tokenize: str | None = None
     chat: bool = False
     ignore_eos: bool = False
@@ -48,25 +50,38 @@ def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -
         tok = LlmTokenizer.from_json(bytes(rk.blobs["tokenizer"]).decode())
         click.echo(" ".join(str(i) for i in tok.encode(o.tokenize)))
         return
-    if o.prompt is None and o.perplexity is None:
-        raise RkcError("an LLM needs -p PROMPT, --perplexity FILE or --tokenize TEXT")
+    if (o.logits is None) != (o.text is None):
+        raise RkcError("--logits OUT.npy and --text FILE go together")
+    if o.prompt is None and o.perplexity is None and o.logits is None:
+        raise RkcError("an LLM needs -p PROMPT, --perplexity FILE, --logits OUT.npy --text FILE or --tokenize TEXT")
     t0 = time.perf_counter()
     engine = LlmEngine(rk, device, cores)
     tok = engine.tokenizer
     load_s = time.perf_counter() - t0
-    if o.perplexity is not None:
-        text = Path(o.perplexity).read_text(encoding="utf-8")
-        ctx = o.ctx or 512
-        gen = Generator(engine, ctx + 1)
-        ids = tok.encode(text, add_bos=True)
+    ctx = o.ctx or 512
+
+    def scored(path: str) -> tuple[Generator, list[int]]:
+        ids = tok.encode(Path(path).read_text(encoding="utf-8"), add_bos=True)
         if ids[0] != tok.bos_id:
             raise RkcError("the model has no BOS token; perplexity windows start with one")
+        return Generator(engine, ctx + 1), ids
+
+    if o.logits is not None:
+        gen, ids = scored(o.text)
+        t1 = time.perf_counter()
+        n = gen.write_logits(ids, ctx, o.logits, progress=lambda i, k: click.echo(f"[{i}/{k}]", err=True, nl=False))
+        click.echo("", err=True)
+        click.echo(f"wrote {o.logits}: logits of {n} tokens x {engine.cfg.n_vocab} in "
+                   f"{time.perf_counter() - t1:.1f} s, windows of {ctx}", err=True)
+    if o.perplexity is not None:
+        gen, ids = scored(o.perplexity)
         t1 = time.perf_counter()
         ppl, n = gen.perplexity(ids, ctx, progress=lambda i, k: click.echo(f"[{i}/{k}]", err=True, nl=False))
         dt = time.perf_counter() - t1
         click.echo("", err=True)
         click.echo(f"scored {n} tokens in {dt:.1f} s ({n / dt:.1f} t/s), windows of {ctx}", err=True)
         click.echo(f"perplexity: {ppl:.4f} over {n} tokens")
+    if o.perplexity is not None or o.logits is not None:
         return
     llm = LlmModel(engine, o.ctx, cache_slots=1)
     sampling = dict(max_tokens=o.n_predict, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=o.seed,

@@ -165,26 +165,55 @@ class Generator:
                 self.timings.decode_npu = Modelled.of(device).since(m1)
             self.timings.decode_s = time.perf_counter() - t1
 
+    @staticmethod
+    def windows(tokens: list[int], ctx: int) -> list[list[int]]:
+        """The windows perplexity scores: tokens start with BOS; windows of ctx
+        tokens, every window after the first prefixed with BOS; each token but
+        the first predicted once."""
+        cut = [tokens[s:s + ctx] if s == 0 else [tokens[0], *tokens[s:s + ctx]] for s in range(0, len(tokens), ctx)]
+        return [w for w in cut if len(w) >= 2]
+
+    def scored_windows(self, tokens: list[int], ctx: int) -> Iterator[tuple[list[int], np.ndarray]]:
+        """Each window with its logits [len - 1, vocab]: row i predicts window[i + 1]."""
+        for window in self.windows(tokens, ctx):
+            self.cache.reset()
+            yield window, self._forward(window[:-1], 0, all_logits=True)
+
     def perplexity(self, tokens: list[int], ctx: int,
                    progress: Callable[[int, int], None] | None = None) -> tuple[float, int]:
-        """tokens start with BOS; windows of ctx tokens, every window after the
-        first prefixed with BOS; each token but the first predicted once."""
-        bos = tokens[0]
         nll, count = 0.0, 0
-        starts = list(range(0, len(tokens), ctx))
-        for w, s in enumerate(starts):
-            window = tokens[s:s + ctx] if s == 0 else [bos, *tokens[s:s + ctx]]
-            if len(window) < 2:
-                continue
-            self.cache.reset()
-            logits = self._forward(window[:-1], 0, all_logits=True).astype(np.float64)
+        for w, (window, logits) in enumerate(self.scored_windows(tokens, ctx)):
+            logits = logits.astype(np.float64)
             logp = logits - logits.max(axis=1, keepdims=True)
             logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
             targets = np.asarray(window[1:])
             nll -= float(logp[np.arange(len(targets)), targets].sum())
             count += len(targets)
             if progress:
-                progress(w + 1, len(starts))
+                progress(w + 1, len(self.windows(tokens, ctx)))
         if count == 0:
             raise RkcError("perplexity needs at least two tokens of text")
         return math.exp(nll / count), count
+
+    def write_logits(self, tokens: list[int], ctx: int, path: str,
+                     progress: Callable[[int, int], None] | None = None) -> int:
+        """The teacher-forced logits of every scored token, float32 [N, vocab]
+        (row i predicts token i + 1 of the windows perplexity cuts; N is the
+        count perplexity reports), written to `path` (.npy) atomically and row
+        block by row block (a 262k vocabulary makes 1 MB per row)."""
+        from rkc.ir.atomic import atomic_output
+
+        n = sum(len(w) - 1 for w in self.windows(tokens, ctx))
+        if n == 0:
+            raise RkcError("teacher-forced logits need at least two tokens of text")
+        with atomic_output(path, suffix=".npy") as tmp:
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, self.engine.cfg.n_vocab))
+            row = 0
+            for w, (window, logits) in enumerate(self.scored_windows(tokens, ctx)):
+                out[row:row + len(logits)] = logits
+                row += len(logits)
+                if progress:
+                    progress(w + 1, len(self.windows(tokens, ctx)))
+            out.flush()
+            del out
+        return n

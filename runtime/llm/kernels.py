@@ -19,6 +19,7 @@ from rkc.ir.errors import FormatError
 from rkc.ir.npu import layout
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.llm.kvcache import KVCache
+from rkc.runtime.kernels.hadamard import Rotation, unrotate
 from rkc.runtime.llm.weights import quantize_rows
 
 Kernel = Callable[[list[Any], dict[str, Any], Any], list[np.ndarray]]
@@ -31,13 +32,23 @@ def gather(inputs, attrs, state):
     return [table.rows(np.asarray(ids, dtype=np.int64))]
 
 
+def rotation_of(attrs, consts: list) -> Rotation | None:
+    """The rotation a step's attrs name ("rotation": "hadamard", "block": n),
+    from its constant inputs: the signs [K], then the factor [m, m] if any."""
+    if attrs.get("rotation") != "hadamard":
+        return None
+    return Rotation(np.asarray(consts[0]), int(attrs["block"]), np.asarray(consts[1]) if len(consts) > 1 else None)
+
+
 def gather_rows(inputs, attrs, state):
-    """Rows of a host table (fp16, or int8 with a scale per row)."""
+    """Rows of a host table (fp16, or int8 with a scale per row; rotated back
+    if the table's columns are rotated)."""
     table, ids = inputs[0], np.asarray(inputs[1], np.int64)
     rows = table[ids].astype(np.float32)
     if len(inputs) > 2:
         rows *= inputs[2][ids][:, None]
-    return [rows]
+    rot = rotation_of(attrs, inputs[3:])
+    return [rows if rot is None else unrotate(rows, rot)]
 
 
 def packed_rows(raw: np.ndarray, ids: np.ndarray, rows: int, cols: int, dtype) -> np.ndarray:
@@ -73,12 +84,14 @@ def gather_packed(inputs, attrs, state):
             model.device.finish_cpu_access(bo)
     if len(inputs) > 1:
         rows *= inputs[1][ids][:, None]
-    return [rows]
+    rot = rotation_of(attrs, inputs[2:])
+    return [rows if rot is None else unrotate(rows, rot)]
 
 
 def quantize_rows_kernel(inputs, attrs, state):
-    """fp32 [M, K] -> int8 [M, K] and one scale per row (symmetric, W8A8's A8)."""
-    q, scale = quantize_rows(np.asarray(inputs[0], np.float32))
+    """fp32 [M, K] -> int8 [M, K] and one scale per row (symmetric, W8A8's A8),
+    the rows rotated first when attrs name a rotation (inputs: x, its constants)."""
+    q, scale = quantize_rows(np.asarray(inputs[0], np.float32), rotation_of(attrs, inputs[1:]))
     return [q, scale]
 
 

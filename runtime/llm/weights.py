@@ -13,13 +13,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rkc.runtime.kernels.hadamard import Rotation, rotate, unrotate
+
 # int8 products of K <= 1024 sum exactly in float32 (K * 127 * 127 < 2**24);
 # longer rows are accumulated in float64 to stay exact like the NPU's int32.
 _EXACT_F32_K = 1024
 
 
-def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-row int8: x ~= q * scale[:, None]."""
+def quantize_rows(x: np.ndarray, rotation: Rotation | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-row int8: x R ~= q * scale[:, None] (R: the rotation, if
+    any, applied first; runtime/kernels/hadamard.py)."""
+    if rotation is not None:
+        x = rotate(x, rotation)
     amax = np.abs(x).max(axis=-1)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     q = np.clip(np.rint(x / scale[:, None]), -127, 127).astype(np.int8)
@@ -58,6 +63,9 @@ class Weight:
 class Int8Weight:
     q: np.ndarray  # int8 [N, K]
     scale: np.ndarray  # fp32 [N]
+    # the weight's input axis is rotated (q ~ W R): activations are rotated
+    # before they are quantized, rows read back are rotated back
+    rotation: Rotation | None = None
 
     def __post_init__(self) -> None:
         wide = np.float32 if self.q.shape[1] <= _EXACT_F32_K else np.float64
@@ -68,13 +76,16 @@ class Int8Weight:
         return self.q.shape
 
     def dense(self) -> np.ndarray:
-        return self.q.astype(np.float32) * self.scale[:, None]
+        return self._unrotated(self.q.astype(np.float32) * self.scale[:, None])
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        return self.q[ids].astype(np.float32) * self.scale[ids][:, None]
+        return self._unrotated(self.q[ids].astype(np.float32) * self.scale[ids][:, None])
+
+    def _unrotated(self, rows: np.ndarray) -> np.ndarray:
+        return rows if self.rotation is None else unrotate(rows, self.rotation)
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
-        xq, xs = quantize_rows(x.astype(np.float32))
+        xq, xs = quantize_rows(x.astype(np.float32), self.rotation)
         acc = xq.astype(self._qt.dtype) @ self._qt  # exact int32 accumulation
         # rescaled as DequantizeRows does after the NPU (float64, then fp32)
         return (acc.astype(np.float64) * xs.astype(np.float64)[:, None]

@@ -32,14 +32,17 @@ def synth_rkbin(synth_dir, synth_gguf):
 
     built = {}
 
-    def get(arch: str, precision: str = "fp16", chunks: tuple[int, ...] = (1, 4, 16), alpha: float = 0.5,
+    def get(arch: str, precision: str = "fp16", chunks: tuple[int, ...] = (1, 4, 16), alpha: float | None = None,
             keep: tuple[str, ...] = (), **int8):
-        """int8: rounding=..., scales=..., fp16_share=... (LlmCompileOptions; the defaults otherwise)."""
+        """int8: alpha (SmoothQuant), rounding=..., scales=..., fp16_share=..., rotation=...
+        (LlmCompileOptions; its defaults otherwise)."""
+        if alpha is not None:
+            int8["smooth_alpha"] = alpha
         key = (arch, precision, chunks, alpha, keep, tuple(sorted(int8.items())))
         if key not in built:
             tag = "-".join(f"{k}={v}" for k, v in sorted(int8.items()))
             out = synth_dir / f"{arch}-{precision}-{'_'.join(map(str, chunks))}-{alpha}-{'_'.join(keep)}-{tag}.rkbin"
-            compile_gguf(synth_gguf(arch), out, LlmCompileOptions(precision, chunks, alpha, keep, **int8))
+            compile_gguf(synth_gguf(arch), out, LlmCompileOptions(precision, chunks, keep_fp16=keep, **int8))
             built[key] = out
         return built[key]
 

@@ -33,35 +33,56 @@ def greedy(model, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def greedy_with_margin(model, prompt: list[int], n: int) -> tuple[list[int], float]:
-    """n greedy tokens (EOS included) and the smallest top-2 logit gap along the
-    way: a gap near 0 is a near-tie any rounding may flip."""
+def greedy_with_gaps(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """n greedy tokens (EOS included) and, per step, the top-2 logit gap: a gap
+    near 0 is a near-tie any rounding may flip."""
     model.reset()
     model.eval(prompt)
-    out, margin = [], np.inf
+    out, gaps = [], []
     for _ in range(n):
         logits = np.asarray(model.scores[model.n_tokens - 1])
         top = np.argsort(-logits)[:2]
-        margin = min(margin, float(logits[top[0]] - logits[top[1]]))
+        gaps.append(float(logits[top[0]] - logits[top[1]]))
         out.append(int(top[0]))
         model.eval([int(top[0])])
-    return out, margin
+    return out, gaps
 
 
-def perplexity(model, tokens: list[int], ctx: int) -> tuple[float, int]:
-    """Same windows as runtime/llm/generate.py: BOS-prefixed windows of ctx tokens."""
-    bos = tokens[0]
-    nll, count = 0.0, 0
-    for s in range(0, len(tokens), ctx):
-        window = tokens[s:s + ctx] if s == 0 else [bos, *tokens[s:s + ctx]]
-        if len(window) < 2:
-            continue
+def teacher_forced_logits(model, tokens: list[int], ctx: int):
+    """llama.cpp's logits per window rkrun --perplexity / --logits cut: yields
+    (window, logits [len - 1, vocab]), row i predicting window[i + 1]."""
+    from rkc.runtime.llm.generate import Generator
+
+    for window in Generator.windows(tokens, ctx):
         model.reset()
         model.eval(window[:-1])
-        logits = np.asarray(model.scores[: len(window) - 1], dtype=np.float64)
-        logp = logits - logits.max(axis=1, keepdims=True)
-        logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
-        targets = np.asarray(window[1:])
-        nll -= float(logp[np.arange(len(targets)), targets].sum())
-        count += len(targets)
-    return math.exp(nll / count), count
+        yield window, np.asarray(model.scores[: len(window) - 1], dtype=np.float32)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
+class Agreement:
+    """Teacher-forced agreement with llama.cpp, window by window (a 262k
+    vocabulary makes whole-text arrays gigabytes): mean KL(llama.cpp || rkc)
+    per predicted token, top-1 agreement, both perplexities."""
+
+    def __init__(self) -> None:
+        self.kl = self.nll = self.nll_ref = 0.0
+        self.top1 = self.n = 0
+
+    def add(self, ref_logits: np.ndarray, logits: np.ndarray, window: list[int]) -> None:
+        ref, got = log_softmax(ref_logits), log_softmax(logits)
+        t, rows = np.asarray(window[1:]), np.arange(len(window) - 1)
+        self.kl += float(np.sum(np.exp(ref) * (ref - got)))
+        self.top1 += int(np.sum(np.argmax(got, 1) == np.argmax(ref, 1)))
+        self.nll -= float(got[rows, t].sum())
+        self.nll_ref -= float(ref[rows, t].sum())
+        self.n += len(t)
+
+    def figures(self) -> dict[str, float]:
+        return {"kl": self.kl / self.n, "top1": self.top1 / self.n, "ppl": math.exp(self.nll / self.n),
+                "ppl_llamacpp": math.exp(self.nll_ref / self.n), "tokens": self.n}

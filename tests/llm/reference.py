@@ -60,6 +60,19 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.astype(np.float64), scale.astype(np.float64)
 
 
+def dense_rotation(k: int, kind: str) -> np.ndarray:
+    """R [k, k] with x R = rkc's rotate(x): diag(signs) (F^T (x) H_n / sqrt(n)),
+    H_n by Sylvester's doubling (rkc applies it by a fast transform)."""
+    from rkc.runtime.kernels.hadamard import make_rotation
+
+    rot = make_rotation(k, kind)
+    h = np.ones((1, 1))
+    while len(h) < rot.block:
+        h = np.block([[h, h], [h, -h]])
+    f = np.eye(k // rot.block) if rot.factor is None else rot.factor.astype(np.float64)
+    return np.diag(rot.signs.astype(np.float64)) @ np.kron(f.T, h / np.sqrt(rot.block))
+
+
 @dataclass
 class ReferenceModel:
     """`arith`: "exact" (float64), or the arithmetic a precision defines for the
@@ -70,25 +83,39 @@ class ReferenceModel:
     w: dict[str, np.ndarray]
     arith: str = "exact"
     keep_fp16: tuple[str, ...] = ()  # with "w8a8": weights named so use fp16 arithmetic
+    # with "w8a8": per input width K, the orthogonal R [K, K] each product's input
+    # and weight rows are rotated by before rounding to int8 (rotated W8A8)
+    rotations: dict[int, np.ndarray] = field(default_factory=dict)
     # per layer: keys [P, Hkv, hd], values, positions [P]
     k_cache: list[list[np.ndarray]] = field(default_factory=list)
     v_cache: list[list[np.ndarray]] = field(default_factory=list)
     pos_cache: list[list[int]] = field(default_factory=list)
 
     @classmethod
-    def load(cls, path: str, arith: str = "exact", keep_fp16: tuple[str, ...] = ()) -> "ReferenceModel":
+    def load(cls, path: str, arith: str = "exact", keep_fp16: tuple[str, ...] = (),
+             rotation: str = "none") -> "ReferenceModel":
+        """rotation (w8a8): "none", or a kind of runtime/kernels/hadamard.make_rotation,
+        whose parameters (signs, block, factor) are turned into a dense matrix here."""
         gf = GgufFile(path)
         cfg = gf.config()
         w = {name: gf.dequantize(name).astype(np.float64) for name in gf.tensors}
+        rotations = {}
         for name in list(w):
+            # the product weights (a separate embedding table is not one)
+            product = name != "token_embd.weight" or "output.weight" not in w
             if w[name].ndim == 2 and arith == "w8a8" and any(k in name for k in keep_fp16):
                 w[name] = w[name].astype(np.float16).astype(np.float64)
+            elif w[name].ndim == 2 and arith == "w8a8" and rotation != "none" and product:
+                k = w[name].shape[1]
+                r = rotations.setdefault(k, dense_rotation(k, rotation))
+                q, s = quantize_rows(w[name] @ r)
+                w[name] = (q * s[:, None]) @ r.T  # in the original basis: x W^T = (x R)(W R)^T
             elif w[name].ndim == 2 and arith == "w8a8":
                 q, s = quantize_rows(w[name])
                 w[name] = q * s[:, None]
             elif w[name].ndim == 2 and arith == "fp16":
                 w[name] = w[name].astype(np.float16).astype(np.float64)
-        return cls(cfg, w, arith, tuple(keep_fp16))
+        return cls(cfg, w, arith, tuple(keep_fp16), rotations)
 
     def reset(self) -> None:
         n = self.cfg.n_layer
@@ -97,6 +124,10 @@ class ReferenceModel:
     def lin(self, x: np.ndarray, name: str) -> np.ndarray:
         if self.arith == "w8a8" and any(k in name for k in self.keep_fp16):
             x = x.astype(np.float16).astype(np.float64)
+        elif self.arith == "w8a8" and x.shape[-1] in self.rotations:
+            r = self.rotations[x.shape[-1]]
+            q, s = quantize_rows(x @ r)
+            x = (q * s[:, None]) @ r.T
         elif self.arith == "w8a8":
             q, s = quantize_rows(x)
             x = q * s[:, None]

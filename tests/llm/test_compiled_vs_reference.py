@@ -36,11 +36,14 @@ def references(synth_gguf):
     return {a: ReferenceModel.load(str(synth_gguf(a))) for a in ARCHS}
 
 
-RTN = {"rounding": "rtn", "scales": "max", "fp16_share": 0}  # the reference's own int8 weights
+RTN = {"rounding": "rtn", "scales": "max", "fp16_share": 0, "rotation": "none"}  # the reference's own int8 weights
 # (compiled precision, SmoothQuant alpha, products kept fp16, reference arithmetic, min cosine, max rel. error)
 CASES = [
     ("fp16", 0.0, (), "fp16", 0.9999, 0.01),  # the NPU's fp16 products, as numpy computes them
     ("int8", 0.0, (), "w8a8", 0.9999, 0.02),  # W8A8 as defined (int8 per channel / per token, int32 sums)
+    # rotated W8A8: inputs and weight rows rotated (x R, W R) before int8
+    ("int8", 0.0, (), "w8a8+kron", 0.9999, 0.02),
+    ("int8", 0.0, (), "w8a8+block", 0.9999, 0.02),
     # hybrid: ffn_down in fp16 (its fp16 outputs move later int8 roundings a step now and then)
     ("int8", 0.0, ("ffn_down",), "w8a8", 0.9995, 0.05),
     ("fp16", 0.0, (), "exact", 0.9999, 0.02),  # and all close to the exact float64 model
@@ -52,11 +55,13 @@ CASES = [
 @pytest.mark.parametrize("precision,alpha,keep,arith,min_cos,max_rel", CASES)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_match_reference(arch, precision, alpha, keep, arith, min_cos, max_rel, synth_rkbin, synth_gguf):
-    engine = LlmEngine(synth_rkbin(arch, precision, alpha=alpha, keep=keep, **(RTN if arith == "w8a8" else {})))
+    arith, _, rotation = arith.partition("+")
+    rtn = RTN | {"rotation": rotation or "none"}
+    engine = LlmEngine(synth_rkbin(arch, precision, alpha=alpha, keep=keep, **(rtn if arith == "w8a8" else {})))
     rng = np.random.default_rng(1)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, PROMPT_LEN + 8 - 1).tolist()]
     got = _teacher_forced(engine, tokens, PROMPT_LEN)
-    ref = ReferenceModel.load(str(synth_gguf(arch)), arith, keep)
+    ref = ReferenceModel.load(str(synth_gguf(arch)), arith, keep, rotation or "none")
     ref.reset()
     want = ref.forward(tokens, 0)
     assert got.shape == want.shape == (len(tokens), engine.cfg.n_vocab)
@@ -81,7 +86,7 @@ def test_int8_rkbin_computes_its_cpu_emulation(arch, options, synth_rkbin, synth
     from rkc.compiler.llm.calibrate import GraphRunner
     from rkc.compiler.llm.weights import dequantize_all
     from rkc.ir.rkbin import read_rkbin
-    from rkc.runtime.llm.weights import Int8Weight, Weight
+    from rkc.runtime.llm.weights import Weight
 
     path = synth_rkbin(arch, "int8", **options)
     engine = LlmEngine(path)
@@ -96,13 +101,17 @@ def test_int8_rkbin_computes_its_cpu_emulation(arch, options, synth_rkbin, synth
         assert any(e.scale is None for e in matrices.values())
         assert any("hybrid" in line for line in report.lines)
     cpu = {n: Weight(v) for n, v in vectors.items()}
-    cpu |= {n: Int8Weight(e.data, e.scale) if e.scale is not None else Weight(e.data) for n, e in matrices.items()}
+    cpu |= {n: e.as_runtime() for n, e in matrices.items()}
     runner = GraphRunner(graph, cfg, cpu, 64)
     rng = np.random.default_rng(2)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, PROMPT_LEN + 4 - 1).tolist()]
     got = _teacher_forced(engine, tokens, PROMPT_LEN)
-    want = np.concatenate([runner.logits(tokens[:PROMPT_LEN], 0)]
-                          + [runner.logits([t], p) for p, t in enumerate(tokens[PROMPT_LEN:], PROMPT_LEN)])
+    # the prompt in the engine's chunks (a padded chunk's real rows), then token by token
+    rows, pos = [], 0
+    for _c, n in chunk_plan(PROMPT_LEN, engine.chunks):
+        rows.append(runner.logits(tokens[pos:pos + n], pos))
+        pos += n
+    want = np.concatenate(rows + [runner.logits([t], p) for p, t in enumerate(tokens[PROMPT_LEN:], PROMPT_LEN)])
     # the same int8 products and scales: most rows equal to fp32 rounding; the
     # summation order (BLAS vs the NPU's, attention, norms) differs, which now
     # and then moves an fp16 output or an int8 activation a rounding step, and

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -11,6 +12,7 @@ from llm import llamacpp
 from llm.conftest import ARCHS
 from rkc.runtime.cli import main as rkrun
 from rkc.runtime.llm.engine import LlmEngine
+from rkc.runtime.llm.generate import Generator
 from rkc.runtime.llm.tokenizer import LlmTokenizer, TextStream
 
 TEXTS = ["hello world the", " the cat and the dog", "Hello, world! 123 ünï 東京", "time\n\nrun  ing\tx",
@@ -75,6 +77,40 @@ def test_rkrun_perplexity_last_line(synth_rkbin, tmp_path):
     last = r.stdout.strip().splitlines()[-1]
     n = len(LlmEngine(synth_rkbin("gemma3")).tokenizer.encode(text.read_text())) - 1
     assert last.startswith("perplexity: ") and last.endswith(f" over {n} tokens")
+
+
+def test_rkrun_logits_are_the_perplexity_windows(synth_rkbin, tmp_path):
+    """--logits: float32 [N, vocab], N the count --perplexity reports, row i the
+    logits predicting token i + 1 of the windows --perplexity cuts (so they give
+    its perplexity back), each row what the engine computes for that window."""
+    text = tmp_path / "t.txt"
+    text.write_text("the cat and the dog run in the world at one time. " * 4)
+    out = tmp_path / "l.npy"
+    path = str(synth_rkbin("gemma3"))
+    r = CliRunner().invoke(rkrun, [path, "--logits", str(out), "--text", str(text), "--ctx", "16",
+                                   "--perplexity", str(text)])
+    assert r.exit_code == 0, r.output
+    last = r.stdout.strip().splitlines()[-1].split()
+    ppl, n = float(last[1]), int(last[3])
+    logits = np.load(out)
+    engine = LlmEngine(path)
+    tokens = engine.tokenizer.encode(text.read_text())
+    assert logits.dtype == np.float32 and logits.shape == (n, engine.cfg.n_vocab) and n == len(tokens) - 1
+    windows = Generator.windows(tokens, 16)
+    assert len(windows) > 2 and all(w[0] == tokens[0] for w in windows)
+    targets = np.concatenate([w[1:] for w in windows])
+    logp = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    assert np.exp(-logp[np.arange(n), targets].mean()) == pytest.approx(ppl, rel=1e-4)
+    gen = Generator(engine, 17)
+    second = gen._forward(windows[1][:-1], 0, all_logits=True)
+    np.testing.assert_array_equal(logits[len(windows[0]) - 1:][:len(second)], second)
+
+
+def test_rkrun_logits_needs_text(synth_rkbin, tmp_path):
+    r = CliRunner().invoke(rkrun, [str(synth_rkbin("gemma3")), "--logits", str(tmp_path / "l.npy")])
+    assert r.exit_code == 1 and "--text" in r.output and r.output.strip().count("\n") == 0
+    assert not (tmp_path / "l.npy").exists()
 
 
 def test_rkrun_llm_without_prompt_is_one_line(synth_rkbin):

@@ -1,0 +1,40 @@
+"""Rotated W8A8 (QuaRot-style, docs/llm.md): every int8 product x W^T runs as
+(x R)(W R)^T with R an orthogonal (randomised Hadamard) rotation of its input
+axis (runtime/kernels/hadamard.py). The compiler folds R into the weights here
+(W R, in float, before rounding) and into GPTQ's X^T X (R^T X^T X R, the second
+moment of the rotated input); the runtime's QuantizeRows rotates each
+activation row as it quantizes it, and a tied embedding's rows gathered from
+the rotated head are rotated back.
+
+One rotation per input width K (seeded), shared by every product of that width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rkc.runtime.kernels.hadamard import KINDS, Rotation, make_rotation, rotate
+
+NONE = "none"
+CHOICES = (*KINDS, NONE)
+DEFAULT_ROTATION = "kron"
+SEED = 0
+_ROWS = 16384  # rows rotated at a time (bounds the working set of the 262k-row output head)
+
+
+def rotation_for(k: int, kind: str) -> Rotation | None:
+    return None if kind == NONE else make_rotation(k, kind, SEED)
+
+
+def rotate_matrix(w: np.ndarray, rot: Rotation) -> np.ndarray:
+    """W R: every row rotated like an activation row (exact in float)."""
+    w = np.asarray(w, np.float32)
+    out = np.empty_like(w)
+    for r0 in range(0, w.shape[0], _ROWS):
+        out[r0:r0 + _ROWS] = rotate(w[r0:r0 + _ROWS].astype(np.float64), rot)
+    return out
+
+
+def rotate_hessian(h: np.ndarray, rot: Rotation) -> np.ndarray:
+    """R^T H R for the (symmetric) second moment H of an input x: that of x R."""
+    return rotate(rotate(np.asarray(h, np.float64), rot).T.copy(), rot)

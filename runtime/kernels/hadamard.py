@@ -1,0 +1,138 @@
+"""Orthogonal rotations of activation rows before int8 (QuaRot, Ashkboos et al.,
+arXiv:2404.00456; SpinQuant, Liu et al., arXiv:2405.16406): x -> x R with R
+orthogonal, so a product x W^T equals (x R)(W R)^T exactly, while the rotated
+row spreads an outlier channel's energy over all channels and quantizes to
+int8 with far less error.
+
+R = D (F (x) H_n) / sqrt(n): D random signs, H_n the Sylvester-Hadamard
+matrix of the power of two n (applied by the fast Walsh-Hadamard transform,
+O(K log n) per row, vectorised over rows and blocks), F an m x m orthogonal
+factor (K = m n):
+
+* "block": F = I — Hadamard on m blocks of n (block-diagonal R);
+* "kron":  F a known Hadamard matrix of order m (Paley's constructions) scaled
+  to be orthogonal, or a seeded random orthogonal matrix when none is known —
+  one transform over the whole row.
+
+`rotate(x, rot)` applies R to rows (activations at a segment edge, and — the
+same map — the rows of a weight, W R); `unrotate` applies R^T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+KINDS = ("kron", "block")
+
+
+@dataclass(frozen=True)
+class Rotation:
+    signs: np.ndarray  # [K] +-1 (D)
+    block: int  # n, a power of two
+    factor: np.ndarray | None = None  # [m, m] orthogonal (F), None = identity (block-diagonal)
+
+    @property
+    def size(self) -> int:
+        return int(self.signs.size)
+
+
+def fwht(x: np.ndarray) -> np.ndarray:
+    """Orthonormal Walsh-Hadamard transform over the last axis (a power of two)."""
+    n = x.shape[-1]
+    lead = x.shape[:-1]
+    y = np.array(x, copy=True)
+    h = 1
+    while h < n:
+        v = y.reshape(*lead, n // (2 * h), 2, h)
+        a = v[..., 0, :].copy()
+        v[..., 0, :] += v[..., 1, :]
+        v[..., 1, :] = a - v[..., 1, :]
+        h *= 2
+    return y * y.dtype.type(1.0 / np.sqrt(n))
+
+
+def rotate(x: np.ndarray, rot: Rotation) -> np.ndarray:
+    """x R for rows x [..., K] (same dtype as x for float32/float64)."""
+    y = x * rot.signs.astype(x.dtype)
+    y = fwht(y.reshape(*x.shape[:-1], -1, rot.block))
+    if rot.factor is not None:
+        y = np.matmul(rot.factor.astype(y.dtype), y)  # F mixes the blocks
+    return y.reshape(x.shape)
+
+
+def unrotate(x: np.ndarray, rot: Rotation) -> np.ndarray:
+    """x R^T (the inverse of rotate)."""
+    y = x.reshape(*x.shape[:-1], -1, rot.block)
+    if rot.factor is not None:
+        y = np.matmul(rot.factor.T.astype(y.dtype), y)
+    y = fwht(y)  # the orthonormal Walsh-Hadamard matrix is its own inverse
+    return y.reshape(x.shape) * rot.signs.astype(x.dtype)
+
+
+# -- construction (compile time) --------------------------------------------------------------
+
+def _is_prime(p: int) -> bool:
+    return p >= 2 and all(p % d for d in range(2, int(p ** 0.5) + 1))
+
+
+def _jacobsthal(q: int) -> np.ndarray:
+    squares = {(i * i) % q for i in range(1, q)}
+    chi = np.array([0] + [1 if i in squares else -1 for i in range(1, q)])
+    return chi[(np.arange(q)[None, :] - np.arange(q)[:, None]) % q]
+
+
+def paley_hadamard(m: int) -> np.ndarray | None:
+    """A Hadamard matrix of order m by Paley's construction I (m - 1 prime,
+    = 3 mod 4) or II (m / 2 - 1 prime, = 1 mod 4); None when neither applies."""
+    if m == 1:
+        return np.ones((1, 1))
+    if m == 2:
+        return np.array([[1.0, 1.0], [1.0, -1.0]])
+    q = m - 1
+    if _is_prime(q) and q % 4 == 3:
+        s = np.zeros((m, m))
+        s[0, 1:], s[1:, 0] = 1, -1
+        s[1:, 1:] = _jacobsthal(q)
+        return s + np.eye(m)
+    if m % 2 == 0 and _is_prime(m // 2 - 1) and (m // 2 - 1) % 4 == 1:
+        q = m // 2 - 1
+        c = np.zeros((q + 1, q + 1))
+        c[0, 1:], c[1:, 0] = 1, 1
+        c[1:, 1:] = _jacobsthal(q)
+        a, b = np.array([[1.0, -1.0], [-1.0, -1.0]]), np.array([[1.0, 1.0], [1.0, -1.0]])
+        return np.kron(c, a) + np.kron(np.eye(q + 1), b)
+    return None
+
+
+def _power_of_two_part(k: int) -> int:
+    return k & -k
+
+
+def make_rotation(k: int, kind: str = "kron", seed: int = 0) -> Rotation:
+    """The rotation of rows of length k (seeded: the same k and seed give the same R)."""
+    if kind not in KINDS:
+        raise ValueError(f"rotation kind {kind!r} (choose {' or '.join(KINDS)})")
+    rng = np.random.default_rng([seed, k])
+    signs = rng.choice(np.array([-1.0, 1.0], np.float32), size=k)
+    n = _power_of_two_part(k)
+    if kind == "block" or n == k:
+        return Rotation(signs, n)
+    # the largest power-of-two block n whose cofactor m has a known Hadamard matrix
+    while n > 1:
+        h = paley_hadamard(k // n)
+        if h is not None:
+            return Rotation(signs, n, (h / np.sqrt(k // n)).astype(np.float32))
+        n //= 2
+    n = _power_of_two_part(k)
+    q, r = np.linalg.qr(rng.standard_normal((k // n, k // n)))
+    return Rotation(signs, n, (q * np.sign(np.diag(r))).astype(np.float32))
+
+
+def describe(rot: Rotation) -> str:
+    m = rot.size // rot.block
+    if rot.factor is None:
+        return f"{m} x H{rot.block}" if m > 1 else f"H{rot.block}"
+    known = paley_hadamard(m) is not None
+    return f"{'H' if known else 'Q'}{m} (x) H{rot.block}"
