@@ -25,7 +25,7 @@ from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
                                    quantize_matrix)
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
-from rkc.compiler.llm.weights import PRECISIONS, dequantize_all
+from rkc.compiler.llm.weights import PRECISIONS, dequantize_all, progress
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
@@ -240,7 +240,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
         {k: f.contents() for k, f in gf.reader.fields.items() if k.startswith("tokenizer.")}, str(path))
     lap("load")
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
-    weights = dequantize_all(gf, consts)
+    weights = dequantize_all(gf, consts, None)
     lap("dequantize")
     if options.precision == "int8" and (options.rounding not in METHODS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
@@ -264,9 +264,10 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
         "name": graph.name, "producer": "rkc", "programs": {}})
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head)
     plan = program_plan(chunks)
-    for name, rows, last_only in plan:
-        lowering.lower(program_graph(graph, name, rows, last_only), name)
-        builder.metadata["programs"][name] = {"rows": rows, "last_row_only": last_only}
+    with progress(plan, "lower programs") as programs:
+        for name, rows, last_only in programs:
+            lowering.lower(program_graph(graph, name, rows, last_only), name)
+            builder.metadata["programs"][name] = {"rows": rows, "last_row_only": last_only}
     lap("lower")
     module, blobs, _plans = builder.finish()
     blobs = {**blobs, "tokenizer": np.frombuffer(tokenizer.to_json().encode(), np.uint8)}

@@ -5,6 +5,11 @@ weight layout in the GEMM emitter."""
 
 from __future__ import annotations
 
+import re
+import sys
+from contextlib import contextmanager
+from typing import Iterable, Iterator, TypeVar
+
 import numpy as np
 
 from rkc.compiler.frontend.gguf import GgufFile
@@ -12,5 +17,37 @@ from rkc.compiler.frontend.gguf import GgufFile
 PRECISIONS = ("int8", "fp16")
 
 
-def dequantize_all(gf: GgufFile, names: list[str]) -> dict[str, np.ndarray]:
-    return {name: gf.dequantize(name) for name in names}
+T = TypeVar("T")
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+@contextmanager
+def progress(items: Iterable[T], label: str, show: bool | None = None) -> Iterator[Iterable[T]]:
+    """click's progress bar over `items` on a terminal (stderr); `show` None:
+    only when stderr is a tty, so logs and pipes stay quiet."""
+    if show is None:
+        show = sys.stderr.isatty()
+    if not show:
+        yield items
+        return
+    import click
+
+    with click.progressbar(list(items), label=label, file=sys.stderr, show_pos=True) as bar:
+        yield bar
+
+
+def by_layer(names: list[str]) -> list[list[str]]:
+    """`names` grouped by transformer layer (blk.N.*), the rest first."""
+    groups: dict[int, list[str]] = {}
+    for name in names:
+        m = _LAYER.match(name)
+        groups.setdefault(int(m.group(1)) if m else -1, []).append(name)
+    return [groups[k] for k in sorted(groups)]
+
+
+def dequantize_all(gf: GgufFile, names: list[str], show_progress: bool | None = False) -> dict[str, np.ndarray]:
+    out = {}
+    with progress(by_layer(names), "dequantize layers", show_progress) as layers:
+        for group in layers:
+            out.update((name, gf.dequantize(name)) for name in group)
+    return out
