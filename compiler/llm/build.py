@@ -13,6 +13,7 @@ precision, prefill_chunks, placement.
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ class LlmCompileOptions:
 class CompileReport:
     lines: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    peak_rss: dict[str, int] = field(default_factory=dict)  # bytes, the process's peak at the end of each stage
     quantization: dict = field(default_factory=dict)  # int8: how (module metadata, rkc inspect)
 
     def say(self, text: str) -> None:
@@ -232,6 +234,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
 
     def lap(stage: str) -> None:
         report.seconds[stage] = time.perf_counter() - t0 - sum(report.seconds.values())
+        report.peak_rss[stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
     gf = GgufFile(path)
     graph = graph_from_gguf(gf)
@@ -283,5 +286,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
             p = lowering.stats[f"prefill_{c}"]
             report.say(f"prefill_{c}: {p.segments} NPU segments, {p.npu_tasks} tasks, {p.cpu_steps} CPU steps")
     report.say(f"placement: {placement['reason']}")
+    report.say("stages: " + ", ".join(f"{k} {v:.1f} s (peak {report.peak_rss[k] / 1e9:.2f} GB)"
+                                      for k, v in report.seconds.items()))
     report.say(f"wrote {out} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s")
     return report

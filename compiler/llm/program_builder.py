@@ -219,7 +219,7 @@ class _ProgramLowering:
             out_dtype = (DType.INT32 if int8 else DType.FP16) if len(parts) == 1 else \
                 (DType.INT32 if int8 else DType.FP32)
             pieces = [y] if len(parts) == 1 else [f"{y}.k{p}" for p in range(len(parts))]
-            b = np.ascontiguousarray(enc.data.T)
+            b = enc.data.T  # a view: the emitter packs it, no [K, N] copy per program
             for (k0, kt), piece in zip(parts, pieces):
                 out = npu_name(piece)
                 self.scratch(out, [m, n], out_dtype)
