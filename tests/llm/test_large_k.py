@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from llm.conftest import cosine, teacher_forced
 from llm.reference import ReferenceModel
 from llm.synth import SHAPES, write_gguf
 from rkc.compiler.emitter_ops import EMIT_OPTIONS
 from rkc.compiler.npu.gemm import k_ranges
 from rkc.runtime.llm.engine import LlmEngine
-from rkc.runtime.llm.generate import Generator
 
 N_FF = 8960  # Qwen2.5-1.5B's intermediate size
 
@@ -38,22 +38,16 @@ def test_wide_ffn_matches_reference(precision, arith, min_cos, wide_ffn, tmp_pat
 
     out = tmp_path / f"wide-{precision}.rkbin"
     compile_gguf(wide_ffn, out, LlmCompileOptions(precision, (1, 16), 0.0, rounding="rtn",
-                                                           fp16_share=0, alpha_search=False))
+                                                  fp16_share=0, alpha_search=False))
     engine = LlmEngine(out)
     rng = np.random.default_rng(3)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, 19).tolist()]
-    gen = Generator(engine, 32)
-    gen.cache.reset()
-    got = [gen._forward(tokens[:16], 0, all_logits=True)]  # one prefill chunk (M = 16)
-    for pos in range(16, len(tokens)):  # and decode (M = 1)
-        got.append(engine.run("decode", np.asarray([tokens[pos]], np.int32), np.asarray([pos], np.int32),
-                              gen.cache))
-    got = np.concatenate(got)
+    got = teacher_forced(engine, tokens, 16)  # a prefill chunk, then decode tokens
     ref = ReferenceModel.load(str(wide_ffn), arith)
     ref.reset()
     want = ref.forward(tokens, 0)
     for row in range(len(tokens)):
-        cos = float((got[row] * want[row]).sum() / np.linalg.norm(got[row]) / np.linalg.norm(want[row]))
+        cos = cosine(got[row], want[row])
         assert cos > min_cos, f"row {row}: cosine {cos}"
     from rkc.ir.rkbin import read_rkbin
 
