@@ -95,7 +95,7 @@ class ModuleBuilder:
                quant: dict | None = None) -> TensorInfo:
         """NPU weights already in their native layout (`packed` holds the bytes).
         Programs that place the same weights under the same name share one copy."""
-        digest = hashlib.sha256(np.ascontiguousarray(packed).tobytes()).hexdigest()
+        digest = hashlib.sha256(memoryview(np.ascontiguousarray(packed)).cast("B")).hexdigest()  # no copy
         if name in self.tensors and self._weight_digests.get(name) == digest:
             return self.tensors[name]
         self._weight_digests[name] = digest

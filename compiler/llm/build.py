@@ -26,7 +26,7 @@ from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
                                    quantize_matrix)
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
-from rkc.compiler.llm.weights import PRECISIONS, dequantize_all, progress
+from rkc.compiler.llm.weights import PRECISIONS, LazyWeights, by_layer, dequantize_all, progress
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
@@ -98,17 +98,31 @@ def encode_matrices(graph: Graph, weights: dict[str, np.ndarray], options: LlmCo
     in the smoothed coordinates)."""
     out: dict[str, EncodedWeight] = {}
     cache: dict = {}
-    for name in sorted(_matrix_names(graph)):
-        w = weights[name]
-        if _precision_of(name, options) == "fp16":
-            out[name] = EncodedWeight(w.astype(np.float16))
-            continue
-        h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
-        if h is not None:
-            h = _smoothed_hessian(h, factors.get(name), cache)
-        q, scale = quantize_matrix(w, options.rounding, h, options.scales)
-        out[name] = EncodedWeight(q, scale)
+    with progress(by_layer(sorted(_matrix_names(graph))), "encode layers") as layers:
+        for group in layers:
+            for name in group:
+                _encode(name, weights[name], options, cal, factors, cache, out)
     return out
+
+
+def _encode(name: str, w: np.ndarray, options: LlmCompileOptions, cal: Calibration | None,
+            factors: dict[str, np.ndarray], cache: dict, out: dict[str, EncodedWeight]) -> None:
+    """One matrix encoded into `out` (fp16, or int8 rounded by options.rounding)."""
+    if _precision_of(name, options) == "fp16":
+        out[name] = EncodedWeight(w.astype(np.float16))
+        return
+    h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
+    if h is not None:
+        h = _smoothed_hessian(h, factors.get(name), cache)
+    q, scale = quantize_matrix(w, options.rounding, h, options.scales)
+    out[name] = EncodedWeight(q, scale)
+
+
+def _runs_float_model(options: LlmCompileOptions) -> bool:
+    """Whether preparing the weights runs the float model (calibration, the
+    alpha search, the hybrid's noise measurement)."""
+    return options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)
+                                            or options.alpha_search or options.fp16_share > 0)
 
 
 def _needs_hessians(options: LlmCompileOptions) -> bool:
@@ -148,7 +162,7 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
                                "calibration": Path(options.calibration).name, "keep_fp16": list(options.keep_fp16)}
         if options.fp16_share > 0:
             _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
-    vectors = {n: w.astype(np.float32) for n, w in weights.items() if n not in matrices}
+    vectors = {n: weights[n].astype(np.float32) for n in weights if n not in matrices}
     return matrices, vectors
 
 
@@ -243,7 +257,9 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions) 
         {k: f.contents() for k, f in gf.reader.fields.items() if k.startswith("tokenizer.")}, str(path))
     lap("load")
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
-    weights = dequantize_all(gf, consts, None)
+    # a scheme that runs the float model over the calibration text needs every
+    # weight in fp32 at once; the others read each weight once: stream them
+    weights = dequantize_all(gf, consts, None) if _runs_float_model(options) else LazyWeights(gf, consts)
     lap("dequantize")
     if options.precision == "int8" and (options.rounding not in METHODS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "

@@ -24,6 +24,7 @@ ModuleBuilder (one copy of the weights, shared by every program).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,6 +104,8 @@ class LlmLowering:
     gather_table: str  # the Gather's table constant
     head_weight: str  # the output head's weight constant
     stats: dict[str, ProgramStats] = field(default_factory=dict)
+    # every program's GEMM of a weight packs it once (the programs share their weights)
+    emit_options: api.EmitOptions = field(default_factory=lambda: dataclasses.replace(EMIT_OPTIONS, pack_cache={}))
 
     # -- constants, shared by every program ------------------------------------------------
     def host_const(self, name: str, value: np.ndarray) -> str:
@@ -232,7 +235,7 @@ class _ProgramLowering:
                 gemm = api.Gemm(a, b[k0:k0 + kt], api.Feature.gemm(out, 0, m, n, out_dtype.value), m,
                                 name=_op_name(w) + (f".k{k0}" if len(parts) > 1 else ""), epilogue=epi)
                 try:
-                    result = api.emit(gemm, EMIT_OPTIONS)
+                    result = api.emit(gemm, self.llm.emit_options)
                 except UnsupportedError as exc:
                     raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
                 groups.append(NpuGroup(i, [i], {x: "native-gemm"}, piece, "native-gemm", result, dev.value))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import sys
 from contextlib import contextmanager
-from typing import Iterable, Iterator, TypeVar
+from typing import Iterable, Iterator, MutableMapping, TypeVar
 
 import numpy as np
 
@@ -51,3 +51,35 @@ def dequantize_all(gf: GgufFile, names: list[str], show_progress: bool | None = 
         for group in layers:
             out.update((name, gf.dequantize(name)) for name in group)
     return out
+
+
+class LazyWeights(MutableMapping):
+    """fp32 weights dequantized from the memory-mapped GGUF when read, never
+    held: a compile that reads each weight once (fp16, or int8 without a float
+    run of the whole model) streams the model instead of copying it all to fp32.
+    Arrays written into it (an in-place transform) are kept."""
+
+    def __init__(self, gf: GgufFile, names: list[str]) -> None:
+        self.gf, self.names, self.written = gf, list(names), {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self.written:
+            return self.written[name]
+        if name not in self.names:
+            raise KeyError(name)
+        return self.gf.dequantize(name)
+
+    def __setitem__(self, name: str, value: np.ndarray) -> None:
+        self.written[name] = value
+        if name not in self.names:
+            self.names.append(name)
+
+    def __delitem__(self, name: str) -> None:
+        self.names.remove(name)
+        self.written.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self.names))
+
+    def __len__(self) -> int:
+        return len(self.names)

@@ -94,7 +94,13 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
     if d_banks > hw.CBUF_BANKS - w_banks:
         raise UnsupportedError(f"{op.name}: internal: M tile of {mt_max} rows overflows the data banks")
     w_banks = hw.CBUF_BANKS - d_banks
-    packed, k_offsets = _pack_b(op, k_tiles, kg)
+    key = (op.name, tuple(k_tiles), kg, op.b.shape, str(op.b.dtype))
+    if options.pack_cache is not None and key in options.pack_cache:
+        packed, k_offsets = options.pack_cache[key]
+    else:
+        packed, k_offsets = _pack_b(op, k_tiles, kg)
+        if options.pack_cache is not None:
+            options.pack_cache[key] = packed, k_offsets
     consts = [api.ConstBuffer(f"{op.name}.weights", packed)]
 
     wq = op.b_quant
