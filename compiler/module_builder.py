@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rkc.compiler.memplan import Buffer, MemoryPlan, plan_memory
+from rkc.compiler.memplan import IOVA_WINDOW, Buffer, MemoryPlan, plan_memory
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Job, Module, Program, Region, Relocation, Step, TaskRef, TensorInfo
@@ -95,7 +95,7 @@ class ModuleBuilder:
                quant: dict | None = None) -> TensorInfo:
         """NPU weights already in their native layout (`packed` holds the bytes).
         Programs that place the same weights under the same name share one copy."""
-        digest = hashlib.sha256(np.ascontiguousarray(packed).tobytes()).hexdigest()
+        digest = hashlib.sha256(memoryview(np.ascontiguousarray(packed)).cast("B")).hexdigest()  # no copy
         if name in self.tensors and self._weight_digests.get(name) == digest:
             return self.tensors[name]
         self._weight_digests[name] = digest
@@ -197,8 +197,20 @@ class ModuleBuilder:
                 regions.append(Region(region, max(_align(blob.size, 4096), 4096), kind, region))
         if scratch:
             regions.append(Region("scratch", _align(scratch, 4096), "scratch"))
+        check_iova_window(regions)
         module = Module(regions, list(self.tensors.values()), self.relocations, self.programs, self.metadata)
         return module, blobs, plans
+
+
+def check_iova_window(regions: list[Region], window: int = IOVA_WINDOW) -> None:
+    """Refuse, at compile time, a module whose NPU regions (all but host
+    memory) cannot be mapped together in the NPU's 32-bit IOVA window."""
+    mapped = [r for r in regions if r.kind != "host"]
+    total = sum(r.size for r in mapped)
+    if total >= window:
+        sizes = ", ".join(f"{r.name} {r.size / 2**20:.0f} MiB" for r in mapped)
+        raise UnsupportedError(f"the model's NPU buffers need {total / 2**20:.0f} MiB ({sizes}), more than the "
+                               f"{window / 2**20:.0f} MiB the NPU's 32-bit IOVA window holds")
 
 
 def npu_job(tasks: list[TaskRef], reads: list[str], writes: list[str], lane: int = 0) -> Job:

@@ -34,6 +34,7 @@ from rkc.ir.types import BlockQuant, DType, TensorType
 PLAIN_TYPES = {"F32": DType.FP32, "F16": DType.FP16, "BF16": DType.BF16}
 BLOCK_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")
 SUPPORTED_TYPES = (*PLAIN_TYPES, *BLOCK_TYPES)
+DEQUANT_ROWS = 4096  # rows dequantized at a time (a 262k-row table would need ~3x its fp32 size at once)
 
 
 class GgufFile:
@@ -81,8 +82,15 @@ class GgufFile:
         if kind not in SUPPORTED_TYPES:
             raise UnsupportedError(f"{self.path}: tensor {name} has type {kind}, which rkc does not support "
                                    f"(supported: {', '.join(SUPPORTED_TYPES)})")
-        data = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
-        return np.asarray(data, dtype=np.float32).reshape(self.shape(name))
+        shape = self.shape(name)
+        raw = np.asarray(t.data)  # a view of the memory-mapped file
+        if raw.ndim < 2 or raw.shape[0] <= DEQUANT_ROWS:
+            return np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32).reshape(shape)
+        # in row blocks into one fp32 array: gguf's temporaries stay a block's size
+        out = np.empty((raw.shape[0], int(np.prod(shape)) // raw.shape[0]), np.float32)
+        for r0 in range(0, raw.shape[0], DEQUANT_ROWS):
+            out[r0:r0 + DEQUANT_ROWS] = gguf.quants.dequantize(raw[r0:r0 + DEQUANT_ROWS], t.tensor_type)
+        return out.reshape(shape)
 
 
 class _Builder:

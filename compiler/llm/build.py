@@ -13,10 +13,11 @@ precision, prefill_chunks, placement.
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE,
                                    quantize_matrix)
 from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotate_matrix, rotation_for
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
-from rkc.compiler.llm.weights import dequantize_all
+from rkc.compiler.llm.weights import LazyWeights, by_layer, dequantize_all, progress as progress_bar
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.ir.errors import UnsupportedError
@@ -69,6 +70,7 @@ class LlmCompileOptions:
 class CompileReport:
     lines: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    peak_rss: dict[str, int] = field(default_factory=dict)  # bytes, the process's peak at the end of each stage
     quantization: dict = field(default_factory=dict)  # int8: how (module metadata, rkc inspect)
 
     def say(self, text: str) -> None:
@@ -96,7 +98,7 @@ def _smoothed_hessian(h: np.ndarray, s: np.ndarray | None, cache: dict) -> np.nd
     return cache[key]
 
 
-def encode_matrices(graph: Graph, weights: dict[str, np.ndarray], options: LlmCompileOptions,
+def encode_matrices(graph: Graph, weights: Mapping[str, np.ndarray], options: LlmCompileOptions,
                     cal: Calibration | None, factors: dict[str, np.ndarray]) -> dict[str, EncodedWeight]:
     """Every matrix in the form the NPU multiplies it: fp16, or int8 per output
     channel rounded by `options.rounding` (GPTQ uses the calibration's X^T X,
@@ -105,25 +107,40 @@ def encode_matrices(graph: Graph, weights: dict[str, np.ndarray], options: LlmCo
     out: dict[str, EncodedWeight] = {}
     cache: dict = {}
     linear = {op.inputs[1] for op in graph.ops if op.type == "Linear"}
-    for name in sorted(_matrix_names(graph)):
-        w = weights[name]
-        if _precision_of(name, options) == "fp16":
-            out[name] = EncodedWeight(w.astype(np.float16))
-            continue
-        h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
-        if h is not None:
-            h = _smoothed_hessian(h, factors.get(name), cache)
-        rot = rotation_for(w.shape[1], options.rotation) if name in linear else None
-        if rot is not None:
-            w = rotate_matrix(w, rot)
-            if h is not None:
-                key = ("rotated", id(h))
-                if key not in cache:
-                    cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
-                h = cache[key][1]
-        q, scale = quantize_matrix(w, options.rounding, h, options.scales)
-        out[name] = EncodedWeight(q, scale, rot)
+    with progress_bar(by_layer(sorted(_matrix_names(graph))), "encode layers") as layers:
+        for group in layers:
+            for name in group:
+                _encode(name, weights[name], name in linear, options, cal, factors, cache, out)
     return out
+
+
+def _encode(name: str, w: np.ndarray, is_product: bool, options: LlmCompileOptions, cal: Calibration | None,
+            factors: dict[str, np.ndarray], cache: dict, out: dict[str, EncodedWeight]) -> None:
+    """One matrix encoded into `out` (fp16, or int8 rounded by options.rounding,
+    a product's input axis rotated first)."""
+    if _precision_of(name, options) == "fp16":
+        out[name] = EncodedWeight(w.astype(np.float16))
+        return
+    h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
+    if h is not None:
+        h = _smoothed_hessian(h, factors.get(name), cache)
+    rot = rotation_for(w.shape[1], options.rotation) if is_product else None
+    if rot is not None:
+        w = rotate_matrix(w, rot)
+        if h is not None:
+            key = ("rotated", id(h))
+            if key not in cache:
+                cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
+            h = cache[key][1]
+    q, scale = quantize_matrix(w, options.rounding, h, options.scales)
+    out[name] = EncodedWeight(q, scale, rot)
+
+
+def _runs_float_model(options: LlmCompileOptions) -> bool:
+    """Whether preparing the weights runs the float model (calibration, the
+    alpha search, the hybrid's noise measurement)."""
+    return options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)
+                                            or options.alpha_search or options.fp16_share > 0)
 
 
 def _needs_hessians(options: LlmCompileOptions) -> bool:
@@ -166,7 +183,7 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
                                "keep_fp16": list(options.keep_fp16)}
         if options.fp16_share > 0:
             _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
-    vectors = {n: w.astype(np.float32) for n, w in weights.items() if n not in matrices}
+    vectors = {n: weights[n].astype(np.float32) for n in weights if n not in matrices}
     return matrices, vectors
 
 
@@ -260,6 +277,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
 
     def lap(stage: str, following: str | None = None) -> None:
         report.seconds[stage] = time.perf_counter() - t0 - sum(report.seconds.values())
+        report.peak_rss[stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
         if following:
             progress(following)
 
@@ -271,7 +289,9 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
         {k: f.contents() for k, f in gf.reader.fields.items() if k.startswith("tokenizer.")}, str(path))
     lap("load", "dequantize")
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
-    weights = dequantize_all(gf, consts)
+    # a scheme that runs the float model over the calibration text needs every
+    # weight in fp32 at once; the others read each weight once: stream them
+    weights = dequantize_all(gf, consts, None) if _runs_float_model(options) else LazyWeights(gf, consts)
     lap("dequantize", "quantize")
     if options.precision == "int8" and (options.rounding not in METHODS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
@@ -295,9 +315,10 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
         "name": graph.name, "producer": "rkc", "programs": {}})
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head)
     plan = program_plan(chunks)
-    for program in plan:
-        lowering.lower(program_graph(graph, program), program.name)
-        builder.metadata["programs"][program.name] = program.metadata()
+    with progress_bar(plan, "lower programs") as programs:
+        for program in programs:
+            lowering.lower(program_graph(graph, program), program.name)
+            builder.metadata["programs"][program.name] = program.metadata()
     lap("lower", "write")
     module, blobs, _plans = builder.finish()
     blobs = {**blobs, "tokenizer": np.frombuffer(tokenizer.to_json().encode(), np.uint8)}
@@ -313,5 +334,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
             p = lowering.stats[program.name]
             report.say(f"{program.name}: {p.segments} NPU segments, {p.npu_tasks} tasks, {p.cpu_steps} CPU steps")
     report.say(f"placement: {placement['reason']}")
+    report.say("stages: " + ", ".join(f"{k} {v:.1f} s (peak {report.peak_rss[k] / 1e9:.2f} GB)"
+                                      for k, v in report.seconds.items()))
     report.say(f"wrote {out} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s")
     return report

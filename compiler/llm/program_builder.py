@@ -14,12 +14,17 @@ ModuleBuilder (one copy of the weights, shared by every program).
     int8 (W8A8): QuantizeRows (int8 per token, scale per row) before; the NPU
           accumulates int8 x int8 in int32; DequantizeRows (row scale x
           per-output-channel weight scale, + bias) after.
+* A product whose K exceeds one task's input channels (k_tile_max, 8192) runs
+  as one GEMM per K range (compiler/npu/gemm.k_ranges) in the same segment; the
+  CPU step after it adds their int32 (exact: the same integer sum) or fp32
+  outputs.
 * The embedding gather reads the rows it needs straight from the packed NPU
   weights of a tied output head (GatherPacked), or from a host table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +32,7 @@ import numpy as np
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
+from rkc.compiler.npu.gemm import k_ranges
 from rkc.compiler.emitter_ops import EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
 from rkc.compiler.partition import partition
 from rkc.ir.errors import UnsupportedError
@@ -111,6 +117,8 @@ class LlmLowering:
     gather_table: str  # the Gather's table constant
     head_weight: str  # the output head's weight constant
     stats: dict[str, ProgramStats] = field(default_factory=dict)
+    # every program's GEMM of a weight packs it once (the programs share their weights)
+    emit_options: api.EmitOptions = field(default_factory=lambda: dataclasses.replace(EMIT_OPTIONS, pack_cache={}))
 
     # -- constants, shared by every program ------------------------------------------------
     def host_const(self, name: str, value: np.ndarray) -> str:
@@ -230,35 +238,51 @@ class _ProgramLowering:
             y = op.outputs[0]
             enc = self.llm.matrices[w]
             n = enc.data.shape[0]
-            out_dtype = DType.INT32 if int8 else DType.FP16
-            self.scratch(npu_name(y), [m, n], out_dtype)
             bias = op.inputs[2] if len(op.inputs) > 2 else None
-            epi = api.NO_EPILOGUE
-            if bias and not int8:
-                epi = api.Epilogue(bias=self.llm.vectors[bias].astype(np.float32))
-            gemm = api.Gemm(api.Feature.gemm(npu_name(x), 0, m, k, dev.value), np.ascontiguousarray(enc.data.T),
-                            api.Feature.gemm(npu_name(y), 0, m, n, out_dtype.value), m, name=_op_name(w),
-                            epilogue=epi)
-            try:
-                result = emit(gemm, EMIT_OPTIONS)
-            except UnsupportedError as exc:
-                raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
-            groups.append(NpuGroup(i, [i], {x: "native-gemm"}, y, "native-gemm", result, dev.value))
-            outputs.append((y, x, w, bias))
+            # K above one task's channels: one GEMM per K range, whose int32 (int8)
+            # or fp32 (fp16) outputs the CPU step after the segment adds (int8
+            # partials cannot be summed on the NPU; fp16 ones could, for 12+ rows,
+            # but the emitter's accumulator scratch is named per GEMM, not per
+            # program, and the programs of an LLM share their GEMMs' names)
+            parts = k_ranges(m, k, n, dev.value, EMIT_OPTIONS)
+            out_dtype = (DType.INT32 if int8 else DType.FP16) if len(parts) == 1 else \
+                (DType.INT32 if int8 else DType.FP32)
+            pieces = [y] if len(parts) == 1 else [f"{y}.k{p}" for p in range(len(parts))]
+            b = enc.data.T  # a view: the emitter packs it, no [K, N] copy per program
+            for (k0, kt), piece in zip(parts, pieces):
+                out = npu_name(piece)
+                self.scratch(out, [m, n], out_dtype)
+                epi = api.NO_EPILOGUE
+                if bias and not int8 and k0 == 0:
+                    epi = api.Epilogue(bias=self.llm.vectors[bias].astype(np.float32))
+                a = api.Feature.gemm(npu_name(x), 0, m, k, dev.value)
+                if len(parts) > 1:
+                    a = a.view(channel0=k0, channels=kt)
+                gemm = api.Gemm(a, b[k0:k0 + kt], api.Feature.gemm(out, 0, m, n, out_dtype.value), m,
+                                name=_op_name(w) + (f".k{k0}" if len(parts) > 1 else ""), epilogue=epi)
+                try:
+                    result = emit(gemm, self.llm.emit_options)
+                except UnsupportedError as exc:
+                    raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
+                groups.append(NpuGroup(i, [i], {x: "native-gemm"}, piece, "native-gemm", result, dev.value))
+            outputs.append((y, x, w, bias, [npu_name(piece) for piece in pieces]))
         lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}",
                                 "int8" if int8 else "fp16")
         self.builder.append_segment(self.program, self.steps, lowered)
         self.stats.segments += 1
         self.stats.npu_tasks += lowered.step.stats["tasks"]
-        for y, x, w, bias in outputs:
+        for y, x, w, bias, outs in outputs:
             self.host_value(y)
             if int8:
                 scale = self.llm.host_const(f"{w}.scale", self.llm.matrices[w].scale)
-                ins = [npu_name(y), f"{x}.rowscale", scale] + ([self.llm.host_const(bias, self.llm.vectors[bias])]
-                                                               if bias else [])
-                self.add(Step(kind="cpu", name=f"from_npu:{y}", op="DequantizeRows", inputs=ins, outputs=[y]))
+                ins = [*outs, f"{x}.rowscale", scale] + ([self.llm.host_const(bias, self.llm.vectors[bias])]
+                                                         if bias else [])
+                self.add(Step(kind="cpu", name=f"from_npu:{y}", op="DequantizeRows", inputs=ins, outputs=[y],
+                              attrs={"partials": len(outs)} if len(outs) > 1 else {}))
+            elif len(outs) > 1:
+                self.add(Step(kind="cpu", name=f"from_npu:{y}", op="SumPartials", inputs=outs, outputs=[y]))
             else:
-                self.add(Step(kind="cpu", name=f"from_npu:{y}", op="Cast", inputs=[npu_name(y)], outputs=[y],
+                self.add(Step(kind="cpu", name=f"from_npu:{y}", op="Cast", inputs=outs, outputs=[y],
                               attrs={"to": "fp32"}))
 
     def host_value_named(self, name: str, shape, dtype: DType) -> None:

@@ -5,9 +5,78 @@ weight layout in the GEMM emitter."""
 
 from __future__ import annotations
 
+import re
+import sys
+from contextlib import contextmanager
+from typing import Iterable, Iterator, MutableMapping, TypeVar
+
 import numpy as np
 
 from rkc.compiler.frontend.gguf import GgufFile
 
-def dequantize_all(gf: GgufFile, names: list[str]) -> dict[str, np.ndarray]:
-    return {name: gf.dequantize(name) for name in names}
+T = TypeVar("T")
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+@contextmanager
+def progress(items: Iterable[T], label: str, show: bool | None = None) -> Iterator[Iterable[T]]:
+    """click's progress bar over `items` on a terminal (stderr); `show` None:
+    only when stderr is a tty, so logs and pipes stay quiet."""
+    if show is None:
+        show = sys.stderr.isatty()
+    if not show:
+        yield items
+        return
+    import click
+
+    with click.progressbar(list(items), label=label, file=sys.stderr, show_pos=True) as bar:
+        yield bar
+
+
+def by_layer(names: list[str]) -> list[list[str]]:
+    """`names` grouped by transformer layer (blk.N.*), the rest first."""
+    groups: dict[int, list[str]] = {}
+    for name in names:
+        m = _LAYER.match(name)
+        groups.setdefault(int(m.group(1)) if m else -1, []).append(name)
+    return [groups[k] for k in sorted(groups)]
+
+
+def dequantize_all(gf: GgufFile, names: list[str], show_progress: bool | None = False) -> dict[str, np.ndarray]:
+    out = {}
+    with progress(by_layer(names), "dequantize layers", show_progress) as layers:
+        for group in layers:
+            out.update((name, gf.dequantize(name)) for name in group)
+    return out
+
+
+class LazyWeights(MutableMapping):
+    """fp32 weights dequantized from the memory-mapped GGUF when read, never
+    held: a compile that reads each weight once (fp16, or int8 without a float
+    run of the whole model) streams the model instead of copying it all to fp32.
+    Arrays written into it (an in-place transform) are kept."""
+
+    def __init__(self, gf: GgufFile, names: list[str]) -> None:
+        self.gf, self.names, self.written = gf, list(names), {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self.written:
+            return self.written[name]
+        if name not in self.names:
+            raise KeyError(name)
+        return self.gf.dequantize(name)
+
+    def __setitem__(self, name: str, value: np.ndarray) -> None:
+        self.written[name] = value
+        if name not in self.names:
+            self.names.append(name)
+
+    def __delitem__(self, name: str) -> None:
+        self.names.remove(name)
+        self.written.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self.names))
+
+    def __len__(self) -> int:
+        return len(self.names)

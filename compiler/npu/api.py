@@ -470,6 +470,10 @@ class EmitOptions:
     # Without it average pooling runs as a depthwise convolution and max pooling
     # is refused.
     ppu_completes: bool = False
+    # GEMM weights packed once per (name, K tiles) and reused: for callers whose
+    # GEMMs of one name always multiply the same B (an LLM's programs share their
+    # weights; the ModuleBuilder's digest check still compares every copy)
+    pack_cache: dict | None = field(default=None, compare=False, hash=False, repr=False)
 
     # -- readings of open hardware questions (docs/hardware-questions.md) --------
     # These exist so that `rkc probe` (compiler/probe) can build the programs the

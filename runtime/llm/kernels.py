@@ -96,12 +96,22 @@ def quantize_rows_kernel(inputs, attrs, state):
 
 
 def dequantize_rows(inputs, attrs, state):
-    """int32 accumulators [M, N] -> fp32: x row scale x weight channel scale (+ bias)."""
-    acc, row_scale, ch_scale = inputs[0], inputs[1], inputs[2]
+    """int32 accumulators [M, N] -> fp32: x row scale x weight channel scale (+ bias).
+    attrs["partials"] = P: the first P inputs are int32 partial sums over K
+    ranges, added exactly (int64) first."""
+    p = int(attrs.get("partials", 1))
+    acc = np.sum([np.asarray(a, np.int64) for a in inputs[:p]], axis=0) if p > 1 else inputs[0]
+    row_scale, ch_scale = inputs[p], inputs[p + 1]
+    inputs = [acc, *inputs[p:]]
     y = acc.astype(np.float64) * row_scale.astype(np.float64)[:, None] * ch_scale.astype(np.float64)[None, :]
     if len(inputs) > 3:
         y += inputs[3]
     return [y.astype(np.float32)]
+
+
+def sum_partials(inputs, attrs, state):
+    """fp32 partial products over K ranges [M, N] -> their sum (fp32)."""
+    return [np.sum([np.asarray(a, np.float64) for a in inputs], axis=0).astype(np.float32)]
 
 
 def scale(inputs, attrs, state):
@@ -212,5 +222,5 @@ KERNELS: dict[str, Kernel] = {
     "Gather": gather, "Scale": scale, "RMSNorm": rms_norm, "Linear": linear, "Reshape": reshape,
     "RoPE": rope, "Attention": attention, "SiLU": silu, "GeluTanh": gelu_tanh, "Tanh": tanh,
     "Mul": mul, "Add": add, "TakeLast": take_last, "GatherRows": gather_rows, "GatherPacked": gather_packed,
-    "QuantizeRows": quantize_rows_kernel, "DequantizeRows": dequantize_rows,
+    "QuantizeRows": quantize_rows_kernel, "DequantizeRows": dequantize_rows, "SumPartials": sum_partials,
 }

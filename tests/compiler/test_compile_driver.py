@@ -34,6 +34,7 @@ SAMPLES = {
     "keep_fp16": (["--keep-fp16", "ffn_down, attn_q"], ("keep_fp16", ("ffn_down", "attn_q"))),
     "int8_rounding": (["--int8-rounding", "rtn"], ("rounding", "rtn")),
     "fp16_share": (["--fp16-share", "0"], ("fp16_share", 0.0)),
+    "int8_rotation": (["--int8-rotation", "block"], ("rotation", "block")),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from llm.synth import SHAPES, write_model
@@ -47,3 +48,20 @@ def synth_rkbin(synth_dir, synth_gguf):
         return built[key]
 
     return get
+
+
+def cosine(a, b) -> float:
+    return float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def teacher_forced(engine, tokens: list[int], prompt_len: int) -> np.ndarray:
+    """Logits for every position: prefill the prompt in chunks, then decode
+    the rest one token at a time (feeding the given tokens)."""
+    from rkc.runtime.llm.generate import Generator
+
+    gen = Generator(engine, 64)
+    gen.cache.reset()
+    rows = [gen._forward(tokens[:prompt_len], 0, all_logits=True)]
+    for pos in range(prompt_len, len(tokens)):
+        rows.append(engine.run("decode", np.asarray([tokens[pos]], np.int32), np.asarray([pos], np.int32), gen.cache))
+    return np.concatenate(rows)

@@ -1,11 +1,20 @@
-"""Tiny synthetic GGUF LLMs, one per supported architecture, written with
-gguf.GGUFWriter: random weights in every supported tensor type, and a small
-tokenizer of the kind the real models of that architecture use (SentencePiece
-for llama/gemma3, GPT-2 byte-level BPE for qwen2/qwen3)."""
+"""Synthetic GGUF LLMs written with gguf.GGUFWriter: random weights, and a
+small tokenizer of the kind the real models of that architecture use
+(SentencePiece for llama/gemma3, GPT-2 byte-level BPE for qwen2/qwen3).
+
+* SHAPES: a tiny model per supported architecture, its weights in every
+  supported tensor type (the "tiny" mix);
+* REAL: the exact shapes and metadata of Qwen2.5-1.5B, Qwen3-1.7B, Llama-3.2-1B
+  and Gemma-3-1B, in Q8_0 or a Q4_K_M-like Q4_K/Q6_K mix, optionally cut to
+  their first layers (bench/synth_gguf.py, the slow scale tests).
+
+Tensors are generated one at a time while the file is written (the writer
+holds only their sizes), so a 1.5B model is made in bounded memory."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Iterator
 
 import gguf
 import numpy as np
@@ -27,6 +36,27 @@ SHAPES = {
     "gemma3": dict(n_embd=64, n_head=4, n_head_kv=1, head_dim=32, n_ff=256, n_layer=3, tokenizer="spm",
                    tied=True, window=6, swa_pattern=[True, True, False]),
 }
+
+# The real models' hyperparameters, from their published config.json (Hugging
+# Face: Qwen/Qwen2.5-1.5B, Qwen/Qwen3-1.7B, meta-llama/Llama-3.2-1B,
+# google/gemma-3-1b-pt), under the GGUF keys llama.cpp's converter writes.
+# Llama 3.2's rope_scaling (llama3: factor 32, low/high frequency factors 1/4,
+# original context 8192) reaches GGUF as the rope_freqs.weight tensor.
+REAL = {
+    "qwen2.5-1.5b": dict(arch="qwen2", n_embd=1536, n_head=12, n_head_kv=2, head_dim=128, n_ff=8960, n_layer=28,
+                         n_vocab=151936, context=32768, rope_base=1e6, eps=1e-6, tokenizer="bpe", tied=True,
+                         qkv_bias=True),
+    "qwen3-1.7b": dict(arch="qwen3", n_embd=2048, n_head=16, n_head_kv=8, head_dim=128, n_ff=6144, n_layer=28,
+                       n_vocab=151936, context=40960, rope_base=1e6, eps=1e-6, tokenizer="bpe", tied=True),
+    "llama-3.2-1b": dict(arch="llama", n_embd=2048, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192, n_layer=16,
+                         n_vocab=128256, context=131072, rope_base=500000.0, eps=1e-5, tokenizer="spm", tied=True,
+                         llama3_rope=dict(factor=32.0, low=1.0, high=4.0, original=8192)),
+    # sliding window 512 on 5 of every 6 layers (llama.cpp's gemma3 pattern), local RoPE base 10000
+    "gemma-3-1b": dict(arch="gemma3", n_embd=1152, n_head=4, n_head_kv=1, head_dim=256, n_ff=6912, n_layer=26,
+                       n_vocab=262144, context=32768, rope_base=1e6, eps=1e-6, tokenizer="spm", tied=True,
+                       window=512),
+}
+MIXES = ("q8_0", "q4_k_m")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -96,6 +126,8 @@ def bpe_vocab() -> tuple[list[str], list[int], list[str], dict[str, int]]:
     return tokens, types, merges, {"eos": ids["<|endoftext|>"], "bos": ids["<|endoftext|>"]}
 
 
+
+
 def _k_quant_blocks(rng: np.random.Generator, rows: int, cols: int, kind: Q) -> np.ndarray:
     """Random but well-formed Q4_K / Q6_K blocks (gguf cannot quantize to them)."""
     block, size = gguf.GGML_QUANT_SIZES[kind]
@@ -110,18 +142,36 @@ def _k_quant_blocks(rng: np.random.Generator, rows: int, cols: int, kind: Q) -> 
     return raw.reshape(rows, cols // block * size)
 
 
-def _add(writer: gguf.GGUFWriter, rng: np.random.Generator, name: str, shape: tuple[int, int] | tuple[int],
-         kind: Q, scale: float = 0.1, offset: float = 0.0) -> None:
+ROW_CHUNK = 16384  # rows generated at a time (bounds the f32 working set of a 262k-row table)
+
+
+def _q8_0_blocks(rng: np.random.Generator, rows: int, cols: int, scale: float) -> np.ndarray:
+    """Random Q8_0 blocks made directly (uniform int8, one f16 scale giving the
+    values standard deviation `scale`): far faster than quantizing normals."""
+    n = rows * cols // 32
+    raw = np.empty((n, 34), np.uint8)
+    raw[:, 0:2] = np.full(n, scale * np.sqrt(3) / 127, np.float16).view(np.uint8).reshape(n, 2)
+    raw[:, 2:] = rng.integers(-127, 128, size=(n, 32), dtype=np.int8).view(np.uint8)
+    return raw.reshape(rows, cols // 32 * 34)
+
+
+def _tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: Q, scale: float, offset: float,
+            direct: bool = False) -> np.ndarray:
+    """Random values of `shape` stored as `kind` (raw bytes for block types);
+    `direct`: Q8_0 blocks drawn as blocks (big models), not quantized normals."""
     if kind in (Q.Q4_K, Q.Q6_K):
-        writer.add_tensor(name, _k_quant_blocks(rng, shape[0], shape[1], kind), raw_dtype=kind)
-        return
-    data = (rng.standard_normal(shape) * scale + offset).astype(np.float32)
-    if kind == Q.F32:
-        writer.add_tensor(name, data)
-    elif kind == Q.F16:
-        writer.add_tensor(name, data.astype(np.float16))
-    else:
-        writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        return _k_quant_blocks(rng, shape[0], shape[1], kind)
+    if direct and kind == Q.Q8_0 and offset == 0:
+        return _q8_0_blocks(rng, shape[0], shape[1], scale)
+    if kind in (Q.F32, Q.F16):
+        values = (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+        return values if kind == Q.F32 else values.astype(np.float16)
+    parts = []
+    for r0 in range(0, shape[0], ROW_CHUNK):
+        rows = (min(ROW_CHUNK, shape[0] - r0),) + tuple(shape[1:])
+        part = gguf.quants.quantize((rng.standard_normal(rows) * scale + offset).astype(np.float32), kind)
+        parts.append(np.ascontiguousarray(part).view(np.uint8))  # BF16 comes back as uint16
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 # ChatML, the template of the Qwen models (their BPE vocabulary has its markers)
@@ -129,15 +179,107 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str | None = None,
-                context_length: int = 256) -> Path:
-    s = SHAPES[arch]
+def _nbytes(shape: tuple[int, ...], kind: Q) -> int:
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    return int(np.prod(shape)) // block * size
+
+
+def _tiny_type(role: str, layer: int, n_layer: int, cols: int) -> Q:
+    """The tiny models' mix: every tensor type rkc reads."""
+    return {"token_embd": Q.Q8_0, "output": Q.F16, "attn_q": Q.Q5_0, "attn_k": Q.Q5_0, "attn_v": Q.Q4_0,
+            "attn_output": Q.F16, "ffn_gate": Q.BF16 if layer % 2 else Q.Q8_0, "ffn_up": Q.Q4_0,
+            "ffn_down": (Q.Q6_K, Q.Q4_K)[layer % 2]}[role]
+
+
+def _q8_type(role: str, layer: int, n_layer: int, cols: int) -> Q:
+    return Q.Q8_0
+
+
+def _q4_k_m_type(role: str, layer: int, n_layer: int, cols: int) -> Q:
+    """llama.cpp's Q4_K_M choice: Q6_K for the output head (the embedding when
+    tied) and for attn_v / ffn_down of the layers use_more_bits picks (the first
+    and last eighth, every third in between), Q4_K elsewhere; K-quants need rows
+    of whole 256-value super-blocks, else Q4_K -> Q5_0 and Q6_K -> Q8_0."""
+    more = layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
+    kind = Q.Q6_K if role in ("output", "token_embd") or (role in ("attn_v", "ffn_down") and more) else Q.Q4_K
+    if cols % 256:
+        kind = {Q.Q4_K: Q.Q5_0, Q.Q6_K: Q.Q8_0}[kind]
+    return kind
+
+
+TYPE_MIXES: dict[str, Callable[[str, int, int, int], Q]] = {"tiny": _tiny_type, "q8_0": _q8_type,
+                                                            "q4_k_m": _q4_k_m_type}
+
+
+def _llama3_rope_factors(head_dim: int, base: float, factor: float, low: float, high: float,
+                         original: int) -> np.ndarray:
+    """Llama 3's rope_scaling as the per-frequency divisors llama.cpp stores in rope_freqs.weight."""
+    freqs = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / freqs
+    low_wl, high_wl = original / low, original / high
+    smooth = (original / wavelen - low) / (high - low)
+    out = np.where(wavelen < high_wl, 1.0, np.where(wavelen > low_wl, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+    return out.astype(np.float32)
+
+
+def _plan(s: dict, n_vocab: int, mix: str) -> Iterator[tuple[str, tuple[int, ...], Q, float, float]]:
+    """(name, numpy shape, type, scale, offset) of every tensor, in file order."""
+    D, H, Hkv, hd, F, L = s["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"], s["n_ff"], s["n_layer"]
+    n_total = s.get("n_layer_full", L)
+    kind = TYPE_MIXES[mix]
+    yield "token_embd.weight", (n_vocab, D), kind("token_embd", 0, n_total, D), 0.5, 0.0
+    yield "output_norm.weight", (D,), Q.F32, 0.1, 1.0
+    if not s["tied"]:
+        yield "output.weight", (n_vocab, D), kind("output", 0, n_total, D), 0.2, 0.0
+    if "llama3_rope" in s:
+        yield "rope_freqs.weight", (hd // 2,), Q.F32, 0.0, 0.0
+    for il in range(L):
+        p = f"blk.{il}"
+        yield f"{p}.attn_norm.weight", (D,), Q.F32, 0.1, 1.0
+        yield f"{p}.attn_q.weight", (H * hd, D), kind("attn_q", il, n_total, D), 0.15, 0.0
+        yield f"{p}.attn_k.weight", (Hkv * hd, D), kind("attn_k", il, n_total, D), 0.15, 0.0
+        yield f"{p}.attn_v.weight", (Hkv * hd, D), kind("attn_v", il, n_total, D), 0.15, 0.0
+        if s.get("qkv_bias"):
+            yield f"{p}.attn_q.bias", (H * hd,), Q.F32, 0.1, 0.0
+            yield f"{p}.attn_k.bias", (Hkv * hd,), Q.F32, 0.1, 0.0
+            yield f"{p}.attn_v.bias", (Hkv * hd,), Q.F32, 0.1, 0.0
+        if s["arch"] in ("qwen3", "gemma3"):
+            yield f"{p}.attn_q_norm.weight", (hd,), Q.F32, 0.1, 1.0
+            yield f"{p}.attn_k_norm.weight", (hd,), Q.F32, 0.1, 1.0
+        yield f"{p}.attn_output.weight", (D, H * hd), kind("attn_output", il, n_total, H * hd), 0.1, 0.0
+        yield f"{p}.ffn_norm.weight", (D,), Q.F32, 0.1, 1.0
+        yield f"{p}.ffn_gate.weight", (F, D), kind("ffn_gate", il, n_total, D), 0.15, 0.0
+        yield f"{p}.ffn_up.weight", (F, D), kind("ffn_up", il, n_total, D), 0.15, 0.0
+        yield f"{p}.ffn_down.weight", (D, F), kind("ffn_down", il, n_total, F), 0.1, 0.0
+        if s["arch"] == "gemma3":
+            yield f"{p}.post_attention_norm.weight", (D,), Q.F32, 0.1, 1.0
+            yield f"{p}.post_ffw_norm.weight", (D,), Q.F32, 0.1, 1.0
+
+
+def _pad_vocab(tokens: list[str], types: list[int], scores: list[float] | None, n_vocab: int) -> None:
+    """Fill a small vocabulary up to the real model's size with unused pieces
+    (as real vocabularies carry reserved tokens): same table sizes, same head."""
+    if n_vocab < len(tokens):
+        raise ValueError(f"vocabulary of {n_vocab} is smaller than the synthetic tokenizer's {len(tokens)}")
+    for i in range(n_vocab - len(tokens)):
+        tokens.append(f"<unused{i}>")
+        types.append(5)
+        if scores is not None:
+            scores.append(-1e9)
+
+
+def write_gguf(path: str | Path, spec: dict, mix: str = "tiny", seed: int = 0, name: str | None = None,
+               chat_template: str | None = None, context_length: int | None = None) -> Path:
+    """A GGUF with `spec`'s shapes and metadata (SHAPES / REAL entries) and
+    random weights in the `mix` tensor types, written tensor by tensor."""
+    s = spec
+    arch = s["arch"]
     rng = np.random.default_rng(seed)
     path = Path(path)
     w = gguf.GGUFWriter(str(path), arch)
     D, H, Hkv, hd, F, L = s["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"], s["n_ff"], s["n_layer"]
-    w.add_name(f"tiny-{arch}")
-    w.add_context_length(context_length)
+    w.add_name(name or f"tiny-{arch}")
+    w.add_context_length(context_length or s.get("context", 256))
     w.add_embedding_length(D)
     w.add_block_count(L)
     w.add_feed_forward_length(F)
@@ -145,13 +287,15 @@ def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str |
     w.add_head_count_kv(Hkv)
     w.add_key_length(hd)
     w.add_value_length(hd)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1e6)
+    w.add_layer_norm_rms_eps(s.get("eps", 1e-6))
+    w.add_rope_freq_base(s.get("rope_base", 10000.0 if arch != "gemma3" else 1e6))
     if "window" in s:
         w.add_sliding_window(s["window"])
-        w.add_sliding_window_pattern(s["swa_pattern"])
+        if "swa_pattern" in s:
+            w.add_sliding_window_pattern(s["swa_pattern"])
     if s["tokenizer"] == "spm":
         tokens, scores, types, ids = spm_vocab(arch)
+        _pad_vocab(tokens, types, scores, s.get("n_vocab", len(tokens)))
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
         w.add_token_list(tokens)
@@ -165,6 +309,7 @@ def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str |
         w.add_add_space_prefix(arch != "gemma3")
     else:
         tokens, types, merges, ids = bpe_vocab()
+        _pad_vocab(tokens, types, None, s.get("n_vocab", len(tokens)))
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("qwen2")
         w.add_token_list(tokens)
@@ -175,35 +320,46 @@ def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str |
         w.add_add_bos_token(True)  # so --tokenize and perplexity have a BOS to put first
     if chat_template:
         w.add_chat_template(chat_template)
-    V = len(tokens)
-    _add(w, rng, "token_embd.weight", (V, D), Q.Q8_0, scale=0.5)
-    _add(w, rng, "output_norm.weight", (D,), Q.F32, 0.1, 1.0)
-    if not s["tied"]:
-        _add(w, rng, "output.weight", (V, D), Q.F16, scale=0.2)
-    down_types = [Q.Q6_K, Q.Q4_K]
-    for il in range(L):
-        p = f"blk.{il}"
-        _add(w, rng, f"{p}.attn_norm.weight", (D,), Q.F32, 0.1, 1.0)
-        _add(w, rng, f"{p}.attn_q.weight", (H * hd, D), Q.Q5_0, 0.15)
-        _add(w, rng, f"{p}.attn_k.weight", (Hkv * hd, D), Q.Q5_0, 0.15)
-        _add(w, rng, f"{p}.attn_v.weight", (Hkv * hd, D), Q.Q4_0, 0.15)
-        if s.get("qkv_bias"):
-            _add(w, rng, f"{p}.attn_q.bias", (H * hd,), Q.F32, 0.1)
-            _add(w, rng, f"{p}.attn_k.bias", (Hkv * hd,), Q.F32, 0.1)
-            _add(w, rng, f"{p}.attn_v.bias", (Hkv * hd,), Q.F32, 0.1)
-        if arch in ("qwen3", "gemma3"):
-            _add(w, rng, f"{p}.attn_q_norm.weight", (hd,), Q.F32, 0.1, 1.0)
-            _add(w, rng, f"{p}.attn_k_norm.weight", (hd,), Q.F32, 0.1, 1.0)
-        _add(w, rng, f"{p}.attn_output.weight", (D, H * hd), Q.F16, 0.1)
-        _add(w, rng, f"{p}.ffn_norm.weight", (D,), Q.F32, 0.1, 1.0)
-        _add(w, rng, f"{p}.ffn_gate.weight", (F, D), Q.BF16 if il % 2 else Q.Q8_0, 0.15)
-        _add(w, rng, f"{p}.ffn_up.weight", (F, D), Q.Q4_0, 0.15)
-        _add(w, rng, f"{p}.ffn_down.weight", (D, F), down_types[il % 2])
-        if arch == "gemma3":
-            _add(w, rng, f"{p}.post_attention_norm.weight", (D,), Q.F32, 0.1, 1.0)
-            _add(w, rng, f"{p}.post_ffw_norm.weight", (D,), Q.F32, 0.1, 1.0)
+    plan = list(_plan(s, len(tokens), mix))
+    for tname, shape, kind, _, _ in plan:
+        dtype = {Q.F32: np.float32, Q.F16: np.float16}.get(kind, np.uint8)
+        raw = dtype is np.uint8
+        w.add_tensor_info(tname, _byte_shape(shape, kind) if raw else shape, np.dtype(dtype), _nbytes(shape, kind),
+                          raw_dtype=kind if raw else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    for tname, shape, kind, scale, offset in plan:
+        if tname == "rope_freqs.weight":
+            r = s["llama3_rope"]
+            data = _llama3_rope_factors(hd, s["rope_base"], r["factor"], r["low"], r["high"], r["original"])
+        else:
+            data = _tensor(rng, shape, kind, scale, offset, direct=mix != "tiny")
+        w.write_tensor_data(data)
     w.close()
     return path
+
+
+def _byte_shape(shape: tuple[int, ...], kind: Q) -> tuple[int, ...]:
+    """numpy-order byte shape of a block tensor (rows, bytes per row), as the writer takes raw data."""
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    return shape[:-1] + (shape[-1] // block * size,)
+
+
+def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str | None = None,
+                context_length: int = 256) -> Path:
+    """The tiny model of `arch` (SHAPES)."""
+    return write_gguf(path, {"arch": arch, **SHAPES[arch]}, "tiny", seed, chat_template=chat_template,
+                      context_length=context_length)
+
+
+def write_real(path: str | Path, model: str, mix: str = "q8_0", layers: int | None = None, seed: int = 0) -> Path:
+    """A REAL model's shapes and metadata with random weights, optionally only
+    its first `layers` layers (the type mix still follows the full depth)."""
+    s = dict(REAL[model])
+    s["n_layer_full"] = s["n_layer"]
+    if layers is not None:
+        if not 0 < layers <= s["n_layer"]:
+            raise ValueError(f"{model} has {s['n_layer']} layers, cannot keep {layers}")
+        s["n_layer"] = layers
+    return write_gguf(path, s, mix, seed, name=f"synthetic-{model}-{mix}" + (f"-{layers}l" if layers else ""))

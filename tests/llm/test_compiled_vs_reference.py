@@ -8,27 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from llm.conftest import ARCHS
+from llm.conftest import ARCHS, cosine as _cosine, teacher_forced as _teacher_forced
 from llm.reference import ReferenceModel
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.generate import Generator, Sampler, chunk_plan
 
 PROMPT_LEN = 23  # crosses the gemma3 sliding window (6) and uses chunks 16 + 4 + a padded 4
-
-
-def _cosine(a, b):
-    return float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b))
-
-
-def _teacher_forced(engine: LlmEngine, tokens: list[int], prompt_len: int) -> np.ndarray:
-    """Logits for every position: prefill the prompt in chunks, then decode
-    the rest one token at a time (feeding the given tokens)."""
-    gen = Generator(engine, 64)
-    gen.cache.reset()
-    rows = [gen._forward(tokens[:prompt_len], 0, all_logits=True)]
-    for pos in range(prompt_len, len(tokens)):
-        rows.append(engine.run("decode", np.asarray([tokens[pos]], np.int32), np.asarray([pos], np.int32), gen.cache))
-    return np.concatenate(rows)
 
 
 @pytest.fixture(scope="module")

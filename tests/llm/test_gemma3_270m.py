@@ -160,8 +160,6 @@ def test_tokenizer_matches_llama_cpp(gemma_path, reference):
 def test_plans_give_the_interpreters_logits(compiled):
     """The load-time plans (runtime/plan.py) against the step interpreter on the
     real model: a padded prefill chunk and two decode steps, bit for bit."""
-    import numpy as np
-
     precision, engine = compiled
     prompt = engine.tokenizer.encode(PROMPTS[0])
     planned, interpreted = engine.new_cache(64), engine.new_cache(64)

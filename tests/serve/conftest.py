@@ -39,7 +39,7 @@ class RunningServer:
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
                                        daemon=True)
         self.thread.start()
-        for _ in range(500):  # bounded: 5 s
+        for _ in range(3000):  # bounded: 30 s (a loaded machine)
             if self.server.started:
                 break
             self.thread.join(0.01)
