@@ -133,6 +133,8 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
     """Embedding rows straight from the stored packed head (a constant region):
     the packed view is made once."""
     a = step.attrs
+    if a.get("rotation"):
+        return None  # rows rotated back: the general kernel (kernels.gather_packed) does it
     model = state.model
     raw = constant_bytes(model, model.tensors[a["packed"]])
     if raw is None or (len(consts) > 1 and consts[1] is None):
@@ -156,6 +158,8 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
 
 
 def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
+    if int(step.attrs.get("partials", 1)) != 1:
+        return None  # K split into partial sums: the general kernel (kernels.dequantize_rows) adds them
     ch = consts[2]
     if ch is None or (len(consts) > 3 and consts[3] is None):
         return None

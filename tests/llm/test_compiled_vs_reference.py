@@ -169,7 +169,10 @@ def test_inspect_says_how_int8_was_made(synth_rkbin):
     from rkc.compiler.llm.report import figures, summary_lines
     from rkc.ir.rkbin import read_rkbin
 
-    module = read_rkbin(synth_rkbin("gemma3", "int8")).module
+    default = figures(read_rkbin(synth_rkbin("gemma3", "int8")).module)["quantization"]
+    assert default["rotation"] == "kron" and default["rounding"] == "rtn" and not default.get("hybrid")
+    # a GPTQ build with a measured fp16 hybrid says so too
+    module = read_rkbin(synth_rkbin("gemma3", "int8", rounding="gptq", fp16_share=0.25)).module
     q = figures(module)["quantization"]
     assert q["rounding"] == "gptq" and q["hybrid"]["products"]
     text = "\n".join(summary_lines(module))

@@ -32,13 +32,20 @@ def wide_ffn(tmp_path_factory):
     return write_gguf(tmp_path_factory.mktemp("wide") / "qwen2-wide-ffn.gguf", spec, "q8_0")
 
 
-@pytest.mark.parametrize("precision,arith,min_cos", [("int8", "w8a8", 0.9999), ("fp16", "fp16", 0.9999)])
-def test_wide_ffn_matches_reference(precision, arith, min_cos, wide_ffn, tmp_path):
+KRON_SPLIT_GAP = ("measured: row 0 cosine 0.99960 against the rotated reference when the rotated K = 8960 "
+                  "(H140 x H64) is also split over K; unexplained (issue 14/15), the unrotated split matches")
+
+
+@pytest.mark.parametrize("precision,rotation,arith,min_cos", [
+    ("int8", "none", "w8a8", 0.9999),
+    pytest.param("int8", "kron", "w8a8+kron", 0.9999, marks=pytest.mark.xfail(strict=True, reason=KRON_SPLIT_GAP)),
+    ("fp16", "none", "fp16", 0.9999)])
+def test_wide_ffn_matches_reference(precision, rotation, arith, min_cos, wide_ffn, tmp_path):
     from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
 
-    out = tmp_path / f"wide-{precision}.rkbin"
+    out = tmp_path / f"wide-{precision}-{rotation}.rkbin"
     compile_gguf(wide_ffn, out, LlmCompileOptions(precision, (1, 16), 0.0, rounding="rtn",
-                                                  fp16_share=0, alpha_search=False))
+                                                  fp16_share=0, alpha_search=False, rotation=rotation))
     engine = LlmEngine(out)
     rng = np.random.default_rng(3)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, 19).tolist()]
