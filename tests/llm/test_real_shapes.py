@@ -44,8 +44,9 @@ def test_real_shapes_match_reference(model, precision, arith, real_gguf, tmp_pat
 
     gguf = real_gguf(model)
     out = tmp_path / f"{model}-{precision}.rkbin"
+    # unrotated: this checks the shapes, the K split and the architecture (rotation: test_rotation.py)
     compile_gguf(gguf, out, LlmCompileOptions(precision, (1, CHUNK), 0.0, rounding="rtn", fp16_share=0,
-                                              alpha_search=False))
+                                              alpha_search=False, rotation="none"))
     engine = LlmEngine(out)
     rng = np.random.default_rng(4)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, CHUNK + DECODE - 1).tolist()]
