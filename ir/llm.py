@@ -187,7 +187,8 @@ def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -
             swa_layers = tuple(bool(x) for x in pattern)
         else:
             # llama.cpp set_swa_pattern: layer il slides unless il % n == n - 1
-            if isinstance(pattern, bool) or not isinstance(pattern, int) or not 0 <= pattern <= n_layer:
+            # a period longer than the model is legal (a model cut to its first layers)
+            if isinstance(pattern, bool) or not isinstance(pattern, int) or not 0 <= pattern < 2 ** 31:
                 raise FormatError(f"{path}: {arch}.attention.sliding_window_pattern is {pattern!r:.40}")
             n = pattern
             swa_layers = tuple(n == 0 or (il % n) < n - 1 for il in range(n_layer))
