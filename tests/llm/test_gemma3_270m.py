@@ -89,7 +89,8 @@ def test_departure_rule():
 
 # measured failing at the close of stop 11 (the rotated all-int8 default, never tuned
 # against llama.cpp: issue 14 stays open): strict, so a fix shows up as XPASS
-INT8_OPEN = "issue 14: the rotated all-int8 default misses the greedy and teacher-forced targets (measured)"
+INT8_OPEN = ("issue 14: the rotated all-int8 default misses the targets; measured on english.txt (1379 tokens): "
+             "KL 0.0071 (<= 0.0065), top-1 0.930 (>= 0.95), greedy 3/5 (>= 4)")
 
 
 def _int8_is_open(request, precision: str) -> None:
