@@ -51,10 +51,11 @@ def gather_rows(inputs, attrs, state):
     return [rows if rot is None else unrotate(rows, rot)]
 
 
-def packed_rows(raw: np.ndarray, ids: np.ndarray, rows: int, cols: int, dtype) -> np.ndarray:
-    """Rows `ids` of a [rows, cols] matrix stored as 1x1 NPU weights (kernels =
-    rows, channels = cols; ir/npu/layout.pack_weights), without unpacking the rest:
-    per group of kg kernels, 32-channel tiles of [kernel][channel]."""
+def packed_view(raw: np.ndarray, rows: int, cols: int, dtype) -> tuple[np.ndarray, int, int]:
+    """A [rows, cols] matrix stored as 1x1 NPU weights (kernels = rows, channels =
+    cols; ir/npu/layout.pack_weights) viewed as [group, tile, kernel, channel] with
+    no copy: per group of kg kernels, 32-channel tiles of [kernel][channel].
+    Returns the view, kg and the padded column count."""
     item = np.dtype(dtype).itemsize
     kg = layout.kernel_group_for(item)
     cp = layout.align(cols, layout.c2_for(item))
@@ -62,7 +63,12 @@ def packed_rows(raw: np.ndarray, ids: np.ndarray, rows: int, cols: int, dtype) -
     if cp % tile:
         raise FormatError(f"packed {rows}x{cols} weights: rows cannot be gathered ({cols} columns)")
     groups = layout.align(rows, kg) // kg
-    view = raw[: groups * kg * cp * item].view(dtype).reshape(groups, cp // tile, kg, tile)
+    return raw[: groups * kg * cp * item].view(dtype).reshape(groups, cp // tile, kg, tile), kg, cp
+
+
+def packed_rows(raw: np.ndarray, ids: np.ndarray, rows: int, cols: int, dtype) -> np.ndarray:
+    """Rows `ids` of a packed [rows, cols] matrix (packed_view), without unpacking the rest."""
+    view, kg, cp = packed_view(raw, rows, cols, dtype)
     return view[ids // kg, :, ids % kg, :].reshape(len(ids), cp)[:, :cols]
 
 

@@ -14,9 +14,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rkc.ir.npu import layout
+from rkc.ir.errors import FormatError
 from rkc.ir.program import Step
 from rkc.runtime.constants import constant_bytes
+from rkc.runtime.kernels.hadamard import unrotate
+from rkc.runtime.llm.kernels import packed_view, rotation_of
 
 Prepared = Callable[[list], list]
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
@@ -133,19 +135,18 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
     """Embedding rows straight from the stored packed head (a constant region):
     the packed view is made once."""
     a = step.attrs
-    if a.get("rotation"):
-        return None  # rows rotated back: the general kernel (kernels.gather_packed) does it
+    if any(c is None for c in consts[1:]):
+        return None  # a constant known only at run time: the general kernel
+    rot = rotation_of(a, consts[2:])  # a rotated head's rows are rotated back
     model = state.model
     raw = constant_bytes(model, model.tensors[a["packed"]])
     if raw is None or (len(consts) > 1 and consts[1] is None):
         return None
-    dtype = np.dtype(a["dtype"])
-    rows, cols, item = int(a["rows"]), int(a["cols"]), dtype.itemsize
-    kg, cp, tile = layout.kernel_group_for(item), layout.align(cols, layout.c2_for(item)), layout.CHANNEL_GROUP
-    if cp % tile:
-        return None
-    groups = layout.align(rows, kg) // kg
-    view = raw[: groups * kg * cp * item].view(dtype).reshape(groups, cp // tile, kg, tile)
+    cols = int(a["cols"])
+    try:
+        view, kg, cp = packed_view(raw, int(a["rows"]), cols, np.dtype(a["dtype"]))  # made once
+    except FormatError:
+        return None  # the general kernel reports it
     row_scale = consts[1] if len(consts) > 1 else None
 
     def run(inputs):
@@ -153,7 +154,7 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
         out = view[ids // kg, :, ids % kg, :].reshape(len(ids), cp)[:, :cols].astype(F32)
         if row_scale is not None:
             out *= row_scale[ids][:, None]
-        return [out]
+        return [out if rot is None else unrotate(out, rot)]
     return run
 
 
