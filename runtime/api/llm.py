@@ -177,9 +177,8 @@ class LlmModel:
 
     @property
     def kv_bytes(self) -> int:
-        """Host memory the prefix cache's KV holds now."""
-        return sum(a.nbytes for s in self._slots for store in (s.gen.cache.k, s.gen.cache.v)
-                   for a in store if a is not None)
+        """Host memory the prefix cache's KV holds now (allocated, not only the live entries)."""
+        return sum(s.gen.cache.nbytes for s in self._slots)
 
     # -- the public calls ---------------------------------------------------------------
     def generate(self, prompt: str, *, max_tokens: int | None = 64, temperature: float = 0.8, top_p: float = 0.95,

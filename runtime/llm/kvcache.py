@@ -40,6 +40,11 @@ class KVCache:
         return self._end[layer] - self._start[layer]
 
     @property
+    def nbytes(self) -> int:
+        """Host memory the cache's buffers take (their capacity)."""
+        return sum(a.nbytes for store in (self._k, self._v, self._pos) for a in store if a is not None)
+
+    @property
     def length(self) -> int:
         """Positions 0..length-1 have been through the model (they are contiguous)."""
         s, e = self._start[0], self._end[0]
