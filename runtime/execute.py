@@ -96,12 +96,15 @@ class _Run:
                            f"the step needs {len(step.outputs)}")
         for name, value in zip(step.outputs, outputs):
             info = self.model.tensors.get(name)
-            if info is not None and info.region is None:
+            if info is not None:
+                # a kernel's result must match the module's declaration, in the env and in a BO
+                # alike: a crafted module could otherwise declare a shape no kernel produces
                 value = np.asarray(value)
                 if list(value.shape) != list(info.shape):
                     raise RkcError(f"step {step.name!r}: {name!r} came out {list(value.shape)}, "
                                    f"the program declares {info.shape}")
-                value = value.astype(_dtype(info), copy=False)
+                if info.region is None:
+                    value = value.astype(_dtype(info), copy=False)
             self.write(name, value)
 
     def npu(self, step: Step) -> None:
