@@ -15,6 +15,7 @@ head size x 2 bytes (fp16), x2 at most for the cache's doubling growth.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -91,17 +92,26 @@ def render_chat(template: str | None, messages: Sequence[dict[str, str]]) -> str
                            "gives one)", "messages")
     import jinja2
 
-    def raise_exception(msg: str) -> None:
-        raise RequestError(f"chat template: {msg}", "messages")
+    try:  # BOS: the tokenizer adds it, so the template's {{ bos_token }} is empty
+        return _compiled_template(template).render(messages=list(messages), add_generation_prompt=True,
+                                                   bos_token="")
+    except jinja2.TemplateError as exc:  # SecurityError included
+        raise RequestError(f"chat template: {exc}", "messages") from None
 
+
+def _raise_exception(msg: str) -> None:
+    raise RequestError(f"chat template: {msg}", "messages")
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_template(template: str):
+    """The template parsed and compiled once: compiling it took ~0.8 ms a
+    request, as much as prefilling a short chat turn on the null device."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # a template is the model file's code: fenced
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    try:  # BOS: the tokenizer adds it, so the template's {{ bos_token }} is empty
-        return env.from_string(template).render(messages=list(messages), add_generation_prompt=True, bos_token="")
-    except jinja2.TemplateError as exc:  # SecurityError included
-        raise RequestError(f"chat template: {exc}", "messages") from None
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(template)
 
 
 def check_messages(messages: Any) -> list[dict[str, str]]:
