@@ -172,6 +172,48 @@ def test_four_clients_one_disconnecting(server, reference_model):
     assert jobs[1]["tokens"] < 200  # stopped at the disconnect, not at max_tokens
 
 
+def _jobs_when(url: str, done, tries: int = 3000) -> list[dict]:
+    """/health's job records once done(jobs) holds (bounded: 30 s on a loaded machine)."""
+    for _ in range(tries):
+        jobs = sorted(get_json(url, "/health")["queue"]["jobs"], key=lambda j: j["id"])
+        if done(jobs):
+            return jobs
+        time.sleep(0.01)
+    raise AssertionError(f"the server's jobs never got there: {jobs}")
+
+
+def test_non_streaming_client_disconnecting_is_cancelled(server, reference_model):
+    """A client that closes its socket while its (non-streamed) reply is being
+    generated: its job stops at the next token and the one queued behind it runs."""
+    import socket
+    from urllib.parse import urlsplit
+
+    long_chat = [{"role": "user", "content": PROMPTS[1]}]
+    reference_model.forget()
+    assert reference_model.chat(long_chat, max_tokens=200, temperature=0).finish_reason == "length"  # runs on
+    want = reference_model.chat([{"role": "user", "content": PROMPTS[2]}], max_tokens=6, temperature=0).text
+    u = urlsplit(server.url)
+    body = json.dumps({"messages": long_chat, "max_tokens": 200, "temperature": 0}).encode()
+    sock = socket.create_connection((u.hostname, u.port), timeout=60)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    _jobs_when(server.url, lambda jobs: jobs and jobs[-1]["first_token"] is not None)  # it is generating
+    queued: dict = {}
+    behind = threading.Thread(target=lambda: queued.update(r=post_json(server.url, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 6, "temperature": 0})))
+    behind.start()
+    _jobs_when(server.url, lambda jobs: len(jobs) == 2)
+    sock.close()  # gone without reading a byte of the answer
+    behind.join(timeout=120)
+    assert not behind.is_alive()
+    status, _, reply = queued["r"]
+    assert status == 200 and reply["choices"][0]["message"]["content"] == want
+    gone, second = _jobs_when(server.url, lambda jobs: all(j["ended"] is not None for j in jobs))
+    assert gone["outcome"] == "cancelled" and 0 < gone["tokens"] < 200
+    assert second["outcome"] == "length" and second["started"] >= gone["ended"]
+    assert get_json(server.url, "/health")["cache"]["cancelled"] >= 1
+
+
 def test_full_queue_answers_503_with_retry_after(serve, tiny_model):
     server = serve(tiny_model, queue_size=1)
     body = {"messages": [{"role": "user", "content": "the cat"}], "max_tokens": 200, "temperature": 0,
