@@ -236,6 +236,8 @@ class LlmModel:
     def _start(self, ids: list[int], source: str, max_tokens, temperature, top_p, top_k, seed, stop, stream, cancel,
                ignore_eos: bool = False):
         stops = _check_sampling(max_tokens, temperature, top_p, top_k, seed, stop)
+        if not ids:  # an empty text, for a model that adds no BOS
+            raise RequestError("the prompt is empty (this model adds no BOS token to start from)", source)
         if len(ids) >= self.n_ctx:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds {self.n_ctx} "
                                f"(with room for one generated token)", source, "context_length_exceeded")

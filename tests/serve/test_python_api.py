@@ -135,6 +135,13 @@ def test_bad_messages_and_long_prompts(tiny_model):
     assert info.value.code == "context_length_exceeded"
 
 
+def test_an_empty_prompt_without_bos_is_a_request_error(tiny_model, monkeypatch):
+    monkeypatch.setattr(tiny_model.tokenizer, "add_bos", False)  # as Qwen's GGUFs say
+    with pytest.raises(RequestError, match="empty") as info:
+        tiny_model.generate("")
+    assert info.value.param == "prompt"
+
+
 def test_onnx_model_runs(tmp_path):
     from onnx_models import example, onnxruntime_outputs, save
     from rkc.compiler.build import BuildOptions, build
