@@ -270,6 +270,28 @@ def test_bad_requests_get_openai_errors(server, raw, status, param):
     assert ok == 200  # still serving
 
 
+BAD_COMPLETIONS = [  # /v1/completions: (raw body, status, param)
+    (b"{not json", 400, None),
+    (b'{"max_tokens": 4}', 400, "prompt"),
+    (b'{"prompt": 7}', 400, "prompt"),
+    (b'{"prompt": ["a", "b"]}', 400, "prompt"),
+    (b'{"prompt": [1, 2, 3]}', 400, "prompt"),
+    (b'{"prompt": "the", "max_tokens": 0}', 400, "max_tokens"),
+    (b'{"prompt": "the", "top_k": 1.5}', 400, "top_k"),
+    (b'{"prompt": "the", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop"),
+    (b'{"prompt": "the", "model": "llama"}', 404, "model"),
+    (json.dumps({"prompt": LONG}).encode(), 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("raw,status,param", BAD_COMPLETIONS, ids=[f"{i}" for i in range(len(BAD_COMPLETIONS))])
+def test_bad_completion_requests_get_openai_errors(server, raw, status, param):
+    got, _, body = post_json(server.url, "/v1/completions", raw)
+    assert got == status, body
+    error = body["error"]
+    assert error["message"] and error["type"] == "invalid_request_error" and error["param"] == param
+
+
 def test_bad_requests_through_the_client(server):
     c = client(server)
     with pytest.raises(openai.BadRequestError) as info:
