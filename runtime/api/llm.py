@@ -114,6 +114,15 @@ def _compiled_template(template: str):
     return env.from_string(template)
 
 
+def _check_unicode(text: str, param: str) -> None:
+    """JSON may spell a lone UTF-16 surrogate (\\ud800), which is no character:
+    the tokenizer refuses it (TypeError), so it is refused here, by name."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(f"{param} is not valid Unicode (a lone surrogate)", param) from None
+
+
 def check_messages(messages: Any) -> list[dict[str, str]]:
     """[{role, content}] with content a string or a list of {type: text, text} parts."""
     if not isinstance(messages, list) or not messages:
@@ -128,6 +137,7 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
+        _check_unicode(content, f"messages[{i}].content")
         out.append({"role": m["role"], "content": content})
     return out
 
@@ -201,6 +211,7 @@ class LlmModel:
         ignore_eos: run to max_tokens whatever the logits say (benchmarks)."""
         if not isinstance(prompt, str):
             raise RequestError("prompt must be a string", "prompt")
+        _check_unicode(prompt, "prompt")
         return self._start(self.tokenizer.encode(prompt), "prompt", max_tokens, temperature, top_p, top_k, seed, stop,
                            stream, cancel, ignore_eos)
 

@@ -253,6 +253,7 @@ BAD = [  # (raw body, status, param)
     (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "n"),
     (b'{"messages": [{"role": "user", "content": "x"}], "seed": -4}', 400, "seed"),
     (b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
+    (b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', 400, "messages[0].content"),
     (json.dumps({"messages": [{"role": "user", "content": LONG}]}).encode(), 400, "messages"),
     (b"[" * 100000 + b"]" * 100000, 400, None),
     (b"x" * (1 << 21), 413, None),
@@ -280,6 +281,7 @@ BAD_COMPLETIONS = [  # /v1/completions: (raw body, status, param)
     (b'{"prompt": "the", "top_k": 1.5}', 400, "top_k"),
     (b'{"prompt": "the", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop"),
     (b'{"prompt": "the", "model": "llama"}', 404, "model"),
+    (b'{"prompt": "\\udfff"}', 400, "prompt"),
     (json.dumps({"prompt": LONG}).encode(), 400, "prompt"),
 ]
 

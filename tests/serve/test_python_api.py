@@ -170,3 +170,12 @@ def test_cancel_from_another_thread_stops_at_the_next_token(tiny_model):
     r = stream.result
     assert r.finish_reason == "cancelled" and r.completion_tokens < 100
     assert tiny_model.generate("the cat", max_tokens=100, temperature=0).text.startswith("".join(pieces))
+
+
+def test_a_lone_surrogate_is_a_request_error(tiny_model):
+    with pytest.raises(RequestError) as info:
+        tiny_model.chat([{"role": "user", "content": "a\ud800b"}])
+    assert info.value.param == "messages[0].content"
+    with pytest.raises(RequestError) as info:
+        tiny_model.generate("\udfff")
+    assert info.value.param == "prompt"
