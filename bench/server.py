@@ -26,7 +26,10 @@ default prefill chunks 1, 32, 128, 512) served by a real `rkrun serve` process o
   event loop's scheduling), beside the share of the tokens the second turn
   prefills (its new tokens against the first turn's prompt): the work a cached
   turn cannot skip, so the ratio the engine approaches when its fixed costs
-  per request and per program run vanish.
+  per request and per program run vanish. And in CPU time of the server's NPU
+  thread from the job's start to its first piece: what the other jobs of a
+  shared machine hardly move (on the null device the whole of the host's work;
+  on the simulator the simulator's too; BLAS helper threads not counted).
 
 Prints a table, and with --json one object.
 
@@ -121,6 +124,7 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
         overhead, cpu_overhead, steps, per_token = [], [], [], []
         ttft = {k: ([], []) for k in SYSTEMS}
         served = {k: ([], []) for k in SYSTEMS}  # the server's own time to the first piece
+        served_cpu = {k: ([], []) for k in SYSTEMS}  # its NPU thread's CPU time to the first piece
         stream = []
         cached = {}
         for rep in range(reps):
@@ -156,6 +160,8 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
                 ttft[kind][1].append(b["ttft_s"])
                 served[kind][0].append(ja["first_token"] - ja["queued"])
                 served[kind][1].append(jb["first_token"] - jb["queued"])
+                served_cpu[kind][0].append(ja["first_token_cpu_s"])
+                served_cpu[kind][1].append(jb["first_token_cpu_s"])
                 cached[kind] = (b["usage"]["prompt_tokens_details"]["cached_tokens"], b["usage"]["prompt_tokens"],
                                 a["usage"]["prompt_tokens"])
     finally:
@@ -173,6 +179,9 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
                          "server_first_turn_ms": med(served[k][0]) * 1e3,
                          "server_second_turn_ms": med(served[k][1]) * 1e3,
                          "server_ratio": med([y / x for x, y in zip(*served[k])]),
+                         "npu_thread_cpu_first_turn_ms": med(served_cpu[k][0]) * 1e3,
+                         "npu_thread_cpu_second_turn_ms": med(served_cpu[k][1]) * 1e3,
+                         "npu_thread_cpu_ratio": med([y / x for x, y in zip(*served_cpu[k])]),
                          "prefilled_ratio": (cached[k][1] - cached[k][0]) / cached[k][2],
                          "second_turn_cached_prompt_first": cached[k]} for k, (a, b) in ttft.items()}}
 
@@ -208,6 +217,8 @@ def main() -> None:
         print(f"{f'{kind} chat: second turn / first turn':52} {t['ratio'] * 100:10.1f} % {'<= 20 %':>9}")
         print(f"{f'{kind} chat: second / first, in the server':52} {t['server_ratio'] * 100:10.1f} %"
               f"   ({t['server_first_turn_ms']:.1f} ms, {t['server_second_turn_ms']:.1f} ms)")
+        print(f"{f'{kind} chat: second / first, NPU thread CPU time':52} {t['npu_thread_cpu_ratio'] * 100:10.1f} %"
+              f"   ({t['npu_thread_cpu_first_turn_ms']:.1f} ms, {t['npu_thread_cpu_second_turn_ms']:.1f} ms)")
         print(f"{f'{kind} chat: tokens prefilled, second / first':52} {t['prefilled_ratio'] * 100:10.1f} %"
               f"   ({n - c} / {first})")
 

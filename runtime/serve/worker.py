@@ -35,6 +35,7 @@ class Job:
     queued_at: float = 0.0
     started_at: float | None = None
     first_token_at: float | None = None
+    first_token_cpu_s: float | None = None  # CPU time of the NPU thread from the start to the first piece
     ended_at: float | None = None
     outcome: str = "queued"
     tokens: int = 0
@@ -50,6 +51,7 @@ class Job:
         at = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
         return {"id": self.id, "kind": self.kind, "queued": at(self.queued_at), "started": at(self.started_at),
                 "first_token": at(self.first_token_at), "ended": at(self.ended_at), "outcome": self.outcome,
+                "first_token_cpu_s": None if self.first_token_cpu_s is None else round(self.first_token_cpu_s, 6),
                 "tokens": self.tokens, "engine_s": round(self.engine_s, 6), "stream_s": round(self.stream_s, 6)}
 
 
@@ -129,12 +131,12 @@ class Worker:
     def _run(self, job: Job) -> None:
         call = self.model.chat if job.kind == "chat" else self.model.generate
         times = self.model.engine.times
-        steps0 = times.npu_s + times.cpu_s
+        steps0, cpu0 = times.npu_s + times.cpu_s, time.thread_time()
         stream = call(job.input, **job.options, stream=True, cancel=job.cancelled)  # set: stops at the next token
         job.send("start")
         for piece in stream:
             if job.first_token_at is None:
-                job.first_token_at = time.monotonic()
+                job.first_token_at, job.first_token_cpu_s = time.monotonic(), time.thread_time() - cpu0
             job.send("piece", piece)
         result: Completion = stream.result
         job.tokens, job.outcome = result.completion_tokens, result.finish_reason
