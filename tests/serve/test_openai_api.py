@@ -236,7 +236,7 @@ def test_full_queue_answers_503_with_retry_after(serve, tiny_model):
 
 
 LONG = "the " * 300
-BAD = [  # (raw body, status, param)
+BAD = {"/v1/chat/completions": [  # (raw body, status, param)
     (b"{not json", 400, None),
     (b"[1, 2]", 400, None),
     (b'{"messages": "hello"}', 400, "messages"),
@@ -257,21 +257,7 @@ BAD = [  # (raw body, status, param)
     (json.dumps({"messages": [{"role": "user", "content": LONG}]}).encode(), 400, "messages"),
     (b"[" * 100000 + b"]" * 100000, 400, None),
     (b"x" * (1 << 21), 413, None),
-]
-
-
-@pytest.mark.parametrize("raw,status,param", BAD, ids=[f"{i}" for i in range(len(BAD))])
-def test_bad_requests_get_openai_errors(server, raw, status, param):
-    got, _, body = post_json(server.url, "/v1/chat/completions", raw)
-    assert got == status, body
-    error = body["error"]
-    assert error["message"] and error["type"] == "invalid_request_error" and error["param"] == param
-    ok, _, _ = post_json(server.url, "/v1/chat/completions",
-                         {"messages": [{"role": "user", "content": "the"}], "max_tokens": 2})
-    assert ok == 200  # still serving
-
-
-BAD_COMPLETIONS = [  # /v1/completions: (raw body, status, param)
+], "/v1/completions": [
     (b"{not json", 400, None),
     (b'{"max_tokens": 4}', 400, "prompt"),
     (b'{"prompt": 7}', 400, "prompt"),
@@ -283,15 +269,19 @@ BAD_COMPLETIONS = [  # /v1/completions: (raw body, status, param)
     (b'{"prompt": "the", "model": "llama"}', 404, "model"),
     (b'{"prompt": "\\udfff"}', 400, "prompt"),
     (json.dumps({"prompt": LONG}).encode(), 400, "prompt"),
-]
+]}
 
 
-@pytest.mark.parametrize("raw,status,param", BAD_COMPLETIONS, ids=[f"{i}" for i in range(len(BAD_COMPLETIONS))])
-def test_bad_completion_requests_get_openai_errors(server, raw, status, param):
-    got, _, body = post_json(server.url, "/v1/completions", raw)
+@pytest.mark.parametrize("path,raw,status,param", [(path, *case) for path, cases in BAD.items() for case in cases],
+                         ids=[f"{path.rsplit('/', 1)[1]}-{i}" for path, cases in BAD.items() for i in range(len(cases))])
+def test_bad_requests_get_openai_errors(server, path, raw, status, param):
+    got, _, body = post_json(server.url, path, raw)
     assert got == status, body
     error = body["error"]
     assert error["message"] and error["type"] == "invalid_request_error" and error["param"] == param
+    ok, _, _ = post_json(server.url, "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": "the"}], "max_tokens": 2})
+    assert ok == 200  # still serving
 
 
 def test_bad_requests_through_the_client(server):
