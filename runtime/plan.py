@@ -39,6 +39,7 @@ from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
 from rkc.ir.npu import geometry
+from rkc.runtime import blas
 from rkc.runtime.device import Job, Task
 from rkc.runtime.execute import from_layout, to_layout
 
@@ -360,8 +361,9 @@ class ProgramPlan:
                 bt.writer()(value)
                 self.device.finish_cpu_access(bo)
             slots[i] = value
-        for call in self.calls:
-            call()
+        with blas.one_thread():  # host kernels' rule (runtime/blas.py)
+            for call in self.calls:
+                call()
         return [slots[i] for i in self.output_slots]
 
     def profile(self, feeds: Sequence[np.ndarray], seconds: dict[str, float], calls: dict[str, int],
@@ -373,12 +375,13 @@ class ProgramPlan:
             slots[i] = value
         if any(self._bo_tensors.get(n) for n in self.program.inputs):
             return self.run(feeds)
-        for call in self.calls:
-            t = clock()
-            call()
-            label = getattr(call, "label", "?")
-            seconds[label] = seconds.get(label, 0.0) + clock() - t
-            calls[label] = calls.get(label, 0) + 1
+        with blas.one_thread():
+            for call in self.calls:
+                t = clock()
+                call()
+                label = getattr(call, "label", "?")
+                seconds[label] = seconds.get(label, 0.0) + clock() - t
+                calls[label] = calls.get(label, 0) + 1
         return [slots[i] for i in self.output_slots]
 
     @property
