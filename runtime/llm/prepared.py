@@ -17,7 +17,7 @@ import numpy as np
 from rkc.ir.errors import FormatError
 from rkc.ir.program import Step
 from rkc.runtime.constants import constant_bytes
-from rkc.runtime.kernels.hadamard import unrotate
+from rkc.runtime.kernels.hadamard import RowRotation, unrotate
 from rkc.runtime.llm.kernels import packed_view, rotation_of
 
 Prepared = Callable[[list], list]
@@ -159,6 +159,8 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
 
 
 def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
+    """As kernels.dequantize_rows, the float64 products done in one reused
+    buffer (int32 -> float64 inside the first multiply: the same values)."""
     if int(step.attrs.get("partials", 1)) != 1:
         return None  # K split into partial sums: the general kernel (kernels.dequantize_rows) adds them
     ch = consts[2]
@@ -166,14 +168,49 @@ def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
         return None
     ch64 = ch.astype(np.float64)[None, :]
     bias = consts[3] if len(consts) > 3 else None
-    f64 = np.float64
+    f64, mul, empty = np.float64, np.multiply, np.empty
+    wide: dict = {}  # accumulator shape -> its float64 buffer
 
     def run(inputs):
         acc, row_scale = inputs[0], inputs[1]
-        y = acc.astype(f64) * row_scale.astype(f64)[:, None] * ch64
+        y = wide.get(acc.shape)
+        if y is None:
+            y = wide[acc.shape] = empty(acc.shape, f64)
+        mul(acc, row_scale.astype(f64)[:, None], out=y)
+        mul(y, ch64, out=y)
         if bias is not None:
             y += bias
-        return [y.astype(F32)]
+        out = empty(acc.shape, F32)  # a new array: it may be the program's output
+        out[...] = y
+        return [out]
+    return run
+
+
+def quantize_rows(step: Step, consts: list, state) -> Prepared | None:
+    """As kernels.quantize_rows_kernel (weights.quantize_rows): the rotation
+    through a RowRotation and the rounding in buffers made once per row count."""
+    if any(c is None for c in consts[1:]):
+        return None
+    rot = rotation_of(step.attrs, consts[1:])
+    prepared: dict = {}  # rows -> (rotation or None, float32 work buffer)
+    absolute, divide, rint, clip, where, empty = np.abs, np.divide, np.rint, np.clip, np.where, np.empty
+
+    def run(inputs):
+        x = np.asarray(inputs[0], F32)
+        p = prepared.get(x.shape)
+        if p is None:
+            p = prepared[x.shape] = (None if rot is None else RowRotation(rot, len(x)), empty(x.shape, F32))
+        rotation, t = p
+        if rotation is not None:
+            x = rotation(x)
+        amax = absolute(x, out=t).max(axis=-1)
+        scale = where(amax > 0, amax / 127.0, 1.0).astype(F32)
+        divide(x, scale[:, None], out=t)
+        rint(t, out=t)
+        clip(t, -127, 127, out=t)
+        q = empty(x.shape, np.int8)
+        q[...] = t
+        return [q, scale]
     return run
 
 
@@ -207,6 +244,6 @@ def _scale(step):
 
 BINDERS: dict[str, Callable[[Step, list, Any], Prepared | None]] = {
     "RMSNorm": rms_norm, "RoPE": rope, "Attention": attention, "GatherPacked": gather_packed,
-    "DequantizeRows": dequantize_rows, "GeluTanh": _elementwise(_gelu), "SiLU": _elementwise(_silu),
+    "DequantizeRows": dequantize_rows, "QuantizeRows": quantize_rows, "GeluTanh": _elementwise(_gelu), "SiLU": _elementwise(_silu),
     "Scale": _elementwise(_scale),
 }
