@@ -39,7 +39,7 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
         return None
     w = _dense(weight)
     eps = F32(step.attrs["epsilon"])
-    add_reduce, divide, sqrt, multiply, empty = np.add.reduce, np.true_divide, np.sqrt, np.multiply, np.empty
+    add_reduce, divide, sqrt, multiply, empty_like = np.add.reduce, np.true_divide, np.sqrt, np.multiply, np.empty_like
     count = np.intp(w.shape[-1])
 
     def run(inputs):
@@ -49,7 +49,7 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
         divide(ms, count, out=ms, casting="unsafe")
         ms += eps
         sqrt(ms, out=ms)
-        out = empty(x.shape, F32)
+        out = empty_like(x)  # in x's memory order, as the plain kernel's result: later sums follow it
         divide(x, ms, out=out)
         multiply(out, w, out=out)
         return [out]
@@ -179,19 +179,20 @@ def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
         return None
     ch64 = ch.astype(np.float64)[None, :]
     bias = consts[3] if len(consts) > 3 else None
-    f64, mul, empty = np.float64, np.multiply, np.empty
-    wide: dict = {}  # accumulator shape -> its float64 buffer
+    f64, mul, empty_like = np.float64, np.multiply, np.empty_like
+    wide: dict = {}  # (accumulator shape, strides) -> its float64 buffer, in its memory order
 
     def run(inputs):
         acc, row_scale = inputs[0], inputs[1]
-        y = wide.get(acc.shape)
+        key = (acc.shape, acc.strides)
+        y = wide.get(key)
         if y is None:
-            y = wide[acc.shape] = empty(acc.shape, f64)
+            y = wide[key] = empty_like(acc, f64)
         mul(acc, row_scale.astype(f64)[:, None], out=y)
         mul(y, ch64, out=y)
         if bias is not None:
             y += bias
-        out = empty(acc.shape, F32)  # a new array: it may be the program's output
+        out = empty_like(acc, F32)  # a new array (it may be the program's output), in acc's order
         out[...] = y
         return [out]
     return run
