@@ -27,11 +27,11 @@ from rkc.ir.program import Program
 
 HARD, MOVABLE, EDGE, FREE = "hard", "movable", "edge", "free"
 
-# op -> (boundary, why); see the module docstring for the three kinds
+_LOOKUP = (HARD, "embedding lookup by token id (an indexed row read, no NPU op)")
+
+# op -> (boundary, why); see the module docstring for the kinds
 WHY_ON_CPU: dict[str, tuple[str, str]] = {
-    "GatherPacked": (HARD, "embedding lookup by token id (an indexed row read, no NPU op)"),
-    "GatherRows": (HARD, "embedding lookup by token id (an indexed row read, no NPU op)"),
-    "Gather": (HARD, "embedding lookup by token id (an indexed row read, no NPU op)"),
+    "GatherPacked": _LOOKUP, "GatherRows": _LOOKUP, "Gather": _LOOKUP,
     "Attention": (HARD, "reads and appends the KV cache; softmax needs a row max and sum "
                         "(no public on-NPU recipe; measured data-movement-bound where tried)"),
     "RMSNorm": (HARD, "mean of squares over the row: a reduction across channels (BS/BN are per channel)"),
