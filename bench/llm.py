@@ -12,6 +12,7 @@ time per token (slow: seconds per Gemma token). Prints a table, and with
     python bench/llm.py [--precision int8 fp16] [--tokens 16] [--positions 16 512] [--json]
     python bench/llm.py --workdir /tmp/rk  # keep the compiled rkbins there and reuse them
     python bench/llm.py --gguf other.gguf --profile
+    python bench/llm.py --host-costs costs.json  # per-step host costs for rkc inspect --host-costs
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
 from rkc.compiler.llm.report import MODEL, figures
 from rkc.compiler.probe.dram import bandwidth_from
+from rkc.ir.atomic import write_atomic
 from rkc.runtime.llm.engine import LlmEngine
 
 PROMPT_TOKEN = 1000  # the token fed at every decode step (host cost does not depend on it)
@@ -160,6 +162,17 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
     return row
 
 
+def write_host_costs(path: Path, gguf: Path, rows: list[dict], position: int) -> None:
+    """What compiler/llm/cpu_work.py reads: per precision, host us per call of
+    each decode step kind (profiled at `position`) and the faster llama.cpp
+    decode there."""
+    costs = {r["precision"]: {"position": position,
+                              "us_per_call": {p["step"]: p["us_per_call"] for p in r["decode_profile"]},
+                              "cpu_decode_s": min(t[str(position)] for t in r["llama_cpp_s_per_decode_token"].values())}
+             for r in rows}
+    write_atomic(path, json.dumps({"model": gguf.name, "host_costs": costs}, indent=1) + "\n")
+
+
 def sim_decode(path: Path, tokens: int) -> float:
     """Wall seconds per decode token on the simulator (NPU steps simulated)."""
     engine = LlmEngine(path, device="sim")
@@ -186,6 +199,9 @@ def main() -> None:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: CPU seconds of this process (for a machine shared with other work)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--host-costs", type=Path, metavar="FILE",
+                    help="write the host us per call of each decode step kind and llama.cpp's decode time "
+                         "(for rkc inspect --host-costs)")
     ap.add_argument("--dram-gbps", metavar="GBPS|PROBE.json",
                     help="model with this DRAM bandwidth: GB/s, or a report of rkc probe --dram")
     args = ap.parse_args()
@@ -201,6 +217,8 @@ def main() -> None:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         rows = [bench(gguf, p, args, workdir) for p in args.precision]
+    if args.host_costs:
+        write_host_costs(args.host_costs, gguf, rows, args.positions[0])
     if args.json:
         print(json.dumps({"model": gguf.name, "dram_bytes_per_s": args.perf_model.dram_bytes_per_s,
                           "dram_source": dram_source, "results": rows}, indent=1, default=float))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -147,3 +147,11 @@ class Device(ABC):
     def run(self, jobs: Sequence[Job], chained: bool = False, timeout_s: float = 5.0) -> None:
         """Submit and wait."""
         self.wait(self.submit(jobs, chained), timeout_s)
+
+    def prepare_submit(self, jobs: Sequence[Job], chained: bool = False) -> Callable[[], None]:
+        """A function that submits `jobs` and waits for them, for a program that
+        runs the same jobs every time (runtime/plan.py builds one per NPU step
+        at load). A device may check at preparation what cannot change between
+        calls; this default does all the work per call, looking `submit` and
+        `wait` up each time (a wrapped device method is honoured)."""
+        return lambda: self.wait(self.submit(jobs, chained))

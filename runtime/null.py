@@ -12,7 +12,7 @@ is writable only between prepare_cpu_access and finish_cpu_access."""
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -39,6 +39,7 @@ class NullDevice(Device):
         self._live: dict[int, BufferObject] = {}  # handle -> BO
         self._next_iova = PAGE  # IOVA 0 stays unmapped: a zero address is never a BO's
         self._next_handle = 1
+        self._frees = 0  # BOs freed so far: a prepared submit whose BOs were all live stays valid while this holds
 
     # -- buffers ----------------------------------------------------------------
     def create_bo(self, size: int) -> BufferObject:
@@ -58,6 +59,7 @@ class NullDevice(Device):
 
     def free_bo(self, bo: BufferObject) -> None:
         i = self._index(bo)
+        self._frees += 1
         del self._starts[i], self._bos[i]
         del self._live[bo.handle]
         self._held.discard(bo.handle)
@@ -84,9 +86,17 @@ class NullDevice(Device):
 
     # -- execution --------------------------------------------------------------
     def submit(self, jobs: Sequence[Job], chained: bool = False) -> Submission:
+        self._check(jobs, chained)
+        self._count(len(jobs), sum(len(job.tasks) for job in jobs), chained)
+        sub = Submission(jobs)
+        sub.done = True
+        return sub
+
+    def _check(self, jobs: Sequence[Job], chained: bool, held: set | frozenset | None = None) -> None:
+        """What no device accepts; `held`: the BOs the CPU holds (default: now)."""
         if chained and not self.supports_chaining:
             raise NullDeviceError("chained submission on a device without chaining")
-        live, held, n_tasks = self._live, self._held, 0
+        live, held = self._live, self._held if held is None else held
         for j, job in enumerate(jobs):
             for bo in (*job.in_bos, *job.out_bos):
                 if live.get(bo.handle) is not bo:
@@ -97,15 +107,35 @@ class NullDevice(Device):
                 raise NullDeviceError(f"job {job.label or j}: lane {job.lane} (the device has {self.lanes})")
             for task in job.tasks:
                 self._check_task(job.label or str(j), task.regcmd_iova, task.regcmd_count)
-            n_tasks += len(job.tasks)
+
+    def _count(self, jobs: int, tasks: int, chained: bool) -> None:
         c = self._counters
         c.submits += 1
-        c.jobs += len(jobs)
-        c.tasks += n_tasks
-        c.kicks += len(jobs) if chained else n_tasks
-        sub = Submission(jobs)
-        sub.done = True
-        return sub
+        c.jobs += jobs
+        c.tasks += tasks
+        c.kicks += jobs if chained else tasks
+
+    def prepare_submit(self, jobs: Sequence[Job], chained: bool = False) -> Callable[[], None]:
+        """`submit` + `wait` with the checks that cannot change between calls
+        made once, here (chaining, lanes, every BO live, every task's regcmd
+        inside a live BO). Per call: no BO freed since (so all those still
+        hold) and none of the jobs' BOs held by the CPU; otherwise the call goes
+        through `submit`, which names what is wrong. (A plan prepares its submits
+        while it holds every BO: holding is checked per call only.)"""
+        try:
+            self._check(jobs, chained, held=frozenset())
+        except NullDeviceError:  # refused when it is run, as `submit` refuses it
+            return super().prepare_submit(jobs, chained)
+        handles = frozenset(bo.handle for job in jobs for bo in (*job.in_bos, *job.out_bos))
+        frees, held, count = self._frees, self._held, self._count
+        n_jobs, n_tasks = len(jobs), sum(len(job.tasks) for job in jobs)
+
+        def run() -> None:
+            if self._frees != frees or not handles.isdisjoint(held):
+                self.submit(jobs, chained)
+                return
+            count(n_jobs, n_tasks, chained)
+        return run
 
     def _check_task(self, label: str, iova: int, count: int) -> None:
         i = bisect.bisect_right(self._starts, iova) - 1

@@ -39,6 +39,7 @@ from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
 from rkc.ir.npu import geometry
+from rkc.runtime import blas
 from rkc.runtime.device import Job, Task
 from rkc.runtime.execute import from_layout, to_layout
 
@@ -267,11 +268,13 @@ class ProgramPlan:
         slots = self.slots
         getters: list[Callable[[], Any]] = []
         consts: list = []
+        from_slots: list[int | None] = []  # per input: its slot when read straight from one
         cast_edge = (step.op == "Cast" and len(step.inputs) == 1 and len(step.outputs) == 1)
         for name in step.inputs:
             if not name:
                 getters.append(lambda: None)
                 consts.append(None)
+                from_slots.append(None)
                 continue
             i = self._slot(name)
             bt = self._bo_tensor(name)
@@ -285,12 +288,46 @@ class ProgramPlan:
             else:
                 getters.append(_slot_getter(slots, i))
                 consts.append(slots[i])
+                from_slots.append(i)
+                continue
+            from_slots.append(None)
         if cast_edge and _float_cast(self._in_dtype(step.inputs[0]), step):
             out = self._bo_tensor(step.outputs[0])
             if out is not None:  # the writer does the Cast, straight into the BO
                 return self._store_call(step.outputs[0], getters[0], None, outputs, bos)
         kernel = bind(step, consts)
+        fast = self._slots_call(step, from_slots, kernel)
+        if fast is not None:
+            return fast
         return self._store_call(step.outputs, getters, kernel, outputs, bos, step)
+
+    def _slots_call(self, step: Step, from_slots: list, kernel) -> Callable[[], None] | None:
+        """The call of an unchecked kernel whose inputs and single output are
+        all plain slots (no BO, no missing input): the slots indexed directly,
+        with no getter or store functions between (most LLM CPU steps)."""
+        if step.op not in self.unchecked or len(step.outputs) != 1 or None in from_slots:
+            return None
+        name = step.outputs[0]
+        if self._bo_tensor(name) is not None:
+            return None
+        slots, o, label = self.slots, self._slot(name), step.name
+        if len(from_slots) == 1:
+            (a,) = from_slots
+
+            def call1():
+                out = kernel([slots[a]])
+                if not out:
+                    raise RkcError(f"step {label!r}: kernel gave no output")
+                slots[o] = out[0]
+            return call1
+        ins = tuple(from_slots)
+
+        def call():
+            out = kernel([slots[i] for i in ins])
+            if not out:
+                raise RkcError(f"step {label!r}: kernel gave no output")
+            slots[o] = out[0]
+        return call
 
     def _in_dtype(self, name: str):
         info = self.model.tensors.get(name)
@@ -338,10 +375,11 @@ class ProgramPlan:
         device = self.device
         chained = bool(step.chained and device.supports_chaining)
         spent, clock = self.npu_seconds, time.perf_counter
+        submit = device.prepare_submit(jobs, chained)  # what the device can check once, checked now
 
-        def call():  # submit and wait looked up per call: a wrapped device method is honoured
+        def call():
             t = clock()
-            device.wait(device.submit(jobs, chained))
+            submit()
             spent[0] += clock() - t
         call.npu = True
         call.label = "NPU submit"
@@ -360,8 +398,9 @@ class ProgramPlan:
                 bt.writer()(value)
                 self.device.finish_cpu_access(bo)
             slots[i] = value
-        for call in self.calls:
-            call()
+        with blas.one_thread():  # host kernels' rule (runtime/blas.py)
+            for call in self.calls:
+                call()
         return [slots[i] for i in self.output_slots]
 
     def profile(self, feeds: Sequence[np.ndarray], seconds: dict[str, float], calls: dict[str, int],
@@ -373,12 +412,13 @@ class ProgramPlan:
             slots[i] = value
         if any(self._bo_tensors.get(n) for n in self.program.inputs):
             return self.run(feeds)
-        for call in self.calls:
-            t = clock()
-            call()
-            label = getattr(call, "label", "?")
-            seconds[label] = seconds.get(label, 0.0) + clock() - t
-            calls[label] = calls.get(label, 0) + 1
+        with blas.one_thread():
+            for call in self.calls:
+                t = clock()
+                call()
+                label = getattr(call, "label", "?")
+                seconds[label] = seconds.get(label, 0.0) + clock() - t
+                calls[label] = calls.get(label, 0) + 1
         return [slots[i] for i in self.output_slots]
 
     @property

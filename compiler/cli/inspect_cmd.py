@@ -33,9 +33,12 @@ from rkc.ir.rkbin import read_rkbin
 @click.option("--dram-gbps", metavar="GBPS|PROBE.json",
               help="Model with this DRAM bandwidth: GB/s, or a report of `rkc probe --dram` (default: the "
                    "performance model's, ir/npu/hw.py).")
+@click.option("--host-costs", "host_costs", type=click.Path(dir_okay=False),
+              help="LLMs: host costs measured by bench/llm.py --host-costs; says whether the NPU decode "
+                   "beats llama.cpp's CPU decode once they are paid.")
 def inspect_command(model: str, dot_path: str | None, svg_path: str | None, png_path: str | None,
                     csv_path: str | None, program: str | None, full: bool, as_json: bool,
-                    json_path: str | None, dram_gbps: str | None) -> None:
+                    json_path: str | None, dram_gbps: str | None, host_costs: str | None) -> None:
     """Summarise MODEL: segments, ops per device, tasks and kicks, weight and
     activation bytes, modelled NPU time (LLMs: per decode token and prefill chunk)."""
     perf = PerfModel()
@@ -60,9 +63,11 @@ def inspect_command(model: str, dot_path: str | None, svg_path: str | None, png_
             click.echo(text)
             return
     if llm:
+        from rkc.compiler.llm.cpu_work import load_host_costs
         from rkc.compiler.llm.report import summary_lines
 
-        for line in summary_lines(module, perf):
+        costs = load_host_costs(host_costs, module.metadata.get("precision", "?")) if host_costs else None
+        for line in summary_lines(module, perf, costs):
             click.echo(line)
     else:
         for line in summary(module, perf):

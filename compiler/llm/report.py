@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
+from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines
 from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
 from rkc.ir.program import Module, Program
@@ -128,7 +129,9 @@ def quantization_lines(q: dict) -> list[str]:
     return lines
 
 
-def summary_lines(module: Module, model: PerfModel = MODEL) -> list[str]:
+def summary_lines(module: Module, model: PerfModel = MODEL, host_costs: HostCosts | None = None) -> list[str]:
+    """`rkc inspect`'s text; with measured host costs (bench/llm.py --host-costs),
+    the projected decode against llama.cpp's CPU decode."""
     fig = figures(module, model)
     d = fig["decode"]
     tasks, ddr = d["tasks_per_token"], d["ddr_bytes_per_token"]
@@ -153,4 +156,5 @@ def summary_lines(module: Module, model: PerfModel = MODEL) -> list[str]:
     for key, row in d["per_layer"].items():
         lines.append(f"  {key:9s} {' | '.join(row['segments']):40s} {row['tasks']:4d} / {row['kicks']:4d} / "
                      f"{row['ddr_bytes'] / 1e6:7.2f} MB / {row['npu_us']:8.1f} us")
+    lines += cpu_lines(module.program(DECODE), d["modelled_npu_s"], host_costs)
     return lines

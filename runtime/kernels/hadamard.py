@@ -38,19 +38,67 @@ class Rotation:
         return int(self.signs.size)
 
 
+def _butterflies(a: np.ndarray, b: np.ndarray) -> tuple[list, np.ndarray]:
+    """The stages of the transform over the last axis of `a` [rows, n], as
+    (src even, src odd, dst even, dst odd) views ping-ponging between a and b.
+
+    Each stage adds and subtracts neighbours (even = sum, odd = difference)
+    and writes the sums to the first half of its output, the differences to
+    the second (Stockham's self-sorting order): the element pairs, values and
+    stage order of the in-place transform that pairs i with i + 1, then 2, 4,
+    ..., so the same bits, but every stage runs over rows of n/2 elements
+    (the in-place form's first stages iterate over runs of 1, 2, 4 ...)."""
+    rows, n = a.shape
+    stages, src, dst, h = [], a, b, 1
+    while h < n:
+        s, d = src.reshape(rows, n // 2, 2), dst.reshape(rows, 2, n // 2)
+        stages.append((s[:, :, 0], s[:, :, 1], d[:, 0], d[:, 1]))
+        src, dst, h = dst, src, 2 * h
+    return stages, src
+
+
+def _run_butterflies(stages: list) -> None:
+    add, sub = np.add, np.subtract
+    for s0, s1, d0, d1 in stages:
+        add(s0, s1, out=d0)
+        sub(s0, s1, out=d1)
+
+
 def fwht(x: np.ndarray) -> np.ndarray:
     """Orthonormal Walsh-Hadamard transform over the last axis (a power of two)."""
     n = x.shape[-1]
-    lead = x.shape[:-1]
-    y = np.array(x, copy=True)
-    h = 1
-    while h < n:
-        v = y.reshape(*lead, n // (2 * h), 2, h)
-        a = v[..., 0, :].copy()
-        v[..., 0, :] += v[..., 1, :]
-        v[..., 1, :] = a - v[..., 1, :]
-        h *= 2
-    return y * y.dtype.type(1.0 / np.sqrt(n))
+    a = np.array(x, copy=True).reshape(-1, n)
+    stages, last = _butterflies(a, np.empty_like(a))
+    _run_butterflies(stages)
+    last *= last.dtype.type(1.0 / np.sqrt(n))
+    return last.reshape(x.shape)
+
+
+class RowRotation:
+    """`rotate` for one shape of float32 rows [rows, K], its buffers and views
+    made once (a prepared QuantizeRows calls it per token): the same
+    arithmetic in the same order, so the same bits. Returns its own buffer."""
+
+    def __init__(self, rot: Rotation, rows: int) -> None:
+        k, n = rot.size, rot.block
+        f32 = np.float32
+        self.signs = rot.signs.astype(f32)
+        self.first = np.empty((rows, k), f32)
+        self.stages, last = _butterflies(self.first.reshape(-1, n), np.empty((rows * (k // n), n), f32))
+        self.last = last.reshape(rows, k // n, n)
+        self.norm = f32(1.0 / np.sqrt(n))
+        self.factor = None if rot.factor is None else rot.factor.astype(f32)
+        self.mixed = None if rot.factor is None else np.empty((rows, k // n, n), f32)
+        self.shape = (rows, k)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        np.multiply(x, self.signs, out=self.first)
+        _run_butterflies(self.stages)
+        np.multiply(self.last, self.norm, out=self.last)
+        if self.factor is None:
+            return self.last.reshape(self.shape)
+        np.matmul(self.factor, self.last, out=self.mixed)  # F mixes the blocks
+        return self.mixed.reshape(self.shape)
 
 
 def rotate(x: np.ndarray, rot: Rotation) -> np.ndarray:

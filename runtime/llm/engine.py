@@ -16,6 +16,7 @@ from rkc.ir.errors import FormatError
 from rkc.ir.llm import LlmConfig, LlmProgram, choose_program, programs_in
 from rkc.ir.program import Step
 from rkc.ir.rkbin import Rkbin, read_rkbin
+from rkc.runtime import blas
 from rkc.runtime.execute import _Run
 from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 from rkc.runtime.llm.kvcache import KVCache
@@ -144,13 +145,19 @@ class LlmEngine:
                         cache: KVCache) -> np.ndarray:
         """`run` through the step-by-step interpreter (runtime/execute.py): the
         reference the prepared plans are checked against."""
-        import time
-
         prog = self.programs[program]
         valid, feeds = self._feeds(program, tokens, positions)
         run = _LlmRun(self.model, prog, LlmState(cache, self.model, valid))
         for name, value in feeds.items():
             run.write(name, value)
+        with blas.one_thread():  # as the plans run host kernels (runtime/blas.py)
+            self._interpret(run, prog)
+        logits = np.asarray(run.read(prog.outputs[0]))
+        return logits if logits.shape[0] == 1 else logits[:valid]
+
+    def _interpret(self, run: _LlmRun, prog) -> None:
+        import time
+
         for i, step in enumerate(prog.steps):
             t = time.perf_counter()
             if step.kind == "cpu":
@@ -161,8 +168,6 @@ class LlmEngine:
                 self.times.npu_s += time.perf_counter() - t
                 self.times.submits += 1
             run.free_dead(i)
-        logits = np.asarray(run.read(prog.outputs[0]))
-        return logits if logits.shape[0] == 1 else logits[:valid]
 
     def close(self) -> None:
         self.model.close()

@@ -17,7 +17,7 @@ import numpy as np
 from rkc.ir.errors import FormatError
 from rkc.ir.program import Step
 from rkc.runtime.constants import constant_bytes
-from rkc.runtime.kernels.hadamard import unrotate
+from rkc.runtime.kernels.hadamard import RowRotation, unrotate
 from rkc.runtime.llm.kernels import packed_view, rotation_of
 
 Prepared = Callable[[list], list]
@@ -31,17 +31,28 @@ def _dense(w):
 
 
 def rms_norm(step: Step, consts: list, state) -> Prepared | None:
+    """As kernels.rms_norm, with np.mean's own steps called directly (its
+    float32 sum over the last axis, then a true divide by the count as an
+    intp, as numpy's _mean does): the same bits without its Python layers."""
     weight = consts[1]
     if weight is None:
         return None
     w = _dense(weight)
     eps = F32(step.attrs["epsilon"])
-    mean, sqrt = np.mean, np.sqrt
+    add_reduce, divide, sqrt, multiply, empty_like = np.add.reduce, np.true_divide, np.sqrt, np.multiply, np.empty_like
+    count = np.intp(w.shape[-1])
 
     def run(inputs):
         x = inputs[0].astype(F32, copy=False)
-        ms = mean(x * x, axis=-1, keepdims=True, dtype=F32)
-        return [(x / sqrt(ms + eps) * w).astype(F32, copy=False)]
+        sq = x * x
+        ms = add_reduce(sq, axis=-1, dtype=F32, keepdims=True)
+        divide(ms, count, out=ms, casting="unsafe")
+        ms += eps
+        sqrt(ms, out=ms)
+        out = empty_like(x)  # in x's memory order, as the plain kernel's result: later sums follow it
+        divide(x, ms, out=out)
+        multiply(out, w, out=out)
+        return [out]
     return run
 
 
@@ -159,6 +170,8 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
 
 
 def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
+    """As kernels.dequantize_rows, the float64 products done in one reused
+    buffer (int32 -> float64 inside the first multiply: the same values)."""
     if int(step.attrs.get("partials", 1)) != 1:
         return None  # K split into partial sums: the general kernel (kernels.dequantize_rows) adds them
     ch = consts[2]
@@ -166,14 +179,50 @@ def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
         return None
     ch64 = ch.astype(np.float64)[None, :]
     bias = consts[3] if len(consts) > 3 else None
-    f64 = np.float64
+    f64, mul, empty_like = np.float64, np.multiply, np.empty_like
+    wide: dict = {}  # (accumulator shape, strides) -> its float64 buffer, in its memory order
 
     def run(inputs):
         acc, row_scale = inputs[0], inputs[1]
-        y = acc.astype(f64) * row_scale.astype(f64)[:, None] * ch64
+        key = (acc.shape, acc.strides)
+        y = wide.get(key)
+        if y is None:
+            y = wide[key] = empty_like(acc, f64)
+        mul(acc, row_scale.astype(f64)[:, None], out=y)
+        mul(y, ch64, out=y)
         if bias is not None:
             y += bias
-        return [y.astype(F32)]
+        out = empty_like(acc, F32)  # a new array (it may be the program's output), in acc's order
+        out[...] = y
+        return [out]
+    return run
+
+
+def quantize_rows(step: Step, consts: list, state) -> Prepared | None:
+    """As kernels.quantize_rows_kernel (weights.quantize_rows): the rotation
+    through a RowRotation and the rounding in buffers made once per row count."""
+    if any(c is None for c in consts[1:]):
+        return None
+    rot = rotation_of(step.attrs, consts[1:])
+    prepared: dict = {}  # rows -> (rotation or None, float32 work buffer)
+    absolute, divide, rint, clip, where, empty = np.abs, np.divide, np.rint, np.clip, np.where, np.empty
+
+    def run(inputs):
+        x = np.asarray(inputs[0], F32)
+        p = prepared.get(x.shape)
+        if p is None:
+            p = prepared[x.shape] = (None if rot is None else RowRotation(rot, len(x)), empty(x.shape, F32))
+        rotation, t = p
+        if rotation is not None:
+            x = rotation(x)
+        amax = absolute(x, out=t).max(axis=-1)
+        scale = where(amax > 0, amax / 127.0, 1.0).astype(F32)
+        divide(x, scale[:, None], out=t)
+        rint(t, out=t)
+        clip(t, -127, 127, out=t)
+        q = empty(x.shape, np.int8)
+        q[...] = t
+        return [q, scale]
     return run
 
 
@@ -207,6 +256,6 @@ def _scale(step):
 
 BINDERS: dict[str, Callable[[Step, list, Any], Prepared | None]] = {
     "RMSNorm": rms_norm, "RoPE": rope, "Attention": attention, "GatherPacked": gather_packed,
-    "DequantizeRows": dequantize_rows, "GeluTanh": _elementwise(_gelu), "SiLU": _elementwise(_silu),
+    "DequantizeRows": dequantize_rows, "QuantizeRows": quantize_rows, "GeluTanh": _elementwise(_gelu), "SiLU": _elementwise(_silu),
     "Scale": _elementwise(_scale),
 }

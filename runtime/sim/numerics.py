@@ -8,12 +8,11 @@ gregordinary/rockchip-npu-notes encodings/precision-field.md).
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
+
+from rkc.runtime import blas
 
 
 @dataclass(frozen=True)
@@ -168,11 +167,6 @@ SINGLE_THREAD_MACS = 16 << 20
 WIDE_COLS = 64  # an exact product with fewer output columns stays on one thread
 
 
-@lru_cache(maxsize=1)
-def _blas() -> ThreadpoolController:
-    return ThreadpoolController()
-
-
 def blas_threads_for(macs: int, cols: int = 0, order_free: bool = False):
     """Context for one matrix product of `macs` multiply-adds producing `cols`
     columns per row.
@@ -185,8 +179,8 @@ def blas_threads_for(macs: int, cols: int = 0, order_free: bool = False):
     core (BLAS threads spinning for a busy core): both measured several-fold
     slower on two threads on the 2-core development machine."""
     if macs >= SINGLE_THREAD_MACS and not (order_free and (cols < WIDE_COLS or _machine_busy())):
-        return nullcontext()
-    return _blas().limit(limits=1, user_api="blas")
+        return blas.threads()  # the default pool, named: not whatever the caller set
+    return blas.one_thread()
 
 
 def _machine_busy() -> bool:

@@ -53,3 +53,57 @@ def test_plan_outputs_survive_the_next_run(synth_rkbin):
     kept = first.copy()
     engine.run("decode", np.asarray([9], np.int32), np.asarray([1], np.int32), cache)
     np.testing.assert_array_equal(first, kept)
+
+
+def _step(op, n_in, attrs):
+    from rkc.ir.program import Step
+
+    return Step(kind="cpu", name=op.lower(), op=op, inputs=[f"i{j}" for j in range(n_in)], outputs=["o", "s"],
+                attrs=attrs)
+
+
+@pytest.mark.parametrize("k,kind", [(64, "kron"), (640, "kron"), (896, "kron"), (640, "block"), (2048, "kron")])
+@pytest.mark.parametrize("rows", [1, 32])
+def test_prepared_quantize_rows_is_the_kernel(k, kind, rows):
+    """The prepared QuantizeRows (RowRotation, reused buffers) against the
+    plain kernel, bit for bit: rotations with and without a block-mixing
+    factor, one row and a chunk, called twice (its buffers are reused)."""
+    from rkc.runtime.kernels.hadamard import make_rotation
+    from rkc.runtime.llm import kernels, prepared
+
+    rot = make_rotation(k, kind)
+    consts = [rot.signs] + ([rot.factor] if rot.factor is not None else [])
+    attrs = {"rotation": "hadamard", "block": rot.block}
+    run = prepared.quantize_rows(_step("QuantizeRows", 1 + len(consts), attrs), [None, *consts], None)
+    rng = np.random.default_rng(k + rows)
+    for scale in (1e-3, 40.0):
+        x = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+        x[0, :] = 0 if rows > 1 else x[0, :]  # an all-zero row: scale 1
+        got, want = run([x, *consts]), kernels.quantize_rows_kernel([x, *consts], attrs, None)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("order", ["C", "F", "strided"])
+def test_prepared_norm_and_dequantize_are_the_kernels(order):
+    """Prepared RMSNorm and DequantizeRows against the plain kernels, bit for
+    bit and in the same memory order (later sums follow it), for row-major,
+    column-major (as a plan reads an NPU output) and strided inputs."""
+    from rkc.runtime.llm import kernels, prepared
+
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal((8, 2 * 640)).astype(np.float32) * 30
+    x = {"C": np.ascontiguousarray(base[:, :640]), "F": np.asfortranarray(base[:, :640]), "strided": base[:, ::2]}[order]
+    w = rng.standard_normal(640).astype(np.float32)
+    norm = prepared.rms_norm(_step("RMSNorm", 2, {"epsilon": 1e-6}), [None, w], None)
+    got, want = norm([x, w])[0], kernels.rms_norm([x, w], {"epsilon": 1e-6}, None)[0]
+    np.testing.assert_array_equal(got, want)
+    assert got.flags.c_contiguous == want.flags.c_contiguous and got.flags.f_contiguous == want.flags.f_contiguous
+    acc = (x * 1000).astype(np.int32)
+    row_scale, ch, bias = rng.random(8).astype(np.float32), rng.random(640).astype(np.float32), w
+    deq = prepared.dequantize_rows(_step("DequantizeRows", 4, {}), [None, None, ch, bias], None)
+    for _ in range(2):  # the float64 buffer is reused
+        got = deq([acc, row_scale, ch, bias])[0]
+        want = kernels.dequantize_rows([acc, row_scale, ch, bias], {}, None)[0]
+        np.testing.assert_array_equal(got, want)
+        assert got.flags.f_contiguous == want.flags.f_contiguous

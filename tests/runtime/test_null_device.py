@@ -37,6 +37,33 @@ def test_submit_checks_and_leaves_buffers_as_they_are():
         dev.submit([Job([Task(regcmd.iova, 8)], [regcmd], [out])])
 
 
+def test_a_prepared_submit_checks_what_a_submit_checks():
+    """prepare_submit: counted as submits are; a BO held by the CPU or freed
+    since, or a task outside every BO, refused when the prepared call runs."""
+    dev = NullDevice()
+    regcmd, out, spare = dev.create_bo(64), dev.create_bo(4096), dev.create_bo(4096)
+    jobs = [Job([Task(regcmd.iova, 8), Task(regcmd.iova, 4)], [regcmd], [out])]
+    dev.prepare_cpu_access(out)  # held while preparing, as a plan holds every BO while it is built
+    run = dev.prepare_submit(jobs)
+    dev.finish_cpu_access(out)
+    run()
+    run()
+    assert (dev.counters.submits, dev.counters.jobs, dev.counters.tasks, dev.counters.kicks) == (2, 2, 4, 4)
+    dev.prepare_cpu_access(out)
+    with pytest.raises(NullDeviceError, match="held by the CPU"):
+        run()
+    dev.finish_cpu_access(out)
+    dev.free_bo(spare)  # another BO freed: still fine
+    run()
+    dev.free_bo(out)
+    with pytest.raises(NullDeviceError, match="not a live BO"):
+        run()
+    bad = dev.prepare_submit([Job([Task(regcmd.iova, 10_000)], [regcmd])])
+    with pytest.raises(NullDeviceError, match="outside every BO"):
+        bad()
+    assert dev.counters.submits == 3
+
+
 def test_host_view_is_writable_only_in_the_cpu_bracket():
     dev = NullDevice()
     bo = dev.create_bo(100)
