@@ -518,6 +518,8 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             "op": "+".join(graph.ops[j].type for j in g.ops),
             "macs": int(counters.macs) or cost.op_macs(graph, op),
             "ddr_bytes": sum(t.cost().dma_bytes for t in g.result.tasks),  # regcmd fetches included
+            # of those, written by the DPU (the rest is read: features, weights, regcmd)
+            "ddr_written": sum(sum(t.counters.dma_write.values()) for t in g.result.tasks),
             "cycles": round(BUSY.submission_seconds(g.result.cost_jobs(chained=True)) * BUSY.clock_hz),
             "dtype": g.dtype,
             "tasks": len(g.result.tasks),

@@ -61,6 +61,11 @@ class PerfModel:
     kick_overhead_s: float = hw.KICK_OVERHEAD_S
     cores: int = hw.CORES
 
+    @classmethod
+    def plain(cls, **overrides) -> "PerfModel":
+        """The model before issue 19's silicon comparison added terms to it (bench/silicon.py's "before")."""
+        return cls(**overrides)
+
     def task_seconds(self, t: TaskCounts) -> float:
         rate = hw.MACS_PER_CYCLE.get(t.precision, hw.MACS_PER_CYCLE["int8"]) * self.clock_hz
         return max(t.macs / rate, t.dma_bytes / self.dram_bytes_per_s)
