@@ -33,18 +33,23 @@ class Published:
     source: str
     dram_bytes_per_s: float = 25e9  # the board's DRAM bandwidth as the NPU sees it
     clock_note: str = ""  # how the clock is known
+    # the measured runtime kicks once per job (a hardware chain) rather than once per task: the vendor's
+    # driver chains int8 tasks too (PC_TASK_CONTROL task number; rocket-userspace's notes, shared
+    # peers-and-assets.md), stock rocket kicks every task
+    chained: bool = False
+    low: float | None = None  # a published range: value is its top, low its bottom
 
 
 STREAMING_17 = 17e9  # RK1 streaming reads ~17 GB/s (gregordinary, via shared hw-matmul.md 4.1)
 
 PUBLISHED: tuple[Published, ...] = (
     Published("vendor_resnet50", "ResNet-50 v2 (rknn, vendor runtime)", "resnet50", "int8", 1, 1e9, 110.1, "fps",
-              MODEL_ZOO, clock_note="max NPU frequency (1 GHz, rknn-llm fix_freq_rk3588.sh)"),
+              MODEL_ZOO, clock_note="max NPU frequency (1 GHz, rknn-llm fix_freq_rk3588.sh)", chained=True),
     Published("vendor_mobilenet_v2", "MobileNetV2 (rknn, vendor runtime)", "mobilenet_v2", "int8", 1, 1e9, 450.7,
-              "fps", MODEL_ZOO, clock_note="max NPU frequency (1 GHz)"),
+              "fps", MODEL_ZOO, clock_note="max NPU frequency (1 GHz)", chained=True),
     Published("vendor_ppocr_det", "PP-OCRv4 det 480x480 (rknn, vendor runtime)", "ppocr_det", "int8", 1, 1e9,
               46.2, "fps", MODEL_ZOO.replace("v2.3.2; ", "v2.1.0 figure; "),
-              clock_note="max NPU frequency (1 GHz)"),
+              clock_note="max NPU frequency (1 GHz)", chained=True),
     Published("teflon_mobilenet_v1_rocket", "MobileNetV1 (Mesa Teflon on mainline rocket)", "mobilenet_v1", "int8",
               1, 200e6, 18.0, "ms", TEFLON_DOC,
               clock_note="not published; mainline rocket leaves the NPU at its 200 MHz boot clock "
@@ -57,14 +62,13 @@ PUBLISHED: tuple[Published, ...] = (
     Published("rocket_gemm_int8", "GEMM 512x3840x4096 int8, resident weights", "gemm_int8", "int8", 3, 600e6,
               386.0, "GOP/s", ROCKET_USERSPACE, STREAMING_17, "600 MHz (clock patch)"),
     Published("rocket_submit", "per-submit overhead of stock rocket (IRQ on an A55 .. pinned big core)", "submit",
-              "", 1, 600e6, 51.0, "us", ROCKET_USERSPACE + "; 27-51 us, shared hw-matmul.md 4.2",
-              clock_note="independent of the clock"),
+              "", 1, 600e6, 51.0, "us", ROCKET_USERSPACE + "; shared hw-matmul.md 4.2",
+              clock_note="independent of the clock", low=27.0),
     Published("rkllm_qwen25_decode", "Qwen2.5-1.5B decode (RKLLM)", "qwen2.5-1.5b:decode", "int8", 3, 1e9, 16.69,
-              "tokens/s", RKLLM, clock_note="max NPU frequency (1 GHz)"),
+              "tokens/s", RKLLM, clock_note="max NPU frequency (1 GHz)", chained=True),
     Published("rkllm_qwen25_ttft", "Qwen2.5-1.5B first token at 128 prompt tokens (RKLLM)",
               "qwen2.5-1.5b:prefill_128", "int8", 3, 1e9, 378.31, "ms", RKLLM,
-              clock_note="max NPU frequency (1 GHz)"),
+              clock_note="max NPU frequency (1 GHz)", chained=True),
 )
 BY_KEY = {p.key: p for p in PUBLISHED}
-SUBMIT_RANGE_US = (27.0, 51.0)  # rocket-userspace: pinned IRQ + thread 27, IRQ on a big core 33, stock 51
 OTHER_RKLLM = "vendor, other sizes: TinyLlama 1.1B 24.43 t/s, Qwen3-0.6B 32.91 t/s (w8a8 decode)"
