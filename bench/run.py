@@ -141,7 +141,7 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
         from rkc.runtime.llm.engine import LlmEngine
 
         engine = LlmEngine(out, device="null")
-        cache = engine.new_cache(min(engine.cfg.context_length, 16 + tokens + 1))
+        cache = engine.new_cache(min(engine.cfg.context_length, max(*engine.chunks, 16 + tokens + 1)))
         np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage
         row["phases"]["decode"]["host_s"] = statistics.median(bl.host_decode(engine, cache, 16, tokens))
         for c in engine.chunks:
@@ -249,7 +249,8 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
+    ap.add_argument("--save", type=Path, help="also write the JSON document here")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/rkc-bench"),
                     help="compiled rkbins are kept and reused here (outside git)")
     ap.add_argument("--only", nargs="+", help="model keys (e.g. gemma3-270m-int8 resnet50 qwen2.5-1.5b)")
@@ -273,8 +274,13 @@ def main() -> None:
               f"({rows[-1]['wall_s']:.0f} s)", file=sys.stderr, flush=True)
     doc = {"rows": rows, "wall_s": time.perf_counter() - t0, "clock_hz": list(CLOCKS),
            "dram_bytes_per_s": list(BANDWIDTHS), "kick_overhead_s": PerfModel().kick_overhead_s}
+    text = json.dumps(doc, indent=1, default=float)
+    if args.save:
+        from rkc.ir.atomic import write_atomic
+
+        write_atomic(args.save, text.encode())
     if args.json:
-        print(json.dumps(doc, indent=1, default=float))
+        print(text)
         return
     print(table(rows))
     print(f"\nwhole run: {doc['wall_s']:.0f} s")
