@@ -103,8 +103,7 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
     if name == "gemma3-270m":
         gguf, cut, n_layer = bl.gemma_path(), None, None
     else:
-        sys.path.insert(0, str(HERE.parent / "tests"))
-        sys.path.remove(str(HERE))
+        import scale  # noqa: F401  (bench/scale.py puts the tests' llm package before bench/llm.py)
         from llm.synth import REAL, write_real
 
         gguf, cut, n_layer = work / f"{name}-{layers}l.gguf", layers, REAL[name]["n_layer"]
