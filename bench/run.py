@@ -238,8 +238,8 @@ def table(rows: list[dict]) -> str:
                 f"{_ms(t['0.6GHz_25GBps'])} / {_ms(t['0.6GHz_17GBps'])}{star}", _ms(f.get("host_s")),
                 f"{proj:.4g}{star}" + ("" if f.get("host_s") is not None else " (NPU only)"), anc_text,
                 f"{_ms(f['limits']['mac_floor_s'])}, {_ms(f['limits']['weight_floor_s'])}")) + " |")
-    lines.append("* extrapolated to full depth (head + n_layer x the mean compiled layer; counts and bytes are the "
-                 "cut model's). Modelled: NPU times (ir/npu/perf.py, 3 cores, chained where the segment chains). "
+    lines.append("* extrapolated to full depth (head + n_layer x the mean compiled layer; counts, bytes and limits "
+                 "are the cut model's). Modelled: NPU times (ir/npu/perf.py, 3 cores, chained where the segment chains). "
                  "Measured here: compile time, peak RSS, sizes, host time. Limits: MACs at "
                  f"{2 * hw.MACS_PER_CYCLE['int8'] * hw.CORES:.0f} int8 / {2 * hw.MACS_PER_CYCLE['fp16'] * hw.CORES:.0f}"
                  " fp16 ops per cycle (6.1 TOPS / 3.1 TFLOPS at 1 GHz), weight bytes at 25 GB/s.")
