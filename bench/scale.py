@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,9 +29,14 @@ from llm.synth import REAL, write_real  # noqa: E402
 from rkc.compiler.llm.report import MODEL, figures, phase  # noqa: E402
 from rkc.ir.rkbin import read_rkbin  # noqa: E402
 
-# rknn-llm doc/benchmark.md v1.3.0, RK3588 w8a8: decode tokens/s, first-token ms at 128 tokens
-VENDOR = {"qwen2.5-1.5b": {"tg": 16.69, "ttft128_ms": 378.0}}
-VENDOR_OTHERS = "vendor, other sizes: TinyLlama 1.1B 24.43 t/s, Qwen3-0.6B 32.91 t/s (w8a8 decode)"
+sys.path.insert(0, str(ROOT / "bench"))
+from catalog import compile_child as _compile  # noqa: E402
+from published import BY_KEY, OTHER_RKLLM as VENDOR_OTHERS  # noqa: E402
+
+sys.path.remove(str(ROOT / "bench"))
+# the vendor's RK3588 w8a8 decode tokens/s and first-token ms at 128 tokens (bench/published.py)
+VENDOR = {"qwen2.5-1.5b": {"tg": BY_KEY["rkllm_qwen25_decode"].value,
+                           "ttft128_ms": BY_KEY["rkllm_qwen25_ttft"].value}}
 
 
 def matrix_elements(spec: dict, layers: int) -> int:
@@ -50,17 +52,10 @@ def compile_child(gguf: Path, out: Path, precision: str, rounding: str | None) -
            "--precision", precision]
     if precision == "int8" and rounding:
         cmd += ["--int8-rounding", rounding, "--fp16-share", "0"]
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as log:
-        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
-        child.returncode = os.waitstatus_to_exitcode(status)
-        seconds = time.perf_counter() - t0
-        log.seek(0)
-        text = log.read()
-    if child.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{text}")
-    return seconds, usage.ru_maxrss * 1024, text
+    try:
+        return _compile(cmd)
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def extrapolate(per_layer: dict, key: str, n_layer: int) -> float:

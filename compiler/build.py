@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from rkc.compiler import program_steps
+from rkc.compiler.emitter_ops import emit_options
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.lone_ops import keep_lone_cheap_ops_on_cpu
 from rkc.compiler.mixed_precision import choose_fp16
@@ -26,6 +27,7 @@ from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.compiler.quantize import quantize
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
+from rkc.ir.npu import hw
 from rkc.ir.rkbin import write_rkbin
 
 @dataclass
@@ -35,6 +37,7 @@ class BuildOptions:
     calib: str | Path | None = None
     cpu_only: bool = False  # place every op on the CPU (debugging, references)
     bind: Mapping[str, object] = field(default_factory=dict)  # inputs turned into constants (name -> array)
+    cores: int = hw.CORES  # NPU cores the program's tasks are spread over (rkc compile --cores)
 
 
 @dataclass
@@ -98,7 +101,7 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
     steps = stage("partition", partition, graph,
                   lambda i: groups[i].dtype if placements[i].device == "npu" else None)
     builder = ModuleBuilder(metadata={"source": Path(source).name, "precision": options.precision,
-                                      "producer": "rkc", "graph": graph.name})
+                                      "producer": "rkc", "graph": graph.name, "cores": options.cores})
     stats = stage("lower", program_steps.lower_program, graph, steps, builder, options.precision, groups)
     module, blobs, _plans = stage("memory plan + assemble", builder.finish)
     size = stage("write", write_rkbin, output, module, blobs)
@@ -118,11 +121,12 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
     graph = stage("passes", run_passes, graph, options.precision == "int8" and options.calib is not None)
     stage("check shapes", require_static, graph)
     graph = stage("quantize", quantize, graph, options.precision, options.calib)
-    placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only)
+    emit = emit_options(options.cores)
+    placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only, None, emit)
     if options.precision == "int8" and options.calib is not None and not options.cpu_only:
         fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
         if fp16:
-            placements, groups = stage("place", place_ops, graph, options.precision, False, fp16)
+            placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
     placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups,
                                options.precision)
     return graph, placements, groups

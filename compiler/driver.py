@@ -24,9 +24,11 @@ from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA
 from rkc.compiler.precision import DEFAULT_PRECISION, KIND_NAMES, KINDS, PRECISIONS
 from rkc.ir.errors import OptionError
+from rkc.ir.npu import hw
 
 GRAPHS = ("onnx", "ir")  # the kinds compiler/build.py compiles
 INT8 = ("int8",)
+CORE_CHOICES = tuple(str(n) for n in range(1, hw.CORES + 1))
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ OPTIONS: tuple[Option, ...] = (
            "path", INT8),
     Option("input_shapes", "--input-shape", ("onnx",), "fix the dynamic dimensions of an input (repeatable).",
            metavar="NAME=1x3x224x224", repeat=True),
+    Option("cores", "--cores", KINDS, "NPU cores the program's tasks are spread over (1 keeps every task on one "
+           "core: what single-core published figures measure).", CORE_CHOICES, default=str(hw.CORES)),
     Option("explain", "--explain", GRAPHS, "list every op, where it runs and why.", "flag"),
     Option("cpu_only", "--cpu-only", GRAPHS, "place every op on the CPU (for debugging and references).", "flag"),
     Option("prefill_chunks", "--prefill-chunks", ("gguf",),
@@ -114,7 +118,8 @@ def _sizes(text: str) -> tuple[int, ...]:
 def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[str, object],
                    progress: Progress) -> list[str]:
     options = BuildOptions(precision=precision, input_shapes=parse_input_shapes(given.get("input_shapes", ())),
-                           calib=given.get("calib"), cpu_only=bool(given.get("cpu_only")))
+                           calib=given.get("calib"), cpu_only=bool(given.get("cpu_only")),
+                           cores=int(given.get("cores", hw.CORES)))
     report = build(source, output, options, progress)
     lines = report.summary()
     if given.get("explain"):
@@ -125,7 +130,7 @@ def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[st
 
 def _compile_llm(source: Path, output: Path, precision: str, given: Mapping[str, object],
                  progress: Progress) -> list[str]:
-    options = LlmCompileOptions(precision=precision)
+    options = LlmCompileOptions(precision=precision, cores=int(given.get("cores", hw.CORES)))
     if "prefill_chunks" in given:
         options = replace(options, prefill_chunks=_sizes(str(given["prefill_chunks"])))
     if "smooth_alpha" in given:

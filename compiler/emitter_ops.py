@@ -25,9 +25,9 @@ from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
 from rkc.compiler.npu.assemble import assemble
 from rkc.compiler.ops import OPS, NpuLowering
-from rkc.ir.errors import UnsupportedError
+from rkc.ir.errors import OptionError, UnsupportedError
 from rkc.ir.graph import Graph
-from rkc.ir.npu import geometry
+from rkc.ir.npu import geometry, hw
 from rkc.ir.npu.geometry import GEMM_ROW_ALIGN, pads_for
 from rkc.ir.npu.perf import PerfModel
 from rkc.ir.program import Job, Step, TaskRef
@@ -66,6 +66,14 @@ def _layout(graph: Graph, tensor: str) -> str:
     shape = graph.tensors[tensor].type.shape
     return "native" if len(shape) == 4 and not _vector_map(shape) else "native-gemm"
 EMIT_OPTIONS = api.EmitOptions(allow_cpu_finish=False)  # K splits the NPU cannot sum stay on the CPU
+
+
+def emit_options(cores: int) -> api.EmitOptions:
+    """The compilers' emitter options for a program that uses `cores` NPU cores
+    (`rkc compile --cores`): every task on lanes 0..cores-1."""
+    if cores not in range(1, hw.CORES + 1):
+        raise OptionError(f"--cores {cores}: the RK3588 NPU has cores 1 to {hw.CORES}")
+    return replace(EMIT_OPTIONS, cores=cores)
 
 
 # Whether a segment's jobs may run as hardware-chained kicks: integer tasks after
@@ -414,11 +422,12 @@ BUILDERS = {api.Conv2D: _conv, api.Gemm: _gemm, api.Elementwise: _eltwise, api.A
             api.Pool: _pool}
 
 
-def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> NpuGroup:
+def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
+          options: api.EmitOptions) -> NpuGroup:
     op = graph.ops[i]
     operation = lowering(op).operation
     api_op, reads = BUILDERS[operation](graph, i, tail, precision, program)
-    result = emit(api_op, EMIT_OPTIONS)
+    result = emit(api_op, options)
     if result.cpu:
         raise _Refused("the emitter needs a CPU finishing step")
     layout = "native-gemm" if operation is api.Gemm else _layout(graph, tail.output)
@@ -427,7 +436,7 @@ def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> Np
 
 
 def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
-                fp16_anchors: frozenset[int] | set[int] = frozenset()
+                fp16_anchors: frozenset[int] | set[int] = frozenset(), options: api.EmitOptions = EMIT_OPTIONS
                 ) -> tuple[dict[int, NpuGroup], dict[int, str]]:
     """Groups keyed by every op they cover; reasons for candidates left on the CPU.
     In an int8 program, groups anchored at `fp16_anchors` compute in fp16."""
@@ -454,7 +463,7 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
                  for tail in tails]
         for own, tail in tries:
             try:
-                group = _emit(graph, i, tail, own, precision)
+                group = _emit(graph, i, tail, own, precision, options)
             except _Refused as exc:
                 reasons[i] = str(exc)
                 continue
@@ -509,6 +518,8 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             "op": "+".join(graph.ops[j].type for j in g.ops),
             "macs": int(counters.macs) or cost.op_macs(graph, op),
             "ddr_bytes": sum(t.cost().dma_bytes for t in g.result.tasks),  # regcmd fetches included
+            # of those, written by the DPU (the rest is read: features, weights, regcmd)
+            "ddr_written": sum(sum(t.counters.dma_write.values()) for t in g.result.tasks),
             "cycles": round(BUSY.submission_seconds(g.result.cost_jobs(chained=True)) * BUSY.clock_hz),
             "dtype": g.dtype,
             "tasks": len(g.result.tasks),

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from rkc.compiler.emitter_ops import NpuGroup, plan_groups
+from rkc.compiler.emitter_ops import EMIT_OPTIONS, NpuGroup, plan_groups
+from rkc.compiler.npu import api
 from rkc.compiler.ops import OpContext, check_cpu, npu_verdict
 from rkc.ir.graph import Graph, Op
 
@@ -27,9 +28,10 @@ class Placement:
 
 
 def place_ops(graph: Graph, precision: str, cpu_only: bool = False,
-              fp16_anchors: Mapping[int, str] | None = None) -> tuple[list[Placement], dict[int, NpuGroup]]:
+              fp16_anchors: Mapping[int, str] | None = None, emit_options: api.EmitOptions = EMIT_OPTIONS
+              ) -> tuple[list[Placement], dict[int, NpuGroup]]:
     """`fp16_anchors`: in an int8 program, the ops whose groups compute in fp16,
-    with why (compiler/mixed_precision.py)."""
+    with why (compiler/mixed_precision.py); `emit_options`: the emitter's (the cores used)."""
     fp16_anchors = fp16_anchors or {}
     verdicts = []
     for op in graph.ops:
@@ -37,7 +39,8 @@ def place_ops(graph: Graph, precision: str, cpu_only: bool = False,
             verdicts.append((False, "placed on the CPU by request (--cpu-only)"))
         else:
             verdicts.append(npu_verdict(OpContext(op, graph, precision)))
-    groups, refusals = plan_groups(graph, precision, lambda i: verdicts[i][0], frozenset(fp16_anchors))
+    groups, refusals = plan_groups(graph, precision, lambda i: verdicts[i][0], frozenset(fp16_anchors),
+                                   emit_options)
     result = []
     for i, op in enumerate(graph.ops):
         if i in groups:

@@ -10,8 +10,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from rkc.compiler.inspect import planned_jobs
-from rkc.ir.npu.perf import JobCost
+from rkc.compiler.inspect import npu_figures, planned_jobs
+from rkc.ir.npu.perf import JobCost, PerfModel
+from rkc.ir.rkbin import read_rkbin
 from rkc.runtime.sim import SimDevice
 from rkc.runtime.sim.stats import JobStats
 
@@ -57,3 +58,19 @@ def assert_same_totals(seconds: float, tasks: int, kicks: int, ddr_bytes: int, c
     """What `rkc inspect --json` states for a program run vs the simulator's counters."""
     assert seconds == pytest.approx(counters.modelled_seconds, rel=1e-9)
     assert (tasks, kicks, ddr_bytes) == (counters.tasks, counters.kicks, counters.ddr_bytes)
+
+
+def assert_serial(path) -> None:
+    """One core: the modelled time of every program is the sum of its jobs' (nothing overlaps)."""
+    module = read_rkbin(path).module
+    model = PerfModel()
+    for p in module.programs:
+        jobs = [j for s in p.steps if s.kind == "npu" for j in planned_jobs(s, chaining=True)]
+        serial = sum(model.job_seconds(j) for j in jobs)
+        assert npu_figures(p.steps, model).seconds_chained == pytest.approx(serial, rel=1e-9), p.name
+
+
+def lanes(path) -> set[int]:
+    """The lanes (cores) an rkbin's NPU jobs use."""
+    module = read_rkbin(path).module
+    return {j.lane for p in module.programs for s in p.steps if s.kind == "npu" for j in s.jobs}

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
+from rkc.compiler.emitter_ops import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
@@ -34,6 +35,7 @@ from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.llm import DECODE, program_plan
+from rkc.ir.npu import hw
 from rkc.ir.rkbin import write_rkbin
 from rkc.runtime.llm.tokenizer import LlmTokenizer
 from rkc.runtime.llm.weights import Int8Weight
@@ -64,6 +66,7 @@ class LlmCompileOptions:
     # int8 only: the orthogonal rotation of each product's input (compiler/llm/rotate.py):
     # kron, block or none
     rotation: str = DEFAULT_ROTATION
+    cores: int = hw.CORES  # NPU cores the programs' tasks are spread over (rkc compile --cores)
 
 
 @dataclass
@@ -311,9 +314,10 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     builder = ModuleBuilder(metadata={
         "model_kind": "llm", "llm": cfg.to_dict(), "precision": options.precision,
         "prefill_chunks": list(chunks), "placement": placement, "quantization": report.quantization,
-        "source": Path(path).name,
+        "source": Path(path).name, "cores": options.cores,
         "name": graph.name, "producer": "rkc", "programs": {}})
-    lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head)
+    lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head,
+                           emit_options=replace(emit_options(options.cores), pack_cache={}))
     plan = program_plan(chunks)
     with progress_bar(plan, "lower programs") as programs:
         for program in programs:

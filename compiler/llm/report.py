@@ -20,7 +20,7 @@ from rkc.compiler.inspect import NpuFigures, npu_figures
 from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines
 from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
-from rkc.ir.program import Module, Program
+from rkc.ir.program import Module, Program, Step
 
 MODEL = PerfModel()  # the defaults of ir/npu/hw.py (1 GHz, 25 GB/s, 3 cores, stock-rocket kicks); --dram-gbps overrides
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -46,15 +46,20 @@ def phase(module: Module, program: Program, model: PerfModel = MODEL) -> PhaseFi
             continue
         layers = s.stats.get("layers", [])
         one = npu_figures([s], model)
-        m = _LAYER.match(_tensor(layers[0]["name"])) if layers else None
-        key = f"layer {int(m.group(1))}" if m else "head"
-        row = f.per_layer.setdefault(key, {"segments": [], "tasks": 0, "kicks": 0, "ddr_bytes": 0, "npu_us": 0.0})
+        row = f.per_layer.setdefault(layer_key(s), {"segments": [], "tasks": 0, "kicks": 0, "ddr_bytes": 0, "npu_us": 0.0})
         row["segments"].append("+".join(_short(layer["name"]) for layer in layers))
         row["tasks"] += one.tasks
         row["kicks"] += one.kicks_chained
         row["ddr_bytes"] += one.ddr_bytes
         row["npu_us"] += one.seconds_chained * 1e6
     return f
+
+
+def layer_key(step: Step) -> str:
+    """Which per-layer row of PhaseFigures an NPU step counts in: "layer N" or "head"."""
+    layers = step.stats.get("layers", [])
+    m = _LAYER.match(_tensor(layers[0]["name"])) if layers else None
+    return f"layer {int(m.group(1))}" if m else "head"
 
 
 def _tensor(layer_name: str) -> str:

@@ -17,3 +17,10 @@ DRAM_BYTES_PER_S_SUSTAINED = 25e9  # default for the performance model (17-30 GB
 
 # per-kick overhead of stock rocket (one kick and one IRQ per task), measured 27-51 us
 KICK_OVERHEAD_S = 30e-6
+
+# One core's DMA moves this share of the DRAM bandwidth on its own: memory-bound
+# fp16 GQA attention (4K KV decode, vendor driver, NPU 1 GHz, DDR 2112 MHz) took
+# 1.79 / 0.94 / 0.76 ms on 1 / 2 / 3 cores (happyme531, summarised in the shared
+# hw-matmul.md 4.2): 0.76 / 1.79 = 0.42 for one core, 2 x 0.40 for two, and three
+# (3 x 0.42 > 1) saturate DRAM. A single core cannot fill DRAM by itself.
+CORE_DMA_SHARE = 0.42

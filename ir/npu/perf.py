@@ -6,7 +6,10 @@ each task will do (compiler/npu, stored per task in the rkbin), `rkc inspect`,
 `rkrun` and bench/ print its results.
 
 Per task: max(MAC time, DMA time), MAC time = MACs / (MACs per cycle of the
-precision x clock), DMA time = bytes / DRAM bandwidth. Per kick: a fixed
+precision x clock), DMA time = bytes / the bandwidth one core's DMA reaches
+(hw.CORE_DMA_SHARE of DRAM's: measured 1/2/3-core scaling of a memory-bound
+kernel, added when bench/silicon.py held the model against published figures;
+the model before it, PerfModel.plain(), let one core use all of DRAM). Per kick: a fixed
 overhead (stock rocket kicks and interrupts once per task, measured 27-51 us
 per submit by gregordinary perf/benchmarks; a hardware chain kicks once per
 job). Jobs on different lanes run on different cores at the same time, but
@@ -60,10 +63,17 @@ class PerfModel:
     dram_bytes_per_s: float = hw.DRAM_BYTES_PER_S_SUSTAINED
     kick_overhead_s: float = hw.KICK_OVERHEAD_S
     cores: int = hw.CORES
+    core_dma_share: float = hw.CORE_DMA_SHARE  # of dram_bytes_per_s, what one core's DMA reaches alone
+
+    @classmethod
+    def plain(cls, **overrides) -> "PerfModel":
+        """The model before bench/silicon.py's comparison added terms to it (its "before" column):
+        one core's DMA as fast as all of DRAM."""
+        return cls(**{"core_dma_share": 1.0, **overrides})
 
     def task_seconds(self, t: TaskCounts) -> float:
         rate = hw.MACS_PER_CYCLE.get(t.precision, hw.MACS_PER_CYCLE["int8"]) * self.clock_hz
-        return max(t.macs / rate, t.dma_bytes / self.dram_bytes_per_s)
+        return max(t.macs / rate, t.dma_bytes / (self.dram_bytes_per_s * self.core_dma_share))
 
     def job_seconds(self, job: JobCounts) -> float:
         return sum(self.task_seconds(t) for t in job.tasks) + job.kicks * self.kick_overhead_s

