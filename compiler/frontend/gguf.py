@@ -41,11 +41,11 @@ class GgufFile:
     """A GGUF file's metadata (plain values, tokenizer arrays excepted) and tensors."""
 
     def __init__(self, path: str | Path) -> None:
-        import gguf
+        from rkc.compiler.frontend.gguf_reader import MappedGgufReader
 
         self.path = Path(path)
         try:
-            self.reader = gguf.GGUFReader(self.path)
+            self.reader = MappedGgufReader(self.path)
         except Exception as exc:  # the reader raises many kinds on damage
             raise FormatError(f"{self.path}: truncated or corrupt GGUF ({type(exc).__name__}: {exc})") from None
         self.kv: dict[str, Any] = {}
