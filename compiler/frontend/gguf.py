@@ -73,8 +73,9 @@ class GgufFile:
     def raw(self, name: str) -> np.ndarray:
         return self.tensors[name].data
 
-    def dequantize(self, name: str) -> np.ndarray:
-        """fp32 array in numpy order, whatever the stored type."""
+    def dequantize(self, name: str, dtype: type = np.float32) -> np.ndarray:
+        """fp32 values in numpy order, whatever the stored type, held as `dtype`
+        (fp16: the fp32 values rounded, without a whole fp32 copy)."""
         import gguf
 
         t = self.tensors[name]
@@ -85,9 +86,10 @@ class GgufFile:
         shape = self.shape(name)
         raw = np.asarray(t.data)  # a view of the memory-mapped file
         if raw.ndim < 2 or raw.shape[0] <= DEQUANT_ROWS:
-            return np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32).reshape(shape)
-        # in row blocks into one fp32 array: gguf's temporaries stay a block's size
-        out = np.empty((raw.shape[0], int(np.prod(shape)) // raw.shape[0]), np.float32)
+            values = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32)
+            return values.astype(dtype, copy=False).reshape(shape)
+        # in row blocks into one array: gguf's temporaries stay a block's size
+        out = np.empty((raw.shape[0], int(np.prod(shape)) // raw.shape[0]), dtype)
         for r0 in range(0, raw.shape[0], DEQUANT_ROWS):
             out[r0:r0 + DEQUANT_ROWS] = gguf.quants.dequantize(raw[r0:r0 + DEQUANT_ROWS], t.tensor_type)
         return out.reshape(shape)

@@ -110,6 +110,9 @@ def encode_matrices(graph: Graph, weights: Mapping[str, np.ndarray], options: Ll
     with progress_bar(by_layer(sorted(_matrix_names(graph))), "encode layers") as layers:
         for group in layers:
             for name in group:
+                if _precision_of(name, options) == "fp16" and isinstance(weights, LazyWeights):
+                    out[name] = EncodedWeight(weights.read(name, np.float16))  # no fp32 copy
+                    continue
                 _encode(name, weights[name], name in linear, options, cal, factors, cache, out)
     return out
 
@@ -320,6 +323,8 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
             lowering.lower(program_graph(graph, program), program.name)
             builder.metadata["programs"][program.name] = program.metadata()
     lap("lower", "write")
+    lowering.release()
+    del matrices, vectors
     module, blobs, _plans = builder.finish()
     blobs = {**blobs, "tokenizer": np.frombuffer(tokenizer.to_json().encode(), np.uint8)}
     size = write_rkbin(out, module, blobs)

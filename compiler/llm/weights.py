@@ -66,6 +66,12 @@ class LazyWeights(MutableMapping):
             raise KeyError(name)
         return self.gf.dequantize(name)
 
+    def read(self, name: str, dtype: type) -> np.ndarray:
+        """The weight held as `dtype` (fp16: rounded block by block, no whole fp32 copy)."""
+        if name in self.written or name not in self.names:
+            return np.asarray(self[name]).astype(dtype)
+        return self.gf.dequantize(name, dtype)
+
     def __setitem__(self, name: str, value: np.ndarray) -> None:
         self.written[name] = value
         if name not in self.names:
