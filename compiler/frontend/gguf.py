@@ -73,6 +73,16 @@ class GgufFile:
     def raw(self, name: str) -> np.ndarray:
         return self.tensors[name].data
 
+    def dequantize_rows(self, name: str, rows: slice | np.ndarray) -> np.ndarray:
+        """fp32 rows of a 2-D tensor (a slice or row ids), the others not read."""
+        import gguf
+
+        t = self.tensors[name]
+        if len(self.shape(name)) != 2 or t.tensor_type.name not in SUPPORTED_TYPES:
+            return self.dequantize(name)[rows]
+        values = gguf.quants.dequantize(np.asarray(t.data)[rows], t.tensor_type)
+        return np.asarray(values, np.float32).reshape(-1, self.shape(name)[1])
+
     def dequantize(self, name: str, dtype: type = np.float32) -> np.ndarray:
         """fp32 values in numpy order, whatever the stored type, held as `dtype`
         (fp16: the fp32 values rounded, without a whole fp32 copy)."""
