@@ -361,7 +361,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     graph = graph_from_gguf(gf)
     cfg = gf.config()
     tokenizer = LlmTokenizer.from_gguf_fields(
-        {k: f.contents() for k, f in gf.reader.fields.items() if k.startswith("tokenizer.")}, str(path))
+        gf.take_tokenizer_fields(), str(path))
     lap("load", "dequantize")
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
     # the schemes that measure the whole int8 model on the calibration text need
