@@ -91,8 +91,8 @@ def _input(path: Path, shape: tuple[int, ...] | None) -> tuple[str, tuple[int, .
     return inp.name, tuple(shape or dims)
 
 
-def compile_child(cmd: list[str]) -> tuple[float, int, str]:
-    """(seconds, peak RSS bytes, output) of one `rkc compile` child process."""
+def compile_child(cmd: list[str]) -> tuple[float, float, int, str]:
+    """(wall seconds, CPU seconds, peak RSS bytes, output) of one `rkc compile` child process."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as log:
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -102,7 +102,7 @@ def compile_child(cmd: list[str]) -> tuple[float, int, str]:
         text = log.read()
     if os.waitstatus_to_exitcode(status):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{text.strip().splitlines()[-1] if text.strip() else ''}")
-    return seconds, usage.ru_maxrss * 1024, text
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, text
 
 
 def _compiler_mtime() -> float:
@@ -118,8 +118,8 @@ def compiled(source: Path, out: Path, options: list[str]) -> dict:
     if out.exists() and record.exists() and out.stat().st_mtime >= newest:
         return json.loads(record.read_text()) | {"cached": True}
     rkc = str(Path(sys.executable).with_name("rkc"))
-    seconds, rss, log = compile_child([rkc, "compile", str(source), "-o", str(out), *options])
-    info = {"compile_s": seconds, "peak_rss_bytes": rss, "log_tail": log.strip().splitlines()[-3:]}
+    seconds, cpu_seconds, rss, log = compile_child([rkc, "compile", str(source), "-o", str(out), *options])
+    info = {"compile_s": seconds, "compile_cpu_s": cpu_seconds, "peak_rss_bytes": rss, "log_tail": log.strip().splitlines()[-3:]}
     from rkc.ir.atomic import write_atomic
 
     write_atomic(record, json.dumps(info).encode())

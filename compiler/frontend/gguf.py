@@ -41,11 +41,11 @@ class GgufFile:
     """A GGUF file's metadata (plain values, tokenizer arrays excepted) and tensors."""
 
     def __init__(self, path: str | Path) -> None:
-        import gguf
+        from rkc.compiler.frontend.gguf_reader import MappedGgufReader
 
         self.path = Path(path)
         try:
-            self.reader = gguf.GGUFReader(self.path)
+            self.reader = MappedGgufReader(self.path)
         except Exception as exc:  # the reader raises many kinds on damage
             raise FormatError(f"{self.path}: truncated or corrupt GGUF ({type(exc).__name__}: {exc})") from None
         self.kv: dict[str, Any] = {}
@@ -54,6 +54,16 @@ class GgufFile:
                 continue  # large arrays: read on demand by the tokenizer
             self.kv[key] = fld.contents()
         self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def take_tokenizer_fields(self) -> dict[str, Any]:
+        """The tokenizer.* fields as plain values (vocabulary arrays included);
+        the reader's own copies are let go (its ~1M numpy views of a 262k-token
+        vocabulary hold ~370 MB through a whole compile)."""
+        keys = [k for k in self.reader.fields if k.startswith("tokenizer.")]
+        fields = {k: self.reader.fields[k].contents() for k in keys}
+        for k in keys:
+            del self.reader.fields[k]
+        return fields
 
     def type_name(self, name: str) -> str:
         return self.tensors[name].tensor_type.name
@@ -73,8 +83,19 @@ class GgufFile:
     def raw(self, name: str) -> np.ndarray:
         return self.tensors[name].data
 
-    def dequantize(self, name: str) -> np.ndarray:
-        """fp32 array in numpy order, whatever the stored type."""
+    def dequantize_rows(self, name: str, rows: slice | np.ndarray) -> np.ndarray:
+        """fp32 rows of a 2-D tensor (a slice or row ids), the others not read."""
+        import gguf
+
+        t = self.tensors[name]
+        if len(self.shape(name)) != 2 or t.tensor_type.name not in SUPPORTED_TYPES:
+            return self.dequantize(name)[rows]
+        values = gguf.quants.dequantize(np.asarray(t.data)[rows], t.tensor_type)
+        return np.asarray(values, np.float32).reshape(-1, self.shape(name)[1])
+
+    def dequantize(self, name: str, dtype: type = np.float32) -> np.ndarray:
+        """fp32 values in numpy order, whatever the stored type, held as `dtype`
+        (fp16: the fp32 values rounded, without a whole fp32 copy)."""
         import gguf
 
         t = self.tensors[name]
@@ -85,9 +106,10 @@ class GgufFile:
         shape = self.shape(name)
         raw = np.asarray(t.data)  # a view of the memory-mapped file
         if raw.ndim < 2 or raw.shape[0] <= DEQUANT_ROWS:
-            return np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32).reshape(shape)
-        # in row blocks into one fp32 array: gguf's temporaries stay a block's size
-        out = np.empty((raw.shape[0], int(np.prod(shape)) // raw.shape[0]), np.float32)
+            values = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32)
+            return values.astype(dtype, copy=False).reshape(shape)
+        # in row blocks into one array: gguf's temporaries stay a block's size
+        out = np.empty((raw.shape[0], int(np.prod(shape)) // raw.shape[0]), dtype)
         for r0 in range(0, raw.shape[0], DEQUANT_ROWS):
             out[r0:r0 + DEQUANT_ROWS] = gguf.quants.dequantize(raw[r0:r0 + DEQUANT_ROWS], t.tensor_type)
         return out.reshape(shape)

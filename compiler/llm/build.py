@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from rkc.compiler.emitter_ops import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
@@ -27,7 +28,8 @@ from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate,
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
                                    quantize_matrix)
-from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotate_matrix, rotation_for
+from rkc.compiler.llm.rotate import (DEFAULT_ROTATION, NONE, ROTATE_ROWS, rotate_hessian, rotate_matrix,
+                                    rotation_for)
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from rkc.compiler.llm.weights import LazyWeights, by_layer, dequantize_all, progress as progress_bar
 from rkc.compiler.module_builder import ModuleBuilder
@@ -73,6 +75,7 @@ class LlmCompileOptions:
 class CompileReport:
     lines: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # the process's CPU time (user + system) per stage
     peak_rss: dict[str, int] = field(default_factory=dict)  # bytes, the process's peak at the end of each stage
     quantization: dict = field(default_factory=dict)  # int8: how (module metadata, rkc inspect)
 
@@ -139,11 +142,10 @@ def _encode(name: str, w: np.ndarray, is_product: bool, options: LlmCompileOptio
     out[name] = EncodedWeight(q, scale, rot)
 
 
-def _runs_float_model(options: LlmCompileOptions) -> bool:
-    """Whether preparing the weights runs the float model (calibration, the
-    alpha search, the hybrid's noise measurement)."""
-    return options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)
-                                            or options.alpha_search or options.fp16_share > 0)
+def _measures_whole_model(options: LlmCompileOptions) -> bool:
+    """Whether preparing the weights runs the whole model with int8 products
+    (the alpha search, the hybrid's noise measurement)."""
+    return options.precision == "int8" and (options.alpha_search or options.fp16_share > 0)
 
 
 def _needs_hessians(options: LlmCompileOptions) -> bool:
@@ -161,7 +163,9 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
                     ) -> tuple[dict[str, EncodedWeight], dict[str, np.ndarray]]:
     """fp32 weights -> (encoded matrices, fp32 vectors): for int8, calibrate,
     SmoothQuant (folded into the norms / producing rows) and round. `weights`
-    is consumed (smoothed in place)."""
+    is consumed (smoothed in place); LazyWeights stream (prepare_streamed)."""
+    if isinstance(weights, LazyWeights):
+        return prepare_streamed(graph, cfg, tokenizer, weights, options, report)
     report = report or CompileReport()
     cal, factors = None, {}
     alpha: float | dict[str, float] = options.smooth_alpha
@@ -178,16 +182,86 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
                        f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
     matrices = encode_matrices(graph, weights, options, cal, factors)
     if options.precision == "int8":
-        report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding}; "
-                   f"{_rotation_summary(matrices, options.rotation)}")
-        report.quantization = {"smooth_alpha": alpha, "rounding": options.rounding, "scales": options.scales,
-                               "rotation": options.rotation, "rotation_forms": _rotation_forms(matrices),
-                               "calibration": Path(options.calibration).name if cal is not None else None,
-                               "keep_fp16": list(options.keep_fp16)}
+        _report_int8(matrices, options, cal, alpha, report)
         if options.fp16_share > 0:
             _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
     vectors = {n: weights[n].astype(np.float32) for n in weights if n not in matrices}
     return matrices, vectors
+
+
+def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWeights, options: LlmCompileOptions,
+                     report: CompileReport | None = None) -> tuple[dict[str, EncodedWeight], dict[str, np.ndarray]]:
+    """What prepare_weights computes, one layer at a time from the mapped file:
+    calibration runs layer by layer, then each layer's weights are read in
+    fp32, smoothed and encoded, and let go; a matrix SmoothQuant leaves alone
+    (a tied head, a Gather table) is encoded in row blocks (rows are rounded
+    independently), so no whole fp32 copy of it is made either. Not for the
+    schemes that measure the whole int8 model (alpha search, fp16 share)."""
+    report = report or CompileReport()
+    if options.alpha_search or options.fp16_share > 0:
+        raise ValueError("the alpha search and the fp16 hybrid measure the whole model: use prepare_weights")
+    cal = None
+    if options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)):
+        cal = calibrate(graph, cfg, weights, tokenizer, hessians=_needs_hessians(options),
+                        text=Path(options.calibration).read_text())
+    consumers = graph.consumers()
+    linear = {op.inputs[1] for op in graph.ops if op.type == "Linear"}
+    matrix_names = _matrix_names(graph)
+    smoothable = {n for n in linear if len(consumers[n]) == 1}
+    matrices: dict[str, EncodedWeight] = {}
+    vectors: dict[str, np.ndarray] = {}
+    factors: dict[str, np.ndarray] = {}
+    cache: dict = {}
+    with progress_bar(by_layer(list(weights)), "quantize layers") as layers:
+        for group in layers:
+            held = {n: weights[n] for n in group if n not in matrix_names or n in smoothable}
+            if cal is not None and options.smooth_alpha > 0:
+                factors.update(smooth(graph, held, cal.ranges, options.smooth_alpha))
+            for name in group:
+                if name not in matrix_names:
+                    vectors[name] = held[name].astype(np.float32)
+                elif name in held:
+                    _encode(name, held[name], name in linear, options, cal, factors, cache, matrices)
+                else:
+                    _encode_rows(name, weights, name in linear, options, cal, factors, cache, matrices)
+            del held
+    if cal is not None and options.smooth_alpha > 0:
+        report.say(f"int8: SmoothQuant on {len(factors)} matrices, "
+                   f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
+    if options.precision == "int8":
+        _report_int8(matrices, options, cal, options.smooth_alpha, report)
+    return matrices, vectors
+
+
+def _encode_rows(name: str, weights: LazyWeights, is_product: bool, options: LlmCompileOptions,
+                 cal: Calibration | None, factors: dict[str, np.ndarray], cache: dict,
+                 out: dict[str, EncodedWeight]) -> None:
+    """_encode of a matrix read ROTATE_ROWS rows at a time (fp16, or int8
+    round-to-nearest with max scales: every row on its own; the blocks are
+    those rotate_matrix rotates, so the bytes are the same)."""
+    if _precision_of(name, options) == "fp16":
+        out[name] = EncodedWeight(weights.read(name, np.float16))
+        return
+    if options.rounding != "rtn" or options.scales != "max" or name in factors:
+        _encode(name, weights[name], is_product, options, cal, factors, cache, out)
+        return
+    n, k = weights.gf.shape(name)
+    rot = rotation_for(k, options.rotation) if is_product else None
+    q, scale = np.empty((n, k), np.int8), np.empty(n, np.float32)
+    for r0 in range(0, n, ROTATE_ROWS):
+        w = weights.rows(name, slice(r0, r0 + ROTATE_ROWS))
+        q[r0:r0 + len(w)], scale[r0:r0 + len(w)] = quantize_matrix(w if rot is None else rotate_matrix(w, rot))
+    out[name] = EncodedWeight(q, scale, rot)
+
+
+def _report_int8(matrices: dict[str, EncodedWeight], options: LlmCompileOptions, cal: Calibration | None,
+                 alpha: float | dict[str, float], report: CompileReport) -> None:
+    report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding}; "
+               f"{_rotation_summary(matrices, options.rotation)}")
+    report.quantization = {"smooth_alpha": alpha, "rounding": options.rounding, "scales": options.scales,
+                           "rotation": options.rotation, "rotation_forms": _rotation_forms(matrices),
+                           "calibration": Path(options.calibration).name if cal is not None else None,
+                           "keep_fp16": list(options.keep_fp16)}
 
 
 def _rotation_forms(matrices: dict[str, EncodedWeight]) -> dict[str, str]:
@@ -271,7 +345,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
                  progress: Callable[[str], None] = lambda stage: None) -> CompileReport:
     """`progress(stage)` is called as each stage starts (rkc compile -v)."""
     report = CompileReport()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     if options.precision not in PRECISIONS:
         raise UnsupportedError(f"precision {options.precision!r} is not supported (choose {' or '.join(PRECISIONS)})")
     chunks = tuple(sorted(set(options.prefill_chunks) | {1}))
@@ -280,6 +354,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
 
     def lap(stage: str, following: str | None = None) -> None:
         report.seconds[stage] = time.perf_counter() - t0 - sum(report.seconds.values())
+        report.cpu_seconds[stage] = time.process_time() - cpu0 - sum(report.cpu_seconds.values())
         report.peak_rss[stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
         if following:
             progress(following)
@@ -289,17 +364,21 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     graph = graph_from_gguf(gf)
     cfg = gf.config()
     tokenizer = LlmTokenizer.from_gguf_fields(
-        {k: f.contents() for k, f in gf.reader.fields.items() if k.startswith("tokenizer.")}, str(path))
+        gf.take_tokenizer_fields(), str(path))
     lap("load", "dequantize")
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
-    # a scheme that runs the float model over the calibration text needs every
-    # weight in fp32 at once; the others read each weight once: stream them
-    weights = dequantize_all(gf, consts, None) if _runs_float_model(options) else LazyWeights(gf, consts)
+    # the schemes that measure the whole int8 model on the calibration text need
+    # every weight in fp32 at once; the others stream (prepare_streamed)
+    weights = dequantize_all(gf, consts, None) if _measures_whole_model(options) else LazyWeights(gf, consts)
     lap("dequantize", "quantize")
     if options.precision == "int8" and (options.rounding not in METHODS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
                                f"(rounding: {' or '.join(METHODS)}; scales: {' or '.join(SCALES)})")
-    matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, options, report)
+    # one BLAS thread: calibration's products are [64, K] x [K, N]; measured on
+    # Gemma 3 270M (this 2-core machine, shared), OpenBLAS's 2 threads took
+    # 59.9 s of CPU (182.7 s wall) to one thread's 8.2 s (22.0 s wall), same bits
+    with threadpool_limits(limits=1, user_api="blas"):
+        matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, options, report)
     kept = sorted(n for n in matrices if _precision_of(n, options) != options.precision)
     if kept:
         report.say(f"int8: {len(kept)} products kept fp16 ({', '.join(options.keep_fp16)}): "
@@ -324,6 +403,8 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
             lowering.lower(program_graph(graph, program), program.name)
             builder.metadata["programs"][program.name] = program.metadata()
     lap("lower", "write")
+    lowering.release()
+    del matrices, vectors
     module, blobs, _plans = builder.finish()
     blobs = {**blobs, "tokenizer": np.frombuffer(tokenizer.to_json().encode(), np.uint8)}
     size = write_rkbin(out, module, blobs)
@@ -338,7 +419,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
             p = lowering.stats[program.name]
             report.say(f"{program.name}: {p.segments} NPU segments, {p.npu_tasks} tasks, {p.cpu_steps} CPU steps")
     report.say(f"placement: {placement['reason']}")
-    report.say("stages: " + ", ".join(f"{k} {v:.1f} s (peak {report.peak_rss[k] / 1e9:.2f} GB)"
-                                      for k, v in report.seconds.items()))
+    report.say("stages: " + ", ".join(f"{k} {v:.1f} s (cpu {report.cpu_seconds[k]:.1f} s, peak "
+                                      f"{report.peak_rss[k] / 1e9:.2f} GB)" for k, v in report.seconds.items()))
     report.say(f"wrote {out} ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s")
     return report

@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
+from rkc.compiler.llm.weights import layer_of
 from rkc.ir.graph import Graph
 from rkc.ir.llm import LlmConfig
 from rkc.runtime.llm.kernels import KERNELS
@@ -66,10 +67,16 @@ class GraphRunner:
 
     def forward(self, ids: list[int], start: int, observe: Observer | None = None) -> dict[str, np.ndarray]:
         """Every value of one step over `ids` at positions start.."""
+        return self.run_ops(self.ops, {}, ids, start, observe)
+
+    def run_ops(self, ops: list, values: dict[str, np.ndarray], ids: list[int], start: int,
+                observe: Observer | None = None) -> dict[str, np.ndarray]:
+        """`ops` (in order) of one step over `ids` at positions start.., given
+        the `values` earlier ops computed; returns every value."""
         weights = self.weights
-        values = {"tokens": np.asarray(ids, np.int32),
+        values = {**values, "tokens": np.asarray(ids, np.int32),
                   "positions": np.arange(start, start + len(ids), dtype=np.int32)}
-        for op in self.ops:
+        for op in ops:
             if any(i and i not in weights and i not in values for i in op.inputs):
                 continue  # downstream of an op the observer skipped
             ins = [weights[i] if i in weights else values[i] for i in op.inputs if i]
@@ -83,11 +90,14 @@ class GraphRunner:
         return self.forward(ids, start)[self.graph.outputs[0]]
 
 
-def calibrate(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray], tokenizer: LlmTokenizer,
+def calibrate(graph: Graph, cfg: LlmConfig, weights: Mapping[str, np.ndarray], tokenizer: LlmTokenizer,
               hessians: bool = True, chunk: int = 64, text: str | None = None) -> Calibration:
-    """Ranges (and X^T X) of every Linear's input over the calibration text."""
+    """Ranges (and X^T X) of every Linear's input over the calibration text.
+    The model runs one layer at a time over the whole text (layer_stages), so
+    only one layer's weights are held in fp32; `weights` may be lazy (read
+    per layer), and a Gather table that can give rows (`weights.rows`) gives
+    only the rows the text uses."""
     windows = calibration_windows(tokenizer, text if text is not None else CALIBRATION_TEXT.read_text())
-    dense = {name: Weight(w) for name, w in weights.items()}
     cal = Calibration(tokens=sum(len(w) for w in windows))
     summed: dict[str, int] = {}  # input tensor -> last chunk added (q/k/v read one input)
     by_input: dict[str, np.ndarray] = {}
@@ -109,8 +119,79 @@ def calibrate(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray], toke
             cal.hessians[w] = by_input[key]
         return op.outputs[0] != "logits"
 
-    _run_windows(GraphRunner(graph, cfg, dense, WINDOW + 1), windows, chunk, observe)
+    _run_by_layer(graph, cfg, weights, windows, chunk, observe)
     return cal
+
+
+def layer_stages(graph: Graph) -> list[list]:
+    """The graph's ops in topological order, cut into stages: an op's stage is
+    the largest layer (blk.N) among its constants and its inputs' stages, so a
+    stage reads only earlier stages' values and its own layer's weights."""
+    stage_of: dict[str, int] = {}
+    stages: dict[int, list] = {}
+    for op in graph.topological_ops():
+        s = -1
+        for name in op.inputs:
+            t = graph.tensors.get(name) if name else None
+            if t is None:
+                continue
+            s = max(s, layer_of(name) if t.kind == "const" else stage_of.get(name, -1))
+        stages.setdefault(s, []).append(op)
+        for name in op.outputs:
+            stage_of[name] = s
+    return [stages[k] for k in sorted(stages)]
+
+
+class _LazyConst:
+    """A constant as the CPU kernels read it (runtime Weight), built on first
+    use: an op the observer skips (the output head) never reads its weights,
+    and a Gather reads only its rows when `weights` can give rows (weights.rows)."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray], name: str) -> None:
+        self._weights, self._name, self._dense = weights, name, None
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        if self._dense is None and hasattr(self._weights, "rows"):
+            return self._weights.rows(self._name, ids)
+        return self._weight().rows(ids)
+
+    def _weight(self) -> Weight:
+        if self._dense is None:
+            self._dense = Weight(self._weights[self._name])
+        return self._dense
+
+    def __getattr__(self, attr: str):
+        return getattr(self._weight(), attr)
+
+
+def _run_by_layer(graph: Graph, cfg: LlmConfig, weights: Mapping[str, np.ndarray], windows: list[list[int]],
+                  chunk: int, observe: Observer) -> None:
+    """What _run_windows computes, stage by stage (layer_stages): every chunk
+    of every window through one stage, then the next; each op sees the very
+    inputs it sees in a whole-model run (same chunks, same KV cache history),
+    and the values a later stage reads are carried per chunk."""
+    stages = layer_stages(graph)
+    last_use: dict[str, int] = {}
+    for s, ops in enumerate(stages):
+        for op in ops:
+            for name in op.inputs:
+                if name:
+                    last_use[name] = s
+    chunks = [(w, start, ids[start:start + chunk]) for w, ids in enumerate(windows)
+              for start in range(0, len(ids), chunk)]
+    carried: list[dict[str, np.ndarray]] = [{} for _ in chunks]
+    runner = GraphRunner(graph, cfg, {}, WINDOW + 1)
+    for s, ops in enumerate(stages):
+        consts = [n for op in ops for n in op.inputs if n and graph.tensors[n].kind == "const"]
+        runner.weights = {n: _LazyConst(weights, n) for n in dict.fromkeys(consts)}
+        window = None
+        for n, (w, start, ids) in enumerate(chunks):
+            if w != window:
+                runner.reset()
+                window = w
+            values = runner.run_ops(ops, carried[n], ids, start, lambda op, ins, _s, k=n: observe(op, ins, k))
+            carried[n] = {k: v for k, v in values.items() if last_use.get(k, -1) > s}
+        runner.weights = {}
 
 
 def calibration_windows(tokenizer: LlmTokenizer, text: str) -> list[list[int]]:

@@ -136,6 +136,12 @@ class LlmLowering:
             ins.append(self.host_const(f"{name}.factor", rot.factor.astype(np.float32)))
         return ins, {"rotation": "hadamard", "block": rot.block}
 
+    def release(self) -> None:
+        """Let the encoded matrices and their packed copies go once every
+        program is lowered: the builder holds the bytes it writes."""
+        self.matrices = {}
+        self.emit_options.pack_cache.clear()
+
     def lower(self, graph: Graph, program: str) -> None:
         on_npu = {i for i, op in enumerate(graph.ops) if op.type == "Linear"}
         steps = partition(graph, lambda i: i in on_npu)

@@ -19,7 +19,7 @@ NONE = "none"
 CHOICES = (*KINDS, NONE)
 DEFAULT_ROTATION = "kron"
 SEED = 0
-_ROWS = 16384  # rows rotated at a time (bounds the working set of the 262k-row output head)
+ROTATE_ROWS = 16384  # rows rotated at a time (bounds the working set of the 262k-row output head)
 
 
 def rotation_for(k: int, kind: str) -> Rotation | None:
@@ -30,8 +30,8 @@ def rotate_matrix(w: np.ndarray, rot: Rotation) -> np.ndarray:
     """W R: every row rotated like an activation row (exact in float)."""
     w = np.asarray(w, np.float32)
     out = np.empty_like(w)
-    for r0 in range(0, w.shape[0], _ROWS):
-        out[r0:r0 + _ROWS] = rotate(w[r0:r0 + _ROWS].astype(np.float64), rot)
+    for r0 in range(0, w.shape[0], ROTATE_ROWS):
+        out[r0:r0 + ROTATE_ROWS] = rotate(w[r0:r0 + ROTATE_ROWS].astype(np.float64), rot)
     return out
 
 

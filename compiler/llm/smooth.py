@@ -30,7 +30,8 @@ def _factors(act: np.ndarray, mats: list[np.ndarray], alpha: float) -> np.ndarra
 
 def smooth(graph: Graph, weights: dict[str, np.ndarray], ranges: dict[str, np.ndarray],
            alpha: float | dict[str, float] = DEFAULT_ALPHA) -> dict[str, np.ndarray]:
-    """Rescale `weights` (fp32, in place); return, per Linear weight smoothed,
+    """Rescale `weights` (fp32, in place; groups whose Linears it does not
+    hold are left alone); return, per Linear weight smoothed,
     the factors s its input columns were multiplied by (its input is now x / s).
     `alpha` may be given per group of Linears that read one input (keyed by
     that input tensor; groups not listed get DEFAULT_ALPHA)."""
@@ -42,6 +43,8 @@ def smooth(graph: Graph, weights: dict[str, np.ndarray], ranges: dict[str, np.nd
             groups.setdefault(op.inputs[0], []).append(op.inputs[1])
     done: dict[str, np.ndarray] = {}
     for x, names in groups.items():
+        if any(n not in weights for n in names):
+            continue  # another layer's (a compile smooths layer by layer)
         a_of = alpha.get(x, DEFAULT_ALPHA) if isinstance(alpha, dict) else alpha
         if a_of <= 0:
             continue

@@ -33,12 +33,17 @@ def progress(items: Iterable[T], label: str, show: bool | None = None) -> Iterat
         yield bar
 
 
+def layer_of(name: str) -> int:
+    """The transformer layer of a weight (blk.N.*), -1 for the others."""
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else -1
+
+
 def by_layer(names: list[str]) -> list[list[str]]:
     """`names` grouped by transformer layer (blk.N.*), the rest first."""
     groups: dict[int, list[str]] = {}
     for name in names:
-        m = _LAYER.match(name)
-        groups.setdefault(int(m.group(1)) if m else -1, []).append(name)
+        groups.setdefault(layer_of(name), []).append(name)
     return [groups[k] for k in sorted(groups)]
 
 
@@ -65,6 +70,18 @@ class LazyWeights(MutableMapping):
         if name not in self.names:
             raise KeyError(name)
         return self.gf.dequantize(name)
+
+    def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """fp32 rows of a 2-D weight, only those read from the file."""
+        if name in self.written or name not in self.names:
+            return np.asarray(self[name])[ids]
+        return self.gf.dequantize_rows(name, ids)
+
+    def read(self, name: str, dtype: type) -> np.ndarray:
+        """The weight held as `dtype` (fp16: rounded block by block, no whole fp32 copy)."""
+        if name in self.written or name not in self.names:
+            return np.asarray(self[name]).astype(dtype)
+        return self.gf.dequantize(name, dtype)
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
         self.written[name] = value

@@ -200,20 +200,28 @@ def _k_and_m_tiles(op: api.Gemm, dtype: str, kg: int, rows: int, nt_max: int, op
     return choice
 
 
+_PACK_KERNELS = 16384  # kernels (output channels) packed at a time
+
+
 def _pack_b(op: api.Gemm, k_tiles, kg: int) -> tuple[bytes, list[int]]:
     """B in the native 1x1 weight layout, one block per K tile; kernels padded to
     whole groups with zeros (the weight zero point for asymmetric int8)."""
     k, n = op.b.shape
     n_hw = layout.align(n, kg)
     pad_w = op.b_quant.zero_point if op.b_quant is not None else 0
+    # whole kernel groups at a time: the layout is group-major, so the packed
+    # chunks are consecutive bytes of the whole, and the packer's temporaries
+    # stay a chunk's size (a 262144-kernel output head would need ~5 copies)
+    step = max(kg, _PACK_KERNELS // kg * kg)
     parts, offsets, pos = [], [], 0
     for k0, kt in k_tiles:
-        block = np.full((n_hw, kt), pad_w, op.b.dtype)  # padding kernels: (w - zp) = 0
-        block[:n] = op.b[k0:k0 + kt].T
-        packed = layout.pack_weights(block[:, None, None, :], pad_value=pad_w).tobytes()
         offsets.append(pos)
-        parts.append(packed)
-        pos += len(packed)
+        for n0 in range(0, n_hw, step):
+            n1 = min(n_hw, n0 + step)
+            block = np.full((n1 - n0, kt), pad_w, op.b.dtype)  # padding kernels: (w - zp) = 0
+            block[:max(0, min(n, n1) - n0)] = op.b[k0:k0 + kt, n0:min(n, n1)].T
+            parts.append(layout.pack_weights(block[:, None, None, :], pad_value=pad_w).tobytes())
+            pos += len(parts[-1])
     return b"".join(parts), offsets
 
 

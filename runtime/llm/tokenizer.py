@@ -114,8 +114,11 @@ class LlmTokenizer:
             elif ty == TOKEN_USER:
                 added.append(AddedToken(t, special=False, normalized=False))
         tok.add_tokens(added)
+        first_id: dict[str, int] = {}  # each piece's first id (tokens.index per piece is quadratic)
+        for i, t in enumerate(tokens):
+            first_id.setdefault(t, i)
         for a in added:  # added tokens must keep their vocabulary ids
-            if tok.token_to_id(a.content) != tokens.index(a.content):
+            if tok.token_to_id(a.content) != first_id[a.content]:
                 raise FormatError(f"{path}: token {a.content!r} is listed twice in the vocabulary")
         bos = fields.get("tokenizer.ggml.bos_token_id")
         eos = fields.get("tokenizer.ggml.eos_token_id")
@@ -124,8 +127,8 @@ class LlmTokenizer:
         if eot is not None and int(eot) not in eos_ids:
             eos_ids.append(int(eot))
         for name in ("<end_of_turn>", "<|im_end|>", "<|eot_id|>"):  # end-of-turn markers stop generation too
-            if name in tokens and tokens.index(name) not in eos_ids:
-                eos_ids.append(tokens.index(name))
+            if name in first_id and first_id[name] not in eos_ids:
+                eos_ids.append(first_id[name])
         default_bos = kind == "llama"
         return cls(hf=tok, bos_id=int(bos) if bos is not None else None, eos_ids=eos_ids,
                    add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", default_bos)) and bos is not None,

@@ -99,3 +99,21 @@ def test_gemm_layout_formulas(dtype, c2, kg):
         assert fa[(ki // c2) * m * c2 + mi * c2 + ki % c2] == a[mi, ki]
     for ni, ki in [(0, 0), (n - 1, k - 1), (kg + 3, 33), (5, 31)]:
         assert fb[(ni // kg) * kg * k + (ki // 32) * 32 * kg + (ni % kg) * 32 + ki % 32] == b[ki, ni]
+
+
+@pytest.mark.parametrize("dtype,n", [(np.int8, 100), (np.float16, 70), (np.int8, 64)])
+def test_gemm_weights_packed_in_kernel_chunks_equal_packed_whole(monkeypatch, dtype, n):
+    """_pack_b packs B a few kernel groups at a time (bounded temporaries): the
+    bytes and K-tile offsets equal those of packing every kernel at once."""
+    from rkc.compiler.npu import api, gemm
+
+    rng = np.random.default_rng(0)
+    k, name = 96, "int8" if dtype == np.int8 else "fp16"
+    b = (rng.standard_normal((k, n)) * 40).astype(dtype)
+    op = api.Gemm(api.Feature.gemm("a", 0, 4, k, name), b,
+                  api.Feature.gemm("c", 0, 4, n, "int32" if name == "int8" else "fp16"), 4, name="w")
+    kg = gemm.kernel_group(name)
+    tiles = [(0, 64), (64, 32)]
+    whole = gemm._pack_b(op, tiles, kg)
+    monkeypatch.setattr(gemm, "_PACK_KERNELS", kg)  # one kernel group per chunk
+    assert gemm._pack_b(op, tiles, kg) == whole
