@@ -58,8 +58,7 @@ class GraphRunner:
     def __init__(self, graph: Graph, cfg: LlmConfig, weights: dict, n_ctx: int) -> None:
         self.graph, self.cfg, self.weights = graph, cfg, weights
         self.ops = graph.topological_ops()
-        windows = [cfg.swa_window if cfg.is_swa(i) else 0 for i in range(cfg.n_layer)]
-        self.state = SimpleNamespace(cache=KVCache(cfg.n_layer, windows, n_ctx), model=None)
+        self.state = SimpleNamespace(cache=KVCache(cfg.n_layer, cfg.cache_windows(), n_ctx), model=None)
 
     def reset(self) -> None:
         self.state.cache.reset()
