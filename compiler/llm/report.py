@@ -13,6 +13,8 @@ simulator. CPU steps are host work and are not part of the modelled NPU time.
 
 from __future__ import annotations
 
+import numpy as np
+
 import re
 from dataclasses import dataclass, field
 
@@ -45,7 +47,9 @@ def phase(module: Module, program: Program, model: PerfModel = MODEL) -> PhaseFi
             continue
         layers = s.stats.get("layers", [])
         one = npu_figures([s], model)
-        m = _LAYER.match(_tensor(layers[0]["name"])) if layers else None
+        # a segment belongs to the first layer it has a product of (the per-layer
+        # embeddings' projection shares layer 0's q/k/v segment)
+        m = next((m for m in (_LAYER.match(_tensor(x["name"])) for x in layers) if m), None)
         key = f"layer {int(m.group(1))}" if m else "head"
         row = f.per_layer.setdefault(key, {"segments": [], "tasks": 0, "kicks": 0, "ddr_bytes": 0, "npu_us": 0.0})
         row["segments"].append("+".join(_short(layer["name"]) for layer in layers))
@@ -54,6 +58,31 @@ def phase(module: Module, program: Program, model: PerfModel = MODEL) -> PhaseFi
         row["ddr_bytes"] += one.ddr_bytes
         row["npu_us"] += one.seconds_chained * 1e6
     return f
+
+
+GATHERS = ("GatherRows", "GatherPacked")
+
+
+def cpu_gathers(module: Module, program: Program) -> list[dict]:
+    """Per embedding gather of `program` (on the CPU): the table, its bytes, and
+    the bytes one run reads of it (its rows, never the whole table)."""
+    out = []
+    for s in program.steps:
+        if s.kind != "cpu" or s.op not in GATHERS:
+            continue
+        if s.op == "GatherRows":
+            table, ids = module.tensor(s.inputs[0]), module.tensor(s.inputs[1])
+            row = table.nbytes // table.shape[0] if table.nbytes else int(np.prod(table.shape[1:])) * \
+                np.dtype(table.dtype).itemsize
+            total = table.nbytes or row * table.shape[0]
+            name = table.name
+        else:
+            ids = module.tensor(s.inputs[0])
+            name, total = s.attrs["packed"], module.tensor(s.attrs["packed"]).nbytes
+            row = int(s.attrs["cols"]) * np.dtype(s.attrs["dtype"]).itemsize
+        out.append({"table": name, "table_bytes": int(total), "bytes_per_run": int(row * ids.shape[0]),
+                    "rows_per_run": int(ids.shape[0])})
+    return out
 
 
 def _tensor(layer_name: str) -> str:
@@ -96,6 +125,7 @@ def figures(module: Module, model: PerfModel = MODEL) -> dict:
                      "cpu_steps_per_token": d.pop("cpu_steps"), "ddr_bytes_per_token": d.pop("ddr_bytes"),
                      "macs_per_token": d.pop("macs"), **d}
     out["decode"]["per_layer"] = decode.per_layer
+    out["decode"]["cpu_gathers"] = cpu_gathers(module, module.program(DECODE))
     out["prefill"] = {}
     table = programs_in(module.metadata)
     for p in module.programs:
@@ -140,6 +170,8 @@ def summary_lines(module: Module, model: PerfModel = MODEL) -> list[str]:
              f"{d['kicks_per_token']} kicks with hardware chaining ({d['kicks_per_token_stock']} with stock "
              f"rocket), {d['cpu_steps_per_token']} CPU steps",
              f"  DDR {ddr / 1e6:.1f} MB per token vs {fig['weight_bytes'] / 1e6:.1f} MB of weights",
+             *(f"  CPU gather of {g['table']}: {g['bytes_per_run']:,} bytes per token of its "
+               f"{g['table_bytes'] / 1e6:.1f} MB (its rows only)" for g in d["cpu_gathers"]),
              f"  {chained} = {d['modelled_tokens_per_s']:.1f} tokens/s at {model.dram_bytes_per_s / 1e9:g} GB/s "
              f"({d['kick_overhead_s'] * 1e3:.2f} ms of it kicks)"]
     if d["kicks_per_token_stock"] != d["kicks_per_token"]:

@@ -207,3 +207,22 @@ def test_kv_sharing_reads_the_window_its_source_saw(gemma4_rkbin, gemma4_gguf):
     ref.reset()
     want = ref.forward(tokens, 0)
     assert min(cosine(g, w) for g, w in zip(chunked, want)) > 0.9999
+
+
+def test_inspect_shows_the_per_layer_placement(gemma4_rkbin):
+    """The per-layer embedding rows are gathered on the CPU (bytes per token: its
+    rows, not the table), its projection shares layer 0's q/k/v segment, and each
+    layer's gate and projection are NPU products of that layer."""
+    from rkc.compiler.llm.report import figures, summary_lines
+    from rkc.ir.rkbin import read_rkbin
+
+    module = read_rkbin(gemma4_rkbin("gemma4", "int8")).module
+    d = figures(module)["decode"]
+    table = next(g for g in d["cpu_gathers"] if g["table"] == "per_layer_token_embd.weight")
+    assert table["rows_per_run"] == 1 and table["bytes_per_run"] == 6 * 32  # int8: one row of L * P
+    assert table["table_bytes"] >= 434 * table["bytes_per_run"]
+    assert d["per_layer"]["layer 0"]["segments"][0] == "per_layer_proj+q+k+v"
+    for il in range(6):
+        assert d["per_layer"][f"layer {il}"]["segments"][-2:] == ["pl_gate", "pl_proj"]
+    text = "\n".join(summary_lines(module))
+    assert "CPU gather of per_layer_token_embd.weight: 192 bytes per token" in text
