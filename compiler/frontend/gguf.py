@@ -92,12 +92,21 @@ class GgufFile:
         shape = self.shape(name)
         raw = np.asarray(t.data)  # a view of the memory-mapped file
         if raw.ndim < 2 or raw.shape[0] <= DEQUANT_ROWS:
-            return np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32).reshape(shape)
+            return self.dequantize_rows(name, slice(None)).reshape(shape)
         # in row blocks into one fp32 array: gguf's temporaries stay a block's size
         out = np.empty((raw.shape[0], int(np.prod(shape)) // raw.shape[0]), np.float32)
         for r0 in range(0, raw.shape[0], DEQUANT_ROWS):
-            out[r0:r0 + DEQUANT_ROWS] = gguf.quants.dequantize(raw[r0:r0 + DEQUANT_ROWS], t.tensor_type)
+            out[r0:r0 + DEQUANT_ROWS] = self.dequantize_rows(name, slice(r0, r0 + DEQUANT_ROWS))
         return out.reshape(shape)
+
+    def dequantize_rows(self, name: str, rows: "slice | np.ndarray") -> np.ndarray:
+        """fp32 rows of a [rows, cols] tensor (a slice or row ids), only their
+        bytes read from the memory-mapped file."""
+        import gguf
+
+        t = self.tensors[name]
+        raw = np.asarray(t.data)[rows]
+        return np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32)
 
 
 class _Builder:

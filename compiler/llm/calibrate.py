@@ -20,12 +20,12 @@ from typing import Callable
 
 import numpy as np
 
+from rkc.compiler.llm.weights import runtime_weight
 from rkc.ir.graph import Graph
 from rkc.ir.llm import LlmConfig
 from rkc.runtime.llm.kernels import KERNELS
 from rkc.runtime.llm.kvcache import KVCache
 from rkc.runtime.llm.tokenizer import LlmTokenizer
-from rkc.runtime.llm.weights import Weight
 
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
 # the text runs as independent sequences of WINDOW tokens (each after the first
@@ -86,7 +86,7 @@ def calibrate(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray], toke
               hessians: bool = True, chunk: int = 64, text: str | None = None) -> Calibration:
     """Ranges (and X^T X) of every Linear's input over the calibration text."""
     windows = calibration_windows(tokenizer, text if text is not None else CALIBRATION_TEXT.read_text())
-    dense = {name: Weight(w) for name, w in weights.items()}
+    dense = {name: runtime_weight(w) for name, w in weights.items()}
     cal = Calibration(tokens=sum(len(w) for w in windows))
     summed: dict[str, int] = {}  # input tensor -> last chunk added (q/k/v read one input)
     by_input: dict[str, np.ndarray] = {}
@@ -141,7 +141,7 @@ def product_errors(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray],
     the noise-to-signal ratio sum |y_c - y|^2 / sum |y|^2 of the group, keyed
     by its input tensor. The output head is not measured (kept as compiled)."""
     windows = calibration_windows(tokenizer, text)
-    dense = {name: Weight(w) for name, w in weights.items()}
+    dense = {name: runtime_weight(w) for name, w in weights.items()}
     noise: dict[str, float] = {}
     signal: dict[str, float] = {}
 

@@ -56,6 +56,23 @@ REAL = {
                        n_vocab=262144, context=32768, rope_base=1e6, eps=1e-6, tokenizer="spm", tied=True,
                        window=512),
 }
+# Gemma 4 E2B's text decoder, from its published config (google/gemma-4-E2B
+# config.json, text_config: hidden_size 1536, 35 layers, 8 heads, 1 KV head,
+# head_dim 256 / global_head_dim 512, intermediate_size 6144 doubled on the
+# KV-shared layers (use_double_wide_mlp), hidden_size_per_layer_input 256,
+# num_kv_shared_layers 20, sliding_window 512, every 5th layer full attention,
+# rope_theta 1e6 (full, proportional, partial_rotary_factor 0.25) / 1e4
+# (sliding), final_logit_softcapping 30, vocab 262144), under the GGUF keys
+# llama.cpp's converter writes (also listed by a gemma-4-E2B GGUF's metadata:
+# gemma4.attention.shared_kv_layers 20, key_length 512 / key_length_swa 256,
+# rope.dimension_count 512 / _swa 256, embedding_length_per_layer_input 256)
+_E2B_LAYERS = 35
+REAL["gemma-4-e2b"] = dict(
+    arch="gemma4", n_embd=1536, n_head=8, n_head_kv=1, head_dim=512, head_dim_swa=256, n_ff=6144,
+    n_layer=_E2B_LAYERS, n_vocab=262144, context=131072, rope_base=1e6, rope_base_swa=1e4, eps=1e-6,
+    tokenizer="spm", tied=True, window=512, swa_pattern=[il % 5 < 4 for il in range(_E2B_LAYERS)], shared=20,
+    per_layer=256, layer_n_ff=[6144 * (2 if il >= 15 else 1) for il in range(_E2B_LAYERS)], softcap=30.0,
+    features=("ple", "shared", "p_rope", "out_scale", "softcap", "wide_ff"))
 MIXES = ("q8_0", "q4_k_m")
 
 # Gemma 4 (llama.cpp src/models/gemma4.cpp): a tiny model per feature
@@ -487,4 +504,7 @@ def write_real(path: str | Path, model: str, mix: str = "q8_0", layers: int | No
         if not 0 < layers <= s["n_layer"]:
             raise ValueError(f"{model} has {s['n_layer']} layers, cannot keep {layers}")
         s["n_layer"] = layers
+        if s["arch"] == "gemma4":  # the first layers: own KV caches, until the full model's shared ones begin
+            s["swa_pattern"], s["layer_n_ff"] = s["swa_pattern"][:layers], s["layer_n_ff"][:layers]
+            s["shared"] = max(0, layers - (REAL[model]["n_layer"] - REAL[model]["shared"]))
     return write_gguf(path, s, mix, seed, name=f"synthetic-{model}-{mix}" + (f"-{layers}l" if layers else ""))
