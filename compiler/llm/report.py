@@ -13,10 +13,10 @@ simulator. CPU steps are host work and are not part of the modelled NPU time.
 
 from __future__ import annotations
 
-import numpy as np
-
 import re
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
 from rkc.ir.llm import DECODE, programs_in
