@@ -36,6 +36,7 @@ sys.path[:] = [str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").res
 
 from llm.synth import REAL, write_gguf  # noqa: E402
 from rkc.compiler.llm.report import MODEL, figures, phase  # noqa: E402
+from rkc.ir.atomic import write_atomic  # noqa: E402
 from rkc.ir.rkbin import read_rkbin  # noqa: E402
 
 MODEL_NAME = "gemma-4-e2b"
@@ -148,8 +149,6 @@ def main() -> int:
             row = measure(Path(tmp))
     print(table(row))
     if args.json:
-        from rkc.ir.atomic import write_atomic
-
         write_atomic(args.json, json.dumps(row, indent=1).encode())
     return 0
 

@@ -179,13 +179,7 @@ def test_against_llama_cpp(variant, precision, llama, gemma4_rkbin, record_prope
     got = list(Generator(engine, 128).generate(prompt, N_GREEDY, Sampler(0.0), stop_at_eos=False))
     step, tie = departure(got, want, gaps)
     # teacher-forced over the text, in the windows rkrun --perplexity cuts
-    agreement = llamacpp.Agreement()
-    gen = Generator(engine, PPL_CTX + 1)
-    for (window, ref), (same, logits) in zip(llamacpp.teacher_forced_logits(model, tokens, PPL_CTX),
-                                             gen.scored_windows(tokens, PPL_CTX)):
-        assert window == same
-        agreement.add(ref, logits, window)
-    f = agreement.figures()
+    f = llamacpp.agreement_over(model, Generator(engine, PPL_CTX + 1), tokens, PPL_CTX).figures()
     RESULTS[variant, precision] = {"greedy": step, "tie": tie, **f}
     record_property("figures", f)
     print(f"\n[{variant} {precision}] greedy {step}/{N_GREEDY} equal"
