@@ -1,5 +1,5 @@
 """Synthetic GGUFs with the exact shapes and metadata of real 1-2B models
-(tests/llm/synth.py REAL: Qwen2.5-1.5B, Qwen3-1.7B, Llama-3.2-1B, Gemma-3-1B),
+(tests/llm/synth.py REAL: Qwen2.5-1.5B, Qwen3-1.7B, Llama-3.2-1B, Gemma-3-1B, Gemma-4-E2B),
 random weights in Q8_0 or a Q4_K_M-like Q4_K/Q6_K mix, made on the fly (never
 committed), optionally cut to their first N layers.
 

@@ -27,6 +27,9 @@ class ArchTraits:
     embed_scale: bool  # embeddings multiplied by sqrt(n_embd) (Gemma)
     swa_pattern: int = 0  # every n-th layer is global, the others use the sliding window
     rope_base_swa: float = 10000.0  # RoPE base of sliding-window layers
+    # Gemma 4: per-layer head sizes / FFN widths / RoPE dims (sliding vs full
+    # layers), KV sharing, per-layer embeddings, V RMS-normed, q.k unscaled
+    per_layer: bool = False
 
 
 ARCH_TRAITS: dict[str, ArchTraits] = {
@@ -35,6 +38,8 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "qwen3": ArchTraits(rope_mode="neox", ffn_act="silu", qk_norm=True, post_norms=False, embed_scale=False),
     "gemma3": ArchTraits(rope_mode="neox", ffn_act="gelu_tanh", qk_norm=True, post_norms=True, embed_scale=True,
                          swa_pattern=6),
+    "gemma4": ArchTraits(rope_mode="neox", ffn_act="gelu_tanh", qk_norm=True, post_norms=True, embed_scale=True,
+                         per_layer=True),
 }
 
 
@@ -64,10 +69,46 @@ class LlmConfig:
     swa_layers: tuple[bool, ...] = field(default_factory=tuple)
     rope_base_swa: float = 10000.0
     logit_softcap: float = 0.0
+    # per layer (empty: every layer has the uniform value above); Gemma 4
+    layer_n_head: tuple[int, ...] = ()
+    layer_n_head_kv: tuple[int, ...] = ()
+    layer_head_dim: tuple[int, ...] = ()  # K = V head size
+    layer_n_ff: tuple[int, ...] = ()
+    layer_rope_dims: tuple[int, ...] = ()
+    kv_source: tuple[int, ...] = ()  # the layer whose KV cache each layer attends over (itself unless shared)
+    n_embd_per_layer: int = 0  # width of each layer's per-layer embedding (0: none)
+    v_norm: bool = False  # V RMS-normed (no weight) before the cache
 
     @property
     def traits(self) -> ArchTraits:
         return ARCH_TRAITS[self.arch]
+
+    def n_head_of(self, layer: int) -> int:
+        return self.layer_n_head[layer] if self.layer_n_head else self.n_head
+
+    def n_head_kv_of(self, layer: int) -> int:
+        return self.layer_n_head_kv[layer] if self.layer_n_head_kv else self.n_head_kv
+
+    def head_dim_of(self, layer: int) -> tuple[int, int]:
+        """(key/query, value) head size of `layer`."""
+        if self.layer_head_dim:
+            return self.layer_head_dim[layer], self.layer_head_dim[layer]
+        return self.head_dim, self.head_dim_v
+
+    def n_ff_of(self, layer: int) -> int:
+        return self.layer_n_ff[layer] if self.layer_n_ff else self.n_ff
+
+    def rope_dims_of(self, layer: int) -> int:
+        return self.layer_rope_dims[layer] if self.layer_rope_dims else self.rope_dims
+
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose KV cache `layer` reads (itself unless it shares an earlier one's)."""
+        return self.kv_source[layer] if self.kv_source else layer
+
+    def cache_windows(self) -> list[int]:
+        """Per layer, the sliding window its KV cache keeps (0: all of it, or
+        nothing at all for a layer that reads an earlier layer's cache)."""
+        return [self.swa_window if self.is_swa(i) and self.kv_layer(i) == i else 0 for i in range(self.n_layer)]
 
     def is_swa(self, layer: int) -> bool:
         return bool(self.swa_window) and bool(self.swa_layers[layer])
@@ -81,12 +122,13 @@ class LlmConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["swa_layers"] = [int(x) for x in self.swa_layers]
-        return d
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LlmConfig":
+        lists = {k: tuple(int(x) for x in v) for k, v in d.items() if isinstance(v, list)}
         try:
-            return cls(**{**d, "swa_layers": tuple(bool(x) for x in d.get("swa_layers", ()))})
+            return cls(**{**d, **lists, "swa_layers": tuple(bool(x) for x in d.get("swa_layers", ()))})
         except TypeError as exc:
             raise FormatError(f"malformed LLM description ({exc})") from None
 
@@ -99,6 +141,8 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "attention.head_count_kv": (1, 1024), "attention.key_length": (1, 1024), "attention.value_length": (1, 1024),
     "feed_forward_length": (1, 1 << 18), "context_length": (1, 1 << 21), "rope.dimension_count": (1, 1024),
     "attention.sliding_window": (0, 1 << 21),
+    "attention.key_length_swa": (1, 1024), "attention.value_length_swa": (1, 1024),
+    "rope.dimension_count_swa": (1, 1024),
 }
 TOKEN_ID_KEYS = ("bos", "eos", "eot", "unknown", "padding", "separator")
 
@@ -150,6 +194,8 @@ def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -
 
     def get(key: str, default: Any = None) -> int:
         value = raw(key, default)
+        if isinstance(value, list) and traits.per_layer and value:
+            value = max(value)  # the uniform field is the widest; the per-layer ones come after
         if isinstance(value, list):  # per-layer list: rkc needs it uniform
             if not value or len({repr(v) for v in value}) != 1:
                 raise UnsupportedError(f"{path}: per-layer values of {arch}.{key} are not supported")
@@ -181,7 +227,11 @@ def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -
         raise UnsupportedError(f"{path}: RoPE scaling {scaling!r} is not supported")
     window = get("attention.sliding_window", 0) if f"{arch}.attention.sliding_window" in kv else 0
     swa_layers: tuple[bool, ...] = ()
-    if window and traits.swa_pattern:
+    per_layer: dict[str, Any] = {}
+    if traits.per_layer:
+        per_layer = _per_layer_fields(kv, arch, n_layer, path)
+        swa_layers = per_layer.pop("swa_layers") if window else ()
+    elif window and traits.swa_pattern:
         pattern = kv.get(f"{arch}.attention.sliding_window_pattern", traits.swa_pattern)
         if isinstance(pattern, list):
             swa_layers = tuple(bool(x) for x in pattern)
@@ -196,7 +246,9 @@ def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -
         window = 0  # the architecture has no sliding-window layers in llama.cpp
     if swa_layers and len(swa_layers) != n_layer:
         raise FormatError(f"{path}: sliding-window pattern has {len(swa_layers)} entries for {n_layer} layers")
-    if arch == "gemma3":
+    if traits.per_layer:
+        attn_scale = 1.0  # llama.cpp gemma4: q.k unscaled (the q/k norms set the scale)
+    elif arch == "gemma3":
         # llama.cpp gemma3.cpp: 1/sqrt(n_embd/n_head) for the 62-layer (27B) model, else 1/sqrt(head_dim)
         attn_scale = 1.0 / math.sqrt(n_embd / n_head if n_layer == 62 else head_dim)
     else:
@@ -214,8 +266,82 @@ def config_from_gguf(kv: Mapping[str, Any], n_vocab: int, path: str = "model") -
         embed_scale=math.sqrt(n_embd) if traits.embed_scale else 1.0,
         attn_scale=attn_scale, swa_window=window, swa_layers=swa_layers,
         rope_base_swa=number("rope.freq_base_swa", traits.rope_base_swa),
-        logit_softcap=number("final_logit_softcapping", 0.0, positive=False),
+        # absent from a gemma4 file, llama.cpp's hparams default of 30 applies
+        logit_softcap=number("final_logit_softcapping", 30.0 if traits.per_layer else 0.0, positive=False),
+        **per_layer,
     )
+
+
+def _per_layer_fields(kv: Mapping[str, Any], arch: str, n_layer: int, path: str) -> dict[str, Any]:
+    """Gemma 4's per-layer hyperparameters (llama.cpp llama_model_gemma4
+    load_arch_hparams and its llama_hparams): sliding layers take the *_swa
+    head size and RoPE dims, full layers the plain ones; head counts and FFN
+    widths may be per-layer arrays; the last shared_kv_layers layers read the
+    KV cache of the last earlier layer of their kind."""
+    def key(name: str) -> str:
+        return f"{arch}.{name}"
+
+    experts = kv.get(key("expert_count"), 0)
+    if experts:
+        raise UnsupportedError(f"{path}: {arch} mixture-of-experts ({experts!r:.20} experts) is not supported")
+
+    def layers(name: str, default: Any = None) -> tuple[int, ...]:
+        value = kv.get(key(name), default)
+        if value is None:
+            raise FormatError(f"{path}: GGUF metadata lacks {key(name)}")
+        values = value if isinstance(value, list) else [value] * n_layer
+        if len(values) != n_layer:
+            raise FormatError(f"{path}: {key(name)} has {len(values)} entries for {n_layer} layers")
+        return tuple(_checked_int(path, key(name), v) for v in values)
+
+    pattern = kv.get(key("attention.sliding_window_pattern"), False)
+    pattern = pattern if isinstance(pattern, list) else [pattern] * n_layer  # llama.cpp get_key_or_arr
+    if len(pattern) != n_layer or any(not isinstance(p, (bool, int)) for p in pattern):
+        raise FormatError(f"{path}: {key('attention.sliding_window_pattern')} is not one flag per layer")
+    swa = tuple(bool(p) for p in pattern)
+
+    def scalar(name: str, default: Any = None) -> int:
+        value = kv.get(key(name), default)
+        if value is None:
+            raise FormatError(f"{path}: GGUF metadata lacks {key(name)}")
+        return _checked_int(path, key(name), value)
+
+    hd_full, hd_swa = scalar("attention.key_length"), scalar("attention.key_length_swa")
+    if scalar("attention.value_length", hd_full) != hd_full or scalar("attention.value_length_swa", hd_swa) != hd_swa:
+        raise UnsupportedError(f"{path}: {arch} needs value heads the size of key heads (llama.cpp requires it)")
+    rot_full, rot_swa = scalar("rope.dimension_count", hd_full), scalar("rope.dimension_count_swa", hd_swa)
+    head_dim = tuple(hd_swa if s else hd_full for s in swa)
+    rope_dims = tuple(rot_swa if s else rot_full for s in swa)
+    for il, (hd, rd) in enumerate(zip(head_dim, rope_dims)):
+        if rd > hd or rd % 2:
+            raise FormatError(f"{path}: layer {il}: RoPE rotates {rd} dimensions of a {hd}-wide head")
+    n_head = layers("attention.head_count")
+    n_head_kv = layers("attention.head_count_kv", kv.get(key("attention.head_count")))
+    for il, (h, hkv) in enumerate(zip(n_head, n_head_kv)):
+        if hkv > h or h % hkv:
+            raise FormatError(f"{path}: layer {il}: {hkv} KV heads do not divide the {h} attention heads")
+    shared = kv.get(key("attention.shared_kv_layers"), 0)
+    if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared < max(n_layer, 1):
+        raise FormatError(f"{path}: {key('attention.shared_kv_layers')} = {shared!r:.20} (of {n_layer} layers)")
+    first_shared = n_layer - shared
+    source = []
+    for il in range(n_layer):
+        if il < first_shared:
+            source.append(il)
+            continue
+        same = [j for j in range(first_shared) if swa[j] == swa[il]]
+        if not same:
+            raise FormatError(f"{path}: layer {il} shares the KV cache, but no earlier layer is of its kind")
+        source.append(same[-1])
+    for il, src in enumerate(source):
+        if head_dim[src] != head_dim[il] or n_head_kv[src] != n_head_kv[il]:
+            raise FormatError(f"{path}: layer {il} reads layer {src}'s KV cache, whose heads differ")
+    per_layer_embd = kv.get(key("embedding_length_per_layer_input"), 0)
+    if isinstance(per_layer_embd, bool) or not isinstance(per_layer_embd, int) or not 0 <= per_layer_embd <= 1 << 16:
+        raise FormatError(f"{path}: {key('embedding_length_per_layer_input')} = {per_layer_embd!r:.20}")
+    return dict(swa_layers=swa, layer_n_head=n_head, layer_n_head_kv=n_head_kv, layer_head_dim=head_dim,
+                layer_n_ff=layers("feed_forward_length"), layer_rope_dims=rope_dims, kv_source=tuple(source),
+                n_embd_per_layer=per_layer_embd, v_norm=True)
 
 
 # -- the programs of an LLM rkbin -------------------------------------------------------

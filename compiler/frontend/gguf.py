@@ -16,10 +16,17 @@ Op vocabulary (CPU kernels in runtime/kernels/llm.py):
   RoPE(x, positions) {base, scale, dims, mode}
   Attention(q, k, v, positions) {layer, scale, window, kv_heads}  causal, over the cache
   SiLU / GeluTanh / Tanh (x), Mul(a, b), Add(a, b)
+Gemma 4 (llama.cpp src/models/gemma4.cpp) adds:
+  RMSNormPlain(x) {epsilon}     RMSNorm without a weight (V before the cache)
+  AttentionShared(q, positions) {layer, source, scale, window}  attends over layer
+                                `source`'s KV cache (KV sharing), adds nothing to it
+  Pick(x) {index}               x[:, index] of [T, L, P]: one layer's per-layer input
+  ScaleBy(x, s)                 x * s, s a one-element constant (the layer output scale)
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +176,11 @@ class _Builder:
         x = self.op("Gather", [emb, "tokens"], "embd", (T, D))
         if cfg.embed_scale != 1.0:
             x = self.op("Scale", [x], "embd_scaled", (T, D), {"factor": cfg.embed_scale})
-        for il in range(cfg.n_layer):
+        if cfg.traits.per_layer:
+            per_layer = self.per_layer_inputs(x) if cfg.n_embd_per_layer else None
+            for il in range(cfg.n_layer):
+                x = self.gemma4_layer(il, x, per_layer)
+        for il in range(cfg.n_layer if not cfg.traits.per_layer else 0):
             x = self.layer(il, x)
         x = self.rms(x, "output_norm.weight", "result_norm", (T, D))
         head = "output" if "output.weight" in self.gf.tensors else "token_embd"
@@ -220,6 +231,90 @@ class _Builder:
         return self.op("Add", [f, x], f"{p}.out", (T, D))
 
 
+    # -- Gemma 4 ------------------------------------------------------------------------------
+    def per_layer_inputs(self, x: str) -> str:
+        """[T, L, P]: every layer's per-layer input, from the per-layer token
+        table's rows (sqrt(P)-scaled) and the scaled embedding's projection
+        (1/sqrt(D)-scaled, RMS-normed), summed and scaled by 1/sqrt(2)."""
+        cfg, T, D = self.cfg, "T", self.cfg.n_embd
+        L, P = cfg.n_layer, cfg.n_embd_per_layer
+        table = self.const("per_layer_token_embd.weight")
+        if self.gf.shape(table) != (cfg.n_vocab, L * P):
+            raise FormatError(f"{self.gf.path}: per_layer_token_embd.weight is {self.gf.shape(table)}, "
+                              f"not [{cfg.n_vocab}, {L * P}]")
+        rows = self.op("Gather", [table, "tokens"], "per_layer_rows", (T, L * P))
+        rows = self.op("Scale", [rows], "per_layer_rows_scaled", (T, L * P), {"factor": math.sqrt(P)})
+        rows = self.op("Reshape", [rows], "per_layer_tokens", (T, L, P), {"shape": [-1, L, P]})
+        proj = self.linear(x, "per_layer_model_proj", "per_layer_proj")
+        proj = self.op("Scale", [proj], "per_layer_proj_scaled", (T, L * P), {"factor": 1.0 / math.sqrt(D)})
+        proj = self.op("Reshape", [proj], "per_layer_proj_heads", (T, L, P), {"shape": [-1, L, P]})
+        proj = self.rms(proj, "per_layer_proj_norm.weight", "per_layer_proj_normed", (T, L, P))
+        both = self.op("Add", [proj, rows], "per_layer_sum", (T, L, P))
+        return self.op("Scale", [both], "per_layer_inputs", (T, L, P), {"factor": 1.0 / math.sqrt(2.0)})
+
+    def gemma4_layer(self, il: int, x: str, per_layer: str | None) -> str:
+        cfg, T, D = self.cfg, "T", self.cfg.n_embd
+        p = f"blk.{il}"
+        H, Hkv, (hd, _) = cfg.n_head_of(il), cfg.n_head_kv_of(il), cfg.head_dim_of(il)
+        h = self.rms(x, f"{p}.attn_norm.weight", f"{p}.attn_norm", (T, D))
+        base, scale = cfg.layer_rope(il)
+        rope = {"base": base, "scale": scale, "dims": cfg.rope_dims_of(il), "mode": cfg.rope_mode}
+        freqs = self.const("rope_freqs.weight", required=False) if not cfg.is_swa(il) else None
+        extra = [freqs] if freqs else []
+        q = self.linear(h, f"{p}.attn_q", f"{p}.q")
+        q = self.op("Reshape", [q], f"{p}.q_heads", (T, H, hd), {"shape": [-1, H, hd]})
+        q = self.rms(q, f"{p}.attn_q_norm.weight", f"{p}.q_normed", (T, H, hd))
+        q = self.op("RoPE", [q, "positions", *extra], f"{p}.q_rope", (T, H, hd), rope)
+        window = cfg.swa_window if cfg.is_swa(il) else 0
+        attrs = {"layer": il, "scale": cfg.attn_scale, "window": window, "kv_heads": Hkv}
+        if cfg.kv_layer(il) == il:
+            k = self.linear(h, f"{p}.attn_k", f"{p}.k")
+            k = self.op("Reshape", [k], f"{p}.k_heads", (T, Hkv, hd), {"shape": [-1, Hkv, hd]})
+            if f"{p}.attn_v.weight" in self.gf.tensors:
+                v = self.linear(h, f"{p}.attn_v", f"{p}.v")
+                v = self.op("Reshape", [v], f"{p}.v_heads", (T, Hkv, hd), {"shape": [-1, Hkv, hd]})
+            else:
+                v = k  # no V projection: V is K's projection (before K's norm and RoPE)
+            k = self.rms(k, f"{p}.attn_k_norm.weight", f"{p}.k_normed", (T, Hkv, hd))
+            v = self.op("RMSNormPlain", [v], f"{p}.v_normed", (T, Hkv, hd), {"epsilon": cfg.rms_eps})
+            k = self.op("RoPE", [k, "positions", *extra], f"{p}.k_rope", (T, Hkv, hd), rope)
+            a = self.op("Attention", [q, k, v, "positions"], f"{p}.attn", (T, H * hd), attrs)
+        else:
+            a = self.op("AttentionShared", [q, "positions"], f"{p}.attn", (T, H * hd),
+                        attrs | {"source": cfg.kv_layer(il)})
+        a = self.linear(a, f"{p}.attn_output", f"{p}.attn_out")
+        a = self.rms(a, f"{p}.post_attention_norm.weight", f"{p}.attn_post_norm", (T, D))
+        x = self.op("Add", [a, x], f"{p}.attn_residual", (T, D))
+        n_ff = cfg.n_ff_of(il)
+        h = self.rms(x, f"{p}.ffn_norm.weight", f"{p}.ffn_norm", (T, D))
+        gate = self.linear(h, f"{p}.ffn_gate", f"{p}.gate")
+        up = self.linear(h, f"{p}.ffn_up", f"{p}.up")
+        gate = self.op("GeluTanh", [gate], f"{p}.gate_act", (T, n_ff))
+        f = self.linear(self.op("Mul", [gate, up], f"{p}.ffn_hidden", (T, n_ff)), f"{p}.ffn_down", f"{p}.ffn_out")
+        f = self.rms(f, f"{p}.post_ffw_norm.weight", f"{p}.ffn_post_norm", (T, D))
+        x = self.op("Add", [f, x], f"{p}.ffn_residual", (T, D))
+        if per_layer is not None:
+            P = cfg.n_embd_per_layer
+            g = self.linear(x, f"{p}.inp_gate", f"{p}.pl_gate")
+            g = self.op("GeluTanh", [g], f"{p}.pl_gate_act", (T, P))
+            mine = self.op("Pick", [per_layer], f"{p}.pl_input", (T, P), {"index": il})
+            g = self.linear(self.op("Mul", [g, mine], f"{p}.pl_gated", (T, P)), f"{p}.proj", f"{p}.pl_proj")
+            g = self.rms(g, f"{p}.post_norm.weight", f"{p}.pl_post_norm", (T, D))
+            x = self.op("Add", [x, g], f"{p}.pl_residual", (T, D))
+        out_scale = self.const(f"{p}.layer_output_scale.weight", required=False)
+        if out_scale:
+            x = self.op("ScaleBy", [x, out_scale], f"{p}.out", (T, D))
+        return x
+
+
+def check_moe(gf: GgufFile) -> None:
+    """A mixture-of-experts file (router tensors) is refused in one line."""
+    routers = [n for n in gf.tensors if n.endswith(".ffn_gate_inp.weight")]
+    if routers:
+        raise UnsupportedError(f"{gf.path}: mixture-of-experts layers ({routers[0]}, {len(routers)} routers) "
+                               "are not supported")
+
+
 def check_tensor_types(gf: GgufFile) -> None:
     for name in gf.tensors:
         kind = gf.type_name(name)
@@ -230,6 +325,7 @@ def check_tensor_types(gf: GgufFile) -> None:
 
 def graph_from_gguf(gf: GgufFile) -> Graph:
     cfg = gf.config()
+    check_moe(gf)
     check_tensor_types(gf)
     graph = _Builder(gf, cfg).build()
     graph.verify()

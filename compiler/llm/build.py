@@ -31,7 +31,8 @@ from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE,
 from rkc.compiler.llm.rotate import (DEFAULT_ROTATION, NONE, ROTATE_ROWS, rotate_hessian, rotate_matrix,
                                     rotation_for)
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
-from rkc.compiler.llm.weights import LazyWeights, by_layer, dequantize_all, progress as progress_bar
+from rkc.compiler.llm.weights import (LazyWeights, RowTable, by_layer, dequantize_all, gather_only_tables,
+                                      progress as progress_bar)
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.ir.errors import UnsupportedError
@@ -94,6 +95,10 @@ def _matrix_names(graph: Graph) -> set[str]:
     return names
 
 
+def _product_names(graph: Graph) -> set[str]:
+    return {op.inputs[1] for op in graph.ops if op.type == "Linear"}
+
+
 def _smoothed_hessian(h: np.ndarray, s: np.ndarray | None, cache: dict) -> np.ndarray:
     """X^T X of the input x / s a smoothed product sees (one per shared input)."""
     if s is None:
@@ -112,7 +117,7 @@ def encode_matrices(graph: Graph, weights: Mapping[str, np.ndarray], options: Ll
     rotated by `options.rotation` first (a Gather-only table is not)."""
     out: dict[str, EncodedWeight] = {}
     cache: dict = {}
-    linear = {op.inputs[1] for op in graph.ops if op.type == "Linear"}
+    linear = _product_names(graph)
     with progress_bar(by_layer(sorted(_matrix_names(graph))), "encode layers") as layers:
         for group in layers:
             for name in group:
@@ -124,6 +129,9 @@ def _encode(name: str, w: np.ndarray, is_product: bool, options: LlmCompileOptio
             factors: dict[str, np.ndarray], cache: dict, out: dict[str, EncodedWeight]) -> None:
     """One matrix encoded into `out` (fp16, or int8 rounded by options.rounding,
     a product's input axis rotated first)."""
+    if isinstance(w, RowTable):  # gathered only: encoded row block by row block (rows are independent)
+        out[name] = _encode_table(w, _precision_of(name, options), options)
+        return
     if _precision_of(name, options) == "fp16":
         out[name] = EncodedWeight(w.astype(np.float16))
         return
@@ -146,6 +154,19 @@ def _measures_whole_model(options: LlmCompileOptions) -> bool:
     """Whether preparing the weights runs the whole model with int8 products
     (the alpha search, the hybrid's noise measurement)."""
     return options.precision == "int8" and (options.alpha_search or options.fp16_share > 0)
+
+
+def _encode_table(table: RowTable, precision: str, options: LlmCompileOptions) -> EncodedWeight:
+    """A gather-only table in fp16, or int8 with a scale per row, never whole in fp32."""
+    if precision == "fp16":
+        data = np.empty(table.shape, np.float16)
+        for r0, rows in table.blocks():
+            data[r0:r0 + len(rows)] = rows
+        return EncodedWeight(data)
+    data, scale = np.empty(table.shape, np.int8), np.empty(table.shape[0], np.float32)
+    for r0, rows in table.blocks():
+        data[r0:r0 + len(rows)], scale[r0:r0 + len(rows)] = quantize_matrix(rows, "rtn", None, options.scales)
+    return EncodedWeight(data, scale)
 
 
 def _needs_hessians(options: LlmCompileOptions) -> bool:
@@ -222,6 +243,8 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
                     vectors[name] = held[name].astype(np.float32)
                 elif name in held:
                     _encode(name, held[name], name in linear, options, cal, factors, cache, matrices)
+                elif isinstance(weights.written.get(name), RowTable):  # gathered only: its own row blocks
+                    _encode(name, weights.written[name], name in linear, options, cal, factors, cache, matrices)
                 else:
                     _encode_rows(name, weights, name in linear, options, cal, factors, cache, matrices)
             del held
@@ -294,7 +317,7 @@ def _search_alphas(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str
     for a in ALPHA_GRID:
         trial = dict(weights)  # smooth() replaces arrays, never writes into them
         factors = smooth(graph, trial, cal.ranges, a) if a > 0 else {}
-        int8 = {n: Int8Weight(*quantize_matrix(trial[n])) for n in _matrix_names(graph) if n != head}
+        int8 = {n: Int8Weight(*quantize_matrix(trial[n])) for n in _product_names(graph) if n != head}
         errors = product_errors(graph, cfg, trial, int8, tokenizer, text)
         for group, e in errors.items():
             if group not in best or e < best[group][1]:
@@ -366,10 +389,14 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     tokenizer = LlmTokenizer.from_gguf_fields(
         gf.take_tokenizer_fields(), str(path))
     lap("load", "dequantize")
-    consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
+    tables = gather_only_tables(graph)
+    consts = [n for n, t in graph.tensors.items() if t.kind == "const" and n not in tables]
     # the schemes that measure the whole int8 model on the calibration text need
-    # every weight in fp32 at once; the others stream (prepare_streamed)
+    # every weight in fp32 at once; the others stream (prepare_streamed). A table
+    # that is only gathered from is never whole in fp32 (RowTable).
     weights = dequantize_all(gf, consts, None) if _measures_whole_model(options) else LazyWeights(gf, consts)
+    for name in tables:
+        weights[name] = RowTable(gf, name)
     lap("dequantize", "quantize")
     if options.precision == "int8" and (options.rounding not in METHODS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "

@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from rkc.compiler.llm.weights import layer_of
+from rkc.compiler.llm.weights import layer_of, runtime_weight
 from rkc.ir.graph import Graph
 from rkc.ir.llm import LlmConfig
 from rkc.runtime.llm.kernels import KERNELS
@@ -59,8 +59,7 @@ class GraphRunner:
     def __init__(self, graph: Graph, cfg: LlmConfig, weights: dict, n_ctx: int) -> None:
         self.graph, self.cfg, self.weights = graph, cfg, weights
         self.ops = graph.topological_ops()
-        windows = [cfg.swa_window if cfg.is_swa(i) else 0 for i in range(cfg.n_layer)]
-        self.state = SimpleNamespace(cache=KVCache(cfg.n_layer, windows, n_ctx), model=None)
+        self.state = SimpleNamespace(cache=KVCache(cfg.n_layer, cfg.cache_windows(), n_ctx), model=None)
 
     def reset(self) -> None:
         self.state.cache.reset()
@@ -119,7 +118,13 @@ def calibrate(graph: Graph, cfg: LlmConfig, weights: Mapping[str, np.ndarray], t
             cal.hessians[w] = by_input[key]
         return op.outputs[0] != "logits"
 
-    _run_by_layer(graph, cfg, weights, windows, chunk, observe)
+    if any(source != layer for layer, source in enumerate(cfg.kv_source)):
+        # a layer attending over an earlier layer's KV cache (gemma4's shared KV) needs
+        # that cache as it was at each chunk: the whole model runs chunk by chunk
+        consts = {n: _LazyConst(weights, n) for n, t in graph.tensors.items() if t.kind == "const"}
+        _run_windows(GraphRunner(graph, cfg, consts, WINDOW + 1), windows, chunk, observe)
+    else:
+        _run_by_layer(graph, cfg, weights, windows, chunk, observe)
     return cal
 
 
@@ -157,7 +162,7 @@ class _LazyConst:
 
     def _weight(self) -> Weight:
         if self._dense is None:
-            self._dense = Weight(self._weights[self._name])
+            self._dense = runtime_weight(self._weights[self._name])
         return self._dense
 
     def __getattr__(self, attr: str):
@@ -223,7 +228,7 @@ def product_errors(graph: Graph, cfg: LlmConfig, weights: dict[str, np.ndarray],
     the noise-to-signal ratio sum |y_c - y|^2 / sum |y|^2 of the group, keyed
     by its input tensor. The output head is not measured (kept as compiled)."""
     windows = calibration_windows(tokenizer, text)
-    dense = {name: Weight(w) for name, w in weights.items()}
+    dense = {name: runtime_weight(w) for name, w in weights.items()}
     noise: dict[str, float] = {}
     signal: dict[str, float] = {}
 

@@ -65,7 +65,12 @@ def mse_row_scales(w: np.ndarray, energy: np.ndarray | None = None) -> np.ndarra
 
 
 def round_to_nearest(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(w / scale[:, None]), -QMAX, QMAX).astype(np.int8)
+    """In row blocks: a 262k-row head would otherwise hold three fp32 temporaries of its size."""
+    q = np.empty(w.shape, np.int8)
+    for r0 in range(0, w.shape[0], _ROW_BLOCK):
+        rows = slice(r0, r0 + _ROW_BLOCK)
+        q[rows] = np.clip(np.rint(w[rows] / scale[rows, None]), -QMAX, QMAX)
+    return q
 
 
 def quantize_matrix(w: np.ndarray, method: str = "rtn", hessian: np.ndarray | None = None,

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rkc.compiler.inspect import NpuFigures, npu_figures
 from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines
 from rkc.ir.llm import DECODE, programs_in
@@ -56,10 +58,37 @@ def phase(module: Module, program: Program, model: PerfModel = MODEL) -> PhaseFi
 
 
 def layer_key(step: Step) -> str:
-    """Which per-layer row of PhaseFigures an NPU step counts in: "layer N" or "head"."""
+    """Which per-layer row of PhaseFigures an NPU step counts in: the first
+    layer it has a product of ("layer N"; gemma4's per-layer embeddings'
+    projection shares layer 0's q/k/v segment), else "head"."""
     layers = step.stats.get("layers", [])
-    m = _LAYER.match(_tensor(layers[0]["name"])) if layers else None
+    m = next((m for m in (_LAYER.match(_tensor(x["name"])) for x in layers) if m), None)
     return f"layer {int(m.group(1))}" if m else "head"
+
+
+GATHERS = ("GatherRows", "GatherPacked")
+
+
+def cpu_gathers(module: Module, program: Program) -> list[dict]:
+    """Per embedding gather of `program` (on the CPU): the table, its bytes, and
+    the bytes one run reads of it (its rows, never the whole table)."""
+    out = []
+    for s in program.steps:
+        if s.kind != "cpu" or s.op not in GATHERS:
+            continue
+        if s.op == "GatherRows":
+            table, ids = module.tensor(s.inputs[0]), module.tensor(s.inputs[1])
+            row = table.nbytes // table.shape[0] if table.nbytes else int(np.prod(table.shape[1:])) * \
+                np.dtype(table.dtype).itemsize
+            total = table.nbytes or row * table.shape[0]
+            name = table.name
+        else:
+            ids = module.tensor(s.inputs[0])
+            name, total = s.attrs["packed"], module.tensor(s.attrs["packed"]).nbytes
+            row = int(s.attrs["cols"]) * np.dtype(s.attrs["dtype"]).itemsize
+        out.append({"table": name, "table_bytes": int(total), "bytes_per_run": int(row * ids.shape[0]),
+                    "rows_per_run": int(ids.shape[0])})
+    return out
 
 
 def _tensor(layer_name: str) -> str:
@@ -102,6 +131,7 @@ def figures(module: Module, model: PerfModel = MODEL) -> dict:
                      "cpu_steps_per_token": d.pop("cpu_steps"), "ddr_bytes_per_token": d.pop("ddr_bytes"),
                      "macs_per_token": d.pop("macs"), **d}
     out["decode"]["per_layer"] = decode.per_layer
+    out["decode"]["cpu_gathers"] = cpu_gathers(module, module.program(DECODE))
     out["prefill"] = {}
     table = programs_in(module.metadata)
     for p in module.programs:
@@ -148,6 +178,8 @@ def summary_lines(module: Module, model: PerfModel = MODEL, host_costs: HostCost
              f"{d['kicks_per_token']} kicks with hardware chaining ({d['kicks_per_token_stock']} with stock "
              f"rocket), {d['cpu_steps_per_token']} CPU steps",
              f"  DDR {ddr / 1e6:.1f} MB per token vs {fig['weight_bytes'] / 1e6:.1f} MB of weights",
+             *(f"  CPU gather of {g['table']}: {g['bytes_per_run']:,} bytes per token of its "
+               f"{g['table_bytes'] / 1e6:.1f} MB (its rows only)" for g in d["cpu_gathers"]),
              f"  {chained} = {d['modelled_tokens_per_s']:.1f} tokens/s at {model.dram_bytes_per_s / 1e9:g} GB/s "
              f"({d['kick_overhead_s'] * 1e3:.2f} ms of it kicks)"]
     if d["kicks_per_token_stock"] != d["kicks_per_token"]:

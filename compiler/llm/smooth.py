@@ -63,10 +63,9 @@ def smooth(graph: Graph, weights: dict[str, np.ndarray], ranges: dict[str, np.nd
             up = producers[prod.inputs[1]]
             s = _factors(act, mats, a_of)
             _divide_rows(weights, up.inputs, s)
-        elif prod.type == "Attention":
+        elif prod.type == "Attention" and _v_projection(producers, prod) is not None:
             # attention output channel (h, d) carries v channel (h // group, d)
-            reshape = producers[prod.inputs[2]]
-            v_lin = producers[reshape.inputs[0]]
+            v_lin = _v_projection(producers, prod)
             hkv = int(prod.attrs["kv_heads"])
             n_v = weights[v_lin.inputs[1]].shape[0]
             group = act.size // n_v
@@ -81,6 +80,16 @@ def smooth(graph: Graph, weights: dict[str, np.ndarray], ranges: dict[str, np.nd
             weights[n] = weights[n] * s[None, :]
             done[n] = s
     return done
+
+
+def _v_projection(producers: dict, attention):
+    """The Linear whose reshaped rows are the attention's V, if V is exactly
+    that (not RMS-normed as Gemma 4's, which a row scale would not pass through)."""
+    reshape = producers.get(attention.inputs[2])
+    if reshape is None or reshape.type != "Reshape":
+        return None
+    lin = producers.get(reshape.inputs[0])
+    return lin if lin is not None and lin.type == "Linear" else None
 
 
 def _divide_rows(weights: dict[str, np.ndarray], linear_inputs: list[str], s: np.ndarray) -> None:

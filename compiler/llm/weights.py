@@ -12,7 +12,7 @@ from typing import Iterable, Iterator, MutableMapping, TypeVar
 
 import numpy as np
 
-from rkc.compiler.frontend.gguf import GgufFile
+from rkc.compiler.frontend.gguf import DEQUANT_ROWS, GgufFile
 
 T = TypeVar("T")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -73,6 +73,8 @@ class LazyWeights(MutableMapping):
 
     def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
         """fp32 rows of a 2-D weight, only those read from the file."""
+        if isinstance(self.written.get(name), RowTable):
+            return self.written[name].rows(ids)
         if name in self.written or name not in self.names:
             return np.asarray(self[name])[ids]
         return self.gf.dequantize_rows(name, ids)
@@ -97,3 +99,35 @@ class LazyWeights(MutableMapping):
 
     def __len__(self) -> int:
         return len(self.names)
+
+
+class RowTable:
+    """A table that is only gathered from, never multiplied (Gemma 4's per-layer
+    token embeddings: 262144 x 8960 for E2B, 9.4 GB in fp32): rows dequantized
+    from the memory-mapped GGUF when gathered, encoded in row blocks, never
+    held whole in fp32."""
+
+    def __init__(self, gf: GgufFile, name: str) -> None:
+        self.gf, self.name = gf, name
+        self.shape = gf.shape(name)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        return self.gf.dequantize_rows(self.name, np.asarray(ids, np.int64))
+
+    def blocks(self, n: int = DEQUANT_ROWS) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, fp32 rows) of n rows at a time."""
+        for r0 in range(0, self.shape[0], n):
+            yield r0, self.gf.dequantize_rows(self.name, slice(r0, r0 + n))
+
+
+def gather_only_tables(graph) -> list[str]:
+    """Constants the graph only gathers rows of (no product reads them)."""
+    products = {op.inputs[1] for op in graph.ops if op.type == "Linear"}
+    return sorted({op.inputs[0] for op in graph.ops if op.type == "Gather"} - products)
+
+
+def runtime_weight(w):
+    """A float weight as the CPU kernels read it (a RowTable gathers its own rows)."""
+    from rkc.runtime.llm.weights import Weight
+
+    return w if isinstance(w, RowTable) else Weight(w)

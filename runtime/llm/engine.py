@@ -86,8 +86,7 @@ class LlmEngine:
         return self.model.device
 
     def new_cache(self, n_ctx: int) -> KVCache:
-        windows = [self.cfg.swa_window if self.cfg.is_swa(i) else 0 for i in range(self.cfg.n_layer)]
-        return KVCache(self.cfg.n_layer, windows, n_ctx)
+        return KVCache(self.cfg.n_layer, self.cfg.cache_windows(), n_ctx)
 
     def program_for(self, rows: int, all_logits: bool) -> LlmProgram:
         """The file's program for a chunk of `rows` tokens (every row's logits or the last)."""

@@ -177,10 +177,17 @@ def attention(inputs, attrs, state):
     layer = int(attrs["layer"])
     cache: KVCache = state.cache
     keys, values, kpos = cache.context(layer, k, v, pos)
+    out = _attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))
+    cache.append(layer, k, v, pos)
+    return [out]
+
+
+def _attend(q, keys, values, kpos, pos, attrs, rows: int) -> np.ndarray:
+    """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at kpos,
+    causal (and windowed), into [rows, H * hd_v] (rows past T stay zero)."""
     T, H, hd = q.shape
     Hkv = keys.shape[1]
-    group = H // Hkv
-    qg = q.astype(np.float32).reshape(T, Hkv, group, hd)
+    qg = q.astype(np.float32).reshape(T, Hkv, H // Hkv, hd)
     scores = np.einsum("tkgd,pkd->kgtp", qg, keys, optimize=True) * np.float32(attrs["scale"])
     allowed = kpos[None, :] <= pos[:, None]
     window = int(attrs["window"])
@@ -190,10 +197,33 @@ def attention(inputs, attrs, state):
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
     out = np.einsum("kgtp,pkd->tkgd", probs, values, optimize=True)
-    cache.append(layer, k, v, pos)
-    full = np.zeros((len(inputs[0]), H * values.shape[-1]), np.float32)
-    full[:n] = out.reshape(T, H * values.shape[-1])
-    return [full]
+    full = np.zeros((rows, H * values.shape[-1]), np.float32)
+    full[:T] = out.reshape(T, H * values.shape[-1])
+    return full
+
+
+def attention_shared(inputs, attrs, state):
+    """Attention of the new rows over an earlier layer's KV cache as that layer
+    left it in this step (KV sharing: attrs["source"]); the cache is unchanged."""
+    q, pos = inputs
+    n = getattr(state, "valid", len(pos))
+    q, pos = q[:n], np.asarray(pos)[:n]
+    keys, values, kpos = state.cache.shared(int(attrs["source"]))
+    return [_attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+
+
+def rms_norm_plain(inputs, attrs, state):
+    x = inputs[0].astype(np.float32)
+    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    return [(x / np.sqrt(ms + np.float32(attrs["epsilon"]))).astype(np.float32)]
+
+
+def pick(inputs, attrs, state):
+    return [np.ascontiguousarray(inputs[0][:, int(attrs["index"])])]
+
+
+def scale_by(inputs, attrs, state):
+    return [(inputs[0] * _dense(inputs[1]).astype(np.float32)).astype(np.float32)]
 
 
 def silu(inputs, attrs, state):
@@ -229,4 +259,5 @@ KERNELS: dict[str, Kernel] = {
     "RoPE": rope, "Attention": attention, "SiLU": silu, "GeluTanh": gelu_tanh, "Tanh": tanh,
     "Mul": mul, "Add": add, "TakeLast": take_last, "GatherRows": gather_rows, "GatherPacked": gather_packed,
     "QuantizeRows": quantize_rows_kernel, "DequantizeRows": dequantize_rows, "SumPartials": sum_partials,
+    "AttentionShared": attention_shared, "RMSNormPlain": rms_norm_plain, "Pick": pick, "ScaleBy": scale_by,
 }

@@ -33,6 +33,7 @@ class KVCache:
         self._pos: list[np.ndarray] = [np.zeros(0, np.int64)] * n
         self._start = [0] * n  # live entries: [start, end)
         self._end = [0] * n
+        self._views: list[tuple | None] = [None] * n  # what the layer's last store returned
 
     # -- what a layer holds -------------------------------------------------------------
     def live(self, layer: int) -> int:
@@ -116,9 +117,23 @@ class KVCache:
         if window and e + t - s > window:  # what no later query can see
             self._start[layer] = e + t - window
         if first:  # the chunk alone, in the memory order of k and v, as `context` gives it
-            return (k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32),
+            view = (k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32),
                     pos.astype(np.int64))
-        return self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
+        else:
+            view = self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
+        self._views[layer] = view
+        return view
+
+    def shared(self, layer: int):
+        """What `layer`'s last store returned (keys, values, positions: the
+        entries before its last chunk and the chunk's own), for a later layer
+        of the same step that attends over this layer's cache (KV sharing);
+        a window layer may since have dropped entries its chunk's first
+        queries still see, so the view, not the live entries, is what they read."""
+        view = self._views[layer]
+        if view is None:
+            raise RkcError(f"layer {layer}'s KV cache is read before the layer stored a chunk")
+        return view
 
     def _reserve(self, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> None:
         """Room for t more entries after the live ones."""

@@ -86,3 +86,14 @@ class Agreement:
     def figures(self) -> dict[str, float]:
         return {"kl": self.kl / self.n, "top1": self.top1 / self.n, "ppl": math.exp(self.nll / self.n),
                 "ppl_llamacpp": math.exp(self.nll_ref / self.n), "tokens": self.n}
+
+
+def agreement_over(model, generator, tokens: list[int], ctx: int) -> Agreement:
+    """Teacher-forced agreement of rkc's `generator` with llama.cpp's `model`
+    over `tokens`, in the windows of ctx tokens rkrun --perplexity cuts."""
+    out = Agreement()
+    for (window, ref), (same, got) in zip(teacher_forced_logits(model, tokens, ctx),
+                                          generator.scored_windows(tokens, ctx)):
+        assert window == same
+        out.add(ref, got, window)
+    return out

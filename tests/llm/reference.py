@@ -22,9 +22,9 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope(x: np.ndarray, pos: np.ndarray, cfg: LlmConfig, base: float, scale: float,
-         freq_factors: np.ndarray | None) -> np.ndarray:
-    """x [T, H, hd]; rotate the first rope_dims of each head."""
-    d = cfg.rope_dims
+         freq_factors: np.ndarray | None, dims: int | None = None) -> np.ndarray:
+    """x [T, H, hd]; rotate the first rope_dims (or `dims`) of each head."""
+    d = dims or cfg.rope_dims
     theta = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     if freq_factors is not None:
         theta = theta / freq_factors
@@ -146,6 +146,8 @@ class ReferenceModel:
         T = len(tokens)
         pos = np.arange(start, start + T)
         x = w["token_embd.weight"][np.asarray(tokens)] * cfg.embed_scale
+        if cfg.traits.per_layer:
+            return self._gemma4(x, tokens, pos)
         for il in range(cfg.n_layer):
             p = f"blk.{il}"
             h = rms_norm(x, w[f"{p}.attn_norm.weight"], cfg.rms_eps)
@@ -187,11 +189,72 @@ class ReferenceModel:
             if cfg.post_norms:
                 f = rms_norm(f, w[f"{p}.post_ffw_norm.weight"], cfg.rms_eps)
             x = x + f
+        return self._head(x)
+
+    def _head(self, x: np.ndarray) -> np.ndarray:
+        cfg, w = self.cfg, self.w
         x = rms_norm(x, w["output_norm.weight"], cfg.rms_eps)
         logits = self.lin(x, "output" if "output.weight" in w else "token_embd")
         if cfg.logit_softcap:
             logits = np.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
         return logits
+
+    def _attend(self, q: np.ndarray, il: int, pos: np.ndarray) -> np.ndarray:
+        """q [T, H, hd] over the cache of layer il's KV source: [T, H * hd]."""
+        cfg, src = self.cfg, self.cfg.kv_layer(il)
+        K, V = np.concatenate(self.k_cache[src]), np.concatenate(self.v_cache[src])
+        kpos = np.asarray(self.pos_cache[src])
+        H, Hkv = q.shape[1], K.shape[1]
+        out = np.zeros((len(q), H, V.shape[-1]))
+        allowed = kpos[None, :] <= pos[:, None]
+        if cfg.is_swa(il):
+            allowed &= (pos[:, None] - kpos[None, :]) < cfg.swa_window
+        for hh in range(H):
+            s = np.where(allowed, (q[:, hh, :] @ K[:, hh // (H // Hkv), :].T) * cfg.attn_scale, -np.inf)
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ V[:, hh // (H // Hkv), :]
+        return out.reshape(len(q), -1)
+
+    def _gemma4(self, x: np.ndarray, tokens: list[int], pos: np.ndarray) -> np.ndarray:
+        """Gemma 4 (llama.cpp src/models/gemma4.cpp), from x = the scaled embeddings."""
+        cfg, w, T = self.cfg, self.w, len(tokens)
+        L, P, D = cfg.n_layer, cfg.n_embd_per_layer, cfg.n_embd
+        if P:
+            rows = w["per_layer_token_embd.weight"][np.asarray(tokens)].reshape(T, L, P) * math.sqrt(P)
+            proj = (self.lin(x, "per_layer_model_proj") / math.sqrt(D)).reshape(T, L, P)
+            per_layer = (rms_norm(proj, w["per_layer_proj_norm.weight"], cfg.rms_eps) + rows) / math.sqrt(2)
+        for il in range(L):
+            p = f"blk.{il}"
+            H, Hkv, (hd, _) = cfg.n_head_of(il), cfg.n_head_kv_of(il), cfg.head_dim_of(il)
+            base, scale = cfg.layer_rope(il)
+            ff = w["rope_freqs.weight"] if not cfg.is_swa(il) else None
+
+            def rot(t):
+                return rope(t, pos, cfg, base, scale, ff, cfg.rope_dims_of(il))
+
+            h = rms_norm(x, w[f"{p}.attn_norm.weight"], cfg.rms_eps)
+            q = rot(rms_norm(self.lin(h, f"{p}.attn_q").reshape(T, H, hd), w[f"{p}.attn_q_norm.weight"], cfg.rms_eps))
+            if cfg.kv_layer(il) == il:
+                k = self.lin(h, f"{p}.attn_k").reshape(T, Hkv, hd)
+                v = self.lin(h, f"{p}.attn_v").reshape(T, Hkv, hd) if f"{p}.attn_v.weight" in w else k
+                k = rot(rms_norm(k, w[f"{p}.attn_k_norm.weight"], cfg.rms_eps))
+                v = rms_norm(v, 1.0, cfg.rms_eps)
+                if self.arith != "exact":  # the runtime keeps its KV cache in fp16, as llama.cpp does
+                    k, v = (a.astype(np.float32).astype(np.float16).astype(np.float64) for a in (k, v))
+                self.k_cache[il].append(k)
+                self.v_cache[il].append(v)
+                self.pos_cache[il].extend(pos.tolist())
+            a = self.lin(self._attend(q, il, pos), f"{p}.attn_output")
+            x = x + rms_norm(a, w[f"{p}.post_attention_norm.weight"], cfg.rms_eps)
+            h = rms_norm(x, w[f"{p}.ffn_norm.weight"], cfg.rms_eps)
+            f = self.lin(gelu_tanh(self.lin(h, f"{p}.ffn_gate")) * self.lin(h, f"{p}.ffn_up"), f"{p}.ffn_down")
+            x = x + rms_norm(f, w[f"{p}.post_ffw_norm.weight"], cfg.rms_eps)
+            if P:
+                g = self.lin(gelu_tanh(self.lin(x, f"{p}.inp_gate")) * per_layer[:, il], f"{p}.proj")
+                x = x + rms_norm(g, w[f"{p}.post_norm.weight"], cfg.rms_eps)
+            if f"{p}.layer_output_scale.weight" in w:
+                x = x * w[f"{p}.layer_output_scale.weight"]
+        return self._head(x)
 
     def greedy(self, tokens: list[int], n: int) -> list[int]:
         self.reset()

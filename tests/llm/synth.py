@@ -56,7 +56,65 @@ REAL = {
                        n_vocab=262144, context=32768, rope_base=1e6, eps=1e-6, tokenizer="spm", tied=True,
                        window=512),
 }
+# Gemma 4 E2B's text decoder, from its published config (google/gemma-4-E2B
+# config.json, text_config: hidden_size 1536, 35 layers, 8 heads, 1 KV head,
+# head_dim 256 / global_head_dim 512, intermediate_size 6144 doubled on the
+# KV-shared layers (use_double_wide_mlp), hidden_size_per_layer_input 256,
+# num_kv_shared_layers 20, sliding_window 512, every 5th layer full attention,
+# rope_theta 1e6 (full, proportional, partial_rotary_factor 0.25) / 1e4
+# (sliding), final_logit_softcapping 30, vocab 262144), under the GGUF keys
+# llama.cpp's converter writes (also listed by a gemma-4-E2B GGUF's metadata:
+# gemma4.attention.shared_kv_layers 20, key_length 512 / key_length_swa 256,
+# rope.dimension_count 512 / _swa 256, embedding_length_per_layer_input 256)
+_E2B_LAYERS = 35
+REAL["gemma-4-e2b"] = dict(
+    arch="gemma4", n_embd=1536, n_head=8, n_head_kv=1, head_dim=512, head_dim_swa=256, n_ff=6144,
+    n_layer=_E2B_LAYERS, n_vocab=262144, context=131072, rope_base=1e6, rope_base_swa=1e4, eps=1e-6,
+    tokenizer="spm", tied=True, window=512, swa_pattern=[il % 5 < 4 for il in range(_E2B_LAYERS)], shared=20,
+    per_layer=256, layer_n_ff=[6144 * (2 if il >= 15 else 1) for il in range(_E2B_LAYERS)], softcap=30.0,
+    features=("ple", "shared", "p_rope", "out_scale", "softcap", "wide_ff"))
 MIXES = ("q8_0", "q4_k_m")
+
+# Gemma 4 (llama.cpp src/models/gemma4.cpp): a tiny model per feature
+# combination. Every variant interleaves sliding layers (16-wide heads, full
+# RoPE, base 1e4) with full layers (32-wide heads, base 1e6); the last pre-shared
+# layer is full and the one before it sliding, as in E2B (so a shared layer's
+# source is the same under either of llama.cpp's reuse rules).
+#   ple: per-layer embeddings (table, projection, per-layer gates), width 32
+#   shared: the last 3 layers read the KV caches of layers 1 (sliding) and 2 (full)
+#   v_is_k: full layers have no V projection (V = K's projection)
+#   p_rope: proportional RoPE on full layers (rope_freqs: a quarter rotated;
+#           without it rope_freqs is all ones, plain RoPE: llama.cpp requires the tensor)
+#   out_scale: blk.N.layer_output_scale
+#   softcap: final logit soft-capping at 10 (without it the key is absent and
+#            llama.cpp's default of 30 applies)
+#   wide_ff: per-layer FFN widths (the shared layers twice as wide, as in E2B)
+_GEMMA4_TINY = dict(arch="gemma4", n_embd=64, n_head=4, n_head_kv=1, head_dim=32, head_dim_swa=16, n_ff=128,
+                    n_layer=6, tokenizer="spm", tied=True, window=6,
+                    swa_pattern=[True, True, False, True, True, False], rope_base=1e6, rope_base_swa=1e4)
+GEMMA4_ALL = ("ple", "shared", "v_is_k", "p_rope", "out_scale", "softcap", "wide_ff")
+GEMMA4_VARIANTS = {
+    "gemma4": GEMMA4_ALL,  # everything E2B has
+    "gemma4-plain": (),  # only the interleaved sliding / full layers with their own head sizes and RoPE
+    "gemma4-ple": ("ple", "out_scale"),
+    "gemma4-shared": ("shared", "v_is_k", "p_rope", "softcap", "wide_ff"),
+}
+
+
+def gemma4_spec(features: tuple[str, ...], **shapes) -> dict:
+    """A Gemma 4 spec with the named features (GEMMA4_ALL) on `shapes`."""
+    s = {**_GEMMA4_TINY, **shapes, "features": tuple(features)}
+    unknown = set(features) - set(GEMMA4_ALL)
+    if unknown:
+        raise ValueError(f"unknown Gemma 4 features {sorted(unknown)}")
+    L = s["n_layer"]
+    s.setdefault("shared", 3 if "shared" in features else 0)
+    if "wide_ff" in features and "layer_n_ff" not in s:
+        s["layer_n_ff"] = [s["n_ff"] * (2 if il >= L - s["shared"] else 1) for il in range(L)]
+    s.setdefault("per_layer", 32 if "ple" in features else 0)
+    if "softcap" in features:
+        s.setdefault("softcap", 10.0)
+    return s
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -188,7 +246,8 @@ def _tiny_type(role: str, layer: int, n_layer: int, cols: int) -> Q:
     """The tiny models' mix: every tensor type rkc reads."""
     return {"token_embd": Q.Q8_0, "output": Q.F16, "attn_q": Q.Q5_0, "attn_k": Q.Q5_0, "attn_v": Q.Q4_0,
             "attn_output": Q.F16, "ffn_gate": Q.BF16 if layer % 2 else Q.Q8_0, "ffn_up": Q.Q4_0,
-            "ffn_down": (Q.Q6_K, Q.Q4_K)[layer % 2]}[role]
+            "ffn_down": (Q.Q6_K, Q.Q4_K)[layer % 2] if cols % 256 == 0 else Q.Q8_0,
+            "per_layer_token_embd": Q.Q8_0, "per_layer_model_proj": Q.F16, "inp_gate": Q.Q8_0, "proj": Q.F16}[role]
 
 
 def _q8_type(role: str, layer: int, n_layer: int, cols: int) -> Q:
@@ -207,8 +266,15 @@ def _q4_k_m_type(role: str, layer: int, n_layer: int, cols: int) -> Q:
     return kind
 
 
+def _f16_type(role: str, layer: int, n_layer: int, cols: int) -> Q:
+    """Every matrix F16: llama.cpp then multiplies without quantizing its
+    activations to 8 bits (its Q8 activation blocks move tiny random models'
+    near-ties), the fair reference for an fp16 comparison."""
+    return Q.F16
+
+
 TYPE_MIXES: dict[str, Callable[[str, int, int, int], Q]] = {"tiny": _tiny_type, "q8_0": _q8_type,
-                                                            "q4_k_m": _q4_k_m_type}
+                                                            "q4_k_m": _q4_k_m_type, "f16": _f16_type}
 
 
 def _llama3_rope_factors(head_dim: int, base: float, factor: float, low: float, high: float,
@@ -222,8 +288,74 @@ def _llama3_rope_factors(head_dim: int, base: float, factor: float, low: float, 
     return out.astype(np.float32)
 
 
+def _p_rope_factors(head_dim: int, fraction: float = 0.25) -> np.ndarray:
+    """Proportional RoPE as llama.cpp's rope_freqs divisors: the first `fraction`
+    of the frequencies (of a head_dim-wide rotation) turn, the rest are divided
+    by 1e30, i.e. stand still."""
+    n = head_dim // 2
+    out = np.full(n, 1e30, np.float32)
+    out[: int(fraction * n)] = 1.0
+    return out
+
+
+def _plan_gemma4(s: dict, n_vocab: int, mix: str) -> Iterator[tuple[str, tuple[int, ...], Q, float, float]]:
+    D, H, Hkv, L = s["n_embd"], s["n_head"], s["n_head_kv"], s["n_layer"]
+    n_total, P, feats = s.get("n_layer_full", L), s["per_layer"], s["features"]
+    kind = TYPE_MIXES[mix]
+    first_shared = L - s["shared"]
+    yield "token_embd.weight", (n_vocab, D), kind("token_embd", 0, n_total, D), 0.5, 0.0
+    if P:
+        yield "per_layer_token_embd.weight", (n_vocab, L * P), kind("per_layer_token_embd", 0, n_total, L * P), \
+            0.5, 0.0
+        yield "per_layer_model_proj.weight", (L * P, D), kind("per_layer_model_proj", 0, n_total, D), 0.15, 0.0
+        yield "per_layer_proj_norm.weight", (P,), Q.F32, 0.1, 1.0
+    yield "output_norm.weight", (D,), Q.F32, 0.1, 1.0
+    yield "rope_freqs.weight", (s["head_dim"] // 2,), Q.F32, 0.0, 0.0
+    for il in range(L):
+        p, swa = f"blk.{il}", s["swa_pattern"][il]
+        hd = s["head_dim_swa"] if swa else s["head_dim"]
+        F = s.get("layer_n_ff", [s["n_ff"]] * L)[il]
+        yield f"{p}.attn_norm.weight", (D,), Q.F32, 0.1, 1.0
+        yield f"{p}.attn_q.weight", (H * hd, D), kind("attn_q", il, n_total, D), 0.15, 0.0
+        yield f"{p}.attn_q_norm.weight", (hd,), Q.F32, 0.1, 1.0
+        if il < first_shared:
+            yield f"{p}.attn_k.weight", (Hkv * hd, D), kind("attn_k", il, n_total, D), 0.15, 0.0
+            if swa or "v_is_k" not in feats:
+                yield f"{p}.attn_v.weight", (Hkv * hd, D), kind("attn_v", il, n_total, D), 0.15, 0.0
+            yield f"{p}.attn_k_norm.weight", (hd,), Q.F32, 0.1, 1.0
+        yield f"{p}.attn_output.weight", (D, H * hd), kind("attn_output", il, n_total, H * hd), 0.1, 0.0
+        yield f"{p}.post_attention_norm.weight", (D,), Q.F32, 0.1, 1.0
+        yield f"{p}.ffn_norm.weight", (D,), Q.F32, 0.1, 1.0
+        yield f"{p}.ffn_gate.weight", (F, D), kind("ffn_gate", il, n_total, D), 0.15, 0.0
+        yield f"{p}.ffn_up.weight", (F, D), kind("ffn_up", il, n_total, D), 0.15, 0.0
+        yield f"{p}.ffn_down.weight", (D, F), kind("ffn_down", il, n_total, F), 0.1, 0.0
+        yield f"{p}.post_ffw_norm.weight", (D,), Q.F32, 0.1, 1.0
+        if P:
+            yield f"{p}.inp_gate.weight", (P, D), kind("inp_gate", il, n_total, D), 0.15, 0.0
+            yield f"{p}.proj.weight", (D, P), kind("proj", il, n_total, P), 0.15, 0.0
+            yield f"{p}.post_norm.weight", (D,), Q.F32, 0.1, 1.0
+        if "out_scale" in feats:
+            yield f"{p}.layer_output_scale.weight", (1,), Q.F32, 0.2, 1.0
+
+
+def _gemma4_metadata(w: gguf.GGUFWriter, s: dict) -> None:
+    """The keys llama.cpp's gemma4 loader reads beyond the common ones."""
+    w.add_key_length_swa(s["head_dim_swa"])
+    w.add_value_length_swa(s["head_dim_swa"])
+    w.add_rope_dimension_count(s["head_dim"])
+    w.add_rope_dimension_count_swa(s["head_dim_swa"])
+    w.add_rope_freq_base_swa(s["rope_base_swa"])
+    w.add_shared_kv_layers(s["shared"])
+    w.add_embedding_length_per_layer_input(s["per_layer"])
+    if s.get("softcap"):
+        w.add_final_logit_softcapping(s["softcap"])
+
+
 def _plan(s: dict, n_vocab: int, mix: str) -> Iterator[tuple[str, tuple[int, ...], Q, float, float]]:
     """(name, numpy shape, type, scale, offset) of every tensor, in file order."""
+    if s["arch"] == "gemma4":
+        yield from _plan_gemma4(s, n_vocab, mix)
+        return
     D, H, Hkv, hd, F, L = s["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"], s["n_ff"], s["n_layer"]
     n_total = s.get("n_layer_full", L)
     kind = TYPE_MIXES[mix]
@@ -282,19 +414,21 @@ def write_gguf(path: str | Path, spec: dict, mix: str = "tiny", seed: int = 0, n
     w.add_context_length(context_length or s.get("context", 256))
     w.add_embedding_length(D)
     w.add_block_count(L)
-    w.add_feed_forward_length(F)
+    w.add_feed_forward_length(s.get("layer_n_ff", F))
     w.add_head_count(H)
     w.add_head_count_kv(Hkv)
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_layer_norm_rms_eps(s.get("eps", 1e-6))
     w.add_rope_freq_base(s.get("rope_base", 10000.0 if arch != "gemma3" else 1e6))
+    if arch == "gemma4":
+        _gemma4_metadata(w, s)
     if "window" in s:
         w.add_sliding_window(s["window"])
         if "swa_pattern" in s:
             w.add_sliding_window_pattern(s["swa_pattern"])
     if s["tokenizer"] == "spm":
-        tokens, scores, types, ids = spm_vocab(arch)
+        tokens, scores, types, ids = spm_vocab("gemma3" if arch == "gemma4" else arch)
         _pad_vocab(tokens, types, scores, s.get("n_vocab", len(tokens)))
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
@@ -306,7 +440,7 @@ def write_gguf(path: str | Path, spec: dict, mix: str = "tiny", seed: int = 0, n
         w.add_unk_token_id(ids["unk"])
         w.add_add_bos_token(True)
         w.add_add_eos_token(False)
-        w.add_add_space_prefix(arch != "gemma3")
+        w.add_add_space_prefix(arch not in ("gemma3", "gemma4"))
     else:
         tokens, types, merges, ids = bpe_vocab()
         _pad_vocab(tokens, types, None, s.get("n_vocab", len(tokens)))
@@ -330,7 +464,9 @@ def write_gguf(path: str | Path, spec: dict, mix: str = "tiny", seed: int = 0, n
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for tname, shape, kind, scale, offset in plan:
-        if tname == "rope_freqs.weight":
+        if tname == "rope_freqs.weight" and arch == "gemma4":
+            data = _p_rope_factors(hd, 0.25 if "p_rope" in s["features"] else 1.0)
+        elif tname == "rope_freqs.weight":
             r = s["llama3_rope"]
             data = _llama3_rope_factors(hd, s["rope_base"], r["factor"], r["low"], r["high"], r["original"])
         else:
@@ -353,6 +489,12 @@ def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str |
                       context_length=context_length)
 
 
+def write_gemma4(path: str | Path, variant: str, mix: str = "tiny", seed: int = 0, context_length: int = 256) -> Path:
+    """The tiny Gemma 4 model of `variant` (GEMMA4_VARIANTS) in the `mix` tensor types."""
+    return write_gguf(path, gemma4_spec(GEMMA4_VARIANTS[variant]), mix, seed, name=f"tiny-{variant}-{mix}",
+                      context_length=context_length)
+
+
 def write_real(path: str | Path, model: str, mix: str = "q8_0", layers: int | None = None, seed: int = 0) -> Path:
     """A REAL model's shapes and metadata with random weights, optionally only
     its first `layers` layers (the type mix still follows the full depth)."""
@@ -362,4 +504,7 @@ def write_real(path: str | Path, model: str, mix: str = "q8_0", layers: int | No
         if not 0 < layers <= s["n_layer"]:
             raise ValueError(f"{model} has {s['n_layer']} layers, cannot keep {layers}")
         s["n_layer"] = layers
+        if s["arch"] == "gemma4":  # the first layers: own KV caches, until the full model's shared ones begin
+            s["swa_pattern"], s["layer_n_ff"] = s["swa_pattern"][:layers], s["layer_n_ff"][:layers]
+            s["shared"] = max(0, layers - (REAL[model]["n_layer"] - REAL[model]["shared"]))
     return write_gguf(path, s, mix, seed, name=f"synthetic-{model}-{mix}" + (f"-{layers}l" if layers else ""))

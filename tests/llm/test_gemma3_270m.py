@@ -121,13 +121,7 @@ def test_teacher_forced_close_to_llama_cpp(compiled, reference, record_property,
     _int8_is_open(request, precision)
     tokens = engine.tokenizer.encode((DATA / "english.txt").read_text())
     assert tokens == llamacpp.tokenize(reference, (DATA / "english.txt").read_text())
-    agreement = llamacpp.Agreement()
-    gen = Generator(engine, PPL_CTX + 1)
-    for (window, want), (same, got) in zip(llamacpp.teacher_forced_logits(reference, tokens, PPL_CTX),
-                                           gen.scored_windows(tokens, PPL_CTX)):
-        assert window == same
-        agreement.add(want, got, window)
-    f = agreement.figures()
+    f = llamacpp.agreement_over(reference, Generator(engine, PPL_CTX + 1), tokens, PPL_CTX).figures()
     record_property("teacher_forced", f)
     print(f"\n[{precision}] over {f['tokens']} tokens: KL {f['kl']:.4f}, top-1 {f['top1']:.3f}, perplexity "
           f"{f['ppl']:.3f} (llama.cpp {f['ppl_llamacpp']:.3f})")
