@@ -53,3 +53,39 @@ def test_layer_by_layer_calibration_equals_whole_model_run(arch, synth_gguf):
         linear_input = {op.inputs[1]: op.inputs[0] for op in graph.ops if op.type == "Linear"}
         for name, h in cal.hessians.items():
             assert np.array_equal(h, hessians[linear_input[name]]), name
+
+
+def _gguf(kind: str, synth_gguf, tmp_path):
+    from llm.synth import write_gemma4
+
+    return write_gemma4(tmp_path / f"{kind}.gguf", kind) if kind.startswith("gemma4") else synth_gguf(kind)
+
+
+@pytest.mark.parametrize("kind", sorted(SHAPES) + ["gemma4", "gemma4-shared"])
+def test_streamed_weight_preparation_equals_whole_model(kind, synth_gguf, tmp_path):
+    """prepare_streamed (layer by layer from the mapped file) encodes every
+    matrix and vector exactly as prepare_weights does from a whole fp32 copy,
+    under the default int8 scheme (calibration, SmoothQuant, rotation)."""
+    from rkc.compiler.llm.build import LlmCompileOptions, prepare_weights
+    from rkc.compiler.llm.weights import RowTable, gather_only_tables
+
+    path = _gguf(kind, synth_gguf, tmp_path)
+    gf = GgufFile(path)
+    graph, cfg = graph_from_gguf(gf), gf.config()
+    tokenizer = LlmTokenizer.from_gguf(str(path))
+    tables = gather_only_tables(graph)
+    consts = [n for n, t in graph.tensors.items() if t.kind == "const" and n not in tables]
+    results = []
+    for weights in (dequantize_all(gf, consts), LazyWeights(gf, consts)):
+        for name in tables:
+            weights[name] = RowTable(gf, name)
+        results.append(prepare_weights(graph, cfg, tokenizer, weights, LlmCompileOptions("int8", (1, 4, 16))))
+    (whole_m, whole_v), (streamed_m, streamed_v) = results
+    assert sorted(whole_m) == sorted(streamed_m) and sorted(whole_v) == sorted(streamed_v)
+    for name, enc in whole_m.items():
+        assert np.array_equal(np.asarray(enc.data), np.asarray(streamed_m[name].data)), name
+        assert (enc.scale is None) == (streamed_m[name].scale is None), name
+        if enc.scale is not None:
+            assert np.array_equal(enc.scale, streamed_m[name].scale), name
+    for name, v in whole_v.items():
+        assert np.array_equal(v, streamed_v[name]), name
