@@ -46,10 +46,16 @@ def _ints(value) -> bool:
 
 def _check_cpu_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:
     from rkc.runtime.kernels import check_binding
+    from rkc.runtime.llm.kernel_attrs import attribute_problem
     from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 
     if step.op in LLM_KERNELS:
-        return  # LLM kernels take (inputs, attrs, state): runtime/llm checks what they read
+        problem = attribute_problem(step.op, len(step.inputs), step.attrs)
+        if problem is None and step.op == "GatherPacked" and step.attrs["packed"] not in tensors:
+            problem = f"GatherPacked reads packed weights {step.attrs['packed']!r:.40}, which is no tensor"
+        if problem:
+            raise FormatError(f"{where}: {problem}")
+        return
     try:
         check_binding(step.op, len(step.inputs), step.attrs, where)
     except RkcError as exc:

@@ -1,0 +1,93 @@
+"""What each LLM CPU kernel (runtime/llm/kernels.py, and its prepared form in
+prepared.py) reads of its step: how many inputs, and every attribute's type
+and range. runtime/module_check.py holds each LLM step of an rkbin to this
+table at load, so a hostile attribute is one FormatError line, never a numpy
+exception (exit 70) in the middle of a generation.
+
+The attributes are those compiler/frontend/gguf.py and
+compiler/llm/program_builder.py write; an attribute the table does not name is
+refused (no kernel would read it, so it can only be a broken or crafted file).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+INT_LIMIT = 1 << 31
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return (_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+# rule name -> (test, what it must be)
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "finite": (_number, "a finite number"),
+    "positive": (lambda v: _number(v) and v > 0, "a finite number > 0"),
+    "non-negative": (lambda v: _number(v) and v >= 0, "a finite number >= 0"),
+    "count": (lambda v: _int(v) and 0 < v < INT_LIMIT, "an int in [1, 2^31)"),
+    "index": (lambda v: _int(v) and 0 <= v < INT_LIMIT, "an int in [0, 2^31)"),
+    "even count": (lambda v: _int(v) and 0 < v < INT_LIMIT and v % 2 == 0, "an even int in [2, 2^31)"),
+    "shape": (lambda v: isinstance(v, list) and 0 < len(v) <= 8 and all(_int(d) and -1 <= d < INT_LIMIT for d in v)
+              and sum(d == -1 for d in v) <= 1, "a list of 1-8 dims >= 0 (one may be -1)"),
+    "rope mode": (lambda v: v in ("norm", "neox"), "'norm' or 'neox'"),
+    "rotation": (lambda v: v == "hadamard", "'hadamard'"),
+    "weight dtype": (lambda v: v in ("int8", "float16"), "'int8' or 'float16' (packed NPU weights)"),
+    "tensor": (lambda v: isinstance(v, str) and v != "", "a tensor name"),
+}
+
+ROTATION = {"rotation": "rotation", "block": "count"}  # rotated rows: the factor's inputs follow
+
+# op -> (fewest inputs, most inputs (None: any), {attribute: rule}, attributes required)
+KERNEL_ATTRS: dict[str, tuple[int, int | None, dict[str, str], tuple[str, ...]]] = {
+    "Gather": (2, 2, {}, ()),
+    "Scale": (1, 1, {"factor": "finite"}, ("factor",)),
+    "RMSNorm": (2, 2, {"epsilon": "non-negative"}, ("epsilon",)),
+    "Linear": (2, 3, {}, ()),
+    "Reshape": (1, 1, {"shape": "shape"}, ("shape",)),
+    "RoPE": (2, 3, {"base": "positive", "scale": "finite", "dims": "even count", "mode": "rope mode"},
+             ("base", "scale", "dims", "mode")),
+    "Attention": (4, 4, {"layer": "index", "scale": "finite", "window": "index", "kv_heads": "count"},
+                  ("layer", "scale", "window")),
+    "SiLU": (1, 1, {}, ()),
+    "GeluTanh": (1, 1, {}, ()),
+    "Tanh": (1, 1, {}, ()),
+    "Mul": (2, 2, {}, ()),
+    "Add": (2, 2, {}, ()),
+    "TakeLast": (1, 1, {}, ()),
+    "GatherRows": (2, 5, dict(ROTATION), ()),
+    "GatherPacked": (1, 4, {"packed": "tensor", "rows": "count", "cols": "count", "dtype": "weight dtype",
+                            **ROTATION}, ("packed", "rows", "cols", "dtype")),
+    "QuantizeRows": (1, 3, dict(ROTATION), ()),
+    "DequantizeRows": (3, None, {"partials": "count"}, ()),  # partials + row scale + channel scale (+ bias)
+    "SumPartials": (1, None, {}, ()),
+}
+
+
+def attribute_problem(op: str, n_inputs: int, attrs: dict[str, Any]) -> str | None:
+    """Why a step of LLM kernel `op` with these inputs and attributes cannot run (None: it can)."""
+    fewest, most, rules, required = KERNEL_ATTRS[op]
+    for name in required:
+        if name not in attrs:
+            return f"{op} needs attribute {name!r}"
+    for name, value in attrs.items():
+        rule = rules.get(name)
+        if rule is None:
+            return f"{op} has no attribute {name!r}"
+        test, meaning = RULES[rule]
+        if not test(value):
+            return f"{op} attribute {name}={value!r:.40}: not {meaning}"
+    if "rotation" in attrs and "block" not in attrs:
+        return f"{op} with a rotation needs its block size"
+    if op == "DequantizeRows":
+        fewest = attrs.get("partials", 1) + 2
+        most = fewest + 1
+    if n_inputs < fewest or (most is not None and n_inputs > most):
+        span = f"{fewest}" if most == fewest else f"{fewest}..{most if most is not None else ''}"
+        return f"{op} takes {span} inputs, not {n_inputs}"
+    return None
