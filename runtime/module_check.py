@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from rkc.ir.errors import FormatError, RkcError
-from rkc.ir.program import Module, Step, TensorInfo
+from rkc.ir.program import TENSOR_LAYOUTS, Module, Step, TensorInfo
 from rkc.ir.types import DType
 
 # attribute -> what it must be; the rank is that of the step's first input
@@ -28,16 +30,51 @@ ATTRIBUTE_RULES: dict[str, str] = {
 }
 # ops whose `axis`/`axes` index their output rather than the input (one more dimension)
 _OUTPUT_AXES = {"Unsqueeze": 1, "Flatten": 1}
+NPU_LAYOUTS = tuple(name for name in TENSOR_LAYOUTS if name.startswith("native"))  # in the NPU's own cube form
 
 
 def check_module(module: Module) -> None:
     """Raise FormatError naming the first tensor, step or region the runtime cannot trust."""
     tensors = {t.name: t for t in module.tensors}
+    for t in module.tensors:
+        if t.region is not None and t.layout in NPU_LAYOUTS and not all(d > 0 for d in t.shape):
+            raise FormatError(f"tensor {t.name!r} has shape {t.shape} in NPU layout {t.layout!r}: the NPU reads "
+                              "and writes no empty cube")
     for prog in module.programs:
         for step in prog.steps:
             if step.kind == "cpu":
-                _check_cpu_step(f"program {prog.name!r} step {step.name!r}", step, tensors)
+                where = f"program {prog.name!r} step {step.name!r}"
+                _check_cpu_step(where, step, tensors)
+                _check_output_shape(where, step, tensors)
     _check_memory(module)
+
+
+def _check_output_shape(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:
+    """The first output's declared shape is what the op makes of its inputs' declared
+    shapes, where that follows from the op alone (elementwise, normalizations)."""
+    from rkc.runtime.kernels import BROADCASTING, SHAPE_OF_FIRST
+    from rkc.runtime.llm.kernel_attrs import BROADCASTING as LLM_BROADCASTING
+
+    if not step.outputs or step.outputs[0] not in tensors:
+        return
+    names = [n for n in step.inputs if n]
+    if not names or any(n not in tensors for n in names):
+        return
+    shapes = [tuple(tensors[n].shape) for n in names]
+    if step.op in BROADCASTING or step.op in LLM_BROADCASTING:
+        try:
+            want = np.broadcast_shapes(*shapes)
+        except ValueError:
+            raise FormatError(f"{where}: {step.op} inputs of shapes {', '.join(map(str, map(list, shapes)))} "
+                              "do not broadcast") from None
+    elif step.op in SHAPE_OF_FIRST:
+        want = shapes[0]
+    else:
+        return
+    declared = tensors[step.outputs[0]].shape
+    if list(want) != list(declared):
+        raise FormatError(f"{where}: {step.op} of inputs shaped {', '.join(map(str, map(list, shapes)))} makes "
+                          f"{list(want)}, but output {step.outputs[0]!r} is declared {declared}")
 
 
 def _ints(value) -> bool:

@@ -68,6 +68,9 @@ KERNEL_ATTRS: dict[str, tuple[int, int | None, dict[str, str], tuple[str, ...]]]
     "SumPartials": (1, None, {}, ()),
 }
 
+# LLM kernels whose output has the broadcast shape of their inputs (numpy elementwise)
+BROADCASTING = frozenset({"SiLU", "GeluTanh", "Tanh", "Scale", "RMSNorm", "Mul", "Add"})
+
 
 def attribute_problem(op: str, n_inputs: int, attrs: dict[str, Any]) -> str | None:
     """Why a step of LLM kernel `op` with these inputs and attributes cannot run (None: it can)."""
