@@ -12,7 +12,8 @@ qwen3,gemma3}.cpp and src/llama-model.cpp rope types): facts, restated here.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Iterable, Mapping
 
 from rkc.ir.errors import FormatError, UnsupportedError
@@ -84,11 +85,38 @@ class LlmConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "LlmConfig":
-        try:
-            return cls(**{**d, "swa_layers": tuple(bool(x) for x in d.get("swa_layers", ()))})
-        except TypeError as exc:
-            raise FormatError(f"malformed LLM description ({exc})") from None
+    def from_dict(cls, d: Any, where: str = "metadata \"llm\"") -> "LlmConfig":
+        """The description an LLM rkbin carries, every field's type and range checked
+        (the runtime sizes its KV cache and RoPE tables from it)."""
+        if not isinstance(d, Mapping):
+            raise FormatError(f"{where}: expected an object, got {type(d).__name__}")
+        names = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(d) - set(names))
+        missing = [n for n, f in names.items() if n not in d and f.default is MISSING and f.default_factory is MISSING]
+        if unknown or missing:
+            raise FormatError(f"{where}: {'unknown' if unknown else 'missing'} field {(unknown or missing)[0]!r}")
+        hints = typing.get_type_hints(cls)
+        values = {name: _config_value(f"{where}.{name}", hints[name], value) for name, value in d.items()}
+        cfg = cls(**values)
+        problem = cfg._problem()
+        if problem:
+            raise FormatError(f"{where}: {problem}")
+        return cfg
+
+    def _problem(self) -> str | None:
+        if self.arch not in ARCH_TRAITS:
+            return f"unknown architecture {self.arch!r:.40}"
+        if self.n_layer > INT_RANGES["block_count"][1]:
+            return f"n_layer = {self.n_layer} is more than {INT_RANGES['block_count'][1]}"
+        if min(self.n_embd, self.n_head, self.n_head_kv, self.head_dim, self.head_dim_v, self.n_vocab) < 1:
+            return "a size (n_embd, heads, head dims, n_vocab) is 0"
+        if self.n_head % self.n_head_kv:
+            return f"{self.n_head} heads do not share {self.n_head_kv} KV heads evenly"
+        if self.swa_window and len(self.swa_layers) != self.n_layer:
+            return f"swa_layers names {len(self.swa_layers)} layers, not n_layer = {self.n_layer}"
+        if self.rope_mode not in ("norm", "neox") or self.ffn_act not in ("silu", "gelu_tanh"):
+            return f"rope_mode {self.rope_mode!r:.20} / ffn_act {self.ffn_act!r:.20} unknown"
+        return None
 
 
 # (lowest, highest) of each integer hyperparameter: past these no model exists
@@ -101,6 +129,28 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "attention.sliding_window": (0, 1 << 21),
 }
 TOKEN_ID_KEYS = ("bos", "eos", "eot", "unknown", "padding", "separator")
+
+
+def _config_value(where: str, tp: Any, value: Any) -> Any:
+    """One LlmConfig field from JSON: ints in [0, 2^31), finite numbers, strings, flags."""
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise FormatError(f"{where}: expected true/false, got {value!r:.40}")
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
+            raise FormatError(f"{where}: expected an integer in [0, 2^31), got {value!r:.40}")
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise FormatError(f"{where}: expected a finite number, got {value!r:.40}")
+        value = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise FormatError(f"{where}: expected a string, got {value!r:.40}")
+    else:  # swa_layers: a flag per layer (written as 0/1)
+        if not isinstance(value, list) or not all(v in (0, 1) for v in value) or len(value) > 1 << 16:
+            raise FormatError(f"{where}: expected a list of 0/1 flags")
+        value = tuple(bool(v) for v in value)
+    return value
 
 
 def _checked_int(path: str, key: str, value: Any) -> int:

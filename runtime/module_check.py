@@ -40,20 +40,39 @@ def check_module(module: Module) -> None:
         if t.region is not None and t.layout in NPU_LAYOUTS and not all(d > 0 for d in t.shape):
             raise FormatError(f"tensor {t.name!r} has shape {t.shape} in NPU layout {t.layout!r}: the NPU reads "
                               "and writes no empty cube")
+    from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
+
+    llm = module.metadata.get("model_kind") == "llm"  # its CPU steps run LLM kernels where one has the name
     for prog in module.programs:
         for step in prog.steps:
             if step.kind == "cpu":
                 where = f"program {prog.name!r} step {step.name!r}"
-                _check_cpu_step(where, step, tensors)
-                _check_output_shape(where, step, tensors)
+                if llm and step.op in LLM_KERNELS:
+                    _check_llm_step(where, step, tensors)
+                else:
+                    _check_cpu_step(where, step, tensors)
+                _check_output_shape(where, step, tensors, llm and step.op in LLM_KERNELS)
     _check_memory(module)
 
 
-def _check_output_shape(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:
+def _check_llm_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:
+    from rkc.runtime.llm.kernel_attrs import attribute_problem
+
+    problem = attribute_problem(step.op, len(step.inputs), step.attrs)
+    if problem is None and not all(step.inputs):
+        problem = f"{step.op} has an absent input (an LLM kernel has no optional ones)"
+    if problem is None and step.op == "GatherPacked" and step.attrs["packed"] not in tensors:
+        problem = f"GatherPacked reads packed weights {step.attrs['packed']!r:.40}, which is no tensor"
+    if problem:
+        raise FormatError(f"{where}: {problem}")
+
+
+def _check_output_shape(where: str, step: Step, tensors: dict[str, TensorInfo], llm: bool) -> None:
     """The first output's declared shape is what the op makes of its inputs' declared
-    shapes, where that follows from the op alone (elementwise, normalizations)."""
+    shapes, where that follows from the op alone (elementwise, normalizations, the
+    LLM kernels of runtime/llm/kernel_attrs.py)."""
     from rkc.runtime.kernels import BROADCASTING, SHAPE_OF_FIRST
-    from rkc.runtime.llm.kernel_attrs import BROADCASTING as LLM_BROADCASTING
+    from rkc.runtime.llm.kernel_attrs import output_shape
 
     if not step.outputs or step.outputs[0] not in tensors:
         return
@@ -61,7 +80,15 @@ def _check_output_shape(where: str, step: Step, tensors: dict[str, TensorInfo]) 
     if not names or any(n not in tensors for n in names):
         return
     shapes = [tuple(tensors[n].shape) for n in names]
-    if step.op in BROADCASTING or step.op in LLM_BROADCASTING:
+    if llm:
+        try:
+            want = output_shape(step.op, shapes, step.attrs)
+        except ValueError as exc:
+            raise FormatError(f"{where}: {step.op} inputs of shapes {', '.join(map(str, map(list, shapes)))}: "
+                              f"{exc}") from None
+        if want is None:
+            return
+    elif step.op in BROADCASTING:
         try:
             want = np.broadcast_shapes(*shapes)
         except ValueError:
@@ -83,16 +110,7 @@ def _ints(value) -> bool:
 
 def _check_cpu_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:
     from rkc.runtime.kernels import check_binding
-    from rkc.runtime.llm.kernel_attrs import attribute_problem
-    from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 
-    if step.op in LLM_KERNELS:
-        problem = attribute_problem(step.op, len(step.inputs), step.attrs)
-        if problem is None and step.op == "GatherPacked" and step.attrs["packed"] not in tensors:
-            problem = f"GatherPacked reads packed weights {step.attrs['packed']!r:.40}, which is no tensor"
-        if problem:
-            raise FormatError(f"{where}: {problem}")
-        return
     try:
         check_binding(step.op, len(step.inputs), step.attrs, where)
     except RkcError as exc:
@@ -112,7 +130,7 @@ def _check_cpu_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> N
             if value is not None and not (_ints(value) and (rank is None or sorted(value) == list(range(rank)))):
                 bad = f"not a permutation of {rank} axes"
         elif rule == _DTYPE:
-            if value not in {d.value for d in DType}:
+            if not isinstance(value, str) or value not in {d.value for d in DType}:
                 bad = f"not a dtype ({', '.join(d.value for d in DType)})"
         elif rule == _POSITIVE:
             ok = _ints(value) and all(0 < v < 1 << 31 for v in value) if isinstance(value, list) else \

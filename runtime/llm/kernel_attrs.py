@@ -68,8 +68,41 @@ KERNEL_ATTRS: dict[str, tuple[int, int | None, dict[str, str], tuple[str, ...]]]
     "SumPartials": (1, None, {}, ()),
 }
 
-# LLM kernels whose output has the broadcast shape of their inputs (numpy elementwise)
-BROADCASTING = frozenset({"SiLU", "GeluTanh", "Tanh", "Scale", "RMSNorm", "Mul", "Add"})
+# the first output's shape from the inputs' (None: not decided by the op alone)
+BROADCASTING = frozenset({"SiLU", "GeluTanh", "Tanh", "Scale", "RMSNorm", "Mul", "Add", "SumPartials"})
+SHAPE_OF_FIRST = frozenset({"RoPE", "QuantizeRows", "DequantizeRows"})
+
+
+def output_shape(op: str, shapes: list[tuple[int, ...]], attrs: dict[str, Any]) -> tuple[int, ...] | None:
+    """What kernel `op` makes of inputs of these shapes (attributes already checked);
+    ValueError when it cannot run on them."""
+    import numpy as np
+
+    if op in BROADCASTING:
+        try:
+            return tuple(np.broadcast_shapes(*shapes))
+        except ValueError:
+            raise ValueError("they do not broadcast") from None
+    if op in SHAPE_OF_FIRST:
+        return shapes[0]
+    if op == "Reshape":
+        size, target = math.prod(shapes[0]), list(attrs["shape"])
+        if -1 in target:
+            rest = math.prod(d for d in target if d != -1)
+            if rest == 0 or size % rest:
+                raise ValueError(f"no reshape to {target}")
+            target[target.index(-1)] = size // rest
+        if math.prod(target) != size:
+            raise ValueError(f"{size} elements do not reshape to {target}")
+        return tuple(target)
+    if op == "Attention":
+        q, k, v, pos = shapes
+        if len(q) != 3 or len(k) != 3 or len(v) != 3 or len(pos) != 1:
+            raise ValueError("attention takes q, k, v as [T, heads, dim] and positions as [T]")
+        if not (q[0] == k[0] == v[0] == pos[0] and q[2] == k[2] and k[1] == v[1] and k[1] and q[1] % k[1] == 0):
+            raise ValueError("q, k, v and positions do not agree (rows, heads, head dims)")
+        return (q[0], q[1] * v[2])
+    return None
 
 
 def attribute_problem(op: str, n_inputs: int, attrs: dict[str, Any]) -> str | None:
@@ -94,3 +127,14 @@ def attribute_problem(op: str, n_inputs: int, attrs: dict[str, Any]) -> str | No
         span = f"{fewest}" if most == fewest else f"{fewest}..{most if most is not None else ''}"
         return f"{op} takes {span} inputs, not {n_inputs}"
     return None
+
+
+def check_layers(module, cfg) -> None:
+    """Each Attention step names a layer of the model's KV cache (cfg.n_layer)."""
+    from rkc.ir.errors import FormatError
+
+    for prog in module.programs:
+        for step in prog.steps:
+            if step.kind == "cpu" and step.op == "Attention" and step.attrs["layer"] >= cfg.n_layer:
+                raise FormatError(f"program {prog.name!r} step {step.name!r}: Attention layer "
+                                  f"{step.attrs['layer']} of a {cfg.n_layer}-layer model")

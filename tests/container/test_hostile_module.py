@@ -60,6 +60,7 @@ MODULE_CASES = {
     "unknown region kind": (_set(["regions", 2, "kind"], "gpu"), r"region 'scratch' has unknown kind 'gpu'"),
     "Softmax axis 99": (_cpu_step("Softmax", "axis", 99), r"Softmax attribute axis=99: not an axis of a rank-2 input"),
     "Cast to object": (_cpu_step("Cast", "to", "object"), r"Cast attribute to='object': not a dtype"),
+    "Cast to an object": (_cpu_step("Cast", "to", {"name": 1}), r"Cast attribute to=\{'name': 1\}: not a dtype"),
     "unknown CPU kernel": (_set(["programs", 0, "steps", 0, "op"], "Exec"), r"no CPU kernel for op 'Exec'"),
     "unknown attribute": (_cpu_step("Flatten", "shell", 1), r"the CPU kernel does not support this form"),
     "no programs": (_set(["programs"], []), r"the module has no programs"),

@@ -11,6 +11,7 @@ import pytest
 
 from hostile import assert_refused
 from rkc import runtime
+from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.kernel_attrs import KERNEL_ATTRS
 from rkc.runtime.llm.kernels import KERNELS
 
@@ -43,6 +44,35 @@ def _inputs(op, keep):
     return change
 
 
+def _input(op, index, value):
+    def change(m, b):
+        _first_step(m, op)["inputs"][index] = value
+    return change
+
+
+def _tensor_shape(op, which, index, shape):
+    """The declared shape of the first `op` step's `which` ("inputs"/"outputs") number `index`."""
+    def change(m, b):
+        name = _first_step(m, op)[which][index]
+        next(t for t in m["tensors"] if t["name"] == name)["shape"] = shape
+    return change
+
+
+def _metadata(key, value):
+    def change(m, b):
+        if value is None:
+            del m["metadata"][key]
+        else:
+            m["metadata"][key] = value
+    return change
+
+
+def _config(key, value):
+    def change(m, b):
+        m["metadata"]["llm"][key] = value
+    return change
+
+
 # case -> (file, change, message)
 CASES = {
     "RMSNorm epsilon a string": ("gemma3", _set("RMSNorm", "epsilon", "x"),
@@ -69,6 +99,21 @@ CASES = {
                                   r"DequantizeRows takes 7\.\.8 inputs"),
     "GatherRows one input": ("llama", _inputs("GatherRows", 1), r"GatherRows takes 2\.\.5 inputs, not 1"),
     "an attribute no kernel reads": ("llama", _set("SiLU", "alpha", 1.0), r"SiLU has no attribute 'alpha'"),
+    # found by the LLM rkbin fuzzer (tests/test_fuzz_loaders.py), each an internal error before
+    "Reshape to no rows": ("llama", _set("Reshape", "shape", [0, 2, 16]),
+                           r"Reshape inputs of shapes \[1, 64\]: 64 elements do not reshape to \[0, 2, 16\]"),
+    "RMSNorm input absent": ("llama", _input("RMSNorm", 0, ""), r"RMSNorm has an absent input"),
+    "Attention q of rank 2": ("llama", _tensor_shape("Attention", "inputs", 0, [1, 64]),
+                              r"(RoPE of inputs shaped|attention takes q, k, v as \[T, heads, dim\])"),
+    "QuantizeRows output rows disagree": ("llama", _tensor_shape("QuantizeRows", "outputs", 0, [2, 64]),
+                                          r"QuantizeRows of inputs shaped \[1, 64\].* makes \[1, 64\], but output"),
+    "metadata without the LLM description": ("llama", _metadata("llm", None),
+                                             r"metadata \"llm\": expected an object, got NoneType"),
+    "n_layer 2.5": ("llama", _config("n_layer", 2.5), r"metadata \"llm\"\.n_layer: expected an integer"),
+    "rms_eps NaN": ("llama", _config("rms_eps", math.nan), r"rms_eps: expected a finite number"),
+    "swa_layers too short": ("gemma3", _config("swa_layers", [1]), r"swa_layers names 1 layers, not n_layer"),
+    "Attention layer past the model": ("llama", _set("Attention", "layer", 99),
+                                       r"Attention layer 99 of a \d+-layer model"),
 }
 
 
@@ -77,8 +122,7 @@ def test_hostile_llm_step_is_refused_at_load(files, tmp_path, case):
     name, change, message = CASES[case]
 
     def load(path):
-        with runtime.load(path, device="sim"):
-            pass
+        LlmEngine(path, device="sim").close()
     print(f"{case}: {assert_refused(files[name], tmp_path / 'bad.rkbin', change, message, load)}")
 
 
