@@ -75,7 +75,7 @@ def rkbin_cases(work: Path):
     from container import test_hostile_module as mod
     from container import test_hostile_rkbin as acc
 
-    for name, (change, _) in {**acc.CASES, **mod.MODULE_CASES}.items():
+    for name, (change, _) in {**acc.CASES, **acc.EXTENT_CASES, **mod.MODULE_CASES}.items():
         yield name, mutated(good, work / "case.rkbin", change)
     module, blobs = parts(good)
     for version in ("x", "1", 1.0, 2, None):
@@ -88,6 +88,31 @@ def rkbin_cases(work: Path):
     yield "two 2 GiB scratch regions", mutated(good, work / "case.rkbin", _two_big_regions)
     from fuzz import mutated_json
 
+    for i, tree in enumerate(_samples(mutated_json(module), 15)):
+        try:
+            text = json.dumps(tree)
+        except ValueError:
+            continue
+        yield f"fuzzed module {i}", write_raw(work / "case.rkbin", None, blobs, module_text=text)
+
+
+def llm_rkbin_cases(work: Path):
+    """The crafted LLM rkbins of tests/llm/test_hostile_llm_rkbin.py and fuzzed
+    module samples of the tiny llama, each run as `rkrun -p` on the simulator."""
+    from hostile import mutated, parts, write_raw
+    from llm import test_hostile_llm_rkbin as hl
+    from llm.synth import write_model
+    from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
+
+    good = {}
+    for arch in ("gemma3", "llama"):
+        good[arch] = work / f"{arch}.rkbin"
+        compile_gguf(write_model(work / f"{arch}.gguf", arch), good[arch], LlmCompileOptions("int8", (1, 4, 16)))
+    for name, (arch, change, _) in hl.CASES.items():
+        yield name, mutated(good[arch], work / "case.rkbin", change)
+    from fuzz import mutated_json
+
+    module, blobs = parts(good["llama"])
     for i, tree in enumerate(_samples(mutated_json(module), 15)):
         try:
             text = json.dumps(tree)
@@ -191,6 +216,8 @@ def main() -> None:
         loaders = {
             "rkbin (rkrun)": (rkbin_cases, lambda p: [str(bin_dir / "rkrun"), str(p), "--inputs",
                                                       str(work / "in.npz"), "--device", "sim"], None),
+            "LLM rkbin (rkrun -p)": (llm_rkbin_cases, lambda p: [str(bin_dir / "rkrun"), str(p), "-p", "Hi", "-n",
+                                                                   "2", "--temp", "0", "--device", "sim"], None),
             "ONNX (rkc compile)": (onnx_cases, lambda p: [str(bin_dir / "rkc"), "compile", str(p), "-o",
                                                            str(out_dir / "m.rkbin")], out_dir / "m.rkbin"),
             "GGUF (rkc compile)": (gguf_cases, lambda p: [str(bin_dir / "rkc"), "compile", str(p), "-o",
