@@ -125,14 +125,18 @@ def check_accesses(module: Module, blobs: dict[str, np.ndarray]) -> None:
                               "an address register of any task")
 
 
-def _check_task(where: str, task, job, kinds, regcmd, keys, relocations, used, reads, writes) -> None:
+def _task_addresses(task, regcmd, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the task's entries, indices of its address-register entries, their slots in _KEYS)."""
     span = slice(task.entry, task.entry + task.count)
     task_keys = keys[task.region][span]
     slot = np.minimum(np.searchsorted(_KEYS, task_keys), len(_KEYS) - 1)
-    hits = np.flatnonzero(_KEYS[slot] == task_keys)
+    return regcmd[task.region][span], np.flatnonzero(_KEYS[slot] == task_keys), slot
+
+
+def _check_task(where: str, task, job, kinds, regcmd, keys, relocations, used, reads, writes) -> None:
+    entries, hits, slot = _task_addresses(task, regcmd, keys)
     if not hits.size:
         return
-    entries = regcmd[task.region][span]
     enable = _enable_bits(entries)
     for i in hits.tolist():
         name = _NAMES[int(slot[i])]
@@ -205,13 +209,9 @@ class _Walks:
 def _check_extents(where: str, task, sizes, regcmd, keys, relocations, walks: _Walks) -> None:
     """Every relocated read or write of the task stays inside its target region
     over the whole walk the task programs (ir/npu/extents.py)."""
-    span = slice(task.entry, task.entry + task.count)
-    task_keys = keys[task.region][span]
-    slot = np.minimum(np.searchsorted(_KEYS, task_keys), len(_KEYS) - 1)
-    hits = np.flatnonzero(_KEYS[slot] == task_keys)
+    entries, hits, slot = _task_addresses(task, regcmd, keys)
     if not hits.size:
         return
-    entries = regcmd[task.region][span]
     by_register = walks.of(entries, hits, _enable_bits(entries))
     for i in hits.tolist():
         name = _NAMES[int(slot[i])]

@@ -86,7 +86,13 @@ def rkbin_cases(work: Path):
                                       + "}" * 200_000 + ", ", 1)
     yield "200,000-deep nesting", write_raw(work / "case.rkbin", module, blobs, module_text=deep)
     yield "two 2 GiB scratch regions", mutated(good, work / "case.rkbin", _two_big_regions)
+    yield from _fuzzed_modules(module, blobs, work)
+
+
+def _fuzzed_modules(module: dict, blobs: dict, work: Path):
+    """A fixed sample of 15 mutated module trees (tests/fuzz.py), as rkbins."""
     from fuzz import mutated_json
+    from hostile import write_raw
 
     for i, tree in enumerate(_samples(mutated_json(module), 15)):
         try:
@@ -99,7 +105,7 @@ def rkbin_cases(work: Path):
 def llm_rkbin_cases(work: Path):
     """The crafted LLM rkbins of tests/llm/test_hostile_llm_rkbin.py and fuzzed
     module samples of the tiny llama, each run as `rkrun -p` on the simulator."""
-    from hostile import mutated, parts, write_raw
+    from hostile import mutated, parts
     from llm import test_hostile_llm_rkbin as hl
     from llm.synth import write_model
     from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
@@ -110,15 +116,7 @@ def llm_rkbin_cases(work: Path):
         compile_gguf(write_model(work / f"{arch}.gguf", arch), good[arch], LlmCompileOptions("int8", (1, 4, 16)))
     for name, (arch, change, _) in hl.CASES.items():
         yield name, mutated(good[arch], work / "case.rkbin", change)
-    from fuzz import mutated_json
-
-    module, blobs = parts(good["llama"])
-    for i, tree in enumerate(_samples(mutated_json(module), 15)):
-        try:
-            text = json.dumps(tree)
-        except ValueError:
-            continue
-        yield f"fuzzed module {i}", write_raw(work / "case.rkbin", None, blobs, module_text=text)
+    yield from _fuzzed_modules(*parts(good["llama"]), work)
 
 
 def _two_big_regions(m, b):
