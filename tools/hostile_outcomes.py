@@ -201,6 +201,7 @@ def main() -> None:
     ap.add_argument("--bin", required=True, help="bin folder of the rkc installation under test")
     ap.add_argument("--json", help="write the per-case outcomes here")
     ap.add_argument("--table", nargs=2, metavar=("BEFORE", "AFTER"), help="print the table of two --json files")
+    ap.add_argument("--loaders", help="only the loaders whose name contains one of these (comma separated)")
     args = ap.parse_args()
     if args.table:
         return print_tables(*(json.loads(Path(f).read_text()) for f in args.table))
@@ -221,6 +222,9 @@ def main() -> None:
             "GGUF (rkc compile)": (gguf_cases, lambda p: [str(bin_dir / "rkc"), "compile", str(p), "-o",
                                                            str(out_dir / "m.rkbin")], out_dir / "m.rkbin"),
         }
+        if args.loaders:
+            wanted = args.loaders.split(",")
+            loaders = {k: v for k, v in loaders.items() if any(w in k for w in wanted)}
         for loader, (cases, command, output) in loaders.items():
             results[loader] = {}
             for name, path in cases(work):
