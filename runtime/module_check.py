@@ -43,7 +43,9 @@ def check_module(module: Module) -> None:
     from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 
     llm = module.metadata.get("model_kind") == "llm"  # its CPU steps run LLM kernels where one has the name
+    stored = {t.name for t in module.tensors if t.region is not None}  # in a BO or host region from the start
     for prog in module.programs:
+        _check_dataflow(prog, stored)
         for step in prog.steps:
             if step.kind == "cpu":
                 where = f"program {prog.name!r} step {step.name!r}"
@@ -53,6 +55,21 @@ def check_module(module: Module) -> None:
                     _check_cpu_step(where, step, tensors)
                 _check_output_shape(where, step, tensors, llm and step.op in LLM_KERNELS)
     _check_memory(module)
+
+
+def _check_dataflow(prog, stored: set[str]) -> None:
+    """Every tensor a step reads that lives in no region is a program input or an
+    earlier step's output (else a run would read nothing), and so is every output."""
+    have = set(prog.inputs) | stored
+    for step in prog.steps:
+        for name in step.inputs:
+            if name and name not in have:
+                raise FormatError(f"program {prog.name!r} step {step.name!r} reads {name!r:.60} before any step "
+                                  "writes it")
+        have.update(step.outputs)
+    for name in prog.outputs:
+        if name not in have:
+            raise FormatError(f"program {prog.name!r} returns {name!r:.60}, which no step writes")
 
 
 def _check_llm_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:

@@ -77,6 +77,8 @@ MODULE_CASES = {
     "Softmax output disagrees with its input": (_tensor("probs", "shape", [1, 11]),
                                                 r"Softmax of inputs shaped \[1, 10\] makes \[1, 10\], but output "
                                                 r"'probs' is declared \[1, 11\]"),
+    "a step's producer dropped": (lambda m, b: m["programs"][0]["steps"].remove(m["programs"][0]["steps"][3]),
+                                  r"program 'main' step 'to_npu:p1' reads 'p1' before any step writes it"),
     "two unused 2 GiB regions": (lambda m, b: m["regions"].extend(
         {"name": f"big{i}", "size": (2 << 30) - (1 << 24), "kind": "scratch"} for i in range(2)),
         r"region 'big0' \(2130706432 B\) is used by no tensor, relocation or task"),
