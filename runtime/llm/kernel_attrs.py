@@ -42,6 +42,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 ROTATION = {"rotation": "rotation", "block": "count"}  # rotated rows: the factor's inputs follow
+ROTATION_INPUTS = {"QuantizeRows": 1, "GatherPacked": 2, "GatherRows": 3}  # where the signs [K] (then F [m, m]) sit
 
 # op -> (fewest inputs, most inputs (None: any), {attribute: rule}, attributes required)
 KERNEL_ATTRS: dict[str, tuple[int, int | None, dict[str, str], tuple[str, ...]]] = {
@@ -78,6 +79,8 @@ def output_shape(op: str, shapes: list[tuple[int, ...]], attrs: dict[str, Any]) 
     ValueError when it cannot run on them."""
     import numpy as np
 
+    if "rotation" in attrs:
+        _check_rotation(op, shapes, attrs)
     if op in BROADCASTING:
         try:
             return tuple(np.broadcast_shapes(*shapes))
@@ -120,6 +123,8 @@ def attribute_problem(op: str, n_inputs: int, attrs: dict[str, Any]) -> str | No
             return f"{op} attribute {name}={value!r:.40}: not {meaning}"
     if "rotation" in attrs and "block" not in attrs:
         return f"{op} with a rotation needs its block size"
+    if "rotation" in attrs and not ROTATION_INPUTS[op] < n_inputs <= ROTATION_INPUTS[op] + 2:
+        return f"{op} with a rotation takes its signs (and factor) as inputs {ROTATION_INPUTS[op]}.., not {n_inputs} inputs"
     if op == "DequantizeRows":
         fewest = attrs.get("partials", 1) + 2
         most = fewest + 1
@@ -127,6 +132,19 @@ def attribute_problem(op: str, n_inputs: int, attrs: dict[str, Any]) -> str | No
         span = f"{fewest}" if most == fewest else f"{fewest}..{most if most is not None else ''}"
         return f"{op} takes {span} inputs, not {n_inputs}"
     return None
+
+
+def _check_rotation(op: str, shapes: list[tuple[int, ...]], attrs: dict[str, Any]) -> None:
+    """Signs [K] for the rotated rows' K columns, a power-of-two block dividing K,
+    the factor (if any) [K / block, K / block] (runtime/kernels/hadamard.py)."""
+    k = attrs["cols"] if op == "GatherPacked" else (shapes[0][-1] if shapes[0] else 0)
+    at, block = ROTATION_INPUTS[op], attrs["block"]
+    if shapes[at] != (k,):
+        raise ValueError(f"rotation signs of shape {list(shapes[at])} for {k} columns")
+    if block & (block - 1) or k % block:
+        raise ValueError(f"rotation block {block} is not a power of two dividing {k}")
+    if len(shapes) > at + 1 and shapes[at + 1] != (k // block, k // block):
+        raise ValueError(f"rotation factor of shape {list(shapes[at + 1])}, not [{k // block}, {k // block}]")
 
 
 def check_layers(module, cfg) -> None:

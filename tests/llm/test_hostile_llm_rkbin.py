@@ -114,6 +114,12 @@ CASES = {
     "swa_layers too short": ("gemma3", _config("swa_layers", [1]), r"swa_layers names 1 layers, not n_layer"),
     "Attention layer past the model": ("llama", _set("Attention", "layer", 99),
                                        r"Attention layer 99 of a \d+-layer model"),
+    # campaign seed 8: a rotated QuantizeRows without its signs, or with another tensor as them
+    "QuantizeRows rotation without signs": ("llama", _inputs("QuantizeRows", 1),
+                                            r"QuantizeRows with a rotation takes its signs"),
+    "QuantizeRows signs are its input": ("llama", lambda m, b: _input("QuantizeRows", 1,
+                                                                      _first_step(m, "QuantizeRows")["inputs"][0])(m, b),
+                                         r"rotation signs of shape \[1, \d+\] for \d+ columns"),
     # tools/hostile_outcomes.py's fuzzed LLM module 7: steps dropped, a QuantizeRows read a tensor never written
     "a step's producer dropped": ("llama", lambda m, b: m["programs"][0]["steps"].remove(_first_step(m, "RMSNorm")),
                                   r"step '[^']+' reads '[^']+' before any step writes it"),
