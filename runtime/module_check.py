@@ -59,9 +59,15 @@ def check_module(module: Module) -> None:
 
 def _check_dataflow(prog, stored: set[str]) -> None:
     """Every tensor a step reads that lives in no region is a program input or an
-    earlier step's output (else a run would read nothing), and so is every output."""
+    earlier CPU step's output (else a run would read nothing), and so is every
+    output; an NPU step names only tensors in regions."""
     have = set(prog.inputs) | stored
     for step in prog.steps:
+        if step.kind == "npu":
+            outside = [n for n in [*step.inputs, *step.outputs] if n not in stored]
+            if outside:  # the NPU reads and writes BOs only: such a name would never be written
+                raise FormatError(f"program {prog.name!r} step {step.name!r} lists {outside[0]!r:.60}, which lives "
+                                  "in no region the NPU could touch")
         for name in step.inputs:
             if name and name not in have:
                 raise FormatError(f"program {prog.name!r} step {step.name!r} reads {name!r:.60} before any step "

@@ -79,6 +79,9 @@ MODULE_CASES = {
                                                 r"'probs' is declared \[1, 11\]"),
     "a step's producer dropped": (lambda m, b: m["programs"][0]["steps"].remove(m["programs"][0]["steps"][3]),
                                   r"program 'main' step 'to_npu:p1' reads 'p1' before any step writes it"),
+    # campaign seed 9 (LLM rkbin): an NPU step named a host-side tensor as its output, nothing wrote it
+    "NPU step lists a host-side tensor": (_set(["programs", 0, "steps", 1, "outputs"], ["r1"]),
+                                          r"step 'segment 1' lists 'r1', which lives in no region the NPU could touch"),
     "two unused 2 GiB regions": (lambda m, b: m["regions"].extend(
         {"name": f"big{i}", "size": (2 << 30) - (1 << 24), "kind": "scratch"} for i in range(2)),
         r"region 'big0' \(2130706432 B\) is used by no tensor, relocation or task"),
