@@ -17,12 +17,17 @@ loader writes any address):
   jobs by those lists, so a wrong list is a race on the board), it writes no
   weights/regcmd/host region, and its lane names one of the NPU's cores.
 
-What this cannot see statically, the device sees at run time: how far each
-access extends from its base (sizes and strides programmed in the task) and
-whether a stage reads its operand at all. The simulator computes both where it
-performs the DMA (runtime/sim/memory.py: one BO per access, only BOs the job
-lists); the loader maps a guard BO at IOVA 0 that no job lists, so an
-unrelocated 0 the task does use is refused there too.
+* the whole extent of each relocated access lies in the region it targets:
+  the walk of ir/npu/extents.py (base plus the sizes and strides programmed in
+  the same task; the simulator performs its DMAs through the same functions),
+  from the relocation's offset, within the region's declared size.
+
+What this cannot see statically, the device sees at run time: whether a stage
+reads an operand whose use depends on stage fields (an unrelocated 0 there; the
+loader maps a guard BO at IOVA 0 that no job lists, refused by the simulator),
+and the extent of a DMA whose geometry fields hold values without a known
+meaning (`extents.Undecided`: the simulator refuses the task where it checks
+them).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from rkc.ir.errors import FormatError
+from rkc.ir.npu import extents
 from rkc.ir.npu.addresses import ADDRESS_USE
 from rkc.ir.npu.hw import CORES
 from rkc.ir.npu.regcmd import ENTRY_BYTES, TARGET_OP_ENABLE
@@ -42,6 +48,7 @@ READABLE_KINDS = ("weights", "scratch", "io")
 _BY_KEY = {(r.block.target << 16) | r.offset: r.name for r in REGISTERS if r.is_address}
 _KEYS = np.array(sorted(_BY_KEY), dtype=np.uint64)
 _NAMES = [_BY_KEY[int(k)] for k in _KEYS]
+_EVERY_KEY = {(r.block.target << 16) | r.offset: r.name for r in REGISTERS}
 
 
 def _regcmd_entries(module: Module, blobs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -78,6 +85,8 @@ def check_accesses(module: Module, blobs: dict[str, np.ndarray]) -> None:
     the first address that is not provably the job's own. Module.validate must
     have passed (regions, tasks and relocations in range)."""
     kinds = {r.name: r.kind for r in module.regions}
+    sizes = {r.name: r.size for r in module.regions}
+    walks = _Walks()
     regcmd = _regcmd_entries(module, blobs)
     keys = {name: ((e >> np.uint64(48)) << np.uint64(16)) | (e & np.uint64(0xFFFF)) for name, e in regcmd.items()}
     relocations = _relocation_index(module)
@@ -103,6 +112,7 @@ def check_accesses(module: Module, blobs: dict[str, np.ndarray]) -> None:
                 for t, task in enumerate(job.tasks):
                     _check_task(f"{where} task {t}", task, job, kinds, regcmd, keys, relocations, used,
                                 reads, writes)
+                    _check_extents(f"{where} task {t}", task, sizes, regcmd, keys, relocations, walks)
                 for name in job.writes:
                     if name not in writes:
                         raise FormatError(f"{where}: lists region {name!r} as written, but no task writes it")
@@ -115,14 +125,18 @@ def check_accesses(module: Module, blobs: dict[str, np.ndarray]) -> None:
                               "an address register of any task")
 
 
-def _check_task(where: str, task, job, kinds, regcmd, keys, relocations, used, reads, writes) -> None:
+def _task_addresses(task, regcmd, keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the task's entries, indices of its address-register entries, their slots in _KEYS)."""
     span = slice(task.entry, task.entry + task.count)
     task_keys = keys[task.region][span]
     slot = np.minimum(np.searchsorted(_KEYS, task_keys), len(_KEYS) - 1)
-    hits = np.flatnonzero(_KEYS[slot] == task_keys)
+    return regcmd[task.region][span], np.flatnonzero(_KEYS[slot] == task_keys), slot
+
+
+def _check_task(where: str, task, job, kinds, regcmd, keys, relocations, used, reads, writes) -> None:
+    entries, hits, slot = _task_addresses(task, regcmd, keys)
     if not hits.size:
         return
-    entries = regcmd[task.region][span]
     enable = _enable_bits(entries)
     for i in hits.tolist():
         name = _NAMES[int(slot[i])]
@@ -160,3 +174,58 @@ def _check_task(where: str, task, job, kinds, regcmd, keys, relocations, used, r
             if target not in job.reads and target not in job.writes:
                 raise FormatError(f"{at}: reads region {target!r}, which the job does not list")
             reads.add(target)
+
+
+class _Walks:
+    """Each task's walks by its registers' values with the addresses left out
+    (what a walk depends on): a model repeats the same geometry per layer."""
+
+    def __init__(self) -> None:
+        self._seen: dict[bytes, dict[str, extents.Walk | None]] = {}
+
+    def of(self, entries: np.ndarray, address_at: np.ndarray, enable: int) -> dict[str, extents.Walk | None]:
+        masked = entries.copy()
+        masked[address_at] &= np.uint64(0xFFFF_0000_0000_FFFF)
+        key = masked.tobytes()
+        found = self._seen.get(key)
+        if found is None:
+            values = {}
+            for raw in masked.tolist():
+                name = _EVERY_KEY.get(((raw >> 48) << 16) | (raw & 0xFFFF))
+                if name is not None:
+                    values[name] = (raw >> 16) & 0xFFFFFFFF  # the last write wins, as on the core
+            regs = extents.ProgrammedRegisters(values)
+            found = {}
+            for name, (block, walk) in extents.WALKS.items():
+                if enable & OP_ENABLE_BITS[block]:
+                    try:
+                        found[name] = walk(regs)
+                    except extents.Undecided:
+                        pass  # shape unknown: the device refuses the task where it checks the field
+            self._seen[key] = found
+        return found
+
+
+def _check_extents(where: str, task, sizes, regcmd, keys, relocations, walks: _Walks) -> None:
+    """Every relocated read or write of the task stays inside its target region
+    over the whole walk the task programs (ir/npu/extents.py)."""
+    entries, hits, slot = _task_addresses(task, regcmd, keys)
+    if not hits.size:
+        return
+    by_register = walks.of(entries, hits, _enable_bits(entries))
+    for i in hits.tolist():
+        name = _NAMES[int(slot[i])]
+        found = relocations.get((task.region, task.entry + i))
+        walk = by_register.get(name)
+        if found is None or walk is None:
+            continue
+        lo, hi = walk.span()
+        if lo == hi:
+            continue
+        rel = found[1]
+        start, end, size = rel.offset + lo, rel.offset + hi, sizes[rel.target]
+        if start < 0 or end > size:
+            side = f"{-start} bytes before its start" if start < 0 else f"{end - size} bytes past its end"
+            raise FormatError(f"{where} entry {task.entry + i} {name}: the access reaches bytes [{start}, {end}) of "
+                              f"region {rel.target!r} ({size} bytes), {side} (walk {walk.shape} with strides "
+                              f"{walk.strides})")

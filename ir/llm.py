@@ -12,7 +12,8 @@ qwen3,gemma3}.cpp and src/llama-model.cpp rope types): facts, restated here.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Iterable, Mapping
 
 from rkc.ir.errors import FormatError, UnsupportedError
@@ -125,12 +126,53 @@ class LlmConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "LlmConfig":
-        lists = {k: tuple(int(x) for x in v) for k, v in d.items() if isinstance(v, list)}
-        try:
-            return cls(**{**d, **lists, "swa_layers": tuple(bool(x) for x in d.get("swa_layers", ()))})
-        except TypeError as exc:
-            raise FormatError(f"malformed LLM description ({exc})") from None
+    def from_dict(cls, d: Any, where: str = "metadata \"llm\"") -> "LlmConfig":
+        """The description an LLM rkbin carries, every field's type and range checked
+        (the runtime sizes its KV cache and RoPE tables from it)."""
+        if not isinstance(d, Mapping):
+            raise FormatError(f"{where}: expected an object, got {type(d).__name__}")
+        names = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(d) - set(names))
+        missing = [n for n, f in names.items() if n not in d and f.default is MISSING and f.default_factory is MISSING]
+        if unknown or missing:
+            raise FormatError(f"{where}: {'unknown' if unknown else 'missing'} field {(unknown or missing)[0]!r}")
+        hints = typing.get_type_hints(cls)
+        values = {name: _config_value(f"{where}.{name}", hints[name], value) for name, value in d.items()}
+        cfg = cls(**values)
+        problem = cfg._problem()
+        if problem:
+            raise FormatError(f"{where}: {problem}")
+        return cfg
+
+    def _problem(self) -> str | None:
+        if self.arch not in ARCH_TRAITS:
+            return f"unknown architecture {self.arch!r:.40}"
+        if self.n_layer > INT_RANGES["block_count"][1]:
+            return f"n_layer = {self.n_layer} is more than {INT_RANGES['block_count'][1]}"
+        if min(self.n_embd, self.n_head, self.n_head_kv, self.head_dim, self.head_dim_v, self.n_vocab) < 1:
+            return "a size (n_embd, heads, head dims, n_vocab) is 0"
+        if self.n_head % self.n_head_kv:
+            return f"{self.n_head} heads do not share {self.n_head_kv} KV heads evenly"
+        if self.swa_window and len(self.swa_layers) != self.n_layer:
+            return f"swa_layers names {len(self.swa_layers)} layers, not n_layer = {self.n_layer}"
+        if self.rope_mode not in ("norm", "neox") or self.ffn_act not in ("silu", "gelu_tanh"):
+            return f"rope_mode {self.rope_mode!r:.20} / ffn_act {self.ffn_act!r:.20} unknown"
+        return self._per_layer_problem()
+
+    def _per_layer_problem(self) -> str | None:
+        """The per-layer arrays (Gemma 4): empty or one value per layer, sizes
+        >= 1, heads sharing KV heads evenly, a KV source no later than its layer."""
+        for name in ("layer_n_head", "layer_n_head_kv", "layer_head_dim", "layer_n_ff", "layer_rope_dims", "kv_source"):
+            values = getattr(self, name)
+            if values and len(values) != self.n_layer:
+                return f"{name} names {len(values)} layers, not n_layer = {self.n_layer}"
+        for layer in range(self.n_layer if any((self.layer_n_head, self.layer_n_head_kv, self.kv_source)) else 0):
+            heads, kv_heads, (dim, _) = self.n_head_of(layer), self.n_head_kv_of(layer), self.head_dim_of(layer)
+            if min(heads, kv_heads, dim, self.n_ff_of(layer)) < 1 or heads % kv_heads:
+                return f"layer {layer}: {heads} heads, {kv_heads} KV heads, head size {dim}: not a valid attention"
+            if not 0 <= self.kv_layer(layer) <= layer or self.rope_dims_of(layer) > dim:
+                return f"layer {layer}: KV source {self.kv_layer(layer)} / RoPE dims {self.rope_dims_of(layer)} invalid"
+        return None
 
 
 # (lowest, highest) of each integer hyperparameter: past these no model exists
@@ -145,6 +187,32 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "rope.dimension_count_swa": (1, 1024),
 }
 TOKEN_ID_KEYS = ("bos", "eos", "eot", "unknown", "padding", "separator")
+
+
+def _config_value(where: str, tp: Any, value: Any) -> Any:
+    """One LlmConfig field from JSON: ints in [0, 2^31), finite numbers, strings, flags."""
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise FormatError(f"{where}: expected true/false, got {value!r:.40}")
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
+            raise FormatError(f"{where}: expected an integer in [0, 2^31), got {value!r:.40}")
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise FormatError(f"{where}: expected a finite number, got {value!r:.40}")
+        value = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise FormatError(f"{where}: expected a string, got {value!r:.40}")
+    elif typing.get_args(tp)[0] is bool:  # swa_layers: a flag per layer (written as 0/1)
+        if not isinstance(value, list) or not all(v in (0, 1) for v in value) or len(value) > 1 << 16:
+            raise FormatError(f"{where}: expected a list of 0/1 flags")
+        value = tuple(bool(v) for v in value)
+    else:  # a per-layer integer array (Gemma 4)
+        if not isinstance(value, list) or len(value) > 1 << 16:
+            raise FormatError(f"{where}: expected a list of integers, one per layer")
+        value = tuple(_config_value(f"{where}[{i}]", int, v) for i, v in enumerate(value))
+    return value
 
 
 def _checked_int(path: str, key: str, value: Any) -> int:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from rkc.ir.errors import FormatError, RkcError
-from rkc.ir.program import Module, Step, TensorInfo
+from rkc.ir.program import TENSOR_LAYOUTS, Module, Step, TensorInfo
 from rkc.ir.types import DType
 
 # attribute -> what it must be; the rank is that of the step's first input
@@ -28,16 +30,101 @@ ATTRIBUTE_RULES: dict[str, str] = {
 }
 # ops whose `axis`/`axes` index their output rather than the input (one more dimension)
 _OUTPUT_AXES = {"Unsqueeze": 1, "Flatten": 1}
+NPU_LAYOUTS = tuple(name for name in TENSOR_LAYOUTS if name.startswith("native"))  # in the NPU's own cube form
 
 
 def check_module(module: Module) -> None:
     """Raise FormatError naming the first tensor, step or region the runtime cannot trust."""
     tensors = {t.name: t for t in module.tensors}
+    for t in module.tensors:
+        if t.region is not None and t.layout in NPU_LAYOUTS and not all(d > 0 for d in t.shape):
+            raise FormatError(f"tensor {t.name!r} has shape {t.shape} in NPU layout {t.layout!r}: the NPU reads "
+                              "and writes no empty cube")
+    from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
+
+    llm = module.metadata.get("model_kind") == "llm"  # its CPU steps run LLM kernels where one has the name
+    stored = {t.name for t in module.tensors if t.region is not None}  # in a BO or host region from the start
     for prog in module.programs:
+        _check_dataflow(prog, stored)
         for step in prog.steps:
             if step.kind == "cpu":
-                _check_cpu_step(f"program {prog.name!r} step {step.name!r}", step, tensors)
+                where = f"program {prog.name!r} step {step.name!r}"
+                if llm and step.op in LLM_KERNELS:
+                    _check_llm_step(where, step, tensors)
+                else:
+                    _check_cpu_step(where, step, tensors)
+                _check_output_shape(where, step, tensors, llm and step.op in LLM_KERNELS)
     _check_memory(module)
+
+
+def _check_dataflow(prog, stored: set[str]) -> None:
+    """Every tensor a step reads that lives in no region is a program input or an
+    earlier CPU step's output (else a run would read nothing), and so is every
+    output; an NPU step names only tensors in regions."""
+    have = set(prog.inputs) | stored
+    for step in prog.steps:
+        if step.kind == "npu":
+            outside = [n for n in [*step.inputs, *step.outputs] if n not in stored]
+            if outside:  # the NPU reads and writes BOs only: such a name would never be written
+                raise FormatError(f"program {prog.name!r} step {step.name!r} lists {outside[0]!r:.60}, which lives "
+                                  "in no region the NPU could touch")
+        for name in step.inputs:
+            if name and name not in have:
+                raise FormatError(f"program {prog.name!r} step {step.name!r} reads {name!r:.60} before any step "
+                                  "writes it")
+        have.update(step.outputs)
+    for name in prog.outputs:
+        if name not in have:
+            raise FormatError(f"program {prog.name!r} returns {name!r:.60}, which no step writes")
+
+
+def _check_llm_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:
+    from rkc.runtime.llm.kernel_attrs import attribute_problem
+
+    problem = attribute_problem(step.op, len(step.inputs), step.attrs)
+    if problem is None and not all(step.inputs):
+        problem = f"{step.op} has an absent input (an LLM kernel has no optional ones)"
+    if problem is None and step.op == "GatherPacked" and step.attrs["packed"] not in tensors:
+        problem = f"GatherPacked reads packed weights {step.attrs['packed']!r:.40}, which is no tensor"
+    if problem:
+        raise FormatError(f"{where}: {problem}")
+
+
+def _check_output_shape(where: str, step: Step, tensors: dict[str, TensorInfo], llm: bool) -> None:
+    """The first output's declared shape is what the op makes of its inputs' declared
+    shapes, where that follows from the op alone (elementwise, normalizations, the
+    LLM kernels of runtime/llm/kernel_attrs.py)."""
+    from rkc.runtime.kernels import BROADCASTING, SHAPE_OF_FIRST
+    from rkc.runtime.llm.kernel_attrs import output_shape
+
+    if not step.outputs or step.outputs[0] not in tensors:
+        return
+    names = [n for n in step.inputs if n]
+    if not names or any(n not in tensors for n in names):
+        return
+    shapes = [tuple(tensors[n].shape) for n in names]
+    if llm:
+        try:
+            want = output_shape(step.op, shapes, step.attrs)
+        except ValueError as exc:
+            raise FormatError(f"{where}: {step.op} inputs of shapes {', '.join(map(str, map(list, shapes)))}: "
+                              f"{exc}") from None
+        if want is None:
+            return
+    elif step.op in BROADCASTING:
+        try:
+            want = np.broadcast_shapes(*shapes)
+        except ValueError:
+            raise FormatError(f"{where}: {step.op} inputs of shapes {', '.join(map(str, map(list, shapes)))} "
+                              "do not broadcast") from None
+    elif step.op in SHAPE_OF_FIRST:
+        want = shapes[0]
+    else:
+        return
+    declared = tensors[step.outputs[0]].shape
+    if list(want) != list(declared):
+        raise FormatError(f"{where}: {step.op} of inputs shaped {', '.join(map(str, map(list, shapes)))} makes "
+                          f"{list(want)}, but output {step.outputs[0]!r} is declared {declared}")
 
 
 def _ints(value) -> bool:
@@ -46,10 +133,7 @@ def _ints(value) -> bool:
 
 def _check_cpu_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:
     from rkc.runtime.kernels import check_binding
-    from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 
-    if step.op in LLM_KERNELS:
-        return  # LLM kernels take (inputs, attrs, state): runtime/llm checks what they read
     try:
         check_binding(step.op, len(step.inputs), step.attrs, where)
     except RkcError as exc:
@@ -69,7 +153,7 @@ def _check_cpu_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> N
             if value is not None and not (_ints(value) and (rank is None or sorted(value) == list(range(rank)))):
                 bad = f"not a permutation of {rank} axes"
         elif rule == _DTYPE:
-            if value not in {d.value for d in DType}:
+            if not isinstance(value, str) or value not in {d.value for d in DType}:
                 bad = f"not a dtype ({', '.join(d.value for d in DType)})"
         elif rule == _POSITIVE:
             ok = _ints(value) and all(0 < v < 1 << 31 for v in value) if isinstance(value, list) else \

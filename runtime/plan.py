@@ -345,9 +345,11 @@ class ProgramPlan:
             info = self.model.tensors.get(name)
             if bt is not None:
                 bos.append(self.model.bos[bt.info.region])
-                stores.append(bt.writer())  # later readers read the BO
-            elif info is not None and kernel is not None and step is not None and step.op not in self.unchecked:
-                stores.append(_checked_store(slots, i, info, step))
+                write = bt.writer()  # later readers read the BO
+                stores.append(_shape_checked(write, bt.info, step) if kernel is not None and step is not None
+                              else write)
+            elif info is not None and kernel is not None and step is not None:
+                stores.append(_checked_store(slots, i, info, step, cast=step.op not in self.unchecked))
             else:
                 stores.append(_slot_store(slots, i))
         if kernel is None:
@@ -443,17 +445,27 @@ def _slot_store(slots: list, i: int):
     return store
 
 
-def _checked_store(slots: list, i: int, info: TensorInfo, step: Step):
-    """As the interpreter stores a standard kernel's output: shape checked, dtype cast."""
-    shape, dtype = list(info.shape), _dtype(info)
+def _shape_checked(store: Callable, info: TensorInfo, step: Step) -> Callable:
+    """`store` of a kernel's output that must have the declared shape (as the
+    interpreter checks: a crafted module could declare one no kernel produces)."""
+    shape = tuple(info.shape)
+
+    def checked(value):
+        if np.shape(value) != shape:
+            raise RkcError(f"step {step.name!r}: {info.name!r} came out {list(np.shape(value))}, "
+                           f"the program declares {list(shape)}")
+        store(value)
+    return checked
+
+
+def _checked_store(slots: list, i: int, info: TensorInfo, step: Step, cast: bool = True):
+    """As the interpreter stores a kernel's output: shape checked, and (`cast`, the
+    standard kernels) cast to the declared dtype."""
+    dtype = _dtype(info)
 
     def store(value):
-        value = np.asarray(value)
-        if list(value.shape) != shape:
-            raise RkcError(f"step {step.name!r}: {info.name!r} came out {list(value.shape)}, "
-                           f"the program declares {shape}")
-        slots[i] = value.astype(dtype, copy=False)
-    return store
+        slots[i] = np.asarray(value).astype(dtype, copy=False) if cast else value
+    return _shape_checked(store, info, step)
 
 
 def standard_binder(step: Step, consts: list) -> Prepared:

@@ -75,7 +75,7 @@ def rkbin_cases(work: Path):
     from container import test_hostile_module as mod
     from container import test_hostile_rkbin as acc
 
-    for name, (change, _) in {**acc.CASES, **mod.MODULE_CASES}.items():
+    for name, (change, _) in {**acc.CASES, **acc.EXTENT_CASES, **mod.MODULE_CASES}.items():
         yield name, mutated(good, work / "case.rkbin", change)
     module, blobs = parts(good)
     for version in ("x", "1", 1.0, 2, None):
@@ -86,7 +86,13 @@ def rkbin_cases(work: Path):
                                       + "}" * 200_000 + ", ", 1)
     yield "200,000-deep nesting", write_raw(work / "case.rkbin", module, blobs, module_text=deep)
     yield "two 2 GiB scratch regions", mutated(good, work / "case.rkbin", _two_big_regions)
+    yield from _fuzzed_modules(module, blobs, work)
+
+
+def _fuzzed_modules(module: dict, blobs: dict, work: Path):
+    """A fixed sample of 15 mutated module trees (tests/fuzz.py), as rkbins."""
     from fuzz import mutated_json
+    from hostile import write_raw
 
     for i, tree in enumerate(_samples(mutated_json(module), 15)):
         try:
@@ -94,6 +100,23 @@ def rkbin_cases(work: Path):
         except ValueError:
             continue
         yield f"fuzzed module {i}", write_raw(work / "case.rkbin", None, blobs, module_text=text)
+
+
+def llm_rkbin_cases(work: Path):
+    """The crafted LLM rkbins of tests/llm/test_hostile_llm_rkbin.py and fuzzed
+    module samples of the tiny llama, each run as `rkrun -p` on the simulator."""
+    from hostile import mutated, parts
+    from llm import test_hostile_llm_rkbin as hl
+    from llm.synth import write_model
+    from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
+
+    good = {}
+    for arch in ("gemma3", "llama"):
+        good[arch] = work / f"{arch}.rkbin"
+        compile_gguf(write_model(work / f"{arch}.gguf", arch), good[arch], LlmCompileOptions("int8", (1, 4, 16)))
+    for name, (arch, change, _) in hl.CASES.items():
+        yield name, mutated(good[arch], work / "case.rkbin", change)
+    yield from _fuzzed_modules(*parts(good["llama"]), work)
 
 
 def _two_big_regions(m, b):
@@ -178,6 +201,7 @@ def main() -> None:
     ap.add_argument("--bin", required=True, help="bin folder of the rkc installation under test")
     ap.add_argument("--json", help="write the per-case outcomes here")
     ap.add_argument("--table", nargs=2, metavar=("BEFORE", "AFTER"), help="print the table of two --json files")
+    ap.add_argument("--loaders", help="only the loaders whose name contains one of these (comma separated)")
     args = ap.parse_args()
     if args.table:
         return print_tables(*(json.loads(Path(f).read_text()) for f in args.table))
@@ -191,11 +215,16 @@ def main() -> None:
         loaders = {
             "rkbin (rkrun)": (rkbin_cases, lambda p: [str(bin_dir / "rkrun"), str(p), "--inputs",
                                                       str(work / "in.npz"), "--device", "sim"], None),
+            "LLM rkbin (rkrun -p)": (llm_rkbin_cases, lambda p: [str(bin_dir / "rkrun"), str(p), "-p", "Hi", "-n",
+                                                                   "2", "--temp", "0", "--device", "sim"], None),
             "ONNX (rkc compile)": (onnx_cases, lambda p: [str(bin_dir / "rkc"), "compile", str(p), "-o",
                                                            str(out_dir / "m.rkbin")], out_dir / "m.rkbin"),
             "GGUF (rkc compile)": (gguf_cases, lambda p: [str(bin_dir / "rkc"), "compile", str(p), "-o",
                                                            str(out_dir / "m.rkbin")], out_dir / "m.rkbin"),
         }
+        if args.loaders:
+            wanted = args.loaders.split(",")
+            loaders = {k: v for k, v in loaders.items() if any(w in k for w in wanted)}
         for loader, (cases, command, output) in loaders.items():
             results[loader] = {}
             for name, path in cases(work):

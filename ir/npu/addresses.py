@@ -11,7 +11,8 @@
   where it performs the read.
 
 Facts from the register table (ir/npu/register_table.py) and the TRM's block
-descriptions; the simulator (runtime/sim) is what computes each access's extent.
+descriptions; ir/npu/extents.py computes each access's extent (for the load-time
+proof and the simulator alike).
 """
 
 from __future__ import annotations

@@ -24,6 +24,13 @@ KERNELS: Mapping[str, Kernel] = {
     **shape.KERNELS, **quant.KERNELS,
 }
 
+# what a step's first output must be, decidable from its inputs' declared shapes
+# (runtime/module_check.py): numpy elementwise semantics broadcast every input;
+# normalizations keep their first input's shape
+BROADCASTING: frozenset[str] = frozenset(elementwise.KERNELS)
+SHAPE_OF_FIRST: frozenset[str] = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization",
+                                            "InstanceNormalization"})
+
 
 def kernel_for(name: str) -> Kernel:
     try:

@@ -18,6 +18,7 @@ from rkc.ir.program import Step
 from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime import blas
 from rkc.runtime.execute import _Run
+from rkc.runtime.llm.kernel_attrs import check_layers
 from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 from rkc.runtime.llm.kvcache import KVCache
 from rkc.runtime.llm.prepared import BINDERS as PREPARED
@@ -63,7 +64,7 @@ class LlmEngine:
         if meta.get("model_kind") != "llm":
             raise FormatError(f"{rk.path}: not an LLM rkbin")
         self.path = Path(rk.path)
-        self.cfg = LlmConfig.from_dict(meta["llm"])
+        self.cfg = LlmConfig.from_dict(meta.get("llm"))
         self.precision = meta.get("precision")
         self.llm_programs = programs_in(meta, str(rk.path))  # what the compiler built, by name
         self.chunks = sorted({p.rows for p in self.llm_programs.values()})
@@ -77,7 +78,16 @@ class LlmEngine:
             from rkc.runtime.devices import open_device
 
             self.model = LoadedModel(rk, open_device(device, cores=cores), own_device=True)
+        try:
+            check_layers(rk.module, self.cfg)  # after check_module: the attributes are typed
+        except BaseException:
+            self.model.close()
+            raise
         self.programs = {p.name: p for p in rk.module.programs}
+        absent = sorted(set(self.llm_programs) - set(self.programs))
+        if absent:
+            self.model.close()
+            raise FormatError(f"{rk.path}: the program table names {absent[0]!r:.40}, which the module lacks")
         self.times = StepTimes()
         self.plans = self._plans()
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rkc.ir.npu import layout
+from rkc.ir.npu import extents, layout
 from rkc.runtime.sim.errors import (AlignmentError, FieldError, GeometryError, QuirkRejection, SimError,
                                 UnsupportedError)
 from rkc.runtime.sim.memory import IovaSpace
@@ -190,10 +190,6 @@ def _check_window(r: TaskRegisters, axis: str, n_in: int, n_out: int, stride: in
                       "input (more than the kernel extent)", "CNA_DATA_SIZE3")
 
 
-def _surface_stride_atoms(r: TaskRegisters, line_atoms: int) -> int:
-    return r.signed("CNA_DMA_CON2", "SURF_STRIDE") + line_atoms
-
-
 def _fetch_feature(r: TaskRegisters, mem: IovaSpace, prec: Precision, w: int, h: int, channels: int,
                    group_line: bool) -> tuple[np.ndarray, int]:
     c2 = prec.c2
@@ -205,9 +201,9 @@ def _fetch_feature(r: TaskRegisters, mem: IovaSpace, prec: Precision, w: int, h:
         if line != 4 * w:
             raise r.error(QuirkRejection, f"LINE_STRIDE={line} with group-line fetch: only 4*DMA_WIDTH="
                           f"{4 * w} (dense lines) has a known meaning (Q3)", "CNA_DMA_CON1")
-        row_atoms, surface_atoms = w, _surface_stride_atoms(r, line)
+        row_atoms = w
     else:
-        row_atoms, surface_atoms = line, _surface_stride_atoms(r, w)
+        row_atoms = line
     if row_atoms < w:
         raise r.error(GeometryError, f"line pitch {row_atoms} atoms is shorter than a line of {w}",
                       "CNA_DMA_CON1")
@@ -215,14 +211,12 @@ def _fetch_feature(r: TaskRegisters, mem: IovaSpace, prec: Precision, w: int, h:
     if addr % ATOM:
         raise r.error(AlignmentError, f"feature address {addr:#x} is not 16-byte aligned",
                       "CNA_FEATURE_DATA_ADDR")
-    c1 = channels // c2
     try:
-        view = mem.strided(addr, (c1, h, w, c2), (surface_atoms * ATOM, row_atoms * ATOM, ATOM,
-                                                   prec.itemsize), prec.storage, "CNA feature DMA")
+        view = mem.strided(addr, r.walk(extents.cna_feature), prec.storage, "CNA feature DMA")
     except SimError as exc:
         raise exc.located(register="CNA_FEATURE_DATA_ADDR", entry=r.entry("CNA_FEATURE_DATA_ADDR"))
     x = to_compute(view, prec).transpose(0, 3, 1, 2).reshape(channels, h, w)
-    return x, c1 * h * w * ATOM
+    return x, channels // c2 * h * w * ATOM
 
 
 def _fetch_argb(r: TaskRegisters, mem: IovaSpace, prec: Precision, w: int, h: int,
@@ -246,7 +240,7 @@ def _fetch_argb(r: TaskRegisters, mem: IovaSpace, prec: Precision, w: int, h: in
     cvt = r.fields("CNA_CVT_CON0")
     signed = bool(cvt["DATA_SIGN"])
     try:
-        raw = mem.strided(addr, (h, w), (line, 1), np.int8 if signed else np.uint8, "CNA feature DMA")
+        raw = mem.strided(addr, r.walk(extents.cna_feature), np.int8 if signed else np.uint8, "CNA feature DMA")
     except SimError as exc:
         raise exc.located(register="CNA_FEATURE_DATA_ADDR", entry=r.entry("CNA_FEATURE_DATA_ADDR"))
     values = raw.astype(np.int64)
@@ -319,7 +313,7 @@ def _fetch_weights(r: TaskRegisters, mem: IovaSpace, prec: Precision, mode: str,
         raise r.error(AlignmentError, f"weight address {addr:#x} is not 16-byte aligned (TRM: "
                       "DECOMPRESS_ADDR0 is bits 31:4)", "CNA_DCOMP_ADDR0")
     try:
-        region = mem.region(addr, total, "CNA weight DMA")
+        region = mem.region(addr, r.walk(extents.cna_weights).span()[1], "CNA weight DMA")
     except SimError as exc:
         raise exc.located(register="CNA_DCOMP_ADDR0", entry=r.entry("CNA_DCOMP_ADDR0"))
 

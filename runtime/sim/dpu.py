@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rkc.ir.npu import extents
 from rkc.runtime.sim import dpu_rdma, dpu_x, lut
 from rkc.runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, QuirkRejection,
                                 SimError, UnsupportedError)
@@ -318,14 +319,12 @@ def _write(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, y: np.ndarray, out:
     if notch["NOTCH_ADDR_0"] != notch["NOTCH_ADDR_1"]:
         raise r.error(QuirkRejection, "NOTCH_ADDR_0 and NOTCH_ADDR_1 differ; only equal values are known "
                       "(Q4)", "DPU_DATA_CUBE_NOTCH_ADDR")
-    line = w + notch["NOTCH_ADDR_0"]
     base = r.value("DPU_DST_BASE_ADDR")
     if base % ATOM:
         raise r.error(AlignmentError, f"destination {base:#x} is not 16-byte aligned (TRM: bits 31:4)",
                       "DPU_DST_BASE_ADDR")
-    c2 = out.c2
-    channels = -(-c // per_pass) * per_pass  # the writer emits whole passes
-    surfaces = -(-channels // c2)
+    walk = r.walk(extents.dpu_write)  # whole writer passes (the SIZE_E checked above)
+    surfaces, c2 = walk.shape[0], walk.shape[3]
     full = np.empty((surfaces * c2, h, w), y.dtype)
     full[:orig] = y[:orig]
     pend = r.signed("DPU_OFFSET_PEND", "OFFSET_PEND")
@@ -337,8 +336,7 @@ def _write(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, y: np.ndarray, out:
         stored = full.astype(out.storage)
     native = stored.reshape(surfaces, c2, h, w).transpose(0, 2, 3, 1)
     try:
-        view = mem.strided(base, (surfaces, h, w, c2), (stride, line * ATOM, ATOM, out.itemsize),
-                           out.storage, "DPU write-back (WDMA)", writable=True)
+        view = mem.strided(base, walk, out.storage, "DPU write-back (WDMA)", writable=True)
     except SimError as exc:
         raise exc.located(register="DPU_DST_BASE_ADDR", entry=r.entry("DPU_DST_BASE_ADDR"))
     view[...] = native

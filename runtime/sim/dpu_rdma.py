@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rkc.ir.npu import extents
 from rkc.runtime.sim.errors import (AlignmentError, FieldError, GeometryError, HangError, QuirkRejection,
                                 SimError, UnsupportedError)
 from rkc.runtime.sim.memory import IovaSpace
@@ -74,33 +75,18 @@ def address(r: TaskRegisters, reg: str) -> int:
     return addr
 
 
-def per_channel(r: TaskRegisters, mem: IovaSpace, base_reg: str, channels: int, dtype,
-                what: str) -> np.ndarray:
-    """A per-channel operand vector (BRDMA/NRDMA, or ERDMA per channel)."""
+def read(r: TaskRegisters, mem: IovaSpace, base_reg: str, extent, dtype, what: str) -> np.ndarray:
+    """What the DMA from `base_reg` reads (its walk, ir/npu/extents.py): a
+    per-channel vector, or an NC1HWC2 cube [S, H, W, C2] of raw storage elements
+    (no surfaces: an empty cube, nothing read)."""
     addr = address(r, base_reg)
-    dtype = np.dtype(dtype)
+    walk = r.walk(extent)
+    if walk.shape[0] == 0:
+        return np.zeros(walk.shape, dtype)
     try:
-        return mem.strided(addr, (channels,), (dtype.itemsize,), dtype, what).copy()
+        return mem.strided(addr, walk, dtype, what)
     except SimError as exc:
         raise _located(exc, r, base_reg)
-
-
-def cube(r: TaskRegisters, mem: IovaSpace, addr_reg: str, prec: Precision, channels: int, height: int,
-         width: int, line_atoms: int, surface_atoms: int, what: str, surfaces: range | None = None,
-         ) -> np.ndarray:
-    """Read an NC1HWC2 cube (raw storage elements) -> [S, H, W, C2] for the
-    surfaces given (default all)."""
-    addr = address(r, addr_reg)
-    n = -(-channels // prec.c2)
-    picks = surfaces if surfaces is not None else range(n)
-    if len(picks) == 0:
-        return np.zeros((0, height, width, prec.c2), prec.storage)
-    try:
-        return mem.strided(addr, (len(picks), height, width, prec.c2),
-                           (surface_atoms * ATOM, line_atoms * ATOM, ATOM, prec.itemsize),
-                           prec.storage, what)
-    except SimError as exc:
-        raise _located(exc, r, addr_reg)
 
 
 def main_data(r: TaskRegisters, mem: IovaSpace, m: RdmaMode, width: int, height: int,
@@ -113,10 +99,7 @@ def main_data(r: TaskRegisters, mem: IovaSpace, m: RdmaMode, width: int, height:
     if m.comb:
         raise r.error(UnsupportedError, f"COMB_USE={m.comb} in flying mode is not modelled",
                       "DPU_RDMA_RDMA_FEATURE_MODE_CFG")
-    line = width + r.field("DPU_RDMA_RDMA_SRC_DMA_CFG", "LINE_NOTCH_ADDR")
-    surface = line * height + r.field("DPU_RDMA_RDMA_SURF_NOTCH", "SURF_NOTCH_ADDR")
-    raw = cube(r, mem, "DPU_RDMA_RDMA_SRC_BASE_ADDR", prec, channels, height, width, line, surface,
-               "DPU MRDMA")
+    raw = read(r, mem, "DPU_RDMA_RDMA_SRC_BASE_ADDR", extents.mrdma, prec.storage, "DPU MRDMA")
     values = to_compute(raw, prec)
     if prec.code == 2 and not m.fp16_to_fp32:
         raise r.error(UnsupportedError, "fp16 main data without MRDMA_FP16TOFP32_EN is not modelled",
@@ -130,7 +113,7 @@ def ew_operand(r: TaskRegisters, mem: IovaSpace, m: RdmaMode, prec: Precision, p
     """The EW stage's operand from ERDMA (and MRDMA when combined): per channel
     [C, 1, 1] or per pixel [C, H, W], raw storage values."""
     if not per_pixel:
-        vec = per_channel(r, mem, "DPU_RDMA_RDMA_EW_BASE_ADDR", channels, prec.storage, "DPU ERDMA")
+        vec = read(r, mem, "DPU_RDMA_RDMA_EW_BASE_ADDR", extents.erdma, prec.storage, "DPU ERDMA").copy()
         return vec[:, None, None], channels * prec.itemsize
     n = -(-channels // prec.c2)
     line = width + r.field("DPU_RDMA_RDMA_DATA_CUBE_HEIGHT", "EW_LINE_NOTCH_ADDR")
@@ -153,20 +136,16 @@ def ew_operand(r: TaskRegisters, mem: IovaSpace, m: RdmaMode, prec: Precision, p
                           f"MRDMA and ERDMA interleave whole surfaces; EW_SURF_STRIDE below the cube's "
                           f"surface (W*H < 12 with Mesa's max(W*H, 12)) mis-strides on hardware (Q16)",
                           "DPU_RDMA_RDMA_EW_SURF_STRIDE")
-        even = cube(r, mem, "DPU_RDMA_RDMA_SRC_BASE_ADDR", prec, channels, height, width, line, even_step,
-                    "DPU MRDMA (operand)", range(0, n, 2))
-        odd = cube(r, mem, "DPU_RDMA_RDMA_EW_BASE_ADDR", prec, channels, height, width, line, odd_step,
-                   "DPU ERDMA", range(1, n, 2))
+        even = read(r, mem, "DPU_RDMA_RDMA_SRC_BASE_ADDR", extents.mrdma, prec.storage, "DPU MRDMA (operand)")
+        odd = read(r, mem, "DPU_RDMA_RDMA_EW_BASE_ADDR", extents.erdma, prec.storage, "DPU ERDMA")
         surfaces = np.empty((n, height, width, prec.c2), prec.storage)
         surfaces[0::2] = even
         surfaces[1::2] = odd
     elif m.comb == 0:
-        stride = r.field("DPU_RDMA_RDMA_EW_SURF_STRIDE", "EW_SURF_STRIDE")
         if r.field("DPU_RDMA_RDMA_EW_SURF_NOTCH", "EW_SURF_NOTCH"):
             raise r.error(UnsupportedError, "EW_SURF_NOTCH outside the combined read is not modelled",
                           "DPU_RDMA_RDMA_EW_SURF_NOTCH")
-        surfaces = cube(r, mem, "DPU_RDMA_RDMA_EW_BASE_ADDR", prec, channels, height, width, line, stride,
-                        "DPU ERDMA")
+        surfaces = read(r, mem, "DPU_RDMA_RDMA_EW_BASE_ADDR", extents.erdma, prec.storage, "DPU ERDMA")
     else:
         raise r.error(UnsupportedError, f"COMB_USE={m.comb} is not modelled (0 or 5)",
                       "DPU_RDMA_RDMA_FEATURE_MODE_CFG")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rkc.ir.npu import extents
 from rkc.runtime.sim import dpu_rdma
 from rkc.runtime.sim.errors import FieldError, HangError, QuirkRejection, SimError, UnsupportedError
 from rkc.runtime.sim.memory import IovaSpace
@@ -64,6 +65,7 @@ class Operands:
 
 _DMA = {"BS": ("DPU_RDMA_RDMA_BRDMA_CFG", "BRDMA_DATA_USE", "DPU_RDMA_RDMA_BS_BASE_ADDR"),
         "BN": ("DPU_RDMA_RDMA_NRDMA_CFG", "NRDMA_DATA_USE", "DPU_RDMA_RDMA_BN_BASE_ADDR")}
+_EXTENT = {"BS": extents.bs_operand, "BN": extents.bn_operand}
 DMA_NAME = {"BS": "BRDMA", "BN": "NRDMA"}  # for the traffic counters
 
 
@@ -96,10 +98,10 @@ def operands(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, stage: str, is_fl
                       "modelled (known: 1 ALU, 4 MUL, 7 the 64-byte groups of Q21)", rdma_reg)
     try:
         if layout.group_channels:
-            return _grouped(r, mem, layout, base_reg, channels, wants)
+            return _grouped(r, mem, layout, stage, channels, wants)
         dtype = np.dtype((np.float32 if is_float else np.int32) if use == ALU else
                          (np.float16 if is_float else np.int16))
-        vec = dpu_rdma.per_channel(r, mem, base_reg, channels, dtype, f"DPU {stage} operand DMA")
+        vec = dpu_rdma.read(r, mem, base_reg, _EXTENT[stage], dtype, f"DPU {stage} operand DMA").copy()
         value = vec.astype(np.float32 if is_float else np.int64)
         return Operands(alu=value, nbytes=vec.nbytes) if use == ALU else Operands(mul=value, nbytes=vec.nbytes)
     except SimError as exc:
@@ -129,11 +131,11 @@ def _check_grouped(r: TaskRegisters, quirks: Quirks, stage: str, is_float: bool,
                       "with the ALU and the MUL both reading the groups (Q21)", rdma_reg)
 
 
-def _grouped(r: TaskRegisters, mem: IovaSpace, layout: Layout, base_reg: str, channels: int,
+def _grouped(r: TaskRegisters, mem: IovaSpace, layout: Layout, stage: str, channels: int,
              wants: int) -> Operands:
     groups = -(-channels // layout.group_channels)
-    addr = dpu_rdma.address(r, base_reg)
-    region = mem.region(addr, groups * layout.group_bytes, "DPU operand DMA (groups)")
+    addr = dpu_rdma.address(r, _DMA[stage][2])
+    region = mem.region(addr, r.walk(_EXTENT[stage]).span()[1], "DPU operand DMA (groups)")
 
     def decode() -> np.ndarray:
         raw = region.data().reshape(groups, layout.group_bytes)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rkc.ir.npu.extents import Walk
 from rkc.runtime.device import IOVA_LIMIT, BufferObject
 from rkc.runtime.sim.errors import AlignmentError, MemoryAccessError
 from rkc.runtime.sim.opcache import DEFAULT_BUDGET, OperandCache
@@ -194,16 +195,17 @@ class IovaSpace:
         (runtime/sim/opcache.py); `form` names how it was decoded."""
         return self.cache.get(region.bo.handle, region.offset, region.nbytes, form, build)
 
-    def strided(self, iova: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype,
-                what: str, writable: bool = False) -> np.ndarray:
-        """A view of elements at ``iova + sum(index * stride)`` (strides in bytes,
-        may be negative or zero); every element must lie in the same BO. Reads
-        of element-misaligned data come back as a copy; writes must be aligned."""
+    def strided(self, iova: int, walk: Walk, dtype, what: str, writable: bool = False) -> np.ndarray:
+        """A view of the elements `walk` (ir/npu/extents.py, the extent the load-time
+        proof checked) reaches from `iova`; every element must lie in the same BO.
+        Reads of element-misaligned data come back as a copy; writes must be aligned."""
         dtype = np.dtype(dtype)
+        if dtype.itemsize != walk.itemsize:
+            raise TypeError(f"{what}: {dtype} elements on a walk of {walk.itemsize}-byte elements")
+        shape, strides = walk.shape, walk.strides
         if any(n <= 0 for n in shape):
             raise MemoryAccessError(f"{what}: empty data cube {shape}")
-        lo = sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))
-        hi = sum(max(0, (n - 1) * s) for n, s in zip(shape, strides)) + dtype.itemsize
+        lo, hi = walk.span()
         r = self.region(iova + lo, hi - lo, what, write=writable)
         base = r.offset - lo
         if base % dtype.itemsize or any(s % dtype.itemsize for s in strides):

@@ -14,6 +14,8 @@ import numpy as np
 
 from rkc.runtime import blas
 
+from rkc.ir.npu.extents import PRECISION_BYTES
+
 
 @dataclass(frozen=True)
 class Precision:
@@ -29,14 +31,10 @@ class Precision:
         return 16 // self.itemsize
 
 
-PRECISIONS = {
-    0: Precision(0, "int8", 1, np.dtype(np.int8), False),
-    1: Precision(1, "int16", 2, np.dtype(np.int16), False),
-    2: Precision(2, "fp16", 2, np.dtype(np.float16), True),
-    3: Precision(3, "bf16", 2, np.dtype(np.uint16), True),
-    4: Precision(4, "int32", 4, np.dtype(np.int32), False),
-    5: Precision(5, "fp32", 4, np.dtype(np.float32), True),
-}
+_STORAGE = {0: ("int8", np.int8, False), 1: ("int16", np.int16, False), 2: ("fp16", np.float16, True),
+            3: ("bf16", np.uint16, True), 4: ("int32", np.int32, False), 5: ("fp32", np.float32, True)}
+PRECISIONS = {code: Precision(code, name, PRECISION_BYTES[code], np.dtype(storage), is_float)
+              for code, (name, storage, is_float) in _STORAGE.items()}
 INT_RANGE = {0: (-128, 127), 1: (-32768, 32767), 4: (-(1 << 31), (1 << 31) - 1)}
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rkc.ir.npu import extents
 from rkc.ir.npu.registers import Block
 from rkc.runtime.sim.errors import (AlignmentError, FieldError, GeometryError, QuirkRejection, SimError,
                                 UnsupportedError)
@@ -90,7 +91,6 @@ def run(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, blocks: set, stats: Ta
                       "PPU_RDMA_RDMA_DATA_FORMAT")
     src = r.value("PPU_RDMA_RDMA_SRC_BASE_ADDR")
     line = r.value("PPU_RDMA_RDMA_SRC_LINE_STRIDE")
-    surf = r.value("PPU_RDMA_RDMA_SRC_SURF_STRIDE")
     if src % ATOM:
         raise r.error(AlignmentError, f"{src:#x} is not 16-byte aligned", "PPU_RDMA_RDMA_SRC_BASE_ADDR")
     if line < iw * ATOM:
@@ -99,8 +99,7 @@ def run(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, blocks: set, stats: Ta
     c2 = prec.c2
     surfaces = -(-ic // c2)
     try:
-        raw = mem.strided(src, (surfaces, ih, iw, c2), (surf, line, ATOM, prec.itemsize), prec.storage,
-                          "PPU_RDMA read")
+        raw = mem.strided(src, r.walk(extents.ppu_read), prec.storage, "PPU_RDMA read")
     except SimError as exc:
         raise exc.located(register="PPU_RDMA_RDMA_SRC_BASE_ADDR", entry=r.entry("PPU_RDMA_RDMA_SRC_BASE_ADDR"))
     x = raw.astype(np.float32).transpose(0, 3, 1, 2).reshape(-1, ih, iw)
@@ -123,16 +122,13 @@ def run(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, blocks: set, stats: Ta
     stats.macs += x.shape[0] * oh * ow * kh * kw
 
     dst = r.value("PPU_DST_BASE_ADDR")
-    dstride = r.value("PPU_DST_SURF_STRIDE")
-    notch = mode["NOTCH_ADDR"]
     if dst % ATOM:
         raise r.error(AlignmentError, f"{dst:#x} is not 16-byte aligned", "PPU_DST_BASE_ADDR")
     out = np.zeros((surfaces * c2, oh, ow), np.float32)
     out[:ic] = y[:ic]
     native = out.astype(np.float16).reshape(surfaces, c2, oh, ow).transpose(0, 2, 3, 1)
     try:
-        view = mem.strided(dst, (surfaces, oh, ow, c2), (dstride, (ow + notch) * ATOM, ATOM, 2), np.float16,
-                           "PPU write-back", writable=True)
+        view = mem.strided(dst, r.walk(extents.ppu_write), np.float16, "PPU write-back", writable=True)
     except SimError as exc:
         raise exc.located(register="PPU_DST_BASE_ADDR", entry=r.entry("PPU_DST_BASE_ADDR"))
     view[...] = native

@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
+from rkc.ir.npu.extents import Undecided, Walk
 from rkc.ir.npu.regcmd import Decoded, decode_entry
 from rkc.ir.npu.registers import BY_NAME, Register
 from rkc.runtime.sim.errors import FieldError, StaleRegisterError
@@ -88,6 +89,14 @@ class TaskRegisters:
     def error(self, cls, what: str, name: str):
         """An error of `cls` located at the last write of register `name`."""
         return cls(what, register=name, entry=self.entries.get(name))
+
+    def walk(self, extent: Callable[["TaskRegisters"], Walk | None]) -> Walk | None:
+        """What one DMA of this task covers (ir/npu/extents.py, the function the
+        load-time proof uses); a geometry field without a known meaning is a FieldError."""
+        try:
+            return extent(self)
+        except Undecided as exc:
+            raise self.error(FieldError, str(exc), exc.register) from None
 
     def require(self, name: str, field_name: str, allowed, meaning: str = "") -> int:
         """A field value that must be one of `allowed` (FieldError otherwise)."""

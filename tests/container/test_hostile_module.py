@@ -60,12 +60,28 @@ MODULE_CASES = {
     "unknown region kind": (_set(["regions", 2, "kind"], "gpu"), r"region 'scratch' has unknown kind 'gpu'"),
     "Softmax axis 99": (_cpu_step("Softmax", "axis", 99), r"Softmax attribute axis=99: not an axis of a rank-2 input"),
     "Cast to object": (_cpu_step("Cast", "to", "object"), r"Cast attribute to='object': not a dtype"),
+    "Cast to an object": (_cpu_step("Cast", "to", {"name": 1}), r"Cast attribute to=\{'name': 1\}: not a dtype"),
     "unknown CPU kernel": (_set(["programs", 0, "steps", 0, "op"], "Exec"), r"no CPU kernel for op 'Exec'"),
     "unknown attribute": (_cpu_step("Flatten", "shell", 1), r"the CPU kernel does not support this form"),
     "no programs": (_set(["programs"], []), r"the module has no programs"),
     "unknown field": (_set(["regions", 0, "mode"], 1), r"regions\[0\]: unknown field 'mode'"),
     "module not an object": (lambda m, b: [m], r"module: expected an object, got list"),
     "huge region": (_set(["regions", 2, "size"], (1 << 32) - 4096), r"more than the 4 GiB IOVA window"),
+    # CI's slow fuzzer (tests/test_fuzz_loaders.py): a cube with no channels, accepted, then ValueError in to_layout
+    "NPU tensor with a zero dimension": (_tensor("p1@npu", "shape", [1, 0, 16, 16]),
+                                         r"tensor 'p1@npu' has shape \[1, 0, 16, 16\] in NPU layout 'native': the NPU "
+                                         r"reads and writes no empty cube"),
+    "Cast output disagrees with its input": (_tensor("p1", "shape", [1, 0, 16, 16]),
+                                             r"step 'to_npu:p1': Cast of inputs shaped \[1, 0, 16, 16\] makes "
+                                             r"\[1, 0, 16, 16\], but output 'p1@npu' is declared \[1, 16, 16, 16\]"),
+    "Softmax output disagrees with its input": (_tensor("probs", "shape", [1, 11]),
+                                                r"Softmax of inputs shaped \[1, 10\] makes \[1, 10\], but output "
+                                                r"'probs' is declared \[1, 11\]"),
+    "a step's producer dropped": (lambda m, b: m["programs"][0]["steps"].remove(m["programs"][0]["steps"][3]),
+                                  r"program 'main' step 'to_npu:p1' reads 'p1' before any step writes it"),
+    # campaign seed 9 (LLM rkbin): an NPU step named a host-side tensor as its output, nothing wrote it
+    "NPU step lists a host-side tensor": (_set(["programs", 0, "steps", 1, "outputs"], ["r1"]),
+                                          r"step 'segment 1' lists 'r1', which lives in no region the NPU could touch"),
     "two unused 2 GiB regions": (lambda m, b: m["regions"].extend(
         {"name": f"big{i}", "size": (2 << 30) - (1 << 24), "kind": "scratch"} for i in range(2)),
         r"region 'big0' \(2130706432 B\) is used by no tensor, relocation or task"),

@@ -58,6 +58,65 @@ def _relocate_non_address(m, b):
     m["relocations"].append(dict(rel, entry=rel["entry"] - 1))
 
 
+def _first_task_register(m, b, register):
+    """(entries, index) of `register`'s write in the first NPU task's regcmd."""
+    from rkc.ir.npu.regcmd import decode_entry
+
+    _, _, _, _, task = next(npu_tasks(m))
+    region = next(r for r in m["regions"] if r["name"] == task["region"])
+    entries = b[region["blob"]].view("<u8")
+    for i in range(task["entry"], task["entry"] + task["count"]):
+        d = decode_entry(int(entries[i]))
+        if getattr(d, "register", None) is not None and d.register.name == register:
+            return entries, i
+    raise LookupError(register)
+
+
+def _set_field(register, field, new):
+    """The first task's `register` with `field` set to `new(old)` (saturated to the field)."""
+    from rkc.ir.npu.registers import BY_NAME
+
+    def change(m, b):
+        entries, i = _first_task_register(m, b, register)
+        raw = int(entries[i])
+        f = BY_NAME[register].field(field)
+        value = (raw >> 16) & 0xFFFFFFFF
+        old = f.extract(value)
+        value = (value & ~f.mask) | (min(new(old), (1 << f.width) - 1) << f.lo)
+        entries[i] = np.uint64((raw & ~(0xFFFFFFFF << 16)) | (value << 16))
+    return change
+
+
+def _offset_to_region_end(register, back):
+    """`register`'s relocation moved to `back` bytes before its region's end:
+    the base lies in the region, the access does not."""
+    def change(m, b):
+        rel = relocation_of(m, b, register)
+        size = next(r["size"] for r in m["regions"] if r["name"] == rel["target"])
+        rel["offset"] = size - back
+    return change
+
+
+# the whole extent of an access (ir/npu/extents.py), not only its base
+EXTENT_CASES = {
+    "DST base 16 bytes before the region end": (
+        _offset_to_region_end("DPU_DST_BASE_ADDR", 16),
+        r"job 0 task 0 entry \d+ DPU_DST_BASE_ADDR: the access reaches bytes \[\d+, \d+\) of region "
+        r"'\w+' \(\d+ bytes\), \d+ bytes past its end"),
+    "feature rows x64": (
+        _set_field("CNA_FC_DATA_SIZE0", "DMA_HEIGHT", lambda h: h * 64),
+        r"job 0 task 0 entry \d+ CNA_FEATURE_DATA_ADDR: the access reaches .* past its end"),
+    "weights WEIGHT_BYTES x64": (
+        _set_field("CNA_WEIGHT_SIZE0", "WEIGHT_BYTES", lambda n: n * 64),
+        r"job 0 task 0 entry \d+ CNA_DCOMP_ADDR0: the access reaches .* of region 'weights' .* past its end"),
+    "DPU write line notch 4000 atoms": (
+        _set_field("DPU_DATA_CUBE_NOTCH_ADDR", "NOTCH_ADDR_0", lambda n: 4000),
+        r"job 0 task 0 entry \d+ DPU_DST_BASE_ADDR: the access reaches .* past its end"),
+    "DPU write surface stride x4096": (
+        _set_field("DPU_DST_SURF_STRIDE", "DST_SURF_STRIDE", lambda n: n * 4096),
+        r"job 0 task 0 entry \d+ DPU_DST_BASE_ADDR: the access reaches .* past its end"),
+}
+
 CASES = {
     "DST into weights": (_retarget("DPU_DST_BASE_ADDR", "weights"),
                          r"job 0 task 0 entry \d+ DPU_DST_BASE_ADDR: writes into weights region 'weights'"),
@@ -89,6 +148,27 @@ CASES = {
 def test_crafted_rkbin_is_refused_before_any_device(good, tmp_path, case):
     change, message = CASES[case]
     print(f"{case}: {assert_refused(good, tmp_path / 'bad.rkbin', change, message, read_rkbin)}")
+
+
+def _devices():
+    from rkc.runtime.rocket import RocketDevice
+    from rkc.runtime.rocket.emulated import STOCK, EmulatedKernel
+    from rkc.runtime.rocket.sim_executor import SimExecutor
+
+    return {"sim": lambda: "sim",
+            "rocket (emulated)": lambda: RocketDevice(kernel=EmulatedKernel(STOCK, executor=SimExecutor()), quiet=True)}
+
+
+@pytest.mark.parametrize("device", ["sim", "rocket (emulated)"])
+@pytest.mark.parametrize("case", EXTENT_CASES)
+def test_access_extent_past_its_region_is_refused_at_load(good, tmp_path, case, device):
+    change, message = EXTENT_CASES[case]
+    make = _devices()[device]
+
+    def load(path):
+        with runtime.load(path, device=make()):
+            pass
+    print(f"{case} ({device}): {assert_refused(good, tmp_path / 'bad.rkbin', change, message, load)}")
 
 
 def test_unrelocated_operand_hits_the_guard_page(good, tmp_path):
@@ -127,3 +207,17 @@ def test_weights_survive_runs_on_every_device(good):
             first = model.run({"x": x})
             second = model.run({"x": x})
         assert all(np.array_equal(first[k], second[k]) for k in first)
+
+
+def test_extent_proof_is_exact(good, tmp_path):
+    """The proof is the walk's bytes, not a bound: DPU_DST_BASE_ADDR moved so the
+    write ends exactly at its region's end loads; 16 bytes further is refused."""
+    import re
+
+    message = assert_refused(good, tmp_path / "probe.rkbin", _offset_to_region_end("DPU_DST_BASE_ADDR", 16),
+                             "DPU_DST_BASE_ADDR: the access reaches", read_rkbin)
+    start, end = map(int, re.search(r"bytes \[(\d+), (\d+)\)", message).groups())
+    reach = end - start
+    read_rkbin(mutated(good, tmp_path / "exact.rkbin", _offset_to_region_end("DPU_DST_BASE_ADDR", reach)))
+    assert_refused(good, tmp_path / "over.rkbin", _offset_to_region_end("DPU_DST_BASE_ADDR", reach - 16),
+                   r"DPU_DST_BASE_ADDR: the access reaches .* 16 bytes past its end", read_rkbin)
