@@ -20,14 +20,14 @@ loader writes any address):
 * the whole extent of each relocated access lies in the region it targets:
   the walk of ir/npu/extents.py (base plus the sizes and strides programmed in
   the same task; the simulator performs its DMAs through the same functions),
-  from the relocation's offset, within the region's declared size.
+  from the relocation's offset, within the region's declared size; a relocated
+  access whose geometry fields hold values without a known meaning (or that the
+  task does not write: `extents.Undecided`) is refused, since nothing on a
+  board would bound it.
 
 What this cannot see statically, the device sees at run time: whether a stage
 reads an operand whose use depends on stage fields (an unrelocated 0 there; the
-loader maps a guard BO at IOVA 0 that no job lists, refused by the simulator),
-and the extent of a DMA whose geometry fields hold values without a known
-meaning (`extents.Undecided`: the simulator refuses the task where it checks
-them).
+loader maps a guard BO at IOVA 0 that no job lists, refused by the simulator).
 """
 
 from __future__ import annotations
@@ -181,9 +181,10 @@ class _Walks:
     (what a walk depends on): a model repeats the same geometry per layer."""
 
     def __init__(self) -> None:
-        self._seen: dict[bytes, dict[str, extents.Walk | None]] = {}
+        self._seen: dict[bytes, dict[str, extents.Walk | extents.Undecided | None]] = {}
 
-    def of(self, entries: np.ndarray, address_at: np.ndarray, enable: int) -> dict[str, extents.Walk | None]:
+    def of(self, entries: np.ndarray, address_at: np.ndarray,
+           enable: int) -> dict[str, extents.Walk | extents.Undecided | None]:
         masked = entries.copy()
         masked[address_at] &= np.uint64(0xFFFF_0000_0000_FFFF)
         key = masked.tobytes()
@@ -200,8 +201,9 @@ class _Walks:
                 if enable & OP_ENABLE_BITS[block]:
                     try:
                         found[name] = walk(regs)
-                    except extents.Undecided:
-                        pass  # shape unknown: the device refuses the task where it checks the field
+                    except extents.Undecided as why:
+                        # an extent that cannot be proven is refused: on hardware nothing else would stop it
+                        found[name] = why
             self._seen[key] = found
         return found
 
@@ -219,6 +221,9 @@ def _check_extents(where: str, task, sizes, regcmd, keys, relocations, walks: _W
         walk = by_register.get(name)
         if found is None or walk is None:
             continue
+        if isinstance(walk, extents.Undecided):
+            raise FormatError(f"{where} entry {task.entry + i} {name}: the extent of the access cannot be proven "
+                              f"({walk.register} {walk})")
         lo, hi = walk.span()
         if lo == hi:
             continue

@@ -115,6 +115,9 @@ EXTENT_CASES = {
     "DPU write surface stride x4096": (
         _set_field("DPU_DST_SURF_STRIDE", "DST_SURF_STRIDE", lambda n: n * 4096),
         r"job 0 task 0 entry \d+ DPU_DST_BASE_ADDR: the access reaches .* past its end"),
+    "DPU output precision code 7 (no known meaning)": (
+        _set_field("DPU_DATA_FORMAT", "OUT_PRECISION", lambda n: 7),
+        r"job 0 task 0 entry \d+ DPU_DST_BASE_ADDR: the extent of the access cannot be proven \(DPU_DATA_FORMAT"),
 }
 
 CASES = {
