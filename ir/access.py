@@ -21,13 +21,14 @@ loader writes any address):
   the walk of ir/npu/extents.py (base plus the sizes and strides programmed in
   the same task; the simulator performs its DMAs through the same functions),
   from the relocation's offset, within the region's declared size; a relocated
-  access whose geometry fields hold values without a known meaning (or that the
-  task does not write: `extents.Undecided`) is refused, since nothing on a
-  board would bound it.
+  access whose geometry fields hold values without a known meaning
+  (`extents.Undecided`) is refused, since nothing on a board would bound it.
 
 What this cannot see statically, the device sees at run time: whether a stage
 reads an operand whose use depends on stage fields (an unrelocated 0 there; the
-loader maps a guard BO at IOVA 0 that no job lists, refused by the simulator).
+loader maps a guard BO at IOVA 0 that no job lists, refused by the simulator),
+and the extent of a DMA whose geometry registers the task does not write (the
+simulator refuses the task where it reads them).
 """
 
 from __future__ import annotations
@@ -202,8 +203,11 @@ class _Walks:
                     try:
                         found[name] = walk(regs)
                     except extents.Undecided as why:
-                        # an extent that cannot be proven is refused: on hardware nothing else would stop it
-                        found[name] = why
+                        # a field holding a value without a known meaning: the extent cannot be
+                        # bounded, refused (on a board nothing else would stop it); a geometry
+                        # register the task leaves unwritten is the device's to refuse
+                        if not why.unwritten:
+                            found[name] = why
             self._seen[key] = found
         return found
 
