@@ -313,7 +313,14 @@ def test_a_client_leaving_the_queue_is_skipped(serve, tiny_model):
                         break
                     time.sleep(0.01)
                 assert server.worker.waiting() == 1
-            # the second client has gone while waiting; the first one goes too
+            # the second client has gone while waiting: wait (bounded) for the server to notice
+            # before the first one leaves, or the job could start first and end "cancelled"
+            for _ in range(3000):
+                if server.worker.waiting() == 0:
+                    break
+                time.sleep(0.01)
+            assert server.worker.waiting() == 0
+        # the first client goes too
     for _ in range(400):
         jobs = get_json(server.url, "/health")["queue"]["jobs"]
         if all(j["ended"] is not None for j in jobs):
