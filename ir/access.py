@@ -21,14 +21,13 @@ loader writes any address):
   the walk of ir/npu/extents.py (base plus the sizes and strides programmed in
   the same task; the simulator performs its DMAs through the same functions),
   from the relocation's offset, within the region's declared size; a relocated
-  access whose geometry fields hold values without a known meaning
-  (`extents.Undecided`) is refused, since nothing on a board would bound it.
+  access whose geometry fields hold values without a known meaning, or that a
+  task enabling the block leaves unwritten (`extents.Undecided`), is refused,
+  since nothing on a board would bound it.
 
 What this cannot see statically, the device sees at run time: whether a stage
 reads an operand whose use depends on stage fields (an unrelocated 0 there; the
-loader maps a guard BO at IOVA 0 that no job lists, refused by the simulator),
-and the extent of a DMA whose geometry registers the task does not write (the
-simulator refuses the task where it reads them).
+loader maps a guard BO at IOVA 0 that no job lists, refused by the simulator).
 """
 
 from __future__ import annotations
@@ -203,11 +202,10 @@ class _Walks:
                     try:
                         found[name] = walk(regs)
                     except extents.Undecided as why:
-                        # a field holding a value without a known meaning: the extent cannot be
-                        # bounded, refused (on a board nothing else would stop it); a geometry
-                        # register the task leaves unwritten is the device's to refuse
-                        if not why.unwritten:
-                            found[name] = why
+                        # a geometry field without a known meaning, or left unwritten by a task that
+                        # enables the block (the core would use a stale value): the extent cannot be
+                        # bounded, so it is refused; on a board nothing else would stop it
+                        found[name] = why
             self._seen[key] = found
         return found
 

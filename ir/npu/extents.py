@@ -53,9 +53,9 @@ class Registers(Protocol):
 class Undecided(Exception):
     """A field the walk's geometry depends on has no known meaning (or was not written)."""
 
-    def __init__(self, what: str, register: str, unwritten: bool = False) -> None:
+    def __init__(self, what: str, register: str) -> None:
         super().__init__(what)
-        self.register, self.unwritten = register, unwritten
+        self.register = register
 
 
 class ProgrammedRegisters:
@@ -69,7 +69,7 @@ class ProgrammedRegisters:
         try:
             return self.values[name]
         except KeyError:
-            raise Undecided("not written by the task", name, unwritten=True) from None
+            raise Undecided("not written by the task", name) from None
 
     def field(self, name: str, field_name: str) -> int:
         return BY_NAME[name].field(field_name).extract(self.value(name))

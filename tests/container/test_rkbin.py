@@ -14,6 +14,13 @@ def _module_and_blobs():
     b = RegcmdBuilder()
     b.write("DPU_DATA_CUBE_WIDTH", WIDTH=3)
     b.address("DPU_DST_BASE_ADDR", "act", 64)
+    # the rest of the write-back's geometry: a load proves the write's whole extent
+    b.write("DPU_DATA_CUBE_HEIGHT", HEIGHT=0)
+    b.write("DPU_DATA_CUBE_CHANNEL", CHANNEL=0)
+    b.write("DPU_DATA_FORMAT", OUT_PRECISION=2)
+    b.write("DPU_BS_OW_CFG", SIZE_E_0=1)
+    b.write("DPU_DATA_CUBE_NOTCH_ADDR", NOTCH_ADDR_0=0)
+    b.write("DPU_DST_SURF_STRIDE", DST_SURF_STRIDE=1)
     b.finish([Block.DPU, Block.DPU_RDMA])
     regcmd = b.array()
     module = Module(
