@@ -37,6 +37,11 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
                    "rkc/compiler/cli/__init__.py", "rkc/compiler/llm/calibration.txt",
                    "rkc/runtime/sim/__init__.py", "rkc/runtime/llm/engine.py"):
         assert needed in names, needed
+    # every module of the tree, not a sample: a folder the package list misses (one
+    # without __init__.py, say) would otherwise leave a regular install without it
+    sources = {f"rkc/{p.relative_to(ROOT).as_posix()}" for folder in ("ir", "compiler", "runtime")
+               for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts}
+    assert sources - set(names) == set()
     top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["rkc"]
 

@@ -1,0 +1,1 @@
+"""The GGUF LLM compiler: weights, calibration, quantization and the per-phase programs (build.py)."""
