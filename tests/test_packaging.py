@@ -7,6 +7,7 @@ found and the folder names `compiler`, `runtime` and `ir` are not importable.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -16,12 +17,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+BUILD_FILES = ("setup.py", "pyproject.toml", "README.md")
+PACKAGE_FOLDERS = ("rkc", "ir", "compiler", "runtime")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # built from a fresh copy of the sources: pip builds in the tree, and a build/ left
+    # there by an earlier build ships its stale modules in the wheel (hiding a missing one)
+    src = tmp_path_factory.mktemp("src")
+    for name in BUILD_FILES:
+        shutil.copy2(ROOT / name, src / name)
+    for folder in PACKAGE_FOLDERS:
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
                    check=True, capture_output=True, cwd=out)
     (built,) = out.glob("rkc-*.whl")
     return built
@@ -39,7 +49,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
         assert needed in names, needed
     # every module of the tree, not a sample: a folder the package list misses (one
     # without __init__.py, say) would otherwise leave a regular install without it
-    sources = {f"rkc/{p.relative_to(ROOT).as_posix()}" for folder in ("ir", "compiler", "runtime")
+    sources = {f"rkc/{p.relative_to(ROOT).as_posix()}" for folder in PACKAGE_FOLDERS[1:]
                for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts}
     assert sources - set(names) == set()
     top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
