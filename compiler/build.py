@@ -1,4 +1,5 @@
-"""`rkc compile`: the build driver. Its body is the table of contents:
+"""The graph pipeline (ONNX and IR text; `rkc compile` reaches it through
+compiler/driver.compile_model). Its body is the table of contents:
 
   load -> passes -> quantize -> place [-> mixed precision -> place] -> partition
   -> lower -> memory plan -> assemble -> write (atomically)
