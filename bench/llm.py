@@ -58,7 +58,7 @@ def fill(engine: LlmEngine, cache, upto: int) -> None:
     pos = 0
     while pos < upto:
         c = max([s for s in engine.chunks if s <= upto - pos] or [1])
-        name = "decode" if c == 1 else f"prefill_{c}"
+        name = engine.program_for(c, all_logits=False).name
         engine.run(name, np.full(c, PROMPT_TOKEN, np.int32), np.arange(pos, pos + c, dtype=np.int32), cache)
         pos += c
 
@@ -76,12 +76,12 @@ def host_decode(engine: LlmEngine, cache, start: int, tokens: int) -> list[float
 
 def host_prefill(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> float:
     """Median wall seconds of one prefill chunk at position 0."""
+    name = engine.program_for(chunk, all_logits=False).name
     times = []
     for _ in range(repeats):
         cache.reset()
         t = CLOCK()
-        engine.run(f"prefill_{chunk}", np.full(chunk, PROMPT_TOKEN, np.int32), np.arange(chunk, dtype=np.int32),
-                   cache)
+        engine.run(name, np.full(chunk, PROMPT_TOKEN, np.int32), np.arange(chunk, dtype=np.int32), cache)
         times.append(CLOCK() - t)
     return statistics.median(times)
 
@@ -135,7 +135,7 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
     submit_row = next((r for r in profile if r["step"] == "NPU submit"), None)
     prefill = {str(c): {"host_s": host_prefill(engine, cache, c),
                         "modelled_npu_s": fig["prefill"][str(c)]["modelled_npu_s"]}
-               for c in (128, 512) if f"prefill_{c}" in engine.plans}
+               for c in (128, 512) if c in engine.chunks}
     engine.close()
     llama = {str(t): {str(s): llama_cpp_decode(gguf, t, s, args.tokens) for s in args.positions}
              for t in args.llama_threads}

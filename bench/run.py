@@ -39,6 +39,7 @@ sys.path.insert(0, str(HERE))
 from catalog import compiled, compiled_onnx, onnx_models  # noqa: E402
 from published import BY_KEY  # noqa: E402
 from rkc.compiler.inspect import npu_figures  # noqa: E402
+from rkc.ir.llm import programs_in  # noqa: E402
 from rkc.ir.npu import hw  # noqa: E402
 from rkc.ir.npu.perf import PerfModel  # noqa: E402
 from rkc.ir.npu.regcmd import ENTRY_BYTES  # noqa: E402
@@ -119,8 +120,11 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
     row = {"model": name, "kind": "llm", "precision": precision, "layers_compiled": cut, "n_layer": n_layer,
            "compile_s": info["compile_s"], "peak_rss_bytes": info["peak_rss_bytes"], "compile_cached": info["cached"],
            "rkbin_bytes": out.stat().st_size, "weight_bytes": wbytes, "phases": {}}
+    # the file's program table: decode and the prefill programs (the next token only), not score
+    llm_programs = {name: p for name, p in programs_in(module.metadata, str(out)).items()
+                    if p.rows == 1 or p.last_row_only}
     for program in module.programs:
-        if program.name != "decode" and not program.name.startswith("prefill_"):
+        if program.name not in llm_programs:
             continue
         fig = step_figures(program.steps)
         fig["ddr_over_weights"] = fig["ddr_bytes"] / wbytes if wbytes else None
@@ -143,14 +147,13 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
         cache = engine.new_cache(min(engine.cfg.context_length, max(*engine.chunks, 16 + tokens + 1)))
         np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage
         row["phases"]["decode"]["host_s"] = statistics.median(bl.host_decode(engine, cache, 16, tokens))
-        for c in engine.chunks:
-            if c > 1 and f"prefill_{c}" in row["phases"]:
-                row["phases"][f"prefill_{c}"]["host_s"] = bl.host_prefill(engine, cache, c)
+        for p in llm_programs.values():
+            if p.rows > 1 and p.name in row["phases"]:
+                row["phases"][p.name]["host_s"] = bl.host_prefill(engine, cache, p.rows)
         engine.close()
     for phase_name, fig in row["phases"].items():
         npu_s = (fig.get("extrapolated_s") or fig["modelled_s"])["1GHz_25GBps"]
-        rows = 1 if phase_name == "decode" else int(phase_name.split("_")[1])
-        fig["projected_tokens_per_s"] = rows / (npu_s + fig.get("host_s", 0.0))
+        fig["projected_tokens_per_s"] = llm_programs[phase_name].rows / (npu_s + fig.get("host_s", 0.0))
         fig["projection_includes_host"] = "host_s" in fig
     row["anchor_decode"] = anchor(ANCHORS.get(name))
     row["anchor_prefill_128"] = anchor(PREFILL_ANCHORS.get(name))
