@@ -18,13 +18,13 @@ import argparse
 import json
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.probe.dram import bandwidth_from
+from rkc.ir.atomic import write_atomic
 from rkc.ir.npu import hw
 from rkc.ir.npu.perf import PerfModel
 
@@ -139,7 +139,7 @@ def main() -> None:
            "kick_overhead_s": MODEL.kick_overhead_s, "cores": MODEL.cores, "rows": rows}
     print(json.dumps(out, indent=1) if not args.json else f"modelled with {MODEL}")
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        write_atomic(args.json, json.dumps(out, indent=1))
     print(table(rows))
 
 

@@ -238,7 +238,9 @@ def main() -> None:
     print()
     print_tables(results)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        from rkc.ir.atomic import write_atomic
+
+        write_atomic(args.json, json.dumps(results, indent=1) + "\n")
 
 
 def print_tables(*runs: dict) -> None:

@@ -55,7 +55,7 @@ from rkc.runtime.llm.weights import Weight, quantize_rows  # noqa: E402
 
 from llm import llamacpp  # noqa: E402
 from llm.test_gemma3_270m import N_TOKENS, PPL_CTX, PROMPTS, departure  # noqa: E402
-from rkc.ir.atomic import atomic_output  # noqa: E402
+from rkc.ir.atomic import atomic_output, write_atomic  # noqa: E402
 from rkc.runtime.llm.generate import Generator  # noqa: E402
 
 # not in the slow test: more prompts of the same kinds, to see past its five
@@ -119,7 +119,7 @@ class Bench:
             ref["gaps"].append(gaps)
         _save_rows(logits, (rows for _, rows in llamacpp.teacher_forced_logits(model, self.text, PPL_CTX)),
                    self.n_scored, self.cfg.n_vocab)
-        meta.write_text(json.dumps(ref))
+        write_atomic(meta, json.dumps(ref))
         ref["logits"] = np.load(logits, mmap_mode="r")
         return ref
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -22,9 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 RTOL, ATOL = 1e-2, 1e-3
 
@@ -225,7 +221,9 @@ def main() -> None:
     args = parser.parse_args()
     runs = {mode: run_suite(args.precision, args.op, bind) for mode, bind in MODES.items()}
     if args.markdown:
-        Path(args.markdown).write_text(markdown(runs, args.precision))
+        from rkc.ir.atomic import write_atomic
+
+        write_atomic(args.markdown, markdown(runs, args.precision))
     results = runs["weights bound" if args.bind_weights else "as given"]
     table = per_op(results)
     passed = sum(r.ok for r in results)
