@@ -22,7 +22,7 @@ import pytest
 from llm import llamacpp
 from llm.conftest import cosine, teacher_forced
 from llm.reference import ReferenceModel
-from llm.synth import GEMMA4_ALL, GEMMA4_VARIANTS, write_gemma4
+from llm.synth import GEMMA4_ALL, GEMMA4_SHAPES, GEMMA4_VARIANTS, gemma4_spec, write_gemma4
 from llm.test_gemma3_270m import TIE_GAP, departure
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.ir.errors import UnsupportedError
@@ -73,6 +73,11 @@ def gemma4_rkbin(gemma4_dir, gemma4_gguf):
     return get
 
 
+# each layer's KV source under llama.cpp's reuse rule: a shared sliding layer
+# reads layer (first shared - 2), a shared full one (first shared - 1)
+KV_SOURCES = {"gemma4": [0, 1, 2, 1, 1, 2], "gemma4-shared": [0, 1, 2, 1, 1, 2], "gemma4-kv-rule": [0, 1, 2, 3, 2, 2]}
+
+
 def test_variants_cover_every_feature():
     assert set().union(*GEMMA4_VARIANTS.values()) == set(GEMMA4_ALL)
 
@@ -82,12 +87,14 @@ def test_graph_has_the_features(variant, gemma4_gguf):
     gf = GgufFile(gemma4_gguf(variant))
     cfg, graph = gf.config(), graph_from_gguf(gf)
     feats = GEMMA4_VARIANTS[variant]
+    spec = gemma4_spec(feats, **GEMMA4_SHAPES.get(variant, {}))
     types = [op.type for op in graph.ops]
-    shared = 3 if "shared" in feats else 0
+    shared = spec["shared"]
     assert types.count("AttentionShared") == shared and types.count("Attention") == cfg.n_layer - shared
-    assert [cfg.kv_layer(i) for i in range(cfg.n_layer)] == ([0, 1, 2, 1, 1, 2] if shared else list(range(6)))
+    assert [cfg.kv_layer(i) for i in range(cfg.n_layer)] == KV_SOURCES.get(variant, list(range(6)))
     assert types.count("RMSNormPlain") == cfg.n_layer - shared  # V normed in every layer with its own cache
-    assert cfg.layer_head_dim == (16, 16, 32, 16, 16, 32) and cfg.layer_rope_dims == cfg.layer_head_dim
+    assert cfg.layer_head_dim == tuple(16 if swa else 32 for swa in spec["swa_pattern"])
+    assert cfg.layer_rope_dims == cfg.layer_head_dim
     assert cfg.attn_scale == 1.0 and cfg.logit_softcap == (10.0 if "softcap" in feats else 30.0)
     v_products = [op for op in graph.ops if op.type == "Linear" and ".attn_v." in op.inputs[1]]
     own = [i for i in range(cfg.n_layer) if cfg.kv_layer(i) == i]
@@ -103,7 +110,7 @@ def test_graph_has_the_features(variant, gemma4_gguf):
 def test_mixture_of_experts_is_refused_in_one_line(tmp_path, gemma4_gguf):
     import gguf
 
-    from llm.synth import gemma4_spec, write_gguf
+    from llm.synth import write_gguf
 
     path = tmp_path / "moe.gguf"
     orig = gguf.GGUFWriter.add_shared_kv_layers
@@ -220,3 +227,29 @@ def test_inspect_shows_the_per_layer_placement(gemma4_rkbin):
         assert d["per_layer"][f"layer {il}"]["segments"][-2:] == ["pl_gate", "pl_proj"]
     text = "\n".join(summary_lines(module))
     assert "CPU gather of per_layer_token_embd.weight: 192 bytes per token" in text
+
+
+def test_shared_layers_read_the_cache_llama_cpp_reads(llama, gemma4_rkbin, gemma4_gguf):
+    """gemma4-kv-rule: its shared sliding layers read layer 2 (llama.cpp's
+    first shared - 2), not layer 3 (the last earlier sliding layer, Hugging
+    Face's rule). The compiled model's teacher-forced logits follow the
+    installed llama.cpp's row for row; the numpy reference with the other rule
+    does not (so the check can tell the rules apart: measured min cosine 0.87)."""
+    import dataclasses
+
+    variant = "gemma4-kv-rule"
+    engine = LlmEngine(gemma4_rkbin(variant, "fp16", "f16"))
+    assert [engine.cfg.kv_layer(i) for i in range(6)] == KV_SOURCES[variant]
+    rng = np.random.default_rng(1)
+    tokens = [engine.tokenizer.bos_id, *rng.integers(4, engine.cfg.n_vocab, PROMPT_LEN + 8 - 1).tolist()]
+    model = llama(variant)
+    model.reset()
+    model.eval(tokens)
+    want = np.asarray(model.scores[: len(tokens)], np.float64)
+    got = teacher_forced(engine, tokens, PROMPT_LEN)
+    assert min(cosine(g, w) for g, w in zip(got, want)) > 0.9999
+    ref = ReferenceModel.load(str(gemma4_gguf(variant, "f16")), "exact")
+    other = dataclasses.replace(ref, cfg=dataclasses.replace(ref.cfg, kv_source=(0, 1, 2, 3, 3, 3)))
+    other.reset()
+    wrong = other.forward(tokens, 0)
+    assert min(cosine(g, w) for g, w in zip(wrong, want)) < 0.99
