@@ -130,6 +130,20 @@ def test_mixture_of_experts_is_refused_in_one_line(tmp_path, gemma4_gguf):
     assert "\n" not in str(err.value)
 
 
+def test_a_kv_source_of_the_other_kind_is_refused_in_one_line(tmp_path):
+    """Layers before the shared ones ending sliding, sliding: the shared full
+    layer's source under llama.cpp's rule (first shared - 1) is a sliding layer,
+    which llama.cpp cannot reuse across its two caches; rkc refuses the file."""
+    from llm.synth import write_gguf
+    from rkc.ir.errors import FormatError
+
+    spec = gemma4_spec(("shared",), swa_pattern=[True, False, True, True, True, False], shared=2)
+    path = write_gguf(tmp_path / "cross-kind.gguf", spec, "tiny")
+    with pytest.raises(FormatError, match="layer 5 would read layer 3's KV cache, which is not of its kind") as err:
+        GgufFile(path).config()
+    assert "\n" not in str(err.value)
+
+
 # (compiled precision, int8 options, reference arithmetic, min cosine, max rel. error)
 # int8 against w8a8: the arithmetic is the same (every product's input agrees to
 # ~1e-7 relative and its int8 codes exactly, per-layer embedding, 1/sqrt(2) mix
