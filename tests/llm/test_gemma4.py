@@ -304,7 +304,7 @@ def _first_departure(step: dict, products: dict, entries: list, own: list) -> st
                 if got is None or np.array_equal(got, want.reshape(got.shape)):
                     continue
                 x32, x = entries[int(layer)][kind + "32"], own[int(layer)][kind + "64"].reshape(got.shape)
-                i = tuple(np.argwhere(got != want.reshape(got.shape))[0])
+                i = tuple(int(j) for j in np.argwhere(got != want.reshape(got.shape))[0])
                 # both unrounded values agree to fp32 noise (relative to the row: RoPE and
                 # the norms mix its elements), so the fp16 edge lies between them
                 near = abs(np.float64(x32[i]) - x[i]) <= NOISE * np.abs(x).max()
@@ -358,14 +358,12 @@ def test_int8_parts_from_the_reference_only_at_rounding_ties(variant, gemma4_rkb
     monkeypatch.setattr(KVCache, "store_and_view", stored)
     ref = Ref.load(str(gemma4_gguf(variant)), "w8a8")
     ref.reset()
-    products, own = {}, [dict() for _ in range(L)]
-    lin = Ref.lin
+    products, own, unrounded = {}, [dict() for _ in range(L)], []
+    lin, to_cache0 = Ref.lin, Ref.to_cache
 
     def recorded(self, x, name):
         products[name] = x.copy()
         return lin(self, x, name)
-
-    unrounded = []
 
     def to_cache(a):
         unrounded.append(np.array(a))
@@ -381,9 +379,7 @@ def test_int8_parts_from_the_reference_only_at_rounding_ties(variant, gemma4_rkb
             own[self.layer][self.kind + "64"] = unrounded[-2 if self.kind == "k" else -1]
             super().append(entries[self.layer][self.kind].reshape(a.shape))
 
-    to_cache0 = Ref.to_cache
     monkeypatch.setattr(Ref, "to_cache", staticmethod(to_cache))
-
     monkeypatch.setattr(Ref, "lin", recorded)
     ref.k_cache, ref.v_cache = [Fed(i, "k") for i in range(L)], [Fed(i, "v") for i in range(L)]
     cache = engine.new_cache(64)
