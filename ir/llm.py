@@ -345,7 +345,7 @@ def _per_layer_fields(kv: Mapping[str, Any], arch: str, n_layer: int, path: str)
     load_arch_hparams and its llama_hparams): sliding layers take the *_swa
     head size and RoPE dims, full layers the plain ones; head counts and FFN
     widths may be per-layer arrays; the last shared_kv_layers layers read the
-    KV cache of the last earlier layer of their kind."""
+    KV cache of a fixed earlier layer (llama.cpp's reuse rule, below)."""
     def key(name: str) -> str:
         return f"{arch}.{name}"
 
@@ -392,16 +392,17 @@ def _per_layer_fields(kv: Mapping[str, Any], arch: str, n_layer: int, path: str)
     if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared < max(n_layer, 1):
         raise FormatError(f"{path}: {key('attention.shared_kv_layers')} = {shared!r:.20} (of {n_layer} layers)")
     first_shared = n_layer - shared
-    source = []
-    for il in range(n_layer):
-        if il < first_shared:
-            source.append(il)
-            continue
-        same = [j for j in range(first_shared) if swa[j] == swa[il]]
-        if not same:
-            raise FormatError(f"{path}: layer {il} shares the KV cache, but no earlier layer is of its kind")
-        source.append(same[-1])
+    # llama.cpp's KV reuse (llama-model.cpp, the gemma3n/gemma4 layer_reuse_cb):
+    # a shared sliding layer reads layer first_shared - 2, a shared full layer
+    # first_shared - 1, whatever kind those are; not the last earlier layer of
+    # its own kind (Hugging Face's rule), which differs when the layers before
+    # the shared ones do not end sliding, full (tests/llm/test_gemma4.py
+    # gemma4-kv-rule pins it against the installed llama.cpp)
+    source = [il if il < first_shared else first_shared - (2 if swa[il] else 1) for il in range(n_layer)]
     for il, src in enumerate(source):
+        if src < 0 or swa[src] != swa[il]:
+            raise FormatError(f"{path}: layer {il} would read layer {src}'s KV cache, which is not of its kind "
+                              f"(sliding / full) or does not exist")
         if head_dim[src] != head_dim[il] or n_head_kv[src] != n_head_kv[il]:
             raise FormatError(f"{path}: layer {il} reads layer {src}'s KV cache, whose heads differ")
     per_layer_embd = kv.get(key("embedding_length_per_layer_input"), 0)

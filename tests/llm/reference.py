@@ -138,6 +138,11 @@ class ReferenceModel:
             y = y + self.w[f"{name}.bias"]
         return y
 
+    @staticmethod
+    def to_cache(a: np.ndarray) -> np.ndarray:
+        """A K or V entry as the runtime's fp16 cache holds it (from the fp32 it computes)."""
+        return a.astype(np.float32).astype(np.float16).astype(np.float64)
+
     def forward(self, tokens: list[int], start: int) -> np.ndarray:
         """Logits [T, vocab] for tokens at positions start.., appending to the cache."""
         cfg, w = self.cfg, self.w
@@ -161,8 +166,7 @@ class ReferenceModel:
             ff = w.get("rope_freqs.weight") if not cfg.is_swa(il) else None
             q, k = rope(q, pos, cfg, base, scale, ff), rope(k, pos, cfg, base, scale, ff)
             if self.arith != "exact":  # the runtime keeps its KV cache in fp16, as llama.cpp does
-                k = k.astype(np.float32).astype(np.float16).astype(np.float64)
-                v = v.astype(np.float32).astype(np.float16).astype(np.float64)
+                k, v = self.to_cache(k), self.to_cache(v)
             self.k_cache[il].append(k)
             self.v_cache[il].append(v)
             self.pos_cache[il].extend(pos.tolist())
@@ -240,7 +244,7 @@ class ReferenceModel:
                 k = rot(rms_norm(k, w[f"{p}.attn_k_norm.weight"], cfg.rms_eps))
                 v = rms_norm(v, 1.0, cfg.rms_eps)
                 if self.arith != "exact":  # the runtime keeps its KV cache in fp16, as llama.cpp does
-                    k, v = (a.astype(np.float32).astype(np.float16).astype(np.float64) for a in (k, v))
+                    k, v = self.to_cache(k), self.to_cache(v)
                 self.k_cache[il].append(k)
                 self.v_cache[il].append(v)
                 self.pos_cache[il].extend(pos.tolist())

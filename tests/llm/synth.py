@@ -79,7 +79,8 @@ MIXES = ("q8_0", "q4_k_m")
 # combination. Every variant interleaves sliding layers (16-wide heads, full
 # RoPE, base 1e4) with full layers (32-wide heads, base 1e6); the last pre-shared
 # layer is full and the one before it sliding, as in E2B (so a shared layer's
-# source is the same under either of llama.cpp's reuse rules).
+# source is the same under llama.cpp's reuse rule and Hugging Face's), except in
+# gemma4-kv-rule (GEMMA4_SHAPES), where the rules part.
 #   ple: per-layer embeddings (table, projection, per-layer gates), width 32
 #   shared: the last 3 layers read the KV caches of layers 1 (sliding) and 2 (full)
 #   v_is_k: full layers have no V projection (V = K's projection)
@@ -98,7 +99,13 @@ GEMMA4_VARIANTS = {
     "gemma4-plain": (),  # only the interleaved sliding / full layers with their own head sizes and RoPE
     "gemma4-ple": ("ple", "out_scale"),
     "gemma4-shared": ("shared", "v_is_k", "p_rope", "softcap", "wide_ff"),
+    "gemma4-kv-rule": ("shared",),
 }
+# variants' own shapes: gemma4-kv-rule's own-cache layers end sliding, sliding
+# (the only full layer is layer 1), so its 2 shared sliding layers read layer 2
+# under llama.cpp's rule (first shared - 2) and layer 3 under Hugging Face's
+# (the last earlier sliding layer)
+GEMMA4_SHAPES = {"gemma4-kv-rule": dict(swa_pattern=[True, False, True, True, True, True], shared=2)}
 
 
 def gemma4_spec(features: tuple[str, ...], **shapes) -> dict:
@@ -491,8 +498,8 @@ def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str |
 
 def write_gemma4(path: str | Path, variant: str, mix: str = "tiny", seed: int = 0, context_length: int = 256) -> Path:
     """The tiny Gemma 4 model of `variant` (GEMMA4_VARIANTS) in the `mix` tensor types."""
-    return write_gguf(path, gemma4_spec(GEMMA4_VARIANTS[variant]), mix, seed, name=f"tiny-{variant}-{mix}",
-                      context_length=context_length)
+    spec = gemma4_spec(GEMMA4_VARIANTS[variant], **GEMMA4_SHAPES.get(variant, {}))
+    return write_gguf(path, spec, mix, seed, name=f"tiny-{variant}-{mix}", context_length=context_length)
 
 
 def write_real(path: str | Path, model: str, mix: str = "q8_0", layers: int | None = None, seed: int = 0) -> Path:
