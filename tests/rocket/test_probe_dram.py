@@ -90,6 +90,26 @@ def test_bandwidth_from_bad_input(tmp_path, bad, message):
         dram.bandwidth_from(bad)
 
 
+@pytest.mark.parametrize("section,message", [
+    ({"npu": {"measured": True}, "cpu": []}, "NPU weight stream has no positive GB/s"),
+    ({"npu": {"measured": True, "gbps": "fast"}, "cpu": []}, "NPU weight stream has no positive GB/s"),
+    ({"npu": {}, "cpu": [{"kind": "read", "threads": 1, "gbps": "x"}]}, "run rkc probe --dram"),
+    ({"npu": {}, "cpu": [{"kind": "read", "threads": 1, "gbps": -1.0}]}, "run rkc probe --dram"),
+    ({"npu": {}, "cpu": [{"kind": "read", "threads": 1, "gbps": True}]}, "run rkc probe --dram"),
+    ({"npu": [1], "cpu": [1, 2]}, "run rkc probe --dram")])
+def test_malformed_report_is_one_clear_error(tmp_path, section, message):
+    """A report is user input: a figure missing, not a number or not positive is refused, not a traceback."""
+    (tmp_path / "p.json").write_text(json.dumps({"dram": section}))
+    with pytest.raises(RkcError, match=message):
+        dram.bandwidth_from(str(tmp_path / "p.json"))
+
+
+@pytest.mark.parametrize("bad", ["inf", "nan", "-inf"])
+def test_bandwidth_must_be_finite(bad):
+    with pytest.raises(RkcError, match="positive number"):
+        dram.bandwidth_from(bad)
+
+
 def test_report_without_dram_section(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps({"dram": None, "probes": []}))
     with pytest.raises(RkcError, match="run rkc probe --dram"):
