@@ -153,3 +153,22 @@ def test_inspect_bad_dram_gbps_is_one_line(tmp_path):
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [
         "error: --dram-gbps fast: neither a number nor a readable probe report (No such file or directory)"]
+
+
+def test_bench_models_with_the_measured_bandwidth(tmp_path):
+    """bench/emit_shapes.py --dram-gbps REPORT: the rows' DRAM-bound limits use the report's bandwidth."""
+    from rkc.ir.npu import hw
+
+    probe = report(tmp_path, {"measured": True, "gbps": 2.5})
+    out = tmp_path / "shapes.json"
+    bench = Path(__file__).resolve().parents[2] / "bench" / "emit_shapes.py"
+    res = subprocess.run([sys.executable, str(bench), "--quick", "--dram-gbps", probe, "--json", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    figures = json.loads(out.read_text())
+    assert figures["dram_bytes_per_s"] == 2.5e9
+    for r in figures["rows"]:
+        compute = r["macs"] / (hw.MACS_PER_CYCLE[r["dtype"]] * hw.CORES * hw.CLOCK_HZ_MAX)
+        assert r["limit_us"] == pytest.approx(max(compute, r["min_bytes"] / 2.5e9) * 1e6), r["what"]
+    assert any(r["min_bytes"] / 2.5e9 > r["macs"] / (hw.MACS_PER_CYCLE[r["dtype"]] * hw.CORES * hw.CLOCK_HZ_MAX)
+               for r in figures["rows"]), "no row is DRAM-bound: the check above would not see the bandwidth"
