@@ -57,6 +57,26 @@ def test_probe_dram_without_npu_reports_cpu_and_says_npu_not_measurable(tmp_path
     assert dram.bandwidth_from(str(out))[0] == max(s["gbps"] for s in section["cpu"] if s["kind"] == "read") * 1e9
 
 
+def test_probe_dram_records_the_clocks_it_ran_at(tmp_path):
+    """A bandwidth figure means little without the DDR rate: the report keeps the dmc and cpufreq state."""
+    from kernel_fakeboard import FakeBoard
+
+    root = tmp_path / "board"
+    board = FakeBoard(root)
+    board.soc(volt_sel=(2, 7))
+    board.dmc(governor="powersave", cur_mhz=528)
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["probe", "--dram", "--dram-mib", "8", "--only", "gemv_m1", "-o", str(out),
+                                       "--root", str(root)])
+    assert result.exit_code == 0, result.output
+    clocks = json.loads(out.read_text())["dram"]["clocks"]
+    assert (clocks["dmc"]["governor"], clocks["dmc"]["cur_hz"]) == ("powersave", 528_000_000)
+    assert [(p["policy"], p["cur_khz"]) for p in clocks["cpufreq"]] == [
+        ("policy0", 1_800_000), ("policy4", 2_304_000), ("policy6", 2_400_000)]
+    assert ("  measured at: DDR 528 MHz of 2400 MHz (powersave); policy0 A55 1800 MHz (performance); "
+            "policy4 A76 2304 MHz (performance); policy6 A76 2400 MHz (performance)\n") in result.stdout
+
+
 def test_probe_without_dram_has_no_section(tmp_path):
     out = tmp_path / "report.json"
     result = CliRunner().invoke(main, ["probe", "--only", "gemv_m1", "-o", str(out), "--root", str(tmp_path)])
