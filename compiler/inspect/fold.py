@@ -238,7 +238,9 @@ def _tell_apart(program: Program, kinds: list[LayerKind], words: list[list[str]]
             pos = next((p for p, (a, b) in enumerate(zip(kind.signature, kinds[main].signature)) if a != b),
                        min(len(kind.signature), len(kinds[main].signature)) - 1)
             step = program.steps[kind.first.steps[pos]]
-            what = f"NPU {step.name}" if step.kind == "npu" else f"{step.op} {local_name(program, step.name)}"
+            direction, sep, value = step.name.rpartition(":")  # a conversion: "to_npu:<program>/<value>"
+            name = f"{direction}{sep}{local_name(program, value)}"
+            what = f"NPU {step.name}" if step.kind == "npu" else f"{step.op} {name}"
             words[i] = [*words[i], f"unlike {kinds[main].first.name}: {what}"]
     return words
 
