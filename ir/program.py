@@ -19,6 +19,7 @@ before anything reaches a device.
 
 from __future__ import annotations
 
+import functools
 import json
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -341,11 +342,17 @@ def _bounded_depth(value, where: str, depth: int) -> None:
             stack.extend((x, d + 1) for x in v)
 
 
+@functools.cache
+def _schema(cls) -> tuple[dict, dict]:
+    """A dataclass's resolved annotations and fields, once per class (resolving
+    them per object was most of the time reading an LLM rkbin's module)."""
+    return typing.get_type_hints(cls), {f.name: f for f in fields(cls)}
+
+
 def _build(cls, raw, where: str, depth: int = 0):
     if not isinstance(raw, dict):
         raise FormatError(f"{where}: expected an object, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
+    hints, known = _schema(cls)
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise FormatError(f"{where}: unknown field {unknown[0]!r}")

@@ -40,6 +40,7 @@ def doctor(root: str, as_json: bool) -> None:
         for level, topic, message in r.checks:
             click.echo(f"  [{level:4}] {topic:15} {message}")
         click.echo(f"verdict: {r.verdict}")
+        click.echo("\nmemory controller and CPU clocks (they bound decode speed, NPU or not):")
         for level, topic, message in r.soc_checks:
             click.echo(f"  [{level:4}] {topic:15} {message}")
         click.echo(f"verdict: {r.soc_verdict}")

@@ -67,7 +67,7 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_f
         raise RkcError(f"unknown probe(s) {', '.join(sorted(unknown))} (see rkc probe --list)")
     selected = [p for p in PROBES if not only or p.name in only]
 
-    from rkc.runtime.rocket import RocketDevice
+    from rkc.runtime.rocket import RocketDevice, soc
     from rkc.runtime.rocket.board import gather
     from rkc.runtime.rocket.kernel import LinuxKernel
 
@@ -103,6 +103,7 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_f
                 dram_section = dram.measure(dev, dram_mib)
         else:
             dram_section = dram.measure(None, dram_mib)
+        dram_section["clocks"] = soc.gather(root)  # the DDR and CPU clocks the figures were taken at
 
     report = {
         "schema": "rkc-probe-report/1",
@@ -126,4 +127,5 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_f
         click.echo(f"memory bandwidth ({dram_section['convention']}):")
         for line in dram.lines(dram_section):
             click.echo(line)
+        click.echo(f"  measured at: {soc.clocks_line(dram_section['clocks'])}")
     click.echo(f"report: {output} ({', '.join(f'{n} {s}' for s, n in report['summary'].items())})")

@@ -1,9 +1,10 @@
 """Repeated layers of a program, found from its value names, and the segment
 graph with every layer of one structure folded into one drawn cluster.
 
-A step belongs to layer N of block prefix P when every value it writes is
-named "<program>/P.N.<...>" (GGUF's "blk.N.", as the LLM compiler keeps it;
-compiler/llm/program_builder.py). Two layers have the same structure when
+A step belongs to layer N of block prefix P when the values it writes named
+"<program>/P.N.<...>" (GGUF's "blk.N.", as the LLM compiler keeps it;
+compiler/llm/program_builder.py) are all of layer N, and so does a step that
+writes no layer's values between two steps of layer N. Two layers have the same structure when
 their steps match one for one: kind, op, attributes (names with the layer's
 own number blanked), which step of the layer feeds which, and per NPU segment
 its ops, precision and tasks. Each distinct structure ("kind") is drawn once,
@@ -26,11 +27,24 @@ from rkc.ir.program import Module, Program, Step
 
 _BLOCK = re.compile(r"^([A-Za-z][A-Za-z_]*)\.(\d+)\.")
 MIN_LAYERS = 2  # fewer repeats are no structure worth folding
-IDENTITY_ATTRS = frozenset({"layer"})  # attributes that name the layer itself (its KV cache), not its structure
+# attributes that name the layer itself, not its structure: (op or None for any, attribute); "layer" is
+# its KV-cache slot, Pick's "index" its slice of Gemma 4's per-layer inputs (runtime/llm/kernel_attrs.py)
+IDENTITY_ATTRS = frozenset({(None, "layer"), ("Pick", "index")})
 
-# how an attribute that differs between kinds of layer reads; others read "Op attr=value"
+
+def _identity(step: Step, key: str) -> bool:
+    return (None, key) in IDENTITY_ATTRS or (step.op, key) in IDENTITY_ATTRS
+
+# the attributes that name what sets a kind of layer apart, and how each reads (key "": the op's presence)
+def _window(v: int) -> str:
+    return f"sliding-window attention (window {v})" if v else "full attention"
+
+
 ATTR_WORDS = {
-    ("Attention", "window"): lambda v: f"sliding-window attention (window {v})" if v else "full attention",
+    ("Attention", "window"): _window,
+    ("AttentionShared", "window"): _window,
+    ("AttentionShared", ""): lambda op: "",  # its source says it
+    ("AttentionShared", "source"): lambda v: f"KV cache of blk.{v}",
     ("RoPE", "base"): lambda v: f"RoPE base {v:g}",
 }
 
@@ -57,17 +71,36 @@ class LayerKind:
 
 
 def _block_of(program: Program, step: Step) -> tuple[str, int] | None:
+    """The one layer whose values the step writes (it may write others too: an
+    NPU segment running a product of the embedding beside the layer's own)."""
     keys = set()
     for name in step.outputs:
         m = _BLOCK.match(local_name(program, name)) if name else None
-        keys.add((m.group(1), int(m.group(2))) if m else None)
+        if m:
+            keys.add((m.group(1), int(m.group(2))))
     return keys.pop() if len(keys) == 1 else None
+
+
+def _absorb(keys: list) -> list:
+    """Steps writing no layer's values between two steps of the same layer
+    belong to that layer (Gemma 4: the per-layer embedding's steps run inside
+    layer 0, after the segment its projection shares with layer 0's q/k/v)."""
+    out = list(keys)
+    last = None  # (index, key) of the last step with a layer
+    for i, key in enumerate(keys):
+        if key is None:
+            continue
+        if last and last[1] == key:
+            for j in range(last[0] + 1, i):
+                out[j] = key
+        last = (i, key)
+    return out
 
 
 def find_layers(program: Program) -> list[Layer]:
     """The program's layers in step order, or [] where its steps are not a run
     of contiguous layers of one prefix (then nothing is folded)."""
-    keys = [_block_of(program, s) for s in program.steps]
+    keys = _absorb([_block_of(program, s) for s in program.steps])
     prefixes = Counter(k[0] for k in keys if k)
     if not prefixes:
         return []
@@ -93,7 +126,7 @@ def _blank(text: str, layer: Layer) -> str:
 
 
 def _attrs(step: Step, layer: Layer) -> str:
-    kept = {k: v for k, v in step.attrs.items() if k not in IDENTITY_ATTRS}
+    kept = {k: v for k, v in step.attrs.items() if not _identity(step, k)}
     return _blank(json.dumps(kept, sort_keys=True, default=str), layer)
 
 
@@ -133,27 +166,27 @@ def layer_kinds(program: Program, layers: list[Layer]) -> list[LayerKind]:
     return list(kinds.values())
 
 
-def _features(program: Program, kind: LayerKind) -> dict[tuple, object]:
-    """Per step of the kind's first layer: op and attributes of its CPU steps
-    (conversions follow their segment's precision and are left out)."""
-    out: dict[tuple, object] = {}
-    for pos, i in enumerate(kind.first.steps):
+def _features(program: Program, kind: LayerKind) -> dict[tuple[str, str], tuple[str, ...]]:
+    """The CPU ops of the kind's first layer, in the order they first run: for
+    each, (op, "") -> (op,) that it is there, and (op, attribute) -> the
+    attribute's distinct values as JSON (conversions follow their segment's
+    precision and are left out). Keyed by op, not position, so kinds with
+    different numbers of steps (Gemma 4's) compare too."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for i in kind.first.steps:
         s = program.steps[i]
         if s.kind == "npu" or is_conversion(s):
             continue
-        out[(pos, s.op, "")] = s.op
+        out.setdefault((s.op, ""), set()).add(s.op)
         for key, value in s.attrs.items():
-            if key not in IDENTITY_ATTRS:
-                out[(pos, s.op, key)] = json.dumps(value, sort_keys=True, default=str) if isinstance(
-                    value, (list, dict)) else value
-    return out
+            if not _identity(s, key):
+                out.setdefault((s.op, key), set()).add(json.dumps(value, sort_keys=True, default=str))
+    return {key: tuple(sorted(values)) for key, values in out.items()}
 
 
-def _read(op: str, key: str, value: object) -> str:
-    if not key:
-        return f"{value} step"
-    words = ATTR_WORDS.get((op, key))
-    return words(value) if words else f"{op} {key}={value}"
+def _read(op: str, key: str, value: str) -> str:
+    """An op's presence (`key` ""), or one JSON value of its attribute, in words ("" says nothing)."""
+    return ATTR_WORDS[(op, key)](value if not key else json.loads(value))
 
 
 def precision_words(program: Program, kind: LayerKind) -> str:
@@ -173,37 +206,41 @@ def precision_words(program: Program, kind: LayerKind) -> str:
 
 def differences(program: Program, kinds: list[LayerKind]) -> list[list[str]]:
     """Per kind, in words, what sets it apart from the other kinds (empty for
-    a single kind): the attributes whose values differ between kinds."""
+    a single kind): the attributes of ATTR_WORDS whose values differ between
+    kinds (an op one kind has and another lacks differs too)."""
     if len(kinds) < 2:
         return [[] for _ in kinds]
     features = [_features(program, k) for k in kinds]
-    if len({len(k.first.steps) for k in kinds}) > 1:
-        return [[f"{len(k.first.steps)} steps"] for k in kinds]
-    keys = sorted({key for f in features for key in f})
-    varying = [key for key in keys if len({repr(f.get(key)) for f in features}) > 1]
+    keys = list(dict.fromkeys(key for f in features for key in f))  # in the order the ops first run
+    # only what ATTR_WORDS can say (the rest, head sizes, reshapes, scales, follows from it or is
+    # wiring); kinds that then read alike are told apart by the first step that differs
+    varying = [key for key in keys if key in ATTR_WORDS and len({f.get(key) for f in features}) > 1]
     out = []
     for f in features:
         words = []
-        for pos, op, key in varying:
-            if (pos, op, key) in f:
-                text = _read(op, key, f[(pos, op, key)])
-                if text not in words:
+        for op, key in varying:
+            for value in f.get((op, key), ()):
+                text = _read(op, key, value)
+                if text and text not in words:
                     words.append(text)
         out.append(words)
     return _tell_apart(program, kinds, out)
 
 
 def _tell_apart(program: Program, kinds: list[LayerKind], words: list[list[str]]) -> list[list[str]]:
-    """Where two kinds would read alike (they differ in tasks, wiring, ...),
-    name the first step of each that differs from the most common kind."""
+    """Where kinds would read alike (they differ in tasks, wiring, ...), name
+    the first step of each that differs from the most common of them."""
     said = [tuple([*w, precision_words(program, k)]) for k, w in zip(kinds, words)]
-    main = max(range(len(kinds)), key=lambda i: len(kinds[i].layers))
     for i, kind in enumerate(kinds):
-        if said.count(said[i]) > 1 and i != main:
+        alike = [j for j in range(len(kinds)) if said[j] == said[i]]
+        main = max(alike, key=lambda j: len(kinds[j].layers))  # the first of the most common
+        if i != main:
             pos = next((p for p, (a, b) in enumerate(zip(kind.signature, kinds[main].signature)) if a != b),
                        min(len(kind.signature), len(kinds[main].signature)) - 1)
             step = program.steps[kind.first.steps[pos]]
-            what = f"NPU {step.name}" if step.kind == "npu" else f"{step.op} {local_name(program, step.name)}"
+            direction, sep, value = step.name.rpartition(":")  # a conversion: "to_npu:<program>/<value>"
+            name = f"{direction}{sep}{local_name(program, value)}"
+            what = f"NPU {step.name}" if step.kind == "npu" else f"{step.op} {name}"
             words[i] = [*words[i], f"unlike {kinds[main].first.name}: {what}"]
     return words
 

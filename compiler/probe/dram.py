@@ -20,6 +20,7 @@ performance model (`rkc inspect --dram-gbps`, bench/ --dram-gbps).
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -170,6 +171,14 @@ def lines(section: dict) -> list[str]:
     return out
 
 
+def _gbps(figure: object) -> float | None:
+    """A figure's GB/s when it is a finite positive number (a report is user input)."""
+    gbps = figure.get("gbps") if isinstance(figure, dict) else None
+    if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not 0 < gbps < math.inf:
+        return None
+    return float(gbps)
+
+
 def bandwidth_from(value: str) -> tuple[float, str]:
     """`--dram-gbps`: a number of GB/s, or a probe report's measured figure.
 
@@ -181,7 +190,7 @@ def bandwidth_from(value: str) -> tuple[float, str]:
     except ValueError:
         pass
     else:
-        if not gbps > 0:
+        if not 0 < gbps < math.inf:
             raise RkcError(f"--dram-gbps {value}: must be a positive number of GB/s or a probe report")
         return gbps * 1e9, f"{gbps:g} GB/s (--dram-gbps)"
     try:
@@ -189,16 +198,21 @@ def bandwidth_from(value: str) -> tuple[float, str]:
             report = json.load(f)
     except OSError as exc:
         raise RkcError(f"--dram-gbps {value}: neither a number nor a readable probe report ({exc.strerror})")
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RkcError(f"--dram-gbps {value}: not a JSON probe report")
     section = report.get("dram") if isinstance(report, dict) else None
     if not isinstance(section, dict):
         raise RkcError(f"--dram-gbps {value}: the report has no DRAM figures (run rkc probe --dram)")
-    npu = section.get("npu") or {}
-    if npu.get("measured"):
-        return npu["gbps"] * 1e9, f"{npu['gbps']:g} GB/s, the NPU weight stream in {value}"
-    reads = [s for s in section.get("cpu", []) if s.get("kind") == "read"]
+    npu = section.get("npu")
+    if isinstance(npu, dict) and npu.get("measured") is True:
+        gbps = _gbps(npu)
+        if gbps is None:
+            raise RkcError(f"--dram-gbps {value}: the report's NPU weight stream has no positive GB/s figure")
+        return gbps * 1e9, f"{gbps:g} GB/s, the NPU weight stream in {value}"
+    cpu = section.get("cpu")
+    reads = [(gbps, s.get("threads")) for s in (cpu if isinstance(cpu, list) else [])
+             if isinstance(s, dict) and s.get("kind") == "read" and (gbps := _gbps(s)) is not None]
     if not reads:
         raise RkcError(f"--dram-gbps {value}: the report has no DRAM figures (run rkc probe --dram)")
-    best = max(reads, key=lambda s: s["gbps"])
-    return best["gbps"] * 1e9, f"{best['gbps']:g} GB/s, the CPU read with {best['threads']} thread(s) in {value}"
+    gbps, threads = max(reads, key=lambda r: r[0])
+    return gbps * 1e9, f"{gbps:g} GB/s, the CPU read with {threads} thread(s) in {value}"

@@ -338,6 +338,22 @@ def judge_cpus(facts: dict) -> list[tuple[str, str, str]]:
     return checks
 
 
+def clocks_line(facts: dict) -> str:
+    """The DDR and CPU clocks a measurement ran at, in one line (a bandwidth
+    figure means little without the DDR rate it was taken at)."""
+    dmc = facts["dmc"]
+    if dmc is None:
+        ddr = "DDR rate unknown (no dmc devfreq device)"
+    else:
+        top = dmc["rates_hz"][-1] if dmc["rates_hz"] else dmc["max_hz"]
+        ddr = "DDR %s%s (%s)" % (_mhz(dmc["cur_hz"]) if dmc["cur_hz"] else "rate unknown",
+                                 " of %s" % _mhz(top) if top and top != dmc["cur_hz"] else "", dmc["governor"] or "?")
+    cpus = ["%s%s %s (%s)" % (p["policy"], " " + p["cores"] if p["cores"] else "",
+                              _mhz(p["cur_khz"] * KHZ) if p["cur_khz"] else "rate unknown", p["governor"] or "?")
+            for p in facts["cpufreq"]]
+    return "; ".join([ddr, *cpus]) if cpus else ddr + "; no cpufreq policies"
+
+
 def judge(facts: dict) -> list[tuple[str, str, str]]:
     """The memory-controller and CPU lines, [(level, topic, message)]."""
     return judge_dmc(facts) + judge_cpus(facts)

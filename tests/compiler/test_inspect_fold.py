@@ -65,3 +65,20 @@ def test_kinds_that_read_alike_are_told_apart():
     kinds = layer_kinds(program, find_layers(program))
     assert [[layer.index for layer in k.layers] for k in kinds] == [[0, 2], [1]]
     assert differences(program, kinds) == [[], ["unlike blk.0: Add blk.1.out"]]
+
+
+def test_steps_of_no_layer_inside_a_layer_belong_to_it():
+    """Gemma 4: the per-layer embedding's product shares layer 0's segment (one step writing
+    both), and its other steps run between layer 0's; Pick's index is the layer's own slice."""
+    program = _program([4, 4, 4])
+    for n, at in ((2, 8), (1, 5), (0, 2)):  # after its norm, each layer picks its slice of the per-layer inputs
+        program.steps.insert(at, Step("cpu", f"p/blk.{n}.pl", op="Pick", inputs=["p/per_layer"],
+                                      outputs=[f"p/blk.{n}.pl"], attrs={"index": n}))
+    program.steps[1].outputs.append("p/per_layer_proj")  # layer 0's norm also writes the embedding's value
+    program.steps.insert(2, Step("cpu", "p/per_layer", op="Scale", inputs=["p/per_layer_proj"],
+                                 outputs=["p/per_layer"], attrs={"factor": 0.5}))
+    layers = find_layers(program)
+    assert [layer.steps for layer in layers] == [[1, 2, 3, 4, 5], [6, 7, 8, 9], [10, 11, 12, 13]]
+    kinds = layer_kinds(program, layers)
+    assert [[layer.index for layer in k.layers] for k in kinds] == [[0], [1, 2]]
+    assert differences(program, kinds) == [["unlike blk.1: RMSNorm blk.0.norm"], []]

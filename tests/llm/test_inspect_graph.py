@@ -144,6 +144,48 @@ def test_full_draws_every_step(synth_rkbin, tmp_path):
     assert titles == sorted(f"blk.{n}" for n in layers)
 
 
+@needs_dot
+def test_gemma4_layers_fold_with_the_per_layer_embedding_inside_layer_0(tmp_path):
+    """Gemma 4 (tests/llm/synth.py, every feature, 10 layers): the per-layer
+    embedding's projection shares layer 0's first NPU segment, so its steps run
+    inside layer 0; the layers are still found and folded (unfolded, the
+    program's 400-odd steps and their long edges kept dot busy for minutes)."""
+    from llm.synth import GEMMA4_ALL, gemma4_spec, write_gguf
+    from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
+
+    layers = 10
+    spec = gemma4_spec(GEMMA4_ALL, n_layer=layers, swa_pattern=[i % 3 != 2 for i in range(layers)])
+    rkbin = tmp_path / "g4.rkbin"
+    compile_gguf(write_gguf(tmp_path / "g4.gguf", spec), rkbin, LlmCompileOptions("int8", (1, 4)))
+    r = inspect(rkbin, "--svg", tmp_path / "g.svg")
+    assert r.returncode == 0, r.stderr
+    program = read_rkbin(rkbin).module.program("decode")
+    pic = read_svg(tmp_path / "g.svg")
+    titles = {k: c.lines[0] for k, c in pic.clusters.items()}
+    kinds = {k: t for k, t in titles.items() if re.match(r"blk\.\d+ x \d+: blk ", t)}
+    drawn = sorted(n for t in kinds.values() for n in expand(t.split(": blk ", 1)[1]))
+    assert drawn == list(range(layers)), titles  # every layer stands in exactly one kind
+    assert sum(int(t.split(" x ")[1].split(":")[0]) for t in kinds.values()) == layers
+    assert len(kinds) < layers, "some layers share a structure and are folded"
+    # each kind says its attention: the window, and for a layer reading another's KV cache, whose
+    for key, head in kinds.items():
+        first = int(head.split(" x ")[0].removeprefix("blk."))
+        (attn,) = [s for s in layer_steps(program)[first] if s.op in ("Attention", "AttentionShared")]
+        title = pic.clusters[key].title
+        assert ("full attention" if attn.attrs["window"] == 0 else
+                f"sliding-window attention (window {attn.attrs['window']})") in title, title
+        if attn.op == "AttentionShared":
+            assert f"KV cache of blk.{attn.attrs['source']}" in title, title
+        else:
+            assert "KV cache of" not in title, title
+    assert set(titles.values()) - set(kinds.values()) == {"embedding", "head"}
+    # the per-layer embedding's steps (values not named blk.N) are drawn inside layer 0's cluster
+    layer0 = next(k for k, t in kinds.items() if t.startswith("blk.0 x 1: blk 0"))
+    pl_steps = [i for i, s in enumerate(program.steps) if s.outputs[0].startswith("decode/per_layer_proj")]
+    assert pl_steps and all(pic.cluster_of(f"step{i}") == layer0 for i in pl_steps)
+    assert len(pic.nodes) < len(program.steps)
+
+
 def test_without_graphviz_one_line_and_the_dot(synth_rkbin, tmp_path):
     env = dict(os.environ, PATH=str(BIN))  # the venv's scripts, no dot
     r = inspect(synth_rkbin("gemma3"), "--svg", tmp_path / "g.svg", env=env)

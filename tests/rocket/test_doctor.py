@@ -177,7 +177,8 @@ def test_doctor_prints_soc_lines_without_an_npu(tmp_path):
     FakeBoard(tmp_path).soc(volt_sel=(2, 2))
     result = CliRunner().invoke(main, ["doctor", "--root", str(tmp_path)])
     assert result.exit_code == 1
-    assert "  [WARN] A76 clock       policy4 (cpu4,5): tops out at 2304 MHz" in result.stdout
+    soc = result.stdout.split("\nmemory controller and CPU clocks (they bound decode speed, NPU or not):\n", 1)[1]
+    assert "  [WARN] A76 clock       policy4 (cpu4,5): tops out at 2304 MHz" in soc
     assert "verdict: memory and CPUs: measurable, but see A76 clock above" in result.stdout
     report = json.loads(CliRunner().invoke(main, ["doctor", "--json", "--root", str(tmp_path)]).stdout)
     assert report["board"]["soc"]["dmc"]["cur_hz"] == 2_400_000_000

@@ -57,6 +57,26 @@ def test_probe_dram_without_npu_reports_cpu_and_says_npu_not_measurable(tmp_path
     assert dram.bandwidth_from(str(out))[0] == max(s["gbps"] for s in section["cpu"] if s["kind"] == "read") * 1e9
 
 
+def test_probe_dram_records_the_clocks_it_ran_at(tmp_path):
+    """A bandwidth figure means little without the DDR rate: the report keeps the dmc and cpufreq state."""
+    from kernel_fakeboard import FakeBoard
+
+    root = tmp_path / "board"
+    board = FakeBoard(root)
+    board.soc(volt_sel=(2, 7))
+    board.dmc(governor="powersave", cur_mhz=528)
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["probe", "--dram", "--dram-mib", "8", "--only", "gemv_m1", "-o", str(out),
+                                       "--root", str(root)])
+    assert result.exit_code == 0, result.output
+    clocks = json.loads(out.read_text())["dram"]["clocks"]
+    assert (clocks["dmc"]["governor"], clocks["dmc"]["cur_hz"]) == ("powersave", 528_000_000)
+    assert [(p["policy"], p["cur_khz"]) for p in clocks["cpufreq"]] == [
+        ("policy0", 1_800_000), ("policy4", 2_304_000), ("policy6", 2_400_000)]
+    assert ("  measured at: DDR 528 MHz of 2400 MHz (powersave); policy0 A55 1800 MHz (performance); "
+            "policy4 A76 2304 MHz (performance); policy6 A76 2400 MHz (performance)\n") in result.stdout
+
+
 def test_probe_without_dram_has_no_section(tmp_path):
     out = tmp_path / "report.json"
     result = CliRunner().invoke(main, ["probe", "--only", "gemv_m1", "-o", str(out), "--root", str(tmp_path)])
@@ -87,6 +107,26 @@ def test_bandwidth_from_bad_input(tmp_path, bad, message):
         (tmp_path / "bad.json").write_text(bad)
         bad = str(tmp_path / "bad.json")
     with pytest.raises(RkcError, match=message):
+        dram.bandwidth_from(bad)
+
+
+@pytest.mark.parametrize("section,message", [
+    ({"npu": {"measured": True}, "cpu": []}, "NPU weight stream has no positive GB/s"),
+    ({"npu": {"measured": True, "gbps": "fast"}, "cpu": []}, "NPU weight stream has no positive GB/s"),
+    ({"npu": {}, "cpu": [{"kind": "read", "threads": 1, "gbps": "x"}]}, "run rkc probe --dram"),
+    ({"npu": {}, "cpu": [{"kind": "read", "threads": 1, "gbps": -1.0}]}, "run rkc probe --dram"),
+    ({"npu": {}, "cpu": [{"kind": "read", "threads": 1, "gbps": True}]}, "run rkc probe --dram"),
+    ({"npu": [1], "cpu": [1, 2]}, "run rkc probe --dram")])
+def test_malformed_report_is_one_clear_error(tmp_path, section, message):
+    """A report is user input: a figure missing, not a number or not positive is refused, not a traceback."""
+    (tmp_path / "p.json").write_text(json.dumps({"dram": section}))
+    with pytest.raises(RkcError, match=message):
+        dram.bandwidth_from(str(tmp_path / "p.json"))
+
+
+@pytest.mark.parametrize("bad", ["inf", "nan", "-inf"])
+def test_bandwidth_must_be_finite(bad):
+    with pytest.raises(RkcError, match="positive number"):
         dram.bandwidth_from(bad)
 
 
@@ -133,3 +173,22 @@ def test_inspect_bad_dram_gbps_is_one_line(tmp_path):
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [
         "error: --dram-gbps fast: neither a number nor a readable probe report (No such file or directory)"]
+
+
+def test_bench_models_with_the_measured_bandwidth(tmp_path):
+    """bench/emit_shapes.py --dram-gbps REPORT: the rows' DRAM-bound limits use the report's bandwidth."""
+    from rkc.ir.npu import hw
+
+    probe = report(tmp_path, {"measured": True, "gbps": 2.5})
+    out = tmp_path / "shapes.json"
+    bench = Path(__file__).resolve().parents[2] / "bench" / "emit_shapes.py"
+    res = subprocess.run([sys.executable, str(bench), "--quick", "--dram-gbps", probe, "--json", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    figures = json.loads(out.read_text())
+    assert figures["dram_bytes_per_s"] == 2.5e9
+    for r in figures["rows"]:
+        compute = r["macs"] / (hw.MACS_PER_CYCLE[r["dtype"]] * hw.CORES * hw.CLOCK_HZ_MAX)
+        assert r["limit_us"] == pytest.approx(max(compute, r["min_bytes"] / 2.5e9) * 1e6), r["what"]
+    assert any(r["min_bytes"] / 2.5e9 > r["macs"] / (hw.MACS_PER_CYCLE[r["dtype"]] * hw.CORES * hw.CLOCK_HZ_MAX)
+               for r in figures["rows"]), "no row is DRAM-bound: the check above would not see the bandwidth"
