@@ -177,23 +177,39 @@ def attention(inputs, attrs, state):
     layer = int(attrs["layer"])
     cache: KVCache = state.cache
     keys, values, kpos = cache.context(layer, k, v, pos)
-    out = _attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))
+    out = attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))
     cache.append(layer, k, v, pos)
     return [out]
 
 
-def _attend(q, keys, values, kpos, pos, attrs, rows: int) -> np.ndarray:
+def attend(q, keys, values, kpos, pos, attrs, rows: int) -> np.ndarray:
     """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at kpos,
-    causal (and windowed), into [rows, H * hd_v] (rows past T stay zero)."""
+    causal (and windowed), into [rows, H * hd_v] (rows past T stay zero).
+
+    The contractions are numpy's einsums (`optimize`: numpy picks the loops;
+    any other formulation rounds differently, and int8 roundings downstream
+    follow). For one query row the scores are a float32 matmul with the keys
+    as the long operand instead: the einsum computes each score as a BLAS
+    dot product, which sgemm sums in the same order (the same bits:
+    tests/llm/test_attention.py) at a fraction of the einsum's cost. The mask
+    is skipped when every key is visible (the same values)."""
     T, H, hd = q.shape
     Hkv = keys.shape[1]
-    qg = q.astype(np.float32).reshape(T, Hkv, H // Hkv, hd)
-    scores = np.einsum("tkgd,pkd->kgtp", qg, keys, optimize=True) * np.float32(attrs["scale"])
-    allowed = kpos[None, :] <= pos[:, None]
+    G = H // Hkv
+    qg = q.astype(np.float32).reshape(T, Hkv, G, hd)
+    scale = np.float32(attrs["scale"])
+    if T == 1:
+        dots = np.matmul(keys.transpose(1, 0, 2), qg.reshape(Hkv, G, hd).transpose(0, 2, 1))  # [Hkv, P, G]
+        scores = dots.transpose(0, 2, 1)[:, :, None, :] * scale  # [Hkv, G, 1, P], laid out as the einsum's
+    else:
+        scores = np.einsum("tkgd,pkd->kgtp", qg, keys, optimize=True) * scale
     window = int(attrs["window"])
-    if window:
-        allowed &= (pos[:, None] - kpos[None, :]) < window
-    scores = np.where(allowed[None, None], scores, -np.inf)
+    lo, hi, first = kpos.min(), kpos.max(), pos.min()
+    if not (hi <= first and (not window or pos.max() - lo < window)):
+        allowed = kpos[None, :] <= pos[:, None]
+        if window:
+            allowed &= (pos[:, None] - kpos[None, :]) < window
+        scores = np.where(allowed[None, None], scores, -np.inf)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
     out = np.einsum("kgtp,pkd->tkgd", probs, values, optimize=True)
@@ -209,7 +225,7 @@ def attention_shared(inputs, attrs, state):
     n = getattr(state, "valid", len(pos))
     q, pos = q[:n], np.asarray(pos)[:n]
     keys, values, kpos = state.cache.shared(int(attrs["source"]))
-    return [_attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+    return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
 
 
 def rms_norm_plain(inputs, attrs, state):
