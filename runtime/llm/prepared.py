@@ -2,7 +2,11 @@
 load-time plans (runtime/plan.py): what a step's attributes and constant
 inputs fix is worked out once at load, and each call does only the per-token
 arithmetic, in the order the plain kernel does it (the plans' logits are the
-interpreter's, bit for bit: tests/llm/test_plan.py).
+interpreter's, bit for bit: tests/llm/test_plan.py). Where one step would be
+several numpy calls it is one compiled call (runtime/llm/jit.py); numba does
+not check bounds, so inputs of other shapes than a kernel indexes (what a
+crafted module could declare) go to the plain kernel, which broadcasts or
+fails as numpy does.
 
 A binder takes (step, constant inputs by position or None, generation state)
 and returns a function of the input list that returns the output list. Ops
@@ -19,6 +23,7 @@ from rkc.ir.program import Step
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.kernels.hadamard import unrotate
 from rkc.runtime.llm import jit
+from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
 
 Prepared = Callable[[list], list]
@@ -40,10 +45,12 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
         return None
     w = np.ascontiguousarray(_dense(weight), F32)
     eps = F32(step.attrs["epsilon"])
-    norm, empty_like = jit.rms_norm, np.empty_like
+    norm, empty_like, attrs = jit.rms_norm, np.empty_like, step.attrs
 
     def run(inputs):
         x = inputs[0].astype(F32, copy=False)
+        if x.ndim == 0 or w.shape != x.shape[-1:]:  # a weight that broadcasts otherwise: the plain kernel's case
+            return plain.rms_norm(inputs, attrs, state)
         out = empty_like(x)
         x2, out2 = _rows(x), _rows(out)
         norm(x2, w, eps, _pairwise(x), out2)
@@ -105,6 +112,8 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
 
     def run(inputs):
         x, pos = inputs[0].astype(F32, copy=False), np.asarray(inputs[1])
+        if x.ndim < 2 or pos.shape != x.shape[:1] or d > x.shape[-1]:  # the plain kernel's broadcasting (or its error)
+            return plain.rope(inputs, a, state)
         cos, sin = tables.at(pos)
         x3 = x if x.ndim == 3 else x.reshape(len(x), -1, x.shape[-1])  # [T, heads, D]
         out = empty_like(x3)  # in x's memory order, as the plain kernel's copy
@@ -167,10 +176,14 @@ def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
     bias = np.ascontiguousarray(consts[3], F32) if has_bias else ch  # (unread without a bias)
     kernel, empty_like = jit.dequantize_rows, np.empty_like
 
+    attrs = step.attrs
+
     def run(inputs):
-        acc = inputs[0]
+        acc, row_scale = inputs[0], inputs[1]
+        if acc.ndim != 2 or row_scale.shape != acc.shape[:1] or ch.shape != acc.shape[1:] or bias.shape != ch.shape:
+            return plain.dequantize_rows(inputs, attrs, state)  # broadcasting (or its error) as numpy's
         out = empty_like(acc, F32)  # a new array (it may be the program's output), in acc's order
-        kernel(acc, inputs[1], ch, bias, has_bias, out)
+        kernel(acc, row_scale, ch, bias, has_bias, out)
         return [out]
     return run
 
@@ -190,8 +203,12 @@ def quantize_rows(step: Step, consts: list, state) -> Prepared | None:
     buffers: dict = {}  # x shape -> (rotated rows, mixed rows or None)
     hadamard, quantize, matmul, empty = jit.hadamard_rows, jit.quantize_rows, np.matmul, np.empty
 
+    attrs = step.attrs
+
     def run(inputs):
         x = np.asarray(inputs[0], F32)
+        if x.ndim != 2 or (rot is not None and signs.shape != x.shape[1:]):
+            return plain.quantize_rows_kernel(inputs, attrs, state)  # numpy's error, as before
         if rot is not None:
             b = buffers.get(x.shape)
             if b is None:
