@@ -159,7 +159,7 @@ def quantize_rows(x, q, scale):
         amax = np.float32(0.0)
         for i in range(k):
             a = abs(x[m, i])
-            if a > amax:
+            if a > amax or a != a:  # a NaN stays the maximum, as in numpy's max (so the scale is 1)
                 amax = a
         s = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
         scale[m] = s

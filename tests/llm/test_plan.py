@@ -82,6 +82,9 @@ def test_prepared_quantize_rows_is_the_kernel(k, kind, rows):
         got, want = run([x, *consts]), kernels.quantize_rows_kernel([x, *consts], attrs, None)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
+    x[-1, 3] = np.nan  # a NaN row gets numpy's scale (1), whatever its codes
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(run([x, *consts])[1], kernels.quantize_rows_kernel([x, *consts], attrs, None)[1])
 
 
 @pytest.mark.parametrize("order", ["C", "F", "strided"])
