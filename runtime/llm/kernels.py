@@ -19,6 +19,11 @@ from rkc.ir.errors import FormatError
 from rkc.ir.npu import layout
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.llm.kvcache import KVCache
+
+try:  # what np.einsum(optimize=True) runs for a pair of operands (numpy >= 2.4)
+    from numpy._core.einsumfunc import bmm_einsum as _bmm_einsum
+except ImportError:  # pragma: no cover - older numpy
+    _bmm_einsum = None
 from rkc.runtime.kernels.hadamard import Rotation, unrotate
 from rkc.runtime.llm.weights import quantize_rows
 
@@ -177,26 +182,52 @@ def attention(inputs, attrs, state):
     layer = int(attrs["layer"])
     cache: KVCache = state.cache
     keys, values, kpos = cache.context(layer, k, v, pos)
-    out = _attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))
+    out = attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))
     cache.append(layer, k, v, pos)
     return [out]
 
 
-def _attend(q, keys, values, kpos, pos, attrs, rows: int) -> np.ndarray:
+def _contract(eq: str, swapped: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.einsum(eq, a, b, optimize=True) without its path search (most of its
+    cost at one row): for two operands the path is the one contraction, of
+    (b, a) as `swapped` spells it, which numpy >= 2.4 runs as bmm_einsum
+    (batched matmuls on operands it lays out itself); older numpy: einsum."""
+    if _bmm_einsum is None:
+        return np.einsum(eq, a, b, optimize=True)
+    return _bmm_einsum(swapped, b, a)
+
+
+def attend(q, keys, values, kpos, pos, attrs, rows: int) -> np.ndarray:
     """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at kpos,
-    causal (and windowed), into [rows, H * hd_v] (rows past T stay zero)."""
+    causal (and windowed), into [rows, H * hd_v] (rows past T stay zero).
+
+    The contractions are numpy's einsums (`optimize`: numpy picks the loops;
+    any other formulation rounds differently, and int8 roundings downstream
+    follow). For one query row the scores are a float32 matmul with the keys
+    as the long operand instead: the einsum computes each score as a BLAS
+    dot product, which sgemm sums in the same order (the same bits:
+    tests/llm/test_attention.py) at a fraction of the einsum's cost. The mask
+    is skipped when every key is visible (the same values)."""
     T, H, hd = q.shape
     Hkv = keys.shape[1]
-    qg = q.astype(np.float32).reshape(T, Hkv, H // Hkv, hd)
-    scores = np.einsum("tkgd,pkd->kgtp", qg, keys, optimize=True) * np.float32(attrs["scale"])
-    allowed = kpos[None, :] <= pos[:, None]
+    G = H // Hkv
+    qg = q.astype(np.float32).reshape(T, Hkv, G, hd)
+    scale = np.float32(attrs["scale"])
+    if T == 1:
+        dots = np.matmul(keys.transpose(1, 0, 2), qg.reshape(Hkv, G, hd).transpose(0, 2, 1))  # [Hkv, P, G]
+        scores = dots.transpose(0, 2, 1)[:, :, None, :] * scale  # [Hkv, G, 1, P], laid out as the einsum's
+    else:
+        scores = _contract("tkgd,pkd->kgtp", "pkd,tkgd->kgtp", qg, keys) * scale
     window = int(attrs["window"])
-    if window:
-        allowed &= (pos[:, None] - kpos[None, :]) < window
-    scores = np.where(allowed[None, None], scores, -np.inf)
+    lo, hi, first = kpos.min(), kpos.max(), pos.min()
+    if not (hi <= first and (not window or pos.max() - lo < window)):
+        allowed = kpos[None, :] <= pos[:, None]
+        if window:
+            allowed &= (pos[:, None] - kpos[None, :]) < window
+        scores = np.where(allowed[None, None], scores, -np.inf)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
-    out = np.einsum("kgtp,pkd->tkgd", probs, values, optimize=True)
+    out = _contract("kgtp,pkd->tkgd", "pkd,kgtp->tkgd", probs, values)
     full = np.zeros((rows, H * values.shape[-1]), np.float32)
     full[:T] = out.reshape(T, H * values.shape[-1])
     return full
@@ -209,7 +240,7 @@ def attention_shared(inputs, attrs, state):
     n = getattr(state, "valid", len(pos))
     q, pos = q[:n], np.asarray(pos)[:n]
     keys, values, kpos = state.cache.shared(int(attrs["source"]))
-    return [_attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+    return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
 
 
 def rms_norm_plain(inputs, attrs, state):

@@ -2,7 +2,11 @@
 load-time plans (runtime/plan.py): what a step's attributes and constant
 inputs fix is worked out once at load, and each call does only the per-token
 arithmetic, in the order the plain kernel does it (the plans' logits are the
-interpreter's, bit for bit: tests/llm/test_plan.py).
+interpreter's, bit for bit: tests/llm/test_plan.py). Where one step would be
+several numpy calls it is one compiled call (runtime/llm/jit.py); numba does
+not check bounds, so inputs of other shapes than a kernel indexes (what a
+crafted module could declare) go to the plain kernel, which broadcasts or
+fails as numpy does.
 
 A binder takes (step, constant inputs by position or None, generation state)
 and returns a function of the input list that returns the output list. Ops
@@ -17,8 +21,10 @@ import numpy as np
 from rkc.ir.errors import FormatError
 from rkc.ir.program import Step
 from rkc.runtime.constants import constant_bytes
-from rkc.runtime.kernels.hadamard import RowRotation, unrotate
-from rkc.runtime.llm.kernels import packed_view, rotation_of
+from rkc.runtime.kernels.hadamard import unrotate
+from rkc.runtime.llm import jit
+from rkc.runtime.llm import kernels as plain
+from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
 
 Prepared = Callable[[list], list]
 _GELU_C = np.float32(np.sqrt(2.0 / np.pi))
@@ -31,29 +37,42 @@ def _dense(w):
 
 
 def rms_norm(step: Step, consts: list, state) -> Prepared | None:
-    """As kernels.rms_norm, with np.mean's own steps called directly (its
-    float32 sum over the last axis, then a true divide by the count as an
-    intp, as numpy's _mean does): the same bits without its Python layers."""
+    """As kernels.rms_norm, in one compiled call (jit.rms_norm: numpy's
+    summation order, so the same bits); the output in x's memory order, as
+    the plain kernel's result (later sums follow it)."""
     weight = consts[1]
     if weight is None:
         return None
-    w = _dense(weight)
+    w = np.ascontiguousarray(_dense(weight), F32)
     eps = F32(step.attrs["epsilon"])
-    add_reduce, divide, sqrt, multiply, empty_like = np.add.reduce, np.true_divide, np.sqrt, np.multiply, np.empty_like
-    count = np.intp(w.shape[-1])
+    norm, empty_like, attrs = jit.rms_norm, np.empty_like, step.attrs
 
     def run(inputs):
         x = inputs[0].astype(F32, copy=False)
-        sq = x * x
-        ms = add_reduce(sq, axis=-1, dtype=F32, keepdims=True)
-        divide(ms, count, out=ms, casting="unsafe")
-        ms += eps
-        sqrt(ms, out=ms)
-        out = empty_like(x)  # in x's memory order, as the plain kernel's result: later sums follow it
-        divide(x, ms, out=out)
-        multiply(out, w, out=out)
+        if x.ndim == 0 or w.shape != x.shape[-1:]:  # a weight that broadcasts otherwise: the plain kernel's case
+            return plain.rms_norm(inputs, attrs, state)
+        out = empty_like(x)
+        x2, out2 = _rows(x), _rows(out)
+        norm(x2, w, eps, _pairwise(x), out2)
+        if not np.shares_memory(out2, out):
+            out[...] = out2.reshape(out.shape)
         return [out]
     return run
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """a [..., K] as rows [N, K], a view where a's memory order allows (the
+    rows in any order: each row is normalised alone)."""
+    order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
+    return a.reshape(-1, a.shape[-1], order=order)
+
+
+def _pairwise(x: np.ndarray) -> bool:
+    """Whether numpy sums each row of x [..., K] pairwise (its iterator puts
+    the reduced axis innermost: the shortest stride of the axes longer than
+    one), or adds the K columns one after another."""
+    last = abs(x.strides[-1])
+    return all(n == 1 or abs(st) >= last for n, st in zip(x.shape[:-1], x.strides[:-1]))
 
 
 class _RopeTables:
@@ -69,8 +88,8 @@ class _RopeTables:
         key = pos.tobytes()
         if key != self.key:
             ang = (pos.astype(np.float64) * self.scale)[:, None] * self.theta[None, :]
-            self.cos = np.cos(ang).astype(F32)[:, None, :]
-            self.sin = np.sin(ang).astype(F32)[:, None, :]
+            self.cos = np.cos(ang).astype(F32)
+            self.sin = np.sin(ang).astype(F32)
             self.key = key
         return self.cos, self.sin
 
@@ -89,56 +108,31 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
     if tables is None:
         tables = forms[key] = _RopeTables(theta, float(a["scale"]))
     neox = a["mode"] == "neox"
-    h = d // 2
+    kernel, empty_like = jit.rope, np.empty_like
 
     def run(inputs):
-        x, pos = inputs[0], np.asarray(inputs[1])
+        x, pos = inputs[0].astype(F32, copy=False), np.asarray(inputs[1])
+        if x.ndim < 2 or pos.shape != x.shape[:1] or d > x.shape[-1]:  # the plain kernel's broadcasting (or its error)
+            return plain.rope(inputs, a, state)
         cos, sin = tables.at(pos)
-        out = x.astype(F32, copy=True)
-        if neox:
-            x1, x2 = x[..., :h], x[..., h:d]
-            out[..., :h] = x1 * cos - x2 * sin
-            out[..., h:d] = x1 * sin + x2 * cos
-        else:
-            x1, x2 = x[..., 0:d:2], x[..., 1:d:2]
-            out[..., 0:d:2] = x1 * cos - x2 * sin
-            out[..., 1:d:2] = x1 * sin + x2 * cos
-        return [out]
+        x3 = x if x.ndim == 3 else x.reshape(len(x), -1, x.shape[-1])  # [T, heads, D]
+        out = empty_like(x3)  # in x's memory order, as the plain kernel's copy
+        kernel(x3, cos, sin, d, neox, out)
+        return [out.reshape(x.shape)]
     return run
 
 
 def attention(step: Step, consts: list, state) -> Prepared:
     """As kernels.attention, reading the KV cache in place (no copy of the
-    cache per call) and skipping the mask when every cached key is visible.
-    The contractions are the plain kernel's einsums, called the same way (with
-    `optimize`, numpy turns them into batched matmuls of its own choosing:
-    any other formulation rounds differently)."""
-    a = step.attrs
-    layer, window, scale = int(a["layer"]), int(a["window"]), F32(a["scale"])
-    einsum, exp, where = np.einsum, np.exp, np.where
+    cache per call)."""
+    attrs, layer = step.attrs, int(step.attrs["layer"])
 
     def run(inputs):
         q, k, v, pos = inputs
-        rows = len(q)
         n = state.valid
         q, k, v, pos = q[:n], k[:n], v[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.store_and_view(layer, k, v, pos)
-        T, H, hd = q.shape
-        Hkv = keys.shape[1]
-        qg = q.astype(F32).reshape(T, Hkv, H // Hkv, hd)
-        scores = einsum("tkgd,pkd->kgtp", qg, keys, optimize=True) * scale
-        lo, hi, first = kpos.min(), kpos.max(), pos.min()
-        if not (hi <= first and (not window or pos.max() - lo < window)):  # else every key is allowed
-            allowed = kpos[None, :] <= pos[:, None]
-            if window:
-                allowed &= (pos[:, None] - kpos[None, :]) < window
-            scores = where(allowed[None, None], scores, -np.inf)
-        scores = exp(scores - scores.max(axis=-1, keepdims=True))
-        probs = scores / scores.sum(axis=-1, keepdims=True)
-        out = einsum("kgtp,pkd->tkgd", probs, values, optimize=True)
-        full = np.zeros((rows, H * values.shape[-1]), F32)
-        full[:n] = out.reshape(T, H * values.shape[-1])
-        return [full]
+        return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
     return run
 
 
@@ -170,58 +164,64 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
 
 
 def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
-    """As kernels.dequantize_rows, the float64 products done in one reused
-    buffer (int32 -> float64 inside the first multiply: the same values)."""
+    """As kernels.dequantize_rows in one compiled call (jit.dequantize_rows:
+    the same float64 products, rounded once), the output in acc's memory order."""
     if int(step.attrs.get("partials", 1)) != 1:
         return None  # K split into partial sums: the general kernel (kernels.dequantize_rows) adds them
     ch = consts[2]
     if ch is None or (len(consts) > 3 and consts[3] is None):
         return None
-    ch64 = ch.astype(np.float64)[None, :]
-    bias = consts[3] if len(consts) > 3 else None
-    f64, mul, empty_like = np.float64, np.multiply, np.empty_like
-    wide: dict = {}  # (accumulator shape, strides) -> its float64 buffer, in its memory order
+    ch = np.ascontiguousarray(ch, F32)
+    has_bias = len(consts) > 3
+    bias = np.ascontiguousarray(consts[3], F32) if has_bias else ch  # (unread without a bias)
+    kernel, empty_like = jit.dequantize_rows, np.empty_like
+
+    attrs = step.attrs
 
     def run(inputs):
         acc, row_scale = inputs[0], inputs[1]
-        key = (acc.shape, acc.strides)
-        y = wide.get(key)
-        if y is None:
-            y = wide[key] = empty_like(acc, f64)
-        mul(acc, row_scale.astype(f64)[:, None], out=y)
-        mul(y, ch64, out=y)
-        if bias is not None:
-            y += bias
+        if acc.ndim != 2 or row_scale.shape != acc.shape[:1] or ch.shape != acc.shape[1:] or bias.shape != ch.shape:
+            return plain.dequantize_rows(inputs, attrs, state)  # broadcasting (or its error) as numpy's
         out = empty_like(acc, F32)  # a new array (it may be the program's output), in acc's order
-        out[...] = y
+        kernel(acc, row_scale, ch, bias, has_bias, out)
         return [out]
     return run
 
 
 def quantize_rows(step: Step, consts: list, state) -> Prepared | None:
-    """As kernels.quantize_rows_kernel (weights.quantize_rows): the rotation
-    through a RowRotation and the rounding in buffers made once per row count."""
+    """As kernels.quantize_rows_kernel (weights.quantize_rows) in compiled
+    calls: the rotation's signs and butterflies (jit.hadamard_rows), its
+    block-mixing factor as the plain kernel's matmul, the rounding
+    (jit.quantize_rows); work buffers made once per row count."""
     if any(c is None for c in consts[1:]):
         return None
     rot = rotation_of(step.attrs, consts[1:])
-    prepared: dict = {}  # rows -> (rotation or None, float32 work buffer)
-    absolute, divide, rint, clip, where, empty = np.abs, np.divide, np.rint, np.clip, np.where, np.empty
+    if rot is not None:
+        signs, block = np.ascontiguousarray(rot.signs, F32), rot.block
+        norm = F32(1.0 / np.sqrt(block))
+        factor = None if rot.factor is None else rot.factor.astype(F32)
+    buffers: dict = {}  # x shape -> (rotated rows, mixed rows or None)
+    hadamard, quantize, matmul, empty = jit.hadamard_rows, jit.quantize_rows, np.matmul, np.empty
+
+    attrs = step.attrs
 
     def run(inputs):
         x = np.asarray(inputs[0], F32)
-        p = prepared.get(x.shape)
-        if p is None:
-            p = prepared[x.shape] = (None if rot is None else RowRotation(rot, len(x)), empty(x.shape, F32))
-        rotation, t = p
-        if rotation is not None:
-            x = rotation(x)
-        amax = absolute(x, out=t).max(axis=-1)
-        scale = where(amax > 0, amax / 127.0, 1.0).astype(F32)
-        divide(x, scale[:, None], out=t)
-        rint(t, out=t)
-        clip(t, -127, 127, out=t)
-        q = empty(x.shape, np.int8)
-        q[...] = t
+        if x.ndim != 2 or (rot is not None and signs.shape != x.shape[1:]):
+            return plain.quantize_rows_kernel(inputs, attrs, state)  # numpy's error, as before
+        if rot is not None:
+            b = buffers.get(x.shape)
+            if b is None:
+                rows, k = x.shape
+                b = buffers[x.shape] = (empty(x.shape, F32),
+                                        None if factor is None else empty((rows, k // block, block), F32))
+            hadamard(x, signs, block, norm, b[0])
+            x = b[0]
+            if factor is not None:  # F mixes the blocks
+                matmul(factor, x.reshape(b[1].shape), out=b[1])
+                x = b[1].reshape(x.shape)
+        q, scale = empty(x.shape, np.int8), empty(len(x), F32)
+        quantize(x, q, scale)
         return [q, scale]
     return run
 

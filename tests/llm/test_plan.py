@@ -82,6 +82,9 @@ def test_prepared_quantize_rows_is_the_kernel(k, kind, rows):
         got, want = run([x, *consts]), kernels.quantize_rows_kernel([x, *consts], attrs, None)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
+    x[-1, 3] = np.nan  # a NaN row gets numpy's scale (1), whatever its codes
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(run([x, *consts])[1], kernels.quantize_rows_kernel([x, *consts], attrs, None)[1])
 
 
 @pytest.mark.parametrize("order", ["C", "F", "strided"])
@@ -107,3 +110,19 @@ def test_prepared_norm_and_dequantize_are_the_kernels(order):
         want = kernels.dequantize_rows([acc, row_scale, ch, bias], {}, None)[0]
         np.testing.assert_array_equal(got, want)
         assert got.flags.f_contiguous == want.flags.f_contiguous
+
+
+def test_prepared_kernels_leave_other_shapes_to_the_plain_kernels():
+    """The compiled kernels index without bounds checks, so a weight that only
+    broadcasts (as a crafted module may declare), or scales that do not match
+    the accumulators, get the plain kernel's result or its numpy error."""
+    from rkc.runtime.llm import kernels, prepared
+
+    rng = np.random.default_rng(3)
+    x, w1 = rng.standard_normal((2, 640)).astype(np.float32), np.float32([2.0])
+    norm = prepared.rms_norm(_step("RMSNorm", 2, {"epsilon": 1e-6}), [None, w1], None)
+    np.testing.assert_array_equal(norm([x, w1])[0], kernels.rms_norm([x, w1], {"epsilon": 1e-6}, None)[0])
+    acc, ch = (x * 100).astype(np.int32), rng.random(640).astype(np.float32)
+    deq = prepared.dequantize_rows(_step("DequantizeRows", 3, {}), [None, None, ch], None)
+    with pytest.raises(ValueError):
+        deq([acc, rng.random(3).astype(np.float32), ch])  # 3 row scales for 2 rows

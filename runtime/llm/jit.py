@@ -1,0 +1,189 @@
+"""Compiled (numba) row kernels for the prepared LLM CPU steps
+(runtime/llm/prepared.py): one call per step instead of a numpy call per
+operation, whose fixed cost (5-20 us each) was most of a decode token's host
+time at one row.
+
+The arithmetic is numpy's, element for element: the same float32/float64
+operations in the same order (no fastmath, so no reassociation or fused
+multiply-adds), and a row sum reproduces numpy's pairwise summation
+(`pairwise_sum`), so RMSNorm, QuantizeRows (with its rotation), DequantizeRows
+and RoPE give the plain kernels' bits (tests/llm/test_plan.py).
+
+`cache=True`: a machine compiles each kernel once (a few seconds, the first
+time an LLM runs) and later processes load the compiled code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_JIT = {"cache": True, "nogil": True}
+_BLOCK = 128  # numpy's PW_BLOCKSIZE: the pairwise sum's leaf
+
+
+@njit(**_JIT)
+def _leaf_squares(x, m, lo, n):
+    """Sum of x[m, lo:lo+n] ** 2 (n <= 128) as numpy's pairwise leaf adds it:
+    sequentially below 8, else eight accumulators combined as a tree."""
+    if n < 8:
+        res = np.float32(0.0)
+        for i in range(n):
+            v = x[m, lo + i]
+            res += v * v
+        return res
+    r = np.empty(8, np.float32)
+    for j in range(8):
+        v = x[m, lo + j]
+        r[j] = v * v
+    i = 8
+    end = n - n % 8
+    while i < end:
+        for j in range(8):
+            v = x[m, lo + i + j]
+            r[j] += v * v
+        i += 8
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while i < n:
+        v = x[m, lo + i]
+        res += v * v
+        i += 1
+    return res
+
+
+@njit(**_JIT)
+def _pairwise_squares(x, m, k):
+    """Sum of x[m, :k] ** 2 in float32, in numpy's pairwise order
+    (numpy/_core/src/umath/loops_utils.h: leaves of at most 128, a longer run
+    split in halves at a multiple of eight, left + right). Iterative, with an
+    explicit stack: numba's cache cannot reload a recursive function."""
+    depth = 64
+    lo = np.zeros(depth, np.int64)
+    cnt = np.zeros(depth, np.int64)
+    stage = np.zeros(depth, np.int64)  # 0: split next, 1: left pending, 2: right pending
+    left = np.zeros(depth, np.float32)
+    lo[0], cnt[0], stage[0] = 0, k, 0
+    sp = 1
+    result = np.float32(0.0)
+    while sp > 0:
+        top = sp - 1
+        n = cnt[top]
+        if n <= _BLOCK or stage[top] == 3:
+            v = _leaf_squares(x, m, lo[top], n) if n <= _BLOCK else left[top]
+            sp -= 1
+            if sp == 0:
+                result = v
+            else:
+                p = sp - 1
+                if stage[p] == 1:
+                    left[p] = v
+                else:
+                    left[p] = left[p] + v  # the parent's left + this right half
+                    stage[p] = 3
+            continue
+        half = n // 2
+        half -= half % 8
+        if stage[top] == 0:
+            stage[top] = 1
+            lo[sp], cnt[sp], stage[sp] = lo[top], half, 0
+        else:
+            stage[top] = 2
+            lo[sp], cnt[sp], stage[sp] = lo[top] + half, n - half, 0
+        sp += 1
+    return result
+
+
+@njit(**_JIT)
+def rms_norm(x, w, eps, pairwise, out):
+    """out = x / sqrt(mean(x^2) + eps) * w over rows of x [M, K] (float32).
+    `pairwise`: numpy reduces each row pairwise (K the inner axis of its
+    iteration); otherwise (a column-major x) it adds the columns in order."""
+    rows, k = x.shape
+    kf = np.float64(k)
+    for m in range(rows):
+        if pairwise:
+            s = _pairwise_squares(x, m, k)
+        else:
+            s = np.float32(0.0)
+            for i in range(k):
+                v = x[m, i]
+                s += v * v
+        ms = np.float32(np.float64(s) / kf) + eps  # np.mean: the float32 sum over an intp count, in float64
+        root = np.float32(np.sqrt(ms))
+        for i in range(k):
+            out[m, i] = (x[m, i] / root) * w[i]
+
+
+@njit(**_JIT)
+def dequantize_rows(acc, row_scale, ch_scale, bias, has_bias, out):
+    """out = acc * row scale * channel scale (+ bias), in float64, rounded once to float32."""
+    rows, n = acc.shape
+    for m in range(rows):
+        rs = np.float64(row_scale[m])
+        for j in range(n):
+            y = (np.float64(acc[m, j]) * rs) * np.float64(ch_scale[j])
+            if has_bias:
+                y += np.float64(bias[j])
+            out[m, j] = np.float32(y)
+
+
+@njit(**_JIT)
+def hadamard_rows(x, signs, block, norm, out):
+    """out = blockwise orthonormal Walsh-Hadamard transform of x * signs
+    (rows [M, K], blocks of `block`, a power of two): butterflies pairing i
+    with i + 1, then 2, 4, ... (runtime/kernels/hadamard.py's pairs and order)."""
+    rows, k = x.shape
+    for m in range(rows):
+        for i in range(k):
+            out[m, i] = x[m, i] * signs[i]
+        for b in range(0, k, block):
+            h = 1
+            while h < block:
+                for i in range(b, b + block, 2 * h):
+                    for j in range(i, i + h):
+                        u = out[m, j]
+                        v = out[m, j + h]
+                        out[m, j] = u + v
+                        out[m, j + h] = u - v
+                h *= 2
+        for i in range(k):
+            out[m, i] *= norm
+
+
+@njit(**_JIT)
+def quantize_rows(x, q, scale):
+    """Symmetric int8 per row: scale = max|x| / 127 (1 for a zero row),
+    q = clip(rint(x / scale), -127, 127)."""
+    rows, k = x.shape
+    for m in range(rows):
+        amax = np.float32(0.0)
+        for i in range(k):
+            a = abs(x[m, i])
+            if a > amax or a != a:  # a NaN stays the maximum, as in numpy's max (so the scale is 1)
+                amax = a
+        s = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
+        scale[m] = s
+        for i in range(k):
+            t = np.rint(x[m, i] / s)
+            q[m, i] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+
+
+@njit(**_JIT)
+def rope(x, cos, sin, dims, neox, out):
+    """Rotary embedding of x [T, H, D] (the first `dims` of D) by the angles
+    whose cos/sin [T, dims/2] are given: NeoX pairs (i, i + dims/2), else (2i, 2i + 1)."""
+    t_, heads, d = x.shape
+    half = dims // 2
+    for t in range(t_):
+        for hh in range(heads):
+            for i in range(dims, d):
+                out[t, hh, i] = x[t, hh, i]
+            for i in range(half):
+                a_i, b_i = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                a = x[t, hh, a_i]
+                b = x[t, hh, b_i]
+                c = cos[t, i]
+                s = sin[t, i]
+                out[t, hh, a_i] = a * c - b * s
+                out[t, hh, b_i] = a * s + b * c
+

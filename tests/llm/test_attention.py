@@ -1,0 +1,54 @@
+"""The runtime's attention (runtime/llm/kernels.attend) computes what numpy's
+einsum formulation computes, bit for bit: for one query row its scores come
+from a float32 matmul instead of the einsum (numpy's einsum takes each score
+as a BLAS dot product; sgemm sums in the same order), which this checks over
+head sizes, KV-head groupings, key counts, windows, and keys that are a view
+into a larger cache (as the KV cache hands them over)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rkc.runtime import blas
+from rkc.runtime.llm.kernels import attend
+
+
+def einsum_attention(q, keys, values, kpos, pos, window, scale, rows):
+    """The formulation the runtime ran before (its bits are the reference's)."""
+    t, h, hd = q.shape
+    hkv = keys.shape[1]
+    qg = q.astype(np.float32).reshape(t, hkv, h // hkv, hd)
+    s = np.einsum("tkgd,pkd->kgtp", qg, keys, optimize=True) * np.float32(scale)
+    allowed = kpos[None, :] <= pos[:, None]
+    if window:
+        allowed &= (pos[:, None] - kpos[None, :]) < window
+    s = np.where(allowed[None, None], s, -np.inf)
+    s = np.exp(s - s.max(axis=-1, keepdims=True))
+    out = np.einsum("kgtp,pkd->tkgd", s / s.sum(axis=-1, keepdims=True), values, optimize=True)
+    full = np.zeros((rows, h * values.shape[-1]), np.float32)
+    full[:t] = out.reshape(t, -1)
+    return full
+
+
+@pytest.mark.parametrize("hd", [8, 16, 64, 256])
+@pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2)])
+@pytest.mark.parametrize("t", [1, 4])
+def test_attention_is_the_einsum_formulation(hd, hkv, g, t):
+    rng = np.random.default_rng(hd * 100 + hkv * 10 + g)
+    with blas.one_thread():  # as the runtime runs host kernels
+        for p in (1, 5, 23, 100, 257, 600):
+            if p < t:
+                continue
+            cache = rng.standard_normal((p + 9, hkv, hd)).astype(np.float16).astype(np.float32)
+            keys, values = cache[3:p + 3], cache[::-1][:p]  # views, as the KV cache's
+            q = (rng.standard_normal((t, hkv * g, hd)) * 3).astype(np.float32)
+            kpos = np.arange(p)
+            cases = [(0, np.arange(p - t, p)), (max(2, p // 3), np.arange(p - t, p))]
+            if p >= t + 2:  # queries before the last keys: the mask applies
+                cases.append((0, np.arange(p - t - 2, p - 2)))
+            for window, pos in cases:
+                attrs = {"scale": hd ** -0.5, "window": window}
+                got = attend(q, keys, values, kpos, pos, attrs, t + 1)
+                want = einsum_attention(q, keys, values, kpos, pos, window, attrs["scale"], t + 1)
+                np.testing.assert_array_equal(got, want, err_msg=f"p={p} window={window} pos={pos[0]}")
