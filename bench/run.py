@@ -113,7 +113,10 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
     opts = ["--precision", precision]
     if cut is not None and precision == "int8":
         opts += ["--int8-rounding", "rtn", "--fp16-share", "0"]  # as bench/silicon.py, bench/scale.py
+    t0 = time.perf_counter()
     info = compiled(gguf, out, opts)
+    spent = {"compile": time.perf_counter() - t0}
+    t0 = time.perf_counter()
     module = read_rkbin(out).module
     wbytes = weight_bytes(module)
     row = {"model": name, "kind": "llm", "precision": precision, "layers_compiled": cut, "n_layer": n_layer,
@@ -136,6 +139,8 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
                         extrapolate(ph.per_layer, "npu_us", n_layer) * 1e-6
         fig["limits"] = limits(fig["macs"], fig["ddr_bytes"], wbytes, precision)
         row["phases"][program.name] = fig
+    spent["figures"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     if cut is None:  # host time on the null device (bench/llm.py's loops)
         from rkc.runtime.llm.engine import LlmEngine
 
@@ -147,6 +152,8 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
             if c > 1 and f"prefill_{c}" in row["phases"]:
                 row["phases"][f"prefill_{c}"]["host_s"] = bl.host_prefill(engine, cache, c)
         engine.close()
+    spent["host"] = time.perf_counter() - t0
+    row["spent_s"] = spent
     for phase_name, fig in row["phases"].items():
         npu_s = (fig.get("extrapolated_s") or fig["modelled_s"])["1GHz_25GBps"]
         rows = 1 if phase_name == "decode" else int(phase_name.split("_")[1])
@@ -159,12 +166,17 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
 
 def measure_onnx(name: str, precision: str, work: Path, repeats: int = 5) -> dict:
     entry = {m.name: m for m in onnx_models(work)}[name]
+    t0 = time.perf_counter()
     out, info = compiled_onnx(entry, precision, hw.CORES, work)
+    spent = {"compile": time.perf_counter() - t0}
+    t0 = time.perf_counter()
     module = read_rkbin(out).module
     fig = step_figures(module.program("main").steps)
     wbytes = weight_bytes(module)
     fig["ddr_over_weights"] = fig["ddr_bytes"] / wbytes if wbytes else None
     fig["limits"] = limits(fig["macs"], fig["ddr_bytes"], wbytes, precision)
+    spent["figures"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     from rkc import runtime
 
     with runtime.load(out, device="null") as loaded:
@@ -178,11 +190,12 @@ def measure_onnx(name: str, precision: str, work: Path, repeats: int = 5) -> dic
             loaded.run(feeds)
             times.append(time.perf_counter() - t)
     fig["host_s"] = statistics.median(times)
+    spent["host"] = time.perf_counter() - t0
     fig["projected_fps"] = 1 / (fig["modelled_s"]["1GHz_25GBps"] + fig["host_s"])
     return {"model": name, "kind": "onnx", "source": entry.source, "precision": precision,
             "compile_s": info["compile_s"], "peak_rss_bytes": info["peak_rss_bytes"],
             "compile_cached": info["cached"], "rkbin_bytes": out.stat().st_size, "weight_bytes": wbytes,
-            "phases": {"inference": fig}, "anchor": anchor(ANCHORS.get(name))}
+            "phases": {"inference": fig}, "anchor": anchor(ANCHORS.get(name)), "spent_s": spent}
 
 
 # -- the whole run --------------------------------------------------------------------------
@@ -269,8 +282,9 @@ def main() -> None:
     rows = []
     for key, argv in plan(args, args.workdir):
         rows.append(run_child(key, argv, args))
+        spent = ", ".join(f"{k} {v:.0f} s" for k, v in rows[-1].get("spent_s", {}).items())
         print(f"{key}: {'failed: ' + rows[-1]['error'] if 'error' in rows[-1] else 'done'} "
-              f"({rows[-1]['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+              f"({rows[-1]['wall_s']:.0f} s: {spent})", file=sys.stderr, flush=True)
     doc = {"rows": rows, "wall_s": time.perf_counter() - t0, "clock_hz": list(CLOCKS),
            "dram_bytes_per_s": list(BANDWIDTHS), "kick_overhead_s": PerfModel().kick_overhead_s}
     text = json.dumps(doc, indent=1, default=float)
