@@ -41,6 +41,21 @@ def test_run_one_onnx_model(tmp_path):
     assert json.loads(again.stdout)["rows"][0]["compile_cached"] is True  # the work dir is reused
 
 
+def test_run_compiles_first_two_at_a_time_then_measures_each(tmp_path):
+    r = subprocess.run([sys.executable, str(BENCH / "run.py"), "--only", "mlp", "small_cnn", "--jobs", "2", "--json",
+                        "--workdir", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["compile_jobs"] == 2 and 0 < doc["compile_phase_wall_s"] < doc["wall_s"]
+    assert [row["model"] for row in doc["rows"]] == ["small_cnn", "mlp"]  # table order, whatever finished first
+    for row in doc["rows"]:  # compiled by the first phase (not reused), measured by the second
+        assert row["compile_cached"] is False and row["compile_cpu_s"] > 0
+        assert set(row["spent_s"]) == {"compile", "figures", "host"}
+    log = r.stderr.splitlines()
+    assert max(i for i, line in enumerate(log) if ": compiled (" in line) < min(
+        i for i, line in enumerate(log) if ": measured (" in line)
+
+
 def test_silicon_rows_resolve_and_compare(tmp_path):
     assert len({p.key for p in PUBLISHED}) == len(PUBLISHED)
     assert all(p.source.startswith("https://") for p in PUBLISHED)
