@@ -13,8 +13,6 @@ On the simulator nothing is timed (it models time, it has none), as rkc probe --
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from rkc.ir.errors import RkcError
@@ -58,15 +56,9 @@ def gemm_rate(device, precision: str, cores: int, shape: tuple[int, int, int] = 
                 else np.allclose(got, want, rtol=2e-2, atol=2e-2)):
             raise RkcError(f"rkc probe --gemm: the {precision} GEMM on {cores} core(s) gave wrong values; "
                            "no rate reported")
-        jobs = placed.load(0)
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            device.run(jobs, chained=False)
-            times.append(time.perf_counter() - t0)
+        times = emitted.timed_runs(device, placed, runs, chained=False)
     finally:
         placed.free()
-    times.sort()
     cost = result.cost_jobs(chained=False)
     modelled = {f"{c / 1e6:.0f}MHz": PerfModel(clock_hz=c).submission_seconds(cost) for c in CLOCKS_HZ}
     ops = 2 * m * k * n
