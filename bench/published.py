@@ -72,3 +72,21 @@ PUBLISHED: tuple[Published, ...] = (
 )
 BY_KEY = {p.key: p for p in PUBLISHED}
 OTHER_RKLLM = "vendor, other sizes: TinyLlama 1.1B 24.43 t/s, Qwen3-0.6B 32.91 t/s (w8a8 decode)"
+
+# The vendor's RK3588 w8a8 first-token times at 128 prompt tokens (RKLLM benchmark.md, the table of
+# rkllm_qwen25_ttft) of its dense transformer decoders, with each model's decoder widths from its published
+# Hugging Face config.json (num_hidden_layers, hidden_size, intermediate_size, heads x head_dim for Q and for
+# K/V; every one a gated MLP): bench/silicon.py splits first-token time over model size into a fixed part and
+# a part proportional to the matrix work. Left out: RWKV7 (no attention), Gemma3n, Qwen3.5, MiniCPM3/4,
+# TeleChat2 (per-layer embeddings, linear attention, MLA, or widths not checked), the VL and MoE rows.
+# (model, TTFT ms, layers, hidden, intermediate, q width, kv width)
+RKLLM_TTFT_128_BY_SIZE: tuple[tuple[str, float, int, int, int, int, int], ...] = (
+    ("Qwen2-0.5B", 145.90, 24, 896, 4864, 14 * 64, 2 * 64),
+    ("Qwen3-0.6B", 199.09, 28, 1024, 3072, 16 * 128, 8 * 128),
+    ("TinyLlama-1.1B", 243.93, 22, 2048, 5632, 32 * 64, 4 * 64),
+    ("Qwen2.5-1.5B", 378.31, 28, 1536, 8960, 12 * 128, 2 * 128),
+    ("InternLM2-1.8B", 380.14, 24, 2048, 8192, 16 * 128, 8 * 128),
+    ("Gemma2-2B", 598.41, 26, 2304, 9216, 8 * 256, 4 * 256),
+    ("Phi3-3.8B", 1017.28, 32, 3072, 8192, 32 * 96, 32 * 96),
+    ("ChatGLM3-6B", 1352.94, 28, 4096, 13696, 32 * 128, 2 * 128),
+)

@@ -17,7 +17,15 @@ physical limit (MACs at 6.1 TOPS int8 / 3.1 TFLOPS fp16 on 3 cores at 1 GHz; DRA
 bytes at 25 GB/s). Measured on this machine: compile time, peak RSS, sizes, host
 time. Modelled: every NPU time. Each model runs in its own child process.
 
-    python bench/run.py [--json] [--workdir /tmp/rkc-bench] [--only gemma3-int8 resnet50] [--layers 2]
+Two phases: every rkbin is compiled first, --jobs (2) children at a time (the
+machine has 2 cores; compile times and peak RSS stay each child's own, the CPU
+seconds beside the wall time say how much of it was waiting for a core), then
+each model is measured alone, one child after another, so the host times are
+not taken beside a compile. Every modelled clock and bandwidth comes from the
+one compile (the model is analytic: no figure is simulated). Each child reports
+where its time went (compile, figures, host measurements).
+
+    python bench/run.py [--json] [--workdir /tmp/rkc-bench] [--only gemma3-int8 resnet50] [--layers 2] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -99,10 +107,11 @@ def anchor(key: str | None) -> dict | None:
 
 
 # -- one model, in its own process --------------------------------------------------------------
-def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int) -> dict:
-    bl = _bench_llm()
+def compiled_llm(name: str, precision: str, work: Path, layers: int) -> tuple[Path, dict, int | None, int | None]:
+    """The LLM's rkbin (compiled or reused), its compile record, the layers compiled and the full depth
+    (None, None: the whole model)."""
     if name == "gemma3-270m":
-        gguf, cut, n_layer = bl.gemma_path(), None, None
+        gguf, cut, n_layer = _bench_llm().gemma_path(), None, None
     else:
         import scale  # noqa: F401  (bench/scale.py puts the tests' llm package before bench/llm.py)
         from llm.synth import REAL, write_real
@@ -114,11 +123,20 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
     opts = ["--precision", precision]
     if cut is not None and precision == "int8":
         opts += ["--int8-rounding", "rtn", "--fp16-share", "0"]  # as bench/silicon.py, bench/scale.py
-    info = compiled(gguf, out, opts)
+    return out, compiled(gguf, out, opts), cut, n_layer
+
+
+def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int) -> dict:
+    bl = _bench_llm()
+    t0 = time.perf_counter()
+    out, info, cut, n_layer = compiled_llm(name, precision, work, layers)
+    spent = {"compile": time.perf_counter() - t0}
+    t0 = time.perf_counter()
     module = read_rkbin(out).module
     wbytes = weight_bytes(module)
     row = {"model": name, "kind": "llm", "precision": precision, "layers_compiled": cut, "n_layer": n_layer,
-           "compile_s": info["compile_s"], "peak_rss_bytes": info["peak_rss_bytes"], "compile_cached": info["cached"],
+           "compile_s": info["compile_s"], "compile_cpu_s": info.get("compile_cpu_s"),
+           "peak_rss_bytes": info["peak_rss_bytes"], "compile_cached": info["cached"],
            "rkbin_bytes": out.stat().st_size, "weight_bytes": wbytes, "phases": {}}
     # the file's program table: decode and the prefill programs (the next token only), not score
     llm_programs = {name: p for name, p in programs_in(module.metadata, str(out)).items()
@@ -140,6 +158,8 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
                         extrapolate(ph.per_layer, "npu_us", n_layer) * 1e-6
         fig["limits"] = limits(fig["macs"], fig["ddr_bytes"], wbytes, precision)
         row["phases"][program.name] = fig
+    spent["figures"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     if cut is None:  # host time on the null device (bench/llm.py's loops)
         from rkc.runtime.llm.engine import LlmEngine
 
@@ -151,6 +171,8 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
             if p.rows > 1 and p.name in row["phases"]:
                 row["phases"][p.name]["host_s"] = bl.host_prefill(engine, cache, p.rows)
         engine.close()
+    spent["host"] = time.perf_counter() - t0
+    row["spent_s"] = spent
     for phase_name, fig in row["phases"].items():
         npu_s = (fig.get("extrapolated_s") or fig["modelled_s"])["1GHz_25GBps"]
         fig["projected_tokens_per_s"] = llm_programs[phase_name].rows / (npu_s + fig.get("host_s", 0.0))
@@ -162,12 +184,17 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
 
 def measure_onnx(name: str, precision: str, work: Path, repeats: int = 5) -> dict:
     entry = {m.name: m for m in onnx_models(work)}[name]
+    t0 = time.perf_counter()
     out, info = compiled_onnx(entry, precision, hw.CORES, work)
+    spent = {"compile": time.perf_counter() - t0}
+    t0 = time.perf_counter()
     module = read_rkbin(out).module
     fig = step_figures(module.program("main").steps)
     wbytes = weight_bytes(module)
     fig["ddr_over_weights"] = fig["ddr_bytes"] / wbytes if wbytes else None
     fig["limits"] = limits(fig["macs"], fig["ddr_bytes"], wbytes, precision)
+    spent["figures"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     from rkc import runtime
 
     with runtime.load(out, device="null") as loaded:
@@ -181,11 +208,13 @@ def measure_onnx(name: str, precision: str, work: Path, repeats: int = 5) -> dic
             loaded.run(feeds)
             times.append(time.perf_counter() - t)
     fig["host_s"] = statistics.median(times)
+    spent["host"] = time.perf_counter() - t0
     fig["projected_fps"] = 1 / (fig["modelled_s"]["1GHz_25GBps"] + fig["host_s"])
     return {"model": name, "kind": "onnx", "source": entry.source, "precision": precision,
-            "compile_s": info["compile_s"], "peak_rss_bytes": info["peak_rss_bytes"],
+            "compile_s": info["compile_s"], "compile_cpu_s": info.get("compile_cpu_s"),
+            "peak_rss_bytes": info["peak_rss_bytes"],
             "compile_cached": info["cached"], "rkbin_bytes": out.stat().st_size, "weight_bytes": wbytes,
-            "phases": {"inference": fig}, "anchor": anchor(ANCHORS.get(name))}
+            "phases": {"inference": fig}, "anchor": anchor(ANCHORS.get(name)), "spent_s": spent}
 
 
 # -- the whole run --------------------------------------------------------------------------
@@ -197,9 +226,20 @@ def plan(args, work: Path) -> list[tuple[str, list[str]]]:
     return [j for j in jobs if not args.only or j[0] in args.only or j[0].rsplit("-", 1)[0] in args.only]
 
 
-def run_child(key: str, argv: list[str], args) -> dict:
+def compile_only(argv: list[str], work: Path, layers: int) -> dict:
+    """A child's first phase: only make sure the model's rkbin is in the work dir."""
+    kind, (name, precision) = argv[0], argv[1:]
+    if kind == "--llm":
+        _, info, _, _ = compiled_llm(name, precision, work, layers)
+    else:
+        entry = {m.name: m for m in onnx_models(work)}[name]
+        _, info = compiled_onnx(entry, precision, hw.CORES, work)
+    return {k: info.get(k) for k in ("compile_s", "compile_cpu_s", "peak_rss_bytes", "cached")}
+
+
+def run_child(key: str, argv: list[str], args, compile_phase: bool = False) -> dict:
     cmd = [sys.executable, str(Path(__file__)), "--child", *argv, "--workdir", str(args.workdir),
-           "--layers", str(args.layers), "--tokens", str(args.tokens)]
+           "--layers", str(args.layers), "--tokens", str(args.tokens)] + (["--compile-only"] if compile_phase else [])
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
@@ -210,12 +250,29 @@ def run_child(key: str, argv: list[str], args) -> dict:
     return row
 
 
+def compile_all(jobs: list[tuple[str, list[str]]], args) -> dict[str, dict]:
+    """Every model's rkbin, compiled (or reused) `args.jobs` at a time, each in its own child
+    (its own peak RSS); the LLMs first, the longest compiles, so the pool drains evenly."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    order = sorted(jobs, key=lambda j: j[1][0] != "--llm")
+    done = {}
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        futures = {pool.submit(run_child, key, argv, args, True): key for key, argv in order}
+        for future in as_completed(futures):
+            key, result = futures[future], future.result()
+            done[key] = result
+            state = "failed: " + result["error"] if "error" in result else "reused" if result["cached"] else "compiled"
+            print(f"{key}: {state} ({result['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+    return done
+
+
 def _ms(s: float | None) -> str:
     return "-" if s is None else f"{s * 1e3:.3g}"
 
 
 def table(rows: list[dict]) -> str:
-    head = ("model", "prec", "phase", "compile s", "peak GB", "rkbin MB", "tasks", "kicks stock/chained",
+    head = ("model", "prec", "phase", "compile s (CPU s)", "peak GB", "rkbin MB", "tasks", "kicks stock/chained",
             "submits", "regcmd KB", "DDR read MB", "DDR written MB", "DDR/weights", "NPU ms 1GHz 25/17 GB/s",
             "NPU ms 600MHz 25/17 GB/s", "host ms (null)", "projected /s", "anchor", "limit ms (MAC, weights)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -233,7 +290,8 @@ def table(rows: list[dict]) -> str:
             anc_text = f"{anc['value']:g} {anc['unit']} ({anc['cores']} core{'s' * (anc['cores'] > 1)})" if anc else "-"
             lines.append("| " + " | ".join(str(x) for x in (
                 r["model"] + (f" ({r['layers_compiled']}/{r['n_layer']} layers)" if r.get("layers_compiled") else ""),
-                r["precision"], name, f"{r['compile_s']:.0f}", f"{r['peak_rss_bytes'] / 1e9:.2f}",
+                r["precision"], name, f"{r['compile_s']:.0f}" + (f" ({r['compile_cpu_s']:.0f})" if r.get("compile_cpu_s") else ""),
+                f"{r['peak_rss_bytes'] / 1e9:.2f}",
                 f"{r['rkbin_bytes'] / 1e6:.1f}", f["tasks"], f"{f['kicks_stock']}/{f['kicks_chained']}", f["submits"],
                 f"{f['regcmd_bytes'] / 1e3:.0f}", f"{f['ddr_read'] / 1e6:.1f}", f"{f['ddr_written'] / 1e6:.1f}",
                 f"{f['ddr_over_weights']:.2f}" if f["ddr_over_weights"] else "-",
@@ -258,23 +316,41 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", help="model keys (e.g. gemma3-270m-int8 resnet50 qwen2.5-1.5b)")
     ap.add_argument("--layers", type=int, default=2, help="layers compiled of the synthetic 1-2B models")
     ap.add_argument("--tokens", type=int, default=8, help="decode tokens timed on the null device")
+    ap.add_argument("--jobs", type=int, default=2,
+                    help="compiles run this many at a time (the measurements always one at a time)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--llm", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
     ap.add_argument("--onnx", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.child and args.compile_only:
+        print(json.dumps(compile_only(["--llm", *args.llm] if args.llm else ["--onnx", *args.onnx], args.workdir,
+                                       args.layers)))
+        return
     if args.child:
         row = (measure_llm(*args.llm, args.workdir, args.layers, args.tokens) if args.llm
                else measure_onnx(*args.onnx, args.workdir))
         print(json.dumps(row, default=float))
         return
     t0 = time.perf_counter()
+    jobs = plan(args, args.workdir)
+    compiles = compile_all(jobs, args)
+    compile_wall = time.perf_counter() - t0
     rows = []
-    for key, argv in plan(args, args.workdir):
-        rows.append(run_child(key, argv, args))
-        print(f"{key}: {'failed: ' + rows[-1]['error'] if 'error' in rows[-1] else 'done'} "
-              f"({rows[-1]['wall_s']:.0f} s)", file=sys.stderr, flush=True)
-    doc = {"rows": rows, "wall_s": time.perf_counter() - t0, "clock_hz": list(CLOCKS),
+    for key, argv in jobs:  # one at a time: host times are measured
+        if "error" in compiles[key]:
+            rows.append(compiles[key])
+        else:  # the measuring child found the rkbin the compile phase made: say what that phase did
+            rows.append(run_child(key, argv, args))
+            if "error" not in rows[-1]:
+                rows[-1]["compile_cached"] = compiles[key]["cached"]
+                rows[-1]["spent_s"]["compile"] = compiles[key]["wall_s"]
+        spent = ", ".join(f"{k} {v:.0f} s" for k, v in rows[-1].get("spent_s", {}).items())
+        print(f"{key}: {'failed: ' + rows[-1]['error'] if 'error' in rows[-1] else 'measured'} "
+              f"({rows[-1]['wall_s']:.0f} s: {spent})", file=sys.stderr, flush=True)
+    doc = {"rows": rows, "wall_s": time.perf_counter() - t0, "compile_phase_wall_s": compile_wall,
+           "compile_jobs": args.jobs, "clock_hz": list(CLOCKS),
            "dram_bytes_per_s": list(BANDWIDTHS), "kick_overhead_s": PerfModel().kick_overhead_s}
     text = json.dumps(doc, indent=1, default=float)
     if args.save:

@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from catalog import compiled_onnx, onnx_models  # noqa: E402
-from published import PUBLISHED, Published  # noqa: E402
+from published import PUBLISHED, RKLLM_TTFT_128_BY_SIZE, Published  # noqa: E402
 from rkc.compiler.inspect import planned_jobs  # noqa: E402
 from rkc.ir.npu.perf import JobCost, PerfModel  # noqa: E402
 from rkc.ir.rkbin import read_rkbin  # noqa: E402
@@ -131,6 +131,46 @@ def compare(work: Path, layers: int) -> list[dict]:
     return rows
 
 
+def decoder_weights(layers: int, hidden: int, inter: int, q: int, kv: int) -> int:
+    """Matrix weights of a dense decoder: Q, K, V, O and a gated MLP per layer (embeddings and head aside)."""
+    return layers * (2 * hidden * q + 2 * hidden * kv + 3 * hidden * inter)
+
+
+def ttft_by_size(compared: list[dict], tokens: int = 128) -> dict:
+    """The vendor's first-token times over model size (bench/published.py RKLLM_TTFT_128_BY_SIZE) fitted
+    as a fixed part + a part proportional to the decoder's matrix weights (least squares), the rate of
+    that part, and rkc's modelled Qwen2.5-1.5B prefill beside it: which of the two parts the model misses."""
+    names = [r[0] for r in RKLLM_TTFT_128_BY_SIZE]
+    ttft_ms = np.array([r[1] for r in RKLLM_TTFT_128_BY_SIZE])
+    weights = np.array([decoder_weights(*r[2:]) for r in RKLLM_TTFT_128_BY_SIZE], float)
+    ms_per_weight, fixed_ms = np.polyfit(weights, ttft_ms, 1)
+    rate = 2 * tokens / (ms_per_weight * 1e-3)  # ops/s of the part that grows with the work
+    qwen = next(r for r in compared if r["key"] == "rkllm_qwen25_ttft")
+    qwen_weights = weights[names.index("Qwen2.5-1.5B")]
+    modelled_ms = qwen["modelled_now"]
+    return {"fixed_ms": float(fixed_ms), "ms_per_billion_weights": float(ms_per_weight * 1e9),
+            "silicon_ops_per_s": float(rate), "models": [
+                {"model": n, "weights": int(w), "ttft_ms": float(t), "fit_ms": float(fixed_ms + ms_per_weight * w),
+                 "ops_per_s": float(2 * tokens * w / (t * 1e-3))} for n, w, t in zip(names, weights, ttft_ms)],
+            "rkc_modelled_ms": modelled_ms, "rkc_ops_per_s": float(2 * tokens * qwen_weights / (modelled_ms * 1e-3)),
+            "rkc_plus_fixed_ms": float(fixed_ms + modelled_ms), "measured_ms": qwen["measured"],
+            "optimism_with_fixed": float(qwen["measured"] / (fixed_ms + modelled_ms))}
+
+
+def ttft_table(split: dict) -> str:
+    lines = ["| model (RKLLM, RK3588 w8a8, 128 tokens) | decoder matrix weights | TTFT ms | fit ms | ops/s |",
+             "|---|---|---|---|---|"]
+    for m in split["models"]:
+        lines.append(f"| {m['model']} | {m['weights'] / 1e9:.2f} B | {m['ttft_ms']:.1f} | {m['fit_ms']:.0f} | "
+                     f"{m['ops_per_s'] / 1e12:.2f} T |")
+    lines.append(f"fit: TTFT = {split['fixed_ms']:.0f} ms + {split['ms_per_billion_weights']:.0f} ms per billion "
+                 f"weights; the growing part runs at {split['silicon_ops_per_s'] / 1e12:.2f} TOPS on silicon, rkc "
+                 f"models Qwen2.5-1.5B's at {split['rkc_ops_per_s'] / 1e12:.2f} TOPS ({split['rkc_modelled_ms']:.0f} "
+                 f"ms NPU); with the fixed part added, {split['rkc_plus_fixed_ms']:.0f} ms against "
+                 f"{split['measured_ms']:g} ms measured ({split['optimism_with_fixed']:.2f}x).")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     head = ("measurement", "prec", "cores", "NPU clock", "DRAM GB/s", "kicks", "measured", "modelled before",
             "modelled now", "model/silicon before", "model/silicon now")
@@ -157,10 +197,13 @@ def main() -> None:
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = compare(args.workdir, args.layers)
+    split = ttft_by_size(rows)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"rows": rows, "ttft_by_size": split}, indent=1))
         return
     print(table(rows))
+    print()
+    print(ttft_table(split))
     for r in rows:
         print(f"- {r['what']}: clock {r['clock_note']}; source {r['source']}")
 

@@ -41,6 +41,21 @@ def test_run_one_onnx_model(tmp_path):
     assert json.loads(again.stdout)["rows"][0]["compile_cached"] is True  # the work dir is reused
 
 
+def test_run_compiles_first_two_at_a_time_then_measures_each(tmp_path):
+    r = subprocess.run([sys.executable, str(BENCH / "run.py"), "--only", "mlp", "small_cnn", "--jobs", "2", "--json",
+                        "--workdir", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["compile_jobs"] == 2 and 0 < doc["compile_phase_wall_s"] < doc["wall_s"]
+    assert [row["model"] for row in doc["rows"]] == ["small_cnn", "mlp"]  # table order, whatever finished first
+    for row in doc["rows"]:  # compiled by the first phase (not reused), measured by the second
+        assert row["compile_cached"] is False and row["compile_cpu_s"] > 0
+        assert set(row["spent_s"]) == {"compile", "figures", "host"}
+    log = r.stderr.splitlines()
+    assert max(i for i, line in enumerate(log) if ": compiled (" in line) < min(
+        i for i, line in enumerate(log) if ": measured (" in line)
+
+
 def test_silicon_rows_resolve_and_compare(tmp_path):
     assert len({p.key for p in PUBLISHED}) == len(PUBLISHED)
     assert all(p.source.startswith("https://") for p in PUBLISHED)
@@ -52,3 +67,23 @@ def test_silicon_rows_resolve_and_compare(tmp_path):
     peak = 2 * 3 * 512 * gemm.clock_hz / 1e9  # fp16 MAC peak of 3 cores, GOP/s
     assert 0 < gops < peak
     assert silicon.optimism(gemm, gops) == pytest.approx(gops / gemm.value)
+
+
+def test_first_token_split_over_model_size():
+    """The fit over the vendor's sizes: its Qwen2.5-1.5B widths are the synthetic twin's (tests/llm/synth.py),
+    the line passes through the data (each model within 25 % of it), its parts are positive, and rkc's
+    modelled time enters only the comparison."""
+    from llm.synth import REAL
+    from published import RKLLM_TTFT_128_BY_SIZE
+
+    q = REAL["qwen2.5-1.5b"]
+    row = next(r for r in RKLLM_TTFT_128_BY_SIZE if r[0] == "Qwen2.5-1.5B")
+    assert row[2:] == (q["n_layer"], q["n_embd"], q["n_ff"], q["n_head"] * q["head_dim"],
+                       q["n_head_kv"] * q["head_dim"])
+    assert row[1] == BY_KEY["rkllm_qwen25_ttft"].value
+    split = silicon.ttft_by_size([{"key": "rkllm_qwen25_ttft", "modelled_now": 100.0, "measured": row[1]}])
+    assert split["fixed_ms"] > 0 and split["ms_per_billion_weights"] > 0
+    assert all(abs(m["fit_ms"] / m["ttft_ms"] - 1) < 0.25 for m in split["models"])
+    assert split["rkc_plus_fixed_ms"] == pytest.approx(split["fixed_ms"] + 100.0)
+    weights = silicon.decoder_weights(*row[2:])
+    assert split["rkc_ops_per_s"] == pytest.approx(2 * 128 * weights / 0.1)

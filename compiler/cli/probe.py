@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import click
 
-from rkc.compiler.probe import dram, run_probe
+from rkc.compiler.probe import dram, rate, run_probe
 from rkc.compiler.probe.programs import PROBES
 from rkc.ir.atomic import write_atomic
 from rkc.ir.errors import RkcError
@@ -52,7 +52,11 @@ def _rkc_version() -> str:
                    "an NPU task streaming weights (GB/s, into the report; rkc inspect --dram-gbps REPORT uses it).")
 @click.option("--dram-mib", default=dram.DEFAULT_BUFFER_MIB, show_default=True, type=click.IntRange(8, 4096),
               help="Buffer size of the CPU streams (MiB; several times the last-level cache).")
-def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_flag: bool, dram_mib: int) -> None:
+@click.option("--gemm", "gemm_flag", is_flag=True,
+              help="Also time rkc's int8 and fp16 GEMM 512x3840x4096 on 1 and 3 cores (on a board: GOP/s measured "
+                   "beside the performance model's for the same program, the rate published int8 figures miss).")
+def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_flag: bool, dram_mib: int,
+          gemm_flag: bool) -> None:
     """Run small programs that each test one hardware assumption of the simulator.
 
     Each runs on the NPU and on the simulator; the outputs are compared byte
@@ -105,6 +109,14 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_f
             dram_section = dram.measure(None, dram_mib)
         dram_section["clocks"] = soc.gather(root)  # the DDR and CPU clocks the figures were taken at
 
+    gemm_section = None
+    if gemm_flag:
+        if on_npu:
+            with RocketDevice(kernel=kernel, quiet=True) as dev:
+                gemm_section = rate.measure(dev)
+        else:
+            gemm_section = rate.measure(None)
+
     report = {
         "schema": "rkc-probe-report/1",
         "rkc": _rkc_version(),
@@ -116,6 +128,7 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_f
         "board": gather(root, kernel).as_dict() if on_npu else None,
         "probes": [r.as_dict() for r in results],
         "dram": dram_section,
+        "gemm": gemm_section,
         "summary": {s: sum(r.status == s for r in results) for s in sorted({r.status for r in results})},
     }
     write_atomic(output, json.dumps(report, indent=2) + "\n")
@@ -128,4 +141,8 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_f
         for line in dram.lines(dram_section):
             click.echo(line)
         click.echo(f"  measured at: {soc.clocks_line(dram_section['clocks'])}")
+    if gemm_section:
+        click.echo("GEMM rate (rkc's own programs, checked against numpy):")
+        for line in rate.lines(gemm_section):
+            click.echo(line)
     click.echo(f"report: {output} ({', '.join(f'{n} {s}' for s, n in report['summary'].items())})")

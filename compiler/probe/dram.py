@@ -136,15 +136,9 @@ def npu_weight_stream(device, k: int = NPU_K, n: int = NPU_N, runs: int = NPU_RU
         got = emitted.feature_values(C, raw)[:, :m, 0].T.astype(np.int64)
         if not np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64)):
             raise RkcError("rkc probe --dram: the NPU weight-stream GEMV gave wrong values; no bandwidth reported")
-        jobs = placed.load(0)
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            device.run(jobs, chained=True)
-            times.append(time.perf_counter() - t0)
+        times = emitted.timed_runs(device, placed, runs, chained=True)
     finally:
         placed.free()
-    times.sort()
     weight_bytes = k * n
     return {"measured": True, "program": f"int8 GEMV M=1 K={k} N={n}", "weight_bytes": weight_bytes,
             "runs": runs, "best_s": times[0], "median_s": times[len(times) // 2],
