@@ -76,9 +76,8 @@ def test_streamed_weight_preparation_equals_whole_model(kind, synth_gguf, tmp_pa
     tables = gather_only_tables(graph)
     consts = [n for n, t in graph.tensors.items() if t.kind == "const" and n not in tables]
     results = []
-    for weights in (dequantize_all(gf, consts), LazyWeights(gf, consts)):
-        for name in tables:
-            weights[name] = RowTable(gf, name)
+    whole = {**dequantize_all(gf, consts), **{name: RowTable(gf, name) for name in tables}}
+    for weights in (whole, LazyWeights(gf, consts, tables)):
         results.append(prepare_weights(graph, cfg, tokenizer, weights, LlmCompileOptions("int8", (1, 4, 16))))
     (whole_m, whole_v), (streamed_m, streamed_v) = results
     assert sorted(whole_m) == sorted(streamed_m) and sorted(whole_v) == sorted(streamed_v)
