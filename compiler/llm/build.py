@@ -26,13 +26,12 @@ from rkc.compiler.emitter_ops import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
-from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS, SCALES,
-                                   quantize_matrix)
-from rkc.compiler.llm.rotate import (DEFAULT_ROTATION, NONE, ROTATE_ROWS, rotate_hessian, rotate_matrix,
-                                    rotation_for)
+from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS,
+                                       QUANTIZE_ROWS, SCALES, quantize_matrix)
+from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotate_matrix, rotation_for
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
-from rkc.compiler.llm.weights import (LazyWeights, RowTable, by_layer, dequantize_all, gather_only_tables,
-                                      progress as progress_bar)
+from rkc.compiler.llm.weights import (LazyWeights, RowSource, RowTable, by_layer, dequantize_all,
+                                      gather_only_tables, progress as progress_bar, row_source)
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.ir.errors import UnsupportedError
@@ -41,6 +40,7 @@ from rkc.ir.llm import DECODE, program_plan
 from rkc.ir.npu import hw
 from rkc.ir.rkbin import write_rkbin
 from rkc.runtime.llm.tokenizer import LlmTokenizer
+from rkc.runtime.kernels.hadamard import Rotation
 from rkc.runtime.llm.weights import Int8Weight
 
 DEFAULT_CHUNKS = (1, 32, 128, 512)
@@ -125,48 +125,57 @@ def encode_matrices(graph: Graph, weights: Mapping[str, np.ndarray], options: Ll
     return out
 
 
-def _encode(name: str, w: np.ndarray, is_product: bool, options: LlmCompileOptions, cal: Calibration | None,
-            factors: dict[str, np.ndarray], cache: dict, out: dict[str, EncodedWeight]) -> None:
-    """One matrix encoded into `out` (fp16, or int8 rounded by options.rounding,
-    a product's input axis rotated first)."""
-    if isinstance(w, RowTable):  # gathered only: encoded row block by row block (rows are independent)
-        out[name] = _encode_table(w, _precision_of(name, options), options)
-        return
+def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, options: LlmCompileOptions,
+            cal: Calibration | None, factors: dict[str, np.ndarray], cache: dict,
+            out: dict[str, EncodedWeight]) -> None:
+    """One matrix (in memory, or a row source never read whole) encoded into
+    `out`: fp16, or int8 rounded by options.rounding, a product's input axis
+    rotated first (a Gather-only table is not)."""
+    source = row_source(w)
     if _precision_of(name, options) == "fp16":
-        out[name] = EncodedWeight(w.astype(np.float16))
+        out[name] = encode_rows(source, "fp16")
         return
     h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
     if h is not None:
         h = _smoothed_hessian(h, factors.get(name), cache)
-    rot = rotation_for(w.shape[1], options.rotation) if is_product else None
-    if rot is not None:
-        w = rotate_matrix(w, rot)
-        if h is not None:
-            key = ("rotated", id(h))
-            if key not in cache:
-                cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
-            h = cache[key][1]
-    q, scale = quantize_matrix(w, options.rounding, h, options.scales)
-    out[name] = EncodedWeight(q, scale, rot)
+    rot = rotation_for(source.shape[1], options.rotation) if is_product else None
+    if rot is not None and h is not None:
+        key = ("rotated", id(h))
+        if key not in cache:
+            cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
+        h = cache[key][1]
+    out[name] = encode_rows(source, "int8", rot, options.rounding, h, options.scales)
+
+
+# rows encoded at a time: a multiple of the quantizer's own row block, so the
+# bits are those of the whole matrix at once (rows are rounded independently),
+# and a 262k-row head is never whole in fp32
+ENCODE_ROWS = 2 * QUANTIZE_ROWS
+
+
+def encode_rows(source: RowSource, precision: str, rot: Rotation | None = None, rounding: str = "rtn",
+                hessian: np.ndarray | None = None, scales: str = "max") -> EncodedWeight:
+    """A matrix read from `source` (rows(), blocks()) row block by row block,
+    as fp16 or as int8 per output channel (each block's rows rotated by `rot`,
+    then quantize_matrix)."""
+    n, k = source.shape
+    if precision == "fp16":
+        data = np.empty((n, k), np.float16)
+        for r0, rows in source.blocks():
+            data[r0:r0 + len(rows)] = rows
+        return EncodedWeight(data)
+    q, scale = np.empty((n, k), np.int8), np.empty(n, np.float32)
+    for r0, rows in source.blocks(ENCODE_ROWS):
+        if rot is not None:
+            rows = rotate_matrix(rows, rot)
+        q[r0:r0 + len(rows)], scale[r0:r0 + len(rows)] = quantize_matrix(rows, rounding, hessian, scales)
+    return EncodedWeight(q, scale, rot)
 
 
 def _measures_whole_model(options: LlmCompileOptions) -> bool:
     """Whether preparing the weights runs the whole model with int8 products
     (the alpha search, the hybrid's noise measurement)."""
     return options.precision == "int8" and (options.alpha_search or options.fp16_share > 0)
-
-
-def _encode_table(table: RowTable, precision: str, options: LlmCompileOptions) -> EncodedWeight:
-    """A gather-only table in fp16, or int8 with a scale per row, never whole in fp32."""
-    if precision == "fp16":
-        data = np.empty(table.shape, np.float16)
-        for r0, rows in table.blocks():
-            data[r0:r0 + len(rows)] = rows
-        return EncodedWeight(data)
-    data, scale = np.empty(table.shape, np.int8), np.empty(table.shape[0], np.float32)
-    for r0, rows in table.blocks():
-        data[r0:r0 + len(rows)], scale[r0:r0 + len(rows)] = quantize_matrix(rows, "rtn", None, options.scales)
-    return EncodedWeight(data, scale)
 
 
 def _needs_hessians(options: LlmCompileOptions) -> bool:
@@ -241,12 +250,9 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
             for name in group:
                 if name not in matrix_names:
                     vectors[name] = held[name].astype(np.float32)
-                elif name in held:
-                    _encode(name, held[name], name in linear, options, cal, factors, cache, matrices)
-                elif isinstance(weights.written.get(name), RowTable):  # gathered only: its own row blocks
-                    _encode(name, weights.written[name], name in linear, options, cal, factors, cache, matrices)
-                else:
-                    _encode_rows(name, weights, name in linear, options, cal, factors, cache, matrices)
+                else:  # one SmoothQuant leaves alone (a tied head, a Gather table): from the file in row blocks
+                    w = held[name] if name in held else weights.source(name)
+                    _encode(name, w, name in linear, options, cal, factors, cache, matrices)
             del held
     if cal is not None and options.smooth_alpha > 0:
         report.say(f"int8: SmoothQuant on {len(factors)} matrices, "
@@ -254,27 +260,6 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
     if options.precision == "int8":
         _report_int8(matrices, options, cal, options.smooth_alpha, report)
     return matrices, vectors
-
-
-def _encode_rows(name: str, weights: LazyWeights, is_product: bool, options: LlmCompileOptions,
-                 cal: Calibration | None, factors: dict[str, np.ndarray], cache: dict,
-                 out: dict[str, EncodedWeight]) -> None:
-    """_encode of a matrix read ROTATE_ROWS rows at a time (fp16, or int8
-    round-to-nearest with max scales: every row on its own; the blocks are
-    those rotate_matrix rotates, so the bytes are the same)."""
-    if _precision_of(name, options) == "fp16":
-        out[name] = EncodedWeight(weights.read(name, np.float16))
-        return
-    if options.rounding != "rtn" or options.scales != "max" or name in factors:
-        _encode(name, weights[name], is_product, options, cal, factors, cache, out)
-        return
-    n, k = weights.gf.shape(name)
-    rot = rotation_for(k, options.rotation) if is_product else None
-    q, scale = np.empty((n, k), np.int8), np.empty(n, np.float32)
-    for r0 in range(0, n, ROTATE_ROWS):
-        w = weights.rows(name, slice(r0, r0 + ROTATE_ROWS))
-        q[r0:r0 + len(w)], scale[r0:r0 + len(w)] = quantize_matrix(w if rot is None else rotate_matrix(w, rot))
-    out[name] = EncodedWeight(q, scale, rot)
 
 
 def _report_int8(matrices: dict[str, EncodedWeight], options: LlmCompileOptions, cal: Calibration | None,
@@ -394,9 +379,10 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     # the schemes that measure the whole int8 model on the calibration text need
     # every weight in fp32 at once; the others stream (prepare_streamed). A table
     # that is only gathered from is never whole in fp32 (RowTable).
-    weights = dequantize_all(gf, consts, None) if _measures_whole_model(options) else LazyWeights(gf, consts)
-    for name in tables:
-        weights[name] = RowTable(gf, name)
+    if _measures_whole_model(options):
+        weights = {**dequantize_all(gf, consts, None), **{name: RowTable(gf, name) for name in tables}}
+    else:
+        weights = LazyWeights(gf, consts, tables)
     lap("dequantize", "quantize")
     if options.precision == "int8" and (options.rounding not in METHODS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "

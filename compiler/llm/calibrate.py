@@ -118,13 +118,7 @@ def calibrate(graph: Graph, cfg: LlmConfig, weights: Mapping[str, np.ndarray], t
             cal.hessians[w] = by_input[key]
         return op.outputs[0] != "logits"
 
-    if any(source != layer for layer, source in enumerate(cfg.kv_source)):
-        # a layer attending over an earlier layer's KV cache (gemma4's shared KV) needs
-        # that cache as it was at each chunk: the whole model runs chunk by chunk
-        consts = {n: _LazyConst(weights, n) for n, t in graph.tensors.items() if t.kind == "const"}
-        _run_windows(GraphRunner(graph, cfg, consts, WINDOW + 1), windows, chunk, observe)
-    else:
-        _run_by_layer(graph, cfg, weights, windows, chunk, observe)
+    _run_by_layer(graph, cfg, weights, windows, chunk, observe)
     return cal
 
 
@@ -174,7 +168,10 @@ def _run_by_layer(graph: Graph, cfg: LlmConfig, weights: Mapping[str, np.ndarray
     """What _run_windows computes, stage by stage (layer_stages): every chunk
     of every window through one stage, then the next; each op sees the very
     inputs it sees in a whole-model run (same chunks, same KV cache history),
-    and the values a later stage reads are carried per chunk."""
+    and the values a later stage reads are carried per chunk. So is a KV cache
+    a later stage attends over (gemma4's shared KV): the view the source
+    layer's store left at each chunk (KVCache.shared), copied in its memory
+    order, is given back to the cache before the reading stage runs that chunk."""
     stages = layer_stages(graph)
     last_use: dict[str, int] = {}
     for s, ops in enumerate(stages):
@@ -182,20 +179,30 @@ def _run_by_layer(graph: Graph, cfg: LlmConfig, weights: Mapping[str, np.ndarray
             for name in op.inputs:
                 if name:
                     last_use[name] = s
+    stage_of_layer = {int(op.attrs["layer"]): s for s, ops in enumerate(stages) for op in ops
+                      if op.type == "Attention"}
+    read_later = {int(op.attrs["source"]) for s, ops in enumerate(stages) for op in ops
+                  if op.type == "AttentionShared" and stage_of_layer[int(op.attrs["source"])] < s}
     chunks = [(w, start, ids[start:start + chunk]) for w, ids in enumerate(windows)
               for start in range(0, len(ids), chunk)]
     carried: list[dict[str, np.ndarray]] = [{} for _ in chunks]
+    shared_views: list[dict[int, tuple]] = [{} for _ in chunks]
     runner = GraphRunner(graph, cfg, {}, WINDOW + 1)
     for s, ops in enumerate(stages):
         consts = [n for op in ops for n in op.inputs if n and graph.tensors[n].kind == "const"]
         runner.weights = {n: _LazyConst(weights, n) for n in dict.fromkeys(consts)}
+        stores = [layer for layer, st in stage_of_layer.items() if st == s and layer in read_later]
         window = None
         for n, (w, start, ids) in enumerate(chunks):
             if w != window:
                 runner.reset()
                 window = w
+            for layer, view in shared_views[n].items():
+                runner.state.cache.share(layer, view)
             values = runner.run_ops(ops, carried[n], ids, start, lambda op, ins, _s, k=n: observe(op, ins, k))
             carried[n] = {k: v for k, v in values.items() if last_use.get(k, -1) > s}
+            for layer in stores:
+                shared_views[n][layer] = tuple(np.array(a, order="K") for a in runner.state.cache.shared(layer))
         runner.weights = {}
 
 

@@ -36,7 +36,7 @@ SCALES = ("max", "mse")
 CLIP_GRID = np.linspace(0.60, 1.0, 21)
 GPTQ_DAMP = 0.01  # of the mean diagonal of H (the paper's default)
 _COLUMN_BLOCK = 64  # columns rounded before the rest is updated with one matrix product
-_ROW_BLOCK = 8192  # rows per pass (bounds the working set of the 262k-row output head)
+QUANTIZE_ROWS = 8192  # rows per pass (bounds the working set of the 262k-row output head)
 
 
 def row_scales(w: np.ndarray) -> np.ndarray:
@@ -50,8 +50,8 @@ def mse_row_scales(w: np.ndarray, energy: np.ndarray | None = None) -> np.ndarra
     d = np.ones(w.shape[1], np.float32) if energy is None else np.asarray(energy, np.float32)
     d = d / max(float(d.mean()), 1e-30)
     best = full.copy()
-    for r0 in range(0, w.shape[0], _ROW_BLOCK):
-        rows = slice(r0, min(w.shape[0], r0 + _ROW_BLOCK))
+    for r0 in range(0, w.shape[0], QUANTIZE_ROWS):
+        rows = slice(r0, min(w.shape[0], r0 + QUANTIZE_ROWS))
         wr, sr = w[rows], full[rows]
         best_err = np.full(wr.shape[0], np.inf, np.float32)
         for c in CLIP_GRID[::-1]:  # from 1.0 down: ties keep the unclipped scale
@@ -67,8 +67,8 @@ def mse_row_scales(w: np.ndarray, energy: np.ndarray | None = None) -> np.ndarra
 def round_to_nearest(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """In row blocks: a 262k-row head would otherwise hold three fp32 temporaries of its size."""
     q = np.empty(w.shape, np.int8)
-    for r0 in range(0, w.shape[0], _ROW_BLOCK):
-        rows = slice(r0, r0 + _ROW_BLOCK)
+    for r0 in range(0, w.shape[0], QUANTIZE_ROWS):
+        rows = slice(r0, r0 + QUANTIZE_ROWS)
         q[rows] = np.clip(np.rint(w[rows] / scale[rows, None]), -QMAX, QMAX)
     return q
 
@@ -108,8 +108,8 @@ def gptq(w: np.ndarray, hessian: np.ndarray, scale: np.ndarray, damp: float = GP
     u = _inverse_cholesky(h[np.ix_(order, order)], damp).astype(np.float32)
     inv = 1.0 / np.diag(u)
     q = np.empty((n, k), np.int8)
-    for r0 in range(0, n, _ROW_BLOCK):
-        rows = slice(r0, min(n, r0 + _ROW_BLOCK))
+    for r0 in range(0, n, QUANTIZE_ROWS):
+        rows = slice(r0, min(n, r0 + QUANTIZE_ROWS))
         work = w[rows][:, order].copy()
         work[:, dead[order]] = 0.0
         s = scale[rows][:, None]

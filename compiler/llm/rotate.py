@@ -19,7 +19,10 @@ NONE = "none"
 CHOICES = (*KINDS, NONE)
 DEFAULT_ROTATION = "kron"
 SEED = 0
-ROTATE_ROWS = 16384  # rows rotated at a time (bounds the working set of the 262k-row output head)
+# float64 bytes rotated at a time: a block that stays in cache (a 262k-row head
+# rotated in 16384-row blocks ran ~2.5x slower; rows rotate independently, so
+# the bits do not depend on the block)
+ROTATE_BYTES = 1 << 20
 
 
 def rotation_for(k: int, kind: str) -> Rotation | None:
@@ -30,8 +33,9 @@ def rotate_matrix(w: np.ndarray, rot: Rotation) -> np.ndarray:
     """W R: every row rotated like an activation row (exact in float)."""
     w = np.asarray(w, np.float32)
     out = np.empty_like(w)
-    for r0 in range(0, w.shape[0], ROTATE_ROWS):
-        out[r0:r0 + ROTATE_ROWS] = rotate(w[r0:r0 + ROTATE_ROWS].astype(np.float64), rot)
+    step = max(1, ROTATE_BYTES // (8 * w.shape[1]))
+    for r0 in range(0, w.shape[0], step):
+        out[r0:r0 + step] = rotate(w[r0:r0 + step].astype(np.float64), rot)
     return out
 
 

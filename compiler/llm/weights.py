@@ -59,31 +59,35 @@ class LazyWeights(MutableMapping):
     """fp32 weights dequantized from the memory-mapped GGUF when read, never
     held: a compile that reads each weight once (fp16, or int8 without a float
     run of the whole model) streams the model instead of copying it all to fp32.
-    Arrays written into it (an in-place transform) are kept."""
+    Arrays written into it (an in-place transform) are kept. `tables` (the
+    gather-only tables) are RowTables: read as rows, never whole."""
 
-    def __init__(self, gf: GgufFile, names: list[str]) -> None:
-        self.gf, self.names, self.written = gf, list(names), {}
+    def __init__(self, gf: GgufFile, names: list[str], tables: Iterable[str] = ()) -> None:
+        self.gf, self.written = gf, {}
+        self.tables = {name: RowTable(gf, name) for name in tables}
+        self.names = list(names) + [n for n in self.tables if n not in names]
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name in self.written:
             return self.written[name]
+        if name in self.tables:
+            return self.tables[name]
         if name not in self.names:
             raise KeyError(name)
         return self.gf.dequantize(name)
 
     def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
         """fp32 rows of a 2-D weight, only those read from the file."""
-        if isinstance(self.written.get(name), RowTable):
-            return self.written[name].rows(ids)
-        if name in self.written or name not in self.names:
-            return np.asarray(self[name])[ids]
-        return self.gf.dequantize_rows(name, ids)
+        return self.source(name).rows(ids)
 
-    def read(self, name: str, dtype: type) -> np.ndarray:
-        """The weight held as `dtype` (fp16: rounded block by block, no whole fp32 copy)."""
-        if name in self.written or name not in self.names:
-            return np.asarray(self[name]).astype(dtype)
-        return self.gf.dequantize(name, dtype)
+    def source(self, name: str) -> "RowSource":
+        """A 2-D weight as a row source (rows(), blocks()): what was written
+        into it, or its rows read from the file (never a whole fp32 copy)."""
+        if name in self.written:
+            return ArrayRows(self.written[name])
+        if name not in self.names:
+            raise KeyError(name)
+        return self.tables[name] if name in self.tables else RowTable(self.gf, name)
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
         self.written[name] = value
@@ -93,6 +97,7 @@ class LazyWeights(MutableMapping):
     def __delitem__(self, name: str) -> None:
         self.names.remove(name)
         self.written.pop(name, None)
+        self.tables.pop(name, None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self.names))
@@ -101,23 +106,48 @@ class LazyWeights(MutableMapping):
         return len(self.names)
 
 
-class RowTable:
-    """A table that is only gathered from, never multiplied (Gemma 4's per-layer
-    token embeddings: 262144 x 8960 for E2B, 9.4 GB in fp32): rows dequantized
-    from the memory-mapped GGUF when gathered, encoded in row blocks, never
-    held whole in fp32."""
+class RowSource:
+    """A matrix read in rows (rows(ids or slice) -> fp32), `shape` [N, K]."""
+
+    shape: tuple[int, ...]
+
+    def rows(self, ids: np.ndarray | slice) -> np.ndarray:
+        raise NotImplementedError
+
+    def blocks(self, n: int = DEQUANT_ROWS) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, fp32 rows) of n rows at a time."""
+        for r0 in range(0, self.shape[0], n):
+            yield r0, self.rows(slice(r0, r0 + n))
+
+
+class RowTable(RowSource):
+    """A 2-D weight of the memory-mapped GGUF read in rows: a table that is
+    only gathered from (Gemma 4's per-layer token embeddings: 262144 x 8960 for
+    E2B, 9.4 GB in fp32) or a matrix encoded in row blocks (a 262k-row tied
+    head), never held whole in fp32."""
 
     def __init__(self, gf: GgufFile, name: str) -> None:
         self.gf, self.name = gf, name
         self.shape = gf.shape(name)
 
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        return self.gf.dequantize_rows(self.name, np.asarray(ids, np.int64))
+    def rows(self, ids: np.ndarray | slice) -> np.ndarray:
+        return self.gf.dequantize_rows(self.name, ids if isinstance(ids, slice) else np.asarray(ids, np.int64))
 
-    def blocks(self, n: int = DEQUANT_ROWS) -> Iterator[tuple[int, np.ndarray]]:
-        """(first row, fp32 rows) of n rows at a time."""
-        for r0 in range(0, self.shape[0], n):
-            yield r0, self.gf.dequantize_rows(self.name, slice(r0, r0 + n))
+
+class ArrayRows(RowSource):
+    """A matrix in memory as a row source (RowTable's rows() and blocks())."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.shape = array.shape
+
+    def rows(self, ids: np.ndarray | slice) -> np.ndarray:
+        return np.asarray(self.array[ids], np.float32)
+
+
+def row_source(w: "np.ndarray | RowSource") -> RowSource:
+    """A matrix (in memory or a row source) as a row source."""
+    return w if isinstance(w, RowSource) else ArrayRows(np.asarray(w))
 
 
 def gather_only_tables(graph) -> list[str]:

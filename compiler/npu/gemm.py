@@ -95,18 +95,18 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
         raise UnsupportedError(f"{op.name}: internal: M tile of {mt_max} rows overflows the data banks")
     w_banks = hw.CBUF_BANKS - d_banks
     key = (op.name, tuple(k_tiles), kg, op.b.shape, str(op.b.dtype))
-    if options.pack_cache is not None and key in options.pack_cache:
-        packed, k_offsets = options.pack_cache[key]
-    else:
-        packed, k_offsets = _pack_b(op, k_tiles, kg)
-        if options.pack_cache is not None:
-            options.pack_cache[key] = packed, k_offsets
-    consts = [api.ConstBuffer(f"{op.name}.weights", packed)]
-
     wq = op.b_quant
     zp_w = wq.zero_point if wq is not None else 0
-    # sum over K of (w - zp), without an int64 copy of B (1.9 GB for a 151936 x 1536 head)
-    weight_sums = op.b.sum(axis=0, dtype=np.int64) - zp_w * k if dtype == "int8" else np.zeros(n)
+    if options.pack_cache is not None and key in options.pack_cache:
+        packed, k_offsets, weight_sums = options.pack_cache[key]
+    else:
+        packed, k_offsets = _pack_b(op, k_tiles, kg)
+        # sum over K of (w - zp), without an int64 copy of B (1.9 GB for a 151936 x 1536 head)
+        weight_sums = op.b.sum(axis=0, dtype=np.int64) - zp_w * k if dtype == "int8" else np.zeros(n)
+        if options.pack_cache is not None:
+            options.pack_cache[key] = packed, k_offsets, weight_sums
+    consts = [api.ConstBuffer(f"{op.name}.weights", packed)]
+
     full = epilogue.plan(epilogue.DpuRequest(dtype, op.c, n, op.a.quant, wq, weight_sums, op.epilogue))
     partials: list[api.Feature] = []
     scratch: list[api.Scratch] = []

@@ -135,6 +135,12 @@ class KVCache:
             raise RkcError(f"layer {layer}'s KV cache is read before the layer stored a chunk")
         return view
 
+    def share(self, layer: int, view: tuple) -> None:
+        """Make `view` what shared(layer) returns: a run that takes the model
+        one layer at a time (compile-time calibration) gives a later layer the
+        view `layer`'s store left at the same chunk."""
+        self._views[layer] = view
+
     def _reserve(self, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> None:
         """Room for t more entries after the live ones."""
         store = self._k[layer]

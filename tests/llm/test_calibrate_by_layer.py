@@ -36,11 +36,14 @@ def _whole_model_ranges(graph, cfg, weights, tokenizer, text):
     return ranges, hessians
 
 
-@pytest.mark.parametrize("arch", sorted(SHAPES))
-def test_layer_by_layer_calibration_equals_whole_model_run(arch, synth_gguf):
-    gf = GgufFile(synth_gguf(arch))
+@pytest.mark.parametrize("arch", sorted(SHAPES) + ["gemma4", "gemma4-shared"])
+def test_layer_by_layer_calibration_equals_whole_model_run(arch, synth_gguf, tmp_path):
+    """Also for gemma4's shared KV: a later layer attends over an earlier
+    layer's cache, carried per chunk from the earlier layer's stage."""
+    path = _gguf(arch, synth_gguf, tmp_path)
+    gf = GgufFile(path)
     graph, cfg = graph_from_gguf(gf), gf.config()
-    tokenizer = LlmTokenizer.from_gguf(str(synth_gguf(arch)))
+    tokenizer = LlmTokenizer.from_gguf(str(path))
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
     text = CALIBRATION_TEXT.read_text()[:4000]  # several windows, a shorter test
     ranges, hessians = _whole_model_ranges(graph, cfg, dequantize_all(gf, consts), tokenizer, text)
@@ -76,9 +79,8 @@ def test_streamed_weight_preparation_equals_whole_model(kind, synth_gguf, tmp_pa
     tables = gather_only_tables(graph)
     consts = [n for n, t in graph.tensors.items() if t.kind == "const" and n not in tables]
     results = []
-    for weights in (dequantize_all(gf, consts), LazyWeights(gf, consts)):
-        for name in tables:
-            weights[name] = RowTable(gf, name)
+    whole = {**dequantize_all(gf, consts), **{name: RowTable(gf, name) for name in tables}}
+    for weights in (whole, LazyWeights(gf, consts, tables)):
         results.append(prepare_weights(graph, cfg, tokenizer, weights, LlmCompileOptions("int8", (1, 4, 16))))
     (whole_m, whole_v), (streamed_m, streamed_v) = results
     assert sorted(whole_m) == sorted(streamed_m) and sorted(whole_v) == sorted(streamed_v)
