@@ -20,7 +20,7 @@ from rkc.ir.npu import layout
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.llm.kvcache import KVCache
 from rkc.runtime.kernels.hadamard import Rotation, unrotate
-from rkc.runtime.llm.weights import quantize_rows
+from rkc.runtime.llm.weights import Int8Weight, quantize_rows
 
 Kernel = Callable[[list[Any], dict[str, Any], Any], list[np.ndarray]]
 
@@ -131,12 +131,19 @@ def _dense(w):
 def rms_norm(inputs, attrs, state):
     x, w = inputs
     x = x.astype(np.float32)
-    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    # squares in C order whatever x's layout: numpy sums a contiguous last axis
+    # pairwise and a strided one in sequence, so an NPU output read in its own
+    # layout (column-major) would otherwise round its mean differently from
+    # the CPU emulation's row-major array, and that ulp can move a later int8
+    # activation a whole step (docs/llm.md, the drift)
+    ms = np.mean(np.multiply(x, x, order="C"), axis=-1, keepdims=True, dtype=np.float32)
     return [(x / np.sqrt(ms + np.float32(attrs["epsilon"])) * _dense(w)).astype(np.float32)]
 
 
 def linear(inputs, attrs, state):
     x, w = inputs[0], inputs[1]
+    if len(inputs) > 2 and isinstance(w, Int8Weight):  # the bias added before the one rounding to fp32
+        return [w.matmul(x, _dense(inputs[2]))]
     y = w.matmul(x)
     if len(inputs) > 2:
         y = y + _dense(inputs[2])
@@ -187,7 +194,7 @@ def _attend(q, keys, values, kpos, pos, attrs, rows: int) -> np.ndarray:
     causal (and windowed), into [rows, H * hd_v] (rows past T stay zero)."""
     T, H, hd = q.shape
     Hkv = keys.shape[1]
-    qg = q.astype(np.float32).reshape(T, Hkv, H // Hkv, hd)
+    qg = q.astype(np.float32, order="C").reshape(T, Hkv, H // Hkv, hd)  # C order: as the KV context
     scores = np.einsum("tkgd,pkd->kgtp", qg, keys, optimize=True) * np.float32(attrs["scale"])
     allowed = kpos[None, :] <= pos[:, None]
     window = int(attrs["window"])
@@ -214,7 +221,7 @@ def attention_shared(inputs, attrs, state):
 
 def rms_norm_plain(inputs, attrs, state):
     x = inputs[0].astype(np.float32)
-    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    ms = np.mean(np.multiply(x, x, order="C"), axis=-1, keepdims=True, dtype=np.float32)  # as rms_norm
     return [(x / np.sqrt(ms + np.float32(attrs["epsilon"]))).astype(np.float32)]
 
 

@@ -44,7 +44,7 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
 
     def run(inputs):
         x = inputs[0].astype(F32, copy=False)
-        sq = x * x
+        sq = multiply(x, x, order="C")  # C order, as kernels.rms_norm: the sum's order is the layout's
         ms = add_reduce(sq, axis=-1, dtype=F32, keepdims=True)
         divide(ms, count, out=ms, casting="unsafe")
         ms += eps
@@ -125,7 +125,7 @@ def attention(step: Step, consts: list, state) -> Prepared:
         keys, values, kpos = state.cache.store_and_view(layer, k, v, pos)
         T, H, hd = q.shape
         Hkv = keys.shape[1]
-        qg = q.astype(F32).reshape(T, Hkv, H // Hkv, hd)
+        qg = q.astype(F32, order="C").reshape(T, Hkv, H // Hkv, hd)  # as kernels._attend
         scores = einsum("tkgd,pkd->kgtp", qg, keys, optimize=True) * scale
         lo, hi, first = kpos.min(), kpos.max(), pos.min()
         if not (hi <= first and (not window or pos.max() - lo < window)):  # else every key is allowed

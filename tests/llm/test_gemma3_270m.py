@@ -176,3 +176,23 @@ def test_plans_give_the_interpreters_logits(compiled):
         got = engine.run(program, np.asarray(tokens, np.int32), pos, planned)
         want = engine.run_interpreted(program, np.asarray(tokens, np.int32), pos, interpreted)
         np.testing.assert_array_equal(got, want, err_msg=f"[{precision}] {program} at {start}")
+
+
+@pytest.mark.parametrize("compiled", ["int8"], indirect=True)  # fp16 rounds as the NPU's GEMM sums, not BLAS
+def test_int8_rkbin_computes_its_cpu_emulation(compiled, gemma_path):
+    """The compiled int8 rkbin against its CPU emulation (tools/llm_quant_eval.py's,
+    the compiler's own weights run with the runtime's int8 arithmetic) on the real
+    model, bit for bit: a prompt in the engine's chunks (a full one and a padded
+    one, whose NPU outputs are read in the NPU's column-major layout), then decode.
+    Gemma's 18 layers and large residual stream (|x| up to 3e4) turn one ulp into
+    int8 steps: the drift of logits 1.0-1.5 apart this would have caught (docs/llm.md)."""
+    from llm.conftest import emulated_logits, emulation, teacher_forced
+
+    _precision, engine = compiled
+    runner, matrices, _report = emulation(gemma_path, engine.tokenizer)
+    assert all(e.scale is not None for e in matrices.values())  # the default: every product int8
+    tokens = engine.tokenizer.encode((DATA / "english.txt").read_text())[:44]
+    prompt_len = 40  # chunks of 32, then 8 real rows padded to 32
+    got = teacher_forced(engine, tokens, prompt_len)
+    want = emulated_logits(runner, tokens, prompt_len, engine.chunks)
+    np.testing.assert_array_equal(got, want)
