@@ -87,10 +87,13 @@ def test_departure_rule():
     assert departure([1, 9, 3], [1, 2, 3], [0.05, 0.5, 0.05]) == (1, False)
 
 
-# measured failing at the close of stop 11 (the rotated all-int8 default, never tuned
-# against llama.cpp: issue 14 stays open): strict, so a fix shows up as XPASS
-INT8_OPEN = ("issue 14: the rotated all-int8 default misses the targets; measured on english.txt (1379 tokens): "
-             "KL 0.0071 (<= 0.0065), top-1 0.930 (>= 0.95), greedy 3/5 (>= 4)")
+# measured (tools/llm_quant_eval.py, the CPU emulation the int8 rkbin equals bit for
+# bit: test_int8_rkbin_computes_its_cpu_emulation) on the GPTQ + rotation default:
+# KL and perplexity meet issue 14's targets, top-1 does not (issue 14 stays open);
+# strict, so a fix shows up as XPASS. Greedy: 4/5 (the check passes).
+INT8_OPEN = ("issue 14: the rotated all-int8 default (kron + GPTQ + SmoothQuant 0.5) misses the top-1 target; "
+             "measured on english.txt (1379 tokens): KL 0.0064 (<= 0.0065), top-1 0.942 (>= 0.95), "
+             "perplexity 24.749 (llama.cpp 24.826)")
 
 
 def _int8_is_open(request, precision: str) -> None:
@@ -100,7 +103,6 @@ def _int8_is_open(request, precision: str) -> None:
 
 def test_greedy_matches_llama_cpp(compiled, reference, record_property, request):
     precision, engine = compiled
-    _int8_is_open(request, precision)
     agree, table = [], []
     for text in PROMPTS[:5]:
         prompt = llamacpp.tokenize(reference, text)
