@@ -27,11 +27,12 @@ from rkc.ir.errors import UnsupportedError
 QMAX = 127
 METHODS = ("gptq", "rtn")
 # `rkc compile --precision int8` defaults (docs/llm.md): the inputs rotated
-# (compiler/llm/rotate.py), GPTQ on the rotated weights (X^T X rotated, as
-# QuaRot pairs them) and every product int8 — measured the best all-int8 scheme
-# on Gemma 3 270M against llama.cpp (KL 0.0064, top-1 94.2 %; round-to-nearest
-# 0.0068, 93.6 %), at about 2.5x the quantize stage's time
-DEFAULT_ROUNDING = "gptq"
+# (compiler/llm/rotate.py), round-to-nearest, every product int8. GPTQ on the
+# rotated weights measured better on Gemma 3 270M (KL 0.0064, top-1 94.2 %
+# against 0.0068, 93.6 %) but as the default it takes the synthetic gemma4 and
+# gemma4-ple int8 builds below their top-1 bound against llama.cpp (0.965, 0.962
+# < 0.97, tests/llm/test_gemma4.py): not the default until that is understood
+DEFAULT_ROUNDING = "rtn"
 DEFAULT_FP16_SHARE = 0.0  # of the product groups (0.25 was the unrotated default: 18 of Gemma 3 270M's 72)
 DEFAULT_ALPHA_SEARCH = False
 SCALES = ("max", "mse")

@@ -161,13 +161,13 @@ def test_inspect_says_how_int8_was_made(synth_rkbin):
 
     default_module = read_rkbin(synth_rkbin("gemma3", "int8")).module
     default = figures(default_module)["quantization"]
-    assert default["rotation"] == "kron" and default["rounding"] == "gptq" and not default.get("hybrid")
-    assert "gptq rounding" in "\n".join(summary_lines(default_module))
-    # a round-to-nearest build with a measured fp16 hybrid says so too
-    module = read_rkbin(synth_rkbin("gemma3", "int8", rounding="rtn", fp16_share=0.25)).module
+    assert default["rotation"] == "kron" and default["rounding"] == "rtn" and not default.get("hybrid")
+    assert "rtn rounding" in "\n".join(summary_lines(default_module))
+    # a GPTQ build with a measured fp16 hybrid says so too
+    module = read_rkbin(synth_rkbin("gemma3", "int8", rounding="gptq", fp16_share=0.25)).module
     q = figures(module)["quantization"]
-    assert q["rounding"] == "rtn" and q["hybrid"]["products"]
+    assert q["rounding"] == "gptq" and q["hybrid"]["products"]
     text = "\n".join(summary_lines(module))
-    assert "rtn rounding" in text and "kept fp16" in text
+    assert "gptq rounding" in text and "kept fp16" in text
     assert q["hybrid"]["products"][0].removesuffix(".weight") in text
     assert figures(read_rkbin(synth_rkbin("gemma3", "fp16")).module)["quantization"] == {}
