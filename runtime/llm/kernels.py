@@ -25,7 +25,7 @@ try:  # what np.einsum(optimize=True) runs for a pair of operands (numpy >= 2.4)
 except ImportError:  # pragma: no cover - older numpy
     _bmm_einsum = None
 from rkc.runtime.kernels.hadamard import Rotation, unrotate
-from rkc.runtime.llm.weights import quantize_rows
+from rkc.runtime.llm.weights import Int8Weight, quantize_rows
 
 Kernel = Callable[[list[Any], dict[str, Any], Any], list[np.ndarray]]
 
@@ -136,12 +136,19 @@ def _dense(w):
 def rms_norm(inputs, attrs, state):
     x, w = inputs
     x = x.astype(np.float32)
-    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    # squares in C order whatever x's layout: numpy sums a contiguous last axis
+    # pairwise and a strided one in sequence, so an NPU output read in its own
+    # layout (column-major) would otherwise round its mean differently from
+    # the CPU emulation's row-major array, and that ulp can move a later int8
+    # activation a whole step (docs/llm.md, the drift)
+    ms = np.mean(np.multiply(x, x, order="C"), axis=-1, keepdims=True, dtype=np.float32)
     return [(x / np.sqrt(ms + np.float32(attrs["epsilon"])) * _dense(w)).astype(np.float32)]
 
 
 def linear(inputs, attrs, state):
     x, w = inputs[0], inputs[1]
+    if len(inputs) > 2 and isinstance(w, Int8Weight):  # the bias added before the one rounding to fp32
+        return [w.matmul(x, _dense(inputs[2]))]
     y = w.matmul(x)
     if len(inputs) > 2:
         y = y + _dense(inputs[2])
@@ -211,7 +218,7 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int) -> np.ndarray:
     T, H, hd = q.shape
     Hkv = keys.shape[1]
     G = H // Hkv
-    qg = q.astype(np.float32).reshape(T, Hkv, G, hd)
+    qg = q.astype(np.float32, order="C").reshape(T, Hkv, G, hd)  # C order: as the KV context
     scale = np.float32(attrs["scale"])
     if T == 1:
         dots = np.matmul(keys.transpose(1, 0, 2), qg.reshape(Hkv, G, hd).transpose(0, 2, 1))  # [Hkv, P, G]
@@ -245,7 +252,7 @@ def attention_shared(inputs, attrs, state):
 
 def rms_norm_plain(inputs, attrs, state):
     x = inputs[0].astype(np.float32)
-    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    ms = np.mean(np.multiply(x, x, order="C"), axis=-1, keepdims=True, dtype=np.float32)  # as rms_norm
     return [(x / np.sqrt(ms + np.float32(attrs["epsilon"]))).astype(np.float32)]
 
 

@@ -89,7 +89,10 @@ class KVCache:
         followed by the chunk's own (new arrays; the cache is unchanged)."""
         self._check(pos)
         s, e = self._start[layer], self._end[layer]
-        k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+        # C order whatever k and v's layout (an NPU output is column-major): numpy's
+        # contractions round according to the operands' strides, and the CPU
+        # emulation's arrays are row-major
+        k16, v16 = k.astype(np.float16).astype(np.float32, order="C"), v.astype(np.float16).astype(np.float32, order="C")
         if e == s:
             return k16, v16, pos.astype(np.int64)
         return (np.concatenate([self._k[layer][s:e], k16]), np.concatenate([self._v[layer][s:e], v16]),
@@ -102,8 +105,8 @@ class KVCache:
         """Append the chunk, then return what `context` returns (the entries
         cached before it, then its own) as views of the cache, valid until the
         next store into this layer. Into an empty layer: the chunk's own
-        values, laid out in memory as k and v are (as `context` does; numpy's
-        contractions round according to the operands' strides)."""
+        values in C order (as `context` gives them; numpy's contractions
+        round according to the operands' strides)."""
         self._check(pos)
         t = len(pos)
         first = self._end[layer] == self._start[layer]
@@ -116,9 +119,9 @@ class KVCache:
         window = self.windows[layer]
         if window and e + t - s > window:  # what no later query can see
             self._start[layer] = e + t - window
-        if first:  # the chunk alone, in the memory order of k and v, as `context` gives it
-            view = (k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32),
-                    pos.astype(np.int64))
+        if first:  # the chunk alone, in C order, as `context` gives it
+            view = (k.astype(np.float16).astype(np.float32, order="C"),
+                    v.astype(np.float16).astype(np.float32, order="C"), pos.astype(np.int64))
         else:
             view = self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
         self._views[layer] = view

@@ -53,7 +53,7 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
             return plain.rms_norm(inputs, attrs, state)
         out = empty_like(x)
         x2, out2 = _rows(x), _rows(out)
-        norm(x2, w, eps, _pairwise(x), out2)
+        norm(x2, w, eps, out2)
         if not np.shares_memory(out2, out):
             out[...] = out2.reshape(out.shape)
         return [out]
@@ -65,14 +65,6 @@ def _rows(a: np.ndarray) -> np.ndarray:
     rows in any order: each row is normalised alone)."""
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
     return a.reshape(-1, a.shape[-1], order=order)
-
-
-def _pairwise(x: np.ndarray) -> bool:
-    """Whether numpy sums each row of x [..., K] pairwise (its iterator puts
-    the reduced axis innermost: the shortest stride of the axes longer than
-    one), or adds the K columns one after another."""
-    last = abs(x.strides[-1])
-    return all(n == 1 or abs(st) >= last for n, st in zip(x.shape[:-1], x.strides[:-1]))
 
 
 class _RopeTables:

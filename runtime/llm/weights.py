@@ -84,9 +84,11 @@ class Int8Weight:
     def _unrotated(self, rows: np.ndarray) -> np.ndarray:
         return rows if self.rotation is None else unrotate(rows, self.rotation)
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
+    def matmul(self, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         xq, xs = quantize_rows(x.astype(np.float32), self.rotation)
         acc = xq.astype(self._qt.dtype) @ self._qt  # exact int32 accumulation
-        # rescaled as DequantizeRows does after the NPU (float64, then fp32)
-        return (acc.astype(np.float64) * xs.astype(np.float64)[:, None]
-                * self.scale.astype(np.float64)[None, :]).astype(np.float32)
+        # rescaled (and the bias added) as DequantizeRows does after the NPU: float64, then fp32
+        y = acc.astype(np.float64) * xs.astype(np.float64)[:, None] * self.scale.astype(np.float64)[None, :]
+        if bias is not None:
+            y += bias
+        return y.astype(np.float32)

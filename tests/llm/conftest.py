@@ -65,3 +65,35 @@ def teacher_forced(engine, tokens: list[int], prompt_len: int) -> np.ndarray:
     for pos in range(prompt_len, len(tokens)):
         rows.append(engine.run("decode", np.asarray([tokens[pos]], np.int32), np.asarray([pos], np.int32), gen.cache))
     return np.concatenate(rows)
+
+
+def emulation(gguf, tokenizer, **options):
+    """The CPU emulation of an int8 compile (tools/llm_quant_eval.py's): the
+    compiler's own weight preparation, run on the runtime's CPU kernels with
+    the compiled arithmetic; returns (GraphRunner, encoded matrices, report)."""
+    from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
+    from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights
+    from rkc.compiler.llm.calibrate import GraphRunner
+    from rkc.compiler.llm.weights import dequantize_all
+    from rkc.runtime.llm.weights import Weight
+
+    gf = GgufFile(gguf)
+    graph, cfg = graph_from_gguf(gf), gf.config()
+    weights = dequantize_all(gf, [n for n, t in graph.tensors.items() if t.kind == "const"])
+    report = CompileReport()
+    matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, LlmCompileOptions("int8", **options), report)
+    cpu = {n: Weight(v) for n, v in vectors.items()} | {n: e.as_runtime() for n, e in matrices.items()}
+    return GraphRunner(graph, cfg, cpu, 256), matrices, report
+
+
+def emulated_logits(runner, tokens: list[int], prompt_len: int, chunks) -> np.ndarray:
+    """teacher_forced's rows from the emulation: the prompt in the engine's
+    chunks (a padded chunk's real rows), then token by token."""
+    from rkc.runtime.llm.generate import chunk_plan
+
+    runner.reset()
+    rows, pos = [], 0
+    for _c, n in chunk_plan(prompt_len, chunks):
+        rows.append(runner.logits(tokens[pos:pos + n], pos))
+        pos += n
+    return np.concatenate(rows + [runner.logits([t], p) for p, t in enumerate(tokens[prompt_len:], prompt_len)])

@@ -73,6 +73,9 @@ def dense_rotation(k: int, kind: str) -> np.ndarray:
     return np.diag(rot.signs.astype(np.float64)) @ np.kron(f.T, h / np.sqrt(rot.block))
 
 
+ARITHMETICS = ("exact", "w8a8", "fp16")
+
+
 @dataclass
 class ReferenceModel:
     """`arith`: "exact" (float64), or the arithmetic a precision defines for the
@@ -96,6 +99,8 @@ class ReferenceModel:
              rotation: str = "none") -> "ReferenceModel":
         """rotation (w8a8): "none", or a kind of runtime/kernels/hadamard.make_rotation,
         whose parameters (signs, block, factor) are turned into a dense matrix here."""
+        if arith not in ARITHMETICS:  # else it would run as the float model and a check could pass unseen
+            raise ValueError(f"reference arithmetic {arith!r} is not one of {ARITHMETICS}")
         gf = GgufFile(path)
         cfg = gf.config()
         w = {name: gf.dequantize(name).astype(np.float64) for name in gf.tensors}

@@ -32,13 +32,9 @@ def wide_ffn(tmp_path_factory):
     return write_gguf(tmp_path_factory.mktemp("wide") / "qwen2-wide-ffn.gguf", spec, "q8_0")
 
 
-KRON_SPLIT_GAP = ("measured: row 0 cosine 0.99960 against the rotated reference when the rotated K = 8960 "
-                  "(H140 x H64) is also split over K; unexplained (issue 14/15), the unrotated split matches")
-
-
 @pytest.mark.parametrize("precision,rotation,arith,min_cos", [
     ("int8", "none", "w8a8", 0.9999),
-    pytest.param("int8", "kron", "w8a8+kron", 0.9999, marks=pytest.mark.xfail(strict=True, reason=KRON_SPLIT_GAP)),
+    ("int8", "kron", "w8a8", 0.9999),  # the reference rotated as compiled (H140 (x) H64), split or not
     ("fp16", "none", "fp16", 0.9999)])
 def test_wide_ffn_matches_reference(precision, rotation, arith, min_cos, wide_ffn, tmp_path):
     from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
@@ -50,7 +46,7 @@ def test_wide_ffn_matches_reference(precision, rotation, arith, min_cos, wide_ff
     rng = np.random.default_rng(3)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, 19).tolist()]
     got = teacher_forced(engine, tokens, 16)  # a prefill chunk, then decode tokens
-    ref = ReferenceModel.load(str(wide_ffn), arith)
+    ref = ReferenceModel.load(str(wide_ffn), arith, (), rotation)
     ref.reset()
     want = ref.forward(tokens, 0)
     for row in range(len(tokens)):
