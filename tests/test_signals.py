@@ -19,8 +19,12 @@ BIN = Path(sys.executable).parent
 
 # Runs a CLI in a fresh interpreter; the signal arrives while the output is
 # being written: after the writer filled the temporary file, before the rename.
+# The signal starts at its default disposition, as a user's shell leaves it: a
+# test run under nohup would otherwise pass SIGHUP on ignored, and rkc rightly
+# keeps an ignored signal ignored (test_an_ignored_sighup_stays_ignored).
 _MID_WRITE = """
 import os, signal, sys
+signal.signal(signal.{sig}, signal.{disposition})
 import rkc.ir.atomic as atomic
 real_chmod = atomic.os.chmod
 def chmod(path, mode):
@@ -63,11 +67,27 @@ def test_signal_mid_write_leaves_the_old_output(files, tmp_path, command, sig):
     out = tmp_path / name
     out.write_bytes(b"the previous output")
     argv = [a.format(d=files, out=out) for a in argv]
-    r = subprocess.run([sys.executable, "-c", _MID_WRITE.format(sig=sig, argv=argv, module=module)],
+    r = subprocess.run([sys.executable, "-c", _MID_WRITE.format(sig=sig, disposition="SIG_DFL", argv=argv,
+                                                                module=module)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 128 + getattr(signal, sig), (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr, r.stderr
     assert out.read_bytes() == b"the previous output"
+    assert _leftovers(tmp_path) == []
+
+
+def test_an_ignored_sighup_stays_ignored(files, tmp_path):
+    """Under nohup (SIGHUP ignored) a hang-up mid-write does not stop rkc: the
+    new output is written whole, nothing is left beside it."""
+    module, argv, name = COMMANDS["inspect --dot"]
+    out = tmp_path / name
+    out.write_bytes(b"the previous output")
+    argv = [a.format(d=files, out=out) for a in argv]
+    r = subprocess.run([sys.executable, "-c", _MID_WRITE.format(sig="SIGHUP", disposition="SIG_IGN", argv=argv,
+                                                                module=module)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert out.read_bytes().startswith(b"digraph"), out.read_bytes()[:80]
     assert _leftovers(tmp_path) == []
 
 
