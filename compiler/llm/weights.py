@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Iterable, Iterator, MutableMapping, TypeVar
 
@@ -106,13 +107,14 @@ class LazyWeights(MutableMapping):
         return len(self.names)
 
 
-class RowSource:
+class RowSource(ABC):
     """A matrix read in rows (rows(ids or slice) -> fp32), `shape` [N, K]."""
 
     shape: tuple[int, ...]
 
+    @abstractmethod
     def rows(self, ids: np.ndarray | slice) -> np.ndarray:
-        raise NotImplementedError
+        """The fp32 rows at ids (an index array or a slice)."""
 
     def blocks(self, n: int = DEQUANT_ROWS) -> Iterator[tuple[int, np.ndarray]]:
         """(first row, fp32 rows) of n rows at a time."""
