@@ -11,7 +11,8 @@ per decode token / prefill chunk / inference: tasks, kicks (stock rocket and
 chained), submits (NPU steps), regcmd bytes, DDR bytes read and written and
 their ratio to the weight bytes; modelled NPU time (ir/npu/perf.py) at 1 GHz and
 600 MHz, 17 and 25 GB/s; host time measured on the null device (runtime/null.py;
-not for the cut synthetic models); projected tokens/s or frames/s = 1 / (modelled
+for a cut synthetic model, the cut's plus n_layer - cut times one layer's, measured as
+the difference from the same model cut one layer shorter); projected tokens/s or frames/s = 1 / (modelled
 at 1 GHz, 25 GB/s + host); each beside its anchor (bench/published.py) and the
 physical limit (MACs at 6.1 TOPS int8 / 3.1 TFLOPS fp16 on 3 cores at 1 GHz; DRAM
 bytes at 25 GB/s). Measured on this machine: compile time, peak RSS, sizes, host
@@ -160,17 +161,13 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
         row["phases"][program.name] = fig
     spent["figures"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    if cut is None:  # host time on the null device (bench/llm.py's loops)
-        from rkc.runtime.llm.engine import LlmEngine
-
-        engine = LlmEngine(out, device="null")
-        cache = engine.new_cache(min(engine.cfg.context_length, max(*engine.chunks, 16 + tokens + 1)))
-        np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage
-        row["phases"]["decode"]["host_s"] = statistics.median(bl.host_decode(engine, cache, 16, tokens))
-        for p in llm_programs.values():
-            if p.rows > 1 and p.name in row["phases"]:
-                row["phases"][p.name]["host_s"] = bl.host_prefill(engine, cache, p.rows)
-        engine.close()
+    host = host_times(bl, out, llm_programs, tokens)
+    if cut is not None and host:  # full depth: the cut model's + (n_layer - cut) x one more layer's
+        shorter = host_times(bl, compiled_llm(name, precision, work, cut - 1)[0], llm_programs, tokens)
+        host = {k: v + (n_layer - cut) * max(0.0, v - shorter[k]) for k, v in host.items()}
+        row["host_extrapolated"] = True
+    for phase_name, seconds in host.items():
+        row["phases"][phase_name]["host_s"] = seconds
     spent["host"] = time.perf_counter() - t0
     row["spent_s"] = spent
     for phase_name, fig in row["phases"].items():
@@ -180,6 +177,22 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
     row["anchor_decode"] = anchor(ANCHORS.get(name))
     row["anchor_prefill_128"] = anchor(PREFILL_ANCHORS.get(name))
     return row
+
+
+def host_times(bl, rkbin: Path, programs: dict, tokens: int) -> dict[str, float]:
+    """Host seconds on the null device (bench/llm.py's loops): a decode token at position 16
+    (median over `tokens`) and each prefill chunk."""
+    from rkc.runtime.llm.engine import LlmEngine
+
+    engine = LlmEngine(rkbin, device="null")
+    cache = engine.new_cache(min(engine.cfg.context_length, max(*engine.chunks, 16 + tokens + 1)))
+    np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage
+    out = {"decode": statistics.median(bl.host_decode(engine, cache, 16, tokens))}
+    for p in programs.values():
+        if p.rows > 1:
+            out[p.name] = bl.host_prefill(engine, cache, p.rows)
+    engine.close()
+    return out
 
 
 def measure_onnx(name: str, precision: str, work: Path, repeats: int = 5) -> dict:
@@ -230,7 +243,9 @@ def compile_only(argv: list[str], work: Path, layers: int) -> dict:
     """A child's first phase: only make sure the model's rkbin is in the work dir."""
     kind, (name, precision) = argv[0], argv[1:]
     if kind == "--llm":
-        _, info, _, _ = compiled_llm(name, precision, work, layers)
+        _, info, cut, _ = compiled_llm(name, precision, work, layers)
+        if cut is not None:  # the cut one layer shorter: its host time gives one layer's (measure_llm)
+            compiled_llm(name, precision, work, cut - 1)
     else:
         entry = {m.name: m for m in onnx_models(work)}[name]
         _, info = compiled_onnx(entry, precision, hw.CORES, work)
@@ -296,10 +311,12 @@ def table(rows: list[dict]) -> str:
                 f"{f['regcmd_bytes'] / 1e3:.0f}", f"{f['ddr_read'] / 1e6:.1f}", f"{f['ddr_written'] / 1e6:.1f}",
                 f"{f['ddr_over_weights']:.2f}" if f["ddr_over_weights"] else "-",
                 f"{_ms(t['1GHz_25GBps'])} / {_ms(t['1GHz_17GBps'])}{star}",
-                f"{_ms(t['0.6GHz_25GBps'])} / {_ms(t['0.6GHz_17GBps'])}{star}", _ms(f.get("host_s")),
+                f"{_ms(t['0.6GHz_25GBps'])} / {_ms(t['0.6GHz_17GBps'])}{star}",
+                _ms(f.get("host_s")) + ("*" if r.get("host_extrapolated") else ""),
                 f"{proj:.4g}{star}" + ("" if f.get("host_s") is not None else " (NPU only)"), anc_text,
                 f"{_ms(f['limits']['mac_floor_s'])}, {_ms(f['limits']['weight_floor_s'])}")) + " |")
-    lines.append("* extrapolated to full depth (head + n_layer x the mean compiled layer; counts, bytes and limits "
+    lines.append("* extrapolated to full depth (NPU: head + n_layer x the mean compiled layer; host: the cut's + "
+                 "the remaining layers x the cut's less the cut one layer shorter; counts, bytes and limits "
                  "are the cut model's). Modelled: NPU times (ir/npu/perf.py, 3 cores, chained where the segment chains). "
                  "Measured here: compile time, peak RSS, sizes, host time. Limits: MACs at "
                  f"{2 * hw.MACS_PER_CYCLE['int8'] * hw.CORES:.0f} int8 / {2 * hw.MACS_PER_CYCLE['fp16'] * hw.CORES:.0f}"
@@ -323,6 +340,8 @@ def main() -> None:
     ap.add_argument("--llm", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
     ap.add_argument("--onnx", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.layers < 2:
+        ap.error("--layers must be at least 2 (one layer's host time is the cut's less a cut one layer shorter)")
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.child and args.compile_only:
         print(json.dumps(compile_only(["--llm", *args.llm] if args.llm else ["--onnx", *args.onnx], args.workdir,
