@@ -18,6 +18,7 @@ arithmetic (every task still contracts its channels over the whole K).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -29,7 +30,7 @@ from rkc.ir.npu.perf import PerfModel, TaskCost
 
 MODEL = PerfModel()
 MAX_ORDERS = 720  # products in a segment whose every order is tried (6!); past that, the given order
-SEARCH_STEPS = 48  # bisection steps on the segment time (far below a nanosecond)
+SEARCH_STEPS = 32  # bisection steps on the segment time (to 2^-32 of it)
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,12 @@ def segment_seconds(products: Sequence[Product], ranges: Sequence[Sequence[NRang
 
 def place(products: Sequence[Product], cores: int, per_task_kicks: bool, n_tile_max: int,
           model: PerfModel = MODEL) -> list[tuple[NRange, ...]]:
+    return list(_place(tuple(products), cores, per_task_kicks, n_tile_max, model))
+
+
+@functools.lru_cache(maxsize=256)  # every layer's segment of a model has the same shapes
+def _place(products: tuple[Product, ...], cores: int, per_task_kicks: bool, n_tile_max: int,
+           model: PerfModel) -> tuple[tuple[NRange, ...], ...]:
     """Per product, its N ranges and their lanes: every product's channels
     covered once, each lane one contiguous run of the products laid end to end.
     Where that is no faster than each product's even split (a segment the DRAM
@@ -193,8 +200,8 @@ def place(products: Sequence[Product], cores: int, per_task_kicks: bool, n_tile_
     even = [even_split(p, cores, n_tile_max) for p in products]
     if segment_seconds(products, placed, per_task_kicks, n_tile_max, model) < \
             segment_seconds(products, even, per_task_kicks, n_tile_max, model) * (1 - 1e-9):
-        return placed
-    return even
+        return tuple(placed)
+    return tuple(even)
 
 
 def place_segment(ops: Sequence[api.Gemm], options: api.EmitOptions, per_task_kicks: bool) -> list[api.Gemm]:
