@@ -270,8 +270,9 @@ class _ProgramLowering:
                 products.append((i, w, piece, gemm))
             outputs.append((y, x, w, bias, [npu_name(piece) for piece in pieces]))
         groups = self._emit_products(products, dev)
+        # the products read inputs converted before the segment and write their own outputs
         lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}",
-                                "int8" if int8 else "fp16")
+                                "int8" if int8 else "fp16", independent=True)
         self.builder.append_segment(self.program, self.steps, lowered)
         self.stats.segments += 1
         self.stats.npu_tasks += lowered.step.stats["tasks"]

@@ -9,8 +9,9 @@ are laid end to end as one run of output channels (in the order that gives the
 shortest segment) and the run is cut into one contiguous range per core, so
 that each core runs as few tasks as it can and the cores' modelled times
 (ir/npu/perf.py: MAC or DMA time at one core's share of DRAM, plus its kicks:
-one per task where the segment is kicked task by task, else one per job, a
-product's range on a core)
+one per task where the segment is kicked task by task, else one: the products
+are independent, so each core's tasks of the segment are one chained job,
+assemble.py)
 are as equal as the kernel-group granularity allows: a core whose range crosses
 a product boundary runs one task more, so it gets fewer bytes.
 
@@ -109,7 +110,7 @@ class _Lanes:
             for _, nt in _pieces(p.channels(a, b)[1], self.n_tile_max, p.group):
                 busy += self.model.task_seconds(p.task_cost(nt))
                 tasks += 1
-        return busy + (tasks if self.per_task_kicks else jobs) * self.model.kick_overhead_s
+        return busy + (tasks if self.per_task_kicks else min(jobs, 1)) * self.model.kick_overhead_s
 
     def longest_within(self, u0: int, limit: float) -> int:
         """The furthest end u1 with seconds(u0, u1) <= limit (time grows with the run)."""
@@ -154,20 +155,19 @@ def segment_seconds(products: Sequence[Product], ranges: Sequence[Sequence[NRang
                     n_tile_max: int, model: PerfModel = MODEL) -> float:
     """The modelled time of the segment so placed: its longest lane, or all its
     bytes at the DRAM bandwidth (ir/npu/perf.py submission_seconds)."""
-    lanes: dict[int, list[float]] = {}  # lane -> [busy seconds, kicks]
+    lanes: dict[int, list[float]] = {}  # lane -> [busy seconds, tasks]
     dram = 0
     for p, rs in zip(products, ranges):
-        for lane in {lane for *_, lane in rs}:  # chained: a product's tasks on a core are one job
-            lanes.setdefault(lane, [0.0, 0])[1] += 0 if per_task_kicks else 1
         for _, size, lane in rs:
-            lane_sum = lanes[lane]
-            pieces = _pieces(size, n_tile_max, p.group)
-            lane_sum[1] += len(pieces) if per_task_kicks else 0
-            for _, nt in pieces:
+            lane_sum = lanes.setdefault(lane, [0.0, 0])
+            for _, nt in _pieces(size, n_tile_max, p.group):
                 cost = p.task_cost(nt)
                 lane_sum[0] += model.task_seconds(cost)
+                lane_sum[1] += 1
                 dram += cost.dma_bytes
-    longest = max((busy + kicks * model.kick_overhead_s for busy, kicks in lanes.values()), default=0.0)
+    # chained: a core's tasks of the segment are one job (assemble.py, independent operations)
+    longest = max((busy + (tasks if per_task_kicks else 1) * model.kick_overhead_s for busy, tasks in lanes.values()),
+                  default=0.0)
     return max(longest, dram / model.dram_bytes_per_s)
 
 

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rkc.compiler.npu import api, placement
+from rkc.compiler.npu.assemble import assemble
 from rkc.compiler.npu.conv_core import kernel_group
 from rkc.compiler.npu.dispatch import emit
-from rkc.ir.errors import UnsupportedError
+from rkc.ir.errors import RegisterError, UnsupportedError
 
 sim = pytest.importorskip("rkc.runtime.sim", reason="the NPU simulator (issue 3) is not in this tree yet")
 from npu_runner import run  # noqa: E402
@@ -79,7 +80,7 @@ def test_a_placement_that_misses_channels_is_refused():
             emit(api.Gemm(A, b, C, 1, placement=bad), OPTIONS)
 
 
-def _segment(m: int, k: int, ns: list[int], dtype: str, seed: int, placed: bool):
+def _segment(m: int, k: int, ns: list[int], dtype: str, seed: int, placed: bool, chained: bool = False):
     """Run the GEMMs of one segment (one A, one C per product) on the simulator."""
     rng = np.random.default_rng(seed)
     if dtype == "int8":
@@ -97,7 +98,9 @@ def _segment(m: int, k: int, ns: list[int], dtype: str, seed: int, placed: bool)
     results = [emit(op, OPTIONS) for op in ops]
     apad = np.zeros((api.gemm_rows(m), k), a.dtype)
     apad[:m] = a
-    got = run(results, sim.SimDevice(), {"A": (A, apad.T[:, :, None])}, merge_jobs=True)
+    # as an LLM segment is assembled: each core's tasks one job (compiler/npu/assemble.py independent)
+    got = run(results, sim.SimDevice(), {"A": (A, apad.T[:, :, None])}, merge_jobs=True, independent=True,
+              chained=chained)
     return a, bs, [got.feature(op.c)[:, :m, 0].T for op in ops], ops
 
 
@@ -125,3 +128,25 @@ def test_real_decode_segments_are_placed_and_exact(k, ns):
     assert any(len({lane for *_, lane in op.placement}) > 1 for op in ops if op.placement)
     for b, g in zip(bs, got):
         np.testing.assert_array_equal(g, a.astype(np.int64) @ b.astype(np.int64))
+
+
+def test_an_fp16_segment_runs_as_one_chained_job_per_core_and_computes_the_same():
+    """fp16 segments chain: each core's tasks of all the segment's products are one
+    job, one kick; the chained run computes what the task-by-task run computes."""
+    k, ns = 640, [1024, 256, 256]
+    _, _, stock, ops = _segment(1, k, ns, "fp16", 5, placed=True)
+    _, _, chained, _ = _segment(1, k, ns, "fp16", 5, placed=True, chained=True)
+    for a, b in zip(stock, chained):
+        np.testing.assert_array_equal(a, b)
+    asm = assemble([emit(op, OPTIONS) for op in ops], independent=True)
+    assert len(asm.jobs) == len({job.lane for job in asm.jobs}) == 3
+
+
+def test_dependent_operations_are_not_merged_into_one_job_per_core():
+    x = api.Feature.gemm("X", 0, 1, 64, "fp16")
+    y = api.Feature.gemm("Y", 0, 1, 64, "fp16")
+    z = api.Feature.gemm("Z", 0, 1, 64, "fp16")
+    b = np.zeros((64, 64), np.float16)
+    first, second = emit(api.Gemm(x, b, y, 1), OPTIONS), emit(api.Gemm(y, b, z, 1), OPTIONS)
+    with pytest.raises(RegisterError, match="not independent"):
+        assemble([first, second], independent=True)
