@@ -490,9 +490,12 @@ class SegmentLowering:
     extents: dict[str, int]  # symbolic buffer -> bytes the tasks touch
 
 
-def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, precision: str) -> SegmentLowering:
+def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, precision: str,
+                  independent: bool = False) -> SegmentLowering:
+    """`independent`: no group reads what another writes (an LLM segment's
+    products): each core's tasks become one job (compiler/npu/assemble.py)."""
     results = [g.result for g in groups]
-    asm = assemble(results, region="regcmd", align=64, merge_jobs=True)
+    asm = assemble(results, region="regcmd", align=64, merge_jobs=True, independent=independent)
     base = builder.add_regcmd(asm.entries)
     for r in results:
         for c in r.constants:

@@ -33,7 +33,8 @@ from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.gemm import k_ranges
-from rkc.compiler.emitter_ops import EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
+from rkc.compiler.npu.placement import place_segment
+from rkc.compiler.emitter_ops import CHAINABLE, EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
 from rkc.compiler.partition import partition
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
@@ -223,7 +224,7 @@ class _ProgramLowering:
             raise UnsupportedError(f"segment of {len(ops)} products mixes int8 and fp16 weights")
         int8 = kinds.pop()  # a segment runs in its weights' precision (int8 builds keep some in fp16)
         dev = DType.INT8 if int8 else DType.FP16
-        groups: list[NpuGroup] = []
+        products: list[tuple[int, str, str, api.Gemm]] = []  # (op, weight, output piece, GEMM)
         converted: dict[str, str] = {}
         outputs = []
         for i in ops:
@@ -266,14 +267,12 @@ class _ProgramLowering:
                     a = a.view(channel0=k0, channels=kt)
                 gemm = api.Gemm(a, b[k0:k0 + kt], api.Feature.gemm(out, 0, m, n, out_dtype.value), m,
                                 name=_op_name(w) + (f".k{k0}" if len(parts) > 1 else ""), epilogue=epi)
-                try:
-                    result = emit(gemm, self.llm.emit_options)
-                except UnsupportedError as exc:
-                    raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
-                groups.append(NpuGroup(i, [i], {x: "native-gemm"}, piece, "native-gemm", result, dev.value))
+                products.append((i, w, piece, gemm))
             outputs.append((y, x, w, bias, [npu_name(piece) for piece in pieces]))
+        groups = self._emit_products(products, dev)
+        # the products read inputs converted before the segment and write their own outputs
         lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}",
-                                "int8" if int8 else "fp16")
+                                "int8" if int8 else "fp16", independent=True)
         self.builder.append_segment(self.program, self.steps, lowered)
         self.stats.segments += 1
         self.stats.npu_tasks += lowered.step.stats["tasks"]
@@ -290,6 +289,24 @@ class _ProgramLowering:
             else:
                 self.add(Step(kind="cpu", name=f"from_npu:{y}", op="Cast", inputs=outs, outputs=[y],
                               attrs={"to": "fp32"}))
+
+    def _emit_products(self, products: list[tuple[int, str, str, api.Gemm]], dev: DType) -> list[NpuGroup]:
+        """The segment's GEMMs, their output channels placed over the cores together
+        (compiler/npu/placement.py), each lowered to its tasks."""
+        options = self.llm.emit_options
+        try:
+            placed = place_segment([g for *_, g in products], options, per_task_kicks=not CHAINABLE[dev.value])
+        except UnsupportedError as exc:
+            raise UnsupportedError(f"{products[0][1]}: the NPU cannot run this product ({exc})") from None
+        groups = []
+        for (i, w, piece, _), gemm in zip(products, placed):
+            try:
+                result = emit(gemm, options)
+            except UnsupportedError as exc:
+                raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
+            x = self.graph.ops[i].inputs[0]
+            groups.append(NpuGroup(i, [i], {x: "native-gemm"}, piece, "native-gemm", result, dev.value))
+        return groups
 
     def host_value_named(self, name: str, shape, dtype: DType) -> None:
         self.builder.host_tensor(name, shape, dtype)

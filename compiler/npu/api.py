@@ -219,6 +219,9 @@ class Gemm:
     b_quant: Quant | None = None
     epilogue: Epilogue = NO_EPILOGUE
     name: str = "gemm"
+    # (first output channel, channels, lane) ranges chosen for a whole segment
+    # (compiler/npu/placement.py); None: the emitter cuts N evenly over the cores
+    placement: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def k(self) -> int:

@@ -51,14 +51,23 @@ class Assembly:
 
 
 def assemble(results: Sequence[api.EmitResult], region: str = "regcmd", align: int = 64,
-             merge_jobs: bool = False, resolve: Resolver = _identity) -> Assembly:
+             merge_jobs: bool = False, resolve: Resolver = _identity, independent: bool = False) -> Assembly:
     """`merge_jobs`: consecutive operations that each run as one job on the same
-    lane become one job (one chained kick for a whole run of ops)."""
+    lane become one job (one chained kick for a whole run of ops). `independent`:
+    no operation reads what another writes (an LLM segment's products), so every
+    lane's jobs, in operation order, become one job (one chained kick per core)."""
     if align % 16 or align <= 0:
         raise RegisterError(f"tasks must be 16-byte aligned, got align={align}")
     # which (result, job) pairs form each final job
     groups: list[list[tuple[int, int]]] = []
-    for ri, res in enumerate(results):
+    if independent:
+        _check_independent(results)
+        by_lane: dict[int, list[tuple[int, int]]] = {}
+        for ri, res in enumerate(results):
+            for ji, job in enumerate(res.jobs):
+                by_lane.setdefault(job.lane, []).append((ri, ji))
+        groups = list(by_lane.values())
+    for ri, res in enumerate(results if not independent else ()):
         for ji, job in enumerate(res.jobs):
             prev = groups[-1] if groups else None
             if merge_jobs and prev is not None and len(res.jobs) == 1 and len(results[prev[-1][0]].jobs) == 1 \
@@ -112,3 +121,17 @@ def assemble(results: Sequence[api.EmitResult], region: str = "regcmd", align: i
     cpu = [(step, [job_ranges[ri][j] for j in (step.after or range(len(res.jobs)))])
            for ri, res in enumerate(results) for step in res.cpu]
     return Assembly(region, entries, relocs, jobs, refs, job_ranges, cpu)
+
+
+def _check_independent(results: Sequence[api.EmitResult]) -> None:
+    """Operations whose jobs may share a core's job in any grouping: none reads a
+    buffer another writes, and none has a CPU step waiting on its own jobs."""
+    for ri, res in enumerate(results):
+        if res.cpu:
+            raise RegisterError(f"operation {ri} has a CPU step: its jobs cannot be merged with others'")
+        reads = {b for j in res.jobs for b in j.reads}
+        for rj, other in enumerate(results):
+            written = {b for j in other.jobs for b in j.writes}
+            if rj != ri and reads & written:
+                raise RegisterError(f"operation {ri} reads {sorted(reads & written)} that operation {rj} writes: "
+                                    f"the operations are not independent")

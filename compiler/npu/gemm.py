@@ -53,16 +53,45 @@ def _check(op: api.Gemm) -> str:
 
 
 def _tiling(op: api.Gemm, dtype: str, options: api.EmitOptions):
-    """(N tiles, K tiles, M tiles, weight banks, K partials accumulated on the NPU)."""
+    """(N tiles, their lanes (None: by the default rule), K tiles, M tiles, weight
+    banks, K partials accumulated on the NPU)."""
     n = op.b.shape[1]
     kg = kernel_group(dtype)
-    # N: at most n_tile_max per task, and cut so that every core gets a range
-    n_parts = max(-(-n // options.n_tile_max), min(options.cores, -(-n // kg)))
-    n_tiles = schedule.split_evenly(n, n_parts, kg)
+    if op.placement is not None:
+        # the segment's placement (placement.py): each range at most n_tile_max per task
+        _check_placement(op, kg, options)
+        placed = [((r0 + p0, size), lane) for r0, rn, lane in sorted(op.placement)
+                  for p0, size in schedule.split_evenly(rn, -(-rn // options.n_tile_max), kg)]
+        n_tiles, lanes = [t for t, _ in placed], [lane for _, lane in placed]
+    else:
+        # N: at most n_tile_max per task, and cut so that every core gets a range
+        n_parts = max(-(-n // options.n_tile_max), min(options.cores, -(-n // kg)))
+        n_tiles, lanes = schedule.split_evenly(n, n_parts, kg), None
     nt_max = max(size for _, size in n_tiles)
     k_tiles, m_tiles, w_banks = _k_and_m_tiles(op, dtype, kg, api.gemm_rows(op.m), nt_max, options)
     on_chip = len(k_tiles) > 1 and dtype == "fp16" and min(s for _, s in m_tiles) >= KACC_MIN_ROWS
-    return n_tiles, k_tiles, m_tiles, w_banks, on_chip
+    return n_tiles, lanes, k_tiles, m_tiles, w_banks, on_chip
+
+
+def _check_placement(op: api.Gemm, kg: int, options: api.EmitOptions) -> None:
+    """A placement covers N once, in ranges starting on kernel groups, on real lanes."""
+    pos = 0
+    for start, size, lane in sorted(op.placement):
+        if start != pos or size <= 0 or start % kg or not 0 <= lane < options.cores:
+            break
+        pos = start + size
+    else:
+        if pos == op.n:
+            return
+    raise UnsupportedError(f"{op.name}: internal: placement {list(op.placement)} does not cover N={op.n} "
+                           f"in ranges of whole kernel groups on {options.cores} core(s)")
+
+
+def single_tile_row(op: api.Gemm, options: api.EmitOptions) -> bool:
+    """Whether the even split gives the GEMM one M tile and one K tile (its tasks
+    differ only in their output channels: a segment placement may cut them anew)."""
+    _, _, k_tiles, m_tiles, _, _ = _tiling(op, _check(op), options)
+    return len(k_tiles) == 1 and len(m_tiles) == 1
 
 
 def k_ranges(m: int, k: int, n: int, dtype: str, options: api.EmitOptions) -> list[tuple[int, int]]:
@@ -72,7 +101,7 @@ def k_ranges(m: int, k: int, n: int, dtype: str, options: api.EmitOptions) -> li
     accumulated the partials itself. One range: no split."""
     probe = api.Gemm(api.Feature.gemm("A", 0, m, k, dtype), np.broadcast_to(api.NUMPY[dtype](0), (k, n)),
                      api.Feature.gemm("C", 0, m, n, "int32" if dtype == "int8" else "fp16"), m)
-    return _tiling(probe, dtype, options)[1]
+    return _tiling(probe, dtype, options)[2]
 
 
 def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
@@ -82,7 +111,7 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
     kg = kernel_group(dtype)
     rows = api.gemm_rows(op.m)
     notes = []
-    n_tiles, k_tiles, m_tiles, w_banks, on_chip_kacc = _tiling(op, dtype, options)
+    n_tiles, placed_lanes, k_tiles, m_tiles, w_banks, on_chip_kacc = _tiling(op, dtype, options)
     kt_max = max(size for _, size in k_tiles)
     kt_bytes = layout.align(kt_max, op.a.c2) * item
     mt_max = max(size for _, size in m_tiles)
@@ -140,8 +169,9 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
     works = []
     for ni, (n0, nt) in enumerate(n_tiles):
         for mi, (m0, mt) in enumerate(m_tiles):
-            lane = schedule.lane_of(ni if lanes_by_n else mi, len(n_tiles) if lanes_by_n else len(m_tiles),
-                                    options.cores)
+            lane = placed_lanes[ni] if placed_lanes is not None else \
+                schedule.lane_of(ni if lanes_by_n else mi, len(n_tiles) if lanes_by_n else len(m_tiles),
+                                 options.cores)
             for ki, (k0, kt) in enumerate(k_tiles):
                 works.append(_work(op, dtype, full, bool(partials), dest, nk, on_chip_kacc, (n0, nt, ni), (m0, mt, mi),
                                    (k0, kt, ki), k_offsets[ki], lane, d_banks, w_banks, weight_sums))

@@ -55,3 +55,25 @@ def test_rkrun_timings_state_the_inspect_figures(synth_rkbin):
     stated = describe(d["modelled_npu_s"] * 3, d["tasks_per_token"] * 3, d["kicks_per_token"] * 3,
                       d["ddr_bytes_per_token"] * 3, True)
     assert f"decode: {stated} for 3 tokens" in "\n".join(t.lines())
+
+
+def test_decode_segment_breakdown_adds_up_to_the_stated_decode(synth_rkbin):
+    """bench/decode_segments.py's rows (one per decode segment) sum to the decode
+    time and DDR bytes `rkc inspect --json` states, and no segment models faster
+    than its bytes at the DRAM bandwidth."""
+    import importlib.util
+    from pathlib import Path
+
+    from rkc.ir.rkbin import read_rkbin
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "decode_segments.py"
+    spec = importlib.util.spec_from_file_location("decode_segments", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    module = read_rkbin(synth_rkbin("gemma3", "int8")).module
+    d = figures(module)["decode"]
+    rows = bench.rows(module)
+    assert len(rows) == d["segments_per_token"] and sum(r["tasks"] for r in rows) == d["tasks_per_token"]
+    assert sum(r["modelled_s"] for r in rows) == pytest.approx(d["modelled_npu_s"], rel=1e-12)
+    assert sum(sum(r["lane_bytes"]) for r in rows) == d["ddr_bytes_per_token"]
+    assert all(r["modelled_s"] >= r["dram_s"] * (1 - 1e-12) for r in rows)
