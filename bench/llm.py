@@ -131,7 +131,8 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
         per_token = host_decode(engine, cache, start, args.tokens)
         decode[str(start)] = statistics.median(per_token)
     submits = engine.plans["decode"].submits
-    profile = step_profile(engine, cache, args.positions[0], args.tokens)
+    profiles = {str(s): step_profile(engine, cache, s, args.tokens) for s in args.positions}
+    profile = profiles[str(args.positions[0])]
     submit_row = next((r for r in profile if r["step"] == "NPU submit"), None)
     prefill = {str(c): {"host_s": host_prefill(engine, cache, c),
                         "modelled_npu_s": fig["prefill"][str(c)]["modelled_npu_s"]}
@@ -153,6 +154,7 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
         "worst_host_over_llama_cpp": max(decode[s] / best_llama[s] for s in decode),
         "worst_host_s_per_decode_token": worst,
         "decode_profile": profile,
+        "decode_profile_by_position": profiles,
         "decode": {k: fig["decode"][k] for k in ("segments_per_token", "tasks_per_token", "kicks_per_token",
                                                  "cpu_steps_per_token", "ddr_bytes_per_token",
                                                  "modelled_tokens_per_s")},
@@ -244,10 +246,11 @@ def main() -> None:
                   f"{p['host_s'] / p['modelled_npu_s']:.2f} |")
     if args.profile:
         for r in rows:
-            print(f"\n[{r['precision']}] decode host time per step kind at position {args.positions[0]} "
-                  "(profiled: each call timed)\n| step | ms per token | calls per token | us per call |\n|---|---|---|---|")
-            for p in r["decode_profile"]:
-                print(f"| {p['step']} | {p['ms_per_token']:.2f} | {p['calls_per_token']} | {p['us_per_call']:.1f} |")
+            for s, profile in r["decode_profile_by_position"].items():
+                print(f"\n[{r['precision']}] decode host time per step kind at position {s} "
+                      "(profiled: each call timed)\n| step | ms per token | calls per token | us per call |\n|---|---|---|---|")
+                for p in profile:
+                    print(f"| {p['step']} | {p['ms_per_token']:.2f} | {p['calls_per_token']} | {p['us_per_call']:.1f} |")
     if args.sim:
         for r in rows:
             print(f"[{r['precision']}] simulator: {r['sim_s_per_decode_token']:.2f} s per decode token")
