@@ -23,6 +23,7 @@ from rkc.ir.program import Step
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.kernels.hadamard import unrotate
 from rkc.runtime.llm import jit
+from rkc.runtime.llm.decode_attention import attend_row
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
 
@@ -116,7 +117,7 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
 
 def attention(step: Step, consts: list, state) -> Prepared:
     """As kernels.attention, reading the KV cache in place (no copy of the
-    cache per call)."""
+    cache per call); one query row (decode) through decode_attention.attend_row."""
     attrs, layer = step.attrs, int(step.attrs["layer"])
 
     def run(inputs):
@@ -124,7 +125,20 @@ def attention(step: Step, consts: list, state) -> Prepared:
         n = state.valid
         q, k, v, pos = q[:n], k[:n], v[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.store_and_view(layer, k, v, pos)
-        return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+        return [(attend_row if n == 1 else attend)(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+    return run
+
+
+def attention_shared(step: Step, consts: list, state) -> Prepared:
+    """As kernels.attention_shared; one query row through attend_row."""
+    attrs, source = step.attrs, int(step.attrs["source"])
+
+    def run(inputs):
+        q, pos = inputs
+        n = state.valid
+        q, pos = q[:n], np.asarray(pos)[:n]
+        keys, values, kpos = state.cache.shared(source)
+        return [(attend_row if n == 1 else attend)(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
     return run
 
 
@@ -247,7 +261,8 @@ def _scale(step):
 
 
 BINDERS: dict[str, Callable[[Step, list, Any], Prepared | None]] = {
-    "RMSNorm": rms_norm, "RoPE": rope, "Attention": attention, "GatherPacked": gather_packed,
+    "RMSNorm": rms_norm, "RoPE": rope, "Attention": attention, "AttentionShared": attention_shared,
+    "GatherPacked": gather_packed,
     "DequantizeRows": dequantize_rows, "QuantizeRows": quantize_rows, "GeluTanh": _elementwise(_gelu), "SiLU": _elementwise(_silu),
     "Scale": _elementwise(_scale),
 }
