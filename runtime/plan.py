@@ -47,6 +47,8 @@ from rkc.runtime.execute import from_layout, to_layout
 Prepared = Callable[[list], list]
 # (step, constant inputs by position or None) -> Prepared
 KernelBinder = Callable[[Step, list], Prepared]
+# (plan, a stretch of CPU steps, binder, program outputs) -> the stretch's calls, or None
+Fuser = Callable[["ProgramPlan", Sequence[Step], KernelBinder, set], "list[Callable[[], None]] | None"]
 
 
 def _dtype(info: TensorInfo) -> np.dtype:
@@ -157,11 +159,16 @@ class BoTensor:
 class ProgramPlan:
     """One program of a LoadedModel, prepared; `run` executes it."""
 
-    def __init__(self, model, program: Program, bind: KernelBinder, unchecked: frozenset[str] = frozenset()) -> None:
+    def __init__(self, model, program: Program, bind: KernelBinder, unchecked: frozenset[str] = frozenset(),
+                 fusers: Sequence[Fuser] = ()) -> None:
         """`unchecked`: ops whose outputs are stored as they come (the LLM
         kernels, as runtime/llm/engine.py's interpreter stores them); other
-        transient outputs get the interpreter's shape check and dtype cast."""
+        transient outputs get the interpreter's shape check and dtype cast.
+        `fusers`: each may take a whole stretch of CPU steps between two NPU
+        steps as fewer prepared calls (runtime/llm/fused.py); the first that
+        does wins, and a stretch none takes runs step by step."""
         self.model = model
+        self.fusers = tuple(fusers)
         self.unchecked = unchecked
         self.program = program
         self.device = model.device
@@ -256,6 +263,10 @@ class ProgramPlan:
         return call
 
     def _cpu_stretch(self, steps: Sequence[Step], bind: KernelBinder, outputs: set) -> list[Callable[[], None]]:
+        for fuse in self.fusers:
+            fused = fuse(self, steps, bind, outputs)
+            if fused is not None:
+                return fused
         body: list[Callable[[], None]] = []
         bos = []
         for step in steps:

@@ -221,3 +221,19 @@ def normalize_columns(e, out):
         for p in range(p_):
             for g in range(g_):
                 out[k, p, g] = e[k, p, g] / t[g]
+
+
+@njit(**_JIT)
+def norm_add_norm(x, w1, eps1, first_norm, res, w2, eps2, n1, total, n2):
+    """The residual stretch between two NPU segments, over rows [M, K]:
+    n1 = RMSNorm(x, w1) (when `first_norm`; else n1 is x), total = n1 + res,
+    n2 = RMSNorm(total, w2): each as rms_norm computes it (float32, numpy's order)."""
+    if first_norm:
+        rms_norm(x, w1, eps1, n1)
+    else:
+        n1[...] = x
+    rows, k = total.shape
+    for m in range(rows):
+        for i in range(k):
+            total[m, i] = n1[m, i] + res[m, i]
+    rms_norm(total, w2, eps2, n2)

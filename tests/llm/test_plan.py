@@ -126,3 +126,17 @@ def test_prepared_kernels_leave_other_shapes_to_the_plain_kernels():
     deq = prepared.dequantize_rows(_step("DequantizeRows", 3, {}), [None, None, ch], None)
     with pytest.raises(ValueError):
         deq([acc, rng.random(3).astype(np.float32), ch])  # 3 row scales for 2 rows
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_residual_stretches_are_fused(precision, synth_rkbin):
+    """The decode plan runs each decoder layer's residual stretches (dequantize
+    or cast, norms, the residual add, quantize or cast) as one call each
+    (runtime/llm/fused.py), so test_plan_gives_the_interpreters_logits checks
+    the fused path; a prefill plan (more rows) keeps the per-step path."""
+    engine = LlmEngine(synth_rkbin("gemma3", precision), device="null")
+    labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
+    fused = [lab for lab in labels if lab.startswith("residual stretch")]
+    assert len(fused) >= 2 * engine.cfg.n_layer - 1
+    assert not any(getattr(c, "label", "").startswith("residual stretch") for c in engine.plans["prefill_4"].calls)
+    engine.close()
