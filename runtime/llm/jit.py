@@ -9,6 +9,11 @@ multiply-adds), and a row sum reproduces numpy's pairwise summation
 (`pairwise_sum`), so RMSNorm, QuantizeRows (with its rotation), DequantizeRows
 and RoPE give the plain kernels' bits (tests/llm/test_plan.py).
 
+These are not a second reference: runtime/llm/kernels.py and
+runtime/kernels/hadamard.py (numpy) are the one reference, run by the
+interpreter and the tests; the plans run these, and the numpy kernels only
+for shapes a compiled kernel cannot bound.
+
 `cache=True`: a machine compiles each kernel once (a few seconds, the first
 time an LLM runs) and later processes load the compiled code.
 """

@@ -140,3 +140,27 @@ def test_residual_stretches_are_fused(precision, synth_rkbin):
     assert len(fused) >= 2 * engine.cfg.n_layer - 1
     assert not any(getattr(c, "label", "").startswith("residual stretch") for c in engine.plans["prefill_4"].calls)
     engine.close()
+
+
+def test_silu_does_not_overflow_and_keeps_the_formulas_values():
+    """SiLU (the plain kernel and the plans') gives x / (1 + exp(-x))'s values,
+    signed zeros and NaN included, without the exp's overflow warning; its
+    threshold is the last float32 whose exp is finite."""
+    import warnings
+
+    from rkc.runtime.llm import kernels, prepared
+
+    edge = kernels._EXP_MAX
+    with np.errstate(over="ignore"):
+        assert np.isfinite(np.exp(edge)) and not np.isfinite(np.exp(np.nextafter(edge, np.float32(np.inf))))
+    near = [edge, np.nextafter(edge, np.float32(0)), np.nextafter(edge, np.float32(np.inf))]
+    x = np.concatenate([np.linspace(-300, 300, 200001), [np.nan, -0.0, 0.0], near, np.negative(near)]).astype(np.float32)
+    with np.errstate(over="ignore"):
+        want = x / (1.0 + np.exp(-x))
+    run = prepared.BINDERS["SiLU"](_step("SiLU", 1, {}), [None], None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for got in (kernels.silu([x], {}, None)[0], run([x])[0]):
+            assert got.dtype == np.float32
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
