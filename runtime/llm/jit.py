@@ -130,23 +130,36 @@ def dequantize_rows(acc, row_scale, ch_scale, bias, has_bias, out):
 def hadamard_rows(x, signs, block, norm, out):
     """out = blockwise orthonormal Walsh-Hadamard transform of x * signs
     (rows [M, K], blocks of `block`, a power of two): butterflies pairing i
-    with i + 1, then 2, 4, ... (runtime/kernels/hadamard.py's pairs and order)."""
+    with i + 1, then 2, 4, ... (runtime/kernels/hadamard.py's pairs and order;
+    the pairs of one stage are independent, so the loops may visit them in
+    any order). Each block is transformed in a contiguous scratch row, whose
+    inner loops the compiler vectorises."""
     rows, k = x.shape
+    buf = np.empty(block, np.float32)
     for m in range(rows):
-        for i in range(k):
-            out[m, i] = x[m, i] * signs[i]
         for b in range(0, k, block):
+            for i in range(block):
+                buf[i] = x[m, b + i] * signs[b + i]
             h = 1
             while h < block:
-                for i in range(b, b + block, 2 * h):
-                    for j in range(i, i + h):
-                        u = out[m, j]
-                        v = out[m, j + h]
-                        out[m, j] = u + v
-                        out[m, j + h] = u - v
+                if h == 1:
+                    for i in range(0, block, 2):
+                        u = buf[i]
+                        v = buf[i + 1]
+                        buf[i] = u + v
+                        buf[i + 1] = u - v
+                else:
+                    for i in range(0, block, 2 * h):
+                        lo = buf[i:i + h]
+                        hi = buf[i + h:i + 2 * h]
+                        for j in range(h):
+                            u = lo[j]
+                            v = hi[j]
+                            lo[j] = u + v
+                            hi[j] = u - v
                 h *= 2
-        for i in range(k):
-            out[m, i] *= norm
+            for i in range(block):
+                out[m, b + i] = buf[i] * norm
 
 
 @njit(**_JIT)
