@@ -3,17 +3,18 @@ of CPU steps between two NPU segments that matches a known pattern runs as
 one prepared call instead of one call per step (each step's own call, checks
 and allocations were most of its cost at one row).
 
-The pattern matched here is the residual stretch of a decoder layer, one row
-(decode):
+The patterns matched here, one row (decode), between
 
-    in edge:  Cast (fp16 NPU output -> fp32) | DequantizeRows (int32 NPU output)
-    body:     [RMSNorm] -> Add (residual) -> RMSNorm
+    in edges: Cast (fp16 NPU output -> fp32) | DequantizeRows (int32 NPU output)
     out edge: Cast (fp32 -> fp16 NPU input) | QuantizeRows (-> int8 NPU input)
 
-It reads the previous segment's output from its BO and writes the next
-segment's input into its BO, in their layouts, with the body one compiled
-call (jit.norm_add_norm); every step's output still lands in its slot, so a
-later step reading one sees what the per-step path gives it. The arithmetic
+are a decoder layer's residual stretch (in edge, [RMSNorm], Add of the
+residual, RMSNorm, out edge: the body one compiled call, jit.norm_add_norm)
+and its gated FFN's (gate and up in edges, the activation, Mul, out edge).
+A fused call reads the previous segment's output from its BO and writes the
+next segment's input into its BO, in their layouts; every step's output
+still lands in its slot, so a later step reading one sees what the per-step
+path gives it. The arithmetic
 is the per-step kernels' (the same bits: tests/llm/test_plan.py). A stretch
 that does not match runs step by step, as before.
 """
@@ -54,36 +55,112 @@ def _const(plan, name: str, shape: tuple) -> np.ndarray | None:
     return np.ascontiguousarray(plan.slots[plan._slot(name)], F32)
 
 
+class _InEdge:
+    """A segment's output read from its BO as a fp32 row [1, k] (an edge Cast
+    from fp16, or DequantizeRows of int32 accumulators), into its slot."""
+
+    def __init__(self, plan, step: Step, k: int) -> None:
+        self.slots, self.slot = plan.slots, plan._slot(step.outputs[0])
+        self.bo = plan.model.bos[plan._bo_tensor(step.inputs[0]).info.region]
+        bt = plan._bo_tensor(step.inputs[0])
+        if step.op == "Cast":
+            self.read, self.dequant = bt.reader(F32), None
+            return
+        ch = _const(plan, step.inputs[2], (k,))
+        bias = _const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else ch
+        self.read = bt.reader()
+        self.dequant = (plan._slot(step.inputs[1]), ch, bias, len(step.inputs) == 4, np.empty((1, k), F32))
+
+    @staticmethod
+    def matches(plan, step: Step) -> int:
+        """The row width k when `step` is such an edge, else 0."""
+        if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
+            return 0
+        bt = plan._bo_tensor(step.inputs[0])
+        if bt is None or bt.info.layout != "native-gemm" or len(bt.shape) != 2 or bt.shape[0] != 1:
+            return 0
+        k = int(bt.shape[1])
+        if not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
+            return 0
+        if step.op == "Cast" and len(step.inputs) == 1 and bt.info.dtype == "fp16" and DType(step.attrs["to"]).numpy == F32:
+            return k
+        if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1 and bt.info.dtype == "int32"
+                and len(step.inputs) in (3, 4) and _host(plan, step.inputs[1])
+                and _const(plan, step.inputs[2], (k,)) is not None
+                and (len(step.inputs) == 3 or _const(plan, step.inputs[3], (k,)) is not None)):
+            return k
+        return 0
+
+    def run(self, label: str) -> np.ndarray:
+        a = self.read()
+        if self.dequant is not None:
+            rs_slot, ch, bias, has_bias, out = self.dequant
+            rs = self.slots[rs_slot]
+            if rs.shape != (1,):
+                raise_shape(label, "row scale", rs)
+            jit.dequantize_rows(a, rs, ch, bias, has_bias, out)
+            a = out
+        self.slots[self.slot] = a
+        return a
+
+
+class _OutEdge:
+    """The next segment's input written into its BO from a fp32 row [1, k]:
+    an edge Cast to fp16, or QuantizeRows (its prepared kernel, rotation
+    included) to int8 with the row scale into its slot."""
+
+    def __init__(self, plan, step: Step, bind) -> None:
+        bt = plan._bo_tensor(step.outputs[0])
+        self.bo, self.write = plan.model.bos[bt.info.region], bt.writer()
+        self.slots, self.quantize = plan.slots, None
+        if step.op == "QuantizeRows":
+            self.consts = [plan.slots[plan._slot(n)] for n in step.inputs[1:]]
+            self.quantize = bind(step, [None, *self.consts])
+            self.scale_slot = plan._slot(step.outputs[1])
+
+    @staticmethod
+    def matches(plan, step: Step, src: str, k: int) -> bool:
+        if not step.inputs or step.inputs[0] != src or not step.outputs:
+            return False
+        bt = plan._bo_tensor(step.outputs[0])
+        if bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (1, k):
+            return False
+        if step.op == "Cast":
+            return len(step.inputs) == 1 and len(step.outputs) == 1 and bt.info.dtype == "fp16"
+        return (step.op == "QuantizeRows" and len(step.outputs) == 2 and bt.info.dtype == "int8"
+                and _host(plan, step.outputs[1]) and all(_is_const(plan, n) for n in step.inputs[1:]))
+
+    def run(self, value: np.ndarray) -> None:
+        if self.quantize is None:
+            self.write(value)
+            return
+        q, s = self.quantize([value, *self.consts])
+        self.write(q)
+        self.slots[self.scale_slot] = s
+
+
+def _is_const(plan, name: str) -> bool:
+    info = _info(plan, name)
+    return bool(name) and info is not None and info.region in plan.model.host_regions
+
+
+def _bracket(plan, ins: list, out: _OutEdge, call, label: str) -> list[Callable[[], None]]:
+    call.label = label
+    return plan._bracketed([e.bo for e in ins] + [out.bo], [call])
+
+
 def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """The stretch's calls (one, bracketed) when it is a residual stretch; else None."""
     if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
         return None
     first, *body, last = steps
-    ops = [s.op for s in body]
-    if ops not in (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"]):
+    if [s.op for s in body] not in (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"]):
         return None
-    src = first.outputs[0] if len(first.outputs) == 1 else None
-    bt_in = plan._bo_tensor(first.inputs[0]) if first.inputs and first.inputs[0] else None
-    if src is None or bt_in is None or bt_in.info.layout != "native-gemm" or not _host(plan, src):
-        return None
-    k = int(bt_in.shape[-1]) if len(bt_in.shape) == 2 and bt_in.shape[0] == 1 else 0
-    if not k or not _row(plan, src, k):
-        return None
-    # the in edge
-    slots = plan.slots
-    if first.op == "Cast" and len(first.inputs) == 1 and bt_in.info.dtype == "fp16" and DType(first.attrs["to"]).numpy == F32:
-        read, dequant = bt_in.reader(F32), None
-    elif (first.op == "DequantizeRows" and int(first.attrs.get("partials", 1)) == 1 and bt_in.info.dtype == "int32"
-          and len(first.inputs) in (3, 4) and _host(plan, first.inputs[1])):
-        ch = _const(plan, first.inputs[2], (k,))
-        bias = _const(plan, first.inputs[3], (k,)) if len(first.inputs) == 4 else ch
-        if ch is None or bias is None:
-            return None
-        read, dequant = bt_in.reader(), (plan._slot(first.inputs[1]), ch, bias, len(first.inputs) == 4)
-    else:
+    k = _InEdge.matches(plan, first)
+    if not k:
         return None
     # the body: each step reads the one before it
-    prev, norms, residual = src, [], None
+    prev, norms, residual = first.outputs[0], [], None
     for step in body:
         if step.op == "RMSNorm":
             if len(step.inputs) != 2 or step.inputs[0] != prev:
@@ -101,60 +178,76 @@ def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Ca
         if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
             return None
         prev = step.outputs[0]
-    # the out edge
-    if not last.inputs or last.inputs[0] != prev:
+    if not _OutEdge.matches(plan, last, prev, k):
         return None
-    bt_out = plan._bo_tensor(last.outputs[0]) if last.outputs else None
-    if bt_out is None or bt_out.info.layout != "native-gemm" or tuple(bt_out.shape) != (1, k):
-        return None
-    write, quantize, scale_slot = bt_out.writer(), None, None
-    if last.op == "Cast" and len(last.inputs) == 1 and len(last.outputs) == 1 and bt_out.info.dtype == "fp16":
-        pass
-    elif (last.op == "QuantizeRows" and len(last.outputs) == 2 and bt_out.info.dtype == "int8"
-          and _host(plan, last.outputs[1])):
-        consts = [slots[plan._slot(n)] if n else None for n in last.inputs]
-        if any(c is None for c in consts[1:]):
-            return None
-        quantize, scale_slot, qconsts = bind(last, [None, *consts[1:]]), plan._slot(last.outputs[1]), consts[1:]
-    else:
-        return None
-
+    edge_in, edge_out = _InEdge(plan, first, k), _OutEdge(plan, last, bind)
+    slots = plan.slots
     first_norm = len(norms) == 2
-    w1, e1 = norms[0] if first_norm else norms[-1]
+    w1, e1 = norms[0]
     w2, e2 = norms[-1]
-    x_buf, n1, total, n2 = (np.empty((1, k), F32) for _ in range(4))
-    o_src = plan._slot(src)
+    n1, total, n2 = (np.empty((1, k), F32) for _ in range(3))
     o_body = [plan._slot(s.outputs[0]) for s in body]
     o_res = plan._slot(residual)
-    kernel, dequantize = jit.norm_add_norm, jit.dequantize_rows
+    kernel = jit.norm_add_norm
     body_out = [n1, total, n2] if first_norm else [total, n2]
     label = f"residual stretch ({first.op}, {last.op})"
 
     def call():
-        a = read()
-        if dequant is not None:
-            rs_slot, ch_, bias_, has_bias = dequant
-            rs = slots[rs_slot]
-            if rs.shape != (1,):
-                raise_shape(label, "row scale", rs)
-            dequantize(a, rs, ch_, bias_, has_bias, x_buf)
-            a = x_buf
+        a = edge_in.run(label)
         res = slots[o_res]
         if res.shape != (1, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
-        slots[o_src] = a
         kernel(a, w1, e1, first_norm, res, w2, e2, n1, total, n2)
         for o, v in zip(o_body, body_out):
             slots[o] = v
-        if quantize is None:
-            write(n2)
-        else:
-            q, s = quantize([n2, *qconsts])
-            write(q)
-            slots[scale_slot] = s
-    call.label = label
-    bos = [plan.model.bos[bt_in.info.region], plan.model.bos[bt_out.info.region]]
-    return plan._bracketed(bos, [call])
+        edge_out.run(n2)
+    return _bracket(plan, [edge_in], edge_out, call, label)
+
+
+_ACTIVATIONS = ("GeluTanh", "SiLU")
+
+
+def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """The gated FFN's stretch, one row: gate and up read from their BOs
+    (two in edges), act(gate) * up, the product written into the down
+    product's input BO (the out edge). The activation is its prepared
+    kernel (numpy's tanh/exp: a compiled one would not give their bits)."""
+    if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
+        return None
+    e1, e2, act, mul, last = steps
+    k = _InEdge.matches(plan, e1)
+    if not k or _InEdge.matches(plan, e2) != k or act.op not in _ACTIVATIONS or mul.op != "Mul":
+        return None
+    edges = {e1.outputs[0]: e1, e2.outputs[0]: e2}
+    if len(act.inputs) != 1 or act.inputs[0] not in edges or len(mul.inputs) != 2:
+        return None
+    gate = act.inputs[0]
+    up = next(n for n in edges if n != gate)
+    if sorted(mul.inputs) != sorted([act.outputs[0], up]):
+        return None
+    for step in (act, mul):
+        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
+            return None
+    if not _OutEdge.matches(plan, last, mul.outputs[0], k):
+        return None
+    edge_gate, edge_up = _InEdge(plan, edges[gate], k), _InEdge(plan, edges[up], k)
+    edge_out = _OutEdge(plan, last, bind)
+    activation, slots = bind(act, [None]), plan.slots
+    o_act, o_mul = plan._slot(act.outputs[0]), plan._slot(mul.outputs[0])
+    hidden, multiply = np.empty((1, k), F32), np.multiply
+    label = f"ffn stretch ({e1.op}, {act.op}, {last.op})"
+
+    def call():
+        g = edge_gate.run(label)
+        u = edge_up.run(label)
+        a = activation([g])[0]
+        if a.shape != (1, k) or a.dtype != F32:
+            raise_shape(label, "activation", a)
+        slots[o_act] = a
+        multiply(a, u, out=hidden)  # as Mul's a * b (float32)
+        slots[o_mul] = hidden
+        edge_out.run(hidden)
+    return _bracket(plan, [edge_gate, edge_up], edge_out, call, label)
 
 
 def raise_shape(label: str, what: str, value) -> None:
@@ -164,4 +257,4 @@ def raise_shape(label: str, what: str, value) -> None:
                    "not what the program declares")
 
 
-FUSERS = [residual_stretch]
+FUSERS = [residual_stretch, ffn_stretch]

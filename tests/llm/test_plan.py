@@ -129,16 +129,19 @@ def test_prepared_kernels_leave_other_shapes_to_the_plain_kernels():
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_residual_stretches_are_fused(precision, synth_rkbin):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stretches_are_fused(arch, precision, synth_rkbin):
     """The decode plan runs each decoder layer's residual stretches (dequantize
-    or cast, norms, the residual add, quantize or cast) as one call each
-    (runtime/llm/fused.py), so test_plan_gives_the_interpreters_logits checks
-    the fused path; a prefill plan (more rows) keeps the per-step path."""
-    engine = LlmEngine(synth_rkbin("gemma3", precision), device="null")
+    or cast, norms, the residual add, quantize or cast) and its gated FFN's
+    as one call each (runtime/llm/fused.py), so
+    test_plan_gives_the_interpreters_logits checks the fused paths; a prefill
+    plan (more rows) keeps the per-step path."""
+    engine = LlmEngine(synth_rkbin(arch, precision), device="null")
     labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
-    fused = [lab for lab in labels if lab.startswith("residual stretch")]
-    assert len(fused) >= 2 * engine.cfg.n_layer - 1
-    assert not any(getattr(c, "label", "").startswith("residual stretch") for c in engine.plans["prefill_4"].calls)
+    n = engine.cfg.n_layer
+    assert sum(lab.startswith("residual stretch") for lab in labels) >= 2 * n - 1
+    assert sum(lab.startswith("ffn stretch") for lab in labels) == n
+    assert not any(getattr(c, "label", "").endswith(")") for c in engine.plans["prefill_4"].calls)
     engine.close()
 
 
