@@ -27,7 +27,7 @@ import numpy as np
 
 from rkc.ir.program import Step
 from rkc.ir.types import DType
-from rkc.runtime.llm import jit
+from rkc.runtime.llm import jit, prepared
 
 F32 = np.float32
 
@@ -250,6 +250,133 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
     return _bracket(plan, [edge_gate, edge_up], edge_out, call, label)
 
 
+def _declared(plan, name: str) -> tuple | None:
+    info = _info(plan, name)
+    return tuple(info.shape) if info is not None and info.dtype == "fp32" else None
+
+
+def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) -> list[Callable[[], None]] | None:
+    """A layer's attention stretch, one row: q (and k, v) read from their BOs
+    (in edges), then Reshape, RMSNorm (q/k norms), RoPE and Attention steps,
+    the attention's output written into the output product's input BO (the
+    out edge). Reshapes are views, the norms and rotations compiled calls into
+    buffers made once (jit.rms_norm, jit.rope), the attention its prepared
+    kernel; every value is one the stretch itself made, of its declared
+    shape, so the compiled calls need no checks per token."""
+    if len(steps) < 3 or any(n in outputs for s in steps for n in s.outputs):
+        return None
+    *front, last = steps
+    edges, n_edges = [], 0
+    while n_edges < len(front) and _InEdge.matches(plan, front[n_edges]):
+        n_edges += 1
+    if not n_edges:
+        return None
+    made: dict[str, tuple] = {}  # values the stretch makes -> declared shape
+    for e in front[:n_edges]:
+        made[e.outputs[0]] = _declared(plan, e.outputs[0])
+        edges.append(_InEdge(plan, e, made[e.outputs[0]][1]))
+    slots = plan.slots
+    runs: list[Callable[[], None]] = []
+    attention_seen = False
+    for step in front[n_edges:]:
+        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]):
+            return None
+        o, shape = plan._slot(step.outputs[0]), _declared(plan, step.outputs[0])
+        src = step.inputs[0] if step.inputs else None
+        if shape is None or src not in made:
+            return None
+        if step.op == "Reshape":
+            if [int(d) for d in step.attrs["shape"]] != list(shape) or len(step.inputs) != 1:
+                return None
+            runs.append(_reshape_run(slots, plan._slot(src), o, shape))
+        elif step.op == "RMSNorm":
+            w = _const(plan, step.inputs[1], (made[src][-1],)) if len(step.inputs) == 2 else None
+            if w is None or shape != made[src]:
+                return None
+            runs.append(_norm_run(slots, plan._slot(src), o, shape, w, F32(step.attrs["epsilon"])))
+        elif step.op == "RoPE":
+            tables = None
+            if len(step.inputs) == 2 and _is_positions(plan, step.inputs[1]):
+                tables = prepared.rope_tables(step, [None, None], state)
+            x = made[src]
+            if tables is None or shape != x or len(x) != 3 or x[0] != 1 or int(step.attrs["dims"]) > x[-1]:
+                return None
+            runs.append(_rope_run(slots, plan._slot(src), plan._slot(step.inputs[1]), o, shape, tables,
+                                  int(step.attrs["dims"]), step.attrs["mode"] == "neox"))
+        elif step.op == "Attention" and not attention_seen:
+            if len(step.inputs) != 4 or any(n not in made for n in step.inputs[:3]) \
+                    or not _is_positions(plan, step.inputs[3]):
+                return None
+            ins = [plan._slot(n) for n in step.inputs]
+            runs.append(_kernel_run(slots, ins, o, bind(step, [None] * 4), shape))
+            attention_seen = True
+        else:
+            return None
+        made[step.outputs[0]] = shape
+    if not attention_seen or last.inputs[:1] != [front[-1].outputs[0]] or len(made[front[-1].outputs[0]]) != 2:
+        return None
+    k = made[front[-1].outputs[0]][1]
+    if made[front[-1].outputs[0]][0] != 1 or not _OutEdge.matches(plan, last, front[-1].outputs[0], k):
+        return None
+    edge_out = _OutEdge(plan, last, bind)
+    result = plan._slot(front[-1].outputs[0])
+    label = f"attention stretch ({front[0].op}, {last.op})"
+
+    def call():
+        for e in edges:
+            e.run(label)
+        for run in runs:
+            run()
+        edge_out.run(slots[result])
+    return _bracket(plan, edges, edge_out, call, label)
+
+
+def _is_positions(plan, name: str) -> bool:
+    """The program's positions input (one int32 per row: one here)."""
+    info = _info(plan, name)
+    return info is not None and name in plan.program.inputs and info.dtype == "int32" and list(info.shape) == [1]
+
+
+def _reshape_run(slots, i: int, o: int, shape: tuple):
+    def run():
+        slots[o] = slots[i].reshape(shape)
+    return run
+
+
+def _norm_run(slots, i: int, o: int, shape: tuple, w: np.ndarray, eps):
+    """RMSNorm over the last axis into a buffer of x's shape (C order, as the
+    prepared kernel's empty_like of a C-order row)."""
+    out = np.empty(shape, F32)
+    out2, k, norm = out.reshape(-1, shape[-1]), shape[-1], jit.rms_norm
+
+    def run():
+        norm(slots[i].reshape(-1, k), w, eps, out2)
+        slots[o] = out
+    return run
+
+
+def _rope_run(slots, i: int, p: int, o: int, shape: tuple, tables, dims: int, neox: bool):
+    out, rope = np.empty(shape, F32), jit.rope
+
+    def run():
+        pos = slots[p]
+        if pos.shape != (1,):
+            raise_shape("RoPE", "positions", pos)
+        cos, sin = tables.at(pos)
+        rope(slots[i], cos, sin, dims, neox, out)
+        slots[o] = out
+    return run
+
+
+def _kernel_run(slots, ins: list, o: int, kernel, shape: tuple):
+    def run():
+        value = kernel([slots[i] for i in ins])[0]
+        if value.shape != shape:
+            raise_shape("Attention", "output", value)
+        slots[o] = value
+    return run
+
+
 def raise_shape(label: str, what: str, value) -> None:
     from rkc.ir.errors import RkcError
 
@@ -257,4 +384,8 @@ def raise_shape(label: str, what: str, value) -> None:
                    "not what the program declares")
 
 
-FUSERS = [residual_stretch, ffn_stretch]
+def fusers_for(state) -> list:
+    """The fusers of runtime/plan.py's hook, for plans sharing one generation state."""
+    def attention(plan, steps, bind, outputs):
+        return attention_stretch(plan, steps, bind, outputs, state)
+    return [residual_stretch, ffn_stretch, attention]

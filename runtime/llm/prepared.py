@@ -87,7 +87,9 @@ class _RopeTables:
         return self.cos, self.sin
 
 
-def rope(step: Step, consts: list, state) -> Prepared | None:
+def rope_tables(step: Step, consts: list, state) -> _RopeTables | None:
+    """The cos/sin tables of a RoPE step's form, shared by every step of that
+    form (None: frequency factors known only at run time)."""
     a = step.attrs
     d = int(a["dims"])
     if len(consts) > 2 and consts[2] is None:
@@ -100,6 +102,15 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
     tables = forms.get(key)
     if tables is None:
         tables = forms[key] = _RopeTables(theta, float(a["scale"]))
+    return tables
+
+
+def rope(step: Step, consts: list, state) -> Prepared | None:
+    a = step.attrs
+    d = int(a["dims"])
+    tables = rope_tables(step, consts, state)
+    if tables is None:
+        return None
     neox = a["mode"] == "neox"
     kernel, empty_like = jit.rope, np.empty_like
 

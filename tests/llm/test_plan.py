@@ -132,8 +132,8 @@ def test_prepared_kernels_leave_other_shapes_to_the_plain_kernels():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_stretches_are_fused(arch, precision, synth_rkbin):
     """The decode plan runs each decoder layer's residual stretches (dequantize
-    or cast, norms, the residual add, quantize or cast) and its gated FFN's
-    as one call each (runtime/llm/fused.py), so
+    or cast, norms, the residual add, quantize or cast), its attention
+    stretch and its gated FFN's as one call each (runtime/llm/fused.py), so
     test_plan_gives_the_interpreters_logits checks the fused paths; a prefill
     plan (more rows) keeps the per-step path."""
     engine = LlmEngine(synth_rkbin(arch, precision), device="null")
@@ -141,6 +141,7 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     n = engine.cfg.n_layer
     assert sum(lab.startswith("residual stretch") for lab in labels) >= 2 * n - 1
     assert sum(lab.startswith("ffn stretch") for lab in labels) == n
+    assert sum(lab.startswith("attention stretch") for lab in labels) == n
     assert not any(getattr(c, "label", "").endswith(")") for c in engine.plans["prefill_4"].calls)
     engine.close()
 
