@@ -57,19 +57,22 @@ def _const(plan, name: str, shape: tuple) -> np.ndarray | None:
 
 class _InEdge:
     """A segment's output read from its BO as a fp32 row [1, k] (an edge Cast
-    from fp16, or DequantizeRows of int32 accumulators), into its slot."""
+    from fp16, or DequantizeRows of int32 accumulators) into its slot,
+    straight from the BO's atoms (one compiled call, no copy first); into a
+    buffer made once, or (`fresh`: a program output) a new array each run."""
 
-    def __init__(self, plan, step: Step, k: int) -> None:
-        self.slots, self.slot = plan.slots, plan._slot(step.outputs[0])
-        self.bo = plan.model.bos[plan._bo_tensor(step.inputs[0]).info.region]
+    def __init__(self, plan, step: Step, k: int, fresh: bool = False) -> None:
+        self.slots, self.slot, self.k, self.fresh = plan.slots, plan._slot(step.outputs[0]), k, fresh
         bt = plan._bo_tensor(step.inputs[0])
+        self.bo = plan.model.bos[bt.info.region]
+        self.atoms = bt.rows_view[0]  # [C1, C2]: the row's channels in their atoms
+        self.out = np.empty((1, k), F32)
         if step.op == "Cast":
-            self.read, self.dequant = bt.reader(F32), None
+            self.atoms, self.dequant = self.atoms.view(np.uint16), None
             return
         ch = _const(plan, step.inputs[2], (k,))
         bias = _const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else ch
-        self.read = bt.reader()
-        self.dequant = (plan._slot(step.inputs[1]), ch, bias, len(step.inputs) == 4, np.empty((1, k), F32))
+        self.dequant = (plan._slot(step.inputs[1]), ch, bias, len(step.inputs) == 4)
 
     @staticmethod
     def matches(plan, step: Step) -> int:
@@ -92,16 +95,17 @@ class _InEdge:
         return 0
 
     def run(self, label: str) -> np.ndarray:
-        a = self.read()
-        if self.dequant is not None:
-            rs_slot, ch, bias, has_bias, out = self.dequant
+        out = np.empty((1, self.k), F32) if self.fresh else self.out
+        if self.dequant is None:
+            jit.half_atoms_to_float(self.atoms, self.k, jit.HALF_TO_FLOAT_BITS, out.view(np.uint32).reshape(-1))
+        else:
+            rs_slot, ch, bias, has_bias = self.dequant
             rs = self.slots[rs_slot]
-            if rs.shape != (1,):
+            if rs.shape != (1,) or rs.dtype != F32:
                 raise_shape(label, "row scale", rs)
-            jit.dequantize_rows(a, rs, ch, bias, has_bias, out)
-            a = out
-        self.slots[self.slot] = a
-        return a
+            jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, out.reshape(-1))
+        self.slots[self.slot] = out
+        return out
 
 
 class _OutEdge:
@@ -250,6 +254,22 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
     return _bracket(plan, [edge_gate, edge_up], edge_out, call, label)
 
 
+def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """The head's stretch: its one-row output (the logits) read from its BO
+    into a new array (it must outlive the next run), as an in edge does."""
+    if len(steps) != 1 or steps[0].outputs[:1] != [o for o in steps[0].outputs if o in outputs]:
+        return None
+    k = _InEdge.matches(plan, steps[0])
+    if not k:
+        return None
+    edge, label = _InEdge(plan, steps[0], k, fresh=True), f"output ({steps[0].op})"
+
+    def call():
+        edge.run(label)
+    call.label = label
+    return plan._bracketed([edge.bo], [call])
+
+
 def _declared(plan, name: str) -> tuple | None:
     info = _info(plan, name)
     return tuple(info.shape) if info is not None and info.dtype == "fp32" else None
@@ -388,4 +408,4 @@ def fusers_for(state) -> list:
     """The fusers of runtime/plan.py's hook, for plans sharing one generation state."""
     def attention(plan, steps, bind, outputs):
         return attention_stretch(plan, steps, bind, outputs, state)
-    return [residual_stretch, ffn_stretch, attention]
+    return [residual_stretch, ffn_stretch, attention, output_stretch]

@@ -255,3 +255,37 @@ def norm_add_norm(x, w1, eps1, first_norm, res, w2, eps2, n1, total, n2):
         for i in range(k):
             total[m, i] = n1[m, i] + res[m, i]
     rms_norm(total, w2, eps2, n2)
+
+
+# every fp16 bit pattern's float32 bits, as numpy's astype widens it (exact)
+HALF_TO_FLOAT_BITS = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16) \
+    .astype(np.float32).view(np.uint32)
+
+
+@njit(**_JIT)
+def half_atoms_to_float(src, n, table, out):
+    """One row of an fp16 NPU output, [C1, C2] atoms (bits, uint16), widened
+    to float32 bits (uint32) into out[:n] through `table`
+    (HALF_TO_FLOAT_BITS: numpy's own conversion of every fp16 value, so the
+    bits are numpy's), at a fraction of numpy's per-element cost."""
+    c1, c2 = src.shape
+    for a in range(c1):
+        base = a * c2
+        for b in range(min(c2, n - base)):
+            out[base + b] = table[src[a, b]]
+
+
+@njit(**_JIT)
+def dequantize_atoms(src, n, row_scale, ch_scale, bias, has_bias, out):
+    """dequantize_rows of one row of int32 NPU accumulators read in their
+    [C1, C2] atoms: the same float64 products, rounded once, into out[:n]."""
+    c1, c2 = src.shape
+    rs = np.float64(row_scale)
+    for a in range(c1):
+        base = a * c2
+        for b in range(min(c2, n - base)):
+            j = base + b
+            y = (np.float64(src[a, b]) * rs) * np.float64(ch_scale[j])
+            if has_bias:
+                y += np.float64(bias[j])
+            out[j] = np.float32(y)
