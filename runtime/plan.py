@@ -417,9 +417,11 @@ class ProgramPlan:
         return [slots[i] for i in self.output_slots]
 
     def profile(self, feeds: Sequence[np.ndarray], seconds: dict[str, float], calls: dict[str, int],
-                clock: Callable[[], float] = time.perf_counter) -> list:
+                clock: Callable[[], float] = time.perf_counter, by_op: dict[str, list] | None = None) -> list:
         """`run`, adding each prepared call's wall time to `seconds[label]`
-        (label: the CPU op, "NPU submit", "CPU access bracket", ...)."""
+        (label: the CPU op, "NPU submit", "CPU access bracket", a fused
+        stretch's name, ...). `by_op`: op -> [seconds, calls] per step kind,
+        a fused call's time shared evenly by the steps it runs (its `ops`)."""
         slots = self.slots
         for i, value in zip(self.input_slots, feeds):  # feeds of LLM programs are host tensors
             slots[i] = value
@@ -429,9 +431,16 @@ class ProgramPlan:
             for call in self.calls:
                 t = clock()
                 call()
+                spent = clock() - t
                 label = getattr(call, "label", "?")
-                seconds[label] = seconds.get(label, 0.0) + clock() - t
+                seconds[label] = seconds.get(label, 0.0) + spent
                 calls[label] = calls.get(label, 0) + 1
+                if by_op is not None:
+                    ops = getattr(call, "ops", (label,))
+                    for op in ops:
+                        row = by_op.setdefault(op, [0.0, 0])
+                        row[0] += spent / len(ops)
+                        row[1] += 1
         return [slots[i] for i in self.output_slots]
 
     @property

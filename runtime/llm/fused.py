@@ -148,8 +148,8 @@ def _is_const(plan, name: str) -> bool:
     return bool(name) and info is not None and info.region in plan.model.host_regions
 
 
-def _bracket(plan, ins: list, out: _OutEdge, call, label: str) -> list[Callable[[], None]]:
-    call.label = label
+def _bracket(plan, steps: Sequence[Step], ins: list, out: _OutEdge, call, label: str) -> list[Callable[[], None]]:
+    call.label, call.ops = label, tuple(s.op for s in steps)  # ops: what the profile's per-op costs share it by
     return plan._bracketed([e.bo for e in ins] + [out.bo], [call])
 
 
@@ -205,7 +205,7 @@ def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Ca
         for o, v in zip(o_body, body_out):
             slots[o] = v
         edge_out.run(n2)
-    return _bracket(plan, [edge_in], edge_out, call, label)
+    return _bracket(plan, steps, [edge_in], edge_out, call, label)
 
 
 _ACTIVATIONS = ("GeluTanh", "SiLU")
@@ -251,7 +251,7 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
         multiply(a, u, out=hidden)  # as Mul's a * b (float32)
         slots[o_mul] = hidden
         edge_out.run(hidden)
-    return _bracket(plan, [edge_gate, edge_up], edge_out, call, label)
+    return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call, label)
 
 
 def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
@@ -266,7 +266,7 @@ def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Call
 
     def call():
         edge.run(label)
-    call.label = label
+    call.label, call.ops = label, (steps[0].op,)
     return plan._bracketed([edge.bo], [call])
 
 
@@ -348,7 +348,7 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
         for run in runs:
             run()
         edge_out.run(slots[result])
-    return _bracket(plan, edges, edge_out, call, label)
+    return _bracket(plan, steps, edges, edge_out, call, label)
 
 
 def _is_positions(plan, name: str) -> bool:
