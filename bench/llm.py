@@ -86,16 +86,19 @@ def host_prefill(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> floa
     return statistics.median(times)
 
 
-def step_profile(engine: LlmEngine, cache, start: int, tokens: int) -> list[dict]:
-    """Host time of each kind of prepared call of the decode plan, per token."""
+def step_profile(engine: LlmEngine, cache, start: int, tokens: int) -> tuple[list[dict], dict[str, float]]:
+    """Host time of each kind of prepared call of the decode plan, per token;
+    and host us per call of each step kind (a fused stretch's time shared by
+    its steps), what --host-costs writes."""
     fill(engine, cache, start)
-    plan, seconds, calls = engine.plans["decode"], {}, {}
+    plan, seconds, calls, by_op = engine.plans["decode"], {}, {}, {}
     engine._state.cache, engine._state.valid = cache, 1
     for i in range(tokens):
         plan.profile([np.asarray([PROMPT_TOKEN], np.int32), np.asarray([start + i], np.int32)], seconds, calls,
-                     CLOCK)
-    return [{"step": k, "ms_per_token": v / tokens * 1e3, "calls_per_token": calls[k] // tokens,
+                     CLOCK, by_op)
+    rows = [{"step": k, "ms_per_token": v / tokens * 1e3, "calls_per_token": calls[k] // tokens,
              "us_per_call": v / calls[k] * 1e6} for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])]
+    return rows, {op: s / n * 1e6 for op, (s, n) in by_op.items()}
 
 
 def llama_cpp_decode(gguf: Path, threads: int, start: int, tokens: int) -> float:
@@ -131,7 +134,9 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
         per_token = host_decode(engine, cache, start, args.tokens)
         decode[str(start)] = statistics.median(per_token)
     submits = engine.plans["decode"].submits
-    profile = step_profile(engine, cache, args.positions[0], args.tokens)
+    profiled = {str(s): step_profile(engine, cache, s, args.tokens) for s in args.positions}
+    profiles = {s: p[0] for s, p in profiled.items()}
+    profile, us_per_op = profiled[str(args.positions[0])]
     submit_row = next((r for r in profile if r["step"] == "NPU submit"), None)
     prefill = {str(c): {"host_s": host_prefill(engine, cache, c),
                         "modelled_npu_s": fig["prefill"][str(c)]["modelled_npu_s"]}
@@ -153,6 +158,8 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
         "worst_host_over_llama_cpp": max(decode[s] / best_llama[s] for s in decode),
         "worst_host_s_per_decode_token": worst,
         "decode_profile": profile,
+        "decode_profile_by_position": profiles,
+        "decode_us_per_call_by_op": us_per_op,
         "decode": {k: fig["decode"][k] for k in ("segments_per_token", "tasks_per_token", "kicks_per_token",
                                                  "cpu_steps_per_token", "ddr_bytes_per_token",
                                                  "modelled_tokens_per_s")},
@@ -167,7 +174,7 @@ def write_host_costs(path: Path, gguf: Path, rows: list[dict], position: int) ->
     each decode step kind (profiled at `position`) and the faster llama.cpp
     decode there."""
     costs = {r["precision"]: {"position": position,
-                              "us_per_call": {p["step"]: p["us_per_call"] for p in r["decode_profile"]},
+                              "us_per_call": r["decode_us_per_call_by_op"],
                               "cpu_decode_s": min(t[str(position)] for t in r["llama_cpp_s_per_decode_token"].values())}
              for r in rows}
     write_atomic(path, json.dumps({"model": gguf.name, "host_costs": costs}, indent=1) + "\n")
@@ -244,10 +251,11 @@ def main() -> None:
                   f"{p['host_s'] / p['modelled_npu_s']:.2f} |")
     if args.profile:
         for r in rows:
-            print(f"\n[{r['precision']}] decode host time per step kind at position {args.positions[0]} "
-                  "(profiled: each call timed)\n| step | ms per token | calls per token | us per call |\n|---|---|---|---|")
-            for p in r["decode_profile"]:
-                print(f"| {p['step']} | {p['ms_per_token']:.2f} | {p['calls_per_token']} | {p['us_per_call']:.1f} |")
+            for s, profile in r["decode_profile_by_position"].items():
+                print(f"\n[{r['precision']}] decode host time per step kind at position {s} "
+                      "(profiled: each call timed)\n| step | ms per token | calls per token | us per call |\n|---|---|---|---|")
+                for p in profile:
+                    print(f"| {p['step']} | {p['ms_per_token']:.2f} | {p['calls_per_token']} | {p['us_per_call']:.1f} |")
     if args.sim:
         for r in rows:
             print(f"[{r['precision']}] simulator: {r['sim_s_per_decode_token']:.2f} s per decode token")

@@ -47,6 +47,8 @@ from rkc.runtime.execute import from_layout, to_layout
 Prepared = Callable[[list], list]
 # (step, constant inputs by position or None) -> Prepared
 KernelBinder = Callable[[Step, list], Prepared]
+# (plan, a stretch of CPU steps, binder, program outputs) -> the stretch's calls, or None
+Fuser = Callable[["ProgramPlan", Sequence[Step], KernelBinder, set], "list[Callable[[], None]] | None"]
 
 
 def _dtype(info: TensorInfo) -> np.dtype:
@@ -157,11 +159,16 @@ class BoTensor:
 class ProgramPlan:
     """One program of a LoadedModel, prepared; `run` executes it."""
 
-    def __init__(self, model, program: Program, bind: KernelBinder, unchecked: frozenset[str] = frozenset()) -> None:
+    def __init__(self, model, program: Program, bind: KernelBinder, unchecked: frozenset[str] = frozenset(),
+                 fusers: Sequence[Fuser] = ()) -> None:
         """`unchecked`: ops whose outputs are stored as they come (the LLM
         kernels, as runtime/llm/engine.py's interpreter stores them); other
-        transient outputs get the interpreter's shape check and dtype cast."""
+        transient outputs get the interpreter's shape check and dtype cast.
+        `fusers`: each may take a whole stretch of CPU steps between two NPU
+        steps as fewer prepared calls (runtime/llm/fused.py); the first that
+        does wins, and a stretch none takes runs step by step."""
         self.model = model
+        self.fusers = tuple(fusers)
         self.unchecked = unchecked
         self.program = program
         self.device = model.device
@@ -256,6 +263,10 @@ class ProgramPlan:
         return call
 
     def _cpu_stretch(self, steps: Sequence[Step], bind: KernelBinder, outputs: set) -> list[Callable[[], None]]:
+        for fuse in self.fusers:
+            fused = fuse(self, steps, bind, outputs)
+            if fused is not None:
+                return fused
         body: list[Callable[[], None]] = []
         bos = []
         for step in steps:
@@ -406,9 +417,11 @@ class ProgramPlan:
         return [slots[i] for i in self.output_slots]
 
     def profile(self, feeds: Sequence[np.ndarray], seconds: dict[str, float], calls: dict[str, int],
-                clock: Callable[[], float] = time.perf_counter) -> list:
+                clock: Callable[[], float] = time.perf_counter, by_op: dict[str, list] | None = None) -> list:
         """`run`, adding each prepared call's wall time to `seconds[label]`
-        (label: the CPU op, "NPU submit", "CPU access bracket", ...)."""
+        (label: the CPU op, "NPU submit", "CPU access bracket", a fused
+        stretch's name, ...). `by_op`: op -> [seconds, calls] per step kind,
+        a fused call's time shared evenly by the steps it runs (its `ops`)."""
         slots = self.slots
         for i, value in zip(self.input_slots, feeds):  # feeds of LLM programs are host tensors
             slots[i] = value
@@ -418,9 +431,16 @@ class ProgramPlan:
             for call in self.calls:
                 t = clock()
                 call()
+                spent = clock() - t
                 label = getattr(call, "label", "?")
-                seconds[label] = seconds.get(label, 0.0) + clock() - t
+                seconds[label] = seconds.get(label, 0.0) + spent
                 calls[label] = calls.get(label, 0) + 1
+                if by_op is not None:
+                    ops = getattr(call, "ops", (label,))
+                    for op in ops:
+                        row = by_op.setdefault(op, [0.0, 0])
+                        row[0] += spent / len(ops)
+                        row[1] += 1
         return [slots[i] for i in self.output_slots]
 
     @property

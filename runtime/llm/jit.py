@@ -9,6 +9,11 @@ multiply-adds), and a row sum reproduces numpy's pairwise summation
 (`pairwise_sum`), so RMSNorm, QuantizeRows (with its rotation), DequantizeRows
 and RoPE give the plain kernels' bits (tests/llm/test_plan.py).
 
+These are not a second reference: runtime/llm/kernels.py and
+runtime/kernels/hadamard.py (numpy) are the one reference, run by the
+interpreter and the tests; the plans run these, and the numpy kernels only
+for shapes a compiled kernel cannot bound.
+
 `cache=True`: a machine compiles each kernel once (a few seconds, the first
 time an LLM runs) and later processes load the compiled code.
 """
@@ -125,23 +130,36 @@ def dequantize_rows(acc, row_scale, ch_scale, bias, has_bias, out):
 def hadamard_rows(x, signs, block, norm, out):
     """out = blockwise orthonormal Walsh-Hadamard transform of x * signs
     (rows [M, K], blocks of `block`, a power of two): butterflies pairing i
-    with i + 1, then 2, 4, ... (runtime/kernels/hadamard.py's pairs and order)."""
+    with i + 1, then 2, 4, ... (runtime/kernels/hadamard.py's pairs and order;
+    the pairs of one stage are independent, so the loops may visit them in
+    any order). Each block is transformed in a contiguous scratch row, whose
+    inner loops the compiler vectorises."""
     rows, k = x.shape
+    buf = np.empty(block, np.float32)
     for m in range(rows):
-        for i in range(k):
-            out[m, i] = x[m, i] * signs[i]
         for b in range(0, k, block):
+            for i in range(block):
+                buf[i] = x[m, b + i] * signs[b + i]
             h = 1
             while h < block:
-                for i in range(b, b + block, 2 * h):
-                    for j in range(i, i + h):
-                        u = out[m, j]
-                        v = out[m, j + h]
-                        out[m, j] = u + v
-                        out[m, j + h] = u - v
+                if h == 1:
+                    for i in range(0, block, 2):
+                        u = buf[i]
+                        v = buf[i + 1]
+                        buf[i] = u + v
+                        buf[i + 1] = u - v
+                else:
+                    for i in range(0, block, 2 * h):
+                        lo = buf[i:i + h]
+                        hi = buf[i + h:i + 2 * h]
+                        for j in range(h):
+                            u = lo[j]
+                            v = hi[j]
+                            lo[j] = u + v
+                            hi[j] = u - v
                 h *= 2
-        for i in range(k):
-            out[m, i] *= norm
+            for i in range(block):
+                out[m, b + i] = buf[i] * norm
 
 
 @njit(**_JIT)
@@ -181,3 +199,93 @@ def rope(x, cos, sin, dims, neox, out):
                 out[t, hh, a_i] = a * c - b * s
                 out[t, hh, b_i] = a * s + b * c
 
+
+
+@njit(**_JIT)
+def scores_shift(s, scale, kpos, p0, window):
+    """Decode attention's scores [Hkv, P, G] in place, as kernels.attend
+    takes them before the exp: times `scale` (float32), -inf for a key the
+    query at p0 cannot see (after it, or `window` or more behind), then minus
+    each (head, group) column's maximum (a NaN stays the maximum, as in numpy's max)."""
+    hkv, p_, g_ = s.shape
+    neg = -np.inf
+    m = np.empty(g_, np.float32)
+    for k in range(hkv):
+        for p in range(p_):
+            seen = kpos[p] <= p0 and (window == 0 or p0 - kpos[p] < window)
+            for g in range(g_):
+                v = s[k, p, g] * scale if seen else neg
+                s[k, p, g] = v
+                if p == 0 or v > m[g] or v != v:
+                    m[g] = v
+        for p in range(p_):
+            for g in range(g_):
+                s[k, p, g] = s[k, p, g] - m[g]
+
+
+@njit(**_JIT)
+def normalize_columns(e, out):
+    """out[k, :, g] = e[k, :, g] / its sum, the sum taken in sequence over P
+    (float32), as numpy reduces an axis that is not the innermost in memory
+    (the einsum's scores [Hkv, P, G] with G > 1)."""
+    hkv, p_, g_ = e.shape
+    t = np.empty(g_, np.float32)
+    for k in range(hkv):
+        for g in range(g_):
+            t[g] = e[k, 0, g]
+        for p in range(1, p_):
+            for g in range(g_):
+                t[g] += e[k, p, g]
+        for p in range(p_):
+            for g in range(g_):
+                out[k, p, g] = e[k, p, g] / t[g]
+
+
+@njit(**_JIT)
+def norm_add_norm(x, w1, eps1, first_norm, res, w2, eps2, n1, total, n2):
+    """The residual stretch between two NPU segments, over rows [M, K]:
+    n1 = RMSNorm(x, w1) (when `first_norm`; else n1 is x), total = n1 + res,
+    n2 = RMSNorm(total, w2): each as rms_norm computes it (float32, numpy's order)."""
+    if first_norm:
+        rms_norm(x, w1, eps1, n1)
+    else:
+        n1[...] = x
+    rows, k = total.shape
+    for m in range(rows):
+        for i in range(k):
+            total[m, i] = n1[m, i] + res[m, i]
+    rms_norm(total, w2, eps2, n2)
+
+
+# every fp16 bit pattern's float32 bits, as numpy's astype widens it (exact)
+HALF_TO_FLOAT_BITS = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16) \
+    .astype(np.float32).view(np.uint32)
+
+
+@njit(**_JIT)
+def half_atoms_to_float(src, n, table, out):
+    """One row of an fp16 NPU output, [C1, C2] atoms (bits, uint16), widened
+    to float32 bits (uint32) into out[:n] through `table`
+    (HALF_TO_FLOAT_BITS: numpy's own conversion of every fp16 value, so the
+    bits are numpy's), at a fraction of numpy's per-element cost."""
+    c1, c2 = src.shape
+    for a in range(c1):
+        base = a * c2
+        for b in range(min(c2, n - base)):
+            out[base + b] = table[src[a, b]]
+
+
+@njit(**_JIT)
+def dequantize_atoms(src, n, row_scale, ch_scale, bias, has_bias, out):
+    """dequantize_rows of one row of int32 NPU accumulators read in their
+    [C1, C2] atoms: the same float64 products, rounded once, into out[:n]."""
+    c1, c2 = src.shape
+    rs = np.float64(row_scale)
+    for a in range(c1):
+        base = a * c2
+        for b in range(min(c2, n - base)):
+            j = base + b
+            y = (np.float64(src[a, b]) * rs) * np.float64(ch_scale[j])
+            if has_bias:
+                y += np.float64(bias[j])
+            out[j] = np.float32(y)

@@ -1,6 +1,14 @@
 """numpy CPU kernels for the LLM ops of compiler/frontend/gguf.py and the
 conversions of compiler/llm/program_builder.py, by op name.
 
+These are the reference: the step interpreter (LlmEngine.run_interpreted)
+and the tests run them. The load-time plans run compiled forms of some
+(runtime/llm/prepared.py over runtime/llm/jit.py and decode_attention.py:
+RMSNorm, QuantizeRows with its rotation, DequantizeRows, RoPE, one-row
+attention), which must give these kernels' bits (tests/llm/test_plan.py,
+test_attention.py); a plan falls back to a kernel here only for shapes the
+compiled code cannot bound.
+
 A kernel takes (inputs, attrs, state) and returns the outputs. `state` is the
 generation state: the KV cache (Attention) and the loaded model (GatherPacked
 reads rows of the packed NPU weights). Standard ops (Cast, ...) come from
@@ -264,9 +272,23 @@ def scale_by(inputs, attrs, state):
     return [(inputs[0] * _dense(inputs[1]).astype(np.float32)).astype(np.float32)]
 
 
+# the largest float32 t whose float32 exp is finite (exp(t) = 3.4027985e38);
+# exp overflows for every t above it (tests/llm/test_plan.py checks both)
+_EXP_MAX = np.float32(88.72283172607422)
+
+
+def silu_values(x: np.ndarray) -> np.ndarray:
+    """x / (1 + exp(-x)) without overflowing in the exp: where exp(-x) would
+    be inf the denominator is inf outright, so every value is the plain
+    formula's (x / inf, a signed zero) and no RuntimeWarning is raised."""
+    t = np.negative(x)
+    den = 1.0 + np.exp(np.minimum(t, _EXP_MAX))
+    den[t > _EXP_MAX] = np.inf
+    return x / den
+
+
 def silu(inputs, attrs, state):
-    x = inputs[0]
-    return [(x / (1.0 + np.exp(-x))).astype(np.float32)]
+    return [silu_values(inputs[0]).astype(np.float32)]
 
 
 def gelu_tanh(inputs, attrs, state):

@@ -23,6 +23,7 @@ from rkc.ir.program import Step
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.kernels.hadamard import unrotate
 from rkc.runtime.llm import jit
+from rkc.runtime.llm.decode_attention import attend_row
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
 
@@ -86,7 +87,9 @@ class _RopeTables:
         return self.cos, self.sin
 
 
-def rope(step: Step, consts: list, state) -> Prepared | None:
+def rope_tables(step: Step, consts: list, state) -> _RopeTables | None:
+    """The cos/sin tables of a RoPE step's form, shared by every step of that
+    form (None: frequency factors known only at run time)."""
     a = step.attrs
     d = int(a["dims"])
     if len(consts) > 2 and consts[2] is None:
@@ -99,6 +102,15 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
     tables = forms.get(key)
     if tables is None:
         tables = forms[key] = _RopeTables(theta, float(a["scale"]))
+    return tables
+
+
+def rope(step: Step, consts: list, state) -> Prepared | None:
+    a = step.attrs
+    d = int(a["dims"])
+    tables = rope_tables(step, consts, state)
+    if tables is None:
+        return None
     neox = a["mode"] == "neox"
     kernel, empty_like = jit.rope, np.empty_like
 
@@ -116,7 +128,7 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
 
 def attention(step: Step, consts: list, state) -> Prepared:
     """As kernels.attention, reading the KV cache in place (no copy of the
-    cache per call)."""
+    cache per call); one query row (decode) through decode_attention.attend_row."""
     attrs, layer = step.attrs, int(step.attrs["layer"])
 
     def run(inputs):
@@ -124,7 +136,20 @@ def attention(step: Step, consts: list, state) -> Prepared:
         n = state.valid
         q, k, v, pos = q[:n], k[:n], v[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.store_and_view(layer, k, v, pos)
-        return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+        return [(attend_row if n == 1 else attend)(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+    return run
+
+
+def attention_shared(step: Step, consts: list, state) -> Prepared:
+    """As kernels.attention_shared; one query row through attend_row."""
+    attrs, source = step.attrs, int(step.attrs["source"])
+
+    def run(inputs):
+        q, pos = inputs
+        n = state.valid
+        q, pos = q[:n], np.asarray(pos)[:n]
+        keys, values, kpos = state.cache.shared(source)
+        return [(attend_row if n == 1 else attend)(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
     return run
 
 
@@ -233,8 +258,7 @@ def _gelu(step):
 
 def _silu(step):
     def run(inputs):
-        x = inputs[0]
-        return [(x / (1.0 + np.exp(-x))).astype(F32, copy=False)]
+        return [plain.silu_values(inputs[0]).astype(F32, copy=False)]
     return run
 
 
@@ -247,7 +271,8 @@ def _scale(step):
 
 
 BINDERS: dict[str, Callable[[Step, list, Any], Prepared | None]] = {
-    "RMSNorm": rms_norm, "RoPE": rope, "Attention": attention, "GatherPacked": gather_packed,
+    "RMSNorm": rms_norm, "RoPE": rope, "Attention": attention, "AttentionShared": attention_shared,
+    "GatherPacked": gather_packed,
     "DequantizeRows": dequantize_rows, "QuantizeRows": quantize_rows, "GeluTanh": _elementwise(_gelu), "SiLU": _elementwise(_silu),
     "Scale": _elementwise(_scale),
 }

@@ -52,3 +52,51 @@ def test_attention_is_the_einsum_formulation(hd, hkv, g, t):
                 got = attend(q, keys, values, kpos, pos, attrs, t + 1)
                 want = einsum_attention(q, keys, values, kpos, pos, window, attrs["scale"], t + 1)
                 np.testing.assert_array_equal(got, want, err_msg=f"p={p} window={window} pos={pos[0]}")
+
+
+@pytest.mark.parametrize("hd", [8, 16, 64, 256])
+@pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2), (4, 1)])
+def test_decode_attention_is_the_einsum_formulation(hd, hkv, g, monkeypatch):
+    """The plans' one-row attention (runtime/llm/decode_attention.py: the
+    einsum's matmuls on views of the cache, compiled softmax loops) against
+    the einsum formulation, bit for bit: keys and values that are views into
+    larger caches (as the KV cache hands them over), every key visible, a
+    window that hides the oldest keys, keys after the query (masked), and
+    out-of-order positions. None of these fall back to kernels.attend."""
+    from rkc.runtime.llm import decode_attention
+
+    def no_fallback(*args):
+        raise AssertionError("fell back to kernels.attend")
+    monkeypatch.setattr(decode_attention, "attend", no_fallback)
+    rng = np.random.default_rng(hd * 100 + hkv * 10 + g + 1)
+    with blas.one_thread():
+        for p in (1, 2, 7, 8, 9, 23, 100, 257, 600, 1030):
+            kcache, vcache = rng.standard_normal((2, p + 9, hkv, hd)).astype(np.float16).astype(np.float32)
+            keys, values = kcache[3:p + 3], vcache[5:p + 5]
+            q = (rng.standard_normal((1, hkv * g, hd)) * 3).astype(np.float32)
+            kpos = np.arange(p)
+            cases = [(0, p - 1), (max(2, p // 3), p - 1), (0, max(0, p - 3)), (5, p // 2)]
+            for window, at in cases:
+                for positions in (kpos, rng.permutation(kpos)):
+                    attrs = {"scale": hd ** -0.5, "window": window}
+                    pos = np.asarray([at], np.int32)
+                    got = decode_attention.attend_row(q, keys, values, positions, pos, attrs, 2)
+                    want = einsum_attention(q, keys, values, positions, pos, window, attrs["scale"], 2)
+                    np.testing.assert_array_equal(got, want, err_msg=f"p={p} window={window} pos={at}")
+
+
+def test_decode_attention_leaves_other_layouts_to_the_kernel():
+    """Values with a negative stride (the einsum copies those before its
+    matmul) and a query of two rows go to kernels.attend: its bits."""
+    from rkc.runtime.llm.decode_attention import attend_row
+
+    rng = np.random.default_rng(5)
+    cache = rng.standard_normal((40, 1, 8)).astype(np.float16).astype(np.float32)
+    keys, values = cache[3:33], cache[::-1][:30]
+    kpos, attrs = np.arange(30), {"scale": 8 ** -0.5, "window": 0}
+    with blas.one_thread():
+        for t in (1, 2):
+            q = rng.standard_normal((t, 4, 8)).astype(np.float32)
+            pos = np.arange(30 - t, 30)
+            np.testing.assert_array_equal(attend_row(q, keys, values, kpos, pos, attrs, 3),
+                                          einsum_attention(q, keys, values, kpos, pos, 0, attrs["scale"], 3))

@@ -126,3 +126,71 @@ def test_prepared_kernels_leave_other_shapes_to_the_plain_kernels():
     deq = prepared.dequantize_rows(_step("DequantizeRows", 3, {}), [None, None, ch], None)
     with pytest.raises(ValueError):
         deq([acc, rng.random(3).astype(np.float32), ch])  # 3 row scales for 2 rows
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stretches_are_fused(arch, precision, synth_rkbin):
+    """The decode plan runs each decoder layer's residual stretches (dequantize
+    or cast, norms, the residual add, quantize or cast), its attention
+    stretch and its gated FFN's as one call each, and reads the logits
+    straight from their BO (runtime/llm/fused.py), so
+    test_plan_gives_the_interpreters_logits checks the fused paths; a prefill
+    plan (more rows) keeps the per-step path."""
+    engine = LlmEngine(synth_rkbin(arch, precision), device="null")
+    labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
+    n = engine.cfg.n_layer
+    assert sum(lab.startswith("residual stretch") for lab in labels) >= 2 * n - 1
+    assert sum(lab.startswith("ffn stretch") for lab in labels) == n
+    assert sum(lab.startswith("attention stretch") for lab in labels) == n
+    assert sum(lab.startswith("output (") for lab in labels) == 1  # the logits, read straight from the BO
+    assert not any(" stretch (" in getattr(c, "label", "") for c in engine.plans["prefill_4"].calls)
+    engine.close()
+
+
+def test_silu_does_not_overflow_and_keeps_the_formulas_values():
+    """SiLU (the plain kernel and the plans') gives x / (1 + exp(-x))'s values,
+    signed zeros and NaN included, without the exp's overflow warning; its
+    threshold is the last float32 whose exp is finite."""
+    import warnings
+
+    from rkc.runtime.llm import kernels, prepared
+
+    edge = kernels._EXP_MAX
+    with np.errstate(over="ignore"):
+        assert np.isfinite(np.exp(edge)) and not np.isfinite(np.exp(np.nextafter(edge, np.float32(np.inf))))
+    near = [edge, np.nextafter(edge, np.float32(0)), np.nextafter(edge, np.float32(np.inf))]
+    x = np.concatenate([np.linspace(-300, 300, 200001), [np.nan, -0.0, 0.0], near, np.negative(near)]).astype(np.float32)
+    with np.errstate(over="ignore"):
+        want = x / (1.0 + np.exp(-x))
+    run = prepared.BINDERS["SiLU"](_step("SiLU", 1, {}), [None], None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for got in (kernels.silu([x], {}, None)[0], run([x])[0]):
+            assert got.dtype == np.float32
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_edges_read_from_atoms_are_the_kernels():
+    """The fused stretches' in edges read a row straight from its NPU atoms
+    [C1, C2]: the fp16 widening is numpy's for every one of the 65536 bit
+    patterns (NaN payloads, subnormals, signed zeros), and the int32
+    dequantization is kernels.dequantize_rows's, bit for bit, with and
+    without a bias and with padding channels past K."""
+    from rkc.runtime.llm import jit, kernels
+
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    out = np.zeros(1 << 16, np.uint32)
+    jit.half_atoms_to_float(bits.reshape(-1, 32), 1 << 16, jit.HALF_TO_FLOAT_BITS, out)
+    np.testing.assert_array_equal(out, bits.view(np.float16).astype(np.float32).view(np.uint32))
+    rng = np.random.default_rng(11)
+    for k, c2 in ((640, 32), (1000, 16), (7, 8)):
+        c1 = -(-k // c2)
+        atoms = rng.integers(-2 ** 31, 2 ** 31, (c1, c2), dtype=np.int64).astype(np.int32)
+        acc = atoms.reshape(1, -1)[:, :k]
+        rs, ch, bias = rng.random(1, np.float32) * 1e-3, rng.random(k, np.float32), rng.standard_normal(k).astype(np.float32)
+        for inputs in ([acc, rs, ch], [acc, rs, ch, bias]):
+            got = np.zeros(k, np.float32)
+            jit.dequantize_atoms(atoms, k, rs[0], ch, inputs[-1], len(inputs) == 4, got)
+            np.testing.assert_array_equal(got, kernels.dequantize_rows(inputs, {}, None)[0][0])

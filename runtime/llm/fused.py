@@ -1,0 +1,411 @@
+"""Fused CPU stretches for the load-time plans (runtime/plan.py): a stretch
+of CPU steps between two NPU segments that matches a known pattern runs as
+one prepared call instead of one call per step (each step's own call, checks
+and allocations were most of its cost at one row).
+
+The patterns matched here, one row (decode), between
+
+    in edges: Cast (fp16 NPU output -> fp32) | DequantizeRows (int32 NPU output)
+    out edge: Cast (fp32 -> fp16 NPU input) | QuantizeRows (-> int8 NPU input)
+
+are a decoder layer's residual stretch (in edge, [RMSNorm], Add of the
+residual, RMSNorm, out edge: the body one compiled call, jit.norm_add_norm)
+and its gated FFN's (gate and up in edges, the activation, Mul, out edge).
+A fused call reads the previous segment's output from its BO and writes the
+next segment's input into its BO, in their layouts; every step's output
+still lands in its slot, so a later step reading one sees what the per-step
+path gives it. The arithmetic
+is the per-step kernels' (the same bits: tests/llm/test_plan.py). A stretch
+that does not match runs step by step, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rkc.ir.program import Step
+from rkc.ir.types import DType
+from rkc.runtime.llm import jit, prepared
+
+F32 = np.float32
+
+
+def _info(plan, name: str):
+    return plan.model.tensors.get(name)
+
+
+def _row(plan, name: str, k: int, dtype: str = "fp32") -> bool:
+    """`name` a one-row [1, k] tensor of `dtype`."""
+    info = _info(plan, name)
+    return info is not None and list(info.shape) == [1, k] and info.dtype == dtype
+
+
+def _host(plan, name: str) -> bool:
+    """A host tensor (a slot of the plan), neither in a BO nor a constant."""
+    info = _info(plan, name)
+    return info is not None and plan._bo_tensor(name) is None and info.region not in plan.model.host_regions
+
+
+def _const(plan, name: str, shape: tuple) -> np.ndarray | None:
+    info = _info(plan, name)
+    if info is None or info.region not in plan.model.host_regions or tuple(info.shape) != shape:
+        return None
+    return np.ascontiguousarray(plan.slots[plan._slot(name)], F32)
+
+
+class _InEdge:
+    """A segment's output read from its BO as a fp32 row [1, k] (an edge Cast
+    from fp16, or DequantizeRows of int32 accumulators) into its slot,
+    straight from the BO's atoms (one compiled call, no copy first); into a
+    buffer made once, or (`fresh`: a program output) a new array each run."""
+
+    def __init__(self, plan, step: Step, k: int, fresh: bool = False) -> None:
+        self.slots, self.slot, self.k, self.fresh = plan.slots, plan._slot(step.outputs[0]), k, fresh
+        bt = plan._bo_tensor(step.inputs[0])
+        self.bo = plan.model.bos[bt.info.region]
+        self.atoms = bt.rows_view[0]  # [C1, C2]: the row's channels in their atoms
+        self.out = np.empty((1, k), F32)
+        if step.op == "Cast":
+            self.atoms, self.dequant = self.atoms.view(np.uint16), None
+            return
+        ch = _const(plan, step.inputs[2], (k,))
+        bias = _const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else ch
+        self.dequant = (plan._slot(step.inputs[1]), ch, bias, len(step.inputs) == 4)
+
+    @staticmethod
+    def matches(plan, step: Step) -> int:
+        """The row width k when `step` is such an edge, else 0."""
+        if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
+            return 0
+        bt = plan._bo_tensor(step.inputs[0])
+        if bt is None or bt.info.layout != "native-gemm" or len(bt.shape) != 2 or bt.shape[0] != 1:
+            return 0
+        k = int(bt.shape[1])
+        if not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
+            return 0
+        if step.op == "Cast" and len(step.inputs) == 1 and bt.info.dtype == "fp16" and DType(step.attrs["to"]).numpy == F32:
+            return k
+        if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1 and bt.info.dtype == "int32"
+                and len(step.inputs) in (3, 4) and _host(plan, step.inputs[1])
+                and _const(plan, step.inputs[2], (k,)) is not None
+                and (len(step.inputs) == 3 or _const(plan, step.inputs[3], (k,)) is not None)):
+            return k
+        return 0
+
+    def run(self, label: str) -> np.ndarray:
+        out = np.empty((1, self.k), F32) if self.fresh else self.out
+        if self.dequant is None:
+            jit.half_atoms_to_float(self.atoms, self.k, jit.HALF_TO_FLOAT_BITS, out.view(np.uint32).reshape(-1))
+        else:
+            rs_slot, ch, bias, has_bias = self.dequant
+            rs = self.slots[rs_slot]
+            if rs.shape != (1,) or rs.dtype != F32:
+                raise_shape(label, "row scale", rs)
+            jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, out.reshape(-1))
+        self.slots[self.slot] = out
+        return out
+
+
+class _OutEdge:
+    """The next segment's input written into its BO from a fp32 row [1, k]:
+    an edge Cast to fp16, or QuantizeRows (its prepared kernel, rotation
+    included) to int8 with the row scale into its slot."""
+
+    def __init__(self, plan, step: Step, bind) -> None:
+        bt = plan._bo_tensor(step.outputs[0])
+        self.bo, self.write = plan.model.bos[bt.info.region], bt.writer()
+        self.slots, self.quantize = plan.slots, None
+        if step.op == "QuantizeRows":
+            self.consts = [plan.slots[plan._slot(n)] for n in step.inputs[1:]]
+            self.quantize = bind(step, [None, *self.consts])
+            self.scale_slot = plan._slot(step.outputs[1])
+
+    @staticmethod
+    def matches(plan, step: Step, src: str, k: int) -> bool:
+        if not step.inputs or step.inputs[0] != src or not step.outputs:
+            return False
+        bt = plan._bo_tensor(step.outputs[0])
+        if bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (1, k):
+            return False
+        if step.op == "Cast":
+            return len(step.inputs) == 1 and len(step.outputs) == 1 and bt.info.dtype == "fp16"
+        return (step.op == "QuantizeRows" and len(step.outputs) == 2 and bt.info.dtype == "int8"
+                and _host(plan, step.outputs[1]) and all(_is_const(plan, n) for n in step.inputs[1:]))
+
+    def run(self, value: np.ndarray) -> None:
+        if self.quantize is None:
+            self.write(value)
+            return
+        q, s = self.quantize([value, *self.consts])
+        self.write(q)
+        self.slots[self.scale_slot] = s
+
+
+def _is_const(plan, name: str) -> bool:
+    info = _info(plan, name)
+    return bool(name) and info is not None and info.region in plan.model.host_regions
+
+
+def _bracket(plan, steps: Sequence[Step], ins: list, out: _OutEdge, call, label: str) -> list[Callable[[], None]]:
+    call.label, call.ops = label, tuple(s.op for s in steps)  # ops: what the profile's per-op costs share it by
+    return plan._bracketed([e.bo for e in ins] + [out.bo], [call])
+
+
+def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """The stretch's calls (one, bracketed) when it is a residual stretch; else None."""
+    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
+        return None
+    first, *body, last = steps
+    if [s.op for s in body] not in (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"]):
+        return None
+    k = _InEdge.matches(plan, first)
+    if not k:
+        return None
+    # the body: each step reads the one before it
+    prev, norms, residual = first.outputs[0], [], None
+    for step in body:
+        if step.op == "RMSNorm":
+            if len(step.inputs) != 2 or step.inputs[0] != prev:
+                return None
+            w = _const(plan, step.inputs[1], (k,))
+            if w is None:
+                return None
+            norms.append((w, F32(step.attrs["epsilon"])))
+        else:
+            if len(step.inputs) != 2 or prev not in step.inputs:
+                return None
+            residual = step.inputs[1] if step.inputs[0] == prev else step.inputs[0]
+            if residual == prev or not _host(plan, residual) or not _row(plan, residual, k):
+                return None
+        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
+            return None
+        prev = step.outputs[0]
+    if not _OutEdge.matches(plan, last, prev, k):
+        return None
+    edge_in, edge_out = _InEdge(plan, first, k), _OutEdge(plan, last, bind)
+    slots = plan.slots
+    first_norm = len(norms) == 2
+    w1, e1 = norms[0]
+    w2, e2 = norms[-1]
+    n1, total, n2 = (np.empty((1, k), F32) for _ in range(3))
+    o_body = [plan._slot(s.outputs[0]) for s in body]
+    o_res = plan._slot(residual)
+    kernel = jit.norm_add_norm
+    body_out = [n1, total, n2] if first_norm else [total, n2]
+    label = f"residual stretch ({first.op}, {last.op})"
+
+    def call():
+        a = edge_in.run(label)
+        res = slots[o_res]
+        if res.shape != (1, k) or res.dtype != F32:
+            raise_shape(label, "residual", res)
+        kernel(a, w1, e1, first_norm, res, w2, e2, n1, total, n2)
+        for o, v in zip(o_body, body_out):
+            slots[o] = v
+        edge_out.run(n2)
+    return _bracket(plan, steps, [edge_in], edge_out, call, label)
+
+
+_ACTIVATIONS = ("GeluTanh", "SiLU")
+
+
+def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """The gated FFN's stretch, one row: gate and up read from their BOs
+    (two in edges), act(gate) * up, the product written into the down
+    product's input BO (the out edge). The activation is its prepared
+    kernel (numpy's tanh/exp: a compiled one would not give their bits)."""
+    if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
+        return None
+    e1, e2, act, mul, last = steps
+    k = _InEdge.matches(plan, e1)
+    if not k or _InEdge.matches(plan, e2) != k or act.op not in _ACTIVATIONS or mul.op != "Mul":
+        return None
+    edges = {e1.outputs[0]: e1, e2.outputs[0]: e2}
+    if len(act.inputs) != 1 or act.inputs[0] not in edges or len(mul.inputs) != 2:
+        return None
+    gate = act.inputs[0]
+    up = next(n for n in edges if n != gate)
+    if sorted(mul.inputs) != sorted([act.outputs[0], up]):
+        return None
+    for step in (act, mul):
+        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
+            return None
+    if not _OutEdge.matches(plan, last, mul.outputs[0], k):
+        return None
+    edge_gate, edge_up = _InEdge(plan, edges[gate], k), _InEdge(plan, edges[up], k)
+    edge_out = _OutEdge(plan, last, bind)
+    activation, slots = bind(act, [None]), plan.slots
+    o_act, o_mul = plan._slot(act.outputs[0]), plan._slot(mul.outputs[0])
+    hidden, multiply = np.empty((1, k), F32), np.multiply
+    label = f"ffn stretch ({e1.op}, {act.op}, {last.op})"
+
+    def call():
+        g = edge_gate.run(label)
+        u = edge_up.run(label)
+        a = activation([g])[0]
+        if a.shape != (1, k) or a.dtype != F32:
+            raise_shape(label, "activation", a)
+        slots[o_act] = a
+        multiply(a, u, out=hidden)  # as Mul's a * b (float32)
+        slots[o_mul] = hidden
+        edge_out.run(hidden)
+    return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call, label)
+
+
+def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """The head's stretch: its one-row output (the logits) read from its BO
+    into a new array (it must outlive the next run), as an in edge does."""
+    if len(steps) != 1 or steps[0].outputs[:1] != [o for o in steps[0].outputs if o in outputs]:
+        return None
+    k = _InEdge.matches(plan, steps[0])
+    if not k:
+        return None
+    edge, label = _InEdge(plan, steps[0], k, fresh=True), f"output ({steps[0].op})"
+
+    def call():
+        edge.run(label)
+    call.label, call.ops = label, (steps[0].op,)
+    return plan._bracketed([edge.bo], [call])
+
+
+def _declared(plan, name: str) -> tuple | None:
+    info = _info(plan, name)
+    return tuple(info.shape) if info is not None and info.dtype == "fp32" else None
+
+
+def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) -> list[Callable[[], None]] | None:
+    """A layer's attention stretch, one row: q (and k, v) read from their BOs
+    (in edges), then Reshape, RMSNorm (q/k norms), RoPE and Attention steps,
+    the attention's output written into the output product's input BO (the
+    out edge). Reshapes are views, the norms and rotations compiled calls into
+    buffers made once (jit.rms_norm, jit.rope), the attention its prepared
+    kernel; every value is one the stretch itself made, of its declared
+    shape, so the compiled calls need no checks per token."""
+    if len(steps) < 3 or any(n in outputs for s in steps for n in s.outputs):
+        return None
+    *front, last = steps
+    edges, n_edges = [], 0
+    while n_edges < len(front) and _InEdge.matches(plan, front[n_edges]):
+        n_edges += 1
+    if not n_edges:
+        return None
+    made: dict[str, tuple] = {}  # values the stretch makes -> declared shape
+    for e in front[:n_edges]:
+        made[e.outputs[0]] = _declared(plan, e.outputs[0])
+        edges.append(_InEdge(plan, e, made[e.outputs[0]][1]))
+    slots = plan.slots
+    runs: list[Callable[[], None]] = []
+    attention_seen = False
+    for step in front[n_edges:]:
+        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]):
+            return None
+        o, shape = plan._slot(step.outputs[0]), _declared(plan, step.outputs[0])
+        src = step.inputs[0] if step.inputs else None
+        if shape is None or src not in made:
+            return None
+        if step.op == "Reshape":
+            if [int(d) for d in step.attrs["shape"]] != list(shape) or len(step.inputs) != 1:
+                return None
+            runs.append(_reshape_run(slots, plan._slot(src), o, shape))
+        elif step.op == "RMSNorm":
+            w = _const(plan, step.inputs[1], (made[src][-1],)) if len(step.inputs) == 2 else None
+            if w is None or shape != made[src]:
+                return None
+            runs.append(_norm_run(slots, plan._slot(src), o, shape, w, F32(step.attrs["epsilon"])))
+        elif step.op == "RoPE":
+            tables = None
+            if len(step.inputs) == 2 and _is_positions(plan, step.inputs[1]):
+                tables = prepared.rope_tables(step, [None, None], state)
+            x = made[src]
+            if tables is None or shape != x or len(x) != 3 or x[0] != 1 or int(step.attrs["dims"]) > x[-1]:
+                return None
+            runs.append(_rope_run(slots, plan._slot(src), plan._slot(step.inputs[1]), o, shape, tables,
+                                  int(step.attrs["dims"]), step.attrs["mode"] == "neox"))
+        elif step.op == "Attention" and not attention_seen:
+            if len(step.inputs) != 4 or any(n not in made for n in step.inputs[:3]) \
+                    or not _is_positions(plan, step.inputs[3]):
+                return None
+            ins = [plan._slot(n) for n in step.inputs]
+            runs.append(_kernel_run(slots, ins, o, bind(step, [None] * 4), shape))
+            attention_seen = True
+        else:
+            return None
+        made[step.outputs[0]] = shape
+    if not attention_seen or last.inputs[:1] != [front[-1].outputs[0]] or len(made[front[-1].outputs[0]]) != 2:
+        return None
+    k = made[front[-1].outputs[0]][1]
+    if made[front[-1].outputs[0]][0] != 1 or not _OutEdge.matches(plan, last, front[-1].outputs[0], k):
+        return None
+    edge_out = _OutEdge(plan, last, bind)
+    result = plan._slot(front[-1].outputs[0])
+    label = f"attention stretch ({front[0].op}, {last.op})"
+
+    def call():
+        for e in edges:
+            e.run(label)
+        for run in runs:
+            run()
+        edge_out.run(slots[result])
+    return _bracket(plan, steps, edges, edge_out, call, label)
+
+
+def _is_positions(plan, name: str) -> bool:
+    """The program's positions input (one int32 per row: one here)."""
+    info = _info(plan, name)
+    return info is not None and name in plan.program.inputs and info.dtype == "int32" and list(info.shape) == [1]
+
+
+def _reshape_run(slots, i: int, o: int, shape: tuple):
+    def run():
+        slots[o] = slots[i].reshape(shape)
+    return run
+
+
+def _norm_run(slots, i: int, o: int, shape: tuple, w: np.ndarray, eps):
+    """RMSNorm over the last axis into a buffer of x's shape (C order, as the
+    prepared kernel's empty_like of a C-order row)."""
+    out = np.empty(shape, F32)
+    out2, k, norm = out.reshape(-1, shape[-1]), shape[-1], jit.rms_norm
+
+    def run():
+        norm(slots[i].reshape(-1, k), w, eps, out2)
+        slots[o] = out
+    return run
+
+
+def _rope_run(slots, i: int, p: int, o: int, shape: tuple, tables, dims: int, neox: bool):
+    out, rope = np.empty(shape, F32), jit.rope
+
+    def run():
+        pos = slots[p]
+        if pos.shape != (1,):
+            raise_shape("RoPE", "positions", pos)
+        cos, sin = tables.at(pos)
+        rope(slots[i], cos, sin, dims, neox, out)
+        slots[o] = out
+    return run
+
+
+def _kernel_run(slots, ins: list, o: int, kernel, shape: tuple):
+    def run():
+        value = kernel([slots[i] for i in ins])[0]
+        if value.shape != shape:
+            raise_shape("Attention", "output", value)
+        slots[o] = value
+    return run
+
+
+def raise_shape(label: str, what: str, value) -> None:
+    from rkc.ir.errors import RkcError
+
+    raise RkcError(f"{label}: the {what} came out {list(np.shape(value))} {np.asarray(value).dtype}, "
+                   "not what the program declares")
+
+
+def fusers_for(state) -> list:
+    """The fusers of runtime/plan.py's hook, for plans sharing one generation state."""
+    def attention(plan, steps, bind, outputs):
+        return attention_stretch(plan, steps, bind, outputs, state)
+    return [residual_stretch, ffn_stretch, attention, output_stretch]
