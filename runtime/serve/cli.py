@@ -20,7 +20,10 @@ def listen(host: str, port: int) -> socket.socket:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:
         raise RkcError(f"--host {host!r} is not an IP address") from None
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: the accepted sockets inherit it, and asyncio sets TCP_NODELAY only on a socket whose
+    # proto says TCP. With 0 Nagle's algorithm stayed on, so an SSE event could wait for the client's (delayed, up
+    # to 40 ms) ACK of the one before; loopback ACKs at once, so the bench never saw it: a network client would.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
