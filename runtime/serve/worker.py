@@ -154,7 +154,8 @@ class Worker:
             if first and job.streamed:
                 # The event loop shares the GIL with this thread: while this thread computes, every step of the
                 # loop (wake, hand the piece to the request, write the socket) waits for a GIL switch, up to
-                # sys.getswitchinterval() (5 ms) each, which put 5-20 ms between the first token and the client.
+                # sys.getswitchinterval() (5 ms) each: a median 3-5 ms between the first token and the client, up
+                # to 17 ms in single requests (bench/server.py's chats on the null device).
                 # Blocked here this thread holds no GIL, so the loop writes the response start and the first
                 # piece at once; the next token waits about a millisecond, once per request.
                 job.first_piece_sent.wait(FIRST_PIECE_WAIT_S)
