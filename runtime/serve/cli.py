@@ -36,7 +36,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 def uvicorn_server(app):
     """A uvicorn server for `app`; .serve(sockets=[listen(...)]) runs it until stopped."""
-    import uvicorn
+    import uvicorn  # deferred: the HTTP server, once `rkrun serve` runs (not for its --help)
 
     return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                                          lifespan="on"))
@@ -59,7 +59,7 @@ def uvicorn_server(app):
 def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, cache_slots: int,
           template_file: str | None, device: str, cores: int) -> None:
     """Serve MODEL (an LLM .rkbin) over an OpenAI-compatible HTTP API and a chat page at /."""
-    import asyncio
+    import asyncio  # deferred with the rest: asyncio, the model's runtime (numba) and starlette load once it runs
 
     from rkc.ir.rkbin import read_rkbin
     from rkc.runtime.api import load
