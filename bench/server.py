@@ -104,12 +104,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def last_job(port: int) -> dict:
+def last_jobs(port: int, n: int = 1) -> list[dict]:
+    """The server's records of its latest n jobs, oldest first."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     conn.request("GET", "/health")
     jobs = json.loads(conn.getresponse().read())["queue"]["jobs"]
     conn.close()
-    return jobs[-1]
+    return jobs[-n:]
 
 
 def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
@@ -143,19 +144,22 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
             overhead.append((r["total_s"] - direct_s) / n)
             cpu_overhead.append((server_cpu - direct_cpu) / n)
             per_token.append(direct_s / n)
-            job = last_job(port)
+            job, = last_jobs(port)
             steps.append(job["engine_s"] / n)
             stream.append(job["stream_s"] / r["pieces"])
-            # a two-turn chat: time to first token with and without the history cached
+            # two-turn chats: time to first token with and without the history cached. The direct model replays
+            # them once the rep's chats are done (its cache following the server's), not between them: after a
+            # burst of CPU in this process a loaded machine's scheduler ran it late for its next request, 2-10
+            # ms counted as the server's, and only in the turns that came after one.
+            replay = []
             for kind, system in SYSTEMS.items():
-                chat = [{"role": "system", "content": f"{rep}. {system}"}, {"role": "user", "content": "hello"}]
-                a = stream_chat(port, chat, 8)
-                ja = last_job(port)
-                direct.chat(chat, max_tokens=8, temperature=0)  # the direct model's cache follows the server's
-                chat += [{"role": "assistant", "content": a["text"]}, {"role": "user", "content": "and the dog?"}]
-                b = stream_chat(port, chat, 8)
-                jb = last_job(port)
-                direct.chat(chat, max_tokens=8, temperature=0)
+                first = [{"role": "system", "content": f"{rep}. {system}"}, {"role": "user", "content": "hello"}]
+                a = stream_chat(port, first, 8)
+                second = first + [{"role": "assistant", "content": a["text"]},
+                                  {"role": "user", "content": "and the dog?"}]
+                b = stream_chat(port, second, 8)
+                ja, jb = last_jobs(port, 2)
+                replay += [first, second]
                 ttft[kind][0].append(a["ttft_s"])
                 ttft[kind][1].append(b["ttft_s"])
                 served[kind][0].append(ja["first_token"] - ja["queued"])
@@ -164,6 +168,8 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
                 served_cpu[kind][1].append(jb["first_token_cpu_s"])
                 cached[kind] = (b["usage"]["prompt_tokens_details"]["cached_tokens"], b["usage"]["prompt_tokens"],
                                 a["usage"]["prompt_tokens"])
+            for chat in replay:
+                direct.chat(chat, max_tokens=8, temperature=0)
     finally:
         p.terminate()
         p.wait(timeout=30)

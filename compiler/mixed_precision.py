@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rkc.compiler.fakequant import run_ops, start_env
+from rkc.compiler.quantize import load_calibration
 from rkc.compiler.reference import run_graph
 from rkc.ir.graph import Graph
 
@@ -59,8 +60,6 @@ def fp16_groups(graph: Graph, groups: Mapping[int, object], samples: Sequence[Ma
 def choose_fp16(graph: Graph, groups: Mapping[int, object], calib) -> dict[int, str]:
     """The fp16 anchors of an int8 build calibrated from `calib` (an .npz path),
     with the reason `rkc compile --explain` shows."""
-    from rkc.compiler.quantize import load_calibration
-
     samples = load_calibration(calib, graph)
     int8 = {i: g for i, g in groups.items() if getattr(g, "dtype", "int8") == "int8"}
     return {a: f"its int8 SQNR on the calibration set is {db:.1f} dB, below {SQNR_MIN_DB:g} dB"

@@ -4,6 +4,7 @@ compiler/ops: NPU constraints by their docstrings, CPU kernels by name."""
 from __future__ import annotations
 
 from rkc.compiler.ops import OPS
+from rkc.runtime.kernels import KERNELS
 
 
 def _first_line(fn) -> str:
@@ -11,8 +12,6 @@ def _first_line(fn) -> str:
 
 
 def supported_ops_markdown() -> str:
-    from rkc.runtime.kernels import KERNELS
-
     lines = [
         "# Supported ops",
         "",

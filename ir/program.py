@@ -26,7 +26,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from rkc.ir.errors import FormatError
+from rkc.ir.npu import geometry
 from rkc.ir.npu.regcmd import ENTRY_BYTES, PC_AMOUNT_MAX, PC_FETCH_ENTRIES
+from rkc.ir.types import DType
 
 # "host": constants only CPU steps read; the loader keeps them in host memory (no BO)
 REGION_KINDS = ("weights", "regcmd", "scratch", "io", "host")
@@ -254,8 +256,6 @@ class Module:
 
 
 def _check_tensor(t: TensorInfo) -> None:
-    from rkc.ir.types import DType
-
     if t.dtype not in {d.value for d in DType}:
         raise FormatError(f"tensor {t.name!r} has unknown dtype {t.dtype!r}")
     if t.layout not in TENSOR_LAYOUTS:
@@ -271,8 +271,6 @@ def _check_tensor(t: TensorInfo) -> None:
         if t.nbytes != want:
             raise FormatError(f"tensor {t.name!r} declares {t.nbytes} bytes, but {t.shape} x {t.dtype} is {want}")
     elif t.region is not None:
-        from rkc.ir.npu import geometry
-
         try:
             want = geometry.nbytes(t.shape, t.layout, DType(t.dtype).itemsize)
         except ValueError as exc:

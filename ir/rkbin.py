@@ -49,7 +49,7 @@ def _digest(data: np.ndarray) -> str:
 def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray | bytes]) -> int:
     """Write atomically (temporary file in the same folder, then rename).
     Returns the file size. Validates the module against the blobs first."""
-    import gguf
+    import gguf  # deferred: a heavy library, which `rkc --help` and `rkrun --help` must not load
 
     raw = {name: _as_bytes(b) for name, b in blobs.items()}
     for name in raw:
@@ -69,7 +69,7 @@ def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray
 
 def write_blobs(writer, raw: Mapping[str, np.ndarray]) -> None:
     """Add every blob (uint8) to a GGUFWriter whose key/values are set, and write the file."""
-    import gguf
+    import gguf  # deferred: a heavy library (see write_rkbin)
 
     for name, data in raw.items():
         # GGUF has no u8 type: raw bytes travel as I8 and are viewed back as u8
@@ -109,7 +109,7 @@ def read_rkbin(path: str | Path) -> Rkbin:
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise FormatError(f"{path}: not an rkbin file (no GGUF magic)")
-    import gguf
+    import gguf  # deferred: a heavy library (see write_rkbin)
 
     try:
         reader = gguf.GGUFReader(path)

@@ -8,6 +8,8 @@ from typing import Union
 
 import numpy as np
 
+from rkc.ir.errors import VerifyError
+
 
 class DType(str, Enum):
     INT8 = "int8"
@@ -59,8 +61,6 @@ MAX_TENSOR_BYTES = 1 << 31
 
 def check_tensor_size(shape, itemsize: int, what: str) -> None:
     """Raise VerifyError if a tensor of `shape` (static dims) exceeds MAX_TENSOR_BYTES."""
-    from rkc.ir.errors import VerifyError
-
     n = itemsize
     for d in shape:
         if isinstance(d, int):
@@ -119,6 +119,6 @@ class TensorType:
         return int(np.prod(self.shape, dtype=np.int64))
 
     def __str__(self) -> str:
-        from rkc.ir.text import format_type
+        from rkc.ir.text import format_type  # here: rkc.ir.text imports this module
 
         return format_type(self)

@@ -8,6 +8,6 @@ driver or the built-in simulator) and CPU ops in numpy.
 
 def load(path, device="auto", quiet: bool = True):
     """Load an rkbin onto a device ("auto", "sim", "rocket" or a Device); see runtime.loader."""
-    from rkc.runtime.loader import load as _load
+    from rkc.runtime.loader import load as _load  # deferred: `import rkc` stays free of numpy and the runtime
 
     return _load(path, device, quiet)

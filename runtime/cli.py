@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from rkc.ir.cli_support import ErrorReportingCommand, debug_option
 from rkc.ir.errors import RkcError
 from rkc.runtime.devices import device_options
+from rkc.runtime.serve.cli import serve
 
 
 class RkrunCommand(ErrorReportingCommand):
     """`rkrun serve ...` is its own command (rkc.runtime.serve.cli); everything else is rkrun's."""
 
     def main(self, args=None, prog_name=None, **extra):
-        import sys
-
         args = list(sys.argv[1:] if args is None else args)
         if args[:1] == ["serve"]:
-            from rkc.runtime.serve.cli import serve
-
             return serve.main(args[1:], prog_name=f"{prog_name or 'rkrun'} serve", **extra)
         return super().main(args, prog_name=prog_name, **extra)
 
@@ -60,6 +59,8 @@ def main(model: str | None, replay_case: str | None, inputs: str | None, outputs
     rkrun --replay CASE.json --device rocket              # replay a captured regcmd case
     rkrun serve model.rkbin --port 8080                   # an LLM: OpenAI-compatible HTTP API
     """
+    # Each path imports only what it runs (the replay, the rkbin reader, the LLM or the ONNX runner): `rkrun --help`
+    # loads none of them.
     if replay_case is not None:
         from rkc.runtime.replay import run_cli
 

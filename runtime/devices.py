@@ -59,7 +59,7 @@ def open_device(kind: str = "auto", quiet: bool = False, **options) -> Device:
 def device_options(f):
     """`--device` and `--cores` for a click command; the command gets `device`
     (auto|sim|rocket) and `cores` and passes them to open_device(device, cores=cores)."""
-    import click
+    import click  # deferred: only the CLIs need it, not rkc.load()
 
     f = click.option("--cores", type=click.IntRange(1, 3), default=3, show_default=True,
                      help="NPU cores (rocket: one fd per core; jobs are spread over them).")(f)

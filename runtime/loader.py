@@ -22,6 +22,7 @@ from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Module, TensorInfo
 from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime.device import BufferObject, Device
+from rkc.runtime.execute import run_program
 from rkc.runtime.module_check import check_module
 
 GUARD_BYTES = 4096  # one page at IOVA 0 that no job lists (see _place_guard)
@@ -100,8 +101,6 @@ class LoadedModel:
     def run(self, feeds: Mapping[str, np.ndarray], program: str | None = None,
             observe=None) -> dict[str, np.ndarray]:
         """`observe(step, read)`: called after every step (debugging, tools/int8_layers.py)."""
-        from rkc.runtime.execute import run_program
-
         prog = self.module.programs[0] if program is None else self.module.program(program)
         outputs, self.last_run = run_program(self, prog, feeds, observe)
         return outputs
@@ -145,7 +144,7 @@ def load(path: str | Path, device: Device | str = "auto", quiet: bool = True) ->
     if device == "auto" and not needs_device(rkbin.module):
         return LoadedModel(rkbin, None)  # CPU steps only: no NPU involved
     if isinstance(device, str):
-        from rkc.runtime.devices import open_device
+        from rkc.runtime.devices import open_device  # deferred: the simulator and the rocket driver, when named
 
         return LoadedModel(rkbin, open_device(device, quiet=quiet), own_device=True)
     return LoadedModel(rkbin, device)

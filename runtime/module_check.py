@@ -15,6 +15,8 @@ import numpy as np
 from rkc.ir.errors import FormatError, RkcError
 from rkc.ir.program import TENSOR_LAYOUTS, Module, Step, TensorInfo
 from rkc.ir.types import DType
+from rkc.runtime.kernels import BROADCASTING, SHAPE_OF_FIRST, check_binding
+from rkc.runtime.llm.kernel_attrs import attribute_problem, output_shape
 
 # attribute -> what it must be; the rank is that of the step's first input
 _AXIS = "axis"  # one axis of the input
@@ -40,7 +42,7 @@ def check_module(module: Module) -> None:
         if t.region is not None and t.layout in NPU_LAYOUTS and not all(d > 0 for d in t.shape):
             raise FormatError(f"tensor {t.name!r} has shape {t.shape} in NPU layout {t.layout!r}: the NPU reads "
                               "and writes no empty cube")
-    from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
+    from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS  # deferred: the LLM kernels, ~90 ms, for LLM modules
 
     llm = module.metadata.get("model_kind") == "llm"  # its CPU steps run LLM kernels where one has the name
     stored = {t.name for t in module.tensors if t.region is not None}  # in a BO or host region from the start
@@ -79,8 +81,6 @@ def _check_dataflow(prog, stored: set[str]) -> None:
 
 
 def _check_llm_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:
-    from rkc.runtime.llm.kernel_attrs import attribute_problem
-
     problem = attribute_problem(step.op, len(step.inputs), step.attrs)
     if problem is None and not all(step.inputs):
         problem = f"{step.op} has an absent input (an LLM kernel has no optional ones)"
@@ -94,9 +94,6 @@ def _check_output_shape(where: str, step: Step, tensors: dict[str, TensorInfo], 
     """The first output's declared shape is what the op makes of its inputs' declared
     shapes, where that follows from the op alone (elementwise, normalizations, the
     LLM kernels of runtime/llm/kernel_attrs.py)."""
-    from rkc.runtime.kernels import BROADCASTING, SHAPE_OF_FIRST
-    from rkc.runtime.llm.kernel_attrs import output_shape
-
     if not step.outputs or step.outputs[0] not in tensors:
         return
     names = [n for n in step.inputs if n]
@@ -132,8 +129,6 @@ def _ints(value) -> bool:
 
 
 def _check_cpu_step(where: str, step: Step, tensors: dict[str, TensorInfo]) -> None:
-    from rkc.runtime.kernels import check_binding
-
     try:
         check_binding(step.op, len(step.inputs), step.attrs, where)
     except RkcError as exc:

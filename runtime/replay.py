@@ -103,7 +103,7 @@ def replay(case: CapturedCase | str | Path, device: Device | None = None) -> Rep
         case = load_case(case)
     own = device is None
     if own:
-        from rkc.runtime.sim import SimDevice
+        from rkc.runtime.sim import SimDevice  # deferred: the simulator, for a caller that brings no device
         device = SimDevice()
     try:
         compare = _replay_mesa if case.schema == MESA else _replay_gemm
@@ -252,7 +252,7 @@ def run_cli(path: str, device: str = "auto", cores: int = 3, **device_options) -
     """`rkrun --replay CASE.json [--device ...] [--cores N]`: print the comparison,
     0 only within tolerance. The capture is read before any device opens;
     `device_options` go to runtime.devices.open_device (tests pass an emulated kernel)."""
-    import click
+    import click  # deferred: click and the devices (the simulator, the rocket driver) serve `rkrun --replay` only
 
     from rkc.runtime.devices import open_device
 

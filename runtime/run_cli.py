@@ -6,8 +6,12 @@ from __future__ import annotations
 import click
 import numpy as np
 
+from rkc.ir.atomic import atomic_output
 from rkc.ir.errors import FormatError, RkcError
 from rkc.ir.npu.perf import describe
+from rkc.ir.rkbin import read_rkbin
+from rkc.runtime.api.onnx import OnnxModel
+from rkc.runtime.execute import check_feeds
 
 
 def read_inputs(path: str | None) -> dict[str, np.ndarray]:
@@ -24,17 +28,11 @@ def read_inputs(path: str | None) -> dict[str, np.ndarray]:
 
 def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
     """Atomically: a temporary file next to it, then rename."""
-    from rkc.ir.atomic import atomic_output
-
     with atomic_output(path, suffix=".npz") as tmp:
         np.savez(tmp, **outputs)
 
 
 def run_once(model_path: str, inputs: str | None, outputs: str | None, device: str, cores: int = 3) -> None:
-    from rkc.ir.rkbin import read_rkbin
-    from rkc.runtime.api.onnx import OnnxModel
-    from rkc.runtime.execute import check_feeds
-
     feeds = read_inputs(inputs)
     rkbin = read_rkbin(model_path)
     program = rkbin.module.programs[0]

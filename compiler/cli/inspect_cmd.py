@@ -10,6 +10,9 @@ import click
 
 from rkc.compiler.inspect import figures, layers_csv, summary
 from rkc.compiler.inspect.picture import picture, write_pictures
+from rkc.compiler.llm.cpu_work import load_host_costs
+from rkc.compiler.llm.report import figures as llm_figures
+from rkc.compiler.llm.report import summary_lines
 from rkc.compiler.probe.dram import bandwidth_from
 from rkc.ir.atomic import write_atomic
 from rkc.ir.npu.perf import PerfModel
@@ -52,8 +55,6 @@ def inspect_command(model: str, dot_path: str | None, svg_path: str | None, png_
     llm = module.metadata.get("model_kind") == "llm"
     if as_json or json_path:
         if llm:
-            from rkc.compiler.llm.report import figures as llm_figures
-
             text = json.dumps(llm_figures(module, perf), indent=1)
         else:
             text = json.dumps(figures(module, perf), indent=1)
@@ -63,9 +64,6 @@ def inspect_command(model: str, dot_path: str | None, svg_path: str | None, png_
             click.echo(text)
             return
     if llm:
-        from rkc.compiler.llm.cpu_work import load_host_costs
-        from rkc.compiler.llm.report import summary_lines
-
         costs = load_host_costs(host_costs, module.metadata.get("precision", "?")) if host_costs else None
         for line in summary_lines(module, perf, costs):
             click.echo(line)

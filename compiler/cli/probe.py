@@ -21,6 +21,9 @@ from rkc.compiler.probe.programs import PROBES
 from rkc.ir.atomic import write_atomic
 from rkc.ir.errors import RkcError
 from rkc.runtime.devices import rocket_status
+from rkc.runtime.rocket import RocketDevice, soc
+from rkc.runtime.rocket.board import gather
+from rkc.runtime.rocket.kernel import LinuxKernel
 from rkc.runtime.sim import SimDevice
 from rkc.runtime.sim.quirks import DEFAULT
 
@@ -70,18 +73,13 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_f
     if unknown:
         raise RkcError(f"unknown probe(s) {', '.join(sorted(unknown))} (see rkc probe --list)")
     selected = [p for p in PROBES if not only or p.name in only]
-
-    from rkc.runtime.rocket import RocketDevice, soc
-    from rkc.runtime.rocket.board import gather
-    from rkc.runtime.rocket.kernel import LinuxKernel
-
     kernel = LinuxKernel(os.path.join(root, "dev", "accel"))
     on_npu, why = rocket_status(kernel)
     if on_npu:
         def make_npu(hypothesis):
             return RocketDevice(kernel=kernel, quiet=True)
         target = f"NPU ({why})"
-    else:
+    else:  # deferred: the emulated kernel and its simulator executor, only on a machine without the NPU
         from rkc.runtime.rocket.emulated import CHAIN_PATCHED, EmulatedKernel
         from rkc.runtime.rocket.sim_executor import SimExecutor
 

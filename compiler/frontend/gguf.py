@@ -48,6 +48,7 @@ class GgufFile:
     """A GGUF file's metadata (plain values, tokenizer arrays excepted) and tensors."""
 
     def __init__(self, path: str | Path) -> None:
+        # deferred: the reader stands on the gguf library (heavy), which `rkc --help` must not load
         from rkc.compiler.frontend.gguf_reader import MappedGgufReader
 
         self.path = Path(path)
@@ -92,7 +93,7 @@ class GgufFile:
 
     def dequantize_rows(self, name: str, rows: slice | np.ndarray) -> np.ndarray:
         """fp32 rows of a 2-D tensor (a slice or row ids), the others not read."""
-        import gguf
+        import gguf  # deferred (see __init__)
 
         t = self.tensors[name]
         if len(self.shape(name)) != 2 or t.tensor_type.name not in SUPPORTED_TYPES:
@@ -103,7 +104,7 @@ class GgufFile:
     def dequantize(self, name: str, dtype: type = np.float32) -> np.ndarray:
         """fp32 values in numpy order, whatever the stored type, held as `dtype`
         (fp16: the fp32 values rounded, without a whole fp32 copy)."""
-        import gguf
+        import gguf  # deferred (see __init__)
 
         t = self.tensors[name]
         kind = t.tensor_type.name

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rkc.ir.errors import FormatError, UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.text import parse_graph
 
 
 def load(path: Path, input_shapes=None, bind=None) -> Graph:
     if input_shapes or bind:
-        from rkc.ir.errors import UnsupportedError
-
         raise UnsupportedError(f"{path}: --input-shape and bound inputs apply to ONNX models; IR text declares its shapes")
     try:
         text = path.read_text()
     except UnicodeDecodeError:
-        from rkc.ir.errors import FormatError
-
         raise FormatError(f"{path}: IR text must be UTF-8") from None
     graph = parse_graph(text, source=str(path))
     graph.verify()

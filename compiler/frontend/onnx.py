@@ -22,9 +22,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from rkc.compiler.ops import OPS, infer_for
 from rkc.ir.errors import FormatError, UnsupportedError, VerifyError
-from rkc.ir.graph import Graph
+from rkc.ir.graph import Graph, Op
 from rkc.ir.types import DType, TensorType, check_tensor_size
+from rkc.runtime.kernels import KERNELS
 
 MIN_OPSET = 7  # older files are rejected; opsets 7-10 (e.g. the onnx `light_*` models) are read as well
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -38,6 +40,8 @@ LEGACY_IGNORED = {"consumed_inputs", "is_test", "spatial"}
 
 
 def _onnx():
+    # onnx is deferred, here and in every function below that imports from it: a heavy library (protobuf, its
+    # reference evaluator) that `rkc --help` and IR text or GGUF compiles must not load
     import onnx
 
     return onnx
@@ -160,7 +164,7 @@ def _static_shape(value_info) -> tuple[int, ...] | None:
 def _evaluate(node, values: Mapping[str, np.ndarray], opset: int) -> list[np.ndarray]:
     """Run one node on constant inputs with onnx's reference evaluator."""
     onnx = _onnx()
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # deferred (see _onnx)
     from onnx.reference import ReferenceEvaluator
 
     if node.op_type == "Constant":
@@ -174,7 +178,7 @@ def _evaluate(node, values: Mapping[str, np.ndarray], opset: int) -> list[np.nda
 
 
 def _constant_value(node) -> np.ndarray:
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # deferred (see _onnx)
 
     attr = node.attribute[0]
     value = helper.get_attribute_value(attr)
@@ -193,7 +197,7 @@ SMALL_CONSTANT = 64  # elements: constants up to this size stay visible to ONNX'
 def _skeleton(model, consts: Mapping[str, np.ndarray]):
     """A copy of `model` whose large constants are typed graph inputs instead of
     initializers: shape inference then never serialises megabytes of weights."""
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # deferred (see _onnx)
 
     onnx = _onnx()
     skel = onnx.ModelProto()
@@ -216,7 +220,7 @@ def _skeleton(model, consts: Mapping[str, np.ndarray]):
 
 def _initializer(init, source: str) -> np.ndarray:
     """An initializer's value; its declared shape bounded and matched by its data."""
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # deferred (see _onnx)
 
     try:
         itemsize = helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
@@ -239,7 +243,7 @@ def _initializer(init, source: str) -> np.ndarray:
 
 def _check_shapes(value_infos, source: str) -> None:
     """Every shape ONNX inferred, bounded before anything of that size exists."""
-    from onnx import helper
+    from onnx import helper  # deferred (see _onnx)
 
     for vi in value_infos:
         shape = _static_shape(vi)
@@ -282,8 +286,6 @@ def fold_constants(model, source: str):
     Returns (model, constants): the model holds the remaining nodes with
     inferred value_info and no initializer data; `constants` maps every
     constant tensor name to its value."""
-    from onnx import numpy_helper
-
     opset = default_opset(model)
     input_names = {i.name for i in _real_inputs(model.graph)}
     consts = {i.name: _initializer(i, source) for i in model.graph.initializer if i.name not in input_names}
@@ -353,7 +355,7 @@ def _type_of(value_info, what: str) -> TensorType | None:
 
 
 def _attr_value(node, attr, opset: int):
-    from onnx import AttributeProto, helper, numpy_helper
+    from onnx import AttributeProto, helper, numpy_helper  # deferred (see _onnx)
 
     where = f"op {node.op_type} {node.name!r}"
     if attr.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
@@ -398,8 +400,6 @@ class _Translator:
         self.opset = default_opset(model)
         self.g = Graph(name=model.graph.name or Path(source).stem)
         self.types: dict[str, TensorType | None] = {}
-        from rkc.compiler.ops import infer_for
-
         self.infer = infer_for(self.g)
         self.fresh = 0
 
@@ -514,8 +514,6 @@ class _Translator:
         for i in inputs:
             if i and i not in self.g.tensors:
                 raise FormatError(f"{self.source}: node {name!r} ({op_type}) reads {i!r} before it is produced")
-        from rkc.ir.graph import Op
-
         probe = Op(op_type, inputs, outputs, attrs, name)
         ours = self.infer(probe, [self.g.tensors[i].type if i else None for i in inputs])
         decls = []
@@ -538,9 +536,6 @@ def _all_known(t: TensorType) -> bool:
 
 def check_known(op_type: str, where: str) -> None:
     """An op rkc neither lowers nor has a CPU kernel for is a one-line error."""
-    from rkc.compiler.ops import OPS
-    from rkc.runtime.kernels import KERNELS
-
     if op_type not in OPS and op_type not in KERNELS:
         raise UnsupportedError(f"{where}: ONNX op {op_type} is not supported by rkc")
 
@@ -568,7 +563,7 @@ def check_attribute_types(node, opset: int, where: str) -> None:
 def bind_inputs(model, values: Mapping[str, np.ndarray], source: str) -> None:
     """Turn graph inputs into constants with the given values (like binding
     weights that a model takes as inputs); they then fold like initializers."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # deferred (see _onnx)
 
     inputs = {i.name: i for i in _real_inputs(model.graph)}
     for name, value in values.items():

@@ -11,9 +11,11 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Iterable, Iterator, MutableMapping, TypeVar
 
+import click
 import numpy as np
 
 from rkc.compiler.frontend.gguf import DEQUANT_ROWS, GgufFile
+from rkc.runtime.llm.weights import Weight
 
 T = TypeVar("T")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -28,8 +30,6 @@ def progress(items: Iterable[T], label: str, show: bool | None = None) -> Iterat
     if not show:
         yield items
         return
-    import click
-
     with click.progressbar(list(items), label=label, file=sys.stderr, show_pos=True) as bar:
         yield bar
 
@@ -160,6 +160,4 @@ def gather_only_tables(graph) -> list[str]:
 
 def runtime_weight(w):
     """A float weight as the CPU kernels read it (a RowTable gathers its own rows)."""
-    from rkc.runtime.llm.weights import Weight
-
     return w if isinstance(w, RowTable) else Weight(w)

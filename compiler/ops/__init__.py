@@ -25,6 +25,7 @@ from rkc.compiler.npu import api
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph, Op, ShapeRule
 from rkc.ir.types import TensorType
+from rkc.runtime.kernels import KERNELS, check_binding
 
 
 @dataclass
@@ -112,6 +113,7 @@ class OpSpec:
 
 
 def _load_specs() -> dict[str, OpSpec]:
+    # here: each op module imports this package (OpSpec, NpuLowering)
     from rkc.compiler.ops import conv, elementwise, matmul, norm, pool, quant, reduce, resize, shape
 
     specs: dict[str, OpSpec] = {}
@@ -158,8 +160,6 @@ def npu_verdict(ctx: OpContext) -> tuple[bool, str]:
 
 def check_cpu(ctx: OpContext) -> None:
     """Raise UnsupportedError when the op cannot run on the CPU either."""
-    from rkc.runtime.kernels import KERNELS, check_binding
-
     spec = OPS.get(ctx.op.type)
     name = spec.kernel_name if spec else ctx.op.type
     if name not in KERNELS:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from rkc.compiler.npu import api
 from rkc.compiler.ops import NpuLowering, OpSpec
 from rkc.compiler.ops.constraints import BASIC, cpu_only
-from rkc.compiler.ops.rules import broadcast, need, same, with_dtype
+from rkc.compiler.ops.rules import broadcast, broadcast_shapes, need, same, with_dtype
 from rkc.ir.types import DType, TensorType
 
 
@@ -45,8 +45,6 @@ def cast_shape(ctx):
 
 
 def where_shape(ctx):
-    from rkc.compiler.ops.rules import broadcast_shapes
-
     shapes = [need(ctx, i).shape for i in range(3)]
     return [TensorType(need(ctx, 1).dtype, broadcast_shapes(shapes, f"op {ctx.op.describe()}"))]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from rkc.compiler.ops import infer_for
 from rkc.compiler.passes import affine, canonicalize, flat_head, fold_batchnorm, fuse
 from rkc.compiler.passes.edit import remove_dead
 from rkc.ir.graph import Graph, Op
@@ -42,8 +43,6 @@ def apply(graph: Graph, rewrites: Sequence[Rewrite], limit: int = 100_000) -> in
 def run_passes(graph: Graph, int8: bool = False) -> Graph:
     """`int8`: the graph becomes a calibrated int8 program (its tensors are
     calibrated after the passes), which adds the int8-only rewrites."""
-    from rkc.compiler.ops import infer_for
-
     apply(graph, PIPELINE)
     apply(graph, (*affine.INT8_REWRITES, *AFFINE) if int8 else AFFINE)
     graph.verify(infer_for(graph))

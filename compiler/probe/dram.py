@@ -28,6 +28,9 @@ from typing import Callable
 
 import numpy as np
 
+from rkc.compiler.npu import api
+from rkc.compiler.npu.dispatch import emit
+from rkc.compiler.probe import emitted
 from rkc.ir.errors import RkcError
 
 MIB = 1 << 20
@@ -117,10 +120,6 @@ def npu_weight_stream(device, k: int = NPU_K, n: int = NPU_N, runs: int = NPU_RU
     """Time an int8 GEMV (M=1) whose K x N weights stream from DRAM on every run.
 
     The result is checked against numpy once, so a wrong program cannot pass for a fast one."""
-    from rkc.compiler.npu import api
-    from rkc.compiler.npu.dispatch import emit
-    from rkc.compiler.probe import emitted
-
     m = 1
     rng = np.random.default_rng(20261201)
     a = rng.integers(-128, 128, (m, k)).astype(np.int8)

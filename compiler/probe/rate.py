@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from rkc.compiler.emitter_ops import emit_options
+from rkc.compiler.npu import api
+from rkc.compiler.npu.dispatch import emit
+from rkc.compiler.probe import emitted
 from rkc.ir.errors import RkcError
+from rkc.ir.npu.perf import PerfModel
 
 GEMM = (512, 3840, 4096)  # M, K, N: rocket-userspace's published shape (bench/published.py)
 CASES = (("int8", 1), ("int8", 3), ("fp16", 1), ("fp16", 3))  # precision, cores
@@ -27,12 +32,6 @@ SIM_NOTE = ("not measurable here: no NPU on this machine, and the simulator mode
 
 def gemm_rate(device, precision: str, cores: int, shape: tuple[int, int, int] = GEMM, runs: int = RUNS) -> dict:
     """Time rkc's GEMM program of `shape` on `device` (a kick per task, as stock rocket runs it)."""
-    from rkc.compiler.emitter_ops import emit_options
-    from rkc.compiler.npu import api
-    from rkc.compiler.npu.dispatch import emit
-    from rkc.compiler.probe import emitted
-    from rkc.ir.npu.perf import PerfModel
-
     m, k, n = shape
     rng = np.random.default_rng(20261201)
     if precision == "int8":

@@ -9,6 +9,7 @@ import numpy as np
 
 from rkc.ir.errors import FormatError
 from rkc.ir.npu.regcmd import as_entries
+from rkc.ir.rkbin import read_rkbin
 
 GGUF_MAGIC = b"GGUF"
 
@@ -18,8 +19,6 @@ def load_regcmd_streams(path: str | Path) -> list[tuple[str, np.ndarray]]:
     path = Path(path)
     data = path.read_bytes()
     if data[:4] == GGUF_MAGIC:
-        from rkc.ir.rkbin import read_rkbin  # local import: only rkbin files need it
-
         return read_rkbin(path).regcmd_streams()
     if data[:1] in (b"{", b"["):
         return _golden_streams(path, data)

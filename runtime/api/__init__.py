@@ -18,6 +18,7 @@ def load(path: "str | Path | Rkbin", device: str = "auto", cores: int = 3, ctx: 
     else the simulator), sim or rocket. LLMs only: ctx (context size, default
     the model's), cache_slots (conversations whose KV the prefix cache keeps),
     chat_template (Jinja, for a GGUF without tokenizer.chat_template)."""
+    # deferred: `import rkc` stays free of numpy and the runtime; an ONNX model does not load the LLM engine (numba)
     from rkc.ir.rkbin import Rkbin, read_rkbin
 
     rk = path if isinstance(path, Rkbin) else read_rkbin(path)

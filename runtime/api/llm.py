@@ -24,6 +24,7 @@ from rkc.ir.errors import RkcError
 from rkc.runtime.api.stops import StopScanner
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.generate import Generator, Sampler, Timings
+from rkc.runtime.llm.tokenizer import TextStream
 
 ROLES = ("system", "user", "assistant")
 
@@ -90,7 +91,7 @@ def render_chat(template: str | None, messages: Sequence[dict[str, str]]) -> str
     if not template:
         raise RequestError("the model has no chat template (tokenizer.chat_template; rkrun serve --chat-template "
                            "gives one)", "messages")
-    import jinja2
+    import jinja2  # deferred: ~0.5 s to import, and only chats need it
 
     try:  # BOS: the tokenizer adds it, so the template's {{ bos_token }} is empty
         return _compiled_template(template).render(messages=list(messages), add_generation_prompt=True,
@@ -107,7 +108,8 @@ def _raise_exception(msg: str) -> None:
 def _compiled_template(template: str):
     """The template parsed and compiled once: compiling it took ~0.8 ms a
     request, as much as prefilling a short chat turn on the null device."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment  # a template is the model file's code: fenced
+    # deferred as in render_chat; the sandbox because a template is the model file's code: fenced
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_exception
@@ -273,8 +275,6 @@ class LlmModel:
 
     def _pieces(self, ids: list[int], limit: int, sampler: Sampler, stops: list[str], box: list[Completion],
                 cancel: threading.Event | None, ignore_eos: bool = False) -> Iterator[str]:
-        from rkc.runtime.llm.tokenizer import TextStream
-
         if not self._busy.acquire(blocking=False):
             raise RkcError("one generation at a time: finish or close the running stream first")
         slot, reuse = self._pick(ids)

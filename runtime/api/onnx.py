@@ -7,13 +7,13 @@ from typing import Mapping
 import numpy as np
 
 from rkc.ir.rkbin import Rkbin
-from rkc.runtime.execute import RunStats
+from rkc.runtime.execute import RunStats, check_feeds
+from rkc.runtime.loader import LoadedModel, needs_device
 
 
 class OnnxModel:
     def __init__(self, rk: Rkbin, device: str = "auto", cores: int = 3) -> None:
-        from rkc.runtime.devices import open_device
-        from rkc.runtime.loader import LoadedModel, needs_device
+        from rkc.runtime.devices import open_device  # deferred: the simulator and the rocket driver, when needed
 
         self.rkbin = rk
         self.program = rk.module.programs[0]
@@ -35,8 +35,6 @@ class OnnxModel:
 
     def check(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Raise InputError for a missing, unknown or misshapen input (before anything runs)."""
-        from rkc.runtime.execute import check_feeds
-
         check_feeds(self.program, self._tensors, inputs)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

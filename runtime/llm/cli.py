@@ -32,12 +32,13 @@ class LlmRunOptions:
 
 def chat_prompt(template: str | None, user: str) -> str:
     """One user turn in the model's chat template."""
-    from rkc.runtime.api.llm import render_chat
+    from rkc.runtime.api.llm import render_chat  # deferred: the API module loads the engine (numba)
 
     return render_chat(template, [{"role": "user", "content": user}])
 
 
 def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -> None:
+    # deferred: the engine (numba, the devices) and the tokenizer (tokenizers) load when an LLM runs, not for --help
     from rkc.runtime.api.llm import LlmModel
     from rkc.runtime.llm.engine import LlmEngine
     from rkc.runtime.llm.generate import Generator

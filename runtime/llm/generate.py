@@ -9,6 +9,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from rkc.ir.atomic import atomic_output
 from rkc.ir.errors import RkcError
 from rkc.ir.llm import DECODE
 from rkc.ir.npu.perf import describe
@@ -201,8 +202,6 @@ class Generator:
         (row i predicts token i + 1 of the windows perplexity cuts; N is the
         count perplexity reports), written to `path` (.npy) atomically and row
         block by row block (a 262k vocabulary makes 1 MB per row)."""
-        from rkc.ir.atomic import atomic_output
-
         n = sum(len(w) - 1 for w in self.windows(tokens, ctx))
         if n == 0:
             raise RkcError("teacher-forced logits need at least two tokens of text")

@@ -68,7 +68,8 @@ class LlmTokenizer:
     @classmethod
     def from_gguf_fields(cls, fields: Mapping[str, Any], path: str = "model") -> "LlmTokenizer":
         """`fields`: GGUF key -> plain value (tokenizer arrays included)."""
-        from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+        # deferred: the tokenizers library (a native extension) loads when a tokenizer is built
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
         kind = fields.get("tokenizer.ggml.model")
         tokens = list(fields.get("tokenizer.ggml.tokens") or [])
@@ -98,7 +99,6 @@ class LlmTokenizer:
             merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges") or []]
             model = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=False)
             tok = Tokenizer(model)
-            from tokenizers import Regex
 
             tok.pre_tokenizer = pre_tokenizers.Sequence([
                 pre_tokenizers.Split(Regex(BPE_PRE_REGEX[pre]), behavior="isolated"),
@@ -136,7 +136,7 @@ class LlmTokenizer:
 
     @classmethod
     def from_gguf(cls, path: str) -> "LlmTokenizer":
-        import gguf
+        import gguf  # deferred: a heavy library, for the compiler's reading of a GGUF only
 
         try:
             reader = gguf.GGUFReader(path)
@@ -152,7 +152,7 @@ class LlmTokenizer:
 
     @classmethod
     def from_json(cls, text: str) -> "LlmTokenizer":
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # deferred, as in from_gguf_fields
 
         try:
             d = json.loads(text)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from rkc.ir.errors import RkcError
 from rkc.runtime.rocket import soc, uapi
 from rkc.runtime.rocket.board import RATE_SLACK_HZ, TARGET_HZ, BoardFacts, gather
+from rkc.runtime.rocket.device import RocketDevice
 from rkc.runtime.rocket.kernel import KernelInterface, LinuxKernel
 
 OK, INFO, WARN, FAIL = "OK", "INFO", "WARN", "FAIL"
@@ -126,8 +127,6 @@ def build_report(root: str = "/", kernel: KernelInterface | None = None) -> Repo
                                    "time (kernel/patches/0004 adds it)"))
 
     if rocket:
-        from rkc.runtime.rocket.device import RocketDevice
-
         try:
             with RocketDevice(rocket[0].path, kernel=kernel, quiet=True) as dev:
                 r.device = dev.describe()

@@ -61,6 +61,7 @@ import numpy as np
 
 from rkc.runtime.rocket import uapi
 from rkc.runtime.rocket.executors import PAGE, Executor, NpuFault, NpuModel, PcModel, TraceExecutor
+from rkc.runtime.rocket.kernel import sort_nodes
 
 APERTURE = (0, 1 << 32)  # rockchip IOMMU: 32-bit IOVAs from 0
 MMAP_OFFSET_START = 1 << 32  # DRM_FILE_PAGE_OFFSET_START on 64-bit, in bytes
@@ -331,7 +332,6 @@ class EmulatedKernel:
     # --- KernelInterface -------------------------------------------------------------------
 
     def list_nodes(self) -> list[str]:
-        from rkc.runtime.rocket.kernel import sort_nodes
         by_name = {p.rsplit("/", 1)[-1]: p for p in self.nodes}
         return [by_name[n] for n in sort_nodes(by_name)]
 

@@ -92,7 +92,7 @@ class Api:
             if kind == "completion":
                 options.setdefault("max_tokens", COMPLETION_MAX_TOKENS)
             job = self.worker.submit(Job(kind, body["messages"] if kind == "chat" else body["prompt"], options,
-                                         asyncio.get_running_loop()))
+                                         asyncio.get_running_loop(), streamed=bool(body.get("stream"))))
         except HttpError as exc:
             return _error(exc)
         except QueueFull as exc:
@@ -139,6 +139,7 @@ class Api:
                 if name == "piece":
                     t = time.thread_time()  # CPU time: waiting for the GIL the NPU thread holds is none
                     yield event(self._chunk(kind, rid, created, value, None))
+                    job.first_piece_sent.set()  # resumed: uvicorn has written it to the socket
                     job.stream_s += time.thread_time() - t  # to JSON, SSE, through uvicorn to the socket
                 elif name == "done":
                     yield event(self._chunk(kind, rid, created, None, value.finish_reason))
@@ -152,7 +153,7 @@ class Api:
                     yield event(HttpError(500, "internal error", kind="server_error").body())
                     return
         finally:  # the client went away (or the stream ended): the NPU stops at the next token
-            job.cancelled.set()
+            job.cancel()
 
 
 class _JobStream(StreamingResponse):
@@ -166,7 +167,7 @@ class _JobStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.job.cancelled.set()
+            self.job.cancel()
 
 
 async def _read_body(request: Request) -> bytes:
@@ -189,7 +190,7 @@ async def _next_event(job: Job, gone: asyncio.Future) -> tuple[str, Any] | None:
     if getter in done:
         return getter.result()
     getter.cancel()
-    job.cancelled.set()
+    job.cancel()
     return None
 
 

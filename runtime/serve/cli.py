@@ -20,7 +20,10 @@ def listen(host: str, port: int) -> socket.socket:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:
         raise RkcError(f"--host {host!r} is not an IP address") from None
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: the accepted sockets inherit it, and asyncio sets TCP_NODELAY only on a socket whose
+    # proto says TCP. With 0 Nagle's algorithm stayed on, so an SSE event could wait for the client's (delayed, up
+    # to 40 ms) ACK of the one before; loopback ACKs at once, so the bench never saw it: a network client would.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -33,7 +36,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 def uvicorn_server(app):
     """A uvicorn server for `app`; .serve(sockets=[listen(...)]) runs it until stopped."""
-    import uvicorn
+    import uvicorn  # deferred: the HTTP server, once `rkrun serve` runs (not for its --help)
 
     return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                                          lifespan="on"))
@@ -56,7 +59,7 @@ def uvicorn_server(app):
 def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, cache_slots: int,
           template_file: str | None, device: str, cores: int) -> None:
     """Serve MODEL (an LLM .rkbin) over an OpenAI-compatible HTTP API and a chat page at /."""
-    import asyncio
+    import asyncio  # deferred with the rest: asyncio, the model's runtime (numba) and starlette load once it runs
 
     from rkc.ir.rkbin import read_rkbin
     from rkc.runtime.api import load

@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 
 # events a job sends: ("start", None), ("piece", str), ("done", Completion), ("error", RequestError | Exception)
 
+# How long the NPU thread waits for a streamed job's first piece to reach the socket before it computes the next
+# token. The wait ends as soon as the event loop has written it (~1 ms); the bound only keeps one stuck client from
+# holding up the queue.
+FIRST_PIECE_WAIT_S = 1.0
+
 
 @dataclass
 class Job:
@@ -29,8 +34,10 @@ class Job:
     input: Any
     options: dict[str, Any]
     loop: asyncio.AbstractEventLoop
+    streamed: bool = False  # the client reads server-sent events: its first piece is flushed before the next token
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    first_piece_sent: threading.Event = field(default_factory=threading.Event)  # written to the socket (or gone)
     id: int = 0
     queued_at: float = 0.0
     started_at: float | None = None
@@ -46,6 +53,11 @@ class Job:
         t = time.thread_time()
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
         self.stream_s += time.thread_time() - t
+
+    def cancel(self) -> None:
+        """The client has gone (or its response ended): the NPU thread stops at the next token, waits for nothing."""
+        self.cancelled.set()
+        self.first_piece_sent.set()
 
     def timeline(self, t0: float) -> dict[str, Any]:
         at = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
@@ -135,9 +147,18 @@ class Worker:
         stream = call(job.input, **job.options, stream=True, cancel=job.cancelled)  # set: stops at the next token
         job.send("start")
         for piece in stream:
-            if job.first_token_at is None:
+            first = job.first_token_at is None
+            if first:
                 job.first_token_at, job.first_token_cpu_s = time.monotonic(), time.thread_time() - cpu0
             job.send("piece", piece)
+            if first and job.streamed:
+                # The event loop shares the GIL with this thread: while this thread computes, every step of the
+                # loop (wake, hand the piece to the request, write the socket) waits for a GIL switch, up to
+                # sys.getswitchinterval() (5 ms) each: a median 3-5 ms between the first token and the client, up
+                # to 17 ms in single requests (bench/server.py's chats on the null device).
+                # Blocked here this thread holds no GIL, so the loop writes the response start and the first
+                # piece at once; the next token waits about a millisecond, once per request.
+                job.first_piece_sent.wait(FIRST_PIECE_WAIT_S)
         result: Completion = stream.result
         job.tokens, job.outcome = result.completion_tokens, result.finish_reason
         job.engine_s = times.npu_s + times.cpu_s - steps0

@@ -27,7 +27,7 @@ def tiny_chat_rkbin(tmp_path_factory):
 class RunningServer:
     """`rkrun serve`'s app and uvicorn server, in a thread; .url is its address."""
 
-    def __init__(self, model, queue_size: int = 8) -> None:
+    def __init__(self, model, queue_size: int = 8, wrap=None) -> None:
         from rkc.runtime.serve.app import create_app
         from rkc.runtime.serve.cli import listen, uvicorn_server
 
@@ -35,7 +35,7 @@ class RunningServer:
         self.sock = listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.app = create_app(model, queue_size)
-        self.server = uvicorn_server(self.app)
+        self.server = uvicorn_server(self.app if wrap is None else wrap(self.app))  # wrap: an ASGI middleware
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
                                        daemon=True)
         self.thread.start()
@@ -58,11 +58,11 @@ class RunningServer:
 
 @pytest.fixture
 def serve():
-    """serve(model, queue_size=8) -> a RunningServer, stopped after the test."""
+    """serve(model, queue_size=8, wrap=None) -> a RunningServer, stopped after the test."""
     running = []
 
-    def start(model, queue_size: int = 8) -> RunningServer:
-        running.append(RunningServer(model, queue_size))
+    def start(model, queue_size: int = 8, wrap=None) -> RunningServer:
+        running.append(RunningServer(model, queue_size, wrap))
         return running[-1]
 
     yield start
