@@ -63,6 +63,13 @@ def cpu_ops(program: Program) -> Counter:
     return Counter(s.op for s in program.steps if s.kind == "cpu")
 
 
+def cpu_steps(program: Program) -> int:
+    """CPU steps of one run of `program`: every step the runtime runs on the
+    host (graph ops, segment-edge conversions, quantization), the one count
+    the compile log, `rkc inspect` and the host-cost estimate use."""
+    return sum(cpu_ops(program).values())
+
+
 def stretches(program: Program) -> int:
     """Runs of CPU steps between NPU steps (each one CPU access bracket)."""
     n, inside = 0, False
@@ -109,7 +116,7 @@ def cpu_lines(program: Program, npu_s: float, costs: HostCosts | None) -> list[s
     """What stays on the CPU in one run of `program` and why; with measured
     host costs, the projected decode against the CPU decode."""
     counts = cpu_ops(program)
-    lines = [f"on the CPU per decode token: {sum(counts.values())} steps in {stretches(program)} stretches "
+    lines = [f"on the CPU per decode token: {cpu_steps(program)} steps in {stretches(program)} stretches "
              "between NPU segments"]
     for kind in (HARD, MOVABLE, EDGE, FREE):
         rows = [(op, n) for op, n in counts.most_common() if WHY_ON_CPU.get(op, UNKNOWN)[0] == kind]

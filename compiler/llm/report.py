@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
-from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines
+from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines, cpu_steps
 from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
 from rkc.ir.program import Module, Program, Step
@@ -42,7 +42,7 @@ class PhaseFigures:
 def phase(module: Module, program: Program, model: PerfModel = MODEL) -> PhaseFigures:
     rows = programs_in(module.metadata)[program.name].rows
     f = PhaseFigures(rows, npu_figures(program.steps, model))
-    f.cpu_steps = sum(1 for s in program.steps if s.kind == "cpu")
+    f.cpu_steps = cpu_steps(program)
     for s in program.steps:
         if s.kind != "npu":
             continue
