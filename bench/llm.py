@@ -188,10 +188,11 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
 
 def write_host_costs(path: Path, gguf: Path, rows: list[dict], position: int) -> None:
     """What compiler/llm/cpu_work.py reads: per precision, host us per call of
-    each decode step kind (profiled at `position`) and the faster llama.cpp
-    decode there."""
+    each decode step kind (profiled at `position`), the host seconds of each
+    prefill chunk timed, and the faster llama.cpp decode there."""
     costs = {r["precision"]: {"position": position,
                               "us_per_call": {p["step"]: p["us_per_call"] for p in r["decode_profile"]},
+                              "prefill_host_s": {c: p["host_s"] for c, p in r["host_s_per_prefill_chunk"].items()},
                               "cpu_decode_s": min(t[str(position)] for t in r["llama_cpp_s_per_decode_token"].values())}
              for r in rows}
     write_atomic(path, json.dumps({"model": gguf.name, "host_costs": costs}, indent=1) + "\n")

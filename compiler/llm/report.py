@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
-from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines, cpu_steps
+from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines, cpu_steps, prefill_lines
 from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
 from rkc.ir.program import Module, Program, Step
@@ -194,4 +194,5 @@ def summary_lines(module: Module, model: PerfModel = MODEL, host_costs: HostCost
         lines.append(f"  {key:9s} {' | '.join(row['segments']):40s} {row['tasks']:4d} / {row['kicks']:4d} / "
                      f"{row['ddr_bytes'] / 1e6:7.2f} MB / {row['npu_us']:8.1f} us")
     lines += cpu_lines(module.program(DECODE), d["modelled_npu_s"], host_costs)
+    lines += prefill_lines(fig["prefill"], host_costs)
     return lines
