@@ -247,21 +247,33 @@ def rotate_quantize_rows(x, signs, block, norm, q, scale):
 
 @njit(**_JIT)
 def rope(x, cos, sin, dims, neox, out):
-    """jit.rope with the pairing decided outside the loops (so the loop over
-    pairs runs over contiguous channels, vectorised, for NeoX's halves)."""
+    """jit.rope with the pairing decided outside the loops, and the loops in
+    x's memory order: tokens innermost when they are (an NPU output read
+    column-major), else channels (NeoX's halves then contiguous)."""
     t_, heads, d = x.shape
     half = dims // 2
-    for t in range(t_):
-        for hh in range(heads):
+    tokens_inner = x.strides[0] < x.strides[2]
+    for hh in range(heads):
+        for t in range(t_):
             for i in range(dims, d):
                 out[t, hh, i] = x[t, hh, i]
-            if neox:
+        if tokens_inner:
+            for i in range(half):
+                a_i, b_i = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                for t in range(t_):
+                    a = x[t, hh, a_i]
+                    b = x[t, hh, b_i]
+                    out[t, hh, a_i] = a * cos[t, i] - b * sin[t, i]
+                    out[t, hh, b_i] = a * sin[t, i] + b * cos[t, i]
+        elif neox:
+            for t in range(t_):
                 for i in range(half):
                     a = x[t, hh, i]
                     b = x[t, hh, i + half]
                     out[t, hh, i] = a * cos[t, i] - b * sin[t, i]
                     out[t, hh, i + half] = a * sin[t, i] + b * cos[t, i]
-            else:
+        else:
+            for t in range(t_):
                 for i in range(half):
                     a = x[t, hh, 2 * i]
                     b = x[t, hh, 2 * i + 1]

@@ -100,7 +100,8 @@ def test_rope_is_the_row_kernel(neox, dims, d):
     x = rng.standard_normal((37, 4, d)).astype(F32)
     ang = rng.standard_normal((37, dims // 2))
     cos, sin = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
-    for a in (x, np.asfortranarray(x), x[:, ::2]):
+    npu = np.asfortranarray(rng.standard_normal((37, 6 * d)).astype(F32))[:, d:5 * d].reshape(37, 4, d)  # column-major
+    for a in (x, np.asfortranarray(x), x[:, ::2], npu):
         want, got = np.empty_like(a), np.empty_like(a)
         jit.rope(a, cos, sin, dims, neox, want)
         pk.rope(a, cos, sin, dims, neox, got)
