@@ -47,7 +47,7 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
     w = np.ascontiguousarray(_dense(weight), F32)
     eps = F32(step.attrs["epsilon"])
     norm, empty_like, attrs = jit.rms_norm, np.empty_like, step.attrs
-    norm_many, prog = many.rms_norm, many.pairwise_program(w.size)
+    norm_many, rows_many, prog = many.rms_norm, many.rms_norm_rows, many.pairwise_program(w.size)
 
     def run(inputs):
         x = inputs[0].astype(F32, copy=False)
@@ -55,8 +55,8 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
             return plain.rms_norm(inputs, attrs, state)
         out = empty_like(x)
         x2, out2 = _rows(x), _rows(out)
-        if len(x2) >= many.LANES and not x2.flags.c_contiguous:  # a prefill chunk's strided rows: by tiles
-            norm_many(x2, w, eps, prog, out2)
+        if len(x2) >= many.LANES:  # a prefill chunk: strided rows by tiles, contiguous ones row by row
+            (rows_many if x2.flags.c_contiguous else norm_many)(x2, w, eps, prog, out2)
         else:
             norm(x2, w, eps, out2)
         if not np.shares_memory(out2, out):

@@ -39,6 +39,10 @@ def test_rms_norm_is_the_row_kernel(rows, k):
         jit.rms_norm(x, w, F32(1e-6), want)
         pk.rms_norm(x, w, F32(1e-6), prog, got)
         np.testing.assert_array_equal(got, want, err_msg=name)
+        if name == "C":  # contiguous rows: row by row
+            got = np.empty_like(x)
+            pk.rms_norm_rows(x, w, F32(1e-6), prog, got)
+            np.testing.assert_array_equal(got, want, err_msg="rows")
 
 
 @pytest.mark.parametrize("rows", ROWS)
