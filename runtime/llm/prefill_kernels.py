@@ -135,28 +135,20 @@ def rms_norm(x, w, eps, prog, out):
 
 @njit(**_JIT)
 def dequantize_rows(acc, row_scale, ch_scale, bias, has_bias, out):
-    """jit.dequantize_rows, the loops in acc's memory order."""
+    """jit.dequantize_rows for a column-major acc (an NPU output read in its
+    layout) and out: the loops with rows innermost, in memory order."""
     rows, n = acc.shape
     rs = np.empty(rows, np.float64)
     for m in range(rows):
         rs[m] = np.float64(row_scale[m])
-    if acc.strides[0] < acc.strides[1]:
-        for j in range(n):
-            cs = np.float64(ch_scale[j])
-            b = np.float64(bias[j])
-            for m in range(rows):
-                y = (np.float64(acc[m, j]) * rs[m]) * cs
-                if has_bias:
-                    y += b
-                out[m, j] = np.float32(y)
-    else:
+    for j in range(n):
+        cs = np.float64(ch_scale[j])
+        b = np.float64(bias[j])
         for m in range(rows):
-            r = rs[m]
-            for j in range(n):
-                y = (np.float64(acc[m, j]) * r) * np.float64(ch_scale[j])
-                if has_bias:
-                    y += np.float64(bias[j])
-                out[m, j] = np.float32(y)
+            y = (np.float64(acc[m, j]) * rs[m]) * cs
+            if has_bias:
+                y += b
+            out[m, j] = np.float32(y)
 
 
 @njit(**_JIT)
@@ -279,53 +271,3 @@ def rope(x, cos, sin, dims, neox, out):
                     b = x[t, hh, 2 * i + 1]
                     out[t, hh, 2 * i] = a * cos[t, i] - b * sin[t, i]
                     out[t, hh, 2 * i + 1] = a * sin[t, i] + b * cos[t, i]
-
-
-@njit(**_JIT)
-def _leaf_squares_row(x, m, lo, n, acc):
-    """jit._leaf_squares of row m (its work array passed in, not made per leaf)."""
-    if n < 8:
-        res = np.float32(0.0)
-        for i in range(n):
-            v = x[m, lo + i]
-            res += v * v
-        return res
-    for j in range(8):
-        v = x[m, lo + j]
-        acc[j] = v * v
-    i = 8
-    end = n - n % 8
-    while i < end:
-        for j in range(8):
-            v = x[m, lo + i + j]
-            acc[j] += v * v
-        i += 8
-    res = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-    while i < n:
-        v = x[m, lo + i]
-        res += v * v
-        i += 1
-    return res
-
-
-@njit(**_JIT)
-def rms_norm_rows(x, w, eps, prog, out):
-    """jit.rms_norm over contiguous rows, the pairwise tree from `prog`
-    (pairwise_program) and the work arrays made once per call, not per row."""
-    rows, k = x.shape
-    kf = np.float64(k)
-    stack = np.empty(prog.shape[0] + 1, np.float32)
-    acc = np.empty(8, np.float32)
-    for m in range(rows):
-        sp = 0
-        for p in range(prog.shape[0]):
-            if prog[p, 0] == 0:
-                stack[sp] = _leaf_squares_row(x, m, prog[p, 1], prog[p, 2], acc)
-                sp += 1
-            else:
-                stack[sp - 2] = stack[sp - 2] + stack[sp - 1]
-                sp -= 1
-        ms = np.float32(np.float64(stack[0]) / kf) + eps
-        root = np.float32(np.sqrt(ms))
-        for i in range(k):
-            out[m, i] = (x[m, i] / root) * w[i]

@@ -47,7 +47,7 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
     w = np.ascontiguousarray(_dense(weight), F32)
     eps = F32(step.attrs["epsilon"])
     norm, empty_like, attrs = jit.rms_norm, np.empty_like, step.attrs
-    norm_many, rows_many, prog = many.rms_norm, many.rms_norm_rows, many.pairwise_program(w.size)
+    norm_many, prog = many.rms_norm, many.pairwise_program(w.size)
 
     def run(inputs):
         x = inputs[0].astype(F32, copy=False)
@@ -55,8 +55,8 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
             return plain.rms_norm(inputs, attrs, state)
         out = empty_like(x)
         x2, out2 = _rows(x), _rows(out)
-        if len(x2) >= many.LANES:  # a prefill chunk: strided rows by tiles, contiguous ones row by row
-            (rows_many if x2.flags.c_contiguous else norm_many)(x2, w, eps, prog, out2)
+        if len(x2) >= many.LANES and not x2.flags.c_contiguous:  # a prefill chunk's strided rows: by tiles
+            norm_many(x2, w, eps, prog, out2)
         else:
             norm(x2, w, eps, out2)
         if not np.shares_memory(out2, out):
@@ -180,7 +180,8 @@ def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
         if acc.ndim != 2 or row_scale.shape != acc.shape[:1] or ch.shape != acc.shape[1:] or bias.shape != ch.shape:
             return plain.dequantize_rows(inputs, attrs, state)  # broadcasting (or its error) as numpy's
         out = empty_like(acc, F32)  # a new array (it may be the program's output), in acc's order
-        (kernel_many if len(acc) > 1 else kernel)(acc, row_scale, ch, bias, has_bias, out)
+        column_major = len(acc) > 1 and acc.strides[0] < acc.strides[1]  # an NPU output read in its layout
+        (kernel_many if column_major else kernel)(acc, row_scale, ch, bias, has_bias, out)
         return [out]
     return run
 
