@@ -141,9 +141,10 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
     engine = LlmEngine(path, device="null")
     fig = figures(engine.model.module, args.perf_model)
     npu_s = fig["decode"]["modelled_npu_s"]
-    cache = engine.new_cache(min(engine.cfg.context_length, max(args.positions) + args.tokens + 1))
-    np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage: overflows are expected
     prefill_chunks = [c for c in (128, 512) if c in engine.chunks]
+    cache = engine.new_cache(min(engine.cfg.context_length,
+                                 max(max(args.positions) + args.tokens + 1, *prefill_chunks, 1)))
+    np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage: overflows are expected
     prefill = {str(c): {"host_s": host_prefill(engine, cache, c),
                         "modelled_npu_s": fig["prefill"][str(c)]["modelled_npu_s"]}
                for c in prefill_chunks}
