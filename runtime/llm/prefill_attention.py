@@ -45,9 +45,10 @@ _WORK = _Workspace()
 
 
 def visible_span(kpos: np.ndarray, first: int, last: int, window: int) -> tuple[int, int]:
-    """[lo, hi) of the keys (in cache order, positions ascending) that some
-    query at positions first..last can see: kpos <= last, and with a window
-    last - window < kpos... for the earliest query, first - window < kpos."""
+    """[lo, hi) of the keys (positions ascending) that some query at
+    positions first..last can see: a query at p sees p - window < k <= p, so
+    the span runs from the first key past first - window to the last key at
+    or before last."""
     hi = int(np.searchsorted(kpos, last, side="right"))
     lo = int(np.searchsorted(kpos, first - window, side="right")) if window else 0
     return lo, max(lo, hi)
