@@ -12,6 +12,7 @@ time per token (slow: seconds per Gemma token). Prints a table, and with
     python bench/llm.py [--precision int8 fp16] [--tokens 16] [--positions 16 512] [--json]
     python bench/llm.py --workdir /tmp/rk  # keep the compiled rkbins there and reuse them
     python bench/llm.py --gguf other.gguf --profile
+    python bench/llm.py --workdir /tmp/rk --prefill-only --profile  # prefill chunks only, per step kind
     python bench/llm.py --host-costs costs.json  # per-step host costs for rkc inspect --host-costs
 """
 
@@ -101,6 +102,22 @@ def step_profile(engine: LlmEngine, cache, start: int, tokens: int) -> tuple[lis
     return rows, {op: s / n * 1e6 for op, (s, n) in by_op.items()}
 
 
+def prefill_profile(engine: LlmEngine, cache, chunk: int, repeats: int = 2) -> list[dict]:
+    """Host time of each kind of prepared call of one prefill chunk at position 0."""
+    name = engine.program_for(chunk, all_logits=False).name
+    plan, seconds, calls = engine.plans[name], {}, {}
+    feeds = engine._feeds(name, np.full(chunk, PROMPT_TOKEN, np.int32), np.arange(chunk, dtype=np.int32))[1]
+    for i in range(repeats + 1):  # the first run warms up (kernels loaded, buffers made) and is not counted
+        cache.reset()
+        engine._state.cache, engine._state.valid = cache, chunk
+        if i == 0:
+            plan.run([feeds[n] for n in plan.program.inputs])
+            continue
+        plan.profile([feeds[n] for n in plan.program.inputs], seconds, calls, CLOCK)
+    return [{"step": k, "ms_per_chunk": v / repeats * 1e3, "calls_per_chunk": calls[k] // repeats,
+             "us_per_call": v / calls[k] * 1e6} for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])]
+
+
 def llama_cpp_decode(gguf: Path, threads: int, start: int, tokens: int) -> float:
     """llama.cpp's median seconds per decode token at positions start.. (CPU
     only). With --clock cpu: its CPU seconds divided by the threads, the wall
@@ -127,8 +144,21 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
     engine = LlmEngine(path, device="null")
     fig = figures(engine.model.module, args.perf_model)
     npu_s = fig["decode"]["modelled_npu_s"]
-    cache = engine.new_cache(min(engine.cfg.context_length, max(args.positions) + args.tokens + 1))
+    prefill_chunks = [c for c in (128, 512) if c in engine.chunks]
+    cache = engine.new_cache(min(engine.cfg.context_length,
+                                 max(max(args.positions) + args.tokens + 1, *prefill_chunks, 1)))
     np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage: overflows are expected
+    prefill = {str(c): {"host_s": host_prefill(engine, cache, c),
+                        "modelled_npu_s": fig["prefill"][str(c)]["modelled_npu_s"]}
+               for c in prefill_chunks}
+    for p in prefill.values():
+        p["host_over_npu"] = p["host_s"] / p["modelled_npu_s"]
+    row = {"precision": precision, "rkbin": str(path), "compile_s": compile_s, "host_s_per_prefill_chunk": prefill}
+    if args.profile:
+        row["prefill_profile"] = {str(c): prefill_profile(engine, cache, c) for c in prefill_chunks}
+    if args.prefill_only:
+        engine.close()
+        return row
     decode = {}
     for start in args.positions:
         per_token = host_decode(engine, cache, start, args.tokens)
@@ -138,19 +168,14 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
     profiles = {s: p[0] for s, p in profiled.items()}
     profile, us_per_op = profiled[str(args.positions[0])]
     submit_row = next((r for r in profile if r["step"] == "NPU submit"), None)
-    prefill = {str(c): {"host_s": host_prefill(engine, cache, c),
-                        "modelled_npu_s": fig["prefill"][str(c)]["modelled_npu_s"]}
-               for c in (128, 512) if c in engine.chunks}
     engine.close()
     llama = {str(t): {str(s): llama_cpp_decode(gguf, t, s, args.tokens) for s in args.positions}
              for t in args.llama_threads}
     worst = max(decode.values())
     best_llama = {s: min(llama[t][s] for t in llama) for s in decode}
-    row = {
-        "precision": precision, "rkbin": str(path), "compile_s": compile_s,
+    row.update({
         "host_s_per_decode_token": decode, "submits_per_token": submits,
         "host_us_per_submit": submit_row["us_per_call"] if submit_row else None,
-        "host_s_per_prefill_chunk": prefill,
         "modelled_npu_s_per_decode_token": npu_s,
         "projected_tokens_per_s": {s: 1.0 / (npu_s + h) for s, h in decode.items()},
         "llama_cpp_s_per_decode_token": llama,
@@ -163,7 +188,7 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
         "decode": {k: fig["decode"][k] for k in ("segments_per_token", "tasks_per_token", "kicks_per_token",
                                                  "cpu_steps_per_token", "ddr_bytes_per_token",
                                                  "modelled_tokens_per_s")},
-    }
+    })
     if args.sim:
         row["sim_s_per_decode_token"] = sim_decode(path, args.tokens)
     return row
@@ -171,10 +196,11 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
 
 def write_host_costs(path: Path, gguf: Path, rows: list[dict], position: int) -> None:
     """What compiler/llm/cpu_work.py reads: per precision, host us per call of
-    each decode step kind (profiled at `position`) and the faster llama.cpp
-    decode there."""
+    each decode step kind (profiled at `position`), the host seconds of each
+    prefill chunk timed, and the faster llama.cpp decode there."""
     costs = {r["precision"]: {"position": position,
                               "us_per_call": r["decode_us_per_call_by_op"],
+                              "prefill_host_s": {c: p["host_s"] for c, p in r["host_s_per_prefill_chunk"].items()},
                               "cpu_decode_s": min(t[str(position)] for t in r["llama_cpp_s_per_decode_token"].values())}
              for r in rows}
     write_atomic(path, json.dumps({"model": gguf.name, "host_costs": costs}, indent=1) + "\n")
@@ -202,7 +228,10 @@ def main() -> None:
     ap.add_argument("--chunks", default="1,32,128,512")
     ap.add_argument("--workdir", type=Path, help="keep compiled rkbins here and reuse them (default: a temp dir)")
     ap.add_argument("--sim", action="store_true", help="also time decode on the simulator (slow)")
-    ap.add_argument("--profile", action="store_true", help="print the host time per kind of decode step")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the host time per kind of step of a decode token and of prefill chunks of 128 and 512")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="time prefill chunks only (no decode, no llama.cpp)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: CPU seconds of this process (for a machine shared with other work)")
     ap.add_argument("--json", action="store_true")
@@ -212,6 +241,8 @@ def main() -> None:
     ap.add_argument("--dram-gbps", metavar="GBPS|PROBE.json",
                     help="model with this DRAM bandwidth: GB/s, or a report of rkc probe --dram")
     args = ap.parse_args()
+    if args.host_costs and args.prefill_only:
+        ap.error("--host-costs needs the decode figures (drop --prefill-only)")
     args.perf_model, dram_source = MODEL, f"{MODEL.dram_bytes_per_s / 1e9:g} GB/s (the model's default)"
     if args.dram_gbps:
         bandwidth, dram_source = bandwidth_from(args.dram_gbps)
@@ -235,9 +266,10 @@ def main() -> None:
           f"{args.perf_model.clock_hz / 1e9:g} GHz, DRAM {dram_source}")
     head = ["precision", "position", "host ms/tok", *[f"llama.cpp {t}t ms/tok" for t in args.llama_threads],
             "host / llama.cpp", "NPU ms/tok (model)", "projected t/s", "submits/tok", "host us/submit"]
-    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    if not args.prefill_only:
+        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
-        for s, h in r["host_s_per_decode_token"].items():
+        for s, h in r.get("host_s_per_decode_token", {}).items():
             vals = [r["precision"], s, f"{h * 1e3:.2f}",
                     *[f"{r['llama_cpp_s_per_decode_token'][str(t)][s] * 1e3:.2f}" for t in args.llama_threads],
                     f"{r['host_over_llama_cpp'][s]:.2f}", f"{r['modelled_npu_s_per_decode_token'] * 1e3:.2f}",
@@ -248,9 +280,18 @@ def main() -> None:
     for r in rows:
         for c, p in r["host_s_per_prefill_chunk"].items():
             print(f"| {r['precision']} | {c} | {p['host_s'] * 1e3:.1f} | {p['modelled_npu_s'] * 1e3:.1f} | "
-                  f"{p['host_s'] / p['modelled_npu_s']:.2f} |")
+                  f"{p['host_over_npu']:.2f} |")
     if args.profile:
         for r in rows:
+            for c, table in r["prefill_profile"].items():
+                print(f"\n[{r['precision']}] prefill chunk of {c} host time per step kind (profiled: each call "
+                      "timed)\n| step | ms per chunk | calls per chunk | us per call |\n|---|---|---|---|")
+                for p in table:
+                    print(f"| {p['step']} | {p['ms_per_chunk']:.2f} | {p['calls_per_chunk']} | "
+                          f"{p['us_per_call']:.1f} |")
+        for r in rows:
+            if "decode_profile_by_position" not in r:
+                continue
             for s, profile in r["decode_profile_by_position"].items():
                 print(f"\n[{r['precision']}] decode host time per step kind at position {s} "
                       "(profiled: each call timed)\n| step | ms per token | calls per token | us per call |\n|---|---|---|---|")

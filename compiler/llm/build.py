@@ -25,6 +25,7 @@ from threadpoolctl import threadpool_limits
 from rkc.compiler.emitter_ops import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
+from rkc.compiler.llm.cpu_work import cpu_steps
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS,
                                        QUANTIZE_ROWS, SCALES, quantize_matrix)
@@ -426,11 +427,13 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     d = lowering.stats[DECODE]
     report.say(f"{Path(path).name}: {cfg.arch}, {cfg.n_layer} layers, vocab {cfg.n_vocab}; "
                f"{options.precision} NPU weights {weight_bytes / 1e6:.1f} MB (one copy for {len(plan)} programs)")
-    report.say(f"decode: {d.segments} NPU segments, {d.npu_tasks} tasks, {d.cpu_steps} CPU steps per token")
+    report.say(f"decode: {d.segments} NPU segments, {d.npu_tasks} tasks, "
+               f"{cpu_steps(module.program(DECODE))} CPU steps per token")
     for program in plan:
         if program.last_row_only:
             p = lowering.stats[program.name]
-            report.say(f"{program.name}: {p.segments} NPU segments, {p.npu_tasks} tasks, {p.cpu_steps} CPU steps")
+            report.say(f"{program.name}: {p.segments} NPU segments, {p.npu_tasks} tasks, "
+                       f"{cpu_steps(module.program(program.name))} CPU steps")
     report.say(f"placement: {placement['reason']}")
     report.say("stages: " + ", ".join(f"{k} {v:.1f} s (cpu {report.cpu_seconds[k]:.1f} s, peak "
                                       f"{report.peak_rss[k] / 1e9:.2f} GB)" for k, v in report.seconds.items()))

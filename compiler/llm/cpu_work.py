@@ -11,15 +11,17 @@ a neighbour is on the CPU; "free": no arithmetic.
 
 Host costs are measured, not assumed: `bench/llm.py --host-costs FILE` writes
 the host microseconds per call of each step kind of a decode token (null
-device) and llama.cpp's CPU decode time from the same run; `rkc inspect
---host-costs FILE` applies them to this file's decode program.
+device), the host time of whole prefill chunks (a step's cost there grows
+with its rows, so chunks are measured whole), and llama.cpp's CPU decode time
+from the same run; `rkc inspect --host-costs FILE` applies them to this
+file's decode program and prefill chunks.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rkc.ir.errors import FormatError
@@ -56,11 +58,20 @@ UNKNOWN = (MOVABLE, "no reason recorded (compiler/llm/cpu_work.py)")
 
 # the host's own steps around the kernels, as bench/llm.py's profile labels them
 SUBMIT, BRACKET = "NPU submit", "CPU access bracket"
+# issue 13's target: a prefill chunk's host time at most this share of its modelled NPU time
+PREFILL_HOST_SHARE = 0.10
 
 
 def cpu_ops(program: Program) -> Counter:
     """CPU steps of one run of `program`, by op."""
     return Counter(s.op for s in program.steps if s.kind == "cpu")
+
+
+def cpu_steps(program: Program) -> int:
+    """CPU steps of one run of `program`: every step the runtime runs on the
+    host (graph ops, segment-edge conversions, quantization), the one count
+    the compile log, `rkc inspect` and the host-cost estimate use."""
+    return sum(cpu_ops(program).values())
 
 
 def stretches(program: Program) -> int:
@@ -80,6 +91,7 @@ class HostCosts:
     us_per_call: dict[str, float]
     cpu_decode_s: float  # the faster of llama.cpp's 1- and 2-thread decode, same run
     source: str
+    prefill_s: dict[int, float] = field(default_factory=dict)  # chunk rows -> host seconds of one chunk
 
     def host_s(self, program: Program) -> tuple[float, list[str]]:
         """Host seconds of one run of `program` and the step kinds with no measured cost."""
@@ -100,8 +112,9 @@ def load_host_costs(path: str | Path, precision: str) -> HostCosts:
         data = json.loads(Path(path).read_text())
         row = data["host_costs"][precision]
         return HostCosts({k: float(v) for k, v in row["us_per_call"].items()}, float(row["cpu_decode_s"]),
-                         f"{path} ({data.get('model', '?')}, measured by bench/llm.py)")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+                         f"{path} ({data.get('model', '?')}, measured by bench/llm.py)",
+                         {int(k): float(v) for k, v in row.get("prefill_host_s", {}).items()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise FormatError(f"{path}: not a bench/llm.py --host-costs file with {precision} figures ({e})") from None
 
 
@@ -109,7 +122,7 @@ def cpu_lines(program: Program, npu_s: float, costs: HostCosts | None) -> list[s
     """What stays on the CPU in one run of `program` and why; with measured
     host costs, the projected decode against the CPU decode."""
     counts = cpu_ops(program)
-    lines = [f"on the CPU per decode token: {sum(counts.values())} steps in {stretches(program)} stretches "
+    lines = [f"on the CPU per decode token: {cpu_steps(program)} steps in {stretches(program)} stretches "
              "between NPU segments"]
     for kind in (HARD, MOVABLE, EDGE, FREE):
         rows = [(op, n) for op, n in counts.most_common() if WHY_ON_CPU.get(op, UNKNOWN)[0] == kind]
@@ -134,4 +147,27 @@ def cpu_lines(program: Program, npu_s: float, costs: HostCosts | None) -> list[s
         verdict = (f"the NPU decode beats the CPU's: {npu_s * 1e3:.2f} ms NPU + {host * 1e3:.2f} ms host = "
                    f"{1 / projected:.1f} tokens/s vs llama.cpp's {1 / cpu:.1f}")
     lines.append("  " + verdict)
+    return lines
+
+
+def prefill_lines(prefill: dict[str, dict], costs: HostCosts | None) -> list[str]:
+    """Per prefill chunk this file has (`prefill`: report.figures' "prefill",
+    modelled NPU seconds by rows) and the costs file measured: host against
+    NPU time, and whether the host keeps within PREFILL_HOST_SHARE of it."""
+    if costs is None or not costs.prefill_s:
+        return []
+    lines = []
+    for rows, p in sorted(prefill.items(), key=lambda kv: int(kv[0])):
+        host = costs.prefill_s.get(int(rows))
+        if host is None:
+            continue
+        npu = p["modelled_npu_s"]
+        share = host / npu if npu else float("inf")
+        verdict = (f"within the {PREFILL_HOST_SHARE:.0%} target: the chunk runs at the NPU's pace" if
+                   share <= PREFILL_HOST_SHARE else
+                   f"above the {PREFILL_HOST_SHARE:.0%} target: the host sets the pace, "
+                   f"{int(rows) / (npu + host):.0f} tokens/s against the NPU's {int(rows) / npu:.0f} "
+                   "(docs/llm.md: the host's floor)")
+        lines.append(f"  prefill {rows}: host {host * 1e3:.1f} ms per chunk (measured) vs NPU {npu * 1e3:.1f} ms "
+                     f"(modelled): {share:.1f}x, {verdict}")
     return lines

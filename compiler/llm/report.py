@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
-from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines
+from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines, cpu_steps, prefill_lines
 from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
 from rkc.ir.program import Module, Program, Step
@@ -42,7 +42,7 @@ class PhaseFigures:
 def phase(module: Module, program: Program, model: PerfModel = MODEL) -> PhaseFigures:
     rows = programs_in(module.metadata)[program.name].rows
     f = PhaseFigures(rows, npu_figures(program.steps, model))
-    f.cpu_steps = sum(1 for s in program.steps if s.kind == "cpu")
+    f.cpu_steps = cpu_steps(program)
     for s in program.steps:
         if s.kind != "npu":
             continue
@@ -194,4 +194,5 @@ def summary_lines(module: Module, model: PerfModel = MODEL, host_costs: HostCost
         lines.append(f"  {key:9s} {' | '.join(row['segments']):40s} {row['tasks']:4d} / {row['kicks']:4d} / "
                      f"{row['ddr_bytes'] / 1e6:7.2f} MB / {row['npu_us']:8.1f} us")
     lines += cpu_lines(module.program(DECODE), d["modelled_npu_s"], host_costs)
+    lines += prefill_lines(fig["prefill"], host_costs)
     return lines

@@ -27,6 +27,7 @@ from rkc.ir.errors import FormatError
 from rkc.ir.npu import layout
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.llm.kvcache import KVCache
+from rkc.runtime.llm.prefill_attention import BLOCK, attend_blocks
 
 try:  # what np.einsum(optimize=True) runs for a pair of operands (numpy >= 2.4)
     from numpy._core.einsumfunc import bmm_einsum as _bmm_einsum
@@ -222,9 +223,18 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int) -> np.ndarray:
     as the long operand instead: the einsum computes each score as a BLAS
     dot product, which sgemm sums in the same order (the same bits:
     tests/llm/test_attention.py) at a fraction of the einsum's cost. The mask
-    is skipped when every key is visible (the same values)."""
+    is skipped when every key is visible (the same values). A prefill chunk
+    of more than prefill_attention.BLOCK rows runs by blocks of query rows
+    over the keys each sees (runtime/llm/prefill_attention.py: the same
+    arithmetic over shorter spans, so the same bits unless sgemm groups a
+    sum differently; bounded in tests/llm/test_attention.py)."""
     T, H, hd = q.shape
     Hkv = keys.shape[1]
+    if T > BLOCK and np.all(kpos[1:] > kpos[:-1]):  # a prefill chunk: by blocks of query rows
+        full = np.zeros((rows, H * values.shape[-1]), np.float32)
+        attend_blocks(q.astype(np.float32, order="C"), keys, values, kpos, pos, np.float32(attrs["scale"]),
+                      int(attrs["window"]), full[:T])
+        return full
     G = H // Hkv
     qg = q.astype(np.float32, order="C").reshape(T, Hkv, G, hd)  # C order: as the KV context
     scale = np.float32(attrs["scale"])

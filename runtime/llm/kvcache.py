@@ -109,7 +109,6 @@ class KVCache:
         round according to the operands' strides)."""
         self._check(pos)
         t = len(pos)
-        first = self._end[layer] == self._start[layer]
         self._reserve(layer, k, v, t)
         s, e = self._start[layer], self._end[layer]
         self._k[layer][e:e + t] = k.astype(np.float16)
@@ -119,11 +118,9 @@ class KVCache:
         window = self.windows[layer]
         if window and e + t - s > window:  # what no later query can see
             self._start[layer] = e + t - window
-        if first:  # the chunk alone, in C order, as `context` gives it
-            view = (k.astype(np.float16).astype(np.float32, order="C"),
-                    v.astype(np.float16).astype(np.float32, order="C"), pos.astype(np.int64))
-        else:
-            view = self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
+        # into an empty layer, the chunk alone: the buffer's rows are the chunk's values
+        # rounded to fp16, C-contiguous, as `context` gives them (no second conversion)
+        view = self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
         self._views[layer] = view
         return view
 

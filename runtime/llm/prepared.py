@@ -23,6 +23,7 @@ from rkc.ir.program import Step
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.kernels.hadamard import unrotate
 from rkc.runtime.llm import jit
+from rkc.runtime.llm import prefill_kernels as many
 from rkc.runtime.llm.decode_attention import attend_row
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
@@ -47,6 +48,7 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
     w = np.ascontiguousarray(_dense(weight), F32)
     eps = F32(step.attrs["epsilon"])
     norm, empty_like, attrs = jit.rms_norm, np.empty_like, step.attrs
+    norm_many, prog = many.rms_norm, many.pairwise_program(w.size)
 
     def run(inputs):
         x = inputs[0].astype(F32, copy=False)
@@ -54,7 +56,10 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
             return plain.rms_norm(inputs, attrs, state)
         out = empty_like(x)
         x2, out2 = _rows(x), _rows(out)
-        norm(x2, w, eps, out2)
+        if len(x2) >= many.LANES and not x2.flags.c_contiguous:  # a prefill chunk's strided rows: by tiles
+            norm_many(x2, w, eps, prog, out2)
+        else:
+            norm(x2, w, eps, out2)
         if not np.shares_memory(out2, out):
             out[...] = out2.reshape(out.shape)
         return [out]
@@ -112,7 +117,7 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
     if tables is None:
         return None
     neox = a["mode"] == "neox"
-    kernel, empty_like = jit.rope, np.empty_like
+    kernel, kernel_many, empty_like = jit.rope, many.rope, np.empty_like
 
     def run(inputs):
         x, pos = inputs[0].astype(F32, copy=False), np.asarray(inputs[1])
@@ -121,7 +126,7 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
         cos, sin = tables.at(pos)
         x3 = x if x.ndim == 3 else x.reshape(len(x), -1, x.shape[-1])  # [T, heads, D]
         out = empty_like(x3)  # in x's memory order, as the plain kernel's copy
-        kernel(x3, cos, sin, d, neox, out)
+        (kernel_many if len(x3) >= many.LANES else kernel)(x3, cos, sin, d, neox, out)
         return [out.reshape(x.shape)]
     return run
 
@@ -191,7 +196,7 @@ def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
     ch = np.ascontiguousarray(ch, F32)
     has_bias = len(consts) > 3
     bias = np.ascontiguousarray(consts[3], F32) if has_bias else ch  # (unread without a bias)
-    kernel, empty_like = jit.dequantize_rows, np.empty_like
+    kernel, kernel_many, empty_like = jit.dequantize_rows, many.dequantize_rows, np.empty_like
 
     attrs = step.attrs
 
@@ -200,7 +205,8 @@ def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
         if acc.ndim != 2 or row_scale.shape != acc.shape[:1] or ch.shape != acc.shape[1:] or bias.shape != ch.shape:
             return plain.dequantize_rows(inputs, attrs, state)  # broadcasting (or its error) as numpy's
         out = empty_like(acc, F32)  # a new array (it may be the program's output), in acc's order
-        kernel(acc, row_scale, ch, bias, has_bias, out)
+        column_major = len(acc) > 1 and acc.strides[0] < acc.strides[1]  # an NPU output read in its layout
+        (kernel_many if column_major else kernel)(acc, row_scale, ch, bias, has_bias, out)
         return [out]
     return run
 
@@ -219,6 +225,7 @@ def quantize_rows(step: Step, consts: list, state) -> Prepared | None:
         factor = None if rot.factor is None else rot.factor.astype(F32)
     buffers: dict = {}  # x shape -> (rotated rows, mixed rows or None)
     hadamard, quantize, matmul, empty = jit.hadamard_rows, jit.quantize_rows, np.matmul, np.empty
+    hadamard_many, rotate_quantize_many, lanes = many.hadamard_rows, many.rotate_quantize_rows, many.LANES
 
     attrs = step.attrs
 
@@ -226,13 +233,17 @@ def quantize_rows(step: Step, consts: list, state) -> Prepared | None:
         x = np.asarray(inputs[0], F32)
         if x.ndim != 2 or (rot is not None and signs.shape != x.shape[1:]):
             return plain.quantize_rows_kernel(inputs, attrs, state)  # numpy's error, as before
+        if rot is not None and factor is None and len(x) >= lanes:  # a prefill chunk: by tiles, in one pass
+            q, scale = empty(x.shape, np.int8), empty(len(x), F32)
+            rotate_quantize_many(x, signs, block, norm, q, scale)
+            return [q, scale]
         if rot is not None:
             b = buffers.get(x.shape)
             if b is None:
                 rows, k = x.shape
                 b = buffers[x.shape] = (empty(x.shape, F32),
                                         None if factor is None else empty((rows, k // block, block), F32))
-            hadamard(x, signs, block, norm, b[0])
+            (hadamard_many if len(x) >= lanes else hadamard)(x, signs, block, norm, b[0])
             x = b[0]
             if factor is not None:  # F mixes the blocks
                 matmul(factor, x.reshape(b[1].shape), out=b[1])
@@ -250,9 +261,29 @@ def _elementwise(fn) -> Callable[[Step, list, Any], Prepared]:
 
 
 def _gelu(step):
+    work: dict = {}  # (shape, strides) -> a buffer for the inner terms, reused
+    multiply, add, tanh = np.multiply, np.add, np.tanh
+
     def run(inputs):
         x = inputs[0]
-        return [(0.5 * x * (1.0 + np.tanh(_GELU_C * (x + _GELU_K * x * x * x)))).astype(F32, copy=False)]
+        if x.dtype != F32:
+            return [(0.5 * x * (1.0 + np.tanh(_GELU_C * (x + _GELU_K * x * x * x)))).astype(F32, copy=False)]
+        # 0.5 * x * (1 + tanh(C * (x + K * x * x * x))), each product and sum as that
+        # expression rounds it (operands swapped only where IEEE arithmetic commutes)
+        key = (x.shape, x.strides)
+        t = work.get(key)
+        if t is None:
+            t = work[key] = np.empty_like(x)
+        multiply(x, _GELU_K, out=t)
+        multiply(t, x, out=t)
+        multiply(t, x, out=t)
+        add(x, t, out=t)
+        multiply(t, _GELU_C, out=t)
+        tanh(t, out=t)
+        add(t, F32(1.0), out=t)
+        out = multiply(x, F32(0.5))  # a new array: the step's output
+        multiply(out, t, out=out)
+        return [out]
     return run
 
 

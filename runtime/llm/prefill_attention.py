@@ -1,0 +1,93 @@
+"""Multi-row (prefill) attention in blocks of query rows: each block's scores
+and weighted values are BLAS products over the keys the block can see, so
+what the causal mask (or a sliding window) hides is neither computed nor
+materialised. A 512-token chunk at position 0 computes about half the
+products of the full [T, P] attention, and masks only the diagonal blocks.
+
+The arithmetic is the einsum formulation's (runtime/llm/kernels.attend),
+element for element: each score is one float32 sgemm dot product over the
+head dimension, scaled, masked, exponentiated after the row max, summed over
+the keys in key order, divided; each output is an sgemm sum over the keys.
+What changes is only which keys a product spans: a hidden key contributes an
+exact zero to both sums, so a block's results equal the full product's
+wherever sgemm adds its terms in the same order — but sgemm splits a long
+sum (more keys than its K block) at places that depend on the sum's length,
+and edge tiles of a product may group terms differently, so past a few
+hundred keys a value can differ from the einsum's in its last bits.
+tests/llm/test_attention.py bounds the difference against a float64
+attention (no worse than the einsum's own error) and checks the bits where
+the spans do not change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BLOCK = 64  # query rows per block: large enough for sgemm to run near its peak, small enough to skip half the keys
+F32 = np.float32
+
+
+class _Workspace:
+    """Score buffers reused across calls (a 512-row chunk's block scores are
+    ~0.5 MB: allocating them per block costs page faults)."""
+
+    def __init__(self) -> None:
+        self.buf = np.empty(0, F32)
+
+    def take(self, rows: int, cols: int) -> np.ndarray:
+        n = rows * cols
+        if self.buf.size < n:
+            self.buf = np.empty(n, F32)
+        return self.buf[:n].reshape(rows, cols)
+
+
+_WORK = _Workspace()
+
+
+def visible_span(kpos: np.ndarray, first: int, last: int, window: int) -> tuple[int, int]:
+    """[lo, hi) of the keys (positions ascending) that some query at
+    positions first..last can see: a query at p sees p - window < k <= p, so
+    the span runs from the first key past first - window to the last key at
+    or before last."""
+    hi = int(np.searchsorted(kpos, last, side="right"))
+    lo = int(np.searchsorted(kpos, first - window, side="right")) if window else 0
+    return lo, max(lo, hi)
+
+
+def attend_blocks(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, pos: np.ndarray,
+                  scale: np.float32, window: int, out: np.ndarray) -> None:
+    """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at
+    kpos (ascending) into out [T, H * hd_v] (C order), causal and windowed,
+    `BLOCK` query rows at a time."""
+    T, H, hd = q.shape
+    Hkv, hd_v = keys.shape[1], values.shape[-1]
+    G = H // Hkv
+    qg = q.reshape(T, Hkv, G, hd)
+    out4 = out.reshape(T, Hkv, G, hd_v)
+    for t0 in range(0, T, BLOCK):
+        t1 = min(T, t0 + BLOCK)
+        pq = pos[t0:t1]
+        lo, hi = visible_span(kpos, int(pq.min()), int(pq.max()), window)
+        if hi == lo:  # no key visible: the full formulation's softmax of nothing but -inf
+            out[t0:t1] = np.nan
+            continue
+        n = (t1 - t0) * G  # score columns: (query row, head of the group)
+        kp = kpos[lo:hi]
+        qcol = np.repeat(pq, G)  # each column's position
+        allowed = None
+        if (kp[-1] > qcol.min() or (window and qcol.max() - kp[0] >= window)):
+            allowed = kp[:, None] <= qcol[None, :]
+            if window:
+                allowed &= (qcol[None, :] - kp[:, None]) < window
+        for k in range(Hkv):
+            qb = qg[t0:t1, k].reshape(n, hd)
+            s = _WORK.take(hi - lo, n)
+            np.matmul(keys[lo:hi, k], qb.T, out=s)  # [keys, columns], as the einsum's product
+            s *= scale
+            if allowed is not None:
+                np.copyto(s, -np.inf, where=~allowed)
+            s -= s.max(axis=0, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=0, keepdims=True)
+            o = np.matmul(values[lo:hi, k].T, s)  # [hd_v, columns]
+            out4[t0:t1, k] = o.T.reshape(t1 - t0, G, hd_v)

@@ -1,0 +1,273 @@
+"""Compiled (numba) kernels for the prepared LLM CPU steps over many rows
+(prefill chunks): the row kernels of runtime/llm/jit.py reorganised so that
+the loops run over `LANES` rows at once, contiguous in memory, which the
+compiler turns into vector instructions; one row at a time, a Hadamard
+butterfly of span 1, 2 or 4 or a pairwise leaf of eight accumulators cannot
+be vectorised, and a column-major NPU output is read with a stride per element.
+
+Every value is computed by the same float32/float64 operations in the same
+order as the row kernels (and so as numpy's, tests/llm/test_plan.py): a tile
+of rows is transposed into a [K, LANES] buffer, and each lane runs exactly
+the row kernel's arithmetic; only which row is computed when changes.
+tests/llm/test_prefill_kernels.py checks the bits against the row kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+LANES = 16  # rows per tile: two AVX2 vectors of float32
+_JIT = {"cache": True, "nogil": True}
+_BLOCK = 128  # numpy's pairwise leaf (jit._BLOCK)
+
+
+def pairwise_program(k: int) -> np.ndarray:
+    """numpy's pairwise summation of k values as a post-order program of
+    [op, lo, n] rows: op 0 sums the leaf [lo, lo + n) (n <= 128), op 1 adds
+    the two partial sums on top of the stack (left + right). The split: a run
+    longer than 128 at half its length rounded down to a multiple of eight
+    (numpy/_core/src/umath/loops_utils.h)."""
+    prog: list[tuple[int, int, int]] = []
+
+    def walk(lo: int, n: int) -> None:
+        if n <= _BLOCK:
+            prog.append((0, lo, n))
+            return
+        half = n // 2
+        half -= half % 8
+        walk(lo, half)
+        walk(lo + half, n - half)
+        prog.append((1, 0, 0))
+    walk(0, k)
+    return np.asarray(prog, np.int64).reshape(-1, 3)
+
+
+@njit(**_JIT)
+def _leaf_squares(buf, lo, n, res, acc):
+    """res[:] = each lane's sum of buf[lo:lo+n, lane] ** 2 in numpy's leaf
+    order (jit._leaf_squares): sequential below 8, else eight accumulators
+    combined as a tree, then the tail."""
+    if n < 8:
+        for lane in range(LANES):
+            res[lane] = np.float32(0.0)
+        for i in range(n):
+            for lane in range(LANES):
+                v = buf[lo + i, lane]
+                res[lane] += v * v
+        return
+    for j in range(8):
+        for lane in range(LANES):
+            v = buf[lo + j, lane]
+            acc[j, lane] = v * v
+    i = 8
+    end = n - n % 8
+    while i < end:
+        for j in range(8):
+            for lane in range(LANES):
+                v = buf[lo + i + j, lane]
+                acc[j, lane] += v * v
+        i += 8
+    for lane in range(LANES):
+        res[lane] = (((acc[0, lane] + acc[1, lane]) + (acc[2, lane] + acc[3, lane]))
+                     + ((acc[4, lane] + acc[5, lane]) + (acc[6, lane] + acc[7, lane])))
+    while i < n:
+        for lane in range(LANES):
+            v = buf[lo + i, lane]
+            res[lane] += v * v
+        i += 1
+
+
+@njit(**_JIT)
+def _sum_squares(buf, prog, stack, acc, out):
+    """out[lane] = the pairwise sum of squares of buf[:, lane] (prog: pairwise_program)."""
+    sp = 0
+    for p in range(prog.shape[0]):
+        if prog[p, 0] == 0:
+            _leaf_squares(buf, prog[p, 1], prog[p, 2], stack[sp], acc)
+            sp += 1
+        else:
+            for lane in range(LANES):
+                stack[sp - 2, lane] = stack[sp - 2, lane] + stack[sp - 1, lane]
+            sp -= 1
+    for lane in range(LANES):
+        out[lane] = stack[0, lane]
+
+
+@njit(**_JIT)
+def _load_tile(x, m0, r, buf):
+    """buf[:, :r] = rows m0..m0+r-1 of x transposed; lanes past r zeroed."""
+    k = x.shape[1]
+    for i in range(k):
+        for lane in range(r):
+            buf[i, lane] = x[m0 + lane, i]
+        for lane in range(r, LANES):
+            buf[i, lane] = np.float32(0.0)
+
+
+@njit(**_JIT)
+def rms_norm(x, w, eps, prog, out):
+    """jit.rms_norm over rows of x [M, K], LANES rows at a time."""
+    rows, k = x.shape
+    kf = np.float64(k)
+    buf = np.empty((k, LANES), np.float32)
+    stack = np.empty((prog.shape[0] + 1, LANES), np.float32)
+    acc = np.empty((8, LANES), np.float32)
+    sums = np.empty(LANES, np.float32)
+    roots = np.empty(rows, np.float32)
+    for m0 in range(0, rows, LANES):
+        r = min(LANES, rows - m0)
+        _load_tile(x, m0, r, buf)
+        _sum_squares(buf, prog, stack, acc, sums)
+        for lane in range(r):
+            ms = np.float32(np.float64(sums[lane]) / kf) + eps
+            roots[m0 + lane] = np.float32(np.sqrt(ms))
+    if x.strides[0] < x.strides[1]:  # column-major: rows innermost
+        for i in range(k):
+            for m in range(rows):
+                out[m, i] = (x[m, i] / roots[m]) * w[i]
+    else:
+        for m in range(rows):
+            root = roots[m]
+            for i in range(k):
+                out[m, i] = (x[m, i] / root) * w[i]
+
+
+@njit(**_JIT)
+def dequantize_rows(acc, row_scale, ch_scale, bias, has_bias, out):
+    """jit.dequantize_rows for a column-major acc (an NPU output read in its
+    layout) and out: the loops with rows innermost, in memory order."""
+    rows, n = acc.shape
+    rs = np.empty(rows, np.float64)
+    for m in range(rows):
+        rs[m] = np.float64(row_scale[m])
+    for j in range(n):
+        cs = np.float64(ch_scale[j])
+        b = np.float64(bias[j])
+        for m in range(rows):
+            y = (np.float64(acc[m, j]) * rs[m]) * cs
+            if has_bias:
+                y += b
+            out[m, j] = np.float32(y)
+
+
+@njit(**_JIT)
+def _butterflies(buf, block):
+    """jit.hadamard_rows's butterflies (pairs i, i + h for h = 1, 2, 4, ...
+    within each block), on every lane of buf [K, LANES]. Two stages at a
+    time (h and 2h over each group of four: the same additions on the same
+    values, one pass over the buffer instead of two)."""
+    k = buf.shape[0]
+    for b in range(0, k, block):
+        h = 1
+        while 2 * h < block:
+            for i in range(b, b + block, 4 * h):
+                for j in range(i, i + h):
+                    for lane in range(LANES):
+                        x0 = buf[j, lane]
+                        x1 = buf[j + h, lane]
+                        x2 = buf[j + 2 * h, lane]
+                        x3 = buf[j + 3 * h, lane]
+                        a0, a1 = x0 + x1, x0 - x1  # stage h: (j, j+h), (j+2h, j+3h)
+                        a2, a3 = x2 + x3, x2 - x3
+                        buf[j, lane] = a0 + a2  # stage 2h: (j, j+2h), (j+h, j+3h)
+                        buf[j + 2 * h, lane] = a0 - a2
+                        buf[j + h, lane] = a1 + a3
+                        buf[j + 3 * h, lane] = a1 - a3
+            h *= 4
+        if h < block:  # an odd number of stages: the last alone
+            for j in range(b, b + h):
+                for lane in range(LANES):
+                    u = buf[j, lane]
+                    v = buf[j + h, lane]
+                    buf[j, lane] = u + v
+                    buf[j + h, lane] = u - v
+
+
+@njit(**_JIT)
+def _signed_tile(x, signs, m0, r, buf):
+    k = x.shape[1]
+    for i in range(k):
+        s = signs[i]
+        for lane in range(r):
+            buf[i, lane] = x[m0 + lane, i] * s
+        for lane in range(r, LANES):
+            buf[i, lane] = np.float32(0.0)
+
+
+@njit(**_JIT)
+def hadamard_rows(x, signs, block, norm, out):
+    """jit.hadamard_rows over rows of x [M, K] into out (C order), LANES rows at a time."""
+    rows, k = x.shape
+    buf = np.empty((k, LANES), np.float32)
+    for m0 in range(0, rows, LANES):
+        r = min(LANES, rows - m0)
+        _signed_tile(x, signs, m0, r, buf)
+        _butterflies(buf, block)
+        for lane in range(r):
+            for i in range(k):
+                out[m0 + lane, i] = buf[i, lane] * norm
+
+
+@njit(**_JIT)
+def rotate_quantize_rows(x, signs, block, norm, q, scale):
+    """jit.hadamard_rows then jit.quantize_rows (a rotation without a
+    block-mixing factor), LANES rows at a time, the rotated rows never stored."""
+    rows, k = x.shape
+    buf = np.empty((k, LANES), np.float32)
+    amax = np.empty(LANES, np.float32)
+    for m0 in range(0, rows, LANES):
+        r = min(LANES, rows - m0)
+        _signed_tile(x, signs, m0, r, buf)
+        _butterflies(buf, block)
+        for lane in range(LANES):
+            amax[lane] = np.float32(0.0)
+        for i in range(k):
+            for lane in range(LANES):
+                v = buf[i, lane] * norm
+                buf[i, lane] = v
+                a = abs(v)
+                if a > amax[lane] or a != a:  # a NaN stays the maximum (jit.quantize_rows)
+                    amax[lane] = a
+        for lane in range(r):
+            s = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
+            scale[m0 + lane] = s
+            for i in range(k):
+                t = np.rint(buf[i, lane] / s)
+                q[m0 + lane, i] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+
+
+@njit(**_JIT)
+def rope(x, cos, sin, dims, neox, out):
+    """jit.rope with the pairing decided outside the loops, and the loops in
+    x's memory order: tokens innermost when they are (an NPU output read
+    column-major), else channels (NeoX's halves then contiguous)."""
+    t_, heads, d = x.shape
+    half = dims // 2
+    tokens_inner = x.strides[0] < x.strides[2]
+    for hh in range(heads):
+        for t in range(t_):
+            for i in range(dims, d):
+                out[t, hh, i] = x[t, hh, i]
+        if tokens_inner:
+            for i in range(half):
+                a_i, b_i = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                for t in range(t_):
+                    a = x[t, hh, a_i]
+                    b = x[t, hh, b_i]
+                    out[t, hh, a_i] = a * cos[t, i] - b * sin[t, i]
+                    out[t, hh, b_i] = a * sin[t, i] + b * cos[t, i]
+        elif neox:
+            for t in range(t_):
+                for i in range(half):
+                    a = x[t, hh, i]
+                    b = x[t, hh, i + half]
+                    out[t, hh, i] = a * cos[t, i] - b * sin[t, i]
+                    out[t, hh, i + half] = a * sin[t, i] + b * cos[t, i]
+        else:
+            for t in range(t_):
+                for i in range(half):
+                    a = x[t, hh, 2 * i]
+                    b = x[t, hh, 2 * i + 1]
+                    out[t, hh, 2 * i] = a * cos[t, i] - b * sin[t, i]
+                    out[t, hh, 2 * i + 1] = a * sin[t, i] + b * cos[t, i]
