@@ -294,6 +294,6 @@ def test_int8_parts_from_the_reference_only_at_rounding_ties(variant, gemma4_rkb
     rng = np.random.default_rng(1)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, PROMPT_LEN + 8 - 1).tolist()]
     p = parting(engine, ReferenceModel.load(str(gemma4_gguf(variant)), "w8a8"), tokens, monkeypatch)
-    print(f"\n[{variant}] {len(p.ties)} rows part at a tie: {p.ties}; the others' logits: max error {max(p.clean):.1e}")
+    print(f"\n[{variant}] {len(p.ties)} rows part at a tie: {p.ties}; the others' logits: max error {max(p.clean, default=0):.1e}")
     assert not p.departures, p.departures
     assert max(p.clean) < NOISE
