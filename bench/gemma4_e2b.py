@@ -16,9 +16,11 @@ and full layers reading an earlier layer's cache (double-wide FFN). Full-depth
 figures are EXTRAPOLATED as head + sum over kinds of (E2B's count of the kind x
 the compiled layer of the kind), and say so; the per-layer embeddings'
 projection (layer 0's segment) is compiled at the miniature's 4 layers, its
-other 31 layers' bytes added at the DRAM rate.
+other 31 layers' bytes added at the DRAM rate. --layers full compiles all 35
+layers (a ~5 GB GGUF in the temporary directory, deleted after; ~5 min CPU):
+then nothing is extrapolated.
 
-    python bench/gemma4_e2b.py [--json out.json] [--keep DIR]
+    python bench/gemma4_e2b.py [--layers mini|full] [--json out.json] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the llm test package (a namespace package) instead of bench/, whose llm.py would shadow it
 sys.path[:] = [str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from llm.synth import REAL, write_gguf  # noqa: E402
+from llm.synth import REAL, write_gguf, write_real  # noqa: E402
 from rkc.compiler.llm.report import MODEL, figures, phase  # noqa: E402
 from rkc.ir.atomic import write_atomic  # noqa: E402
 from rkc.ir.rkbin import read_rkbin  # noqa: E402
@@ -82,24 +84,34 @@ def extrapolated(per_layer: dict, key: str, counts: dict[str, int]) -> float:
     return rest + sum(counts[kinds[i]] * per_layer[f"layer {i}"][key] for i in range(4))
 
 
-def measure(work: Path) -> dict:
+def measure(work: Path, full: bool = False) -> dict:
     scale = _load_scale()
     spec = REAL[MODEL_NAME]
-    mini = miniature(spec)
-    gguf = write_gguf(work / f"{MODEL_NAME}-mini.gguf", mini, "q8_0", name=f"synthetic-{MODEL_NAME}-mini")
-    out = work / f"{MODEL_NAME}-mini-int8.rkbin"
+    counts = e2b_counts(spec)
+    if full:
+        gguf = write_real(work / f"{MODEL_NAME}.gguf", MODEL_NAME, "q8_0")
+    else:
+        gguf = write_gguf(work / f"{MODEL_NAME}-mini.gguf", miniature(spec), "q8_0",
+                          name=f"synthetic-{MODEL_NAME}-mini")
+    out = work / f"{MODEL_NAME}-{'full' if full else 'mini'}-int8.rkbin"
     seconds, cpu_seconds, rss, log = scale.compile_child(gguf, out, "int8", None)
+    gguf.unlink()  # E2B's full Q8_0 file is ~5 GB
     module = read_rkbin(out).module
     dec = figures(module)["decode"]
     pre = phase(module, module.program("prefill_512")).per_layer
-    counts = e2b_counts(spec)
-    D, P = spec["n_embd"], spec["per_layer"]
-    missing = (spec["n_layer"] - mini["n_layer"]) * P * D  # the per-layer projection's other rows (int8 bytes)
-    tg_s = extrapolated(dec["per_layer"], "npu_us", counts) * 1e-6 + missing / MODEL.dram_bytes_per_s
-    pp_s = extrapolated(pre, "npu_us", counts) * 1e-6 + missing / MODEL.dram_bytes_per_s
-    ddr = extrapolated(dec["per_layer"], "ddr_bytes", counts) + missing
+    if full:  # every layer compiled: the modelled programs' own sums
+        tg_s, pp_s, ddr = (sum(v[key] for v in per_layer.values()) for per_layer, key in
+                           ((dec["per_layer"], "npu_us"), (pre, "npu_us"), (dec["per_layer"], "ddr_bytes")))
+        tg_s, pp_s = tg_s * 1e-6, pp_s * 1e-6
+    else:
+        D, P = spec["n_embd"], spec["per_layer"]
+        missing = (spec["n_layer"] - 4) * P * D  # the per-layer projection's other rows (int8 bytes)
+        tg_s = extrapolated(dec["per_layer"], "npu_us", counts) * 1e-6 + missing / MODEL.dram_bytes_per_s
+        pp_s = extrapolated(pre, "npu_us", counts) * 1e-6 + missing / MODEL.dram_bytes_per_s
+        ddr = extrapolated(dec["per_layer"], "ddr_bytes", counts) + missing
     weights = weight_bytes_per_token(spec)
-    row = {"model": MODEL_NAME, "precision": "int8", "layers_compiled": "4 (one per kind)",
+    row = {"model": MODEL_NAME, "precision": "int8", "full_depth": full,
+           "layers_compiled": f"all {spec['n_layer']}" if full else "4 (one per kind)",
            "kinds": counts, "compile_s": round(seconds, 1), "compile_cpu_s": round(cpu_seconds, 1),
            "peak_rss_gb": round(rss / 1e9, 2),
            "rkbin_mb": round(out.stat().st_size / 1e6, 1),
@@ -123,8 +135,10 @@ def table(r: dict) -> str:
              f"| seed: vendor stack, measured | {SEED['vendor_pp512']} | {SEED['vendor_tg']} | - | - |",
              f"| RKLLM v1.3.0 benchmark.md | - | {RKLLM['tg']} | {RKLLM['ttft_ms']:.0f} (its prompt) | - |",
              "",
-             f"* extrapolated from a 4-layer miniature (one layer per kind: {r['kinds']}); tg = "
-             f"{r['tg_share_of_roofline']:.1%} of the roofline. Compile of the miniature: {r['compile_s']} s "
+             (f"* FULL DEPTH: all 35 layers compiled ({r['kinds']}), nothing extrapolated; tg = "
+              if r["full_depth"] else
+              f"* extrapolated from a 4-layer miniature (one layer per kind: {r['kinds']}); tg = ") +
+             f"{r['tg_share_of_roofline']:.1%} of the roofline. Compile: {r['compile_s']} s "
              f"({r['compile_cpu_s']} s CPU), "
              f"peak {r['peak_rss_gb']} GB, rkbin {r['rkbin_mb']} MB."]
     return "\n".join(lines)
@@ -141,14 +155,16 @@ def _load_scale():
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--keep", type=Path, help="write the GGUF and rkbin here (else a temporary directory)")
+    ap.add_argument("--keep", type=Path, help="write the rkbin here (else a temporary directory)")
+    ap.add_argument("--layers", choices=("mini", "full"), default="mini",
+                    help="the 4-layer miniature, extrapolated (default), or all 35 layers")
     args = ap.parse_args()
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-        row = measure(args.keep)
+        row = measure(args.keep, args.layers == "full")
     else:
         with tempfile.TemporaryDirectory(prefix="rkc-e2b-") as tmp:
-            row = measure(Path(tmp))
+            row = measure(Path(tmp), args.layers == "full")
     print(table(row))
     if args.json:
         write_atomic(args.json, json.dumps(row, indent=1).encode())

@@ -134,7 +134,9 @@ def table(rows: list[dict]) -> str:
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         lines.append(" | ".join(str(x) for x in (
-            r["model"], r["precision"], f"{r['layers_compiled']}/{r['n_layer']}", r["compile_s"],
+            r["model"], r["precision"],
+            f"{r['layers_compiled']}/{r['n_layer']}" + (" FULL" if r["layers_compiled"] == r["n_layer"] else ""),
+            r["compile_s"],
             r["compile_cpu_s"], f"{r['peak_rss_gb']:.2f}", f"{r['rkbin_mb']:.0f}", r["decode_segments"], r["decode_tasks"],
             r["decode_kicks"], f"{r['ddr_bytes_per_token'] / 1e6:.0f} ({r['ddr_bytes_per_token_full_extrapolated'] / 1e6:.0f}*)",
             f"{r['weight_bytes_compiled'] / 1e6:.0f} ({r['weight_bytes_full'] / 1e6:.0f})",
@@ -142,7 +144,8 @@ def table(rows: list[dict]) -> str:
             f"{r['tg_share_of_roofline']:.0%}", f"{r['pp128_modelled_full_extrapolated']:.0f}",
             r.get("vendor_tg", "-"), f"{r['vendor_pp128']:.0f}" if "vendor_pp128" in r else "-")))
     lines.append("L: layers compiled / the model's. Per-token counts and DDR bytes are of the compiled (cut) "
-                 "model; (x*) and every * column: extrapolated to full depth (head + n_layer x mean layer). "
+                 "model; (x*) and every * column: extrapolated to full depth (head + n_layer x mean layer), "
+                 "except on a FULL row (every layer compiled: the compiled model's own figures). "
                  + VENDOR_OTHERS)
     return "\n".join(lines)
 

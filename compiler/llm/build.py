@@ -236,7 +236,7 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
         cal = calibrate(graph, cfg, weights, tokenizer, hessians=_needs_hessians(options),
                         text=Path(options.calibration).read_text())
     consumers = graph.consumers()
-    linear = {op.inputs[1] for op in graph.ops if op.type == "Linear"}
+    linear = _product_names(graph)
     matrix_names = _matrix_names(graph)
     smoothable = {n for n in linear if len(consumers[n]) == 1}
     matrices: dict[str, EncodedWeight] = {}

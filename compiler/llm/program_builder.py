@@ -143,6 +143,19 @@ class LlmLowering:
         self.matrices = {}
         self.emit_options.pack_cache.clear()
 
+    def packed(self, weight: str) -> None:
+        """`weight`'s every GEMM is packed (the pack cache holds its NPU bytes,
+        the builder places them): its int8/fp16 matrix is let go, leaving a
+        zero-stride stand-in of its shape and dtype, so the encoded matrices
+        and their packed copies are never all held at once. Later programs
+        find the pack in the cache (their GEMMs of a weight share its name
+        and bytes; a repack would be refused as a second, different copy)."""
+        enc = self.matrices[weight]
+        if self.emit_options.pack_cache is None or enc.data.strides == (0, 0):
+            return
+        self.matrices[weight] = dataclasses.replace(enc, data=np.broadcast_to(enc.data.dtype.type(0),
+                                                                             enc.data.shape))
+
     def lower(self, graph: Graph, program: str) -> None:
         on_npu = {i for i, op in enumerate(graph.ops) if op.type == "Linear"}
         steps = partition(graph, lambda i: i in on_npu)
@@ -269,6 +282,8 @@ class _ProgramLowering:
                 products.append((i, w, piece, gemm))
             outputs.append((y, x, w, bias, [npu_name(piece) for piece in pieces]))
         groups = self._emit_products(products, dev)
+        for w in dict.fromkeys(w for _, w, _, _ in products):  # packed: the encoded matrices can go
+            self.llm.packed(w)
         # the products read inputs converted before the segment and write their own outputs
         lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}",
                                 "int8" if int8 else "fp16", independent=True)

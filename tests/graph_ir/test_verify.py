@@ -90,3 +90,26 @@ def test_malformed_text_gives_one_line():
     with pytest.raises(FormatError) as info:
         parse_graph('graph "g" { input %x fp32[1,4] }', source="bad.txt")
     assert "\n" not in str(info.value) and str(info.value).startswith("bad.txt: not valid IR text")
+
+
+def test_size_bound_spares_a_constant_whose_bytes_are_at_hand():
+    """The 2 GiB bound guards what a shape would allocate: a constant with its
+    payload (a mapped GGUF tensor: Gemma 4 E2B's per-layer table, 262144 x 8960,
+    9.4 GB as fp32, read by rows) passes; the same shape as a value, or as a
+    constant whose payload is not loaded, is refused."""
+    from rkc.ir.types import BlockQuant
+
+    big = (262144, 8960)
+    g = Graph(name="g")
+    g.add_input("ids", TensorType(DType.INT32, (1,)))
+    g.add_const("table", TensorType(DType.FP32, big, BlockQuant("Q8_0")), np.zeros(16, np.uint8))
+    g.add_op("Gather", ["table", "ids"], [("row", TensorType(DType.FP32, (1, 8960)))])
+    g.outputs.append("row")
+    g.verify()
+    unloaded = parse_graph('graph "g" { input %x: fp32[1,4]  %y: fp32[1,4] = Relu(%x)  output %y }')
+    unloaded.add_const("w", TensorType(DType.FP32, big), payload="w")
+    with pytest.raises(VerifyError, match="tensor 'w': .* more than the 2 GiB"):
+        unloaded.verify()
+    value = parse_graph('graph "g" { input %x: fp32[262144,8960]  %y: fp32[262144,8960] = Relu(%x)  output %y }')
+    with pytest.raises(VerifyError, match="tensor 'x': .* more than the 2 GiB"):
+        value.verify()

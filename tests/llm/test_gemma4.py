@@ -24,6 +24,7 @@ from llm.conftest import cosine, teacher_forced
 from llm.reference import ReferenceModel
 from llm.synth import GEMMA4_ALL, GEMMA4_SHAPES, GEMMA4_VARIANTS, gemma4_spec, write_gemma4
 from llm.test_gemma3_270m import TIE_GAP, departure
+from llm.ties import NOISE, parting
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.ir.errors import UnsupportedError
 from rkc.runtime.llm.engine import LlmEngine
@@ -280,52 +281,6 @@ def test_shared_layers_read_the_cache_llama_cpp_reads(llama, gemma4_rkbin, gemma
     assert min(cosine(g, w) for g, w in zip(wrong, want)) < 0.99
 
 
-# the int8 products in program order: the quantized input's name -> the reference's product
-PRODUCT_OF = {"embd_scaled": "per_layer_model_proj", "attn_norm": "attn_q", "attn": "attn_output",
-              "ffn_norm": "ffn_gate", "ffn_hidden": "ffn_down", "ffn_residual": "inp_gate", "pl_gated": "proj",
-              "result_norm": "token_embd"}
-
-
-NOISE = 2e-6  # fp32 against float64, relative to a row's largest value (measured: <= 7e-7)
-
-
-def _first_departure(step: dict, products: dict, entries: list, own: list) -> str | None:
-    """A row's first departure from the reference, in program order: None, or
-    what it is ("tie ..." when the value is within fp32 ulps of a rounding edge)."""
-    from llm.reference import quantize_rows
-
-    quantized = [n[len("decode/"):-len("@npu")] for n in step if n.endswith("@npu")]
-    for name in [n for n in quantized if n.split(".")[-1] in PRODUCT_OF]:
-        short = name.split(".")[-1]
-        layer = name.split(".")[1] if name.startswith("blk.") else None
-        if short == "attn" and layer is not None:  # this layer's K/V entries come before its attention
-            for kind in ("k", "v"):
-                got, want = entries[int(layer)][kind], own[int(layer)].get(kind)
-                if got is None or np.array_equal(got, want.reshape(got.shape)):
-                    continue
-                x32, x = entries[int(layer)][kind + "32"], own[int(layer)][kind + "64"].reshape(got.shape)
-                i = tuple(int(j) for j in np.argwhere(got != want.reshape(got.shape))[0])
-                # both unrounded values agree to fp32 noise (relative to the row: RoPE and
-                # the norms mix its elements), so the fp16 edge lies between them
-                near = abs(np.float64(x32[i]) - x[i]) <= NOISE * np.abs(x).max()
-                return (f"{'tie' if near else 'departure'}: layer {layer} {kind.upper()} entry {i[1:]} "
-                        f"{x32[i]:.8f} (fp32) / {x[i]:.8f} -> {got[i]:.6f} / {want.reshape(got.shape)[i]:.6f}")
-        rname = PRODUCT_OF[short] if layer is None else f"blk.{layer}.{PRODUCT_OF[short]}"
-        x = products[rname]
-        err = np.abs(step[f"decode/{name}"].reshape(x.shape) - x).max() / np.abs(x).max()
-        if err > NOISE:
-            return f"departure: {name} differs by {err:.1e} of its largest value"
-        q, s = quantize_rows(x)
-        got = step[f"decode/{name}@npu"].astype(np.float64).reshape(q.shape)
-        if np.array_equal(got, q):
-            continue
-        i = tuple(np.argwhere(got != q)[0])
-        r = np.float64(np.float32(x[i]) / np.float32(s[i[0]]))
-        near = abs(got[i] - q[i]) == 1 and abs(abs(r - np.floor(r)) - 0.5) < 4e-5
-        return f"{'tie' if near else 'departure'}: {name} column {i[-1]} x/scale {r:.6f} -> {got[i]:.0f} / {q[i]:.0f}"
-    return None
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_int8_parts_from_the_reference_only_at_rounding_ties(variant, gemma4_rkbin, gemma4_gguf, monkeypatch):
     """The compiled int8 model and the w8a8 reference do the same arithmetic:
@@ -333,68 +288,12 @@ def test_int8_parts_from_the_reference_only_at_rounding_ties(variant, gemma4_rkb
     earlier row's difference reaches a row), each row's every int8 product
     input has the same codes, and its own K/V entries the same fp16 values,
     until a value within fp32 ulps of a rounding edge (float64 there, fp32 here)
-    rounds the other way; a row without one gives the same logits (to fp32 noise)."""
-    import rkc.runtime.llm.engine as engine_module
-    from llm.reference import ReferenceModel as Ref
-    from rkc.runtime.llm.kvcache import KVCache
-
+    rounds the other way; a row without one gives the same logits (to fp32 noise).
+    (tests/llm/ties.py)"""
     engine = LlmEngine(gemma4_rkbin(variant, "int8", **RTN))
-    L = engine.cfg.n_layer
     rng = np.random.default_rng(1)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, PROMPT_LEN + 8 - 1).tolist()]
-    step, entries = {}, [dict(k=None, v=None, k32=None, v32=None) for _ in range(L)]
-    write, store = engine_module._LlmRun.write, KVCache.store_and_view
-
-    def capture(self, name, value):
-        step[name] = np.array(value)
-        return write(self, name, value)
-
-    def stored(self, layer, k, v, pos):
-        entries[layer].update(k=k.astype(np.float16).astype(np.float64), v=v.astype(np.float16).astype(np.float64),
-                              k32=np.array(k), v32=np.array(v))
-        return store(self, layer, k, v, pos)
-
-    monkeypatch.setattr(engine_module._LlmRun, "write", capture)
-    monkeypatch.setattr(KVCache, "store_and_view", stored)
-    ref = Ref.load(str(gemma4_gguf(variant)), "w8a8")
-    ref.reset()
-    products, own, unrounded = {}, [dict() for _ in range(L)], []
-    lin, to_cache0 = Ref.lin, Ref.to_cache
-
-    def recorded(self, x, name):
-        products[name] = x.copy()
-        return lin(self, x, name)
-
-    def to_cache(a):
-        unrounded.append(np.array(a))
-        return to_cache0(a)
-
-    class Fed(list):  # the reference's own entry is kept aside; the runtime's goes in the cache
-        def __init__(self, layer, kind):
-            super().__init__()
-            self.layer, self.kind = layer, kind
-
-        def append(self, a):  # after to_cache rounded k, then v
-            own[self.layer][self.kind] = a.copy()
-            own[self.layer][self.kind + "64"] = unrounded[-2 if self.kind == "k" else -1]
-            super().append(entries[self.layer][self.kind].reshape(a.shape))
-
-    monkeypatch.setattr(Ref, "to_cache", staticmethod(to_cache))
-    monkeypatch.setattr(Ref, "lin", recorded)
-    ref.k_cache, ref.v_cache = [Fed(i, "k") for i in range(L)], [Fed(i, "v") for i in range(L)]
-    cache = engine.new_cache(64)
-    ties, clean = [], []
-    for t, token in enumerate(tokens):
-        step.clear()
-        for e, o in zip(entries, own):
-            e.update(k=None, v=None)
-            o.clear()
-        got = engine.run_interpreted("decode", np.asarray([token], np.int32), np.asarray([t], np.int32), cache)
-        products.clear()
-        want = ref.forward([token], t)
-        first = _first_departure(step, products, entries, own)
-        assert first is None or first.startswith("tie"), f"row {t}: {first}"
-        err = np.abs(got[0] - want[0]).max() / np.abs(want[0]).max()
-        (clean.append(err) if first is None else ties.append(f"row {t} {first}"))
-    print(f"\n[{variant}] {len(ties)} rows part at a tie: {ties}; the others' logits: max error {max(clean):.1e}")
-    assert max(clean) < NOISE
+    p = parting(engine, ReferenceModel.load(str(gemma4_gguf(variant)), "w8a8"), tokens, monkeypatch)
+    print(f"\n[{variant}] {len(p.ties)} rows part at a tie: {p.ties}; the others' logits: max error {max(p.clean, default=0):.1e}")
+    assert not p.departures, p.departures
+    assert max(p.clean) < NOISE
