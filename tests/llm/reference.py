@@ -142,10 +142,11 @@ class ReferenceModel:
         n = self.cfg.n_layer
         self.k_cache, self.v_cache, self.pos_cache = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
 
-    def lin(self, x: np.ndarray, name: str, head: bool = False) -> np.ndarray:
+    def lin(self, x: np.ndarray, name: str) -> np.ndarray:
         if self.arith == "w8a8" and any(k in name for k in self.keep_fp16):
             x = x.astype(np.float16).astype(np.float64)
         elif self.arith == "w8a8":
+            head = name in ("output", "token_embd")  # the output head (tied or not): _head's products
             terms = 2 if self.residual == "all" or (self.residual == "head" and head) else 1
             r = self.rotations.get(x.shape[-1])
             x = quantize_terms(x, terms) if r is None else quantize_terms(x @ r, terms) @ r.T
@@ -216,7 +217,7 @@ class ReferenceModel:
     def _head(self, x: np.ndarray) -> np.ndarray:
         cfg, w = self.cfg, self.w
         x = rms_norm(x, w["output_norm.weight"], cfg.rms_eps)
-        logits = self.lin(x, "output" if "output.weight" in w else "token_embd", head=True)
+        logits = self.lin(x, "output" if "output.weight" in w else "token_embd")
         if cfg.logit_softcap:
             logits = np.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
         return logits
