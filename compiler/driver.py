@@ -19,7 +19,8 @@ from rkc.compiler.build import BuildOptions, Progress, build
 from rkc.compiler.frontend import detect_kind
 from rkc.compiler.frontend.onnx import parse_input_shapes
 from rkc.compiler.llm.build import DEFAULT_CHUNKS, LlmCompileOptions, compile_gguf
-from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS
+from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING, METHODS, \
+    RESIDUAL_CHOICES
 from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA
 from rkc.compiler.precision import DEFAULT_PRECISION, KIND_NAMES, KINDS, PRECISIONS
@@ -88,6 +89,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("int8_rotation", "--int8-rotation", ("gguf",),
            "randomised Hadamard rotation of each product's input before int8 (kron: one transform per row; "
            "block: block-diagonal; none).", ROTATIONS, INT8, default=DEFAULT_ROTATION),
+    Option("int8_residual", "--int8-residual", ("gguf",),
+           "products whose input is quantized as two int8 rows, the value and its int8 residual (~15-bit "
+           "activations, still int8 products, one weight read): none, the output head, or all.",
+           RESIDUAL_CHOICES, INT8, default=DEFAULT_RESIDUAL),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -144,6 +149,8 @@ def _compile_llm(source: Path, output: Path, precision: str, given: Mapping[str,
         options = replace(options, fp16_share=float(given["fp16_share"]))
     if "int8_rotation" in given:
         options = replace(options, rotation=str(given["int8_rotation"]))
+    if "int8_residual" in given:
+        options = replace(options, residual=str(given["int8_residual"]))
     return compile_gguf(source, output, options, progress).lines
 
 

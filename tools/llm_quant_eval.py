@@ -23,6 +23,7 @@ float model (fp32 weights and activations):
             keys: rounding=rtn|gptq, scales=max|mse, cal=TEXTFILE, alpha=0.5|search,
             keep=ffn_down+output, fp16=N (hybrid: N of Gemma 3 270M's 72 product groups),
             rot=kron|block|none (the rotation of each int8 product's input),
+            res=none|head|all (the products whose input is quantized as two int8 rows: value + residual),
             act=token|exact (exact: activations not quantized, to bound what the weights
             alone cost), w=float (weights not rounded: what the activations alone cost),
             only=attn_q+ffn_down+output (only the products whose weight name contains one of
@@ -184,7 +185,7 @@ def build_weights(bench: Bench, scheme: str) -> dict:
              "alpha_search": kv["alpha"] == "search" if "alpha" in kv else None,
              "smooth_alpha": float(kv["alpha"]) if kv.get("alpha", "search") != "search" else None,
              "keep_fp16": tuple(k for k in kv["keep"].split("+") if k) if "keep" in kv else None,
-             "rotation": kv.get("rot")}
+             "rotation": kv.get("rot"), "residual": kv.get("res")}
     # keys not given: `rkc compile --precision int8`'s defaults
     options = LlmCompileOptions(kind, (1,), **{k: v for k, v in given.items() if v is not None})
     report = CompileReport()

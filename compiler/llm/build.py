@@ -27,8 +27,8 @@ from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
 from rkc.compiler.llm.cpu_work import cpu_steps
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
-from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_ROUNDING, METHODS,
-                                       QUANTIZE_ROWS, SCALES, quantize_matrix)
+from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING,
+                                       METHODS, QUANTIZE_ROWS, RESIDUAL_CHOICES, SCALES, quantize_matrix)
 from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotate_matrix, rotation_for
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from rkc.compiler.llm.weights import (LazyWeights, RowSource, RowTable, by_layer, dequantize_all,
@@ -70,6 +70,9 @@ class LlmCompileOptions:
     # int8 only: the orthogonal rotation of each product's input (compiler/llm/rotate.py):
     # kron, block or none
     rotation: str = DEFAULT_ROTATION
+    # int8 only: the products whose input is quantized in two int8 rows (value +
+    # residual): none, the output head, or all (compiler/llm/quantize.RESIDUAL_CHOICES)
+    residual: str = DEFAULT_RESIDUAL
     cores: int = hw.CORES  # NPU cores the programs' tasks are spread over (rkc compile --cores)
 
 
@@ -213,6 +216,7 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
                        f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
     matrices = encode_matrices(graph, weights, options, cal, factors)
     if options.precision == "int8":
+        _set_residual_terms(graph, matrices, options)
         _report_int8(matrices, options, cal, alpha, report)
         if options.fp16_share > 0:
             _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
@@ -259,18 +263,39 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
         report.say(f"int8: SmoothQuant on {len(factors)} matrices, "
                    f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
     if options.precision == "int8":
+        _set_residual_terms(graph, matrices, options)
         _report_int8(matrices, options, cal, options.smooth_alpha, report)
     return matrices, vectors
+
+
+def _set_residual_terms(graph: Graph, matrices: dict[str, EncodedWeight], options: LlmCompileOptions) -> None:
+    """Two int8 activation terms (value + residual) for the products options.residual names."""
+    if options.residual not in RESIDUAL_CHOICES:
+        raise UnsupportedError(f"int8 residual {options.residual!r} is not known (choose "
+                               f"{', '.join(RESIDUAL_CHOICES)})")
+    head = next(op.inputs[1] for op in graph.ops if op.outputs[0] == "logits")
+    for name in _product_names(graph):
+        enc = matrices[name]
+        if enc.scale is not None and (options.residual == "all" or (options.residual == "head" and name == head)):
+            matrices[name] = replace(enc, act_terms=2)
 
 
 def _report_int8(matrices: dict[str, EncodedWeight], options: LlmCompileOptions, cal: Calibration | None,
                  alpha: float | dict[str, float], report: CompileReport) -> None:
     report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding}; "
-               f"{_rotation_summary(matrices, options.rotation)}")
+               f"{_rotation_summary(matrices, options.rotation)}; {_residual_summary(matrices)}")
     report.quantization = {"smooth_alpha": alpha, "rounding": options.rounding, "scales": options.scales,
+                           "residual": options.residual,
                            "rotation": options.rotation, "rotation_forms": _rotation_forms(matrices),
                            "calibration": Path(options.calibration).name if cal is not None else None,
                            "keep_fp16": list(options.keep_fp16)}
+
+
+def _residual_summary(matrices: dict[str, EncodedWeight]) -> str:
+    two = sum(1 for e in matrices.values() if e.act_terms == 2)
+    if not two:
+        return "activations one int8 row per token"
+    return f"activations of {two} products two int8 rows per token (value + residual, one weight read)"
 
 
 def _rotation_forms(matrices: dict[str, EncodedWeight]) -> dict[str, str]:

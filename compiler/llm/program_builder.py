@@ -53,12 +53,15 @@ class EncodedWeight:
     data: np.ndarray  # [N, K] int8 or fp16
     scale: np.ndarray | None = None  # [N] fp32 (int8)
     rotation: Rotation | None = None  # int8: the input axis is rotated (data ~ W R; compiler/llm/rotate.py)
+    # int8: int8 rows per activation row (2: the value and its int8 residual, run as
+    # more rows of the same product; runtime/llm/weights.quantize_rows)
+    act_terms: int = 1
 
     def as_runtime(self) -> "Int8Weight | Weight":
         """The weight as the runtime's CPU arithmetic computes it (the CPU emulation of the NPU's)."""
         if self.scale is None:
             return Weight(self.data)
-        return Int8Weight(self.data, self.scale, self.rotation)
+        return Int8Weight(self.data, self.scale, self.rotation, self.act_terms)
 
 
 @dataclass
@@ -238,18 +241,26 @@ class _ProgramLowering:
         dev = DType.INT8 if int8 else DType.FP16
         products: list[tuple[int, str, str, api.Gemm]] = []  # (op, weight, output piece, GEMM)
         converted: dict[str, str] = {}
+        terms_of: dict[str, int] = {}
         outputs = []
         for i in ops:
             op = self.graph.ops[i]
             x, w = op.inputs[0], op.inputs[1]
+            terms = self.llm.matrices[w].act_terms if int8 else 1
+            if terms_of.setdefault(x, terms) != terms:
+                raise UnsupportedError(f"{w}: its input {x} is quantized in {terms_of[x]} int8 rows for another "
+                                       f"product of the segment, {terms} for this one")
+            # an input quantized in T terms is T x the rows on the NPU (one read of the weights)
             m, k = (int(d) for d in self.graph.tensors[x].type.shape)
+            m *= terms
             if x not in converted:
                 self.scratch(npu_name(x), [m, k], dev)
                 if int8:
                     self.host_value_named(f"{x}.rowscale", [m], DType.FP32)
                     rot, rot_attrs = self.llm.rotation_inputs(self.llm.matrices[w].rotation)
+                    term_attrs = {"terms": terms} if terms > 1 else {}
                     self.add(Step(kind="cpu", name=f"to_npu:{x}", op="QuantizeRows", inputs=[x, *rot],
-                                  outputs=[npu_name(x), f"{x}.rowscale"], attrs=rot_attrs))
+                                  outputs=[npu_name(x), f"{x}.rowscale"], attrs=rot_attrs | term_attrs))
                 else:
                     self.add(Step(kind="cpu", name=f"to_npu:{x}", op="Cast", inputs=[x], outputs=[npu_name(x)],
                                   attrs={"to": "fp16"}))
@@ -280,7 +291,7 @@ class _ProgramLowering:
                 gemm = api.Gemm(a, b[k0:k0 + kt], api.Feature.gemm(out, 0, m, n, out_dtype.value), m,
                                 name=_op_name(w) + (f".k{k0}" if len(parts) > 1 else ""), epilogue=epi)
                 products.append((i, w, piece, gemm))
-            outputs.append((y, x, w, bias, [npu_name(piece) for piece in pieces]))
+            outputs.append((y, x, w, bias, [npu_name(piece) for piece in pieces], terms))
         groups = self._emit_products(products, dev)
         for w in dict.fromkeys(w for _, w, _, _ in products):  # packed: the encoded matrices can go
             self.llm.packed(w)
@@ -290,14 +301,15 @@ class _ProgramLowering:
         self.builder.append_segment(self.program, self.steps, lowered)
         self.stats.segments += 1
         self.stats.npu_tasks += lowered.step.stats["tasks"]
-        for y, x, w, bias, outs in outputs:
+        for y, x, w, bias, outs, terms in outputs:
             self.host_value(y)
             if int8:
                 scale = self.llm.host_const(f"{w}.scale", self.llm.matrices[w].scale)
                 ins = [*outs, f"{x}.rowscale", scale] + ([self.llm.host_const(bias, self.llm.vectors[bias])]
                                                          if bias else [])
+                attrs = ({"partials": len(outs)} if len(outs) > 1 else {}) | ({"terms": terms} if terms > 1 else {})
                 self.add(Step(kind="cpu", name=f"from_npu:{y}", op="DequantizeRows", inputs=ins, outputs=[y],
-                              attrs={"partials": len(outs)} if len(outs) > 1 else {}))
+                              attrs=attrs))
             elif len(outs) > 1:
                 self.add(Step(kind="cpu", name=f"from_npu:{y}", op="SumPartials", inputs=outs, outputs=[y]))
             else:

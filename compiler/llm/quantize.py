@@ -36,6 +36,11 @@ DEFAULT_ROUNDING = "rtn"
 DEFAULT_FP16_SHARE = 0.0  # of the product groups (0.25 was the unrotated default: 18 of Gemma 3 270M's 72)
 DEFAULT_ALPHA_SEARCH = False
 SCALES = ("max", "mse")
+# which int8 products quantize their input in two int8 rows, the value and its
+# int8 residual (runtime/llm/weights.quantize_rows terms=2: ~15-bit activations,
+# every product int8, one read of the weights for both rows; docs/llm.md)
+RESIDUAL_CHOICES = ("none", "head", "all")
+DEFAULT_RESIDUAL = "none"
 CLIP_GRID = np.linspace(0.60, 1.0, 21)
 GPTQ_DAMP = 0.01  # of the mean diagonal of H (the paper's default)
 _COLUMN_BLOCK = 64  # columns rounded before the rest is updated with one matrix product

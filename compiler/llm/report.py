@@ -152,7 +152,10 @@ def quantization_lines(q: dict) -> list[str]:
     rotation = (f"inputs rotated ({q['rotation']}: {', '.join(f'K={k}: {f}' for k, f in forms.items())})" if forms
                 else "inputs not rotated")
     cal = f"calibrated on {q['calibration']}" if q.get("calibration") else "no calibration"
-    lines = [f"int8: SmoothQuant {alpha}, {q['scales']} row scales, {q['rounding']} rounding, {rotation}, {cal}",
+    residual = {"head": ", the head's input as two int8 rows (value + residual)",
+                "all": ", every input as two int8 rows (value + residual)"}.get(q.get("residual"), "")
+    lines = [f"int8: SmoothQuant {alpha}, {q['scales']} row scales, {q['rounding']} rounding, {rotation}, {cal}"
+             f"{residual}",
              "  every product int8" if not q.get("hybrid") and not q.get("keep_fp16") else
              "  products kept fp16: see below" if q.get("hybrid") else
              f"  products kept fp16: {', '.join(q['keep_fp16'])}"]

@@ -15,6 +15,7 @@ import math
 from typing import Any, Callable
 
 INT_LIMIT = 1 << 31
+MAX_TERMS = 2  # int8 rows per activation row (runtime/llm/weights.quantize_rows): the value and its residual
 
 
 def _int(v: Any) -> bool:
@@ -39,6 +40,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rotation": (lambda v: v == "hadamard", "'hadamard'"),
     "weight dtype": (lambda v: v in ("int8", "float16"), "'int8' or 'float16' (packed NPU weights)"),
     "tensor": (lambda v: isinstance(v, str) and v != "", "a tensor name"),
+    "terms": (lambda v: _int(v) and 1 <= v <= MAX_TERMS, f"an int in [1, {MAX_TERMS}]"),
 }
 
 ROTATION = {"rotation": "rotation", "block": "count"}  # rotated rows: the factor's inputs follow
@@ -64,8 +66,8 @@ KERNEL_ATTRS: dict[str, tuple[int, int | None, dict[str, str], tuple[str, ...]]]
     "GatherRows": (2, 5, dict(ROTATION), ()),
     "GatherPacked": (1, 4, {"packed": "tensor", "rows": "count", "cols": "count", "dtype": "weight dtype",
                             **ROTATION}, ("packed", "rows", "cols", "dtype")),
-    "QuantizeRows": (1, 3, dict(ROTATION), ()),
-    "DequantizeRows": (3, None, {"partials": "count"}, ()),  # partials + row scale + channel scale (+ bias)
+    "QuantizeRows": (1, 3, {**ROTATION, "terms": "terms"}, ()),
+    "DequantizeRows": (3, None, {"partials": "count", "terms": "terms"}, ()),  # partials + row scale + channel scale (+ bias)
     "SumPartials": (1, None, {}, ()),
     # Gemma 4
     "AttentionShared": (2, 2, {"layer": "index", "source": "index", "scale": "finite", "window": "index",
@@ -92,6 +94,13 @@ def output_shape(op: str, shapes: list[tuple[int, ...]], attrs: dict[str, Any]) 
             return tuple(np.broadcast_shapes(*shapes))
         except ValueError:
             raise ValueError("they do not broadcast") from None
+    terms = attrs.get("terms", 1)
+    if op == "QuantizeRows" and terms > 1 and shapes[0]:  # T int8 rows per row
+        return (terms * shapes[0][0], *shapes[0][1:])
+    if op == "DequantizeRows" and terms > 1 and shapes[0]:  # T rows of sums per output row
+        if shapes[0][0] % terms:
+            raise ValueError(f"{shapes[0][0]} rows of sums are not {terms} terms per row")
+        return (shapes[0][0] // terms, *shapes[0][1:])
     if op in SHAPE_OF_FIRST:
         return shapes[0]
     if op == "Reshape":

@@ -34,7 +34,7 @@ try:  # what np.einsum(optimize=True) runs for a pair of operands (numpy >= 2.4)
 except ImportError:  # pragma: no cover - older numpy
     _bmm_einsum = None
 from rkc.runtime.kernels.hadamard import Rotation, unrotate
-from rkc.runtime.llm.weights import Int8Weight, quantize_rows
+from rkc.runtime.llm.weights import Int8Weight, dequantize, quantize_rows
 
 Kernel = Callable[[list[Any], dict[str, Any], Any], list[np.ndarray]]
 
@@ -110,23 +110,23 @@ def gather_packed(inputs, attrs, state):
 
 def quantize_rows_kernel(inputs, attrs, state):
     """fp32 [M, K] -> int8 [M, K] and one scale per row (symmetric, W8A8's A8),
-    the rows rotated first when attrs name a rotation (inputs: x, its constants)."""
-    q, scale = quantize_rows(np.asarray(inputs[0], np.float32), rotation_of(attrs, inputs[1:]))
+    the rows rotated first when attrs name a rotation (inputs: x, its constants);
+    attrs["terms"] = T: T int8 rows per row, [T * M, K] (weights.quantize_rows)."""
+    q, scale = quantize_rows(np.asarray(inputs[0], np.float32), rotation_of(attrs, inputs[1:]),
+                             int(attrs.get("terms", 1)))
     return [q, scale]
 
 
 def dequantize_rows(inputs, attrs, state):
     """int32 accumulators [M, N] -> fp32: x row scale x weight channel scale (+ bias).
     attrs["partials"] = P: the first P inputs are int32 partial sums over K
-    ranges, added exactly (int64) first."""
+    ranges, added exactly (int64) first; attrs["terms"] = T: the rows are T
+    activation terms of each row [T * M, N], summed (weights.dequantize)."""
     p = int(attrs.get("partials", 1))
     acc = np.sum([np.asarray(a, np.int64) for a in inputs[:p]], axis=0) if p > 1 else inputs[0]
     row_scale, ch_scale = inputs[p], inputs[p + 1]
-    inputs = [acc, *inputs[p:]]
-    y = acc.astype(np.float64) * row_scale.astype(np.float64)[:, None] * ch_scale.astype(np.float64)[None, :]
-    if len(inputs) > 3:
-        y += inputs[3]
-    return [y.astype(np.float32)]
+    bias = inputs[p + 2] if len(inputs) > p + 2 else None
+    return [dequantize(acc, row_scale, ch_scale, bias, int(attrs.get("terms", 1)))]
 
 
 def sum_partials(inputs, attrs, state):

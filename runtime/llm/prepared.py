@@ -188,8 +188,8 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
 def dequantize_rows(step: Step, consts: list, state) -> Prepared | None:
     """As kernels.dequantize_rows in one compiled call (jit.dequantize_rows:
     the same float64 products, rounded once), the output in acc's memory order."""
-    if int(step.attrs.get("partials", 1)) != 1:
-        return None  # K split into partial sums: the general kernel (kernels.dequantize_rows) adds them
+    if int(step.attrs.get("partials", 1)) != 1 or int(step.attrs.get("terms", 1)) != 1:
+        return None  # K split into partial sums, or activation terms: the general kernel adds them
     ch = consts[2]
     if ch is None or (len(consts) > 3 and consts[3] is None):
         return None
@@ -216,8 +216,8 @@ def quantize_rows(step: Step, consts: list, state) -> Prepared | None:
     calls: the rotation's signs and butterflies (jit.hadamard_rows), its
     block-mixing factor as the plain kernel's matmul, the rounding
     (jit.quantize_rows); work buffers made once per row count."""
-    if any(c is None for c in consts[1:]):
-        return None
+    if any(c is None for c in consts[1:]) or int(step.attrs.get("terms", 1)) != 1:
+        return None  # activation terms (a residual row): the general kernel
     rot = rotation_of(step.attrs, consts[1:])
     if rot is not None:
         signs, block = np.ascontiguousarray(rot.signs, F32), rot.block

@@ -5,6 +5,11 @@ blob, in the form the compiler chose for the precision.
 * int8 with one fp32 scale per output channel (row): W8A8. Its matmul quantizes
   the activations per token (row) to int8, accumulates in int32 and rescales —
   what the NPU's int8 GEMM + DPU requant computes.
+
+An activation row may be quantized in `terms` int8 rows (two: x R ~ s1 q1 +
+s2 q2, q2 the int8 residual x R - s1 q1): the terms run as more rows of the
+same int8 product (one read of the weights) and are summed when rescaled, so
+the activation has ~15 bits while every product stays int8 x int8.
 """
 
 from __future__ import annotations
@@ -20,15 +25,49 @@ from rkc.runtime.kernels.hadamard import Rotation, rotate, unrotate
 _EXACT_F32_K = 1024
 
 
-def quantize_rows(x: np.ndarray, rotation: Rotation | None = None) -> tuple[np.ndarray, np.ndarray]:
+def quantize_rows(x: np.ndarray, rotation: Rotation | None = None, terms: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-row int8: x R ~= q * scale[:, None] (R: the rotation, if
-    any, applied first; runtime/kernels/hadamard.py)."""
+    any, applied first; runtime/kernels/hadamard.py). With terms T > 1 the
+    rows [T * M, K] are T blocks of M: block t quantizes what blocks < t left
+    (x R ~= sum_t q_t * scale_t), residuals in float32."""
     if rotation is not None:
         x = rotate(x, rotation)
+    qs, scales = [], []
+    for t in range(terms):
+        q, scale = _int8_rows(x)
+        qs.append(q)
+        scales.append(scale)
+        if t + 1 < terms:
+            x = x - q.astype(np.float32) * scale[:, None]
+    return (qs[0], scales[0]) if terms == 1 else (np.concatenate(qs), np.concatenate(scales))
+
+
+def _int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     amax = np.abs(x).max(axis=-1)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     q = np.clip(np.rint(x / scale[:, None]), -127, 127).astype(np.int8)
     return q, scale
+
+
+def dequantize(acc: np.ndarray, row_scale: np.ndarray, ch_scale: np.ndarray, bias: np.ndarray | None = None,
+               terms: int = 1) -> np.ndarray:
+    """int32 sums [T * M, N] of T activation terms (quantize_rows) -> fp32 [M, N]:
+    each term's sums x its row scale x the channel scale, the terms added (and
+    the bias) in float64, rounded once to fp32 — what DequantizeRows computes."""
+    ch = ch_scale.astype(np.float64)[None, :]
+    rs = row_scale.astype(np.float64)
+    if terms == 1:  # (mismatched shapes: numpy's broadcasting error)
+        y = acc.astype(np.float64) * rs[:, None] * ch
+    else:
+        if acc.shape[0] % terms or rs.shape != acc.shape[:1]:
+            raise ValueError(f"{acc.shape[0]} rows of sums and {rs.shape[0]} row scales are not {terms} terms a row")
+        m = acc.shape[0] // terms
+        y = acc[:m].astype(np.float64) * rs[:m, None] * ch
+        for t in range(1, terms):
+            y += acc[t * m:(t + 1) * m].astype(np.float64) * rs[t * m:(t + 1) * m, None] * ch
+    if bias is not None:
+        y += bias
+    return y.astype(np.float32)
 
 
 @dataclass
@@ -66,6 +105,7 @@ class Int8Weight:
     # the weight's input axis is rotated (q ~ W R): activations are rotated
     # before they are quantized, rows read back are rotated back
     rotation: Rotation | None = None
+    act_terms: int = 1  # int8 rows per activation row (quantize_rows' terms)
 
     def __post_init__(self) -> None:
         wide = np.float32 if self.q.shape[1] <= _EXACT_F32_K else np.float64
@@ -85,10 +125,7 @@ class Int8Weight:
         return rows if self.rotation is None else unrotate(rows, self.rotation)
 
     def matmul(self, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        xq, xs = quantize_rows(x.astype(np.float32), self.rotation)
+        xq, xs = quantize_rows(x.astype(np.float32), self.rotation, self.act_terms)
         acc = xq.astype(self._qt.dtype) @ self._qt  # exact int32 accumulation
-        # rescaled (and the bias added) as DequantizeRows does after the NPU: float64, then fp32
-        y = acc.astype(np.float64) * xs.astype(np.float64)[:, None] * self.scale.astype(np.float64)[None, :]
-        if bias is not None:
-            y += bias
-        return y.astype(np.float32)
+        # rescaled (and the bias added) as DequantizeRows does after the NPU
+        return dequantize(acc, xs, self.scale, bias, self.act_terms)

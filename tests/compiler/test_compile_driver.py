@@ -36,6 +36,7 @@ SAMPLES = {
     "int8_rounding": (["--int8-rounding", "rtn"], ("rounding", "rtn")),
     "fp16_share": (["--fp16-share", "0"], ("fp16_share", 0.0)),
     "int8_rotation": (["--int8-rotation", "block"], ("rotation", "block")),
+    "int8_residual": (["--int8-residual", "head"], ("residual", "head")),
 }
 
 

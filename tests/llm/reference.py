@@ -60,6 +60,17 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.astype(np.float64), scale.astype(np.float64)
 
 
+def quantize_terms(x: np.ndarray, terms: int) -> np.ndarray:
+    """x as `terms` int8 rows per row, summed (W8A8 with residual terms): term t
+    quantizes per row what the terms before it left, the residual in float32."""
+    x32, out = x.astype(np.float32), np.zeros(x.shape)
+    for _ in range(terms):
+        q, s = quantize_rows(x32)
+        out += q * s[:, None]
+        x32 = x32 - (q * s[:, None]).astype(np.float32)
+    return out
+
+
 def dense_rotation(k: int, kind: str) -> np.ndarray:
     """R [k, k] with x R = rkc's rotate(x): diag(signs) (F^T (x) H_n / sqrt(n)),
     H_n by Sylvester's doubling (rkc applies it by a fast transform)."""
@@ -86,6 +97,9 @@ class ReferenceModel:
     w: dict[str, np.ndarray]
     arith: str = "exact"
     keep_fp16: tuple[str, ...] = ()  # with "w8a8": weights named so use fp16 arithmetic
+    # with "w8a8": the products whose input is quantized in two int8 terms (value +
+    # residual): "none", "head" or "all" (rkc compile --int8-residual)
+    residual: str = "none"
     # with "w8a8": per input width K, the orthogonal R [K, K] each product's input
     # and weight rows are rotated by before rounding to int8 (rotated W8A8)
     rotations: dict[int, np.ndarray] = field(default_factory=dict)
@@ -96,7 +110,7 @@ class ReferenceModel:
 
     @classmethod
     def load(cls, path: str, arith: str = "exact", keep_fp16: tuple[str, ...] = (),
-             rotation: str = "none") -> "ReferenceModel":
+             rotation: str = "none", residual: str = "none") -> "ReferenceModel":
         """rotation (w8a8): "none", or a kind of runtime/kernels/hadamard.make_rotation,
         whose parameters (signs, block, factor) are turned into a dense matrix here."""
         if arith not in ARITHMETICS:  # else it would run as the float model and a check could pass unseen
@@ -120,7 +134,9 @@ class ReferenceModel:
                 w[name] = q * s[:, None]
             elif w[name].ndim == 2 and arith == "fp16":
                 w[name] = w[name].astype(np.float16).astype(np.float64)
-        return cls(cfg, w, arith, tuple(keep_fp16), rotations)
+        if residual not in ("none", "head", "all"):
+            raise ValueError(f"reference residual {residual!r}")
+        return cls(cfg, w, arith, tuple(keep_fp16), residual, rotations)
 
     def reset(self) -> None:
         n = self.cfg.n_layer
@@ -129,13 +145,11 @@ class ReferenceModel:
     def lin(self, x: np.ndarray, name: str) -> np.ndarray:
         if self.arith == "w8a8" and any(k in name for k in self.keep_fp16):
             x = x.astype(np.float16).astype(np.float64)
-        elif self.arith == "w8a8" and x.shape[-1] in self.rotations:
-            r = self.rotations[x.shape[-1]]
-            q, s = quantize_rows(x @ r)
-            x = (q * s[:, None]) @ r.T
         elif self.arith == "w8a8":
-            q, s = quantize_rows(x)
-            x = q * s[:, None]
+            head = name in ("output", "token_embd")  # the output head (tied or not): _head's products
+            terms = 2 if self.residual == "all" or (self.residual == "head" and head) else 1
+            r = self.rotations.get(x.shape[-1])
+            x = quantize_terms(x, terms) if r is None else quantize_terms(x @ r, terms) @ r.T
         elif self.arith == "fp16":
             x = x.astype(np.float16).astype(np.float64)
         y = x @ self.w[f"{name}.weight"].T

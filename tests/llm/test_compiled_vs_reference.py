@@ -29,6 +29,8 @@ CASES = [
     # rotated W8A8: inputs and weight rows rotated (x R, W R) before int8
     ("int8", 0.0, (), "w8a8+kron", 0.9999, 0.02),
     ("int8", 0.0, (), "w8a8+block", 0.9999, 0.02),
+    # every int8 input quantized as two int8 rows (value + residual): --int8-residual all
+    ("int8", 0.0, (), "w8a8+kron+all", 0.9999, 0.02),
     # hybrid: ffn_down in fp16 (its fp16 outputs move later int8 roundings a step now and then)
     ("int8", 0.0, ("ffn_down",), "w8a8", 0.9995, 0.05),
     ("fp16", 0.0, (), "exact", 0.9999, 0.02),  # and all close to the exact float64 model
@@ -40,13 +42,13 @@ CASES = [
 @pytest.mark.parametrize("precision,alpha,keep,arith,min_cos,max_rel", CASES)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_match_reference(arch, precision, alpha, keep, arith, min_cos, max_rel, synth_rkbin, synth_gguf):
-    arith, _, rotation = arith.partition("+")
-    rtn = RTN | {"rotation": rotation or "none"}
+    arith, rotation, residual = (arith.split("+") + ["none", "none"])[:3]
+    rtn = RTN | {"rotation": rotation} | ({"residual": residual} if residual != "none" else {})
     engine = LlmEngine(synth_rkbin(arch, precision, alpha=alpha, keep=keep, **(rtn if arith == "w8a8" else {})))
     rng = np.random.default_rng(1)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, PROMPT_LEN + 8 - 1).tolist()]
     got = _teacher_forced(engine, tokens, PROMPT_LEN)
-    ref = ReferenceModel.load(str(synth_gguf(arch)), arith, keep, rotation or "none")
+    ref = ReferenceModel.load(str(synth_gguf(arch)), arith, keep, rotation, residual)
     ref.reset()
     want = ref.forward(tokens, 0)
     assert got.shape == want.shape == (len(tokens), engine.cfg.n_vocab)
@@ -60,6 +62,7 @@ def test_logits_match_reference(arch, precision, alpha, keep, arith, min_cos, ma
 EMULATED = [(a, {}) for a in ARCHS] + [
     ("gemma3", {"rounding": "gptq", "scales": "mse", "fp16_share": 0.25, "alpha_search": True}),
     ("gemma3", {"rotation": "none", "smooth_alpha": 0.0}),  # differed by 0.3 % of a row's max logit (layouts)
+    ("gemma3", {"residual": "all"}),  # two int8 rows per input row, summed by DequantizeRows
     ("qwen2", {"rotation": "none"}),  # biases: added before the one rounding to fp32, as DequantizeRows does
     ("llama", {"rounding": "rtn", "fp16_share": 0, "alpha_search": False})]
 
