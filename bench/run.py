@@ -161,10 +161,13 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
         row["phases"][program.name] = fig
     spent["figures"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    host = host_times(bl, out, llm_programs, tokens)
-    if cut is not None and host:  # full depth: the cut model's + (n_layer - cut) x one more layer's
-        shorter = host_times(bl, compiled_llm(name, precision, work, cut - 1)[0], llm_programs, tokens)
-        host = {k: v + (n_layer - cut) * max(0.0, v - shorter[k]) for k, v in host.items()}
+    samples = host_samples(bl, out, llm_programs, tokens)
+    host = {k: statistics.median(v) for k, v in samples.items()}
+    if cut is not None:  # full depth: the cut model's + (n_layer - cut) x one more layer's
+        # one layer's: a difference of two small times, so of their fastest samples (the
+        # least disturbed by other work; medians of 8 moved it by 2x on a shared machine)
+        shorter = host_samples(bl, compiled_llm(name, precision, work, cut - 1)[0], llm_programs, tokens)
+        host = {k: v + (n_layer - cut) * max(0.0, min(samples[k]) - min(shorter[k])) for k, v in host.items()}
         row["host_extrapolated"] = True
     for phase_name, seconds in host.items():
         row["phases"][phase_name]["host_s"] = seconds
@@ -179,18 +182,18 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
     return row
 
 
-def host_times(bl, rkbin: Path, programs: dict, tokens: int) -> dict[str, float]:
-    """Host seconds on the null device (bench/llm.py's loops): a decode token at position 16
-    (median over `tokens`) and each prefill chunk."""
+def host_samples(bl, rkbin: Path, programs: dict, tokens: int) -> dict[str, list[float]]:
+    """Host seconds on the null device (bench/llm.py's loops): each decode token at
+    positions 16.. (`tokens` of them) and each prefill chunk at position 0 (3 runs)."""
     from rkc.runtime.llm.engine import LlmEngine
 
     engine = LlmEngine(rkbin, device="null")
     cache = engine.new_cache(min(engine.cfg.context_length, max(*engine.chunks, 16 + tokens + 1)))
     np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage
-    out = {"decode": statistics.median(bl.host_decode(engine, cache, 16, tokens))}
+    out = {"decode": bl.host_decode(engine, cache, 16, tokens)}
     for p in programs.values():
         if p.rows > 1:
-            out[p.name] = bl.host_prefill(engine, cache, p.rows)
+            out[p.name] = [bl.host_prefill(engine, cache, p.rows, repeats=1) for _ in range(3)]
     engine.close()
     return out
 
@@ -332,7 +335,7 @@ def main() -> None:
                     help="compiled rkbins are kept and reused here (outside git)")
     ap.add_argument("--only", nargs="+", help="model keys (e.g. gemma3-270m-int8 resnet50 qwen2.5-1.5b)")
     ap.add_argument("--layers", type=int, default=2, help="layers compiled of the synthetic 1-2B models")
-    ap.add_argument("--tokens", type=int, default=8, help="decode tokens timed on the null device")
+    ap.add_argument("--tokens", type=int, default=16, help="decode tokens timed on the null device")
     ap.add_argument("--jobs", type=int, default=2,
                     help="compiles run this many at a time (the measurements always one at a time)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
