@@ -101,6 +101,12 @@ def output_shape(op: str, shapes: list[tuple[int, ...]], attrs: dict[str, Any]) 
         if shapes[0][0] % terms:
             raise ValueError(f"{shapes[0][0]} rows of sums are not {terms} terms per row")
         return (shapes[0][0] // terms, *shapes[0][1:])
+    if op == "RoPE":  # x [T, heads, dim], positions [T] (+ frequency factors per rotated pair)
+        x, pos, half = shapes[0], shapes[1], attrs["dims"] // 2
+        if len(x) != 3 or tuple(pos) != (x[0],) or 2 * half > x[2]:
+            raise ValueError(f"RoPE takes x as [T, heads, dim >= {2 * half}] and positions as [T]")
+        if len(shapes) > 2 and tuple(shapes[2]) not in ((half,), (1,)):
+            raise ValueError(f"RoPE's frequency factors are [{half}], one per rotated pair")
     if op in SHAPE_OF_FIRST:
         return shapes[0]
     if op == "Reshape":

@@ -120,6 +120,9 @@ CASES = {
     "QuantizeRows signs are its input": ("llama", lambda m, b: _input("QuantizeRows", 1,
                                                                       _first_step(m, "QuantizeRows")["inputs"][0])(m, b),
                                          r"rotation signs of shape \[1, \d+\] for \d+ columns"),
+    # found by the LLM rkbin fuzzer in CI: a RoPE read its own input as the positions (a numpy error before)
+    "RoPE positions are its input": ("llama", lambda m, b: _first_step(m, "RoPE")["inputs"].insert(
+        1, _first_step(m, "RoPE")["inputs"][0]), r"RoPE takes x as \[T, heads, dim >= \d+\] and positions as \[T\]"),
     # tools/hostile_outcomes.py's fuzzed LLM module 7: steps dropped, a QuantizeRows read a tensor never written
     "a step's producer dropped": ("llama", lambda m, b: m["programs"][0]["steps"].remove(_first_step(m, "RMSNorm")),
                                   r"step '[^']+' reads '[^']+' before any step writes it"),
