@@ -23,13 +23,21 @@ default prefill chunks 1, 32, 128, 512) served by a real `rkrun serve` process o
   first turn (a system prompt of ~170 and ~900 tokens). Target <= 20 %. Seen
   by the client (request to the first text chunk) and by the server (its job
   record: queued to the first piece, without HTTP and the client's and the
-  event loop's scheduling), beside the share of the tokens the second turn
-  prefills (its new tokens against the first turn's prompt): the work a cached
-  turn cannot skip, so the ratio the engine approaches when its fixed costs
-  per request and per program run vanish. And in CPU time of the server's NPU
-  thread from the job's start to its first piece: what the other jobs of a
-  shared machine hardly move (on the null device the whole of the host's work;
-  on the simulator the simulator's too; BLAS helper threads not counted).
+  event loop's scheduling), and in CPU time of the server's NPU thread from
+  the job's start to its first piece: what the other jobs of a shared machine
+  hardly move (on the null device the whole of the host's work; on the
+  simulator the simulator's too; BLAS helper threads not counted). Beside
+  each ratio, its floor: the second turn's prefilled tokens against the first
+  turn's (the work a cached turn cannot skip: the ratio if time were exactly
+  linear in the prefilled tokens), and the cost per request that tokens do
+  not explain: F of the fit T = F + c x tokens through the two turns (per
+  rep, then the median). Where the server's time goes: the engine's program
+  runs up to the first piece (prefill, and a decode if the first token makes
+  no text yet) and the rest (the wait in the queue, chat template,
+  tokenizing, the cache's pick, sampling, detokenizing); and the client's time outside the server: request
+  to queued (connect, HTTP, parsing), first piece to the client (the
+  hand-off, SSE, the event loop), on one clock (CLOCK_MONOTONIC, the
+  server's /health gives its timeline's origin).
 
 Prints a table, and with --json one object.
 
@@ -76,11 +84,11 @@ def stream_chat(port: int, messages: list[dict], max_tokens: int) -> dict:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}})
-    t0 = time.perf_counter()
+    t0, sent = time.perf_counter(), time.monotonic()
     conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
     r = conn.getresponse()
     assert r.status == 200, r.read()
-    first, text, usage, pieces = None, "", None, 0
+    first, first_at, text, usage, pieces = None, None, "", None, 0
     while line := r.readline():
         line = line.decode().strip()
         if line == "data: [DONE]":
@@ -90,12 +98,14 @@ def stream_chat(port: int, messages: list[dict], max_tokens: int) -> dict:
             usage = event.get("usage") or usage
             for c in event["choices"]:
                 if c["delta"].get("content"):
-                    first = first or time.perf_counter() - t0
+                    if first is None:
+                        first, first_at = time.perf_counter() - t0, time.monotonic()
                     text += c["delta"]["content"]
                     pieces += 1
     total = time.perf_counter() - t0
     conn.close()
-    return {"ttft_s": first, "total_s": total, "text": text, "usage": usage, "pieces": pieces}
+    return {"ttft_s": first, "total_s": total, "text": text, "usage": usage, "pieces": pieces, "sent": sent,
+            "first_at": first_at}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -104,13 +114,45 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def last_jobs(port: int, n: int = 1) -> list[dict]:
-    """The server's records of its latest n jobs, oldest first."""
+def last_jobs(port: int, n: int = 1) -> tuple[list[dict], float]:
+    """The server's records of its latest n jobs, oldest first, and their
+    timeline's origin on CLOCK_MONOTONIC."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     conn.request("GET", "/health")
-    jobs = json.loads(conn.getresponse().read())["queue"]["jobs"]
+    queue = json.loads(conn.getresponse().read())["queue"]
     conn.close()
-    return jobs[-n:]
+    return queue["jobs"][-n:], queue["t0"]
+
+
+def fixed_cost(t1: float, t2: float, n1: int, n2: int) -> float:
+    """F of T = F + c x n through (n1, t1) and (n2, t2): the cost per request
+    that the prefilled tokens do not explain."""
+    return (t2 * n1 - t1 * n2) / (n1 - n2)
+
+
+def turn_figures(r: dict, job: dict, t0: float) -> dict:
+    """One chat turn's times (s) as the client, the server and its NPU thread saw them."""
+    u = r["usage"]
+    return {"client": r["ttft_s"], "server": job["first_token"] - job["queued"], "npu_cpu": job["first_token_cpu_s"],
+            "engine": job["first_token_engine_s"], "queue": job["started"] - job["queued"],
+            "http_in": t0 + job["queued"] - r["sent"], "http_out": r["first_at"] - (t0 + job["first_token"]),
+            "prompt": u["prompt_tokens"], "cached": u["prompt_tokens_details"]["cached_tokens"],
+            "prefilled": u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"]}
+
+
+def chat_figures(turns: list[tuple[dict, dict]]) -> dict:
+    """Medians over the reps of each turn's figures, the ratios, their floor
+    and the unexplained cost per request."""
+    med = statistics.median
+    out = {}
+    for i, name in enumerate(("first_turn", "second_turn")):
+        out[name] = {k: med(t[i][k] for t in turns) * (1 if k in ("prompt", "cached", "prefilled") else 1e3)
+                     for k in turns[0][i]}
+    out["floor"] = med(b["prefilled"] / a["prefilled"] for a, b in turns)
+    for k in ("client", "server", "npu_cpu"):
+        out[f"{k}_ratio"] = med(b[k] / a[k] for a, b in turns)
+        out[f"{k}_fixed_ms"] = med(fixed_cost(a[k], b[k], a["prefilled"], b["prefilled"]) for a, b in turns) * 1e3
+    return out
 
 
 def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
@@ -123,11 +165,8 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
         line = p.stderr.readline()
         port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
         overhead, cpu_overhead, steps, per_token = [], [], [], []
-        ttft = {k: ([], []) for k in SYSTEMS}
-        served = {k: ([], []) for k in SYSTEMS}  # the server's own time to the first piece
-        served_cpu = {k: ([], []) for k in SYSTEMS}  # its NPU thread's CPU time to the first piece
+        chats = {k: [] for k in SYSTEMS}  # per rep: (first turn, second turn) figures
         stream = []
-        cached = {}
         for rep in range(reps):
             # the token stream: the server against the Python API, same request, same cache history
             messages = [{"role": "user", "content": f"rep {rep}: the cat and"}]
@@ -144,7 +183,7 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
             overhead.append((r["total_s"] - direct_s) / n)
             cpu_overhead.append((server_cpu - direct_cpu) / n)
             per_token.append(direct_s / n)
-            job, = last_jobs(port)
+            (job,), _ = last_jobs(port)
             steps.append(job["engine_s"] / n)
             stream.append(job["stream_s"] / r["pieces"])
             # two-turn chats: time to first token with and without the history cached. The direct model replays
@@ -158,16 +197,9 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
                 second = first + [{"role": "assistant", "content": a["text"]},
                                   {"role": "user", "content": "and the dog?"}]
                 b = stream_chat(port, second, 8)
-                ja, jb = last_jobs(port, 2)
+                (ja, jb), t0 = last_jobs(port, 2)
                 replay += [first, second]
-                ttft[kind][0].append(a["ttft_s"])
-                ttft[kind][1].append(b["ttft_s"])
-                served[kind][0].append(ja["first_token"] - ja["queued"])
-                served[kind][1].append(jb["first_token"] - jb["queued"])
-                served_cpu[kind][0].append(ja["first_token_cpu_s"])
-                served_cpu[kind][1].append(jb["first_token_cpu_s"])
-                cached[kind] = (b["usage"]["prompt_tokens_details"]["cached_tokens"], b["usage"]["prompt_tokens"],
-                                a["usage"]["prompt_tokens"])
+                chats[kind].append((turn_figures(a, ja, t0), turn_figures(b, jb, t0)))
             for chat in replay:
                 direct.chat(chat, max_tokens=8, temperature=0)
     finally:
@@ -180,16 +212,7 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
             "api_ms_per_token": med(per_token) * 1e3, "engine_steps_ms_per_token": med(steps) * 1e3,
             "overhead_cpu_ms_per_token": med(cpu_overhead) * 1e3, "stream_ms_per_piece": med(stream) * 1e3,
             "overhead_wall_ms_per_token": min(overhead) * 1e3,
-            "ttft": {k: {"first_turn_ms": med(a) * 1e3, "second_turn_ms": med(b) * 1e3,
-                         "ratio": med([y / x for x, y in zip(a, b)]),
-                         "server_first_turn_ms": med(served[k][0]) * 1e3,
-                         "server_second_turn_ms": med(served[k][1]) * 1e3,
-                         "server_ratio": med([y / x for x, y in zip(*served[k])]),
-                         "npu_thread_cpu_first_turn_ms": med(served_cpu[k][0]) * 1e3,
-                         "npu_thread_cpu_second_turn_ms": med(served_cpu[k][1]) * 1e3,
-                         "npu_thread_cpu_ratio": med([y / x for x, y in zip(*served_cpu[k])]),
-                         "prefilled_ratio": (cached[k][1] - cached[k][0]) / cached[k][2],
-                         "second_turn_cached_prompt_first": cached[k]} for k, (a, b) in ttft.items()}}
+            "ttft": {k: chat_figures(turns) for k, turns in chats.items()}}
 
 
 def main() -> None:
@@ -215,18 +238,19 @@ def main() -> None:
     print(f"{'server CPU time per streamed piece, in its threads':52} {row['stream_ms_per_piece']:9.3f} ms "
           f"{'<= 1 ms':>9}")
     for kind, t in row["ttft"].items():
-        c, n, first = t["second_turn_cached_prompt_first"]
-        print(f"{f'{kind} chat: time to first token, first turn':52} {t['first_turn_ms']:9.1f} ms"
-              f"   ({first} prompt tokens)")
-        print(f"{f'{kind} chat: time to first token, second turn':52} {t['second_turn_ms']:9.1f} ms"
-              f"   ({c} of {n} from the cache)")
-        print(f"{f'{kind} chat: second turn / first turn':52} {t['ratio'] * 100:10.1f} % {'<= 20 %':>9}")
-        print(f"{f'{kind} chat: second / first, in the server':52} {t['server_ratio'] * 100:10.1f} %"
-              f"   ({t['server_first_turn_ms']:.1f} ms, {t['server_second_turn_ms']:.1f} ms)")
-        print(f"{f'{kind} chat: second / first, NPU thread CPU time':52} {t['npu_thread_cpu_ratio'] * 100:10.1f} %"
-              f"   ({t['npu_thread_cpu_first_turn_ms']:.1f} ms, {t['npu_thread_cpu_second_turn_ms']:.1f} ms)")
-        print(f"{f'{kind} chat: tokens prefilled, second / first':52} {t['prefilled_ratio'] * 100:10.1f} %"
-              f"   ({n - c} / {first})")
+        a, b = t["first_turn"], t["second_turn"]
+        print(f"{f'{kind} chat: time to first token, first turn':52} {a['client']:9.1f} ms"
+              f"   ({a['prompt']:.0f} prompt tokens, {a['prefilled']:.0f} prefilled)")
+        print(f"{f'{kind} chat: time to first token, second turn':52} {b['client']:9.1f} ms"
+              f"   ({b['cached']:.0f} of {b['prompt']:.0f} from the cache, {b['prefilled']:.0f} prefilled)")
+        for key, seen in (("client", "client"), ("server", "in the server"), ("npu_cpu", "NPU thread CPU time")):
+            print(f"{f'{kind} chat: second / first, {seen}':52} {t[key + '_ratio'] * 100:10.1f} % {'<= 20 %':>9}"
+                  f"   ({a[key]:.1f}, {b[key]:.1f} ms; floor {t['floor'] * 100:.1f} %, "
+                  f"not explained by tokens {t[key + '_fixed_ms']:.1f} ms)")
+        for turn, x in (("first", a), ("second", b)):
+            print(f"{f'{kind} chat, {turn} turn: engine runs / rest of server':52} {x['engine']:9.1f} ms"
+                  f"   ({x['server'] - x['engine']:.1f} ms, queued {x['queue']:.1f}; "
+                  f"HTTP in {x['http_in']:.1f}, out {x['http_out']:.1f} ms)")
 
 
 if __name__ == "__main__":

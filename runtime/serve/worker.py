@@ -43,6 +43,7 @@ class Job:
     started_at: float | None = None
     first_token_at: float | None = None
     first_token_cpu_s: float | None = None  # CPU time of the NPU thread from the start to the first piece
+    first_token_engine_s: float | None = None  # of which in the engine's program runs (prefill, any decode before it)
     ended_at: float | None = None
     outcome: str = "queued"
     tokens: int = 0
@@ -64,6 +65,8 @@ class Job:
         return {"id": self.id, "kind": self.kind, "queued": at(self.queued_at), "started": at(self.started_at),
                 "first_token": at(self.first_token_at), "ended": at(self.ended_at), "outcome": self.outcome,
                 "first_token_cpu_s": None if self.first_token_cpu_s is None else round(self.first_token_cpu_s, 6),
+                "first_token_engine_s": (None if self.first_token_engine_s is None
+                                         else round(self.first_token_engine_s, 6)),
                 "tokens": self.tokens, "engine_s": round(self.engine_s, 6), "stream_s": round(self.stream_s, 6)}
 
 
@@ -112,8 +115,9 @@ class Worker:
         self.thread.join(timeout=30)
 
     def status(self) -> dict[str, Any]:
+        # t0: the timeline's origin on CLOCK_MONOTONIC, which a client on this machine reads too (time.monotonic)
         return {"waiting": self.waiting(), "capacity": self.capacity, "rejected": self.rejected,
-                "jobs": [j.timeline(self.t0) for j in list(self.jobs)]}
+                "t0": self.t0, "jobs": [j.timeline(self.t0) for j in list(self.jobs)]}
 
     # -- the NPU thread -------------------------------------------------------------------
     def _next(self) -> Job | None:
@@ -150,6 +154,7 @@ class Worker:
             first = job.first_token_at is None
             if first:
                 job.first_token_at, job.first_token_cpu_s = time.monotonic(), time.thread_time() - cpu0
+                job.first_token_engine_s = times.npu_s + times.cpu_s - steps0
             job.send("piece", piece)
             if first and job.streamed:
                 # The event loop shares the GIL with this thread: while this thread computes, every step of the
