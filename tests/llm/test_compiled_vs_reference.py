@@ -126,6 +126,20 @@ def test_chunk_plan():
     assert sum(n for _, n in chunk_plan(1000, [1, 32, 128, 512])) == 1000
 
 
+def test_chunk_plan_merges_two_runs_into_one_of_no_more_rows():
+    assert chunk_plan(35, [1, 32, 64]) == [(64, 35)]  # not 32 + 3 padded to 32
+    assert chunk_plan(106, [1, 32, 64, 128]) == [(128, 106)]  # not 64 + 32 + 10 padded to 32
+    assert chunk_plan(437, [1, 32, 64, 128, 512]) == [(128, 128)] * 3 + [(64, 53)]
+    # 128 + 116 padded to 128 compute 256 rows: no 256-row program, and the 512-row one computes more
+    assert chunk_plan(500, [1, 32, 64, 128, 512]) == [(128, 128)] * 3 + [(128, 116)]
+    assert chunk_plan(33, [1, 32, 64]) == [(32, 32), (1, 1)]  # 64 rows would be more than 33
+    for chunks in ([1, 32, 64, 128, 512], [1, 4, 16], [1, 8, 16, 32, 128, 512]):
+        for n in range(1, 1100):
+            plan = chunk_plan(n, chunks)
+            assert sum(t for _, t in plan) == n and all(c in chunks and 0 < t <= c for c, t in plan)
+            assert all(t == c for c, t in plan[:-1])  # only the last run is padded
+
+
 def test_perplexity_counts_every_token_but_bos_once(synth_rkbin, references):
     engine = LlmEngine(synth_rkbin("llama", "fp16"))
     tokens = engine.tokenizer.encode("the cat and the dog run in the world at one time " * 3)
