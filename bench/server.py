@@ -1,7 +1,7 @@
 """rkrun serve benchmark, on the tiny synthetic chat model (tests/llm/synth.py:
-qwen3 shapes, the ChatML template, a context of 1024, compiled fp16 with the
-default prefill chunks 1, 32, 128, 512) served by a real `rkrun serve` process on
-127.0.0.1, streamed by a plain HTTP client:
+qwen3 shapes, the ChatML template, a context of 1024, compiled fp16 with rkc
+compile's default prefill chunks, or --chunks) served by a real `rkrun serve`
+process on 127.0.0.1, streamed by a plain HTTP client:
 
 * server overhead per streamed token: the same request (same cache history)
   through the server and through the Python API in this process
@@ -41,7 +41,7 @@ default prefill chunks 1, 32, 128, 512) served by a real `rkrun serve` process o
 
 Prints a table, and with --json one object.
 
-    PYTHONPATH=$PWD python bench/server.py [--device sim] [--reps 5] [--tokens 32] [--json]
+    PYTHONPATH=$PWD python bench/server.py [--device sim] [--reps 5] [--tokens 32] [--chunks 1,32,128,512] [--json]
 """
 
 from __future__ import annotations
@@ -57,16 +57,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from rkc.compiler.llm.build import DEFAULT_CHUNKS, LlmCompileOptions, compile_gguf
+
 ROOT = Path(__file__).resolve().parents[1]
 CLAUSE = "the cat and the dog run in the world at one time; "
 SYSTEMS = {"short": "You are a small model on a board. " + CLAUSE * 4, "long": "You are a model. " + CLAUSE * 24}
 TARGET_OVERHEAD_MS, TARGET_TTFT = 1.0, 0.20
 
 
-def tiny_chat_model(workdir: Path) -> Path:
+def tiny_chat_model(workdir: Path, chunks: tuple[int, ...]) -> Path:
     import importlib.util
-
-    from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
 
     spec = importlib.util.spec_from_file_location("synth", ROOT / "tests/llm/synth.py")
     synth = importlib.util.module_from_spec(spec)
@@ -75,7 +75,7 @@ def tiny_chat_model(workdir: Path) -> Path:
 
     out = workdir / "tiny-chat.rkbin"
     compile_gguf(write_model(workdir / "tiny-chat.gguf", "qwen3", chat_template=CHATML, context_length=1024), out,
-                 LlmCompileOptions("fp16"))  # rkc compile's default prefill chunks
+                 LlmCompileOptions("fp16", prefill_chunks=chunks))
     return out
 
 
@@ -220,14 +220,22 @@ def main() -> None:
     ap.add_argument("--device", default="sim")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--chunks", help="prefill chunk sizes, e.g. 1,32,128,512 (default: rkc compile's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        row = bench(tiny_chat_model(Path(d)), args.device, args.reps, args.tokens)
+        chunks = tuple(int(c) for c in args.chunks.split(",")) if args.chunks else DEFAULT_CHUNKS
+        row = bench(tiny_chat_model(Path(d), chunks), args.device, args.reps, args.tokens)
+        row["chunks"] = list(chunks)
     if args.json:
         print(json.dumps(row, indent=1))
-        return
-    print(f"rkrun serve, tiny chat model, --device {row['device']}, medians of {row['reps']} runs")
+    else:
+        print_table(row)
+
+
+def print_table(row: dict) -> None:
+    print(f"rkrun serve, tiny chat model, prefill chunks {','.join(map(str, row['chunks']))}, "
+          f"--device {row['device']}, medians of {row['reps']} runs")
     print(f"{'figure':52} {'value':>12} {'target':>9}")
     print(f"{'Python API time per streamed token (the reference)':52} {row['api_ms_per_token']:9.2f} ms")
     print(f"{'  of which in the engine program steps':52} {row['engine_steps_ms_per_token']:9.2f} ms")
