@@ -44,7 +44,7 @@ from rkc.runtime.llm.tokenizer import LlmTokenizer
 from rkc.runtime.kernels.hadamard import Rotation
 from rkc.runtime.llm.weights import Int8Weight
 
-DEFAULT_CHUNKS = (1, 32, 128, 512)
+DEFAULT_CHUNKS = (1, 32, 64, 128, 512)  # 64: 33-64 new tokens (a chat's next turn) in one run, not 32 + a padded 32
 # int8 products named here stay fp16 (e.g. ("ffn_down",)), besides the measured
 # hybrid of `fp16_share` (docs/llm.md)
 DEFAULT_KEEP_FP16: tuple[str, ...] = ()
