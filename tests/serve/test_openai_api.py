@@ -153,11 +153,16 @@ def test_four_clients_one_disconnecting(server, reference_model):
             assert got[p] == want[p], p
     assert got[dropper] and want[dropper].startswith(got[dropper])
     for _ in range(200):  # the dropped job ends on its own
-        jobs = get_json(server.url, "/health")["queue"]["jobs"]
+        queue = get_json(server.url, "/health")["queue"]
+        jobs = queue["jobs"]
         if all(j["ended"] is not None for j in jobs):
             break
         time.sleep(0.05)
     jobs = sorted(jobs, key=lambda j: j["id"])
+    # the timeline's origin is on this clock: the jobs were queued after the test's start, before now
+    assert t0 <= queue["t0"] + jobs[0]["queued"] and queue["t0"] + jobs[-1]["ended"] <= time.monotonic()
+    for j in jobs:  # the engine's time to the first piece lies inside the job's start -> first piece (0.1 ms rounding)
+        assert 0 < j["first_token_engine_s"] <= j["first_token"] - j["started"] + 2e-4
     print("\nclient timeline (s since the first request):")
     for t, p, what in sorted(log):
         print(f"  {t:7.3f}  {p!r:26} {what}")
