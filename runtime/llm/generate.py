@@ -103,9 +103,9 @@ def chunk_plan(n: int, chunks: list[int]) -> list[tuple[int, int]]:
     that holds it (the NPU's time for a product hardly depends on its rows).
     Then, from the end, two runs become one wherever a program holds their
     tokens in no more rows than the two compute (32 + 3 padded to 32 -> 35 in
-    a 64): the same rows or fewer, one program run less (each run has a fixed
-    cost: a 32-row run of the tiny synthetic model costs 1.3 ms on the null
-    device with one real row, 3.7 with 32; bench/server.py)."""
+    a 64): the same rows or fewer, one program run less (a run has a fixed
+    cost; docs/api.md measures it). Only pairs merge: four 128-row runs never
+    become one 512-row run, which costs Gemma 3 270M's host more."""
     plan, sizes = [], sorted(set(chunks) | {1}, reverse=True)
     while n > 0:
         fit = [s for s in sizes if s <= n]
