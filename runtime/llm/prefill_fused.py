@@ -119,44 +119,98 @@ def residual_tiles(in_kind, src, table, row_scale, ch, bias, has_bias,
         _normalise(buf, k, r, w2, e2, prog, stack, acc, sums)
         if keep_n2:
             _store(buf, m0, r, k, n2_out)
-        if out_kind == OUT_HALF:
-            c1, _, c2 = dst.shape
-            for a in range(c1):
-                for lane in range(r):
-                    for b in range(c2):
-                        j = a * c2 + b
-                        dst[a, m0 + lane, b] = half_bits(bits[j, lane]) if j < k else 0
-            continue
-        for i in range(k):  # the rotation: signs, butterflies, the orthonormal factor
-            for lane in range(r):
-                buf[i, lane] = buf[i, lane] * signs[i]
-        _butterflies(buf, block)
-        if out_kind == OUT_ROTATED:
-            for lane in range(r):
-                for i in range(k):
-                    rotated[m0 + lane, i] = buf[i, lane] * hnorm
-            continue
-        for lane in range(LANES):
-            amax[lane] = np.float32(0.0)
-        for i in range(k):
-            for lane in range(LANES):
-                v = buf[i, lane] * hnorm
-                buf[i, lane] = v
-                a_ = abs(v)
-                if a_ > amax[lane] or a_ != a_:  # a NaN stays the maximum (jit.quantize_rows)
-                    amax[lane] = a_
+        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
+    if out_kind != OUT_ROTATED:
+        zero_rows(dst, rows)
+
+
+@njit(**_JIT)
+def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax):
+    """A tile's rows buf [K, LANES] (bits: its uint32 view) into the next
+    segment's atoms dst (fp16 narrowed, or rotated and quantized with their
+    scales), or rotated into `rotated` (for a factor's product)."""
+    if out_kind == OUT_HALF:
         c1, _, c2 = dst.shape
-        for lane in range(r):
-            s = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
-            scale[m0 + lane] = s
-            for a in range(c1):
+        for a in range(c1):
+            for lane in range(r):
                 for b in range(c2):
                     j = a * c2 + b
-                    if j < k:
-                        t = np.rint(buf[j, lane] / s)
-                        dst[a, m0 + lane, b] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
-                    else:
-                        dst[a, m0 + lane, b] = 0
+                    dst[a, m0 + lane, b] = half_bits(bits[j, lane]) if j < k else 0
+        return
+    for i in range(k):  # the rotation: signs, butterflies, the orthonormal factor
+        for lane in range(r):
+            buf[i, lane] = buf[i, lane] * signs[i]
+    _butterflies(buf, block)
+    if out_kind == OUT_ROTATED:
+        for lane in range(r):
+            for i in range(k):
+                rotated[m0 + lane, i] = buf[i, lane] * hnorm
+        return
+    for lane in range(LANES):
+        amax[lane] = np.float32(0.0)
+    for i in range(k):
+        for lane in range(LANES):
+            v = buf[i, lane] * hnorm
+            buf[i, lane] = v
+            a_ = abs(v)
+            if a_ > amax[lane] or a_ != a_:  # a NaN stays the maximum (jit.quantize_rows)
+                amax[lane] = a_
+    c1, _, c2 = dst.shape
+    for lane in range(r):
+        s = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
+        scale[m0 + lane] = s
+        for a in range(c1):
+            for b in range(c2):
+                j = a * c2 + b
+                if j < k:
+                    t = np.rint(buf[j, lane] / s)
+                    dst[a, m0 + lane, b] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+                else:
+                    dst[a, m0 + lane, b] = 0
+
+
+@njit(**_JIT)
+def load_rows(in_kind, src, table, row_scale, ch, bias, has_bias, out, bits):
+    """An NPU output's atoms src [C1, R, C2] (fp16 bits, or int32 dequantized)
+    into rows out [M, K] (C order; bits: its uint32 view), as the in edges compute them."""
+    rows, k = out.shape
+    c1, _, c2 = src.shape
+    for a in range(c1):
+        base = a * c2
+        n = min(c2, k - base)
+        for m in range(rows):
+            if in_kind == IN_HALF:
+                for b in range(n):
+                    bits[m, base + b] = table[src[a, m, b]]
+            else:
+                rs = np.float64(row_scale[m])
+                for b in range(n):
+                    j = base + b
+                    y = (np.float64(src[a, m, b]) * rs) * np.float64(ch[j])
+                    if has_bias:
+                        y += np.float64(bias[j])
+                    out[m, j] = np.float32(y)
+
+
+@njit(**_JIT)
+def product_tiles(act, up, keep_hidden, hidden, out_kind, dst, signs, block, hnorm, scale, rotated):
+    """The gated FFN's tail over rows [M, K]: hidden = act * up (float32, as
+    Mul), kept if asked, then into the down product's atoms as residual_tiles's
+    out edge writes them."""
+    rows, k = act.shape
+    buf = np.empty((k, LANES), np.float32)
+    bits = buf.view(np.uint32)
+    amax = np.empty(LANES, np.float32)
+    for m0 in range(0, rows, LANES):
+        r = min(LANES, rows - m0)
+        for i in range(k):
+            for lane in range(r):
+                buf[i, lane] = act[m0 + lane, i] * up[m0 + lane, i]
+            for lane in range(r, LANES):
+                buf[i, lane] = np.float32(0.0)
+        if keep_hidden:
+            _store(buf, m0, r, k, hidden)
+        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
     if out_kind != OUT_ROTATED:
         zero_rows(dst, rows)
 

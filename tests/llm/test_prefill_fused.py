@@ -97,3 +97,58 @@ def test_residual_tiles_are_the_per_step_kernels(rows, k, kind, edges, first_nor
     np.testing.assert_array_equal(out_host, want_host)  # codes or halves, padding zeroed
     if edges[1] == "int8":
         np.testing.assert_array_equal(scale, want_scale)
+
+
+@pytest.mark.parametrize("rows", [16, 37])
+@pytest.mark.parametrize("k,kind", [(640, "kron"), (2048, "kron"), (8960, "kron")])
+@pytest.mark.parametrize("edges", [("fp16", "fp16"), ("int32", "int8")])
+def test_ffn_product_is_the_per_step_kernels(rows, k, kind, edges):
+    """load_rows (the two in edges) and product_tiles (Mul and the out edge)
+    against the plan's reader or the prepared DequantizeRows, numpy's
+    multiply and the prepared QuantizeRows or the fp16 writer; 8960 is
+    Qwen2.5-1.5B's FFN width (a factor of 35 blocks)."""
+    rng = np.random.default_rng(rows + k)
+    rs, ch = (rng.random(rows) * 1e-3).astype(F32), rng.random(k).astype(F32)
+    loaded = []
+    for _ in range(2):
+        bt, info, host = _operand(rows, k, edges[0])
+        atoms = bt.rows_view.transpose(1, 0, 2)
+        got = np.empty((rows, k), F32)
+        if edges[0] == "fp16":
+            to_layout((rng.standard_normal((rows, k)) * 4).astype(np.float16), info, host)
+            want = bt.reader(np.float32)()
+            pf.load_rows(pf.IN_HALF, atoms.view(np.uint16), half.HALF_TO_FLOAT_BITS, rs, ch, ch, False, got,
+                         got.view(np.uint32))
+        else:
+            to_layout(rng.integers(-2 ** 20, 2 ** 20, (rows, k)).astype(np.int32), info, host)
+            want = prepared.dequantize_rows(_step("DequantizeRows", 3, {}), [None, None, ch], None)(
+                [bt.reader()(), rs, ch])[0]
+            pf.load_rows(pf.IN_DEQUANT, atoms, half.HALF_TO_FLOAT_BITS, rs, ch, ch, False, got, got.view(np.uint32))
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        loaded.append(got)
+    act = prepared.BINDERS["GeluTanh"](None, [None], None)([loaded[0]])[0]
+    hidden_want = act * loaded[1]
+    out_bt, out_info, out_host = _operand(rows, k, edges[1])
+    want_host = out_host.copy()
+    rot = make_rotation(k, kind)
+    if edges[1] == "fp16":
+        BoTensor(out_info, want_host).writer()(hidden_want)
+        out_kind, dst = pf.OUT_HALF, out_bt.rows_view.transpose(1, 0, 2).view(np.uint16)
+    else:
+        consts = [rot.signs.astype(F32)] + ([rot.factor.astype(F32)] if rot.factor is not None else [])
+        attrs = {"rotation": "hadamard", "block": rot.block}
+        q, want_scale = prepared.quantize_rows(_step("QuantizeRows", 1 + len(consts), attrs), [None, *consts], None)(
+            [hidden_want, *consts])
+        BoTensor(out_info, want_host).writer()(q)
+        out_kind, dst = (pf.OUT_QUANT if rot.factor is None else pf.OUT_ROTATED), out_bt.rows_view.transpose(1, 0, 2)
+    hidden, scale, rotated = np.empty((rows, k), F32), np.full(rows, np.nan, F32), np.empty((rows, k), F32)
+    pf.product_tiles(act, loaded[1], True, hidden, out_kind, dst, rot.signs.astype(F32), rot.block,
+                     F32(1.0 / np.sqrt(rot.block)), scale, rotated)
+    if out_kind == pf.OUT_ROTATED:
+        mixed = np.empty((rows, k // rot.block, rot.block), F32)
+        np.matmul(rot.factor.astype(F32), rotated.reshape(mixed.shape), out=mixed)
+        pf.quantize_into_atoms(mixed.reshape(rows, k), dst, scale)
+    np.testing.assert_array_equal(hidden, hidden_want)
+    np.testing.assert_array_equal(out_host, want_host)
+    if edges[1] == "int8":
+        np.testing.assert_array_equal(scale, want_scale)
