@@ -8,10 +8,7 @@ decode runs). A decoder layer's residual stretch between two NPU segments
 
 runs as one compiled call over tiles of rows (runtime/llm/prefill_fused.py)
 that reads the previous segment's output from its BO's atoms and writes the
-next segment's input into its BO's atoms, no array in between; its gated
-FFN's stretch (gate and up in edges, the activation, Mul, out edge) as the
-two in edges read from the atoms, the activation's prepared kernel, and
-one compiled call for the product and the out edge. A rotation
+next segment's input into its BO's atoms, no array in between. A rotation
 with a block-mixing factor takes the per-step path's numpy product between
 the two compiled calls. The values a later step reads (the residual sum, the
 row scales) land in their slots, in buffers made once; values nothing else
@@ -221,59 +218,6 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
     return plan._bracketed([edge_in.bo, edge_out.bo], [call])
 
 
-_ACTIVATIONS = ("GeluTanh", "SiLU")
-
-
-def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
-    """A many-row gated FFN stretch (gate and up in edges, the activation,
-    Mul, out edge): the edges read straight from the atoms into rows made
-    once, the activation its prepared kernel (numpy's tanh/exp bits), the
-    product and the out edge one compiled call over tiles."""
-    if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
-        return None
-    e1, e2, act, mul, last = steps
-    mk = _InEdge.matches(plan, e1)
-    if mk is None or _InEdge.matches(plan, e2) != mk or act.op not in _ACTIVATIONS or mul.op != "Mul":
-        return None
-    m, k = mk
-    edges = {e1.outputs[0]: e1, e2.outputs[0]: e2}
-    if len(edges) != 2 or len(act.inputs) != 1 or act.inputs[0] not in edges or len(mul.inputs) != 2:
-        return None
-    gate = act.inputs[0]
-    up = next(n for n in edges if n != gate)
-    if sorted(mul.inputs) != sorted([act.outputs[0], up]):
-        return None
-    for step in (act, mul):
-        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not _rows(plan, step.outputs[0], m, k):
-            return None
-    if not _OutEdge.matches(plan, last, mul.outputs[0], m, k):
-        return None
-    edge_gate, edge_up, edge_out = _InEdge(plan, edges[gate]), _InEdge(plan, edges[up]), _OutEdge(plan, last)
-    wanted = _read_elsewhere(plan, steps)
-    g, u = np.empty((m, k), F32), np.empty((m, k), F32)
-    keep_hidden = mul.outputs[0] in wanted
-    hidden = np.empty((m, k), F32) if keep_hidden else _NONE_F32
-    stores = [(plan._slot(n), b) for n, b in ((gate, g), (up, u), (mul.outputs[0], hidden)) if n in wanted]
-    o_act = plan._slot(act.outputs[0])
-    activation, slots, table = bind(act, [None]), plan.slots, half.HALF_TO_FLOAT_BITS
-    load, product, label = kernels.load_rows, kernels.product_tiles, f"ffn stretch of rows ({e1.op}, {act.op}, {last.op})"
-
-    def call():
-        for e, rows in ((edge_gate, g), (edge_up, u)):
-            load(e.kind, e.src, table, e.row_scale(slots, label), e.ch, e.bias, e.has_bias, rows, rows.view(np.uint32))
-        a = activation([g])[0]
-        if a.shape != (m, k) or a.dtype != F32:
-            raise_shape(label, "activation", a)
-        slots[o_act] = a
-        product(a, u, keep_hidden, hidden, edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block,
-                edge_out.hnorm, edge_out.scale, edge_out.rotated)
-        edge_out.finish(slots)
-        for o, b in stores:
-            slots[o] = b
-    call.label, call.ops = label, tuple(s.op for s in steps)
-    return plan._bracketed([edge_gate.bo, edge_up.bo, edge_out.bo], [call])
-
-
 def fusers() -> list:
     """The many-row fusers of runtime/plan.py's hook."""
-    return [residual_rows, ffn_rows]
+    return [residual_rows]

@@ -41,18 +41,25 @@ def _load_half(atoms, table, m0, r, k, bits):
 
 @njit(**_JIT)
 def _load_dequant(atoms, row_scale, ch, bias, has_bias, m0, r, k, buf):
-    """buf[j, lane] = dequantize_rows's value of int32 atoms[j // C2, m0 + lane, j % C2]."""
+    """buf[j, lane] = dequantize_rows's value of int32 atoms[j // C2, m0 + lane, j % C2]
+    (lanes innermost, so the float64 products vectorise)."""
     c1, _, c2 = atoms.shape
+    rs = np.empty(LANES, np.float64)
+    for lane in range(r):
+        rs[lane] = np.float64(row_scale[m0 + lane])
     for a in range(c1):
         base = a * c2
-        for lane in range(r):
-            rs = np.float64(row_scale[m0 + lane])
-            for b in range(min(c2, k - base)):
-                j = base + b
-                y = (np.float64(atoms[a, m0 + lane, b]) * rs) * np.float64(ch[j])
-                if has_bias:
-                    y += np.float64(bias[j])
-                buf[j, lane] = np.float32(y)
+        for b in range(min(c2, k - base)):
+            j = base + b
+            cs = np.float64(ch[j])
+            row = buf[j]
+            if has_bias:
+                bj = np.float64(bias[j])
+                for lane in range(r):
+                    row[lane] = np.float32((np.float64(atoms[a, m0 + lane, b]) * rs[lane]) * cs + bj)
+            else:
+                for lane in range(r):
+                    row[lane] = np.float32((np.float64(atoms[a, m0 + lane, b]) * rs[lane]) * cs)
 
 
 @njit(**_JIT)
@@ -60,12 +67,15 @@ def _normalise(buf, k, r, w, eps, prog, stack, acc, sums):
     """buf[:, :r] = rms_norm of each lane (prefill_kernels.rms_norm's arithmetic)."""
     _sum_squares(buf, prog, stack, acc, sums)
     kf = np.float64(k)
-    for lane in range(r):
+    roots = np.empty(LANES, np.float32)
+    for lane in range(LANES):
         ms = np.float32(np.float64(sums[lane]) / kf) + eps
-        sums[lane] = np.float32(np.sqrt(ms))
-    for i in range(k):
-        for lane in range(r):
-            buf[i, lane] = (buf[i, lane] / sums[lane]) * w[i]
+        roots[lane] = np.float32(np.sqrt(ms))
+    for i in range(k):  # every lane (a full vector; lanes past r are never read)
+        wi = w[i]
+        row = buf[i]
+        for lane in range(LANES):
+            row[lane] = (row[lane] / roots[lane]) * wi
 
 
 @njit(**_JIT)
@@ -111,9 +121,10 @@ def residual_tiles(in_kind, src, table, row_scale, ch, bias, has_bias,
             _normalise(buf, k, r, w1, e1, prog, stack, acc, sums)
             if keep_n1:
                 _store(buf, m0, r, k, n1_out)
-        for lane in range(r):
-            for i in range(k):
-                buf[i, lane] = buf[i, lane] + res[m0 + lane, i]
+        for i in range(k):
+            row = buf[i]
+            for lane in range(r):
+                row[lane] = row[lane] + res[m0 + lane, i]
         if keep_total:
             _store(buf, m0, r, k, total_out)
         _normalise(buf, k, r, w2, e2, prog, stack, acc, sums)
@@ -167,52 +178,6 @@ def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, ro
                     dst[a, m0 + lane, b] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
                 else:
                     dst[a, m0 + lane, b] = 0
-
-
-@njit(**_JIT)
-def load_rows(in_kind, src, table, row_scale, ch, bias, has_bias, out, bits):
-    """An NPU output's atoms src [C1, R, C2] (fp16 bits, or int32 dequantized)
-    into rows out [M, K] (C order; bits: its uint32 view), as the in edges compute them."""
-    rows, k = out.shape
-    c1, _, c2 = src.shape
-    for a in range(c1):
-        base = a * c2
-        n = min(c2, k - base)
-        for m in range(rows):
-            if in_kind == IN_HALF:
-                for b in range(n):
-                    bits[m, base + b] = table[src[a, m, b]]
-            else:
-                rs = np.float64(row_scale[m])
-                for b in range(n):
-                    j = base + b
-                    y = (np.float64(src[a, m, b]) * rs) * np.float64(ch[j])
-                    if has_bias:
-                        y += np.float64(bias[j])
-                    out[m, j] = np.float32(y)
-
-
-@njit(**_JIT)
-def product_tiles(act, up, keep_hidden, hidden, out_kind, dst, signs, block, hnorm, scale, rotated):
-    """The gated FFN's tail over rows [M, K]: hidden = act * up (float32, as
-    Mul), kept if asked, then into the down product's atoms as residual_tiles's
-    out edge writes them."""
-    rows, k = act.shape
-    buf = np.empty((k, LANES), np.float32)
-    bits = buf.view(np.uint32)
-    amax = np.empty(LANES, np.float32)
-    for m0 in range(0, rows, LANES):
-        r = min(LANES, rows - m0)
-        for i in range(k):
-            for lane in range(r):
-                buf[i, lane] = act[m0 + lane, i] * up[m0 + lane, i]
-            for lane in range(r, LANES):
-                buf[i, lane] = np.float32(0.0)
-        if keep_hidden:
-            _store(buf, m0, r, k, hidden)
-        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
-    if out_kind != OUT_ROTATED:
-        zero_rows(dst, rows)
 
 
 @njit(**_JIT)
