@@ -26,7 +26,7 @@ from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime import half
 from rkc.runtime.llm import prefill_fused as kernels
-from rkc.runtime.llm.fused import _const, _host, _is_const, raise_shape
+from rkc.runtime.llm.fused import _const, _host, _is_const, raise_shape, residual_body
 from rkc.runtime.llm.kernels import rotation_of
 from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
 
@@ -169,24 +169,10 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
     if mk is None:
         return None
     m, k = mk
-    prev, norms, residual = first.outputs[0], [], None
-    for step in body:
-        if step.op == "RMSNorm":
-            if len(step.inputs) != 2 or step.inputs[0] != prev:
-                return None
-            w = _const(plan, step.inputs[1], (k,))
-            if w is None:
-                return None
-            norms.append((w, F32(step.attrs["epsilon"])))
-        else:
-            if len(step.inputs) != 2 or prev not in step.inputs:
-                return None
-            residual = step.inputs[1] if step.inputs[0] == prev else step.inputs[0]
-            if residual == prev or not _host(plan, residual) or not _rows(plan, residual, m, k):
-                return None
-        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not _rows(plan, step.outputs[0], m, k):
-            return None
-        prev = step.outputs[0]
+    matched = residual_body(plan, body, first.outputs[0], k, lambda name: _rows(plan, name, m, k))
+    if matched is None:
+        return None
+    norms, residual, prev = matched
     if not _OutEdge.matches(plan, last, prev, m, k):
         return None
     edge_in, edge_out = _InEdge(plan, first), _OutEdge(plan, last)

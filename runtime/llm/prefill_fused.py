@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import half_bits
-from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _sum_squares
+from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _sum_squares, scaled_amax
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -157,15 +157,7 @@ def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, ro
             for i in range(k):
                 rotated[m0 + lane, i] = buf[i, lane] * hnorm
         return
-    for lane in range(LANES):
-        amax[lane] = np.float32(0.0)
-    for i in range(k):
-        for lane in range(LANES):
-            v = buf[i, lane] * hnorm
-            buf[i, lane] = v
-            a_ = abs(v)
-            if a_ > amax[lane] or a_ != a_:  # a NaN stays the maximum (jit.quantize_rows)
-                amax[lane] = a_
+    scaled_amax(buf, hnorm, amax)
     c1, _, c2 = dst.shape
     for lane in range(r):
         s = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
