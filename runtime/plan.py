@@ -102,16 +102,20 @@ class BoTensor:
             def new_buffer():
                 buf = np.empty((c1 * c2, m), dtype)  # [K, M] rows = [M, K] column-major
                 return buf, buf.reshape(c1, c2, m), np.reshape(buf[:k].T, shape)
+            copy = _widen_copy(self) if self.dtype == np.float16 and dtype == np.float32 else None
+            if copy is None:
+                def copy(buf, dst):
+                    dst[...] = src
             if fresh:
                 def read_fresh():
-                    _, dst, out = new_buffer()
-                    dst[...] = src
+                    buf, dst, out = new_buffer()
+                    copy(buf, dst)
                     return out
                 return read_fresh
-            _, dst, out = new_buffer()
+            buf, dst, out = new_buffer()
 
             def read_gemm():
-                dst[...] = src
+                copy(buf, dst)
                 return out
             return read_gemm
         info, raw = self.info, self.raw
@@ -131,29 +135,35 @@ class BoTensor:
         if self.rows_view is not None:
             view, m, k = self.rows_view, self.m, self.k
             cp = self.c1 * self.c2
-            body, pad = view[:m], view[m:] if view.shape[0] > m else None
-            if cp == k:
-                shape3 = body.shape
-
-                def write_gemm(value):
-                    body[...] = np.reshape(value, shape3)
-                    if pad is not None:
-                        pad[...] = 0
-                return write_gemm
-            staging = np.zeros((m, cp), self.dtype)  # channels past K stay zero
-            lanes = staging.reshape(body.shape)
-
-            def write_padded(value):
-                staging[:, :k] = np.reshape(value, (m, k))
-                body[...] = lanes
-                if pad is not None:
-                    pad[...] = 0
-            return write_padded
+            if self.dtype == np.float16:
+                return _narrowing_writer(self, self._slow_writer(view, m, k, cp))
+            return self._slow_writer(view, m, k, cp)
         info, raw = self.info, self.raw
 
         def write_any(value):
             to_layout(value, info, raw)
         return write_any
+
+    def _slow_writer(self, view, m: int, k: int, cp: int) -> Callable[[np.ndarray], None]:
+        """A GEMM operand's writer by numpy's strided casting assignment."""
+        body, pad = view[:m], view[m:] if view.shape[0] > m else None
+        if cp == k:
+            shape3 = body.shape
+
+            def write_gemm(value):
+                body[...] = np.reshape(value, shape3)
+                if pad is not None:
+                    pad[...] = 0
+            return write_gemm
+        staging = np.zeros((m, cp), self.dtype)  # channels past K stay zero
+        lanes = staging.reshape(body.shape)
+
+        def write_padded(value):
+            staging[:, :k] = np.reshape(value, (m, k))
+            body[...] = lanes
+            if pad is not None:
+                pad[...] = 0
+        return write_padded
 
 
 class ProgramPlan:
@@ -446,6 +456,34 @@ class ProgramPlan:
     @property
     def submits(self) -> int:
         return sum(1 for c in self.calls if getattr(c, "npu", False))
+
+
+def _widen_copy(bt: BoTensor) -> Callable[[np.ndarray, np.ndarray], None]:
+    """The copy of an fp16 GEMM operand's atoms into a float32 [K, M] buffer
+    (a reader's), widened through numpy's own table (runtime/half.py)."""
+    from rkc.runtime import half  # numba: imported by programs with fp16 edges only
+
+    atoms = bt.rows_view.transpose(1, 0, 2).view(np.uint16)  # [C1, rows, C2]
+    m, k, table = bt.m, bt.k, half.HALF_TO_FLOAT_BITS
+
+    def copy(buf, dst):
+        half.widen_atoms(atoms, m, k, table, buf.view(np.uint32))
+    return copy
+
+
+def _narrowing_writer(bt: BoTensor, slow: Callable[[np.ndarray], None]) -> Callable[[np.ndarray], None]:
+    """An fp16 GEMM operand's writer: a float32 [M, K] value rounded straight
+    into the atoms (runtime/half.py, numpy's bits); any other value by `slow`."""
+    from rkc.runtime import half  # numba: imported by programs with fp16 edges only
+
+    atoms = bt.rows_view.transpose(1, 0, 2).view(np.uint16)  # [C1, rows, C2]
+    shape, narrow = (bt.m, bt.k), half.narrow_into_atoms
+
+    def write(value):
+        if getattr(value, "dtype", None) != np.float32 or value.size != shape[0] * shape[1]:
+            return slow(value)
+        narrow(np.reshape(value, shape).view(np.uint32), atoms)
+    return write
 
 
 def _float_cast(src: np.dtype | None, step: Step) -> bool:

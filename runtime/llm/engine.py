@@ -20,6 +20,7 @@ from rkc.runtime import blas
 from rkc.runtime.execute import _Run
 from rkc.runtime.llm.kernel_attrs import check_layers
 from rkc.runtime.llm.fused import fusers_for
+from rkc.runtime.llm import fused_rows
 from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 from rkc.runtime.llm.kvcache import KVCache
 from rkc.runtime.llm.prepared import BINDERS as PREPARED
@@ -119,7 +120,7 @@ class LlmEngine:
             return lambda inputs: kernel(inputs, attrs, state)
 
         for name, prog in self.programs.items():
-            plans[name] = ProgramPlan(self.model, prog, bind, unchecked=frozenset(LLM_KERNELS), fusers=fusers_for(state))
+            plans[name] = ProgramPlan(self.model, prog, bind, unchecked=frozenset(LLM_KERNELS), fusers=[*fusers_for(state), *fused_rows.fusers()])
         return plans
 
     def _feeds(self, program: str, tokens: np.ndarray, positions: np.ndarray) -> tuple[int, dict]:

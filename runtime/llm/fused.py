@@ -153,18 +153,12 @@ def _bracket(plan, steps: Sequence[Step], ins: list, out: _OutEdge, call, label:
     return plan._bracketed([e.bo for e in ins] + [out.bo], [call])
 
 
-def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
-    """The stretch's calls (one, bracketed) when it is a residual stretch; else None."""
-    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
-        return None
-    first, *body, last = steps
-    if [s.op for s in body] not in (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"]):
-        return None
-    k = _InEdge.matches(plan, first)
-    if not k:
-        return None
-    # the body: each step reads the one before it
-    prev, norms, residual = first.outputs[0], [], None
+def residual_body(plan, body: Sequence[Step], prev: str, k: int, shaped) -> tuple[list, str, str] | None:
+    """A residual stretch's body ([RMSNorm], Add, RMSNorm, each reading the
+    one before it, from `prev`): (norms as (weight, epsilon), the residual's
+    name, the last output's name), or None. `shaped(name)`: a host tensor
+    of the stretch's row shape."""
+    norms, residual = [], None
     for step in body:
         if step.op == "RMSNorm":
             if len(step.inputs) != 2 or step.inputs[0] != prev:
@@ -177,11 +171,28 @@ def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Ca
             if len(step.inputs) != 2 or prev not in step.inputs:
                 return None
             residual = step.inputs[1] if step.inputs[0] == prev else step.inputs[0]
-            if residual == prev or not _host(plan, residual) or not _row(plan, residual, k):
+            if residual == prev or not _host(plan, residual) or not shaped(residual):
                 return None
-        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
+        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not shaped(step.outputs[0]):
             return None
         prev = step.outputs[0]
+    return norms, residual, prev
+
+
+def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """The stretch's calls (one, bracketed) when it is a residual stretch; else None."""
+    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
+        return None
+    first, *body, last = steps
+    if [s.op for s in body] not in (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"]):
+        return None
+    k = _InEdge.matches(plan, first)
+    if not k:
+        return None
+    matched = residual_body(plan, body, first.outputs[0], k, lambda name: _row(plan, name, k))
+    if matched is None:
+        return None
+    norms, residual, prev = matched
     if not _OutEdge.matches(plan, last, prev, k):
         return None
     edge_in, edge_out = _InEdge(plan, first, k), _OutEdge(plan, last, bind)

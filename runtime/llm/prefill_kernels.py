@@ -210,6 +210,20 @@ def hadamard_rows(x, signs, block, norm, out):
 
 
 @njit(**_JIT)
+def scaled_amax(buf, norm, amax):
+    """buf [K, LANES] *= norm (the rotation's last step), and each lane's max |value|."""
+    for lane in range(LANES):
+        amax[lane] = np.float32(0.0)
+    for i in range(buf.shape[0]):
+        for lane in range(LANES):
+            v = buf[i, lane] * norm
+            buf[i, lane] = v
+            a = abs(v)
+            if a > amax[lane] or a != a:  # a NaN stays the maximum (jit.quantize_rows)
+                amax[lane] = a
+
+
+@njit(**_JIT)
 def rotate_quantize_rows(x, signs, block, norm, q, scale):
     """jit.hadamard_rows then jit.quantize_rows (a rotation without a
     block-mixing factor), LANES rows at a time, the rotated rows never stored."""
@@ -220,15 +234,7 @@ def rotate_quantize_rows(x, signs, block, norm, q, scale):
         r = min(LANES, rows - m0)
         _signed_tile(x, signs, m0, r, buf)
         _butterflies(buf, block)
-        for lane in range(LANES):
-            amax[lane] = np.float32(0.0)
-        for i in range(k):
-            for lane in range(LANES):
-                v = buf[i, lane] * norm
-                buf[i, lane] = v
-                a = abs(v)
-                if a > amax[lane] or a != a:  # a NaN stays the maximum (jit.quantize_rows)
-                    amax[lane] = a
+        scaled_amax(buf, norm, amax)
         for lane in range(r):
             s = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
             scale[m0 + lane] = s

@@ -36,13 +36,31 @@ STEPS = [("prefill_4", [5, 6, 7, 8], 0), ("prefill_4", [7, 8, 9], 4), *[("decode
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_plan_gives_the_interpreters_logits(arch, precision, synth_rkbin):
-    for got, want in plan_and_interpreter_logits(synth_rkbin(arch, precision), STEPS):
+    assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, STEPS)
+
+
+def assert_plan_is_the_interpreter(path, precision: str, steps) -> None:
+    for got, want in plan_and_interpreter_logits(path, steps):
         assert got.shape == want.shape and np.isfinite(want).all()
         if precision == "int8":
             np.testing.assert_array_equal(got, want)
         else:
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
             assert np.argmax(got[-1]) == np.argmax(want[-1])
+
+
+# chunks of 16 rows (one tile: the many-row kernels and fused stretches), whole and padded
+MANY_ROWS = [("prefill_16", list(range(20, 36)), 0), ("prefill_16", list(range(40, 51)), 16),
+             ("decode", [60], 27)]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_many_row_plan_gives_the_interpreters_logits(arch, precision, synth_rkbin):
+    """Prefill chunks of a tile's rows through the plan's many-row paths
+    (runtime/llm/fused_rows.py, prefill_kernels.py) against the interpreter:
+    int8 bit for bit, fp16 within the last bit of a reduction (as above)."""
+    assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, MANY_ROWS)
 
 
 def test_plan_outputs_survive_the_next_run(synth_rkbin):

@@ -1,0 +1,209 @@
+"""Fused CPU stretches of many rows (prefill chunks) for the load-time plans
+(runtime/plan.py's fusers hook; runtime/llm/fused.py holds the one-row forms
+decode runs). A decoder layer's residual stretch between two NPU segments
+
+    in edge: Cast (fp16 NPU output -> fp32) | DequantizeRows (int32 NPU output)
+    [RMSNorm], Add of the residual, RMSNorm
+    out edge: Cast (fp32 -> fp16 NPU input) | QuantizeRows (-> int8 NPU input)
+
+runs as one compiled call over tiles of rows (runtime/llm/prefill_fused.py)
+that reads the previous segment's output from its BO's atoms and writes the
+next segment's input into its BO's atoms, no array in between. A rotation
+with a block-mixing factor takes the per-step path's numpy product between
+the two compiled calls. The values a later step reads (the residual sum, the
+row scales) land in their slots, in buffers made once; values nothing else
+reads are not stored. The arithmetic is the per-step kernels' (the same bits:
+tests/llm/test_plan.py, tests/llm/test_prefill_fused.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rkc.ir.program import Step
+from rkc.ir.types import DType
+from rkc.runtime import half
+from rkc.runtime.llm import prefill_fused as kernels
+from rkc.runtime.llm.fused import _const, _host, _is_const, raise_shape, residual_body
+from rkc.runtime.llm.kernels import rotation_of
+from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
+
+F32 = np.float32
+_NONE_F32 = np.zeros((0, 0), F32)  # an output the kernel does not store
+_NONE_VEC = np.zeros(0, F32)
+
+
+def _rows(plan, name: str, m: int, k: int) -> bool:
+    info = plan.model.tensors.get(name)
+    return info is not None and list(info.shape) == [m, k] and info.dtype == "fp32"
+
+
+def _atoms(bt) -> np.ndarray:
+    """A GEMM operand's atoms [C1, stored rows, C2] in its BO."""
+    return bt.rows_view.transpose(1, 0, 2)
+
+
+def _gemm_operand(plan, name: str, dtype: str):
+    bt = plan._bo_tensor(name)
+    if bt is None or bt.info.layout != "native-gemm" or bt.info.dtype != dtype or len(bt.shape) != 2:
+        return None
+    return bt
+
+
+class _InEdge:
+    """The previous segment's [M, K] output: fp16 widened, or int32 dequantized."""
+
+    def __init__(self, plan, step: Step) -> None:
+        self.kind = kernels.IN_HALF if step.op == "Cast" else kernels.IN_DEQUANT
+        bt = plan._bo_tensor(step.inputs[0])
+        self.bo, self.m, self.k = plan.model.bos[bt.info.region], bt.m, bt.k
+        atoms = _atoms(bt)
+        self.src = atoms.view(np.uint16) if self.kind == kernels.IN_HALF else atoms
+        self.rs_slot, self.ch, self.bias, self.has_bias = None, _NONE_VEC, _NONE_VEC, False
+        if self.kind == kernels.IN_DEQUANT:
+            self.rs_slot = plan._slot(step.inputs[1])
+            self.ch = _const(plan, step.inputs[2], (self.k,))
+            self.has_bias = len(step.inputs) == 4
+            self.bias = _const(plan, step.inputs[3], (self.k,)) if self.has_bias else self.ch
+
+    @staticmethod
+    def matches(plan, step: Step) -> tuple[int, int] | None:
+        """(M, K) when `step` reads a many-row segment output into a host [M, K] fp32 tensor."""
+        if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
+            return None
+        kind = "fp16" if step.op == "Cast" else "int32"
+        bt = _gemm_operand(plan, step.inputs[0], kind)
+        if bt is None:
+            return None
+        m, k = bt.shape
+        if m < LANES or not _host(plan, step.outputs[0]) or not _rows(plan, step.outputs[0], m, k):
+            return None
+        if step.op == "Cast" and len(step.inputs) == 1 and DType(step.attrs["to"]).numpy == F32:
+            return m, k
+        rs = plan.model.tensors.get(step.inputs[1]) if len(step.inputs) > 1 else None
+        if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1
+                and int(step.attrs.get("terms", 1)) == 1 and len(step.inputs) in (3, 4)
+                and _host(plan, step.inputs[1]) and rs is not None and list(rs.shape) == [m] and rs.dtype == "fp32"
+                and all(_const(plan, n, (k,)) is not None for n in step.inputs[2:])):
+            return m, k
+        return None
+
+    def row_scale(self, slots, label: str) -> np.ndarray:
+        if self.rs_slot is None:
+            return _NONE_VEC
+        rs = slots[self.rs_slot]
+        if rs.shape != (self.m,) or rs.dtype != F32:
+            raise_shape(label, "row scale", rs)
+        return rs
+
+
+class _OutEdge:
+    """The next segment's [M, K] input: fp16 narrowed, or int8 (rotated) with a scale per row."""
+
+    def __init__(self, plan, step: Step) -> None:
+        bt = plan._bo_tensor(step.outputs[0])
+        self.bo, atoms = plan.model.bos[bt.info.region], _atoms(bt)
+        m, k = bt.shape
+        self.signs, self.block, self.hnorm, self.factor = _NONE_VEC, 1, F32(1.0), None
+        self.scale_slot, self.scale = None, _NONE_VEC
+        self.rotated = _NONE_F32
+        if step.op == "Cast":
+            self.kind, self.dst = kernels.OUT_HALF, atoms.view(np.uint16)
+            return
+        self.dst = atoms
+        self.scale_slot, self.scale = plan._slot(step.outputs[1]), np.empty(m, F32)
+        rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])  # (matches: one)
+        self.signs, self.block = np.ascontiguousarray(rot.signs, F32), int(rot.block)
+        self.hnorm = F32(1.0 / np.sqrt(rot.block))
+        if rot.factor is None:
+            self.kind = kernels.OUT_QUANT
+            return
+        self.kind, self.rotated = kernels.OUT_ROTATED, np.empty((m, k), F32)
+        self.factor = rot.factor.astype(F32)
+        self.mixed = np.empty((m, k // rot.block, rot.block), F32)
+
+    @staticmethod
+    def matches(plan, step: Step, src: str, m: int, k: int) -> bool:
+        if not step.inputs or step.inputs[0] != src or not step.outputs:
+            return False
+        if step.op == "Cast":
+            bt = _gemm_operand(plan, step.outputs[0], "fp16")
+            return bt is not None and bt.shape == (m, k) and len(step.inputs) == 1 and len(step.outputs) == 1
+        if step.op != "QuantizeRows" or len(step.outputs) != 2 or int(step.attrs.get("terms", 1)) != 1:
+            return False
+        bt = _gemm_operand(plan, step.outputs[0], "int8")
+        if bt is None or bt.shape != (m, k) or not _host(plan, step.outputs[1]):
+            return False
+        if not all(_is_const(plan, n) for n in step.inputs[1:]):
+            return False
+        rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
+        return rot is not None and rot.size == k and k % rot.block == 0 and (
+            rot.factor is None or tuple(rot.factor.shape) == (k // rot.block,) * 2)
+
+    def finish(self, slots) -> None:
+        """After the tiles: a factor's product (numpy's, as the prepared QuantizeRows
+        runs it) and the quantization into the atoms; the scales into their slot."""
+        if self.factor is not None:
+            np.matmul(self.factor, self.rotated.reshape(self.mixed.shape), out=self.mixed)
+            kernels.quantize_into_atoms(self.mixed.reshape(self.rotated.shape), self.dst, self.scale)
+        if self.scale_slot is not None:
+            slots[self.scale_slot] = self.scale
+
+
+def _read_elsewhere(plan, steps: Sequence[Step]) -> set:
+    """Names the stretch makes that a step outside it reads."""
+    inside = {id(s) for s in steps}
+    return {n for s in plan.program.steps if id(s) not in inside for n in s.inputs if n}
+
+
+def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """A many-row residual stretch's calls (one, bracketed), else None."""
+    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
+        return None
+    first, *body, last = steps
+    if [s.op for s in body] not in (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"]):
+        return None
+    mk = _InEdge.matches(plan, first)
+    if mk is None:
+        return None
+    m, k = mk
+    matched = residual_body(plan, body, first.outputs[0], k, lambda name: _rows(plan, name, m, k))
+    if matched is None:
+        return None
+    norms, residual, prev = matched
+    if not _OutEdge.matches(plan, last, prev, m, k):
+        return None
+    edge_in, edge_out = _InEdge(plan, first), _OutEdge(plan, last)
+    first_norm = len(norms) == 2
+    (w1, e1), (w2, e2) = norms[0], norms[-1]
+    names = [first.outputs[0], *(s.outputs[0] for s in body)]  # x, [n1], total, n2
+    if not first_norm:
+        names.insert(1, None)
+    wanted = _read_elsewhere(plan, steps)
+    keep = [n is not None and n in wanted for n in names]
+    bufs = [np.empty((m, k), F32) if kept else _NONE_F32 for kept in keep]
+    stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
+    o_res, slots, prog = plan._slot(residual), plan.slots, pairwise_program(k)
+    table = half.HALF_TO_FLOAT_BITS
+    run, label = kernels.residual_tiles, f"residual stretch of rows ({first.op}, {last.op})"
+
+    def call():
+        res = slots[o_res]
+        if res.shape != (m, k) or res.dtype != F32:
+            raise_shape(label, "residual", res)
+        run(edge_in.kind, edge_in.src, table, edge_in.row_scale(slots, label), edge_in.ch, edge_in.bias,
+            edge_in.has_bias, first_norm, w1, e1, res, w2, e2, prog, *keep, *bufs,
+            edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.scale,
+            edge_out.rotated)
+        edge_out.finish(slots)
+        for o, b in stores:
+            slots[o] = b
+    call.label, call.ops = label, tuple(s.op for s in steps)
+    return plan._bracketed([edge_in.bo, edge_out.bo], [call])
+
+
+def fusers() -> list:
+    """The many-row fusers of runtime/plan.py's hook."""
+    return [residual_rows]

@@ -1,0 +1,207 @@
+"""Compiled (numba) kernels of prefill's fused residual stretch
+(runtime/llm/fused_rows.py): in edge (an fp16 NPU output widened, or int32
+accumulators dequantized, read straight from the BO's atoms), [RMSNorm],
+the residual Add, RMSNorm, out edge (narrowed to fp16, or rotated and
+quantized to int8, written straight into the next segment's atoms), one
+tile of `LANES` rows at a time, the tile staying in the core's cache from
+the first step to the last.
+
+Each step is the many-row kernels' arithmetic (runtime/llm/prefill_kernels.py,
+itself the row kernels' and so numpy's: the same operations in the same
+order), so the values are the per-step path's bit for bit
+(tests/llm/test_prefill_fused.py). A rotation with a block-mixing factor
+leaves its rotated rows for the caller's numpy product (BLAS's sums) and
+`quantize_into_atoms` takes them from there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from rkc.runtime.half import half_bits
+from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _sum_squares, scaled_amax
+
+_JIT = {"cache": True, "nogil": True}
+
+IN_HALF, IN_DEQUANT = 0, 1
+OUT_HALF, OUT_QUANT, OUT_ROTATED = 0, 1, 2  # fp16 atoms; int8 atoms (+ scale); rotated rows for a factor
+
+
+@njit(**_JIT)
+def _load_half(atoms, table, m0, r, k, bits):
+    """bits[j, lane] = float32 bits of fp16 atoms[j // C2, m0 + lane, j % C2]."""
+    c1, _, c2 = atoms.shape
+    for a in range(c1):
+        base = a * c2
+        for lane in range(r):
+            for b in range(min(c2, k - base)):
+                bits[base + b, lane] = table[atoms[a, m0 + lane, b]]
+
+
+@njit(**_JIT)
+def _load_dequant(atoms, row_scale, ch, bias, has_bias, m0, r, k, buf):
+    """buf[j, lane] = dequantize_rows's value of int32 atoms[j // C2, m0 + lane, j % C2]
+    (lanes innermost, so the float64 products vectorise)."""
+    c1, _, c2 = atoms.shape
+    rs = np.empty(LANES, np.float64)
+    for lane in range(r):
+        rs[lane] = np.float64(row_scale[m0 + lane])
+    for a in range(c1):
+        base = a * c2
+        for b in range(min(c2, k - base)):
+            j = base + b
+            cs = np.float64(ch[j])
+            row = buf[j]
+            if has_bias:
+                bj = np.float64(bias[j])
+                for lane in range(r):
+                    row[lane] = np.float32((np.float64(atoms[a, m0 + lane, b]) * rs[lane]) * cs + bj)
+            else:
+                for lane in range(r):
+                    row[lane] = np.float32((np.float64(atoms[a, m0 + lane, b]) * rs[lane]) * cs)
+
+
+@njit(**_JIT)
+def _normalise(buf, k, r, w, eps, prog, stack, acc, sums):
+    """buf[:, :r] = rms_norm of each lane (prefill_kernels.rms_norm's arithmetic)."""
+    _sum_squares(buf, prog, stack, acc, sums)
+    kf = np.float64(k)
+    roots = np.empty(LANES, np.float32)
+    for lane in range(LANES):
+        ms = np.float32(np.float64(sums[lane]) / kf) + eps
+        roots[lane] = np.float32(np.sqrt(ms))
+    for i in range(k):  # every lane (a full vector; lanes past r are never read)
+        wi = w[i]
+        row = buf[i]
+        for lane in range(LANES):
+            row[lane] = (row[lane] / roots[lane]) * wi
+
+
+@njit(**_JIT)
+def _store(buf, m0, r, k, out):
+    for lane in range(r):
+        for i in range(k):
+            out[m0 + lane, i] = buf[i, lane]
+
+
+@njit(**_JIT)
+def residual_tiles(in_kind, src, table, row_scale, ch, bias, has_bias,
+                   first_norm, w1, e1, res, w2, e2, prog,
+                   keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                   out_kind, dst, signs, block, hnorm, scale, rotated):
+    """The residual stretch over rows [M, K] (M = res's rows) of an NPU
+    output `src` [C1, R, C2] (fp16 bits through `table`, or int32
+    dequantized): x; n1 = RMSNorm(x, w1) (`first_norm`, else n1 is x);
+    total = n1 + res; n2 = RMSNorm(total, w2); each kept one stored [M, K].
+    Then n2 into the next segment's atoms `dst` [C1', R', C2'] (fp16 bits),
+    or rotated (signs, butterflies of `block`, times `hnorm`) and quantized
+    to int8 with one scale per row (`scale`), or rotated into `rotated` [M, K]
+    (a factor's product follows, then quantize_into_atoms). The atoms' rows
+    past M and channels past K are zeroed."""
+    rows, k = res.shape
+    buf = np.empty((k, LANES), np.float32)
+    bits = buf.view(np.uint32)
+    stack = np.empty((prog.shape[0] + 1, LANES), np.float32)
+    acc = np.empty((8, LANES), np.float32)
+    sums = np.empty(LANES, np.float32)
+    amax = np.empty(LANES, np.float32)
+    for m0 in range(0, rows, LANES):
+        r = min(LANES, rows - m0)
+        for i in range(k):  # lanes past r: zeros (their sums are never used)
+            for lane in range(r, LANES):
+                buf[i, lane] = np.float32(0.0)
+        if in_kind == IN_HALF:
+            _load_half(src, table, m0, r, k, bits)
+        else:
+            _load_dequant(src, row_scale, ch, bias, has_bias, m0, r, k, buf)
+        if keep_x:
+            _store(buf, m0, r, k, x_out)
+        if first_norm:
+            _normalise(buf, k, r, w1, e1, prog, stack, acc, sums)
+            if keep_n1:
+                _store(buf, m0, r, k, n1_out)
+        for i in range(k):
+            row = buf[i]
+            for lane in range(r):
+                row[lane] = row[lane] + res[m0 + lane, i]
+        if keep_total:
+            _store(buf, m0, r, k, total_out)
+        _normalise(buf, k, r, w2, e2, prog, stack, acc, sums)
+        if keep_n2:
+            _store(buf, m0, r, k, n2_out)
+        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
+    if out_kind != OUT_ROTATED:
+        zero_rows(dst, rows)
+
+
+@njit(**_JIT)
+def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax):
+    """A tile's rows buf [K, LANES] (bits: its uint32 view) into the next
+    segment's atoms dst (fp16 narrowed, or rotated and quantized with their
+    scales), or rotated into `rotated` (for a factor's product)."""
+    if out_kind == OUT_HALF:
+        c1, _, c2 = dst.shape
+        for a in range(c1):
+            for lane in range(r):
+                for b in range(c2):
+                    j = a * c2 + b
+                    dst[a, m0 + lane, b] = half_bits(bits[j, lane]) if j < k else 0
+        return
+    for i in range(k):  # the rotation: signs, butterflies, the orthonormal factor
+        for lane in range(r):
+            buf[i, lane] = buf[i, lane] * signs[i]
+    _butterflies(buf, block)
+    if out_kind == OUT_ROTATED:
+        for lane in range(r):
+            for i in range(k):
+                rotated[m0 + lane, i] = buf[i, lane] * hnorm
+        return
+    scaled_amax(buf, hnorm, amax)
+    c1, _, c2 = dst.shape
+    for lane in range(r):
+        s = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
+        scale[m0 + lane] = s
+        for a in range(c1):
+            for b in range(c2):
+                j = a * c2 + b
+                if j < k:
+                    t = np.rint(buf[j, lane] / s)
+                    dst[a, m0 + lane, b] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+                else:
+                    dst[a, m0 + lane, b] = 0
+
+
+@njit(**_JIT)
+def zero_rows(dst, rows):
+    """The atoms' rows from `rows` on (a GEMM operand's padding rows) zeroed."""
+    c1, stored, c2 = dst.shape
+    for a in range(c1):
+        for m in range(rows, stored):
+            for b in range(c2):
+                dst[a, m, b] = 0
+
+
+@njit(**_JIT)
+def quantize_into_atoms(x, q, scale):
+    """jit.quantize_rows of x [M, K] (C order) with the codes written into
+    int8 atoms q [C1, R, C2] (channels past K and rows past M zeroed)."""
+    rows, k = x.shape
+    c1, _, c2 = q.shape
+    for m in range(rows):
+        amax = np.float32(0.0)
+        for i in range(k):
+            a = abs(x[m, i])
+            if a > amax or a != a:
+                amax = a
+        s = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
+        scale[m] = s
+        for a in range(c1):
+            for b in range(c2):
+                j = a * c2 + b
+                if j < k:
+                    t = np.rint(x[m, j] / s)
+                    q[a, m, b] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+                else:
+                    q[a, m, b] = 0
+    zero_rows(q, rows)

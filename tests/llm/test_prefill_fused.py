@@ -1,0 +1,100 @@
+"""The many-row fused residual stretch (runtime/llm/prefill_fused.py) computes
+what the per-step path computes (the prepared kernels, runtime/llm/prepared.py,
+themselves the interpreter's bits: tests/llm/test_plan.py), bit for bit:
+fp16 and int32 in edges, with and without the first norm, fp16 and int8 out
+edges, rotations with and without a block-mixing factor (Gemma 3's 640 = 20 x
+32), row counts that fill tiles and that leave a partial one, and padded rows
+and channels in the atoms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rkc.ir.npu import geometry
+from rkc.ir.program import Step, TensorInfo
+from rkc.runtime import half
+from rkc.runtime.execute import to_layout
+from rkc.runtime.kernels.hadamard import make_rotation
+from rkc.runtime.llm import prefill_fused as pf
+from rkc.runtime.llm import prepared
+from rkc.runtime.llm.prefill_kernels import pairwise_program
+from rkc.runtime.plan import BoTensor
+
+F32 = np.float32
+
+
+def _operand(m: int, k: int, dtype: str):
+    itemsize = {"fp16": 2, "int8": 1, "int32": 4}[dtype]
+    info = TensorInfo("t", [m, k], dtype, "native-gemm", "r", 0, geometry.nbytes([m, k], "native-gemm", itemsize))
+    host = np.random.default_rng(m + k).integers(0, 256, info.nbytes, dtype=np.uint8)  # stale bytes
+    return BoTensor(info, host), info, host
+
+
+def _step(op, n_in, attrs):
+    return Step(kind="cpu", name=op.lower(), op=op, inputs=[f"i{j}" for j in range(n_in)], outputs=["o", "s"],
+                attrs=attrs)
+
+
+@pytest.mark.parametrize("rows", [16, 37, 128])
+@pytest.mark.parametrize("k,kind", [(640, "kron"), (640, "block"), (256, "kron")])
+@pytest.mark.parametrize("edges", [("fp16", "fp16"), ("int32", "int8"), ("int32", "fp16"), ("fp16", "int8")])
+@pytest.mark.parametrize("first_norm", [True, False])
+def test_residual_tiles_are_the_per_step_kernels(rows, k, kind, edges, first_norm):
+    rng = np.random.default_rng(rows * k)
+    src_bt, src_info, src_host = _operand(rows, k, edges[0])
+    res = (rng.standard_normal((rows, k)) * np.exp(rng.standard_normal((rows, 1)) * 3)).astype(F32)
+    res[rows // 2, 5] = 3e4  # Gemma's residual stream reaches 3e4
+    w1, w2 = (rng.standard_normal(k).astype(F32) for _ in range(2))
+    eps = F32(1e-6)
+    rs, ch, bias = (rng.random(rows) * 1e-3).astype(F32), rng.random(k).astype(F32), rng.standard_normal(k).astype(F32)
+    if edges[0] == "fp16":
+        to_layout((rng.standard_normal((rows, k)) * 40).astype(np.float16), src_info, src_host)
+        x = src_bt.reader(np.float32)()  # the per-step in edge: the plan's reader
+    else:
+        to_layout(rng.integers(-2 ** 20, 2 ** 20, (rows, k)).astype(np.int32), src_info, src_host)
+        dq = prepared.dequantize_rows(_step("DequantizeRows", 4, {}), [None, None, ch, bias], None)
+        x = dq([src_bt.reader()(), rs, ch, bias])[0]
+    norm = prepared.rms_norm(_step("RMSNorm", 2, {"epsilon": 1e-6}), [None, w1], None)
+    n1 = norm([x, w1])[0] if first_norm else x
+    total = n1 + res
+    n2 = prepared.rms_norm(_step("RMSNorm", 2, {"epsilon": 1e-6}), [None, w2], None)([total, w2])[0]
+
+    out_bt, out_info, out_host = _operand(rows, k, edges[1])
+    want_host = out_host.copy()
+    rot = make_rotation(k, kind)
+    if edges[1] == "fp16":
+        BoTensor(out_info, want_host).writer()(n2)
+    else:
+        consts = [rot.signs.astype(F32)] + ([rot.factor.astype(F32)] if rot.factor is not None else [])
+        attrs = {"rotation": "hadamard", "block": rot.block}
+        q, want_scale = prepared.quantize_rows(_step("QuantizeRows", 1 + len(consts), attrs), [None, *consts], None)(
+            [n2, *consts])
+        BoTensor(out_info, want_host).writer()(q)
+
+    atoms_in = src_bt.rows_view.transpose(1, 0, 2)
+    atoms_out = out_bt.rows_view.transpose(1, 0, 2)
+    in_kind = pf.IN_HALF if edges[0] == "fp16" else pf.IN_DEQUANT
+    src = atoms_in.view(np.uint16) if in_kind == pf.IN_HALF else atoms_in
+    bufs = [np.full((rows, k), np.nan, F32) for _ in range(4)]
+    scale = np.full(rows, np.nan, F32)
+    rotated = np.empty((rows, k), F32)
+    if edges[1] == "fp16":
+        out_kind, dst = pf.OUT_HALF, atoms_out.view(np.uint16)
+    else:
+        out_kind, dst = (pf.OUT_QUANT if rot.factor is None else pf.OUT_ROTATED), atoms_out
+    pf.residual_tiles(in_kind, src, half.HALF_TO_FLOAT_BITS, rs, ch, bias, True, first_norm, w1, eps, res, w2, eps,
+                      pairwise_program(k), True, first_norm, True, True, *bufs, out_kind, dst,
+                      rot.signs.astype(F32), rot.block, F32(1.0 / np.sqrt(rot.block)), scale, rotated)
+    if out_kind == pf.OUT_ROTATED:  # the factor's product as fused_rows runs it, then the codes
+        mixed = np.empty((rows, k // rot.block, rot.block), F32)
+        np.matmul(rot.factor.astype(F32), rotated.reshape(mixed.shape), out=mixed)
+        pf.quantize_into_atoms(mixed.reshape(rows, k), dst, scale)
+    for got, want in zip(bufs, [x, n1, total, n2]):
+        if got is bufs[1] and not first_norm:
+            continue
+        np.testing.assert_array_equal(got.view(np.uint32), np.asarray(want, F32).view(np.uint32))
+    np.testing.assert_array_equal(out_host, want_host)  # codes or halves, padding zeroed
+    if edges[1] == "int8":
+        np.testing.assert_array_equal(scale, want_scale)
+
