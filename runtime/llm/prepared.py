@@ -24,7 +24,7 @@ from rkc.runtime.constants import constant_bytes
 from rkc.runtime.kernels.hadamard import unrotate
 from rkc.runtime.llm import jit
 from rkc.runtime.llm import prefill_kernels as many
-from rkc.runtime.llm.decode_attention import attend_row
+from rkc.runtime.llm.decode_attention import Workspace
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
 
@@ -131,9 +131,10 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
     return run
 
 
-def attention(step: Step, consts: list, state) -> Prepared:
+def attention(step: Step, consts: list, state, work: Workspace | None = None) -> Prepared:
     """As kernels.attention, reading the KV cache in place (no copy of the
-    cache per call); one query row (decode) through decode_attention.attend_row."""
+    cache per call); `work`: the one-row kernel's buffers, made once (its
+    output is then reused: valid until the next call)."""
     attrs, layer = step.attrs, int(step.attrs["layer"])
 
     def run(inputs):
@@ -141,12 +142,12 @@ def attention(step: Step, consts: list, state) -> Prepared:
         n = state.valid
         q, k, v, pos = q[:n], k[:n], v[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.store_and_view(layer, k, v, pos)
-        return [(attend_row if n == 1 else attend)(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+        return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]), work)]
     return run
 
 
 def attention_shared(step: Step, consts: list, state) -> Prepared:
-    """As kernels.attention_shared; one query row through attend_row."""
+    """As kernels.attention_shared (over the earlier layer's entries in place)."""
     attrs, source = step.attrs, int(step.attrs["source"])
 
     def run(inputs):
@@ -154,7 +155,7 @@ def attention_shared(step: Step, consts: list, state) -> Prepared:
         n = state.valid
         q, pos = q[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.shared(source)
-        return [(attend_row if n == 1 else attend)(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+        return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
     return run
 
 
