@@ -8,15 +8,19 @@ The patterns matched here, one row (decode), between
     in edges: Cast (fp16 NPU output -> fp32) | DequantizeRows (int32 NPU output)
     out edge: Cast (fp32 -> fp16 NPU input) | QuantizeRows (-> int8 NPU input)
 
-are a decoder layer's residual stretch (in edge, [RMSNorm], Add of the
-residual, RMSNorm, out edge: the body one compiled call, jit.norm_add_norm)
-and its gated FFN's (gate and up in edges, the activation, Mul, out edge).
+are a decoder layer's
+  - residual stretch (in edge, [RMSNorm], Add of the residual, RMSNorm, out
+    edge: the body one compiled call, jit.norm_add_norm);
+  - attention stretch (q, k, v in edges, Reshape views, the q/k norms, RoPE,
+    Attention over the KV cache with buffers made once, out edge);
+  - gated FFN stretch (gate and up in edges, the activation, Mul, out edge);
+and the head's output: the logits read from their BO (an in edge alone).
 A fused call reads the previous segment's output from its BO and writes the
 next segment's input into its BO, in their layouts; every step's output
 still lands in its slot, so a later step reading one sees what the per-step
-path gives it. The arithmetic
-is the per-step kernels' (the same bits: tests/llm/test_plan.py). A stretch
-that does not match runs step by step, as before.
+path gives it. The arithmetic is the per-step kernels' (the same bits:
+tests/llm/test_plan.py). Two-term edges (--int8-residual) are not fused
+(`_one_term`). A stretch that does not match runs step by step, as before.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ class _InEdge:
     @staticmethod
     def matches(plan, step: Step) -> int:
         """The row width k when `step` is such an edge, else 0."""
-        if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
+        if len(step.outputs) != 1 or not step.inputs or not step.inputs[0] or not _one_term(step):
             return 0
         bt = plan._bo_tensor(step.inputs[0])
         if bt is None or bt.info.layout != "native-gemm" or len(bt.shape) != 2 or bt.shape[0] != 1:
@@ -125,7 +129,7 @@ class _OutEdge:
 
     @staticmethod
     def matches(plan, step: Step, src: str, k: int) -> bool:
-        if not step.inputs or step.inputs[0] != src or not step.outputs:
+        if not step.inputs or step.inputs[0] != src or not step.outputs or not _one_term(step):
             return False
         bt = plan._bo_tensor(step.outputs[0])
         if bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (1, k):
@@ -142,6 +146,14 @@ class _OutEdge:
         q, s = self.quantize([value, *self.consts])
         self.write(q)
         self.slots[self.scale_slot] = s
+
+
+def _one_term(step: Step) -> bool:
+    """The rule for two-term edges (--int8-residual: QuantizeRows writes a
+    row's int8 value and its int8 residual as two rows, [2, k], and
+    DequantizeRows adds the two rows' sums back): not fused, they run step
+    by step. The edges here read and write one row of the BO."""
+    return int(step.attrs.get("terms", 1)) == 1
 
 
 def _is_const(plan, name: str) -> bool:

@@ -214,13 +214,14 @@ def _contract(eq: str, swapped: str, a: np.ndarray, b: np.ndarray) -> np.ndarray
     return _bmm_einsum(swapped, b, a)
 
 
-def attend(q, keys, values, kpos, pos, attrs, rows: int, work=None) -> np.ndarray:
+def attend(q, keys, values, kpos, pos, attrs, rows: int, work=None, blocks=None) -> np.ndarray:
     """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at kpos
     (the KV cache's fp16 entries, or float32), causal (and windowed), into
     [rows, H * hd_v] (rows past T stay zero).
 
     One query row (decode) is runtime/llm/decode_attention.py's kernel, on
-    the cache's storage as it is (`work`: its buffers, made once by a plan).
+    the cache's storage as it is (`work`: its buffers, made once by a plan;
+    `blocks`: a prefill_attention.Workspace, likewise).
     More rows take the entries widened to float32 in C order, then numpy's
     einsums (`optimize`: numpy picks the loops; any other formulation rounds
     differently, and int8 roundings downstream follow). The mask is skipped
@@ -237,7 +238,7 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int, work=None) -> np.ndarra
     if T > BLOCK and np.all(kpos[1:] > kpos[:-1]):  # a prefill chunk: by blocks of query rows
         full = np.zeros((rows, H * values.shape[-1]), np.float32)
         attend_blocks(q.astype(np.float32, order="C"), keys, values, kpos, pos, np.float32(attrs["scale"]),
-                      int(attrs["window"]), full[:T])
+                      int(attrs["window"]), full[:T], blocks)
         return full
     G = H // Hkv
     qg = q.astype(np.float32, order="C").reshape(T, Hkv, G, hd)  # C order: as the KV context
