@@ -19,8 +19,9 @@ A fused call reads the previous segment's output from its BO and writes the
 next segment's input into its BO, in their layouts; every step's output
 still lands in its slot, so a later step reading one sees what the per-step
 path gives it. The arithmetic is the per-step kernels' (the same bits:
-tests/llm/test_plan.py). Two-term edges (--int8-residual) are not fused
-(`_one_term`). A stretch that does not match runs step by step, as before.
+tests/llm/test_plan.py). An int8 edge of two terms (--int8-residual: a row
+and its residual row, `_terms`) is fused too. A stretch that does not match
+runs step by step, as before.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class _InEdge:
         bt = plan._bo_tensor(step.inputs[0])
         self.bo = plan.model.bos[bt.info.region]
         self.atoms = bt.rows_view[0]  # [C1, C2]: the row's channels in their atoms
+        self.residual = bt.rows_view[1] if _terms(step) == 2 else None  # a two-term row's residual term
         self.out = np.empty((1, k), F32)
         if step.op == "Cast":
             self.atoms, self.dequant = self.atoms.view(np.uint16), None
@@ -82,15 +84,16 @@ class _InEdge:
     @staticmethod
     def matches(plan, step: Step) -> int:
         """The row width k when `step` is such an edge, else 0."""
-        if len(step.outputs) != 1 or not step.inputs or not step.inputs[0] or not _one_term(step):
+        if len(step.outputs) != 1 or not step.inputs or not step.inputs[0] or not _terms(step):
             return 0
         bt = plan._bo_tensor(step.inputs[0])
-        if bt is None or bt.info.layout != "native-gemm" or len(bt.shape) != 2 or bt.shape[0] != 1:
+        if bt is None or bt.info.layout != "native-gemm" or len(bt.shape) != 2 or bt.shape[0] != _terms(step):
             return 0
         k = int(bt.shape[1])
         if not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
             return 0
-        if step.op == "Cast" and len(step.inputs) == 1 and bt.info.dtype == "fp16" and DType(step.attrs["to"]).numpy == F32:
+        if (step.op == "Cast" and bt.shape[0] == 1 and len(step.inputs) == 1 and bt.info.dtype == "fp16"
+                and DType(step.attrs["to"]).numpy == F32):
             return k
         if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1 and bt.info.dtype == "int32"
                 and len(step.inputs) in (3, 4) and _host(plan, step.inputs[1])
@@ -106,9 +109,13 @@ class _InEdge:
         else:
             rs_slot, ch, bias, has_bias = self.dequant
             rs = self.slots[rs_slot]
-            if rs.shape != (1,) or rs.dtype != F32:
+            if rs.shape != (1 if self.residual is None else 2,) or rs.dtype != F32:
                 raise_shape(label, "row scale", rs)
-            jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, out.reshape(-1))
+            if self.residual is None:
+                jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, out.reshape(-1))
+            else:
+                jit.dequantize_atoms_terms(self.atoms, self.residual, self.k, rs[0], rs[1], ch, bias, has_bias,
+                                           out.reshape(-1))
         self.slots[self.slot] = out
         return out
 
@@ -116,7 +123,8 @@ class _InEdge:
 class _OutEdge:
     """The next segment's input written into its BO from a fp32 row [1, k]:
     an edge Cast to fp16, or QuantizeRows (its prepared kernel, rotation
-    included) to int8 with the row scale into its slot."""
+    included; two terms: the plain kernel's two rows) to int8 with the row
+    scales into their slot."""
 
     def __init__(self, plan, step: Step, bind) -> None:
         bt = plan._bo_tensor(step.outputs[0])
@@ -129,13 +137,13 @@ class _OutEdge:
 
     @staticmethod
     def matches(plan, step: Step, src: str, k: int) -> bool:
-        if not step.inputs or step.inputs[0] != src or not step.outputs or not _one_term(step):
+        if not step.inputs or step.inputs[0] != src or not step.outputs or not _terms(step):
             return False
         bt = plan._bo_tensor(step.outputs[0])
-        if bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (1, k):
+        if bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (_terms(step), k):
             return False
         if step.op == "Cast":
-            return len(step.inputs) == 1 and len(step.outputs) == 1 and bt.info.dtype == "fp16"
+            return len(step.inputs) == 1 and len(step.outputs) == 1 and bt.info.dtype == "fp16" and bt.shape[0] == 1
         return (step.op == "QuantizeRows" and len(step.outputs) == 2 and bt.info.dtype == "int8"
                 and _host(plan, step.outputs[1]) and all(_is_const(plan, n) for n in step.inputs[1:]))
 
@@ -148,12 +156,13 @@ class _OutEdge:
         self.slots[self.scale_slot] = s
 
 
-def _one_term(step: Step) -> bool:
+def _terms(step: Step) -> int:
     """The rule for two-term edges (--int8-residual: QuantizeRows writes a
-    row's int8 value and its int8 residual as two rows, [2, k], and
-    DequantizeRows adds the two rows' sums back): not fused, they run step
-    by step. The edges here read and write one row of the BO."""
-    return int(step.attrs.get("terms", 1)) == 1
+    row's int8 value and its int8 residual as two rows of the BO, [2, k], and
+    DequantizeRows adds the two rows' sums back): 1 or 2 are fused (the row
+    and its residual row), any other count runs step by step (0)."""
+    terms = int(step.attrs.get("terms", 1))
+    return terms if terms in (1, 2) else 0
 
 
 def _is_const(plan, name: str) -> bool:

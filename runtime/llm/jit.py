@@ -267,3 +267,23 @@ def dequantize_atoms(src, n, row_scale, ch_scale, bias, has_bias, out):
             if has_bias:
                 y += np.float64(bias[j])
             out[j] = np.float32(y)
+
+
+@njit(**_JIT)
+def dequantize_atoms_terms(src0, src1, n, rs0, rs1, ch_scale, bias, has_bias, out):
+    """dequantize_atoms of a row quantized as two int8 terms (its value and
+    its residual: weights.dequantize with terms=2): each term's sums times
+    its row scale times the channel scale, in float64, the second added to
+    the first, then the bias; rounded once."""
+    c1, c2 = src0.shape
+    r0, r1 = np.float64(rs0), np.float64(rs1)
+    for a in range(c1):
+        base = a * c2
+        for b in range(min(c2, n - base)):
+            j = base + b
+            ch = np.float64(ch_scale[j])
+            y = (np.float64(src0[a, b]) * r0) * ch
+            y += (np.float64(src1[a, b]) * r1) * ch
+            if has_bias:
+                y += np.float64(bias[j])
+            out[j] = np.float32(y)

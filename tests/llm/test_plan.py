@@ -45,6 +45,23 @@ def test_plan_gives_the_interpreters_logits(arch, precision, synth_rkbin):
             assert np.argmax(got[-1]) == np.argmax(want[-1])
 
 
+def test_two_term_edges_are_fused_and_give_the_interpreters_logits(synth_rkbin):
+    """--int8-residual all (every int8 input a row and its residual row):
+    the decode plan still fuses each layer's stretches (their edges read and
+    write the two rows) and computes the interpreter's logits bit for bit."""
+    path = synth_rkbin("gemma3", "int8", residual="all")
+    engine = LlmEngine(path, device="null")
+    labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
+    n = engine.cfg.n_layer
+    engine.close()
+    assert sum(lab.startswith("residual stretch") for lab in labels) >= 2 * n - 1
+    assert sum(lab.startswith("ffn stretch") for lab in labels) == n
+    assert sum(lab.startswith("attention stretch") for lab in labels) == n
+    for got, want in plan_and_interpreter_logits(path, STEPS):
+        assert np.isfinite(want).all()
+        np.testing.assert_array_equal(got, want)
+
+
 def test_plan_outputs_survive_the_next_run(synth_rkbin):
     """The logits a run returns are not overwritten by the run after it."""
     engine = LlmEngine(synth_rkbin("llama", "fp16"), device="sim")
