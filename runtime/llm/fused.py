@@ -105,7 +105,7 @@ class _InEdge:
     def run(self, label: str) -> np.ndarray:
         out = np.empty((1, self.k), F32) if self.fresh else self.out
         if self.dequant is None:
-            jit.half_atoms_to_float(self.atoms, self.k, jit.HALF_TO_FLOAT_BITS, out.view(np.uint32).reshape(-1))
+            jit.half_atoms_to_float(self.atoms, self.k, out.view(np.uint32).reshape(-1))
         else:
             rs_slot, ch, bias, has_bias = self.dequant
             rs = self.slots[rs_slot]
@@ -129,7 +129,9 @@ class _OutEdge:
     def __init__(self, plan, step: Step, bind) -> None:
         bt = plan._bo_tensor(step.outputs[0])
         self.bo, self.write = plan.model.bos[bt.info.region], bt.writer()
-        self.slots, self.quantize = plan.slots, None
+        self.slots, self.quantize, self.half = plan.slots, None, None
+        if step.op == "Cast":  # straight into the atoms, numpy's bits (jit.float_to_half_atoms)
+            self.half, self.pad, self.k = bt.rows_view[0].view(np.uint16), bt.rows_view[1:], int(bt.shape[1])
         if step.op == "QuantizeRows":
             self.consts = [plan.slots[plan._slot(n)] for n in step.inputs[1:]]
             self.quantize = bind(step, [None, *self.consts])
@@ -148,6 +150,14 @@ class _OutEdge:
                 and _host(plan, step.outputs[1]) and all(_is_const(plan, n) for n in step.inputs[1:]))
 
     def run(self, value: np.ndarray) -> None:
+        if self.half is not None:
+            if value.shape != (1, self.k) or value.dtype != F32 or not value.flags.c_contiguous:
+                self.write(value)  # (every value the stretches make is such a row)
+                return
+            jit.float_to_half_atoms(value.view(np.uint32).reshape(-1), self.k, self.half)
+            if len(self.pad):
+                self.pad[...] = 0  # rows past the one, as the BO writer leaves them
+            return
         if self.quantize is None:
             self.write(value)
             return

@@ -235,22 +235,73 @@ def norm_add_norm(x, w1, eps1, first_norm, res, w2, eps2, n1, total, n2):
     rms_norm(total, w2, eps2, n2)
 
 
-# every fp16 bit pattern's float32 bits, as numpy's astype widens it (exact)
-HALF_TO_FLOAT_BITS = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16) \
-    .astype(np.float32).view(np.uint32)
+@intrinsic
+def widen_bits(typingctx, x):
+    """fp16 bits (uint16) -> float32 bits (uint32) as numpy's astype widens
+    them: LLVM's exact fpext, except a NaN keeps its payload and its
+    signalling bit (fpext would quiet it): sign, all-ones exponent, the
+    fraction shifted up, as numpy's halfbits_to_floatbits builds it."""
+    if x != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        wide = builder.bitcast(builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType()), i32)
+        h = builder.zext(args[0], i32)
+        is_nan = builder.icmp_unsigned(">", builder.and_(h, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 0x7C00))
+        sign = builder.shl(builder.and_(h, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+        frac = builder.shl(builder.and_(h, ir.Constant(i32, 0x3FF)), ir.Constant(i32, 13))
+        nan = builder.or_(builder.or_(sign, ir.Constant(i32, 0x7F800000)), frac)
+        return builder.select(is_nan, nan, wide)
+    return types.uint32(types.uint16), codegen
+
+
+@intrinsic
+def narrow_bits(typingctx, x):
+    """float32 bits (uint32) -> fp16 bits (uint16) as numpy's astype rounds
+    them: LLVM's fptrunc (to nearest, ties to even; overflow to inf), except
+    a NaN keeps its signalling bit and the top of its payload (fptrunc would
+    quiet it), never becoming inf, as numpy's floatbits_to_halfbits does."""
+    if x != types.uint32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32, i16 = ir.IntType(32), ir.IntType(16)
+        f = builder.bitcast(args[0], ir.FloatType())
+        half = builder.bitcast(builder.fptrunc(f, ir.HalfType()), i16)
+        frac = builder.and_(args[0], ir.Constant(i32, 0x7FFFFF))
+        is_nan = builder.icmp_unsigned(">", builder.and_(args[0], ir.Constant(i32, 0x7FFFFFFF)),
+                                       ir.Constant(i32, 0x7F800000))
+        top = builder.lshr(frac, ir.Constant(i32, 13))
+        top = builder.select(builder.icmp_unsigned("==", top, ir.Constant(i32, 0)), ir.Constant(i32, 1), top)
+        sign = builder.lshr(builder.and_(args[0], ir.Constant(i32, 0x80000000)), ir.Constant(i32, 16))
+        nan = builder.trunc(builder.or_(builder.or_(sign, ir.Constant(i32, 0x7C00)), top), i16)
+        return builder.select(is_nan, nan, half)
+    return types.uint16(types.uint32), codegen
 
 
 @njit(**_JIT)
-def half_atoms_to_float(src, n, table, out):
+def float_to_half_atoms(x, n, dst):
+    """A float32 row (bits, uint32) x[:n] narrowed to fp16 bits into an NPU
+    input's [C1, C2] atoms (`narrow_bits`: numpy's bits); channels past n zero."""
+    c1, c2 = dst.shape
+    for a in range(c1):
+        base = a * c2
+        for b in range(c2):
+            j = base + b
+            dst[a, b] = narrow_bits(x[j]) if j < n else np.uint16(0)
+
+
+@njit(**_JIT)
+def half_atoms_to_float(src, n, out):
     """One row of an fp16 NPU output, [C1, C2] atoms (bits, uint16), widened
-    to float32 bits (uint32) into out[:n] through `table`
-    (HALF_TO_FLOAT_BITS: numpy's own conversion of every fp16 value, so the
-    bits are numpy's), at a fraction of numpy's per-element cost."""
+    to float32 bits (uint32) into out[:n] with numpy's bits (`widen_bits`),
+    at a fraction of numpy's per-element cost."""
     c1, c2 = src.shape
     for a in range(c1):
         base = a * c2
         for b in range(min(c2, n - base)):
-            out[base + b] = table[src[a, b]]
+            out[base + b] = widen_bits(src[a, b])
 
 
 @njit(**_JIT)
