@@ -157,8 +157,8 @@ def attend_row(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.nda
     (work's buffer when given: valid until its next call). The shapes are
     `fits`'s."""
     heads, hkv, hdv = q.shape[1], keys.shape[1], values.shape[2]
-    if work is None:
-        work = Workspace(heads, hkv, hdv, rows)
+    if work is None or work.acc.shape != (heads // hkv, hdv) or work.full.shape != (rows, heads * hdv):
+        work = Workspace(heads, hkv, hdv, rows)  # (the kernel indexes its buffers unchecked)
     work.grow(len(keys))
     kt, lo = _key_rows(keys)
     qh = np.ascontiguousarray(q[0], F32)
