@@ -8,15 +8,20 @@ The patterns matched here, one row (decode), between
     in edges: Cast (fp16 NPU output -> fp32) | DequantizeRows (int32 NPU output)
     out edge: Cast (fp32 -> fp16 NPU input) | QuantizeRows (-> int8 NPU input)
 
-are a decoder layer's residual stretch (in edge, [RMSNorm], Add of the
-residual, RMSNorm, out edge: the body one compiled call, jit.norm_add_norm)
-and its gated FFN's (gate and up in edges, the activation, Mul, out edge).
+are a decoder layer's
+  - residual stretch (in edge, [RMSNorm], Add of the residual, RMSNorm, out
+    edge: the body one compiled call, jit.norm_add_norm);
+  - attention stretch (q, k, v in edges, Reshape views, the q/k norms, RoPE,
+    Attention over the KV cache with buffers made once, out edge);
+  - gated FFN stretch (gate and up in edges, the activation, Mul, out edge);
+and the head's output: the logits read from their BO (an in edge alone).
 A fused call reads the previous segment's output from its BO and writes the
 next segment's input into its BO, in their layouts; every step's output
 still lands in its slot, so a later step reading one sees what the per-step
-path gives it. The arithmetic
-is the per-step kernels' (the same bits: tests/llm/test_plan.py). A stretch
-that does not match runs step by step, as before.
+path gives it. The arithmetic is the per-step kernels' (the same bits:
+tests/llm/test_plan.py). An int8 edge of two terms (--int8-residual: a row
+and its residual row, `_terms`) is fused too. A stretch that does not match
+runs step by step, as before.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import jit, prepared
+from rkc.runtime.llm.decode_attention import Workspace
 
 F32 = np.float32
 
@@ -66,6 +72,7 @@ class _InEdge:
         bt = plan._bo_tensor(step.inputs[0])
         self.bo = plan.model.bos[bt.info.region]
         self.atoms = bt.rows_view[0]  # [C1, C2]: the row's channels in their atoms
+        self.residual = bt.rows_view[1] if _terms(step) == 2 else None  # a two-term row's residual term
         self.out = np.empty((1, k), F32)
         if step.op == "Cast":
             self.atoms, self.dequant = self.atoms.view(np.uint16), None
@@ -77,15 +84,16 @@ class _InEdge:
     @staticmethod
     def matches(plan, step: Step) -> int:
         """The row width k when `step` is such an edge, else 0."""
-        if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
+        if len(step.outputs) != 1 or not step.inputs or not step.inputs[0] or not _terms(step):
             return 0
         bt = plan._bo_tensor(step.inputs[0])
-        if bt is None or bt.info.layout != "native-gemm" or len(bt.shape) != 2 or bt.shape[0] != 1:
+        if bt is None or bt.info.layout != "native-gemm" or len(bt.shape) != 2 or bt.shape[0] != _terms(step):
             return 0
         k = int(bt.shape[1])
         if not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
             return 0
-        if step.op == "Cast" and len(step.inputs) == 1 and bt.info.dtype == "fp16" and DType(step.attrs["to"]).numpy == F32:
+        if (step.op == "Cast" and bt.shape[0] == 1 and len(step.inputs) == 1 and bt.info.dtype == "fp16"
+                and DType(step.attrs["to"]).numpy == F32):
             return k
         if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1 and bt.info.dtype == "int32"
                 and len(step.inputs) in (3, 4) and _host(plan, step.inputs[1])
@@ -97,13 +105,17 @@ class _InEdge:
     def run(self, label: str) -> np.ndarray:
         out = np.empty((1, self.k), F32) if self.fresh else self.out
         if self.dequant is None:
-            jit.half_atoms_to_float(self.atoms, self.k, jit.HALF_TO_FLOAT_BITS, out.view(np.uint32).reshape(-1))
+            jit.half_atoms_to_float(self.atoms, self.k, out.view(np.uint32).reshape(-1))
         else:
             rs_slot, ch, bias, has_bias = self.dequant
             rs = self.slots[rs_slot]
-            if rs.shape != (1,) or rs.dtype != F32:
+            if rs.shape != (1 if self.residual is None else 2,) or rs.dtype != F32:
                 raise_shape(label, "row scale", rs)
-            jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, out.reshape(-1))
+            if self.residual is None:
+                jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, out.reshape(-1))
+            else:
+                jit.dequantize_atoms_terms(self.atoms, self.residual, self.k, rs[0], rs[1], ch, bias, has_bias,
+                                           out.reshape(-1))
         self.slots[self.slot] = out
         return out
 
@@ -111,12 +123,15 @@ class _InEdge:
 class _OutEdge:
     """The next segment's input written into its BO from a fp32 row [1, k]:
     an edge Cast to fp16, or QuantizeRows (its prepared kernel, rotation
-    included) to int8 with the row scale into its slot."""
+    included; two terms: the plain kernel's two rows) to int8 with the row
+    scales into their slot."""
 
     def __init__(self, plan, step: Step, bind) -> None:
         bt = plan._bo_tensor(step.outputs[0])
         self.bo, self.write = plan.model.bos[bt.info.region], bt.writer()
-        self.slots, self.quantize = plan.slots, None
+        self.slots, self.quantize, self.half = plan.slots, None, None
+        if step.op == "Cast":  # straight into the atoms, numpy's bits (jit.float_to_half_atoms)
+            self.half, self.pad, self.k = bt.rows_view[0].view(np.uint16), bt.rows_view[1:], int(bt.shape[1])
         if step.op == "QuantizeRows":
             self.consts = [plan.slots[plan._slot(n)] for n in step.inputs[1:]]
             self.quantize = bind(step, [None, *self.consts])
@@ -124,23 +139,40 @@ class _OutEdge:
 
     @staticmethod
     def matches(plan, step: Step, src: str, k: int) -> bool:
-        if not step.inputs or step.inputs[0] != src or not step.outputs:
+        if not step.inputs or step.inputs[0] != src or not step.outputs or not _terms(step):
             return False
         bt = plan._bo_tensor(step.outputs[0])
-        if bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (1, k):
+        if bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (_terms(step), k):
             return False
         if step.op == "Cast":
-            return len(step.inputs) == 1 and len(step.outputs) == 1 and bt.info.dtype == "fp16"
+            return len(step.inputs) == 1 and len(step.outputs) == 1 and bt.info.dtype == "fp16" and bt.shape[0] == 1
         return (step.op == "QuantizeRows" and len(step.outputs) == 2 and bt.info.dtype == "int8"
                 and _host(plan, step.outputs[1]) and all(_is_const(plan, n) for n in step.inputs[1:]))
 
     def run(self, value: np.ndarray) -> None:
+        if self.half is not None:
+            if value.shape != (1, self.k) or value.dtype != F32 or not value.flags.c_contiguous:
+                self.write(value)  # (every value the stretches make is such a row)
+                return
+            jit.float_to_half_atoms(value.view(np.uint32).reshape(-1), self.k, self.half)
+            if len(self.pad):
+                self.pad[...] = 0  # rows past the one, as the BO writer leaves them
+            return
         if self.quantize is None:
             self.write(value)
             return
         q, s = self.quantize([value, *self.consts])
         self.write(q)
         self.slots[self.scale_slot] = s
+
+
+def _terms(step: Step) -> int:
+    """The rule for two-term edges (--int8-residual: QuantizeRows writes a
+    row's int8 value and its int8 residual as two rows of the BO, [2, k], and
+    DequantizeRows adds the two rows' sums back): 1 or 2 are fused (the row
+    and its residual row), any other count runs step by step (0)."""
+    terms = int(step.attrs.get("terms", 1))
+    return terms if terms in (1, 2) else 0
 
 
 def _is_const(plan, name: str) -> bool:
@@ -339,7 +371,11 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
                     or not _is_positions(plan, step.inputs[3]):
                 return None
             ins = [plan._slot(n) for n in step.inputs]
-            runs.append(_kernel_run(slots, ins, o, bind(step, [None] * 4), shape))
+            q_shape, v_shape = made[step.inputs[0]], made[step.inputs[2]]
+            if len(q_shape) != 3 or len(v_shape) != 3 or len(shape) != 2:
+                return None
+            work = Workspace(q_shape[1], v_shape[1], v_shape[2], shape[0])  # the one-row kernel's buffers
+            runs.append(_kernel_run(slots, ins, o, prepared.attention(step, [None] * 4, state, work), shape))
             attention_seen = True
         else:
             return None

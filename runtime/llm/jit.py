@@ -21,10 +21,28 @@ time an LLM runs) and later processes load the compiled code.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 _JIT = {"cache": True, "nogil": True}
 _BLOCK = 128  # numpy's PW_BLOCKSIZE: the pairwise sum's leaf
+
+
+@intrinsic
+def widen(typingctx, x):
+    """A float32 from fp16 bits (uint16: numba has no float16 type; LLVM's
+    exact fpext, one vcvtph2ps lane on x86 with F16C, an fcvt on arm64), or
+    a float32 as it is: one kernel source reads an fp16 or a float32 array."""
+    if x == types.uint16:
+        def from_half(context, builder, signature, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return types.float32(types.uint16), from_half
+    if x == types.float32:
+        def as_is(context, builder, signature, args):
+            return args[0]
+        return types.float32(types.float32), as_is
+    return None
 
 
 @njit(**_JIT)
@@ -202,46 +220,6 @@ def rope(x, cos, sin, dims, neox, out):
 
 
 @njit(**_JIT)
-def scores_shift(s, scale, kpos, p0, window):
-    """Decode attention's scores [Hkv, P, G] in place, as kernels.attend
-    takes them before the exp: times `scale` (float32), -inf for a key the
-    query at p0 cannot see (after it, or `window` or more behind), then minus
-    each (head, group) column's maximum (a NaN stays the maximum, as in numpy's max)."""
-    hkv, p_, g_ = s.shape
-    neg = -np.inf
-    m = np.empty(g_, np.float32)
-    for k in range(hkv):
-        for p in range(p_):
-            seen = kpos[p] <= p0 and (window == 0 or p0 - kpos[p] < window)
-            for g in range(g_):
-                v = s[k, p, g] * scale if seen else neg
-                s[k, p, g] = v
-                if p == 0 or v > m[g] or v != v:
-                    m[g] = v
-        for p in range(p_):
-            for g in range(g_):
-                s[k, p, g] = s[k, p, g] - m[g]
-
-
-@njit(**_JIT)
-def normalize_columns(e, out):
-    """out[k, :, g] = e[k, :, g] / its sum, the sum taken in sequence over P
-    (float32), as numpy reduces an axis that is not the innermost in memory
-    (the einsum's scores [Hkv, P, G] with G > 1)."""
-    hkv, p_, g_ = e.shape
-    t = np.empty(g_, np.float32)
-    for k in range(hkv):
-        for g in range(g_):
-            t[g] = e[k, 0, g]
-        for p in range(1, p_):
-            for g in range(g_):
-                t[g] += e[k, p, g]
-        for p in range(p_):
-            for g in range(g_):
-                out[k, p, g] = e[k, p, g] / t[g]
-
-
-@njit(**_JIT)
 def norm_add_norm(x, w1, eps1, first_norm, res, w2, eps2, n1, total, n2):
     """The residual stretch between two NPU segments, over rows [M, K]:
     n1 = RMSNorm(x, w1) (when `first_norm`; else n1 is x), total = n1 + res,
@@ -257,22 +235,73 @@ def norm_add_norm(x, w1, eps1, first_norm, res, w2, eps2, n1, total, n2):
     rms_norm(total, w2, eps2, n2)
 
 
-# every fp16 bit pattern's float32 bits, as numpy's astype widens it (exact)
-HALF_TO_FLOAT_BITS = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16) \
-    .astype(np.float32).view(np.uint32)
+@intrinsic
+def widen_bits(typingctx, x):
+    """fp16 bits (uint16) -> float32 bits (uint32) as numpy's astype widens
+    them: LLVM's exact fpext, except a NaN keeps its payload and its
+    signalling bit (fpext would quiet it): sign, all-ones exponent, the
+    fraction shifted up, as numpy's halfbits_to_floatbits builds it."""
+    if x != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        wide = builder.bitcast(builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType()), i32)
+        h = builder.zext(args[0], i32)
+        is_nan = builder.icmp_unsigned(">", builder.and_(h, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 0x7C00))
+        sign = builder.shl(builder.and_(h, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+        frac = builder.shl(builder.and_(h, ir.Constant(i32, 0x3FF)), ir.Constant(i32, 13))
+        nan = builder.or_(builder.or_(sign, ir.Constant(i32, 0x7F800000)), frac)
+        return builder.select(is_nan, nan, wide)
+    return types.uint32(types.uint16), codegen
+
+
+@intrinsic
+def narrow_bits(typingctx, x):
+    """float32 bits (uint32) -> fp16 bits (uint16) as numpy's astype rounds
+    them: LLVM's fptrunc (to nearest, ties to even; overflow to inf), except
+    a NaN keeps its signalling bit and the top of its payload (fptrunc would
+    quiet it), never becoming inf, as numpy's floatbits_to_halfbits does."""
+    if x != types.uint32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32, i16 = ir.IntType(32), ir.IntType(16)
+        f = builder.bitcast(args[0], ir.FloatType())
+        half = builder.bitcast(builder.fptrunc(f, ir.HalfType()), i16)
+        frac = builder.and_(args[0], ir.Constant(i32, 0x7FFFFF))
+        is_nan = builder.icmp_unsigned(">", builder.and_(args[0], ir.Constant(i32, 0x7FFFFFFF)),
+                                       ir.Constant(i32, 0x7F800000))
+        top = builder.lshr(frac, ir.Constant(i32, 13))
+        top = builder.select(builder.icmp_unsigned("==", top, ir.Constant(i32, 0)), ir.Constant(i32, 1), top)
+        sign = builder.lshr(builder.and_(args[0], ir.Constant(i32, 0x80000000)), ir.Constant(i32, 16))
+        nan = builder.trunc(builder.or_(builder.or_(sign, ir.Constant(i32, 0x7C00)), top), i16)
+        return builder.select(is_nan, nan, half)
+    return types.uint16(types.uint32), codegen
 
 
 @njit(**_JIT)
-def half_atoms_to_float(src, n, table, out):
+def float_to_half_atoms(x, n, dst):
+    """A float32 row (bits, uint32) x[:n] narrowed to fp16 bits into an NPU
+    input's [C1, C2] atoms (`narrow_bits`: numpy's bits); channels past n zero."""
+    c1, c2 = dst.shape
+    for a in range(c1):
+        base = a * c2
+        for b in range(c2):
+            j = base + b
+            dst[a, b] = narrow_bits(x[j]) if j < n else np.uint16(0)
+
+
+@njit(**_JIT)
+def half_atoms_to_float(src, n, out):
     """One row of an fp16 NPU output, [C1, C2] atoms (bits, uint16), widened
-    to float32 bits (uint32) into out[:n] through `table`
-    (HALF_TO_FLOAT_BITS: numpy's own conversion of every fp16 value, so the
-    bits are numpy's), at a fraction of numpy's per-element cost."""
+    to float32 bits (uint32) into out[:n] with numpy's bits (`widen_bits`),
+    at a fraction of numpy's per-element cost."""
     c1, c2 = src.shape
     for a in range(c1):
         base = a * c2
         for b in range(min(c2, n - base)):
-            out[base + b] = table[src[a, b]]
+            out[base + b] = widen_bits(src[a, b])
 
 
 @njit(**_JIT)
@@ -286,6 +315,26 @@ def dequantize_atoms(src, n, row_scale, ch_scale, bias, has_bias, out):
         for b in range(min(c2, n - base)):
             j = base + b
             y = (np.float64(src[a, b]) * rs) * np.float64(ch_scale[j])
+            if has_bias:
+                y += np.float64(bias[j])
+            out[j] = np.float32(y)
+
+
+@njit(**_JIT)
+def dequantize_atoms_terms(src0, src1, n, rs0, rs1, ch_scale, bias, has_bias, out):
+    """dequantize_atoms of a row quantized as two int8 terms (its value and
+    its residual: weights.dequantize with terms=2): each term's sums times
+    its row scale times the channel scale, in float64, the second added to
+    the first, then the bias; rounded once."""
+    c1, c2 = src0.shape
+    r0, r1 = np.float64(rs0), np.float64(rs1)
+    for a in range(c1):
+        base = a * c2
+        for b in range(min(c2, n - base)):
+            j = base + b
+            ch = np.float64(ch_scale[j])
+            y = (np.float64(src0[a, b]) * r0) * ch
+            y += (np.float64(src1[a, b]) * r1) * ch
             if has_bias:
                 y += np.float64(bias[j])
             out[j] = np.float32(y)

@@ -27,9 +27,11 @@ BLOCK = 64  # query rows per block: large enough for sgemm to run near its peak,
 F32 = np.float32
 
 
-class _Workspace:
+class Workspace:
     """Score buffers reused across calls (a 512-row chunk's block scores are
-    ~0.5 MB: allocating them per block costs page faults)."""
+    ~0.5 MB: allocating them per block costs page faults). A plan's engine
+    keeps one (runtime/llm/prepared.py: made at load, one per engine, whose
+    steps run one at a time); without one a call makes its own."""
 
     def __init__(self) -> None:
         self.buf = np.empty(0, F32)
@@ -39,9 +41,6 @@ class _Workspace:
         if self.buf.size < n:
             self.buf = np.empty(n, F32)
         return self.buf[:n].reshape(rows, cols)
-
-
-_WORK = _Workspace()
 
 
 def visible_span(kpos: np.ndarray, first: int, last: int, window: int) -> tuple[int, int]:
@@ -55,10 +54,11 @@ def visible_span(kpos: np.ndarray, first: int, last: int, window: int) -> tuple[
 
 
 def attend_blocks(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, pos: np.ndarray,
-                  scale: np.float32, window: int, out: np.ndarray) -> None:
+                  scale: np.float32, window: int, out: np.ndarray, work: Workspace | None = None) -> None:
     """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at
     kpos (ascending) into out [T, H * hd_v] (C order), causal and windowed,
-    `BLOCK` query rows at a time."""
+    `BLOCK` query rows at a time (score buffers from `work`)."""
+    work = Workspace() if work is None else work
     T, H, hd = q.shape
     Hkv, hd_v = keys.shape[1], values.shape[-1]
     G = H // Hkv
@@ -81,7 +81,7 @@ def attend_blocks(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.
                 allowed &= (qcol[None, :] - kp[:, None]) < window
         for k in range(Hkv):
             qb = qg[t0:t1, k].reshape(n, hd)
-            s = _WORK.take(hi - lo, n)
+            s = work.take(hi - lo, n)
             np.matmul(keys[lo:hi, k], qb.T, out=s)  # [keys, columns], as the einsum's product
             s *= scale
             if allowed is not None:

@@ -24,7 +24,8 @@ from rkc.runtime.constants import constant_bytes
 from rkc.runtime.kernels.hadamard import unrotate
 from rkc.runtime.llm import jit
 from rkc.runtime.llm import prefill_kernels as many
-from rkc.runtime.llm.decode_attention import attend_row
+from rkc.runtime.llm import prefill_attention
+from rkc.runtime.llm.decode_attention import Workspace
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
 
@@ -131,31 +132,38 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
     return run
 
 
-def attention(step: Step, consts: list, state) -> Prepared:
+def attention(step: Step, consts: list, state, work: Workspace | None = None) -> Prepared:
     """As kernels.attention, reading the KV cache in place (no copy of the
-    cache per call); one query row (decode) through decode_attention.attend_row."""
-    attrs, layer = step.attrs, int(step.attrs["layer"])
+    cache per call); `work`: the one-row kernel's buffers, made once (its
+    output is then reused: valid until the next call)."""
+    attrs, layer, blocks = step.attrs, int(step.attrs["layer"]), _prefill_work(state)
 
     def run(inputs):
         q, k, v, pos = inputs
         n = state.valid
         q, k, v, pos = q[:n], k[:n], v[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.store_and_view(layer, k, v, pos)
-        return [(attend_row if n == 1 else attend)(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+        return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]), work, blocks)]
     return run
 
 
 def attention_shared(step: Step, consts: list, state) -> Prepared:
-    """As kernels.attention_shared; one query row through attend_row."""
-    attrs, source = step.attrs, int(step.attrs["source"])
+    """As kernels.attention_shared (over the earlier layer's entries in place)."""
+    attrs, source, blocks = step.attrs, int(step.attrs["source"]), _prefill_work(state)
 
     def run(inputs):
         q, pos = inputs
         n = state.valid
         q, pos = q[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.shared(source)
-        return [(attend_row if n == 1 else attend)(q, keys, values, kpos, pos, attrs, len(inputs[0]))]
+        return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]), None, blocks)]
     return run
+
+
+def _prefill_work(state) -> prefill_attention.Workspace:
+    """The engine's prefill score buffers (one per generation state: its
+    plans' steps run one at a time), made at load."""
+    return state.__dict__.setdefault("_prefill_work", prefill_attention.Workspace())
 
 
 def gather_packed(step: Step, consts: list, state) -> Prepared | None:

@@ -63,6 +63,23 @@ def test_many_row_plan_gives_the_interpreters_logits(arch, precision, synth_rkbi
     assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, MANY_ROWS)
 
 
+def test_two_term_edges_are_fused_and_give_the_interpreters_logits(synth_rkbin):
+    """--int8-residual all (every int8 input a row and its residual row):
+    the decode plan still fuses each layer's stretches (their edges read and
+    write the two rows) and computes the interpreter's logits bit for bit."""
+    path = synth_rkbin("gemma3", "int8", residual="all")
+    engine = LlmEngine(path, device="null")
+    labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
+    n = engine.cfg.n_layer
+    engine.close()
+    assert sum(lab.startswith("residual stretch") for lab in labels) >= 2 * n - 1
+    assert sum(lab.startswith("ffn stretch") for lab in labels) == n
+    assert sum(lab.startswith("attention stretch") for lab in labels) == n
+    for got, want in plan_and_interpreter_logits(path, STEPS):
+        assert np.isfinite(want).all()
+        np.testing.assert_array_equal(got, want)
+
+
 def test_plan_outputs_survive_the_next_run(synth_rkbin):
     """The logits a run returns are not overwritten by the run after it."""
     engine = LlmEngine(synth_rkbin("llama", "fp16"), device="sim")
@@ -200,7 +217,7 @@ def test_edges_read_from_atoms_are_the_kernels():
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     out = np.zeros(1 << 16, np.uint32)
-    jit.half_atoms_to_float(bits.reshape(-1, 32), 1 << 16, jit.HALF_TO_FLOAT_BITS, out)
+    jit.half_atoms_to_float(bits.reshape(-1, 32), 1 << 16, out)
     np.testing.assert_array_equal(out, bits.view(np.float16).astype(np.float32).view(np.uint32))
     rng = np.random.default_rng(11)
     for k, c2 in ((640, 32), (1000, 16), (7, 8)):
@@ -212,3 +229,28 @@ def test_edges_read_from_atoms_are_the_kernels():
             got = np.zeros(k, np.float32)
             jit.dequantize_atoms(atoms, k, rs[0], ch, inputs[-1], len(inputs) == 4, got)
             np.testing.assert_array_equal(got, kernels.dequantize_rows(inputs, {}, None)[0][0])
+
+
+def test_edges_written_to_atoms_are_numpys_cast():
+    """The fused stretches' fp16 out edges write a float32 row straight into
+    the next segment's atoms [C1, C2]: numpy's astype(float16) bits for every
+    fp16 value, its neighbours and the ties between them (round to nearest
+    even), overflow, infinities, signalling and quiet NaNs with their
+    payloads, random patterns; channels past K zero."""
+    from rkc.runtime.llm import jit
+
+    rng = np.random.default_rng(12)
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+    tie = np.uint32(1 << 12)  # half of an fp16 ulp, in float32 bits, for normal values
+    x = np.concatenate([halves, halves + 1, halves - 1, halves + tie, halves - tie, halves + tie + 1,
+                        np.arange(0x7F800000, 0x80000000, 4093, dtype=np.uint32),
+                        np.arange(0xFF800000, 0xFFFFFFFF, 4099, dtype=np.uint32),
+                        rng.integers(0, 2 ** 32, 1 << 20, dtype=np.uint64).astype(np.uint32)])
+    c2 = 16
+    n = x.size - 5  # a partial last atom: its channels past n are zero
+    dst = np.full((-(-x.size // c2), c2), 0xFFFF, np.uint16)
+    jit.float_to_half_atoms(x, n, dst)
+    with np.errstate(all="ignore"):
+        want = x[:n].view(np.float32).astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(dst.reshape(-1)[:n], want)
+    assert not dst.reshape(-1)[n:].any()
