@@ -3,13 +3,17 @@ compiled (numba) loops with numpy's bits: numpy's own fp16 casts cost ~1.7 ns
 an element (no vector conversion in its cast loops), and a prefill chunk
 converts millions at each segment edge.
 
-* widening: through `HALF_TO_FLOAT_BITS`, numpy's own conversion of every
-  one of the 65536 fp16 values (exact by construction);
-* narrowing: round to nearest even with numpy's edge cases (overflow to a
-  signed infinity, subnormals, and a NaN keeps its sign and top payload bits,
-  at least one of them set, as numpy's cast keeps a signalling NaN
-  signalling). tests/test_half.py checks every fp32 pattern class and
-  `narrowed_like_numpy` the whole 2^32 range.
+* widening (`widen_bits`): LLVM's exact fpext (one vcvtph2ps lane with F16C,
+  an fcvt on arm64), a NaN keeping its payload and signalling bit as numpy's
+  does;
+* narrowing (`narrow_bits`): LLVM's fptrunc (to nearest, ties to even,
+  overflow to a signed infinity, subnormals), a NaN keeping its sign and top
+  payload bits, at least one of them set, as numpy's cast keeps a signalling
+  NaN signalling. tests/runtime/test_half_edges.py checks every fp32 pattern
+  class and a sample, tests/llm/test_plan.py every fp16 pattern and its
+  neighbours, and `narrowed_like_numpy` the whole 2^32 range by hand.
+These two are the one fp16 conversion of the compiled host code (the fused
+edges of runtime/llm, the plan's fp16 BO readers and writers).
 
 The atoms are a GEMM operand's [C1, rows, C2] (ir/npu/layout.py); the host
 side is a [K, M] buffer (rows innermost: the column-major [M, K] the plan's
@@ -19,44 +23,60 @@ readers hand on) or any [M, K] array.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 _JIT = {"cache": True, "nogil": True}
 
-# every fp16 bit pattern's float32 bits, as numpy's astype widens it (exact)
-HALF_TO_FLOAT_BITS = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16) \
-    .astype(np.float32).view(np.uint32)
+
+@intrinsic
+def widen_bits(typingctx, x):
+    """fp16 bits (uint16) -> float32 bits (uint32) as numpy's astype widens
+    them: LLVM's exact fpext, except a NaN keeps its payload and its
+    signalling bit (fpext would quiet it): sign, all-ones exponent, the
+    fraction shifted up, as numpy's halfbits_to_floatbits builds it."""
+    if x != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        wide = builder.bitcast(builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType()), i32)
+        h = builder.zext(args[0], i32)
+        is_nan = builder.icmp_unsigned(">", builder.and_(h, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 0x7C00))
+        sign = builder.shl(builder.and_(h, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
+        frac = builder.shl(builder.and_(h, ir.Constant(i32, 0x3FF)), ir.Constant(i32, 13))
+        nan = builder.or_(builder.or_(sign, ir.Constant(i32, 0x7F800000)), frac)
+        return builder.select(is_nan, nan, wide)
+    return types.uint32(types.uint16), codegen
 
 
-@njit(inline="always", **_JIT)
-def half_bits(f):
-    """The fp16 bits of the float32 whose bits are `f` (uint32), as numpy rounds it."""
-    sign = np.uint16((f >> np.uint32(16)) & np.uint32(0x8000))
-    a = f & np.uint32(0x7FFFFFFF)
-    if a >= np.uint32(0x7F800000):  # inf or NaN
-        if a == np.uint32(0x7F800000):
-            return sign | np.uint16(0x7C00)
-        h = np.uint16(0x7C00) | np.uint16((a & np.uint32(0x7FFFFF)) >> np.uint32(13))
-        return sign | (h if h != np.uint16(0x7C00) else np.uint16(0x7C01))  # still a NaN
-    if a >= np.uint32(0x38800000):  # a normal fp16 or an overflow: the mantissa rounded to 10 bits
-        r = a - np.uint32(0x38000000)  # the exponent rebiased (127 -> 15)
-        r = (r + np.uint32(0x0FFF) + ((r >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
-        return sign | (np.uint16(r) if r < np.uint32(0x7C00) else np.uint16(0x7C00))
-    if a < np.uint32(0x33000000):  # below 2^-25 (half the least subnormal, a tie to even): zero
-        return sign
-    # a subnormal: |x| / 2^-24 = sig * 2^-shift, rounded to the nearest even integer
-    sig = (a & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
-    shift = np.uint32(126) - (a >> np.uint32(23))  # 14..24
-    q = sig >> shift
-    rest = sig & ((np.uint32(1) << shift) - np.uint32(1))
-    tie = np.uint32(1) << (shift - np.uint32(1))
-    if rest > tie or (rest == tie and (q & np.uint32(1))):
-        q += np.uint32(1)
-    return sign | np.uint16(q)
+@intrinsic
+def narrow_bits(typingctx, x):
+    """float32 bits (uint32) -> fp16 bits (uint16) as numpy's astype rounds
+    them: LLVM's fptrunc (to nearest, ties to even; overflow to inf), except
+    a NaN keeps its signalling bit and the top of its payload (fptrunc would
+    quiet it), never becoming inf, as numpy's floatbits_to_halfbits does."""
+    if x != types.uint32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32, i16 = ir.IntType(32), ir.IntType(16)
+        f = builder.bitcast(args[0], ir.FloatType())
+        half = builder.bitcast(builder.fptrunc(f, ir.HalfType()), i16)
+        frac = builder.and_(args[0], ir.Constant(i32, 0x7FFFFF))
+        is_nan = builder.icmp_unsigned(">", builder.and_(args[0], ir.Constant(i32, 0x7FFFFFFF)),
+                                       ir.Constant(i32, 0x7F800000))
+        top = builder.lshr(frac, ir.Constant(i32, 13))
+        top = builder.select(builder.icmp_unsigned("==", top, ir.Constant(i32, 0)), ir.Constant(i32, 1), top)
+        sign = builder.lshr(builder.and_(args[0], ir.Constant(i32, 0x80000000)), ir.Constant(i32, 16))
+        nan = builder.trunc(builder.or_(builder.or_(sign, ir.Constant(i32, 0x7C00)), top), i16)
+        return builder.select(is_nan, nan, half)
+    return types.uint16(types.uint32), codegen
 
 
 @njit(**_JIT)
-def widen_atoms(atoms, m, k, table, out):
+def widen_atoms(atoms, m, k, out):
     """out[j, r] = the float32 bits of atoms[j // C2, r, j % C2] for j < k, r < m:
     fp16 atoms [C1, rows, C2] (bits) into a [>= k, m] buffer of float32 bits."""
     c1, _, c2 = atoms.shape
@@ -66,7 +86,7 @@ def widen_atoms(atoms, m, k, table, out):
         for b in range(n):
             row = out[base + b]
             for r in range(m):
-                row[r] = table[atoms[a, r, b]]
+                row[r] = widen_bits(atoms[a, r, b])
 
 
 @njit(**_JIT)
@@ -82,7 +102,7 @@ def narrow_into_atoms(x, atoms):
                 j = a * c2 + b
                 if j < k:
                     for r in range(m):
-                        atoms[a, r, b] = half_bits(x[r, j])
+                        atoms[a, r, b] = narrow_bits(x[r, j])
                 else:
                     for r in range(m):
                         atoms[a, r, b] = zero
@@ -94,7 +114,7 @@ def narrow_into_atoms(x, atoms):
         for r in range(m):
             for b in range(c2):
                 j = a * c2 + b
-                atoms[a, r, b] = half_bits(x[r, j]) if j < k else zero
+                atoms[a, r, b] = narrow_bits(x[r, j]) if j < k else zero
         for r in range(m, rows):
             for b in range(c2):
                 atoms[a, r, b] = zero
@@ -102,13 +122,13 @@ def narrow_into_atoms(x, atoms):
 
 @njit(**_JIT)
 def narrow_all(f, out):
-    """out[i] = half_bits(f[i]) over flat arrays (the exhaustive check's)."""
+    """out[i] = narrow_bits(f[i]) over flat arrays (the exhaustive check's)."""
     for i in range(f.size):
-        out[i] = half_bits(f[i])
+        out[i] = narrow_bits(f[i])
 
 
 def narrowed_like_numpy(chunk_bits: int = 26) -> int:
-    """Every one of the 2^32 float32 patterns narrowed by half_bits and by
+    """Every one of the 2^32 float32 patterns narrowed by narrow_bits and by
     numpy's cast; returns how many differ (a check run by hand, ~1 minute:
     tests/test_half.py covers the edges and a sample)."""
     bad, step = 0, 1 << chunk_bits

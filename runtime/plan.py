@@ -460,14 +460,14 @@ class ProgramPlan:
 
 def _widen_copy(bt: BoTensor) -> Callable[[np.ndarray, np.ndarray], None]:
     """The copy of an fp16 GEMM operand's atoms into a float32 [K, M] buffer
-    (a reader's), widened through numpy's own table (runtime/half.py)."""
+    (a reader's), widened with numpy's bits (runtime/half.py)."""
     from rkc.runtime import half  # numba: imported by programs with fp16 edges only
 
     atoms = bt.rows_view.transpose(1, 0, 2).view(np.uint16)  # [C1, rows, C2]
-    m, k, table = bt.m, bt.k, half.HALF_TO_FLOAT_BITS
+    m, k = bt.m, bt.k
 
     def copy(buf, dst):
-        half.widen_atoms(atoms, m, k, table, buf.view(np.uint32))
+        half.widen_atoms(atoms, m, k, buf.view(np.uint32))
     return copy
 
 

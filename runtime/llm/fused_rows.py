@@ -24,7 +24,6 @@ import numpy as np
 
 from rkc.ir.program import Step
 from rkc.ir.types import DType
-from rkc.runtime import half
 from rkc.runtime.llm import prefill_fused as kernels
 from rkc.runtime.llm.fused import _const, _host, _is_const, raise_shape, residual_body
 from rkc.runtime.llm.kernels import rotation_of
@@ -186,14 +185,13 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
     bufs = [np.empty((m, k), F32) if kept else _NONE_F32 for kept in keep]
     stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
     o_res, slots, prog = plan._slot(residual), plan.slots, pairwise_program(k)
-    table = half.HALF_TO_FLOAT_BITS
     run, label = kernels.residual_tiles, f"residual stretch of rows ({first.op}, {last.op})"
 
     def call():
         res = slots[o_res]
         if res.shape != (m, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
-        run(edge_in.kind, edge_in.src, table, edge_in.row_scale(slots, label), edge_in.ch, edge_in.bias,
+        run(edge_in.kind, edge_in.src, edge_in.row_scale(slots, label), edge_in.ch, edge_in.bias,
             edge_in.has_bias, first_norm, w1, e1, res, w2, e2, prog, *keep, *bufs,
             edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.scale,
             edge_out.rotated)

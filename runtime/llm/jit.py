@@ -25,6 +25,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from rkc.runtime.half import narrow_bits, widen_bits
+
 _JIT = {"cache": True, "nogil": True}
 _BLOCK = 128  # numpy's PW_BLOCKSIZE: the pairwise sum's leaf
 
@@ -233,51 +235,6 @@ def norm_add_norm(x, w1, eps1, first_norm, res, w2, eps2, n1, total, n2):
         for i in range(k):
             total[m, i] = n1[m, i] + res[m, i]
     rms_norm(total, w2, eps2, n2)
-
-
-@intrinsic
-def widen_bits(typingctx, x):
-    """fp16 bits (uint16) -> float32 bits (uint32) as numpy's astype widens
-    them: LLVM's exact fpext, except a NaN keeps its payload and its
-    signalling bit (fpext would quiet it): sign, all-ones exponent, the
-    fraction shifted up, as numpy's halfbits_to_floatbits builds it."""
-    if x != types.uint16:
-        return None
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        wide = builder.bitcast(builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType()), i32)
-        h = builder.zext(args[0], i32)
-        is_nan = builder.icmp_unsigned(">", builder.and_(h, ir.Constant(i32, 0x7FFF)), ir.Constant(i32, 0x7C00))
-        sign = builder.shl(builder.and_(h, ir.Constant(i32, 0x8000)), ir.Constant(i32, 16))
-        frac = builder.shl(builder.and_(h, ir.Constant(i32, 0x3FF)), ir.Constant(i32, 13))
-        nan = builder.or_(builder.or_(sign, ir.Constant(i32, 0x7F800000)), frac)
-        return builder.select(is_nan, nan, wide)
-    return types.uint32(types.uint16), codegen
-
-
-@intrinsic
-def narrow_bits(typingctx, x):
-    """float32 bits (uint32) -> fp16 bits (uint16) as numpy's astype rounds
-    them: LLVM's fptrunc (to nearest, ties to even; overflow to inf), except
-    a NaN keeps its signalling bit and the top of its payload (fptrunc would
-    quiet it), never becoming inf, as numpy's floatbits_to_halfbits does."""
-    if x != types.uint32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        i32, i16 = ir.IntType(32), ir.IntType(16)
-        f = builder.bitcast(args[0], ir.FloatType())
-        half = builder.bitcast(builder.fptrunc(f, ir.HalfType()), i16)
-        frac = builder.and_(args[0], ir.Constant(i32, 0x7FFFFF))
-        is_nan = builder.icmp_unsigned(">", builder.and_(args[0], ir.Constant(i32, 0x7FFFFFFF)),
-                                       ir.Constant(i32, 0x7F800000))
-        top = builder.lshr(frac, ir.Constant(i32, 13))
-        top = builder.select(builder.icmp_unsigned("==", top, ir.Constant(i32, 0)), ir.Constant(i32, 1), top)
-        sign = builder.lshr(builder.and_(args[0], ir.Constant(i32, 0x80000000)), ir.Constant(i32, 16))
-        nan = builder.trunc(builder.or_(builder.or_(sign, ir.Constant(i32, 0x7C00)), top), i16)
-        return builder.select(is_nan, nan, half)
-    return types.uint16(types.uint32), codegen
 
 
 @njit(**_JIT)

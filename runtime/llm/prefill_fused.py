@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.half import half_bits
+from rkc.runtime.half import narrow_bits, widen_bits
 from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _sum_squares, scaled_amax
 
 _JIT = {"cache": True, "nogil": True}
@@ -29,14 +29,15 @@ OUT_HALF, OUT_QUANT, OUT_ROTATED = 0, 1, 2  # fp16 atoms; int8 atoms (+ scale); 
 
 
 @njit(**_JIT)
-def _load_half(atoms, table, m0, r, k, bits):
+def _load_half(atoms, m0, r, k, bits):
     """bits[j, lane] = float32 bits of fp16 atoms[j // C2, m0 + lane, j % C2]."""
     c1, _, c2 = atoms.shape
     for a in range(c1):
         base = a * c2
         for lane in range(r):
             for b in range(min(c2, k - base)):
-                bits[base + b, lane] = table[atoms[a, m0 + lane, b]]
+                # the cast types the call for int32 atoms too (that branch never reads them)
+                bits[base + b, lane] = widen_bits(np.uint16(atoms[a, m0 + lane, b]))
 
 
 @njit(**_JIT)
@@ -86,12 +87,12 @@ def _store(buf, m0, r, k, out):
 
 
 @njit(**_JIT)
-def residual_tiles(in_kind, src, table, row_scale, ch, bias, has_bias,
+def residual_tiles(in_kind, src, row_scale, ch, bias, has_bias,
                    first_norm, w1, e1, res, w2, e2, prog,
                    keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
                    out_kind, dst, signs, block, hnorm, scale, rotated):
     """The residual stretch over rows [M, K] (M = res's rows) of an NPU
-    output `src` [C1, R, C2] (fp16 bits through `table`, or int32
+    output `src` [C1, R, C2] (fp16 bits, widened, or int32
     dequantized): x; n1 = RMSNorm(x, w1) (`first_norm`, else n1 is x);
     total = n1 + res; n2 = RMSNorm(total, w2); each kept one stored [M, K].
     Then n2 into the next segment's atoms `dst` [C1', R', C2'] (fp16 bits),
@@ -112,7 +113,7 @@ def residual_tiles(in_kind, src, table, row_scale, ch, bias, has_bias,
             for lane in range(r, LANES):
                 buf[i, lane] = np.float32(0.0)
         if in_kind == IN_HALF:
-            _load_half(src, table, m0, r, k, bits)
+            _load_half(src, m0, r, k, bits)
         else:
             _load_dequant(src, row_scale, ch, bias, has_bias, m0, r, k, buf)
         if keep_x:
@@ -146,7 +147,7 @@ def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, ro
             for lane in range(r):
                 for b in range(c2):
                     j = a * c2 + b
-                    dst[a, m0 + lane, b] = half_bits(bits[j, lane]) if j < k else 0
+                    dst[a, m0 + lane, b] = narrow_bits(bits[j, lane]) if j < k else 0
         return
     for i in range(k):  # the rotation: signs, butterflies, the orthonormal factor
         for lane in range(r):

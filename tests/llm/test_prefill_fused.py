@@ -13,7 +13,6 @@ import pytest
 
 from rkc.ir.npu import geometry
 from rkc.ir.program import Step, TensorInfo
-from rkc.runtime import half
 from rkc.runtime.execute import to_layout
 from rkc.runtime.kernels.hadamard import make_rotation
 from rkc.runtime.llm import prefill_fused as pf
@@ -83,7 +82,7 @@ def test_residual_tiles_are_the_per_step_kernels(rows, k, kind, edges, first_nor
         out_kind, dst = pf.OUT_HALF, atoms_out.view(np.uint16)
     else:
         out_kind, dst = (pf.OUT_QUANT if rot.factor is None else pf.OUT_ROTATED), atoms_out
-    pf.residual_tiles(in_kind, src, half.HALF_TO_FLOAT_BITS, rs, ch, bias, True, first_norm, w1, eps, res, w2, eps,
+    pf.residual_tiles(in_kind, src, rs, ch, bias, True, first_norm, w1, eps, res, w2, eps,
                       pairwise_program(k), True, first_norm, True, True, *bufs, out_kind, dst,
                       rot.signs.astype(F32), rot.block, F32(1.0 / np.sqrt(rot.block)), scale, rotated)
     if out_kind == pf.OUT_ROTATED:  # the factor's product as fused_rows runs it, then the codes
