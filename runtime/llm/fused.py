@@ -33,7 +33,6 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import jit, prepared
-from rkc.runtime.llm.decode_attention import Workspace
 
 F32 = np.float32
 
@@ -371,11 +370,7 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
                     or not _is_positions(plan, step.inputs[3]):
                 return None
             ins = [plan._slot(n) for n in step.inputs]
-            q_shape, v_shape = made[step.inputs[0]], made[step.inputs[2]]
-            if len(q_shape) != 3 or len(v_shape) != 3 or len(shape) != 2:
-                return None
-            work = Workspace(q_shape[1], v_shape[1], v_shape[2], shape[0])  # the one-row kernel's buffers
-            runs.append(_kernel_run(slots, ins, o, prepared.attention(step, [None] * 4, state, work), shape))
+            runs.append(_kernel_run(slots, ins, o, bind(step, [None] * 4), shape))
             attention_seen = True
         else:
             return None

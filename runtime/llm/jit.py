@@ -21,30 +21,12 @@ time an LLM runs) and later processes load the compiled code.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
 
 _JIT = {"cache": True, "nogil": True}
 _BLOCK = 128  # numpy's PW_BLOCKSIZE: the pairwise sum's leaf
-
-
-@intrinsic
-def widen(typingctx, x):
-    """A float32 from fp16 bits (uint16: numba has no float16 type; LLVM's
-    exact fpext, one vcvtph2ps lane on x86 with F16C, an fcvt on arm64), or
-    a float32 as it is: one kernel source reads an fp16 or a float32 array."""
-    if x == types.uint16:
-        def from_half(context, builder, signature, args):
-            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-        return types.float32(types.uint16), from_half
-    if x == types.float32:
-        def as_is(context, builder, signature, args):
-            return args[0]
-        return types.float32(types.float32), as_is
-    return None
 
 
 @njit(**_JIT)
@@ -219,6 +201,46 @@ def rope(x, cos, sin, dims, neox, out):
                 out[t, hh, a_i] = a * c - b * s
                 out[t, hh, b_i] = a * s + b * c
 
+
+
+@njit(**_JIT)
+def scores_shift(s, scale, kpos, p0, window):
+    """Decode attention's scores [Hkv, P, G] in place, as kernels.attend
+    takes them before the exp: times `scale` (float32), -inf for a key the
+    query at p0 cannot see (after it, or `window` or more behind), then minus
+    each (head, group) column's maximum (a NaN stays the maximum, as in numpy's max)."""
+    hkv, p_, g_ = s.shape
+    neg = -np.inf
+    m = np.empty(g_, np.float32)
+    for k in range(hkv):
+        for p in range(p_):
+            seen = kpos[p] <= p0 and (window == 0 or p0 - kpos[p] < window)
+            for g in range(g_):
+                v = s[k, p, g] * scale if seen else neg
+                s[k, p, g] = v
+                if p == 0 or v > m[g] or v != v:
+                    m[g] = v
+        for p in range(p_):
+            for g in range(g_):
+                s[k, p, g] = s[k, p, g] - m[g]
+
+
+@njit(**_JIT)
+def normalize_columns(e, out):
+    """out[k, :, g] = e[k, :, g] / its sum, the sum taken in sequence over P
+    (float32), as numpy reduces an axis that is not the innermost in memory
+    (the einsum's scores [Hkv, P, G] with G > 1)."""
+    hkv, p_, g_ = e.shape
+    t = np.empty(g_, np.float32)
+    for k in range(hkv):
+        for g in range(g_):
+            t[g] = e[k, 0, g]
+        for p in range(1, p_):
+            for g in range(g_):
+                t[g] += e[k, p, g]
+        for p in range(p_):
+            for g in range(g_):
+                out[k, p, g] = e[k, p, g] / t[g]
 
 
 @njit(**_JIT)

@@ -3,11 +3,11 @@ conversions of compiler/llm/program_builder.py, by op name.
 
 These are the reference: the step interpreter (LlmEngine.run_interpreted)
 and the tests run them. The load-time plans run compiled forms of some
-(runtime/llm/prepared.py over runtime/llm/jit.py: RMSNorm, QuantizeRows
-with its rotation, DequantizeRows, RoPE), which must give these kernels'
-bits (tests/llm/test_plan.py); a plan falls back to a kernel here only for
-shapes the compiled code cannot bound. One-row attention is compiled here
-too (runtime/llm/decode_attention.py, run by `attend`), so every path shares it.
+(runtime/llm/prepared.py over runtime/llm/jit.py and decode_attention.py:
+RMSNorm, QuantizeRows with its rotation, DequantizeRows, RoPE, one-row
+attention), which must give these kernels' bits (tests/llm/test_plan.py,
+test_attention.py); a plan falls back to a kernel here only for shapes the
+compiled code cannot bound.
 
 A kernel takes (inputs, attrs, state) and returns the outputs. `state` is the
 generation state: the KV cache (Attention) and the loaded model (GatherPacked
@@ -26,7 +26,6 @@ import numpy as np
 from rkc.ir.errors import FormatError
 from rkc.ir.npu import layout
 from rkc.runtime.constants import constant_bytes
-from rkc.runtime.llm import decode_attention
 from rkc.runtime.llm.kvcache import KVCache
 from rkc.runtime.llm.prefill_attention import BLOCK, attend_blocks
 
@@ -214,27 +213,24 @@ def _contract(eq: str, swapped: str, a: np.ndarray, b: np.ndarray) -> np.ndarray
     return _bmm_einsum(swapped, b, a)
 
 
-def attend(q, keys, values, kpos, pos, attrs, rows: int, work=None, blocks=None) -> np.ndarray:
-    """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at kpos
-    (the KV cache's fp16 entries, or float32), causal (and windowed), into
-    [rows, H * hd_v] (rows past T stay zero).
+def attend(q, keys, values, kpos, pos, attrs, rows: int, blocks=None) -> np.ndarray:
+    """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at kpos,
+    causal (and windowed), into [rows, H * hd_v] (rows past T stay zero).
 
-    One query row (decode) is runtime/llm/decode_attention.py's kernel, on
-    the cache's storage as it is (`work`: its buffers, made once by a plan;
-    `blocks`: a prefill_attention.Workspace, likewise).
-    More rows take the entries widened to float32 in C order, then numpy's
-    einsums (`optimize`: numpy picks the loops; any other formulation rounds
-    differently, and int8 roundings downstream follow). The mask is skipped
-    when every key is visible (the same values). A prefill chunk of more
-    than prefill_attention.BLOCK rows runs by blocks of query rows over the
-    keys each sees (runtime/llm/prefill_attention.py: the same arithmetic
-    over shorter spans, so the same bits unless sgemm groups a sum
-    differently; bounded in tests/llm/test_attention.py)."""
-    if decode_attention.fits(q, keys, values, kpos, pos):
-        return decode_attention.attend_row(q, keys, values, kpos, pos, attrs, rows, work)
+    The contractions are numpy's einsums (`optimize`: numpy picks the loops;
+    any other formulation rounds differently, and int8 roundings downstream
+    follow). For one query row the scores are a float32 matmul with the keys
+    as the long operand instead: the einsum computes each score as a BLAS
+    dot product, which sgemm sums in the same order (the same bits:
+    tests/llm/test_attention.py) at a fraction of the einsum's cost. The mask
+    is skipped when every key is visible (the same values). A prefill chunk
+    of more than prefill_attention.BLOCK rows runs by blocks of query rows
+    over the keys each sees (runtime/llm/prefill_attention.py: the same
+    arithmetic over shorter spans, so the same bits unless sgemm groups a
+    sum differently; bounded in tests/llm/test_attention.py); `blocks`: its
+    prefill_attention.Workspace, made once by a plan."""
     T, H, hd = q.shape
     Hkv = keys.shape[1]
-    keys, values = keys.astype(np.float32, order="C", copy=False), values.astype(np.float32, order="C", copy=False)
     if T > BLOCK and np.all(kpos[1:] > kpos[:-1]):  # a prefill chunk: by blocks of query rows
         full = np.zeros((rows, H * values.shape[-1]), np.float32)
         attend_blocks(q.astype(np.float32, order="C"), keys, values, kpos, pos, np.float32(attrs["scale"]),
@@ -243,7 +239,11 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int, work=None, blocks=None)
     G = H // Hkv
     qg = q.astype(np.float32, order="C").reshape(T, Hkv, G, hd)  # C order: as the KV context
     scale = np.float32(attrs["scale"])
-    scores = _contract("tkgd,pkd->kgtp", "pkd,tkgd->kgtp", qg, keys) * scale
+    if T == 1:
+        dots = np.matmul(keys.transpose(1, 0, 2), qg.reshape(Hkv, G, hd).transpose(0, 2, 1))  # [Hkv, P, G]
+        scores = dots.transpose(0, 2, 1)[:, :, None, :] * scale  # [Hkv, G, 1, P], laid out as the einsum's
+    else:
+        scores = _contract("tkgd,pkd->kgtp", "pkd,tkgd->kgtp", qg, keys) * scale
     window = int(attrs["window"])
     lo, hi, first = kpos.min(), kpos.max(), pos.min()
     if not (hi <= first and (not window or pos.max() - lo < window)):

@@ -1,18 +1,13 @@
 """The KV cache: per layer, keys and values of every position seen so far,
-stored as fp16 (as llama.cpp keeps them by default: its context's type_k and
-type_v are F16). Sliding-window layers keep only the last `window`
-positions; others grow up to the context length, doubling their storage as
-needed.
+rounded to fp16 (as llama.cpp keeps them by default). Sliding-window layers
+keep only the last `window` positions; others grow up to the context length,
+doubling their storage as needed.
 
-Each layer has one buffer of keys, stored transposed ([kv heads, head dim,
-positions]: a decode step's scores take the positions as their vector lanes,
-runtime/llm/decode_attention.py), and one of values ([positions, kv heads,
-head dim]); attention reads them in place (`store_and_view`), fp16 widened as
-it is read: no per-token copy or conversion of the whole cache, and half the
-bytes of a float32 cache. What the cache hands out are views [P, kv heads,
-head dim] of fp16. A window layer's buffer slides: entries no query can see
-any more are dropped by moving the live ones to the front when the buffer is
-full."""
+The rounded values are held as fp32, in one buffer per layer, so that
+attention reads the cache in place (`store_and_view`): no per-token copy or
+conversion of the whole cache. A window layer's buffer slides: entries no
+query can see any more are dropped by moving the live ones to the front when
+the buffer is full."""
 
 from __future__ import annotations
 
@@ -33,8 +28,8 @@ class KVCache:
 
     def reset(self) -> None:
         n = len(self.windows)
-        self._k: list[np.ndarray | None] = [None] * n  # [kv heads, head dim, capacity] fp16
-        self._v: list[np.ndarray | None] = [None] * n  # [capacity, kv heads, head dim] fp16
+        self._k: list[np.ndarray | None] = [None] * n  # [capacity, kv heads, head dim] fp32 (fp16 values)
+        self._v: list[np.ndarray | None] = [None] * n
         self._pos: list[np.ndarray] = [np.zeros(0, np.int64)] * n
         self._start = [0] * n  # live entries: [start, end)
         self._end = [0] * n
@@ -74,7 +69,7 @@ class KVCache:
 
     @property
     def k(self) -> list[np.ndarray | None]:
-        return [None if k is None else k.transpose(2, 0, 1)[s:e] for k, s, e in zip(self._k, self._start, self._end)]
+        return [None if k is None else k[s:e] for k, s, e in zip(self._k, self._start, self._end)]
 
     @property
     def v(self) -> list[np.ndarray | None]:
@@ -90,40 +85,42 @@ class KVCache:
 
     # -- attention's view -----------------------------------------------------------------
     def context(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray):
-        """Keys, values (fp16) and positions a chunk attends to: the cached ones
-        followed by the chunk's own, as `store_and_view` lays them out (views
-        of new buffers; the cache is unchanged)."""
+        """Keys, values (fp32) and positions a chunk attends to: the cached ones
+        followed by the chunk's own (new arrays; the cache is unchanged)."""
         self._check(pos)
         s, e = self._start[layer], self._end[layer]
-        live, t = e - s, len(pos)
-        kt = np.empty((k.shape[1], k.shape[2], live + t), np.float16)
-        vs = np.empty((live + t, *v.shape[1:]), np.float16)
-        ps = np.empty(live + t, np.int64)
-        if live:
-            kt[:, :, :live], vs[:live], ps[:live] = self._k[layer][:, :, s:e], self._v[layer][s:e], self._pos[layer][s:e]
-        kt[:, :, live:], vs[live:], ps[live:] = k.transpose(1, 2, 0), v, pos
-        return kt.transpose(2, 0, 1), vs, ps
+        # C order whatever k and v's layout (an NPU output is column-major): numpy's
+        # contractions round according to the operands' strides, and the CPU
+        # emulation's arrays are row-major
+        k16, v16 = k.astype(np.float16).astype(np.float32, order="C"), v.astype(np.float16).astype(np.float32, order="C")
+        if e == s:
+            return k16, v16, pos.astype(np.int64)
+        return (np.concatenate([self._k[layer][s:e], k16]), np.concatenate([self._v[layer][s:e], v16]),
+                np.concatenate([self._pos[layer][s:e], pos.astype(np.int64)]))
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray) -> None:
         self.store_and_view(layer, k, v, pos)
 
     def store_and_view(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray):
-        """Append the chunk (k, v [t, kv heads, head dim], rounded to fp16 as
-        numpy's astype rounds), then return what `context` returns (the
-        entries cached before it, then its own) as views of the cache, valid
-        until the next store into this layer."""
+        """Append the chunk, then return what `context` returns (the entries
+        cached before it, then its own) as views of the cache, valid until the
+        next store into this layer. Into an empty layer: the chunk's own
+        values in C order (as `context` gives them; numpy's contractions
+        round according to the operands' strides)."""
         self._check(pos)
         t = len(pos)
         self._reserve(layer, k, v, t)
         s, e = self._start[layer], self._end[layer]
-        self._k[layer][:, :, e:e + t] = k.transpose(1, 2, 0)
-        self._v[layer][e:e + t] = v
+        self._k[layer][e:e + t] = k.astype(np.float16)
+        self._v[layer][e:e + t] = v.astype(np.float16)
         self._pos[layer][e:e + t] = pos
         self._end[layer] = e + t
         window = self.windows[layer]
         if window and e + t - s > window:  # what no later query can see
             self._start[layer] = e + t - window
-        view = self._k[layer].transpose(2, 0, 1)[s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
+        # into an empty layer, the chunk alone: the buffer's rows are the chunk's values
+        # rounded to fp16, C-contiguous, as `context` gives them (no second conversion)
+        view = self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
         self._views[layer] = view
         return view
 
@@ -148,15 +145,14 @@ class KVCache:
         """Room for t more entries after the live ones."""
         store = self._k[layer]
         s, e = self._start[layer], self._end[layer]
-        if store is not None and e + t <= store.shape[2]:
+        if store is not None and e + t <= len(store):
             return
         live = e - s
         window = self.windows[layer]
         need = live + t
-        cap = 0 if store is None else store.shape[2]
+        cap = 0 if store is None else len(store)
         if store is not None and need <= cap:  # slide the live entries to the front
-            store[:, :, :live] = store[:, :, s:e].copy()
-            for buf in (self._v[layer], self._pos[layer]):
+            for buf in (store, self._v[layer], self._pos[layer]):
                 buf[:live] = buf[s:e].copy()
             self._start[layer], self._end[layer] = 0, live
             return
@@ -166,10 +162,10 @@ class KVCache:
                 cap = max(min(cap, 2 * window + t), need)
             if not window:
                 cap = min(cap, max(self.n_ctx, need))
-        ks = np.zeros((k.shape[1], k.shape[2], cap), np.float16)
-        vs = np.zeros((cap, *v.shape[1:]), np.float16)
+        ks = np.zeros((cap, *k.shape[1:]), np.float32)
+        vs = np.zeros((cap, *v.shape[1:]), np.float32)
         ps = np.zeros(cap, np.int64)
         if store is not None and live:
-            ks[:, :, :live], vs[:live], ps[:live] = store[:, :, s:e], self._v[layer][s:e], self._pos[layer][s:e]
+            ks[:live], vs[:live], ps[:live] = store[s:e], self._v[layer][s:e], self._pos[layer][s:e]
         self._k[layer], self._v[layer], self._pos[layer] = ks, vs, ps
         self._start[layer], self._end[layer] = 0, live

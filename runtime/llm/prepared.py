@@ -25,7 +25,7 @@ from rkc.runtime.kernels.hadamard import unrotate
 from rkc.runtime.llm import jit
 from rkc.runtime.llm import prefill_kernels as many
 from rkc.runtime.llm import prefill_attention
-from rkc.runtime.llm.decode_attention import Workspace
+from rkc.runtime.llm.decode_attention import attend_row
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
 
@@ -132,10 +132,9 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
     return run
 
 
-def attention(step: Step, consts: list, state, work: Workspace | None = None) -> Prepared:
+def attention(step: Step, consts: list, state) -> Prepared:
     """As kernels.attention, reading the KV cache in place (no copy of the
-    cache per call); `work`: the one-row kernel's buffers, made once (its
-    output is then reused: valid until the next call)."""
+    cache per call); one query row (decode) through decode_attention.attend_row."""
     attrs, layer, blocks = step.attrs, int(step.attrs["layer"]), _prefill_work(state)
 
     def run(inputs):
@@ -143,12 +142,13 @@ def attention(step: Step, consts: list, state, work: Workspace | None = None) ->
         n = state.valid
         q, k, v, pos = q[:n], k[:n], v[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.store_and_view(layer, k, v, pos)
-        return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]), work, blocks)]
+        return [attend_row(q, keys, values, kpos, pos, attrs, len(inputs[0])) if n == 1
+                else attend(q, keys, values, kpos, pos, attrs, len(inputs[0]), blocks)]
     return run
 
 
 def attention_shared(step: Step, consts: list, state) -> Prepared:
-    """As kernels.attention_shared (over the earlier layer's entries in place)."""
+    """As kernels.attention_shared; one query row through attend_row."""
     attrs, source, blocks = step.attrs, int(step.attrs["source"]), _prefill_work(state)
 
     def run(inputs):
@@ -156,7 +156,8 @@ def attention_shared(step: Step, consts: list, state) -> Prepared:
         n = state.valid
         q, pos = q[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.shared(source)
-        return [attend(q, keys, values, kpos, pos, attrs, len(inputs[0]), None, blocks)]
+        return [attend_row(q, keys, values, kpos, pos, attrs, len(inputs[0])) if n == 1
+                else attend(q, keys, values, kpos, pos, attrs, len(inputs[0]), blocks)]
     return run
 
 
