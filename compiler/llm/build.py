@@ -439,6 +439,9 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     t0, cpu0 = time.perf_counter(), time.process_time()
     if options.precision not in PRECISIONS:
         raise UnsupportedError(f"precision {options.precision!r} is not supported (choose {' or '.join(PRECISIONS)})")
+    folder = Path(out).parent
+    if not folder.is_dir():  # before minutes of work: the regions are spooled there as they are made
+        raise FileNotFoundError(2, "No such folder for the output", str(folder))
     chunks = tuple(sorted(set(options.prefill_chunks) | {1}))
     if any(c <= 0 for c in chunks):
         raise UnsupportedError(f"prefill chunk sizes must be positive, got {list(options.prefill_chunks)}")
@@ -491,7 +494,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
         "prefill_chunks": list(chunks), "placement": placement, "quantization": report.quantization,
         "source": Path(path).name, "cores": options.cores,
         "name": graph.name, "producer": "rkc", "programs": {}},
-        spool_dir=Path(out).parent)  # the weights and host tables go to disk as they are made
+        spool_dir=folder)  # the weights and host tables go to disk as they are made
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head,
                            emit_options=replace(emit_options(options.cores), pack_cache={}))
     plan = program_plan(chunks)
