@@ -432,6 +432,20 @@ def _short(names: list[str]) -> str:
     return head + "." + "+".join([first] + [p.rpartition(".")[2].rpartition("_")[2] for p in parts[1:]])
 
 
+def peak_rss() -> int:
+    """This process's peak resident bytes: VmHWM, its own memory's high-water
+    mark since exec. getrusage's ru_maxrss also counts the parent's high-water
+    mark when the parent spawned it by vfork (Python's subprocess does): a
+    bench that wrote a 5 GB GGUF first would lend the compile its peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
 def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
                  progress: Callable[[str], None] = lambda stage: None) -> CompileReport:
     """`progress(stage)` is called as each stage starts (rkc compile -v)."""
@@ -449,7 +463,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     def lap(stage: str, following: str | None = None) -> None:
         report.seconds[stage] = time.perf_counter() - t0 - sum(report.seconds.values())
         report.cpu_seconds[stage] = time.process_time() - cpu0 - sum(report.cpu_seconds.values())
-        report.peak_rss[stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        report.peak_rss[stage] = peak_rss()
         if following:
             progress(following)
 
