@@ -23,8 +23,8 @@ import numpy as np
 from rkc.compiler.memplan import IOVA_WINDOW, Buffer, MemoryPlan, plan_memory
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.npu.regcmd import ENTRY_BYTES
-from rkc.ir.spool import SpooledBlob
 from rkc.ir.program import Job, Module, Program, Region, Relocation, Step, TaskRef, TensorInfo
+from rkc.ir.spool import SpooledBlob
 from rkc.ir.types import DType, Quant
 
 ALIGN = 64  # bytes; every tensor in a region starts at a 64-byte boundary
