@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -102,7 +103,15 @@ def compile_child(cmd: list[str]) -> tuple[float, float, int, str]:
         text = log.read()
     if os.waitstatus_to_exitcode(status):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{text.strip().splitlines()[-1] if text.strip() else ''}")
-    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, text
+    return seconds, usage.ru_utime + usage.ru_stime, _own_peak(text, usage.ru_maxrss * 1024), text
+
+
+def _own_peak(log: str, maxrss: int) -> int:
+    """The child's own peak RSS: an LLM compile's log states it per stage (its
+    VmHWM); wait4's ru_maxrss also holds this process's high-water mark, which
+    a vfork-spawned child inherits (a bench that wrote a 5 GB GGUF first)."""
+    stated = [float(m) for m in re.findall(r"peak (\d+\.\d+) GB\)", log)]
+    return min(maxrss, int(max(stated) * 1e9)) if stated else maxrss
 
 
 def _compiler_mtime() -> float:

@@ -30,6 +30,7 @@ from rkc.ir.npu import hw
 GRAPHS = ("onnx", "ir")  # the kinds compiler/build.py compiles
 INT8 = ("int8",)
 CORE_CHOICES = tuple(str(n) for n in range(1, hw.CORES + 1))
+JOB_CHOICES = tuple(str(n) for n in range(1, 17))
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ OPTIONS: tuple[Option, ...] = (
            metavar="NAME=1x3x224x224", repeat=True),
     Option("cores", "--cores", KINDS, "NPU cores the program's tasks are spread over (1 keeps every task on one "
            "core: what single-core published figures measure).", CORE_CHOICES, default=str(hw.CORES)),
+    Option("jobs", "--jobs", ("gguf",), "host threads the layers are read, smoothed and encoded on (the "
+           "rkbin's bytes do not depend on it).", JOB_CHOICES, default="1"),
     Option("explain", "--explain", GRAPHS, "list every op, where it runs and why.", "flag"),
     Option("cpu_only", "--cpu-only", GRAPHS, "place every op on the CPU (for debugging and references).", "flag"),
     Option("prefill_chunks", "--prefill-chunks", ("gguf",),
@@ -136,6 +139,8 @@ def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[st
 def _compile_llm(source: Path, output: Path, precision: str, given: Mapping[str, object],
                  progress: Progress) -> list[str]:
     options = LlmCompileOptions(precision=precision, cores=int(given.get("cores", hw.CORES)))
+    if "jobs" in given:
+        options = replace(options, jobs=int(given["jobs"]))
     if "prefill_chunks" in given:
         options = replace(options, prefill_chunks=_sizes(str(given["prefill_chunks"])))
     if "smooth_alpha" in given:

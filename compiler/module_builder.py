@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -22,6 +24,7 @@ from rkc.compiler.memplan import IOVA_WINDOW, Buffer, MemoryPlan, plan_memory
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Job, Module, Program, Region, Relocation, Step, TaskRef, TensorInfo
+from rkc.ir.spool import SpooledBlob
 from rkc.ir.types import DType, Quant
 
 ALIGN = 64  # bytes; every tensor in a region starts at a 64-byte boundary
@@ -35,19 +38,57 @@ def _align(v: int, a: int = ALIGN) -> int:
 class _Blob:
     parts: list[np.ndarray] = field(default_factory=list)
     size: int = 0
+    # written out as it is made, nothing held (ModuleBuilder(spool_dir=...))
+    spool: SpooledBlob | None = None
+    reserved_end: int = 0  # reserve(): the end the reserved bytes reach
 
     def add(self, data: np.ndarray, align: int = ALIGN) -> int:
+        self._check_reserved()
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         offset = _align(self.size, align)
         if offset > self.size:
-            self.parts.append(np.zeros(offset - self.size, np.uint8))
-        self.parts.append(raw)
+            self._append(np.zeros(offset - self.size, np.uint8))
+        self._append(raw)
         self.size = offset + raw.size
         return offset
 
-    def bytes(self) -> np.ndarray:
+    def reserve(self, nbytes: int, align: int = ALIGN) -> tuple[int, Callable[[np.ndarray], None]]:
+        """(offset, write): `nbytes` placed at `offset`, their bytes given to
+        `write` in order, block by block (a table encoded in row blocks is never
+        whole in memory); the next add() checks that all of them came."""
+        self._check_reserved()
+        offset = _align(self.size, align)
+        if offset > self.size:
+            self._append(np.zeros(offset - self.size, np.uint8))
+        self.size = offset
+        end = self.reserved_end = offset + nbytes
+
+        def write(block: np.ndarray) -> None:
+            raw = np.ascontiguousarray(block).reshape(-1).view(np.uint8)
+            if self.size + raw.size > end:
+                raise ValueError(f"{raw.size} bytes written past the {nbytes} reserved")
+            self._append(raw)
+            self.size += raw.size
+
+        return offset, write
+
+    def _check_reserved(self) -> None:
+        if self.reserved_end > self.size:
+            raise ValueError(f"internal: {self.reserved_end - self.size} reserved bytes never written")
+
+    def _append(self, raw: np.ndarray) -> None:
+        if self.spool is not None:
+            self.spool.append(raw)
+        else:
+            self.parts.append(raw)
+
+    def bytes(self) -> np.ndarray | SpooledBlob:
         """The parts as one array, each part let go once copied (an LLM's
-        weights are not held twice; the one array stays the only part)."""
+        weights are not held twice; the one array stays the only part), or
+        the spool they were written to."""
+        self._check_reserved()
+        if self.spool is not None:
+            return self.spool
         out = np.empty(self.size, np.uint8)
         pos = 0
         for i, part in enumerate(self.parts):
@@ -71,12 +112,28 @@ def quant_dict(q: Quant | None, payloads: dict[str, np.ndarray] | None = None) -
     return {"block": q.ggml_type}
 
 
+@dataclass(frozen=True)
+class PlacedBytes:
+    """Stands for bytes a spooling builder has written out: their length and
+    digest, no data. A pack cache holds it instead of the packed bytes, so a
+    later program placing the same weights again finds them placed."""
+
+    nbytes: int
+    digest: str
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+
 class ModuleBuilder:
-    def __init__(self, metadata: dict | None = None) -> None:
+    def __init__(self, metadata: dict | None = None, spool_dir: str | Path | None = None) -> None:
+        """`spool_dir`: the weights and host regions are written to temporary
+        files there as they are made (ir/spool.py), not held in memory."""
         self.metadata = dict(metadata or {})
         self.tensors: dict[str, TensorInfo] = {}
-        self.weights = _Blob()
-        self.host = _Blob()
+        spool = (lambda: SpooledBlob(spool_dir)) if spool_dir is not None else (lambda: None)
+        self.weights = _Blob(spool=spool())
+        self.host = _Blob(spool=spool())
         self.regcmd = _Blob()
         self.relocations: list[Relocation] = []
         self.programs: list[Program] = []
@@ -104,21 +161,41 @@ class ModuleBuilder:
         return self._info(TensorInfo(name, list(value.shape), DType.from_numpy(value.dtype).value, "row", "host",
                                      offset, value.nbytes))
 
+    def host_const_blocks(self, name: str, shape, dtype: np.dtype) -> Callable[[np.ndarray], None]:
+        """A host constant whose bytes come block by block, in order, through
+        the returned function (a table encoded in row blocks, never whole)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        offset, write = self.host.reserve(nbytes)
+        self._info(TensorInfo(name, [int(d) for d in shape], DType.from_numpy(dtype).value, "row", "host",
+                              offset, nbytes))
+        return write
+
     def weight(self, name: str, packed: np.ndarray | bytes, shape, dtype: DType, layout: str,
                quant: dict | None = None) -> TensorInfo:
         """NPU weights already in their native layout (`packed` holds the bytes).
         Programs that place the same weights under the same name share one copy."""
         if name in self.tensors and self._weight_arrays.get(name) is packed:
             return self.tensors[name]
+        if isinstance(packed, PlacedBytes):
+            raise UnsupportedError(f"internal: weights {name!r} stand for bytes this builder never placed")
         source, packed = packed, np.frombuffer(packed, np.uint8) if isinstance(packed, bytes) else packed
         digest = hashlib.sha256(memoryview(np.ascontiguousarray(packed)).cast("B")).hexdigest()  # no copy
         if name in self.tensors and self._weight_digests.get(name) == digest:
             return self.tensors[name]
         self._weight_digests[name] = digest
-        self._weight_arrays[name] = source
+        # spooled: the bytes are written out below, only their stand-in is kept
+        self._weight_arrays[name] = source if self.weights.spool is None else \
+            PlacedBytes(int(np.asarray(packed).nbytes), digest)
         offset = self.weights.add(packed)
         return self._info(TensorInfo(name, [int(d) for d in shape], dtype.value, layout, "weights", offset,
                                      int(np.asarray(packed).nbytes), quant))
+
+    def placed(self, name: str) -> PlacedBytes | None:
+        """The stand-in for weights `name` a spooling builder has written out
+        (None otherwise): what a pack cache may hold instead of their bytes."""
+        standin = self._weight_arrays.get(name)
+        return standin if isinstance(standin, PlacedBytes) else None
 
     def scratch_tensor(self, program: str, name: str, shape, dtype: DType, layout: str, nbytes: int,
                        quant: dict | None = None) -> TensorInfo:

@@ -27,6 +27,7 @@ from rkc.ir.atomic import atomic_output
 from rkc.ir.errors import FormatError
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Module
+from rkc.ir.spool import SpooledBlob
 
 FORMAT_VERSION = 1
 ARCH = "rkbin"
@@ -36,19 +37,25 @@ KEY_CHECKSUMS = "rkbin.checksums"
 MAX_BLOB_NAME = 63  # GGUF tensor names are at most 63 bytes
 
 
-def _as_bytes(data: np.ndarray | bytes) -> np.ndarray:
+def _as_bytes(data: np.ndarray | bytes | SpooledBlob) -> np.ndarray | SpooledBlob:
+    if isinstance(data, SpooledBlob):  # written out as it was made (ir/spool.py)
+        return data
     if isinstance(data, (bytes, bytearray, memoryview)):
         return np.frombuffer(bytes(data), dtype=np.uint8)
     return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
 
-def _digest(data: np.ndarray) -> str:
+def _digest(data: np.ndarray | SpooledBlob) -> str:
+    if isinstance(data, SpooledBlob):
+        return data.hexdigest()
     return hashlib.sha256(memoryview(np.ascontiguousarray(data))).hexdigest()
 
 
-def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray | bytes]) -> int:
+def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray | bytes | SpooledBlob]) -> int:
     """Write atomically (temporary file in the same folder, then rename).
-    Returns the file size. Validates the module against the blobs first."""
+    Returns the file size. Validates the module against the blobs first. A
+    SpooledBlob (a blob written out as it was made) is copied from its spool:
+    the file's bytes are the same as from memory."""
     import gguf  # deferred: a heavy library, which `rkc --help` and `rkrun --help` must not load
 
     raw = {name: _as_bytes(b) for name, b in blobs.items()}
@@ -67,17 +74,28 @@ def write_rkbin(path: str | Path, module: Module, blobs: Mapping[str, np.ndarray
     return path.stat().st_size
 
 
-def write_blobs(writer, raw: Mapping[str, np.ndarray]) -> None:
-    """Add every blob (uint8) to a GGUFWriter whose key/values are set, and write the file."""
+def write_blobs(writer, raw: Mapping[str, np.ndarray | SpooledBlob]) -> None:
+    """Add every blob (uint8, or spooled) to a GGUFWriter whose key/values are
+    set, and write the file: the writer writes the header and tensor infos, the
+    blobs follow in order, each at the writer's alignment, as its
+    write_tensors_to_file lays them out."""
     import gguf  # deferred: a heavy library (see write_rkbin)
 
     for name, data in raw.items():
         # GGUF has no u8 type: raw bytes travel as I8 and are viewed back as u8
-        writer.add_tensor(name, data.view(np.int8) if data.size else np.zeros(0, np.int8),
-                          raw_dtype=gguf.GGMLQuantizationType.I8)
+        writer.add_tensor_info(name, (int(data.size),), np.dtype(np.int8), int(data.size),
+                               raw_dtype=gguf.GGMLQuantizationType.I8)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    fout = writer.fout[0]
+    writer.write_padding(fout, fout.tell())
+    for data in raw.values():
+        if isinstance(data, SpooledBlob):
+            data.copy_to(fout)
+        else:
+            fout.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+        writer.write_padding(fout, int(data.size))
     writer.close()
 
 

@@ -27,6 +27,7 @@ Gemma 4 (llama.cpp src/models/gemma4.cpp) adds:
 from __future__ import annotations
 
 import math
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -91,15 +92,39 @@ class GgufFile:
     def raw(self, name: str) -> np.ndarray:
         return self.tensors[name].data
 
+    def release(self, raw: np.ndarray) -> None:
+        """Drop the process's mapping of the file pages under `raw` (a view of
+        the mapped file that has been read): resident file pages count in the
+        RSS, and a compile reads each weight once, so a 5 GB GGUF would
+        otherwise stay resident as it is read. The mapping is read-only, so
+        MADV_DONTNEED loses nothing: a later read faults the pages back in from
+        the page cache. Pages shared with a neighbouring tensor are dropped too
+        (the same refault)."""
+        mapped = self.reader.data
+        mm = getattr(mapped, "_mmap", None)
+        if mm is None or raw.size == 0 or not hasattr(mm, "madvise"):
+            return
+        base = mapped.ctypes.data - mapped.offset % mmap.ALLOCATIONGRANULARITY
+        start = raw.ctypes.data - base
+        if not 0 <= start < len(mm):
+            return  # not a view of this mapping
+        first = start - start % mmap.PAGESIZE
+        end = min(len(mm), -(-(start + raw.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE)
+        mm.madvise(mmap.MADV_DONTNEED, first, end - first)
+
     def dequantize_rows(self, name: str, rows: slice | np.ndarray) -> np.ndarray:
-        """fp32 rows of a 2-D tensor (a slice or row ids), the others not read."""
+        """fp32 rows of a 2-D tensor (a slice or row ids), the others not read;
+        a slice's file pages are let go once read (release)."""
         import gguf  # deferred (see __init__)
 
         t = self.tensors[name]
         if len(self.shape(name)) != 2 or t.tensor_type.name not in SUPPORTED_TYPES:
             return self.dequantize(name)[rows]
-        values = gguf.quants.dequantize(np.asarray(t.data)[rows], t.tensor_type)
-        return np.asarray(values, np.float32).reshape(-1, self.shape(name)[1])
+        raw = np.asarray(t.data)[rows]
+        values = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), np.float32)
+        if isinstance(rows, slice) and not np.shares_memory(values, raw):  # (plain F32: its own pages)
+            self.release(raw)
+        return values.reshape(-1, self.shape(name)[1])
 
     def dequantize(self, name: str, dtype: type = np.float32) -> np.ndarray:
         """fp32 values in numpy order, whatever the stored type, held as `dtype`
@@ -115,11 +140,16 @@ class GgufFile:
         raw = np.asarray(t.data)  # a view of the memory-mapped file
         if raw.ndim < 2 or raw.shape[0] <= DEQUANT_ROWS:
             values = np.asarray(gguf.quants.dequantize(raw, t.tensor_type), dtype=np.float32)
-            return values.astype(dtype, copy=False).reshape(shape)
+            values = values.astype(dtype, copy=False).reshape(shape)
+            if np.shares_memory(values, raw):  # a plain F32 tensor: its own pages, kept
+                return values
+            self.release(raw)
+            return values
         # in row blocks into one array: gguf's temporaries stay a block's size
         out = np.empty((raw.shape[0], int(np.prod(shape)) // raw.shape[0]), dtype)
         for r0 in range(0, raw.shape[0], DEQUANT_ROWS):
             out[r0:r0 + DEQUANT_ROWS] = gguf.quants.dequantize(raw[r0:r0 + DEQUANT_ROWS], t.tensor_type)
+            self.release(raw[r0:r0 + DEQUANT_ROWS])
         return out.reshape(shape)
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import resource
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -44,6 +46,7 @@ from rkc.runtime.llm.tokenizer import LlmTokenizer
 from rkc.runtime.kernels.hadamard import Rotation
 from rkc.runtime.llm.weights import Int8Weight
 
+T, R = TypeVar("T"), TypeVar("R")
 DEFAULT_CHUNKS = (1, 32, 64, 128, 512)  # 64: 33-64 new tokens (a chat's next turn) in one run, not 32 + a padded 32
 # int8 products named here stay fp16 (e.g. ("ffn_down",)), besides the measured
 # hybrid of `fp16_share` (docs/llm.md)
@@ -74,6 +77,7 @@ class LlmCompileOptions:
     # residual): none, the output head, or all (compiler/llm/quantize.RESIDUAL_CHOICES)
     residual: str = DEFAULT_RESIDUAL
     cores: int = hw.CORES  # NPU cores the programs' tasks are spread over (rkc compile --cores)
+    jobs: int = 1  # host threads the layers are encoded on (rkc compile --jobs); the bytes do not depend on it
 
 
 @dataclass
@@ -136,12 +140,17 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, options: L
     `out`: fp16, or int8 rounded by options.rounding, a product's input axis
     rotated first (a Gather-only table is not)."""
     source = row_source(w)
+    # a table only gathered from, read from the file: encoded as it is written out
+    encode = streamed_rows if not is_product and isinstance(w, RowTable) else encode_rows
     if _precision_of(name, options) == "fp16":
-        out[name] = encode_rows(source, "fp16")
+        out[name] = encode(source, "fp16")
         return
     h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
     if h is not None:
         h = _smoothed_hessian(h, factors.get(name), cache)
+    if encode is streamed_rows:
+        out[name] = streamed_rows(source, "int8", options.rounding, h, options.scales)
+        return
     rot = rotation_for(source.shape[1], options.rotation) if is_product else None
     if rot is not None and h is not None:
         key = ("rotated", id(h))
@@ -157,23 +166,46 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, options: L
 ENCODE_ROWS = 2 * QUANTIZE_ROWS
 
 
-def encode_rows(source: RowSource, precision: str, rot: Rotation | None = None, rounding: str = "rtn",
-                hessian: np.ndarray | None = None, scales: str = "max") -> EncodedWeight:
-    """A matrix read from `source` (rows(), blocks()) row block by row block,
-    as fp16 or as int8 per output channel (each block's rows rotated by `rot`,
-    then quantize_matrix)."""
-    n, k = source.shape
+def encoded_blocks(source: RowSource, precision: str, rot: Rotation | None = None, rounding: str = "rtn",
+                   hessian: np.ndarray | None = None, scales: str = "max"
+                   ) -> Iterator[tuple[int, np.ndarray, np.ndarray | None]]:
+    """(first row, encoded rows, their int8 scales or None) of a matrix read
+    from `source` (rows(), blocks()) row block by row block: fp16, or int8 per
+    output channel (each block's rows rotated by `rot`, then quantize_matrix)."""
     if precision == "fp16":
-        data = np.empty((n, k), np.float16)
         for r0, rows in source.blocks():
-            data[r0:r0 + len(rows)] = rows
-        return EncodedWeight(data)
-    q, scale = np.empty((n, k), np.int8), np.empty(n, np.float32)
+            yield r0, rows.astype(np.float16), None
+        return
     for r0, rows in source.blocks(ENCODE_ROWS):
         if rot is not None:
             rows = rotate_matrix(rows, rot)
-        q[r0:r0 + len(rows)], scale[r0:r0 + len(rows)] = quantize_matrix(rows, rounding, hessian, scales)
-    return EncodedWeight(q, scale, rot)
+        q, scale = quantize_matrix(rows, rounding, hessian, scales)
+        yield r0, q, scale
+
+
+def encode_rows(source: RowSource, precision: str, rot: Rotation | None = None, rounding: str = "rtn",
+                hessian: np.ndarray | None = None, scales: str = "max") -> EncodedWeight:
+    """A matrix read from `source` whole, as encoded_blocks encodes it."""
+    n, k = source.shape
+    int8 = precision != "fp16"
+    data = np.empty((n, k), np.int8 if int8 else np.float16)
+    scale = np.empty(n, np.float32) if int8 else None
+    for r0, rows, s in encoded_blocks(source, precision, rot, rounding, hessian, scales):
+        data[r0:r0 + len(rows)] = rows
+        if int8:
+            scale[r0:r0 + len(rows)] = s
+    return EncodedWeight(data, scale, rot if int8 else None)
+
+
+def streamed_rows(source: RowSource, precision: str, rounding: str = "rtn", hessian: np.ndarray | None = None,
+                  scales: str = "max") -> EncodedWeight:
+    """A Gather-only table as encode_rows would encode it, left to be encoded
+    block by block into the output when it is placed (EncodedWeight.blocks):
+    Gemma 4 E2B's per-layer token table is 2.35 GB in int8."""
+    int8 = precision != "fp16"
+    return EncodedWeight(np.broadcast_to((np.int8 if int8 else np.float16)(0), source.shape),
+                         np.broadcast_to(np.float32(0), source.shape[:1]) if int8 else None,
+                         blocks=lambda: encoded_blocks(source, precision, None, rounding, hessian, scales))
 
 
 def _measures_whole_model(options: LlmCompileOptions) -> bool:
@@ -246,19 +278,27 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
     matrices: dict[str, EncodedWeight] = {}
     vectors: dict[str, np.ndarray] = {}
     factors: dict[str, np.ndarray] = {}
-    cache: dict = {}
+    cache: dict = {}  # shared by the workers: a race computes an entry twice, the same values
+
+    def layer(group: list[str]) -> tuple[dict[str, EncodedWeight], dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """One layer's weights read, smoothed and encoded (its own names only)."""
+        held = {n: weights[n] for n in group if n not in matrix_names or n in smoothable}
+        done, floats = {}, {}
+        smoothed = smooth(graph, held, cal.ranges, options.smooth_alpha) \
+            if cal is not None and options.smooth_alpha > 0 else {}
+        for name in group:
+            if name not in matrix_names:
+                floats[name] = held[name].astype(np.float32)
+            else:  # one SmoothQuant leaves alone (a tied head, a Gather table): from the file in row blocks
+                w = held[name] if name in held else weights.source(name)
+                _encode(name, w, name in linear, options, cal, smoothed, cache, done)
+        return done, floats, smoothed
+
     with progress_bar(by_layer(list(weights)), "quantize layers") as layers:
-        for group in layers:
-            held = {n: weights[n] for n in group if n not in matrix_names or n in smoothable}
-            if cal is not None and options.smooth_alpha > 0:
-                factors.update(smooth(graph, held, cal.ranges, options.smooth_alpha))
-            for name in group:
-                if name not in matrix_names:
-                    vectors[name] = held[name].astype(np.float32)
-                else:  # one SmoothQuant leaves alone (a tied head, a Gather table): from the file in row blocks
-                    w = held[name] if name in held else weights.source(name)
-                    _encode(name, w, name in linear, options, cal, factors, cache, matrices)
-            del held
+        for done, floats, smoothed in in_order(layer, layers, options.jobs):
+            matrices.update(done)
+            vectors.update(floats)
+            factors.update(smoothed)
     if cal is not None and options.smooth_alpha > 0:
         report.say(f"int8: SmoothQuant on {len(factors)} matrices, "
                    f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
@@ -266,6 +306,23 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
         _set_residual_terms(graph, matrices, options)
         _report_int8(matrices, options, cal, options.smooth_alpha, report)
     return matrices, vectors
+
+
+def in_order(work: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator[R]:
+    """work(item) for every item, results in the items' order; with jobs > 1
+    on that many threads (numpy lets the GIL go in dequantizing, rotating and
+    rounding), at most `jobs` items in flight, so memory stays a few layers'."""
+    if jobs <= 1:
+        yield from map(work, items)
+        return
+    with ThreadPoolExecutor(jobs, thread_name_prefix="rkc-encode") as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(work, item))
+            if len(pending) >= jobs:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def _set_residual_terms(graph: Graph, matrices: dict[str, EncodedWeight], options: LlmCompileOptions) -> None:
@@ -375,6 +432,20 @@ def _short(names: list[str]) -> str:
     return head + "." + "+".join([first] + [p.rpartition(".")[2].rpartition("_")[2] for p in parts[1:]])
 
 
+def peak_rss() -> int:
+    """This process's peak resident bytes: VmHWM, its own memory's high-water
+    mark since exec. getrusage's ru_maxrss also counts the parent's high-water
+    mark when the parent spawned it by vfork (Python's subprocess does): a
+    bench that wrote a 5 GB GGUF first would lend the compile its peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
 def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
                  progress: Callable[[str], None] = lambda stage: None) -> CompileReport:
     """`progress(stage)` is called as each stage starts (rkc compile -v)."""
@@ -382,6 +453,9 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     t0, cpu0 = time.perf_counter(), time.process_time()
     if options.precision not in PRECISIONS:
         raise UnsupportedError(f"precision {options.precision!r} is not supported (choose {' or '.join(PRECISIONS)})")
+    folder = Path(out).parent
+    if not folder.is_dir():  # before minutes of work: the regions are spooled there as they are made
+        raise FileNotFoundError(2, "No such folder for the output", str(folder))
     chunks = tuple(sorted(set(options.prefill_chunks) | {1}))
     if any(c <= 0 for c in chunks):
         raise UnsupportedError(f"prefill chunk sizes must be positive, got {list(options.prefill_chunks)}")
@@ -389,7 +463,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     def lap(stage: str, following: str | None = None) -> None:
         report.seconds[stage] = time.perf_counter() - t0 - sum(report.seconds.values())
         report.cpu_seconds[stage] = time.process_time() - cpu0 - sum(report.cpu_seconds.values())
-        report.peak_rss[stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        report.peak_rss[stage] = peak_rss()
         if following:
             progress(following)
 
@@ -433,7 +507,8 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
         "model_kind": "llm", "llm": cfg.to_dict(), "precision": options.precision,
         "prefill_chunks": list(chunks), "placement": placement, "quantization": report.quantization,
         "source": Path(path).name, "cores": options.cores,
-        "name": graph.name, "producer": "rkc", "programs": {}})
+        "name": graph.name, "producer": "rkc", "programs": {}},
+        spool_dir=folder)  # the weights and host tables go to disk as they are made
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head,
                            emit_options=replace(emit_options(options.cores), pack_cache={}))
     plan = program_plan(chunks)

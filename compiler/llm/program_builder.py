@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import numpy as np
 
-from rkc.compiler.module_builder import ModuleBuilder
+from rkc.compiler.module_builder import ModuleBuilder, PlacedBytes
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.gemm import k_ranges
@@ -56,6 +57,10 @@ class EncodedWeight:
     # int8: int8 rows per activation row (2: the value and its int8 residual, run as
     # more rows of the same product; runtime/llm/weights.quantize_rows)
     act_terms: int = 1
+    # a Gather-only table encoded into the output as it is lowered, never whole:
+    # data (and an int8 scale) are zero-stride stand-ins of their shapes, and
+    # this yields its (first row, encoded rows, their scales or None) block by block
+    blocks: Callable[[], Iterator[tuple[int, np.ndarray, np.ndarray | None]]] | None = None
 
     def as_runtime(self) -> "Int8Weight | Weight":
         """The weight as the runtime's CPU arithmetic computes it (the CPU emulation of the NPU's)."""
@@ -159,6 +164,37 @@ class LlmLowering:
         self.matrices[weight] = dataclasses.replace(enc, data=np.broadcast_to(enc.data.dtype.type(0),
                                                                              enc.data.shape))
 
+    def placed_packs(self, consts: set[str]) -> None:
+        """The pack cache's bytes of weights `consts` (constant names) that the
+        builder has written out give way to its stand-ins: later programs find
+        them placed, and the packed bytes are not held to the end."""
+        cache = self.emit_options.pack_cache
+        if cache is None:
+            return
+        for key, (packed, k_offsets, sums) in list(cache.items()):
+            const = f"{key[0]}.weights"
+            if const in consts and not isinstance(packed, PlacedBytes):
+                standin = self.builder.placed(const)
+                if standin is not None:
+                    cache[key] = standin, k_offsets, sums
+
+    def streamed_table(self, name: str) -> EncodedWeight:
+        """A Gather-only table placed as a host constant, encoded block by
+        block straight into the builder's host region (EncodedWeight.blocks);
+        its int8 scales, a vector, are kept for the step that follows."""
+        enc = self.matrices[name]
+        if enc.blocks is None:
+            return enc
+        write = self.builder.host_const_blocks(name, enc.data.shape, enc.data.dtype)
+        scales = []
+        for _, rows, scale in enc.blocks():
+            write(rows)
+            scales.append(scale)
+        enc = dataclasses.replace(enc, blocks=None,
+                                  scale=np.concatenate(scales) if enc.scale is not None else None)
+        self.matrices[name] = enc
+        return enc
+
     def lower(self, graph: Graph, program: str) -> None:
         on_npu = {i for i, op in enumerate(graph.ops) if op.type == "Linear"}
         steps = partition(graph, lambda i: i in on_npu)
@@ -227,6 +263,7 @@ class _ProgramLowering:
             extra = [self.llm.host_const(f"{table}.scale", enc.scale)] if enc.scale is not None else []
             rot, rot_attrs = self.llm.rotation_inputs(enc.rotation)  # rows are rotated back
             return "GatherPacked", [ids, *extra, *rot], attrs | rot_attrs
+        enc = self.llm.streamed_table(table)
         data = self.llm.host_const(table, enc.data)
         extra = [self.llm.host_const(f"{table}.scale", enc.scale)] if enc.scale is not None else []
         rot, rot_attrs = self.llm.rotation_inputs(enc.rotation)
@@ -299,6 +336,7 @@ class _ProgramLowering:
         lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}",
                                 "int8" if int8 else "fp16", independent=True)
         self.builder.append_segment(self.program, self.steps, lowered)
+        self.llm.placed_packs({c.name for g in groups for c in g.result.constants})
         self.stats.segments += 1
         self.stats.npu_tasks += lowered.step.stats["tasks"]
         for y, x, w, bias, outs, terms in outputs:

@@ -28,6 +28,7 @@ SAMPLES = {
     "calib": (["--calib", "c.npz"], ("calib", "c.npz")),
     "input_shapes": (["--input-shape", "x=1x4"], ("input_shapes", {"x": (1, 4)})),
     "cores": (["--cores", "2"], ("cores", 2)),
+    "jobs": (["--jobs", "2"], ("jobs", 2)),
     "explain": (["--explain"], None),  # a report option: checked on the output below
     "cpu_only": (["--cpu-only"], ("cpu_only", True)),
     "prefill_chunks": (["--prefill-chunks", "1,8"], ("prefill_chunks", (1, 8))),

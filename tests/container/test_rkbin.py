@@ -114,3 +114,19 @@ def test_written_file_honours_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "m.rkbin").stat().st_mode & 0o777 == 0o644
+
+
+def test_spooled_blobs_write_the_same_bytes(tmp_path):
+    """A blob spooled to disk as it was made (ir/spool.py) gives the file the
+    bytes it has when written from memory: the header, the alignment padding
+    and the checksums are the same."""
+    from rkc.ir.spool import SpooledBlob
+
+    module, blobs = _module_and_blobs()
+    write_rkbin(tmp_path / "memory.rkbin", module, blobs)
+    spooled = SpooledBlob(tmp_path)
+    for part in np.array_split(blobs["w"], 3):  # appended in pieces, as a builder places weights
+        spooled.append(part)
+    write_rkbin(tmp_path / "spooled.rkbin", module, {"w": spooled, "rc": blobs["rc"]})
+    assert (tmp_path / "spooled.rkbin").read_bytes() == (tmp_path / "memory.rkbin").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.rkbin", "spooled.rkbin"]  # the spool is unnamed
