@@ -3,9 +3,9 @@ conversions of compiler/llm/program_builder.py, by op name.
 
 These are the reference: the step interpreter (LlmEngine.run_interpreted)
 and the tests run them. The load-time plans run compiled forms of some
-(runtime/llm/prepared.py over runtime/llm/jit.py and decode_attention.py:
-RMSNorm, QuantizeRows with its rotation, DequantizeRows, RoPE, one-row
-attention), which must give these kernels' bits (tests/llm/test_plan.py,
+(runtime/llm/prepared.py over runtime/llm/jit.py, decode_attention.py and
+chunk_attention.py: RMSNorm, QuantizeRows with its rotation, DequantizeRows,
+RoPE, one-row attention, a short prefill chunk's attention), which must give these kernels' bits (tests/llm/test_plan.py,
 test_attention.py); a plan falls back to a kernel here only for shapes the
 compiled code cannot bound.
 

@@ -1,45 +1,32 @@
-"""Multi-row (prefill) attention, for chunks of more rows than decode's one.
+"""Multi-row (prefill) attention: the contraction kernels.attend's einsum
+formulation runs (`contract`), and chunks of more than `BLOCK` rows in
+blocks of query rows (`attend_blocks`); a shorter chunk's plans run
+runtime/llm/chunk_attention.py.
 
-A chunk of up to `BLOCK` rows (a chat's next turn) runs the einsum
-formulation of runtime/llm/kernels.attend with its softmax compiled
-(`attend_rows`). Its two contractions stay the ones np.einsum(optimize=True)
-runs (`contract`: numpy's bmm_einsum, the same operands in the same layout,
-so BLAS sums in the same order); between them numpy ran seven passes over
-the scores [Hkv, P, T x G] (scale, mask, max, shift, exp, sum, divide), each
-reducing or broadcasting along P, which is not their innermost axis: 1.9 ms a
-layer for 21 rows over 468 keys on one thread, 5 ms for 60 rows over 444, ten
-times the products. Here the scale, mask, max and shift are one compiled
-pass, the exp stays numpy's (its SIMD exp is not libm's), and the sums and
-division another compiled pass adding in numpy's order (in sequence over P,
-as numpy reduces an axis that is not innermost): kernels.attend's bits
-(tests/llm/test_attention.py).
+In blocks, each block's scores and weighted values are BLAS products over
+the keys the block can see, so what the causal mask (or a sliding window)
+hides is neither computed nor materialised. A 512-token chunk at position 0
+computes about half the products of the full [T, P] attention, and masks
+only the diagonal blocks.
 
-A longer chunk runs in blocks of query rows (`attend_blocks`): each block's
-scores and weighted values are BLAS products over the keys the block can see,
-so what the causal mask (or a sliding window) hides is neither computed nor
-materialised. A 512-token chunk at position 0 computes about half the
-products of the full [T, P] attention, and masks only the diagonal blocks.
-
-The blocks' arithmetic is the einsum formulation's, element for element:
-each score is one float32 sgemm dot product over the head dimension, scaled,
-masked, exponentiated after the row max, summed over the keys in key order,
-divided; each output is an sgemm sum over the keys. What changes is only
-which keys a product spans: a hidden key contributes an exact zero to both
-sums, so a block's results equal the full product's wherever sgemm adds its
-terms in the same order — but sgemm splits a long sum (more keys than its K
-block) at places that depend on the sum's length, and edge tiles of a
-product may group terms differently, so past a few hundred keys a value can
-differ from the einsum's in its last bits. tests/llm/test_attention.py
-bounds the difference against a float64 attention (no worse than the
-einsum's own error) and checks the bits where the spans do not change.
+The arithmetic is the einsum formulation's (runtime/llm/kernels.attend),
+element for element: each score is one float32 sgemm dot product over the
+head dimension, scaled, masked, exponentiated after the row max, summed over
+the keys in key order, divided; each output is an sgemm sum over the keys.
+What changes is only which keys a product spans: a hidden key contributes an
+exact zero to both sums, so a block's results equal the full product's
+wherever sgemm adds its terms in the same order — but sgemm splits a long
+sum (more keys than its K block) at places that depend on the sum's length,
+and edge tiles of a product may group terms differently, so past a few
+hundred keys a value can differ from the einsum's in its last bits.
+tests/llm/test_attention.py bounds the difference against a float64
+attention (no worse than the einsum's own error) and checks the bits where
+the spans do not change.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
-
-from rkc.runtime.llm.jit import normalize_columns
 
 try:  # what np.einsum(optimize=True) runs for a pair of operands (numpy >= 2.4)
     from numpy._core.einsumfunc import bmm_einsum as _bmm_einsum
@@ -74,60 +61,6 @@ def contract(eq: str, swapped: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if _bmm_einsum is None:
         return np.einsum(eq, a, b, optimize=True)
     return _bmm_einsum(swapped, b, a)
-
-
-@njit(cache=True, nogil=True)
-def _scale_mask_shift(s, scale, kpos, qcol, window):
-    """The scores s [Hkv, P, C] (column c: a query at qcol[c]) in place, as
-    kernels.attend takes them to the exp: times `scale` (float32), -inf for a
-    key the column's query cannot see (after it, or `window` or more behind),
-    then minus the column's maximum over P (a NaN stays the maximum, as in
-    numpy's max)."""
-    hkv, p_, c_ = s.shape
-    neg = np.float32(-np.inf)
-    m = np.empty(c_, np.float32)
-    for k in range(hkv):
-        for p in range(p_):
-            kp = kpos[p]
-            for c in range(c_):
-                v = s[k, p, c] * scale
-                if kp > qcol[c] or (window != 0 and qcol[c] - kp >= window):
-                    v = neg
-                s[k, p, c] = v
-                if p == 0 or v > m[c] or v != v:
-                    m[c] = v
-        for p in range(p_):
-            for c in range(c_):
-                s[k, p, c] = s[k, p, c] - m[c]
-
-
-def attend_rows(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, pos: np.ndarray,
-                scale: np.float32, window: int, rows: int) -> np.ndarray | None:
-    """kernels.attend's einsum formulation for q [T, H, hd] (T >= 2) over
-    keys/values [P, Hkv, hd(v)] at kpos, its softmax compiled: [rows, H * hdv]
-    (rows past T zero). None where kernels.attend would sum the softmax in
-    another order: one query head per key head (its mask's output puts P
-    innermost: pairwise sums), or scores that do not come out of the first
-    contraction as [Hkv, P, T x G] in memory; the caller runs kernels.attend."""
-    T, H, hd = q.shape
-    Hkv = keys.shape[1]
-    if T < 2 or keys.ndim != 3 or H % Hkv or H == Hkv or kpos.shape != keys.shape[:1]:
-        return None
-    G = H // Hkv
-    qg = q.astype(F32, order="C").reshape(T, Hkv, G, hd)  # as kernels.attend's operand
-    s = contract("tkgd,pkd->kgtp", "pkd,tkgd->kgtp", qg, keys)
-    mem = s.transpose(0, 3, 2, 1)  # [Hkv, P, T, G]: the matmul's own layout
-    if s.dtype != F32 or not mem.flags.c_contiguous:
-        return None
-    flat = mem.reshape(Hkv, len(kpos), T * G)
-    _scale_mask_shift(flat, F32(scale), np.asarray(kpos, np.int64), np.repeat(np.asarray(pos, np.int64), G),
-                      int(window))
-    np.exp(flat, out=flat)
-    normalize_columns(flat, flat)
-    out = contract("kgtp,pkd->tkgd", "pkd,kgtp->tkgd", s, values)  # s: the probabilities, in their layout
-    full = np.zeros((rows, H * values.shape[-1]), F32)
-    full[:T] = out.reshape(T, H * values.shape[-1])
-    return full
 
 
 def visible_span(kpos: np.ndarray, first: int, last: int, window: int) -> tuple[int, int]:

@@ -106,11 +106,12 @@ def test_decode_attention_leaves_other_layouts_to_the_kernel():
 @pytest.mark.parametrize("t", [2, 3, 21, 38, 64])
 def test_short_prefill_chunk_is_the_einsum_formulation(hd, hkv, g, t):
     """A prefill chunk of 2..BLOCK rows (a chat's next turn) through the plans'
-    prefill_attention.attend_rows (the einsum's contractions, its softmax
+    chunk_attention.attend_rows (the einsum's contractions, its softmax
     compiled) against the einsum formulation, bit for bit: keys and values
     that are views into larger caches, chunks at the start and after a
     cached history, windows inside and past the chunk."""
-    from rkc.runtime.llm.prefill_attention import BLOCK, attend_rows
+    from rkc.runtime.llm.chunk_attention import attend_rows
+    from rkc.runtime.llm.prefill_attention import BLOCK
 
     assert t <= BLOCK
     rng = np.random.default_rng(hd * 1000 + hkv * 100 + g * 10 + t)
@@ -132,7 +133,7 @@ def test_short_prefill_chunk_leaves_one_head_per_key_head_to_the_kernel():
     """One query head per key head: the einsum's mask lays the scores out with
     the keys innermost and numpy sums them pairwise, which attend_rows does
     not do: it declines (and the plan runs kernels.attend)."""
-    from rkc.runtime.llm.prefill_attention import attend_rows
+    from rkc.runtime.llm.chunk_attention import attend_rows
 
     rng = np.random.default_rng(3)
     keys, values = rng.standard_normal((2, 40, 2, 8)).astype(np.float32)
