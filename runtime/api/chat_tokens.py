@@ -15,6 +15,7 @@ holds the equality with the tokenizer's own encode.
 from __future__ import annotations
 
 import re
+import threading
 from collections import OrderedDict
 
 from rkc.runtime.llm.tokenizer import LlmTokenizer
@@ -32,6 +33,7 @@ class ChatTokens:
         names = sorted(added, key=len, reverse=True)
         self.split = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
         self.memo: OrderedDict[str, list[int]] = OrderedDict()
+        self._lock = threading.Lock()  # chat() may be called from several threads (one generates, the others fail)
 
     def encode(self, text: str) -> list[int]:
         tok = self.tokenizer
@@ -46,11 +48,14 @@ class ChatTokens:
         return ids
 
     def _stretch(self, text: str) -> list[int]:
-        got = self.memo.get(text)
-        if got is None:
-            got = self.memo[text] = self.tokenizer.encode(text, add_bos=False, special=True)
+        with self._lock:
+            got = self.memo.get(text)
+            if got is not None:
+                self.memo.move_to_end(text)
+                return got
+        got = self.tokenizer.encode(text, add_bos=False, special=True)
+        with self._lock:
+            self.memo[text] = got
             if len(self.memo) > self.capacity:
                 self.memo.popitem(last=False)
-        else:
-            self.memo.move_to_end(text)
         return got
