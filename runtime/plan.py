@@ -77,6 +77,11 @@ class BoTensor:
             self.rows_view = fm[:, :, 0, :].transpose(1, 0, 2)
             self.m, self.k, self.c1, self.c2 = m, k, c1, c2
 
+    @property
+    def atoms(self) -> np.ndarray:
+        """A GEMM operand's atoms as the BO stores them: [C1, stored rows, C2]."""
+        return self.rows_view.transpose(1, 0, 2)
+
     def reader(self, out_dtype: np.dtype | None = None, fresh: bool = False) -> Callable[[], np.ndarray]:
         """A function returning the tensor as a row-major array (as `out_dtype`,
         default its own), copied out of the BO into a buffer reused by every
@@ -463,7 +468,7 @@ def _widen_copy(bt: BoTensor) -> Callable[[np.ndarray, np.ndarray], None]:
     (a reader's), widened with numpy's bits (runtime/half.py)."""
     from rkc.runtime import half  # numba: imported by programs with fp16 edges only
 
-    atoms = bt.rows_view.transpose(1, 0, 2).view(np.uint16)  # [C1, rows, C2]
+    atoms = bt.atoms.view(np.uint16)
     m, k = bt.m, bt.k
 
     def copy(buf, dst):
@@ -476,7 +481,7 @@ def _narrowing_writer(bt: BoTensor, slow: Callable[[np.ndarray], None]) -> Calla
     into the atoms (runtime/half.py, numpy's bits); any other value by `slow`."""
     from rkc.runtime import half  # numba: imported by programs with fp16 edges only
 
-    atoms = bt.rows_view.transpose(1, 0, 2).view(np.uint16)  # [C1, rows, C2]
+    atoms = bt.atoms.view(np.uint16)
     shape, narrow = (bt.m, bt.k), half.narrow_into_atoms
 
     def write(value):

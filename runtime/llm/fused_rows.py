@@ -39,11 +39,6 @@ def _rows(plan, name: str, m: int, k: int) -> bool:
     return info is not None and list(info.shape) == [m, k] and info.dtype == "fp32"
 
 
-def _atoms(bt) -> np.ndarray:
-    """A GEMM operand's atoms [C1, stored rows, C2] in its BO."""
-    return bt.rows_view.transpose(1, 0, 2)
-
-
 def _gemm_operand(plan, name: str, dtype: str):
     bt = plan._bo_tensor(name)
     if bt is None or bt.info.layout != "native-gemm" or bt.info.dtype != dtype or len(bt.shape) != 2:
@@ -58,7 +53,7 @@ class _InEdge:
         self.kind = kernels.IN_HALF if step.op == "Cast" else kernels.IN_DEQUANT
         bt = plan._bo_tensor(step.inputs[0])
         self.bo, self.m, self.k = plan.model.bos[bt.info.region], bt.m, bt.k
-        atoms = _atoms(bt)
+        atoms = bt.atoms
         self.src = atoms.view(np.uint16) if self.kind == kernels.IN_HALF else atoms
         self.rs_slot, self.ch, self.bias, self.has_bias = None, _NONE_VEC, _NONE_VEC, False
         if self.kind == kernels.IN_DEQUANT:
@@ -103,7 +98,7 @@ class _OutEdge:
 
     def __init__(self, plan, step: Step) -> None:
         bt = plan._bo_tensor(step.outputs[0])
-        self.bo, atoms = plan.model.bos[bt.info.region], _atoms(bt)
+        self.bo, atoms = plan.model.bos[bt.info.region], bt.atoms
         m, k = bt.shape
         self.signs, self.block, self.hnorm, self.factor = _NONE_VEC, 1, F32(1.0), None
         self.scale_slot, self.scale = None, _NONE_VEC
