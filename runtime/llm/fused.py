@@ -33,6 +33,7 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import jit, prepared
+from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body
 
 F32 = np.float32
 
@@ -45,19 +46,6 @@ def _row(plan, name: str, k: int, dtype: str = "fp32") -> bool:
     """`name` a one-row [1, k] tensor of `dtype`."""
     info = _info(plan, name)
     return info is not None and list(info.shape) == [1, k] and info.dtype == dtype
-
-
-def _host(plan, name: str) -> bool:
-    """A host tensor (a slot of the plan), neither in a BO nor a constant."""
-    info = _info(plan, name)
-    return info is not None and plan._bo_tensor(name) is None and info.region not in plan.model.host_regions
-
-
-def _const(plan, name: str, shape: tuple) -> np.ndarray | None:
-    info = _info(plan, name)
-    if info is None or info.region not in plan.model.host_regions or tuple(info.shape) != shape:
-        return None
-    return np.ascontiguousarray(plan.slots[plan._slot(name)], F32)
 
 
 class _InEdge:
@@ -76,8 +64,8 @@ class _InEdge:
         if step.op == "Cast":
             self.atoms, self.dequant = self.atoms.view(np.uint16), None
             return
-        ch = _const(plan, step.inputs[2], (k,))
-        bias = _const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else ch
+        ch = const(plan, step.inputs[2], (k,))
+        bias = const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else ch
         self.dequant = (plan._slot(step.inputs[1]), ch, bias, len(step.inputs) == 4)
 
     @staticmethod
@@ -89,15 +77,15 @@ class _InEdge:
         if bt is None or bt.info.layout != "native-gemm" or len(bt.shape) != 2 or bt.shape[0] != _terms(step):
             return 0
         k = int(bt.shape[1])
-        if not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
+        if not host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
             return 0
         if (step.op == "Cast" and bt.shape[0] == 1 and len(step.inputs) == 1 and bt.info.dtype == "fp16"
                 and DType(step.attrs["to"]).numpy == F32):
             return k
         if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1 and bt.info.dtype == "int32"
-                and len(step.inputs) in (3, 4) and _host(plan, step.inputs[1])
-                and _const(plan, step.inputs[2], (k,)) is not None
-                and (len(step.inputs) == 3 or _const(plan, step.inputs[3], (k,)) is not None)):
+                and len(step.inputs) in (3, 4) and host(plan, step.inputs[1])
+                and const(plan, step.inputs[2], (k,)) is not None
+                and (len(step.inputs) == 3 or const(plan, step.inputs[3], (k,)) is not None)):
             return k
         return 0
 
@@ -146,7 +134,7 @@ class _OutEdge:
         if step.op == "Cast":
             return len(step.inputs) == 1 and len(step.outputs) == 1 and bt.info.dtype == "fp16" and bt.shape[0] == 1
         return (step.op == "QuantizeRows" and len(step.outputs) == 2 and bt.info.dtype == "int8"
-                and _host(plan, step.outputs[1]) and all(_is_const(plan, n) for n in step.inputs[1:]))
+                and host(plan, step.outputs[1]) and all(is_const(plan, n) for n in step.inputs[1:]))
 
     def run(self, value: np.ndarray) -> None:
         if self.half is not None:
@@ -174,40 +162,9 @@ def _terms(step: Step) -> int:
     return terms if terms in (1, 2) else 0
 
 
-def _is_const(plan, name: str) -> bool:
-    info = _info(plan, name)
-    return bool(name) and info is not None and info.region in plan.model.host_regions
-
-
 def _bracket(plan, steps: Sequence[Step], ins: list, out: _OutEdge, call, label: str) -> list[Callable[[], None]]:
     call.label, call.ops = label, tuple(s.op for s in steps)  # ops: what the profile's per-op costs share it by
     return plan._bracketed([e.bo for e in ins] + [out.bo], [call])
-
-
-def residual_body(plan, body: Sequence[Step], prev: str, k: int, shaped) -> tuple[list, str, str] | None:
-    """A residual stretch's body ([RMSNorm], Add, RMSNorm, each reading the
-    one before it, from `prev`): (norms as (weight, epsilon), the residual's
-    name, the last output's name), or None. `shaped(name)`: a host tensor
-    of the stretch's row shape."""
-    norms, residual = [], None
-    for step in body:
-        if step.op == "RMSNorm":
-            if len(step.inputs) != 2 or step.inputs[0] != prev:
-                return None
-            w = _const(plan, step.inputs[1], (k,))
-            if w is None:
-                return None
-            norms.append((w, F32(step.attrs["epsilon"])))
-        else:
-            if len(step.inputs) != 2 or prev not in step.inputs:
-                return None
-            residual = step.inputs[1] if step.inputs[0] == prev else step.inputs[0]
-            if residual == prev or not _host(plan, residual) or not shaped(residual):
-                return None
-        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not shaped(step.outputs[0]):
-            return None
-        prev = step.outputs[0]
-    return norms, residual, prev
 
 
 def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
@@ -272,7 +229,7 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
     if sorted(mul.inputs) != sorted([act.outputs[0], up]):
         return None
     for step in (act, mul):
-        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
+        if len(step.outputs) != 1 or not host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
             return None
     if not _OutEdge.matches(plan, last, mul.outputs[0], k):
         return None
@@ -341,7 +298,7 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
     runs: list[Callable[[], None]] = []
     attention_seen = False
     for step in front[n_edges:]:
-        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]):
+        if len(step.outputs) != 1 or not host(plan, step.outputs[0]):
             return None
         o, shape = plan._slot(step.outputs[0]), _declared(plan, step.outputs[0])
         src = step.inputs[0] if step.inputs else None
@@ -352,7 +309,7 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
                 return None
             runs.append(_reshape_run(slots, plan._slot(src), o, shape))
         elif step.op == "RMSNorm":
-            w = _const(plan, step.inputs[1], (made[src][-1],)) if len(step.inputs) == 2 else None
+            w = const(plan, step.inputs[1], (made[src][-1],)) if len(step.inputs) == 2 else None
             if w is None or shape != made[src]:
                 return None
             runs.append(_norm_run(slots, plan._slot(src), o, shape, w, F32(step.attrs["epsilon"])))

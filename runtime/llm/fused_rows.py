@@ -25,7 +25,8 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import prefill_fused as kernels
-from rkc.runtime.llm.fused import _const, _host, _is_const, raise_shape, residual_body
+from rkc.runtime.llm.fused import raise_shape
+from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body
 from rkc.runtime.llm.kernels import rotation_of
 from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
 
@@ -58,9 +59,9 @@ class _InEdge:
         self.rs_slot, self.ch, self.bias, self.has_bias = None, _NONE_VEC, _NONE_VEC, False
         if self.kind == kernels.IN_DEQUANT:
             self.rs_slot = plan._slot(step.inputs[1])
-            self.ch = _const(plan, step.inputs[2], (self.k,))
+            self.ch = const(plan, step.inputs[2], (self.k,))
             self.has_bias = len(step.inputs) == 4
-            self.bias = _const(plan, step.inputs[3], (self.k,)) if self.has_bias else self.ch
+            self.bias = const(plan, step.inputs[3], (self.k,)) if self.has_bias else self.ch
 
     @staticmethod
     def matches(plan, step: Step) -> tuple[int, int] | None:
@@ -72,15 +73,15 @@ class _InEdge:
         if bt is None:
             return None
         m, k = bt.shape
-        if m < LANES or not _host(plan, step.outputs[0]) or not _rows(plan, step.outputs[0], m, k):
+        if m < LANES or not host(plan, step.outputs[0]) or not _rows(plan, step.outputs[0], m, k):
             return None
         if step.op == "Cast" and len(step.inputs) == 1 and DType(step.attrs["to"]).numpy == F32:
             return m, k
         rs = plan.model.tensors.get(step.inputs[1]) if len(step.inputs) > 1 else None
         if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1
                 and int(step.attrs.get("terms", 1)) == 1 and len(step.inputs) in (3, 4)
-                and _host(plan, step.inputs[1]) and rs is not None and list(rs.shape) == [m] and rs.dtype == "fp32"
-                and all(_const(plan, n, (k,)) is not None for n in step.inputs[2:])):
+                and host(plan, step.inputs[1]) and rs is not None and list(rs.shape) == [m] and rs.dtype == "fp32"
+                and all(const(plan, n, (k,)) is not None for n in step.inputs[2:])):
             return m, k
         return None
 
@@ -128,9 +129,9 @@ class _OutEdge:
         if step.op != "QuantizeRows" or len(step.outputs) != 2 or int(step.attrs.get("terms", 1)) != 1:
             return False
         bt = _gemm_operand(plan, step.outputs[0], "int8")
-        if bt is None or bt.shape != (m, k) or not _host(plan, step.outputs[1]):
+        if bt is None or bt.shape != (m, k) or not host(plan, step.outputs[1]):
             return False
-        if not all(_is_const(plan, n) for n in step.inputs[1:]):
+        if not all(is_const(plan, n) for n in step.inputs[1:]):
             return False
         rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
         return rot is not None and rot.size == k and k % rot.block == 0 and (
