@@ -33,7 +33,7 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import jit, prepared
-from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body
+from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape
 
 F32 = np.float32
 
@@ -169,11 +169,10 @@ def _bracket(plan, steps: Sequence[Step], ins: list, out: _OutEdge, call, label:
 
 def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """The stretch's calls (one, bracketed) when it is a residual stretch; else None."""
-    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
+    shape = residual_shape(steps, outputs)
+    if shape is None:
         return None
-    first, *body, last = steps
-    if [s.op for s in body] not in (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"]):
-        return None
+    first, body, last = shape
     k = _InEdge.matches(plan, first)
     if not k:
         return None

@@ -26,7 +26,7 @@ from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import prefill_fused as kernels
 from rkc.runtime.llm.fused import raise_shape
-from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body
+from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape
 from rkc.runtime.llm.kernels import rotation_of
 from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
 
@@ -155,11 +155,10 @@ def _read_elsewhere(plan, steps: Sequence[Step]) -> set:
 
 def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """A many-row residual stretch's calls (one, bracketed), else None."""
-    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
+    shape = residual_shape(steps, outputs)
+    if shape is None:
         return None
-    first, *body, last = steps
-    if [s.op for s in body] not in (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"]):
-        return None
+    first, body, last = shape
     mk = _InEdge.matches(plan, first)
     if mk is None:
         return None

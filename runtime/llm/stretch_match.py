@@ -1,6 +1,6 @@
 """What the fused-stretch matchers (runtime/llm/fused.py one row,
 fused_rows.py many rows) ask of a plan's tensors and steps, in one place:
-host tensors, constants, and the residual stretch's body."""
+host tensors, constants, and the residual stretch's shape and body."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 from rkc.ir.program import Step
 
 F32 = np.float32
+RESIDUAL_BODIES = (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"])  # between the in and out edge
 
 
 def host(plan, name: str) -> bool:
@@ -31,6 +32,19 @@ def const(plan, name: str, shape: tuple) -> np.ndarray | None:
     if info is None or info.region not in plan.model.host_regions or tuple(info.shape) != shape:
         return None
     return np.ascontiguousarray(plan.slots[plan._slot(name)], F32)
+
+
+def residual_shape(steps: Sequence[Step], outputs: set) -> tuple[Step, list[Step], Step] | None:
+    """(in edge, body, out edge) when `steps` have a residual stretch's shape:
+    4 or 5 steps, none making a program output, the body [RMSNorm,] Add,
+    RMSNorm; else None (the edges and the body's data flow are the caller's
+    and residual_body's to check)."""
+    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
+        return None
+    first, *body, last = steps
+    if [s.op for s in body] not in RESIDUAL_BODIES:
+        return None
+    return first, body, last
 
 
 def residual_body(plan, body: Sequence[Step], prev: str, k: int,
