@@ -32,7 +32,10 @@ import numpy as np
 
 from rkc.ir.program import Step
 from rkc.ir.types import DType
+from rkc.runtime.half import narrow_into_atoms
 from rkc.runtime.llm import jit, prepared
+from rkc.runtime.llm.kernels import rotation_of
+from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape
 
 F32 = np.float32
@@ -108,21 +111,29 @@ class _InEdge:
 
 
 class _OutEdge:
-    """The next segment's input written into its BO from a fp32 row [1, k]:
-    an edge Cast to fp16, or QuantizeRows (its prepared kernel, rotation
-    included; two terms: the plain kernel's two rows) to int8 with the row
-    scales into their slot."""
+    """The next segment's input written into its BO's atoms from a fp32 row
+    [1, k], pad rows zeroed, in one compiled call: an edge Cast narrowed to
+    fp16 (half.narrow_into_atoms), or QuantizeRows' codes (one or two terms)
+    with the row scales into their slot, after the rotation's signs and
+    butterflies (jit.hadamard_rows) and its block-mixing factor (numpy's
+    product, as the prepared QuantizeRows runs it, for BLAS's sums)."""
 
     def __init__(self, plan, step: Step, bind) -> None:
         bt = plan._bo_tensor(step.outputs[0])
-        self.bo, self.write = plan.model.bos[bt.info.region], bt.writer()
-        self.slots, self.quantize, self.half = plan.slots, None, None
-        if step.op == "Cast":  # straight into the atoms, numpy's bits (jit.float_to_half_atoms)
-            self.half, self.pad, self.k = bt.rows_view[0].view(np.uint16), bt.rows_view[1:], int(bt.shape[1])
-        if step.op == "QuantizeRows":
-            self.consts = [plan.slots[plan._slot(n)] for n in step.inputs[1:]]
-            self.quantize = bind(step, [None, *self.consts])
-            self.scale_slot = plan._slot(step.outputs[1])
+        self.bo, self.write, self.k = plan.model.bos[bt.info.region], bt.writer(), int(bt.shape[1])
+        self.slots, self.half, self.codes = plan.slots, None, None
+        if step.op == "Cast":
+            self.half = bt.atoms.view(np.uint16)
+            return
+        self.codes, self.terms = bt.atoms, _terms(step)
+        self.scale, self.scale_slot = np.empty(self.terms, F32), plan._slot(step.outputs[1])
+        rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
+        self.rotated = None if rot is None else np.empty((1, self.k), F32)
+        if rot is not None:
+            self.signs, self.block = np.ascontiguousarray(rot.signs, F32), int(rot.block)
+            self.norm = F32(1.0 / np.sqrt(rot.block))
+            self.factor = None if rot.factor is None else rot.factor.astype(F32)
+            self.mixed = None if rot.factor is None else np.empty((1, self.k // rot.block, rot.block), F32)
 
     @staticmethod
     def matches(plan, step: Step, src: str, k: int) -> bool:
@@ -133,24 +144,33 @@ class _OutEdge:
             return False
         if step.op == "Cast":
             return len(step.inputs) == 1 and len(step.outputs) == 1 and bt.info.dtype == "fp16" and bt.shape[0] == 1
-        return (step.op == "QuantizeRows" and len(step.outputs) == 2 and bt.info.dtype == "int8"
-                and host(plan, step.outputs[1]) and all(is_const(plan, n) for n in step.inputs[1:]))
+        if not (step.op == "QuantizeRows" and len(step.outputs) == 2 and bt.info.dtype == "int8"
+                and host(plan, step.outputs[1]) and all(is_const(plan, n) for n in step.inputs[1:])):
+            return False
+        rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
+        return rot is None or (rot.size == k and rot.block > 0 and rot.block & (rot.block - 1) == 0
+                               and k % rot.block == 0 and (rot.factor is None
+                                                           or tuple(rot.factor.shape) == (k // rot.block,) * 2))
 
     def run(self, value: np.ndarray) -> None:
+        if value.shape != (1, self.k) or value.dtype != F32 or not value.flags.c_contiguous:
+            self.write(value)  # (every value the stretches make is such a row)
+            return
         if self.half is not None:
-            if value.shape != (1, self.k) or value.dtype != F32 or not value.flags.c_contiguous:
-                self.write(value)  # (every value the stretches make is such a row)
-                return
-            jit.float_to_half_atoms(value.view(np.uint32).reshape(-1), self.k, self.half)
-            if len(self.pad):
-                self.pad[...] = 0  # rows past the one, as the BO writer leaves them
+            narrow_into_atoms(value.view(np.uint32), self.half)
             return
-        if self.quantize is None:
-            self.write(value)
-            return
-        q, s = self.quantize([value, *self.consts])
-        self.write(q)
-        self.slots[self.scale_slot] = s
+        x = value
+        if self.rotated is not None:
+            jit.hadamard_rows(x, self.signs, self.block, self.norm, self.rotated)
+            x = self.rotated
+            if self.factor is not None:  # F mixes the blocks
+                np.matmul(self.factor, x.reshape(self.mixed.shape), out=self.mixed)
+                x = self.mixed.reshape(1, self.k)
+        if self.terms == 1:
+            quantize_into_atoms(x, self.codes, self.scale)
+        else:
+            jit.quantize_terms_into_atoms(x, self.codes, self.scale)
+        self.slots[self.scale_slot] = self.scale
 
 
 def _terms(step: Step) -> int:

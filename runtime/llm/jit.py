@@ -317,3 +317,37 @@ def dequantize_atoms_terms(src0, src1, n, rs0, rs1, ch_scale, bias, has_bias, ou
             if has_bias:
                 y += np.float64(bias[j])
             out[j] = np.float32(y)
+
+
+@njit(**_JIT)
+def quantize_terms_into_atoms(x, q, scale):
+    """weights.quantize_rows of one row x [1, K] in two terms, the codes
+    written into int8 atoms q [C1, R, C2]: term 1 (row 0) quantizes x as
+    quantize_rows does, term 2 (row 1) the float32 residual x - q1 * s1;
+    channels past K and rows past 2 zeroed; scale [2]."""
+    k = x.shape[1]
+    c1, rows, c2 = q.shape
+    r = np.empty(k, np.float32)
+    for i in range(k):
+        r[i] = x[0, i]
+    for t in range(2):
+        amax = np.float32(0.0)
+        for i in range(k):
+            a = abs(r[i])
+            if a > amax or a != a:  # a NaN stays the maximum, as in numpy's max (so the scale is 1)
+                amax = a
+        s = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
+        scale[t] = s
+        for a in range(c1):
+            for b in range(c2):
+                j = a * c2 + b
+                if j < k:
+                    c = np.int8(min(max(np.rint(r[j] / s), np.float32(-127.0)), np.float32(127.0)))
+                    q[a, t, b] = c
+                    r[j] = r[j] - np.float32(c) * s  # (the second term's residual is not read)
+                else:
+                    q[a, t, b] = 0
+    for a in range(c1):
+        for m in range(2, rows):
+            for b in range(c2):
+                q[a, m, b] = 0
