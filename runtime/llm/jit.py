@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.half import narrow_bits, widen_bits
+from rkc.runtime.half import widen_bits
 
 _JIT = {"cache": True, "nogil": True}
 _BLOCK = 128  # numpy's PW_BLOCKSIZE: the pairwise sum's leaf
@@ -257,18 +257,6 @@ def norm_add_norm(x, w1, eps1, first_norm, res, w2, eps2, n1, total, n2):
         for i in range(k):
             total[m, i] = n1[m, i] + res[m, i]
     rms_norm(total, w2, eps2, n2)
-
-
-@njit(**_JIT)
-def float_to_half_atoms(x, n, dst):
-    """A float32 row (bits, uint32) x[:n] narrowed to fp16 bits into an NPU
-    input's [C1, C2] atoms (`narrow_bits`: numpy's bits); channels past n zero."""
-    c1, c2 = dst.shape
-    for a in range(c1):
-        base = a * c2
-        for b in range(c2):
-            j = base + b
-            dst[a, b] = narrow_bits(x[j]) if j < n else np.uint16(0)
 
 
 _CHUNK = 1024  # elements of a row's atoms gathered into a contiguous buffer at a time
