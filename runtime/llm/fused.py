@@ -232,8 +232,9 @@ _ACTIVATIONS = ("GeluTanh", "SiLU")
 def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """The gated FFN's stretch, one row: gate and up read from their BOs
     (two in edges), act(gate) * up, the product written into the down
-    product's input BO (the out edge). The activation is its prepared
-    kernel (numpy's tanh/exp: a compiled one would not give their bits)."""
+    product's input BO (the out edge). GELU's arithmetic and the product
+    are compiled calls around numpy's tanh (a compiled tanh would not give
+    its bits); SiLU is its prepared kernel (numpy's exp, likewise)."""
     if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
         return None
     e1, e2, act, mul, last = steps
@@ -254,12 +255,27 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
         return None
     edge_gate, edge_up = _InEdge(plan, edges[gate], k), _InEdge(plan, edges[up], k)
     edge_out = _OutEdge(plan, last, bind)
-    activation, slots = bind(act, [None]), plan.slots
+    slots = plan.slots
     o_act, o_mul = plan._slot(act.outputs[0]), plan._slot(mul.outputs[0])
-    hidden, multiply = np.empty((1, k), F32), np.multiply
-    label = f"ffn stretch ({e1.op}, {act.op}, {last.op})"
+    hidden, label = np.empty((1, k), F32), f"ffn stretch ({e1.op}, {act.op}, {last.op})"
+    if act.op == "GeluTanh":  # compiled around numpy's tanh (its bits), buffers made once
+        t, a = np.empty((1, k), F32), np.empty((1, k), F32)
+        argument, times, tanh = jit.gelu_tanh_argument, jit.gelu_tanh_times, np.tanh
+        c, kk = prepared.GELU_C, prepared.GELU_K
 
-    def call():
+        def call():
+            g = edge_gate.run(label)
+            u = edge_up.run(label)
+            argument(g, c, kk, t)
+            tanh(t, out=t)
+            times(g, t, u, a, hidden)
+            slots[o_act] = a
+            slots[o_mul] = hidden
+            edge_out.run(hidden)
+        return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call, label)
+    activation, multiply = bind(act, [None]), np.multiply
+
+    def call_any():
         g = edge_gate.run(label)
         u = edge_up.run(label)
         a = activation([g])[0]
@@ -269,7 +285,7 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
         multiply(a, u, out=hidden)  # as Mul's a * b (float32)
         slots[o_mul] = hidden
         edge_out.run(hidden)
-    return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call, label)
+    return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call_any, label)
 
 
 def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:

@@ -369,3 +369,26 @@ def quantize_terms_into_atoms(x, q, scale):
         for m in range(2, rows):
             for b in range(c2):
                 q[a, m, b] = 0
+
+
+@njit(**_JIT)
+def gelu_tanh_argument(x, c, kk, t):
+    """t = c * (x + kk * x * x * x) over rows x [M, K], float32, in
+    GeluTanh's order (kernels.gelu_tanh: the tanh's argument)."""
+    rows, k = x.shape
+    for m in range(rows):
+        for i in range(k):
+            v = x[m, i]
+            t[m, i] = c * (v + ((kk * v) * v) * v)
+
+
+@njit(**_JIT)
+def gelu_tanh_times(x, th, up, act, out):
+    """act = 0.5 * x * (1 + th) (th: the tanh of gelu_tanh_argument's t), out =
+    act * up, float32 in GeluTanh's and Mul's order: the gated FFN's product."""
+    rows, k = x.shape
+    for m in range(rows):
+        for i in range(k):
+            a = (np.float32(0.5) * x[m, i]) * (np.float32(1.0) + th[m, i])
+            act[m, i] = a
+            out[m, i] = a * up[m, i]

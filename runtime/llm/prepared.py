@@ -30,8 +30,8 @@ from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
 
 Prepared = Callable[[list], list]
-_GELU_C = np.float32(np.sqrt(2.0 / np.pi))
-_GELU_K = np.float32(0.044715)
+GELU_C = np.float32(np.sqrt(2.0 / np.pi))  # GeluTanh's constants (kernels.gelu_tanh), float32
+GELU_K = np.float32(0.044715)
 F32 = np.float32
 
 
@@ -276,18 +276,18 @@ def _gelu(step):
     def run(inputs):
         x = inputs[0]
         if x.dtype != F32:
-            return [(0.5 * x * (1.0 + np.tanh(_GELU_C * (x + _GELU_K * x * x * x)))).astype(F32, copy=False)]
+            return [(0.5 * x * (1.0 + np.tanh(GELU_C * (x + GELU_K * x * x * x)))).astype(F32, copy=False)]
         # 0.5 * x * (1 + tanh(C * (x + K * x * x * x))), each product and sum as that
         # expression rounds it (operands swapped only where IEEE arithmetic commutes)
         key = (x.shape, x.strides)
         t = work.get(key)
         if t is None:
             t = work[key] = np.empty_like(x)
-        multiply(x, _GELU_K, out=t)
+        multiply(x, GELU_K, out=t)
         multiply(t, x, out=t)
         multiply(t, x, out=t)
         add(x, t, out=t)
-        multiply(t, _GELU_C, out=t)
+        multiply(t, GELU_C, out=t)
         tanh(t, out=t)
         add(t, F32(1.0), out=t)
         out = multiply(x, F32(0.5))  # a new array: the step's output
