@@ -131,37 +131,41 @@ def dequantize_rows(acc, row_scale, ch_scale, bias, has_bias, out):
 @njit(**_JIT)
 def hadamard_rows(x, signs, block, norm, out):
     """out = blockwise orthonormal Walsh-Hadamard transform of x * signs
-    (rows [M, K], blocks of `block`, a power of two): butterflies pairing i
-    with i + 1, then 2, 4, ... (runtime/kernels/hadamard.py's pairs and order;
-    the pairs of one stage are independent, so the loops may visit them in
-    any order). Each block is transformed in a contiguous scratch row, whose
-    inner loops the compiler vectorises."""
+    (rows [M, K], blocks of `block`, a power of two): the butterflies of
+    runtime/kernels/hadamard.py, pairing i with i + 1, then 2, 4, ..., in
+    its self-sorting (Stockham) order: each stage reads neighbours from one
+    scratch row and writes sums to the first half of each block of the
+    other, differences to the second; the same pairs of the same values at
+    every stage, so the same bits. One simple loop per stage and block,
+    which the compiler vectorises (a 2048-wide row: 11 -> 2.7 us, from
+    butterflies over runs of 1, 2, 4 ...)."""
+    _hadamard_stages(x, signs, block, norm, out, np.empty((2, x.shape[1]), np.float32))
+
+
+@njit(**_JIT)
+def _hadamard_stages(x, signs, block, norm, out, work):
+    """hadamard_rows with its two scratch rows `work` [2, K]."""
     rows, k = x.shape
-    buf = np.empty(block, np.float32)
+    half = block // 2
     for m in range(rows):
-        for b in range(0, k, block):
-            for i in range(block):
-                buf[i] = x[m, b + i] * signs[b + i]
-            h = 1
-            while h < block:
-                if h == 1:
-                    for i in range(0, block, 2):
-                        u = buf[i]
-                        v = buf[i + 1]
-                        buf[i] = u + v
-                        buf[i + 1] = u - v
-                else:
-                    for i in range(0, block, 2 * h):
-                        lo = buf[i:i + h]
-                        hi = buf[i + h:i + 2 * h]
-                        for j in range(h):
-                            u = lo[j]
-                            v = hi[j]
-                            lo[j] = u + v
-                            hi[j] = u - v
-                h *= 2
-            for i in range(block):
-                out[m, b + i] = buf[i] * norm
+        src = work[0]
+        dst = work[1]
+        for i in range(k):
+            src[i] = x[m, i] * signs[i]
+        h = 1
+        while h < block:
+            for base in range(0, k, block):
+                s = src[base:base + block]
+                d = dst[base:base + block]
+                for j in range(half):
+                    u = s[2 * j]
+                    v = s[2 * j + 1]
+                    d[j] = u + v
+                    d[j + half] = u - v
+            src, dst = dst, src
+            h *= 2
+        for i in range(k):
+            out[m, i] = src[i] * norm
 
 
 @njit(**_JIT)
