@@ -169,6 +169,19 @@ def _hadamard_stages(x, signs, block, norm, out, work):
 
 
 @njit(**_JIT)
+def unhadamard_rows(x, signs, block, norm, out):
+    """out = the inverse of hadamard_rows: the transform of x (the same
+    butterflies, scaled by `norm`), then times the signs, in
+    hadamard.unrotate's order (fwht, then the signs)."""
+    rows, k = x.shape
+    ones = np.ones(k, np.float32)  # (x * 1 is x: the transform's copy of its input)
+    _hadamard_stages(x, ones, block, norm, out, np.empty((2, k), np.float32))
+    for m in range(rows):
+        for i in range(k):
+            out[m, i] = out[m, i] * signs[i]
+
+
+@njit(**_JIT)
 def quantize_rows(x, q, scale):
     """Symmetric int8 per row: scale = max|x| / 127 (1 for a zero row),
     q = clip(rint(x / scale), -127, 127)."""

@@ -184,13 +184,26 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
     except FormatError:
         return None  # the general kernel reports it
     row_scale = consts[1] if len(consts) > 1 else None
+    compiled = rot is not None and rot.size == cols and rot.block & (rot.block - 1) == 0 and cols % rot.block == 0
+    if compiled:  # unrotate's arithmetic in compiled calls around its factor product (numpy's, for BLAS's sums)
+        signs, block = np.ascontiguousarray(rot.signs, F32), int(rot.block)
+        norm, blocks = F32(1.0 / np.sqrt(block)), (cols // block, block)
+        factor_t = None if rot.factor is None else rot.factor.T.astype(F32)  # as unrotate makes it
+        unhadamard, matmul = jit.unhadamard_rows, np.matmul
 
     def run(inputs):
         ids = np.asarray(inputs[0], np.int64)
         out = view[ids // kg, :, ids % kg, :].reshape(len(ids), cp)[:, :cols].astype(F32)
         if row_scale is not None:
             out *= row_scale[ids][:, None]
-        return [out if rot is None else unrotate(out, rot)]
+        if rot is None:
+            return [out]
+        if not compiled:
+            return [unrotate(out, rot)]
+        y = out if factor_t is None else matmul(factor_t, out.reshape(len(out), *blocks)).reshape(out.shape)
+        rows = np.empty(out.shape, F32)
+        unhadamard(y, signs, block, norm, rows)
+        return [rows]
     return run
 
 
