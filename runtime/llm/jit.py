@@ -64,11 +64,12 @@ def _pairwise_squares(x, m, k):
     (numpy/_core/src/umath/loops_utils.h: leaves of at most 128, a longer run
     split in halves at a multiple of eight, left + right). Iterative, with an
     explicit stack: numba's cache cannot reload a recursive function."""
+    if k <= _BLOCK:  # one leaf: no stack
+        return _leaf_squares(x, m, 0, k)
     depth = 64
-    lo = np.zeros(depth, np.int64)
-    cnt = np.zeros(depth, np.int64)
-    stage = np.zeros(depth, np.int64)  # 0: split next, 1: left pending, 2: right pending
-    left = np.zeros(depth, np.float32)
+    state = np.empty((3, depth), np.int64)  # one allocation: what a short row's sum spent most on
+    lo, cnt, stage = state[0], state[1], state[2]  # stage 0: split next, 1: left pending, 2: right pending
+    left = np.empty(depth, np.float32)
     lo[0], cnt[0], stage[0] = 0, k, 0
     sp = 1
     result = np.float32(0.0)
