@@ -65,7 +65,10 @@ class _InEdge:
         self.residual = bt.rows_view[1] if _terms(step) == 2 else None  # a two-term row's residual term
         self.out = np.empty((1, k), F32)
         if step.op == "Cast":
-            self.atoms, self.dequant = self.atoms.view(np.uint16), None
+            self.atoms = self.atoms.view(np.uint16)
+        self.flat = self._flat(self.out)  # what the compiled calls write (a view made once)
+        if step.op == "Cast":
+            self.dequant = None
             return
         ch = const(plan, step.inputs[2], (k,))
         bias = const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else ch
@@ -92,20 +95,26 @@ class _InEdge:
             return k
         return 0
 
+    def _flat(self, out: np.ndarray) -> np.ndarray:
+        flat = out.reshape(-1)
+        return flat.view(np.uint32) if self.atoms.dtype == np.uint16 else flat
+
     def run(self, label: str) -> np.ndarray:
-        out = np.empty((1, self.k), F32) if self.fresh else self.out
+        out, flat = self.out, self.flat
+        if self.fresh:
+            out = np.empty((1, self.k), F32)
+            flat = self._flat(out)
         if self.dequant is None:
-            jit.half_atoms_to_float(self.atoms, self.k, out.view(np.uint32).reshape(-1))
+            jit.half_atoms_to_float(self.atoms, self.k, flat)
         else:
             rs_slot, ch, bias, has_bias = self.dequant
             rs = self.slots[rs_slot]
             if rs.shape != (1 if self.residual is None else 2,) or rs.dtype != F32:
                 raise_shape(label, "row scale", rs)
             if self.residual is None:
-                jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, out.reshape(-1))
+                jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, flat)
             else:
-                jit.dequantize_atoms_terms(self.atoms, self.residual, self.k, rs[0], rs[1], ch, bias, has_bias,
-                                           out.reshape(-1))
+                jit.dequantize_atoms_terms(self.atoms, self.residual, self.k, rs[0], rs[1], ch, bias, has_bias, flat)
         self.slots[self.slot] = out
         return out
 
@@ -134,6 +143,8 @@ class _OutEdge:
             self.norm = F32(1.0 / np.sqrt(rot.block))
             self.factor = None if rot.factor is None else rot.factor.astype(F32)
             self.mixed = None if rot.factor is None else np.empty((1, self.k // rot.block, rot.block), F32)
+            if self.factor is not None:  # views made once: the rotated row by blocks, the mixed blocks as a row
+                self.blocks, self.mixed_row = self.rotated.reshape(self.mixed.shape), self.mixed.reshape(1, self.k)
 
     @staticmethod
     def matches(plan, step: Step, src: str, k: int) -> bool:
@@ -164,8 +175,8 @@ class _OutEdge:
             jit.hadamard_rows(x, self.signs, self.block, self.norm, self.rotated)
             x = self.rotated
             if self.factor is not None:  # F mixes the blocks
-                np.matmul(self.factor, x.reshape(self.mixed.shape), out=self.mixed)
-                x = self.mixed.reshape(1, self.k)
+                np.matmul(self.factor, self.blocks, out=self.mixed)
+                x = self.mixed_row
         if self.terms == 1:
             quantize_into_atoms(x, self.codes, self.scale)
         else:
