@@ -165,8 +165,12 @@ class _OutEdge:
 
     def run(self, value: np.ndarray) -> None:
         if value.shape != (1, self.k) or value.dtype != F32 or not value.flags.c_contiguous:
-            self.write(value)  # (every value the stretches make is such a row)
-            return
+            if self.half is not None:  # (every value the stretches make is such a row)
+                self.write(value)  # the writer casts as numpy's astype
+                return
+            value = np.ascontiguousarray(value, F32)  # as the prepared QuantizeRows takes its input
+            if value.shape != (1, self.k):
+                raise_shape("QuantizeRows", "input", value)
         if self.half is not None:
             narrow_into_atoms(value.view(np.uint32), self.half)
             return
