@@ -136,6 +136,7 @@ class _OutEdge:
             return
         self.codes, self.terms = bt.atoms, _terms(step)
         self.scale, self.scale_slot = np.empty(self.terms, F32), plan._slot(step.outputs[1])
+        self.two = np.empty((2, self.k), F32)  # (two terms: the row and its residual)
         rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
         self.rotated = None if rot is None else np.empty((1, self.k), F32)
         if rot is not None:
@@ -184,7 +185,7 @@ class _OutEdge:
         if self.terms == 1:
             quantize_into_atoms(x, self.codes, self.scale)
         else:
-            jit.quantize_terms_into_atoms(x, self.codes, self.scale)
+            jit.quantize_terms_into_atoms(x, self.codes, self.scale, self.two)
         self.slots[self.scale_slot] = self.scale
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import widen_bits
+from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 
 _JIT = {"cache": True, "nogil": True}
 _BLOCK = 128  # numpy's PW_BLOCKSIZE: the pairwise sum's leaf
@@ -356,37 +357,18 @@ def dequantize_atoms_terms(src0, src1, n, rs0, rs1, ch_scale, bias, has_bias, ou
 
 
 @njit(**_JIT)
-def quantize_terms_into_atoms(x, q, scale):
+def quantize_terms_into_atoms(x, q, scale, terms):
     """weights.quantize_rows of one row x [1, K] in two terms, the codes
-    written into int8 atoms q [C1, R, C2]: term 1 (row 0) quantizes x as
-    quantize_rows does, term 2 (row 1) the float32 residual x - q1 * s1;
-    channels past K and rows past 2 zeroed; scale [2]."""
-    k = x.shape[1]
-    c1, rows, c2 = q.shape
-    r = np.empty(k, np.float32)
+    written into int8 atoms q [C1, R, C2] as quantize_into_atoms writes rows:
+    term 1 (row 0) quantizes x, term 2 (row 1) the float32 residual
+    x - q1 * s1 (`terms`: a [2, K] buffer for the two rows); scale [2]."""
+    k, c2 = x.shape[1], q.shape[2]
+    quantize_into_atoms(x, q, scale[:1])
+    s = scale[0]
     for i in range(k):
-        r[i] = x[0, i]
-    for t in range(2):
-        amax = np.float32(0.0)
-        for i in range(k):
-            a = abs(r[i])
-            if a > amax or a != a:  # a NaN stays the maximum, as in numpy's max (so the scale is 1)
-                amax = a
-        s = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
-        scale[t] = s
-        for a in range(c1):
-            for b in range(c2):
-                j = a * c2 + b
-                if j < k:
-                    c = np.int8(min(max(np.rint(r[j] / s), np.float32(-127.0)), np.float32(127.0)))
-                    q[a, t, b] = c
-                    r[j] = r[j] - np.float32(c) * s  # (the second term's residual is not read)
-                else:
-                    q[a, t, b] = 0
-    for a in range(c1):
-        for m in range(2, rows):
-            for b in range(c2):
-                q[a, m, b] = 0
+        terms[0, i] = x[0, i]
+        terms[1, i] = x[0, i] - np.float32(q[i // c2, 0, i % c2]) * s
+    quantize_into_atoms(terms, q, scale)  # (row 0's codes again, the same)
 
 
 @njit(**_JIT)
