@@ -32,7 +32,11 @@ import numpy as np
 
 from rkc.ir.program import Step
 from rkc.ir.types import DType
+from rkc.runtime.half import narrow_into_atoms
 from rkc.runtime.llm import jit, prepared
+from rkc.runtime.llm.kernels import rotation_of
+from rkc.runtime.llm.prefill_fused import quantize_into_atoms
+from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape
 
 F32 = np.float32
 
@@ -45,19 +49,6 @@ def _row(plan, name: str, k: int, dtype: str = "fp32") -> bool:
     """`name` a one-row [1, k] tensor of `dtype`."""
     info = _info(plan, name)
     return info is not None and list(info.shape) == [1, k] and info.dtype == dtype
-
-
-def _host(plan, name: str) -> bool:
-    """A host tensor (a slot of the plan), neither in a BO nor a constant."""
-    info = _info(plan, name)
-    return info is not None and plan._bo_tensor(name) is None and info.region not in plan.model.host_regions
-
-
-def _const(plan, name: str, shape: tuple) -> np.ndarray | None:
-    info = _info(plan, name)
-    if info is None or info.region not in plan.model.host_regions or tuple(info.shape) != shape:
-        return None
-    return np.ascontiguousarray(plan.slots[plan._slot(name)], F32)
 
 
 class _InEdge:
@@ -74,10 +65,13 @@ class _InEdge:
         self.residual = bt.rows_view[1] if _terms(step) == 2 else None  # a two-term row's residual term
         self.out = np.empty((1, k), F32)
         if step.op == "Cast":
-            self.atoms, self.dequant = self.atoms.view(np.uint16), None
+            self.atoms = self.atoms.view(np.uint16)
+        self.flat = self._flat(self.out)  # what the compiled calls write (a view made once)
+        if step.op == "Cast":
+            self.dequant = None
             return
-        ch = _const(plan, step.inputs[2], (k,))
-        bias = _const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else ch
+        ch = const(plan, step.inputs[2], (k,))
+        bias = const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else ch
         self.dequant = (plan._slot(step.inputs[1]), ch, bias, len(step.inputs) == 4)
 
     @staticmethod
@@ -89,52 +83,69 @@ class _InEdge:
         if bt is None or bt.info.layout != "native-gemm" or len(bt.shape) != 2 or bt.shape[0] != _terms(step):
             return 0
         k = int(bt.shape[1])
-        if not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
+        if not host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
             return 0
         if (step.op == "Cast" and bt.shape[0] == 1 and len(step.inputs) == 1 and bt.info.dtype == "fp16"
                 and DType(step.attrs["to"]).numpy == F32):
             return k
         if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1 and bt.info.dtype == "int32"
-                and len(step.inputs) in (3, 4) and _host(plan, step.inputs[1])
-                and _const(plan, step.inputs[2], (k,)) is not None
-                and (len(step.inputs) == 3 or _const(plan, step.inputs[3], (k,)) is not None)):
+                and len(step.inputs) in (3, 4) and host(plan, step.inputs[1])
+                and const(plan, step.inputs[2], (k,)) is not None
+                and (len(step.inputs) == 3 or const(plan, step.inputs[3], (k,)) is not None)):
             return k
         return 0
 
+    def _flat(self, out: np.ndarray) -> np.ndarray:
+        flat = out.reshape(-1)
+        return flat.view(np.uint32) if self.atoms.dtype == np.uint16 else flat
+
     def run(self, label: str) -> np.ndarray:
-        out = np.empty((1, self.k), F32) if self.fresh else self.out
+        out, flat = self.out, self.flat
+        if self.fresh:
+            out = np.empty((1, self.k), F32)
+            flat = self._flat(out)
         if self.dequant is None:
-            jit.half_atoms_to_float(self.atoms, self.k, out.view(np.uint32).reshape(-1))
+            jit.half_atoms_to_float(self.atoms, self.k, flat)
         else:
             rs_slot, ch, bias, has_bias = self.dequant
             rs = self.slots[rs_slot]
             if rs.shape != (1 if self.residual is None else 2,) or rs.dtype != F32:
                 raise_shape(label, "row scale", rs)
             if self.residual is None:
-                jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, out.reshape(-1))
+                jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, flat)
             else:
-                jit.dequantize_atoms_terms(self.atoms, self.residual, self.k, rs[0], rs[1], ch, bias, has_bias,
-                                           out.reshape(-1))
+                jit.dequantize_atoms_terms(self.atoms, self.residual, self.k, rs[0], rs[1], ch, bias, has_bias, flat)
         self.slots[self.slot] = out
         return out
 
 
 class _OutEdge:
-    """The next segment's input written into its BO from a fp32 row [1, k]:
-    an edge Cast to fp16, or QuantizeRows (its prepared kernel, rotation
-    included; two terms: the plain kernel's two rows) to int8 with the row
-    scales into their slot."""
+    """The next segment's input written into its BO's atoms from a fp32 row
+    [1, k], pad rows zeroed, in one compiled call: an edge Cast narrowed to
+    fp16 (half.narrow_into_atoms), or QuantizeRows' codes (one or two terms)
+    with the row scales into their slot, after the rotation's signs and
+    butterflies (jit.hadamard_rows) and its block-mixing factor (numpy's
+    product, as the prepared QuantizeRows runs it, for BLAS's sums)."""
 
     def __init__(self, plan, step: Step, bind) -> None:
         bt = plan._bo_tensor(step.outputs[0])
-        self.bo, self.write = plan.model.bos[bt.info.region], bt.writer()
-        self.slots, self.quantize, self.half = plan.slots, None, None
-        if step.op == "Cast":  # straight into the atoms, numpy's bits (jit.float_to_half_atoms)
-            self.half, self.pad, self.k = bt.rows_view[0].view(np.uint16), bt.rows_view[1:], int(bt.shape[1])
-        if step.op == "QuantizeRows":
-            self.consts = [plan.slots[plan._slot(n)] for n in step.inputs[1:]]
-            self.quantize = bind(step, [None, *self.consts])
-            self.scale_slot = plan._slot(step.outputs[1])
+        self.bo, self.write, self.k = plan.model.bos[bt.info.region], bt.writer(), int(bt.shape[1])
+        self.slots, self.half, self.codes = plan.slots, None, None
+        if step.op == "Cast":
+            self.half = bt.atoms.view(np.uint16)
+            return
+        self.codes, self.terms = bt.atoms, _terms(step)
+        self.scale, self.scale_slot = np.empty(self.terms, F32), plan._slot(step.outputs[1])
+        self.two = np.empty((2, self.k), F32)  # (two terms: the row and its residual)
+        rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
+        self.rotated = None if rot is None else np.empty((1, self.k), F32)
+        if rot is not None:
+            self.signs, self.block = np.ascontiguousarray(rot.signs, F32), int(rot.block)
+            self.norm = F32(1.0 / np.sqrt(rot.block))
+            self.factor = None if rot.factor is None else rot.factor.astype(F32)
+            self.mixed = None if rot.factor is None else np.empty((1, self.k // rot.block, rot.block), F32)
+            if self.factor is not None:  # views made once: the rotated row by blocks, the mixed blocks as a row
+                self.blocks, self.mixed_row = self.rotated.reshape(self.mixed.shape), self.mixed.reshape(1, self.k)
 
     @staticmethod
     def matches(plan, step: Step, src: str, k: int) -> bool:
@@ -145,24 +156,37 @@ class _OutEdge:
             return False
         if step.op == "Cast":
             return len(step.inputs) == 1 and len(step.outputs) == 1 and bt.info.dtype == "fp16" and bt.shape[0] == 1
-        return (step.op == "QuantizeRows" and len(step.outputs) == 2 and bt.info.dtype == "int8"
-                and _host(plan, step.outputs[1]) and all(_is_const(plan, n) for n in step.inputs[1:]))
+        if not (step.op == "QuantizeRows" and len(step.outputs) == 2 and bt.info.dtype == "int8"
+                and host(plan, step.outputs[1]) and all(is_const(plan, n) for n in step.inputs[1:])):
+            return False
+        rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
+        return rot is None or (rot.size == k and rot.block > 0 and rot.block & (rot.block - 1) == 0
+                               and k % rot.block == 0 and (rot.factor is None
+                                                           or tuple(rot.factor.shape) == (k // rot.block,) * 2))
 
     def run(self, value: np.ndarray) -> None:
-        if self.half is not None:
-            if value.shape != (1, self.k) or value.dtype != F32 or not value.flags.c_contiguous:
-                self.write(value)  # (every value the stretches make is such a row)
+        if value.shape != (1, self.k) or value.dtype != F32 or not value.flags.c_contiguous:
+            if self.half is not None:  # (every value the stretches make is such a row)
+                self.write(value)  # the writer casts as numpy's astype
                 return
-            jit.float_to_half_atoms(value.view(np.uint32).reshape(-1), self.k, self.half)
-            if len(self.pad):
-                self.pad[...] = 0  # rows past the one, as the BO writer leaves them
+            value = np.ascontiguousarray(value, F32)  # as the prepared QuantizeRows takes its input
+            if value.shape != (1, self.k):
+                raise_shape("QuantizeRows", "input", value)
+        if self.half is not None:
+            narrow_into_atoms(value.view(np.uint32), self.half)
             return
-        if self.quantize is None:
-            self.write(value)
-            return
-        q, s = self.quantize([value, *self.consts])
-        self.write(q)
-        self.slots[self.scale_slot] = s
+        x = value
+        if self.rotated is not None:
+            jit.hadamard_rows(x, self.signs, self.block, self.norm, self.rotated)
+            x = self.rotated
+            if self.factor is not None:  # F mixes the blocks
+                np.matmul(self.factor, self.blocks, out=self.mixed)
+                x = self.mixed_row
+        if self.terms == 1:
+            quantize_into_atoms(x, self.codes, self.scale)
+        else:
+            jit.quantize_terms_into_atoms(x, self.codes, self.scale, self.two)
+        self.slots[self.scale_slot] = self.scale
 
 
 def _terms(step: Step) -> int:
@@ -174,49 +198,17 @@ def _terms(step: Step) -> int:
     return terms if terms in (1, 2) else 0
 
 
-def _is_const(plan, name: str) -> bool:
-    info = _info(plan, name)
-    return bool(name) and info is not None and info.region in plan.model.host_regions
-
-
 def _bracket(plan, steps: Sequence[Step], ins: list, out: _OutEdge, call, label: str) -> list[Callable[[], None]]:
     call.label, call.ops = label, tuple(s.op for s in steps)  # ops: what the profile's per-op costs share it by
     return plan._bracketed([e.bo for e in ins] + [out.bo], [call])
 
 
-def residual_body(plan, body: Sequence[Step], prev: str, k: int, shaped) -> tuple[list, str, str] | None:
-    """A residual stretch's body ([RMSNorm], Add, RMSNorm, each reading the
-    one before it, from `prev`): (norms as (weight, epsilon), the residual's
-    name, the last output's name), or None. `shaped(name)`: a host tensor
-    of the stretch's row shape."""
-    norms, residual = [], None
-    for step in body:
-        if step.op == "RMSNorm":
-            if len(step.inputs) != 2 or step.inputs[0] != prev:
-                return None
-            w = _const(plan, step.inputs[1], (k,))
-            if w is None:
-                return None
-            norms.append((w, F32(step.attrs["epsilon"])))
-        else:
-            if len(step.inputs) != 2 or prev not in step.inputs:
-                return None
-            residual = step.inputs[1] if step.inputs[0] == prev else step.inputs[0]
-            if residual == prev or not _host(plan, residual) or not shaped(residual):
-                return None
-        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not shaped(step.outputs[0]):
-            return None
-        prev = step.outputs[0]
-    return norms, residual, prev
-
-
 def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """The stretch's calls (one, bracketed) when it is a residual stretch; else None."""
-    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
+    shape = residual_shape(steps, outputs)
+    if shape is None:
         return None
-    first, *body, last = steps
-    if [s.op for s in body] not in (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"]):
-        return None
+    first, body, last = shape
     k = _InEdge.matches(plan, first)
     if not k:
         return None
@@ -256,8 +248,9 @@ _ACTIVATIONS = ("GeluTanh", "SiLU")
 def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """The gated FFN's stretch, one row: gate and up read from their BOs
     (two in edges), act(gate) * up, the product written into the down
-    product's input BO (the out edge). The activation is its prepared
-    kernel (numpy's tanh/exp: a compiled one would not give their bits)."""
+    product's input BO (the out edge). GELU's arithmetic and the product
+    are compiled calls around numpy's tanh (a compiled tanh would not give
+    its bits); SiLU is its prepared kernel (numpy's exp, likewise)."""
     if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
         return None
     e1, e2, act, mul, last = steps
@@ -272,18 +265,33 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
     if sorted(mul.inputs) != sorted([act.outputs[0], up]):
         return None
     for step in (act, mul):
-        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
+        if len(step.outputs) != 1 or not host(plan, step.outputs[0]) or not _row(plan, step.outputs[0], k):
             return None
     if not _OutEdge.matches(plan, last, mul.outputs[0], k):
         return None
     edge_gate, edge_up = _InEdge(plan, edges[gate], k), _InEdge(plan, edges[up], k)
     edge_out = _OutEdge(plan, last, bind)
-    activation, slots = bind(act, [None]), plan.slots
+    slots = plan.slots
     o_act, o_mul = plan._slot(act.outputs[0]), plan._slot(mul.outputs[0])
-    hidden, multiply = np.empty((1, k), F32), np.multiply
-    label = f"ffn stretch ({e1.op}, {act.op}, {last.op})"
+    hidden, label = np.empty((1, k), F32), f"ffn stretch ({e1.op}, {act.op}, {last.op})"
+    if act.op == "GeluTanh":  # compiled around numpy's tanh (its bits), buffers made once
+        t, a = np.empty((1, k), F32), np.empty((1, k), F32)
+        argument, times, tanh = jit.gelu_tanh_argument, jit.gelu_tanh_times, np.tanh
+        c, kk = prepared.GELU_C, prepared.GELU_K
 
-    def call():
+        def call():
+            g = edge_gate.run(label)
+            u = edge_up.run(label)
+            argument(g, c, kk, t)
+            tanh(t, out=t)
+            times(g, t, u, a, hidden)
+            slots[o_act] = a
+            slots[o_mul] = hidden
+            edge_out.run(hidden)
+        return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call, label)
+    activation, multiply = bind(act, [None]), np.multiply
+
+    def call_any():
         g = edge_gate.run(label)
         u = edge_up.run(label)
         a = activation([g])[0]
@@ -293,7 +301,7 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
         multiply(a, u, out=hidden)  # as Mul's a * b (float32)
         slots[o_mul] = hidden
         edge_out.run(hidden)
-    return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call, label)
+    return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call_any, label)
 
 
 def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
@@ -341,7 +349,7 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
     runs: list[Callable[[], None]] = []
     attention_seen = False
     for step in front[n_edges:]:
-        if len(step.outputs) != 1 or not _host(plan, step.outputs[0]):
+        if len(step.outputs) != 1 or not host(plan, step.outputs[0]):
             return None
         o, shape = plan._slot(step.outputs[0]), _declared(plan, step.outputs[0])
         src = step.inputs[0] if step.inputs else None
@@ -352,7 +360,7 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
                 return None
             runs.append(_reshape_run(slots, plan._slot(src), o, shape))
         elif step.op == "RMSNorm":
-            w = _const(plan, step.inputs[1], (made[src][-1],)) if len(step.inputs) == 2 else None
+            w = const(plan, step.inputs[1], (made[src][-1],)) if len(step.inputs) == 2 else None
             if w is None or shape != made[src]:
                 return None
             runs.append(_norm_run(slots, plan._slot(src), o, shape, w, F32(step.attrs["epsilon"])))

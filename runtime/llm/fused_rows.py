@@ -25,7 +25,8 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import prefill_fused as kernels
-from rkc.runtime.llm.fused import _const, _host, _is_const, raise_shape, residual_body
+from rkc.runtime.llm.fused import raise_shape
+from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape
 from rkc.runtime.llm.kernels import rotation_of
 from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
 
@@ -37,11 +38,6 @@ _NONE_VEC = np.zeros(0, F32)
 def _rows(plan, name: str, m: int, k: int) -> bool:
     info = plan.model.tensors.get(name)
     return info is not None and list(info.shape) == [m, k] and info.dtype == "fp32"
-
-
-def _atoms(bt) -> np.ndarray:
-    """A GEMM operand's atoms [C1, stored rows, C2] in its BO."""
-    return bt.rows_view.transpose(1, 0, 2)
 
 
 def _gemm_operand(plan, name: str, dtype: str):
@@ -58,14 +54,14 @@ class _InEdge:
         self.kind = kernels.IN_HALF if step.op == "Cast" else kernels.IN_DEQUANT
         bt = plan._bo_tensor(step.inputs[0])
         self.bo, self.m, self.k = plan.model.bos[bt.info.region], bt.m, bt.k
-        atoms = _atoms(bt)
+        atoms = bt.atoms
         self.src = atoms.view(np.uint16) if self.kind == kernels.IN_HALF else atoms
         self.rs_slot, self.ch, self.bias, self.has_bias = None, _NONE_VEC, _NONE_VEC, False
         if self.kind == kernels.IN_DEQUANT:
             self.rs_slot = plan._slot(step.inputs[1])
-            self.ch = _const(plan, step.inputs[2], (self.k,))
+            self.ch = const(plan, step.inputs[2], (self.k,))
             self.has_bias = len(step.inputs) == 4
-            self.bias = _const(plan, step.inputs[3], (self.k,)) if self.has_bias else self.ch
+            self.bias = const(plan, step.inputs[3], (self.k,)) if self.has_bias else self.ch
 
     @staticmethod
     def matches(plan, step: Step) -> tuple[int, int] | None:
@@ -77,15 +73,15 @@ class _InEdge:
         if bt is None:
             return None
         m, k = bt.shape
-        if m < LANES or not _host(plan, step.outputs[0]) or not _rows(plan, step.outputs[0], m, k):
+        if m < LANES or not host(plan, step.outputs[0]) or not _rows(plan, step.outputs[0], m, k):
             return None
         if step.op == "Cast" and len(step.inputs) == 1 and DType(step.attrs["to"]).numpy == F32:
             return m, k
         rs = plan.model.tensors.get(step.inputs[1]) if len(step.inputs) > 1 else None
         if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1
                 and int(step.attrs.get("terms", 1)) == 1 and len(step.inputs) in (3, 4)
-                and _host(plan, step.inputs[1]) and rs is not None and list(rs.shape) == [m] and rs.dtype == "fp32"
-                and all(_const(plan, n, (k,)) is not None for n in step.inputs[2:])):
+                and host(plan, step.inputs[1]) and rs is not None and list(rs.shape) == [m] and rs.dtype == "fp32"
+                and all(const(plan, n, (k,)) is not None for n in step.inputs[2:])):
             return m, k
         return None
 
@@ -103,7 +99,7 @@ class _OutEdge:
 
     def __init__(self, plan, step: Step) -> None:
         bt = plan._bo_tensor(step.outputs[0])
-        self.bo, atoms = plan.model.bos[bt.info.region], _atoms(bt)
+        self.bo, atoms = plan.model.bos[bt.info.region], bt.atoms
         m, k = bt.shape
         self.signs, self.block, self.hnorm, self.factor = _NONE_VEC, 1, F32(1.0), None
         self.scale_slot, self.scale = None, _NONE_VEC
@@ -133,9 +129,9 @@ class _OutEdge:
         if step.op != "QuantizeRows" or len(step.outputs) != 2 or int(step.attrs.get("terms", 1)) != 1:
             return False
         bt = _gemm_operand(plan, step.outputs[0], "int8")
-        if bt is None or bt.shape != (m, k) or not _host(plan, step.outputs[1]):
+        if bt is None or bt.shape != (m, k) or not host(plan, step.outputs[1]):
             return False
-        if not all(_is_const(plan, n) for n in step.inputs[1:]):
+        if not all(is_const(plan, n) for n in step.inputs[1:]):
             return False
         rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
         return rot is not None and rot.size == k and k % rot.block == 0 and (
@@ -159,11 +155,10 @@ def _read_elsewhere(plan, steps: Sequence[Step]) -> set:
 
 def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """A many-row residual stretch's calls (one, bracketed), else None."""
-    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
+    shape = residual_shape(steps, outputs)
+    if shape is None:
         return None
-    first, *body, last = steps
-    if [s.op for s in body] not in (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"]):
-        return None
+    first, body, last = shape
     mk = _InEdge.matches(plan, first)
     if mk is None:
         return None

@@ -35,9 +35,7 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.float64).reshape(-1)
         if self.temperature <= 0:
             return int(np.argmax(logits))
-        order = np.argsort(-logits, kind="stable")
-        if self.top_k > 0:
-            order = order[: self.top_k]
+        order = top_order(logits, self.top_k)
         z = logits[order] / self.temperature
         p = np.exp(z - z.max())
         p /= p.sum()
@@ -45,6 +43,22 @@ class Sampler:
             keep = int(np.searchsorted(np.cumsum(p), self.top_p) + 1)
             order, p = order[:keep], p[:keep] / p[:keep].sum()
         return int(order[self.rng.choice(len(order), p=p)])
+
+
+def top_order(logits: np.ndarray, k: int) -> np.ndarray:
+    """np.argsort(-logits, kind="stable")[:k] (all of it for k <= 0): the k
+    largest, ties in index order, found by a partition and sorted alone (a
+    stable sort of a 262144-wide vocabulary is ~100 ms, most of a sampled
+    token's host time)."""
+    n = logits.size
+    if k <= 0 or k >= n or np.isnan(logits).any():  # (NaNs: the sort's own order)
+        order = np.argsort(-logits, kind="stable")
+        return order if k <= 0 else order[:k]
+    neg = -logits
+    kth = np.partition(neg, k - 1)[k - 1]
+    ahead = np.flatnonzero(neg < kth)
+    chosen = np.sort(np.concatenate([ahead, np.flatnonzero(neg == kth)[: k - len(ahead)]]))
+    return chosen[np.argsort(neg[chosen], kind="stable")]  # index order first: ties stay in it
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
 
 Prepared = Callable[[list], list]
-_GELU_C = np.float32(np.sqrt(2.0 / np.pi))
-_GELU_K = np.float32(0.044715)
+GELU_C = np.float32(np.sqrt(2.0 / np.pi))  # GeluTanh's constants (kernels.gelu_tanh), float32
+GELU_K = np.float32(0.044715)
 F32 = np.float32
 
 
@@ -197,13 +197,26 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
     except FormatError:
         return None  # the general kernel reports it
     row_scale = consts[1] if len(consts) > 1 else None
+    compiled = rot is not None and rot.size == cols and rot.block & (rot.block - 1) == 0 and cols % rot.block == 0
+    if compiled:  # unrotate's arithmetic in compiled calls around its factor product (numpy's, for BLAS's sums)
+        signs, block = np.ascontiguousarray(rot.signs, F32), int(rot.block)
+        norm, blocks = F32(1.0 / np.sqrt(block)), (cols // block, block)
+        factor_t = None if rot.factor is None else rot.factor.T.astype(F32)  # as unrotate makes it
+        unhadamard, matmul = jit.unhadamard_rows, np.matmul
 
     def run(inputs):
         ids = np.asarray(inputs[0], np.int64)
         out = view[ids // kg, :, ids % kg, :].reshape(len(ids), cp)[:, :cols].astype(F32)
         if row_scale is not None:
             out *= row_scale[ids][:, None]
-        return [out if rot is None else unrotate(out, rot)]
+        if rot is None:
+            return [out]
+        if not compiled:
+            return [unrotate(out, rot)]
+        y = out if factor_t is None else matmul(factor_t, out.reshape(len(out), *blocks)).reshape(out.shape)
+        rows = np.empty(out.shape, F32)
+        unhadamard(y, signs, block, norm, rows)
+        return [rows]
     return run
 
 
@@ -289,18 +302,18 @@ def _gelu(step):
     def run(inputs):
         x = inputs[0]
         if x.dtype != F32:
-            return [(0.5 * x * (1.0 + np.tanh(_GELU_C * (x + _GELU_K * x * x * x)))).astype(F32, copy=False)]
+            return [(0.5 * x * (1.0 + np.tanh(GELU_C * (x + GELU_K * x * x * x)))).astype(F32, copy=False)]
         # 0.5 * x * (1 + tanh(C * (x + K * x * x * x))), each product and sum as that
         # expression rounds it (operands swapped only where IEEE arithmetic commutes)
         key = (x.shape, x.strides)
         t = work.get(key)
         if t is None:
             t = work[key] = np.empty_like(x)
-        multiply(x, _GELU_K, out=t)
+        multiply(x, GELU_K, out=t)
         multiply(t, x, out=t)
         multiply(t, x, out=t)
         add(x, t, out=t)
-        multiply(t, _GELU_C, out=t)
+        multiply(t, GELU_C, out=t)
         tanh(t, out=t)
         add(t, F32(1.0), out=t)
         out = multiply(x, F32(0.5))  # a new array: the step's output

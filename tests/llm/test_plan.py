@@ -216,14 +216,20 @@ def test_edges_read_from_atoms_are_the_kernels():
     from rkc.runtime.llm import jit, kernels
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    out = np.zeros(1 << 16, np.uint32)
-    jit.half_atoms_to_float(bits.reshape(-1, 32), 1 << 16, out)
-    np.testing.assert_array_equal(out, bits.view(np.float16).astype(np.float32).view(np.uint32))
+    want = bits.view(np.float16).astype(np.float32).view(np.uint32)
+    for c2 in (32, 8):  # 8: fp16's atom, widened by chunks; row 0 of [C1, 4 rows, C2] atoms, as a BO holds them
+        for n in (1 << 16, (1 << 16) - 3):
+            stored = np.zeros((-(-bits.size // c2), 4, c2), np.uint16)
+            stored[:, 0] = bits.reshape(-1, c2)
+            out = np.zeros(n, np.uint32)
+            jit.half_atoms_to_float(stored[:, 0], n, out)
+            np.testing.assert_array_equal(out, want[:n])
     rng = np.random.default_rng(11)
-    for k, c2 in ((640, 32), (1000, 16), (7, 8)):
+    for k, c2 in ((640, 32), (1000, 16), (7, 8), (640, 4), (1001, 4)):  # 4: int32's atom (its fixed loop)
         c1 = -(-k // c2)
-        atoms = rng.integers(-2 ** 31, 2 ** 31, (c1, c2), dtype=np.int64).astype(np.int32)
-        acc = atoms.reshape(1, -1)[:, :k]
+        stored = rng.integers(-2 ** 31, 2 ** 31, (c1, 4, c2), dtype=np.int64).astype(np.int32)
+        atoms = stored[:, 0]
+        acc = np.ascontiguousarray(atoms).reshape(1, -1)[:, :k]
         rs, ch, bias = rng.random(1, np.float32) * 1e-3, rng.random(k, np.float32), rng.standard_normal(k).astype(np.float32)
         for inputs in ([acc, rs, ch], [acc, rs, ch, bias]):
             got = np.zeros(k, np.float32)
@@ -233,11 +239,11 @@ def test_edges_read_from_atoms_are_the_kernels():
 
 def test_edges_written_to_atoms_are_numpys_cast():
     """The fused stretches' fp16 out edges write a float32 row straight into
-    the next segment's atoms [C1, C2]: numpy's astype(float16) bits for every
+    the next segment's atoms [C1, rows, C2]: numpy's astype(float16) bits for every
     fp16 value, its neighbours and the ties between them (round to nearest
     even), overflow, infinities, signalling and quiet NaNs with their
-    payloads, random patterns; channels past K zero."""
-    from rkc.runtime.llm import jit
+    payloads, random patterns; channels past K and the pad rows zero."""
+    from rkc.runtime.half import narrow_into_atoms
 
     rng = np.random.default_rng(12)
     halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
@@ -248,9 +254,9 @@ def test_edges_written_to_atoms_are_numpys_cast():
                         rng.integers(0, 2 ** 32, 1 << 20, dtype=np.uint64).astype(np.uint32)])
     c2 = 16
     n = x.size - 5  # a partial last atom: its channels past n are zero
-    dst = np.full((-(-x.size // c2), c2), 0xFFFF, np.uint16)
-    jit.float_to_half_atoms(x, n, dst)
+    dst = np.full((-(-x.size // c2), 3, c2), 0xFFFF, np.uint16)  # [C1, rows, C2]: one row and two pad rows
+    narrow_into_atoms(x[:n].reshape(1, n), dst)
     with np.errstate(all="ignore"):
         want = x[:n].view(np.float32).astype(np.float16).view(np.uint16)
-    np.testing.assert_array_equal(dst.reshape(-1)[:n], want)
-    assert not dst.reshape(-1)[n:].any()
+    np.testing.assert_array_equal(dst[:, 0].reshape(-1)[:n], want)
+    assert not dst[:, 0].reshape(-1)[n:].any() and not dst[:, 1:].any()

@@ -71,8 +71,8 @@ def test_residual_tiles_are_the_per_step_kernels(rows, k, kind, edges, first_nor
             [n2, *consts])
         BoTensor(out_info, want_host).writer()(q)
 
-    atoms_in = src_bt.rows_view.transpose(1, 0, 2)
-    atoms_out = out_bt.rows_view.transpose(1, 0, 2)
+    atoms_in = src_bt.atoms
+    atoms_out = out_bt.atoms
     in_kind = pf.IN_HALF if edges[0] == "fp16" else pf.IN_DEQUANT
     src = atoms_in.view(np.uint16) if in_kind == pf.IN_HALF else atoms_in
     bufs = [np.full((rows, k), np.nan, F32) for _ in range(4)]

@@ -1,0 +1,74 @@
+"""What the fused-stretch matchers (runtime/llm/fused.py one row,
+fused_rows.py many rows) ask of a plan's tensors and steps, in one place:
+host tensors, constants, and the residual stretch's shape and body."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rkc.ir.program import Step
+
+F32 = np.float32
+RESIDUAL_BODIES = (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"])  # between the in and out edge
+
+
+def host(plan, name: str) -> bool:
+    """A host tensor (a slot of the plan), neither in a BO nor a constant."""
+    info = plan.model.tensors.get(name)
+    return info is not None and plan._bo_tensor(name) is None and info.region not in plan.model.host_regions
+
+
+def is_const(plan, name: str) -> bool:
+    """A constant (a host region's tensor)."""
+    info = plan.model.tensors.get(name)
+    return bool(name) and info is not None and info.region in plan.model.host_regions
+
+
+def const(plan, name: str, shape: tuple) -> np.ndarray | None:
+    """The constant `name` of `shape` as a C-order float32 array, else None."""
+    info = plan.model.tensors.get(name)
+    if info is None or info.region not in plan.model.host_regions or tuple(info.shape) != shape:
+        return None
+    return np.ascontiguousarray(plan.slots[plan._slot(name)], F32)
+
+
+def residual_shape(steps: Sequence[Step], outputs: set) -> tuple[Step, list[Step], Step] | None:
+    """(in edge, body, out edge) when `steps` have a residual stretch's shape:
+    4 or 5 steps, none making a program output, the body [RMSNorm,] Add,
+    RMSNorm; else None (the edges and the body's data flow are the caller's
+    and residual_body's to check)."""
+    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
+        return None
+    first, *body, last = steps
+    if [s.op for s in body] not in RESIDUAL_BODIES:
+        return None
+    return first, body, last
+
+
+def residual_body(plan, body: Sequence[Step], prev: str, k: int,
+                  shaped: Callable[[str], bool]) -> tuple[list, str, str] | None:
+    """A residual stretch's body ([RMSNorm], Add, RMSNorm, each reading the
+    one before it, from `prev`): (norms as (weight, epsilon), the residual's
+    name, the last output's name), or None. `shaped(name)`: a host tensor
+    of the stretch's row shape."""
+    norms, residual = [], None
+    for step in body:
+        if step.op == "RMSNorm":
+            if len(step.inputs) != 2 or step.inputs[0] != prev:
+                return None
+            w = const(plan, step.inputs[1], (k,))
+            if w is None:
+                return None
+            norms.append((w, F32(step.attrs["epsilon"])))
+        else:
+            if len(step.inputs) != 2 or prev not in step.inputs:
+                return None
+            residual = step.inputs[1] if step.inputs[0] == prev else step.inputs[0]
+            if residual == prev or not host(plan, residual) or not shaped(residual):
+                return None
+        if len(step.outputs) != 1 or not host(plan, step.outputs[0]) or not shaped(step.outputs[0]):
+            return None
+        prev = step.outputs[0]
+    return norms, residual, prev
