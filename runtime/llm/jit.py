@@ -317,3 +317,12 @@ def dequantize_atoms_terms(src0, src1, n, rs0, rs1, ch_scale, bias, has_bias, ou
             if has_bias:
                 y += np.float64(bias[j])
             out[j] = np.float32(y)
+
+
+@njit(**_JIT)
+def widen_half(src, out):
+    """out[i] = the float32 bits (uint32) of fp16 bits src[i] (1-D, uint16),
+    as numpy's astype widens them (half.widen_bits): decode attention's
+    cached rows."""
+    for i in range(src.size):
+        out[i] = widen_bits(src[i])
