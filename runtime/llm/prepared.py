@@ -25,6 +25,7 @@ from rkc.runtime.kernels.hadamard import unrotate
 from rkc.runtime.llm import jit
 from rkc.runtime.llm import prefill_kernels as many
 from rkc.runtime.llm import prefill_attention
+from rkc.runtime.llm.chunk_attention import attend_rows
 from rkc.runtime.llm.decode_attention import attend_row
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
@@ -134,7 +135,8 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
 
 def attention(step: Step, consts: list, state) -> Prepared:
     """As kernels.attention, reading the KV cache in place (no copy of the
-    cache per call); one query row (decode) through decode_attention.attend_row."""
+    cache per call); one query row (decode) through decode_attention.attend_row,
+    a prefill chunk through _attend_chunk."""
     attrs, layer, blocks = step.attrs, int(step.attrs["layer"]), _prefill_work(state)
 
     def run(inputs):
@@ -143,7 +145,7 @@ def attention(step: Step, consts: list, state) -> Prepared:
         q, k, v, pos = q[:n], k[:n], v[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.store_and_view(layer, k, v, pos)
         return [attend_row(q, keys, values, kpos, pos, attrs, len(inputs[0])) if n == 1
-                else attend(q, keys, values, kpos, pos, attrs, len(inputs[0]), blocks)]
+                else _attend_chunk(q, keys, values, kpos, pos, attrs, len(inputs[0]), blocks)]
     return run
 
 
@@ -157,8 +159,19 @@ def attention_shared(step: Step, consts: list, state) -> Prepared:
         q, pos = q[:n], np.asarray(pos)[:n]
         keys, values, kpos = state.cache.shared(source)
         return [attend_row(q, keys, values, kpos, pos, attrs, len(inputs[0])) if n == 1
-                else attend(q, keys, values, kpos, pos, attrs, len(inputs[0]), blocks)]
+                else _attend_chunk(q, keys, values, kpos, pos, attrs, len(inputs[0]), blocks)]
     return run
+
+
+def _attend_chunk(q, keys, values, kpos, pos, attrs, rows: int, blocks) -> np.ndarray:
+    """kernels.attend for a prefill chunk: up to prefill_attention.BLOCK rows
+    (a chat's next turn) with its softmax compiled (chunk_attention.attend_rows:
+    the same bits), longer chunks by blocks of query rows."""
+    if len(q) <= prefill_attention.BLOCK:
+        out = attend_rows(q, keys, values, kpos, pos, F32(attrs["scale"]), int(attrs["window"]), rows)
+        if out is not None:
+            return out
+    return attend(q, keys, values, kpos, pos, attrs, rows, blocks)
 
 
 def _prefill_work(state) -> prefill_attention.Workspace:

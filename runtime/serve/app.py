@@ -86,13 +86,24 @@ class Api:
 
     # -- generation ---------------------------------------------------------------------
     async def _generate(self, request: Request, kind: str) -> Response:
+        received = time.monotonic()
+        # everything the handler needs is made before the job is queued: from then on the NPU thread wants the
+        # GIL, and the handler should reach its first await (the loop idle) at once
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
         try:
             body = schema.parse(await _read_body(request), kind, self.model_id)
             options = schema.keywords(body)
             if kind == "completion":
                 options.setdefault("max_tokens", COMPLETION_MAX_TOKENS)
-            job = self.worker.submit(Job(kind, body["messages"] if kind == "chat" else body["prompt"], options,
-                                         asyncio.get_running_loop(), streamed=bool(body.get("stream"))))
+            job = Job(kind, body["messages"] if kind == "chat" else body["prompt"], options,
+                      asyncio.get_running_loop(), streamed=bool(body.get("stream")), received_at=received)
+            gone = asyncio.ensure_future(_disconnected(request))
+            try:
+                self.worker.submit(job)
+            except QueueFull:
+                gone.cancel()
+                raise
         except HttpError as exc:
             return _error(exc)
         except QueueFull as exc:
@@ -100,10 +111,7 @@ class Api:
                                     headers={"Retry-After": str(exc.retry_after)}))
         except ClientDisconnect:
             return Response(status_code=400)
-        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:  # while queued: the first event says whether the request was valid
+        try:  # while queued and prefilling: the first event says whether the request was valid
             first = await _next_event(job, gone)
             if first is None:
                 return Response(status_code=499)  # nobody to answer: the client has gone
@@ -139,6 +147,8 @@ class Api:
                 if name == "piece":
                     t = time.thread_time()  # CPU time: waiting for the GIL the NPU thread holds is none
                     yield event(self._chunk(kind, rid, created, value, None))
+                    if job.first_written_at is None:
+                        job.first_written_at = time.monotonic()
                     job.first_piece_sent.set()  # resumed: uvicorn has written it to the socket
                     job.stream_s += time.thread_time() - t  # to JSON, SSE, through uvicorn to the socket
                 elif name == "done":

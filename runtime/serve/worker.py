@@ -39,9 +39,12 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     first_piece_sent: threading.Event = field(default_factory=threading.Event)  # written to the socket (or gone)
     id: int = 0
+    received_at: float | None = None  # the handler began: the request line and headers parsed, the route found
     queued_at: float = 0.0
     started_at: float | None = None
+    encoded_at: float | None = None  # the prompt's tokens ready (chat template, tokenizing, the checks)
     first_token_at: float | None = None
+    first_written_at: float | None = None  # the first piece written to the socket (streamed jobs)
     first_token_cpu_s: float | None = None  # CPU time of the NPU thread from the start to the first piece
     first_token_engine_s: float | None = None  # of which in the engine's program runs (prefill, any decode before it)
     ended_at: float | None = None
@@ -61,9 +64,10 @@ class Job:
         self.first_piece_sent.set()
 
     def timeline(self, t0: float) -> dict[str, Any]:
-        at = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
-        return {"id": self.id, "kind": self.kind, "queued": at(self.queued_at), "started": at(self.started_at),
-                "first_token": at(self.first_token_at), "ended": at(self.ended_at), "outcome": self.outcome,
+        at = lambda t: None if t is None else round(t - t0, 6)  # noqa: E731
+        return {"id": self.id, "kind": self.kind, "received": at(self.received_at), "queued": at(self.queued_at),
+                "started": at(self.started_at), "encoded": at(self.encoded_at), "first_token": at(self.first_token_at),
+                "first_written": at(self.first_written_at), "ended": at(self.ended_at), "outcome": self.outcome,
                 "first_token_cpu_s": None if self.first_token_cpu_s is None else round(self.first_token_cpu_s, 6),
                 "first_token_engine_s": (None if self.first_token_engine_s is None
                                          else round(self.first_token_engine_s, 6)),
@@ -149,12 +153,17 @@ class Worker:
         times = self.model.engine.times
         steps0, cpu0 = times.npu_s + times.cpu_s, time.thread_time()
         stream = call(job.input, **job.options, stream=True, cancel=job.cancelled)  # set: stops at the next token
-        job.send("start")
+        job.encoded_at = time.monotonic()
+        # "start" (the request is valid: the response may begin) goes with the first piece, not now: the event loop
+        # shares the GIL with this thread, and beginning the response (headers, the first SSE event) while this
+        # thread prefills made the two take turns at the GIL (a forced switch waits sys.getswitchinterval(), 5 ms):
+        # a cached chat turn's prefill of ~2 ms came out 4-7 ms late (bench/server.py, null device).
         for piece in stream:
             first = job.first_token_at is None
             if first:
                 job.first_token_at, job.first_token_cpu_s = time.monotonic(), time.thread_time() - cpu0
                 job.first_token_engine_s = times.npu_s + times.cpu_s - steps0
+                job.send("start")
             job.send("piece", piece)
             if first and job.streamed:
                 # The event loop shares the GIL with this thread: while this thread computes, every step of the
@@ -167,4 +176,6 @@ class Worker:
         result: Completion = stream.result
         job.tokens, job.outcome = result.completion_tokens, result.finish_reason
         job.engine_s = times.npu_s + times.cpu_s - steps0
+        if job.first_token_at is None:  # no text at all (the model ended its turn at once)
+            job.send("start")
         job.send("done", result)

@@ -102,6 +102,45 @@ def test_decode_attention_leaves_other_layouts_to_the_kernel():
                                           einsum_attention(q, keys, values, kpos, pos, 0, attrs["scale"], 3))
 
 
+@pytest.mark.parametrize("hd,hkv,g", [(8, 2, 2), (32, 2, 2), (64, 1, 4), (256, 1, 4), (16, 2, 3), (128, 8, 2)])
+@pytest.mark.parametrize("t", [2, 3, 21, 38, 64])
+def test_short_prefill_chunk_is_the_einsum_formulation(hd, hkv, g, t):
+    """A prefill chunk of 2..BLOCK rows (a chat's next turn) through the plans'
+    chunk_attention.attend_rows (the einsum's contractions, its softmax
+    compiled) against the einsum formulation, bit for bit: keys and values
+    that are views into larger caches, chunks at the start and after a
+    cached history, windows inside and past the chunk."""
+    from rkc.runtime.llm.chunk_attention import attend_rows
+    from rkc.runtime.llm.prefill_attention import BLOCK
+
+    assert t <= BLOCK
+    rng = np.random.default_rng(hd * 1000 + hkv * 100 + g * 10 + t)
+    with blas.one_thread():
+        for start in (0, 7, 150, 446):
+            p = start + t
+            kcache, vcache = rng.standard_normal((2, p + 9, hkv, hd)).astype(np.float16).astype(np.float32)
+            keys, values = kcache[3:p + 3], vcache[5:p + 5]
+            q = (rng.standard_normal((t, hkv * g, hd)) * 3).astype(np.float32)
+            kpos, pos = np.arange(p), np.arange(start, p)
+            for window in (0, 6, 100, 512):
+                scale = hd ** -0.5
+                got = attend_rows(q, keys, values, kpos, pos, np.float32(scale), window, 65)
+                want = einsum_attention(q, keys, values, kpos, pos, window, scale, 65)
+                np.testing.assert_array_equal(got, want, err_msg=f"start={start} window={window}")
+
+
+def test_short_prefill_chunk_leaves_one_head_per_key_head_to_the_kernel():
+    """One query head per key head: the einsum's mask lays the scores out with
+    the keys innermost and numpy sums them pairwise, which attend_rows does
+    not do: it declines (and the plan runs kernels.attend)."""
+    from rkc.runtime.llm.chunk_attention import attend_rows
+
+    rng = np.random.default_rng(3)
+    keys, values = rng.standard_normal((2, 40, 2, 8)).astype(np.float32)
+    q = rng.standard_normal((5, 2, 8)).astype(np.float32)
+    assert attend_rows(q, keys, values, np.arange(40), np.arange(35, 40), np.float32(0.3), 0, 8) is None
+
+
 def float64_attention(q, keys, values, kpos, pos, window, scale, rows):
     """The same attention in float64 (the reference both float32 forms are measured against)."""
     t, h, hd = q.shape

@@ -3,7 +3,6 @@ and real servers on 127.0.0.1 with an ephemeral port, run in a thread."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 
@@ -29,14 +28,14 @@ class RunningServer:
 
     def __init__(self, model, queue_size: int = 8, wrap=None) -> None:
         from rkc.runtime.serve.app import create_app
-        from rkc.runtime.serve.cli import listen, uvicorn_server
+        from rkc.runtime.serve.cli import listen, run_server, uvicorn_server
 
         self.model = model
         self.sock = listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.app = create_app(model, queue_size)
         self.server = uvicorn_server(self.app if wrap is None else wrap(self.app))  # wrap: an ASGI middleware
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
+        self.thread = threading.Thread(target=lambda: run_server(self.server, self.sock),
                                        daemon=True)
         self.thread.start()
         for _ in range(3000):  # bounded: 30 s (a loaded machine)
