@@ -33,7 +33,7 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.half import narrow_into_atoms
-from rkc.runtime.llm import jit, prepared
+from rkc.runtime.llm import decode_attention, jit, prepared
 from rkc.runtime.llm.kernels import rotation_of
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape
@@ -378,7 +378,9 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
                     or not _is_positions(plan, step.inputs[3]):
                 return None
             ins = [plan._slot(n) for n in step.inputs]
-            runs.append(_kernel_run(slots, ins, o, bind(step, [None] * 4), shape))
+            general = _kernel_run(slots, ins, o, bind(step, [None] * 4), shape)
+            runs.append(_attention_run(slots, ins, o, step, [made[n] for n in step.inputs[:3]], shape, general, state)
+                        or general)
             attention_seen = True
         else:
             return None
@@ -435,6 +437,29 @@ def _rope_run(slots, i: int, p: int, o: int, shape: tuple, tables, dims: int, ne
         cos, sin = tables.at(pos)
         rope(slots[i], cos, sin, dims, neox, out)
         slots[o] = out
+    return run
+
+
+def _attention_run(slots, ins: list, o: int, step: Step, shapes: list, shape: tuple, general, state):
+    """The Attention step over the KV cache's fp16 rows (decode_attention.RowAttention:
+    its output row and work buffers made once) for q [1, H, hd], k [1, Hkv, hd],
+    v [1, Hkv, hdv] as the stretch makes them; None for other shapes. A run
+    of more than one valid row (not a decode) takes `general` (the bound kernel's run)."""
+    (q, k, v), layer = shapes, int(step.attrs["layer"])
+    if (len(q) != 3 or len(k) != 3 or len(v) != 3 or q[0] != 1 or k[0] != 1 or v[:2] != k[:2]
+            or k[1] == 0 or q[1] % k[1] or q[2] != k[2] or shape != (1, q[1] * v[2])):
+        return None
+    work = state.__dict__.setdefault("_row_work", decode_attention.RowWork())
+    attend = decode_attention.RowAttention(q[1], k[1], q[2], v[2], float(step.attrs["scale"]),
+                                           int(step.attrs["window"]), work)
+    iq, ik, iv, ip = ins
+
+    def run():
+        pos = slots[ip]
+        if state.valid != 1 or pos.shape != (1,):
+            return general()
+        k16, v16, kpos = state.cache.store_half(layer, slots[ik], slots[iv], pos)
+        slots[o] = attend(slots[iq], k16, v16, kpos, int(pos[0]))
     return run
 
 

@@ -392,3 +392,12 @@ def gelu_tanh_times(x, th, up, act, out):
             a = (np.float32(0.5) * x[m, i]) * (np.float32(1.0) + th[m, i])
             act[m, i] = a
             out[m, i] = a * up[m, i]
+
+
+@njit(**_JIT)
+def widen_half(src, out):
+    """out[i] = the float32 bits (uint32) of fp16 bits src[i] (1-D, uint16),
+    as numpy's astype widens them (half.widen_bits): decode attention's
+    cached rows."""
+    for i in range(src.size):
+        out[i] = widen_bits(src[i])

@@ -5,9 +5,14 @@ doubling their storage as needed.
 
 The rounded values are held as fp32, in one buffer per layer, so that
 attention reads the cache in place (`store_and_view`): no per-token copy or
-conversion of the whole cache. A window layer's buffer slides: entries no
-query can see any more are dropped by moving the live ones to the front when
-the buffer is full."""
+conversion of the whole cache. The same values are also held as fp16
+(`store_half`), for decode attention: a one-row query reads every cached
+entry once, and at long positions reading the cache from DRAM is most of
+its time; the fp16 rows are half the bytes, widened exactly into a buffer
+the CPU's caches hold (runtime/llm/decode_attention.py), so the products
+see the fp32 values they always saw. A window layer's buffers slide:
+entries no query can see any more are dropped by moving the live ones to
+the front when the buffer is full."""
 
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ class KVCache:
         n = len(self.windows)
         self._k: list[np.ndarray | None] = [None] * n  # [capacity, kv heads, head dim] fp32 (fp16 values)
         self._v: list[np.ndarray | None] = [None] * n
+        self._k16: list[np.ndarray | None] = [None] * n  # the same values as fp16
+        self._v16: list[np.ndarray | None] = [None] * n
         self._pos: list[np.ndarray] = [np.zeros(0, np.int64)] * n
         self._start = [0] * n  # live entries: [start, end)
         self._end = [0] * n
@@ -43,7 +50,7 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         """Host memory the cache's buffers take (their capacity)."""
-        return sum(a.nbytes for store in (self._k, self._v, self._pos) for a in store if a is not None)
+        return sum(a.nbytes for store in (self._k, self._v, self._k16, self._v16, self._pos) for a in store if a is not None)
 
     @property
     def length(self) -> int:
@@ -107,12 +114,24 @@ class KVCache:
         next store into this layer. Into an empty layer: the chunk's own
         values in C order (as `context` gives them; numpy's contractions
         round according to the operands' strides)."""
+        self._store(layer, k, v, pos)
+        return self._views[layer]
+
+    def store_half(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray):
+        """store_and_view, the keys and values as views of the fp16 buffers
+        (the same entries, C-contiguous rows of the same shape)."""
+        s, e = self._store(layer, k, v, pos)
+        return self._k16[layer][s:e], self._v16[layer][s:e], self._pos[layer][s:e]
+
+    def _store(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray) -> tuple[int, int]:
+        """Append the chunk; the rows its queries see: [s, e) of the buffers."""
         self._check(pos)
         t = len(pos)
         self._reserve(layer, k, v, t)
         s, e = self._start[layer], self._end[layer]
-        self._k[layer][e:e + t] = k.astype(np.float16)
-        self._v[layer][e:e + t] = v.astype(np.float16)
+        k16, v16 = k.astype(np.float16), v.astype(np.float16)
+        self._k16[layer][e:e + t], self._v16[layer][e:e + t] = k16, v16
+        self._k[layer][e:e + t], self._v[layer][e:e + t] = k16, v16
         self._pos[layer][e:e + t] = pos
         self._end[layer] = e + t
         window = self.windows[layer]
@@ -120,9 +139,8 @@ class KVCache:
             self._start[layer] = e + t - window
         # into an empty layer, the chunk alone: the buffer's rows are the chunk's values
         # rounded to fp16, C-contiguous, as `context` gives them (no second conversion)
-        view = self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
-        self._views[layer] = view
-        return view
+        self._views[layer] = self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
+        return s, e + t
 
     def shared(self, layer: int):
         """What `layer`'s last store returned (keys, values, positions: the
@@ -152,7 +170,7 @@ class KVCache:
         need = live + t
         cap = 0 if store is None else len(store)
         if store is not None and need <= cap:  # slide the live entries to the front
-            for buf in (store, self._v[layer], self._pos[layer]):
+            for buf in (store, self._v[layer], self._k16[layer], self._v16[layer], self._pos[layer]):
                 buf[:live] = buf[s:e].copy()
             self._start[layer], self._end[layer] = 0, live
             return
@@ -164,8 +182,11 @@ class KVCache:
                 cap = min(cap, max(self.n_ctx, need))
         ks = np.zeros((cap, *k.shape[1:]), np.float32)
         vs = np.zeros((cap, *v.shape[1:]), np.float32)
+        ks16, vs16 = np.zeros(ks.shape, np.float16), np.zeros(vs.shape, np.float16)
         ps = np.zeros(cap, np.int64)
         if store is not None and live:
             ks[:live], vs[:live], ps[:live] = store[s:e], self._v[layer][s:e], self._pos[layer][s:e]
+            ks16[:live], vs16[:live] = self._k16[layer][s:e], self._v16[layer][s:e]
         self._k[layer], self._v[layer], self._pos[layer] = ks, vs, ps
+        self._k16[layer], self._v16[layer] = ks16, vs16
         self._start[layer], self._end[layer] = 0, live

@@ -190,3 +190,58 @@ def test_prefill_attention_by_blocks(hd, hkv, g, t, start):
             assert np.abs(got - want).max() <= err, f"window={window}"
             if t % BLOCK == 0 and p <= 256:  # whole blocks over spans sgemm does not split: the same bits
                 np.testing.assert_array_equal(got, want, err_msg=f"window={window}")
+
+
+@pytest.mark.parametrize("hd,hdv", [(8, 8), (64, 64), (256, 256), (16, 8)])
+@pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2), (4, 1)])
+def test_decode_attention_over_the_fp16_rows_is_the_einsum_formulation(hd, hdv, hkv, g):
+    """A fused attention stretch's one-row attention (decode_attention.RowAttention:
+    the cache's fp16 rows widened into a shared buffer, its output row made
+    once) against the einsum formulation over the cache's fp32 rows, bit for
+    bit, token after token as a decode runs: prefill chunks between the
+    decode steps, every key visible, a sliding window dropping the oldest
+    (the cache's buffers sliding), contexts past 300 keys (where sgemm
+    leaves its small-matrix kernel) and past 1000, two layers sharing the
+    work buffer."""
+    from rkc.runtime.llm.decode_attention import RowAttention, RowWork
+    from rkc.runtime.llm.kvcache import KVCache
+
+    rng = np.random.default_rng(hd * 100 + hkv * 10 + g + hdv)
+    scale = hd ** -0.5
+    with blas.one_thread():
+        for window in (0, 7, 300):
+            windows = [window, 0]
+            cache, work = KVCache(2, windows, 2000), RowWork()
+            attend = [RowAttention(hkv * g, hkv, hd, hdv, scale, w, work) for w in windows]
+            pos, steps = 0, 0
+            for t in [3, 1, 1, 9, 1, 1, 290, 1, 1, 1, 120, 1, 1, 600, 1, 1]:
+                k = rng.standard_normal((t, hkv, hd)).astype(np.float32)
+                v = rng.standard_normal((t, hkv, hdv)).astype(np.float32)
+                p = np.arange(pos, pos + t)
+                if t > 1:
+                    for layer in range(2):
+                        cache.store_and_view(layer, k, v, p)
+                    pos += t
+                    continue
+                for layer in range(2):
+                    q = (rng.standard_normal((1, hkv * g, hd)) * 3).astype(np.float32)
+                    k16, v16, kpos = cache.store_half(layer, k, v, p.astype(np.int32))
+                    keys, values, seen = cache.shared(layer)
+                    np.testing.assert_array_equal(seen, kpos)
+                    got = attend[layer](q, k16, v16, kpos, pos)
+                    want = einsum_attention(q, keys, values, kpos, p, windows[layer], scale, 1)
+                    np.testing.assert_array_equal(got, want, err_msg=f"pos={pos} layer={layer} window={window}")
+                    steps += 1
+                pos += 1
+            assert steps == 2 * 11
+
+
+def test_cached_rows_widen_as_numpy_widens_fp16():
+    """decode attention's widening of the cache's fp16 rows (jit.widen_half)
+    gives numpy's astype bits for every fp16 pattern, NaN payloads included."""
+    from rkc.runtime.llm import jit
+
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(bits.size, np.uint32)
+    jit.widen_half(bits, out)
+    np.testing.assert_array_equal(out, bits.view(np.float16).astype(np.float32).view(np.uint32))

@@ -30,3 +30,27 @@ def test_views_are_what_context_gives_then_the_window(window):
         np.testing.assert_array_equal(cache.k[0], np.asarray(seen_k[-keep:]))
     with pytest.raises(ContextFullError):
         cache.store_and_view(0, k[:1], v[:1], np.asarray([200]))
+
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_half_rows_are_the_fp32_rows(window):
+    """store_half returns the entries store_and_view would (as fp16: the
+    same values, in the same order, C-contiguous) as the window slides and
+    the buffers grow, whichever of the two stored the chunks before."""
+    rng = np.random.default_rng(2)
+    cache = KVCache(1, [window], 300)
+    pos = 0
+    for i, t in enumerate([3, 1, 1, 70, 1, 1, 2, 1, 1, 1, 130, 1, 1]):
+        k, v = rng.standard_normal((2, t, 2, 4)).astype(np.float32)
+        p = np.arange(pos, pos + t)
+        if i % 2:
+            k16, v16, kpos = cache.store_half(0, k, v, p)
+            keys, values, seen = cache.shared(0)
+            assert k16.dtype == v16.dtype == np.float16 and k16.flags.c_contiguous and v16.flags.c_contiguous
+            for half, full in ((k16, keys), (v16, values)):
+                np.testing.assert_array_equal(half.astype(np.float32), full)
+            np.testing.assert_array_equal(kpos, seen)
+        else:
+            cache.store_and_view(0, k, v, p)
+        pos += t
