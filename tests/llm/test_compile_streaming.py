@@ -10,7 +10,7 @@ import pytest
 
 from llm.synth import write_gemma4, write_model
 from rkc.compiler.llm import build
-from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
+from rkc.compiler.llm.build import MAX_DEFAULT_JOBS, LlmCompileOptions, compile_gguf, default_jobs
 from rkc.ir.rkbin import read_rkbin
 
 MODELS = {"gemma4": lambda p: write_gemma4(p, "gemma4"),  # per-layer token table: Gather-only
@@ -26,17 +26,25 @@ def gguf(request, tmp_path_factory):
 def test_workers_and_spooling_leave_the_bytes_alone(gguf, precision, tmp_path, monkeypatch):
     options = LlmCompileOptions(precision=precision, prefill_chunks=(1, 8))
     files = {}
-    for jobs in (1, 3):  # 3: more workers than layers in flight on 2 cores
+    for jobs in (1, 2, 3):  # 3: more workers than layers in flight on 2 cores
         out = tmp_path / f"j{jobs}.rkbin"
         compile_gguf(gguf, out, LlmCompileOptions(**{**options.__dict__, "jobs": jobs}))
         files[jobs] = out.read_bytes()
-    assert files[1] == files[3]
+    assert files[1] == files[2] == files[3]
     builder = build.ModuleBuilder
     monkeypatch.setattr(build, "ModuleBuilder", lambda metadata, spool_dir: builder(metadata))  # held in memory
+    assert options.jobs == default_jobs()  # the in-memory build runs with the default worker count
     compile_gguf(gguf, tmp_path / "memory.rkbin", options)
     assert (tmp_path / "memory.rkbin").read_bytes() == files[1]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["j1.rkbin", "j3.rkbin", "memory.rkbin"]  # no spool left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["j1.rkbin", "j2.rkbin", "j3.rkbin",
+                                                          "memory.rkbin"]  # no spool left
     read_rkbin(tmp_path / "j1.rkbin")  # loads: checksums and cross-references hold
+
+
+@pytest.mark.parametrize("cpus,want", [({0}, 1), ({0, 1}, 2), ({1, 3, 5}, 3), (set(range(8)), MAX_DEFAULT_JOBS)])
+def test_the_default_workers_are_the_usable_cores_up_to_the_ceiling(monkeypatch, cpus, want):
+    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: cpus)
+    assert default_jobs() == want == LlmCompileOptions().jobs
 
 
 def test_a_missing_output_folder_is_refused_before_the_work(tmp_path):
