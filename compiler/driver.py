@@ -18,7 +18,8 @@ from typing import Callable, Mapping
 from rkc.compiler.build import BuildOptions, Progress, build
 from rkc.compiler.frontend import detect_kind
 from rkc.compiler.frontend.onnx import parse_input_shapes
-from rkc.compiler.llm.build import DEFAULT_CHUNKS, MAX_DEFAULT_JOBS, LlmCompileOptions, compile_gguf, default_jobs
+from rkc.compiler.llm.build import (DEFAULT_CHUNKS, MAX_DEFAULT_JOBS, PARALLEL_MIN_GGUF_BYTES, LlmCompileOptions,
+                                    compile_gguf, default_jobs)
 from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING, METHODS, \
     RESIDUAL_CHOICES
 from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
@@ -73,7 +74,8 @@ OPTIONS: tuple[Option, ...] = (
            "core: what single-core published figures measure).", CORE_CHOICES, default=str(hw.CORES)),
     Option("jobs", "--jobs", ("gguf",), "host threads the layers are read, smoothed and encoded on (the "
            "rkbin's bytes do not depend on it; 1: one layer at a time, the least memory).", JOB_CHOICES,
-           default=f"the usable cores, at most {MAX_DEFAULT_JOBS}: {default_jobs()} here"),
+           default=f"1 for a GGUF under {PARALLEL_MIN_GGUF_BYTES >> 30} GiB, else the usable cores, at most "
+                   f"{MAX_DEFAULT_JOBS}: {default_jobs(PARALLEL_MIN_GGUF_BYTES)} here"),
     Option("explain", "--explain", GRAPHS, "list every op, where it runs and why.", "flag"),
     Option("cpu_only", "--cpu-only", GRAPHS, "place every op on the CPU (for debugging and references).", "flag"),
     Option("prefill_chunks", "--prefill-chunks", ("gguf",),

@@ -55,13 +55,19 @@ DEFAULT_KEEP_FP16: tuple[str, ...] = ()
 # the default worker count's ceiling: each worker holds one more layer in fp32
 # (a 1-2B model's layer is ~0.2 GB), and an 8 GB board's host has 4 big cores
 MAX_DEFAULT_JOBS = 4
+# below this GGUF size the default is one worker: measured on a 2-core host,
+# Gemma 3 270M (0.25 GB) compiles 2-3 s slower in fp16 with 2 workers (14.4 vs
+# 16.9 s, 16.8 vs 19.0 s, alternated) and no faster in int8, while Qwen2.5-1.5B
+# (1.6 GB) gains 9 % and Gemma 4 E2B (4.9 GB) 11 % (docs/performance.md)
+PARALLEL_MIN_GGUF_BYTES = 1 << 30
 
 
-def default_jobs() -> int:
-    """Host threads `rkc compile` encodes layers on unless told: the cores this
-    process may run on (its affinity, not the machine's count), at most
-    MAX_DEFAULT_JOBS. Measured on a 2-core host: 2 workers save 11 % of Gemma 4
-    E2B's full-depth wall time and 0-6 % on the small models (docs/performance.md)."""
+def default_jobs(gguf_bytes: int) -> int:
+    """Host threads `rkc compile` encodes layers on unless told: one for a GGUF
+    under PARALLEL_MIN_GGUF_BYTES, else the cores this process may run on (its
+    affinity, not the machine's count), at most MAX_DEFAULT_JOBS."""
+    if gguf_bytes < PARALLEL_MIN_GGUF_BYTES:
+        return 1
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity call on this OS
@@ -94,7 +100,7 @@ class LlmCompileOptions:
     residual: str = DEFAULT_RESIDUAL
     cores: int = hw.CORES  # NPU cores the programs' tasks are spread over (rkc compile --cores)
     # host threads the layers are encoded on (rkc compile --jobs); the bytes do not depend on it
-    jobs: int = field(default_factory=default_jobs)
+    jobs: int | None = None  # None: default_jobs(the GGUF's size)
 
 
 @dataclass
@@ -473,6 +479,8 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     folder = Path(out).parent
     if not folder.is_dir():  # before minutes of work: the regions are spooled there as they are made
         raise FileNotFoundError(2, "No such folder for the output", str(folder))
+    if options.jobs is None:
+        options = replace(options, jobs=default_jobs(Path(path).stat().st_size))
     chunks = tuple(sorted(set(options.prefill_chunks) | {1}))
     if any(c <= 0 for c in chunks):
         raise UnsupportedError(f"prefill chunk sizes must be positive, got {list(options.prefill_chunks)}")

@@ -10,7 +10,8 @@ import pytest
 
 from llm.synth import write_gemma4, write_model
 from rkc.compiler.llm import build
-from rkc.compiler.llm.build import MAX_DEFAULT_JOBS, LlmCompileOptions, compile_gguf, default_jobs
+from rkc.compiler.llm.build import (MAX_DEFAULT_JOBS, PARALLEL_MIN_GGUF_BYTES, LlmCompileOptions, compile_gguf,
+                                    default_jobs)
 from rkc.ir.rkbin import read_rkbin
 
 MODELS = {"gemma4": lambda p: write_gemma4(p, "gemma4"),  # per-layer token table: Gather-only
@@ -33,7 +34,7 @@ def test_workers_and_spooling_leave_the_bytes_alone(gguf, precision, tmp_path, m
     assert files[1] == files[2] == files[3]
     builder = build.ModuleBuilder
     monkeypatch.setattr(build, "ModuleBuilder", lambda metadata, spool_dir: builder(metadata))  # held in memory
-    assert options.jobs == default_jobs()  # the in-memory build runs with the default worker count
+    assert options.jobs is None  # the in-memory build runs with the default worker count (by the GGUF's size)
     compile_gguf(gguf, tmp_path / "memory.rkbin", options)
     assert (tmp_path / "memory.rkbin").read_bytes() == files[1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j1.rkbin", "j2.rkbin", "j3.rkbin",
@@ -44,7 +45,9 @@ def test_workers_and_spooling_leave_the_bytes_alone(gguf, precision, tmp_path, m
 @pytest.mark.parametrize("cpus,want", [({0}, 1), ({0, 1}, 2), ({1, 3, 5}, 3), (set(range(8)), MAX_DEFAULT_JOBS)])
 def test_the_default_workers_are_the_usable_cores_up_to_the_ceiling(monkeypatch, cpus, want):
     monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: cpus)
-    assert default_jobs() == want == LlmCompileOptions().jobs
+    assert default_jobs(PARALLEL_MIN_GGUF_BYTES) == want
+    assert default_jobs(PARALLEL_MIN_GGUF_BYTES - 1) == 1  # a small model: one worker (measured no faster)
+    assert LlmCompileOptions().jobs is None  # resolved from the GGUF's size when the compile starts
 
 
 def test_a_missing_output_folder_is_refused_before_the_work(tmp_path):
