@@ -10,9 +10,10 @@ passes over the scores [Hkv, P, T x G] (scale, mask, max, shift, exp, sum,
 divide), each reducing or broadcasting along P, which is not their innermost
 axis: 1.6 ms a layer for 21 rows over 468 keys (the tiny qwen3, one BLAS
 thread), 4.8 ms for 60 rows over 444, ten times the two products. Here the
-scale, mask, max and shift are one compiled pass, the exp stays numpy's (its
-SIMD exp is not libm's), and the sums and division are jit.normalize_columns
-(adding in sequence over P, as numpy reduces an axis that is not innermost).
+scale, mask, max and shift are one compiled pass (jit.scores_shift_columns,
+decode's too), the exp stays numpy's (its SIMD exp is not libm's), and the
+sums and division are jit.normalize_columns (adding in sequence over P, as
+numpy reduces an axis that is not innermost).
 tests/llm/test_attention.py holds the equality over head sizes, groupings,
 chunk sizes, cached histories and windows.
 
@@ -24,37 +25,10 @@ kernels.attend.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
-
-from rkc.runtime.llm.jit import normalize_columns
+from rkc.runtime.llm.jit import normalize_columns, scores_shift_columns
 from rkc.runtime.llm.prefill_attention import contract
 
 F32 = np.float32
-
-
-@njit(cache=True, nogil=True)
-def _scale_mask_shift(s, scale, kpos, qcol, window):
-    """The scores s [Hkv, P, C] (column c: a query at qcol[c]) in place, as
-    kernels.attend takes them to the exp: times `scale` (float32), -inf for a
-    key the column's query cannot see (after it, or `window` or more behind),
-    then minus the column's maximum over P (a NaN stays the maximum, as in
-    numpy's max)."""
-    hkv, p_, c_ = s.shape
-    neg = np.float32(-np.inf)
-    m = np.empty(c_, np.float32)
-    for k in range(hkv):
-        for p in range(p_):
-            kp = kpos[p]
-            for c in range(c_):
-                v = s[k, p, c] * scale
-                if kp > qcol[c] or (window != 0 and qcol[c] - kp >= window):
-                    v = neg
-                s[k, p, c] = v
-                if p == 0 or v > m[c] or v != v:
-                    m[c] = v
-        for p in range(p_):
-            for c in range(c_):
-                s[k, p, c] = s[k, p, c] - m[c]
 
 
 def attend_rows(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, pos: np.ndarray,
@@ -76,7 +50,7 @@ def attend_rows(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.nd
     if s.dtype != F32 or not mem.flags.c_contiguous:
         return None
     flat = mem.reshape(Hkv, len(kpos), T * G)
-    _scale_mask_shift(flat, F32(scale), np.asarray(kpos, np.int64), np.repeat(np.asarray(pos, np.int64), G),
+    scores_shift_columns(flat, F32(scale), np.asarray(kpos, np.int64), np.repeat(np.asarray(pos, np.int64), G),
                       int(window))
     np.exp(flat, out=flat)
     normalize_columns(flat, flat)

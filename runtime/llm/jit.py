@@ -223,25 +223,35 @@ def rope(x, cos, sin, dims, neox, out):
 
 
 @njit(**_JIT)
-def scores_shift(s, scale, kpos, p0, window):
-    """Decode attention's scores [Hkv, P, G] in place, as kernels.attend
-    takes them before the exp: times `scale` (float32), -inf for a key the
-    query at p0 cannot see (after it, or `window` or more behind), then minus
-    each (head, group) column's maximum (a NaN stays the maximum, as in numpy's max)."""
-    hkv, p_, g_ = s.shape
-    neg = -np.inf
-    m = np.empty(g_, np.float32)
+def scores_shift_columns(s, scale, kpos, qcol, window):
+    """Attention's scores s [Hkv, P, C] in place (column c: a query at
+    qcol[c]), as kernels.attend takes them to the exp: times `scale`
+    (float32), -inf for a key the column's query cannot see (after it, or
+    `window` or more behind), then minus each (head, column)'s maximum over P
+    (a NaN stays the maximum, as in numpy's max)."""
+    hkv, p_, c_ = s.shape
+    neg = np.float32(-np.inf)
+    m = np.empty(c_, np.float32)
     for k in range(hkv):
         for p in range(p_):
-            seen = kpos[p] <= p0 and (window == 0 or p0 - kpos[p] < window)
-            for g in range(g_):
-                v = s[k, p, g] * scale if seen else neg
-                s[k, p, g] = v
-                if p == 0 or v > m[g] or v != v:
-                    m[g] = v
+            kp = kpos[p]
+            for c in range(c_):
+                v = s[k, p, c] * scale
+                if kp > qcol[c] or (window != 0 and qcol[c] - kp >= window):
+                    v = neg
+                s[k, p, c] = v
+                if p == 0 or v > m[c] or v != v:
+                    m[c] = v
         for p in range(p_):
-            for g in range(g_):
-                s[k, p, g] = s[k, p, g] - m[g]
+            for c in range(c_):
+                s[k, p, c] = s[k, p, c] - m[c]
+
+
+@njit(**_JIT)
+def scores_shift(s, scale, kpos, p0, window):
+    """Decode attention's scores [Hkv, P, G]: scores_shift_columns with every
+    column's query at p0."""
+    scores_shift_columns(s, scale, kpos, np.full(s.shape[2], p0, np.int64), window)
 
 
 @njit(**_JIT)
