@@ -17,7 +17,7 @@ Compile time is given as wall seconds and as the child's CPU seconds (user +
 system, from its rusage): on a shared machine the wall time measures the
 neighbours, the CPU time the compile. Each row carries the 1-minute load
 average at the start and the end of its compile. The compile runs with
-`rkc compile`'s defaults (--jobs: the usable cores) unless --jobs is given.
+`rkc compile`'s defaults (--jobs: 1 under a 1 GiB GGUF, else the usable cores) unless --jobs is given.
 
     PYTHONPATH=$PWD python bench/scale.py [--models qwen2.5-1.5b gemma-3-270m ...] [--layers 2|full]
         [--precision int8 fp16] [--rounding rtn|default] [--mix q8_0|q4_k_m] [--jobs N] [--json out.json]

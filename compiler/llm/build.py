@@ -318,7 +318,8 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
         return done, floats, smoothed
 
     with progress_bar(by_layer(list(weights)), "quantize layers") as layers:
-        for done, floats, smoothed in in_order(layer, layers, options.jobs):
+        # jobs None: a caller other than compile_gguf (which resolves it from the GGUF's size)
+        for done, floats, smoothed in in_order(layer, layers, options.jobs or 1):
             matrices.update(done)
             vectors.update(floats)
             factors.update(smoothed)
