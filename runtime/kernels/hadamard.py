@@ -119,6 +119,38 @@ def unrotate(x: np.ndarray, rot: Rotation) -> np.ndarray:
     return y.reshape(x.shape) * rot.signs.astype(x.dtype)
 
 
+
+@dataclass(frozen=True)
+class CompiledForm:
+    """R's operands as the compiled row kernels take them (jit.hadamard_rows,
+    unhadamard_rows and their many-row forms): float32 signs, the block, the
+    1/sqrt(block) of each stage's orthonormal scaling, and F (for unrotate
+    F^T) in float32 for numpy's product, whose BLAS sums the plain kernels'
+    rotate/unrotate also get."""
+    signs: np.ndarray  # [K] float32, contiguous
+    block: int
+    norm: np.float32
+    factor: np.ndarray | None  # [m, m] float32 F
+    factor_t: np.ndarray | None  # F^T, as unrotate makes it
+
+
+def compiled_form(rot: Rotation | None, k: int) -> CompiledForm | None:
+    """The compiled kernels' operands of R over rows of K, or None where they
+    cannot apply it (a crafted rkbin's attributes: a block that is not a power
+    of two or does not divide K, a factor of the wrong order): the caller then
+    keeps the general kernel, which reports the mismatch."""
+    if rot is None or rot.size != k:
+        return None
+    block = int(rot.block)
+    if block < 1 or block & (block - 1) or k % block:
+        return None
+    if rot.factor is not None and tuple(rot.factor.shape) != (k // block,) * 2:
+        return None
+    factor = None if rot.factor is None else rot.factor.astype(np.float32)
+    return CompiledForm(np.ascontiguousarray(rot.signs, np.float32), block, np.float32(1.0 / np.sqrt(block)),
+                        factor, None if factor is None else rot.factor.T.astype(np.float32))
+
+
 # -- construction (compile time) --------------------------------------------------------------
 
 def _is_prime(p: int) -> bool:

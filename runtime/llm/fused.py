@@ -34,9 +34,9 @@ from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.half import narrow_into_atoms
 from rkc.runtime.llm import decode_attention, jit, prepared
-from rkc.runtime.llm.kernels import rotation_of
+from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
-from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape
+from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
 
 F32 = np.float32
 
@@ -137,13 +137,11 @@ class _OutEdge:
         self.codes, self.terms = bt.atoms, _terms(step)
         self.scale, self.scale_slot = np.empty(self.terms, F32), plan._slot(step.outputs[1])
         self.two = np.empty((2, self.k), F32)  # (two terms: the row and its residual)
-        rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
-        self.rotated = None if rot is None else np.empty((1, self.k), F32)
-        if rot is not None:
-            self.signs, self.block = np.ascontiguousarray(rot.signs, F32), int(rot.block)
-            self.norm = F32(1.0 / np.sqrt(rot.block))
-            self.factor = None if rot.factor is None else rot.factor.astype(F32)
-            self.mixed = None if rot.factor is None else np.empty((1, self.k // rot.block, rot.block), F32)
+        form = compiled_form(step_rotation(plan, step), self.k)  # (matches: a compiled form, or no rotation)
+        self.rotated = None if form is None else np.empty((1, self.k), F32)
+        if form is not None:
+            self.signs, self.block, self.norm, self.factor = form.signs, form.block, form.norm, form.factor
+            self.mixed = None if form.factor is None else np.empty((1, self.k // form.block, form.block), F32)
             if self.factor is not None:  # views made once: the rotated row by blocks, the mixed blocks as a row
                 self.blocks, self.mixed_row = self.rotated.reshape(self.mixed.shape), self.mixed.reshape(1, self.k)
 
@@ -159,10 +157,8 @@ class _OutEdge:
         if not (step.op == "QuantizeRows" and len(step.outputs) == 2 and bt.info.dtype == "int8"
                 and host(plan, step.outputs[1]) and all(is_const(plan, n) for n in step.inputs[1:])):
             return False
-        rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
-        return rot is None or (rot.size == k and rot.block > 0 and rot.block & (rot.block - 1) == 0
-                               and k % rot.block == 0 and (rot.factor is None
-                                                           or tuple(rot.factor.shape) == (k // rot.block,) * 2))
+        rot = step_rotation(plan, step)
+        return rot is None or compiled_form(rot, k) is not None
 
     def run(self, value: np.ndarray) -> None:
         if value.shape != (1, self.k) or value.dtype != F32 or not value.flags.c_contiguous:

@@ -26,8 +26,8 @@ from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import prefill_fused as kernels
 from rkc.runtime.llm.fused import raise_shape
-from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape
-from rkc.runtime.llm.kernels import rotation_of
+from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
+from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
 
 F32 = np.float32
@@ -109,15 +109,14 @@ class _OutEdge:
             return
         self.dst = atoms
         self.scale_slot, self.scale = plan._slot(step.outputs[1]), np.empty(m, F32)
-        rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])  # (matches: one)
-        self.signs, self.block = np.ascontiguousarray(rot.signs, F32), int(rot.block)
-        self.hnorm = F32(1.0 / np.sqrt(rot.block))
-        if rot.factor is None:
+        form = compiled_form(step_rotation(plan, step), k)  # (matches: one)
+        self.signs, self.block, self.hnorm = form.signs, form.block, form.norm
+        if form.factor is None:
             self.kind = kernels.OUT_QUANT
             return
         self.kind, self.rotated = kernels.OUT_ROTATED, np.empty((m, k), F32)
-        self.factor = rot.factor.astype(F32)
-        self.mixed = np.empty((m, k // rot.block, rot.block), F32)
+        self.factor = form.factor
+        self.mixed = np.empty((m, k // form.block, form.block), F32)
 
     @staticmethod
     def matches(plan, step: Step, src: str, m: int, k: int) -> bool:
@@ -133,9 +132,7 @@ class _OutEdge:
             return False
         if not all(is_const(plan, n) for n in step.inputs[1:]):
             return False
-        rot = rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
-        return rot is not None and rot.size == k and k % rot.block == 0 and (
-            rot.factor is None or tuple(rot.factor.shape) == (k // rot.block,) * 2)
+        return compiled_form(step_rotation(plan, step), k) is not None
 
     def finish(self, slots) -> None:
         """After the tiles: a factor's product (numpy's, as the prepared QuantizeRows

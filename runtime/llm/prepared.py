@@ -21,7 +21,7 @@ import numpy as np
 from rkc.ir.errors import FormatError
 from rkc.ir.program import Step
 from rkc.runtime.constants import constant_bytes
-from rkc.runtime.kernels.hadamard import unrotate
+from rkc.runtime.kernels.hadamard import compiled_form, unrotate
 from rkc.runtime.llm import jit
 from rkc.runtime.llm import prefill_kernels as many
 from rkc.runtime.llm import prefill_attention
@@ -197,12 +197,9 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
     except FormatError:
         return None  # the general kernel reports it
     row_scale = consts[1] if len(consts) > 1 else None
-    compiled = rot is not None and rot.size == cols and rot.block & (rot.block - 1) == 0 and cols % rot.block == 0
-    if compiled:  # unrotate's arithmetic in compiled calls around its factor product (numpy's, for BLAS's sums)
-        signs, block = np.ascontiguousarray(rot.signs, F32), int(rot.block)
-        norm, blocks = F32(1.0 / np.sqrt(block)), (cols // block, block)
-        factor_t = None if rot.factor is None else rot.factor.T.astype(F32)  # as unrotate makes it
-        unhadamard, matmul = jit.unhadamard_rows, np.matmul
+    form = compiled_form(rot, cols)  # unrotate's arithmetic in compiled calls around its factor product
+    if form is not None:
+        blocks, unhadamard, matmul = (cols // form.block, form.block), jit.unhadamard_rows, np.matmul
 
     def run(inputs):
         ids = np.asarray(inputs[0], np.int64)
@@ -211,11 +208,11 @@ def gather_packed(step: Step, consts: list, state) -> Prepared | None:
             out *= row_scale[ids][:, None]
         if rot is None:
             return [out]
-        if not compiled:
+        if form is None:
             return [unrotate(out, rot)]
-        y = out if factor_t is None else matmul(factor_t, out.reshape(len(out), *blocks)).reshape(out.shape)
+        y = out if form.factor_t is None else matmul(form.factor_t, out.reshape(len(out), *blocks)).reshape(out.shape)
         rows = np.empty(out.shape, F32)
-        unhadamard(y, signs, block, norm, rows)
+        unhadamard(y, form.signs, form.block, form.norm, rows)
         return [rows]
     return run
 
@@ -254,10 +251,11 @@ def quantize_rows(step: Step, consts: list, state) -> Prepared | None:
     if any(c is None for c in consts[1:]) or int(step.attrs.get("terms", 1)) != 1:
         return None  # activation terms (a residual row): the general kernel
     rot = rotation_of(step.attrs, consts[1:])
-    if rot is not None:
-        signs, block = np.ascontiguousarray(rot.signs, F32), rot.block
-        norm = F32(1.0 / np.sqrt(block))
-        factor = None if rot.factor is None else rot.factor.astype(F32)
+    form = None if rot is None else compiled_form(rot, rot.size)
+    if rot is not None and form is None:
+        return None  # a rotation the compiled calls cannot apply: the general kernel
+    if form is not None:
+        signs, block, norm, factor = form.signs, form.block, form.norm, form.factor
     buffers: dict = {}  # x shape -> (rotated rows, mixed rows or None)
     hadamard, quantize, matmul, empty = jit.hadamard_rows, jit.quantize_rows, np.matmul, np.empty
     hadamard_many, rotate_quantize_many, lanes = many.hadamard_rows, many.rotate_quantize_rows, many.LANES

@@ -9,6 +9,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rkc.ir.program import Step
+from rkc.runtime.kernels.hadamard import Rotation
+from rkc.runtime.llm.kernels import rotation_of
 
 F32 = np.float32
 RESIDUAL_BODIES = (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"])  # between the in and out edge
@@ -32,6 +34,12 @@ def const(plan, name: str, shape: tuple) -> np.ndarray | None:
     if info is None or info.region not in plan.model.host_regions or tuple(info.shape) != shape:
         return None
     return np.ascontiguousarray(plan.slots[plan._slot(name)], F32)
+
+
+
+def step_rotation(plan, step: Step) -> Rotation | None:
+    """A QuantizeRows step's rotation, built from its constant inputs' slots."""
+    return rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
 
 
 def residual_shape(steps: Sequence[Step], outputs: set) -> tuple[Step, list[Step], Step] | None:

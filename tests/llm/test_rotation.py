@@ -8,7 +8,8 @@ import pytest
 
 from llm.reference import dense_rotation
 from rkc.compiler.llm.rotate import rotate_hessian, rotate_matrix
-from rkc.runtime.kernels.hadamard import KINDS, describe, make_rotation, paley_hadamard, rotate, unrotate
+from rkc.runtime.kernels.hadamard import (KINDS, Rotation, compiled_form, describe, make_rotation, paley_hadamard,
+                                         rotate, unrotate)
 from rkc.runtime.llm.kernels import KERNELS
 from rkc.runtime.llm.weights import Int8Weight, quantize_rows
 
