@@ -38,11 +38,16 @@ process on 127.0.0.1, streamed by a plain HTTP client:
   to queued (connect, HTTP, parsing), first piece to the client (the
   hand-off, SSE, the event loop), on one clock (CLOCK_MONOTONIC, the
   server's /health gives its timeline's origin). Each turn's time to first
-  token is printed cut at those stamps (`TIMELINE`).
+  token is printed cut at those stamps (`TIMELINE`). The chats' requests
+  each open a new connection (http.client's way), or with --keep-alive share
+  one kept-alive connection, as the openai client (httpx's pool) and a
+  browser's fetch do: no TCP connect and no new uvicorn connection per
+  request; the conversations and their order are the same either way.
 
 Prints a table, and with --json one object.
 
-    PYTHONPATH=$PWD python bench/server.py [--device sim] [--reps 5] [--tokens 32] [--chunks 1,32,128,512] [--json]
+    PYTHONPATH=$PWD python bench/server.py [--device sim] [--reps 5] [--tokens 32] [--chunks 1,32,128,512]
+        [--keep-alive] [--json]
 """
 
 from __future__ import annotations
