@@ -38,11 +38,16 @@ process on 127.0.0.1, streamed by a plain HTTP client:
   to queued (connect, HTTP, parsing), first piece to the client (the
   hand-off, SSE, the event loop), on one clock (CLOCK_MONOTONIC, the
   server's /health gives its timeline's origin). Each turn's time to first
-  token is printed cut at those stamps (`TIMELINE`).
+  token is printed cut at those stamps (`TIMELINE`). The chats' requests
+  each open a new connection (http.client's way), or with --keep-alive share
+  one kept-alive connection, as the openai client (httpx's pool) and a
+  browser's fetch do: no TCP connect and no new uvicorn connection per
+  request; the conversations and their order are the same either way.
 
 Prints a table, and with --json one object.
 
-    PYTHONPATH=$PWD python bench/server.py [--device sim] [--reps 5] [--tokens 32] [--chunks 1,32,128,512] [--json]
+    PYTHONPATH=$PWD python bench/server.py [--device sim] [--reps 5] [--tokens 32] [--chunks 1,32,128,512]
+        [--keep-alive] [--json]
 """
 
 from __future__ import annotations
@@ -80,9 +85,13 @@ def tiny_chat_model(workdir: Path, chunks: tuple[int, ...]) -> Path:
     return out
 
 
-def stream_chat(port: int, messages: list[dict], max_tokens: int) -> dict:
-    """Wall time to the first text chunk and to [DONE]; the reply; chunks."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+def stream_chat(port: int, messages: list[dict], max_tokens: int,
+                conn: http.client.HTTPConnection | None = None) -> dict:
+    """Wall time to the first text chunk and to [DONE]; the reply; chunks.
+    conn: a kept-alive connection to send it on; None: a new connection for
+    this request, closed after it."""
+    keep = conn is not None
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}})
     t0, sent = time.perf_counter(), time.monotonic()
@@ -103,8 +112,10 @@ def stream_chat(port: int, messages: list[dict], max_tokens: int) -> dict:
                         first, first_at = time.perf_counter() - t0, time.monotonic()
                     text += c["delta"]["content"]
                     pieces += 1
+    r.read()  # the stream's last chunk: the connection is ready for its next request
     total = time.perf_counter() - t0
-    conn.close()
+    if not keep:
+        conn.close()
     return {"ttft_s": first, "total_s": total, "text": text, "usage": usage, "pieces": pieces, "sent": sent,
             "first_at": first_at}
 
@@ -172,7 +183,7 @@ def chat_figures(turns: list[tuple[dict, dict]]) -> dict:
     return out
 
 
-def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
+def bench(model: Path, device: str, reps: int, tokens: int, keep_alive: bool = False) -> dict:
     import rkc
 
     direct = rkc.load(model, device=device)
@@ -184,7 +195,9 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
         # one chat each first: the first call of a process loads the compiled kernels (numba's cache)
         warm = [{"role": "user", "content": "warm up"}]
         direct.chat(warm, max_tokens=4, temperature=0)
-        stream_chat(port, warm, 4)
+        # the two-turn chats' connection: one kept alive for them all, or a new one per request (None)
+        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=300) if keep_alive else None
+        stream_chat(port, warm, 4, kept)
         overhead, cpu_overhead, steps, per_token = [], [], [], []
         chats = {k: [] for k in SYSTEMS}  # per rep: (first turn, second turn) figures
         stream = []
@@ -214,22 +227,24 @@ def bench(model: Path, device: str, reps: int, tokens: int) -> dict:
             replay = []
             for kind, system in SYSTEMS.items():
                 first = [{"role": "system", "content": f"{rep}. {system}"}, {"role": "user", "content": "hello"}]
-                a = stream_chat(port, first, 8)
+                a = stream_chat(port, first, 8, kept)
                 second = first + [{"role": "assistant", "content": a["text"]},
                                   {"role": "user", "content": "and the dog?"}]
-                b = stream_chat(port, second, 8)
+                b = stream_chat(port, second, 8, kept)
                 (ja, jb), t0 = last_jobs(port, 2)
                 replay += [first, second]
                 chats[kind].append((turn_figures(a, ja, t0), turn_figures(b, jb, t0)))
             for chat in replay:
                 direct.chat(chat, max_tokens=8, temperature=0)
+        if kept:
+            kept.close()
     finally:
         p.terminate()
         p.wait(timeout=30)
         p.stderr.close()
         direct.close()
     med = statistics.median
-    return {"device": device, "reps": reps, "tokens": tokens,
+    return {"device": device, "reps": reps, "tokens": tokens, "keep_alive": keep_alive,
             "api_ms_per_token": med(per_token) * 1e3, "engine_steps_ms_per_token": med(steps) * 1e3,
             "overhead_cpu_ms_per_token": med(cpu_overhead) * 1e3, "stream_ms_per_piece": med(stream) * 1e3,
             "overhead_wall_ms_per_token": min(overhead) * 1e3,
@@ -242,11 +257,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--chunks", help="prefill chunk sizes, e.g. 1,32,128,512 (default: rkc compile's)")
+    ap.add_argument("--keep-alive", action="store_true",
+                    help="send the two-turn chats on one kept-alive connection, as the openai client's httpx pool "
+                         "and a browser do (default: a new connection per request)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         chunks = tuple(int(c) for c in args.chunks.split(",")) if args.chunks else DEFAULT_CHUNKS
-        row = bench(tiny_chat_model(Path(d), chunks), args.device, args.reps, args.tokens)
+        row = bench(tiny_chat_model(Path(d), chunks), args.device, args.reps, args.tokens, args.keep_alive)
         row["chunks"] = list(chunks)
     if args.json:
         print(json.dumps(row, indent=1))
@@ -256,7 +274,8 @@ def main() -> None:
 
 def print_table(row: dict) -> None:
     print(f"rkrun serve, tiny chat model, prefill chunks {','.join(map(str, row['chunks']))}, "
-          f"--device {row['device']}, medians of {row['reps']} runs")
+          f"--device {row['device']}, medians of {row['reps']} runs, the chats "
+          f"{'on one kept-alive connection' if row['keep_alive'] else 'a new connection per request'}")
     print(f"{'figure':52} {'value':>12} {'target':>9}")
     print(f"{'Python API time per streamed token (the reference)':52} {row['api_ms_per_token']:9.2f} ms")
     print(f"{'  of which in the engine program steps':52} {row['engine_steps_ms_per_token']:9.2f} ms")

@@ -98,11 +98,11 @@ class Api:
                 options.setdefault("max_tokens", COMPLETION_MAX_TOKENS)
             job = Job(kind, body["messages"] if kind == "chat" else body["prompt"], options,
                       asyncio.get_running_loop(), streamed=bool(body.get("stream")), received_at=received)
-            gone = asyncio.ensure_future(_disconnected(request))
+            watcher = asyncio.ensure_future(_watch_disconnect(request, job))
             try:
                 self.worker.submit(job)
             except QueueFull:
-                gone.cancel()
+                watcher.cancel()
                 raise
         except HttpError as exc:
             return _error(exc)
@@ -111,73 +111,87 @@ class Api:
                                     headers={"Retry-After": str(exc.retry_after)}))
         except ClientDisconnect:
             return Response(status_code=400)
+        streaming = False
         try:  # while queued and prefilling: the first event says whether the request was valid
-            first = await _next_event(job, gone)
-            if first is None:
+            event, value = await job.events.get()
+            if event == "gone":
                 return Response(status_code=499)  # nobody to answer: the client has gone
-            event, value = first
             if event == "error":
                 return _error(HttpError.of(value) if isinstance(value, RequestError)
                               else HttpError(500, "internal error", kind="server_error"))
             if body.get("stream"):
-                gone.cancel()  # from here Starlette watches for the disconnect (and closes _sse)
+                streaming = True  # from here the stream ends the watcher
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return _JobStream(job, self._sse(job, kind, rid, created, include_usage),
+                return _JobStream(job, watcher, self._sse(job, (event, value), kind, rid, created, include_usage),
                                   media_type="text/event-stream",
                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            while (got := await _next_event(job, gone)) is not None:
-                event, value = got
-                if event == "done":
-                    return JSONResponse(self._whole(kind, rid, created, value))
-                if event == "error":
-                    return _error(HttpError(500, "internal error", kind="server_error"))
+            while event == "piece":
+                event, value = await job.events.get()
+            if event == "done":
+                return JSONResponse(self._whole(kind, rid, created, value))
+            if event == "error":
+                return _error(HttpError(500, "internal error", kind="server_error"))
             return Response(status_code=499)
         finally:
-            gone.cancel()
+            if not streaming:
+                watcher.cancel()
 
-    async def _sse(self, job: Job, kind: str, rid: str, created: int, include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(self, job: Job, first: tuple[str, Any], kind: str, rid: str, created: int,
+                   include_usage: bool) -> AsyncIterator[str]:
+        """The job's events as SSE, from its first (a piece, or done if there was no text). The chat's role chunk
+        goes out in one write with the first piece: one wake-up of the client, not two."""
         def event(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-        try:
-            if kind == "chat":
-                yield event(self._chunk(kind, rid, created, None, None, first=True))
-            while True:
-                name, value = await job.events.get()
-                if name == "piece":
-                    t = time.thread_time()  # CPU time: waiting for the GIL the NPU thread holds is none
-                    yield event(self._chunk(kind, rid, created, value, None))
-                    if job.first_written_at is None:
-                        job.first_written_at = time.monotonic()
-                    job.first_piece_sent.set()  # resumed: uvicorn has written it to the socket
-                    job.stream_s += time.thread_time() - t  # to JSON, SSE, through uvicorn to the socket
-                elif name == "done":
-                    yield event(self._chunk(kind, rid, created, None, value.finish_reason))
-                    if include_usage:
-                        yield event({"id": rid, "object": self._chunk(kind, rid, created, None, None)["object"],
-                                     "created": created, "model": self.model_id, "choices": [],
-                                     "usage": _usage(value)})
-                    yield "data: [DONE]\n\n"
-                    return
-                else:  # a failure mid-stream: the status is sent already; say so in the stream
-                    yield event(HttpError(500, "internal error", kind="server_error").body())
-                    return
-        finally:  # the client went away (or the stream ended): the NPU stops at the next token
-            job.cancel()
+        head = event(self._chunk(kind, rid, created, None, None, first=True)) if kind == "chat" else ""
+        name, value = first
+        while True:
+            if name == "piece":
+                t = time.thread_time()  # CPU time: waiting for the GIL the NPU thread holds is none
+                yield head + event(self._chunk(kind, rid, created, value, None))
+                head = ""
+                if job.first_written_at is None:
+                    job.first_written_at = time.monotonic()
+                job.first_piece_sent.set()  # resumed: uvicorn has written it to the socket
+                job.stream_s += time.thread_time() - t  # to JSON, SSE, through uvicorn to the socket
+            elif name == "done":
+                tail = event(self._chunk(kind, rid, created, None, value.finish_reason))
+                if include_usage:
+                    tail += event({"id": rid, "object": self._chunk(kind, rid, created, None, None)["object"],
+                                   "created": created, "model": self.model_id, "choices": [],
+                                   "usage": _usage(value)})
+                yield head + tail + "data: [DONE]\n\n"
+                return
+            elif name == "gone":
+                return
+            else:  # a failure mid-stream: the status is sent already; say so in the stream
+                yield head + event(HttpError(500, "internal error", kind="server_error").body())
+                return
+            name, value = await job.events.get()
 
 
 class _JobStream(StreamingResponse):
-    """However the response ends (done, client gone, server shutdown), the job is told."""
+    """The SSE response, written by hand rather than by StreamingResponse's
+    __call__, which under uvicorn's ASGI 2.3 runs each response in an anyio
+    task group with a task of its own listening for the disconnect: here the
+    request's watcher does that (it ends the stream with a "gone" event).
+    However the response ends (done, client gone, server shutdown), the job is
+    told and the watcher stopped."""
 
-    def __init__(self, job: Job, content: AsyncIterator[str], **kw: Any) -> None:
+    def __init__(self, job: Job, watcher: asyncio.Future, content: AsyncIterator[str], **kw: Any) -> None:
         super().__init__(content, **kw)
-        self.job = job
+        self.job, self.watcher = job, watcher
 
     async def __call__(self, scope, receive, send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk.encode(self.charset), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            self.watcher.cancel()
             self.job.cancel()
+            await self.body_iterator.aclose()
 
 
 async def _read_body(request: Request) -> bytes:
@@ -193,23 +207,13 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def _next_event(job: Job, gone: asyncio.Future) -> tuple[str, Any] | None:
-    """The job's next event, or None (and the job cancelled) if the client goes first."""
-    getter = asyncio.ensure_future(job.events.get())
-    done, _ = await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if getter in done:
-        return getter.result()
-    getter.cancel()
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """When the client closes the connection: the job is cancelled (the NPU stops at its next token) and its
+    handler or stream told, by a "gone" event after whatever the job has sent."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
     job.cancel()
-    return None
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has closed the connection."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+    job.events.put_nowait(("gone", None))
 
 
 def _error(exc: HttpError) -> JSONResponse:

@@ -20,7 +20,9 @@ from rkc.runtime.api.llm import Completion, LlmModel, RequestError
 
 log = logging.getLogger(__name__)
 
-# events a job sends: ("start", None), ("piece", str), ("done", Completion), ("error", RequestError | Exception)
+# events a job sends: ("piece", str), ("done", Completion), ("error", RequestError | Exception); the first of them
+# says the request was valid (a piece or done) or not (error), and the response begins with it. The request's
+# disconnect watcher adds ("gone", None).
 
 # How long the NPU thread waits for a streamed job's first piece to reach the socket before it computes the next
 # token. The wait ends as soon as the event loop has written it (~1 ms); the bound only keeps one stuck client from
@@ -154,16 +156,15 @@ class Worker:
         steps0, cpu0 = times.npu_s + times.cpu_s, time.thread_time()
         stream = call(job.input, **job.options, stream=True, cancel=job.cancelled)  # set: stops at the next token
         job.encoded_at = time.monotonic()
-        # "start" (the request is valid: the response may begin) goes with the first piece, not now: the event loop
-        # shares the GIL with this thread, and beginning the response (headers, the first SSE event) while this
-        # thread prefills made the two take turns at the GIL (a forced switch waits sys.getswitchinterval(), 5 ms):
-        # a cached chat turn's prefill of ~2 ms came out 4-7 ms late (bench/server.py, null device).
+        # The response begins with the first piece (the first event), not now: the event loop shares the GIL with
+        # this thread, and beginning the response (headers, the first SSE event) while this thread prefills made
+        # the two take turns at the GIL (a forced switch waits sys.getswitchinterval(), 5 ms): a cached chat
+        # turn's prefill of ~2 ms came out 4-7 ms late (bench/server.py, null device).
         for piece in stream:
             first = job.first_token_at is None
             if first:
                 job.first_token_at, job.first_token_cpu_s = time.monotonic(), time.thread_time() - cpu0
                 job.first_token_engine_s = times.npu_s + times.cpu_s - steps0
-                job.send("start")
             job.send("piece", piece)
             if first and job.streamed:
                 # The event loop shares the GIL with this thread: while this thread computes, every step of the
@@ -176,6 +177,4 @@ class Worker:
         result: Completion = stream.result
         job.tokens, job.outcome = result.completion_tokens, result.finish_reason
         job.engine_s = times.npu_s + times.cpu_s - steps0
-        if job.first_token_at is None:  # no text at all (the model ended its turn at once)
-            job.send("start")
-        job.send("done", result)
+        job.send("done", result)  # (the first event if there was no text at all: the model ended its turn at once)

@@ -70,6 +70,25 @@ def test_the_first_piece_is_sent_before_the_next_token_is_computed(serve):
     assert json.dumps(FIRST) in before and json.dumps(SECOND) not in before
 
 
+def test_the_role_chunk_goes_out_in_one_write_with_the_first_piece(serve):
+    """One body message for both (one wake-up of the client, not two), then
+    the next piece, the finish, the usage and [DONE]; and a kept-alive
+    connection serves the next request after the stream's end."""
+    sent: list[bytes] = []
+    server = serve(LookingModel(sent), wrap=recording(sent))
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": {"include_usage": True}}
+    with Http(server.url) as h:
+        for _ in range(2):
+            sent.clear()
+            r = h.request("POST", "/v1/chat/completions", body)
+            assert r.status == 200 and r.read().decode().endswith("data: [DONE]\n\n")
+            chunks = [c.decode() for c in sent if c]
+            head = [json.loads(e[6:]) for e in chunks[0].split("\n\n") if e]
+            assert [c["choices"][0]["delta"] for c in head] == [{"role": "assistant", "content": ""},
+                                                                {"content": FIRST}]
+            assert json.dumps(SECOND) in chunks[1] and chunks[-1].endswith("data: [DONE]\n\n")
+
+
 def test_accepted_connections_send_without_nagle(serve, tiny_model):
     server = serve(tiny_model)
     with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=30) as sock:
