@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 from rkc.runtime.llm.jit import normalize_columns, scores_shift_columns
-from rkc.runtime.llm.prefill_attention import contract
+from rkc.runtime.llm.prefill_attention import SCORES, VALUES, contract
 
 F32 = np.float32
 
@@ -45,7 +45,7 @@ def attend_rows(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.nd
         return None
     G = H // Hkv
     qg = q.astype(F32, order="C").reshape(T, Hkv, G, hd)  # as kernels.attend's operand
-    s = contract("tkgd,pkd->kgtp", "pkd,tkgd->kgtp", qg, keys)
+    s = contract(*SCORES, qg, keys)
     mem = s.transpose(0, 3, 2, 1)  # [Hkv, P, T, G]: the matmul's own layout
     if s.dtype != F32 or not mem.flags.c_contiguous:
         return None
@@ -54,7 +54,7 @@ def attend_rows(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.nd
                       int(window))
     np.exp(flat, out=flat)
     normalize_columns(flat, flat)
-    out = contract("kgtp,pkd->tkgd", "pkd,kgtp->tkgd", s, values)  # s: the probabilities, in their layout
+    out = contract(*VALUES, s, values)  # s: the probabilities, in their layout
     full = np.zeros((rows, H * values.shape[-1]), F32)
     full[:T] = out.reshape(T, H * values.shape[-1])
     return full

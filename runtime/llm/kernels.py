@@ -27,7 +27,7 @@ from rkc.ir.errors import FormatError
 from rkc.ir.npu import layout
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.llm.kvcache import KVCache
-from rkc.runtime.llm.prefill_attention import BLOCK, attend_blocks, contract
+from rkc.runtime.llm.prefill_attention import BLOCK, SCORES, VALUES, attend_blocks, contract
 from rkc.runtime.kernels.hadamard import Rotation, unrotate
 from rkc.runtime.llm.weights import Int8Weight, dequantize, quantize_rows
 
@@ -228,7 +228,7 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int, blocks=None) -> np.ndar
         dots = np.matmul(keys.transpose(1, 0, 2), qg.reshape(Hkv, G, hd).transpose(0, 2, 1))  # [Hkv, P, G]
         scores = dots.transpose(0, 2, 1)[:, :, None, :] * scale  # [Hkv, G, 1, P], laid out as the einsum's
     else:
-        scores = contract("tkgd,pkd->kgtp", "pkd,tkgd->kgtp", qg, keys) * scale
+        scores = contract(*SCORES, qg, keys) * scale
     window = int(attrs["window"])
     lo, hi, first = kpos.min(), kpos.max(), pos.min()
     if not (hi <= first and (not window or pos.max() - lo < window)):
@@ -238,7 +238,7 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int, blocks=None) -> np.ndar
         scores = np.where(allowed[None, None], scores, -np.inf)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
-    out = contract("kgtp,pkd->tkgd", "pkd,kgtp->tkgd", probs, values)
+    out = contract(*VALUES, probs, values)
     full = np.zeros((rows, H * values.shape[-1]), np.float32)
     full[:T] = out.reshape(T, H * values.shape[-1])
     return full

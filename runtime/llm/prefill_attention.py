@@ -28,13 +28,36 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # what np.einsum(optimize=True) runs for a pair of operands (numpy >= 2.4)
+try:  # what np.einsum(optimize=True) runs for a pair of operands (numpy >= 2.4; private, so checked below)
     from numpy._core.einsumfunc import bmm_einsum as _bmm_einsum
 except ImportError:  # pragma: no cover - older numpy
     _bmm_einsum = None
 
-BLOCK = 64  # query rows per block: large enough for sgemm to run near its peak, small enough to skip half the keys
 F32 = np.float32
+
+# The attention contractions as (einsum equation, the same with the operands swapped).
+SCORES = ("tkgd,pkd->kgtp", "pkd,tkgd->kgtp")
+VALUES = ("kgtp,pkd->tkgd", "pkd,kgtp->tkgd")
+
+
+def _private_path_is_einsums() -> bool:
+    """Whether numpy's private bmm_einsum still takes these arguments and gives
+    np.einsum(optimize=True)'s bits for both contractions: a numpy that changed
+    it falls back to np.einsum (the same bits, without the skipped path search)."""
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((3, 2, 2, 8), F32), rng.standard_normal((5, 2, 8), F32)
+    s = rng.standard_normal((2, 2, 3, 5), F32)
+    try:
+        return all(np.array_equal(_bmm_einsum(swapped, b, a), np.einsum(eq, a, b, optimize=True))
+                   for (eq, swapped), a, b in ((SCORES, q, k), (VALUES, s, k)))
+    except Exception:  # pragma: no cover - a different private signature
+        return False
+
+
+if _bmm_einsum is not None and not _private_path_is_einsums():  # pragma: no cover
+    _bmm_einsum = None
+
+BLOCK = 64  # query rows per block: large enough for sgemm to run near its peak, small enough to skip half the keys
 
 
 class Workspace:

@@ -120,3 +120,19 @@ def test_prepared_gelu_is_the_kernel():
         got = run([a])[0]
         assert got.dtype == F32 and got.shape == a.shape
         np.testing.assert_array_equal(got, kernels.gelu_tanh([a], {}, None)[0])
+
+
+def test_private_einsum_path_is_checked_before_use(monkeypatch):
+    """prefill_attention calls numpy's private bmm_einsum (np.einsum(optimize=True)
+    without its path search) only while it gives einsum's bits: a numpy whose
+    private function changed meaning or signature is caught by the import check."""
+    from rkc.runtime.llm import prefill_attention as pa
+
+    if pa._bmm_einsum is None:
+        pytest.skip("this numpy has no bmm_einsum: contract is np.einsum itself")
+    assert pa._private_path_is_einsums()
+    real = pa._bmm_einsum
+    monkeypatch.setattr(pa, "_bmm_einsum", lambda eq, a, b: real(eq, a, b) * np.float32(1 + 2 ** -20))
+    assert not pa._private_path_is_einsums()
+    monkeypatch.setattr(pa, "_bmm_einsum", lambda a, b: a)
+    assert not pa._private_path_is_einsums()
