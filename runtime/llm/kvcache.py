@@ -97,7 +97,8 @@ class KVCache:
         return [p[s:e] for p, s, e in zip(self._pos, self._start, self._end)]
 
     def _check(self, pos: np.ndarray) -> None:
-        if pos.size and pos.max() >= self.n_ctx:
+        # (one position: its value, not a reduction, ~5 us of a decode step's store)
+        if pos.size and (int(pos[0]) if pos.size == 1 else pos.max()) >= self.n_ctx:
             raise ContextFullError(f"context of {self.n_ctx} tokens is full (use --ctx to raise it)")
 
     # -- attention's view -----------------------------------------------------------------
@@ -141,8 +142,8 @@ class KVCache:
         t = len(pos)
         self._reserve(layer, k, v, t)
         s, e = self._start[layer], self._end[layer]
-        k16, v16 = k.astype(np.float16), v.astype(np.float16)
-        self._k16[layer][e:e + t], self._v16[layer][e:e + t] = k16, v16
+        k16, v16 = self._k16[layer][e:e + t], self._v16[layer][e:e + t]
+        k16[...], v16[...] = k, v  # numpy's fp32 -> fp16 cast (astype's), into the rows
         if fp32:
             self._sync(layer)
             self._k[layer][e:e + t], self._v[layer][e:e + t] = k16, v16
