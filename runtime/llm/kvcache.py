@@ -135,19 +135,38 @@ class KVCache:
         s, e = self._store(layer, k, v, pos, fp32=False)
         return self._k16[layer][s:e], self._v16[layer][s:e], self._pos[layer][s:e]
 
+    def half_row(self, layer: int, pos: np.ndarray, k_shape: tuple, v_shape: tuple) -> tuple[int, int]:
+        """store_half of one row [1, *k_shape] / [1, *v_shape] at `pos` [1]
+        but for writing it: (s, e), the rows its query sees [s, e) of
+        half_buffers(layer), the caller writing the row's fp16 values into
+        row e - 1 (a fused attention stretch writes them in its compiled call)."""
+        return self._append(layer, k_shape, v_shape, pos)
+
+    def half_buffers(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The layer's fp16 keys, values (whole buffers) and positions."""
+        return self._k16[layer], self._v16[layer], self._pos[layer]
+
     def _store(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray, fp32: bool = True) -> tuple[int, int]:
         """Append the chunk (`fp32`: into the fp32 rows too, after the rows
         behind it are synced); the rows its queries see: [s, e) of the buffers."""
-        self._check(pos)
+        s, e = self._append(layer, k.shape[1:], v.shape[1:], pos)
         t = len(pos)
-        self._reserve(layer, k, v, t)
-        s, e = self._start[layer], self._end[layer]
-        k16, v16 = self._k16[layer][e:e + t], self._v16[layer][e:e + t]
+        k16, v16 = self._k16[layer][e - t:e], self._v16[layer][e - t:e]
         k16[...], v16[...] = k, v  # numpy's fp32 -> fp16 cast (astype's), into the rows
         if fp32:
-            self._sync(layer)
-            self._k[layer][e:e + t], self._v[layer][e:e + t] = k16, v16
-            self._synced[layer] = e + t
+            self._sync(layer, e - t)
+            self._k[layer][e - t:e], self._v[layer][e - t:e] = k16, v16
+            self._synced[layer] = e
+        return s, e
+
+    def _append(self, layer: int, k_shape: tuple, v_shape: tuple, pos: np.ndarray) -> tuple[int, int]:
+        """Room for the chunk's rows and the bookkeeping of storing them
+        (positions, the window, the view); the rows its queries see: [s, e)
+        of the buffers, the chunk's own the last len(pos)."""
+        self._check(pos)
+        t = len(pos)
+        self._reserve(layer, k_shape, v_shape, t)
+        s, e = self._start[layer], self._end[layer]
         self._pos[layer][e:e + t] = pos
         self._end[layer] = e + t
         window = self.windows[layer]
@@ -170,10 +189,11 @@ class KVCache:
         self._sync(layer)
         return view
 
-    def _sync(self, layer: int) -> None:
-        """The fp32 rows behind the fp16 rows only `store_half` wrote, widened
-        from them (numpy's cast: the values a fp32 store writes)."""
-        a, e = self._synced[layer], self._end[layer]
+    def _sync(self, layer: int, e: int | None = None) -> None:
+        """The fp32 rows behind the fp16 rows only `store_half` wrote (up to
+        row e, else all), widened from them (numpy's cast: the values a fp32
+        store writes)."""
+        a, e = self._synced[layer], self._end[layer] if e is None else e
         if a < e:
             self._k[layer][a:e], self._v[layer][a:e] = self._k16[layer][a:e], self._v16[layer][a:e]
             self._synced[layer] = e
@@ -188,7 +208,7 @@ class KVCache:
         view `layer`'s store left at the same chunk."""
         self._views[layer] = view
 
-    def _reserve(self, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> None:
+    def _reserve(self, layer: int, k_shape: tuple, v_shape: tuple, t: int) -> None:
         """Room for t more entries after the live ones."""
         store = self._k[layer]
         s, e = self._start[layer], self._end[layer]
@@ -210,8 +230,8 @@ class KVCache:
                 cap = max(min(cap, 2 * window + t), need)
             if not window:
                 cap = min(cap, max(self.n_ctx, need))
-        ks = np.zeros((cap, *k.shape[1:]), np.float32)
-        vs = np.zeros((cap, *v.shape[1:]), np.float32)
+        ks = np.zeros((cap, *k_shape), np.float32)
+        vs = np.zeros((cap, *v_shape), np.float32)
         ks16, vs16 = np.zeros(ks.shape, np.float16), np.zeros(vs.shape, np.float16)
         ps = np.zeros(cap, np.int64)
         if store is not None and live:
