@@ -389,14 +389,97 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
     edge_out = _OutEdge(plan, last, bind)
     result = plan._slot(front[-1].outputs[0])
     label = f"attention stretch ({front[0].op}, {last.op})"
+    compiled = _compiled_front(plan, front[:n_edges], front[n_edges:], edges, state)
 
     def call():
         for e in edges:
             e.run(label)
-        for run in runs:
-            run()
+        if compiled is None or not compiled():
+            for run in runs:
+                run()
         edge_out.run(slots[result])
     return _bracket(plan, steps, edges, edge_out, call, label)
+
+
+_FRONTS = (["Reshape"] * 3 + ["RMSNorm"] * 2 + ["RoPE"] * 2 + ["Attention"],  # q/k norms (Gemma 3, Qwen3)
+           ["Reshape"] * 3 + ["RoPE"] * 2 + ["Attention"])
+
+
+def _compiled_front(plan, edge_steps: Sequence[Step], steps: Sequence[Step], edges: list, state):
+    """The common attention stretch (q, k, v edges; their Reshapes; q/k
+    norms or none; the two RoPEs; Attention over the cache's fp16 rows) with
+    its norms, RoPEs and cache store in one compiled call
+    (jit.attention_front), into buffers made once, every step's output in
+    its slot: a function of no arguments that runs them and the attention,
+    False when the run is not a one-row decode (then the step-by-step runs
+    take it); None for any other stretch. attention_stretch has checked the
+    steps' shapes and constants."""
+    if [st.op for st in steps] not in _FRONTS or len(edge_steps) != 3:
+        return None
+    att, by_out = steps[-1], {st.outputs[0]: st for st in steps}
+    edge_of = {st.outputs[0]: e for st, e in zip(edge_steps, edges)}
+
+    def chain(name):  # (edge, steps from it to `name`)
+        made = []
+        while name in by_out:
+            made.append(by_out[name])
+            name = made[-1].inputs[0]
+        return edge_of.get(name), made[::-1]
+    (eq, cq), (ek, ck), (ev, cv) = (chain(n) for n in att.inputs[:3])
+    norms = len(cq) == 3
+    want = ["Reshape", "RMSNorm", "RoPE"] if norms else ["Reshape", "RoPE"]
+    if (None in (eq, ek, ev) or len({id(eq), id(ek), id(ev)}) != 3 or [st.op for st in cq] != want
+            or [st.op for st in ck] != want or [st.op for st in cv] != ["Reshape"]):
+        return None
+    ropes = (cq[-1], ck[-1])
+    if any(r.inputs[1] != att.inputs[3] for r in ropes) or len({(r.attrs["dims"], r.attrs["mode"]) for r in ropes}) != 1:
+        return None
+    tables = prepared.rope_tables(ropes[0], [None, None], state)
+    if tables is None or prepared.rope_tables(ropes[1], [None, None], state) is not tables:
+        return None
+    (_, heads, hd), (_, hkv, hdk), (_, hkv_v, hdv) = (tuple(st.attrs["shape"]) for st in (cq[0], ck[0], cv[0]))
+    if hdk != hd or hkv_v != hkv or hkv == 0 or heads % hkv:
+        return None
+    q3, k3, v3 = (e.out.reshape(tuple(c[0].attrs["shape"])) for e, c in ((eq, cq), (ek, ck), (ev, cv)))
+    q2, k2 = q3.reshape(heads, hd), k3.reshape(hkv, hd)
+    if norms:
+        qw, kw = (const(plan, c[1].inputs[1], (hd,)) for c in (cq, ck))
+        qeps, keps = F32(cq[1].attrs["epsilon"]), F32(ck[1].attrs["epsilon"])
+        qx, kx = np.empty(q3.shape, F32), np.empty(k3.shape, F32)
+        qn, kn = qx.reshape(heads, hd), kx.reshape(hkv, hd)
+    else:
+        qw = kw = np.ones(hd, F32)  # (unread)
+        qeps = keps = F32(0)
+        qx, kx, qn, kn = q3, k3, q2, k2
+    qr, kr = np.empty(q3.shape, F32), np.empty(k3.shape, F32)
+    kr_bits, v_bits = kr.view(np.uint32), v3.view(np.uint32)
+    dims, neox = int(ropes[0].attrs["dims"]), ropes[0].attrs["mode"] == "neox"
+    layer, slots = int(att.attrs["layer"]), plan.slots
+    work = state.__dict__.setdefault("_row_work", decode_attention.RowWork())
+    attend = decode_attention.RowAttention(heads, hkv, hd, hdv, float(att.attrs["scale"]), int(att.attrs["window"]),
+                                           work)
+    made = [(plan._slot(c[0].outputs[0]), x) for c, x in ((cq, q3), (ck, k3), (cv, v3))]
+    if norms:
+        made += [(plan._slot(cq[1].outputs[0]), qx), (plan._slot(ck[1].outputs[0]), kx)]
+    made += [(plan._slot(cq[-1].outputs[0]), qr), (plan._slot(ck[-1].outputs[0]), kr)]
+    ip, o = plan._slot(att.inputs[3]), plan._slot(att.outputs[0])
+    k_shape, v_shape, front = (hkv, hd), (hkv, hdv), jit.attention_front
+
+    def run() -> bool:
+        pos = slots[ip]
+        if state.valid != 1 or pos.shape != (1,):
+            return False
+        cos, sin = tables.at(pos)
+        cache = state.cache
+        s, e = cache.half_row(layer, pos, k_shape, v_shape)
+        k16, v16, kpos = cache.half_buffers(layer)
+        front(q2, k2, qw, qeps, kw, keps, norms, qn, kn, qx, kx, cos, sin, dims, neox, qr, kr, kr_bits, v_bits,
+              k16.view(np.uint16), v16.view(np.uint16), e - 1)
+        for i, x in made:
+            slots[i] = x
+        slots[o] = attend(qr, k16[s:e], v16[s:e], kpos[s:e], int(pos[0]))
+        return True
+    return run
 
 
 def _is_positions(plan, name: str) -> bool:

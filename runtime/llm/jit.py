@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.half import widen_bits
+from rkc.runtime.half import narrow_bits, widen_bits
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 
 _JIT = {"cache": True, "nogil": True}
@@ -411,3 +411,27 @@ def widen_half(src, out):
     cached rows."""
     for i in range(src.size):
         out[i] = widen_bits(src[i])
+
+
+@njit(**_JIT)
+def attention_front(q, k, qw, qeps, kw, keps, norms, qn, kn, qx, kx, cos, sin, dims, neox, qr, kr, kr_bits,
+                    v_bits, k16, v16, row):
+    """A one-row attention stretch's work between its in edges and its
+    attention, in one call (each part the kernel the step-by-step stretch
+    calls, so the same bits): with `norms`, the q and k norms (rms_norm of
+    q [H, hd] into qn, k [Hkv, hd] into kn: the rows of qx / kx); RoPE of
+    qx [1, H, hd] into qr and kx into kr; then the cache's new row, kr and
+    v (their float32 bits, [1, Hkv, hd(v)]) narrowed to fp16 into row `row`
+    of k16 / v16 (fp16 bits [capacity, Hkv, hd(v)]) as numpy's astype
+    rounds them (half.narrow_bits)."""
+    if norms:
+        rms_norm(q, qw, qeps, qn)
+        rms_norm(k, kw, keps, kn)
+    rope(qx, cos, sin, dims, neox, qr)
+    rope(kx, cos, sin, dims, neox, kr)
+    _, hkv, hd = kr_bits.shape
+    for h in range(hkv):
+        for i in range(hd):
+            k16[row, h, i] = narrow_bits(kr_bits[0, h, i])
+        for i in range(v_bits.shape[2]):
+            v16[row, h, i] = narrow_bits(v_bits[0, h, i])

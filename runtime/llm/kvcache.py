@@ -10,7 +10,13 @@ conversion of the whole cache. The same values are also held as fp16
 entry once, and at long positions reading the cache from DRAM is most of
 its time; the fp16 rows are half the bytes, widened exactly into a buffer
 the CPU's caches hold (runtime/llm/decode_attention.py), so the products
-see the fp32 values they always saw. A window layer's buffers slide:
+see the fp32 values they always saw. A decode step (`store_half`) writes
+only the fp16 rows: nothing in decode reads the fp32 ones, and writing a
+cold fp32 row into each layer cost more than the rest of the store (~1 ms
+of a Gemma 3 270M token at position 512). The fp32 rows behind are widened
+from the fp16 ones (numpy's cast, the values `store_and_view` wrote) when
+something next reads them (`_sync`: a prefill chunk, `context`, `shared`,
+`k`/`v`). A window layer's buffers slide:
 entries no query can see any more are dropped by moving the live ones to
 the front when the buffer is full."""
 
@@ -40,6 +46,7 @@ class KVCache:
         self._pos: list[np.ndarray] = [np.zeros(0, np.int64)] * n
         self._start = [0] * n  # live entries: [start, end)
         self._end = [0] * n
+        self._synced = [0] * n  # rows [.., synced) of the fp32 buffers hold their values; [synced, end) fp16 only
         self._views: list[tuple | None] = [None] * n  # what the layer's last store returned
 
     # -- what a layer holds -------------------------------------------------------------
@@ -72,14 +79,17 @@ class KVCache:
             s, e = self._start[layer], self._end[layer]
             # live positions ascend, so those below n are a prefix of them
             self._end[layer] = s + int(np.count_nonzero(self._pos[layer][s:e] < n))
+            self._synced[layer] = min(self._synced[layer], self._end[layer])
         return True
 
     @property
     def k(self) -> list[np.ndarray | None]:
+        self._sync_all()
         return [None if k is None else k[s:e] for k, s, e in zip(self._k, self._start, self._end)]
 
     @property
     def v(self) -> list[np.ndarray | None]:
+        self._sync_all()
         return [None if v is None else v[s:e] for v, s, e in zip(self._v, self._start, self._end)]
 
     @property
@@ -87,7 +97,8 @@ class KVCache:
         return [p[s:e] for p, s, e in zip(self._pos, self._start, self._end)]
 
     def _check(self, pos: np.ndarray) -> None:
-        if pos.size and pos.max() >= self.n_ctx:
+        # (one position: its value, not a reduction, ~5 us of a decode step's store)
+        if pos.size and (int(pos[0]) if pos.size == 1 else pos.max()) >= self.n_ctx:
             raise ContextFullError(f"context of {self.n_ctx} tokens is full (use --ctx to raise it)")
 
     # -- attention's view -----------------------------------------------------------------
@@ -95,6 +106,7 @@ class KVCache:
         """Keys, values (fp32) and positions a chunk attends to: the cached ones
         followed by the chunk's own (new arrays; the cache is unchanged)."""
         self._check(pos)
+        self._sync(layer)
         s, e = self._start[layer], self._end[layer]
         # C order whatever k and v's layout (an NPU output is column-major): numpy's
         # contractions round according to the operands' strides, and the CPU
@@ -120,18 +132,41 @@ class KVCache:
     def store_half(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray):
         """store_and_view, the keys and values as views of the fp16 buffers
         (the same entries, C-contiguous rows of the same shape)."""
-        s, e = self._store(layer, k, v, pos)
+        s, e = self._store(layer, k, v, pos, fp32=False)
         return self._k16[layer][s:e], self._v16[layer][s:e], self._pos[layer][s:e]
 
-    def _store(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray) -> tuple[int, int]:
-        """Append the chunk; the rows its queries see: [s, e) of the buffers."""
+    def half_row(self, layer: int, pos: np.ndarray, k_shape: tuple, v_shape: tuple) -> tuple[int, int]:
+        """store_half of one row [1, *k_shape] / [1, *v_shape] at `pos` [1]
+        but for writing it: (s, e), the rows its query sees [s, e) of
+        half_buffers(layer), the caller writing the row's fp16 values into
+        row e - 1 (a fused attention stretch writes them in its compiled call)."""
+        return self._append(layer, k_shape, v_shape, pos)
+
+    def half_buffers(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The layer's fp16 keys, values (whole buffers) and positions."""
+        return self._k16[layer], self._v16[layer], self._pos[layer]
+
+    def _store(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray, fp32: bool = True) -> tuple[int, int]:
+        """Append the chunk (`fp32`: into the fp32 rows too, after the rows
+        behind it are synced); the rows its queries see: [s, e) of the buffers."""
+        s, e = self._append(layer, k.shape[1:], v.shape[1:], pos)
+        t = len(pos)
+        k16, v16 = self._k16[layer][e - t:e], self._v16[layer][e - t:e]
+        k16[...], v16[...] = k, v  # numpy's fp32 -> fp16 cast (astype's), into the rows
+        if fp32:
+            self._sync(layer, e - t)
+            self._k[layer][e - t:e], self._v[layer][e - t:e] = k16, v16
+            self._synced[layer] = e
+        return s, e
+
+    def _append(self, layer: int, k_shape: tuple, v_shape: tuple, pos: np.ndarray) -> tuple[int, int]:
+        """Room for the chunk's rows and the bookkeeping of storing them
+        (positions, the window, the view); the rows its queries see: [s, e)
+        of the buffers, the chunk's own the last len(pos)."""
         self._check(pos)
         t = len(pos)
-        self._reserve(layer, k, v, t)
+        self._reserve(layer, k_shape, v_shape, t)
         s, e = self._start[layer], self._end[layer]
-        k16, v16 = k.astype(np.float16), v.astype(np.float16)
-        self._k16[layer][e:e + t], self._v16[layer][e:e + t] = k16, v16
-        self._k[layer][e:e + t], self._v[layer][e:e + t] = k16, v16
         self._pos[layer][e:e + t] = pos
         self._end[layer] = e + t
         window = self.windows[layer]
@@ -151,7 +186,21 @@ class KVCache:
         view = self._views[layer]
         if view is None:
             raise RkcError(f"layer {layer}'s KV cache is read before the layer stored a chunk")
+        self._sync(layer)
         return view
+
+    def _sync(self, layer: int, e: int | None = None) -> None:
+        """The fp32 rows behind the fp16 rows only `store_half` wrote (up to
+        row e, else all), widened from them (numpy's cast: the values a fp32
+        store writes)."""
+        a, e = self._synced[layer], self._end[layer] if e is None else e
+        if a < e:
+            self._k[layer][a:e], self._v[layer][a:e] = self._k16[layer][a:e], self._v16[layer][a:e]
+            self._synced[layer] = e
+
+    def _sync_all(self) -> None:
+        for layer in range(len(self.windows)):
+            self._sync(layer)
 
     def share(self, layer: int, view: tuple) -> None:
         """Make `view` what shared(layer) returns: a run that takes the model
@@ -159,7 +208,7 @@ class KVCache:
         view `layer`'s store left at the same chunk."""
         self._views[layer] = view
 
-    def _reserve(self, layer: int, k: np.ndarray, v: np.ndarray, t: int) -> None:
+    def _reserve(self, layer: int, k_shape: tuple, v_shape: tuple, t: int) -> None:
         """Room for t more entries after the live ones."""
         store = self._k[layer]
         s, e = self._start[layer], self._end[layer]
@@ -173,6 +222,7 @@ class KVCache:
             for buf in (store, self._v[layer], self._k16[layer], self._v16[layer], self._pos[layer]):
                 buf[:live] = buf[s:e].copy()
             self._start[layer], self._end[layer] = 0, live
+            self._synced[layer] = max(0, self._synced[layer] - s)  # the rows moved with their state
             return
         if store is None or need > cap:
             cap = max(need, 2 * cap, 64)
@@ -180,8 +230,8 @@ class KVCache:
                 cap = max(min(cap, 2 * window + t), need)
             if not window:
                 cap = min(cap, max(self.n_ctx, need))
-        ks = np.zeros((cap, *k.shape[1:]), np.float32)
-        vs = np.zeros((cap, *v.shape[1:]), np.float32)
+        ks = np.zeros((cap, *k_shape), np.float32)
+        vs = np.zeros((cap, *v_shape), np.float32)
         ks16, vs16 = np.zeros(ks.shape, np.float16), np.zeros(vs.shape, np.float16)
         ps = np.zeros(cap, np.int64)
         if store is not None and live:
@@ -189,4 +239,5 @@ class KVCache:
             ks16[:live], vs16[:live] = self._k16[layer][s:e], self._v16[layer][s:e]
         self._k[layer], self._v[layer], self._pos[layer] = ks, vs, ps
         self._k16[layer], self._v16[layer] = ks16, vs16
+        self._synced[layer] = max(0, self._synced[layer] - s) if store is not None else 0
         self._start[layer], self._end[layer] = 0, live

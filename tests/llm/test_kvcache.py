@@ -54,3 +54,52 @@ def test_half_rows_are_the_fp32_rows(window):
         else:
             cache.store_and_view(0, k, v, p)
         pos += t
+
+
+@pytest.mark.parametrize("window", [0, 5, 40])
+def test_fp32_rows_behind_half_stores_are_what_fp32_stores_give(window):
+    """store_half writes only the fp16 rows (the fp32 ones are synced when
+    next read): whatever mix of decode steps (store_half), prefill chunks
+    (store_and_view), truncations and fp32 reads (context, shared, k, v)
+    follows, every fp32 value read equals what a cache that only ever
+    stored through store_and_view gives, bit for bit, as the window slides
+    and the buffers grow."""
+    rng = np.random.default_rng(3 + window)
+    cache, plain = KVCache(1, [window], 400), KVCache(1, [window], 400)
+    pos, reads = 0, 0
+    for i in range(160):
+        t = int(rng.choice([1, 1, 1, 1, 2, 9, 33]))
+        k, v = rng.standard_normal((2, t, 2, 4)).astype(np.float32)
+        p = np.arange(pos, pos + t)
+        if rng.random() < 0.1:
+            k2, v2 = rng.standard_normal((2, 1, 2, 4)).astype(np.float32)
+            for got, want in zip(cache.context(0, k2, v2, p[:1]), plain.context(0, k2, v2, p[:1])):
+                np.testing.assert_array_equal(got, want)
+            reads += 1
+        want = plain.store_and_view(0, k, v, p)
+        if t == 1 or rng.random() < 0.3:
+            k16, v16, kpos = cache.store_half(0, k, v, p)
+            np.testing.assert_array_equal(k16.astype(np.float32), want[0])
+            np.testing.assert_array_equal(v16.astype(np.float32), want[1])
+            np.testing.assert_array_equal(kpos, want[2])
+            if rng.random() < 0.3:
+                for got, w in zip(cache.shared(0), want):
+                    np.testing.assert_array_equal(got, w)
+                reads += 1
+        else:
+            for got, w in zip(cache.store_and_view(0, k, v, p), want):
+                np.testing.assert_array_equal(got, w)
+            reads += 1
+        pos += t
+        if rng.random() < 0.05 and pos > 10:
+            np.testing.assert_array_equal(cache.k[0], plain.k[0])  # (every fp32 row synced, then forgotten)
+            n = pos - int(rng.integers(1, 4))
+            assert cache.truncate(n) == plain.truncate(n)
+            pos = cache.length
+        if rng.random() < 0.1:
+            np.testing.assert_array_equal(cache.k[0], plain.k[0])
+            np.testing.assert_array_equal(cache.v[0], plain.v[0])
+            reads += 1
+        if pos + 40 > 400:
+            break
+    assert reads > 10

@@ -183,6 +183,23 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     engine.close()
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_attention_stretches_run_their_front_compiled(arch, precision, synth_rkbin, monkeypatch):
+    """Each decode layer's attention stretch runs its norms, RoPEs and cache
+    store as one compiled call (fused._compiled_front), so
+    test_plan_gives_the_interpreters_logits checks that path (a model whose
+    stretch has another shape keeps the step-by-step runs)."""
+    from rkc.runtime.llm import fused
+
+    made, front = [], fused._compiled_front
+    monkeypatch.setattr(fused, "_compiled_front", lambda *a: made.append(front(*a)) or made[-1])
+    engine = LlmEngine(synth_rkbin(arch, precision), device="null")
+    n = engine.cfg.n_layer
+    engine.close()
+    assert len(made) == n and all(m is not None for m in made), made
+
+
 def test_silu_does_not_overflow_and_keeps_the_formulas_values():
     """SiLU (the plain kernel and the plans') gives x / (1 + exp(-x))'s values,
     signed zeros and NaN included, without the exp's overflow warning; its
