@@ -1,6 +1,8 @@
 """int8 weights per output channel (row) for W8A8: q int8 [N, K] and one scale
 per row, w ~= q * scale[:, None]. The NPU program is the same whatever the
 method; the methods differ in the scale and in how each weight is rounded.
+A rounding scheme (`rkc compile --int8-rounding`, ROUNDINGS) says which
+products each method rounds.
 
 * "rtn":  every weight rounded to nearest.
 * "gptq": GPTQ (Frantar et al., 2022, arXiv:2210.17323): the columns are
@@ -20,12 +22,45 @@ weights finer at the price of clipping the few largest.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from rkc.ir.errors import UnsupportedError
 
 QMAX = 127
-METHODS = ("gptq", "rtn")
+METHODS = ("gptq", "rtn")  # how one matrix is rounded (quantize_matrix)
+HEAD, BODY = "head", "body"  # the output head (logits) / every other product
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """An int8 rounding scheme: the products GPTQ rounds (HEAD, BODY), the rest to nearest."""
+
+    gptq: frozenset[str]
+    summary: str  # for the compile summary and rkc inspect
+
+
+# the schemes `rkc compile --int8-rounding` offers. head-gptq: the tied 262k-row
+# head is a quarter of Gemma 3 270M's int8 error and its X^T X (K = 640, one input)
+# is cheap to gather, while the body's X^T X and rounding cost most of GPTQ's time
+ROUNDINGS = {
+    "rtn": Rounding(frozenset(), "every weight rounded to nearest"),
+    "head-gptq": Rounding(frozenset({HEAD}), "the output head GPTQ-rounded, the other products to nearest"),
+    "gptq": Rounding(frozenset({HEAD, BODY}), "every product GPTQ-rounded"),
+}
+
+
+def rounding_scheme(name: str) -> Rounding:
+    if name not in ROUNDINGS:
+        raise UnsupportedError(f"int8 weight rounding {name!r} is not known (choose {', '.join(ROUNDINGS)})")
+    return ROUNDINGS[name]
+
+
+def method_for(rounding: str, is_head: bool) -> str:
+    """How scheme `rounding` rounds one product (quantize_matrix's method)."""
+    return "gptq" if (HEAD if is_head else BODY) in rounding_scheme(rounding).gptq else "rtn"
+
 # `rkc compile --precision int8` defaults (docs/llm.md): the inputs rotated
 # (compiler/llm/rotate.py), round-to-nearest, every product int8. GPTQ on the
 # rotated weights measured better teacher-forced on Gemma 3 270M (KL 0.0064,

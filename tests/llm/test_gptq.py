@@ -57,3 +57,42 @@ def test_gptq_is_the_textbook_algorithm(n, k):
 
     assert output_error(got) == pytest.approx(output_error(want), rel=1e-3)
     assert output_error(got) < 0.7 * output_error(round_to_nearest(w, scale))
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])  # a tied head (token_embd), an untied one (output)
+def test_head_gptq_rounds_the_head_by_gptq_and_the_body_to_nearest(arch, synth_gguf):
+    """--int8-rounding head-gptq: the head's int8 weights are those of the
+    gptq scheme (same calibration, same X^T X), every other product's those of
+    rtn; calibration gathers the head's X^T X only, equal to a full run's."""
+    from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
+    from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights
+    from rkc.compiler.llm.calibrate import calibrate
+    from rkc.compiler.llm.weights import dequantize_all
+    from rkc.runtime.llm.tokenizer import LlmTokenizer
+
+    path = synth_gguf(arch)
+    gf = GgufFile(path)
+    graph, cfg = graph_from_gguf(gf), gf.config()
+    tokenizer = LlmTokenizer.from_gguf(str(path))
+    consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
+    head = next(op.inputs[1] for op in graph.ops if op.type == "Linear" and op.outputs[0] == "logits")
+    built, reports = {}, {}
+    for rounding in ("rtn", "gptq", "head-gptq"):
+        reports[rounding] = CompileReport()
+        built[rounding], _ = prepare_weights(graph, cfg, tokenizer, dequantize_all(gf, consts),
+                                             LlmCompileOptions("int8", (1,), rounding=rounding), reports[rounding])
+    mixed = built["head-gptq"]
+    assert not np.array_equal(built["gptq"][head].data, built["rtn"][head].data)  # so the check below can fail
+    assert np.array_equal(mixed[head].data, built["gptq"][head].data)
+    body = [n for n, e in mixed.items() if e.scale is not None and n != head]
+    assert body and any(not np.array_equal(built["gptq"][n].data, built["rtn"][n].data) for n in body)
+    for name in body:
+        assert np.array_equal(mixed[name].data, built["rtn"][name].data), name
+    assert "rounded by head-gptq (the output head GPTQ-rounded" in "\n".join(reports["head-gptq"].lines)
+    assert reports["head-gptq"].quantization["rounding"] == "head-gptq"
+
+    weights = dequantize_all(gf, consts)
+    only_head = calibrate(graph, cfg, weights, tokenizer, hessians={head})
+    every = calibrate(graph, cfg, weights, tokenizer, hessians=True)
+    assert list(only_head.hessians) == [head]
+    assert np.array_equal(only_head.hessians[head], every.hessians[head])
