@@ -88,7 +88,7 @@ OPTIONS: tuple[Option, ...] = (
            precisions=INT8, metavar="NAMES"),
     Option("int8_rounding", "--int8-rounding", ("gguf",),
            "weight rounding (gptq: error-compensating, on the calibration text; head-gptq: gptq on the output "
-           "head only, round-to-nearest elsewhere).", tuple(ROUNDINGS), INT8,
+           "head only; hidden-gptq: on the head, q/k/v and gate/up; round-to-nearest elsewhere).", tuple(ROUNDINGS), INT8,
            default=DEFAULT_ROUNDING),
     Option("fp16_share", "--fp16-share", ("gguf",),
            "this share of the product groups stays fp16, those noisiest in int8 on the calibration text "

@@ -169,7 +169,7 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: b
     if _precision_of(name, options) == "fp16":
         out[name] = encode(source, "fp16")
         return
-    method = method_for(options.rounding, is_head)
+    method = method_for(options.rounding, name, is_head)
     h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
     if h is not None:
         h = _smoothed_hessian(h, factors.get(name), cache)
@@ -240,7 +240,8 @@ def _measures_whole_model(options: LlmCompileOptions) -> bool:
 
 
 def _needs_hessians(options: LlmCompileOptions) -> bool:
-    return bool(rounding_scheme(options.rounding).gptq) or options.scales != "max"
+    scheme = rounding_scheme(options.rounding)
+    return scheme.head or bool(scheme.body) or options.scales != "max"
 
 
 def _hessian_names(graph: Graph, options: LlmCompileOptions) -> set[str]:
@@ -248,7 +249,7 @@ def _hessian_names(graph: Graph, options: LlmCompileOptions) -> set[str]:
     (every product for mse scales, which weigh each input by its energy)."""
     head = _head_name(graph)
     return {n for n in _product_names(graph)
-            if options.scales != "max" or method_for(options.rounding, n == head) == "gptq"}
+            if options.scales != "max" or method_for(options.rounding, n, n == head) == "gptq"}
 
 
 def _head_name(graph: Graph) -> str:

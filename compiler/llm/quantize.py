@@ -30,24 +30,31 @@ from rkc.ir.errors import UnsupportedError
 
 QMAX = 127
 METHODS = ("gptq", "rtn")  # how one matrix is rounded (quantize_matrix)
-HEAD, BODY = "head", "body"  # the output head (logits) / every other product
 
 
 @dataclass(frozen=True)
 class Rounding:
-    """An int8 rounding scheme: the products GPTQ rounds (HEAD, BODY), the rest to nearest."""
+    """An int8 rounding scheme: GPTQ on the output head or not, and on the
+    other products whose weight name contains one of `body` ("" names them
+    all); every other product is rounded to nearest."""
 
-    gptq: frozenset[str]
+    head: bool
+    body: tuple[str, ...]
     summary: str  # for the compile summary and rkc inspect
 
 
-# the schemes `rkc compile --int8-rounding` offers. head-gptq: the tied 262k-row
-# head is a quarter of Gemma 3 270M's int8 error and its X^T X (K = 640, one input)
-# is cheap to gather, while the body's X^T X and rounding cost most of GPTQ's time
+# the schemes `rkc compile --int8-rounding` offers. GPTQ's cost is its
+# calibration X^T X (K^2 per token and input) and its rounding: the head (262k
+# rows, a quarter of Gemma 3 270M's int8 error) and the products reading the
+# hidden width (q/k/v, gate/up: K = n_embd) are cheap to gather, attn_output's
+# and ffn_down's wider inputs (K = 1024, 2048 on Gemma 3 270M) most of the time
+HIDDEN_INPUT_KINDS = ("attn_q.", "attn_k.", "attn_v.", "ffn_gate.", "ffn_up.")
 ROUNDINGS = {
-    "rtn": Rounding(frozenset(), "every weight rounded to nearest"),
-    "head-gptq": Rounding(frozenset({HEAD}), "the output head GPTQ-rounded, the other products to nearest"),
-    "gptq": Rounding(frozenset({HEAD, BODY}), "every product GPTQ-rounded"),
+    "rtn": Rounding(False, (), "every weight rounded to nearest"),
+    "head-gptq": Rounding(True, (), "the output head GPTQ-rounded, the other products to nearest"),
+    "hidden-gptq": Rounding(True, HIDDEN_INPUT_KINDS,
+                            "the head, q/k/v and gate/up GPTQ-rounded, attn_output and ffn_down to nearest"),
+    "gptq": Rounding(True, ("",), "every product GPTQ-rounded"),
 }
 
 
@@ -57,9 +64,10 @@ def rounding_scheme(name: str) -> Rounding:
     return ROUNDINGS[name]
 
 
-def method_for(rounding: str, is_head: bool) -> str:
-    """How scheme `rounding` rounds one product (quantize_matrix's method)."""
-    return "gptq" if (HEAD if is_head else BODY) in rounding_scheme(rounding).gptq else "rtn"
+def method_for(rounding: str, name: str, is_head: bool) -> str:
+    """How scheme `rounding` rounds product `name` (quantize_matrix's method)."""
+    scheme = rounding_scheme(rounding)
+    return "gptq" if (scheme.head if is_head else any(k in name for k in scheme.body)) else "rtn"
 
 # `rkc compile --precision int8` defaults (docs/llm.md): the inputs rotated
 # (compiler/llm/rotate.py), round-to-nearest, every product int8. GPTQ on the

@@ -60,13 +60,15 @@ def test_gptq_is_the_textbook_algorithm(n, k):
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])  # a tied head (token_embd), an untied one (output)
-def test_head_gptq_rounds_the_head_by_gptq_and_the_body_to_nearest(arch, synth_gguf):
-    """--int8-rounding head-gptq: the head's int8 weights are those of the
-    gptq scheme (same calibration, same X^T X), every other product's those of
-    rtn; calibration gathers the head's X^T X only, equal to a full run's."""
+def test_mixed_roundings_take_each_product_from_gptq_or_rtn(arch, synth_gguf):
+    """The schemes between rtn and gptq (head-gptq, hidden-gptq): each
+    product's int8 weights are those of the gptq scheme (same calibration, same
+    X^T X) where the scheme names it, else rtn's; calibration gathers X^T X for
+    those products only, equal to a full run's."""
     from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
     from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights
     from rkc.compiler.llm.calibrate import calibrate
+    from rkc.compiler.llm.quantize import ROUNDINGS, method_for
     from rkc.compiler.llm.weights import dequantize_all
     from rkc.runtime.llm.tokenizer import LlmTokenizer
 
@@ -77,22 +79,24 @@ def test_head_gptq_rounds_the_head_by_gptq_and_the_body_to_nearest(arch, synth_g
     consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
     head = next(op.inputs[1] for op in graph.ops if op.type == "Linear" and op.outputs[0] == "logits")
     built, reports = {}, {}
-    for rounding in ("rtn", "gptq", "head-gptq"):
+    for rounding in ROUNDINGS:
         reports[rounding] = CompileReport()
         built[rounding], _ = prepare_weights(graph, cfg, tokenizer, dequantize_all(gf, consts),
                                              LlmCompileOptions("int8", (1,), rounding=rounding), reports[rounding])
-    mixed = built["head-gptq"]
-    assert not np.array_equal(built["gptq"][head].data, built["rtn"][head].data)  # so the check below can fail
-    assert np.array_equal(mixed[head].data, built["gptq"][head].data)
-    body = [n for n, e in mixed.items() if e.scale is not None and n != head]
-    assert body and any(not np.array_equal(built["gptq"][n].data, built["rtn"][n].data) for n in body)
-    for name in body:
-        assert np.array_equal(mixed[name].data, built["rtn"][name].data), name
-    assert "rounded by head-gptq (the output head GPTQ-rounded" in "\n".join(reports["head-gptq"].lines)
-    assert reports["head-gptq"].quantization["rounding"] == "head-gptq"
-
+    products = [n for n, e in built["rtn"].items() if e.scale is not None]
+    differ = [n for n in products if not np.array_equal(built["gptq"][n].data, built["rtn"][n].data)]
+    assert head in differ and len(differ) > len(products) // 2  # so the checks below can fail
     weights = dequantize_all(gf, consts)
-    only_head = calibrate(graph, cfg, weights, tokenizer, hessians={head})
     every = calibrate(graph, cfg, weights, tokenizer, hessians=True)
-    assert list(only_head.hessians) == [head]
-    assert np.array_equal(only_head.hessians[head], every.hessians[head])
+    for rounding in set(ROUNDINGS) - {"rtn", "gptq"}:
+        chosen = {n: method_for(rounding, n, n == head) for n in products}
+        assert chosen[head] == "gptq" and "rtn" in chosen.values()
+        for name in products:
+            assert np.array_equal(built[rounding][name].data, built[chosen[name]][name].data), (rounding, name)
+        assert f"rounded by {rounding} ({ROUNDINGS[rounding].summary})" in "\n".join(reports[rounding].lines)
+        assert reports[rounding].quantization["rounding"] == rounding
+        gptq_only = {n for n, m in chosen.items() if m == "gptq"}
+        cal = calibrate(graph, cfg, weights, tokenizer, hessians=gptq_only)
+        assert set(cal.hessians) == gptq_only
+        for name in gptq_only:
+            assert np.array_equal(cal.hessians[name], every.hessians[name]), name
