@@ -89,6 +89,7 @@ HELD_OUT = [
 
 
 AGREEMENT_ROWS = 32  # logit rows compared with a reference at a time
+SCORE_ROWS = 64  # tokens a window's emulation runs at a time
 
 
 class Bench:
@@ -295,9 +296,13 @@ def teacher_forced(bench: Bench, windows_logits, float_logits: np.ndarray | None
 
 
 def emulated_windows(bench: Bench, runner: GraphRunner):
+    """Each window's logits, run in chunks of SCORE_ROWS through the KV cache
+    (as the rkbin's score programs run it): a whole window's int8 head output
+    rescaled in float64 is gigabytes at once."""
     for w in Generator.windows(bench.text, PPL_CTX)[:bench.max_windows]:
         runner.reset()
-        yield w, runner.logits(w[:-1], 0)
+        yield w, np.concatenate([runner.logits(w[s:min(s + SCORE_ROWS, len(w) - 1)], s)
+                                 for s in range(0, len(w) - 1, SCORE_ROWS)])
 
 
 def _saved_windows(bench: Bench, rows: np.ndarray):
