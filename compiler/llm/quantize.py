@@ -69,14 +69,14 @@ def method_for(rounding: str, name: str, is_head: bool) -> str:
     scheme = rounding_scheme(rounding)
     return "gptq" if (scheme.head if is_head else any(k in name for k in scheme.body)) else "rtn"
 
+
 # `rkc compile --precision int8` defaults (docs/llm.md): the inputs rotated
-# (compiler/llm/rotate.py), round-to-nearest, every product int8. GPTQ on the
-# rotated weights measured better teacher-forced on Gemma 3 270M (KL 0.0064,
-# top-1 94.6 % against 0.0068, 93.6 %) but is not the default: its greedy check
-# falls to 3 of 5 prompts (the slow test needs 4), the synthetic gemma4 and
-# gemma4-ple int8 builds fall below their top-1 bound against llama.cpp (0.9699,
-# 0.965 < 0.97, tests/llm/test_gemma4.py), and its calibration X^T X alone is
-# ~27 CPU s on Gemma 3 270M (issue 15's whole compile bound is 30 s)
+# (compiler/llm/rotate.py), round-to-nearest, every product int8. Measured on
+# Gemma 3 270M against llama.cpp (issue 14): gptq KL 0.0064, top-1 94.6 %, but
+# greedy 3 of 5 prompts (the slow test needs 4) and ~90 CPU s of compile;
+# hidden-gptq with SmoothQuant 0.7 KL 0.00649 within 30 CPU s, but greedy 2 of
+# 5; and GPTQ on the head (head-gptq and up) takes the synthetic gemma4 int8
+# build below its top-1 bound against llama.cpp (0.955 < 0.97, tests/llm/test_gemma4.py)
 DEFAULT_ROUNDING = "rtn"
 DEFAULT_FP16_SHARE = 0.0  # of the product groups (0.25 was the unrotated default: 18 of Gemma 3 270M's 72)
 DEFAULT_ALPHA_SEARCH = False
