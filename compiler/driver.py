@@ -20,7 +20,7 @@ from rkc.compiler.frontend import detect_kind
 from rkc.compiler.frontend.onnx import parse_input_shapes
 from rkc.compiler.llm.build import (DEFAULT_CHUNKS, MAX_DEFAULT_JOBS, PARALLEL_MIN_GGUF_BYTES, LlmCompileOptions,
                                     compile_gguf, default_jobs)
-from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING, METHODS, \
+from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING, ROUNDINGS, \
     RESIDUAL_CHOICES
 from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA
@@ -87,7 +87,8 @@ OPTIONS: tuple[Option, ...] = (
            "comma-separated weight names (substrings, e.g. ffn_down) whose products stay fp16 (a hybrid).",
            precisions=INT8, metavar="NAMES"),
     Option("int8_rounding", "--int8-rounding", ("gguf",),
-           "weight rounding (gptq: error-compensating, on the calibration text).", METHODS, INT8,
+           "weight rounding (gptq: error-compensating, on the calibration text; head-gptq: gptq on the output "
+           "head only; hidden-gptq: on the head, q/k/v and gate/up; round-to-nearest elsewhere).", tuple(ROUNDINGS), INT8,
            default=DEFAULT_ROUNDING),
     Option("fp16_share", "--fp16-share", ("gguf",),
            "this share of the product groups stays fp16, those noisiest in int8 on the calibration text "

@@ -54,7 +54,7 @@ for p in (ROOT, ROOT / "tests"):
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf  # noqa: E402
 from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights  # noqa: E402
 from rkc.compiler.llm.calibrate import GraphRunner  # noqa: E402
-from rkc.compiler.llm.weights import dequantize_all  # noqa: E402
+from rkc.compiler.llm.weights import LazyWeights, dequantize_all, gather_only_tables  # noqa: E402
 from rkc.runtime.llm.tokenizer import LlmTokenizer  # noqa: E402
 from rkc.runtime.llm.weights import Weight, quantize_rows  # noqa: E402
 
@@ -88,6 +88,10 @@ HELD_OUT = [
 ]
 
 
+AGREEMENT_ROWS = 32  # logit rows compared with a reference at a time
+SCORE_ROWS = 64  # tokens a window's emulation runs at a time
+
+
 class Bench:
     """The model, its float weights and llama.cpp's answers (cached on disk)."""
 
@@ -98,8 +102,7 @@ class Bench:
         self.cfg = self.gf.config()
         self.tokenizer = LlmTokenizer.from_gguf_fields(
             {k: f.contents() for k, f in self.gf.reader.fields.items() if k.startswith("tokenizer.")}, str(gguf))
-        consts = [n for n, tt in self.graph.tensors.items() if tt.kind == "const"]
-        self.float_weights = dequantize_all(self.gf, consts)
+        self._float_weights: dict | None = None
         print(f"loaded in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         self.text = self.tokenizer.encode((ROOT / "tests/llm/data/english.txt").read_text())
         self.prompts = [(p, "test") for p in PROMPTS] + [(p, "held-out") for p in HELD_OUT]
@@ -128,6 +131,20 @@ class Bench:
         write_atomic(meta, json.dumps(ref))
         ref["logits"] = np.load(logits, mmap_mode="r")
         return ref
+
+    @property
+    def float_weights(self) -> dict[str, np.ndarray]:
+        """Every constant in fp32 (1 GB for Gemma 3 270M): only for the schemes that read float weights."""
+        if self._float_weights is None:
+            consts = [n for n, tt in self.graph.tensors.items() if tt.kind == "const"]
+            self._float_weights = dequantize_all(self.gf, consts)
+        return self._float_weights
+
+    def streamed_weights(self) -> LazyWeights:
+        """The weights as `rkc compile` reads them: dequantized per layer from the GGUF, never all in fp32."""
+        tables = gather_only_tables(self.graph)
+        return LazyWeights(self.gf, [n for n, tt in self.graph.tensors.items()
+                                     if tt.kind == "const" and n not in tables], tables)
 
     @property
     def n_scored(self) -> int:
@@ -177,9 +194,16 @@ def parse_scheme(text: str) -> tuple[str, dict]:
 
 def build_weights(bench: Bench, scheme: str) -> dict:
     kind, kv = parse_scheme(scheme)
-    weights = {n: w.copy() for n, w in bench.float_weights.items()}
     if kind == "float":
-        return {n: Weight(w) for n, w in weights.items()}
+        return {n: Weight(w) for n, w in bench.float_weights.items()}
+    # the schemes that run some products on float weights need them all in
+    # fp32 (a shallow copy: weight preparation replaces the arrays it smooths,
+    # never writes into them); the others stream as the compile does
+    # (prepare_streamed: the same bits, tests/llm/test_calibrate_by_layer.py)
+    # (so do the hybrid and the alpha search, which run the whole int8 model)
+    floats = ("only" in kv or kv.get("w") == "float" or kv.get("embd") == "float" or "fp16" in kv
+              or kv.get("alpha") == "search")
+    weights = dict(bench.float_weights) if floats else bench.streamed_weights()
     given = {"rounding": kv.get("rounding"), "scales": kv.get("scales"), "calibration": kv.get("cal"),
              "fp16_share": float(kv["fp16"]) / 72 if "fp16" in kv else None,  # groups of Gemma 3 270M
              "alpha_search": kv["alpha"] == "search" if "alpha" in kv else None,
@@ -258,20 +282,27 @@ def teacher_forced(bench: Bench, windows_logits, float_logits: np.ndarray | None
     """Agreement with llama.cpp (and with the float model when given) of logits per window."""
     vs_ref, vs_float, row = llamacpp.Agreement(), llamacpp.Agreement(), 0
     for window, logits in windows_logits:
-        n = len(window) - 1
-        vs_ref.add(bench.ref["logits"][row:row + n], logits, window)
-        if float_logits is not None:
-            vs_float.add(float_logits[row:row + n], logits, window)
-        row += n
+        # in blocks of rows (the figures are sums over rows): a window's float64
+        # softmaxes over a 262k vocabulary are gigabytes at once
+        for r0 in range(0, len(window) - 1, AGREEMENT_ROWS):
+            r1 = min(len(window) - 1, r0 + AGREEMENT_ROWS)
+            vs_ref.add(bench.ref["logits"][row + r0:row + r1], logits[r0:r1], window[r0:r1 + 1])
+            if float_logits is not None:
+                vs_float.add(float_logits[row + r0:row + r1], logits[r0:r1], window[r0:r1 + 1])
+        row += len(window) - 1
     f = vs_ref.figures()
     return {"ppl": f["ppl"], "ppl_llamacpp": f["ppl_llamacpp"], "kl_llamacpp": f["kl"], "top1_llamacpp": f["top1"],
             "kl_float": vs_float.figures()["kl"] if float_logits is not None else 0.0, "tokens": f["tokens"]}
 
 
 def emulated_windows(bench: Bench, runner: GraphRunner):
+    """Each window's logits, run in chunks of SCORE_ROWS through the KV cache
+    (as the rkbin's score programs run it): a whole window's int8 head output
+    rescaled in float64 is gigabytes at once."""
     for w in Generator.windows(bench.text, PPL_CTX)[:bench.max_windows]:
         runner.reset()
-        yield w, runner.logits(w[:-1], 0)
+        yield w, np.concatenate([runner.logits(w[s:min(s + SCORE_ROWS, len(w) - 1)], s)
+                                 for s in range(0, len(w) - 1, SCORE_ROWS)])
 
 
 def _saved_windows(bench: Bench, rows: np.ndarray):

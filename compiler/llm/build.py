@@ -31,7 +31,8 @@ from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate,
 from rkc.compiler.llm.cpu_work import cpu_steps
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING,
-                                       METHODS, QUANTIZE_ROWS, RESIDUAL_CHOICES, SCALES, quantize_matrix)
+                                       QUANTIZE_ROWS, RESIDUAL_CHOICES, ROUNDINGS, SCALES, method_for,
+                                       quantize_matrix, rounding_scheme)
 from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotate_matrix, rotation_for
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from rkc.compiler.llm.weights import (LazyWeights, RowSource, RowTable, by_layer, dequantize_all,
@@ -148,31 +149,32 @@ def encode_matrices(graph: Graph, weights: Mapping[str, np.ndarray], options: Ll
     rotated by `options.rotation` first (a Gather-only table is not)."""
     out: dict[str, EncodedWeight] = {}
     cache: dict = {}
-    linear = _product_names(graph)
+    linear, head = _product_names(graph), _head_name(graph)
     with progress_bar(by_layer(sorted(_matrix_names(graph))), "encode layers") as layers:
         for group in layers:
             for name in group:
-                _encode(name, weights[name], name in linear, options, cal, factors, cache, out)
+                _encode(name, weights[name], name in linear, name == head, options, cal, factors, cache, out)
     return out
 
 
-def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, options: LlmCompileOptions,
+def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: bool, options: LlmCompileOptions,
             cal: Calibration | None, factors: dict[str, np.ndarray], cache: dict,
             out: dict[str, EncodedWeight]) -> None:
     """One matrix (in memory, or a row source never read whole) encoded into
-    `out`: fp16, or int8 rounded by options.rounding, a product's input axis
-    rotated first (a Gather-only table is not)."""
+    `out`: fp16, or int8 rounded as options.rounding rounds it (the head or
+    the body), a product's input axis rotated first (a Gather-only table is not)."""
     source = row_source(w)
     # a table only gathered from, read from the file: encoded as it is written out
     encode = streamed_rows if not is_product and isinstance(w, RowTable) else encode_rows
     if _precision_of(name, options) == "fp16":
         out[name] = encode(source, "fp16")
         return
+    method = method_for(options.rounding, name, is_head)
     h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
     if h is not None:
         h = _smoothed_hessian(h, factors.get(name), cache)
     if encode is streamed_rows:
-        out[name] = streamed_rows(source, "int8", options.rounding, h, options.scales)
+        out[name] = streamed_rows(source, "int8", method, h, options.scales)
         return
     rot = rotation_for(source.shape[1], options.rotation) if is_product else None
     if rot is not None and h is not None:
@@ -180,7 +182,7 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, options: L
         if key not in cache:
             cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
         h = cache[key][1]
-    out[name] = encode_rows(source, "int8", rot, options.rounding, h, options.scales)
+    out[name] = encode_rows(source, "int8", rot, method, h, options.scales)
 
 
 # rows encoded at a time: a multiple of the quantizer's own row block, so the
@@ -238,7 +240,21 @@ def _measures_whole_model(options: LlmCompileOptions) -> bool:
 
 
 def _needs_hessians(options: LlmCompileOptions) -> bool:
-    return options.rounding != "rtn" or options.scales != "max"
+    scheme = rounding_scheme(options.rounding)
+    return scheme.head or bool(scheme.body) or options.scales != "max"
+
+
+def _hessian_names(graph: Graph, options: LlmCompileOptions) -> set[str]:
+    """The products whose input's X^T X calibration gathers: those GPTQ rounds
+    (every product for mse scales, which weigh each input by its energy)."""
+    head = _head_name(graph)
+    return {n for n in _product_names(graph)
+            if options.scales != "max" or method_for(options.rounding, n, n == head) == "gptq"}
+
+
+def _head_name(graph: Graph) -> str:
+    """The output head's weight (the product that writes the logits)."""
+    return next(op.inputs[1] for op in graph.ops if op.type == "Linear" and op.outputs[0] == "logits")
 
 
 def _precision_of(name: str, options: LlmCompileOptions) -> str:
@@ -259,7 +275,7 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
     cal, factors = None, {}
     alpha: float | dict[str, float] = options.smooth_alpha
     if options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)):
-        cal = calibrate(graph, cfg, weights, tokenizer, hessians=_needs_hessians(options),
+        cal = calibrate(graph, cfg, weights, tokenizer, hessians=_hessian_names(graph, options),
                         text=Path(options.calibration).read_text())
         if options.alpha_search:
             alpha = _search_alphas(graph, cfg, tokenizer, weights, cal, options)
@@ -292,10 +308,10 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
         raise ValueError("the alpha search and the fp16 hybrid measure the whole model: use prepare_weights")
     cal = None
     if options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)):
-        cal = calibrate(graph, cfg, weights, tokenizer, hessians=_needs_hessians(options),
+        cal = calibrate(graph, cfg, weights, tokenizer, hessians=_hessian_names(graph, options),
                         text=Path(options.calibration).read_text())
     consumers = graph.consumers()
-    linear = _product_names(graph)
+    linear, head = _product_names(graph), _head_name(graph)
     matrix_names = _matrix_names(graph)
     smoothable = {n for n in linear if len(consumers[n]) == 1}
     matrices: dict[str, EncodedWeight] = {}
@@ -314,7 +330,7 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
                 floats[name] = held[name].astype(np.float32)
             else:  # one SmoothQuant leaves alone (a tied head, a Gather table): from the file in row blocks
                 w = held[name] if name in held else weights.source(name)
-                _encode(name, w, name in linear, options, cal, smoothed, cache, done)
+                _encode(name, w, name in linear, name == head, options, cal, smoothed, cache, done)
         return done, floats, smoothed
 
     with progress_bar(by_layer(list(weights)), "quantize layers") as layers:
@@ -354,7 +370,7 @@ def _set_residual_terms(graph: Graph, matrices: dict[str, EncodedWeight], option
     if options.residual not in RESIDUAL_CHOICES:
         raise UnsupportedError(f"int8 residual {options.residual!r} is not known (choose "
                                f"{', '.join(RESIDUAL_CHOICES)})")
-    head = next(op.inputs[1] for op in graph.ops if op.outputs[0] == "logits")
+    head = _head_name(graph)
     for name in _product_names(graph):
         enc = matrices[name]
         if enc.scale is not None and (options.residual == "all" or (options.residual == "head" and name == head)):
@@ -363,7 +379,8 @@ def _set_residual_terms(graph: Graph, matrices: dict[str, EncodedWeight], option
 
 def _report_int8(matrices: dict[str, EncodedWeight], options: LlmCompileOptions, cal: Calibration | None,
                  alpha: float | dict[str, float], report: CompileReport) -> None:
-    report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding}; "
+    report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding} "
+               f"({rounding_scheme(options.rounding).summary}); "
                f"{_rotation_summary(matrices, options.rotation)}; {_residual_summary(matrices)}")
     report.quantization = {"smooth_alpha": alpha, "rounding": options.rounding, "scales": options.scales,
                            "residual": options.residual,
@@ -403,7 +420,7 @@ def _search_alphas(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str
     smoothed, round-to-nearest int8 products have the least output noise on the
     calibration text (smoothing is exact in float, so every group is measured
     on the same float activations, all groups in one pass per alpha)."""
-    head = next(op.inputs[1] for op in graph.ops if op.outputs[0] == "logits")
+    head = _head_name(graph)
     text = Path(options.calibration).read_text()
     best: dict[str, tuple[float, float]] = {}
     for a in ALPHA_GRID:
@@ -428,7 +445,7 @@ def _keep_noisiest_fp16(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dic
                         report: CompileReport) -> None:
     """The measured hybrid: re-encode as fp16 the options.fp16_share of product
     groups whose int8 output error is largest on the calibration text."""
-    head = next(op.inputs[1] for op in graph.ops if op.outputs[0] == "logits")
+    head = _head_name(graph)
     int8 = {n: e.as_runtime() for n, e in matrices.items() if e.scale is not None and n != head}
     errors = product_errors(graph, cfg, weights, int8, tokenizer, Path(options.calibration).read_text())
     chosen = sorted(errors, key=errors.get, reverse=True)[:round(options.fp16_share * len(errors))]
@@ -510,9 +527,9 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     else:
         weights = LazyWeights(gf, consts, tables)
     lap("dequantize", "quantize")
-    if options.precision == "int8" and (options.rounding not in METHODS or options.scales not in SCALES):
+    if options.precision == "int8" and (options.rounding not in ROUNDINGS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
-                               f"(rounding: {' or '.join(METHODS)}; scales: {' or '.join(SCALES)})")
+                               f"(rounding: {', '.join(ROUNDINGS)}; scales: {' or '.join(SCALES)})")
     # one BLAS thread: calibration's products are [64, K] x [K, N]; measured on
     # Gemma 3 270M (this 2-core machine, shared), OpenBLAS's 2 threads took
     # 59.9 s of CPU (182.7 s wall) to one thread's 8.2 s (22.0 s wall), same bits
@@ -524,7 +541,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
                    f"{sum(matrices[n].data.nbytes for n in kept) / 1e6:.1f} MB")
     del weights
     lap("quantize", "lower")
-    head = [op for op in graph.ops if op.outputs == ["logits"] or op.outputs[0] == "logits"][0].inputs[1]
+    head = _head_name(graph)
     gather = [op for op in graph.ops if op.type == "Gather"][0].inputs[0]
     placement = {"prefill": "npu", "decode": "npu",
                  "reason": "every matrix product on the NPU; norms, RoPE, attention over the KV cache, "

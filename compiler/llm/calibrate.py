@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 import numpy as np
 
@@ -90,8 +90,9 @@ class GraphRunner:
 
 
 def calibrate(graph: Graph, cfg: LlmConfig, weights: Mapping[str, np.ndarray], tokenizer: LlmTokenizer,
-              hessians: bool = True, chunk: int = 64, text: str | None = None) -> Calibration:
-    """Ranges (and X^T X) of every Linear's input over the calibration text.
+              hessians: bool | Collection[str] = True, chunk: int = 64, text: str | None = None) -> Calibration:
+    """Ranges of every Linear's input over the calibration text, and X^T X of
+    every Linear's input (hessians True) or of the Linears named in `hessians`.
     The model runs one layer at a time over the whole text (layer_stages), so
     only one layer's weights are held in fp32; `weights` may be lazy (read
     per layer), and a Gather table that can give rows (`weights.rows`) gives
@@ -107,7 +108,7 @@ def calibrate(graph: Graph, cfg: LlmConfig, weights: Mapping[str, np.ndarray], t
         x, w = np.asarray(ins[0], np.float32), op.inputs[1]
         amax = np.abs(x).max(axis=0)
         cal.ranges[w] = amax if w not in cal.ranges else np.maximum(cal.ranges[w], amax)
-        if hessians:
+        if hessians is True or (hessians and w in hessians):
             key = op.inputs[0]
             if summed.get(key) != chunk_no:
                 x64 = x.astype(np.float64)

@@ -1,6 +1,8 @@
 """int8 weights per output channel (row) for W8A8: q int8 [N, K] and one scale
 per row, w ~= q * scale[:, None]. The NPU program is the same whatever the
 method; the methods differ in the scale and in how each weight is rounded.
+A rounding scheme (`rkc compile --int8-rounding`, ROUNDINGS) says which
+products each method rounds.
 
 * "rtn":  every weight rounded to nearest.
 * "gptq": GPTQ (Frantar et al., 2022, arXiv:2210.17323): the columns are
@@ -20,20 +22,61 @@ weights finer at the price of clipping the few largest.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from rkc.ir.errors import UnsupportedError
 
 QMAX = 127
-METHODS = ("gptq", "rtn")
+METHODS = ("gptq", "rtn")  # how one matrix is rounded (quantize_matrix)
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """An int8 rounding scheme: GPTQ on the output head or not, and on the
+    other products whose weight name contains one of `body` ("" names them
+    all); every other product is rounded to nearest."""
+
+    head: bool
+    body: tuple[str, ...]
+    summary: str  # for the compile summary and rkc inspect
+
+
+# the schemes `rkc compile --int8-rounding` offers. GPTQ's cost is its
+# calibration X^T X (K^2 per token and input) and its rounding: the head (262k
+# rows, a quarter of Gemma 3 270M's int8 error) and the products reading the
+# hidden width (q/k/v, gate/up: K = n_embd) are cheap to gather, attn_output's
+# and ffn_down's wider inputs (K = 1024, 2048 on Gemma 3 270M) most of the time
+HIDDEN_INPUT_KINDS = ("attn_q.", "attn_k.", "attn_v.", "ffn_gate.", "ffn_up.")
+ROUNDINGS = {
+    "rtn": Rounding(False, (), "every weight rounded to nearest"),
+    "head-gptq": Rounding(True, (), "the output head GPTQ-rounded, the other products to nearest"),
+    "hidden-gptq": Rounding(True, HIDDEN_INPUT_KINDS,
+                            "the head, q/k/v and gate/up GPTQ-rounded, attn_output and ffn_down to nearest"),
+    "gptq": Rounding(True, ("",), "every product GPTQ-rounded"),
+}
+
+
+def rounding_scheme(name: str) -> Rounding:
+    if name not in ROUNDINGS:
+        raise UnsupportedError(f"int8 weight rounding {name!r} is not known (choose {', '.join(ROUNDINGS)})")
+    return ROUNDINGS[name]
+
+
+def method_for(rounding: str, name: str, is_head: bool) -> str:
+    """How scheme `rounding` rounds product `name` (quantize_matrix's method)."""
+    scheme = rounding_scheme(rounding)
+    return "gptq" if (scheme.head if is_head else any(k in name for k in scheme.body)) else "rtn"
+
+
 # `rkc compile --precision int8` defaults (docs/llm.md): the inputs rotated
-# (compiler/llm/rotate.py), round-to-nearest, every product int8. GPTQ on the
-# rotated weights measured better teacher-forced on Gemma 3 270M (KL 0.0064,
-# top-1 94.6 % against 0.0068, 93.6 %) but is not the default: its greedy check
-# falls to 3 of 5 prompts (the slow test needs 4), the synthetic gemma4 and
-# gemma4-ple int8 builds fall below their top-1 bound against llama.cpp (0.9699,
-# 0.965 < 0.97, tests/llm/test_gemma4.py), and its calibration X^T X alone is
-# ~27 CPU s on Gemma 3 270M (issue 15's whole compile bound is 30 s)
+# (compiler/llm/rotate.py), round-to-nearest, every product int8. Measured on
+# Gemma 3 270M against llama.cpp (issue 14): gptq KL 0.0064, top-1 94.6 %, but
+# greedy 3 of 5 prompts (the slow test needs 4) and ~90 CPU s of compile;
+# hidden-gptq with SmoothQuant 0.7 KL 0.00649 within 30 CPU s, but greedy 2 of
+# 5; and GPTQ on the head (head-gptq and up) takes the synthetic gemma4 int8
+# build below its top-1 bound against llama.cpp (0.955 < 0.97, tests/llm/test_gemma4.py)
 DEFAULT_ROUNDING = "rtn"
 DEFAULT_FP16_SHARE = 0.0  # of the product groups (0.25 was the unrotated default: 18 of Gemma 3 270M's 72)
 DEFAULT_ALPHA_SEARCH = False

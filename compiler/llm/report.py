@@ -20,6 +20,7 @@ import numpy as np
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
 from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines, cpu_steps, prefill_lines
+from rkc.compiler.llm.quantize import ROUNDINGS
 from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
 from rkc.ir.program import Module, Program, Step
@@ -154,7 +155,9 @@ def quantization_lines(q: dict) -> list[str]:
     cal = f"calibrated on {q['calibration']}" if q.get("calibration") else "no calibration"
     residual = {"head": ", the head's input as two int8 rows (value + residual)",
                 "all": ", every input as two int8 rows (value + residual)"}.get(q.get("residual"), "")
-    lines = [f"int8: SmoothQuant {alpha}, {q['scales']} row scales, {q['rounding']} rounding, {rotation}, {cal}"
+    scheme = ROUNDINGS.get(q["rounding"])
+    rounding = f"{q['rounding']} rounding" + (f" ({scheme.summary})" if scheme else "")
+    lines = [f"int8: SmoothQuant {alpha}, {q['scales']} row scales, {rounding}, {rotation}, {cal}"
              f"{residual}",
              "  every product int8" if not q.get("hybrid") and not q.get("keep_fp16") else
              "  products kept fp16: see below" if q.get("hybrid") else

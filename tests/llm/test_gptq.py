@@ -57,3 +57,46 @@ def test_gptq_is_the_textbook_algorithm(n, k):
 
     assert output_error(got) == pytest.approx(output_error(want), rel=1e-3)
     assert output_error(got) < 0.7 * output_error(round_to_nearest(w, scale))
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])  # a tied head (token_embd), an untied one (output)
+def test_mixed_roundings_take_each_product_from_gptq_or_rtn(arch, synth_gguf):
+    """The schemes between rtn and gptq (head-gptq, hidden-gptq): each
+    product's int8 weights are those of the gptq scheme (same calibration, same
+    X^T X) where the scheme names it, else rtn's; calibration gathers X^T X for
+    those products only, equal to a full run's."""
+    from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
+    from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights
+    from rkc.compiler.llm.calibrate import calibrate
+    from rkc.compiler.llm.quantize import ROUNDINGS, method_for
+    from rkc.compiler.llm.weights import dequantize_all
+    from rkc.runtime.llm.tokenizer import LlmTokenizer
+
+    path = synth_gguf(arch)
+    gf = GgufFile(path)
+    graph, cfg = graph_from_gguf(gf), gf.config()
+    tokenizer = LlmTokenizer.from_gguf(str(path))
+    consts = [n for n, t in graph.tensors.items() if t.kind == "const"]
+    head = next(op.inputs[1] for op in graph.ops if op.type == "Linear" and op.outputs[0] == "logits")
+    built, reports = {}, {}
+    for rounding in ROUNDINGS:
+        reports[rounding] = CompileReport()
+        built[rounding], _ = prepare_weights(graph, cfg, tokenizer, dequantize_all(gf, consts),
+                                             LlmCompileOptions("int8", (1,), rounding=rounding), reports[rounding])
+    products = [n for n, e in built["rtn"].items() if e.scale is not None]
+    differ = [n for n in products if not np.array_equal(built["gptq"][n].data, built["rtn"][n].data)]
+    assert head in differ and len(differ) > len(products) // 2  # so the checks below can fail
+    weights = dequantize_all(gf, consts)
+    every = calibrate(graph, cfg, weights, tokenizer, hessians=True)
+    for rounding in set(ROUNDINGS) - {"rtn", "gptq"}:
+        chosen = {n: method_for(rounding, n, n == head) for n in products}
+        assert chosen[head] == "gptq" and "rtn" in chosen.values()
+        for name in products:
+            assert np.array_equal(built[rounding][name].data, built[chosen[name]][name].data), (rounding, name)
+        assert f"rounded by {rounding} ({ROUNDINGS[rounding].summary})" in "\n".join(reports[rounding].lines)
+        assert reports[rounding].quantization["rounding"] == rounding
+        gptq_only = {n for n, m in chosen.items() if m == "gptq"}
+        cal = calibrate(graph, cfg, weights, tokenizer, hessians=gptq_only)
+        assert set(cal.hessians) == gptq_only
+        for name in gptq_only:
+            assert np.array_equal(cal.hessians[name], every.hessians[name]), name
