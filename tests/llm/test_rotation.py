@@ -31,6 +31,29 @@ def test_fast_rotation_is_the_dense_orthogonal_matrix(k, kind):
     np.testing.assert_allclose(rotate(x32, rot), x @ r, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("k, kind", [(640, "kron"), (640, "block"), (1536, "kron"), (256, "kron")])
+def test_compiled_form_is_the_rotation_in_float32(k, kind):
+    rot = make_rotation(k, kind, seed=3)
+    form = compiled_form(rot, k)
+    assert form.signs.dtype == np.float32 and form.signs.flags.c_contiguous and np.array_equal(form.signs, rot.signs)
+    assert form.block == rot.block and form.norm == np.float32(1 / np.sqrt(rot.block))
+    if rot.factor is None:
+        assert form.factor is None and form.factor_t is None
+    else:
+        assert np.array_equal(form.factor, rot.factor.astype(np.float32))
+        assert np.array_equal(form.factor_t, rot.factor.T.astype(np.float32))
+    assert compiled_form(rot, k + 1) is None and compiled_form(None, k) is None
+
+
+@pytest.mark.parametrize("block, factor", [(3, None), (0, None), (7, None), (128, np.eye(4)), (256, None)])
+def test_compiled_form_refuses_what_the_compiled_kernels_cannot_apply(block, factor):
+    """A direct caller's rotation the compiled kernels cannot apply (a block that is
+    not a power of two or does not divide K, a factor of the wrong order) keeps the
+    general kernel; a loaded rkbin's is refused before (kernel_attrs._check_rotation)."""
+    assert compiled_form(Rotation(np.ones(640, np.float32), block, factor), 640) is None
+
+
 @pytest.mark.parametrize("m", [1, 2, 12, 20, 36, 140])
 def test_paley_hadamard(m):
     h = paley_hadamard(m)
