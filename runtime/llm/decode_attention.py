@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rkc.runtime.half import widen_all
 from rkc.runtime.llm import jit
 from rkc.runtime.llm.kernels import attend
 
@@ -119,10 +120,10 @@ class RowAttention:
         s = scores[:hkv * p * g].reshape(hkv, p, g)
         widened = rows.view(np.uint32)
         keys = rows[:p * hkv * hd].reshape(p, hkv, hd)  # as the fp32 cache's rows: C order
-        jit.widen_half(k16.reshape(-1).view(np.uint16), widened)
+        widen_all(k16.reshape(-1).view(np.uint16), widened)
         _scores(q.reshape(hkv, g, hd), keys, s)
         # the values into the same buffer, once the keys are read
         values = rows[:p * hkv * hdv].reshape(p, hkv, hdv)
-        jit.widen_half(v16.reshape(-1).view(np.uint16), widened)
+        widen_all(v16.reshape(-1).view(np.uint16), widened)
         _softmax_and_values(s, values, kpos, p0, self.scale, self.window, self.out, self.dst)
         return self.full

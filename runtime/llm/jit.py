@@ -405,15 +405,6 @@ def gelu_tanh_times(x, th, up, act, out):
 
 
 @njit(**_JIT)
-def widen_half(src, out):
-    """out[i] = the float32 bits (uint32) of fp16 bits src[i] (1-D, uint16),
-    as numpy's astype widens them (half.widen_bits): decode attention's
-    cached rows."""
-    for i in range(src.size):
-        out[i] = widen_bits(src[i])
-
-
-@njit(**_JIT)
 def attention_front(q, k, qw, qeps, kw, keps, norms, qn, kn, qx, kx, cos, sin, dims, neox, qr, kr, kr_bits,
                     v_bits, k16, v16, row):
     """A one-row attention stretch's work between its in edges and its

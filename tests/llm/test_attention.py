@@ -237,11 +237,11 @@ def test_decode_attention_over_the_fp16_rows_is_the_einsum_formulation(hd, hdv, 
 
 
 def test_cached_rows_widen_as_numpy_widens_fp16():
-    """decode attention's widening of the cache's fp16 rows (jit.widen_half)
+    """decode attention's widening of the cache's fp16 rows (half.widen_all)
     gives numpy's astype bits for every fp16 pattern, NaN payloads included."""
-    from rkc.runtime.llm import jit
+    from rkc.runtime.half import widen_all
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     out = np.empty(bits.size, np.uint32)
-    jit.widen_half(bits, out)
+    widen_all(bits, out)
     np.testing.assert_array_equal(out, bits.view(np.float16).astype(np.float32).view(np.uint32))
