@@ -50,8 +50,8 @@ def attend_rows(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.nd
     if s.dtype != F32 or not mem.flags.c_contiguous:
         return None
     flat = mem.reshape(Hkv, len(kpos), T * G)
-    scores_shift_columns(flat, F32(scale), np.asarray(kpos, np.int64), np.repeat(np.asarray(pos, np.int64), G),
-                      int(window))
+    query_pos = np.repeat(np.asarray(pos, np.int64), G)
+    scores_shift_columns(flat, F32(scale), np.asarray(kpos, np.int64), query_pos, int(window))
     np.exp(flat, out=flat)
     normalize_columns(flat, flat)
     out = contract(*VALUES, s, values)  # s: the probabilities, in their layout

@@ -5,9 +5,9 @@ These are the reference: the step interpreter (LlmEngine.run_interpreted)
 and the tests run them. The load-time plans run compiled forms of some
 (runtime/llm/prepared.py over runtime/llm/jit.py, decode_attention.py and
 chunk_attention.py: RMSNorm, QuantizeRows with its rotation, DequantizeRows,
-RoPE, one-row attention, a short prefill chunk's attention), which must give these kernels' bits (tests/llm/test_plan.py,
-test_attention.py); a plan falls back to a kernel here only for shapes the
-compiled code cannot bound.
+RoPE, one-row attention, a short prefill chunk's attention), which must give
+these kernels' bits (tests/llm/test_plan.py, test_attention.py); a plan falls
+back to a kernel here only for shapes the compiled code cannot bound.
 
 A kernel takes (inputs, attrs, state) and returns the outputs. `state` is the
 generation state: the KV cache (Attention) and the loaded model (GatherPacked
