@@ -56,6 +56,9 @@ from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_wei
 from rkc.compiler.llm.calibrate import GraphRunner  # noqa: E402
 from rkc.compiler.llm.weights import LazyWeights, dequantize_all, gather_only_tables  # noqa: E402
 from rkc.runtime.llm.tokenizer import LlmTokenizer  # noqa: E402
+from rkc.compiler.llm.quantize import QMAX  # noqa: E402
+from rkc.compiler.llm.rotate import rotate_matrix  # noqa: E402
+from rkc.runtime.kernels.hadamard import unrotate  # noqa: E402
 from rkc.runtime.llm.weights import Weight, quantize_rows  # noqa: E402
 
 from llm import llamacpp  # noqa: E402
@@ -140,6 +143,9 @@ class Bench:
             self._float_weights = dequantize_all(self.gf, consts)
         return self._float_weights
 
+    def release_float_weights(self) -> None:
+        self._float_weights = None
+
     def streamed_weights(self) -> LazyWeights:
         """The weights as `rkc compile` reads them: dequantized per layer from the GGUF, never all in fp32."""
         tables = gather_only_tables(self.graph)
@@ -202,7 +208,7 @@ def build_weights(bench: Bench, scheme: str) -> dict:
     # (prepare_streamed: the same bits, tests/llm/test_calibrate_by_layer.py)
     # (so do the hybrid and the alpha search, which run the whole int8 model)
     floats = ("only" in kv or kv.get("w") == "float" or kv.get("embd") == "float" or "fp16" in kv
-              or kv.get("alpha") == "search")
+              or kv.get("alpha") == "search" or "kgroup" in kv)
     weights = dict(bench.float_weights) if floats else bench.streamed_weights()
     given = {"rounding": kv.get("rounding"), "scales": kv.get("scales"), "calibration": kv.get("cal"),
              "fp16_share": float(kv["fp16"]) / 72 if "fp16" in kv else None,  # groups of Gemma 3 270M
@@ -219,9 +225,13 @@ def build_weights(bench: Bench, scheme: str) -> dict:
     out: dict = {n: Weight(v) for n, v in vectors.items()}
     act = kv.get("act", "token")
     only = tuple(k for k in kv["only"].split("+") if k) if "only" in kv else None
+    head = next(op.inputs[1] for op in bench.graph.ops if op.outputs[0] == "logits")
     for n, enc in matrices.items():
         if enc.scale is None:
             out[n] = Weight(enc.data)
+        elif "kgroup" in kv and n != head:
+            out[n] = GroupedInt8Weight.rounded(rotate_matrix(weights[n], enc.rotation) if enc.rotation else weights[n],
+                                               int(kv["kgroup"]), enc.rotation)
         elif only is not None and not any(k in n for k in only):
             out[n] = FakeLinear(weights[n], "exact")  # smoothed, exact: not this kind
         elif kv.get("w") == "float":  # smoothed but not rounded
@@ -234,7 +244,61 @@ def build_weights(bench: Bench, scheme: str) -> dict:
         for op in bench.graph.ops:
             if op.type == "Gather" and op.inputs[0] in matrices:
                 out[op.inputs[0]] = FloatRows(out[op.inputs[0]], weights[op.inputs[0]])
+    if "kgroup" in kv:
+        bench.release_float_weights()  # read again by the next scheme that needs them: 1 GB less during the run
     return out
+
+
+class GroupedInt8Weight:
+    """int8 weights per output channel and per group of `group` input columns
+    (q [N, K] int8, scale [N, K / group]): each group's int8 x int8 sums exact
+    (in float32: group x 127^2 < 2^24), rescaled by the row's activation scale
+    and the group's weight scale and added in float64, rounded once to fp32 —
+    DequantizeRows over per-group partial outputs, as the K > 8192 partials are
+    summed. The activation is quantized per row as for Int8Weight."""
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, rotation=None) -> None:
+        n, k = q.shape
+        self.group = k // scale.shape[1]
+        if self.group * scale.shape[1] != k or self.group * QMAX * QMAX >= 2 ** 24:
+            raise ValueError(f"{scale.shape[1]} groups of {k} columns: not whole groups exact in float32")
+        self.q, self.scale, self.rotation = q, scale, rotation
+        self.shape = q.shape
+        # [groups, group, N]: one batched product gives every group's sums
+        self._qt = np.ascontiguousarray(q.reshape(n, -1, self.group).transpose(1, 2, 0).astype(np.float32))
+
+    @classmethod
+    def rounded(cls, w: np.ndarray, group: int, rotation=None) -> "GroupedInt8Weight":
+        """w (already rotated) rounded to nearest with a max/127 scale per row and group."""
+        q, scale = group_quantize(w, group)
+        return cls(q, scale, rotation)
+
+    def dense(self) -> np.ndarray:
+        w = (self.q.reshape(self.shape[0], -1, self.group) * self.scale[:, :, None]).reshape(self.shape)
+        w = w.astype(np.float32)
+        return w if self.rotation is None else unrotate(w, self.rotation)
+
+    def matmul(self, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        xq, xs = quantize_rows(np.asarray(x, np.float32), self.rotation)
+        xg = xq.astype(np.float32).reshape(len(xq), -1, self.group).transpose(1, 0, 2)  # [groups, M, group]
+        sums = np.matmul(xg, self._qt)  # [groups, M, N], exact
+        y = np.einsum("gmn,ng->mn", sums.astype(np.float64), self.scale.astype(np.float64))
+        y *= xs.astype(np.float64)[:, None]
+        if bias is not None:
+            y += bias
+        return y.astype(np.float32)
+
+
+def group_quantize(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """(q int8 [N, K], scale fp32 [N, K / group]): round to nearest, scale max|w| / 127 per row and group."""
+    n, k = w.shape
+    if k % group:
+        raise ValueError(f"K = {k} is not a whole number of groups of {group}")
+    wg = np.asarray(w, np.float32).reshape(n, k // group, group)
+    amax = np.abs(wg).max(axis=2)
+    scale = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
+    q = np.clip(np.rint(wg / scale[:, :, None]), -QMAX, QMAX).astype(np.int8)
+    return q.reshape(n, k), scale
 
 
 class FloatRows:
@@ -321,6 +385,7 @@ def evaluate(bench: Bench, scheme: str, float_logits: np.ndarray | None, n_promp
     greedy_res = greedy_agreement(bench, runner, list(range(min(n_prompts, len(bench.prompts)))))
     figures = teacher_forced(bench, emulated_windows(bench, runner), float_logits)
     return {"scheme": scheme, **_greedy_figures(greedy_res), **figures, **rotation_cost(bench, weights),
+            "weight_mb": product_bytes(bench, weights) / 1e6,
             "build_s": t_build, "eval_s": time.perf_counter() - t - t_build, "_weights": weights}
 
 
@@ -330,6 +395,21 @@ def _greedy_figures(res: dict[int, tuple[int, bool]]) -> dict:
     return {"test5": sum(agree[i] for i in five), "test5_prefix": [res[i][0] for i in five],
             "greedy_agree": sum(agree.values()), "greedy_n": len(res),
             "mean_prefix": float(np.mean([step for step, _ in res.values()])) if res else 0.0}
+
+
+def product_bytes(bench: Bench, weights: dict) -> int:
+    """The bytes of the product weights a decode token reads: int8 codes and their
+    float32 scales (per row, or per row and K group), or fp16 / fp32 data."""
+    total = 0
+    for name in dict.fromkeys(op.inputs[1] for op in bench.graph.ops if op.type == "Linear"):
+        w = getattr(weights[name], "compiled", weights[name])  # FloatRows: the compiled head's
+        if hasattr(w, "q"):
+            total += w.q.nbytes + w.scale.nbytes
+        elif isinstance(w, Weight):
+            total += w.data.nbytes
+        else:
+            total += np.asarray(w.dense()).nbytes
+    return total
 
 
 def rotation_cost(bench: Bench, weights: dict, repeats: int = 100) -> dict:
@@ -464,6 +544,7 @@ def _print(r: dict) -> None:
     greedy = (f"greedy test5 {r['test5']}/5 {r['test5_prefix']} all {r['greedy_agree']}/{r['greedy_n']}  "
               if "test5" in r else "")
     cost = f"rotate {r['rotate_us']:.0f} us/token (quantize {r['quantize_us']:.0f})  " if "rotate_us" in r else ""
+    cost += f"weights {r['weight_mb']:.1f} MB/token  " if "weight_mb" in r else ""
     timing = f"[{r['build_s']:.0f}+{r['eval_s']:.0f} s]" if "build_s" in r else ""
     print(f"{r['scheme']:40s} {greedy}ppl {r['ppl']:.3f} (llama.cpp {r['ppl_llamacpp']:.3f})  "
           f"KL llama.cpp {r['kl_llamacpp']:.4f} float {r['kl_float']:.4f}  top1 {r['top1_llamacpp']:.3f}  "
