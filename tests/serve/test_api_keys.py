@@ -12,10 +12,15 @@ from __future__ import annotations
 import hmac
 import json
 import random
+import os
+import signal
 import socket
 import statistics
 import string
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -36,6 +41,7 @@ def random_key(n: int = 40) -> str:
 
 
 KEYS = [random_key(), random_key(24)]
+RKRUN = Path(sys.executable).parent / "rkrun"
 CHAT = [{"role": "user", "content": "hello the world"}]
 
 
@@ -309,3 +315,71 @@ def test_exposure_warning():
         assert exposure_warning(host, KEYS) is None
     for host in ("127.0.0.1", "127.0.0.2", "::1"):
         assert exposure_warning(host, []) is None
+
+
+# -- `rkrun serve` as a user runs it -------------------------------------------------------------------------------
+
+def run_serve(rkbin, args: list[str], env_key: str | None) -> tuple[subprocess.Popen, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RKC_API_KEY"}
+    if env_key is not None:
+        env["RKC_API_KEY"] = env_key
+    p = subprocess.Popen([str(RKRUN), "serve", str(rkbin), "--port", "0", "--device", "sim", *args],
+                         stderr=subprocess.PIPE, text=True, env=env)
+    line = p.stderr.readline()
+    assert line.startswith("rkrun serve: tiny-chat on http://127.0.0.1:"), line
+    return p, line.split(" on ")[1].split("/ ")[0]
+
+
+def stop(p: subprocess.Popen) -> str:
+    """SIGINT; what the process wrote on stderr after its first line."""
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    return err
+
+
+def status_with(url: str, key: str | None, path: str = "/v1/models") -> int:
+    return raw(url, get(path, b"" if key is None else f"Authorization: Bearer {key}\r\n".encode()))[0]
+
+
+def test_rkrun_serve_keys_from_options_file_and_environment(tiny_chat_rkbin, tmp_path):
+    given, in_file, in_env, wrong = [random_key() for _ in range(2)], [random_key(), random_key()], \
+        [random_key(), random_key()], random_key()
+    keys = tmp_path / "keys.txt"
+    keys.write_text("\n".join(in_file) + "\n")
+    # --api-key and --api-key-file: both accepted; RKC_API_KEY is only the default of --api-key, so not here
+    p, url = run_serve(tiny_chat_rkbin, ["--api-key", given[0], "--api-key", given[1], "--api-key-file", str(keys)],
+                       " ".join(in_env))
+    try:
+        assert [status_with(url, k) for k in given + in_file] == [200] * 4
+        assert [status_with(url, k) for k in [*in_env, wrong, None]] == [401] * 4
+        assert status_with(url, None, "/health") == 200 and status_with(url, None, "/") == 200
+        c = openai.OpenAI(base_url=url + "/v1", api_key=in_file[1], max_retries=0, timeout=60)
+        assert c.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=3).usage.completion_tokens == 3
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key=wrong, max_retries=0).models.list()
+    finally:
+        err = stop(p)
+    # loopback: no warning; no key in anything it wrote (nor the wrong one a client sent)
+    assert err == "rkrun serve: stopped\n" and not any(k in err for k in given + in_file + in_env + [wrong])
+    p, url = run_serve(tiny_chat_rkbin, [], " ".join(in_env))  # the variable alone
+    try:
+        assert [status_with(url, k) for k in [*in_env, given[0], None]] == [200, 200, 401, 401]
+    finally:
+        assert stop(p) == "rkrun serve: stopped\n"
+
+
+def test_rkrun_serve_bad_keys_are_one_line(tiny_chat_rkbin, tmp_path):
+    secret = random_key()
+    (tmp_path / "spaced.txt").write_text(f"{secret} {secret}\n")
+    cases = [(["--api-key-file", str(tmp_path / "missing.txt")], None, "cannot read it"),
+             (["--api-key-file", str(tmp_path / "spaced.txt")], None, "line 1"),
+             ([], f"{secret}\u00e9", "RKC_API_KEY")]  # the rest of load_keys' errors: test_bad_keys_are_one_error...
+    for args, env_key, message in cases:
+        env = {k: v for k, v in os.environ.items() if k != "RKC_API_KEY"}
+        if env_key is not None:
+            env["RKC_API_KEY"] = env_key
+        r = subprocess.run([str(RKRUN), "serve", str(tiny_chat_rkbin), *args, "--port", "0"], capture_output=True,
+                           text=True, timeout=60, env=env)
+        assert r.returncode == 1 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+        assert secret not in r.stderr
