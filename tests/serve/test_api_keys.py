@@ -383,3 +383,27 @@ def test_rkrun_serve_bad_keys_are_one_line(tiny_chat_rkbin, tmp_path):
                            text=True, timeout=60, env=env)
         assert r.returncode == 1 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
         assert secret not in r.stderr
+
+
+@pytest.mark.parametrize("host, keys, warned", [("0.0.0.0", [], True), ("::", [], True),
+                                                ("0.0.0.0", ["--api-key", "k1"], False), ("127.0.0.1", [], False)])
+def test_rkrun_serve_warns_when_open_beyond_loopback(tiny_chat_rkbin, monkeypatch, host, keys, warned):
+    """The command in this process, its socket bound to 127.0.0.1 whatever --host says (tests listen on loopback
+    only) and its server stopped before it serves: what it prints at start."""
+    from click.testing import CliRunner
+
+    from rkc.runtime.serve import cli
+
+    real_listen = cli.listen
+    monkeypatch.setattr(cli, "listen", lambda h, port: real_listen("127.0.0.1", port))
+    monkeypatch.setattr(cli, "run_server", lambda server, sock: server.config.app.state.worker.stop())  # no serving
+    monkeypatch.delenv("RKC_API_KEY", raising=False)
+    r = CliRunner().invoke(cli.serve, [str(tiny_chat_rkbin), "--host", host, "--port", "0", "--device", "null",
+                                       *keys])
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("rkrun serve: tiny-chat on http://")
+    shown = f"[{host}]" if ":" in host else host
+    assert lines[1:] == ([exposure_warning(host, [])] if warned else [])
+    assert not warned or f"listening on {shown}, beyond this machine, with no API key" in lines[1]
+    print("\n" + "\n".join(lines))
