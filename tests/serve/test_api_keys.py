@@ -260,7 +260,38 @@ def test_check_time_does_not_follow_the_matching_prefix():
     fast, slow = _median_ns(leaky, [nothing, almost], rounds=100)
     assert slow > 3 * fast  # the test sees a leak where there is one
     t_nothing, t_almost = _median_ns(KeyCheck([key, random_key()]), [nothing, almost])
-    assert 0.8 < t_almost / t_nothing < 1.25, (t_nothing, t_almost)
+    assert 0.67 < t_almost / t_nothing < 1.5, (t_nothing, t_almost)  # wide: a loaded machine; a leak is > 3x
+
+
+def test_middleware_at_the_asgi_level():
+    """What no HTTP test reaches: a websocket without a key is closed before the app sees it; lifespan events
+    pass; the app gets the request's receive untouched (nothing read from it)."""
+    import asyncio
+
+    from rkc.runtime.serve.auth import ApiKeyMiddleware
+
+    seen, sent = [], []
+
+    async def app(scope, receive, send):
+        seen.append((scope["type"], scope.get("path"), receive))
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():  # reading the body of a request that is refused would be a failure
+        raise AssertionError("the middleware read the request")
+
+    mw = ApiKeyMiddleware(app, KEYS)
+    ws = {"type": "websocket", "path": "/v1/realtime", "headers": []}
+    asyncio.run(mw(ws, receive, send))
+    assert seen == [] and sent == [{"type": "websocket.close", "code": 1008}]
+    asyncio.run(mw({**ws, "headers": [(b"authorization", f"Bearer {KEYS[1]}".encode())]}, receive, send))
+    asyncio.run(mw({"type": "lifespan"}, receive, send))
+    assert seen == [("websocket", "/v1/realtime", receive), ("lifespan", None, receive)]
+    sent.clear()
+    asyncio.run(mw({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive, send))
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"] and sent[0]["status"] == 401
+    assert len(seen) == 2
 
 
 def test_bearer_token():
@@ -362,18 +393,12 @@ def test_rkrun_serve_keys_from_options_file_and_environment(tiny_chat_rkbin, tmp
         err = stop(p)
     # loopback: no warning; no key in anything it wrote (nor the wrong one a client sent)
     assert err == "rkrun serve: stopped\n" and not any(k in err for k in given + in_file + in_env + [wrong])
-    p, url = run_serve(tiny_chat_rkbin, [], " ".join(in_env))  # the variable alone
-    try:
-        assert [status_with(url, k) for k in [*in_env, given[0], None]] == [200, 200, 401, 401]
-    finally:
-        assert stop(p) == "rkrun serve: stopped\n"
 
 
 def test_rkrun_serve_bad_keys_are_one_line(tiny_chat_rkbin, tmp_path):
     secret = random_key()
     (tmp_path / "spaced.txt").write_text(f"{secret} {secret}\n")
-    cases = [(["--api-key-file", str(tmp_path / "missing.txt")], None, "cannot read it"),
-             (["--api-key-file", str(tmp_path / "spaced.txt")], None, "line 1"),
+    cases = [(["--api-key-file", str(tmp_path / "spaced.txt")], None, "line 1"),
              ([], f"{secret}\u00e9", "RKC_API_KEY")]  # the rest of load_keys' errors: test_bad_keys_are_one_error...
     for args, env_key, message in cases:
         env = {k: v for k, v in os.environ.items() if k != "RKC_API_KEY"}
@@ -385,25 +410,53 @@ def test_rkrun_serve_bad_keys_are_one_line(tiny_chat_rkbin, tmp_path):
         assert secret not in r.stderr
 
 
-@pytest.mark.parametrize("host, keys, warned", [("0.0.0.0", [], True), ("::", [], True),
-                                                ("0.0.0.0", ["--api-key", "k1"], False), ("127.0.0.1", [], False)])
-def test_rkrun_serve_warns_when_open_beyond_loopback(tiny_chat_rkbin, monkeypatch, host, keys, warned):
-    """The command in this process, its socket bound to 127.0.0.1 whatever --host says (tests listen on loopback
-    only) and its server stopped before it serves: what it prints at start."""
+def serve_in_process(rkbin, monkeypatch, args: list[str], env_key: str | None = None):
+    """`rkrun serve` in this process (click's runner), its socket bound to 127.0.0.1 whatever --host says (tests
+    listen on loopback only) and its server stopped before it serves: (its stderr lines, the app it made)."""
     from click.testing import CliRunner
 
     from rkc.runtime.serve import cli
 
+    made = []
+
+    def run_server(server, sock):  # no serving: the app kept, its worker stopped
+        made.append(server.config.app)
+        server.config.app.state.worker.stop()
+
     real_listen = cli.listen
-    monkeypatch.setattr(cli, "listen", lambda h, port: real_listen("127.0.0.1", port))
-    monkeypatch.setattr(cli, "run_server", lambda server, sock: server.config.app.state.worker.stop())  # no serving
-    monkeypatch.delenv("RKC_API_KEY", raising=False)
-    r = CliRunner().invoke(cli.serve, [str(tiny_chat_rkbin), "--host", host, "--port", "0", "--device", "null",
-                                       *keys])
+    monkeypatch.setattr(cli, "listen", lambda host, port: real_listen("127.0.0.1", port))
+    monkeypatch.setattr(cli, "run_server", run_server)
+    if env_key is None:
+        monkeypatch.delenv("RKC_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("RKC_API_KEY", env_key)
+    r = CliRunner().invoke(cli.serve, [str(rkbin), "--port", "0", "--device", "null", *args])
     assert r.exit_code == 0, r.output
-    lines = r.stderr.splitlines()
+    return r.stderr.splitlines(), made[0]
+
+
+def app_keys(app) -> list[str]:
+    """The keys create_app was given (its middleware's arguments)."""
+    return [k for m in app.user_middleware for k in m.kwargs.get("keys", [])]
+
+
+@pytest.mark.parametrize("host, keys, warned", [("0.0.0.0", [], True), ("::", [], True),
+                                                ("0.0.0.0", ["--api-key", "k1"], False), ("127.0.0.1", [], False)])
+def test_rkrun_serve_warns_when_open_beyond_loopback(tiny_chat_rkbin, monkeypatch, host, keys, warned):
+    lines, _ = serve_in_process(tiny_chat_rkbin, monkeypatch, ["--host", host, *keys])
     assert lines[0].startswith("rkrun serve: tiny-chat on http://")
     shown = f"[{host}]" if ":" in host else host
     assert lines[1:] == ([exposure_warning(host, [])] if warned else [])
     assert not warned or f"listening on {shown}, beyond this machine, with no API key" in lines[1]
     print("\n" + "\n".join(lines))
+
+
+def test_rkrun_serve_takes_the_variable_without_api_key(tiny_chat_rkbin, monkeypatch, tmp_path):
+    in_env, in_file = [random_key(), random_key()], random_key()
+    (tmp_path / "keys").write_text(in_file + "\n")
+    _, app = serve_in_process(tiny_chat_rkbin, monkeypatch, ["--api-key-file", str(tmp_path / "keys")],
+                              " ".join(in_env))
+    assert app_keys(app) == [*in_env, in_file]
+    _, app = serve_in_process(tiny_chat_rkbin, monkeypatch, ["--api-key", "k1", "--metrics-public"],
+                              " ".join(in_env))
+    assert app_keys(app) == ["k1"] and app.user_middleware[0].kwargs["metrics_public"] is True
