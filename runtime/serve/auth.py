@@ -11,8 +11,8 @@ reaches the NPU queue.
 The presented token and each configured key are compared as SHA-256 digests
 with hmac.compare_digest, over every key, without an early exit: the time
 does not depend on how much of a key a guess matches, nor on which key it
-is (only on the header's length, which says nothing about a key). The keys
-themselves are kept only as digests and never written anywhere."""
+is (only on the header's length, which says nothing about a key). The
+check holds only the keys' digests; nothing here writes a key anywhere."""
 
 from __future__ import annotations
 
