@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API (Starlette): /v1/chat/completions,
-/v1/completions, /v1/models, /health, and the chat page at /."""
+/v1/completions, /v1/models, /health, and the chat page at /; API keys in
+front of them (auth.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import json
 import time
 import uuid
 from importlib import resources
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterable
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rkc.runtime.api.llm import Completion, LlmModel, RequestError
 from rkc.runtime.serve import schema
+from rkc.runtime.serve.auth import ApiKeyMiddleware
 from rkc.runtime.serve.schema import HttpError
 from rkc.runtime.serve.worker import Job, QueueFull, Worker
 
@@ -229,8 +232,11 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return _error(HttpError(500, "internal error", kind="server_error"))
 
 
-def create_app(model: LlmModel, queue_size: int = 8) -> Starlette:
-    """The ASGI app; its worker thread starts now and stops at shutdown."""
+def create_app(model: LlmModel, queue_size: int = 8, api_keys: Iterable[str] = (),
+               metrics_public: bool = False) -> Starlette:
+    """The ASGI app; its worker thread starts now and stops at shutdown. With api_keys, every path but /health,
+    the chat page and (if metrics_public) /metrics needs one of them as its bearer token (auth.py)."""
+    api_keys = list(api_keys)
     worker = Worker(model, queue_size)
     api = Api(model, worker)
     routes = [Route("/", api.page), Route("/health", api.health), Route("/v1/models", api.models),
@@ -241,7 +247,8 @@ def create_app(model: LlmModel, queue_size: int = 8) -> Starlette:
         yield
         worker.stop()
 
+    middleware = [Middleware(ApiKeyMiddleware, keys=api_keys, metrics_public=metrics_public)] if api_keys else []
     app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_found, 500: _server_error},
-                    lifespan=lifespan)
+                    lifespan=lifespan, middleware=middleware)
     app.state.worker = worker
     return app

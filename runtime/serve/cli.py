@@ -4,6 +4,7 @@ interrupted."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import click
 from rkc.ir.cli_support import ErrorReportingCommand, debug_option
 from rkc.ir.errors import RkcError
 from rkc.runtime.devices import device_options
+from rkc.runtime.serve.auth import ENV_VAR, exposure_warning, load_keys
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -64,24 +66,35 @@ def run_server(server, sock: socket.socket) -> None:
               help="Conversations whose KV the prefix cache keeps.")
 @click.option("--chat-template", "template_file", type=click.Path(dir_okay=False, exists=True),
               help="A Jinja chat template file, for a GGUF that has none (or to replace its own).")
+@click.option("--api-key", "api_keys", multiple=True, metavar="KEY",
+              help=f"A key clients must send (Authorization: Bearer KEY); repeatable. Default: ${ENV_VAR} "
+                   "(several: separated by spaces). A file or the variable keeps it out of the process list.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+              help="A file of keys, one a line (with --api-key: any of them is accepted).")
+@click.option("--metrics-public", is_flag=True, help="/metrics answers without a key (the default: it needs one).")
 @device_options
 def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, cache_slots: int,
-          template_file: str | None, device: str, cores: int) -> None:
+          template_file: str | None, api_keys: tuple[str, ...], api_key_file: str | None, metrics_public: bool,
+          device: str, cores: int) -> None:
     """Serve MODEL (an LLM .rkbin) over an OpenAI-compatible HTTP API and a chat page at /."""
     from rkc.ir.rkbin import read_rkbin
     from rkc.runtime.api import load
     from rkc.runtime.serve.app import create_app
 
+    keys = load_keys(api_keys, api_key_file, os.environ)
     rk = read_rkbin(model)
     if rk.module.metadata.get("model_kind") != "llm":
         raise RkcError(f"{model}: not an LLM rkbin (rkrun serve serves LLMs)")
     sock = listen(host, port)
     template = Path(template_file).read_text(encoding="utf-8") if template_file else None
     llm = load(rk, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots, chat_template=template)
-    server = uvicorn_server(create_app(llm, queue_size))
+    server = uvicorn_server(create_app(llm, queue_size, api_keys=keys, metrics_public=metrics_public))
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"rkrun serve: {llm.name} on http://{shown}:{sock.getsockname()[1]}/ "
                f"(context {llm.n_ctx}, queue {queue_size}, {cache_slots} cache slots)", err=True)
+    warning = exposure_warning(host, keys)
+    if warning:
+        click.echo(warning, err=True)
     try:
         run_server(server, sock)
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop

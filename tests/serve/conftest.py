@@ -26,14 +26,14 @@ def tiny_chat_rkbin(tmp_path_factory):
 class RunningServer:
     """`rkrun serve`'s app and uvicorn server, in a thread; .url is its address."""
 
-    def __init__(self, model, queue_size: int = 8, wrap=None) -> None:
+    def __init__(self, model, queue_size: int = 8, wrap=None, **options) -> None:
         from rkc.runtime.serve.app import create_app
         from rkc.runtime.serve.cli import listen, run_server, uvicorn_server
 
         self.model = model
         self.sock = listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.app = create_app(model, queue_size)
+        self.app = create_app(model, queue_size, **options)  # options: create_app's keywords (api_keys, ...)
         self.server = uvicorn_server(self.app if wrap is None else wrap(self.app))  # wrap: an ASGI middleware
         self.thread = threading.Thread(target=lambda: run_server(self.server, self.sock),
                                        daemon=True)
@@ -57,11 +57,11 @@ class RunningServer:
 
 @pytest.fixture
 def serve():
-    """serve(model, queue_size=8, wrap=None) -> a RunningServer, stopped after the test."""
+    """serve(model, queue_size=8, wrap=None, **create_app's keywords) -> a RunningServer, stopped after the test."""
     running = []
 
-    def start(model, queue_size: int = 8, wrap=None) -> RunningServer:
-        running.append(RunningServer(model, queue_size, wrap))
+    def start(model, queue_size: int = 8, wrap=None, **options) -> RunningServer:
+        running.append(RunningServer(model, queue_size, wrap, **options))
         return running[-1]
 
     yield start
@@ -96,16 +96,16 @@ class Http:
         u = urlsplit(url)
         self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
 
-    def request(self, method: str, path: str, body=None):
+    def request(self, method: str, path: str, body=None, headers: dict | None = None):
         """The response (read it, or iterate .readline() for a stream)."""
         if body is not None and not isinstance(body, bytes):
             body = json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers = {**({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})}
         self.conn.request(method, path, body=body, headers=headers)
         return self.conn.getresponse()
 
-    def json(self, method: str, path: str, body=None):
-        r = self.request(method, path, body)
+    def json(self, method: str, path: str, body=None, headers: dict | None = None):
+        r = self.request(method, path, body, headers)
         return r.status, dict(r.getheaders()), json.loads(r.read() or b"null")
 
     def close(self) -> None:
