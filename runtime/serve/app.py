@@ -16,6 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from rkc.ir.errors import RkcError
 from rkc.runtime.api.llm import Completion, LlmModel, RequestError
 from rkc.runtime.serve import schema
 from rkc.runtime.serve.schema import HttpError
@@ -107,7 +108,7 @@ class Api:
         except HttpError as exc:
             return _error(exc)
         except QueueFull as exc:
-            return _error(HttpError(503, str(exc), kind="server_error", code="queue_full",
+            return _error(HttpError(503, str(exc), kind="server_error", code=exc.code,
                                     headers={"Retry-After": str(exc.retry_after)}))
         except ClientDisconnect:
             return Response(status_code=400)
@@ -116,9 +117,8 @@ class Api:
             event, value = await job.events.get()
             if event == "gone":
                 return Response(status_code=499)  # nobody to answer: the client has gone
-            if event == "error":
-                return _error(HttpError.of(value) if isinstance(value, RequestError)
-                              else HttpError(500, "internal error", kind="server_error"))
+            if event in ("error", "shutdown"):
+                return _error(_failure(event, value))
             if body.get("stream"):
                 streaming = True  # from here the stream ends the watcher
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -129,8 +129,8 @@ class Api:
                 event, value = await job.events.get()
             if event == "done":
                 return JSONResponse(self._whole(kind, rid, created, value))
-            if event == "error":
-                return _error(HttpError(500, "internal error", kind="server_error"))
+            if event in ("error", "shutdown"):
+                return _error(_failure(event, value))
             return Response(status_code=499)
         finally:
             if not streaming:
@@ -164,8 +164,8 @@ class Api:
                 return
             elif name == "gone":
                 return
-            else:  # a failure mid-stream: the status is sent already; say so in the stream
-                yield head + event(HttpError(500, "internal error", kind="server_error").body())
+            else:  # a failure or shutdown mid-stream: the status is sent already; say so in the stream
+                yield head + event(_failure(name, value).body())
                 return
             name, value = await job.events.get()
 
@@ -214,6 +214,20 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
         pass
     job.cancel()
     job.events.put_nowait(("gone", None))
+
+
+def _failure(event: str, value: Any) -> HttpError:
+    """What a job's "error" or "shutdown" event tells its client: a bad request (400), the device failing (500,
+    with the device's one line), the server shutting down (503), or a bug (500, no detail)."""
+    if event == "shutdown":
+        return HttpError(503, "the server shut down before the answer was complete", kind="server_error",
+                         code="server_shutdown", headers={"Retry-After": "5"})
+    if isinstance(value, RequestError):
+        return HttpError.of(value)
+    if isinstance(value, RkcError):
+        return HttpError(500, f"the device failed during this request: {value}", kind="server_error",
+                         code="device_error")
+    return HttpError(500, "internal error", kind="server_error")
 
 
 def _error(exc: HttpError) -> JSONResponse:
