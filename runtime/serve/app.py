@@ -167,7 +167,7 @@ class Api:
             else:  # a failure or shutdown mid-stream: the status is sent already; say so in the stream
                 yield head + event(_failure(name, value).body())
                 return
-            name, value = await job.events.get()
+            name, value = ("shutdown", None) if job.ending else await job.events.get()
 
 
 class _JobStream(StreamingResponse):

@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,7 @@ class Job:
     tokens: int = 0
     engine_s: float = 0.0  # the engine's own time in its program steps (NPU and CPU) for this job
     stream_s: float = 0.0  # CPU time of the server on this job's streamed pieces: the hand-off, the SSE writes
+    ending: str | None = None  # set by end(): the response ends now, with this event
 
     def send(self, kind: str, value: Any = None) -> None:
         t = time.thread_time()
@@ -67,7 +69,9 @@ class Job:
 
     def end(self, reason: str) -> None:
         """The server ends the job (shutdown's grace period is over): it stops at the next token, and its response
-        ends with `reason` as its last event (a stream: an SSE error event; a waiting request: 503)."""
+        ends with `reason` as its last event (a stream: an SSE error event, ahead of pieces not yet written; a
+        waiting request: 503)."""
+        self.ending = reason
         self.cancel()
         if not self.loop.is_closed():
             self.send(reason)
@@ -100,9 +104,9 @@ class Worker:
         self._ids = itertools.count(1)
         self._durations: deque[float] = deque(maxlen=16)
         self.rejected = 0
-        self.running: Job | None = None  # the job on the NPU now
         self.draining = False  # shutting down: no new jobs
         self._drain_timer: threading.Timer | None = None
+        self._open: weakref.WeakValueDictionary[int, Job] = weakref.WeakValueDictionary()  # responses not yet gone
         self.thread = threading.Thread(target=self._loop, name="rkc-npu", daemon=True)
         self.thread.start()
 
@@ -122,6 +126,7 @@ class Worker:
                 mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
                 raise QueueFull(max(1, math.ceil(mean * (self.capacity + 1))))
             job.id, job.queued_at = next(self._ids), time.monotonic()
+            self._open[job.id] = job
             self._waiting.append(job)
             self.jobs.append(job)
             self._cv.notify()
@@ -133,9 +138,9 @@ class Worker:
         with self._cv:
             self.draining = True
 
-        def end_all() -> None:
+        def end_all() -> None:  # every job whose response may still be open: queued, running, or still streaming
             with self._cv:
-                jobs = [j for j in (self.running, *self._waiting) if j is not None]
+                jobs = [j for j in self._open.values() if not j.cancelled.is_set()]
             for job in jobs:
                 job.end("shutdown")
         self._drain_timer = threading.Timer(grace_s, end_all)
@@ -158,11 +163,9 @@ class Worker:
     # -- the NPU thread -------------------------------------------------------------------
     def _next(self) -> Job | None:
         with self._cv:
-            self.running = None
             while not self._waiting:
                 self._cv.wait()
-            self.running = self._waiting.popleft()
-            return self.running
+            return self._waiting.popleft()
 
     def _loop(self) -> None:
         while (job := self._next()) is not None:
