@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API (Starlette): /v1/chat/completions,
-/v1/completions, /v1/models, /health, and the chat page at /."""
+/v1/completions, /v1/models, /health, the chat page at /, and the API's
+OpenAPI description at /openapi.json (openapi.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from starlette.routing import Route
 
 from rkc.ir.errors import RkcError
 from rkc.runtime.api.llm import Completion, LlmModel, RequestError
-from rkc.runtime.serve import schema
+from rkc.runtime.serve import openapi, schema
 from rkc.runtime.serve.schema import HttpError
 from rkc.runtime.serve.worker import Job, QueueFull, Worker
 
@@ -247,9 +248,14 @@ def create_app(model: LlmModel, queue_size: int = 8) -> Starlette:
     """The ASGI app; its worker thread starts now and stops at shutdown."""
     worker = Worker(model, queue_size)
     api = Api(model, worker)
+    description = openapi.describe()
+
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(description)
+
     routes = [Route("/", api.page), Route("/health", api.health), Route("/v1/models", api.models),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
-              Route("/v1/completions", api.completions, methods=["POST"])]
+              Route("/v1/completions", api.completions, methods=["POST"]), Route("/openapi.json", openapi_json)]
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         yield
