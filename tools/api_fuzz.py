@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -55,13 +54,17 @@ def fuzz(app, examples: int, seed: int) -> dict:
 
 def tiny_app(folder: Path, ctx: int = 48):
     """The app of the tiny chat model on the null device; stop its worker with app.state.worker.stop()."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from server import tiny_chat_model
+    import importlib.util
 
     import rkc
+
     from rkc.runtime.serve.app import create_app
 
-    return create_app(rkc.load(tiny_chat_model(folder, (1, 4, 16)), device="null", ctx=ctx))
+    # bench/server.py by its path: bench/ on sys.path would shadow tests' modules of the same names
+    spec = importlib.util.spec_from_file_location("rkc_bench_server", ROOT / "bench/server.py")
+    bench_server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_server)
+    return create_app(rkc.load(bench_server.tiny_chat_model(folder, (1, 4, 16)), device="null", ctx=ctx))
 
 
 def main() -> None:

@@ -6,13 +6,15 @@ app. The default run sends ~60 requests; the slow one >= 2,000."""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from api_fuzz import fuzz, tiny_app  # noqa: E402
+_spec = importlib.util.spec_from_file_location("rkc_api_fuzz", Path(__file__).resolve().parents[2] / "tools/api_fuzz.py")
+api_fuzz = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(api_fuzz)  # (by path: tools/ on sys.path could shadow tests' modules)
+fuzz, tiny_app = api_fuzz.fuzz, api_fuzz.tiny_app
 
 
 @pytest.fixture(scope="module")

@@ -118,6 +118,7 @@ def _slow_reader(url: str, out: dict, go_on: threading.Event) -> None:
         out["events"] = events
 
 
+@pytest.mark.slow  # ~30 s (three rounds of 64 openai clients on 2 cores)
 def test_64_streaming_clients_and_slow_readers(tiny_chat_rkbin):
     with Served(tiny_chat_rkbin, "--queue", "16") as server:
         _round(server.url, 0)  # warm-up: numba's kernels loaded, the prefix cache and the allocator's pools filled
@@ -198,7 +199,7 @@ def test_sigterm_drains_and_exits_0(tiny_chat_rkbin, grace, max_tokens):
     if grace < 1:
         error = json.loads(last)["error"]
         assert error["code"] == "server_shutdown" and error["type"] == "server_error"
-        assert took < grace + 5
+        assert took < grace + 25  # bounded: the grace, uvicorn's second, the job's next token, unloading
     else:
         assert last == b"[DONE]"
         assert json.loads(out["events"][-2])["choices"][0]["finish_reason"] in ("length", "stop")
