@@ -218,7 +218,8 @@ def print_table(row: dict) -> None:
     for q in ("p50", "p99"):
         v = row[f"ttft_{q}_ms"]
         print(f"{'time to first token ' + q + ' (streamed)':40} {'-' if v is None else f'{v:.1f} ms':>10}")
-    print(f"{'RSS after warm-up / at the end':40} {row['rss_warm_kib'] / 1024:>6.1f} / {row['rss_end_kib'] / 1024:.1f} MiB")
+    warm, end = row["rss_warm_kib"] / 1024, row["rss_end_kib"] / 1024
+    print(f"{'RSS after warm-up / at the end':40} {warm:>6.1f} / {end:.1f} MiB")
     print(f"{'RSS growth after warm-up (flat: <= 5 %)':40} {row['rss_growth_pct']:>9.2f} %")
     print("RSS over time (s: MiB): " + ", ".join(f"{t:.0f}: {k / 1024:.1f}" for t, k in row["rss_kib"]))
 

@@ -153,7 +153,8 @@ def onnx_model(draw):
 def mutated_tensor_shapes(draw, shapes: dict[str, tuple[int, ...]], blocks: dict[str, int]) -> dict[str, tuple]:
     """Another shape (numpy order) for 1..3 of a GGUF's tensors: a dimension grown, shrunk, swapped with another
     or dropped, a new one added (plain types; a block type stays 2-D); the row length stays a multiple of the
-    tensor type's block (else there is no GGUF to write). `shapes`: the good file's; `blocks`: each tensor's block length (1: a plain type)."""
+    tensor type's block (else there is no GGUF to write). `shapes`: the good file's; `blocks`: each tensor's
+    block length (1: a plain type)."""
     out = {}
     for name in draw(st.lists(st.sampled_from(sorted(shapes)), min_size=1, max_size=3, unique=True)):
         shape, block = list(shapes[name]), blocks[name]

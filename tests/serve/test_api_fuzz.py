@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("rkc_api_fuzz", Path(__file__).resolve().parents[2] / "tools/api_fuzz.py")
+_spec = importlib.util.spec_from_file_location("rkc_api_fuzz",
+                                               Path(__file__).resolve().parents[2] / "tools/api_fuzz.py")
 api_fuzz = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(api_fuzz)  # (by path: tools/ on sys.path could shadow tests' modules)
 fuzz, tiny_app = api_fuzz.fuzz, api_fuzz.tiny_app
