@@ -45,8 +45,12 @@ def _field(name: str, types: tuple[type, ...], required: bool) -> dict[str, Any]
 def _body(kind: str) -> dict[str, Any]:
     fields = schema.CHAT if kind == "chat" else schema.COMPLETION
     required = list(schema.REQUIRED[kind])
-    return {"type": "object", "required": required,
+    body = {"type": "object", "required": required,
             "properties": {name: _field(name, types, name in required) for name, types in fields.items()}}
+    if "max_completion_tokens" in fields:  # one limit, under either name (schema.parse)
+        body["not"] = {"required": ["max_tokens", "max_completion_tokens"],
+                       "properties": {"max_tokens": {"type": "integer"}, "max_completion_tokens": {"type": "integer"}}}
+    return body
 
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {

@@ -259,6 +259,8 @@ BAD = {"/v1/chat/completions": [  # (raw body, status, param)
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "stream"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stop": [1, 2]}', 400, "stop"),
     (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "n"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0, "max_completion_tokens": 1}', 400,
+     "max_tokens"),
     (b'{"messages": [{"role": "user", "content": "x"}], "seed": -4}', 400, "seed"),
     (b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
     (b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', 400, "messages[0].content"),
