@@ -118,7 +118,6 @@ def _slow_reader(url: str, out: dict, go_on: threading.Event) -> None:
         out["events"] = events
 
 
-@pytest.mark.slow  # ~30 s (three rounds of 64 openai clients on 2 cores)
 def test_64_streaming_clients_and_slow_readers(tiny_chat_rkbin):
     with Served(tiny_chat_rkbin, "--queue", "16") as server:
         _round(server.url, 0)  # warm-up: numba's kernels loaded, the prefix cache and the allocator's pools filled
