@@ -277,6 +277,7 @@ BAD = {"/v1/chat/completions": [  # (raw body, status, param)
     (b'{"prompt": "the", "top_k": 1.5}', 400, "top_k"),
     (b'{"prompt": "the", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop"),
     (b'{"prompt": "the", "model": "llama"}', 404, "model"),
+    (b'{"prompt": "the", "stream_options": {"include_usage": []}}', 400, "stream_options.include_usage"),
     (b'{"prompt": "\\udfff"}', 400, "prompt"),
     (json.dumps({"prompt": LONG}).encode(), 400, "prompt"),
 ]}
