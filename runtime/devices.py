@@ -9,6 +9,7 @@ import sys
 from typing import Callable
 
 from rkc.ir.errors import RkcError
+from rkc.runtime import faults
 from rkc.runtime.device import Device
 from rkc.runtime.null import NullDevice
 from rkc.runtime.rocket import RocketDevice, scan_nodes
@@ -53,7 +54,7 @@ def open_device(kind: str = "auto", quiet: bool = False, **options) -> Device:
         options = {k: v for k, v in options.items() if k not in ("kernel", "node", "cores")}
     if kind == "rocket":
         options.setdefault("quiet", quiet)
-    return FACTORIES[kind](**options)
+    return faults.from_env(FACTORIES[kind](**options))  # unchanged unless a test asks for faults
 
 
 def device_options(f):

@@ -106,6 +106,7 @@ ONNX_ATTRS = {
     "Gemm": ["transA", "transB", "alpha"],
     "Softmax": ["axis"],
     "Gather": ["axis"],
+    "Split": ["axis"],
 }
 ONNX_INTS = HOSTILE_INTS.filter(lambda v: -(1 << 63) <= v < 1 << 63)  # what protobuf's int64 can carry
 ATTR_VALUES = st.one_of(ONNX_INTS, st.lists(ONNX_INTS, min_size=1, max_size=5))
@@ -120,13 +121,20 @@ def onnx_model(draw):
 
     op = draw(st.sampled_from(sorted(ONNX_ATTRS)))
     attrs = {a: draw(ATTR_VALUES) for a in draw(st.lists(st.sampled_from(ONNX_ATTRS[op]), max_size=3, unique=True))}
-    rank = {"Conv": 4, "MaxPool": 4, "Gemm": 2, "Softmax": 2, "Gather": 2}[op]
+    rank = {"Conv": 4, "MaxPool": 4, "Gemm": 2, "Softmax": 2, "Gather": 2, "Split": 2}[op]
     dims = [draw(DIM_VALUES) if draw(st.integers(0, 4)) == 0 else d for d in ([1, 8, 8, 8] if rank == 4 else [4, 8])]
-    inits, inputs = [], ["x"]
-    if op in ("Conv", "Gemm", "Gather"):
-        shape = {"Conv": [8, 8, 3, 3], "Gemm": [8, 4], "Gather": [2]}[op]
+    inits, inputs, outputs = [], ["x"], ["y"]
+    if op in ("Conv", "Gemm", "Gather", "Split"):
+        shape = {"Conv": [8, 8, 3, 3], "Gemm": [8, 4], "Gather": [2], "Split": [2]}[op]
         shape = [draw(st.integers(0, 9)) if draw(st.integers(0, 4)) == 0 else d for d in shape]
-        data = np.ones(shape, np.int64 if op == "Gather" else np.float32)
+        if op in ("Gather", "Split"):  # indices / split sizes: around the axis' size, and hostile
+            values = st.integers(-9, 9) | ONNX_INTS
+            data = np.array(draw(st.lists(values, min_size=int(np.prod(shape)), max_size=int(np.prod(shape)))),
+                            np.int64).reshape(shape)
+        else:
+            data = np.ones(shape, np.float32)
+        if op == "Split":  # as many outputs as sizes, or not
+            outputs = [f"y{i}" for i in range(draw(st.sampled_from([max(len(data.reshape(-1)), 1), 1, 3])))]
         w = numpy_helper.from_array(data, "w")
         if draw(st.integers(0, 5)) == 0:
             w.raw_data = w.raw_data[:draw(st.integers(0, max(len(w.raw_data) - 1, 0)))]
@@ -134,8 +142,35 @@ def onnx_model(draw):
         inputs.append("w")
     if op == "MaxPool" and "kernel_shape" not in attrs:
         attrs["kernel_shape"] = [2, 2]
-    node = helper.make_node(op, inputs, ["y"], **attrs)
+    node = helper.make_node(op, inputs, outputs, **attrs)
     graph = helper.make_graph([node], "fuzz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in outputs], inits)
     opset = draw(st.sampled_from([13, 17, 17, 17, 99]))
     return op, helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@st.composite
+def mutated_tensor_shapes(draw, shapes: dict[str, tuple[int, ...]], blocks: dict[str, int]) -> dict[str, tuple]:
+    """Another shape (numpy order) for 1..3 of a GGUF's tensors: a dimension grown, shrunk, swapped with another
+    or dropped, a new one added (plain types; a block type stays 2-D); the row length stays a multiple of the
+    tensor type's block (else there is no GGUF to write). `shapes`: the good file's; `blocks`: each tensor's
+    block length (1: a plain type)."""
+    out = {}
+    for name in draw(st.lists(st.sampled_from(sorted(shapes)), min_size=1, max_size=3, unique=True)):
+        shape, block = list(shapes[name]), blocks[name]
+        kinds = ["grow", "shrink", "swap"] + (["drop", "add"] if block == 1 else [])  # blocks: 2-D rows only
+        kind = draw(st.sampled_from(kinds))
+        i = draw(st.integers(0, len(shape) - 1))
+        if kind == "swap" and len(shape) > 1:
+            shape = shape[::-1]
+        elif kind == "drop" and len(shape) > 1:
+            del shape[i]
+        elif kind == "add":
+            shape.insert(0, draw(st.integers(2, 4)))
+        else:
+            step = block if i == len(shape) - 1 else 1
+            delta = step * draw(st.integers(1, 3))
+            shape[i] = shape[i] + delta if kind == "grow" or shape[i] <= delta else shape[i] - delta
+        if shape[-1] % block == 0 and tuple(shape) != shapes[name]:
+            out[name] = tuple(shape)
+    return out

@@ -6,6 +6,7 @@ comparison's arithmetic."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,18 @@ def test_scale_full_depth_rows_are_the_rkbins_own_and_cut_rows_extrapolate_to_th
     assert "3/3 FULL" in lines[2] and "*" not in lines[2]
     assert "2/3 |" in lines[3] and "*" in lines[3]
     assert not list(tmp_path.iterdir())  # the GGUFs and rkbins are deleted
+
+
+@pytest.mark.slow
+def test_soak_runs_briefly(tmp_path):
+    """bench/soak.py for a few seconds: its report hangs together, with no error, crash or non-zero exit."""
+    out = tmp_path / "soak.json"
+    r = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--minutes", "0.1", "--clients", "4",
+                        "--sample", "1", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       cwd=BENCH.parent, env={**os.environ, "PYTHONPATH": str(BENCH.parent)})
+    assert r.returncode == 0, r.stderr
+    row = json.loads(out.read_text())
+    assert row["requests"] == sum(row["outcomes"].values()) == sum(row["by_kind"].values()) > 0
+    assert row["errors"] == 0 and not row["crashed"] and row["exit_status"] == 0
+    assert row["outcomes"].get("served", 0) > 0 and len(row["rss_kib"]) >= 3
+    assert "requests" in r.stdout and "RSS over time" in r.stdout

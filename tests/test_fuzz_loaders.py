@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz import mutated_json, mutated_metadata, onnx_model
+from fuzz import mutated_json, mutated_metadata, mutated_tensor_shapes, onnx_model
 from hostile import compiled_small_cnn, parts, write_raw
 from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
@@ -115,10 +115,32 @@ def gguf_case(request, data) -> None:
         _one_line(exc)
 
 
+def gguf_tensor_case(request, data) -> None:
+    """The tiny llama written with some tensors in another shape: every such file is refused with one line
+    (no shape but the architecture's is valid: llama.cpp's loader requires each exactly)."""
+    import gguf
+
+    from llm.synth import write_model
+    from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
+
+    good = GgufFile(request.getfixturevalue("gguf_file"))
+    shapes = {n: good.shape(n) for n in good.tensors}
+    blocks = {n: gguf.GGML_QUANT_SIZES[t.tensor_type][0] for n, t in good.tensors.items()}
+    changed = data.draw(mutated_tensor_shapes(shapes, blocks))
+    path = write_model(request.getfixturevalue("tmp_path_factory").mktemp("t") / "m.gguf", "llama",
+                       tensor_shapes=changed)
+    try:
+        graph_from_gguf(GgufFile(path))
+    except RkcError as exc:
+        _one_line(exc)
+        return
+    assert not changed, f"tensors of the wrong shape accepted: {changed}"
+
+
 def onnx_case(request, data) -> None:
     import onnx
 
-    _, model = data.draw(onnx_model())
+    op, model = data.draw(onnx_model())
     d = request.getfixturevalue("tmp_path_factory").mktemp("o")
     onnx.save(model, str(d / "m.onnx"))
     try:
@@ -126,9 +148,17 @@ def onnx_case(request, data) -> None:
     except RkcError as exc:
         _one_line(exc)
         assert not (d / "m.rkbin").exists()
+        return
+    if op in ("Gather", "Split"):  # constant indices / sizes: what compiles, onnxruntime runs (no wrong success)
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(d / "m.onnx"), providers=["CPUExecutionProvider"])
+        sess.run(None, {"x": np.ones([dim.dim_value for dim in model.graph.input[0].type.tensor_type.shape.dim],
+                                     np.float32)})
 
 
 test_rkbin_module_mutations, test_rkbin_module_mutations_long = fast_and_slow(rkbin_case)
 test_gguf_metadata_mutations, test_gguf_metadata_mutations_long = fast_and_slow(gguf_case)
 test_llm_rkbin_module_mutations, test_llm_rkbin_module_mutations_long = fast_and_slow(llm_rkbin_case)
 test_onnx_graph_mutations, test_onnx_graph_mutations_long = fast_and_slow(onnx_case)
+test_gguf_tensor_shapes, test_gguf_tensor_shapes_long = fast_and_slow(gguf_tensor_case)

@@ -194,6 +194,17 @@ def gguf_cases(work: Path):
         changes.update({k: None for k in kv if k not in mutated_kv})
         if changes:
             yield f"fuzzed metadata {i}", gguf_with(good, work / "case.gguf", changes)
+    for name, (shapes, _) in hg.TENSOR_CASES.items():  # tensors of the wrong shape
+        yield name, write_model(work / "case.gguf", "llama", tensor_shapes=shapes)
+    from fuzz import mutated_tensor_shapes
+    from rkc.compiler.frontend.gguf import GgufFile
+
+    gf = GgufFile(good)
+    shapes = {n: gf.shape(n) for n in gf.tensors}
+    blocks = {n: gguf_lib.GGML_QUANT_SIZES[t.tensor_type][0] for n, t in gf.tensors.items()}
+    for i, changed in enumerate(_samples(mutated_tensor_shapes(shapes, blocks), 15)):
+        if changed:  # every changed shape must be refused: a success is a wrong one
+            yield f"tensor shapes {i}", write_model(work / "case.gguf", "llama", tensor_shapes=changed)
 
 
 def main() -> None:

@@ -82,9 +82,15 @@ class GgufFile:
         return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
 
     def n_vocab(self) -> int:
+        """The embedding table's rows, one per token of the tokenizer's vocabulary (as llama.cpp requires)."""
         if "token_embd.weight" not in self.tensors:
             raise FormatError(f"{self.path}: no token_embd.weight tensor")
-        return self.shape("token_embd.weight")[0]
+        rows = self.shape("token_embd.weight")[0]
+        tokens = self.reader.fields.get("tokenizer.ggml.tokens")
+        if tokens is not None and len(tokens.data) != rows:
+            raise FormatError(f"{self.path}: token_embd.weight has {rows} rows, but the vocabulary has "
+                              f"{len(tokens.data)} tokens")
+        return rows
 
     def config(self) -> LlmConfig:
         return config_from_gguf(self.kv, self.n_vocab(), str(self.path))
@@ -161,15 +167,20 @@ class _Builder:
         self.g = Graph(name=gf.kv.get("general.name") or gf.path.stem)
         self._consts: set[str] = set()
 
-    def const(self, name: str, required: bool = True) -> str | None:
+    def const(self, name: str, need: tuple[int, ...], required: bool = True) -> str | None:
+        """The tensor as a graph constant; `need`: the shape (numpy order) the architecture and the
+        hyperparameters give it, checked before anything reads it (a wrong one is one FormatError line)."""
         if name not in self.gf.tensors:
             if required:
                 raise FormatError(f"{self.gf.path}: missing tensor {name}")
             return None
+        shape = self.gf.shape(name)
+        if shape != tuple(need):
+            raise FormatError(f"{self.gf.path}: tensor {name} has shape {list(shape)}, but this {self.cfg.arch} model "
+                              f"(its hyperparameters) needs {list(need)}")
         if name in self._consts:
             return name
         kind = self.gf.type_name(name)
-        shape = self.gf.shape(name)
         if kind in PLAIN_TYPES:
             # the reader hands BF16 out as raw bytes: view every plain type by its width
             data = np.asarray(self.gf.raw(name)).reshape(-1).view(PLAIN_TYPES[kind].numpy).reshape(shape)
@@ -186,14 +197,14 @@ class _Builder:
         self.g.add_op(type_, inputs, [(out, TensorType(DType.FP32, shape))], attrs)
         return out
 
-    def linear(self, x: str, weight: str, out: str, rows: str | int = "T") -> str:
-        w = self.const(f"{weight}.weight")
-        b = self.const(f"{weight}.bias", required=False)
-        n_out, n_in = self.gf.shape(w)
-        return self.op("Linear", [x, w] + ([b] if b else []), out, (rows, n_out))
+    def linear(self, x: str, weight: str, out: str, n_in: int, n_out: int) -> str:
+        """x [T, n_in] @ weight.T -> [T, n_out] (GGUF stores W as [n_out, n_in])."""
+        w = self.const(f"{weight}.weight", (n_out, n_in))
+        b = self.const(f"{weight}.bias", (n_out,), required=False)
+        return self.op("Linear", [x, w] + ([b] if b else []), out, ("T", n_out))
 
     def rms(self, x: str, weight: str, out: str, shape: tuple) -> str:
-        w = self.const(weight)
+        w = self.const(weight, (shape[-1],))
         return self.op("RMSNorm", [x, w], out, shape, {"epsilon": self.cfg.rms_eps})
 
     def build(self) -> Graph:
@@ -203,7 +214,7 @@ class _Builder:
             g.metadata[f"llm_{key}"] = value if not isinstance(value, bool) else int(value)
         g.add_input("tokens", TensorType(DType.INT32, (T,)))
         g.add_input("positions", TensorType(DType.INT32, (T,)))
-        emb = self.const("token_embd.weight")
+        emb = self.const("token_embd.weight", (cfg.n_vocab, D))
         x = self.op("Gather", [emb, "tokens"], "embd", (T, D))
         if cfg.embed_scale != 1.0:
             x = self.op("Scale", [x], "embd_scaled", (T, D), {"factor": cfg.embed_scale})
@@ -215,7 +226,7 @@ class _Builder:
             x = self.layer(il, x)
         x = self.rms(x, "output_norm.weight", "result_norm", (T, D))
         head = "output" if "output.weight" in self.gf.tensors else "token_embd"
-        logits = self.linear(x, head, "logits")
+        logits = self.linear(x, head, "logits", D, cfg.n_vocab)
         if cfg.logit_softcap:
             c = cfg.logit_softcap
             s = self.op("Scale", [logits], "logits_div", (T, cfg.n_vocab), {"factor": 1.0 / c})
@@ -229,9 +240,9 @@ class _Builder:
         p = f"blk.{il}"
         H, Hkv, hd, hdv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
         h = self.rms(x, f"{p}.attn_norm.weight", f"{p}.attn_norm", (T, D))
-        q = self.linear(h, f"{p}.attn_q", f"{p}.q")
-        k = self.linear(h, f"{p}.attn_k", f"{p}.k")
-        v = self.linear(h, f"{p}.attn_v", f"{p}.v")
+        q = self.linear(h, f"{p}.attn_q", f"{p}.q", D, H * hd)
+        k = self.linear(h, f"{p}.attn_k", f"{p}.k", D, Hkv * hd)
+        v = self.linear(h, f"{p}.attn_v", f"{p}.v", D, Hkv * hdv)
         q = self.op("Reshape", [q], f"{p}.q_heads", (T, H, hd), {"shape": [-1, H, hd]})
         k = self.op("Reshape", [k], f"{p}.k_heads", (T, Hkv, hd), {"shape": [-1, Hkv, hd]})
         v = self.op("Reshape", [v], f"{p}.v_heads", (T, Hkv, hdv), {"shape": [-1, Hkv, hdv]})
@@ -240,23 +251,23 @@ class _Builder:
             k = self.rms(k, f"{p}.attn_k_norm.weight", f"{p}.k_normed", (T, Hkv, hd))
         base, scale = cfg.layer_rope(il)
         rope = {"base": base, "scale": scale, "dims": cfg.rope_dims, "mode": cfg.rope_mode}
-        freqs = self.const("rope_freqs.weight", required=False) if not cfg.is_swa(il) else None
+        freqs = None if cfg.is_swa(il) else self.const("rope_freqs.weight", (cfg.rope_dims // 2,), required=False)
         q = self.op("RoPE", [q, "positions"] + ([freqs] if freqs else []), f"{p}.q_rope", (T, H, hd), rope)
         k = self.op("RoPE", [k, "positions"] + ([freqs] if freqs else []), f"{p}.k_rope", (T, Hkv, hd), rope)
         window = cfg.swa_window if cfg.is_swa(il) else 0
         a = self.op("Attention", [q, k, v, "positions"], f"{p}.attn", (T, H * hdv),
                     {"layer": il, "scale": cfg.attn_scale, "window": window, "kv_heads": Hkv})
-        a = self.linear(a, f"{p}.attn_output", f"{p}.attn_out")
+        a = self.linear(a, f"{p}.attn_output", f"{p}.attn_out", H * hdv, D)
         if cfg.post_norms:
             a = self.rms(a, f"{p}.post_attention_norm.weight", f"{p}.attn_post_norm", (T, D))
         x = self.op("Add", [a, x], f"{p}.attn_residual", (T, D))
         h = self.rms(x, f"{p}.ffn_norm.weight", f"{p}.ffn_norm", (T, D))
-        gate = self.linear(h, f"{p}.ffn_gate", f"{p}.gate")
-        up = self.linear(h, f"{p}.ffn_up", f"{p}.up")
+        gate = self.linear(h, f"{p}.ffn_gate", f"{p}.gate", D, cfg.n_ff)
+        up = self.linear(h, f"{p}.ffn_up", f"{p}.up", D, cfg.n_ff)
         act = {"silu": "SiLU", "gelu_tanh": "GeluTanh"}[cfg.ffn_act]
         gate = self.op(act, [gate], f"{p}.gate_act", (T, cfg.n_ff))
         hid = self.op("Mul", [gate, up], f"{p}.ffn_hidden", (T, cfg.n_ff))
-        f = self.linear(hid, f"{p}.ffn_down", f"{p}.ffn_out")
+        f = self.linear(hid, f"{p}.ffn_down", f"{p}.ffn_out", cfg.n_ff, D)
         if cfg.post_norms:
             f = self.rms(f, f"{p}.post_ffw_norm.weight", f"{p}.ffn_post_norm", (T, D))
         return self.op("Add", [f, x], f"{p}.out", (T, D))
@@ -269,14 +280,11 @@ class _Builder:
         (1/sqrt(D)-scaled, RMS-normed), summed and scaled by 1/sqrt(2)."""
         cfg, T, D = self.cfg, "T", self.cfg.n_embd
         L, P = cfg.n_layer, cfg.n_embd_per_layer
-        table = self.const("per_layer_token_embd.weight")
-        if self.gf.shape(table) != (cfg.n_vocab, L * P):
-            raise FormatError(f"{self.gf.path}: per_layer_token_embd.weight is {self.gf.shape(table)}, "
-                              f"not [{cfg.n_vocab}, {L * P}]")
+        table = self.const("per_layer_token_embd.weight", (cfg.n_vocab, L * P))
         rows = self.op("Gather", [table, "tokens"], "per_layer_rows", (T, L * P))
         rows = self.op("Scale", [rows], "per_layer_rows_scaled", (T, L * P), {"factor": math.sqrt(P)})
         rows = self.op("Reshape", [rows], "per_layer_tokens", (T, L, P), {"shape": [-1, L, P]})
-        proj = self.linear(x, "per_layer_model_proj", "per_layer_proj")
+        proj = self.linear(x, "per_layer_model_proj", "per_layer_proj", D, L * P)
         proj = self.op("Scale", [proj], "per_layer_proj_scaled", (T, L * P), {"factor": 1.0 / math.sqrt(D)})
         proj = self.op("Reshape", [proj], "per_layer_proj_heads", (T, L, P), {"shape": [-1, L, P]})
         proj = self.rms(proj, "per_layer_proj_norm.weight", "per_layer_proj_normed", (T, L, P))
@@ -290,19 +298,20 @@ class _Builder:
         h = self.rms(x, f"{p}.attn_norm.weight", f"{p}.attn_norm", (T, D))
         base, scale = cfg.layer_rope(il)
         rope = {"base": base, "scale": scale, "dims": cfg.rope_dims_of(il), "mode": cfg.rope_mode}
-        freqs = self.const("rope_freqs.weight", required=False) if not cfg.is_swa(il) else None
+        freqs = (self.const("rope_freqs.weight", (cfg.rope_dims_of(il) // 2,), required=False)
+                 if not cfg.is_swa(il) else None)
         extra = [freqs] if freqs else []
-        q = self.linear(h, f"{p}.attn_q", f"{p}.q")
+        q = self.linear(h, f"{p}.attn_q", f"{p}.q", D, H * hd)
         q = self.op("Reshape", [q], f"{p}.q_heads", (T, H, hd), {"shape": [-1, H, hd]})
         q = self.rms(q, f"{p}.attn_q_norm.weight", f"{p}.q_normed", (T, H, hd))
         q = self.op("RoPE", [q, "positions", *extra], f"{p}.q_rope", (T, H, hd), rope)
         window = cfg.swa_window if cfg.is_swa(il) else 0
         attrs = {"layer": il, "scale": cfg.attn_scale, "window": window, "kv_heads": Hkv}
         if cfg.kv_layer(il) == il:
-            k = self.linear(h, f"{p}.attn_k", f"{p}.k")
+            k = self.linear(h, f"{p}.attn_k", f"{p}.k", D, Hkv * hd)
             k = self.op("Reshape", [k], f"{p}.k_heads", (T, Hkv, hd), {"shape": [-1, Hkv, hd]})
             if f"{p}.attn_v.weight" in self.gf.tensors:
-                v = self.linear(h, f"{p}.attn_v", f"{p}.v")
+                v = self.linear(h, f"{p}.attn_v", f"{p}.v", D, Hkv * hd)
                 v = self.op("Reshape", [v], f"{p}.v_heads", (T, Hkv, hd), {"shape": [-1, Hkv, hd]})
             else:
                 v = k  # no V projection: V is K's projection (before K's norm and RoPE)
@@ -313,26 +322,27 @@ class _Builder:
         else:
             a = self.op("AttentionShared", [q, "positions"], f"{p}.attn", (T, H * hd),
                         attrs | {"source": cfg.kv_layer(il)})
-        a = self.linear(a, f"{p}.attn_output", f"{p}.attn_out")
+        a = self.linear(a, f"{p}.attn_output", f"{p}.attn_out", H * hd, D)
         a = self.rms(a, f"{p}.post_attention_norm.weight", f"{p}.attn_post_norm", (T, D))
         x = self.op("Add", [a, x], f"{p}.attn_residual", (T, D))
         n_ff = cfg.n_ff_of(il)
         h = self.rms(x, f"{p}.ffn_norm.weight", f"{p}.ffn_norm", (T, D))
-        gate = self.linear(h, f"{p}.ffn_gate", f"{p}.gate")
-        up = self.linear(h, f"{p}.ffn_up", f"{p}.up")
+        gate = self.linear(h, f"{p}.ffn_gate", f"{p}.gate", D, n_ff)
+        up = self.linear(h, f"{p}.ffn_up", f"{p}.up", D, n_ff)
         gate = self.op("GeluTanh", [gate], f"{p}.gate_act", (T, n_ff))
-        f = self.linear(self.op("Mul", [gate, up], f"{p}.ffn_hidden", (T, n_ff)), f"{p}.ffn_down", f"{p}.ffn_out")
+        f = self.linear(self.op("Mul", [gate, up], f"{p}.ffn_hidden", (T, n_ff)), f"{p}.ffn_down", f"{p}.ffn_out",
+                        n_ff, D)
         f = self.rms(f, f"{p}.post_ffw_norm.weight", f"{p}.ffn_post_norm", (T, D))
         x = self.op("Add", [f, x], f"{p}.ffn_residual", (T, D))
         if per_layer is not None:
             P = cfg.n_embd_per_layer
-            g = self.linear(x, f"{p}.inp_gate", f"{p}.pl_gate")
+            g = self.linear(x, f"{p}.inp_gate", f"{p}.pl_gate", D, P)
             g = self.op("GeluTanh", [g], f"{p}.pl_gate_act", (T, P))
             mine = self.op("Pick", [per_layer], f"{p}.pl_input", (T, P), {"index": il})
-            g = self.linear(self.op("Mul", [g, mine], f"{p}.pl_gated", (T, P)), f"{p}.proj", f"{p}.pl_proj")
+            g = self.linear(self.op("Mul", [g, mine], f"{p}.pl_gated", (T, P)), f"{p}.proj", f"{p}.pl_proj", P, D)
             g = self.rms(g, f"{p}.post_norm.weight", f"{p}.pl_post_norm", (T, D))
             x = self.op("Add", [x, g], f"{p}.pl_residual", (T, D))
-        out_scale = self.const(f"{p}.layer_output_scale.weight", required=False)
+        out_scale = self.const(f"{p}.layer_output_scale.weight", (1,), required=False)
         if out_scale:
             x = self.op("ScaleBy", [x, out_scale], f"{p}.out", (T, D))
         return x

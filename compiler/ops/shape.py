@@ -8,7 +8,7 @@ import numpy as np
 
 from rkc.compiler.ops import OpSpec
 from rkc.compiler.ops.constraints import cpu_only
-from rkc.compiler.ops.rules import UNKNOWN, broadcast_shapes, const_or_attr, need, norm_axis, runtime_value
+from rkc.compiler.ops.rules import UNKNOWN, broadcast_shapes, const_or_attr, ints, need, norm_axis, runtime_value
 from rkc.ir.errors import VerifyError
 from rkc.ir.types import DType, TensorType
 
@@ -69,6 +69,9 @@ def squeeze_shape(ctx):
             raise VerifyError(f"op {ctx.op.describe()}: axes must be a constant")
         return [TensorType(x.dtype, tuple(d for d in x.shape if d != 1))]
     axes = {norm_axis(a, len(x.shape), f"op {ctx.op.describe()}") for a in axes}
+    wide = [a for a in sorted(axes) if isinstance(x.shape[a], int) and x.shape[a] != 1]
+    if wide:
+        raise VerifyError(f"op {ctx.op.describe()}: cannot squeeze axis {wide[0]} of size {x.shape[wide[0]]}")
     return [TensorType(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in axes))]
 
 
@@ -91,6 +94,11 @@ def concat_shape(ctx):
     types = [need(ctx, i) for i in range(ctx.n_inputs)]
     rank = len(types[0].shape)
     axis = norm_axis(int(ctx.attr("axis")), rank, f"op {ctx.op.describe()}")
+    for t in types[1:]:
+        if len(t.shape) != rank or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                       for i, (a, b) in enumerate(zip(t.shape, types[0].shape)) if i != axis):
+            raise VerifyError(f"op {ctx.op.describe()}: cannot concatenate {list(types[0].shape)} and "
+                              f"{list(t.shape)} along axis {axis}")
     sizes = [t.shape[axis] for t in types]
     total = sum(sizes) if all(isinstance(s, int) for s in sizes) else UNKNOWN
     shape = list(types[0].shape)
@@ -102,22 +110,50 @@ def split_shape(ctx):
     x = need(ctx)
     if runtime_value(ctx, 1):
         return None
-    axis = norm_axis(int(ctx.attr("axis", 0)), len(x.shape), f"op {ctx.op.describe()}")
+    what = f"op {ctx.op.describe()}"
+    axis = norm_axis(int(ctx.attr("axis", 0)), len(x.shape), what)
     sizes = const_or_attr(ctx, 1, "split")
     n = len(ctx.op.outputs)
     dim = x.shape[axis]
-    if sizes is None or not sizes:
+    if sizes is None or (not sizes and not ctx.has(1)):  # an equal split (a split input, even empty, is sizes)
+        parts = int(ctx.attr("num_outputs", n))
+        if parts != n:
+            raise VerifyError(f"{what}: num_outputs {parts}, but the op has {n} outputs")
         if not isinstance(dim, int):
             sizes = [UNKNOWN] * n
         else:
-            chunk = -(-dim // int(ctx.attr("num_outputs", n)))
+            chunk = -(-dim // n)
             sizes = [min(chunk, dim - i * chunk) for i in range(n)]
+            if sizes[-1] <= 0:
+                raise VerifyError(f"{what}: axis {axis} of size {dim} cannot be split into {n} parts")
+    else:
+        check_split(sizes, n, dim, axis, what)
     out = []
     for s in sizes:
         shape = list(x.shape)
         shape[axis] = s
         out.append(TensorType(x.dtype, tuple(shape)))
     return out
+
+
+def check_split(sizes: list[int], n: int, dim, axis: int, what: str) -> None:
+    """Split sizes that cut the axis into exactly the op's outputs."""
+    if len(sizes) != n:
+        raise VerifyError(f"{what}: {len(sizes)} split sizes for {n} outputs")
+    if any(s < 0 for s in sizes):
+        raise VerifyError(f"{what}: split sizes {sizes} include a negative size")
+    if isinstance(dim, int) and sum(sizes) != dim:
+        raise VerifyError(f"{what}: split sizes {sizes} sum to {sum(sizes)}, but axis {axis} has size {dim}")
+
+
+def check_indices(indices: np.ndarray, dim, axis: int, what: str) -> None:
+    """Constant indices inside [-dim, dim) of the axis they index (ONNX's range: negatives count from the end)."""
+    if not isinstance(dim, int) or indices.size == 0:
+        return
+    lo, hi = int(indices.min()), int(indices.max())
+    if lo < -dim or hi >= dim:
+        bad = hi if hi >= dim else lo
+        raise VerifyError(f"{what}: index {bad} is out of range for axis {axis} of size {dim}")
 
 
 def slice_shape(ctx):
@@ -130,9 +166,15 @@ def slice_shape(ctx):
     starts, ends = [int(v) for v in starts.reshape(-1)], [int(v) for v in ends.reshape(-1)]
     axes = [int(v) for v in ctx.const(3).reshape(-1)] if ctx.has(3) else list(range(len(starts)))
     steps = [int(v) for v in ctx.const(4).reshape(-1)] if ctx.has(4) else [1] * len(starts)
+    what = f"op {ctx.op.describe()}"
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise VerifyError(f"{what}: starts, ends, axes and steps have {len(starts)}, {len(ends)}, {len(axes)} and "
+                          f"{len(steps)} entries (one each per sliced axis)")
+    if len({norm_axis(a, len(x.shape), what) for a in axes}) != len(axes):
+        raise VerifyError(f"{what}: axes {axes} name an axis twice")
     shape = list(x.shape)
     for s, e, a, k in zip(starts, ends, axes, steps):
-        a = norm_axis(a, len(shape), f"op {ctx.op.describe()}")
+        a = norm_axis(a, len(shape), what)
         if k == 0:
             raise VerifyError(f"op {ctx.op.describe()}: slice step 0")
         shape[a] = len(range(*slice(s, e, k).indices(shape[a]))) if isinstance(shape[a], int) else UNKNOWN
@@ -148,16 +190,24 @@ def pad_shape(ctx):
         raise VerifyError(f"op {ctx.op.describe()}: pads must be a constant")
     rank = len(x.shape)
     axes = [norm_axis(int(a), rank, "Pad") for a in ctx.const(3).reshape(-1)] if ctx.has(3) else list(range(rank))
+    if len(pads) != 2 * len(axes):
+        raise VerifyError(f"op {ctx.op.describe()}: {len(pads)} pads for {len(axes)} axes (two each)")
     shape = list(x.shape)
     for i, a in enumerate(axes):
         if isinstance(shape[a], int):
-            shape[a] = shape[a] + pads[i] + pads[len(axes) + i]
+            size = shape[a] + pads[i] + pads[len(axes) + i]
+            if size < 0:
+                raise VerifyError(f"op {ctx.op.describe()}: pads {pads} crop axis {a} of size {shape[a]} to {size}")
+            shape[a] = size
     return [TensorType(x.dtype, tuple(shape))]
 
 
 def gather_shape(ctx):
     x, idx = need(ctx, 0), need(ctx, 1)
     axis = norm_axis(int(ctx.attr("axis", 0)), len(x.shape), f"op {ctx.op.describe()}")
+    indices = ctx.const(1)
+    if indices is not None:  # a runtime index is checked when the kernel runs (runtime/kernels/shape.py)
+        check_indices(np.asarray(indices), x.shape[axis], axis, f"op {ctx.op.describe()}")
     return [TensorType(x.dtype, (*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]))]
 
 
@@ -193,21 +243,39 @@ def tile_shape(ctx):
     reps = ctx.const(1)
     if reps is None:
         raise VerifyError(f"op {ctx.op.describe()}: repeats must be a constant")
+    if reps.size != len(x.shape) or (reps < 0).any():
+        raise VerifyError(f"op {ctx.op.describe()}: repeats {ints(reps)} must be {len(x.shape)} counts >= 0 "
+                          f"(one per axis)")
     return [TensorType(x.dtype, tuple(d * int(r) if isinstance(d, int) else UNKNOWN
                                       for d, r in zip(x.shape, reps.reshape(-1))))]
 
 
+def _blocks(ctx, dims: dict[str, object]) -> int:
+    """blocksize >= 1 dividing each named dimension (DepthToSpace: C by b^2; SpaceToDepth: H and W by b)."""
+    b = int(ctx.attr("blocksize"))
+    if b < 1:
+        raise VerifyError(f"op {ctx.op.describe()}: blocksize {b} must be >= 1")
+    for name, (d, by) in dims.items():
+        if isinstance(d, int) and d % by(b):
+            raise VerifyError(f"op {ctx.op.describe()}: blocksize {b} does not fit {name} {d}")
+    return b
+
+
 def depth_to_space_shape(ctx):
     x = need(ctx)
-    b = int(ctx.attr("blocksize"))
+    if len(x.shape) != 4:
+        raise VerifyError(f"op {ctx.op.describe()}: the input must be 4-D (NCHW), not {list(x.shape)}")
     n, c, h, w = x.shape
+    b = _blocks(ctx, {"channels": (c, lambda b: b * b)})
     return [TensorType(x.dtype, (n, c // (b * b), h * b, w * b))]
 
 
 def space_to_depth_shape(ctx):
     x = need(ctx)
-    b = int(ctx.attr("blocksize"))
+    if len(x.shape) != 4:
+        raise VerifyError(f"op {ctx.op.describe()}: the input must be 4-D (NCHW), not {list(x.shape)}")
     n, c, h, w = x.shape
+    b = _blocks(ctx, {"height": (h, lambda b: b), "width": (w, lambda b: b)})
     return [TensorType(x.dtype, (n, c * b * b, h // b, w // b))]
 
 

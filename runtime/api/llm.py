@@ -77,6 +77,7 @@ class CacheStats:
     cached_tokens: int = 0
     generated_tokens: int = 0
     cancelled: int = 0
+    failed: int = 0  # ended by an error (a device fault): their slot's KV dropped
 
 
 @dataclass
@@ -283,6 +284,7 @@ class LlmModel:
         gen, text, out = slot.gen, TextStream(self.tokenizer), []
         scanner, finish, emitted = StopScanner(stops), "cancelled", []
         tokens = gen.generate(ids, limit, sampler, stop_at_eos=not ignore_eos, reuse=reuse)
+        failed = True  # until the loop ends normally (or is closed): a device error leaves the slot's KV unknown
         try:
             for token in tokens:
                 out.append(token)
@@ -301,15 +303,23 @@ class LlmModel:
                 if tail:
                     emitted.append(tail)
                     yield tail
+            failed = False
+        except GeneratorExit:  # the stream closed by its reader: the KV written so far is sound
+            failed = False
+            raise
         finally:
             tokens.close()
             slot.tokens = (ids + out)[:gen.cache.length]
+            if failed:  # no later request may reuse KV a failed step may have half written: the slot starts empty
+                slot.tokens = []
+                gen.cache.reset()
             t = self.timings = gen.timings
             s = self.stats
             s.requests += 1
             s.prefilled_tokens += t.prompt_tokens
             s.cached_tokens += t.cached_tokens
             s.generated_tokens += len(out)
-            s.cancelled += finish == "cancelled"
+            s.cancelled += finish == "cancelled" and not failed
+            s.failed += failed
             box.append(Completion("".join(emitted), finish, len(ids), len(out), t.cached_tokens))
             self._busy.release()

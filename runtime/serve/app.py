@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API (Starlette): /v1/chat/completions,
-/v1/completions, /v1/models, /health, and the chat page at /; API keys in
-front of them (auth.py)."""
+/v1/completions, /v1/models, /health, the chat page at /, and the API's
+OpenAPI description at /openapi.json (openapi.py); API keys in front of them
+(auth.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from rkc.ir.errors import RkcError
 from rkc.runtime.api.llm import Completion, LlmModel, RequestError
-from rkc.runtime.serve import schema
+from rkc.runtime.serve import openapi, schema
 from rkc.runtime.serve.auth import ApiKeyMiddleware
 from rkc.runtime.serve.schema import HttpError
 from rkc.runtime.serve.worker import Job, QueueFull, Worker
@@ -110,7 +112,7 @@ class Api:
         except HttpError as exc:
             return _error(exc)
         except QueueFull as exc:
-            return _error(HttpError(503, str(exc), kind="server_error", code="queue_full",
+            return _error(HttpError(503, str(exc), kind="server_error", code=exc.code,
                                     headers={"Retry-After": str(exc.retry_after)}))
         except ClientDisconnect:
             return Response(status_code=400)
@@ -119,9 +121,8 @@ class Api:
             event, value = await job.events.get()
             if event == "gone":
                 return Response(status_code=499)  # nobody to answer: the client has gone
-            if event == "error":
-                return _error(HttpError.of(value) if isinstance(value, RequestError)
-                              else HttpError(500, "internal error", kind="server_error"))
+            if event in ("error", "shutdown"):
+                return _error(_failure(event, value))
             if body.get("stream"):
                 streaming = True  # from here the stream ends the watcher
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -132,8 +133,8 @@ class Api:
                 event, value = await job.events.get()
             if event == "done":
                 return JSONResponse(self._whole(kind, rid, created, value))
-            if event == "error":
-                return _error(HttpError(500, "internal error", kind="server_error"))
+            if event in ("error", "shutdown"):
+                return _error(_failure(event, value))
             return Response(status_code=499)
         finally:
             if not streaming:
@@ -167,10 +168,10 @@ class Api:
                 return
             elif name == "gone":
                 return
-            else:  # a failure mid-stream: the status is sent already; say so in the stream
-                yield head + event(HttpError(500, "internal error", kind="server_error").body())
+            else:  # a failure or shutdown mid-stream: the status is sent already; say so in the stream
+                yield head + event(_failure(name, value).body())
                 return
-            name, value = await job.events.get()
+            name, value = ("shutdown", None) if job.ending else await job.events.get()
 
 
 class _JobStream(StreamingResponse):
@@ -219,6 +220,20 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
     job.events.put_nowait(("gone", None))
 
 
+def _failure(event: str, value: Any) -> HttpError:
+    """What a job's "error" or "shutdown" event tells its client: a bad request (400), the device failing (500,
+    with the device's one line), the server shutting down (503), or a bug (500, no detail)."""
+    if event == "shutdown":
+        return HttpError(503, "the server shut down before the answer was complete", kind="server_error",
+                         code="server_shutdown", headers={"Retry-After": "5"})
+    if isinstance(value, RequestError):
+        return HttpError.of(value)
+    if isinstance(value, RkcError):
+        return HttpError(500, f"the device failed during this request: {value}", kind="server_error",
+                         code="device_error")
+    return HttpError(500, "internal error", kind="server_error")
+
+
 def _error(exc: HttpError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
@@ -239,9 +254,14 @@ def create_app(model: LlmModel, queue_size: int = 8, api_keys: Iterable[str] = (
     api_keys = list(api_keys)
     worker = Worker(model, queue_size)
     api = Api(model, worker)
+    description = openapi.describe()
+
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(description)
+
     routes = [Route("/", api.page), Route("/health", api.health), Route("/v1/models", api.models),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
-              Route("/v1/completions", api.completions, methods=["POST"])]
+              Route("/v1/completions", api.completions, methods=["POST"]), Route("/openapi.json", openapi_json)]
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         yield

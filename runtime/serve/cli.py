@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -36,14 +37,31 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_server(app):
+def uvicorn_server(app, grace_s: float = 5.0, on_shutdown=None):
     """A uvicorn server for `app`; run_server(server, listen(...)) runs it until stopped.
     HTTP parsed by httptools (C) rather than h11 (Python): with uvloop (run_server) the event loop's CPU time
-    for a streamed 8-token chat fell by 37 % (bench, null device); the loop shares the GIL with the NPU thread."""
+    for a streamed 8-token chat fell by 37 % (bench, null device); the loop shares the GIL with the NPU thread.
+    Shutdown (SIGTERM, Ctrl-C): the socket closes, then on_shutdown(grace_s) (the worker's drain: requests in
+    flight may finish within grace_s, then are ended with a last event); uvicorn cancels what is left a second
+    later."""
     import uvicorn  # deferred: the HTTP server, once `rkrun serve` runs (not for its --help)
 
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-                                         lifespan="on", http="httptools"))
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            if on_shutdown is not None:
+                on_shutdown(grace_s)
+            await super().shutdown(sockets)
+
+    return Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=grace_s + 1,
+                                 lifespan="on", http="httptools"))
+
+
+class Stopped(Exception):
+    """SIGTERM: uvicorn shut the server down, then raised the signal again for whoever handles it (here)."""
+
+
+def _stopped(signum, frame) -> None:
+    raise Stopped
 
 
 def run_server(server, sock: socket.socket) -> None:
@@ -64,6 +82,8 @@ def run_server(server, sock: socket.socket) -> None:
               help="Requests that may wait for the NPU; beyond that: 503 with Retry-After.")
 @click.option("--cache-slots", type=click.IntRange(min=1), default=2, show_default=True,
               help="Conversations whose KV the prefix cache keeps.")
+@click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="At SIGTERM or Ctrl-C: seconds the requests in flight may take to finish before they are ended.")
 @click.option("--chat-template", "template_file", type=click.Path(dir_okay=False, exists=True),
               help="A Jinja chat template file, for a GGUF that has none (or to replace its own).")
 @click.option("--api-key", "api_keys", multiple=True, metavar="KEY",
@@ -73,7 +93,7 @@ def run_server(server, sock: socket.socket) -> None:
               help="A file of keys, one a line (with --api-key: any of them is accepted).")
 @click.option("--metrics-public", is_flag=True, help="/metrics answers without a key (the default: it needs one).")
 @device_options
-def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, cache_slots: int,
+def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, cache_slots: int, grace_s: float,
           template_file: str | None, api_keys: tuple[str, ...], api_key_file: str | None, metrics_public: bool,
           device: str, cores: int) -> None:
     """Serve MODEL (an LLM .rkbin) over an OpenAI-compatible HTTP API and a chat page at /."""
@@ -88,16 +108,18 @@ def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, ca
     sock = listen(host, port)
     template = Path(template_file).read_text(encoding="utf-8") if template_file else None
     llm = load(rk, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots, chat_template=template)
-    server = uvicorn_server(create_app(llm, queue_size, api_keys=keys, metrics_public=metrics_public))
+    app = create_app(llm, queue_size, api_keys=keys, metrics_public=metrics_public)
+    server = uvicorn_server(app, grace_s, app.state.worker.drain)
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"rkrun serve: {llm.name} on http://{shown}:{sock.getsockname()[1]}/ "
                f"(context {llm.n_ctx}, queue {queue_size}, {cache_slots} cache slots)", err=True)
     warning = exposure_warning(host, keys)
     if warning:
         click.echo(warning, err=True)
+    signal.signal(signal.SIGTERM, _stopped)  # (uvicorn handles it while serving, then raises it again: exit 0)
     try:
         run_server(server, sock)
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop
+    except (KeyboardInterrupt, Stopped):  # uvicorn re-raises the Ctrl-C or SIGTERM it shut down on: a normal stop
         click.echo("rkrun serve: stopped", err=True)
     finally:
         sock.close()

@@ -62,6 +62,11 @@ def parse(raw: bytes, kind: str, model_id: str) -> dict[str, Any]:
     if body.get("model") not in (None, model_id):
         raise HttpError(404, f"the model {body['model']!r} does not exist (this server has {model_id!r})", "model",
                         "model_not_found")
+    usage = (body.get("stream_options") or {}).get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise HttpError(400, "stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise HttpError(400, "max_tokens and max_completion_tokens are one limit: give one of them", "max_tokens")
     if body.get("n") not in (None, 1):
         raise HttpError(400, "n must be 1 (one choice per request)", "n")
     prompt = body.get("prompt")

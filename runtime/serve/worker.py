@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # events a job sends: ("piece", str), ("done", Completion), ("error", RequestError | Exception); the first of them
 # says the request was valid (a piece or done) or not (error), and the response begins with it. The request's
-# disconnect watcher adds ("gone", None).
+# disconnect watcher adds ("gone", None); the end of shutdown's grace period ("shutdown", None) (Worker.drain).
 
 # How long the NPU thread waits for a streamed job's first piece to reach the socket before it computes the next
 # token. The wait ends as soon as the event loop has written it (~1 ms); the bound only keeps one stuck client from
@@ -54,6 +55,7 @@ class Job:
     tokens: int = 0
     engine_s: float = 0.0  # the engine's own time in its program steps (NPU and CPU) for this job
     stream_s: float = 0.0  # CPU time of the server on this job's streamed pieces: the hand-off, the SSE writes
+    ending: str | None = None  # set by end(): the response ends now, with this event
 
     def send(self, kind: str, value: Any = None) -> None:
         t = time.thread_time()
@@ -64,6 +66,15 @@ class Job:
         """The client has gone (or its response ended): the NPU thread stops at the next token, waits for nothing."""
         self.cancelled.set()
         self.first_piece_sent.set()
+
+    def end(self, reason: str) -> None:
+        """The server ends the job (shutdown's grace period is over): it stops at the next token, and its response
+        ends with `reason` as its last event (a stream: an SSE error event, ahead of pieces not yet written; a
+        waiting request: 503)."""
+        self.ending = reason
+        self.cancel()
+        if not self.loop.is_closed():
+            self.send(reason)
 
     def timeline(self, t0: float) -> dict[str, Any]:
         at = lambda t: None if t is None else round(t - t0, 6)  # noqa: E731
@@ -77,9 +88,9 @@ class Job:
 
 
 class QueueFull(Exception):
-    def __init__(self, retry_after: int) -> None:
-        super().__init__(f"the server is busy; retry in {retry_after} s")
-        self.retry_after = retry_after
+    def __init__(self, retry_after: int, message: str | None = None, code: str = "queue_full") -> None:
+        super().__init__(message or f"the server is busy; retry in {retry_after} s")
+        self.retry_after, self.code = retry_after, code
 
 
 class Worker:
@@ -93,6 +104,9 @@ class Worker:
         self._ids = itertools.count(1)
         self._durations: deque[float] = deque(maxlen=16)
         self.rejected = 0
+        self.draining = False  # shutting down: no new jobs
+        self._drain_timer: threading.Timer | None = None
+        self._open: weakref.WeakValueDictionary[int, Job] = weakref.WeakValueDictionary()  # responses not yet gone
         self.thread = threading.Thread(target=self._loop, name="rkc-npu", daemon=True)
         self.thread.start()
 
@@ -104,17 +118,38 @@ class Worker:
 
     def submit(self, job: Job) -> Job:
         with self._cv:
+            if self.draining:
+                self.rejected += 1
+                raise QueueFull(5, "the server is shutting down", "server_shutdown")
             if self.waiting() >= self.capacity:
                 self.rejected += 1
                 mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
                 raise QueueFull(max(1, math.ceil(mean * (self.capacity + 1))))
             job.id, job.queued_at = next(self._ids), time.monotonic()
+            self._open[job.id] = job
             self._waiting.append(job)
             self.jobs.append(job)
             self._cv.notify()
         return job
 
+    def drain(self, grace_s: float) -> None:
+        """Shutdown has begun: new jobs are refused; the running and waiting ones may finish within `grace_s`,
+        then each is ended with a "shutdown" event (its client told so, by its stream or a 503)."""
+        with self._cv:
+            self.draining = True
+
+        def end_all() -> None:  # every job whose response may still be open: queued, running, or still streaming
+            with self._cv:
+                jobs = [j for j in self._open.values() if not j.cancelled.is_set()]
+            for job in jobs:
+                job.end("shutdown")
+        self._drain_timer = threading.Timer(grace_s, end_all)
+        self._drain_timer.daemon = True
+        self._drain_timer.start()
+
     def stop(self) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         with self._cv:
             self._waiting.append(None)
             self._cv.notify()

@@ -56,6 +56,66 @@ def duplicate_initializers():
     return conv_model(initializers=[w, w])
 
 
+def one_op(op, x_shape, consts=(), outputs=1, opset=17, **attrs):
+    """x -> op(x, *consts) -> y0..: consts are (name, array) initializers, the op's extra inputs in order."""
+    node = helper.make_node(op, ["x", *(n for n, _ in consts)], [f"y{i}" for i in range(outputs)], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None)
+                               for i in range(outputs)],
+                              [numpy_helper.from_array(np.asarray(a), n) for n, a in consts])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def concat_model():
+    node = helper.make_node("Concat", ["x", "c"], ["y"], axis=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones((4, 3), np.float32), "c")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+I64 = np.int64
+# constant indices and sizes checked against their axis (by the rule, every op that takes them)
+AXIS_CASES = {
+    "Gather index 4 of 4": (lambda: one_op("Gather", (4, 3), [("i", np.array([0, 4], I64))]),
+                            "index 4 is out of range for axis 0 of size 4"),
+    "Gather index -5 of 4": (lambda: one_op("Gather", (4, 3), [("i", np.array([[-5]], I64))]),
+                             "index -5 is out of range for axis 0 of size 4"),
+    "Gather axis 1 index 3 of 3": (lambda: one_op("Gather", (4, 3), [("i", np.array(3, I64))], axis=1),
+                                   "index 3 is out of range for axis 1 of size 3"),
+    "Split sizes sum 5 of 6": (lambda: one_op("Split", (6, 2), [("s", np.array([2, 3], I64))], outputs=2),
+                               r"split sizes \[2, 3\] sum to 5, but axis 0 has size 6"),
+    "Split sizes sum 9 of 6": (lambda: one_op("Split", (2, 6), [("s", np.array([4, 5], I64))], outputs=2, axis=-1),
+                               r"sum to 9, but axis 1 has size 6"),
+    "Split negative size": (lambda: one_op("Split", (6, 2), [("s", np.array([8, -2], I64))], outputs=2),
+                            "include a negative size"),
+    "Split 3 sizes, 2 outputs": (lambda: one_op("Split", (6, 2), [("s", np.array([2, 2, 2], I64))], outputs=2),
+                                 "3 split sizes for 2 outputs"),
+    "Split 2 into 4": (lambda: one_op("Split", (2, 2), outputs=4, opset=18, num_outputs=4),
+                       "axis 0 of size 2 cannot be split into 4 parts"),
+    "Split num_outputs 3, 2 outputs": (lambda: one_op("Split", (6, 2), outputs=2, opset=18, num_outputs=3),
+                                       "num_outputs 3, but the op has 2 outputs"),
+    "Slice 2 starts, 1 end": (lambda: one_op("Slice", (4, 4), [("s", np.array([0, 0], I64)),
+                                                               ("e", np.array([2], I64))]),
+                              "starts, ends, axes and steps have 2, 1, 2 and 2 entries"),
+    "Slice axis twice": (lambda: one_op("Slice", (4, 4), [("s", np.array([0, 1], I64)), ("e", np.array([2, 3], I64)),
+                                                          ("a", np.array([1, -1], I64))]),
+                         r"axes \[1, -1\] name an axis twice"),
+    "Pad crops below 0": (lambda: one_op("Pad", (4, 4), [("p", np.array([0, -3, 0, -3], I64))]),
+                          "crop axis 1 of size 4 to -2"),
+    "Pad 3 pads for 2 axes": (lambda: one_op("Pad", (4, 4), [("p", np.array([1, 1, 1], I64))]),
+                              "3 pads for 2 axes"),
+    "Tile negative": (lambda: one_op("Tile", (4, 4), [("r", np.array([2, -1], I64))]),
+                      r"repeats \[2, -1\] must be 2 counts >= 0"),
+    "Squeeze axis of 4": (lambda: one_op("Squeeze", (1, 4), [("a", np.array([1], I64))]),
+                          "cannot squeeze axis 1 of size 4"),
+    "Concat rows 2 and 4": (concat_model, r"cannot concatenate \[2, 3\] and \[4, 3\] along axis 1"),
+    "DepthToSpace blocksize 0": (lambda: one_op("DepthToSpace", (1, 8, 2, 2), blocksize=0),
+                                 "blocksize 0 must be >= 1"),
+    "SpaceToDepth 3 on 4x4": (lambda: one_op("SpaceToDepth", (1, 2, 4, 4), blocksize=3),
+                              "blocksize 3 does not fit height 4"),
+}
+
 CASES = {
     "group 3 on 8 channels": (lambda: conv_model(group=3), "group 3 does not divide the 8 input channels"),
     "weight Cin mismatch": (lambda: conv_model(w_shape=(8, 4, 3, 3)),
@@ -72,7 +132,35 @@ CASES = {
                                  r"tensor 'x': shape \[1, 8, 1099511627776, 16\] is \d+ bytes, more than the 2 GiB"),
     "ConstantOfShape 2^32": (lambda: folding_model("ConstantOfShape"), r"more than the 2 GiB a tensor may take"),
     "Expand 2^32": (lambda: folding_model("Expand"), r"more than the 2 GiB a tensor may take"),
+    **AXIS_CASES,
 }
+
+
+@pytest.mark.parametrize("op,x_shape,consts,outputs,attrs", [
+    ("Gather", (4, 3), [("i", np.array([-4, 3, 0], I64))], 1, {}),
+    ("Gather", (4, 3), [("i", np.array([[2, -3]], I64))], 1, {"axis": 1}),
+    ("Split", (6, 2), [("s", np.array([2, 4], I64))], 2, {}),
+    ("Split", (2, 6), [("s", np.array([0, 6, 0], I64))], 3, {"axis": 1}),
+    ("Slice", (4, 4), [("s", np.array([1, -9], I64)), ("e", np.array([99, 2], I64))], 1, {}),
+    ("Pad", (4, 4), [("p", np.array([0, -2, 1, -1], I64))], 1, {}),
+    ("Squeeze", (1, 4, 1), [("a", np.array([0, -1], I64))], 1, {}),
+])
+def test_indices_and_sizes_inside_their_axis_compile_and_match_onnxruntime(tmp_path, op, x_shape, consts, outputs,
+                                                                         attrs):
+    """The checks refuse only what is out of range: the edges of each range compile and agree with onnxruntime."""
+    import onnxruntime as ort
+
+    from rkc import runtime
+
+    model = one_op(op, x_shape, consts, outputs, **attrs)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    build(tmp_path / "m.onnx", tmp_path / "m.rkbin", BuildOptions())
+    x = np.random.default_rng(3).standard_normal(x_shape).astype(np.float32)
+    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})
+    with runtime.load(tmp_path / "m.rkbin", device="sim") as m:
+        got = m.run({"x": x})
+    for i, w in enumerate(want):
+        np.testing.assert_array_equal(got[f"y{i}"], w)
 
 
 @pytest.mark.parametrize("case", CASES)

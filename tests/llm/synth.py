@@ -408,9 +408,12 @@ def _pad_vocab(tokens: list[str], types: list[int], scores: list[float] | None, 
 
 
 def write_gguf(path: str | Path, spec: dict, mix: str = "tiny", seed: int = 0, name: str | None = None,
-               chat_template: str | None = None, context_length: int | None = None) -> Path:
+               chat_template: str | None = None, context_length: int | None = None,
+               tensor_shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
     """A GGUF with `spec`'s shapes and metadata (SHAPES / REAL entries) and
-    random weights in the `mix` tensor types, written tensor by tensor."""
+    random weights in the `mix` tensor types, written tensor by tensor.
+    tensor_shapes: tensors written with another shape (numpy order) than the
+    architecture gives them (hostile files)."""
     s = spec
     arch = s["arch"]
     rng = np.random.default_rng(seed)
@@ -461,7 +464,7 @@ def write_gguf(path: str | Path, spec: dict, mix: str = "tiny", seed: int = 0, n
         w.add_add_bos_token(True)  # so --tokenize and perplexity have a BOS to put first
     if chat_template:
         w.add_chat_template(chat_template)
-    plan = list(_plan(s, len(tokens), mix))
+    plan = [(t, (tensor_shapes or {}).get(t, shape), *rest) for t, shape, *rest in _plan(s, len(tokens), mix)]
     for tname, shape, kind, _, _ in plan:
         dtype = {Q.F32: np.float32, Q.F16: np.float16}.get(kind, np.uint8)
         raw = dtype is np.uint8
@@ -490,10 +493,10 @@ def _byte_shape(shape: tuple[int, ...], kind: Q) -> tuple[int, ...]:
 
 
 def write_model(path: str | Path, arch: str, seed: int = 0, chat_template: str | None = None,
-                context_length: int = 256) -> Path:
-    """The tiny model of `arch` (SHAPES)."""
+                context_length: int = 256, tensor_shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
+    """The tiny model of `arch` (SHAPES); tensor_shapes: see write_gguf."""
     return write_gguf(path, {"arch": arch, **SHAPES[arch]}, "tiny", seed, chat_template=chat_template,
-                      context_length=context_length)
+                      context_length=context_length, tensor_shapes=tensor_shapes)
 
 
 def write_gemma4(path: str | Path, variant: str, mix: str = "tiny", seed: int = 0, context_length: int = 256) -> Path:

@@ -6,6 +6,7 @@ compiles and then fails or prints <unk>."""
 from __future__ import annotations
 
 import math
+import re
 
 import gguf
 import pytest
@@ -42,6 +43,38 @@ CASES = {
     "odd RoPE dims": ("llama.rope.dimension_count", 7, "RoPE rotates 7 dimensions"),
     "embedding_length bool": ("llama.embedding_length", True, "not an integer"),
 }
+
+
+# tensors whose shape disagrees with what the architecture and the hyperparameters give them (the tiny llama:
+# D 64, 4 heads and 2 KV heads of 16, FFN 256, vocabulary 433), numpy order; checked before any arithmetic
+TENSOR_CASES = {
+    "attn_q [64, 32]": ({"blk.0.attn_q.weight": (64, 32)}, r"blk.0.attn_q.weight has shape \[64, 32\], but this "
+                        r"llama model \(its hyperparameters\) needs \[64, 64\]"),
+    "attn_k [64, 64]": ({"blk.1.attn_k.weight": (64, 64)}, r"blk.1.attn_k.weight has shape \[64, 64\].* \[32, 64\]"),
+    "attn_output [64, 96]": ({"blk.0.attn_output.weight": (64, 96)}, r"attn_output.weight has shape \[64, 96\]"),
+    "ffn_down [64, 512]": ({"blk.1.ffn_down.weight": (64, 512)}, r"ffn_down.weight has shape \[64, 512\]"),
+    "ffn_up [128, 64]": ({"blk.0.ffn_up.weight": (128, 64)}, r"ffn_up.weight has shape \[128, 64\]"),
+    "attn_norm [32]": ({"blk.0.attn_norm.weight": (32,)}, r"attn_norm.weight has shape \[32\].* \[64\]"),
+    "ffn_norm [2, 64]": ({"blk.1.ffn_norm.weight": (2, 64)}, r"ffn_norm.weight has shape \[2, 64\]"),
+    "output [400, 64]": ({"output.weight": (400, 64)}, r"output.weight has shape \[400, 64\].* \[433, 64\]"),
+    "token_embd [433, 96]": ({"token_embd.weight": (433, 96)}, r"token_embd.weight has shape \[433, 96\]"),
+    "token_embd [400, 64]": ({"token_embd.weight": (400, 64)}, "token_embd.weight has 400 rows, but the vocabulary "
+                             "has 433 tokens"),
+}
+
+
+@pytest.mark.parametrize("case", TENSOR_CASES)
+def test_tensor_of_the_wrong_shape_is_one_clear_error(tmp_path, case):
+    """Through rkc compile: exit 1, one line naming the tensor, its shape and the one it needs; no output file."""
+    shapes, message = TENSOR_CASES[case]
+    path = write_model(tmp_path / "m.gguf", "llama", tensor_shapes=shapes)
+    r = CliRunner().invoke(rkc, ["compile", str(path), "-o", str(tmp_path / "m.rkbin")])
+    assert r.exit_code == 1, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert re.search(message, lines[0]), lines[0]
+    assert not (tmp_path / "m.rkbin").exists()
+    print(f"{case}: {lines[0]}")
 
 
 @pytest.mark.parametrize("case", CASES)

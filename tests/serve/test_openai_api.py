@@ -259,6 +259,8 @@ BAD = {"/v1/chat/completions": [  # (raw body, status, param)
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "stream"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stop": [1, 2]}', 400, "stop"),
     (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400, "n"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0, "max_completion_tokens": 1}', 400,
+     "max_tokens"),
     (b'{"messages": [{"role": "user", "content": "x"}], "seed": -4}', 400, "seed"),
     (b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
     (b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', 400, "messages[0].content"),
@@ -275,6 +277,7 @@ BAD = {"/v1/chat/completions": [  # (raw body, status, param)
     (b'{"prompt": "the", "top_k": 1.5}', 400, "top_k"),
     (b'{"prompt": "the", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop"),
     (b'{"prompt": "the", "model": "llama"}', 404, "model"),
+    (b'{"prompt": "the", "stream_options": {"include_usage": []}}', 400, "stream_options.include_usage"),
     (b'{"prompt": "\\udfff"}', 400, "prompt"),
     (json.dumps({"prompt": LONG}).encode(), 400, "prompt"),
 ]}
