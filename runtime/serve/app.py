@@ -70,7 +70,7 @@ class Api:
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "rkc",
-             "context_length": self.model.n_ctx}]})
+             "context_length": self.model.n_ctx, "chat_template": self.model.chat_template_source}]})
 
     async def health(self, request: Request) -> Response:
         s = self.model.stats

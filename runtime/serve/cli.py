@@ -81,7 +81,8 @@ def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, ca
     server = uvicorn_server(create_app(llm, queue_size))
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"rkrun serve: {llm.name} on http://{shown}:{sock.getsockname()[1]}/ "
-               f"(context {llm.n_ctx}, queue {queue_size}, {cache_slots} cache slots)", err=True)
+               f"(context {llm.n_ctx}, queue {queue_size}, {cache_slots} cache slots, "
+               f"chat template {llm.chat_template_source})", err=True)
     try:
         run_server(server, sock)
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop
