@@ -51,6 +51,8 @@ def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -
     t0 = time.perf_counter()
     engine = LlmEngine(rk, device, cores)
     tok = engine.tokenizer
+    if o.perplexity is None and o.logits is None:  # generation: its kernels compiled before the first token
+        engine.warm_up(on_compile=lambda: click.echo("rkrun: compiling host kernels (first run only)...", err=True))
     load_s = time.perf_counter() - t0
     ctx = o.ctx or 512
 
