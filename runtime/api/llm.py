@@ -78,6 +78,9 @@ class CacheStats:
     cached_tokens: int = 0
     generated_tokens: int = 0
     cancelled: int = 0
+    prefill_s: float = 0.0  # wall time prefilling
+    decode_s: float = 0.0  # wall time decoding (the tokens after each request's first, from the prefill)
+    decode_runs: int = 0
 
 
 @dataclass
@@ -320,5 +323,8 @@ class LlmModel:
             s.cached_tokens += t.cached_tokens
             s.generated_tokens += len(out)
             s.cancelled += finish == "cancelled"
+            s.prefill_s += t.prefill_s
+            s.decode_s += t.decode_s
+            s.decode_runs += t.decode_runs
             box.append(Completion("".join(emitted), finish, len(ids), len(out), t.cached_tokens))
             self._busy.release()

@@ -77,16 +77,36 @@ def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, ca
         raise RkcError(f"{model}: not an LLM rkbin (rkrun serve serves LLMs)")
     sock = listen(host, port)
     template = Path(template_file).read_text(encoding="utf-8") if template_file else None
-    llm = load(rk, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots, chat_template=template)
-    server = uvicorn_server(create_app(llm, queue_size))
     shown = f"[{host}]" if ":" in host else host
-    click.echo(f"rkrun serve: {llm.name} on http://{shown}:{sock.getsockname()[1]}/ "
-               f"(context {llm.n_ctx}, queue {queue_size}, {cache_slots} cache slots, "
-               f"chat template {llm.chat_template_source})", err=True)
+    url = f"http://{shown}:{sock.getsockname()[1]}/"
+    failed: list[BaseException] = []
+    server = None
+
+    def loaded(llm, error) -> None:  # in the loading thread
+        if error is not None:
+            failed.append(error)
+            server.should_exit = True
+            return
+        click.echo(f"rkrun serve: {llm.name} ready on {url} (context {llm.n_ctx}, queue {queue_size}, "
+                   f"{cache_slots} cache slots, chat template {llm.chat_template_source})", err=True)
+
+    # the socket answers at once: /health says 503 "loading" until the model is loaded and its kernels compiled
+    app = create_app(lambda: load(rk, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots,
+                                  chat_template=template),
+                     queue_size, model_id=Path(rk.path).stem, on_load=loaded)
+    server = uvicorn_server(app)
+    click.echo(f"rkrun serve: loading {Path(rk.path).stem} on {url} (/health: 503 until ready)", err=True)
     try:
         run_server(server, sock)
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop
         click.echo("rkrun serve: stopped", err=True)
     finally:
         sock.close()
-        llm.close()
+        worker = app.state.worker
+        if worker is not None:
+            worker.model.close()
+    if failed:
+        error = failed[0]
+        if isinstance(error, RkcError):
+            raise error
+        raise RkcError(f"loading {model} failed: {type(error).__name__}: {error}")
