@@ -87,7 +87,7 @@ def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, ca
             failed.append(error)
             server.should_exit = True
             return
-        click.echo(f"rkrun serve: {llm.name} ready on {url} (context {llm.n_ctx}, queue {queue_size}, "
+        click.echo(f"rkrun serve: {llm.name} ready (context {llm.n_ctx}, queue {queue_size}, "
                    f"{cache_slots} cache slots, chat template {llm.chat_template_source})", err=True)
 
     # the socket answers at once: /health says 503 "loading" until the model is loaded and its kernels compiled
@@ -95,7 +95,7 @@ def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, ca
                                   chat_template=template),
                      queue_size, model_id=Path(rk.path).stem, on_load=loaded)
     server = uvicorn_server(app)
-    click.echo(f"rkrun serve: loading {Path(rk.path).stem} on {url} (/health: 503 until ready)", err=True)
+    click.echo(f"rkrun serve: {Path(rk.path).stem} on {url} (loading: /health says 503 until ready)", err=True)
     try:
         run_server(server, sock)
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a normal stop

@@ -18,10 +18,10 @@ def test_rkrun_serve_listens_on_loopback_and_stops(tiny_chat_rkbin):
                          stderr=subprocess.PIPE, text=True)
     try:
         line = p.stderr.readline()  # at once: the socket answers while the model loads
-        assert line.startswith("rkrun serve: loading tiny-chat on http://127.0.0.1:"), line
+        assert line.startswith("rkrun serve: tiny-chat on http://127.0.0.1:") and "loading" in line, line
         url = line.split(" on ")[1].split("/ ")[0]
         ready = p.stderr.readline()
-        assert ready.startswith(f"rkrun serve: tiny-chat ready on {url}/ "), ready
+        assert ready.startswith("rkrun serve: tiny-chat ready ("), ready
         assert "chat template gguf" in ready
         assert get_json(url, "/health")["status"] == "ok"
         assert get_json(url, "/v1/models")["data"][0]["id"] == "tiny-chat"
@@ -51,5 +51,5 @@ def test_rkrun_serve_load_failure_is_one_line(tiny_chat_rkbin):
     r = subprocess.run([str(RKRUN), "serve", str(tiny_chat_rkbin), "--port", "0", "--ctx", "100000",
                         "--device", "null"], capture_output=True, text=True, timeout=120)
     lines = r.stderr.splitlines()
-    assert r.returncode == 1 and len(lines) == 2 and lines[0].startswith("rkrun serve: loading"), r.stderr
+    assert r.returncode == 1 and len(lines) == 2 and lines[0].startswith("rkrun serve: tiny-chat on"), r.stderr
     assert "exceeds the model's context length" in lines[1] and "Traceback" not in r.stderr
