@@ -432,6 +432,24 @@ class ProgramPlan:
     def run(self, feeds: Sequence[np.ndarray]) -> list:
         """Program inputs in `program.inputs` order -> its outputs (the output
         values are the plan's own buffers: valid until the next run)."""
+        self._feed(feeds)
+        slots = self.slots
+        with blas.one_thread():  # host kernels' rule (runtime/blas.py)
+            for call in self.calls:
+                call()
+        return [slots[i] for i in self.output_slots]
+
+    def run_host_steps(self, feeds: Sequence[np.ndarray]) -> None:
+        """`run` without its NPU submits: every host step runs once, on whatever
+        the BOs hold (meaningless results), so each host kernel is compiled (numba)
+        before a real run needs it. Nothing is submitted: it costs no device time."""
+        self._feed(feeds)
+        with blas.one_thread():
+            for call in self.calls:
+                if not getattr(call, "npu", False):
+                    call()
+
+    def _feed(self, feeds: Sequence[np.ndarray]) -> None:
         slots = self.slots
         for name, i, value in zip(self.program.inputs, self.input_slots, feeds):
             bt = self._bo_tensors.get(name)
@@ -441,10 +459,6 @@ class ProgramPlan:
                 bt.writer()(value)
                 self.device.finish_cpu_access(bo)
             slots[i] = value
-        with blas.one_thread():  # host kernels' rule (runtime/blas.py)
-            for call in self.calls:
-                call()
-        return [slots[i] for i in self.output_slots]
 
     def profile(self, feeds: Sequence[np.ndarray], seconds: dict[str, float], calls: dict[str, int],
                 clock: Callable[[], float] = time.perf_counter, by_op: dict[str, list] | None = None) -> list:

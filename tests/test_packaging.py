@@ -70,3 +70,11 @@ def test_only_rkc_is_importable_from_the_wheel(wheel: Path, tmp_path: Path) -> N
     found = subprocess.run([str(python), "-I", "-c", probe], check=True, capture_output=True, text=True,
                            cwd=tmp_path).stdout.strip()
     assert found == str([True, True, True, True, False, False, False])
+
+
+def test_wheel_has_the_package_data(wheel: Path) -> None:
+    """The built-in chat templates and the chat page are data files: a wheel without them fails at run time."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    templates = {p.name for p in (ROOT / "runtime/api/chat_templates").glob("*.jinja")}
+    assert templates and {f"rkc/runtime/api/chat_templates/{t}" for t in templates} <= names
+    assert "rkc/runtime/serve/static/chat.html" in names

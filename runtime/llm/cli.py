@@ -30,13 +30,6 @@ class LlmRunOptions:
     ignore_eos: bool = False
 
 
-def chat_prompt(template: str | None, user: str) -> str:
-    """One user turn in the model's chat template."""
-    from rkc.runtime.api.llm import render_chat  # deferred: the API module loads the engine (numba)
-
-    return render_chat(template, [{"role": "user", "content": user}])
-
-
 def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -> None:
     # deferred: the engine (numba, the devices) and the tokenizer (tokenizers) load when an LLM runs, not for --help
     from rkc.runtime.api.llm import LlmModel
@@ -58,6 +51,8 @@ def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -
     t0 = time.perf_counter()
     engine = LlmEngine(rk, device, cores)
     tok = engine.tokenizer
+    if o.perplexity is None and o.logits is None:  # generation: its kernels compiled before the first token
+        engine.warm_up(on_compile=lambda: click.echo("rkrun: compiling host kernels (first run only)...", err=True))
     load_s = time.perf_counter() - t0
     ctx = o.ctx or 512
 
@@ -97,5 +92,7 @@ def run_llm(rk: Rkbin, o: LlmRunOptions, device: str = "auto", cores: int = 3) -
     sys.stdout.flush()
     click.echo(f"load: {load_s:.2f} s; placement: prefill {engine.placement.get('prefill')}, "
                f"decode {engine.placement.get('decode')}", err=True)
+    if o.chat:
+        click.echo(f"chat template: {llm.chat_template_source}", err=True)
     for line in llm.timings.lines():
         click.echo(line, err=True)

@@ -6,14 +6,15 @@ state (the KV cache, the loaded model); standard ops as runtime/kernels."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from rkc.ir.errors import FormatError
-from rkc.ir.llm import LlmConfig, LlmProgram, choose_program, programs_in
+from rkc.ir.llm import DECODE, LlmConfig, LlmProgram, choose_program, programs_in
 from rkc.ir.program import Step
 from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime import blas
@@ -57,6 +58,29 @@ class StepTimes:
     npu_s: float = 0.0
     cpu_s: float = 0.0
     submits: int = 0
+
+
+@contextlib.contextmanager
+def _compile_listener(on_compile: Callable[[], None] | None):
+    """Calls on_compile at numba's first compilation (its "numba:compile" event) in the block."""
+    if on_compile is None:
+        yield
+        return
+    from numba.core import event  # deferred as the kernels' modules import numba
+
+    class Once(event.Listener):
+        told = False
+
+        def on_start(self, ev) -> None:
+            if not self.told:
+                self.told = True
+                on_compile()
+
+        def on_end(self, ev) -> None:
+            pass
+
+    with event.install_listener("numba:compile", Once()):
+        yield
 
 
 class LlmEngine:
@@ -151,6 +175,35 @@ class LlmEngine:
         self.times.cpu_s += time.perf_counter() - t - npu
         self.times.submits += plan.submits
         return logits if logits.shape[0] == 1 else logits[:valid]
+
+    def warm_up(self, on_compile: Callable[[], None] | None = None) -> None:
+        """Compile (or load from numba's cache) every host kernel generation
+        calls, now rather than in a request: each prefill program's host steps
+        run once from an empty KV cache, the smallest again over a filled one,
+        then decode's, all on a scratch cache and without NPU submits
+        (ProgramPlan.run_host_steps). A cold cache compiled for ~25 s in the first
+        request of Gemma 3 270M; a warm one still loaded for ~0.8 s
+        (docs/notes/2026-12-06-first-request.md). `on_compile`: called once, when
+        the first kernel is compiled (not when all load from the cache), to say so."""
+        with _compile_listener(on_compile):
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        prefill = sorted((p for p in self.llm_programs.values() if p.last_row_only), key=lambda p: p.rows)
+        runs = [(p, 0) for p in prefill[1:]]
+        if prefill:
+            runs += [(prefill[0], 0), (prefill[0], prefill[0].rows)]
+        start = runs[-1][1] + runs[-1][0].rows if runs else 0
+        runs.append((self.llm_programs[DECODE], start))
+        cache = self.new_cache(max(start + 1, *(p.rows for p, _ in runs)))
+        for program, pos in runs:
+            if pos == 0:
+                cache.reset()
+            valid, feeds = self._feeds(program.name, np.zeros(program.rows, np.int32),
+                                       np.arange(pos, pos + program.rows, dtype=np.int32))
+            self._state.cache, self._state.valid = cache, valid
+            plan = self.plans[program.name]
+            plan.run_host_steps([feeds[n] for n in plan.program.inputs])
 
     def run_interpreted(self, program: str, tokens: np.ndarray, positions: np.ndarray,
                         cache: KVCache) -> np.ndarray:

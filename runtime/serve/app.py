@@ -1,17 +1,21 @@
 """The OpenAI-compatible HTTP API (Starlette): /v1/chat/completions,
-/v1/completions, /v1/models, /health, the chat page at /, and the API's
-OpenAPI description at /openapi.json (openapi.py); API keys in front of them
-(auth.py)."""
+/v1/completions, /v1/models, /health, /metrics (Prometheus), the chat page
+at /, and the API's OpenAPI description at /openapi.json (openapi.py); API
+keys in front of them (auth.py). Given a loader rather than a model, the app
+answers at once and loads in a thread: /health and the API say 503 "loading"
+until the model is loaded and its kernels compiled."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
+import threading
 import time
 import uuid
 from importlib import resources
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -23,6 +27,7 @@ from rkc.ir.errors import RkcError
 from rkc.runtime.api.llm import Completion, LlmModel, RequestError
 from rkc.runtime.serve import openapi, schema
 from rkc.runtime.serve.auth import ApiKeyMiddleware
+from rkc.runtime.serve.metrics import CountRequests, ServerMetrics
 from rkc.runtime.serve.schema import HttpError
 from rkc.runtime.serve.worker import Job, QueueFull, Worker
 
@@ -37,9 +42,11 @@ def _usage(r: Completion) -> dict[str, Any]:
 
 
 class Api:
-    def __init__(self, model: LlmModel, worker: Worker) -> None:
-        self.model, self.worker = model, worker
-        self.model_id = model.name
+    def __init__(self, model: LlmModel | None, worker: Worker | None, model_id: str,
+                 metrics: ServerMetrics | None = None) -> None:
+        self.model, self.worker = model, worker  # None while loading
+        self.model_id = model_id
+        self.counters = metrics or ServerMetrics()
         self.created = int(time.time())
 
     # -- shapes ---------------------------------------------------------------------
@@ -73,11 +80,15 @@ class Api:
         return await self._generate(request, "completion")
 
     async def models(self, request: Request) -> Response:
+        if self.worker is None:
+            return _loading()
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "rkc",
-             "context_length": self.model.n_ctx}]})
+             "context_length": self.model.n_ctx, "chat_template": self.model.chat_template_source}]})
 
     async def health(self, request: Request) -> Response:
+        if self.worker is None:
+            return JSONResponse({"status": "loading", "model": self.model_id}, status_code=503)
         s = self.model.stats
         return JSONResponse({"status": "ok", "model": self.model_id, "context_length": self.model.n_ctx,
                              "queue": self.worker.status(),
@@ -86,12 +97,18 @@ class Api:
                                        "cached_tokens": s.cached_tokens, "generated_tokens": s.generated_tokens,
                                        "cancelled": s.cancelled}})
 
+    async def metrics(self, request: Request) -> Response:
+        body, content_type = self.counters.exposition()
+        return Response(body, media_type=content_type)
+
     async def page(self, request: Request) -> Response:
         return HTMLResponse(resources.files("rkc.runtime.serve").joinpath("static/chat.html").read_text("utf-8"))
 
     # -- generation ---------------------------------------------------------------------
     async def _generate(self, request: Request, kind: str) -> Response:
         received = time.monotonic()
+        if self.worker is None:
+            return _loading()
         # everything the handler needs is made before the job is queued: from then on the NPU thread wants the
         # GIL, and the handler should reach its first await (the loop idle) at once
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
@@ -232,6 +249,9 @@ def _failure(event: str, value: Any) -> HttpError:
         return HttpError(500, f"the device failed during this request: {value}", kind="server_error",
                          code="device_error")
     return HttpError(500, "internal error", kind="server_error")
+def _loading() -> JSONResponse:
+    return _error(HttpError(503, "the model is loading; retry shortly", kind="server_error", code="loading",
+                            headers={"Retry-After": "5"}))
 
 
 def _error(exc: HttpError) -> JSONResponse:
@@ -247,28 +267,56 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return _error(HttpError(500, "internal error", kind="server_error"))
 
 
-def create_app(model: LlmModel, queue_size: int = 8, api_keys: Iterable[str] = (),
-               metrics_public: bool = False) -> Starlette:
-    """The ASGI app; its worker thread starts now and stops at shutdown. With api_keys, every path but /health,
-    the chat page and (if metrics_public) /metrics needs one of them as its bearer token (auth.py)."""
+def create_app(model: LlmModel | Callable[[], LlmModel], queue_size: int = 8, model_id: str | None = None,
+               on_load: Callable[[LlmModel | None, BaseException | None], None] | None = None,
+               api_keys: Iterable[str] = (), metrics_public: bool = False) -> Starlette:
+    """The ASGI app; its worker thread starts with the model and stops at shutdown. `model`: the model, or
+    a function loading it (with its kernels compiled), called in a thread at startup (`model_id` names it
+    meanwhile), after which on_load(model, None) or on_load(None, the exception) is called. With api_keys,
+    every path but /health, the chat page and (if metrics_public) /metrics needs one of them as its bearer
+    token (auth.py)."""
     api_keys = list(api_keys)
-    worker = Worker(model, queue_size)
-    api = Api(model, worker)
+    metrics = ServerMetrics()
+    api = Api(None, None, model.name if isinstance(model, LlmModel) else model_id or "model", metrics)
     description = openapi.describe()
 
     async def openapi_json(request: Request) -> Response:
         return JSONResponse(description)
 
-    routes = [Route("/", api.page), Route("/health", api.health), Route("/v1/models", api.models),
+    def ready(loaded: LlmModel) -> None:
+        worker = Worker(loaded, queue_size, metrics=metrics)
+        api.model, metrics.model, api.model_id = loaded, loaded, loaded.name
+        api.worker = metrics.worker = app.state.worker = worker  # last: from here requests are served
+
+    def load() -> None:
+        try:
+            loaded = model()
+        except BaseException as exc:
+            if on_load is None:
+                logging.getLogger(__name__).exception("loading the model failed")
+            else:
+                on_load(None, exc)
+            return
+        ready(loaded)
+        if on_load is not None:
+            on_load(loaded, None)
+
+    routes = [Route("/", api.page), Route("/health", api.health), Route("/metrics", api.metrics),
+              Route("/v1/models", api.models),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
               Route("/v1/completions", api.completions, methods=["POST"]), Route("/openapi.json", openapi_json)]
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
+        if not isinstance(model, LlmModel):
+            threading.Thread(target=load, name="rkc-load", daemon=True).start()
         yield
-        worker.stop()
+        if api.worker is not None:
+            api.worker.stop()
 
-    middleware = [Middleware(ApiKeyMiddleware, keys=api_keys, metrics_public=metrics_public)] if api_keys else []
+    keys_middleware = [Middleware(ApiKeyMiddleware, keys=api_keys, metrics_public=metrics_public)] if api_keys else []
     app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_found, 500: _server_error},
-                    lifespan=lifespan, middleware=middleware)
-    app.state.worker = worker
+                    lifespan=lifespan, middleware=[Middleware(CountRequests, metrics=metrics), *keys_middleware])
+    app.state.worker, app.state.metrics = None, metrics
+    if isinstance(model, LlmModel):
+        ready(model)
     return app

@@ -107,12 +107,30 @@ def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, ca
         raise RkcError(f"{model}: not an LLM rkbin (rkrun serve serves LLMs)")
     sock = listen(host, port)
     template = Path(template_file).read_text(encoding="utf-8") if template_file else None
-    llm = load(rk, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots, chat_template=template)
-    app = create_app(llm, queue_size, api_keys=keys, metrics_public=metrics_public)
-    server = uvicorn_server(app, grace_s, app.state.worker.drain)
     shown = f"[{host}]" if ":" in host else host
-    click.echo(f"rkrun serve: {llm.name} on http://{shown}:{sock.getsockname()[1]}/ "
-               f"(context {llm.n_ctx}, queue {queue_size}, {cache_slots} cache slots)", err=True)
+    url = f"http://{shown}:{sock.getsockname()[1]}/"
+    failed: list[BaseException] = []
+    server = None
+
+    def loaded(llm, error) -> None:  # in the loading thread
+        if error is not None:
+            failed.append(error)
+            server.should_exit = True
+            return
+        click.echo(f"rkrun serve: {llm.name} ready (context {llm.n_ctx}, queue {queue_size}, "
+                   f"{cache_slots} cache slots, chat template {llm.chat_template_source})", err=True)
+
+    def drain(grace: float) -> None:  # at shutdown; no worker yet if the model was still loading
+        if app.state.worker is not None:
+            app.state.worker.drain(grace)
+
+    # the socket answers at once: /health says 503 "loading" until the model is loaded and its kernels compiled
+    app = create_app(lambda: load(rk, device=device, cores=cores, ctx=ctx, cache_slots=cache_slots,
+                                  chat_template=template),
+                     queue_size, model_id=Path(rk.path).stem, on_load=loaded, api_keys=keys,
+                     metrics_public=metrics_public)
+    server = uvicorn_server(app, grace_s, drain)
+    click.echo(f"rkrun serve: {Path(rk.path).stem} on {url} (loading: /health says 503 until ready)", err=True)
     warning = exposure_warning(host, keys)
     if warning:
         click.echo(warning, err=True)
@@ -123,4 +141,11 @@ def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, ca
         click.echo("rkrun serve: stopped", err=True)
     finally:
         sock.close()
-        llm.close()
+        worker = app.state.worker
+        if worker is not None:
+            worker.model.close()
+    if failed:
+        error = failed[0]
+        if isinstance(error, RkcError):
+            raise error
+        raise RkcError(f"loading {model} failed: {type(error).__name__}: {error}")

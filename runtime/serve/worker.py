@@ -94,8 +94,9 @@ class QueueFull(Exception):
 
 
 class Worker:
-    def __init__(self, model: LlmModel, queue_size: int = 8, history: int = 64) -> None:
+    def __init__(self, model: LlmModel, queue_size: int = 8, history: int = 64, metrics=None) -> None:
         self.model = model
+        self.metrics = metrics  # a serve.metrics.ServerMetrics, told of each job and piece
         self.capacity = queue_size
         self._waiting: deque[Job | None] = deque()  # None: stop
         self._cv = threading.Condition()
@@ -172,6 +173,8 @@ class Worker:
             job.started_at = time.monotonic()
             if job.cancelled.is_set():
                 job.outcome, job.ended_at = "skipped", job.started_at
+                if self.metrics is not None:
+                    self.metrics.job_done(job)
                 continue
             try:
                 self._run(job)
@@ -184,6 +187,8 @@ class Worker:
                 job.send("error", exc)
             job.ended_at = time.monotonic()
             self._durations.append(job.ended_at - job.started_at)
+            if self.metrics is not None:
+                self.metrics.job_done(job)
 
     def _run(self, job: Job) -> None:
         call = self.model.chat if job.kind == "chat" else self.model.generate
@@ -195,11 +200,16 @@ class Worker:
         # this thread, and beginning the response (headers, the first SSE event) while this thread prefills made
         # the two take turns at the GIL (a forced switch waits sys.getswitchinterval(), 5 ms): a cached chat
         # turn's prefill of ~2 ms came out 4-7 ms late (bench/server.py, null device).
+        last = None
         for piece in stream:
             first = job.first_token_at is None
             if first:
                 job.first_token_at, job.first_token_cpu_s = time.monotonic(), time.thread_time() - cpu0
                 job.first_token_engine_s = times.npu_s + times.cpu_s - steps0
+            elif self.metrics is not None:
+                now = time.monotonic()
+                self.metrics.piece_gap(now - (last or job.first_token_at))
+                last = now
             job.send("piece", piece)
             if first and job.streamed:
                 # The event loop shares the GIL with this thread: while this thread computes, every step of the

@@ -119,18 +119,6 @@ def test_rkrun_llm_without_prompt_is_one_line(synth_rkbin):
     assert r.output.strip().count("\n") == 0 and "needs -p PROMPT" in r.output
 
 
-def test_chat_prompt_renders_the_gguf_template():
-    from rkc.runtime.llm.cli import chat_prompt
-
-    template = ("{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
-                "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
-    assert chat_prompt(template, "hi") == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
-    from rkc.ir.errors import RkcError
-
-    with pytest.raises(RkcError, match="no chat template"):
-        chat_prompt(None, "hi")
-
-
 def test_rkrun_null_device_ignore_eos_runs_to_n(synth_rkbin):
     """--device null measures the host alone; --ignore-eos makes the run as long as -n says."""
     r = CliRunner().invoke(rkrun, [str(synth_rkbin("gemma3")), "-p", "the cat", "-n", "9", "--temp", "0",

