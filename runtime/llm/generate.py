@@ -43,7 +43,7 @@ class Sampler:
     def __call__(self, logits: np.ndarray) -> int:
         if self.constraint is None:
             return self._choose(np.asarray(logits, dtype=np.float64).reshape(-1))
-        token = self._choose(self.constraint.logits(logits))
+        token = self._choose(self.constraint.logits(logits))  # (the order and argmax: the same in float32)
         self.constraint.accept(token)
         return token
 
@@ -51,7 +51,7 @@ class Sampler:
         if self.temperature <= 0:
             return int(np.argmax(logits))
         order = top_order(logits, self.top_k)
-        z = logits[order] / self.temperature
+        z = logits[order].astype(np.float64) / self.temperature  # (a constraint's logits: the model's dtype)
         p = np.exp(z - z.max())
         p /= p.sum()
         if self.top_p < 1.0:

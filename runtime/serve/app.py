@@ -252,6 +252,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 def create_app(model: LlmModel, queue_size: int = 8) -> Starlette:
     """The ASGI app; its worker thread starts now and stops at shutdown."""
     worker = Worker(model, queue_size)
+    model.grammar_tokenizer.prepare()  # for tools and response_format: built while the server waits for requests
     api = Api(model, worker)
     routes = [Route("/", api.page), Route("/health", api.health), Route("/v1/models", api.models),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),

@@ -17,7 +17,7 @@ import pydantic
 import pytest
 
 from rkc.runtime.api import tools as T
-from rkc.runtime.api.constrain import masked_logits
+from rkc.runtime.api.constrain import mask_logits
 from rkc.runtime.api.llm import RequestError, render_chat
 from serve.conftest import post_json
 
@@ -63,20 +63,23 @@ def tool_model(tmp_path_factory):
 
 # -- the mask --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n_vocab", [1, 31, 32, 33, 1000, 4099])
-def test_masked_logits_matches_numpy(n_vocab):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mask_logits_matches_numpy(n_vocab, dtype):
     rng = np.random.default_rng(n_vocab)
     for words, density in [((n_vocab + 31) // 32, 0.5), ((n_vocab + 31) // 32, 0.97), (max(1, n_vocab // 32), 0.5)]:
         allowed = rng.random(words * 32) < density
-        allowed[: 32 * (words // 3)] = True  # whole words all set and all clear take their own paths
+        allowed[: 32 * (words // 3)] = True  # whole words all set and all clear
         allowed[32 * (words // 3): 32 * (2 * words // 3)] = False
         bits = np.packbits(allowed, bitorder="little").view(np.int32)
-        logits = rng.standard_normal(n_vocab).astype(np.float32)
-        want = np.full(n_vocab, -np.inf)
+        logits = rng.standard_normal(n_vocab).astype(dtype)
         keep = np.zeros(n_vocab, bool)
         keep[: min(n_vocab, allowed.size)] = allowed[:n_vocab]
-        want[keep] = logits[keep]
-        got = masked_logits(logits, bits)
-        assert got.dtype == np.float64 and np.array_equal(got, want)
+        want = np.where(keep, logits, -np.inf)
+        got = mask_logits(logits, bits)
+        assert np.shares_memory(got, logits) and np.array_equal(got, want) and np.array_equal(logits, want)
+        frozen = rng.standard_normal(n_vocab).astype(dtype)
+        frozen.flags.writeable = False
+        assert np.array_equal(mask_logits(frozen, bits), np.where(keep, frozen, -np.inf))  # a copy
 
 
 # -- prompts -----------------------------------------------------------------------------------------------
