@@ -63,6 +63,17 @@ def _first_line(log: Path) -> str | None:
     return text.partition("\n")[0] if "\n" in text else None
 
 
+def _start(log: Path, argv: list[str], env: dict | None = None) -> tuple[subprocess.Popen, Path]:
+    with open(log, "w") as f:
+        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env), log
+
+
+def _cpu_seconds(proc: subprocess.Popen) -> float:
+    """User + system CPU time of a running process (Linux /proc), for a figure the machine's load hardly moves."""
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,24 +84,18 @@ class Cluster:
     """The replicas (processes, urls) and the router (url, key) in front of them."""
 
     def __init__(self, tmp: Path, rkbin: Path) -> None:
-        self.procs: list[subprocess.Popen] = []
-        self.urls: list[str] = []
+        self.router, self.procs = None, []
+        try:
+            self._start(tmp, rkbin)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, tmp: Path, rkbin: Path) -> None:
+        t = time.monotonic()
         model = tmp / "model.rkbin"  # the served name the example config asks for (openai/model)
         shutil.copy(rkbin, model)
-        for i in range(REPLICAS):
-            log = tmp / f"replica{i}.log"
-            with open(log, "w") as f:
-                self.procs.append(subprocess.Popen(
-                    [str(BIN / "rkrun"), "serve", str(model), "--port", "0", "--device", "null"],
-                    stdout=f, stderr=subprocess.STDOUT))
-            line = _wait(f"replica {i}", lambda: _first_line(log), 60, self.procs[i], log)
-            self.urls.append(line.split(" on ")[1].split("/ ")[0])  # rkrun serve: model on http://...:port/ (...)
-        for url in self.urls:  # the first request compiles the host kernels if the cache is cold
-            status, _, body = post_json(url, "/v1/chat/completions",
-                                        {"model": "model", "messages": [{"role": "user", "content": "hi"}],
-                                         "max_tokens": 2})
-            assert status == 200, body
-
+        self.urls = [f"http://127.0.0.1:{_free_port()}" for _ in range(REPLICAS)]
         config = yaml.safe_load(ROUTER_CONFIG.read_text())
         boards = config["model_list"]
         assert len(boards) == REPLICAS
@@ -99,15 +104,33 @@ class Cluster:
         config["general_settings"]["health_check_interval"] = PROBE_INTERVAL
         (tmp / "litellm.yaml").write_text(yaml.safe_dump(config))
         self.key = "sk-" + secrets.token_hex(16)
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        # all four start at once (the router's start is the longest); its first probes may find the replicas
+        # still loading: they count as up once a probe passes
         env = dict(os.environ, LITELLM_MASTER_KEY=self.key, LITELLM_LOCAL_MODEL_COST_MAP="True")
-        log = tmp / "router.log"
-        with open(log, "w") as f:
-            self.router = subprocess.Popen(
-                [str(BIN / "litellm"), "--config", str(tmp / "litellm.yaml"), "--host", "127.0.0.1",
-                 "--port", str(port)], stdout=f, stderr=subprocess.STDOUT, env=env)
-        _wait("the router", lambda: _answers(self.url), 120, self.router, log)
+        self.router_log = tmp / "router.log"
+        self.router, router_log = _start(self.router_log, [
+            str(BIN / "litellm"), "--config", str(tmp / "litellm.yaml"), "--host", "127.0.0.1",
+            "--port", self.url.rsplit(":", 1)[1]], env)
+        logs = []
+        for i, url in enumerate(self.urls):
+            proc, log = _start(tmp / f"replica{i}.log", [str(BIN / "rkrun"), "serve", str(model), "--port",
+                                                         url.rsplit(":", 1)[1], "--device", "null"])
+            self.procs.append(proc)
+            logs.append(log)
+        for i, (proc, log) in enumerate(zip(self.procs, logs)):
+            _wait(f"replica {i}", lambda: _first_line(log), 60, proc, log)
+            # the first request compiles the host kernels if numba's cache is cold
+            status, _, body = post_json(self.urls[i], "/v1/chat/completions",
+                                        {"model": "model", "messages": [{"role": "user", "content": "hi"}],
+                                         "max_tokens": 2})
+            assert status == 200, body
+        _wait("the router", lambda: _answers(self.url), 120, self.router, router_log)
+        _wait("the router's probes", lambda: len(self.router_health().get("healthy_endpoints", ())) == REPLICAS,
+              10 * PROBE_INTERVAL, self.router, router_log)
+        cpu = [_cpu_seconds(p) for p in (self.router, *self.procs)]
+        print(f"\nthree replicas and the router up in {time.monotonic() - t:.1f} s; CPU time: router {cpu[0]:.1f} s, "
+              f"replicas {', '.join(f'{c:.1f}' for c in cpu[1:])} s")
 
     def client(self) -> openai.OpenAI:
         # max_retries=0: every answer is the router's doing, not the client's own retries
@@ -121,15 +144,26 @@ class Cluster:
             return json.loads(r.read())
 
     def stop(self) -> None:
-        for p in [self.router, *self.procs]:
+        """The router first (it holds connections to the replicas), then the replicas, each told by SIGINT."""
+        if self.router is not None and self.router.poll() is None:
+            self.router.send_signal(signal.SIGINT)
+            # its server stops at once; the process lingers ~10 s more (LiteLLM's exit): not waited for
+            _stopped(self.router, lambda: "Finished server process" in self.router_log.read_text(), 30)
+        for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
-        for p in [self.router, *self.procs]:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        for p in self.procs:
+            _stopped(p, lambda: False, 30)
+
+
+def _stopped(proc: subprocess.Popen, done, timeout: float) -> None:
+    """Wait until `proc` exits or done() (then SIGKILL what is left), SIGKILL at `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and not done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -187,9 +221,9 @@ def test_streamed_chat_through_the_router(cluster):
 
 
 def test_a_replica_killed_under_load_loses_no_request(cluster):
-    """Six clients send 90 chats; replica 1 is SIGKILLed once 30 are answered. Every chat is answered (by the
+    """Six clients send 60 chats; replica 1 is SIGKILLed once 20 are answered. Every chat is answered (by the
     router's retry on another replica when its own died), and the router's health check marks it down."""
-    clients, total, kill_after, max_tokens = 6, 90, 30, 8
+    clients, total, kill_after, max_tokens = 6, 60, 20, 8
     prompts = [f"the cat and the dog {i}" for i in range(total)]
     direct = {p: post_json(cluster.urls[0], "/v1/chat/completions",
                            {"model": "model", "messages": [{"role": "user", "content": p}], "max_tokens": 1})[2]
