@@ -222,13 +222,24 @@ def test_streamed_chat_through_the_router(cluster):
 
 def test_a_replica_killed_under_load_loses_no_request(cluster):
     """Six clients send 60 chats; replica 1 is SIGKILLed once 20 are answered. Every chat is answered (by the
-    router's retry on another replica when its own died), and the router's health check marks it down."""
+    router's retry on another replica when its own died), the router's health check marks it down, and a
+    conversation pinned to it goes on on the others."""
     clients, total, kill_after, max_tokens = 6, 60, 20, 8
     prompts = [f"the cat and the dog {i}" for i in range(total)]
     direct = {p: post_json(cluster.urls[0], "/v1/chat/completions",
                            {"model": "model", "messages": [{"role": "user", "content": p}], "max_tokens": 1})[2]
               ["usage"]["prompt_tokens"] for p in prompts[:3]}
     victim = cluster.procs[1]
+    # a conversation pinned to the victim (a new session's first turn goes to a random replica: bounded tries)
+    c = cluster.client()
+    for n in range(40):
+        pinned = {"session": f"victim-{n}", "messages": [{"role": "user", "content": "hello the world"}]}
+        r, replica, _ = _chat(c, pinned["messages"], 2, pinned["session"])
+        if replica == cluster.urls[1]:
+            pinned["messages"].append({"role": "assistant", "content": r.choices[0].message.content})
+            break
+    else:
+        pytest.fail("40 new sessions and none went to replica 1")
     answered, lock = [], threading.Lock()
     killed_at = []
 
@@ -279,3 +290,12 @@ def test_a_replica_killed_under_load_loses_no_request(cluster):
     # and the router sends nothing more there: the next chats are all answered by the others, without retries
     after = [_chat(cluster.client(), [{"role": "user", "content": p}], 2) for p in prompts[:6]]
     assert all(replica != cluster.urls[1] and retries == 0 for _, replica, retries in after)
+    # the conversation pinned to the dead replica goes on elsewhere
+    moved = []
+    for turn in range(3):
+        pinned["messages"].append({"role": "user", "content": f"one time in the world {turn}"})
+        r, replica, retries = _chat(c, pinned["messages"], 2, pinned["session"])
+        assert replica != cluster.urls[1] and r.usage.completion_tokens == 2
+        moved.append(cluster.urls.index(replica))
+        pinned["messages"].append({"role": "assistant", "content": r.choices[0].message.content})
+    print(f"the conversation pinned to replica 1, its next turns: replicas {moved}")
