@@ -78,6 +78,10 @@ def test_router_config_names_the_boards_compose_maps():
     assert settings["num_retries"] >= len(BOARDS) - 1 and settings["enable_health_check_routing"] is True
     assert "session_affinity" in settings["optional_pre_call_checks"]
     assert config["general_settings"]["background_health_checks"] is True
+    # a busy board's 503 does not cool it down; with that policy set, LiteLLM filters by the probes only for the
+    # groups named in background_health_check_model_groups
+    assert settings["allowed_fails_policy"]["ServiceUnavailableErrorAllowedFails"] >= 1000
+    assert config["general_settings"]["background_health_check_model_groups"] == ["rkc"]
     assert config["general_settings"]["master_key"] == "os.environ/LITELLM_MASTER_KEY"
     assert all(d["model_info"]["health_check_max_tokens"] == 1 for d in deployments)
 
