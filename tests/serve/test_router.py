@@ -109,7 +109,7 @@ class Cluster:
         # still loading: they count as up once a probe passes
         env = dict(os.environ, LITELLM_MASTER_KEY=self.key, LITELLM_LOCAL_MODEL_COST_MAP="True")
         self.router_log = tmp / "router.log"
-        self.router, router_log = _start(self.router_log, [
+        self.router, _ = _start(self.router_log, [
             str(BIN / "litellm"), "--config", str(tmp / "litellm.yaml"), "--host", "127.0.0.1",
             "--port", self.url.rsplit(":", 1)[1]], env)
         logs = []
@@ -125,9 +125,9 @@ class Cluster:
                                         {"model": "model", "messages": [{"role": "user", "content": "hi"}],
                                          "max_tokens": 2})
             assert status == 200, body
-        _wait("the router", lambda: _answers(self.url), 120, self.router, router_log)
+        _wait("the router", lambda: _answers(self.url), 120, self.router, self.router_log)
         _wait("the router's probes", lambda: len(self.router_health().get("healthy_endpoints", ())) == REPLICAS,
-              10 * PROBE_INTERVAL, self.router, router_log)
+              10 * PROBE_INTERVAL, self.router, self.router_log)
         cpu = [_cpu_seconds(p) for p in (self.router, *self.procs)]
         print(f"\nthree replicas and the router up in {time.monotonic() - t:.1f} s; CPU time: router {cpu[0]:.1f} s, "
               f"replicas {', '.join(f'{c:.1f}' for c in cpu[1:])} s")
