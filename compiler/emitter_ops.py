@@ -409,6 +409,12 @@ def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
                            "padding from the count stay on the CPU")
         if op.attrs.get("ceil_mode", 0):
             raise _Refused("ceil_mode pooling is not lowered")
+        if _vector_map(graph.tensors[op.outputs[0]].type.shape):
+            # one window (a 7x7 pool of a 7x7 map): the result is a GEMM row of 4 stored
+            # rows, as a global pool's; the stride never applies, so the window slides
+            # row by row 3 rows further into bottom padding, which makes those rows
+            pt, pb, pl, pr = padding
+            padding, stride = (pt, pb + GEMM_ROW_ALIGN - 1, pl, pr), (1, 1)
     pool = api.Pool(_feature(graph, op.inputs[0], "native", dtype, precision, program, view),
                     _feature(graph, op.outputs[0], _layout(graph, op.outputs[0]), dtype, precision, program),
                     lowering(op).function, kernel, stride, padding, name=f"npu{i}")

@@ -223,3 +223,20 @@ def test_an_average_pool_alone_between_cpu_ops_stays_on_the_npu(tmp_path):
     report, got, want = _build_and_run(tmp_path, _model(nodes, {}, [1, 8, 9, 9]), (1, 8, 9, 9), "fp16")
     assert _placed(report)["a"][0] == "npu"
     assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, hw, kernel, stride, pads", [(64, 7, 7, 1, 0), (40, 7, 7, 7, 0), (24, 5, 5, 2, 0),
+                                                          (16, 4, 6, 1, 1), (8, 8, 8, 8, 0)])
+def test_average_pool_of_one_window_runs_on_the_npu(tmp_path, precision, c, hw, kernel, stride, pads):
+    """An AveragePool whose one window covers the map (ResNet's 7x7 head): its
+    [1, C, 1, 1] result is a GEMM row of 4 stored rows, made as a global pool's is."""
+    rng = np.random.default_rng(c + hw)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[kernel] * 2, strides=[stride] * 2,
+                              pads=[pads] * 4, count_include_pad=1)]
+    model = _model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
+    report, got, want = _build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
+    assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
+    assert got.shape == (1, c, 1, 1)
+    assert cosine(got, want) >= THRESHOLD[precision]
