@@ -62,9 +62,13 @@ def _vector_map(shape) -> bool:
     return len(shape) == 4 and shape[0] == 1 and shape[2] == 1 and shape[3] == 1
 
 
-def _layout(graph: Graph, tensor: str) -> str:
+def npu_layout(graph: Graph, tensor: str) -> str:
+    """The layout an NPU group keeps `tensor` in."""
     shape = graph.tensors[tensor].type.shape
     return "native" if len(shape) == 4 and not _vector_map(shape) else "native-gemm"
+
+
+_layout = npu_layout
 EMIT_OPTIONS = api.EmitOptions(allow_cpu_finish=False)  # K splits the NPU cannot sum stay on the CPU
 
 

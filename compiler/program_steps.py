@@ -1,6 +1,9 @@
 """Lower partitioned steps into the steps of one rkbin program.
 
-* a CPU step runs one kernel (runtime/kernels) on host tensors;
+* a CPU step runs one kernel (runtime/kernels) on host tensors; an op that
+  only selects its input's int8 codes (MaxPool at its input's scale,
+  compiler/quantize.py SCALE_KEEPING) runs on the NPU copies themselves, int8
+  in and out, with no conversion around it;
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);
 * a tensor crossing between the two gets an explicit conversion step the
   first time the other side needs it: host -> NPU (Cast to fp16, or
@@ -21,7 +24,8 @@ import numpy as np
 
 from rkc.compiler import cost
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
-from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_name
+from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_layout, npu_name
+from rkc.compiler.quantize import SCALE_KEEPING
 from rkc.compiler.partition import Step as PartStep
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph, PayloadRef
@@ -53,6 +57,7 @@ class _Lowering:
     builder: ModuleBuilder
     precision: str
     program: str
+    groups: dict[int, NpuGroup] = field(default_factory=dict)
     steps: list[Step] = field(default_factory=list)
     on_host: set[str] = field(default_factory=set)
     on_npu: dict[str, str] = field(default_factory=dict)  # NPU buffer -> its layout
@@ -143,8 +148,34 @@ class _Lowering:
     def add(self, step: Step) -> None:
         self.builder.append_step(self.program, self.steps, step)
 
+    def int8_in_place(self, op) -> bool:
+        """Whether `op` can run on its input's int8 NPU copy and write its output's:
+        a SCALE_KEEPING op at one shared scale, its input already an int8 native map on
+        the NPU, every NPU reader of its output reading it as a native map."""
+        if op.type not in SCALE_KEEPING or len(op.outputs) != 1 or self.precision != "int8":
+            return False
+        src, out = op.inputs[0], op.outputs[0]
+        qa, qb = self.graph.tensors[src].type.quant, self.graph.tensors[out].type.quant
+        if not (isinstance(qa, PerTensorQuant) and qa == qb):
+            return False
+        if self.on_npu.get(npu_name(src, "int8", self.precision)) != "native":
+            return False
+        if npu_layout(self.graph, out) != "native" or self.graph.tensors[out].type.shape[0] != 1:
+            return False
+        return all(g.reads.get(out, "native") == "native" for g in self.groups.values())
+
     def cpu_op(self, index: int) -> None:
         op = self.graph.ops[index]
+        if self.int8_in_place(op):
+            src, out = op.inputs[0], op.outputs[0]
+            self.npu_tensor(out, "native", "int8")
+            self.add(Step(kind="cpu", name=op.name or f"{op.type}:{out}", op=op.type,
+                          inputs=[npu_name(src, "int8", self.precision)],
+                          outputs=[npu_name(out, "int8", self.precision)], attrs=_json_attrs(op),
+                          stats={"op": op.type, "macs": cost.op_macs(self.graph, op),
+                                 "ddr_bytes": cost.op_ddr_bytes(self.graph, op)}))
+            self.stats.cpu_steps += 1
+            return
         for name in op.present_inputs():
             self.host(name)
         for name in op.outputs:
@@ -175,7 +206,7 @@ class _Lowering:
 
 def lower_program(graph: Graph, steps: list[PartStep], builder: ModuleBuilder, precision: str,
                   groups: dict[int, NpuGroup] | None = None, program: str = "main") -> LowerStats:
-    work = _Lowering(graph, builder, precision, program)
+    work = _Lowering(graph, builder, precision, program, groups or {})
     for name in graph.inputs:
         work.host(name)
     segments = 0

@@ -27,6 +27,10 @@ from rkc.ir.graph import Graph
 from rkc.ir.types import DType, PerAxisQuant, PerTensorQuant, TensorType
 
 WEIGHT_OPS = {"Conv": 1, "MatMul": 1, "Gemm": 1}
+# ops whose output is some of their input's values: the output takes the input's scale,
+# so the int8 codes pass through unchanged (a CPU MaxPool then pools the NPU's int8 codes
+# in place, compiler/program_steps.py, with no dequantize/quantize around it)
+SCALE_KEEPING = frozenset({"MaxPool"})
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
              "ConvInteger"}
 
@@ -99,6 +103,17 @@ def weight_quant(graph: Graph, name: str, axis: int = 0) -> None:
     t.type = TensorType(t.type.dtype, t.type.shape, PerAxisQuant(axis, f"{name}.scale", f"{name}.zp"))
 
 
+def _keep_scales(graph: Graph, calibrated) -> None:
+    """A SCALE_KEEPING op's calibrated output takes its input's scale (its range is
+    within the input's: no value clips)."""
+    for op in graph.ops:
+        if op.type not in SCALE_KEEPING or len(op.outputs) != 1 or op.outputs[0] not in calibrated:
+            continue
+        source, out = graph.tensors[op.inputs[0]].type, graph.tensors[op.outputs[0]]
+        if isinstance(source.quant, PerTensorQuant):
+            out.type = TensorType(out.type.dtype, out.type.shape, source.quant)
+
+
 def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> Graph:
     prequantized = any(op.type in QUANT_OPS for op in graph.ops)
     if precision != "int8" and calib is not None:
@@ -118,6 +133,7 @@ def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> G
             t = graph.tensors[name]
             if t.type.dtype in (DType.FP32, DType.FP16) and t.type.quant is None:
                 t.type = TensorType(t.type.dtype, t.type.shape, activation_quant(lo, hi))
+        _keep_scales(graph, ranges)
     for op in graph.ops:
         index = WEIGHT_OPS.get(op.type)
         if index is None or len(op.inputs) <= index:

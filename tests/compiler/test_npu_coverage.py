@@ -240,3 +240,24 @@ def test_average_pool_of_one_window_runs_on_the_npu(tmp_path, precision, c, hw, 
     assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
     assert got.shape == (1, c, 1, 1)
     assert cosine(got, want) >= THRESHOLD[precision]
+
+
+@pytest.mark.parametrize("c, hw", [(16, 12), (24, 17)])
+def test_int8_max_pools_run_on_the_npu_codes_without_conversions(tmp_path, c, hw):
+    """A CPU MaxPool between int8 NPU segments pools the int8 codes in place (its
+    output keeps its input's scale): the only conversions left are the model's
+    input and output, through a strided pool and an SPPF-like chain of three."""
+    rng = np.random.default_rng(c)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p1", "w2"], ["c2"]),
+             *[helper.make_node("MaxPool", [a], [b], kernel_shape=[5, 5], pads=[2, 2, 2, 2])
+               for a, b in (("c2", "m1"), ("m1", "m2"), ("m2", "m3"))],
+             helper.make_node("Conv", ["m3", "w3"], ["c3"]), helper.make_node("Add", ["c3", "m1"], ["y"])]
+    inits = {"w1": rng.standard_normal((c, 3, 3, 3)) / 4, "b1": rng.standard_normal(c) * 0.1,
+             "w2": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c), "w3": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)}
+    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, 3, hw, hw]), (1, 3, hw, hw), "int8")
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == ["MaxPool"] * 4
+    assert report.conversions == 2, report.conversions
+    assert cosine(got, want) >= THRESHOLD["int8"]
