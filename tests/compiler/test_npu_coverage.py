@@ -261,3 +261,19 @@ def test_int8_max_pools_run_on_the_npu_codes_without_conversions(tmp_path, c, hw
     assert [p.op.type for p in report.placements if p.device == "cpu"] == ["MaxPool"] * 4
     assert report.conversions == 2, report.conversions
     assert cosine(got, want) >= THRESHOLD["int8"]
+
+
+@pytest.mark.parametrize("c, h, w", [(16, 8, 8), (48, 6, 20), (80, 5, 5)])
+def test_silu_fuses_into_the_convolution_epilogue(tmp_path, c, h, w):
+    """x * sigmoid(x) after a convolution (how exporters spell nn.SiLU) becomes one
+    Swish and rides the convolution's DPU epilogue as the SiLU lookup table (fp16)."""
+    rng = np.random.default_rng(c)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    model = _model(nodes, {"w": rng.standard_normal((c, 4, 3, 3)) / 2, "b": rng.standard_normal(c)}, [1, 4, h, w])
+    report, got, want = _build_and_run(tmp_path, model, (1, 4, h, w), "fp16")
+    assert report.placements[-1].op.type == "Swish"
+    assert [p.device for p in report.placements] == ["npu"] * 2
+    assert "fused into the epilogue" in report.placements[-1].reason
+    assert cosine(got, want) >= THRESHOLD["fp16"]
+    np.testing.assert_allclose(got, want, atol=0.02, rtol=0.01)  # the table's step (compiler/npu/lut.py)
