@@ -445,6 +445,10 @@ def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
                     list(result.notes))
 
 
+def _has_lut(graph: Graph, tail: _Tail) -> bool:
+    return any(lut_function(graph.ops[j]) is not None for j in tail.ops)
+
+
 def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
                 fp16_anchors: frozenset[int] | set[int] = frozenset(), options: api.EmitOptions = EMIT_OPTIONS
                 ) -> tuple[dict[int, NpuGroup], dict[int, str]]:
@@ -471,6 +475,11 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
         # a group meant for fp16 the emitter cannot build in fp16 stays in the program's dtype
         tries = [(own, tail) for own in dict.fromkeys(("fp16" if i in fp16_anchors else precision, precision))
                  for tail in tails]
+        if precision == "int8" and _has_lut(graph, tails[0]):
+            # the lookup table is documented on fp16 data only (dpu-lut-activation.md; int8 is
+            # hardware question Q19): an int8 group whose epilogue needs one computes in fp16,
+            # rather than leave the activation to the CPU
+            tries.insert(0, ("fp16", tails[0]))
         for own, tail in tries:
             try:
                 group = _emit(graph, i, tail, own, precision, options)

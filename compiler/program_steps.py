@@ -4,6 +4,9 @@
   only selects its input's int8 codes (MaxPool at its input's scale,
   compiler/quantize.py SCALE_KEEPING) runs on the NPU copies themselves, int8
   in and out, with no conversion around it;
+* a Concat or Split over the channels of native maps on the NPU is no step at
+  all: its pieces are channel slices of one buffer (ModuleBuilder.add_views),
+  each producer writing its slice and each consumer reading its own;
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);
 * a tensor crossing between the two gets an explicit conversion step the
   first time the other side needs it: host -> NPU (Cast to fp16, or
@@ -37,6 +40,7 @@ from rkc.ir.types import DType, PerTensorQuant
 @dataclass
 class LowerStats:
     cpu_steps: int = 0
+    views: list[int] = field(default_factory=list)  # Concat / Split ops that became slices of one buffer
     npu_tasks: int = 0
     conversions: int = 0
 
@@ -164,8 +168,55 @@ class _Lowering:
             return False
         return all(g.reads.get(out, "native") == "native" for g in self.groups.values())
 
+    def as_views(self, op) -> bool:
+        """Lower a channel Concat / Split of native NPU maps as slices of one buffer."""
+        if op.type not in ("Concat", "Split") or "" in op.inputs[:1] + op.outputs:
+            return False
+        if op.type == "Concat":
+            whole, pieces = op.outputs[0], list(op.inputs)
+        else:
+            whole, pieces = op.inputs[0], list(op.outputs)
+        shape = self.graph.tensors[whole].type.shape
+        axis = int(op.attrs.get("axis", 0))
+        if len(shape) != 4 or axis % 4 != 1 or len(set(pieces)) != len(pieces):
+            return False
+        known = [whole] if op.type == "Split" else pieces
+        dtype = next((d for t in known for _, d in self.copies.get(t, [])), None)
+        if dtype is None:
+            return False  # nothing of it on the NPU: the CPU does it
+        buf = {t: npu_name(t, dtype, self.precision) for t in (whole, *pieces)}
+        if any(buf[t] in self.on_npu and self.on_npu[buf[t]] != "native" for t in known):
+            return False
+        if op.type == "Split" and buf[whole] not in self.on_npu:
+            return False
+        if any(npu_layout(self.graph, t) != "native" or self.graph.tensors[t].type.shape[0] != 1
+               for t in (whole, *pieces)):
+            return False
+        per_atom = 16 // DType(dtype).itemsize  # channels in one 16-byte atom (ir/npu/layout.py)
+        channels = [int(self.graph.tensors[t].type.shape[1]) for t in pieces]
+        if any(c % per_atom for c in channels):
+            return False
+        if dtype == "int8":
+            quants = {self.graph.tensors[t].type.quant for t in (whole, *pieces)}
+            if len(quants) != 1 or not isinstance(next(iter(quants)), PerTensorQuant):
+                return False
+        for t in pieces if op.type == "Concat" else ():
+            self.to_npu(t, "native", dtype)  # a piece made on the CPU is converted into its slice
+        surface = int(shape[2]) * int(shape[3]) * 16
+        offsets = np.cumsum([0, *channels])[:-1] // per_atom * surface
+        parts = [(buf[t], buf[whole], int(o)) for t, o in zip(pieces, offsets)]
+        made = [whole] if op.type == "Concat" else pieces
+        if not self.builder.add_views(parts, [buf[t] for t in made]):
+            return False
+        for t in made:
+            self.npu_tensor(t, "native", dtype)
+        return True
+
     def cpu_op(self, index: int) -> None:
         op = self.graph.ops[index]
+        if self.as_views(op):
+            self.stats.views.append(index)
+            return
         if self.int8_in_place(op):
             src, out = op.inputs[0], op.outputs[0]
             self.npu_tensor(out, "native", "int8")

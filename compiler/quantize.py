@@ -31,6 +31,9 @@ WEIGHT_OPS = {"Conv": 1, "MatMul": 1, "Gemm": 1}
 # so the int8 codes pass through unchanged (a CPU MaxPool then pools the NPU's int8 codes
 # in place, compiler/program_steps.py, with no dequantize/quantize around it)
 SCALE_KEEPING = frozenset({"MaxPool"})
+# ops that only move values: every tensor they touch shares one scale (over the union of
+# their ranges: nothing clips), so a Concat or Split is slices of one int8 buffer
+SCALE_SHARING = SCALE_KEEPING | {"Concat", "Split"}
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
              "ConvInteger"}
 
@@ -103,15 +106,32 @@ def weight_quant(graph: Graph, name: str, axis: int = 0) -> None:
     t.type = TensorType(t.type.dtype, t.type.shape, PerAxisQuant(axis, f"{name}.scale", f"{name}.zp"))
 
 
-def _keep_scales(graph: Graph, calibrated) -> None:
-    """A SCALE_KEEPING op's calibrated output takes its input's scale (its range is
-    within the input's: no value clips)."""
+def _share_scales(graph: Graph, ranges: dict[str, tuple[float, float]]) -> None:
+    """The calibrated tensors a SCALE_SHARING op touches (transitively) get one scale,
+    over the union of their ranges."""
+    parent: dict[str, str] = {}
+
+    def find(t: str) -> str:
+        while parent.get(t, t) != t:
+            t = parent[t]
+        return t
+
     for op in graph.ops:
-        if op.type not in SCALE_KEEPING or len(op.outputs) != 1 or op.outputs[0] not in calibrated:
+        if op.type not in SCALE_SHARING:
             continue
-        source, out = graph.tensors[op.inputs[0]].type, graph.tensors[op.outputs[0]]
-        if isinstance(source.quant, PerTensorQuant):
-            out.type = TensorType(out.type.dtype, out.type.shape, source.quant)
+        members = [t for t in (op.inputs[:1] if op.type != "Concat" else op.inputs) + op.outputs
+                   if t and t in ranges and graph.tensors[t].type.quant is not None]
+        for t in members[1:]:
+            parent[find(t)] = find(members[0])
+    groups: dict[str, list[str]] = {}
+    for t in parent:
+        groups.setdefault(find(t), []).append(t)
+    for root, members in groups.items():
+        members = set(members) | {root}
+        quant = activation_quant(min(ranges[t][0] for t in members), max(ranges[t][1] for t in members))
+        for t in members:
+            tt = graph.tensors[t]
+            tt.type = TensorType(tt.type.dtype, tt.type.shape, quant)
 
 
 def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> Graph:
@@ -129,11 +149,13 @@ def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> G
     if calib is not None:
         # calibrate what the model does not quantize itself
         ranges = observe_ranges(graph, load_calibration(calib, graph))
+        calibrated = {}
         for name, (lo, hi) in ranges.items():
             t = graph.tensors[name]
             if t.type.dtype in (DType.FP32, DType.FP16) and t.type.quant is None:
                 t.type = TensorType(t.type.dtype, t.type.shape, activation_quant(lo, hi))
-        _keep_scales(graph, ranges)
+                calibrated[name] = (lo, hi)
+        _share_scales(graph, calibrated)
     for op in graph.ops:
         index = WEIGHT_OPS.get(op.type)
         if index is None or len(op.inputs) <= index:

@@ -277,3 +277,40 @@ def test_silu_fuses_into_the_convolution_epilogue(tmp_path, c, h, w):
     assert "fused into the epilogue" in report.placements[-1].reason
     assert cosine(got, want) >= THRESHOLD["fp16"]
     np.testing.assert_allclose(got, want, atol=0.02, rtol=0.01)  # the table's step (compiler/npu/lut.py)
+
+
+def _c2f_block(c: int, seed: int):
+    """YOLOv8's C2f: a 1x1 conv split in two halves, a bottleneck on the second, the
+    three concatenated, a 1x1 conv; then an SPPF-like Concat of the input and its pool."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.standard_normal((2 * c, 8, 1, 1)) / 3, "b1": rng.standard_normal(2 * c) * 0.1,
+             "wb": rng.standard_normal((c, c, 3, 3)) / (3 * np.sqrt(c)), "bb": rng.standard_normal(c) * 0.1,
+             "w2": rng.standard_normal((2 * c, 3 * c, 1, 1)) / np.sqrt(3 * c), "split": np.array([c, c])}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Split", ["r1", "split"], ["s0", "s1"], axis=1),
+             helper.make_node("Conv", ["s1", "wb", "bb"], ["cb"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["cb"], ["rb"]), helper.make_node("Add", ["rb", "s1"], ["ab"]),
+             helper.make_node("Concat", ["s0", "s1", "ab"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w2"], ["c2"]),
+             helper.make_node("MaxPool", ["c2"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["c2", "p"], ["y"], axis=1)]
+    return nodes, inits
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, h, w", [(16, 8, 8), (32, 6, 11)])
+def test_concat_and_split_of_npu_maps_are_slices_of_one_buffer(tmp_path, precision, c, h, w):
+    """No step for a channel Split or Concat of NPU maps: the producers write their
+    slices of one buffer, the consumers read theirs (int8: one shared scale)."""
+    nodes, inits = _c2f_block(c, c + h)
+    inits["split"] = inits["split"].astype(np.int64)
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v, np.int64 if k == "split" else np.float32), k)
+                               for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    report, got, want = _build_and_run(tmp_path, model, (1, 8, h, w), precision)
+    placed = {p.op.type: p.device for p in report.placements if p.op.type in ("Split", "Concat")}
+    assert placed == {"Split": "view", "Concat": "view"}, [(p.op.type, p.reason) for p in report.placements]
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == ["MaxPool"]
+    assert cosine(got, want) >= THRESHOLD[precision]
