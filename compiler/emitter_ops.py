@@ -477,7 +477,7 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
                  for tail in tails]
         if precision == "int8" and _has_lut(graph, tails[0]):
             # the lookup table is documented on fp16 data only (dpu-lut-activation.md; int8 is
-            # hardware question Q19): an int8 group whose epilogue needs one computes in fp16,
+            # hardware question Q22): an int8 group whose epilogue needs one computes in fp16,
             # rather than leave the activation to the CPU
             tries.insert(0, ("fp16", tails[0]))
         for own, tail in tries:
