@@ -445,6 +445,11 @@ def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
                     list(result.notes))
 
 
+def _passes_values(op) -> bool:
+    """A CPU op that hands its input's values on (Concat, Split, MaxPool, Resize...)."""
+    return op.type in ("Concat", "Split", "MaxPool", "Resize", "Reshape", "Flatten", "Identity")
+
+
 def _has_lut(graph: Graph, tail: _Tail) -> bool:
     return any(lut_function(graph.ops[j]) is not None for j in tail.ops)
 
@@ -460,7 +465,10 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             users.setdefault(name, []).append(j)
     groups: dict[int, NpuGroup] = {}
     reasons: dict[int, str] = {}
+    table_fp16: set[str] = set()  # outputs of int8-program groups in fp16 for a lookup table
     for i, op in enumerate(graph.ops):
+        if _passes_values(op) and any(t in table_fp16 for t in op.present_inputs()):
+            table_fp16.update(op.outputs)
         how = lowering(op)
         if how is None or not how.anchors or not candidate(i) or i in groups:
             continue
@@ -475,10 +483,14 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
         # a group meant for fp16 the emitter cannot build in fp16 stays in the program's dtype
         tries = [(own, tail) for own in dict.fromkeys(("fp16" if i in fp16_anchors else precision, precision))
                  for tail in tails]
-        if precision == "int8" and _has_lut(graph, tails[0]):
+        lut_side = precision == "int8" and (_has_lut(graph, tails[0]) or
+                                            any(t in table_fp16 for t in op.present_inputs()))
+        if lut_side:
             # the lookup table is documented on fp16 data only (dpu-lut-activation.md; int8 is
             # hardware question Q22): an int8 group whose epilogue needs one computes in fp16,
-            # rather than leave the activation to the CPU
+            # rather than leave the activation to the CPU; a group reading such a group's
+            # output stays in fp16 rather than convert it on the CPU (a tensor a concatenation,
+            # split or pool passes on counts as its source's)
             tries.insert(0, ("fp16", tails[0]))
         for own, tail in tries:
             try:
@@ -492,6 +504,8 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             for j in group.ops:
                 groups[j] = group
             reasons.pop(i, None)
+            if lut_side and group.dtype == "fp16":
+                table_fp16.add(group.output)
             break
     return groups, reasons
 

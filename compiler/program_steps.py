@@ -1,9 +1,9 @@
 """Lower partitioned steps into the steps of one rkbin program.
 
 * a CPU step runs one kernel (runtime/kernels) on host tensors; an op that
-  only selects its input's int8 codes (MaxPool at its input's scale,
-  compiler/quantize.py SCALE_KEEPING) runs on the NPU copies themselves, int8
-  in and out, with no conversion around it;
+  only selects its input's values (MaxPool, nearest Resize: compiler/quantize.py
+  selects_values; int8 at its input's scale) runs on the NPU copies themselves,
+  in their dtype, with no conversion around it;
 * a Concat or Split over the channels of native maps on the NPU is no step at
   all: its pieces are channel slices of one buffer (ModuleBuilder.add_views),
   each producer writing its slice and each consumer reading its own;
@@ -28,7 +28,7 @@ import numpy as np
 from rkc.compiler import cost
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
 from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_layout, npu_name
-from rkc.compiler.quantize import SCALE_KEEPING
+from rkc.compiler.quantize import selects_values
 from rkc.compiler.partition import Step as PartStep
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph, PayloadRef
@@ -152,21 +152,25 @@ class _Lowering:
     def add(self, step: Step) -> None:
         self.builder.append_step(self.program, self.steps, step)
 
-    def int8_in_place(self, op) -> bool:
-        """Whether `op` can run on its input's int8 NPU copy and write its output's:
-        a SCALE_KEEPING op at one shared scale, its input already an int8 native map on
-        the NPU, every NPU reader of its output reading it as a native map."""
-        if op.type not in SCALE_KEEPING or len(op.outputs) != 1 or self.precision != "int8":
-            return False
+    def in_place_dtype(self, op) -> str | None:
+        """The NPU dtype `op` can run in on its input's NPU copy, writing its output's
+        (None: it runs on host tensors): an op that selects values (quantize.selects_values;
+        int8: at one shared scale), its input already a native map on the NPU, every NPU
+        reader of its output reading it as a native map."""
+        if not selects_values(op) or len(op.outputs) != 1:
+            return None
         src, out = op.inputs[0], op.outputs[0]
+        dtype = next((d for _, d in self.copies.get(src, [])), None)
+        if dtype is None or self.on_npu.get(npu_name(src, dtype, self.precision)) != "native":
+            return None
         qa, qb = self.graph.tensors[src].type.quant, self.graph.tensors[out].type.quant
-        if not (isinstance(qa, PerTensorQuant) and qa == qb):
-            return False
-        if self.on_npu.get(npu_name(src, "int8", self.precision)) != "native":
-            return False
+        if dtype == "int8" and not (isinstance(qa, PerTensorQuant) and qa == qb):
+            return None
         if npu_layout(self.graph, out) != "native" or self.graph.tensors[out].type.shape[0] != 1:
-            return False
-        return all(g.reads.get(out, "native") == "native" for g in self.groups.values())
+            return None
+        if not all(g.reads.get(out, "native") == "native" for g in self.groups.values()):
+            return None
+        return dtype
 
     def as_views(self, op) -> bool:
         """Lower a channel Concat / Split of native NPU maps as slices of one buffer."""
@@ -217,12 +221,15 @@ class _Lowering:
         if self.as_views(op):
             self.stats.views.append(index)
             return
-        if self.int8_in_place(op):
+        dtype = self.in_place_dtype(op)
+        if dtype is not None:
             src, out = op.inputs[0], op.outputs[0]
-            self.npu_tensor(out, "native", "int8")
+            for name in op.inputs[1:]:
+                self.host(name)  # a Resize's scales or sizes
+            self.npu_tensor(out, "native", dtype)
             self.add(Step(kind="cpu", name=op.name or f"{op.type}:{out}", op=op.type,
-                          inputs=[npu_name(src, "int8", self.precision)],
-                          outputs=[npu_name(out, "int8", self.precision)], attrs=_json_attrs(op),
+                          inputs=[npu_name(src, dtype, self.precision), *op.inputs[1:]],
+                          outputs=[npu_name(out, dtype, self.precision)], attrs=_json_attrs(op),
                           stats={"op": op.type, "macs": cost.op_macs(self.graph, op),
                                  "ddr_bytes": cost.op_ddr_bytes(self.graph, op)}))
             self.stats.cpu_steps += 1

@@ -27,13 +27,18 @@ from rkc.ir.graph import Graph
 from rkc.ir.types import DType, PerAxisQuant, PerTensorQuant, TensorType
 
 WEIGHT_OPS = {"Conv": 1, "MatMul": 1, "Gemm": 1}
-# ops whose output is some of their input's values: the output takes the input's scale,
-# so the int8 codes pass through unchanged (a CPU MaxPool then pools the NPU's int8 codes
-# in place, compiler/program_steps.py, with no dequantize/quantize around it)
-SCALE_KEEPING = frozenset({"MaxPool"})
+def selects_values(op) -> bool:
+    """Each output element is one of the input's elements (MaxPool, nearest Resize):
+    the output takes the input's scale, so the int8 codes pass through unchanged (the
+    CPU step then runs on the NPU's codes in place, compiler/program_steps.py, with no
+    dequantize/quantize around it)."""
+    return op.type == "MaxPool" or (op.type == "Resize" and op.attrs.get("mode", "nearest") == "nearest"
+                                    and op.attrs.get("coordinate_transformation_mode") != "tf_crop_and_resize")
+
+
 # ops that only move values: every tensor they touch shares one scale (over the union of
 # their ranges: nothing clips), so a Concat or Split is slices of one int8 buffer
-SCALE_SHARING = SCALE_KEEPING | {"Concat", "Split"}
+MOVES_VALUES = frozenset({"Concat", "Split"})
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
              "ConvInteger"}
 
@@ -117,7 +122,7 @@ def _share_scales(graph: Graph, ranges: dict[str, tuple[float, float]]) -> None:
         return t
 
     for op in graph.ops:
-        if op.type not in SCALE_SHARING:
+        if op.type not in MOVES_VALUES and not selects_values(op):
             continue
         members = [t for t in (op.inputs[:1] if op.type != "Concat" else op.inputs) + op.outputs
                    if t and t in ranges and graph.tensors[t].type.quant is not None]

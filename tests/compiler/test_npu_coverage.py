@@ -314,3 +314,24 @@ def test_concat_and_split_of_npu_maps_are_slices_of_one_buffer(tmp_path, precisi
     assert placed == {"Split": "view", "Concat": "view"}, [(p.op.type, p.reason) for p in report.placements]
     assert [p.op.type for p in report.placements if p.device == "cpu"] == ["MaxPool"]
     assert cosine(got, want) >= THRESHOLD[precision]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_yolo_neck_upsample_runs_in_place_and_silu_stays_on_the_npu(tmp_path, precision):
+    """PAN neck: conv + SiLU, nearest x2 Resize (in place on the NPU copy), Concat with
+    a finer map (a view), conv + SiLU. int8: the SiLU table is fp16-only (Q22), so the
+    groups run in fp16 and nothing converts between them: only the model's input and output."""
+    rng = np.random.default_rng(11)
+    silu = [helper.make_node("Sigmoid", ["c1"], ["s1"]), helper.make_node("Mul", ["c1", "s1"], ["a1"]),
+            helper.make_node("Sigmoid", ["c3"], ["s3"]), helper.make_node("Mul", ["c3", "s3"], ["y"])]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]), *silu[:2],
+             helper.make_node("Resize", ["a1", "", "scales"], ["up"], mode="nearest"),
+             helper.make_node("Concat", ["up", "x"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1]), *silu[2:]]
+    inits = {"w1": rng.standard_normal((16, 16, 3, 3)) / 6, "b1": rng.standard_normal(16) * 0.1,
+             "w3": rng.standard_normal((16, 32, 3, 3)) / 8, "b3": rng.standard_normal(16) * 0.1,
+             "scales": np.array([1, 1, 2, 2])}
+    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, 16, 12, 12]), (1, 16, 12, 12), precision)
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == ["Resize"]
+    assert report.conversions == 2, report.conversions
+    assert cosine(got, want) >= THRESHOLD["fp16"]

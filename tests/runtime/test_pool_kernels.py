@@ -65,3 +65,39 @@ def test_a_nan_in_a_window_is_its_maximum_as_in_numpy():
     want = _reference(x, (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), 0)
     np.testing.assert_array_equal(got, want.astype(np.float32))
     assert np.isnan(got[0, 1, 0:3, 1:4]).all() and not np.isnan(got[0, 0]).any()
+
+
+def test_fp16_max_pool_is_the_float32_pool_rounded_back():
+    x = np.random.default_rng(5).standard_normal((1, 8, 9, 9)).astype(np.float16)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    (got,) = run_kernel("MaxPool", [x], attrs, n_outputs=1)
+    assert got.dtype == np.float16
+    want = _reference(x, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0)
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+
+
+@pytest.mark.parametrize("coordinates, nearest, scales", [
+    ("asymmetric", "floor", [1, 1, 2, 2]), ("half_pixel", "round_prefer_floor", [1, 1, 2, 2]),
+    ("align_corners", "round_prefer_ceil", [1, 1, 3, 1.5]), ("pytorch_half_pixel", "ceil", [1, 1, 0.5, 2]),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_nearest_resize_gathers_values_as_onnxruntime_does(coordinates, nearest, scales, dtype):
+    """The nearest Resize copies input values in the input's dtype (no float round trip)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    rng = np.random.default_rng(len(coordinates))
+    x = (rng.standard_normal((1, 3, 6, 10)) * 50).astype(dtype)
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": coordinates, "nearest_mode": nearest}
+    s = np.array(scales, np.float32)
+    (got,) = run_kernel("Resize", [x, None, s], attrs)
+    assert got.dtype == x.dtype
+    tt = helper.np_dtype_to_tensor_dtype(x.dtype)
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], **attrs)
+    graph = helper.make_graph([node], "r", [helper.make_tensor_value_info("x", tt, x.shape)],
+                              [helper.make_tensor_value_info("y", tt, None)],
+                              [onnx.numpy_helper.from_array(s, "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(got, session.run(None, {"x": x})[0])
