@@ -211,10 +211,10 @@ def yolov8n(size: int = 640) -> onnx.ModelProto:
 BUILDERS = {"mobilenet_v1": mobilenet_v1, "mobilenet_v2": mobilenet_v2, "yolov8n": yolov8n}
 
 
-def write(name: str, path: Path) -> Path:
+def write(name: str, path: Path, size: int | None = None) -> Path:
     from rkc.ir.atomic import atomic_output
 
-    model = BUILDERS[name]()
+    model = BUILDERS[name](*([size] if size else []))
     onnx.checker.check_model(model)
     with atomic_output(path) as tmp:
         onnx.save(model, str(tmp))
@@ -225,8 +225,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", choices=sorted(BUILDERS))
     ap.add_argument("out", type=Path)
+    ap.add_argument("--size", type=int, help="yolov8n: input height and width (a multiple of 32; default 640)")
     args = ap.parse_args()
-    write(args.model, args.out)
+    write(args.model, args.out, args.size)
     print(f"wrote {args.out}")
 
 
