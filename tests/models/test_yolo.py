@@ -1,8 +1,9 @@
-"""YOLOv8n (bench/zoo_models.py: ultralytics' yolov8.yaml at scale n, random
-weights from a fixed seed, cut where rknn_model_zoo cuts it) at 128x128: the
-default test compiles it and checks where every op runs (nothing but max
-pooling and upsampling on the CPU, every Concat and Split a view); the slow
-ones run it on the simulator against onnxruntime in fp16 and int8."""
+"""YOLOv8n and YOLO11n (bench/zoo_models.py: ultralytics' yolov8.yaml and
+yolo11.yaml at scale n, random weights from a fixed seed, cut where
+rknn_model_zoo cuts them) at 128x128: the default test compiles YOLOv8n and
+checks where every op runs (nothing but max pooling and upsampling on the CPU,
+every Concat and Split a view); the slow ones run both on the simulator against
+onnxruntime in fp16 and int8."""
 
 import sys
 from pathlib import Path
@@ -22,9 +23,9 @@ SIZE = 128  # P5 is 4x4: every convolution task keeps its 4 input rows
 THRESHOLD = {"fp16": 0.9995, "int8": 0.999}
 
 
-def _model(tmp_path) -> Path:
-    path = tmp_path / "yolov8n.onnx"
-    onnx.save(zoo_models.yolov8("n", SIZE), str(path))
+def _model(tmp_path, family: str = "yolov8") -> Path:
+    path = tmp_path / f"{family}n.onnx"
+    onnx.save(getattr(zoo_models, family)("n", SIZE), str(path))
     return path
 
 
@@ -50,8 +51,11 @@ def test_yolov8n_runs_on_the_npu_but_its_pools_and_upsampling(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_yolov8n_matches_onnxruntime(tmp_path, precision):
-    path = _model(tmp_path)
+@pytest.mark.parametrize("family", ["yolov8", "yolo11"])
+def test_yolo_matches_onnxruntime(tmp_path, family, precision):
+    """YOLO11n's C2PSA attention (Reshape, Transpose, MatMul, Softmax over the 4x4
+    positions) stays on the CPU; everything else as YOLOv8n."""
+    path = _model(tmp_path, family)
     build(path, tmp_path / "y.rkbin", _options(tmp_path, precision))
     x = np.random.default_rng(2).random((1, 3, SIZE, SIZE)).astype(np.float32)
     with runtime.load(tmp_path / "y.rkbin", device="sim") as m:
