@@ -77,6 +77,10 @@ def onnx_models(work: Path) -> list[OnnxModel]:
                                     lambda path=path: path))
     models += [OnnxModel("mobilenet_v1", "bench/zoo_models.py (paper's layer table)", zoo("mobilenet_v1")),
                OnnxModel("mobilenet_v2", "bench/zoo_models.py (paper's layer table)", zoo("mobilenet_v2")),
+               OnnxModel("yolov8n", "bench/zoo_models.py (ultralytics yolov8.yaml, scale n, the zoo's cut)",
+                         zoo("yolov8n"), (1, 3, 640, 640)),
+               OnnxModel("yolo11n", "bench/zoo_models.py (ultralytics yolo11.yaml, scale n, the zoo's cut)",
+                         zoo("yolo11n"), (1, 3, 640, 640)),
                OnnxModel("small_cnn", "examples/small_cnn.py", example("small_cnn")),
                OnnxModel("mlp", "examples/mlp.py", example("mlp"))]
     return models

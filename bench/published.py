@@ -50,6 +50,12 @@ PUBLISHED: tuple[Published, ...] = (
     Published("vendor_ppocr_det", "PP-OCRv4 det 480x480 (rknn, vendor runtime)", "ppocr_det", "int8", 1, 1e9,
               46.2, "fps", MODEL_ZOO.replace("v2.3.2; ", "v2.1.0 figure; "),
               clock_note="max NPU frequency (1 GHz)", chained=True),
+    Published("vendor_yolov8n", "YOLOv8n 640x640 (rknn, vendor runtime; post-processing on the CPU, untimed)",
+              "yolov8n", "int8", 1, 1e9, 73.5, "fps", MODEL_ZOO, clock_note="max NPU frequency (1 GHz)",
+              chained=True),
+    Published("vendor_yolo11n", "YOLO11n 640x640 (rknn, vendor runtime; post-processing on the CPU, untimed)",
+              "yolo11n", "int8", 1, 1e9, 60.0, "fps", MODEL_ZOO, clock_note="max NPU frequency (1 GHz)",
+              chained=True),
     Published("teflon_mobilenet_v1_rocket", "MobileNetV1 (Mesa Teflon on mainline rocket)", "mobilenet_v1", "int8",
               1, 200e6, 18.0, "ms", TEFLON_DOC,
               clock_note="not published; mainline rocket leaves the NPU at its 200 MHz boot clock "

@@ -60,6 +60,7 @@ BANDWIDTHS = (25e9, 17e9)
 SYNTH = ("qwen2.5-1.5b", "qwen3-1.7b", "llama-3.2-1b", "gemma-3-1b")
 # model -> (anchor in bench/published.py, what it anchors)
 ANCHORS = {"resnet50": "vendor_resnet50", "mobilenet_v2": "vendor_mobilenet_v2", "ppocr_det": "vendor_ppocr_det",
+           "yolov8n": "vendor_yolov8n", "yolo11n": "vendor_yolo11n",
            "mobilenet_v1": "teflon_mobilenet_v1_rknpu", "qwen2.5-1.5b": "rkllm_qwen25_decode"}
 PREFILL_ANCHORS = {"qwen2.5-1.5b": "rkllm_qwen25_ttft"}
 

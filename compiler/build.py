@@ -63,6 +63,10 @@ class BuildReport:
     def ops_cpu(self) -> int:
         return sum(p.device == "cpu" for p in self.placements)
 
+    @property
+    def ops_view(self) -> int:
+        return sum(p.device == "view" for p in self.placements)
+
     def ops_in(self, dtype: str) -> int:
         return sum(p.device == "npu" and p.dtype == dtype for p in self.placements)
 
@@ -74,7 +78,7 @@ class BuildReport:
     def summary(self) -> list[str]:
         return [
             f"compiled {self.source} -> {self.output} ({self.precision}) in {self.seconds:.1f} s",
-            f"  ops: {self.ops_npu} on the NPU{self._dtypes()}, {self.ops_cpu} on the CPU",
+            f"  ops: {self.ops_npu} on the NPU{self._dtypes()}, {self.ops_view} view(s), {self.ops_cpu} on the CPU",
             f"  steps: {self.segments} NPU segment(s) with {self.npu_tasks} task(s), {self.cpu_steps} CPU op step(s), "
             f"{self.conversions} layout conversion(s)",
             f"  file: {self.size / 1e6:.2f} MB",
@@ -82,6 +86,9 @@ class BuildReport:
 
 
 Progress = Callable[[str], None]
+
+
+VIEW_REASON = "no step: its pieces are channel slices of one NPU buffer (producers write their slice)"
 
 
 def build(source: str | Path, output: str | Path, options: BuildOptions,
@@ -104,6 +111,8 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
     builder = ModuleBuilder(metadata={"source": Path(source).name, "precision": options.precision,
                                       "producer": "rkc", "graph": graph.name, "cores": options.cores})
     stats = stage("lower", program_steps.lower_program, graph, steps, builder, options.precision, groups)
+    for i in stats.views:
+        placements[i] = Placement(graph.ops[i], "view", VIEW_REASON)
     module, blobs, _plans = stage("memory plan + assemble", builder.finish)
     size = stage("write", write_rkbin, output, module, blobs)
     return BuildReport(str(source), str(output), options.precision, placements,

@@ -62,9 +62,13 @@ def _vector_map(shape) -> bool:
     return len(shape) == 4 and shape[0] == 1 and shape[2] == 1 and shape[3] == 1
 
 
-def _layout(graph: Graph, tensor: str) -> str:
+def npu_layout(graph: Graph, tensor: str) -> str:
+    """The layout an NPU group keeps `tensor` in."""
     shape = graph.tensors[tensor].type.shape
     return "native" if len(shape) == 4 and not _vector_map(shape) else "native-gemm"
+
+
+_layout = npu_layout
 EMIT_OPTIONS = api.EmitOptions(allow_cpu_finish=False)  # K splits the NPU cannot sum stay on the CPU
 
 
@@ -409,6 +413,12 @@ def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
                            "padding from the count stay on the CPU")
         if op.attrs.get("ceil_mode", 0):
             raise _Refused("ceil_mode pooling is not lowered")
+        if _vector_map(graph.tensors[op.outputs[0]].type.shape):
+            # one window (a 7x7 pool of a 7x7 map): the result is a GEMM row of 4 stored
+            # rows, as a global pool's; the stride never applies, so the window slides
+            # row by row 3 rows further into bottom padding, which makes those rows
+            pt, pb, pl, pr = padding
+            padding, stride = (pt, pb + GEMM_ROW_ALIGN - 1, pl, pr), (1, 1)
     pool = api.Pool(_feature(graph, op.inputs[0], "native", dtype, precision, program, view),
                     _feature(graph, op.outputs[0], _layout(graph, op.outputs[0]), dtype, precision, program),
                     lowering(op).function, kernel, stride, padding, name=f"npu{i}")
@@ -435,6 +445,15 @@ def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
                     list(result.notes))
 
 
+def _passes_values(op) -> bool:
+    """A CPU op that hands its input's values on (Concat, Split, MaxPool, Resize...)."""
+    return op.type in ("Concat", "Split", "MaxPool", "Resize", "Reshape", "Flatten", "Identity")
+
+
+def _has_lut(graph: Graph, tail: _Tail) -> bool:
+    return any(lut_function(graph.ops[j]) is not None for j in tail.ops)
+
+
 def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
                 fp16_anchors: frozenset[int] | set[int] = frozenset(), options: api.EmitOptions = EMIT_OPTIONS
                 ) -> tuple[dict[int, NpuGroup], dict[int, str]]:
@@ -446,7 +465,10 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             users.setdefault(name, []).append(j)
     groups: dict[int, NpuGroup] = {}
     reasons: dict[int, str] = {}
+    table_fp16: set[str] = set()  # outputs of int8-program groups in fp16 for a lookup table
     for i, op in enumerate(graph.ops):
+        if _passes_values(op) and any(t in table_fp16 for t in op.present_inputs()):
+            table_fp16.update(op.outputs)
         how = lowering(op)
         if how is None or not how.anchors or not candidate(i) or i in groups:
             continue
@@ -461,6 +483,15 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
         # a group meant for fp16 the emitter cannot build in fp16 stays in the program's dtype
         tries = [(own, tail) for own in dict.fromkeys(("fp16" if i in fp16_anchors else precision, precision))
                  for tail in tails]
+        lut_side = precision == "int8" and (_has_lut(graph, tails[0]) or
+                                            any(t in table_fp16 for t in op.present_inputs()))
+        if lut_side:
+            # the lookup table is documented on fp16 data only (dpu-lut-activation.md; int8 is
+            # hardware question Q22): an int8 group whose epilogue needs one computes in fp16,
+            # rather than leave the activation to the CPU; a group reading such a group's
+            # output stays in fp16 rather than convert it on the CPU (a tensor a concatenation,
+            # split or pool passes on counts as its source's)
+            tries.insert(0, ("fp16", tails[0]))
         for own, tail in tries:
             try:
                 group = _emit(graph, i, tail, own, precision, options)
@@ -473,6 +504,8 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             for j in group.ops:
                 groups[j] = group
             reasons.pop(i, None)
+            if lut_side and group.dtype == "fp16":
+                table_fp16.add(group.output)
             break
     return groups, reasons
 

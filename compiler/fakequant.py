@@ -65,7 +65,7 @@ def run_ops(graph: Graph, indices: Iterable[int], env: dict[str, np.ndarray],
     for i in indices:
         op, g = graph.ops[i], int8_group(i)
         inputs = [_operand(graph, g, i, k, name, env[name]) if name else None for k, name in enumerate(op.inputs)]
-        for name, value in zip(op.outputs, run_kernel(op.type, inputs, op.attrs)):
+        for name, value in zip(op.outputs, run_kernel(op.type, inputs, op.attrs, len(op.outputs))):
             value = np.asarray(value)
             if g is not None and name == g.output:
                 value = quantize_act(graph, name, value).astype(value.dtype)

@@ -7,7 +7,8 @@ An NPU group is moved to the CPU when all of these hold:
   lookup-table activation, a global pool);
 * it is alone between CPU ops: every input comes from a CPU op and only CPU ops
   read its output. A tensor crossing between an int8 and an fp16 group is
-  converted on the CPU too, so such a neighbour counts as a CPU op;
+  converted on the CPU too, so such a neighbour counts as a CPU op; a Concat or
+  Split (slices of one NPU buffer) does not;
 * in the byte counts of compiler/cost.py, the CPU running its ops
   (`op_ddr_bytes`, constants aside) moves no more bytes than the layout
   conversions it saves (`tensor_bytes`, what compiler/program_steps.py charges one):
@@ -30,6 +31,7 @@ from rkc.compiler import cost
 from rkc.compiler.emitter_ops import NpuGroup
 from rkc.compiler.ops import OpContext, check_cpu
 from rkc.compiler.placement import Placement
+from rkc.compiler.quantize import MOVES_VALUES
 from rkc.ir.graph import Graph
 
 REASON = "kept on the CPU: alone between CPU ops, the conversions would cost more than it saves"
@@ -62,8 +64,12 @@ def keep_lone_cheap_ops_on_cpu(graph: Graph, placements: list[Placement], groups
             read_by.setdefault(name, []).append(i)
 
     def crosses(i: int, dtype: str) -> bool:
-        """Does a tensor between op i and a group of `dtype` need a conversion?"""
-        return placements[i].device == "cpu" or groups[i].dtype != dtype
+        """Does a tensor between op i and a group of `dtype` need a conversion? Not
+        for a Concat or Split, which becomes slices of one NPU buffer
+        (compiler/program_steps.py)."""
+        if placements[i].device == "cpu":
+            return graph.ops[i].type not in MOVES_VALUES
+        return groups[i].dtype != dtype
 
     moved = True
     while moved:

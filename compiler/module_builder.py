@@ -138,6 +138,12 @@ class ModuleBuilder:
         self.relocations: list[Relocation] = []
         self.programs: list[Program] = []
         self.lifetimes: dict[str, dict[str, list[int]]] = {}  # program -> scratch tensor -> [first, last] step
+        # scratch tensor -> (tensor it is part of, byte offset in it): a channel slice of a
+        # concatenation or split shares its bytes (add_views); the memory plan places roots only
+        self.views: dict[str, tuple[str, int]] = {}
+        self.leaves: set[str] = set()  # tensors in views that hold their own values
+        self.derived: set[str] = set()  # tensors in views that only gather others'
+        self._low: dict[str, int] = {}
         self._weight_digests: dict[str, str] = {}
         # name -> the array last placed under it: a program placing the very same
         # array again (the LLM programs share a pack cache) is not hashed again
@@ -206,6 +212,53 @@ class ModuleBuilder:
         self.lifetimes.setdefault(program, {})[name] = []
         return info
 
+    def root(self, name: str) -> tuple[str, int]:
+        """The tensor whose bytes `name` is part of, and `name`'s byte offset in it."""
+        delta = 0
+        while name in self.views:
+            name, d = self.views[name]
+            delta += d
+        return name, delta
+
+    def add_views(self, parts: list[tuple[str, str, int]], derived: list[str]) -> bool:
+        """Make each (tensor, whole, offset) of `parts` a slice of `whole` at that byte
+        offset, `derived` naming the tensors that only gather others (a concatenation's
+        result, a split's pieces). All or nothing: False (and no change) when a slice
+        contradicts an earlier one or two tensors holding their own values would share bytes."""
+        views = dict(self.views)
+        for name, whole, offset in parts:
+            (ra, da), (rb, db) = self._root_in(views, name), self._root_in(views, whole)
+            if ra == rb:
+                if da != db + offset:
+                    return False
+                continue
+            views[ra] = (rb, db + offset - da)
+        gathered = self.derived | set(derived)
+        leaves = (self.leaves | {x for n, w, _ in parts for x in (n, w)}) - gathered
+        if self._overlapping(views, leaves):
+            return False
+        self.views, self.leaves, self.derived = views, leaves, gathered
+        return True
+
+    def _overlapping(self, views: dict[str, tuple[str, int]], leaves: set[str]) -> bool:
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for name in leaves:
+            r, d = self._root_in(views, name)
+            spans.setdefault(r, []).append((d, d + self.tensors[name].nbytes))
+        for ranges in spans.values():
+            ranges.sort()
+            if any(b[0] < a[1] for a, b in zip(ranges, ranges[1:])):
+                return True
+        return False
+
+    @staticmethod
+    def _root_in(views: dict[str, tuple[str, int]], name: str) -> tuple[str, int]:
+        delta = 0
+        while name in views:
+            name, d = views[name]
+            delta += d
+        return name, delta
+
     def touch(self, program: str, name: str, step: int) -> None:
         """Step `step` of `program` reads or writes scratch tensor `name`."""
         span = self.lifetimes[program][name]
@@ -267,17 +320,33 @@ class ModuleBuilder:
         self.programs.append(p)
         return p
 
+    def _view_buffers(self, spans: dict[str, list[int]]) -> list[Buffer]:
+        """One buffer per root: over the bytes and steps of every tensor that is part of it."""
+        extent: dict[str, list[int]] = {}
+        for name, span in spans.items():
+            root, delta = self.root(name)
+            e = extent.setdefault(root, [delta, delta + self.tensors[name].nbytes, *(span or [1 << 62, -1])])
+            e[0], e[1] = min(e[0], delta), max(e[1], delta + self.tensors[name].nbytes)
+            if span:
+                e[2], e[3] = min(e[2], span[0]), max(e[3], span[1])
+        self._low = {root: e[0] for root, e in extent.items()}
+        if self._overlapping(self.views, self.leaves):  # a tensor grew past its slice (padding)
+            raise UnsupportedError("internal: the NPU writes past a concatenation slice")
+        return [Buffer(root, e[1] - e[0], e[2], e[3]) for root, e in extent.items() if e[3] >= 0]
+
     def finish(self) -> tuple[Module, dict[str, np.ndarray], dict[str, MemoryPlan]]:
         self._weight_arrays.clear()  # the weights region's bytes() lets each part go once copied
         plans = {}
         for program, spans in self.lifetimes.items():
-            unused = [n for n, span in spans.items() if not span]
+            unused = [n for n, span in spans.items() if not span and n not in self.views and
+                      not any(self.root(v)[0] == n for v in self.views)]
             if unused:
                 raise UnsupportedError(f"scratch tensor {unused[0]!r} of program {program!r} is never used")
-            buffers = [Buffer(n, self.tensors[n].nbytes, span[0], span[1]) for n, span in spans.items()]
+            buffers = self._view_buffers(spans)
             plans[program] = plan_memory(buffers)
             for name in spans:
-                self.tensors[name].offset = plans[program].offsets[name]
+                root, delta = self.root(name)
+                self.tensors[name].offset = plans[program].offsets[root] + delta - self._low.get(root, 0)
         for rel in self.relocations:  # symbolic targets -> region + offset
             info = self.tensors.get(rel.target)
             if info is not None:

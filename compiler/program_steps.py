@@ -1,6 +1,12 @@
 """Lower partitioned steps into the steps of one rkbin program.
 
-* a CPU step runs one kernel (runtime/kernels) on host tensors;
+* a CPU step runs one kernel (runtime/kernels) on host tensors; an op that
+  only selects its input's values (MaxPool, nearest Resize: compiler/quantize.py
+  selects_values; int8 at its input's scale) runs on the NPU copies themselves,
+  in their dtype, with no conversion around it;
+* a Concat or Split over the channels of native maps on the NPU is no step at
+  all: its pieces are channel slices of one buffer (ModuleBuilder.add_views),
+  each producer writing its slice and each consumer reading its own;
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);
 * a tensor crossing between the two gets an explicit conversion step the
   first time the other side needs it: host -> NPU (Cast to fp16, or
@@ -21,7 +27,8 @@ import numpy as np
 
 from rkc.compiler import cost
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
-from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_name
+from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_layout, npu_name
+from rkc.compiler.quantize import selects_values
 from rkc.compiler.partition import Step as PartStep
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph, PayloadRef
@@ -33,6 +40,7 @@ from rkc.ir.types import DType, PerTensorQuant
 @dataclass
 class LowerStats:
     cpu_steps: int = 0
+    views: list[int] = field(default_factory=list)  # Concat / Split ops that became slices of one buffer
     npu_tasks: int = 0
     conversions: int = 0
 
@@ -53,6 +61,7 @@ class _Lowering:
     builder: ModuleBuilder
     precision: str
     program: str
+    groups: dict[int, NpuGroup] = field(default_factory=dict)
     steps: list[Step] = field(default_factory=list)
     on_host: set[str] = field(default_factory=set)
     on_npu: dict[str, str] = field(default_factory=dict)  # NPU buffer -> its layout
@@ -143,8 +152,88 @@ class _Lowering:
     def add(self, step: Step) -> None:
         self.builder.append_step(self.program, self.steps, step)
 
+    def in_place_dtype(self, op) -> str | None:
+        """The NPU dtype `op` can run in on its input's NPU copy, writing its output's
+        (None: it runs on host tensors): an op that selects values (quantize.selects_values;
+        int8: at one shared scale), its input already a native map on the NPU, every NPU
+        reader of its output reading it as a native map."""
+        if not selects_values(op) or len(op.outputs) != 1:
+            return None
+        src, out = op.inputs[0], op.outputs[0]
+        dtype = next((d for _, d in self.copies.get(src, [])), None)
+        if dtype is None or self.on_npu.get(npu_name(src, dtype, self.precision)) != "native":
+            return None
+        qa, qb = self.graph.tensors[src].type.quant, self.graph.tensors[out].type.quant
+        if dtype == "int8" and not (isinstance(qa, PerTensorQuant) and qa == qb):
+            return None
+        if npu_layout(self.graph, out) != "native" or self.graph.tensors[out].type.shape[0] != 1:
+            return None
+        if not all(g.reads.get(out, "native") == "native" for g in self.groups.values()):
+            return None
+        return dtype
+
+    def as_views(self, op) -> bool:
+        """Lower a channel Concat / Split of native NPU maps as slices of one buffer."""
+        if op.type not in ("Concat", "Split") or "" in op.inputs[:1] + op.outputs:
+            return False
+        if op.type == "Concat":
+            whole, pieces = op.outputs[0], list(op.inputs)
+        else:
+            whole, pieces = op.inputs[0], list(op.outputs)
+        shape = self.graph.tensors[whole].type.shape
+        axis = int(op.attrs.get("axis", 0))
+        if len(shape) != 4 or axis % 4 != 1 or len(set(pieces)) != len(pieces):
+            return False
+        known = [whole] if op.type == "Split" else pieces
+        dtype = next((d for t in known for _, d in self.copies.get(t, [])), None)
+        if dtype is None:
+            return False  # nothing of it on the NPU: the CPU does it
+        buf = {t: npu_name(t, dtype, self.precision) for t in (whole, *pieces)}
+        if any(buf[t] in self.on_npu and self.on_npu[buf[t]] != "native" for t in known):
+            return False
+        if op.type == "Split" and buf[whole] not in self.on_npu:
+            return False
+        if any(npu_layout(self.graph, t) != "native" or self.graph.tensors[t].type.shape[0] != 1
+               for t in (whole, *pieces)):
+            return False
+        per_atom = 16 // DType(dtype).itemsize  # channels in one 16-byte atom (ir/npu/layout.py)
+        channels = [int(self.graph.tensors[t].type.shape[1]) for t in pieces]
+        if any(c % per_atom for c in channels):
+            return False
+        if dtype == "int8":
+            quants = {self.graph.tensors[t].type.quant for t in (whole, *pieces)}
+            if len(quants) != 1 or not isinstance(next(iter(quants)), PerTensorQuant):
+                return False
+        for t in pieces if op.type == "Concat" else ():
+            self.to_npu(t, "native", dtype)  # a piece made on the CPU is converted into its slice
+        surface = int(shape[2]) * int(shape[3]) * 16
+        offsets = np.cumsum([0, *channels])[:-1] // per_atom * surface
+        parts = [(buf[t], buf[whole], int(o)) for t, o in zip(pieces, offsets)]
+        made = [whole] if op.type == "Concat" else pieces
+        if not self.builder.add_views(parts, [buf[t] for t in made]):
+            return False
+        for t in made:
+            self.npu_tensor(t, "native", dtype)
+        return True
+
     def cpu_op(self, index: int) -> None:
         op = self.graph.ops[index]
+        if self.as_views(op):
+            self.stats.views.append(index)
+            return
+        dtype = self.in_place_dtype(op)
+        if dtype is not None:
+            src, out = op.inputs[0], op.outputs[0]
+            for name in op.inputs[1:]:
+                self.host(name)  # a Resize's scales or sizes
+            self.npu_tensor(out, "native", dtype)
+            self.add(Step(kind="cpu", name=op.name or f"{op.type}:{out}", op=op.type,
+                          inputs=[npu_name(src, dtype, self.precision), *op.inputs[1:]],
+                          outputs=[npu_name(out, dtype, self.precision)], attrs=_json_attrs(op),
+                          stats={"op": op.type, "macs": cost.op_macs(self.graph, op),
+                                 "ddr_bytes": cost.op_ddr_bytes(self.graph, op)}))
+            self.stats.cpu_steps += 1
+            return
         for name in op.present_inputs():
             self.host(name)
         for name in op.outputs:
@@ -175,7 +264,7 @@ class _Lowering:
 
 def lower_program(graph: Graph, steps: list[PartStep], builder: ModuleBuilder, precision: str,
                   groups: dict[int, NpuGroup] | None = None, program: str = "main") -> LowerStats:
-    work = _Lowering(graph, builder, precision, program)
+    work = _Lowering(graph, builder, precision, program, groups or {})
     for name in graph.inputs:
         work.host(name)
     segments = 0

@@ -27,6 +27,18 @@ from rkc.ir.graph import Graph
 from rkc.ir.types import DType, PerAxisQuant, PerTensorQuant, TensorType
 
 WEIGHT_OPS = {"Conv": 1, "MatMul": 1, "Gemm": 1}
+def selects_values(op) -> bool:
+    """Each output element is one of the input's elements (MaxPool, nearest Resize):
+    the output takes the input's scale, so the int8 codes pass through unchanged (the
+    CPU step then runs on the NPU's codes in place, compiler/program_steps.py, with no
+    dequantize/quantize around it)."""
+    return op.type == "MaxPool" or (op.type == "Resize" and op.attrs.get("mode", "nearest") == "nearest"
+                                    and op.attrs.get("coordinate_transformation_mode") != "tf_crop_and_resize")
+
+
+# ops that only move values: every tensor they touch shares one scale (over the union of
+# their ranges: nothing clips), so a Concat or Split is slices of one int8 buffer
+MOVES_VALUES = frozenset({"Concat", "Split"})
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
              "ConvInteger"}
 
@@ -99,6 +111,34 @@ def weight_quant(graph: Graph, name: str, axis: int = 0) -> None:
     t.type = TensorType(t.type.dtype, t.type.shape, PerAxisQuant(axis, f"{name}.scale", f"{name}.zp"))
 
 
+def _share_scales(graph: Graph, ranges: dict[str, tuple[float, float]]) -> None:
+    """The calibrated tensors a SCALE_SHARING op touches (transitively) get one scale,
+    over the union of their ranges."""
+    parent: dict[str, str] = {}
+
+    def find(t: str) -> str:
+        while parent.get(t, t) != t:
+            t = parent[t]
+        return t
+
+    for op in graph.ops:
+        if op.type not in MOVES_VALUES and not selects_values(op):
+            continue
+        members = [t for t in (op.inputs[:1] if op.type != "Concat" else op.inputs) + op.outputs
+                   if t and t in ranges and graph.tensors[t].type.quant is not None]
+        for t in members[1:]:
+            parent[find(t)] = find(members[0])
+    groups: dict[str, list[str]] = {}
+    for t in parent:
+        groups.setdefault(find(t), []).append(t)
+    for root, members in groups.items():
+        members = set(members) | {root}
+        quant = activation_quant(min(ranges[t][0] for t in members), max(ranges[t][1] for t in members))
+        for t in members:
+            tt = graph.tensors[t]
+            tt.type = TensorType(tt.type.dtype, tt.type.shape, quant)
+
+
 def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> Graph:
     prequantized = any(op.type in QUANT_OPS for op in graph.ops)
     if precision != "int8" and calib is not None:
@@ -114,10 +154,13 @@ def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> G
     if calib is not None:
         # calibrate what the model does not quantize itself
         ranges = observe_ranges(graph, load_calibration(calib, graph))
+        calibrated = {}
         for name, (lo, hi) in ranges.items():
             t = graph.tensors[name]
             if t.type.dtype in (DType.FP32, DType.FP16) and t.type.quant is None:
                 t.type = TensorType(t.type.dtype, t.type.shape, activation_quant(lo, hi))
+                calibrated[name] = (lo, hi)
+        _share_scales(graph, calibrated)
     for op in graph.ops:
         index = WEIGHT_OPS.get(op.type)
         if index is None or len(op.inputs) <= index:

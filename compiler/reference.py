@@ -21,7 +21,8 @@ def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray], observe=None) -> di
         if t.kind == "const":
             env[name] = graph.payloads[t.payload]
     for op in graph.ops:
-        outs = run_kernel(op.type, [env[i] if i else None for i in op.inputs], op.attrs)
+        outs = run_kernel(op.type, [env[i] if i else None for i in op.inputs], op.attrs,
+                          len(op.outputs))
         for name, value in zip(op.outputs, outs):
             env[name] = value
             if observe is not None:

@@ -90,7 +90,7 @@ class _Run:
     # -- steps --------------------------------------------------------------------------
     def cpu(self, step: Step) -> None:
         inputs = [self.read(n) if n else None for n in step.inputs]
-        outputs = run_kernel(step.op, inputs, step.attrs)
+        outputs = run_kernel(step.op, inputs, step.attrs, len(step.outputs))
         if len(outputs) < len(step.outputs):
             raise RkcError(f"step {step.name!r}: kernel {step.op} gave {len(outputs)} outputs, "
                            f"the step needs {len(step.outputs)}")

@@ -565,9 +565,11 @@ def _checked_store(slots: list, i: int, info: TensorInfo, step: Step, cast: bool
 
 def standard_binder(step: Step, consts: list) -> Prepared:
     """runtime/kernels' numpy kernel of `step.op`, bound once."""
-    from rkc.runtime.kernels import kernel_for
+    from rkc.runtime.kernels import COUNTS_OUTPUTS, kernel_for
 
     fn, attrs = kernel_for(step.op), dict(step.attrs)
+    if step.op in COUNTS_OUTPUTS:
+        attrs["n_outputs"] = len(step.outputs)
 
     def run(inputs):
         result = fn(*inputs, **attrs)

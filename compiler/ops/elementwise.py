@@ -71,6 +71,11 @@ def hardsigmoid_exact(op) -> bool:
     return abs(float(op.attrs.get("alpha", 0.2)) - 1 / 6) < 1e-6 and float(op.attrs.get("beta", 0.5)) == 0.5
 
 
+def swish_exact(op) -> bool:
+    """the table is SiLU, x * sigmoid(x): Swish's alpha must be 1"""
+    return float(op.attrs.get("alpha", 1.0)) == 1.0
+
+
 def _lut(function: str, exact=None) -> NpuLowering:
     """A standalone DPU lookup-table task, or a stage of the epilogue before it."""
     return NpuLowering(api.Activation, function, exact)
@@ -90,6 +95,8 @@ SPECS = [
     _unary("Sigmoid", "1 / (1 + exp(-x)) (DPU LUT)", lower=_lut("sigmoid")),
     _unary("HardSigmoid", "clamp(alpha * x + beta, 0, 1) (NPU: scale, shift and clip as a 1x1 depthwise conv or folded into the Conv before it)", lower=_lut("hardsigmoid", hardsigmoid_exact)),
     _unary("HardSwish", "x * hardsigmoid(x)", lower=_lut("hardswish")),
+    _unary("Swish", "x * sigmoid(alpha * x): SiLU at alpha 1 (DPU LUT; fused from Sigmoid and Mul)",
+           lower=_lut("silu", swish_exact)),
     _unary("Tanh", "tanh (DPU LUT)", lower=_lut("tanh")),
     _unary("Gelu", "GELU, erf or tanh form (DPU LUT)", lower=_lut("gelu", gelu_exact)),
     _unary("Erf", "erf (CPU; fused into GELU where the pattern matches)", npu=(NO_LUT,)),

@@ -3,6 +3,9 @@
 * Erf GELU:  x * 0.5 * (1 + erf(x / sqrt(2)))  (any association of the two
   multiplies, x / sqrt(2) or x * (1 / sqrt(2)))  -> Gelu
 * HardSwish: x * clip(x + 3, 0, 6) / 6 (or * (1/6))   -> HardSwish
+* SiLU:      x * sigmoid(x) (how exporters spell nn.SiLU) -> Swish (ONNX opset 24,
+  alpha 1): one activation a convolution's epilogue can absorb, where the
+  Sigmoid and the Mul each read the convolution's output
 * LayerNorm: mean = ReduceMean(x); d = x - mean; v = ReduceMean(d ** 2);
   y = d / sqrt(v + eps) [* gamma] [+ beta] over trailing axes -> LayerNormalization
 """
@@ -163,6 +166,18 @@ def fuse_hard_swish(graph: Graph, add: Op) -> bool:
     return True
 
 
+def fuse_silu(graph: Graph, mul: Op) -> bool:
+    if mul.type != "Mul" or len(mul.inputs) != 2:
+        return False
+    for x in mul.inputs:
+        sig = producer(graph, _other(mul, x) or "")
+        if sig is not None and sig.type == "Sigmoid" and sig.inputs[0] == x and x != sig.outputs[0] \
+                and only_consumer(graph, sig.outputs[0]) is mul:
+            _replace_chain(graph, [sig, mul], mul, "Swish", [x], {}, mul.name)
+            return True
+    return False
+
+
 def _axes(graph: Graph, op: Op) -> list[int] | None:
     if len(op.inputs) > 1 and op.inputs[1]:
         v = graph.const_value(op.inputs[1])
@@ -171,4 +186,4 @@ def _axes(graph: Graph, op: Op) -> list[int] | None:
     return None if a is None else [int(v) for v in a]
 
 
-REWRITES = [fuse_erf_gelu, fuse_layernorm, fuse_hard_swish]
+REWRITES = [fuse_erf_gelu, fuse_layernorm, fuse_hard_swish, fuse_silu]

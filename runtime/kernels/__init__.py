@@ -48,11 +48,23 @@ def check_binding(name: str, n_inputs: int, attrs: Mapping[str, object], what: s
         raise UnsupportedError(f"{what}: the CPU kernel does not support this form ({exc})") from None
 
 
-def run_kernel(name: str, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, object]) -> list[np.ndarray]:
-    """Run one kernel. An rkbin is untrusted: attributes that disagree with the
-    inputs (a window of the wrong rank, an axis past the end) make numpy raise,
-    and that is the file's fault, so it becomes one UnsupportedError line."""
+# kernels with optional outputs take `n_outputs`: how many outputs the step reads
+# (MaxPool's argmax indices are computed only when read)
+COUNTS_OUTPUTS: frozenset[str] = frozenset(name for name, k in KERNELS.items()
+                                           if "n_outputs" in inspect.signature(k).parameters)
+
+
+def run_kernel(name: str, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, object],
+               n_outputs: int | None = None) -> list[np.ndarray]:
+    """Run one kernel (`n_outputs`: the outputs the caller reads; None: all). An
+    rkbin is untrusted: attributes that disagree with the inputs (a window of the
+    wrong rank, an axis past the end) make numpy raise, and that is the file's
+    fault, so it becomes one UnsupportedError line."""
     kernel = kernel_for(name)
+    if name in COUNTS_OUTPUTS:
+        attrs = {k: v for k, v in attrs.items() if k != "n_outputs"}
+        if n_outputs is not None:
+            attrs["n_outputs"] = n_outputs
     try:
         result = kernel(*inputs, **attrs)
     except (ValueError, TypeError, IndexError, ArithmeticError) as exc:  # numpy's AxisError is a ValueError

@@ -127,14 +127,29 @@ def _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, stride
 
 
 def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None, storage_order=0,
-             strides=None):
+             strides=None, n_outputs=2):
+    """MaxPool; its second output (the argmax indices) only when the step reads it
+    (`n_outputs`, passed by run_kernel): most models never do, and it cost more than the pool."""
     kernel, strides, dil, begin, end, extra = _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape,
                                                              pads, strides)
     low = np.array(-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min, dtype=x.dtype)
+    nd = len(kernel)
+    if n_outputs < 2 and nd == 2:
+        from rkc.runtime.kernels import pool_jit  # numba: loaded by programs that pool on the CPU
+
+        if x.dtype == np.float16:  # numba has no fp16 compare: a max is exact in float32
+            (y,) = max_pool(x.astype(np.float32), auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+                            kernel_shape=kernel_shape, pads=pads, strides=strides, n_outputs=1),
+            return y.astype(np.float16)
+        if x.dtype in pool_jit.DTYPES:
+            out_hw = [(i + bg + e + x_ - ((k - 1) * d + 1)) // s + 1
+                      for i, k, s, d, bg, e, x_ in zip(x.shape[2:], kernel, strides, dil, begin, end, extra)]
+            return pool_jit.max_pool_2d(x, low, kernel, strides, dil, begin, out_hw)
     xp = np.pad(x, [(0, 0), (0, 0), *zip(begin, [e + x_ for e, x_ in zip(end, extra)])], constant_values=low)
     win = _windows(xp, kernel, strides, dil)
-    nd = len(kernel)
     y = win.max(axis=tuple(range(-nd, 0)))
+    if n_outputs < 2:
+        return y
     return y, _argmax_indices(x, win, kernel, strides, dil, begin, storage_order)
 
 

@@ -39,6 +39,13 @@ def hard_sigmoid(x, alpha=0.2, beta=0.5):
     return _like(x, np.clip(x.astype(np.float64) * alpha + beta, 0.0, 1.0))
 
 
+def swish(x, alpha=1.0):
+    """ONNX Swish (opset 24): x * sigmoid(alpha * x); SiLU at alpha 1."""
+    x64 = x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        return _like(x, x64 / (1.0 + np.exp(-float(alpha) * x64)))
+
+
 def hard_swish(x):
     return _like(x, x * np.clip(x.astype(np.float64) / 6.0 + 0.5, 0.0, 1.0))
 
@@ -143,7 +150,7 @@ def dropout(x, ratio=None, training_mode=None, seed=None):
 
 KERNELS = {
     "Relu": relu, "LeakyRelu": leaky_relu, "Sigmoid": sigmoid, "HardSigmoid": hard_sigmoid,
-    "HardSwish": hard_swish, "Gelu": gelu, "Elu": elu, "Selu": selu, "Clip": clip, "Softplus": softplus,
+    "HardSwish": hard_swish, "Swish": swish, "Gelu": gelu, "Elu": elu, "Selu": selu, "Clip": clip, "Softplus": softplus,
     "Tanh": _float_unary(np.tanh), "Erf": _float_unary(erf), "Exp": _float_unary(np.exp),
     "Log": _float_unary(np.log), "Sqrt": _float_unary(np.sqrt), "Abs": np.abs, "Neg": np.negative,
     "Reciprocal": _float_unary(np.reciprocal), "Floor": np.floor, "Ceil": np.ceil,

@@ -153,6 +153,16 @@ def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coor
         scale = [float(s) for s in np.asarray(scales).reshape(-1)]
         out = [int(np.floor(i * s)) for i, s in zip(in_sizes, scale)]
     roi_v = None if roi is None or not np.size(roi) else np.asarray(roi, np.float64).reshape(-1)
+    if mode == "nearest" and coordinate_transformation_mode != "tf_crop_and_resize":
+        # each output is one input value: gathered as they are, in x's dtype (exact; no
+        # float64 round trip, which made YOLO's and PP-OCR's upsampling a CPU hot spot)
+        y = x
+        for k, axis in enumerate(axes):
+            r = (0.0, 1.0) if roi_v is None else (roi_v[k], roi_v[len(axes) + k])
+            src = _source_coordinate(coordinate_transformation_mode, out[k], in_sizes[k], scale[k], r)
+            idx, _ = _taps(mode, src, in_sizes[k], nearest_mode, cubic_coeff_a, exclude_outside)
+            y = np.take(y, idx[:, 0], axis=axis)
+        return y
     y = x.astype(np.float64)
     for k, axis in enumerate(axes):
         r = (0.0, 1.0) if roi_v is None else (roi_v[k], roi_v[len(axes) + k])

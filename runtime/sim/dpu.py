@@ -149,7 +149,7 @@ def _ew(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, x: np.ndarray, rdma: d
     use_lut = not cfg["EW_LUT_BYPASS"]
     if use_lut:
         if not is_float:
-            raise r.error(UnsupportedError, "the LUT on an integer datapath is not modelled (Q18)", "DPU_EW_CFG")
+            raise r.error(UnsupportedError, "the LUT on an integer datapath is not modelled (Q22)", "DPU_EW_CFG")
         if uses_operand:
             raise r.error(UnsupportedError, "an ERDMA operand and the LUT in one EW stage: their order is "
                           "unknown (Q18)", "DPU_EW_CFG")

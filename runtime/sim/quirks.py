@@ -202,6 +202,17 @@ QUESTIONS: tuple[Question, ...] = (
         "other values raise. Every integer BS/BN multiply follows the measured rule: wide product, "
         "sign-split shift, round half to even (`bs_bn_mul_rounding`), int32 saturation (BN by "
         "analogy: the same SDP X unit)."),
+    Question(
+        "Q22", "the LUT on an integer datapath",
+        "None: every validated LUT program (dpu-lut-activation.md, act_lut_readme.md) runs on fp16 data, "
+        "the BN index multiply taking an fp16 operand and OUT_CVT decoding the Q0.15 entry to fp16. "
+        "Whether an int8 convolution's int32 accumulator can index the table (BN integer multiply and "
+        "shift to the index range) and OUT_CVT requantize the entry to int8 in the same task is not "
+        "measured. The vendor's int8 YOLO models run SiLU on the NPU, which suggests it can.",
+        "Refused: a LUT stage on an integer datapath raises. The compiler runs an int8 program's groups "
+        "that need a table (SiLU, sigmoid, GELU, hard-swish) in fp16 instead (`compiler/emitter_ops.py` "
+        "`plan_groups`). A probe is to be written: an int8 1x1 convolution with the sigmoid table, the "
+        "index from a BN integer multiply, OUT_CVT to int8, against the fp16 program's result."),
 )
 
 

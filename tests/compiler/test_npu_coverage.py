@@ -223,3 +223,115 @@ def test_an_average_pool_alone_between_cpu_ops_stays_on_the_npu(tmp_path):
     report, got, want = _build_and_run(tmp_path, _model(nodes, {}, [1, 8, 9, 9]), (1, 8, 9, 9), "fp16")
     assert _placed(report)["a"][0] == "npu"
     assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, hw, kernel, stride, pads", [(64, 7, 7, 1, 0), (40, 7, 7, 7, 0), (24, 5, 5, 2, 0),
+                                                          (16, 4, 6, 1, 1), (8, 8, 8, 8, 0)])
+def test_average_pool_of_one_window_runs_on_the_npu(tmp_path, precision, c, hw, kernel, stride, pads):
+    """An AveragePool whose one window covers the map (ResNet's 7x7 head): its
+    [1, C, 1, 1] result is a GEMM row of 4 stored rows, made as a global pool's is."""
+    rng = np.random.default_rng(c + hw)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[kernel] * 2, strides=[stride] * 2,
+                              pads=[pads] * 4, count_include_pad=1)]
+    model = _model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
+    report, got, want = _build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
+    assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
+    assert got.shape == (1, c, 1, 1)
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+@pytest.mark.parametrize("c, hw", [(16, 12), (24, 17)])
+def test_int8_max_pools_run_on_the_npu_codes_without_conversions(tmp_path, c, hw):
+    """A CPU MaxPool between int8 NPU segments pools the int8 codes in place (its
+    output keeps its input's scale): the only conversions left are the model's
+    input and output, through a strided pool and an SPPF-like chain of three."""
+    rng = np.random.default_rng(c)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p1", "w2"], ["c2"]),
+             *[helper.make_node("MaxPool", [a], [b], kernel_shape=[5, 5], pads=[2, 2, 2, 2])
+               for a, b in (("c2", "m1"), ("m1", "m2"), ("m2", "m3"))],
+             helper.make_node("Conv", ["m3", "w3"], ["c3"]), helper.make_node("Add", ["c3", "m1"], ["y"])]
+    inits = {"w1": rng.standard_normal((c, 3, 3, 3)) / 4, "b1": rng.standard_normal(c) * 0.1,
+             "w2": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c), "w3": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)}
+    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, 3, hw, hw]), (1, 3, hw, hw), "int8")
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == ["MaxPool"] * 4
+    assert report.conversions == 2, report.conversions
+    assert cosine(got, want) >= THRESHOLD["int8"]
+
+
+@pytest.mark.parametrize("c, h, w", [(16, 8, 8), (48, 6, 20), (80, 5, 5)])
+def test_silu_fuses_into_the_convolution_epilogue(tmp_path, c, h, w):
+    """x * sigmoid(x) after a convolution (how exporters spell nn.SiLU) becomes one
+    Swish and rides the convolution's DPU epilogue as the SiLU lookup table (fp16)."""
+    rng = np.random.default_rng(c)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    model = _model(nodes, {"w": rng.standard_normal((c, 4, 3, 3)) / 2, "b": rng.standard_normal(c)}, [1, 4, h, w])
+    report, got, want = _build_and_run(tmp_path, model, (1, 4, h, w), "fp16")
+    assert report.placements[-1].op.type == "Swish"
+    assert [p.device for p in report.placements] == ["npu"] * 2
+    assert "fused into the epilogue" in report.placements[-1].reason
+    assert cosine(got, want) >= THRESHOLD["fp16"]
+    np.testing.assert_allclose(got, want, atol=0.02, rtol=0.01)  # the table's step (compiler/npu/lut.py)
+
+
+def _c2f_block(c: int, seed: int):
+    """YOLOv8's C2f: a 1x1 conv split in two halves, a bottleneck on the second, the
+    three concatenated, a 1x1 conv; then an SPPF-like Concat of the input and its pool."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.standard_normal((2 * c, 8, 1, 1)) / 3, "b1": rng.standard_normal(2 * c) * 0.1,
+             "wb": rng.standard_normal((c, c, 3, 3)) / (3 * np.sqrt(c)), "bb": rng.standard_normal(c) * 0.1,
+             "w2": rng.standard_normal((2 * c, 3 * c, 1, 1)) / np.sqrt(3 * c), "split": np.array([c, c])}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Split", ["r1", "split"], ["s0", "s1"], axis=1),
+             helper.make_node("Conv", ["s1", "wb", "bb"], ["cb"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["cb"], ["rb"]), helper.make_node("Add", ["rb", "s1"], ["ab"]),
+             helper.make_node("Concat", ["s0", "s1", "ab"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w2"], ["c2"]),
+             helper.make_node("MaxPool", ["c2"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["c2", "p"], ["y"], axis=1)]
+    return nodes, inits
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, h, w", [(16, 8, 8), (32, 6, 11)])
+def test_concat_and_split_of_npu_maps_are_slices_of_one_buffer(tmp_path, precision, c, h, w):
+    """No step for a channel Split or Concat of NPU maps: the producers write their
+    slices of one buffer, the consumers read theirs (int8: one shared scale)."""
+    nodes, inits = _c2f_block(c, c + h)
+    inits["split"] = inits["split"].astype(np.int64)
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v, np.int64 if k == "split" else np.float32), k)
+                               for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    report, got, want = _build_and_run(tmp_path, model, (1, 8, h, w), precision)
+    placed = {p.op.type: p.device for p in report.placements if p.op.type in ("Split", "Concat")}
+    assert placed == {"Split": "view", "Concat": "view"}, [(p.op.type, p.reason) for p in report.placements]
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == ["MaxPool"]
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_yolo_neck_upsample_runs_in_place_and_silu_stays_on_the_npu(tmp_path, precision):
+    """PAN neck: conv + SiLU, nearest x2 Resize (in place on the NPU copy), Concat with
+    a finer map (a view), conv + SiLU. int8: the SiLU table is fp16-only (Q22), so the
+    groups run in fp16 and nothing converts between them: only the model's input and output."""
+    rng = np.random.default_rng(11)
+    silu = [helper.make_node("Sigmoid", ["c1"], ["s1"]), helper.make_node("Mul", ["c1", "s1"], ["a1"]),
+            helper.make_node("Sigmoid", ["c3"], ["s3"]), helper.make_node("Mul", ["c3", "s3"], ["y"])]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]), *silu[:2],
+             helper.make_node("Resize", ["a1", "", "scales"], ["up"], mode="nearest"),
+             helper.make_node("Concat", ["up", "x"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1]), *silu[2:]]
+    inits = {"w1": rng.standard_normal((16, 16, 3, 3)) / 6, "b1": rng.standard_normal(16) * 0.1,
+             "w3": rng.standard_normal((16, 32, 3, 3)) / 8, "b3": rng.standard_normal(16) * 0.1,
+             "scales": np.array([1, 1, 2, 2])}
+    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, 16, 12, 12]), (1, 16, 12, 12), precision)
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == ["Resize"]
+    assert report.conversions == 2, report.conversions
+    assert cosine(got, want) >= THRESHOLD["fp16"]

@@ -71,14 +71,16 @@ MODULE_CASES = {
     "NPU tensor with a zero dimension": (_tensor("p1@npu", "shape", [1, 0, 16, 16]),
                                          r"tensor 'p1@npu' has shape \[1, 0, 16, 16\] in NPU layout 'native': the NPU "
                                          r"reads and writes no empty cube"),
-    "Cast output disagrees with its input": (_tensor("p1", "shape", [1, 0, 16, 16]),
-                                             r"step 'to_npu:p1': Cast of inputs shaped \[1, 0, 16, 16\] makes "
-                                             r"\[1, 0, 16, 16\], but output 'p1@npu' is declared \[1, 16, 16, 16\]"),
+    "Cast output disagrees with its input": (_tensor("logits.map", "shape", [1, 0, 1, 1]),
+                                             r"step 'from_npu:logits.map': Cast of inputs shaped \[1, 10, 1, 1\] "
+                                             r"makes \[1, 10, 1, 1\], but output 'logits.map' is declared "
+                                             r"\[1, 0, 1, 1\]"),
     "Softmax output disagrees with its input": (_tensor("probs", "shape", [1, 11]),
                                                 r"Softmax of inputs shaped \[1, 10\] makes \[1, 10\], but output "
                                                 r"'probs' is declared \[1, 11\]"),
-    "a step's producer dropped": (lambda m, b: m["programs"][0]["steps"].remove(m["programs"][0]["steps"][3]),
-                                  r"program 'main' step 'to_npu:p1' reads 'p1' before any step writes it"),
+    "a step's producer dropped": (lambda m, b: m["programs"][0]["steps"].remove(m["programs"][0]["steps"][4]),
+                                  r"program 'main' step 'Flatten:logits' reads 'logits.map' before any step "
+                                  r"writes it"),
     # campaign seed 9 (LLM rkbin): an NPU step named a host-side tensor as its output, nothing wrote it
     "NPU step lists a host-side tensor": (_set(["programs", 0, "steps", 1, "outputs"], ["r1"]),
                                           r"step 'segment 1' lists 'r1', which lives in no region the NPU could touch"),

@@ -51,6 +51,7 @@ ANCHOR_CASES = {
     **{op: ({"x": X}, {}, {}, 17) for op in ("Sigmoid", "Tanh", "HardSwish")},
     "HardSigmoid": ({"x": X}, {}, {"alpha": 1 / 6, "beta": 0.5}, 17),
     "Gelu": ({"x": X}, {}, {}, 20),
+    "Swish": ({"x": X}, {}, {}, 24),
     "AveragePool": ({"x": X}, {}, {"kernel_shape": [2, 2], "strides": [2, 2]}, 17),
     "GlobalAveragePool": ({"x": X}, {}, {}, 17),
 }

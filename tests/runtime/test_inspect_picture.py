@@ -49,7 +49,7 @@ def test_resnet50_picture(tmp_path):
             assert lines[0].startswith(s.name.split(":")[0] + ": " + s.op), lines
         else:
             assert lines[0] == s.op, lines
-    assert segment >= 3 and {"MaxPool", "Softmax"} <= {lines[0] for lines in steps.values()}
+    assert segment >= 2 and {"MaxPool", "Softmax"} <= {lines[0] for lines in steps.values()}
     assert all(label.endswith(" B") for label in pic.edges.values())
     g = nx.DiGraph(list(pic.edges))
     assert nx.has_path(g, f"in:{program.inputs[0]}", f"out:{program.outputs[0]}")

@@ -1,0 +1,66 @@
+"""YOLOv8n and YOLO11n (bench/zoo_models.py: ultralytics' yolov8.yaml and
+yolo11.yaml at scale n, random weights from a fixed seed, cut where
+rknn_model_zoo cuts them) at 128x128: the default test compiles YOLOv8n and
+checks where every op runs (nothing but max pooling and upsampling on the CPU,
+every Concat and Split a view); the slow ones run both on the simulator against
+onnxruntime in fp16 and int8."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
+from onnx_models import cosine, onnxruntime_outputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import zoo_models  # noqa: E402
+
+SIZE = 128  # P5 is 4x4: every convolution task keeps its 4 input rows
+THRESHOLD = {"fp16": 0.9995, "int8": 0.999}
+
+
+def _model(tmp_path, family: str = "yolov8") -> Path:
+    path = tmp_path / f"{family}n.onnx"
+    onnx.save(getattr(zoo_models, family)("n", SIZE), str(path))
+    return path
+
+
+def _options(tmp_path, precision: str) -> BuildOptions:
+    options = BuildOptions(precision=precision)
+    if precision == "int8":
+        options.calib = tmp_path / "calib.npz"
+        rng = np.random.default_rng(1)
+        np.savez(options.calib, images=rng.random((2, 1, 3, SIZE, SIZE)).astype(np.float32))
+    return options
+
+
+def test_yolov8n_runs_on_the_npu_but_its_pools_and_upsampling(tmp_path):
+    report = build(_model(tmp_path), tmp_path / "y.rkbin", _options(tmp_path, "fp16"))
+    cpu = sorted(p.op.type for p in report.placements if p.device == "cpu")
+    assert cpu == ["MaxPool"] * 3 + ["Resize"] * 2, [(p.op.describe(), p.reason) for p in report.placements
+                                                      if p.device == "cpu"]
+    views = sorted({p.op.type for p in report.placements if p.device == "view"})
+    assert views == ["Concat", "Split"] and report.ops_view == 21
+    assert sum(p.op.type == "Swish" for p in report.placements) == 57  # every Conv's SiLU, fused
+    assert report.conversions == 7  # the image in, six outputs back
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("family", ["yolov8", "yolo11"])
+def test_yolo_matches_onnxruntime(tmp_path, family, precision):
+    """YOLO11n's C2PSA attention (Reshape, Transpose, MatMul, Softmax over the 4x4
+    positions) stays on the CPU; everything else as YOLOv8n."""
+    path = _model(tmp_path, family)
+    build(path, tmp_path / "y.rkbin", _options(tmp_path, precision))
+    x = np.random.default_rng(2).random((1, 3, SIZE, SIZE)).astype(np.float32)
+    with runtime.load(tmp_path / "y.rkbin", device="sim") as m:
+        got = m.run({"images": x})
+    want = onnxruntime_outputs(path, {"images": x})
+    assert set(got) == set(want) == {f"{k}{i}" for k in ("box", "cls") for i in range(3)}
+    for name in want:
+        assert cosine(got[name], want[name]) >= THRESHOLD[precision], name

@@ -1,0 +1,103 @@
+"""The CPU max pool (runtime/kernels/conv.py, compiled for 2-D maps by
+runtime/kernels/pool_jit.py) against a float64 reference written window by
+window, over a sweep of shapes, windows, strides, dilations, pads and ceil mode,
+in float32 and int8 (a maximum is exact: equality); its argmax output only when read."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from rkc.runtime.kernels import run_kernel
+
+
+def _reference(x, kernel, strides, dilations, pads, ceil_mode):
+    """Each output's window gathered from the unpadded map in float64."""
+    h, w = x.shape[2:]
+    (kh, kw), (sy, sx), (dy, dx) = kernel, strides, dilations
+    pt, pl, pb, pr = pads
+    sizes = []
+    for n, k, s, d, b, e in ((h, kh, sy, dy, pt, pb), (w, kw, sx, dx, pl, pr)):
+        span = n + b + e - ((k - 1) * d + 1)
+        out = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (out - 1) * s >= n + b:
+            out -= 1
+        sizes.append(out)
+    y = np.empty((*x.shape[:2], *sizes))
+    for oy, ox in itertools.product(range(sizes[0]), range(sizes[1])):
+        rows = [oy * sy - pt + i * dy for i in range(kh) if 0 <= oy * sy - pt + i * dy < h]
+        cols = [ox * sx - pl + j * dx for j in range(kw) if 0 <= ox * sx - pl + j * dx < w]
+        y[:, :, oy, ox] = x[:, :, rows][:, :, :, cols].astype(np.float64).max(axis=(2, 3))
+    return y
+
+
+CASES = [((1, 3, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0),  # ResNet's stem pool
+         ((1, 16, 20, 20), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2), 0),  # YOLO's SPPF
+         ((2, 5, 11, 7), (2, 3), (2, 1), (1, 2), (0, 1, 1, 0), 0),
+         ((1, 4, 10, 13), (3, 3), (2, 2), (1, 1), (0, 0, 0, 0), 1),
+         ((1, 7, 6, 6), (2, 2), (2, 2), (1, 1), (0, 0, 0, 0), 0),
+         ((1, 2, 15, 4), (4, 2), (3, 2), (2, 1), (1, 0, 2, 1), 1)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+@pytest.mark.parametrize("shape, kernel, strides, dilations, pads, ceil_mode", CASES)
+def test_max_pool_matches_a_window_by_window_reference(dtype, shape, kernel, strides, dilations, pads, ceil_mode):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 40).astype(dtype) if dtype == np.int8 else rng.standard_normal(shape).astype(dtype)
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "dilations": list(dilations),
+             "pads": list(pads), "ceil_mode": ceil_mode}  # ONNX pads: begins (H, W), then ends (H, W)
+    want = _reference(x, kernel, strides, dilations, pads, ceil_mode)
+    (got,) = run_kernel("MaxPool", [x], attrs, n_outputs=1)
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+    both = run_kernel("MaxPool", [x], attrs)  # the indices too, when read
+    assert len(both) == 2 and both[1].dtype == np.int64
+    np.testing.assert_array_equal(both[0], got)
+    np.testing.assert_array_equal(x.reshape(-1)[both[1]], got)  # each index points at its maximum
+
+
+def test_a_nan_in_a_window_is_its_maximum_as_in_numpy():
+    x = np.random.default_rng(0).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    x[0, 1, 2, 3] = np.nan
+    (got,) = run_kernel("MaxPool", [x], {"kernel_shape": [3, 3], "strides": [1, 1]}, n_outputs=1)
+    want = _reference(x, (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), 0)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+    assert np.isnan(got[0, 1, 0:3, 1:4]).all() and not np.isnan(got[0, 0]).any()
+
+
+def test_fp16_max_pool_is_the_float32_pool_rounded_back():
+    x = np.random.default_rng(5).standard_normal((1, 8, 9, 9)).astype(np.float16)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    (got,) = run_kernel("MaxPool", [x], attrs, n_outputs=1)
+    assert got.dtype == np.float16
+    want = _reference(x, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0)
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+
+
+@pytest.mark.parametrize("coordinates, nearest, scales", [
+    ("asymmetric", "floor", [1, 1, 2, 2]), ("half_pixel", "round_prefer_floor", [1, 1, 2, 2]),
+    ("align_corners", "round_prefer_ceil", [1, 1, 3, 1.5]), ("pytorch_half_pixel", "ceil", [1, 1, 0.5, 2]),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_nearest_resize_gathers_values_as_onnxruntime_does(coordinates, nearest, scales, dtype):
+    """The nearest Resize copies input values in the input's dtype (no float round trip)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    rng = np.random.default_rng(len(coordinates))
+    x = (rng.standard_normal((1, 3, 6, 10)) * 50).astype(dtype)
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": coordinates, "nearest_mode": nearest}
+    s = np.array(scales, np.float32)
+    (got,) = run_kernel("Resize", [x, None, s], attrs)
+    assert got.dtype == x.dtype
+    tt = helper.np_dtype_to_tensor_dtype(x.dtype)
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], **attrs)
+    graph = helper.make_graph([node], "r", [helper.make_tensor_value_info("x", tt, x.shape)],
+                              [helper.make_tensor_value_info("y", tt, None)],
+                              [onnx.numpy_helper.from_array(s, "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(got, session.run(None, {"x": x})[0])
