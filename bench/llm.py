@@ -146,10 +146,16 @@ def prefill_profile(engine: LlmEngine, cache, chunk: int, repeats: int = 2) -> l
 
 
 def _llama(gguf: Path, threads: int, n_ctx: int):
-    import llama_cpp
+    """llama.cpp on the CPU (tests/llm/llamacpp.py's new_llama, loaded by path: bench/llm.py shadows the
+    tests' llm package)."""
+    import importlib.util
 
-    return llama_cpp.Llama(str(gguf), n_ctx=max(1024, n_ctx), n_batch=512, n_ubatch=512, n_threads=threads,
-                           n_threads_batch=threads, verbose=False, seed=0)
+    path = Path(__file__).resolve().parents[1] / "tests" / "llm" / "llamacpp.py"
+    spec = importlib.util.spec_from_file_location("rkc_llamacpp_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.new_llama(gguf, n_ctx=max(1024, n_ctx), n_batch=512, n_ubatch=512, n_threads=threads,
+                            n_threads_batch=threads, verbose=False, seed=0)
 
 
 def llama_cpp_prefill(gguf: Path, threads: int, chunks: list[int], repeats: int = 3) -> dict[str, float]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-import numba
 import numpy as np
 
 from rkc.ir.program import Step
@@ -30,6 +29,7 @@ from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
+from rkc.runtime.llm.threads import over_ranges
 
 F32 = np.float32
 _NONE_F32 = np.zeros((0, 0), F32)  # an output the kernel does not store
@@ -164,7 +164,9 @@ class _OutEdge:
         runs it) and the quantization into the atoms; the scales into their slot."""
         if self.factor is not None:
             np.matmul(self.factor, self.rotated, out=self.mixed)
-            kernels.quantize_blocks_into_atoms(self.mixed, self.block, self.dst, self.scale)
+            mixed, block, dst, scale = self.mixed, self.block, self.dst, self.scale
+            over_ranges(lambda lo, hi: kernels.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi),
+                        mixed.shape[1] // block)
         if self.scale_slot is not None:
             slots[self.scale_slot] = self.scale
 
@@ -201,17 +203,18 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
     keep = [n is not None and n in wanted for n in names]
     bufs = [np.empty((m, k), F32) if kept else _NONE_F32 for kept in keep]
     stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
-    o_res, slots, prog = plan._slot(residual), plan.slots, pairwise_program(k)
+    o_res, slots, prog, tiles = plan._slot(residual), plan.slots, pairwise_program(k), -(-m // LANES)
     run, label = kernels.residual_tiles, f"residual stretch of rows ({first.op}, {last.op})"
 
     def call():
         res = slots[o_res]
         if res.shape != (m, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
-        run(edge_in.kind, edge_in.src, edge_in.extra, edge_in.row_scale(slots, label), edge_in.ch, edge_in.bias,
-            edge_in.has_bias, first_norm, w1, e1, res, w2, e2, prog, *keep, *bufs,
-            edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.scale,
-            edge_out.rotated, numba.get_num_threads())
+        args = (edge_in.kind, edge_in.src, edge_in.extra, edge_in.row_scale(slots, label), edge_in.ch,
+                edge_in.bias, edge_in.has_bias, first_norm, w1, e1, res, w2, e2, prog, *keep, *bufs,
+                edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.scale,
+                edge_out.rotated)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
         edge_out.finish(slots)
         for o, b in stores:
             slots[o] = b
@@ -249,10 +252,11 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[
     label = f"ffn stretch of rows ({e1.op}, {act.op}, {last.op})"
 
     def call():
-        run(edge_g.kind, edge_g.src, edge_g.extra, edge_g.row_scale(slots, label), edge_g.ch, edge_g.bias, edge_g.has_bias,
-            edge_u.src, edge_u.extra, edge_u.row_scale(slots, label), edge_u.ch, edge_u.bias, edge_u.has_bias, act_kind, m, k,
-            edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.scale,
-            edge_out.rotated, numba.get_num_threads())
+        args = (edge_g.kind, edge_g.src, edge_g.extra, edge_g.row_scale(slots, label), edge_g.ch, edge_g.bias,
+                edge_g.has_bias, edge_u.src, edge_u.extra, edge_u.row_scale(slots, label), edge_u.ch, edge_u.bias,
+                edge_u.has_bias, act_kind, m, k, edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block,
+                edge_out.hnorm, edge_out.scale, edge_out.rotated)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), -(-m // LANES))
         edge_out.finish(slots)
     call.label, call.ops = label, tuple(s.op for s in steps)
     return plan._bracketed([*edge_g.bos, *edge_u.bos, edge_out.bo], [call])

@@ -17,7 +17,7 @@ leaves its rotated rows for the caller's numpy product (BLAS's sums) and
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
 from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _sum_squares, exp_into, scaled_amax
@@ -83,11 +83,11 @@ def _load_in(kind, atoms, extra, row_scale, ch, bias, has_bias, m0, r, k, buf):
                 row[lane] = np.float32(acc) * (rs[lane] * cs) + bj
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(**_JIT)
 def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
                    first_norm, w1, e1, res, w2, e2, prog,
                    keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
-                   out_kind, dst, signs, block, hnorm, scale, rotated, threads):
+                   out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
     """The residual stretch over rows [M, K] (M = res's rows) of an NPU
     output `src` [C1, R, C2] (fp16 bits, widened, or int32 dequantized, with
     `extra`'s accumulators added when it has rows: a second K partial): x;
@@ -98,43 +98,42 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
     to int8 with one scale per row (`scale`), or rotated into `rotated`
     [K / block, M x block] (a factor's product follows, then
     quantize_blocks_into_atoms). The atoms' rows
-    past M and channels past K are zeroed. Tiles of LANES rows dealt to
-    `threads` of numba's threads; the in edge's arithmetic is float32
-    (`_load_in`, within float32 ulps of float64, not the per-step bits)."""
+    past M and channels past K are zeroed (by the call whose range ends at
+    the last tile). Tiles of LANES rows, tile_lo..tile_hi-1: disjoint
+    ranges may run at once on other threads (runtime/llm/threads.py); the in
+    edge's arithmetic is float32 (`_load_in`, not the per-step bits)."""
     rows, k = res.shape
     tiles = (rows + LANES - 1) // LANES
-    threads = max(1, min(threads, tiles))
-    for t in prange(threads):
-        buf = np.empty((k, LANES), np.float32)
-        bits = buf.view(np.uint32)
-        stack = np.empty((prog.shape[0] + 1, LANES), np.float32)
-        acc = np.empty((8, LANES), np.float32)
-        sums = np.empty(LANES, np.float32)
-        amax = np.empty(LANES, np.float32)
-        for tile in range(t, tiles, threads):
-            m0 = tile * LANES
-            r = min(LANES, rows - m0)
-            for i in range(k):  # lanes past r: zeros (their sums are never used)
-                for lane in range(r, LANES):
-                    buf[i, lane] = np.float32(0.0)
-            _load_in(in_kind, src, extra, row_scale, ch, bias, has_bias, m0, r, k, buf)
-            if keep_x:
-                _store(buf, m0, r, k, x_out)
-            if first_norm:
-                _normalise(buf, k, r, w1, e1, prog, stack, acc, sums)
-                if keep_n1:
-                    _store(buf, m0, r, k, n1_out)
-            for i in range(k):
-                row = buf[i]
-                for lane in range(r):
-                    row[lane] = row[lane] + res[m0 + lane, i]
-            if keep_total:
-                _store(buf, m0, r, k, total_out)
-            _normalise(buf, k, r, w2, e2, prog, stack, acc, sums)
-            if keep_n2:
-                _store(buf, m0, r, k, n2_out)
-            _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
-    if out_kind != OUT_ROTATED:
+    buf = np.empty((k, LANES), np.float32)
+    bits = buf.view(np.uint32)
+    stack = np.empty((prog.shape[0] + 1, LANES), np.float32)
+    acc = np.empty((8, LANES), np.float32)
+    sums = np.empty(LANES, np.float32)
+    amax = np.empty(LANES, np.float32)
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
+        r = min(LANES, rows - m0)
+        for i in range(k):  # lanes past r: zeros (their sums are never used)
+            for lane in range(r, LANES):
+                buf[i, lane] = np.float32(0.0)
+        _load_in(in_kind, src, extra, row_scale, ch, bias, has_bias, m0, r, k, buf)
+        if keep_x:
+            _store(buf, m0, r, k, x_out)
+        if first_norm:
+            _normalise(buf, k, r, w1, e1, prog, stack, acc, sums)
+            if keep_n1:
+                _store(buf, m0, r, k, n1_out)
+        for i in range(k):
+            row = buf[i]
+            for lane in range(r):
+                row[lane] = row[lane] + res[m0 + lane, i]
+        if keep_total:
+            _store(buf, m0, r, k, total_out)
+        _normalise(buf, k, r, w2, e2, prog, stack, acc, sums)
+        if keep_n2:
+            _store(buf, m0, r, k, n2_out)
+        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
+    if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
 
 
@@ -189,15 +188,16 @@ def zero_rows(dst, rows):
                 dst[a, m, b] = 0
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def quantize_blocks_into_atoms(x, block, q, scale):
-    """quantize_into_atoms of rows [M, K] given by blocks, x [K / block, M x
-    block] (row m's block b: x[b, m * block:(m + 1) * block]), rows threaded."""
+@njit(**_JIT)
+def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
+    """quantize_into_atoms of rows lo..hi-1 of [M, K] given by blocks, x [K /
+    block, M x block] (row m's block b: x[b, m * block:(m + 1) * block]);
+    the padding rows zeroed by the call whose range ends at M."""
     blocks = x.shape[0]
     rows = x.shape[1] // block
     c1, _, c2 = q.shape
     k = blocks * block
-    for m in prange(rows):
+    for m in range(lo, hi):
         amax = np.float32(0.0)
         for b in range(blocks):
             for j in range(block):
@@ -214,7 +214,8 @@ def quantize_blocks_into_atoms(x, block, q, scale):
                     q[a, m, c] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
                 else:
                     q[a, m, c] = 0
-    zero_rows(q, rows)
+    if hi == rows:
+        zero_rows(q, rows)
 
 
 @njit(**_JIT)
@@ -252,48 +253,44 @@ _GELU_C = np.float32(0.7978845608028654)  # sqrt(2 / pi)
 _GELU_K = np.float32(0.044715)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(**_JIT)
 def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias,
               up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, act, rows, k,
-              out_kind, dst, signs, block, hnorm, scale, rotated, threads):
+              out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
     """The gated FFN's stretch over rows [rows, K]: gate and up read from
     their NPU outputs' atoms (fp16 widened, or int32 dequantized: `_load_in`), act(gate)
     * up (act: SiLU x / (1 + exp(-x)), or GELU's tanh form), then into the
     next segment's atoms as residual_tiles' out edge writes them (fp16; int8
     rotated and quantized, one scale per row; or rotated rows for a factor's
-    product). Tiles of LANES rows, dealt to `threads` of numba's threads
-    (each with its own buffers)."""
+    product). Tiles of LANES rows, tile_lo..tile_hi-1 (as residual_tiles)."""
     tiles = (rows + LANES - 1) // LANES
-    threads = max(1, min(threads, tiles))
-    for t in prange(threads):
-        g = np.empty((k, LANES), np.float32)
-        u = np.empty((k, LANES), np.float32)
-        e = np.empty(LANES, np.float32)
-        bits = np.empty(LANES, np.int32)
-        arg = np.empty(LANES, np.float32)
-        amax = np.empty(LANES, np.float32)
-        for tile in range(t, tiles, threads):
-            m0 = tile * LANES
-            r = min(LANES, rows - m0)
-            _load_in(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias, m0, r, k, g)
-            _load_in(in_kind, up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, m0, r, k, u)
+    g = np.empty((k, LANES), np.float32)
+    u = np.empty((k, LANES), np.float32)
+    n = k * LANES
+    gf, uf = g.reshape(n), u.reshape(n)  # the tile as one flat run: each pass one vectorised loop
+    arg = np.empty(n, np.float32)
+    e = np.empty(n, np.float32)
+    bits = np.empty(n, np.int32)
+    amax = np.empty(LANES, np.float32)
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
+        r = min(LANES, rows - m0)
+        _load_in(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias, m0, r, k, g)
+        _load_in(in_kind, up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, m0, r, k, u)
+        if act == ACT_SILU:  # x / (1 + exp(-x))
+            for i in range(n):
+                arg[i] = -gf[i]
+        else:  # 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)), y = C (x + K x^3)
+            for i in range(n):
+                x = gf[i]
+                arg[i] = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
+        exp_into(arg, e, bits)
+        for i in range(n):
+            gf[i] = gf[i] / (np.float32(1.0) + e[i]) * uf[i]
+        if r < LANES:  # lanes past the rows: zeros (never stored)
             for i in range(k):
-                gi, ui = g[i], u[i]
-                if act == ACT_SILU:
-                    for lane in range(LANES):
-                        arg[lane] = -gi[lane]
-                    exp_into(arg, e, bits)
-                    for lane in range(LANES):
-                        gi[lane] = gi[lane] / (np.float32(1.0) + e[lane]) * ui[lane]
-                else:  # 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)), y = C (x + K x^3)
-                    for lane in range(LANES):
-                        x = gi[lane]
-                        arg[lane] = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
-                    exp_into(arg, e, bits)
-                    for lane in range(LANES):
-                        gi[lane] = gi[lane] / (np.float32(1.0) + e[lane]) * ui[lane]
-                for lane in range(r, LANES):  # lanes past the rows: zeros (never stored)
-                    gi[lane] = np.float32(0.0)
-            _out_edge(g, g.view(np.uint32), m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
-    if out_kind != OUT_ROTATED:
+                for lane in range(r, LANES):
+                    g[i, lane] = np.float32(0.0)
+        _out_edge(g, g.view(np.uint32), m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
+    if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)

@@ -22,6 +22,8 @@ from rkc.ir.program import TensorInfo
 from rkc.runtime.execute import to_layout
 from rkc.runtime.kernels.hadamard import Rotation, compiled_form, make_rotation, rotate
 from rkc.runtime.llm import prefill_fused as pf
+from rkc.runtime.llm.prefill_kernels import LANES
+from rkc.runtime.llm.threads import over_ranges
 from rkc.runtime.plan import BoTensor
 
 F32 = np.float32
@@ -77,8 +79,9 @@ def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):
     else:
         out_kind, dst = (pf.OUT_QUANT if form.factor is None else pf.OUT_ROTATED), out_bt.atoms
     in_kind = pf.IN_HALF if edges[0] == "fp16" else pf.IN_DEQUANT
-    pf.ffn_tiles(in_kind, g_src, NO_PARTIAL, g_rs, g_ch, g_b, bias, u_src, NO_PARTIAL, u_rs, u_ch, u_b, bias, act, rows, k,
-                 out_kind, dst, form.signs, form.block, form.norm, scale, rotated, 2)
+    consts = (in_kind, g_src, NO_PARTIAL, g_rs, g_ch, g_b, bias, u_src, NO_PARTIAL, u_rs, u_ch, u_b, bias, act, rows,
+              k, out_kind, dst, form.signs, form.block, form.norm, scale, rotated)
+    over_ranges(lambda lo, hi: pf.ffn_tiles(*consts, lo, hi), -(-rows // LANES))  # tiles shared by the threads
     stored = out_bt.atoms.shape[1]
     if edges[1] == "fp16":
         got = BoTensor(out_bt.info, out_host).reader(np.float32)()
@@ -91,7 +94,7 @@ def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):
         before = rotate(want, Rotation(rot.signs, rot.block))  # the blocks before F mixes them
         got = rotated.reshape(k // form.block, rows, form.block).transpose(1, 0, 2).reshape(rows, k)
         assert np.all(np.abs(got - before) <= 4e-6 * np.abs(before).max(axis=1, keepdims=True))
-        pf.quantize_blocks_into_atoms(form.factor @ rotated, form.block, dst, scale)
+        pf.quantize_blocks_into_atoms(form.factor @ rotated, form.block, dst, scale, 0, rows)
     want_scale = np.abs(y).max(axis=1) / 127.0
     np.testing.assert_allclose(scale, want_scale, rtol=1e-5)
     codes = np.asarray(out_bt.atoms.transpose(1, 0, 2).reshape(stored, -1)[:, :k], np.int32)

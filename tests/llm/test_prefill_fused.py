@@ -20,6 +20,8 @@ from rkc.ir.program import Step, TensorInfo
 from rkc.runtime.execute import to_layout
 from rkc.runtime.kernels.hadamard import make_rotation
 from rkc.runtime.llm import prefill_fused as pf
+from rkc.runtime.llm.prefill_kernels import LANES
+from rkc.runtime.llm.threads import over_ranges
 from rkc.runtime.llm import kernels, prepared
 from rkc.runtime.llm.prefill_kernels import pairwise_program
 from rkc.runtime.plan import BoTensor
@@ -94,11 +96,12 @@ def test_residual_tiles_match_the_per_step_kernels(rows, k, kind, edges, first_n
     else:
         out_kind, dst = (pf.OUT_QUANT if rot.factor is None else pf.OUT_ROTATED), atoms_out
     extra = extra_bt.atoms if partials == 2 else np.zeros((0, 0, 0), np.int32)
-    pf.residual_tiles(in_kind, src, extra, rs, ch, bias, True, first_norm, w1, eps, res, w2, eps,
-                      pairwise_program(k), True, first_norm, True, True, *bufs, out_kind, dst,
-                      rot.signs.astype(F32), rot.block, F32(1.0 / np.sqrt(rot.block)), scale, rotated, 2)
+    consts = (in_kind, src, extra, rs, ch, bias, True, first_norm, w1, eps, res, w2, eps, pairwise_program(k), True,
+              first_norm, True, True, *bufs, out_kind, dst, rot.signs.astype(F32), rot.block,
+              F32(1.0 / np.sqrt(rot.block)), scale, rotated)
+    over_ranges(lambda lo, hi: pf.residual_tiles(*consts, lo, hi), -(-rows // LANES))  # two threads
     if out_kind == pf.OUT_ROTATED:  # the factor's product as fused_rows runs it, then the codes
-        pf.quantize_blocks_into_atoms(rot.factor.astype(F32) @ rotated, rot.block, dst, scale)
+        pf.quantize_blocks_into_atoms(rot.factor.astype(F32) @ rotated, rot.block, dst, scale, 0, rows)
     for got, want in zip(bufs, [x, n1, total, n2]):
         if got is bufs[1] and not first_norm:
             continue
