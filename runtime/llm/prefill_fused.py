@@ -192,7 +192,9 @@ def zero_rows(dst, rows):
 def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
     """quantize_into_atoms of rows lo..hi-1 of [M, K] given by blocks, x [K /
     block, M x block] (row m's block b: x[b, m * block:(m + 1) * block]);
-    the padding rows zeroed by the call whose range ends at M."""
+    the padding rows zeroed by the call whose range ends at M. The codes go
+    one atom (C2 channels, contiguous on both sides) at a time: a block is a
+    whole number of atoms (block and C2 powers of two, block >= C2)."""
     blocks = x.shape[0]
     rows = x.shape[1] // block
     c1, _, c2 = q.shape
@@ -200,20 +202,33 @@ def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
     for m in range(lo, hi):
         amax = np.float32(0.0)
         for b in range(blocks):
+            src = x[b, m * block:(m + 1) * block]
             for j in range(block):
-                a = abs(x[b, m * block + j])
+                a = abs(src[j])
                 if a > amax or a != a:
                     amax = a
         s = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
         scale[m] = s
-        for a in range(c1):
-            for c in range(c2):
-                i = a * c2 + c
-                if i < k:
-                    t = np.rint(x[i // block, m * block + i % block] / s)
-                    q[a, m, c] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
-                else:
+        if block % c2 == 0:
+            for b in range(blocks):
+                src = x[b, m * block:(m + 1) * block]
+                for j0 in range(0, block, c2):
+                    dst = q[(b * block + j0) // c2, m]
+                    for c in range(c2):
+                        t = np.rint(src[j0 + c] / s)
+                        dst[c] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+            for a in range(k // c2, c1):  # atoms past K
+                for c in range(c2):
                     q[a, m, c] = 0
+        else:
+            for a in range(c1):
+                for c in range(c2):
+                    i = a * c2 + c
+                    if i < k:
+                        t = np.rint(x[i // block, m * block + i % block] / s)
+                        q[a, m, c] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+                    else:
+                        q[a, m, c] = 0
     if hi == rows:
         zero_rows(q, rows)
 
