@@ -5,13 +5,20 @@ wall time is the host's alone: CPU kernels, conversions, runtime
 bookkeeping), against llama.cpp's CPU decode of the same GGUF (llama-cpp-python,
 1 and 2 threads) in the same run; the modelled NPU figures of the compiled
 program (compiler/llm/report.py, 1 GHz, the model's DRAM bandwidth or --dram-gbps) and the projected decode rate
-1 / (modelled NPU time + host time). With --sim, also the simulator's wall
+1 / (modelled NPU time + host time). Prefill: the host time of each chunk of
+128 and 512 on the whole compiled model (no extrapolation from a cut), the
+projected rate chunk / (modelled NPU + host), llama.cpp's CPU prefill of the
+same chunk of the same GGUF in the same run, the vendor's published first
+token time at 128 tokens for a model of the same widths (bench/published.py),
+and with --prompt N the host time of a whole N-token prompt against
+llama.cpp's prefill of it. With --sim, also the simulator's wall
 time per token (slow: seconds per Gemma token). Prints a table, and with
 --json one object.
 
     python bench/llm.py [--precision int8 fp16] [--tokens 16] [--positions 16 512] [--json]
     python bench/llm.py --workdir /tmp/rk  # keep the compiled rkbins there and reuse them
     python bench/llm.py --gguf other.gguf --profile
+    python bench/llm.py --gguf qwen.gguf --chunks 1,128,512 --positions 16 512 2048 4096 --llama-threads 2
     python bench/llm.py --workdir /tmp/rk --prefill-only --profile  # prefill chunks only, per step kind
     python bench/llm.py --host-costs costs.json  # per-step host costs for rkc inspect --host-costs
 """
@@ -87,6 +94,26 @@ def host_prefill(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> floa
     return statistics.median(times)
 
 
+def host_prompt(engine: LlmEngine, cache, tokens: int, repeats: int = 3) -> float:
+    """Median wall seconds of a whole `tokens`-token prompt from position 0, in
+    the chunks `fill` takes (the engine's largest that fit, as a chat's first turn)."""
+    times = []
+    for _ in range(repeats):
+        t = CLOCK()
+        fill(engine, cache, tokens)
+        times.append(CLOCK() - t)
+    return statistics.median(times)
+
+
+def vendor_ttft_128(cfg) -> tuple[str, float] | None:
+    """The vendor's published first-token ms at 128 prompt tokens (RKLLM
+    benchmark.md) of a model with these decoder widths, if it lists one."""
+    from published import RKLLM_TTFT_128_BY_SIZE
+
+    widths = (cfg.n_layer, cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim)
+    return next(((name, ms) for name, ms, *w in RKLLM_TTFT_128_BY_SIZE if tuple(w) == widths), None)
+
+
 def step_profile(engine: LlmEngine, cache, start: int, tokens: int) -> tuple[list[dict], dict[str, float]]:
     """Host time of each kind of prepared call of the decode plan, per token;
     and host us per call of each step kind (a fused stretch's time shared by
@@ -118,14 +145,42 @@ def prefill_profile(engine: LlmEngine, cache, chunk: int, repeats: int = 2) -> l
              "us_per_call": v / calls[k] * 1e6} for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])]
 
 
+def _llama(gguf: Path, threads: int, n_ctx: int):
+    """llama.cpp on the CPU (tests/llm/llamacpp.py's new_llama, loaded by path: bench/llm.py shadows the
+    tests' llm package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "llm" / "llamacpp.py"
+    spec = importlib.util.spec_from_file_location("rkc_llamacpp_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.new_llama(gguf, n_ctx=max(1024, n_ctx), n_batch=512, n_ubatch=512, n_threads=threads,
+                            n_threads_batch=threads, verbose=False, seed=0)
+
+
+def llama_cpp_prefill(gguf: Path, threads: int, chunks: list[int], repeats: int = 3) -> dict[str, float]:
+    """llama.cpp's median seconds to prefill `chunk` tokens from an empty
+    context (CPU only, one batch), per chunk; with --clock cpu divided by the threads."""
+    model = _llama(gguf, threads, max(chunks) + 1)
+    share = threads if CLOCK is time.process_time else 1
+    out = {}
+    for chunk in chunks:
+        times = []
+        for _ in range(repeats):
+            model.reset()  # (eval drops the cache past the reset position)
+            t = CLOCK()
+            model.eval([PROMPT_TOKEN] * chunk)
+            times.append((CLOCK() - t) / share)
+        out[str(chunk)] = statistics.median(times)
+    model.close()
+    return out
+
+
 def llama_cpp_decode(gguf: Path, threads: int, start: int, tokens: int) -> float:
     """llama.cpp's median seconds per decode token at positions start.. (CPU
     only). With --clock cpu: its CPU seconds divided by the threads, the wall
     time of perfectly parallel threads on an idle machine."""
-    import llama_cpp
-
-    model = llama_cpp.Llama(str(gguf), n_ctx=max(1024, start + tokens + 1), n_batch=512, n_threads=threads,
-                            n_threads_batch=threads, verbose=False, seed=0)
+    model = _llama(gguf, threads, start + tokens + 1)
     model.reset()
     model.eval([PROMPT_TOKEN] * max(start, 1))
     times = []
@@ -146,19 +201,29 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
     npu_s = fig["decode"]["modelled_npu_s"]
     prefill_chunks = [c for c in (128, 512) if c in engine.chunks]
     cache = engine.new_cache(min(engine.cfg.context_length,
-                                 max(max(args.positions) + args.tokens + 1, *prefill_chunks, 1)))
+                                 max(max(args.positions) + args.tokens + 1, *prefill_chunks, args.prompt or 1)))
     np.seterr(all="ignore")  # the null device leaves the NPU's outputs as garbage: overflows are expected
     prefill = {str(c): {"host_s": host_prefill(engine, cache, c),
                         "modelled_npu_s": fig["prefill"][str(c)]["modelled_npu_s"]}
                for c in prefill_chunks}
-    for p in prefill.values():
+    for c, p in prefill.items():
         p["host_over_npu"] = p["host_s"] / p["modelled_npu_s"]
-    row = {"precision": precision, "rkbin": str(path), "compile_s": compile_s, "host_s_per_prefill_chunk": prefill}
+        p["projected_tokens_per_s"] = int(c) / (p["modelled_npu_s"] + p["host_s"])
+    vendor = vendor_ttft_128(engine.cfg)
+    row = {"precision": precision, "rkbin": str(path), "compile_s": compile_s, "host_s_per_prefill_chunk": prefill,
+           "vendor_ttft_128": {"model": vendor[0], "ms": vendor[1], "source": "RKLLM benchmark.md v1.3.0 "
+                               "(bench/published.py)"} if vendor else None}
+    if args.prompt:
+        row["prompt"] = {"tokens": args.prompt, "host_s": host_prompt(engine, cache, args.prompt)}
     if args.profile:
         row["prefill_profile"] = {str(c): prefill_profile(engine, cache, c) for c in prefill_chunks}
     if args.prefill_only:
         engine.close()
         return row
+    if not args.no_llama:
+        row["llama_cpp_s_per_prefill_chunk"] = {
+            str(t): llama_cpp_prefill(gguf, t, prefill_chunks + ([args.prompt] if args.prompt else []))
+            for t in args.llama_threads}
     decode = {}
     for start in args.positions:
         per_token = host_decode(engine, cache, start, args.tokens)
@@ -169,18 +234,21 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
     profile, us_per_op = profiled[str(args.positions[0])]
     submit_row = next((r for r in profile if r["step"] == "NPU submit"), None)
     engine.close()
-    llama = {str(t): {str(s): llama_cpp_decode(gguf, t, s, args.tokens) for s in args.positions}
-             for t in args.llama_threads}
+    llama = {} if args.no_llama else {str(t): {str(s): llama_cpp_decode(gguf, t, s, args.tokens)
+                                               for s in args.positions} for t in args.llama_threads}
     worst = max(decode.values())
-    best_llama = {s: min(llama[t][s] for t in llama) for s in decode}
+    best_llama = {s: min(llama[t][s] for t in llama) for s in decode} if llama else {}
+    if args.prompt and not args.no_llama:
+        row["prompt"]["llama_cpp_s"] = min(v[str(args.prompt)] for v in row["llama_cpp_s_per_prefill_chunk"].values())
+        row["prompt"]["host_over_llama_cpp"] = row["prompt"]["host_s"] / row["prompt"]["llama_cpp_s"]
     row.update({
         "host_s_per_decode_token": decode, "submits_per_token": submits,
         "host_us_per_submit": submit_row["us_per_call"] if submit_row else None,
         "modelled_npu_s_per_decode_token": npu_s,
         "projected_tokens_per_s": {s: 1.0 / (npu_s + h) for s, h in decode.items()},
         "llama_cpp_s_per_decode_token": llama,
-        "host_over_llama_cpp": {s: decode[s] / best_llama[s] for s in decode},
-        "worst_host_over_llama_cpp": max(decode[s] / best_llama[s] for s in decode),
+        "host_over_llama_cpp": {s: decode[s] / best_llama[s] for s in decode} if llama else {},
+        "worst_host_over_llama_cpp": max(decode[s] / best_llama[s] for s in decode) if llama else None,
         "worst_host_s_per_decode_token": worst,
         "decode_profile": profile,
         "decode_profile_by_position": profiles,
@@ -222,10 +290,13 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path, help="GGUF model (default: Gemma 3 270M from PyPI)")
     ap.add_argument("--precision", nargs="+", default=["int8", "fp16"], choices=["int8", "fp16"])
     ap.add_argument("--tokens", type=int, default=16, help="decode tokens timed at each position")
-    ap.add_argument("--positions", type=int, nargs="+", default=[16, 512],
+    ap.add_argument("--positions", type=int, nargs="+", default=[16, 512, 2048, 4096],
                     help="context positions at which decode is timed")
     ap.add_argument("--llama-threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--chunks", default="1,32,128,512")
+    ap.add_argument("--prompt", type=int, metavar="N",
+                    help="also time a whole N-token prompt (host, and llama.cpp's prefill of it)")
+    ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp (host figures only)")
     ap.add_argument("--workdir", type=Path, help="keep compiled rkbins here and reuse them (default: a temp dir)")
     ap.add_argument("--sim", action="store_true", help="also time decode on the simulator (slow)")
     ap.add_argument("--profile", action="store_true",
@@ -241,8 +312,8 @@ def main() -> None:
     ap.add_argument("--dram-gbps", metavar="GBPS|PROBE.json",
                     help="model with this DRAM bandwidth: GB/s, or a report of rkc probe --dram")
     args = ap.parse_args()
-    if args.host_costs and args.prefill_only:
-        ap.error("--host-costs needs the decode figures (drop --prefill-only)")
+    if args.host_costs and (args.prefill_only or args.no_llama):
+        ap.error("--host-costs needs the decode figures and llama.cpp's (drop --prefill-only, --no-llama)")
     args.perf_model, dram_source = MODEL, f"{MODEL.dram_bytes_per_s / 1e9:g} GB/s (the model's default)"
     if args.dram_gbps:
         bandwidth, dram_source = bandwidth_from(args.dram_gbps)
@@ -269,18 +340,34 @@ def main() -> None:
     if not args.prefill_only:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
+        llama = r.get("llama_cpp_s_per_decode_token")
         for s, h in r.get("host_s_per_decode_token", {}).items():
             vals = [r["precision"], s, f"{h * 1e3:.2f}",
-                    *[f"{r['llama_cpp_s_per_decode_token'][str(t)][s] * 1e3:.2f}" for t in args.llama_threads],
-                    f"{r['host_over_llama_cpp'][s]:.2f}", f"{r['modelled_npu_s_per_decode_token'] * 1e3:.2f}",
+                    *[f"{llama[str(t)][s] * 1e3:.2f}" if llama else "-" for t in args.llama_threads],
+                    f"{r['host_over_llama_cpp'][s]:.2f}" if llama else "-",
+                    f"{r['modelled_npu_s_per_decode_token'] * 1e3:.2f}",
                     f"{r['projected_tokens_per_s'][s]:.1f}", r["submits_per_token"],
                     f"{r['host_us_per_submit']:.1f}" if r["host_us_per_submit"] else "-"]
             print("| " + " | ".join(str(v) for v in vals) + " |")
-    print("\n| precision | prefill chunk | host ms | NPU ms (model) | host / NPU |\n|---|---|---|---|---|")
+    head = ["precision", "prefill chunk", "host ms", "NPU ms (model)", "host / NPU", "projected t/s",
+            *[f"llama.cpp {t}t ms" for t in args.llama_threads], "vendor TTFT ms (128)"]
+    print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
+        llama, vendor = r.get("llama_cpp_s_per_prefill_chunk", {}), r["vendor_ttft_128"]
         for c, p in r["host_s_per_prefill_chunk"].items():
-            print(f"| {r['precision']} | {c} | {p['host_s'] * 1e3:.1f} | {p['modelled_npu_s'] * 1e3:.1f} | "
-                  f"{p['host_over_npu']:.2f} |")
+            vals = [r["precision"], c, f"{p['host_s'] * 1e3:.1f}", f"{p['modelled_npu_s'] * 1e3:.1f}",
+                    f"{p['host_over_npu']:.2f}", f"{p['projected_tokens_per_s']:.0f}",
+                    *[f"{llama[str(t)][c] * 1e3:.1f}" if llama else "-" for t in args.llama_threads],
+                    f"{vendor['ms']:.0f} ({vendor['model']})" if vendor and c == "128" else "-"]
+            print("| " + " | ".join(vals) + " |")
+    for r in rows:
+        if "prompt" in r:
+            p = r["prompt"]
+            line = f"[{r['precision']}] a {p['tokens']}-token prompt: host {p['host_s'] * 1e3:.1f} ms"
+            if "llama_cpp_s" in p:
+                line += (f", llama.cpp's CPU prefill {p['llama_cpp_s'] * 1e3:.1f} ms "
+                         f"(host / llama.cpp {p['host_over_llama_cpp']:.2f})")
+            print(line)
     if args.profile:
         for r in rows:
             for c, table in r["prefill_profile"].items():

@@ -10,9 +10,9 @@ Per model: compile time and peak RSS (the `rkc compile` child's), rkbin size;
 per decode token / prefill chunk / inference: tasks, kicks (stock rocket and
 chained), submits (NPU steps), regcmd bytes, DDR bytes read and written and
 their ratio to the weight bytes; modelled NPU time (ir/npu/perf.py) at 1 GHz and
-600 MHz, 17 and 25 GB/s; host time measured on the null device (runtime/null.py;
-for a cut synthetic model, the cut's plus n_layer - cut times one layer's, measured as
-the difference from the same model cut one layer shorter); projected tokens/s or frames/s = 1 / (modelled
+600 MHz, 17 and 25 GB/s; host time measured on the null device (runtime/null.py)
+on the WHOLE model (a synthetic model is compiled at full depth too for this: a
+cut's host time scaled by layers was ~8x too optimistic for prefill); projected tokens/s or frames/s = 1 / (modelled
 at 1 GHz, 25 GB/s + host); each beside its anchor (bench/published.py) and the
 physical limit (MACs at 6.1 TOPS int8 / 3.1 TFLOPS fp16 on 3 cores at 1 GHz; DRAM
 bytes at 25 GB/s). Measured on this machine: compile time, peak RSS, sizes, host
@@ -162,14 +162,11 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
         row["phases"][program.name] = fig
     spent["figures"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    samples = host_samples(bl, out, llm_programs, tokens)
+    # host time on the whole model (the null device makes it cheap): a cut's host time extrapolated
+    # by layers was ~8x too optimistic for prefill (issue 37), the CPU's share of a chunk not being per layer
+    full = out if cut is None else compiled_llm(name, precision, work, n_layer)[0]
+    samples = host_samples(bl, full, llm_programs, tokens)
     host = {k: statistics.median(v) for k, v in samples.items()}
-    if cut is not None:  # full depth: the cut model's + (n_layer - cut) x one more layer's
-        # one layer's: a difference of two small times, so of their fastest samples (the
-        # least disturbed by other work; medians of 8 moved it by 2x on a shared machine)
-        shorter = host_samples(bl, compiled_llm(name, precision, work, cut - 1)[0], llm_programs, tokens)
-        host = {k: v + (n_layer - cut) * max(0.0, min(samples[k]) - min(shorter[k])) for k, v in host.items()}
-        row["host_extrapolated"] = True
     for phase_name, seconds in host.items():
         row["phases"][phase_name]["host_s"] = seconds
     spent["host"] = time.perf_counter() - t0
@@ -243,13 +240,20 @@ def plan(args, work: Path) -> list[tuple[str, list[str]]]:
     return [j for j in jobs if not args.only or j[0] in args.only or j[0].rsplit("-", 1)[0] in args.only]
 
 
+def REAL_LAYERS(name: str) -> int:
+    import scale  # noqa: F401  (bench/scale.py puts the tests' llm package before bench/llm.py)
+    from llm.synth import REAL
+
+    return REAL[name]["n_layer"]
+
+
 def compile_only(argv: list[str], work: Path, layers: int) -> dict:
     """A child's first phase: only make sure the model's rkbin is in the work dir."""
     kind, (name, precision) = argv[0], argv[1:]
     if kind == "--llm":
         _, info, cut, _ = compiled_llm(name, precision, work, layers)
-        if cut is not None:  # the cut one layer shorter: its host time gives one layer's (measure_llm)
-            compiled_llm(name, precision, work, cut - 1)
+        if cut is not None:  # the whole model: its host time is measured (measure_llm)
+            compiled_llm(name, precision, work, REAL_LAYERS(name))
     else:
         entry = {m.name: m for m in onnx_models(work)}[name]
         _, info = compiled_onnx(entry, precision, hw.CORES, work)
@@ -316,12 +320,11 @@ def table(rows: list[dict]) -> str:
                 f"{f['ddr_over_weights']:.2f}" if f["ddr_over_weights"] else "-",
                 f"{_ms(t['1GHz_25GBps'])} / {_ms(t['1GHz_17GBps'])}{star}",
                 f"{_ms(t['0.6GHz_25GBps'])} / {_ms(t['0.6GHz_17GBps'])}{star}",
-                _ms(f.get("host_s")) + ("*" if r.get("host_extrapolated") else ""),
+                _ms(f.get("host_s")),
                 f"{proj:.4g}{star}" + ("" if f.get("host_s") is not None else " (NPU only)"), anc_text,
                 f"{_ms(f['limits']['mac_floor_s'])}, {_ms(f['limits']['weight_floor_s'])}")) + " |")
-    lines.append("* extrapolated to full depth (NPU: head + n_layer x the mean compiled layer; host: the cut's + "
-                 "the remaining layers x the cut's less the cut one layer shorter; counts, bytes and limits "
-                 "are the cut model's). Modelled: NPU times (ir/npu/perf.py, 3 cores, chained where the segment chains). "
+    lines.append("* extrapolated to full depth (NPU: head + n_layer x the mean compiled layer; "
+                 "counts, bytes and limits are the cut model's; host time is measured on the whole model). Modelled: NPU times (ir/npu/perf.py, 3 cores, chained where the segment chains). "
                  "Measured here: compile time, peak RSS, sizes, host time. Limits: MACs at "
                  f"{2 * hw.MACS_PER_CYCLE['int8'] * hw.CORES:.0f} int8 / {2 * hw.MACS_PER_CYCLE['fp16'] * hw.CORES:.0f}"
                  " fp16 ops per cycle (6.1 TOPS / 3.1 TFLOPS at 1 GHz), weight bytes at 25 GB/s.")
@@ -344,8 +347,8 @@ def main() -> None:
     ap.add_argument("--llm", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
     ap.add_argument("--onnx", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.layers < 2:
-        ap.error("--layers must be at least 2 (one layer's host time is the cut's less a cut one layer shorter)")
+    if args.layers < 1:
+        ap.error("--layers must be at least 1")
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.child and args.compile_only:
         print(json.dumps(compile_only(["--llm", *args.llm] if args.llm else ["--onnx", *args.onnx], args.workdir,

@@ -29,6 +29,7 @@ from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
+from rkc.runtime.llm.threads import over_ranges
 
 F32 = np.float32
 _NONE_F32 = np.zeros((0, 0), F32)  # an output the kernel does not store
@@ -47,21 +48,32 @@ def _gemm_operand(plan, name: str, dtype: str):
     return bt
 
 
+_NO_PARTIAL = np.zeros((0, 0, 0), np.int32)
+
+
 class _InEdge:
-    """The previous segment's [M, K] output: fp16 widened, or int32 dequantized."""
+    """The previous segment's [M, K] output: fp16 widened, or int32 dequantized
+    (one K partial, or two added: a product with K > 8192)."""
 
     def __init__(self, plan, step: Step) -> None:
         self.kind = kernels.IN_HALF if step.op == "Cast" else kernels.IN_DEQUANT
+        p = _partials(step)
         bt = plan._bo_tensor(step.inputs[0])
         self.bo, self.m, self.k = plan.model.bos[bt.info.region], bt.m, bt.k
+        self.bos = [self.bo]
         atoms = bt.atoms
         self.src = atoms.view(np.uint16) if self.kind == kernels.IN_HALF else atoms
+        self.extra = _NO_PARTIAL
+        if p == 2:
+            second = plan._bo_tensor(step.inputs[1])
+            self.extra = second.atoms
+            self.bos.append(plan.model.bos[second.info.region])
         self.rs_slot, self.ch, self.bias, self.has_bias = None, _NONE_VEC, _NONE_VEC, False
         if self.kind == kernels.IN_DEQUANT:
-            self.rs_slot = plan._slot(step.inputs[1])
-            self.ch = const(plan, step.inputs[2], (self.k,))
-            self.has_bias = len(step.inputs) == 4
-            self.bias = const(plan, step.inputs[3], (self.k,)) if self.has_bias else self.ch
+            self.rs_slot = plan._slot(step.inputs[p])
+            self.ch = const(plan, step.inputs[p + 1], (self.k,))
+            self.has_bias = len(step.inputs) == p + 3
+            self.bias = const(plan, step.inputs[p + 2], (self.k,)) if self.has_bias else self.ch
 
     @staticmethod
     def matches(plan, step: Step) -> tuple[int, int] | None:
@@ -77,11 +89,17 @@ class _InEdge:
             return None
         if step.op == "Cast" and len(step.inputs) == 1 and DType(step.attrs["to"]).numpy == F32:
             return m, k
-        rs = plan.model.tensors.get(step.inputs[1]) if len(step.inputs) > 1 else None
-        if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1
-                and int(step.attrs.get("terms", 1)) == 1 and len(step.inputs) in (3, 4)
-                and host(plan, step.inputs[1]) and rs is not None and list(rs.shape) == [m] and rs.dtype == "fp32"
-                and all(const(plan, n, (k,)) is not None for n in step.inputs[2:])):
+        p = _partials(step)
+        if step.op != "DequantizeRows" or not p or int(step.attrs.get("terms", 1)) != 1:
+            return None
+        if p == 2:
+            second = _gemm_operand(plan, step.inputs[1], "int32")
+            if second is None or second.shape != bt.shape or second.atoms.shape != bt.atoms.shape:
+                return None
+        rs = plan.model.tensors.get(step.inputs[p]) if len(step.inputs) > p else None
+        if (len(step.inputs) in (p + 2, p + 3) and host(plan, step.inputs[p]) and rs is not None
+                and list(rs.shape) == [m] and rs.dtype == "fp32"
+                and all(const(plan, n, (k,)) is not None for n in step.inputs[p + 1:])):
             return m, k
         return None
 
@@ -92,6 +110,12 @@ class _InEdge:
         if rs.shape != (self.m,) or rs.dtype != F32:
             raise_shape(label, "row scale", rs)
         return rs
+
+
+def _partials(step: Step) -> int:
+    """A DequantizeRows' K partials the fused in edge adds (1 or 2), else 0."""
+    p = int(step.attrs.get("partials", 1)) if step.op == "DequantizeRows" else 1
+    return p if p in (1, 2) else 0
 
 
 class _OutEdge:
@@ -114,9 +138,10 @@ class _OutEdge:
         if form.factor is None:
             self.kind = kernels.OUT_QUANT
             return
-        self.kind, self.rotated = kernels.OUT_ROTATED, np.empty((m, k), F32)
+        blocks = k // form.block  # by blocks [K / block, M x block]: the factor's product is one GEMM
+        self.kind, self.rotated = kernels.OUT_ROTATED, np.empty((blocks, m * form.block), F32)
         self.factor = form.factor
-        self.mixed = np.empty((m, k // form.block, form.block), F32)
+        self.mixed = np.empty_like(self.rotated)
 
     @staticmethod
     def matches(plan, step: Step, src: str, m: int, k: int) -> bool:
@@ -138,8 +163,10 @@ class _OutEdge:
         """After the tiles: a factor's product (numpy's, as the prepared QuantizeRows
         runs it) and the quantization into the atoms; the scales into their slot."""
         if self.factor is not None:
-            np.matmul(self.factor, self.rotated.reshape(self.mixed.shape), out=self.mixed)
-            kernels.quantize_into_atoms(self.mixed.reshape(self.rotated.shape), self.dst, self.scale)
+            np.matmul(self.factor, self.rotated, out=self.mixed)
+            mixed, block, dst, scale = self.mixed, self.block, self.dst, self.scale
+            over_ranges(lambda lo, hi: kernels.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi),
+                        mixed.shape[1] // block)
         if self.scale_slot is not None:
             slots[self.scale_slot] = self.scale
 
@@ -176,24 +203,65 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
     keep = [n is not None and n in wanted for n in names]
     bufs = [np.empty((m, k), F32) if kept else _NONE_F32 for kept in keep]
     stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
-    o_res, slots, prog = plan._slot(residual), plan.slots, pairwise_program(k)
+    o_res, slots, prog, tiles = plan._slot(residual), plan.slots, pairwise_program(k), -(-m // LANES)
     run, label = kernels.residual_tiles, f"residual stretch of rows ({first.op}, {last.op})"
 
     def call():
         res = slots[o_res]
         if res.shape != (m, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
-        run(edge_in.kind, edge_in.src, edge_in.row_scale(slots, label), edge_in.ch, edge_in.bias,
-            edge_in.has_bias, first_norm, w1, e1, res, w2, e2, prog, *keep, *bufs,
-            edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.scale,
-            edge_out.rotated)
+        args = (edge_in.kind, edge_in.src, edge_in.extra, edge_in.row_scale(slots, label), edge_in.ch,
+                edge_in.bias, edge_in.has_bias, first_norm, w1, e1, res, w2, e2, prog, *keep, *bufs,
+                edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.scale,
+                edge_out.rotated)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
         edge_out.finish(slots)
         for o, b in stores:
             slots[o] = b
     call.label, call.ops = label, tuple(s.op for s in steps)
-    return plan._bracketed([edge_in.bo, edge_out.bo], [call])
+    return plan._bracketed([*edge_in.bos, edge_out.bo], [call])
+
+
+_ACTIVATIONS = {"SiLU": kernels.ACT_SILU, "GeluTanh": kernels.ACT_GELU_TANH}
+
+
+def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """A many-row gated FFN stretch's calls (one, bracketed), else None: gate
+    and up in edges (of one kind), act(gate), Mul by up, the out edge; no
+    value but the out edge's read elsewhere (nothing else is stored)."""
+    if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
+        return None
+    e1, e2, act, mul, last = steps
+    mk = _InEdge.matches(plan, e1)
+    if mk is None or _InEdge.matches(plan, e2) != mk or e1.op != e2.op or act.op not in _ACTIVATIONS:
+        return None
+    m, k = mk
+    if len(act.inputs) != 1 or act.inputs[0] not in (e1.outputs[0], e2.outputs[0]) or mul.op != "Mul":
+        return None
+    gate, up = (e1, e2) if act.inputs[0] == e1.outputs[0] else (e2, e1)
+    if sorted(mul.inputs) != sorted([act.outputs[0], up.outputs[0]]) or len(mul.outputs) != 1:
+        return None
+    if not all(host(plan, s.outputs[0]) and _rows(plan, s.outputs[0], m, k) for s in (act, mul)):
+        return None
+    if not _OutEdge.matches(plan, last, mul.outputs[0], m, k):
+        return None
+    if set(_read_elsewhere(plan, steps)) & {s.outputs[0] for s in (e1, e2, act, mul)}:
+        return None
+    edge_g, edge_u, edge_out = _InEdge(plan, gate), _InEdge(plan, up), _OutEdge(plan, last)
+    run, act_kind, slots = kernels.ffn_tiles, _ACTIVATIONS[act.op], plan.slots
+    label = f"ffn stretch of rows ({e1.op}, {act.op}, {last.op})"
+
+    def call():
+        args = (edge_g.kind, edge_g.src, edge_g.extra, edge_g.row_scale(slots, label), edge_g.ch, edge_g.bias,
+                edge_g.has_bias, edge_u.src, edge_u.extra, edge_u.row_scale(slots, label), edge_u.ch, edge_u.bias,
+                edge_u.has_bias, act_kind, m, k, edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block,
+                edge_out.hnorm, edge_out.scale, edge_out.rotated)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), -(-m // LANES))
+        edge_out.finish(slots)
+    call.label, call.ops = label, tuple(s.op for s in steps)
+    return plan._bracketed([*edge_g.bos, *edge_u.bos, edge_out.bo], [call])
 
 
 def fusers() -> list:
     """The many-row fusers of runtime/plan.py's hook."""
-    return [residual_rows]
+    return [residual_rows, ffn_rows]

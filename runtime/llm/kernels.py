@@ -3,11 +3,14 @@ conversions of compiler/llm/program_builder.py, by op name.
 
 These are the reference: the step interpreter (LlmEngine.run_interpreted)
 and the tests run them. The load-time plans run compiled forms of some
-(runtime/llm/prepared.py over runtime/llm/jit.py, decode_attention.py and
-chunk_attention.py: RMSNorm, QuantizeRows with its rotation, DequantizeRows,
-RoPE, one-row attention, a short prefill chunk's attention), which must give
-these kernels' bits (tests/llm/test_plan.py, test_attention.py); a plan falls
-back to a kernel here only for shapes the compiled code cannot bound.
+(runtime/llm/prepared.py over runtime/llm/jit.py and decode_attention.py:
+RMSNorm, QuantizeRows with its rotation, DequantizeRows, RoPE, one-row
+attention), which give these kernels' bits (tests/llm/test_plan.py,
+test_attention.py), and fused float32 stretches of many rows
+(runtime/llm/fused_rows.py, threaded) held to float64 references within
+float32 tolerances instead (issue 37). A prefill chunk's attention is one
+kernel for both (prefill_attention.attend_blocks). A plan falls back to a
+kernel here only for shapes the compiled code cannot bound.
 
 A kernel takes (inputs, attrs, state) and returns the outputs. `state` is the
 generation state: the KV cache (Attention) and the loaded model (GatherPacked
@@ -27,7 +30,7 @@ from rkc.ir.errors import FormatError
 from rkc.ir.npu import layout
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.llm.kvcache import KVCache
-from rkc.runtime.llm.prefill_attention import BLOCK, SCORES, VALUES, attend_blocks, contract
+from rkc.runtime.llm.prefill_attention import SCORES, VALUES, attend_blocks, contract
 from rkc.runtime.kernels.hadamard import Rotation, unrotate
 from rkc.runtime.llm.weights import Int8Weight, dequantize, quantize_rows
 
@@ -209,14 +212,13 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int, blocks=None) -> np.ndar
     dot product, which sgemm sums in the same order (the same bits:
     tests/llm/test_attention.py) at a fraction of the einsum's cost. The mask
     is skipped when every key is visible (the same values). A prefill chunk
-    of more than prefill_attention.BLOCK rows runs by blocks of query rows
-    over the keys each sees (runtime/llm/prefill_attention.py: the same
-    arithmetic over shorter spans, so the same bits unless sgemm groups a
-    sum differently; bounded in tests/llm/test_attention.py); `blocks`: its
+    (two rows or more) runs by blocks of query rows over the keys each sees
+    (runtime/llm/prefill_attention.py: float32 softmax compiled, threaded;
+    bounded against float64 in tests/llm/test_attention.py); `blocks`: its
     prefill_attention.Workspace, made once by a plan."""
     T, H, hd = q.shape
     Hkv = keys.shape[1]
-    if T > BLOCK and np.all(kpos[1:] > kpos[:-1]):  # a prefill chunk: by blocks of query rows
+    if T > 1 and np.all(kpos[1:] > kpos[:-1]):  # a prefill chunk: by blocks of query rows
         full = np.zeros((rows, H * values.shape[-1]), np.float32)
         attend_blocks(q.astype(np.float32, order="C"), keys, values, kpos, pos, np.float32(attrs["scale"]),
                       int(attrs["window"]), full[:T], blocks)

@@ -1,32 +1,25 @@
-"""Multi-row (prefill) attention: the contraction kernels.attend's einsum
-formulation runs (`contract`), and chunks of more than `BLOCK` rows in
-blocks of query rows (`attend_blocks`); a shorter chunk's plans run
-runtime/llm/chunk_attention.py.
+"""Multi-row (prefill) attention: chunks of two rows or more in blocks of
+query rows (`attend_blocks`), and the contraction kernels.attend's einsum
+formulation runs for other cases (`contract`).
 
 In blocks, each block's scores and weighted values are BLAS products over
 the keys the block can see, so what the causal mask (or a sliding window)
 hides is neither computed nor materialised. A 512-token chunk at position 0
 computes about half the products of the full [T, P] attention, and masks
-only the diagonal blocks.
-
-The arithmetic is the einsum formulation's (runtime/llm/kernels.attend),
-element for element: each score is one float32 sgemm dot product over the
-head dimension, scaled, masked, exponentiated after the row max, summed over
-the keys in key order, divided; each output is an sgemm sum over the keys.
-What changes is only which keys a product spans: a hidden key contributes an
-exact zero to both sums, so a block's results equal the full product's
-wherever sgemm adds its terms in the same order — but sgemm splits a long
-sum (more keys than its K block) at places that depend on the sum's length,
-and edge tiles of a product may group terms differently, so past a few
-hundred keys a value can differ from the einsum's in its last bits.
-tests/llm/test_attention.py bounds the difference against a float64
-attention (no worse than the einsum's own error) and checks the bits where
-the spans do not change.
-"""
+only the diagonal blocks. Between the two products the softmax is one
+compiled float32 kernel (prefill_kernels.softmax_columns), and the (block,
+key head) pairs are shared among threads (runtime/llm/threads.py). Not the einsum's bits (issue 37
+dropped that rule): tests/llm/test_attention.py bounds the error against a
+float64 attention."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+
+from rkc.runtime.llm.prefill_kernels import softmax_columns
+from rkc.runtime.llm.threads import each
 
 try:  # what np.einsum(optimize=True) runs for a pair of operands (numpy >= 2.4; private, so checked below)
     from numpy._core.einsumfunc import bmm_einsum as _bmm_einsum
@@ -100,37 +93,46 @@ def attend_blocks(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.
                   scale: np.float32, window: int, out: np.ndarray, work: Workspace | None = None) -> None:
     """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at
     kpos (ascending) into out [T, H * hd_v] (C order), causal and windowed,
-    `BLOCK` query rows at a time (score buffers from `work`)."""
-    work = Workspace() if work is None else work
+    `BLOCK` query rows at a time: each (block, key head) its two sgemms and
+    the compiled softmax between them (prefill_kernels.softmax_columns:
+    scale, mask, max, exp, sum and division in float32, one pass each over
+    contiguous rows), the pairs shared among the host threads (BLAS and the
+    compiled softmax release the GIL). `work`: kept for the callers' API
+    (each thread keeps its own score buffer)."""
     T, H, hd = q.shape
     Hkv, hd_v = keys.shape[1], values.shape[-1]
     G = H // Hkv
     qg = q.reshape(T, Hkv, G, hd)
     out4 = out.reshape(T, Hkv, G, hd_v)
+    kp64, pos64 = np.asarray(kpos, np.int64), np.asarray(pos, np.int64)
+    jobs = []
     for t0 in range(0, T, BLOCK):
         t1 = min(T, t0 + BLOCK)
-        pq = pos[t0:t1]
-        lo, hi = visible_span(kpos, int(pq.min()), int(pq.max()), window)
+        pq = pos64[t0:t1]
+        lo, hi = visible_span(kp64, int(pq.min()), int(pq.max()), window)
         if hi == lo:  # no key visible: the full formulation's softmax of nothing but -inf
             out[t0:t1] = np.nan
             continue
-        n = (t1 - t0) * G  # score columns: (query row, head of the group)
-        kp = kpos[lo:hi]
-        qcol = np.repeat(pq, G)  # each column's position
-        allowed = None
-        if (kp[-1] > qcol.min() or (window and qcol.max() - kp[0] >= window)):
-            allowed = kp[:, None] <= qcol[None, :]
-            if window:
-                allowed &= (qcol[None, :] - kp[:, None]) < window
-        for k in range(Hkv):
-            qb = qg[t0:t1, k].reshape(n, hd)
-            s = work.take(hi - lo, n)
-            np.matmul(keys[lo:hi, k], qb.T, out=s)  # [keys, columns], as the einsum's product
-            s *= scale
-            if allowed is not None:
-                np.copyto(s, -np.inf, where=~allowed)
-            s -= s.max(axis=0, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=0, keepdims=True)
-            o = np.matmul(values[lo:hi, k].T, s)  # [hd_v, columns]
-            out4[t0:t1, k] = o.T.reshape(t1 - t0, G, hd_v)
+        qcol = np.repeat(pq, G)  # each column's position (query row, head of the group)
+        jobs += [(t0, t1, lo, hi, k, qcol) for k in range(Hkv)]
+
+    def run(job) -> None:
+        t0, t1, lo, hi, k, qcol = job
+        n = (t1 - t0) * G
+        qb = qg[t0:t1, k].reshape(n, hd)
+        s = _thread_work().take(hi - lo, n)
+        np.matmul(keys[lo:hi, k], qb.T, out=s)  # [keys, columns]
+        softmax_columns(s, F32(scale), kp64[lo:hi], qcol, int(window))
+        o = np.matmul(values[lo:hi, k].T, s)  # [hd_v, columns]
+        out4[t0:t1, k] = o.T.reshape(t1 - t0, G, hd_v)
+    each(run, jobs)
+
+
+_local = threading.local()
+
+
+def _thread_work() -> Workspace:
+    w = getattr(_local, "work", None)
+    if w is None:
+        w = _local.work = Workspace()
+    return w

@@ -20,47 +20,12 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
-from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _sum_squares, scaled_amax
+from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _sum_squares, exp_into, scaled_amax
 
 _JIT = {"cache": True, "nogil": True}
 
 IN_HALF, IN_DEQUANT = 0, 1
 OUT_HALF, OUT_QUANT, OUT_ROTATED = 0, 1, 2  # fp16 atoms; int8 atoms (+ scale); rotated rows for a factor
-
-
-@njit(**_JIT)
-def _load_half(atoms, m0, r, k, bits):
-    """bits[j, lane] = float32 bits of fp16 atoms[j // C2, m0 + lane, j % C2]."""
-    c1, _, c2 = atoms.shape
-    for a in range(c1):
-        base = a * c2
-        for lane in range(r):
-            for b in range(min(c2, k - base)):
-                # the cast types the call for int32 atoms too (that branch never reads them)
-                bits[base + b, lane] = widen_bits(np.uint16(atoms[a, m0 + lane, b]))
-
-
-@njit(**_JIT)
-def _load_dequant(atoms, row_scale, ch, bias, has_bias, m0, r, k, buf):
-    """buf[j, lane] = dequantize_rows's value of int32 atoms[j // C2, m0 + lane, j % C2]
-    (lanes innermost, so the float64 products vectorise)."""
-    c1, _, c2 = atoms.shape
-    rs = np.empty(LANES, np.float64)
-    for lane in range(r):
-        rs[lane] = np.float64(row_scale[m0 + lane])
-    for a in range(c1):
-        base = a * c2
-        for b in range(min(c2, k - base)):
-            j = base + b
-            cs = np.float64(ch[j])
-            row = buf[j]
-            if has_bias:
-                bj = np.float64(bias[j])
-                for lane in range(r):
-                    row[lane] = np.float32((np.float64(atoms[a, m0 + lane, b]) * rs[lane]) * cs + bj)
-            else:
-                for lane in range(r):
-                    row[lane] = np.float32((np.float64(atoms[a, m0 + lane, b]) * rs[lane]) * cs)
 
 
 @njit(**_JIT)
@@ -87,35 +52,71 @@ def _store(buf, m0, r, k, out):
 
 
 @njit(**_JIT)
-def residual_tiles(in_kind, src, row_scale, ch, bias, has_bias,
+def _load_in(kind, atoms, extra, row_scale, ch, bias, has_bias, m0, r, k, buf):
+    """buf[j, lane] = the in edge's value of row m0 + lane, channel j, float32:
+    fp16 atoms widened, or int32 accumulators (plus `extra`'s, a second K
+    partial, when it has rows) times the row's and the channel's scale (+ bias)."""
+    c1, _, c2 = atoms.shape
+    if kind == IN_HALF:
+        bits = buf.view(np.uint32)
+        for a in range(c1):
+            base = a * c2
+            for lane in range(r):
+                for b in range(min(c2, k - base)):
+                    bits[base + b, lane] = widen_bits(np.uint16(atoms[a, m0 + lane, b]))
+        return
+    partial = extra.shape[1] > 0
+    rs = np.empty(LANES, np.float32)
+    for lane in range(r):
+        rs[lane] = row_scale[m0 + lane]
+    for a in range(c1):
+        base = a * c2
+        for b in range(min(c2, k - base)):
+            j = base + b
+            cs = ch[j]
+            bj = bias[j] if has_bias else np.float32(0.0)
+            row = buf[j]
+            for lane in range(r):
+                acc = np.int64(atoms[a, m0 + lane, b])
+                if partial:
+                    acc += np.int64(extra[a, m0 + lane, b])
+                row[lane] = np.float32(acc) * (rs[lane] * cs) + bj
+
+
+@njit(**_JIT)
+def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
                    first_norm, w1, e1, res, w2, e2, prog,
                    keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
-                   out_kind, dst, signs, block, hnorm, scale, rotated):
+                   out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
     """The residual stretch over rows [M, K] (M = res's rows) of an NPU
-    output `src` [C1, R, C2] (fp16 bits, widened, or int32
-    dequantized): x; n1 = RMSNorm(x, w1) (`first_norm`, else n1 is x);
-    total = n1 + res; n2 = RMSNorm(total, w2); each kept one stored [M, K].
+    output `src` [C1, R, C2] (fp16 bits, widened, or int32 dequantized, with
+    `extra`'s accumulators added when it has rows: a second K partial): x;
+    n1 = RMSNorm(x, w1) (`first_norm`, else n1 is x); total = n1 + res;
+    n2 = RMSNorm(total, w2); each kept one stored [M, K].
     Then n2 into the next segment's atoms `dst` [C1', R', C2'] (fp16 bits),
     or rotated (signs, butterflies of `block`, times `hnorm`) and quantized
-    to int8 with one scale per row (`scale`), or rotated into `rotated` [M, K]
-    (a factor's product follows, then quantize_into_atoms). The atoms' rows
-    past M and channels past K are zeroed."""
+    to int8 with one scale per row (`scale`), or rotated into `rotated`
+    [K / block, M x block] (a factor's product follows, then
+    quantize_blocks_into_atoms). The atoms' rows
+    past M and channels past K are zeroed (by the call whose range ends at
+    the last tile). Tiles of LANES rows, tile_lo..tile_hi-1: disjoint
+    ranges may run at once on other threads (runtime/llm/threads.py); the in
+    edge's arithmetic is float32 (`_load_in`, not the per-step bits)."""
     rows, k = res.shape
+    tiles = (rows + LANES - 1) // LANES
     buf = np.empty((k, LANES), np.float32)
     bits = buf.view(np.uint32)
     stack = np.empty((prog.shape[0] + 1, LANES), np.float32)
     acc = np.empty((8, LANES), np.float32)
     sums = np.empty(LANES, np.float32)
     amax = np.empty(LANES, np.float32)
-    for m0 in range(0, rows, LANES):
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
         r = min(LANES, rows - m0)
         for i in range(k):  # lanes past r: zeros (their sums are never used)
             for lane in range(r, LANES):
                 buf[i, lane] = np.float32(0.0)
-        if in_kind == IN_HALF:
-            _load_half(src, m0, r, k, bits)
-        else:
-            _load_dequant(src, row_scale, ch, bias, has_bias, m0, r, k, buf)
+        _load_in(in_kind, src, extra, row_scale, ch, bias, has_bias, m0, r, k, buf)
         if keep_x:
             _store(buf, m0, r, k, x_out)
         if first_norm:
@@ -132,7 +133,7 @@ def residual_tiles(in_kind, src, row_scale, ch, bias, has_bias,
         if keep_n2:
             _store(buf, m0, r, k, n2_out)
         _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
-    if out_kind != OUT_ROTATED:
+    if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
 
 
@@ -140,7 +141,8 @@ def residual_tiles(in_kind, src, row_scale, ch, bias, has_bias,
 def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax):
     """A tile's rows buf [K, LANES] (bits: its uint32 view) into the next
     segment's atoms dst (fp16 narrowed, or rotated and quantized with their
-    scales), or rotated into `rotated` (for a factor's product)."""
+    scales), or rotated into `rotated` [K / block, M x block] by blocks (for
+    a factor's product, one GEMM over every row)."""
     if out_kind == OUT_HALF:
         c1, _, c2 = dst.shape
         for a in range(c1):
@@ -153,10 +155,13 @@ def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, ro
         for lane in range(r):
             buf[i, lane] = buf[i, lane] * signs[i]
     _butterflies(buf, block)
-    if out_kind == OUT_ROTATED:
-        for lane in range(r):
-            for i in range(k):
-                rotated[m0 + lane, i] = buf[i, lane] * hnorm
+    if out_kind == OUT_ROTATED:  # by blocks: rotated[b, m * block + j] (the factor's product is one GEMM)
+        for b in range(k // block):
+            dst_b = rotated[b]
+            for lane in range(r):
+                base = (m0 + lane) * block
+                for j in range(block):
+                    dst_b[base + j] = buf[b * block + j, lane] * hnorm
         return
     scaled_amax(buf, hnorm, amax)
     c1, _, c2 = dst.shape
@@ -184,6 +189,51 @@ def zero_rows(dst, rows):
 
 
 @njit(**_JIT)
+def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
+    """quantize_into_atoms of rows lo..hi-1 of [M, K] given by blocks, x [K /
+    block, M x block] (row m's block b: x[b, m * block:(m + 1) * block]);
+    the padding rows zeroed by the call whose range ends at M. The codes go
+    one atom (C2 channels, contiguous on both sides) at a time: a block is a
+    whole number of atoms (block and C2 powers of two, block >= C2)."""
+    blocks = x.shape[0]
+    rows = x.shape[1] // block
+    c1, _, c2 = q.shape
+    k = blocks * block
+    for m in range(lo, hi):
+        amax = np.float32(0.0)
+        for b in range(blocks):
+            src = x[b, m * block:(m + 1) * block]
+            for j in range(block):
+                a = abs(src[j])
+                if a > amax or a != a:
+                    amax = a
+        s = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
+        scale[m] = s
+        if block % c2 == 0:
+            for b in range(blocks):
+                src = x[b, m * block:(m + 1) * block]
+                for j0 in range(0, block, c2):
+                    dst = q[(b * block + j0) // c2, m]
+                    for c in range(c2):
+                        t = np.rint(src[j0 + c] / s)
+                        dst[c] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+            for a in range(k // c2, c1):  # atoms past K
+                for c in range(c2):
+                    q[a, m, c] = 0
+        else:
+            for a in range(c1):
+                for c in range(c2):
+                    i = a * c2 + c
+                    if i < k:
+                        t = np.rint(x[i // block, m * block + i % block] / s)
+                        q[a, m, c] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+                    else:
+                        q[a, m, c] = 0
+    if hi == rows:
+        zero_rows(q, rows)
+
+
+@njit(**_JIT)
 def quantize_into_atoms(x, q, scale):
     """jit.quantize_rows of x [M, K] (C order) with the codes written into
     int8 atoms q [C1, R, C2] (channels past K and rows past M zeroed)."""
@@ -206,3 +256,56 @@ def quantize_into_atoms(x, q, scale):
                 else:
                     q[a, m, b] = 0
     zero_rows(q, rows)
+
+
+# -- the gated FFN's stretch of many rows: float32, threaded over tiles -----------------------------------
+# Unlike the stretches above, these kernels are not held to the per-step kernels' bits (issue 37): each
+# value is a float32 computation within a few float32 ulps of a float64 reference
+# (tests/llm/test_prefill_ffn.py states the tolerances), and the tiles are shared among numba's threads.
+
+ACT_SILU, ACT_GELU_TANH = 0, 1
+_GELU_C = np.float32(0.7978845608028654)  # sqrt(2 / pi)
+_GELU_K = np.float32(0.044715)
+
+
+@njit(**_JIT)
+def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias,
+              up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, act, rows, k,
+              out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
+    """The gated FFN's stretch over rows [rows, K]: gate and up read from
+    their NPU outputs' atoms (fp16 widened, or int32 dequantized: `_load_in`), act(gate)
+    * up (act: SiLU x / (1 + exp(-x)), or GELU's tanh form), then into the
+    next segment's atoms as residual_tiles' out edge writes them (fp16; int8
+    rotated and quantized, one scale per row; or rotated rows for a factor's
+    product). Tiles of LANES rows, tile_lo..tile_hi-1 (as residual_tiles)."""
+    tiles = (rows + LANES - 1) // LANES
+    g = np.empty((k, LANES), np.float32)
+    u = np.empty((k, LANES), np.float32)
+    n = k * LANES
+    gf, uf = g.reshape(n), u.reshape(n)  # the tile as one flat run: each pass one vectorised loop
+    arg = np.empty(n, np.float32)
+    e = np.empty(n, np.float32)
+    bits = np.empty(n, np.int32)
+    amax = np.empty(LANES, np.float32)
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
+        r = min(LANES, rows - m0)
+        _load_in(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias, m0, r, k, g)
+        _load_in(in_kind, up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, m0, r, k, u)
+        if act == ACT_SILU:  # x / (1 + exp(-x))
+            for i in range(n):
+                arg[i] = -gf[i]
+        else:  # 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)), y = C (x + K x^3)
+            for i in range(n):
+                x = gf[i]
+                arg[i] = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
+        exp_into(arg, e, bits)
+        for i in range(n):
+            gf[i] = gf[i] / (np.float32(1.0) + e[i]) * uf[i]
+        if r < LANES:  # lanes past the rows: zeros (never stored)
+            for i in range(k):
+                for lane in range(r, LANES):
+                    g[i, lane] = np.float32(0.0)
+        _out_edge(g, g.view(np.uint32), m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
+    if out_kind != OUT_ROTATED and tile_hi == tiles:
+        zero_rows(dst, rows)

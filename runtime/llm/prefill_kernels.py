@@ -277,3 +277,74 @@ def rope(x, cos, sin, dims, neox, out):
                     b = x[t, hh, 2 * i + 1]
                     out[t, hh, 2 * i] = a * cos[t, i] - b * sin[t, i]
                     out[t, hh, 2 * i + 1] = a * sin[t, i] + b * cos[t, i]
+
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693145751953125)  # ln 2 in two parts (Cody-Waite): k * _LN2_HI is exact for |k| < 2^11
+_LN2_LO = np.float32(1.428606765330187e-06)
+_EXP_LO, _EXP_HI = np.float32(-87.0), np.float32(88.0)  # 2^k stays a normal float32 for k in [-126, 127]
+
+
+@njit(**_JIT)
+def exp_into(t, e, bits):
+    """e[i] = exp(t[i]) over 1-d t (float32, relative error < 3e-7 for t in
+    [-87, 88]; t outside is clamped there: exp(-87) ~ 1.6e-38 and exp(88) ~ 1.7e38
+    leave x / (1 + e) at 0 or x to float32 precision). 2^k is built in the
+    exponent bits (`bits`: an int32 scratch row as long as t), so the loop
+    vectorises where a call to expf would not. e may be t."""
+    scaled = bits.view(np.float32)
+    for lane in range(t.shape[0]):
+        v = min(max(t[lane], _EXP_LO), _EXP_HI)
+        k = np.floor(v * _LOG2E + np.float32(0.5))
+        r = (v - k * _LN2_HI) - k * _LN2_LO
+        p = np.float32(1.0 / 5040.0)
+        p = p * r + np.float32(1.0 / 720.0)
+        p = p * r + np.float32(1.0 / 120.0)
+        p = p * r + np.float32(1.0 / 24.0)
+        p = p * r + np.float32(1.0 / 6.0)
+        p = p * r + np.float32(0.5)
+        p = p * r + np.float32(1.0)
+        p = p * r + np.float32(1.0)
+        bits[lane] = (np.int32(k) + np.int32(127)) << 23
+        e[lane] = p
+    for lane in range(t.shape[0]):
+        e[lane] = e[lane] * scaled[lane]
+
+
+@njit(**_JIT)
+def softmax_columns(s, scale, kp, qcol, window):
+    """s [P, C] in place: each column's softmax over P of scale * s, a key the
+    column's query cannot see (kp[p] > qcol[c], or `window` and qcol[c] -
+    kp[p] >= window) weighted 0; float32 (exp_into), loops with the columns
+    innermost (contiguous) so each pass vectorises. Every column must see a key."""
+    p_, c_ = s.shape
+    m = np.full(c_, -np.inf, np.float32)
+    neg = np.float32(-np.inf)
+    for p in range(p_):
+        row = s[p]
+        kpp = kp[p]
+        for c in range(c_):
+            v = row[c] * scale
+            if kpp > qcol[c] or (window != 0 and qcol[c] - kpp >= window):
+                v = neg
+            row[c] = v
+            if v > m[c]:
+                m[c] = v
+    t = np.empty(c_, np.float32)
+    bits = np.empty(c_, np.int32)
+    total = np.zeros(c_, np.float32)
+    for p in range(p_):
+        row = s[p]
+        for c in range(c_):
+            t[c] = row[c] - m[c]
+        exp_into(t, row, bits)
+        for c in range(c_):
+            if t[c] == neg:  # hidden: an exact zero (exp_into clamps -inf to exp(-87))
+                row[c] = np.float32(0.0)
+            total[c] += row[c]
+    for c in range(c_):
+        total[c] = np.float32(1.0) / total[c]
+    for p in range(p_):
+        row = s[p]
+        for c in range(c_):
+            row[c] = row[c] * total[c]

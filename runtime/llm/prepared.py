@@ -25,7 +25,6 @@ from rkc.runtime.kernels.hadamard import compiled_form, unrotate
 from rkc.runtime.llm import jit
 from rkc.runtime.llm import prefill_kernels as many
 from rkc.runtime.llm import prefill_attention
-from rkc.runtime.llm.chunk_attention import attend_rows
 from rkc.runtime.llm.decode_attention import attend_row
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
@@ -164,13 +163,7 @@ def attention_shared(step: Step, consts: list, state) -> Prepared:
 
 
 def _attend_chunk(q, keys, values, kpos, pos, attrs, rows: int, blocks) -> np.ndarray:
-    """kernels.attend for a prefill chunk: up to prefill_attention.BLOCK rows
-    (a chat's next turn) with its softmax compiled (chunk_attention.attend_rows:
-    the same bits), longer chunks by blocks of query rows."""
-    if len(q) <= prefill_attention.BLOCK:
-        out = attend_rows(q, keys, values, kpos, pos, F32(attrs["scale"]), int(attrs["window"]), rows)
-        if out is not None:
-            return out
+    """kernels.attend for a prefill chunk (by blocks of query rows, its softmax compiled and threaded)."""
     return attend(q, keys, values, kpos, pos, attrs, rows, blocks)
 
 

@@ -10,9 +10,30 @@ import pytest
 
 
 def load(path: str, n_ctx: int = 1024, logits_all: bool = False):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp reference) is not installed")
-    return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=512, logits_all=logits_all, verbose=False,
-                           seed=0, n_threads=2)
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp reference) is not installed")
+    return new_llama(path, n_ctx=n_ctx, n_batch=512, logits_all=logits_all, verbose=False, seed=0, n_threads=2)
+
+
+def new_llama(path, **kwargs):
+    """llama_cpp.Llama(path, **kwargs) without llama.cpp's extra CPU buffer
+    types (use_extra_bufts off): its AMX repacking runs AMX tile instructions
+    wherever the CPU lists AMX, and a machine whose kernel or hypervisor does
+    not grant the tile state (this build machine's) dies of SIGILL on the
+    first eval; the plain CPU kernels compute the same model."""
+    import llama_cpp
+    import llama_cpp.llama as module
+
+    default = module.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+    module.llama_cpp.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(str(path), **kwargs)
+    finally:
+        module.llama_cpp.llama_model_default_params = default
 
 
 def tokenize(model, text: str) -> list[int]:

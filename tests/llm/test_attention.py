@@ -33,7 +33,7 @@ def einsum_attention(q, keys, values, kpos, pos, window, scale, rows):
 
 @pytest.mark.parametrize("hd", [8, 16, 64, 256])
 @pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2)])
-@pytest.mark.parametrize("t", [1, 4])
+@pytest.mark.parametrize("t", [1])
 def test_attention_is_the_einsum_formulation(hd, hkv, g, t):
     rng = np.random.default_rng(hd * 100 + hkv * 10 + g)
     with blas.one_thread():  # as the runtime runs host kernels
@@ -98,47 +98,9 @@ def test_decode_attention_leaves_other_layouts_to_the_kernel():
         for t in (1, 2):
             q = rng.standard_normal((t, 4, 8)).astype(np.float32)
             pos = np.arange(30 - t, 30)
-            np.testing.assert_array_equal(attend_row(q, keys, values, kpos, pos, attrs, 3),
-                                          einsum_attention(q, keys, values, kpos, pos, 0, attrs["scale"], 3))
-
-
-@pytest.mark.parametrize("hd,hkv,g", [(8, 2, 2), (32, 2, 2), (64, 1, 4), (256, 1, 4), (16, 2, 3), (128, 8, 2)])
-@pytest.mark.parametrize("t", [2, 3, 21, 38, 64])
-def test_short_prefill_chunk_is_the_einsum_formulation(hd, hkv, g, t):
-    """A prefill chunk of 2..BLOCK rows (a chat's next turn) through the plans'
-    chunk_attention.attend_rows (the einsum's contractions, its softmax
-    compiled) against the einsum formulation, bit for bit: keys and values
-    that are views into larger caches, chunks at the start and after a
-    cached history, windows inside and past the chunk."""
-    from rkc.runtime.llm.chunk_attention import attend_rows
-    from rkc.runtime.llm.prefill_attention import BLOCK
-
-    assert t <= BLOCK
-    rng = np.random.default_rng(hd * 1000 + hkv * 100 + g * 10 + t)
-    with blas.one_thread():
-        for start in (0, 7, 150, 446):
-            p = start + t
-            kcache, vcache = rng.standard_normal((2, p + 9, hkv, hd)).astype(np.float16).astype(np.float32)
-            keys, values = kcache[3:p + 3], vcache[5:p + 5]
-            q = (rng.standard_normal((t, hkv * g, hd)) * 3).astype(np.float32)
-            kpos, pos = np.arange(p), np.arange(start, p)
-            for window in (0, 6, 100, 512):
-                scale = hd ** -0.5
-                got = attend_rows(q, keys, values, kpos, pos, np.float32(scale), window, 65)
-                want = einsum_attention(q, keys, values, kpos, pos, window, scale, 65)
-                np.testing.assert_array_equal(got, want, err_msg=f"start={start} window={window}")
-
-
-def test_short_prefill_chunk_leaves_one_head_per_key_head_to_the_kernel():
-    """One query head per key head: the einsum's mask lays the scores out with
-    the keys innermost and numpy sums them pairwise, which attend_rows does
-    not do: it declines (and the plan runs kernels.attend)."""
-    from rkc.runtime.llm.chunk_attention import attend_rows
-
-    rng = np.random.default_rng(3)
-    keys, values = rng.standard_normal((2, 40, 2, 8)).astype(np.float32)
-    q = rng.standard_normal((5, 2, 8)).astype(np.float32)
-    assert attend_rows(q, keys, values, np.arange(40), np.arange(35, 40), np.float32(0.3), 0, 8) is None
+            want = (einsum_attention(q, keys, values, kpos, pos, 0, attrs["scale"], 3) if t == 1
+                    else attend(q, keys, values, kpos, pos, attrs, 3))  # two rows: a prefill chunk's kernel
+            np.testing.assert_array_equal(attend_row(q, keys, values, kpos, pos, attrs, 3), want)
 
 
 def float64_attention(q, keys, values, kpos, pos, window, scale, rows):
@@ -157,21 +119,16 @@ def float64_attention(q, keys, values, kpos, pos, window, scale, rows):
 
 
 @pytest.mark.parametrize("hd,hkv,g", [(256, 1, 4), (64, 2, 3), (128, 8, 2)])
-@pytest.mark.parametrize("t,start", [(65, 0), (128, 0), (128, 300), (200, 0), (512, 0), (130, 40)])
+@pytest.mark.parametrize("t,start", [(2, 0), (4, 7), (38, 150), (65, 0), (128, 0), (128, 300), (200, 0), (512, 0),
+                                     (130, 40)])
 def test_prefill_attention_by_blocks(hd, hkv, g, t, start):
-    """A prefill chunk (more rows than prefill_attention.BLOCK) attends by
-    blocks of query rows over the keys each block sees. Each value is the
-    einsum formulation's arithmetic; only where sgemm splits or tiles a sum
-    differently for a shorter span can it differ in its last bits. Bound:
-    against a float64 attention, its largest error is at most 1.25x the
-    einsum's own (both sum the same terms in float32; measured: at most
-    1.06x), and no value further from the einsum's than that error (the
-    two differ by regrouped float32 sums, not by a different computation;
-    measured: at most 0.87x it); causal, sliding windows (inside and past the
-    chunk), GQA groups, keys cached before the chunk."""
-    from rkc.runtime.llm.prefill_attention import BLOCK
-
-    assert t > BLOCK
+    """A prefill chunk (two rows or more) attends by
+    blocks of query rows over the keys each block sees, its softmax compiled
+    in float32 (issue 37: not the einsum's bits). Bound: against a float64
+    attention, its largest error at most 2x the einsum formulation's own
+    (both float32) or 1e-6 of the largest |value|, whichever is larger;
+    causal, sliding windows (inside and past the chunk), GQA groups, keys
+    cached before the chunk."""
     rng = np.random.default_rng(hd + t + start)
     p = start + t
     keys = rng.standard_normal((p, hkv, hd)).astype(np.float16).astype(np.float32)
@@ -186,10 +143,7 @@ def test_prefill_attention_by_blocks(hd, hkv, g, t, start):
             exact = float64_attention(q, keys, values, kpos, pos, window, attrs["scale"], t + 3)
             assert not got[t:].any()  # rows past the chunk stay zero
             err = np.abs(want - exact).max()
-            assert np.abs(got - exact).max() <= 1.25 * err, f"window={window}"
-            assert np.abs(got - want).max() <= err, f"window={window}"
-            if t % BLOCK == 0 and p <= 256:  # whole blocks over spans sgemm does not split: the same bits
-                np.testing.assert_array_equal(got, want, err_msg=f"window={window}")
+            assert np.abs(got - exact).max() <= max(2 * err, 1e-6 * np.abs(exact).max()), f"window={window}"
 
 
 @pytest.mark.parametrize("hd,hdv", [(8, 8), (64, 64), (256, 256), (16, 8)])

@@ -39,10 +39,10 @@ def test_plan_gives_the_interpreters_logits(arch, precision, synth_rkbin):
     assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, STEPS)
 
 
-def assert_plan_is_the_interpreter(path, precision: str, steps) -> None:
+def assert_plan_is_the_interpreter(path, precision: str, steps, exact_int8: bool = True) -> None:
     for got, want in plan_and_interpreter_logits(path, steps):
         assert got.shape == want.shape and np.isfinite(want).all()
-        if precision == "int8":
+        if precision == "int8" and exact_int8:
             np.testing.assert_array_equal(got, want)
         else:
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
@@ -59,8 +59,9 @@ MANY_ROWS = [("prefill_16", list(range(20, 36)), 0), ("prefill_16", list(range(4
 def test_many_row_plan_gives_the_interpreters_logits(arch, precision, synth_rkbin):
     """Prefill chunks of a tile's rows through the plan's many-row paths
     (runtime/llm/fused_rows.py, prefill_kernels.py) against the interpreter:
-    int8 bit for bit, fp16 within the last bit of a reduction (as above)."""
-    assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, MANY_ROWS)
+    the fused stretches compute in float32 in their own order (issue 37), so
+    both precisions within 1e-4 of the largest logit, the same top token."""
+    assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, MANY_ROWS, exact_int8=False)
 
 
 def test_two_term_edges_are_fused_and_give_the_interpreters_logits(synth_rkbin):

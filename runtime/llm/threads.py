@@ -1,0 +1,46 @@
+"""The host kernels' threads: one pool shared by every many-row kernel of the
+LLM plans (runtime/llm/fused_rows.py, prefill_attention.py), as wide as the
+machine's cores up to the RK3588's four big ones. A kernel is a compiled
+(numba, nogil) function over a range of items (tiles of rows, rows, head
+blocks), called on disjoint ranges from the pool's threads at once. Plain
+compiled loops over a range keep their vectorisation, which numba's
+parallel=True lowering lost here (a 128 x 8960 FFN stretch: 14.7 ms in one
+serial call, 21.5 ms through prange on one thread)."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+THREADS = max(1, min(4, os.cpu_count() or 1))  # the board's 4 A76 cores (2 on this build machine)
+_pool: list[ThreadPoolExecutor] = []
+
+
+def pool() -> ThreadPoolExecutor:
+    if not _pool:
+        _pool.append(ThreadPoolExecutor(THREADS, thread_name_prefix="rkc-host"))
+    return _pool[0]
+
+
+def over_ranges(run: Callable[[int, int], None], items: int, threads: int = THREADS) -> None:
+    """run(lo, hi) over [0, items) in up to `threads` contiguous ranges at once;
+    returns when all are done (an exception in one is raised here)."""
+    parts = max(1, min(threads, items))
+    if parts == 1:
+        run(0, items)
+        return
+    bounds = [items * i // parts for i in range(parts + 1)]
+    futures = [pool().submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    run(bounds[0], bounds[1])  # the caller's thread takes the first range
+    for f in futures:
+        f.result()
+
+
+def each(run: Callable[[object], None], jobs: list, threads: int = THREADS) -> None:
+    """run(job) for every job, shared among up to `threads` threads."""
+    if len(jobs) <= 1 or threads <= 1:
+        for job in jobs:
+            run(job)
+        return
+    list(pool().map(run, jobs))
