@@ -1,0 +1,129 @@
+"""4-bit weights for the NPU's int4 GEMM (W4A8 by nibble rows), and the CPU side of it.
+
+Weights: symmetric int4 per group of `group` input channels (K) and output
+channel, scale chosen per group from a few clip ratios by least squares (as
+llama.cpp's Q4_0 maps a group's largest magnitude to -8, but searched). The
+NPU has no mixed int4 x int8 MAC (hw-matmul.md 0), so the activation side is
+int8 per token in [-119, 119] written as two signed nibble rows, a = 16 hi + lo
+with hi, lo in [-8, 7] (lo = ((a + 8) mod 16) - 8): the hi and lo rows are two rows
+of one int4 GEMM, so the weights are read once, and in decode (M = 1, padded to 4
+rows anyway) the second row is free. The NPU writes one int16 partial per K
+group (compiler/npu/gemm_int4.py: a group of at most 480 keeps every partial
+exact); the CPU combines
+
+    y[m, n] = s_a[m] * sum_g s_w[g, n] * (16 P_hi[m, g, n] + P_lo[m, g, n])  (+ bias)
+
+`npu_rows` / `combine` are the two CPU steps around the NPU; `emulate` is the
+whole product in numpy (the NPU's integer partials computed exactly), which the
+simulator's result equals (tests/llm/test_int4.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import layout
+
+ACT_LIMIT = 119  # |a| <= 119: hi = (a - lo) / 16 stays within [-8, 7] for every a in [-119, 119]
+DEFAULT_GROUP = 256  # K per weight group = per NPU K segment (api.INT4_SEGMENT)
+CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)  # candidate group maxima, as fractions of the largest |w|
+
+
+@dataclass
+class Int4Weight:
+    """W[N, K] ~ q[n, k] * scales[k // group, n]."""
+
+    data: np.ndarray  # [N, K] int8 in [-8, 7]
+    scales: np.ndarray  # [G, N] float32
+    group: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.data.shape
+
+    def dequantized(self) -> np.ndarray:
+        n, k = self.data.shape
+        s = np.repeat(self.scales.T, self.group, axis=1)[:, :k]
+        return self.data.astype(np.float32) * s
+
+    def nbytes(self) -> int:
+        """Bytes a product reads per token: the nibbles and the group scales."""
+        n, k = self.data.shape
+        return n * layout.align(k, layout.INT4_C2) // 2 + self.scales.nbytes
+
+
+def quantize_weight(w: np.ndarray, group: int = DEFAULT_GROUP) -> Int4Weight:
+    """Symmetric int4 per (group of K, output channel): for each group the scale of
+    the clip ratio (CLIP_RATIOS) with the least squared error, its largest
+    magnitude mapped to -8 (the wider side of [-8, 7]) or clipped to 7."""
+    w = np.asarray(w, np.float32)
+    n, k = w.shape
+    if group % layout.CHANNEL_GROUP or group <= 0:
+        raise UnsupportedError(f"int4 group {group} must be a positive multiple of 32")
+    g = -(-k // group)
+    padded = np.zeros((n, g * group), np.float32)
+    padded[:, :k] = w
+    blocks = padded.reshape(n, g, group)
+    amax = np.abs(blocks).max(axis=2)  # [N, G]
+    best_err = np.full((n, g), np.inf)
+    best_s = np.zeros((n, g), np.float32)
+    for ratio in CLIP_RATIOS:
+        s = np.where(amax > 0, amax * ratio / 8.0, 1.0).astype(np.float32)
+        q = np.clip(np.rint(blocks / s[:, :, None]), layout.INT4_MIN, layout.INT4_MAX)
+        err = ((q * s[:, :, None] - blocks) ** 2).sum(axis=2)
+        take = err < best_err
+        best_err = np.where(take, err, best_err)
+        best_s = np.where(take, s, best_s)
+    q = np.clip(np.rint(blocks / best_s[:, :, None]), layout.INT4_MIN, layout.INT4_MAX).astype(np.int8)
+    return Int4Weight(np.ascontiguousarray(q.reshape(n, -1)[:, :k]), np.ascontiguousarray(best_s.T), group)
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: int8 values in [-119, 119] and the row scale (max|x| / 119)."""
+    x = np.asarray(x, np.float32)
+    amax = np.abs(x).max(axis=1)
+    s = np.where(amax > 0, amax / ACT_LIMIT, 1.0).astype(np.float32)
+    return np.clip(np.rint(x / s[:, None]), -ACT_LIMIT, ACT_LIMIT).astype(np.int8), s
+
+
+def split_nibbles(q: np.ndarray) -> np.ndarray:
+    """int8 rows [M, K] in [-119, 119] -> [2M, K] int4 rows (hi of row m at 2m, lo at 2m + 1)."""
+    q = np.asarray(q, np.int16)
+    lo = ((q + 8) & 15) - 8
+    hi = (q - lo) >> 4
+    out = np.empty((2 * q.shape[0], q.shape[1]), np.int8)
+    out[0::2], out[1::2] = hi, lo
+    return out
+
+
+def npu_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU step before the NPU: float rows [M, K] -> int4 rows [2M, K] and row scales [M]."""
+    q, s = quantize_activations(x)
+    return split_nibbles(q), s
+
+
+def combine(partials: np.ndarray, row_scales: np.ndarray, w: Int4Weight,
+            bias: np.ndarray | None = None) -> np.ndarray:
+    """The CPU step after the NPU: int16 partials [2M, G, N] -> float32 [M, N]."""
+    p = np.asarray(partials, np.float64)
+    merged = 16.0 * p[0::2] + p[1::2]  # [M, G, N]: the int8 activation's partial sums, exact
+    y = np.einsum("mgn,gn->mn", merged, w.scales.astype(np.float64)) * row_scales.astype(np.float64)[:, None]
+    if bias is not None:
+        y = y + bias
+    return y.astype(np.float32)
+
+
+def partial_products(rows: np.ndarray, w: Int4Weight) -> np.ndarray:
+    """What the NPU's int4 GEMM writes: [rows, G, N] exact integer partials per K group."""
+    k = w.data.shape[1]
+    return np.stack([rows[:, k0:k0 + w.group].astype(np.int64) @ w.data[:, k0:k0 + w.group].T.astype(np.int64)
+                     for k0 in range(0, k, w.group)], axis=1)
+
+
+def emulate(x: np.ndarray, w: Int4Weight, bias: np.ndarray | None = None) -> np.ndarray:
+    """x [M, K] float -> y [M, N] as the NPU + CPU compute it (partials exact)."""
+    rows, s = npu_rows(x)
+    return combine(partial_products(rows, w), s, w, bias)
