@@ -24,7 +24,7 @@ from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFA
     RESIDUAL_CHOICES
 from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA
-from rkc.compiler.precision import DEFAULT_PRECISION, KIND_NAMES, KINDS, PRECISIONS
+from rkc.compiler.precision import DEFAULT_PRECISION, KIND_NAMES, KINDS, PRECISION_KINDS, PRECISIONS
 from rkc.ir.errors import OptionError
 from rkc.ir.npu import hw
 
@@ -64,7 +64,8 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("precision", "--precision", KINDS,
            "NPU number format: fp16 (no calibration) or int8 (per-channel weights; ONNX: per-tensor "
-           "activations, calibrated; GGUF: per-token activations).", PRECISIONS,
+           "activations, calibrated; GGUF: per-token activations), or int4 (GGUF only: 4-bit weights in "
+           "groups of 256 along K, int8 activations as two nibble rows).", PRECISIONS,
            default=", ".join(f"{p} for {KIND_NAMES[k]}" for k, p in DEFAULT_PRECISION.items())),
     Option("calib", "--calib", GRAPHS, "calibration set: .npz with one array per input, leading axis over samples.",
            "path", INT8),
@@ -109,6 +110,10 @@ def check_options(kind: str, precision: str, given: Mapping[str, object]) -> Non
     kind of model or this precision."""
     if precision not in PRECISIONS:
         raise OptionError(f"--precision {precision!r}: choose from {', '.join(PRECISIONS)}")
+    if kind not in PRECISION_KINDS[precision]:
+        raise OptionError(f"--precision {precision} applies to "
+                          f"{' and '.join(KIND_NAMES[k] for k in PRECISION_KINDS[precision])} models only, "
+                          f"not {KIND_NAMES[kind]}")
     for name in given:
         option = BY_NAME.get(name)
         if option is None:

@@ -13,7 +13,7 @@ exact); the CPU combines
 
     y[m, n] = s_a[m] * sum_g s_w[g, n] * (16 P_hi[m, g, n] + P_lo[m, g, n])  (+ bias)
 
-`npu_rows` / `combine` are the two CPU steps around the NPU; `emulate` is the
+`npu_rows` / `combine` (runtime/llm/int4_rows.py) are the two CPU steps around the NPU; `emulate` is the
 whole product in numpy (the NPU's integer partials computed exactly), which the
 simulator's result equals (tests/llm/test_int4.py).
 """
@@ -26,8 +26,8 @@ import numpy as np
 
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.npu import layout
+from rkc.runtime.llm.int4_rows import ACT_LIMIT, combine, npu_rows, quantize_activations, split_nibbles  # noqa: F401
 
-ACT_LIMIT = 119  # |a| <= 119: hi = (a - lo) / 16 stays within [-8, 7] for every a in [-119, 119]
 DEFAULT_GROUP = 256  # K per weight group = per NPU K segment (api.INT4_SEGMENT)
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)  # candidate group maxima, as fractions of the largest |w|
 
@@ -81,41 +81,6 @@ def quantize_weight(w: np.ndarray, group: int = DEFAULT_GROUP) -> Int4Weight:
     return Int4Weight(np.ascontiguousarray(q.reshape(n, -1)[:, :k]), np.ascontiguousarray(best_s.T), group)
 
 
-def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: int8 values in [-119, 119] and the row scale (max|x| / 119)."""
-    x = np.asarray(x, np.float32)
-    amax = np.abs(x).max(axis=1)
-    s = np.where(amax > 0, amax / ACT_LIMIT, 1.0).astype(np.float32)
-    return np.clip(np.rint(x / s[:, None]), -ACT_LIMIT, ACT_LIMIT).astype(np.int8), s
-
-
-def split_nibbles(q: np.ndarray) -> np.ndarray:
-    """int8 rows [M, K] in [-119, 119] -> [2M, K] int4 rows (hi of row m at 2m, lo at 2m + 1)."""
-    q = np.asarray(q, np.int16)
-    lo = ((q + 8) & 15) - 8
-    hi = (q - lo) >> 4
-    out = np.empty((2 * q.shape[0], q.shape[1]), np.int8)
-    out[0::2], out[1::2] = hi, lo
-    return out
-
-
-def npu_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The CPU step before the NPU: float rows [M, K] -> int4 rows [2M, K] and row scales [M]."""
-    q, s = quantize_activations(x)
-    return split_nibbles(q), s
-
-
-def combine(partials: np.ndarray, row_scales: np.ndarray, w: Int4Weight,
-            bias: np.ndarray | None = None) -> np.ndarray:
-    """The CPU step after the NPU: int16 partials [2M, G, N] -> float32 [M, N]."""
-    p = np.asarray(partials, np.float64)
-    merged = 16.0 * p[0::2] + p[1::2]  # [M, G, N]: the int8 activation's partial sums, exact
-    y = np.einsum("mgn,gn->mn", merged, w.scales.astype(np.float64)) * row_scales.astype(np.float64)[:, None]
-    if bias is not None:
-        y = y + bias
-    return y.astype(np.float32)
-
-
 def partial_products(rows: np.ndarray, w: Int4Weight) -> np.ndarray:
     """What the NPU's int4 GEMM writes: [rows, G, N] exact integer partials per K group."""
     k = w.data.shape[1]
@@ -126,4 +91,4 @@ def partial_products(rows: np.ndarray, w: Int4Weight) -> np.ndarray:
 def emulate(x: np.ndarray, w: Int4Weight, bias: np.ndarray | None = None) -> np.ndarray:
     """x [M, K] float -> y [M, N] as the NPU + CPU compute it (partials exact)."""
     rows, s = npu_rows(x)
-    return combine(partial_products(rows, w), s, w, bias)
+    return combine(partial_products(rows, w), s, w.scales, bias)

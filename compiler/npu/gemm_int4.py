@@ -100,12 +100,12 @@ def lower_gemm_int4(op: api.GemmInt4, options: api.EmitOptions) -> api.EmitResul
     m_tiles, d_banks = _m_tiles(rows, kt_max, options)
     w_banks = hw.CBUF_BANKS - d_banks
     key = (op.name, op.segment, op.b.shape)
-    if options.pack_cache is not None and key in options.pack_cache:
-        packed, offsets = options.pack_cache[key]
+    if options.pack_cache is not None and key in options.pack_cache:  # (bytes, offsets, no weight sums)
+        packed, offsets, _ = options.pack_cache[key]
     else:
         packed, offsets = pack_b(op.b, op.segment)
         if options.pack_cache is not None:
-            options.pack_cache[key] = packed, offsets
+            options.pack_cache[key] = packed, offsets, None
     n_parts = max(-(-n // options.n_tile_max), 1)
     n_tiles = schedule.split_evenly(n, n_parts, kg)
     pairs = [(g, ni) for g in range(len(segs)) for ni in range(len(n_tiles))]

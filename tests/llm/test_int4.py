@@ -56,4 +56,4 @@ def test_the_simulated_npu_partials_give_the_emulated_product(m, k, n):
     apad[:r2] = rows
     out = run([result], sim.SimDevice(), {"A": (a, apad.T[:, :, None])}).feature(c)[:, :r2, 0].T
     partials = out.reshape(r2, probe.segments, probe.n_padded)[:, :, :n]
-    np.testing.assert_array_equal(int4.combine(partials, s, w), int4.emulate(x, w))
+    np.testing.assert_array_equal(int4.combine(partials, s, w.scales), int4.emulate(x, w))
