@@ -110,10 +110,6 @@ def check_options(kind: str, precision: str, given: Mapping[str, object]) -> Non
     kind of model or this precision."""
     if precision not in PRECISIONS:
         raise OptionError(f"--precision {precision!r}: choose from {', '.join(PRECISIONS)}")
-    if kind not in PRECISION_KINDS[precision]:
-        raise OptionError(f"--precision {precision} applies to "
-                          f"{' and '.join(KIND_NAMES[k] for k in PRECISION_KINDS[precision])} models only, "
-                          f"not {KIND_NAMES[kind]}")
     for name in given:
         option = BY_NAME.get(name)
         if option is None:
@@ -123,6 +119,10 @@ def check_options(kind: str, precision: str, given: Mapping[str, object]) -> Non
         if precision not in option.precisions:
             raise OptionError(f"{option.flag} applies to --precision {'/'.join(option.precisions)} only, "
                               f"not {precision}")
+    if kind not in PRECISION_KINDS[precision]:
+        raise OptionError(f"--precision {precision} applies to "
+                          f"{' and '.join(KIND_NAMES[k] for k in PRECISION_KINDS[precision])} models only, "
+                          f"not {KIND_NAMES[kind]}")
 
 
 def _sizes(text: str) -> tuple[int, ...]:

@@ -29,7 +29,8 @@ from rkc.compiler.emitter_ops import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
 from rkc.compiler.llm.cpu_work import cpu_steps
-from rkc.compiler.llm.int4 import DEFAULT_GROUP as INT4_GROUP, quantize_weight as quantize_int4
+from rkc.compiler.llm.int4 import AUTO_GROUP, group_for as int4_group_for, quantize_weight as quantize_int4, \
+    safe as int4_safe
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING,
                                        QUANTIZE_ROWS, RESIDUAL_CHOICES, ROUNDINGS, SCALES, method_for,
@@ -100,9 +101,10 @@ class LlmCompileOptions:
     # int8 only: the products whose input is quantized in two int8 rows (value +
     # residual): none, the output head, or all (compiler/llm/quantize.RESIDUAL_CHOICES)
     residual: str = DEFAULT_RESIDUAL
-    # int4 only: K per weight group (= the int4 GEMM's K segment, <= 480) and the
-    # products (weight name substrings) kept int8 (mixed precision, compiler/llm/int4.py)
-    int4_group: int = INT4_GROUP
+    # int4 only: K per weight group (= the int4 GEMM's K segment; AUTO_GROUP: the fewest
+    # groups whose int16 partials these weights keep in range) and the products
+    # (weight name substrings) kept int8 (mixed precision, compiler/llm/int4.py)
+    int4_group: int = AUTO_GROUP
     int4_keep: tuple[str, ...] = ()
     cores: int = hw.CORES  # NPU cores the programs' tasks are spread over (rkc compile --cores)
     # host threads the layers are encoded on (rkc compile --jobs); the bytes do not depend on it
@@ -249,15 +251,22 @@ def encode_int4(source: RowSource, group: int, rot: Rotation | None = None,
     `gather`: the int8 rows a tied embedding gathers from (the head's int4 bytes are
     not a row table)."""
     n, k = source.shape
-    data = np.empty((n, k), np.int8)
-    scales = np.empty((-(-k // group), n), np.float32)
-    for r0, rows in source.blocks(ENCODE_ROWS):
-        if rot is not None:
-            rows = rotate_matrix(rows, rot)
-        q = quantize_int4(rows, group)
-        data[r0:r0 + len(rows)] = q.data
-        scales[:, r0:r0 + len(rows)] = q.scales
-    return EncodedWeight(data, None, rot, int4_scales=scales, int4_group=group, gather=gather)
+    parts = 1
+    while True:  # group AUTO_GROUP: the fewest K groups whose int16 partials are safe for these weights
+        g = group if group != AUTO_GROUP else int4_group_for(k, parts)
+        data = np.empty((n, k), np.int8)
+        scales = np.empty((-(-k // g), n), np.float32)
+        for r0, rows in source.blocks(ENCODE_ROWS):
+            if rot is not None:
+                rows = rotate_matrix(rows, rot)
+            q = quantize_int4(rows, g)
+            if group == AUTO_GROUP and not int4_safe(q):
+                break
+            data[r0:r0 + len(rows)] = q.data
+            scales[:, r0:r0 + len(rows)] = q.scales
+        else:
+            return EncodedWeight(data, None, rot, int4_scales=scales, int4_group=g, gather=gather)
+        parts += 1
 
 
 def _integer(options: LlmCompileOptions) -> bool:
@@ -429,10 +438,13 @@ def _report_int4(matrices: dict[str, EncodedWeight], options: LlmCompileOptions,
     eight = sorted(n for n, e in matrices.items() if e.int4_scales is None and e.scale is not None
                    and e.blocks is None and n not in _gathered_only(matrices))
     nbytes = sum(matrices[n].data.size // 2 + matrices[n].int4_scales.nbytes for n in four)
-    report.say(f"int4: {len(four)} products W4A8 (int4 weights in groups of {options.int4_group} along K, a "
-               f"scale per group and output channel; int8 activations as two nibble rows): {nbytes / 1e6:.1f} MB"
+    groups = sorted({(matrices[n].data.shape[1], matrices[n].int4_group) for n in four})
+    report.say(f"int4: {len(four)} products W4A8 (int4 weights in groups along K, a scale per group and output "
+               f"channel: {', '.join(f'K={k}: {g}' for k, g in groups)}; int8 activations as two nibble rows): "
+               f"{nbytes / 1e6:.1f} MB"
                + (f"; {len(eight)} kept int8 ({', '.join(options.int4_keep)})" if options.int4_keep else ""))
-    report.quantization["int4"] = {"group": options.int4_group, "products": len(four), "keep_int8": eight,
+    report.quantization["int4"] = {"group": options.int4_group or "auto", "groups": {str(k): g for k, g in groups},
+                                   "products": len(four), "keep_int8": eight,
                                    "weight_bytes": nbytes}
 
 

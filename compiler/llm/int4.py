@@ -81,6 +81,21 @@ def quantize_weight(w: np.ndarray, group: int = DEFAULT_GROUP) -> Int4Weight:
     return Int4Weight(np.ascontiguousarray(q.reshape(n, -1)[:, :k]), np.ascontiguousarray(best_s.T), group)
 
 
+AUTO_GROUP = 0  # LlmCompileOptions.int4_group: the longest groups whose int16 partials are safe
+
+
+def group_for(k: int, parts: int) -> int:
+    """K in `parts` groups of equal length (a multiple of 32; the last may be shorter)."""
+    return layout.align(-(-k // parts), layout.CHANNEL_GROUP)
+
+
+def safe(w: Int4Weight) -> bool:
+    """Every int16 partial of these weights stays in range for any int4 activations (Q22)."""
+    from rkc.compiler.npu.gemm_int4 import INT16_MAX, partial_bound, segment_limit
+
+    return w.group <= segment_limit() or partial_bound(w.data.T, w.group) <= INT16_MAX
+
+
 def partial_products(rows: np.ndarray, w: Int4Weight) -> np.ndarray:
     """What the NPU's int4 GEMM writes: [rows, G, N] exact integer partials per K group."""
     k = w.data.shape[1]

@@ -250,8 +250,10 @@ class GemmInt4:
     channels (a multiple of 32); segment g writes C_g = A[:, Kg] x B[Kg, :] to
     channels [g * Np, g * Np + N) of `c` (int16, Np = N rounded up to 64), so the
     caller combines the partials with per-segment scales (quantization groups
-    along K). A segment of s channels sums at most 64 s: s <= 511 keeps every
-    partial inside int16, whose overflow behaviour is undocumented (Q22)."""
+    along K). A segment of s channels sums at most 64 s: s <= 480 keeps every
+    partial inside int16, whose overflow behaviour is undocumented (Q22); a
+    longer segment is taken only when the weights bound every partial within
+    int16 (8 x a column's sum of |w|, gemm_int4.partial_bound)."""
 
     a: Feature
     b: np.ndarray

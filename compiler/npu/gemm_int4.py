@@ -4,9 +4,11 @@ The int4 datapath (hw-matmul.md 2.1, 3.2: precision 6, A (K/32, M, 32) nibbles, 
 (N/64, K/32, 64, 32) nibbles low first, int16 out with size_e 7) is documented
 only as far as a raw int16 sum; whether a sum past int16 saturates, wraps or
 comes from a wider accumulator is not (Q22). So no task reduces more K than
-int16 holds: each K segment (at most 511 channels; |a b| <= 64) is its own task
-writing its own int16 partial, and the caller combines the partials on the CPU
-with per-segment scales, which is what quantization groups along K need anyway.
+int16 holds: each K segment is its own task writing its own int16 partial, and
+the caller combines the partials on the CPU with per-segment scales (the
+quantization groups along K). A segment is safe for any weights up to 480
+channels (480 x 64 < 2^15); a longer one only when these weights bound every
+partial within int16: 8 x the column's sum of |w| (|a| <= 8), checked here.
 
 Tiling: per segment, N tiles of at most `n_tile_max` kernels (whole 64-kernel
 groups), M tiles of the rows that fit the data banks (with the slack bank of a
@@ -43,9 +45,14 @@ def _check(op: api.GemmInt4, options: api.EmitOptions) -> int:
                                f"{op.b.dtype} {op.b.shape}")
     if op.b.size and (op.b.min() < layout.INT4_MIN or op.b.max() > layout.INT4_MAX):
         raise UnsupportedError(f"{op.name}: B holds values outside int4 [-8, 7]")
-    if op.segment % layout.CHANNEL_GROUP or not 0 < op.segment <= options.int4_segment_max:
-        raise UnsupportedError(f"{op.name}: K segment {op.segment} must be a multiple of 32 of at most "
-                               f"{options.int4_segment_max} (an int16 partial must not overflow, Q22)")
+    if op.segment % layout.CHANNEL_GROUP or op.segment <= 0:
+        raise UnsupportedError(f"{op.name}: K segment {op.segment} must be a positive multiple of 32")
+    if op.segment > options.int4_segment_max:
+        worst = partial_bound(op.b, op.segment)
+        if worst > INT16_MAX:
+            raise UnsupportedError(f"{op.name}: K segment {op.segment}: a partial of these weights can reach "
+                                   f"{worst} (8 x the column's sum of |w|), past int16 (Q22); segments of at most "
+                                   f"{options.int4_segment_max} are safe for any weights")
     k, n = op.b.shape
     rows = op.a.height  # gemm_rows(M); exactly M only for a probe of Q2 (min_input_rows < 4)
     if rows != api.gemm_rows(op.m) and not (rows == op.m and options.min_input_rows <= op.m):
@@ -59,6 +66,17 @@ def _check(op: api.GemmInt4, options: api.EmitOptions) -> int:
                                f"cols={want[0]} = {op.segments} segments x {op.n_padded}), got "
                                f"{op.c.dtype} {op.c.shape}")
     return rows
+
+
+def partial_bound(b: np.ndarray, segment: int, columns: int = 16384) -> int:
+    """The largest |partial| any int4 A (|a| <= 8) can give with weights `b` [K, N]
+    over K segments of `segment`: 8 x the largest column sum of |w| in a segment."""
+    worst = 0
+    for k0 in range(0, b.shape[0], segment):
+        for n0 in range(0, b.shape[1], columns):
+            block = np.abs(b[k0:k0 + segment, n0:n0 + columns].astype(np.int32))
+            worst = max(worst, int(block.sum(axis=0).max(initial=0)))
+    return INT4_PRODUCT_MAX // 8 * worst
 
 
 def segments_of(k: int, segment: int) -> list[tuple[int, int]]:
