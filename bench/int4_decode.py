@@ -31,14 +31,15 @@ sys.path[:] = [str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").res
 
 from llm.synth import REAL  # noqa: E402
 from rkc.compiler.emitter_ops import EMIT_OPTIONS  # noqa: E402
+from rkc.compiler.llm import int4  # noqa: E402
 from rkc.compiler.npu import api  # noqa: E402
 from rkc.compiler.npu.dispatch import emit  # noqa: E402
-from rkc.compiler.npu.placement import place_segment  # noqa: E402
+from rkc.compiler.npu.placement import place_segment, place_segment_int4  # noqa: E402
 from rkc.ir.atomic import write_atomic  # noqa: E402
 from rkc.ir.npu.perf import PerfModel  # noqa: E402
 
 MODEL = PerfModel()
-GROUP = api.INT4_SEGMENT
+GROUP = 0  # 0: the compiler's automatic groups (--group 256: fixed groups of 256)
 # Gemma 3 270M (its GGUF's shapes) beside tests/llm/synth.REAL
 SHAPES = {"gemma-3-270m": dict(n_embd=640, n_head=4, n_head_kv=1, head_dim=256, n_ff=2048, n_layer=18,
                                n_vocab=262144, tied=True), **REAL}
@@ -65,9 +66,26 @@ def _int8(name: str, k: int, n: int) -> api.Gemm:
                     name=name)
 
 
+_GROUPS: dict[int, int] = {}
+
+
+def auto_group(k: int) -> int:
+    """The group `rkc compile --precision int4` would pick for a K-wide product, found
+    on Gaussian rows (rotated weights are close to Gaussian) of 4096 output channels:
+    the fewest K groups whose int16 partials stay in range (compiler/llm/int4.py)."""
+    if k not in _GROUPS:
+        rows = np.random.default_rng(k).standard_normal((4096, k)).astype(np.float32)
+        parts = 1
+        while not int4.safe(int4.quantize_weight(rows, int4.group_for(k, parts))):
+            parts += 1
+        _GROUPS[k] = int4.group_for(k, parts)
+    return _GROUPS[k]
+
+
 def _int4(name: str, k: int, n: int) -> api.GemmInt4:
     b = np.broadcast_to(np.int8(0), (k, n))
-    op = api.GemmInt4(api.Feature.gemm("A", 0, 2, k, "int4"), b, None, 2, GROUP, name)
+    group = GROUP or auto_group(k)
+    op = api.GemmInt4(api.Feature.gemm("A", 0, 2, k, "int4"), b, None, 2, group, name)
     return replace(op, c=api.Feature.gemm(name, 0, 2, op.segments * op.n_padded, "int16"))
 
 
@@ -76,14 +94,14 @@ def segment(products: list[tuple[str, int, int]], precision: str) -> dict:
     if precision == "int8":
         ops = place_segment([_int8(*p) for p in products], options, per_task_kicks=True)
     else:
-        ops = [_int4(*p) for p in products]
+        ops = place_segment_int4([_int4(*p) for p in products], options)
     jobs, tasks, ddr, scales = [], 0, 0, 0
     for (name, k, n), op in zip(products, ops):
         r = emit(op, options)
         jobs += r.cost_jobs(chained=False)  # integer tasks: one kick each (Q1)
         tasks += len(r.tasks)
         ddr += sum(t.cost().dma_bytes for t in r.tasks)
-        scales += 4 * -(-k // GROUP) * n if precision == "int4" else 4 * n
+        scales += 4 * (op.segments if precision == "int4" else 1) * n
     return {"seconds": MODEL.submission_seconds(jobs), "tasks": tasks, "npu_bytes": ddr, "scale_bytes": scales}
 
 
@@ -105,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(SHAPES))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--group", type=int, default=0, help="int4 K group (0: the compiler's automatic choice)")
     args = ap.parse_args(argv)
+    global GROUP
+    GROUP = args.group
     rows = []
     print("| model | int8 DDR MB/token | int4 DDR MB/token | ratio | int8 tasks | int4 tasks | int8 modelled t/s "
           "| int4 modelled t/s |")
@@ -114,9 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         a, b = model_figures(name, "int8"), model_figures(name, "int4")
         rows += [a, b]
+        groups = ", ".join(f"K={k}: {g}" for k, g in sorted(_GROUPS.items()))
+        b["groups"] = dict(_GROUPS)
         print(f"| {name} | {a['ddr_bytes'] / 1e6:.0f} | {b['ddr_bytes'] / 1e6:.0f} | "
               f"{b['ddr_bytes'] / a['ddr_bytes']:.2f} | {a['tasks']} | {b['tasks']} | {a['tokens_per_s']:.1f} | "
-              f"{b['tokens_per_s']:.1f} |  ({time.perf_counter() - t:.0f} s)", flush=True)
+              f"{b['tokens_per_s']:.1f} |  ({time.perf_counter() - t:.0f} s; int4 groups {groups or GROUP})", flush=True)
+        _GROUPS.clear()
     if args.json:
         write_atomic(args.json, json.dumps(rows, indent=1))
     return 0

@@ -34,7 +34,7 @@ from rkc.compiler.module_builder import ModuleBuilder, PlacedBytes
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.gemm import k_ranges
-from rkc.compiler.npu.placement import place_segment
+from rkc.compiler.npu.placement import place_segment, place_segment_int4
 from rkc.compiler.emitter_ops import CHAINABLE, EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
 from rkc.compiler.partition import partition
 from rkc.ir.errors import UnsupportedError
@@ -405,8 +405,9 @@ class _ProgramLowering:
             bias = op.inputs[2] if len(op.inputs) > 2 else None
             outputs.append((y, x, w, bias))
         options = self.llm.emit_options
+        placed = place_segment_int4([g for *_, g in products], options)
         groups = []
-        for i, w, y, gemm in products:
+        for (i, w, y, _), gemm in zip(products, placed):
             try:
                 result = emit(gemm, options)
             except UnsupportedError as exc:

@@ -261,6 +261,9 @@ class GemmInt4:
     m: int
     segment: int = INT4_SEGMENT
     name: str = "gemm4"
+    # (K group, first output channel, channels, lane) ranges placed for a whole
+    # segment (placement.place_segment_int4); None: each group's N cut evenly over the cores
+    placement: tuple[tuple[int, int, int, int], ...] | None = None
 
     @property
     def k(self) -> int:

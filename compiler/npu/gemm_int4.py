@@ -124,24 +124,47 @@ def lower_gemm_int4(op: api.GemmInt4, options: api.EmitOptions) -> api.EmitResul
         packed, offsets = pack_b(op.b, op.segment)
         if options.pack_cache is not None:
             options.pack_cache[key] = packed, offsets, None
-    n_parts = max(-(-n // options.n_tile_max), 1)
-    n_tiles = schedule.split_evenly(n, n_parts, kg)
-    pairs = [(g, ni) for g in range(len(segs)) for ni in range(len(n_tiles))]
     plan = epilogue.plan(epilogue.DpuRequest("int4", op.c, n, None, None, np.zeros(n), api.NO_EPILOGUE))
     works = []
-    for pi, (g, ni) in enumerate(pairs):
-        lane = schedule.lane_of(pi, len(pairs), options.cores) if len(pairs) >= options.cores else 0
-        (k0, kt), (n0, nt) = segs[g], n_tiles[ni]
+    for g, ni, (n0, nt), lane in _n_tiles(op, len(segs), len(m_tiles), options):
+        k0, kt = segs[g]
         for mi, (m0, mt) in enumerate(m_tiles):
-            if len(pairs) < options.cores:  # few pairs: spread the M tiles instead
+            if lane is None:  # one N tile per K group: the M tiles go over the cores instead
                 lane = schedule.lane_of(mi, len(m_tiles), options.cores)
             works.append(_work(op, plan, (g, k0, kt, offsets[g]), (ni, n0, nt), (mi, m0, mt), lane,
                                d_banks, w_banks, options.min_input_rows))
+    n_tiles = {ni for w in works for ni in [w.weight_key[1]]}
     tasks, jobs = schedule.schedule(works)
     notes = [f"int4 GEMM M={op.m} K={k} N={n}: {len(segs)} K segments of <= {op.segment} (int16 partials) x "
-             f"{len(n_tiles)} N x {len(m_tiles)} M tiles on {len(jobs)} core(s); CBUF {d_banks} data + "
-             f"{w_banks} weight banks"]
+             f"{len(n_tiles)} N tiles x {len(m_tiles)} M tiles on {len(jobs)} core(s); CBUF {d_banks} data + "
+             f"{w_banks} weight banks" + (", placed with its segment" if op.placement else "")]
     return api.EmitResult(op, tasks, jobs, [api.ConstBuffer(f"{op.name}.weights", packed)], [], [], notes)
+
+
+def _n_tiles(op: api.GemmInt4, groups: int, m_tiles: int, options: api.EmitOptions):
+    """(K group, N tile index, (first channel, channels), lane or None) per task column:
+    the segment's placement, else each group's N cut evenly over the cores (gemm.py's rule)."""
+    kg = layout.INT4_KERNEL_GROUP
+    if op.placement is not None:
+        covered = {}
+        for g, start, size, lane in op.placement:
+            if not (0 <= g < groups and start % kg == 0 and size > 0 and 0 <= lane < options.cores):
+                raise UnsupportedError(f"{op.name}: internal: bad placement range {(g, start, size, lane)}")
+            covered[g] = covered.get(g, 0) + size
+        if covered != {g: op.n for g in range(groups)}:
+            raise UnsupportedError(f"{op.name}: internal: placement does not cover N={op.n} in every K group")
+        i = 0
+        for g, start, size, lane in sorted(op.placement):
+            for p0, nt in schedule.split_evenly(size, -(-size // options.n_tile_max), kg):
+                yield g, i, (start + p0, nt), lane
+                i += 1
+        return
+    n_parts = max(-(-op.n // options.n_tile_max), min(options.cores, -(-op.n // kg)))
+    tiles = schedule.split_evenly(op.n, n_parts, kg)
+    for g in range(groups):
+        for ni, tile in enumerate(tiles):
+            lane = schedule.lane_of(ni, len(tiles), options.cores) if len(tiles) > 1 or m_tiles == 1 else None
+            yield g, ni, tile, lane
 
 
 def _work(op: api.GemmInt4, plan, seg, ntile, mtile, lane: int, d_banks: int, w_banks: int,

@@ -97,7 +97,34 @@ def test_long_segments_run_when_the_weights_bound_every_partial(k, segment):
     assert gemm_int4.partial_bound(b, segment) <= 32767
     _, _, got, r = _gemm4(4, k, 128, segment, 0, a=a, b=b)
     np.testing.assert_array_equal(got, gemm_int4.reference(a, b, segment))
-    assert len(r.tasks) == -(-k // segment)
+    assert len({t.label.split()[1] for t in r.tasks}) == -(-k // segment)  # one K group per segment
+
+
+def test_a_placed_segment_computes_the_same_partials():
+    """q/k/v-like products placed together over the cores (placement.place_segment_int4):
+    only which core computes which channels changes."""
+    from rkc.compiler.npu.placement import place_segment_int4
+
+    shapes = [(640, 1024), (640, 256), (1024, 640)]
+    ops, inputs, want = [], {}, {}
+    for i, (k, n) in enumerate(shapes):
+        a, b = _int4((2, k), 10 + i), _int4((k, n), 20 + i)
+        op = api.GemmInt4(api.Feature.gemm(f"A{i}", 0, 2, k, "int4"), b, None, 2, 320, f"p{i}")
+        op = api.GemmInt4(op.a, b, api.Feature.gemm(f"C{i}", 0, 2, op.segments * op.n_padded, "int16"), 2, 320,
+                          f"p{i}")
+        apad = np.zeros((4, k), np.int8)
+        apad[:2] = a
+        ops.append(op)
+        inputs[f"A{i}"] = (op.a, apad.T[:, :, None])
+        want[i] = gemm_int4.reference(a, b, 320)
+    placed = place_segment_int4(ops, api.DEFAULT_OPTIONS)
+    assert all(op.placement is not None for op in placed)
+    results = [emit(op) for op in placed]
+    got = run(results, sim.SimDevice(), inputs, independent=True)
+    for i, op in enumerate(placed):
+        out = got.feature(op.c)[:, :2, 0].T.reshape(2, op.segments, op.n_padded)[:, :, :op.n]
+        np.testing.assert_array_equal(out, want[i])
+    assert {lane for r in results for j in r.jobs for lane in [j.lane]} == {0, 1, 2}
 
 
 def test_int4_modelled_time_counts_2048_macs_per_cycle():
