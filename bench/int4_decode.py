@@ -29,11 +29,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from llm.synth import REAL  # noqa: E402
+from llm.synth import LARGE, REAL  # noqa: E402
 from rkc.compiler.emitter_ops import EMIT_OPTIONS  # noqa: E402
 from rkc.compiler.llm import int4  # noqa: E402
 from rkc.compiler.npu import api  # noqa: E402
 from rkc.compiler.npu.dispatch import emit  # noqa: E402
+from rkc.compiler.npu.gemm import k_ranges  # noqa: E402
 from rkc.compiler.npu.placement import place_segment, place_segment_int4  # noqa: E402
 from rkc.ir.atomic import write_atomic  # noqa: E402
 from rkc.ir.npu.perf import PerfModel  # noqa: E402
@@ -42,7 +43,7 @@ MODEL = PerfModel()
 GROUP = 0  # 0: the compiler's automatic groups (--group 256: fixed groups of 256)
 # Gemma 3 270M (its GGUF's shapes) beside tests/llm/synth.REAL
 SHAPES = {"gemma-3-270m": dict(n_embd=640, n_head=4, n_head_kv=1, head_dim=256, n_ff=2048, n_layer=18,
-                               n_vocab=262144, tied=True), **REAL}
+                               n_vocab=262144, tied=True), **REAL, **LARGE}
 
 
 def layers(cfg: dict) -> list[tuple[int, list[list[tuple[str, int, int]]]]]:
@@ -92,6 +93,9 @@ def _int4(name: str, k: int, n: int) -> api.GemmInt4:
 def segment(products: list[tuple[str, int, int]], precision: str) -> dict:
     options = replace(EMIT_OPTIONS, pack_cache={})
     if precision == "int8":
+        # K above one task's channels: one GEMM per K range in the segment (program_builder.py)
+        products = [(f"{name}.k{k0}", kt, n) for name, k, n in products
+                    for k0, kt in k_ranges(1, k, n, "int8", EMIT_OPTIONS)]
         ops = place_segment([_int8(*p) for p in products], options, per_task_kicks=True)
     else:
         ops = place_segment_int4([_int4(*p) for p in products], options)
