@@ -122,8 +122,16 @@ def llama_cpp_decode(gguf: Path, threads: int, start: int, tokens: int) -> float
     """llama.cpp's median seconds per decode token at positions start.. (CPU
     only). With --clock cpu: its CPU seconds divided by the threads, the wall
     time of perfectly parallel threads on an idle machine."""
+    import importlib.util
+
     import llama_cpp
 
+    # the tests' llama.cpp setup (tests/llm/llamacpp.py; bench/llm.py would shadow its package name)
+    spec = importlib.util.spec_from_file_location("llamacpp_reference",
+                                                  Path(__file__).resolve().parents[1] / "tests/llm/llamacpp.py")
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    reference.without_extra_buffers(llama_cpp)
     model = llama_cpp.Llama(str(gguf), n_ctx=max(1024, start + tokens + 1), n_batch=512, n_threads=threads,
                             n_threads_batch=threads, verbose=False, seed=0)
     model.reset()
@@ -220,7 +228,7 @@ def sim_decode(path: Path, tokens: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", type=Path, help="GGUF model (default: Gemma 3 270M from PyPI)")
-    ap.add_argument("--precision", nargs="+", default=["int8", "fp16"], choices=["int8", "fp16"])
+    ap.add_argument("--precision", nargs="+", default=["int8", "fp16"], choices=["int8", "fp16", "int4"])
     ap.add_argument("--tokens", type=int, default=16, help="decode tokens timed at each position")
     ap.add_argument("--positions", type=int, nargs="+", default=[16, 512],
                     help="context positions at which decode is timed")

@@ -485,7 +485,8 @@ def rkbin_figures(bench: Bench, rkbin: Path | None, logits_file: Path | None, fl
     from rkc.runtime.llm.engine import LlmEngine
 
     gen = Generator(LlmEngine(rkbin), PPL_CTX + 1)
-    return {"scheme": str(rkbin), **teacher_forced(bench, gen.scored_windows(bench.text, PPL_CTX), float_logits)}
+    windows = itertools.islice(gen.scored_windows(bench.text, PPL_CTX), bench.max_windows)
+    return {"scheme": str(rkbin), **teacher_forced(bench, windows, float_logits)}
 
 
 def main() -> None:

@@ -9,8 +9,29 @@ import numpy as np
 import pytest
 
 
+def without_extra_buffers(llama_cpp) -> None:
+    """Model parameters without llama.cpp's extra buffer types (its AMX weight
+    repacking): where the CPU advertises AMX but the kernel has not granted the
+    tile state (a VM), the first evaluation dies with SIGILL in libggml-cpu; the
+    plain CPU kernels run the same model."""
+    from llama_cpp import llama as module
+
+    default = llama_cpp.llama_model_default_params
+    if getattr(default, "without_extra_buffers", False):
+        return
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    params.without_extra_buffers = True
+    llama_cpp.llama_model_default_params = module.llama_cpp.llama_model_default_params = params
+
+
 def load(path: str, n_ctx: int = 1024, logits_all: bool = False):
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp reference) is not installed")
+    without_extra_buffers(llama_cpp)
     return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=512, logits_all=logits_all, verbose=False,
                            seed=0, n_threads=2)
 
