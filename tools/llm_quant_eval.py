@@ -552,23 +552,29 @@ def main() -> None:
 LLAMACPP_TYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
 
 
-def requantized(bench: Bench, kind: str) -> Path:
-    """The GGUF requantized by llama.cpp to `kind` (cached beside the reference logits)."""
+def requantize(gguf: Path, kind: str, folder: Path) -> Path:
+    """`gguf` requantized by llama.cpp's own quantizer to `kind` (q4_0, q8_0), cached in `folder`."""
     import ctypes
 
     import llama_cpp
 
     if kind not in LLAMACPP_TYPES:
         sys.exit(f"llamacpp:{kind}: choose from {', '.join(LLAMACPP_TYPES)}")
-    out = bench.cache / f"requantized_{kind}.gguf"
+    out = folder / f"{gguf.stem}-requantized-{kind}.gguf"
     if not out.exists():
+        folder.mkdir(parents=True, exist_ok=True)
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = getattr(llama_cpp, LLAMACPP_TYPES[kind])
         params.allow_requantize = True
         with atomic_output(out, suffix=".gguf") as tmp:
-            if llama_cpp.llama_model_quantize(str(bench.gguf).encode(), str(tmp).encode(), ctypes.byref(params)):
-                sys.exit(f"llama.cpp could not requantize {bench.gguf} to {kind}")
+            if llama_cpp.llama_model_quantize(str(gguf).encode(), str(tmp).encode(), ctypes.byref(params)):
+                sys.exit(f"llama.cpp could not requantize {gguf} to {kind}")
     return out
+
+
+def requantized(bench: Bench, kind: str) -> Path:
+    """The GGUF requantized by llama.cpp to `kind` (cached beside the reference logits)."""
+    return requantize(bench.gguf, kind, bench.cache)
 
 
 def requantized_figures(bench: Bench, kind: str, float_logits) -> dict:

@@ -176,11 +176,6 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: b
     if _precision_of(name, options) == "fp16":
         out[name] = encode(source, "fp16")
         return
-    if is_product and _precision_of(name, options) == "int4":
-        rot = rotation_for(source.shape[1], options.rotation)
-        out[name] = encode_int4(source, options.int4_group, rot,
-                                gather=encode_rows(source, "int8") if is_head else None)
-        return
     method = method_for(options.rounding, name, is_head)
     h = cal.hessians.get(name) if cal is not None and _needs_hessians(options) else None
     if h is not None:
@@ -194,6 +189,10 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: b
         if key not in cache:
             cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
         h = cache[key][1]
+    if is_product and _precision_of(name, options) == "int4":
+        out[name] = encode_int4(source, options.int4_group, rot, h if method == "gptq" else None,
+                                gather=encode_rows(source, "int8") if is_head else None)
+        return
     out[name] = encode_rows(source, "int8", rot, method, h, options.scales)
 
 
@@ -245,7 +244,7 @@ def streamed_rows(source: RowSource, precision: str, rounding: str = "rtn", hess
                          blocks=lambda: encoded_blocks(source, precision, None, rounding, hessian, scales))
 
 
-def encode_int4(source: RowSource, group: int, rot: Rotation | None = None,
+def encode_int4(source: RowSource, group: int, rot: Rotation | None = None, hessian: np.ndarray | None = None,
                 gather: EncodedWeight | None = None) -> EncodedWeight:
     """A product's matrix in int4 groups along K (its rows rotated by `rot` first);
     `gather`: the int8 rows a tied embedding gathers from (the head's int4 bytes are
@@ -259,7 +258,7 @@ def encode_int4(source: RowSource, group: int, rot: Rotation | None = None,
         for r0, rows in source.blocks(ENCODE_ROWS):
             if rot is not None:
                 rows = rotate_matrix(rows, rot)
-            q = quantize_int4(rows, g)
+            q = quantize_int4(rows, g, hessian)
             if group == AUTO_GROUP and not int4_safe(q):
                 break
             data[r0:r0 + len(rows)] = q.data

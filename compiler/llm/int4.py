@@ -2,7 +2,9 @@
 
 Weights: symmetric int4 per group of `group` input channels (K) and output
 channel, scale chosen per group from a few clip ratios by least squares (as
-llama.cpp's Q4_0 maps a group's largest magnitude to -8, but searched). The
+llama.cpp's Q4_0 maps a group's largest magnitude to -8, but searched); the
+weights then rounded to nearest, or by GPTQ on the input's X^T X with those
+scales (`hessian`). The
 NPU has no mixed int4 x int8 MAC (hw-matmul.md 0), so the activation side is
 int8 per token in [-119, 119] written as two signed nibble rows, a = 16 hi + lo
 with hi, lo in [-8, 7] (lo = ((a + 8) mod 16) - 8): the hi and lo rows are two rows
@@ -55,7 +57,7 @@ class Int4Weight:
         return n * layout.align(k, layout.INT4_C2) // 2 + self.scales.nbytes
 
 
-def quantize_weight(w: np.ndarray, group: int = DEFAULT_GROUP) -> Int4Weight:
+def quantize_weight(w: np.ndarray, group: int = DEFAULT_GROUP, hessian: np.ndarray | None = None) -> Int4Weight:
     """Symmetric int4 per (group of K, output channel): for each group the scale of
     the clip ratio (CLIP_RATIOS) with the least squared error, its largest
     magnitude mapped to -8 (the wider side of [-8, 7]) or clipped to 7."""
@@ -77,6 +79,12 @@ def quantize_weight(w: np.ndarray, group: int = DEFAULT_GROUP) -> Int4Weight:
         take = err < best_err
         best_err = np.where(take, err, best_err)
         best_s = np.where(take, s, best_s)
+    if hessian is not None:  # GPTQ rounding on the input's X^T X, the group scales kept (compiler/llm/quantize.py)
+        from rkc.compiler.llm.quantize import gptq
+
+        per_weight = np.repeat(best_s, group, axis=1)[:, :k]
+        q = gptq(w, hessian, per_weight, levels=(layout.INT4_MIN, layout.INT4_MAX))
+        return Int4Weight(np.ascontiguousarray(q), np.ascontiguousarray(best_s.T), group)
     q = np.clip(np.rint(blocks / best_s[:, :, None]), layout.INT4_MIN, layout.INT4_MAX).astype(np.int8)
     return Int4Weight(np.ascontiguousarray(q.reshape(n, -1)[:, :k]), np.ascontiguousarray(best_s.T), group)
 
