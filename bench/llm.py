@@ -288,7 +288,7 @@ def sim_decode(path: Path, tokens: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", type=Path, help="GGUF model (default: Gemma 3 270M from PyPI)")
-    ap.add_argument("--precision", nargs="+", default=["int8", "fp16"], choices=["int8", "fp16"])
+    ap.add_argument("--precision", nargs="+", default=["int8", "fp16"], choices=["int8", "fp16", "int4"])
     ap.add_argument("--tokens", type=int, default=16, help="decode tokens timed at each position")
     ap.add_argument("--positions", type=int, nargs="+", default=[16, 512, 2048, 4096],
                     help="context positions at which decode is timed")

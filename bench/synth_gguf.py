@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # the llm test package (a namespace package) instead of bench/, whose llm.py would shadow it
 sys.path[:] = [str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from llm.synth import MIXES, REAL, write_real  # noqa: E402
+from llm.synth import LARGE, MIXES, REAL, write_real  # noqa: E402
 from rkc.ir.atomic import atomic_output  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", nargs="?", choices=sorted(REAL))
+    ap.add_argument("model", nargs="?", choices=sorted({**REAL, **LARGE}))
     ap.add_argument("out", nargs="?", type=Path)
     ap.add_argument("--mix", choices=MIXES, default="q8_0", help="tensor types (default q8_0)")
     ap.add_argument("--layers", type=int, help="keep only the first N layers")

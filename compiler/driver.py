@@ -24,7 +24,7 @@ from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFA
     RESIDUAL_CHOICES
 from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA
-from rkc.compiler.precision import DEFAULT_PRECISION, KIND_NAMES, KINDS, PRECISIONS
+from rkc.compiler.precision import DEFAULT_PRECISION, KIND_NAMES, KINDS, PRECISION_KINDS, PRECISIONS
 from rkc.ir.errors import OptionError
 from rkc.ir.npu import hw
 
@@ -64,7 +64,8 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("precision", "--precision", KINDS,
            "NPU number format: fp16 (no calibration) or int8 (per-channel weights; ONNX: per-tensor "
-           "activations, calibrated; GGUF: per-token activations).", PRECISIONS,
+           "activations, calibrated; GGUF: per-token activations), or int4 (GGUF only: 4-bit weights in "
+           "groups of 256 along K, int8 activations as two nibble rows).", PRECISIONS,
            default=", ".join(f"{p} for {KIND_NAMES[k]}" for k, p in DEFAULT_PRECISION.items())),
     Option("calib", "--calib", GRAPHS, "calibration set: .npz with one array per input, leading axis over samples.",
            "path", INT8),
@@ -118,6 +119,10 @@ def check_options(kind: str, precision: str, given: Mapping[str, object]) -> Non
         if precision not in option.precisions:
             raise OptionError(f"{option.flag} applies to --precision {'/'.join(option.precisions)} only, "
                               f"not {precision}")
+    if kind not in PRECISION_KINDS[precision]:
+        raise OptionError(f"--precision {precision} applies to "
+                          f"{' and '.join(KIND_NAMES[k] for k in PRECISION_KINDS[precision])} models only, "
+                          f"not {KIND_NAMES[kind]}")
 
 
 def _sizes(text: str) -> tuple[int, ...]:

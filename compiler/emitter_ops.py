@@ -83,7 +83,7 @@ def emit_options(cores: int) -> api.EmitOptions:
 # Whether a segment's jobs may run as hardware-chained kicks: integer tasks after
 # the first of a chained kick are reported wrong on hardware (docs/hardware-questions.md
 # Q1), so int8 segments kick every task on its own.
-CHAINABLE = {"fp16": True, "int8": False}
+CHAINABLE = {"fp16": True, "int8": False, "int4": False}
 
 
 def npu_name(tensor: str, dtype: str | None = None, precision: str | None = None) -> str:
@@ -94,7 +94,7 @@ def npu_name(tensor: str, dtype: str | None = None, precision: str | None = None
 
 
 def device_dtype(precision: str) -> str:
-    return "int8" if precision == "int8" else "fp16"
+    return precision if precision in ("int8", "int4") else "fp16"
 
 
 @dataclass

@@ -25,6 +25,10 @@ def feature_array(f: api.Feature, raw: np.ndarray) -> np.ndarray:
 
 
 def put_feature(f: api.Feature, raw: np.ndarray, values: np.ndarray) -> None:
+    if f.dtype == "int4":  # nibble-packed atoms (ir/npu/layout.py), dense
+        native = layout.pack_feature_int4(np.asarray(values)).reshape(-1)
+        raw[f.offset:f.offset + native.size] = native
+        return
     native = layout.pack_feature(np.asarray(values, api.NUMPY[f.dtype]))
     view = layout.feature_view(raw[f.offset:], f.channels, f.height, f.width, api.NUMPY[f.dtype],
                                surface_stride=f.surface_bytes)

@@ -34,11 +34,15 @@ float model (fp32 weights and activations):
             and compare its tokens and logits with the scheme's CPU run
     --rkbin FILE / --logits FILE.npy (rkrun --logits): the teacher-forced figures of
             a compiled rkbin
+    SCHEME llamacpp:q4_0 | llamacpp:q8_0: an anchor, llama.cpp's own requantization of
+            the same GGUF (llama-cpp-python's llama_model_quantize, allow_requantize),
+            teacher-forced by llama.cpp on the same windows
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -109,6 +113,7 @@ class Bench:
         print(f"loaded in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         self.text = self.tokenizer.encode((ROOT / "tests/llm/data/english.txt").read_text())
         self.prompts = [(p, "test") for p in PROMPTS] + [(p, "held-out") for p in HELD_OUT]
+        self.gguf, self.cache = gguf, cache
         self.ref = self._reference(gguf, cache)
         self.max_windows: int | None = None  # --windows: the schemes on the text's first windows only
 
@@ -480,7 +485,8 @@ def rkbin_figures(bench: Bench, rkbin: Path | None, logits_file: Path | None, fl
     from rkc.runtime.llm.engine import LlmEngine
 
     gen = Generator(LlmEngine(rkbin), PPL_CTX + 1)
-    return {"scheme": str(rkbin), **teacher_forced(bench, gen.scored_windows(bench.text, PPL_CTX), float_logits)}
+    windows = itertools.islice(gen.scored_windows(bench.text, PPL_CTX), bench.max_windows)
+    return {"scheme": str(rkbin), **teacher_forced(bench, windows, float_logits)}
 
 
 def main() -> None:
@@ -528,7 +534,10 @@ def main() -> None:
         if scheme != "float":
             for r in results:
                 r.pop("_weights", None)  # only the last scheme's are checked (--check-rkbin): let go of the rest
-            results.append(evaluate(bench, scheme, float_logits, args.prompts))
+            if scheme.startswith("llamacpp:"):
+                results.append(requantized_figures(bench, scheme.split(":", 1)[1], float_logits))
+            else:
+                results.append(evaluate(bench, scheme, float_logits, args.prompts))
             _print(results[-1])
     if args.check_rkbin:
         if not check_rkbin(bench, args.check_rkbin, results[-1]["_weights"]):
@@ -538,6 +547,43 @@ def main() -> None:
         _print(results[-1])
     if args.json:
         print(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")} for r in results]))
+
+
+LLAMACPP_TYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
+
+
+def requantize(gguf: Path, kind: str, folder: Path) -> Path:
+    """`gguf` requantized by llama.cpp's own quantizer to `kind` (q4_0, q8_0), cached in `folder`."""
+    import ctypes
+
+    import llama_cpp
+
+    if kind not in LLAMACPP_TYPES:
+        sys.exit(f"llamacpp:{kind}: choose from {', '.join(LLAMACPP_TYPES)}")
+    out = folder / f"{gguf.stem}-requantized-{kind}.gguf"
+    if not out.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, LLAMACPP_TYPES[kind])
+        params.allow_requantize = True
+        with atomic_output(out, suffix=".gguf") as tmp:
+            if llama_cpp.llama_model_quantize(str(gguf).encode(), str(tmp).encode(), ctypes.byref(params)):
+                sys.exit(f"llama.cpp could not requantize {gguf} to {kind}")
+    return out
+
+
+def requantized(bench: Bench, kind: str) -> Path:
+    """The GGUF requantized by llama.cpp to `kind` (cached beside the reference logits)."""
+    return requantize(bench.gguf, kind, bench.cache)
+
+
+def requantized_figures(bench: Bench, kind: str, float_logits) -> dict:
+    """The anchor: llama.cpp's requantization, teacher-forced by llama.cpp on the same windows."""
+    t = time.perf_counter()
+    model = llamacpp.load(requantized(bench, kind), n_ctx=1024, logits_all=True)
+    windows = itertools.islice(llamacpp.teacher_forced_logits(model, bench.text, PPL_CTX), bench.max_windows)
+    return {"scheme": f"llama.cpp {kind} (requantized)", **teacher_forced(bench, windows, float_logits),
+            "build_s": 0.0, "eval_s": time.perf_counter() - t}
 
 
 def _print(r: dict) -> None:

@@ -29,6 +29,8 @@ from rkc.compiler.emitter_ops import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
 from rkc.compiler.llm.cpu_work import cpu_steps
+from rkc.compiler.llm.int4 import AUTO_GROUP, group_for as int4_group_for, quantize_weight as quantize_int4, \
+    safe as int4_safe
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING,
                                        QUANTIZE_ROWS, RESIDUAL_CHOICES, ROUNDINGS, SCALES, method_for,
@@ -99,6 +101,11 @@ class LlmCompileOptions:
     # int8 only: the products whose input is quantized in two int8 rows (value +
     # residual): none, the output head, or all (compiler/llm/quantize.RESIDUAL_CHOICES)
     residual: str = DEFAULT_RESIDUAL
+    # int4 only: K per weight group (= the int4 GEMM's K segment; AUTO_GROUP: the fewest
+    # groups whose int16 partials these weights keep in range) and the products
+    # (weight name substrings) kept int8 (mixed precision, compiler/llm/int4.py)
+    int4_group: int = AUTO_GROUP
+    int4_keep: tuple[str, ...] = ()
     cores: int = hw.CORES  # NPU cores the programs' tasks are spread over (rkc compile --cores)
     # host threads the layers are encoded on (rkc compile --jobs); the bytes do not depend on it
     jobs: int | None = None  # None: default_jobs(the GGUF's size)
@@ -182,6 +189,10 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: b
         if key not in cache:
             cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
         h = cache[key][1]
+    if is_product and _precision_of(name, options) == "int4":
+        out[name] = encode_int4(source, options.int4_group, rot, h if method == "gptq" else None,
+                                gather=encode_rows(source, "int8") if is_head else None)
+        return
     out[name] = encode_rows(source, "int8", rot, method, h, options.scales)
 
 
@@ -233,6 +244,35 @@ def streamed_rows(source: RowSource, precision: str, rounding: str = "rtn", hess
                          blocks=lambda: encoded_blocks(source, precision, None, rounding, hessian, scales))
 
 
+def encode_int4(source: RowSource, group: int, rot: Rotation | None = None, hessian: np.ndarray | None = None,
+                gather: EncodedWeight | None = None) -> EncodedWeight:
+    """A product's matrix in int4 groups along K (its rows rotated by `rot` first);
+    `gather`: the int8 rows a tied embedding gathers from (the head's int4 bytes are
+    not a row table)."""
+    n, k = source.shape
+    parts = 1
+    while True:  # group AUTO_GROUP: the fewest K groups whose int16 partials are safe for these weights
+        g = group if group != AUTO_GROUP else int4_group_for(k, parts)
+        data = np.empty((n, k), np.int8)
+        scales = np.empty((-(-k // g), n), np.float32)
+        for r0, rows in source.blocks(ENCODE_ROWS):
+            if rot is not None:
+                rows = rotate_matrix(rows, rot)
+            q = quantize_int4(rows, g, hessian)
+            if group == AUTO_GROUP and not int4_safe(q):
+                break
+            data[r0:r0 + len(rows)] = q.data
+            scales[:, r0:r0 + len(rows)] = q.scales
+        else:
+            return EncodedWeight(data, None, rot, int4_scales=scales, int4_group=g, gather=gather)
+        parts += 1
+
+
+def _integer(options: LlmCompileOptions) -> bool:
+    """int8 and int4 builds share calibration, SmoothQuant and rotation (int4 products are W4A8)."""
+    return options.precision in ("int8", "int4")
+
+
 def _measures_whole_model(options: LlmCompileOptions) -> bool:
     """Whether preparing the weights runs the whole model with int8 products
     (the alpha search, the hybrid's noise measurement)."""
@@ -260,6 +300,8 @@ def _head_name(graph: Graph) -> str:
 def _precision_of(name: str, options: LlmCompileOptions) -> str:
     if options.precision == "int8" and any(k in name for k in options.keep_fp16):
         return "fp16"
+    if options.precision == "int4" and any(k in name for k in options.int4_keep):
+        return "int8"
     return options.precision
 
 
@@ -274,7 +316,7 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
     report = report or CompileReport()
     cal, factors = None, {}
     alpha: float | dict[str, float] = options.smooth_alpha
-    if options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)):
+    if _integer(options) and (options.smooth_alpha > 0 or _needs_hessians(options)):
         cal = calibrate(graph, cfg, weights, tokenizer, hessians=_hessian_names(graph, options),
                         text=Path(options.calibration).read_text())
         if options.alpha_search:
@@ -286,7 +328,7 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
             report.say(f"int8: SmoothQuant on {len(factors)} matrices, "
                        f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
     matrices = encode_matrices(graph, weights, options, cal, factors)
-    if options.precision == "int8":
+    if _integer(options):
         _set_residual_terms(graph, matrices, options)
         _report_int8(matrices, options, cal, alpha, report)
         if options.fp16_share > 0:
@@ -307,7 +349,7 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
     if options.alpha_search or options.fp16_share > 0:
         raise ValueError("the alpha search and the fp16 hybrid measure the whole model: use prepare_weights")
     cal = None
-    if options.precision == "int8" and (options.smooth_alpha > 0 or _needs_hessians(options)):
+    if _integer(options) and (options.smooth_alpha > 0 or _needs_hessians(options)):
         cal = calibrate(graph, cfg, weights, tokenizer, hessians=_hessian_names(graph, options),
                         text=Path(options.calibration).read_text())
     consumers = graph.consumers()
@@ -342,7 +384,7 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
     if cal is not None and options.smooth_alpha > 0:
         report.say(f"int8: SmoothQuant on {len(factors)} matrices, "
                    f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
-    if options.precision == "int8":
+    if _integer(options):
         _set_residual_terms(graph, matrices, options)
         _report_int8(matrices, options, cal, options.smooth_alpha, report)
     return matrices, vectors
@@ -387,6 +429,26 @@ def _report_int8(matrices: dict[str, EncodedWeight], options: LlmCompileOptions,
                            "rotation": options.rotation, "rotation_forms": _rotation_forms(matrices),
                            "calibration": Path(options.calibration).name if cal is not None else None,
                            "keep_fp16": list(options.keep_fp16)}
+
+
+def _report_int4(matrices: dict[str, EncodedWeight], options: LlmCompileOptions, report: CompileReport) -> None:
+    """Which products run int4 and which stay int8 (rkc inspect shows each NPU layer's dtype)."""
+    four = sorted(n for n, e in matrices.items() if e.int4_scales is not None)
+    eight = sorted(n for n, e in matrices.items() if e.int4_scales is None and e.scale is not None
+                   and e.blocks is None and n not in _gathered_only(matrices))
+    nbytes = sum(matrices[n].data.size // 2 + matrices[n].int4_scales.nbytes for n in four)
+    groups = sorted({(matrices[n].data.shape[1], matrices[n].int4_group) for n in four})
+    report.say(f"int4: {len(four)} products W4A8 (int4 weights in groups along K, a scale per group and output "
+               f"channel: {', '.join(f'K={k}: {g}' for k, g in groups)}; int8 activations as two nibble rows): "
+               f"{nbytes / 1e6:.1f} MB"
+               + (f"; {len(eight)} kept int8 ({', '.join(options.int4_keep)})" if options.int4_keep else ""))
+    report.quantization["int4"] = {"group": options.int4_group or "auto", "groups": {str(k): g for k, g in groups},
+                                   "products": len(four), "keep_int8": eight,
+                                   "weight_bytes": nbytes}
+
+
+def _gathered_only(matrices: dict[str, EncodedWeight]) -> set[str]:
+    return {n for n, e in matrices.items() if e.blocks is not None}
 
 
 def _residual_summary(matrices: dict[str, EncodedWeight]) -> str:
@@ -527,7 +589,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     else:
         weights = LazyWeights(gf, consts, tables)
     lap("dequantize", "quantize")
-    if options.precision == "int8" and (options.rounding not in ROUNDINGS or options.scales not in SCALES):
+    if _integer(options) and (options.rounding not in ROUNDINGS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
                                f"(rounding: {', '.join(ROUNDINGS)}; scales: {' or '.join(SCALES)})")
     # one BLAS thread: calibration's products are [64, K] x [K, N]; measured on
@@ -536,7 +598,9 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     with threadpool_limits(limits=1, user_api="blas"):
         matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, options, report)
     kept = sorted(n for n in matrices if _precision_of(n, options) != options.precision)
-    if kept:
+    if options.precision == "int4":
+        _report_int4(matrices, options, report)
+    elif kept:
         report.say(f"int8: {len(kept)} products kept fp16 ({', '.join(options.keep_fp16)}): "
                    f"{sum(matrices[n].data.nbytes for n in kept) / 1e6:.1f} MB")
     del weights

@@ -41,6 +41,10 @@ WHY_ON_CPU: dict[str, tuple[str, str]] = {
                            "(and its rotation), a row reduction"),
     "DequantizeRows": (HARD, "per-token row scale: BS/BN scale per channel only, and (acc x scale) >> shift "
                              "stays integer"),
+    "QuantizeNibbles": (HARD, "per-token int8 scale (a row reduction, as QuantizeRows), then each code split "
+                              "into two int4 nibble rows for the int4 GEMM"),
+    "CombineInt4": (HARD, "int16 partials per K group times their group scales and the row scale, summed "
+                          "(the int4 path's DPU passes raw sums only, Q23)"),
     "RoPE": (HARD, "position-dependent rotation of channel pairs (a per-token, per-pair mix)"),
     "SumPartials": (MOVABLE, "fp16 partial sums of a split K: the conv-main EW add could sum them"),
     "Add": (MOVABLE, "residual add: the DPU's EW stage adds a second tensor (conv-main or a flying task)"),

@@ -34,13 +34,13 @@ from rkc.compiler.module_builder import ModuleBuilder, PlacedBytes
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.gemm import k_ranges
-from rkc.compiler.npu.placement import place_segment
+from rkc.compiler.npu.placement import place_segment, place_segment_int4
 from rkc.compiler.emitter_ops import CHAINABLE, EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
 from rkc.compiler.partition import partition
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.llm import LlmProgram
-from rkc.ir.npu import geometry
+from rkc.ir.npu import geometry, layout
 from rkc.ir.program import Step
 from rkc.ir.types import DType, TensorType
 from rkc.runtime.kernels.hadamard import Rotation
@@ -61,6 +61,16 @@ class EncodedWeight:
     # data (and an int8 scale) are zero-stride stand-ins of their shapes, and
     # this yields its (first row, encoded rows, their scales or None) block by block
     blocks: Callable[[], Iterator[tuple[int, np.ndarray, np.ndarray | None]]] | None = None
+    # int4 (W4A8, compiler/llm/int4.py): data holds int4 values, these the scales per
+    # K group and output channel [G, N]; `gather` the int8 rows a tied embedding reads
+    int4_scales: np.ndarray | None = None
+    int4_group: int = 0
+    gather: "EncodedWeight | None" = None
+
+    @property
+    def kind(self) -> str:
+        """The NPU product's precision: int4, int8 or fp16."""
+        return "int4" if self.int4_scales is not None else "int8" if self.data.dtype == np.int8 else "fp16"
 
     def as_runtime(self) -> "Int8Weight | Weight":
         """The weight as the runtime's CPU arithmetic computes it (the CPU emulation of the NPU's)."""
@@ -255,6 +265,10 @@ class _ProgramLowering:
     def _gather(self, table: str, inputs: list[str], attrs: dict):
         enc = self.llm.matrices[table]
         ids = inputs[1]
+        if enc.gather is not None:  # an int4 head: the embedding is gathered from its own int8 rows
+            data = self.llm.host_const(f"{table}.rows", enc.gather.data)
+            scale = self.llm.host_const(f"{table}.rows.scale", enc.gather.scale)
+            return "GatherRows", [data, ids, scale], {}
         if table == self.llm.head_weight:
             # tied head: read rows from its packed NPU weights (no second copy)
             packed = f"{_op_name(table)}.weights"
@@ -271,10 +285,13 @@ class _ProgramLowering:
 
     # -- NPU segments ------------------------------------------------------------------------
     def segment(self, ops: list[int]) -> None:
-        kinds = {self.llm.matrices[self.graph.ops[i].inputs[1]].data.dtype == np.int8 for i in ops}
+        kinds = {self.llm.matrices[self.graph.ops[i].inputs[1]].kind for i in ops}
         if len(kinds) != 1:
-            raise UnsupportedError(f"segment of {len(ops)} products mixes int8 and fp16 weights")
-        int8 = kinds.pop()  # a segment runs in its weights' precision (int8 builds keep some in fp16)
+            raise UnsupportedError(f"segment of {len(ops)} products mixes {' and '.join(sorted(kinds))} weights")
+        if kinds == {"int4"}:
+            self.segment_int4(ops)
+            return
+        int8 = kinds.pop() == "int8"  # a segment runs in its weights' precision (int8 builds keep some in fp16)
         dev = DType.INT8 if int8 else DType.FP16
         products: list[tuple[int, str, str, api.Gemm]] = []  # (op, weight, output piece, GEMM)
         converted: dict[str, str] = {}
@@ -353,6 +370,64 @@ class _ProgramLowering:
             else:
                 self.add(Step(kind="cpu", name=f"from_npu:{y}", op="Cast", inputs=outs, outputs=[y],
                               attrs={"to": "fp32"}))
+
+    def segment_int4(self, ops: list[int]) -> None:
+        """W4A8 products (compiler/llm/int4.py): QuantizeNibbles writes each input as
+        two int4 rows per token; the NPU writes one int16 partial per K group
+        (compiler/npu/gemm_int4.py); CombineInt4 scales and sums them (+ bias)."""
+        products: list[tuple[int, str, str, api.GemmInt4]] = []
+        converted: set[str] = set()
+        outputs = []
+        for i in ops:
+            op = self.graph.ops[i]
+            x, w = op.inputs[0], op.inputs[1]
+            enc = self.llm.matrices[w]
+            m, k = (int(d) for d in self.graph.tensors[x].type.shape)
+            if k % layout.INT4_C2:
+                raise UnsupportedError(f"{w}: int4 products need K % 32 == 0, K = {k}")
+            rows = 2 * m  # the hi and lo nibble rows of each token
+            if x not in converted:
+                # the int4 operand's bytes, as an int8 GEMM operand of K / 2 columns (int4_rows.packed_rows)
+                self.scratch(npu_name(x), [rows, k // 2], DType.INT8)
+                self.host_value_named(f"{x}.rowscale", [m], DType.FP32)
+                rot, rot_attrs = self.llm.rotation_inputs(enc.rotation)
+                self.add(Step(kind="cpu", name=f"to_npu:{x}", op="QuantizeNibbles", inputs=[x, *rot],
+                              outputs=[npu_name(x), f"{x}.rowscale"], attrs=rot_attrs))
+                converted.add(x)
+            y = op.outputs[0]
+            n = enc.data.shape[0]
+            gemm = api.GemmInt4(api.Feature.gemm(npu_name(x), 0, rows, k, "int4"), enc.data.T, None, rows,
+                                enc.int4_group, _op_name(w))
+            self.scratch(npu_name(y), [rows, gemm.segments * gemm.n_padded], DType.INT16)
+            gemm = dataclasses.replace(gemm, c=api.Feature.gemm(npu_name(y), 0, rows,
+                                                                gemm.segments * gemm.n_padded, "int16"))
+            products.append((i, w, y, gemm))
+            bias = op.inputs[2] if len(op.inputs) > 2 else None
+            outputs.append((y, x, w, bias))
+        options = self.llm.emit_options
+        placed = place_segment_int4([g for *_, g in products], options)
+        groups = []
+        for (i, w, y, _), gemm in zip(products, placed):
+            try:
+                result = emit(gemm, options)
+            except UnsupportedError as exc:
+                raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
+            groups.append(NpuGroup(i, [i], {self.graph.ops[i].inputs[0]: "native-gemm"}, y, "native-gemm",
+                                   result, "int4"))
+        for w in dict.fromkeys(w for _, w, _, _ in products):
+            self.llm.packed(w)
+        lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}", "int4",
+                                independent=True)
+        self.builder.append_segment(self.program, self.steps, lowered)
+        self.llm.placed_packs({c.name for g in groups for c in g.result.constants})
+        self.stats.segments += 1
+        self.stats.npu_tasks += lowered.step.stats["tasks"]
+        for y, x, w, bias in outputs:
+            self.host_value(y)
+            scales = self.llm.host_const(f"{w}.int4_scales", self.llm.matrices[w].int4_scales)
+            ins = [npu_name(y), f"{x}.rowscale", scales] + ([self.llm.host_const(bias, self.llm.vectors[bias])]
+                                                            if bias else [])
+            self.add(Step(kind="cpu", name=f"from_npu:{y}", op="CombineInt4", inputs=ins, outputs=[y]))
 
     def _emit_products(self, products: list[tuple[int, str, str, api.Gemm]], dev: DType) -> list[NpuGroup]:
         """The segment's GEMMs, their output channels placed over the cores together

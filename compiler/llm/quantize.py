@@ -174,13 +174,16 @@ def _factor_for(hessian: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarra
     return order, dead, g
 
 
-def gptq(w: np.ndarray, hessian: np.ndarray, scale: np.ndarray, damp: float = GPTQ_DAMP) -> np.ndarray:
+def gptq(w: np.ndarray, hessian: np.ndarray, scale: np.ndarray, damp: float = GPTQ_DAMP,
+         levels: tuple[int, int] = (-QMAX, QMAX)) -> np.ndarray:
     """GPTQ rounding of w [N, K] to int8 with the given per-row scales, as the
     nearest-plane recurrence it equals: column j (in act order) is rounded
     from w_j + sum_{i<j} G[i, j] d_i, d_i = w_i - q_i s the rounding errors of
     the columns before it. The work runs transposed ([K, rows]: a column is
     one contiguous row, each step a vector operation over all rows); a block
-    of columns takes the earlier blocks' errors in one matrix product."""
+    of columns takes the earlier blocks' errors in one matrix product.
+    `scale` is per row [N] or per weight [N, K] (int4's groups along K);
+    `levels` the integer range (int4: -8, 7)."""
     n, k = w.shape
     order, dead, g = _factor_for(hessian, damp)
     q = np.empty((n, k), np.int8)
@@ -188,7 +191,8 @@ def gptq(w: np.ndarray, hessian: np.ndarray, scale: np.ndarray, damp: float = GP
         r1 = min(n, r0 + QUANTIZE_ROWS)
         orig = np.ascontiguousarray(w[r0:r1][:, order].T)  # [K, rows]
         orig[dead[order]] = 0.0
-        s = scale[r0:r1]
+        per_weight = scale.ndim == 2
+        s = np.ascontiguousarray(scale[r0:r1][:, order].T) if per_weight else scale[r0:r1]
         qt = np.empty(orig.shape, np.int8)
         d = np.empty(orig.shape, np.float32)
         for c0 in range(0, k, _COLUMN_BLOCK):
@@ -196,8 +200,9 @@ def gptq(w: np.ndarray, hessian: np.ndarray, scale: np.ndarray, damp: float = GP
             target = orig[c0:c1] + g[:c0, c0:c1].T @ d[:c0] if c0 else orig[c0:c1].copy()
             for c in range(c0, c1):
                 col = target[c - c0] + g[c0:c, c] @ d[c0:c] if c > c0 else target[0]
-                qc = np.clip(np.rint(col / s), -QMAX, QMAX)
+                sc = s[c] if per_weight else s
+                qc = np.clip(np.rint(col / sc), *levels)
                 qt[c] = qc
-                d[c] = orig[c] - qc * s
+                d[c] = orig[c] - qc * sc
         q[r0:r1, order] = qt.T
     return q

@@ -162,6 +162,14 @@ def quantization_lines(q: dict) -> list[str]:
              "  every product int8" if not q.get("hybrid") and not q.get("keep_fp16") else
              "  products kept fp16: see below" if q.get("hybrid") else
              f"  products kept fp16: {', '.join(q['keep_fp16'])}"]
+    four = q.get("int4")
+    if four:  # an int4 build: its products' precision replaces the int8 line
+        groups = ", ".join(f"K={k}: {g}" for k, g in four.get("groups", {}).items())
+        lines[0] = lines[0].replace("int8: ", "int4 (W4A8; the int8 preparation): ", 1)
+        lines[1] = (f"  {four['products']} products int4 (weight groups along K {groups}; "
+                    f"{four['weight_bytes'] / 1e6:.1f} MB), activations int8 as two nibble rows"
+                    + (f"; kept int8: {', '.join(n.removesuffix('.weight') for n in four['keep_int8'])}"
+                       if four.get("keep_int8") else ""))
     hybrid = q.get("hybrid")
     if hybrid:
         lines.append(f"  hybrid: {len(hybrid['products'])} products kept fp16 (noisiest int8 groups on the "

@@ -43,7 +43,9 @@ from rkc.ir.npu.perf import JobCost, TaskCost
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 
 ITEMSIZE = {"int8": 1, "int16": 2, "fp16": 2, "int32": 4, "fp32": 4}
-NUMPY = {"int8": np.int8, "int16": np.int16, "fp16": np.float16, "int32": np.int32, "fp32": np.float32}
+# element widths; int4 (nibbles, two per byte) exists only as a GEMM input (gemm_int4.py)
+BITS = {"int4": 4, **{name: 8 * size for name, size in ITEMSIZE.items()}}
+NUMPY = {"int4": np.int8, "int8": np.int8, "int16": np.int16, "fp16": np.float16, "int32": np.int32, "fp32": np.float32}
 
 
 def gemm_rows(m: int) -> int:
@@ -89,8 +91,8 @@ class Feature:
     surface_stride: int | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in ITEMSIZE:
-            raise UnsupportedError(f"{self.buffer}: NPU tensors are {', '.join(ITEMSIZE)}, not {self.dtype}")
+        if self.dtype not in BITS:
+            raise UnsupportedError(f"{self.buffer}: NPU tensors are {', '.join(BITS)}, not {self.dtype}")
         if min(self.channels, self.height, self.width) < 1 or self.offset < 0:
             raise UnsupportedError(f"{self.buffer}: bad feature shape {self.shape} at offset {self.offset}")
         if self.offset % layout.ATOM_BYTES:
@@ -115,8 +117,12 @@ class Feature:
         return ITEMSIZE[self.dtype]
 
     @property
+    def bits(self) -> int:
+        return BITS[self.dtype]
+
+    @property
     def c2(self) -> int:
-        return layout.c2_for(self.itemsize)
+        return 8 * layout.ATOM_BYTES // self.bits
 
     @property
     def surfaces(self) -> int:
@@ -232,6 +238,50 @@ class Gemm:
         return self.b.shape[1]
 
 
+INT4_SEGMENT = 256  # default K segment of an int4 GEMM: 256 x 64 = 16384, far inside int16
+
+
+@dataclass(frozen=True, eq=False)
+class GemmInt4:
+    """int4 x int4 -> int16 partial products over K segments (compiler/npu/gemm_int4.py).
+
+    `b` is the constant [K, N] matrix of int4 values (int8 in [-8, 7]), `a` the int4
+    operand Feature.gemm(rows=M, cols=K). K is cut into segments of `segment`
+    channels (a multiple of 32); segment g writes C_g = A[:, Kg] x B[Kg, :] to
+    channels [g * Np, g * Np + N) of `c` (int16, Np = N rounded up to 64), so the
+    caller combines the partials with per-segment scales (quantization groups
+    along K). A segment of s channels sums at most 64 s: s <= 480 keeps every
+    partial inside int16, whose overflow behaviour is undocumented (Q23); a
+    longer segment is taken only when the weights bound every partial within
+    int16 (8 x a column's sum of |w|, gemm_int4.partial_bound)."""
+
+    a: Feature
+    b: np.ndarray
+    c: Feature
+    m: int
+    segment: int = INT4_SEGMENT
+    name: str = "gemm4"
+    # (K group, first output channel, channels, lane) ranges placed for a whole
+    # segment (placement.place_segment_int4); None: each group's N cut evenly over the cores
+    placement: tuple[tuple[int, int, int, int], ...] | None = None
+
+    @property
+    def k(self) -> int:
+        return self.b.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.b.shape[1]
+
+    @property
+    def n_padded(self) -> int:
+        return layout.align(self.n, layout.INT4_KERNEL_GROUP)
+
+    @property
+    def segments(self) -> int:
+        return -(-self.k // self.segment)
+
+
 @dataclass(frozen=True, eq=False)
 class Conv2D:
     """Direct or depthwise 2-D convolution on NC1HWC2 features.
@@ -295,7 +345,7 @@ class Pool:
 
 # the operations of this API; compiler/npu/dispatch.LOWERINGS has one emitter for each
 # (and for the Mesa-compatible compiler.npu.mesa.MesaConv)
-OPERATIONS = (Gemm, Conv2D, Elementwise, Activation, Pool)
+OPERATIONS = (Gemm, GemmInt4, Conv2D, Elementwise, Activation, Pool)
 
 
 # -- results --------------------------------------------------------------------------
@@ -491,10 +541,13 @@ class EmitOptions:
     # over-reads one bank past its allocation near bank-full sizes
     # (rockchip-npu-notes encodings/cbuf-bank-slack.md, HW-proven); fp16 needs none.
     int8_slack_banks: int = 1
+    # Q23: the longest K one int4 task reduces; 480 x 64 (the largest |int4 x int4|)
+    # stays inside int16 whatever the hardware does past it. Only `rkc probe` raises it
+    int4_segment_max: int = 480
 
     def slack_banks(self, dtype: str) -> int:
         """CBUF banks a feature tile of `dtype` keeps free past its data."""
-        return self.int8_slack_banks if dtype == "int8" else 0
+        return self.int8_slack_banks if dtype in ("int8", "int4") else 0
 
 
 DEFAULT_OPTIONS = EmitOptions()

@@ -37,7 +37,8 @@ BANK_BYTES = hw.CBUF_BANK_BYTES
 
 
 def kernel_group(in_dtype: str) -> int:
-    return layout.kernel_group_for(api.ITEMSIZE[in_dtype])
+    """Kernels per 1 KiB weight tile: 64 int4, 32 int8, 16 fp16."""
+    return 256 // api.BITS[in_dtype]
 
 
 @dataclass
@@ -70,7 +71,7 @@ class ConvTile:
     @property
     def weight_bytes_per_kernel(self) -> int:
         kh, kw = self.kernel
-        return kh * kw * self.in_channels_hw * self.input.itemsize
+        return kh * kw * self.in_channels_hw * self.input.bits // 8
 
     @property
     def weight_bytes(self) -> int:
@@ -155,7 +156,8 @@ def tile_registers(t: ConvTile) -> RegisterFile:
     # QD_EN: set by Mesa's int8-output and every fp16 program, clear in the
     # HW-validated int8 -> int32 program (rocket-userspace gen_matmul_int8)
     # (the OW weight-zero-point term needs the window sums the CORE makes with QD_EN)
-    qd = not (f.dtype == "int8" and t.dpu.out_dtype in ("int32", "fp32")) or t.dpu.ow_op != 0
+    # (int4 -> int16 passes the raw sum as int8 -> int32 does)
+    qd = not (f.dtype in ("int8", "int4") and t.dpu.out_dtype in ("int32", "fp32", "int16")) or t.dpu.ow_op != 0
     r.set("CORE_MISC_CFG", PROC_PRECISION=in_p, DW_EN=int(t.depthwise), QD_EN=int(qd))
     r.set("CORE_DATAOUT_SIZE_0", DATAOUT_HEIGHT=o.height - 1, DATAOUT_WIDTH=o.width - 1)
     r.set("CORE_DATAOUT_SIZE_1", DATAOUT_CHANNEL=t.out_channels_hw - 1)

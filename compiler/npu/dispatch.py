@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rkc.compiler.npu import api, conv, eltwise, flying, gemm, mesa, pool
+from rkc.compiler.npu import api, conv, eltwise, flying, gemm, gemm_int4, mesa, pool
 from rkc.ir.errors import UnsupportedError
 
 # operation class -> emitter(op, options) -> EmitResult; tests/npu/test_op_declarations.py
@@ -13,6 +13,7 @@ from rkc.ir.errors import UnsupportedError
 LOWERINGS: dict[type, Callable[..., api.EmitResult]] = {
     mesa.MesaConv: mesa.lower_mesa_with_options,
     api.Gemm: gemm.lower_gemm,
+    api.GemmInt4: gemm_int4.lower_gemm_int4,
     api.Conv2D: conv.lower_conv,
     api.Elementwise: eltwise.lower_eltwise,
     api.Activation: flying.lower_activation,

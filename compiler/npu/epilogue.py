@@ -85,7 +85,7 @@ class DpuPlan:
 
     @property
     def integer(self) -> bool:
-        return self.in_dtype == "int8"
+        return self.in_dtype in ("int8", "int4")
 
     # -- constants -----------------------------------------------------------------
     def bs_bytes(self) -> bytes | None:
@@ -122,6 +122,10 @@ class DpuPlan:
                 return requantize(v, self.out_mul, self.out_shift, self.out_offset).astype(np.int8)
             if self.out_dtype == "int32":
                 return saturate(v, "int32").astype(np.int32)
+            if self.out_dtype == "int16":  # int4 sums: the emitter bounds K so none leaves int16 (Q23)
+                if v.size and (v.min() < -32768 or v.max() > 32767):
+                    raise UnsupportedError("an int4 partial leaves int16 (its K segment is too long)")
+                return v.astype(np.int16)
             return saturate(v, "int32").astype(np.float32)
         v = np.asarray(acc, np.float64)
         if self.bs_data is not None:
@@ -245,7 +249,21 @@ def plan(req: DpuRequest) -> DpuPlan:
         return _plan_integer(req)
     if req.in_dtype == "fp16":
         return _plan_float(req)
+    if req.in_dtype == "int4":
+        return _plan_int4(req)
     raise UnsupportedError(f"no NPU convolution over {req.in_dtype} inputs")
+
+
+def _plan_int4(req: DpuRequest) -> DpuPlan:
+    """int4 x int4 -> int16, the sum passed through untouched: the only int4 output
+    the documents describe (Q23); scales, bias and activations run where the
+    partials are combined (gemm_int4.py)."""
+    ep = req.epilogue
+    if req.output.dtype != "int16" or req.depthwise or req.input_quant or req.weight_quant or \
+            ep.bias is not None or ep.activation is not None or ep.residual is not None:
+        raise UnsupportedError("an int4 convolution writes its raw int16 sum only (no quantization, bias, "
+                               "activation or residual on the NPU)")
+    return DpuPlan("int4", "int16", req.channels, False, formats.writer("int4", "int16", False))
 
 
 def _plan_integer(req: DpuRequest) -> DpuPlan:

@@ -12,7 +12,7 @@ from rkc.ir.errors import UnsupportedError
 # Precision codes of CNA_CONV_CON1 / CORE_MISC_CFG / DPU_DATA_FORMAT / DPU_RDMA
 # FEATURE_MODE_CFG (TRM RK3588 Part 1 "RKNN_dpu_data_format", quoted in
 # gregordinary/rockchip-npu-notes encodings/k-accumulation.md; hw-matmul.md 3).
-PRECISION = {"int8": 0, "int16": 1, "fp16": 2, "bf16": 3, "int32": 4, "fp32": 5}
+PRECISION = {"int4": 6, "int8": 0, "int16": 1, "fp16": 2, "bf16": 3, "int32": 4, "fp32": 5}
 
 # ERDMA_DATA_SIZE / EDATA_SIZE codes: element width of the EW operand.
 EDATA_SIZE = {1: 1, 2: 2, 4: 3}  # bytes -> code (0 = 4 bit); sdp-stage-precision.md
@@ -37,6 +37,7 @@ WRITERS = {
     ("fp16", "fp32", False): Writer(3, 4, "rocket-userspace gen_matmul_fp16, GEMM captures"),
     ("fp16", "fp16", False): Writer(1, 2, "rocket-userspace fp16->fp16, GEMM captures"),
     ("fp16", "fp16", True): Writer(3, 4, "rocket-userspace gen_conv2d_dw_fp16 (HW-validated)"),
+    ("int4", "int16", False): Writer(7, 8, "hw-matmul.md 3.2 'int4: precision 6; output int16 uses size_e 7'"),
 }
 
 

@@ -43,7 +43,7 @@ class Product:
     rows: int  # rows the NPU reads (api.gemm_rows)
     k: int
     n: int
-    dtype: str  # "int8" or "fp16"
+    dtype: str  # "int8", "fp16" or "int4" (one K group of an int4 GEMM)
     out_itemsize: int
 
     @classmethod
@@ -66,10 +66,10 @@ class Product:
     def task_cost(self, nt: int) -> TaskCost:
         """One task of `nt` output channels: its MACs and DMA bytes (weights, the
         feature it reads, the output it writes; regcmd left out, the same for every cut)."""
-        item = api.ITEMSIZE[self.dtype]
+        bits = api.BITS[self.dtype]
         kernels = layout.align(nt, self.group)
         k_hw = layout.align(self.k, layout.CHANNEL_GROUP)
-        dma = kernels * k_hw * item + self.rows * k_hw * item + self.rows * nt * self.out_itemsize
+        dma = (kernels * k_hw + self.rows * k_hw) * bits // 8 + self.rows * nt * self.out_itemsize
         return TaskCost(self.rows * self.k * kernels, dma, self.dtype)
 
 
@@ -218,3 +218,18 @@ def place_segment(ops: Sequence[api.Gemm], options: api.EmitOptions, per_task_ki
     ranges = place(products, options.cores, per_task_kicks, options.n_tile_max)
     return [op if r == even_split(p, options.cores, options.n_tile_max) else replace(op, placement=r)
             for op, p, r in zip(ops, products, ranges)]
+
+
+def place_segment_int4(ops: Sequence[api.GemmInt4], options: api.EmitOptions) -> list[api.GemmInt4]:
+    """The segment's int4 GEMMs placed together as above: each K group of each
+    product is one product here (its own weights, its own int16 output), every
+    task kicked on its own (Q1). Only which core computes a channel changes."""
+    from rkc.compiler.npu.gemm_int4 import segments_of
+
+    pieces = [(i, g, Product(api.gemm_rows(op.m), kt, op.n, "int4", 2))
+              for i, op in enumerate(ops) for g, (_, kt) in enumerate(segments_of(op.k, op.segment))]
+    ranges = place([p for *_, p in pieces], options.cores, True, options.n_tile_max)
+    placed: list[list[tuple[int, int, int, int]]] = [[] for _ in ops]
+    for (i, g, _), rs in zip(pieces, ranges):
+        placed[i] += [(g, start, size, lane) for start, size, lane in rs]
+    return [replace(op, placement=tuple(sorted(r))) for op, r in zip(ops, placed)]

@@ -148,6 +148,71 @@ def weight_reuse(device: Device) -> ProbeRun:
     return _gemm_int8(device, "weight_reuse", 300, 1000, 70, api.EmitOptions(cores=1))
 
 
+def _int4(shape, salt: int) -> np.ndarray:
+    return np.random.default_rng(SEED + salt).integers(-8, 8, shape).astype(np.int8)
+
+
+def _gemm_int4(device: Device, name: str, a: np.ndarray, b: np.ndarray, segment: int, rows: int,
+               options: api.EmitOptions, reading=lambda exact: exact) -> ProbeRun:
+    """int4 GEMM partials per K segment, int16 out, next to numpy's exact partials
+    as the reading under test turns them into int16 (`reading`)."""
+    m, k = a.shape
+    n = b.shape[1]
+    A = api.Feature("A", 0, k, rows, 1, "int4")
+    probe = api.GemmInt4(A, b, None, m, segment, name)
+    C = api.Feature("C", 0, probe.segments * probe.n_padded, rows, 1, "int16")
+    result = emit(api.GemmInt4(A, b, C, m, segment, name), options)
+    apad = np.zeros((rows, k), np.int8)
+    apad[:m] = a
+    want = np.stack([a[:, k0:k0 + segment].astype(np.int64) @ b[k0:k0 + segment].astype(np.int64)
+                     for k0 in range(0, k, segment)], axis=1)
+
+    def view(_, v):
+        return v[:, :m, 0].T.reshape(m, probe.segments, probe.n_padded)[:, :, :n].astype(np.int64)
+
+    return _run(device, name, [result], {"A": (A, apad.T[:, :, None])}, {"C": C}, exact={"C": reading(want)},
+                view=view)
+
+
+def int4_gemm(device: Device) -> ProbeRun:
+    """int4 GEMM M=8 K=512 N=128 as two K segments of 256 (int16 partials): the
+    nibble order of A and B, the int16 output writer (size_e 7)."""
+    return _gemm_int4(device, "int4_gemm", _int4((8, 512), 12), _int4((512, 128), 13), 256, 8, api.DEFAULT_OPTIONS)
+
+
+def _int4_overflowing() -> tuple[np.ndarray, np.ndarray]:
+    """K=1024 in one task: rows whose sums reach +-65536 and +-40000-ish, and one in range."""
+    k, n = 1024, 64
+    a = np.full((4, k), -8, np.int8)
+    a[1] = 7
+    a[2, ::2] = 7
+    a[3] = _int4((k,), 14)
+    b = np.full((k, n), -8, np.int8)
+    b[:, 32:] = _int4((k, 32), 15)
+    return a, b
+
+
+def int4_overflow(device: Device) -> ProbeRun:
+    """int4 GEMM M=4 K=1024 N=64 in ONE task (segment 1024, which compiles never emit):
+    sums beyond int16 (up to 65536); compared with the saturating reading."""
+    a, b = _int4_overflowing()
+    return _gemm_int4(device, "int4_overflow", a, b, 1024, 4, api.EmitOptions(int4_segment_max=1024),
+                      lambda v: np.clip(v, -32768, 32767))
+
+
+def int4_overflow_wrap(device: Device) -> ProbeRun:
+    """The same program, compared with the wrapping reading."""
+    a, b = _int4_overflowing()
+    return _gemm_int4(device, "int4_overflow_wrap", a, b, 1024, 4, api.EmitOptions(int4_segment_max=1024),
+                      lambda v: (v + 32768) % 65536 - 32768)
+
+
+def int4_gemv_m1(device: Device) -> ProbeRun:
+    """int4 GEMV: a 1-row map (M=1, not padded to 4), K=256 N=128."""
+    return _gemm_int4(device, "int4_gemv_m1", _int4((1, 256), 16), _int4((256, 128), 17), 256, 1,
+                      api.EmitOptions(min_input_rows=1))
+
+
 PROBES: tuple[Probe, ...] = (
     Probe("gemv_m1", "Q2", "a 1x1 convolution of a 1-row map (M=1 GEMV) computes correctly",
           {"min_feature_rows": 1}, gemv_m1,
@@ -176,6 +241,20 @@ PROBES: tuple[Probe, ...] = (
           {"int8_width1_slack_bank": False}, cbuf_slack,
           "no slack bank needed: quirks.int8_width1_slack_bank can be False",
           "the slack bank is needed: keep int8_width1_slack_bank"),
+    Probe("int4_gemm", "Q23", "int4 GEMM: A and B nibbles low first, int16 partials written with size_e 7",
+          {}, int4_gemm, "the int4 layouts and writer hold (the exact partials match)",
+          "the int4 program differs: see the differing outputs (nibble order, writer)"),
+    Probe("int4_overflow", "Q23", "an int4 sum beyond int16 saturates",
+          {"int4_int16_overflow": "saturate"}, int4_overflow,
+          "int4 sums saturate at int16: quirks.int4_int16_overflow can be 'saturate' (K per task stays bounded)",
+          "int4 sums do not saturate (see int4_overflow_wrap)"),
+    Probe("int4_overflow_wrap", "Q23", "an int4 sum beyond int16 wraps",
+          {"int4_int16_overflow": "wrap"}, int4_overflow_wrap,
+          "int4 sums wrap at int16: quirks.int4_int16_overflow can be 'wrap'",
+          "int4 sums do not wrap; if neither reading agrees the accumulator is wider (compare the raw bytes)"),
+    Probe("int4_gemv_m1", "Q2", "an int4 GEMV over a 1-row map (M=1) computes correctly",
+          {"min_feature_rows": 1}, int4_gemv_m1,
+          "int4 M=1 works on this board", "int4 M=1 is wrong on this board: keep padding to 4 rows"),
     Probe("weight_reuse", "", "WEIGHT_REUSE keeps weights in CBUF across the tasks of a job",
           {}, weight_reuse, "weight reuse across tasks works", "weight reuse across tasks gives wrong results"),
 )

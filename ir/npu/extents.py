@@ -32,6 +32,7 @@ from rkc.ir.npu.registers import BY_NAME, Block
 # precision code (CNA_CONV_CON1, DPU_DATA_FORMAT, DPU_RDMA/PPU IN_PRECISION) -> bytes per element
 PRECISION_BYTES = {0: 1, 1: 2, 2: 2, 3: 2, 4: 4, 5: 4}  # int8 int16 fp16 bf16 int32 fp32
 EDATA_BYTES = {1: 1, 2: 2, 3: 4}  # EW operand size code (EDATA_SIZE / ERDMA_DATA_SIZE) -> bytes
+INT4 = 6  # CNA/CORE precision code of nibble-packed int4 (32 channels per atom, hw-matmul.md 2.1)
 PPU_RDMA_BYTES = {2: 2}  # PPU_RDMA IN_PRECISION -> bytes (16-bit only: fp16, Q14)
 DATA_USE_ALU, DATA_USE_CPEND, DATA_USE_MUL = 1, 2, 4
 GROUPED_USE = DATA_USE_ALU | DATA_USE_CPEND | DATA_USE_MUL  # 64-byte groups of 8 channels (Q21)
@@ -123,9 +124,13 @@ def cna_feature(r: Registers) -> Walk:
     line = r.field("CNA_DMA_CON1", "LINE_STRIDE")
     if r.field("CNA_CONV_CON1", "ARGB_IN"):
         return Walk((h, w), (line, 1), 1)
-    itemsize = _bytes(PRECISION_BYTES, r.field("CNA_CONV_CON1", "IN_PRECISION"), "IN_PRECISION", "CNA_CONV_CON1")
+    code = r.field("CNA_CONV_CON1", "IN_PRECISION")
     channels = r.field("CNA_DATA_SIZE1", "DATAIN_CHANNEL")
-    c2 = ATOM_BYTES // itemsize
+    if code == INT4:  # whole bytes of two channels each: the walk reads the atom's 16 bytes
+        itemsize, c2 = 1, 2 * ATOM_BYTES
+    else:
+        itemsize = _bytes(PRECISION_BYTES, code, "IN_PRECISION", "CNA_CONV_CON1")
+        c2 = ATOM_BYTES // itemsize
     if channels % c2:
         raise Undecided(f"DATAIN_CHANNEL={channels} is not a whole number of {c2}-channel atoms", "CNA_DATA_SIZE1")
     surf = r.signed("CNA_DMA_CON2", "SURF_STRIDE")
@@ -133,8 +138,8 @@ def cna_feature(r: Registers) -> Walk:
         row_atoms, surface_atoms = line, surf + w
     else:  # group-line fetch: dense lines (LINE_STRIDE = 4 x width, Q3)
         row_atoms, surface_atoms = w, surf + line
-    return Walk((channels // c2, h, w, c2), (surface_atoms * ATOM_BYTES, row_atoms * ATOM_BYTES, ATOM_BYTES,
-                                             itemsize), itemsize)
+    return Walk((channels // c2, h, w, ATOM_BYTES // itemsize),
+                (surface_atoms * ATOM_BYTES, row_atoms * ATOM_BYTES, ATOM_BYTES, itemsize), itemsize)
 
 
 def cna_weights(r: Registers) -> Walk:

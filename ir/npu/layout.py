@@ -196,3 +196,79 @@ def unpack_depthwise_weights(flat: np.ndarray, kh: int, kw: int, channels: int) 
 def pack_gemm_b(b: np.ndarray) -> np.ndarray:
     """B[K, N] -> native 1x1 weights: N kernels of K channels."""
     return pack_weights(np.ascontiguousarray(b.T)[:, None, None, :])
+
+
+# -- int4 (nibble-packed) -------------------------------------------------------
+# hw-matmul.md 2.1: an int4 atom holds 32 channels, two per byte; B tiles are
+# (N/64, K/32, 64, 32) nibbles, low nibble first ("HILO=0"). rkc reads A's atoms
+# the same way (low nibble = the even channel): the documents name no other order
+# for A, and docs/hardware-questions.md Q23 asks the board (`rkc probe` int4).
+INT4_MIN, INT4_MAX = -8, 7
+INT4_C2 = 32  # channels per 16-byte atom
+INT4_KERNEL_GROUP = 64  # kernels per 1 KiB weight tile
+
+
+def pack_nibbles(values: np.ndarray) -> np.ndarray:
+    """Signed 4-bit values [..., 2n] (int8 holding -8..7) -> bytes [..., n], the
+    even element in the low nibble."""
+    v = np.asarray(values)
+    if v.shape[-1] % 2:
+        raise ValueError("nibble packing needs an even number of elements along the last axis")
+    if v.size and (v.min() < INT4_MIN or v.max() > INT4_MAX):
+        raise ValueError(f"int4 values must lie in [{INT4_MIN}, {INT4_MAX}]")
+    u = v.astype(np.uint8) & 0xF
+    return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_nibbles(raw: np.ndarray, dtype=np.int8) -> np.ndarray:
+    """Bytes [..., n] -> signed 4-bit values [..., 2n] (low nibble first)."""
+    raw = np.asarray(raw).view(np.uint8)
+    out = np.empty(raw.shape[:-1] + (2 * raw.shape[-1],), np.int8)
+    out[..., 0::2] = ((raw & 0xF) ^ 8).astype(np.int8) - 8
+    out[..., 1::2] = ((raw >> 4) ^ 8).astype(np.int8) - 8
+    return out if dtype is np.int8 else out.astype(dtype)
+
+
+def pack_feature_int4(x: np.ndarray) -> np.ndarray:
+    """[C, H, W] int4 values -> dense feature bytes [C/32, H, W, 16] (channels padded with zeros)."""
+    c, h, w = x.shape
+    padded = np.zeros((align(c, INT4_C2), h, w), np.int8)
+    padded[:c] = x
+    atoms = padded.reshape(-1, INT4_C2, h, w).transpose(0, 2, 3, 1)  # [C/32, H, W, 32]
+    return np.ascontiguousarray(pack_nibbles(atoms))
+
+
+def pack_gemm_a_int4(a: np.ndarray) -> np.ndarray:
+    """A[M, K] int4 values -> feature bytes [K/32, M, 16] (K padded with zeros)."""
+    return pack_feature_int4(a.T[:, :, None])[:, :, 0, :]
+
+
+def unpack_gemm_c_int16(native: np.ndarray, n: int) -> np.ndarray:
+    """int16 output feature [N/8, M, 1, 8] -> C[M, N] (the int4 GEMM's output)."""
+    return unpack_gemm_c(native, n)
+
+
+def pack_weights_int4(w: np.ndarray) -> np.ndarray:
+    """1x1 weights [kernels, C] int4 values (kernels a multiple of 64) -> the flat
+    native bytes [kernels/64][C/32][64][16] (C padded to 32 with zeros)."""
+    kernels, c = w.shape
+    if kernels % INT4_KERNEL_GROUP:
+        raise ValueError(f"int4 weights come in whole groups of {INT4_KERNEL_GROUP} kernels, got {kernels}")
+    cp = align(c, INT4_C2)
+    padded = np.zeros((kernels, cp), np.int8)
+    padded[:, :c] = w
+    tiles = padded.reshape(kernels // INT4_KERNEL_GROUP, INT4_KERNEL_GROUP, cp // INT4_C2, INT4_C2)
+    return np.ascontiguousarray(pack_nibbles(tiles.transpose(0, 2, 1, 3))).reshape(-1)
+
+
+def unpack_weights_int4(flat: np.ndarray, kernels: int, channels: int, dtype=np.int8) -> np.ndarray:
+    """Inverse of pack_weights_int4: flat bytes -> [kernels, channels padded to 32]."""
+    cp = align(channels, INT4_C2)
+    need = kernels * cp // 2
+    flat = np.asarray(flat).view(np.uint8)
+    if kernels % INT4_KERNEL_GROUP or flat.size < need:
+        raise ValueError(f"int4 weights: {kernels} kernels x {cp} channels need whole 64-kernel groups "
+                         f"and {need} bytes")
+    tiles = flat[:need].reshape(kernels // INT4_KERNEL_GROUP, cp // INT4_C2, INT4_KERNEL_GROUP, INT4_C2 // 2)
+    values = unpack_nibbles(tiles, dtype)  # [G, C/32, 64, 32]
+    return np.ascontiguousarray(values.transpose(0, 2, 1, 3)).reshape(kernels, cp)

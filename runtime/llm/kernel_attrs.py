@@ -44,7 +44,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 ROTATION = {"rotation": "rotation", "block": "count"}  # rotated rows: the factor's inputs follow
-ROTATION_INPUTS = {"QuantizeRows": 1, "GatherPacked": 2, "GatherRows": 3}  # where the signs [K] (then F [m, m]) sit
+ROTATION_INPUTS = {"QuantizeRows": 1, "QuantizeNibbles": 1, "GatherPacked": 2, "GatherRows": 3}  # where the signs [K] (then F [m, m]) sit
 
 # op -> (fewest inputs, most inputs (None: any), {attribute: rule}, attributes required)
 KERNEL_ATTRS: dict[str, tuple[int, int | None, dict[str, str], tuple[str, ...]]] = {
@@ -69,6 +69,9 @@ KERNEL_ATTRS: dict[str, tuple[int, int | None, dict[str, str], tuple[str, ...]]]
     "QuantizeRows": (1, 3, {**ROTATION, "terms": "terms"}, ()),
     "DequantizeRows": (3, None, {"partials": "count", "terms": "terms"}, ()),  # partials + row scale + channel scale (+ bias)
     "SumPartials": (1, None, {}, ()),
+    # int4 products (runtime/llm/int4_rows.py)
+    "QuantizeNibbles": (1, 3, dict(ROTATION), ()),
+    "CombineInt4": (3, 4, {}, ()),  # partials + row scale + group scales [G, N] (+ bias)
     # Gemma 4
     "AttentionShared": (2, 2, {"layer": "index", "source": "index", "scale": "finite", "window": "index",
                                "kv_heads": "count"}, ("layer", "source", "scale", "window")),
@@ -101,6 +104,15 @@ def output_shape(op: str, shapes: list[tuple[int, ...]], attrs: dict[str, Any]) 
         if shapes[0][0] % terms:
             raise ValueError(f"{shapes[0][0]} rows of sums are not {terms} terms per row")
         return (shapes[0][0] // terms, *shapes[0][1:])
+    if op == "QuantizeNibbles" and shapes[0]:  # two nibble rows per row, two nibbles per byte
+        if len(shapes[0]) != 2 or shapes[0][1] % 32:
+            raise ValueError("QuantizeNibbles takes rows [M, K] with K % 32 == 0")
+        return (2 * shapes[0][0], shapes[0][1] // 2)
+    if op == "CombineInt4":  # partials [2M, G * Np], row scales [M], group scales [G, N] (+ bias [N])
+        p, rows, scales = shapes[0], shapes[1], shapes[2]
+        if len(p) != 2 or len(scales) != 2 or p[0] != 2 * rows[0] or p[1] != scales[0] * -(-scales[1] // 64) * 64:
+            raise ValueError("CombineInt4 takes partials [2M, G x align(N, 64)], row scales [M], scales [G, N]")
+        return (rows[0], scales[1])
     if op == "RoPE":  # x [T, heads, dim], positions [T] (+ frequency factors per rotated pair)
         x, pos, half = shapes[0], shapes[1], attrs["dims"] // 2
         if len(x) != 3 or tuple(pos) != (x[0],) or 2 * half > x[2]:

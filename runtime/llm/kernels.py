@@ -30,6 +30,7 @@ from rkc.ir.errors import FormatError
 from rkc.ir.npu import layout
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.llm.kvcache import KVCache
+from rkc.runtime.llm import int4_rows
 from rkc.runtime.llm.prefill_attention import SCORES, VALUES, attend_blocks, contract
 from rkc.runtime.kernels.hadamard import Rotation, unrotate
 from rkc.runtime.llm.weights import Int8Weight, dequantize, quantize_rows
@@ -125,6 +126,20 @@ def dequantize_rows(inputs, attrs, state):
     row_scale, ch_scale = inputs[p], inputs[p + 1]
     bias = inputs[p + 2] if len(inputs) > p + 2 else None
     return [dequantize(acc, row_scale, ch_scale, bias, int(attrs.get("terms", 1)))]
+
+
+def quantize_nibbles(inputs, attrs, state):
+    """fp32 [M, K] -> the int4 operand [2M, K] as packed bytes [2M, K / 2] (int8) and
+    one scale per row: int8 per row in two signed nibble rows (int4_rows.py), the
+    rows rotated first when attrs name a rotation."""
+    rows, scale = int4_rows.npu_rows(inputs[0], rotation_of(attrs, inputs[1:]))
+    return [int4_rows.packed_rows(rows), scale]
+
+
+def combine_int4(inputs, attrs, state):
+    """int16 partials [2M, G * Np] -> fp32 [M, N]: per K group scaled and summed,
+    times the row scale (+ bias) (int4_rows.combine)."""
+    return [int4_rows.combine(inputs[0], inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None)]
 
 
 def sum_partials(inputs, attrs, state):
@@ -317,5 +332,6 @@ KERNELS: dict[str, Kernel] = {
     "RoPE": rope, "Attention": attention, "SiLU": silu, "GeluTanh": gelu_tanh, "Tanh": tanh,
     "Mul": mul, "Add": add, "TakeLast": take_last, "GatherRows": gather_rows, "GatherPacked": gather_packed,
     "QuantizeRows": quantize_rows_kernel, "DequantizeRows": dequantize_rows, "SumPartials": sum_partials,
+    "QuantizeNibbles": quantize_nibbles, "CombineInt4": combine_int4,
     "AttentionShared": attention_shared, "RMSNormPlain": rms_norm_plain, "Pick": pick, "ScaleBy": scale_by,
 }

@@ -51,7 +51,8 @@ def plan(r: TaskRegisters, conv: ConvInput, quirks: Quirks) -> BankUse:
     row_bytes = width * c1 * ATOM
     data_bytes = height * row_bytes
     need = _banks(data_bytes)
-    slack = (quirks.int8_width1_slack_bank and conv.prec.code == 0 and width == 1)
+    # int4 (code 6) reads its feature through the same DMA as int8: the slack is kept
+    slack = (quirks.int8_width1_slack_bank and conv.prec.code in (0, 6) and width == 1)
     if data < need + slack:
         why = " + 1 slack bank (int8 with DATAIN_WIDTH=1, Q6)" if slack else ""
         cls = QuirkRejection if slack and data == need else CbufError
@@ -69,7 +70,7 @@ def plan(r: TaskRegisters, conv: ConvInput, quirks: Quirks) -> BankUse:
     capacity = weight * BANK_BYTES
     resident = conv.weight_bytes <= capacity
     if not resident:
-        group = 32 // conv.prec.itemsize if conv.mode == "direct" else conv.kernels
+        group = conv.prec.kernel_group if conv.mode == "direct" else conv.kernels
         per_kernel = conv.weight_bytes // conv.kernels
         tile = per_kernel * min(group, conv.kernels)
         if tile > capacity:

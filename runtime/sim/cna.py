@@ -23,7 +23,8 @@ from rkc.runtime.sim.regfile import TaskRegisters
 
 ATOM = 16
 CONV_MODES = {0: "direct", 3: "depthwise"}
-CNA_PRECISIONS = (0, 1, 2, 3)  # int8, int16, fp16, bf16 (int4 6 / tf32 7 not modelled yet)
+CNA_PRECISIONS = (0, 1, 2, 3, 6)  # int8, int16, fp16, bf16, int4 (tf32 7 not modelled yet)
+INT4 = 6
 BURST_LENS = (3, 7, 15)  # TRM DMA_CON0: burst 4, 8, 16
 ARGB_ONE_CHANNEL = 8
 
@@ -66,7 +67,7 @@ def _dims(r: TaskRegisters) -> dict[str, int]:
 
 
 def precision_of(r: TaskRegisters) -> Precision:
-    ip = r.require("CNA_CONV_CON1", "IN_PRECISION", CNA_PRECISIONS, "int8/int16/fp16/bf16")
+    ip = r.require("CNA_CONV_CON1", "IN_PRECISION", CNA_PRECISIONS, "int8/int16/fp16/bf16/int4")
     pp = r.field("CNA_CONV_CON1", "PROC_PRECISION")
     if pp != ip:
         raise r.error(FieldError, f"PROC_PRECISION={pp} differs from IN_PRECISION={ip} "
@@ -86,6 +87,8 @@ def fetch_conv(r: TaskRegisters, mem: IovaSpace, quirks: Quirks) -> ConvInput:
                       "zero-inserted direct convolution)", "CNA_CONV_CON1")
     d = _dims(r)
     _check_static(r, d, quirks)
+    if prec.code == INT4:
+        _check_int4(r, d, mode, con1)
 
     in_w, in_h = d["DMA_WIDTH"], d["DMA_HEIGHT"]
     channels = d["DATAIN_CHANNEL"]
@@ -176,6 +179,25 @@ def _check_static(r: TaskRegisters, d: dict[str, int], quirks: Quirks) -> None:
         raise r.error(GeometryError, "empty input cube", "CNA_FC_DATA_SIZE0")
 
 
+def _check_int4(r: TaskRegisters, d: dict[str, int], mode: str, con1: dict[str, int]) -> None:
+    """int4 is documented for the GEMM only (hw-matmul.md 2.1: 1x1 direct, NC1HWC2 A of
+    32-channel atoms, whole 64-kernel weight tiles); anything else has no known layout."""
+    if mode != "direct" or (d["WEIGHT_WIDTH"], d["WEIGHT_HEIGHT"]) != (1, 1) or \
+            (d["CONV_X_STRIDE"], d["CONV_Y_STRIDE"]) != (1, 1) or d["PAD_TOP"] or d["PAD_LEFT"]:
+        raise r.error(UnsupportedError, "int4 is modelled for the GEMM only (1x1 direct convolution, stride 1, "
+                      "no padding; hw-matmul.md 2.1)", "CNA_CONV_CON1")
+    if con1["ARGB_IN"] or con1["GROUP_LINE_OFF"]:
+        raise r.error(UnsupportedError, "int4 features are modelled in the cube layout with group-line fetch",
+                      "CNA_CONV_CON1")
+    if d["WEIGHT_KERNELS"] % layout.INT4_KERNEL_GROUP:
+        raise r.error(QuirkRejection, f"WEIGHT_KERNELS={d['WEIGHT_KERNELS']}: int4 weights are documented in "
+                      f"whole tiles of {layout.INT4_KERNEL_GROUP} kernels (N % 64, hw-matmul.md 2.3)",
+                      "CNA_WEIGHT_SIZE2")
+    if d["DATAIN_CHANNEL"] % layout.CHANNEL_GROUP:
+        raise r.error(GeometryError, f"DATAIN_CHANNEL={d['DATAIN_CHANNEL']}: int4 needs K % 32 "
+                      "(hw-matmul.md 2.3)", "CNA_DATA_SIZE1")
+
+
 def _check_window(r: TaskRegisters, axis: str, n_in: int, n_out: int, stride: int, k: int,
                   pad_before: int, pad_reg: str, stride_reg: str) -> None:
     """Padding comes only from PAD_LEFT/PAD_TOP; right/bottom padding is what
@@ -212,9 +234,12 @@ def _fetch_feature(r: TaskRegisters, mem: IovaSpace, prec: Precision, w: int, h:
         raise r.error(AlignmentError, f"feature address {addr:#x} is not 16-byte aligned",
                       "CNA_FEATURE_DATA_ADDR")
     try:
-        view = mem.strided(addr, r.walk(extents.cna_feature), prec.storage, "CNA feature DMA")
+        view = mem.strided(addr, r.walk(extents.cna_feature), np.uint8 if prec.code == INT4 else prec.storage,
+                           "CNA feature DMA")
     except SimError as exc:
         raise exc.located(register="CNA_FEATURE_DATA_ADDR", entry=r.entry("CNA_FEATURE_DATA_ADDR"))
+    if prec.code == INT4:  # [C/32, H, W, 16 bytes] -> [C/32, H, W, 32 nibbles]
+        view = layout.unpack_nibbles(view)
     x = to_compute(view, prec).transpose(0, 3, 1, 2).reshape(channels, h, w)
     return x, channels // c2 * h * w * ATOM
 
@@ -297,7 +322,7 @@ def _pad(x: np.ndarray, top: int, left: int, rows: int, cols: int, value) -> np.
 def _fetch_weights(r: TaskRegisters, mem: IovaSpace, prec: Precision, mode: str, d: dict[str, int],
                    channels: int) -> tuple[np.ndarray, int]:
     kh, kw, kernels = d["WEIGHT_HEIGHT"], d["WEIGHT_WIDTH"], d["WEIGHT_KERNELS"]
-    per_kernel = kh * kw * channels * prec.itemsize
+    per_kernel = kh * kw * channels * prec.element_bits // 8
     if d["WEIGHT_BYTES_PER_KERNEL"] != per_kernel:
         raise r.error(GeometryError, f"WEIGHT_BYTES_PER_KERNEL={d['WEIGHT_BYTES_PER_KERNEL']}, but a "
                       f"{kh}x{kw}x{channels} {prec.name} kernel has {per_kernel} bytes", "CNA_WEIGHT_SIZE1")
@@ -318,6 +343,9 @@ def _fetch_weights(r: TaskRegisters, mem: IovaSpace, prec: Precision, mode: str,
         raise exc.located(register="CNA_DCOMP_ADDR0", entry=r.entry("CNA_DCOMP_ADDR0"))
 
     def decode() -> np.ndarray:
+        if prec.code == INT4:  # checked 1x1, whole 64-kernel tiles (_check_int4)
+            return layout.unpack_weights_int4(region.data(), kernels, channels,
+                                              np.float32).reshape(kernels, 1, 1, channels)
         flat = region.data().view(prec.storage)
         if mode == "depthwise":
             return to_compute(layout.unpack_depthwise_weights(flat, kh, kw, channels), prec, copy=False)

@@ -80,7 +80,7 @@ def convolve(conv: ConvInput, channels: int, want_window_sum: bool) -> Accumulat
             with blas_threads_for(wmat.size * cols.shape[1]):
                 acc = (wmat.astype(np.float32, copy=False) @ cols.astype(np.float32, copy=False)).reshape(k, ho, wo)
         else:
-            lim = 1 << (8 * conv.prec.itemsize - 1)  # |int8| <= 128, |int16| <= 32768
+            lim = 1 << (conv.prec.element_bits - 1)  # |int4| <= 8, |int8| <= 128, |int16| <= 32768
             acc = exact_int_matmul(wmat, cols, bound=lim * lim).reshape(k, ho, wo)
         wsum = None
         if want_window_sum:

@@ -115,6 +115,8 @@ def run(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, main: DpuInput, rdma: 
                       f"{main.data.shape[2]}x{main.data.shape[1]}x{main.data.shape[0]}", "DPU_DATA_CUBE_WIDTH")
     is_float = main.prec.is_float
     x = main.data
+    if main.prec.code == INT4:
+        x = _int4_result(r, quirks, x)
     traffic = DpuTraffic({}, 0)
     for stage in ("BS", "BN"):
         ops = dpu_x.operands(r, mem, quirks, stage, is_float, c)
@@ -127,6 +129,35 @@ def run(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, main: DpuInput, rdma: 
     out_prec, y = _out_cvt(r, quirks, x, is_float)
     traffic.written = _write(r, mem, quirks, y, out_prec, main, orig, (w, h, c))
     return traffic
+
+
+INT4 = 6
+
+
+def _int4_result(r: TaskRegisters, quirks: Quirks, acc: np.ndarray) -> np.ndarray:
+    """The int4 datapath as documented (int16 out, size_e 7) and nothing more (Q23):
+    every DPU stage bypassed, OUT_CVT the identity, a result within int16 (or the
+    board's reading of an overflow, once measured)."""
+    checks = (("DPU_BS_CFG", "BS_BYPASS", 1), ("DPU_BN_CFG", "BN_BYPASS", 1), ("DPU_EW_CFG", "EW_BYPASS", 1),
+              ("DPU_BS_OW_CFG", "OD_BYPASS", 1), ("DPU_DATA_FORMAT", "OUT_PRECISION", 1),
+              ("DPU_OUT_CVT_SCALE", "OUT_CVT_SCALE", 1), ("DPU_OUT_CVT_SCALE", "FP32TOFP16_EN", 0),
+              ("DPU_OUT_CVT_SHIFT", "OUT_CVT_SHIFT", 0), ("DPU_OUT_CVT_SHIFT", "MINUS_EXP", 0))
+    for reg, name, want in checks:
+        if r.field(reg, name) != want:
+            raise r.error(QuirkRejection, f"{name}={r.field(reg, name)}: the int4 datapath is documented only as "
+                          f"int4 x int4 -> int16 with the DPU passing the sum through ({name}={want}, Q23)", reg)
+    if r.value("DPU_OUT_CVT_OFFSET"):
+        raise r.error(QuirkRejection, "OUT_CVT_OFFSET on the int4 datapath is undocumented (Q23)",
+                      "DPU_OUT_CVT_OFFSET")
+    lo, hi = INT_RANGE[1]
+    if acc.size and (acc.min() < lo or acc.max() > hi):
+        if quirks.int4_int16_overflow == "reject":
+            raise r.error(QuirkRejection, f"an int4 sum of {int(acc.min())}..{int(acc.max())} leaves int16: "
+                          "saturation, wrap or a wider accumulator is undocumented (Q23; bound K per task)",
+                          "CNA_DATA_SIZE1")
+        if quirks.int4_int16_overflow == "wrap":
+            return ((np.asarray(acc, np.int64) - lo) % (1 << 16)) + lo
+    return acc
 
 
 def _ew(r: TaskRegisters, mem: IovaSpace, quirks: Quirks, x: np.ndarray, rdma: dpu_rdma.RdmaMode | None,

@@ -96,6 +96,9 @@ def main_data(r: TaskRegisters, mem: IovaSpace, m: RdmaMode, width: int, height:
     prec = PRECISIONS.get(m.in_prec)
     if prec is None:
         raise r.error(FieldError, f"IN_PRECISION={m.in_prec} is reserved", "DPU_RDMA_RDMA_FEATURE_MODE_CFG")
+    if prec.element_bits < 8:
+        raise r.error(UnsupportedError, f"a flying {prec.name} read is not modelled (Q23)",
+                      "DPU_RDMA_RDMA_FEATURE_MODE_CFG")
     if m.comb:
         raise r.error(UnsupportedError, f"COMB_USE={m.comb} in flying mode is not modelled",
                       "DPU_RDMA_RDMA_FEATURE_MODE_CFG")

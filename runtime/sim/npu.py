@@ -19,7 +19,7 @@ from rkc.runtime.sim.quirks import DEFAULT, Quirks
 from rkc.runtime.sim.stats import JobStats, TaskStats
 
 CORES = 3
-INTEGER_PRECISIONS = ("int8", "int16")
+INTEGER_PRECISIONS = ("int8", "int16", "int4")
 MAX_TASKS_PER_KICK = 0xFFF  # PC_TASK_CON.TASK_NUMBER is 12 bits
 
 

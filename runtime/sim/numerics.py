@@ -24,17 +24,29 @@ class Precision:
     itemsize: int
     storage: np.dtype  # how memory holds one element
     is_float: bool
+    bits: int = 0  # element width; 0: 8 x itemsize (int4 elements are nibbles in whole bytes)
+
+    @property
+    def element_bits(self) -> int:
+        return self.bits or 8 * self.itemsize
 
     @property
     def c2(self) -> int:
         """Channels per 16-byte atom of the NC1HWC2 layout."""
-        return 16 // self.itemsize
+        return 128 // self.element_bits
+
+    @property
+    def kernel_group(self) -> int:
+        """Kernels per 1 KiB direct-convolution weight tile (32 int8, 16 fp16, 64 int4)."""
+        return 256 // self.element_bits
 
 
 _STORAGE = {0: ("int8", np.int8, False), 1: ("int16", np.int16, False), 2: ("fp16", np.float16, True),
             3: ("bf16", np.uint16, True), 4: ("int32", np.int32, False), 5: ("fp32", np.float32, True)}
 PRECISIONS = {code: Precision(code, name, PRECISION_BYTES[code], np.dtype(storage), is_float)
               for code, (name, storage, is_float) in _STORAGE.items()}
+# int4 (code 6, CNA/CORE/DPU input only): nibbles, unpacked to int8 values in [-8, 7]
+PRECISIONS[6] = Precision(6, "int4", 1, np.dtype(np.int8), False, bits=4)
 INT_RANGE = {0: (-128, 127), 1: (-32768, 32767), 4: (-(1 << 31), (1 << 31) - 1)}
 
 

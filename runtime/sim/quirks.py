@@ -213,12 +213,27 @@ QUESTIONS: tuple[Question, ...] = (
         "that need a table (SiLU, sigmoid, GELU, hard-swish) in fp16 instead (`compiler/emitter_ops.py` "
         "`plan_groups`). A probe is to be written: an int8 1x1 convolution with the sigmoid table, the "
         "index from a BN integer multiply, OUT_CVT to int8, against the fp16 program's result."),
+    Question(
+        "Q23", "the int4 datapath: nibble order of A, the int16 output's range, the DPU around it",
+        "hw-matmul.md 0/2.1/3.2: precision code 6, A as (K/32, M, 32) 'nibble-packed, same scheme with 32', "
+        "B as (N/64, K/32, 64, 32) nibbles low nibble first ('HILO=0'), int4 x int4 -> int16 output "
+        "written with size_e 7; 2048 MACs per cycle; K % 32, N % 64 (Rockchip matmul header). Silent on: "
+        "the nibble order of A, the accumulator's width and whether an int16 result beyond +-32767 "
+        "saturates, wraps or is cut from a wider sum by OUT_CVT, the DPU precision fields and BS/BN/EW "
+        "stages on this datapath, and single-row (M = 1) maps (Q2 for every dtype).",
+        "A's atoms hold the even channel in the low nibble, as B's tiles do; CNA, CORE and DPU "
+        "IN/PROC_PRECISION are all 6 and OUT_PRECISION is int16 (1), written 32 channels per pass "
+        "(size_e 7, SURFACE_ADD 8 x stride); only 1x1 stride-1 direct convolutions over whole 64-kernel "
+        "tiles run; the BS, BN and EW stages must be bypassed and OUT_CVT must be the identity "
+        "(scale 1, shift 0, offset 0); a result outside int16 raises QuirkRejection "
+        "(`int4_int16_overflow`: the emitter bounds K per task so that none can occur). `rkc probe` "
+        "(int4 checks) settles the nibble order, the overflow behaviour and M = 1 on a board."),
 )
 
 
 def _default_passes() -> dict[tuple[str, int], int]:
     # (conv mode, CORE precision) -> channels per DPU pass (Q4)
-    return {("direct", 0): 16, ("depthwise", 0): 32, ("direct", 2): 8, ("direct", 3): 8,
+    return {("direct", 0): 16, ("depthwise", 0): 32, ("direct", 2): 8, ("direct", 3): 8, ("direct", 6): 32,
             ("depthwise", 2): 16, ("depthwise", 3): 16}
 
 
@@ -241,6 +256,7 @@ class Quirks:
     ppu_precisions: tuple[int, ...] = (2,)  # Q14
     grouped_operand_stages: tuple[str, ...] = ("BS",)  # Q21: stages that read DATA_USE=7 groups
     bs_bn_mul_rounding: str = "half_even"  # Q21: "half_even" | "half_up" | "floor"
+    int4_int16_overflow: str = "reject"  # Q23: "reject" | "saturate" | "wrap"
 
 
 DEFAULT = Quirks()

@@ -84,7 +84,9 @@ def dense_rotation(k: int, kind: str) -> np.ndarray:
     return np.diag(rot.signs.astype(np.float64)) @ np.kron(f.T, h / np.sqrt(rot.block))
 
 
-ARITHMETICS = ("exact", "w8a8", "fp16")
+ARITHMETICS = ("exact", "w8a8", "w4a8", "fp16")
+W4A8_GROUP = 256  # rkc compile --precision int4's weight groups along K
+W4A8_ACT = 119  # int8 activations split into two nibbles: |a| <= 119
 
 
 @dataclass
@@ -107,6 +109,8 @@ class ReferenceModel:
     k_cache: list[list[np.ndarray]] = field(default_factory=list)
     v_cache: list[list[np.ndarray]] = field(default_factory=list)
     pos_cache: list[list[int]] = field(default_factory=list)
+    # w4a8 with a tied head: the embedding rows, int8 per row (not the head's int4 weights)
+    embed: np.ndarray | None = None
 
     @classmethod
     def load(cls, path: str, arith: str = "exact", keep_fp16: tuple[str, ...] = (),
@@ -134,9 +138,23 @@ class ReferenceModel:
                 w[name] = q * s[:, None]
             elif w[name].ndim == 2 and arith == "fp16":
                 w[name] = w[name].astype(np.float16).astype(np.float64)
+            elif w[name].ndim == 2 and arith == "w4a8" and not product:  # a Gather-only table: int8 rows
+                q, s = quantize_rows(w[name])
+                w[name] = q * s[:, None]
+            elif w[name].ndim == 2 and arith == "w4a8":
+                if name == "token_embd.weight":
+                    q, s = quantize_rows(w[name])
+                    embed = q * s[:, None]
+                k = w[name].shape[1]
+                r = rotations.setdefault(k, dense_rotation(k, rotation)) if rotation != "none" else np.eye(k)
+                # the weights as rkc rounds them (compiler/llm/int4.py, tested on its own)
+                from rkc.compiler.llm.int4 import quantize_weight
+                w[name] = quantize_weight((w[name] @ r).astype(np.float32), W4A8_GROUP).dequantized() @ r.T
         if residual not in ("none", "head", "all"):
             raise ValueError(f"reference residual {residual!r}")
-        return cls(cfg, w, arith, tuple(keep_fp16), residual, rotations)
+        model = cls(cfg, w, arith, tuple(keep_fp16), residual, rotations)
+        model.embed = locals().get("embed")
+        return model
 
     def reset(self) -> None:
         n = self.cfg.n_layer
@@ -150,6 +168,14 @@ class ReferenceModel:
             terms = 2 if self.residual == "all" or (self.residual == "head" and head) else 1
             r = self.rotations.get(x.shape[-1])
             x = quantize_terms(x, terms) if r is None else quantize_terms(x @ r, terms) @ r.T
+        elif self.arith == "w4a8":  # int8 per row in [-119, 119] (two nibble rows on the NPU)
+            r = self.rotations.get(x.shape[-1])
+            xr = x if r is None else x @ r
+            x32 = xr.astype(np.float32)  # in float32, as W8A8's quantize_rows
+            amax = np.abs(x32).max(axis=-1, keepdims=True)
+            s = np.where(amax > 0, amax / np.float32(W4A8_ACT), np.float32(1))
+            xr = np.clip(np.rint(x32 / s), -W4A8_ACT, W4A8_ACT).astype(np.float64) * s
+            x = xr if r is None else xr @ r.T
         elif self.arith == "fp16":
             x = x.astype(np.float16).astype(np.float64)
         y = x @ self.w[f"{name}.weight"].T
@@ -169,7 +195,8 @@ class ReferenceModel:
             self.reset()
         T = len(tokens)
         pos = np.arange(start, start + T)
-        x = w["token_embd.weight"][np.asarray(tokens)] * cfg.embed_scale
+        table = w["token_embd.weight"] if self.embed is None else self.embed
+        x = table[np.asarray(tokens)] * cfg.embed_scale
         if cfg.traits.per_layer:
             return self._gemma4(x, tokens, pos)
         for il in range(cfg.n_layer):

@@ -73,6 +73,13 @@ REAL["gemma-4-e2b"] = dict(
     tokenizer="spm", tied=True, window=512, swa_pattern=[il % 5 < 4 for il in range(_E2B_LAYERS)], shared=20,
     per_layer=256, layer_n_ff=[6144 * (2 if il >= 15 else 1) for il in range(_E2B_LAYERS)], softcap=30.0,
     features=("ple", "shared", "p_rope", "out_scale", "softcap", "wide_ff"))
+# larger shapes, written on request only (bench/synth_gguf.py), never by the tests: Qwen2.5-7B
+# (its config.json), too large for the 32-bit IOVA window in int8 (7.6 GB of weights), int4's case
+LARGE = {
+    "qwen2.5-7b": dict(arch="qwen2", n_embd=3584, n_head=28, n_head_kv=4, head_dim=128, n_ff=18944, n_layer=28,
+                       n_vocab=152064, context=32768, rope_base=1e6, eps=1e-6, tokenizer="bpe", tied=False,
+                       qkv_bias=True),
+}
 MIXES = ("q8_0", "q4_k_m")
 
 # Gemma 4 (llama.cpp src/models/gemma4.cpp): a tiny model per feature
@@ -508,7 +515,7 @@ def write_gemma4(path: str | Path, variant: str, mix: str = "tiny", seed: int = 
 def write_real(path: str | Path, model: str, mix: str = "q8_0", layers: int | None = None, seed: int = 0) -> Path:
     """A REAL model's shapes and metadata with random weights, optionally only
     its first `layers` layers (the type mix still follows the full depth)."""
-    s = dict(REAL[model])
+    s = dict({**REAL, **LARGE}[model])
     s["n_layer_full"] = s["n_layer"]
     if layers is not None:
         if not 0 < layers <= s["n_layer"]:

@@ -1,0 +1,117 @@
+"""4-bit weights for the NPU's int4 GEMM (W4A8 by nibble rows), and the CPU side of it.
+
+Weights: symmetric int4 per group of `group` input channels (K) and output
+channel, scale chosen per group from a few clip ratios by least squares (as
+llama.cpp's Q4_0 maps a group's largest magnitude to -8, but searched); the
+weights then rounded to nearest, or by GPTQ on the input's X^T X with those
+scales (`hessian`). The
+NPU has no mixed int4 x int8 MAC (hw-matmul.md 0), so the activation side is
+int8 per token in [-119, 119] written as two signed nibble rows, a = 16 hi + lo
+with hi, lo in [-8, 7] (lo = ((a + 8) mod 16) - 8): the hi and lo rows are two rows
+of one int4 GEMM, so the weights are read once, and in decode (M = 1, padded to 4
+rows anyway) the second row is free. The NPU writes one int16 partial per K
+group (compiler/npu/gemm_int4.py: a group of at most 480 keeps every partial
+exact); the CPU combines
+
+    y[m, n] = s_a[m] * sum_g s_w[g, n] * (16 P_hi[m, g, n] + P_lo[m, g, n])  (+ bias)
+
+`npu_rows` / `combine` (runtime/llm/int4_rows.py) are the two CPU steps around the NPU; `emulate` is the
+whole product in numpy (the NPU's integer partials computed exactly), which the
+simulator's result equals (tests/llm/test_int4.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import layout
+from rkc.runtime.llm.int4_rows import ACT_LIMIT, combine, npu_rows, quantize_activations, split_nibbles  # noqa: F401
+
+DEFAULT_GROUP = 256  # K per weight group = per NPU K segment (api.INT4_SEGMENT)
+CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)  # candidate group maxima, as fractions of the largest |w|
+
+
+@dataclass
+class Int4Weight:
+    """W[N, K] ~ q[n, k] * scales[k // group, n]."""
+
+    data: np.ndarray  # [N, K] int8 in [-8, 7]
+    scales: np.ndarray  # [G, N] float32
+    group: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.data.shape
+
+    def dequantized(self) -> np.ndarray:
+        n, k = self.data.shape
+        s = np.repeat(self.scales.T, self.group, axis=1)[:, :k]
+        return self.data.astype(np.float32) * s
+
+    def nbytes(self) -> int:
+        """Bytes a product reads per token: the nibbles and the group scales."""
+        n, k = self.data.shape
+        return n * layout.align(k, layout.INT4_C2) // 2 + self.scales.nbytes
+
+
+def quantize_weight(w: np.ndarray, group: int = DEFAULT_GROUP, hessian: np.ndarray | None = None) -> Int4Weight:
+    """Symmetric int4 per (group of K, output channel): for each group the scale of
+    the clip ratio (CLIP_RATIOS) with the least squared error, its largest
+    magnitude mapped to -8 (the wider side of [-8, 7]) or clipped to 7."""
+    w = np.asarray(w, np.float32)
+    n, k = w.shape
+    if group % layout.CHANNEL_GROUP or group <= 0:
+        raise UnsupportedError(f"int4 group {group} must be a positive multiple of 32")
+    g = -(-k // group)
+    padded = np.zeros((n, g * group), np.float32)
+    padded[:, :k] = w
+    blocks = padded.reshape(n, g, group)
+    amax = np.abs(blocks).max(axis=2)  # [N, G]
+    best_err = np.full((n, g), np.inf)
+    best_s = np.zeros((n, g), np.float32)
+    for ratio in CLIP_RATIOS:
+        s = np.where(amax > 0, amax * ratio / 8.0, 1.0).astype(np.float32)
+        q = np.clip(np.rint(blocks / s[:, :, None]), layout.INT4_MIN, layout.INT4_MAX)
+        err = ((q * s[:, :, None] - blocks) ** 2).sum(axis=2)
+        take = err < best_err
+        best_err = np.where(take, err, best_err)
+        best_s = np.where(take, s, best_s)
+    if hessian is not None:  # GPTQ rounding on the input's X^T X, the group scales kept (compiler/llm/quantize.py)
+        from rkc.compiler.llm.quantize import gptq
+
+        per_weight = np.repeat(best_s, group, axis=1)[:, :k]
+        q = gptq(w, hessian, per_weight, levels=(layout.INT4_MIN, layout.INT4_MAX))
+        return Int4Weight(np.ascontiguousarray(q), np.ascontiguousarray(best_s.T), group)
+    q = np.clip(np.rint(blocks / best_s[:, :, None]), layout.INT4_MIN, layout.INT4_MAX).astype(np.int8)
+    return Int4Weight(np.ascontiguousarray(q.reshape(n, -1)[:, :k]), np.ascontiguousarray(best_s.T), group)
+
+
+AUTO_GROUP = 0  # LlmCompileOptions.int4_group: the longest groups whose int16 partials are safe
+
+
+def group_for(k: int, parts: int) -> int:
+    """K in `parts` groups of equal length (a multiple of 32; the last may be shorter)."""
+    return layout.align(-(-k // parts), layout.CHANNEL_GROUP)
+
+
+def safe(w: Int4Weight) -> bool:
+    """Every int16 partial of these weights stays in range for any int4 activations (Q23)."""
+    from rkc.compiler.npu.gemm_int4 import INT16_MAX, partial_bound, segment_limit
+
+    return w.group <= segment_limit() or partial_bound(w.data.T, w.group) <= INT16_MAX
+
+
+def partial_products(rows: np.ndarray, w: Int4Weight) -> np.ndarray:
+    """What the NPU's int4 GEMM writes: [rows, G, N] exact integer partials per K group."""
+    k = w.data.shape[1]
+    return np.stack([rows[:, k0:k0 + w.group].astype(np.int64) @ w.data[:, k0:k0 + w.group].T.astype(np.int64)
+                     for k0 in range(0, k, w.group)], axis=1)
+
+
+def emulate(x: np.ndarray, w: Int4Weight, bias: np.ndarray | None = None) -> np.ndarray:
+    """x [M, K] float -> y [M, N] as the NPU + CPU compute it (partials exact)."""
+    rows, s = npu_rows(x)
+    return combine(partial_products(rows, w), s, w.scales, bias)

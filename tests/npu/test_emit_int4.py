@@ -1,0 +1,155 @@
+"""The int4 GEMM (compiler/npu/gemm_int4.py) on the simulator against numpy: exact
+int16 partials per K segment, over shape sweeps; and the simulator's int4 strictness (Q23)."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from rkc.compiler.npu import api, gemm_int4
+from rkc.compiler.npu.dispatch import emit
+from rkc.ir.errors import UnsupportedError
+from rkc.runtime import sim
+from rkc.runtime.sim.errors import QuirkRejection
+from rkc.runtime.sim.quirks import Quirks
+from npu_runner import run
+
+SWEEP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _int4(shape, seed):
+    return np.random.default_rng(seed).integers(-8, 8, shape).astype(np.int8)
+
+
+def _gemm4(m, k, n, segment, seed, device=None, a=None, b=None, **opts):
+    a = _int4((m, k), seed) if a is None else a
+    b = _int4((k, n), seed + 1) if b is None else b
+    op = api.GemmInt4(api.Feature.gemm("A", 0, m, k, "int4"), b, None, m, segment, "g4")
+    c = api.Feature.gemm("C", 0, m, op.segments * op.n_padded, "int16")
+    op = api.GemmInt4(op.a, b, c, m, segment, "g4")
+    r = emit(op, api.EmitOptions(**opts))
+    apad = np.zeros((api.gemm_rows(m), k), np.int8)
+    apad[:m] = a
+    out = run([r], device or sim.SimDevice(), {"A": (op.a, apad.T[:, :, None])}).feature(c)[:, :m, 0].T
+    got = out.reshape(m, op.segments, op.n_padded)[:, :, :n]
+    return a, b, got, r
+
+
+@SWEEP
+@given(m=st.integers(1, 40), k=st.integers(1, 700), n=st.integers(1, 200),
+       segment=st.sampled_from([32, 64, 128, 256, 480]), seed=st.integers(0, 999))
+def test_int4_gemm_partials_are_exact(m, k, n, segment, seed):
+    a, b, got, _ = _gemm4(m, k, n, segment, seed)
+    np.testing.assert_array_equal(got, gemm_int4.reference(a, b, segment))
+
+
+@pytest.mark.parametrize("m,k,n,tile", [(4, 1152, 1024, 4096), (200, 256, 320, 128), (3, 64, 64, 4096),
+                                        (1100, 96, 128, 4096)])
+def test_int4_gemm_tiles_over_m_n_and_cores(m, k, n, tile):
+    a, b, got, r = _gemm4(m, k, n, 256, 7, n_tile_max=tile)
+    np.testing.assert_array_equal(got, gemm_int4.reference(a, b, 256))
+    assert len(r.jobs) == min(3, len(r.tasks))
+
+
+def test_the_extreme_segment_sum_fits_int16():
+    """All -8 x -8 over the longest segment: 480 x 64 = 30720, exact."""
+    k = gemm_int4.segment_limit()
+    a = np.full((4, k), -8, np.int8)
+    b = np.full((k, 64), -8, np.int8)
+    _, _, got, _ = _gemm4(4, k, 64, k, 0, a=a, b=b)
+    assert (got == 64 * k).all()
+
+
+def test_segments_that_could_leave_int16_are_refused():
+    b = np.full((1024, 64), -8, np.int8)
+    op = api.GemmInt4(api.Feature.gemm("A", 0, 4, 1024, "int4"), b,
+                      api.Feature.gemm("C", 0, 4, 64, "int16"), 4, 512, "g")
+    with pytest.raises(UnsupportedError, match="past int16"):
+        emit(op)
+    with pytest.raises(UnsupportedError, match="multiple of 32"):
+        emit(api.GemmInt4(op.a, b, op.c, 4, 100, "g"))
+    with pytest.raises(UnsupportedError, match="outside int4"):
+        emit(api.GemmInt4(op.a, np.full((1024, 64), 9, np.int8), op.c, 4, 256, "g"))
+
+
+def test_the_simulator_refuses_an_int16_overflow_unless_told_the_reading():
+    """A probe-only program (one task over K=1024, EmitOptions.int4_segment_max raised)
+    overflows int16: strict by default (Q23); the readings a board may give are switches."""
+    k = 1024
+    a = np.full((4, k), -8, np.int8)
+    b = np.full((k, 64), -8, np.int8)
+    with pytest.raises(QuirkRejection, match="Q23"):
+        _gemm4(4, k, 64, 1024, 0, a=a, b=b, int4_segment_max=1024)
+    _, _, got, _ = _gemm4(4, k, 64, 1024, 0, a=a, b=b, int4_segment_max=1024,
+                          device=sim.SimDevice(quirks=Quirks(int4_int16_overflow="saturate")))
+    assert (got == 32767).all()
+    _, _, got, _ = _gemm4(4, k, 64, 1024, 0, a=a, b=b, int4_segment_max=1024,
+                          device=sim.SimDevice(quirks=Quirks(int4_int16_overflow="wrap")))
+    assert (got == (64 * k + 32768) % 65536 - 32768).all()
+
+
+@pytest.mark.parametrize("k,segment", [(1024, 1024), (2048, 1024), (1000, 640)])
+def test_long_segments_run_when_the_weights_bound_every_partial(k, segment):
+    """Weights of small magnitude (as rotated int4 weights are, mostly) let one task
+    reduce more than 480 channels: the bound is checked, the sums stay exact."""
+    rng = np.random.default_rng(k)
+    b = np.clip(np.rint(rng.standard_normal((k, 128)) * 1.5), -3, 3).astype(np.int8)
+    a = np.full((4, k), -8, np.int8)  # the worst activations
+    assert gemm_int4.partial_bound(b, segment) <= 32767
+    _, _, got, r = _gemm4(4, k, 128, segment, 0, a=a, b=b)
+    np.testing.assert_array_equal(got, gemm_int4.reference(a, b, segment))
+    assert len({t.label.split()[1] for t in r.tasks}) == -(-k // segment)  # one K group per segment
+
+
+def test_a_placed_segment_computes_the_same_partials():
+    """q/k/v-like products placed together over the cores (placement.place_segment_int4):
+    only which core computes which channels changes."""
+    from rkc.compiler.npu.placement import place_segment_int4
+
+    shapes = [(640, 1024), (640, 256), (1024, 640)]
+    ops, inputs, want = [], {}, {}
+    for i, (k, n) in enumerate(shapes):
+        a, b = _int4((2, k), 10 + i), _int4((k, n), 20 + i)
+        op = api.GemmInt4(api.Feature.gemm(f"A{i}", 0, 2, k, "int4"), b, None, 2, 320, f"p{i}")
+        op = api.GemmInt4(op.a, b, api.Feature.gemm(f"C{i}", 0, 2, op.segments * op.n_padded, "int16"), 2, 320,
+                          f"p{i}")
+        apad = np.zeros((4, k), np.int8)
+        apad[:2] = a
+        ops.append(op)
+        inputs[f"A{i}"] = (op.a, apad.T[:, :, None])
+        want[i] = gemm_int4.reference(a, b, 320)
+    placed = place_segment_int4(ops, api.DEFAULT_OPTIONS)
+    assert all(op.placement is not None for op in placed)
+    results = [emit(op) for op in placed]
+    got = run(results, sim.SimDevice(), inputs, independent=True)
+    for i, op in enumerate(placed):
+        out = got.feature(op.c)[:, :2, 0].T.reshape(2, op.segments, op.n_padded)[:, :, :op.n]
+        np.testing.assert_array_equal(out, want[i])
+    assert {lane for r in results for j in r.jobs for lane in [j.lane]} == {0, 1, 2}
+
+
+def test_int4_modelled_time_counts_2048_macs_per_cycle():
+    _, _, _, r = _gemm4(64, 256, 256, 256, 3)
+    assert all(t.counters.mac_dtype == "int4" for t in r.tasks)
+
+
+def test_int4_weight_bytes_follow_the_documented_formula():
+    """hw-matmul.md 2.1: B as (N/64, K/32, 64, 32) nibbles, low nibble first; checked
+    element by element against the index formula, with K >= 2 groups (the K=32 trap)."""
+    from rkc.ir.npu import layout
+
+    k, n = 96, 128
+    w = _int4((n, k), 5)
+    raw = layout.pack_weights_int4(w)
+    for kk in range(k):
+        for nn in range(0, n, 7):
+            nib = (nn // 64) * 64 * k + (kk // 32) * 64 * 32 + (nn % 64) * 32 + kk % 32
+            byte = int(raw[nib // 2])
+            v = (byte >> 4) if nib % 2 else (byte & 0xF)
+            assert (v ^ 8) - 8 == w[nn, kk]
+    a = _int4((8, 64), 6)
+    fa = layout.pack_gemm_a_int4(a).reshape(-1)
+    for m in range(8):
+        for kk in range(64):
+            nib = (kk // 32) * 8 * 32 + m * 32 + kk % 32
+            v = (int(fa[nib // 2]) >> 4) if nib % 2 else (int(fa[nib // 2]) & 0xF)
+            assert (v ^ 8) - 8 == a[m, kk]
