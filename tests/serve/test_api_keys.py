@@ -24,8 +24,6 @@ from pathlib import Path
 
 import openai
 import pytest
-from starlette.responses import PlainTextResponse
-from starlette.routing import Route
 
 from rkc.ir.errors import RkcError
 from rkc.runtime.serve import auth
@@ -45,22 +43,10 @@ RKRUN = Path(sys.executable).parent / "rkrun"
 CHAT = [{"role": "user", "content": "hello the world"}]
 
 
-async def _metrics(request):
-    return PlainTextResponse("rkc_requests_total 0\n")
-
-
-def with_metrics(app):
-    """A stand-in /metrics route, added after the app was made (as a later route would be)."""
-    app.router.routes.append(Route("/metrics", _metrics))
-    return app
-
-
 @pytest.fixture
 def server(serve, tiny_model):
     tiny_model.forget()
-    s = serve(tiny_model, api_keys=KEYS)
-    with_metrics(s.app)
-    return s
+    return serve(tiny_model, api_keys=KEYS)
 
 
 def client(server, key: str) -> openai.OpenAI:
@@ -158,7 +144,7 @@ def answered_without_key(server) -> set[str]:
 def test_only_health_and_the_page_answer_without_the_key(server):
     assert answered_without_key(server) == {"/", "/health"}
     with Http(server.url) as h:
-        assert h.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEYS[1]}"}).read().startswith(b"rkc_")
+        assert h.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEYS[1]}"}).read().startswith(b"# HELP rkc_")
         status, _, health = h.json("GET", "/health")
     assert status == 200 and health["status"] == "ok"
     assert not any(k in json.dumps(health) for k in KEYS)
@@ -166,10 +152,9 @@ def test_only_health_and_the_page_answer_without_the_key(server):
 
 def test_metrics_public(serve, tiny_model):
     s = serve(tiny_model, api_keys=KEYS, metrics_public=True)
-    with_metrics(s.app)
     assert answered_without_key(s) == {"/", "/health", "/metrics"}
     status, _, body = raw(s.url, get("/metrics"))
-    assert status == 200 and body.startswith(b"rkc_requests_total") and not any(k.encode() in body for k in KEYS)
+    assert status == 200 and body.startswith(b"# HELP rkc_") and not any(k.encode() in body for k in KEYS)
 
 
 def test_no_keys_no_check(serve, tiny_model):
@@ -358,6 +343,8 @@ def run_serve(rkbin, args: list[str], env_key: str | None) -> tuple[subprocess.P
                          stderr=subprocess.PIPE, text=True, env=env)
     line = p.stderr.readline()
     assert line.startswith("rkrun serve: tiny-chat on http://127.0.0.1:"), line
+    while " ready (" not in (ready := p.stderr.readline()):  # the socket answers at once; the model loads
+        assert ready, "rkrun serve ended before the model was ready"
     return p, line.split(" on ")[1].split("/ ")[0]
 
 
@@ -419,9 +406,8 @@ def serve_in_process(rkbin, monkeypatch, args: list[str], env_key: str | None = 
 
     made = []
 
-    def run_server(server, sock):  # no serving: the app kept, its worker stopped
+    def run_server(server, sock):  # no serving (so no lifespan: the model is never loaded): the app kept
         made.append(server.config.app)
-        server.config.app.state.worker.stop()
 
     real_listen = cli.listen
     monkeypatch.setattr(cli, "listen", lambda host, port: real_listen("127.0.0.1", port))
@@ -433,6 +419,10 @@ def serve_in_process(rkbin, monkeypatch, args: list[str], env_key: str | None = 
     r = CliRunner().invoke(cli.serve, [str(rkbin), "--port", "0", "--device", "null", *args])
     assert r.exit_code == 0, r.output
     return r.stderr.splitlines(), made[0]
+
+
+def auth_middleware(app):
+    return next(m for m in app.user_middleware if "keys" in m.kwargs)
 
 
 def app_keys(app) -> list[str]:
@@ -459,4 +449,4 @@ def test_rkrun_serve_takes_the_variable_without_api_key(tiny_chat_rkbin, monkeyp
     assert app_keys(app) == [*in_env, in_file]
     _, app = serve_in_process(tiny_chat_rkbin, monkeypatch, ["--api-key", "k1", "--metrics-public"],
                               " ".join(in_env))
-    assert app_keys(app) == ["k1"] and app.user_middleware[0].kwargs["metrics_public"] is True
+    assert app_keys(app) == ["k1"] and auth_middleware(app).kwargs["metrics_public"] is True

@@ -16,12 +16,13 @@ import openai
 import pydantic
 import pytest
 
+from rkc.runtime.api import chat_templates
 from rkc.runtime.api import tools as T
 from rkc.runtime.api.constrain import mask_logits
 from rkc.runtime.api.llm import RequestError, render_chat
 from serve.conftest import post_json
 
-GEMMA_TEMPLATE = (Path(__file__).parent / "data" / "gemma3-turns.jinja").read_text()
+GEMMA_TEMPLATE = chat_templates.text("gemma")  # the built-in one: reads no tools
 # a template that reads `tools` (the shape of the Hermes/Qwen ones: tools in the system turn, calls in
 # <tool_call> blocks, results in "tool" turns), written for this test
 HERMES = ("{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
