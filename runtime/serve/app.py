@@ -297,7 +297,7 @@ def create_app(model: LlmModel | Callable[[], LlmModel], queue_size: int = 8, mo
     token (auth.py)."""
     api_keys = list(api_keys)
     metrics = ServerMetrics()
-    api = Api(None, None, model.name if isinstance(model, LlmModel) else model_id or "model", metrics)
+    api = Api(None, None, model.name if not callable(model) else model_id or "model", metrics)
     description = openapi.describe()
 
     async def openapi_json(request: Request) -> Response:
@@ -328,7 +328,7 @@ def create_app(model: LlmModel | Callable[[], LlmModel], queue_size: int = 8, mo
               Route("/v1/completions", api.completions, methods=["POST"]), Route("/openapi.json", openapi_json)]
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        if not isinstance(model, LlmModel):
+        if callable(model):
             threading.Thread(target=load, name="rkc-load", daemon=True).start()
         yield
         if api.worker is not None:
@@ -338,6 +338,6 @@ def create_app(model: LlmModel | Callable[[], LlmModel], queue_size: int = 8, mo
     app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_found, 500: _server_error},
                     lifespan=lifespan, middleware=[Middleware(CountRequests, metrics=metrics), *keys_middleware])
     app.state.worker, app.state.metrics = None, metrics
-    if isinstance(model, LlmModel):
+    if not callable(model):
         ready(model)
     return app

@@ -13,6 +13,7 @@ import threading
 from types import SimpleNamespace
 
 from rkc.runtime.api.llm import CacheStats, Completion, CompletionStream
+from rkc.runtime.llm.generate import Timings
 
 from serve.conftest import Http
 
@@ -29,6 +30,8 @@ class LookingModel:
     def __init__(self, sent: list[bytes]) -> None:
         self.stats = CacheStats()
         self.engine = SimpleNamespace(times=SimpleNamespace(npu_s=0.0, cpu_s=0.0))
+        self.grammar_tokenizer = SimpleNamespace(prepare=lambda: None)  # (built for constrained requests)
+        self.timings = Timings()  # of the latest request (/metrics reads them)
         self.sent = sent
         self.sent_before_second: bytes | None = None
 
