@@ -37,6 +37,8 @@ class Served:
         assert " on http://127.0.0.1:" in line, line
         self.url = line.split(" on ")[1].split("/ ")[0]
         self.port, self.pid = int(self.url.rsplit(":", 1)[1]), self.p.pid
+        while " ready (" not in (ready := self.p.stderr.readline()):  # the socket answers at once; the model loads
+            assert ready, "rkrun serve ended before the model was ready"
 
     def rss_kib(self) -> int:
         status = Path(f"/proc/{self.pid}/status").read_text()
