@@ -192,6 +192,9 @@ def bench(model: Path, device: str, reps: int, tokens: int, keep_alive: bool = F
     try:
         line = p.stderr.readline()
         port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        while " ready (" not in (ready := p.stderr.readline()):  # the socket answers at once; the model loads
+            if not ready:
+                raise SystemExit(f"rkrun serve ended before its model was ready: {line.strip()}")
         # one chat each first: the first call of a process loads the compiled kernels (numba's cache)
         warm = [{"role": "user", "content": "warm up"}]
         direct.chat(warm, max_tokens=4, temperature=0)

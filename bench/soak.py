@@ -160,6 +160,9 @@ def soak(model: Path, seconds: float, clients: int, queue: int, sample_s: float,
     try:
         line = p.stderr.readline()
         port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        while " ready (" not in (ready := p.stderr.readline()):  # the socket answers at once; the model loads
+            if not ready:
+                raise SystemExit(f"rkrun serve ended before its model was ready: {line.strip()}")
         warm = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
         warm.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "warm up"}],
                                      max_tokens=4)  # the first request of a process loads numba's kernels

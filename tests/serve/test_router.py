@@ -58,11 +58,6 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _first_line(log: Path) -> str | None:
-    text = log.read_text()
-    return text.partition("\n")[0] if "\n" in text else None
-
-
 def _start(log: Path, argv: list[str], env: dict | None = None) -> tuple[subprocess.Popen, Path]:
     with open(log, "w") as f:
         return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env), log
@@ -119,8 +114,8 @@ class Cluster:
             self.procs.append(proc)
             logs.append(log)
         for i, (proc, log) in enumerate(zip(self.procs, logs)):
-            _wait(f"replica {i}", lambda: _first_line(log), 60, proc, log)
-            # the first request compiles the host kernels if numba's cache is cold
+            # the socket answers at once; the model (its host kernels compiled) is ready at the "ready" line
+            _wait(f"replica {i}", lambda: " ready (" in log.read_text(), 300, proc, log)
             status, _, body = post_json(self.urls[i], "/v1/chat/completions",
                                         {"model": "model", "messages": [{"role": "user", "content": "hi"}],
                                          "max_tokens": 2})
