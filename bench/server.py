@@ -183,18 +183,27 @@ def chat_figures(turns: list[tuple[dict, dict]]) -> dict:
     return out
 
 
+def start_server(model: Path, *args: str) -> tuple[subprocess.Popen, int]:
+    """`rkrun serve MODEL --port 0 ARGS` in a subprocess, once its model is loaded: (the process, its port). The
+    socket answers at once (/health 503 "loading"); the model is ready at its second line."""
+    p = subprocess.Popen([str(Path(sys.executable).parent / "rkrun"), "serve", str(model), "--port", "0", *args],
+                         stderr=subprocess.PIPE, text=True)
+    line = p.stderr.readline()
+    if "http://127.0.0.1:" not in line:
+        p.kill()
+        raise SystemExit(f"rkrun serve did not start: {line.strip()}")
+    while " ready (" not in (ready := p.stderr.readline()):
+        if not ready:
+            raise SystemExit(f"rkrun serve ended before its model was ready: {line.strip()}")
+    return p, int(line.split("http://127.0.0.1:")[1].split("/")[0])
+
+
 def bench(model: Path, device: str, reps: int, tokens: int, keep_alive: bool = False) -> dict:
     import rkc
 
     direct = rkc.load(model, device=device)
-    p = subprocess.Popen([str(Path(sys.executable).parent / "rkrun"), "serve", str(model), "--port", "0",
-                          "--device", device], stderr=subprocess.PIPE, text=True)
+    p, port = start_server(model, "--device", device)
     try:
-        line = p.stderr.readline()
-        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
-        while " ready (" not in (ready := p.stderr.readline()):  # the socket answers at once; the model loads
-            if not ready:
-                raise SystemExit(f"rkrun serve ended before its model was ready: {line.strip()}")
         # one chat each first: the first call of a process loads the compiled kernels (numba's cache)
         warm = [{"role": "user", "content": "warm up"}]
         direct.chat(warm, max_tokens=4, temperature=0)

@@ -23,7 +23,6 @@ import http.client
 import json
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,7 +34,7 @@ from pathlib import Path
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server import tiny_chat_model  # noqa: E402 (bench/server.py: the same tiny model)
+from server import start_server, tiny_chat_model  # noqa: E402 (bench/server.py: the same tiny model)
 
 WORDS = "the cat and dog run in world at one time a model small board hello".split()
 KINDS = ("chat", "chat_stream", "completion", "completion_stream", "drop_stream", "drop_waiting")
@@ -155,14 +154,8 @@ class Soak:
 
 
 def soak(model: Path, seconds: float, clients: int, queue: int, sample_s: float, seed: int) -> dict:
-    p = subprocess.Popen([str(Path(sys.executable).parent / "rkrun"), "serve", str(model), "--port", "0",
-                          "--device", "null", "--queue", str(queue)], stderr=subprocess.PIPE, text=True)
+    p, port = start_server(model, "--device", "null", "--queue", str(queue))
     try:
-        line = p.stderr.readline()
-        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
-        while " ready (" not in (ready := p.stderr.readline()):  # the socket answers at once; the model loads
-            if not ready:
-                raise SystemExit(f"rkrun serve ended before its model was ready: {line.strip()}")
         warm = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
         warm.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "warm up"}],
                                      max_tokens=4)  # the first request of a process loads numba's kernels
