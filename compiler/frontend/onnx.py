@@ -218,6 +218,14 @@ def _skeleton(model, consts: Mapping[str, np.ndarray]):
     return skel
 
 
+def _packed_bits() -> dict[int, int]:
+    """Bits per element of the ONNX types stored packed (those this onnx release knows)."""
+    from onnx import TensorProto  # deferred (see _onnx)
+
+    widths = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}
+    return {getattr(TensorProto, name): bits for name, bits in widths.items() if hasattr(TensorProto, name)}
+
+
 def _initializer(init, source: str) -> np.ndarray:
     """An initializer's value; its declared shape bounded and matched by its data."""
     from onnx import helper, numpy_helper  # deferred (see _onnx)
@@ -230,9 +238,12 @@ def _initializer(init, source: str) -> np.ndarray:
         check_tensor_size(list(init.dims), itemsize, f"{source}: initializer {init.name!r}")
         if any(d < 0 for d in init.dims):
             raise FormatError(f"{source}: initializer {init.name!r} has negative dimensions {list(init.dims)}")
-        if init.HasField("raw_data") and len(init.raw_data) != int(np.prod(init.dims, dtype=object)) * itemsize:
+        count, packed = int(np.prod(init.dims, dtype=object)), _packed_bits()
+        # 4- and 2-bit types are packed in raw_data (two or four to a byte), unpacked to a byte each by numpy
+        needs = -(-count * packed[init.data_type] // 8) if init.data_type in packed else count * itemsize
+        if init.HasField("raw_data") and len(init.raw_data) != needs:
             raise FormatError(f"{source}: initializer {init.name!r} has {len(init.raw_data)} bytes of data, but "
-                              f"shape {list(init.dims)} needs {int(np.prod(init.dims, dtype=object)) * itemsize}")
+                              f"shape {list(init.dims)} needs {needs}")
         return numpy_helper.to_array(init)
     except (FormatError, VerifyError):
         raise
