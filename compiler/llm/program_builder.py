@@ -404,16 +404,8 @@ class _ProgramLowering:
             products.append((i, w, y, gemm))
             bias = op.inputs[2] if len(op.inputs) > 2 else None
             outputs.append((y, x, w, bias))
-        options = self.llm.emit_options
-        placed = place_segment_int4([g for *_, g in products], options)
-        groups = []
-        for (i, w, y, _), gemm in zip(products, placed):
-            try:
-                result = emit(gemm, options)
-            except UnsupportedError as exc:
-                raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
-            groups.append(NpuGroup(i, [i], {self.graph.ops[i].inputs[0]: "native-gemm"}, y, "native-gemm",
-                                   result, "int4"))
+        groups = self._emitted(products, place_segment_int4([g for *_, g in products], self.llm.emit_options),
+                               "int4")
         for w in dict.fromkeys(w for _, w, _, _ in products):
             self.llm.packed(w)
         lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}", "int4",
@@ -432,19 +424,23 @@ class _ProgramLowering:
     def _emit_products(self, products: list[tuple[int, str, str, api.Gemm]], dev: DType) -> list[NpuGroup]:
         """The segment's GEMMs, their output channels placed over the cores together
         (compiler/npu/placement.py), each lowered to its tasks."""
-        options = self.llm.emit_options
         try:
-            placed = place_segment([g for *_, g in products], options, per_task_kicks=not CHAINABLE[dev.value])
+            placed = place_segment([g for *_, g in products], self.llm.emit_options,
+                                   per_task_kicks=not CHAINABLE[dev.value])
         except UnsupportedError as exc:
             raise UnsupportedError(f"{products[0][1]}: the NPU cannot run this product ({exc})") from None
+        return self._emitted(products, placed, dev.value)
+
+    def _emitted(self, products: list[tuple], placed: list, precision: str) -> list[NpuGroup]:
+        """Each placed product (int8/fp16 Gemm or GemmInt4) lowered to its tasks, as the group of its op."""
         groups = []
         for (i, w, piece, _), gemm in zip(products, placed):
             try:
-                result = emit(gemm, options)
+                result = emit(gemm, self.llm.emit_options)
             except UnsupportedError as exc:
                 raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
             x = self.graph.ops[i].inputs[0]
-            groups.append(NpuGroup(i, [i], {x: "native-gemm"}, piece, "native-gemm", result, dev.value))
+            groups.append(NpuGroup(i, [i], {x: "native-gemm"}, piece, "native-gemm", result, precision))
         return groups
 
     def host_value_named(self, name: str, shape, dtype: DType) -> None:
