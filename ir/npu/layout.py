@@ -243,11 +243,6 @@ def pack_gemm_a_int4(a: np.ndarray) -> np.ndarray:
     return pack_feature_int4(a.T[:, :, None])[:, :, 0, :]
 
 
-def unpack_gemm_c_int16(native: np.ndarray, n: int) -> np.ndarray:
-    """int16 output feature [N/8, M, 1, 8] -> C[M, N] (the int4 GEMM's output)."""
-    return unpack_gemm_c(native, n)
-
-
 def pack_weights_int4(w: np.ndarray) -> np.ndarray:
     """1x1 weights [kernels, C] int4 values (kernels a multiple of 64) -> the flat
     native bytes [kernels/64][C/32][64][16] (C padded to 32 with zeros)."""
