@@ -16,16 +16,14 @@ import numpy as np
 
 from rkc.ir.npu import layout
 from rkc.runtime.kernels.hadamard import Rotation, rotate
+from rkc.runtime.llm.weights import symmetric_rows
 
 ACT_LIMIT = 119  # |a| <= 119: hi = (a - lo) / 16 stays within [-8, 7]
 
 
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row: int8 values in [-119, 119] and the row scale (max|x| / 119)."""
-    x = np.asarray(x, np.float32)
-    amax = np.abs(x).max(axis=1)
-    s = np.where(amax > 0, amax / ACT_LIMIT, 1.0).astype(np.float32)
-    return np.clip(np.rint(x / s[:, None]), -ACT_LIMIT, ACT_LIMIT).astype(np.int8), s
+    return symmetric_rows(np.asarray(x, np.float32), ACT_LIMIT)
 
 
 def split_nibbles(q: np.ndarray) -> np.ndarray:

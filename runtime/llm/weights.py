@@ -34,7 +34,7 @@ def quantize_rows(x: np.ndarray, rotation: Rotation | None = None, terms: int = 
         x = rotate(x, rotation)
     qs, scales = [], []
     for t in range(terms):
-        q, scale = _int8_rows(x)
+        q, scale = symmetric_rows(x)
         qs.append(q)
         scales.append(scale)
         if t + 1 < terms:
@@ -42,10 +42,11 @@ def quantize_rows(x: np.ndarray, rotation: Rotation | None = None, terms: int = 
     return (qs[0], scales[0]) if terms == 1 else (np.concatenate(qs), np.concatenate(scales))
 
 
-def _int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def symmetric_rows(x: np.ndarray, limit: int = 127) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: int8 codes in [-limit, limit] and the row scale max|x| / limit (1 for a zero row)."""
     amax = np.abs(x).max(axis=-1)
-    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-    q = np.clip(np.rint(x / scale[:, None]), -127, 127).astype(np.int8)
+    scale = np.where(amax > 0, amax / float(limit), 1.0).astype(np.float32)
+    q = np.clip(np.rint(x / scale[:, None]), -limit, limit).astype(np.int8)
     return q, scale
 
 
