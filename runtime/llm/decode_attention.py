@@ -5,8 +5,8 @@ decode step writes (KVCache.store_half; `RowAttention`, a fused attention
 stretch's) or fp32 views (`attend_row`: kernels.attend's one query row,
 the interpreter's and the unfused plans').
 
-Each key is read once per pass, widened in registers (fp16 -> fp32, numpy's
-bits: half.widen_bits), its scores against the query heads of its KV group
+Each key is read once per pass, widened in registers (fp16 -> fp32 by
+fpext: half.widen_value), its scores against the query heads of its KV group
 summed in float32 (vectorised: fastmath's reassociation), then the softmax
 (exp: prefill_kernels.exp_into, a float32 polynomial) and the weighted sum of
 the values, with no widened copy of the cache and no BLAS call. At long
@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from rkc.runtime.half import widen_bits
+from rkc.runtime.half import widen_value
 from rkc.runtime.llm import threads
 from rkc.runtime.llm.prefill_kernels import exp_into
 
@@ -35,23 +35,15 @@ _JIT = {"cache": True, "nogil": True, "fastmath": {"reassoc", "contract", "nsz",
 KEYS_PER_PART = 512  # fewer keys than this a thread: the hand-off costs more than it saves
 
 
-def _row_into(src, r, dst, dst_bits):  # pragma: no cover - compiled through the overload below
-    """dst[:] = src[r, :] as float32 (fp16 bits widened as numpy widens them,
-    half.widen_bits; dst_bits: dst's uint32 view)."""
+def _value(src, r, d):  # pragma: no cover - compiled through the overload below
+    """src[r, d] as float32: fp16 bits widened (half.widen_value), or the float32."""
 
 
-@overload(_row_into, jit_options=_JIT)
-def _row_into_impl(src, r, dst, dst_bits):
+@overload(_value, jit_options=_JIT, inline="always")
+def _value_impl(src, r, d):
     if src.dtype == types.uint16:
-        def widen(src, r, dst, dst_bits):
-            for d in range(dst.shape[0]):
-                dst_bits[d] = widen_bits(src[r, d])
-        return widen
-
-    def copy(src, r, dst, dst_bits):
-        for d in range(dst.shape[0]):
-            dst[d] = src[r, d]
-    return copy
+        return lambda src, r, d: widen_value(src[r, d])
+    return lambda src, r, d: src[r, d]
 
 
 @njit(**_JIT)
@@ -60,25 +52,25 @@ def _hidden(kp, p0, window) -> bool:
 
 
 @njit(**_JIT)
-def _scores(q, i0, i1, kw, scale, s, p, mx):
-    """s[i, p] = scale * (q[i] . kw) for query heads i0 <= i < i1, and their
-    running maxima mx[i]; four heads a pass over kw while there are four (the
-    row is loaded once for them)."""
-    hd = kw.shape[0]
+def _scores(q, i0, i1, keys, r, scale, s, p, mx):
+    """s[i, p] = scale * (q[i] . keys[r]) for query heads i0 <= i < i1, and
+    their running maxima mx[i]; four heads a pass over the key row while there
+    are four (each element widened once for them)."""
+    hd = q.shape[1]
     i = i0
     while i < i1:
         n = 4 if i1 - i >= 4 else 1
         t0 = t1 = t2 = t3 = np.float32(0.0)
         if n == 4:
             for d in range(hd):
-                x = kw[d]
+                x = _value(keys, r, d)
                 t0 += q[i, d] * x
                 t1 += q[i + 1, d] * x
                 t2 += q[i + 2, d] * x
                 t3 += q[i + 3, d] * x
         else:
             for d in range(hd):
-                t0 += q[i, d] * kw[d]
+                t0 += q[i, d] * _value(keys, r, d)
         for c, t in enumerate((t0, t1, t2, t3)):
             if c < n:
                 t *= scale
@@ -89,16 +81,16 @@ def _scores(q, i0, i1, kw, scale, s, p, mx):
 
 
 @njit(**_JIT)
-def _weighted(s, p, i0, i1, vw, acc):
-    """acc[i] += s[i, p] * vw for query heads i0 <= i < i1, four a pass over vw
-    while there are four."""
-    hdv = vw.shape[0]
+def _weighted(s, p, i0, i1, values, r, acc):
+    """acc[i] += s[i, p] * values[r] for query heads i0 <= i < i1, four a pass
+    over the value row while there are four."""
+    hdv = acc.shape[1]
     i = i0
     while i < i1:
         if i1 - i >= 4:
             w0, w1, w2, w3 = s[i, p], s[i + 1, p], s[i + 2, p], s[i + 3, p]
             for d in range(hdv):
-                x = vw[d]
+                x = _value(values, r, d)
                 acc[i, d] += w0 * x
                 acc[i + 1, d] += w1 * x
                 acc[i + 2, d] += w2 * x
@@ -107,12 +99,12 @@ def _weighted(s, p, i0, i1, vw, acc):
         else:
             w = s[i, p]
             for d in range(hdv):
-                acc[i, d] += w * vw[d]
+                acc[i, d] += w * _value(values, r, d)
             i += 1
 
 
 @njit(**_JIT)
-def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, row, row_bits, e_bits, acc, mx, total):
+def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, e_bits, acc, mx, total):
     """One range [lo, hi) of the keys for q [Hkv * G, hd] (float32; query
     head j of KV head h at row h * G + j) over keys [P * Hkv, hd] / values
     [P * Hkv, hdv] (fp16 bits as uint16, or float32; key p of KV head h at
@@ -121,15 +113,13 @@ def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, row, row_bi
     total [Hkv * G] and the values weighted by those exps acc [Hkv * G, hdv]
     (not yet divided). A key the query cannot see (kpos > p0, or `window`
     and p0 - kpos >= window) weighs 0; a range that sees none leaves mx
-    -inf, total and acc 0. s [Hkv * G, P] holds the range's scores, row
-    [max(hd, hdv)] one widened row (row_bits its uint32 view), e_bits [P]
-    (int32) exp_into's scratch. Loops index 2-d arrays by (computed row,
+    -inf, total and acc 0. s [Hkv * G, P] holds the range's scores, e_bits
+    [P] (int32) exp_into's scratch. Loops index 2-d arrays by (computed row,
     range index) and make no slices per key: what lets them vectorise."""
-    hd, hdv, nq = q.shape[1], values.shape[1], q.shape[0]
+    hdv, nq = values.shape[1], q.shape[0]
     hkv = keys.shape[0] // kpos.shape[0]
     g = nq // hkv
     neg = np.float32(-np.inf)
-    kw, vw, kb, vb = row[:hd], row[:hdv], row_bits[:hd], row_bits[:hdv]
     for i in range(nq):
         mx[i] = neg
         total[i] = np.float32(0.0)
@@ -141,8 +131,7 @@ def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, row, row_bi
                 for i in range(h * g, h * g + g):
                     s[i, p] = neg
                 continue
-            _row_into(keys, p * hkv + h, kw, kb)
-            _scores(q, h * g, h * g + g, kw, scale, s, p, mx)
+            _scores(q, h * g, h * g + g, keys, p * hkv + h, scale, s, p, mx)
     for i in range(nq):
         m = mx[i]
         if m == neg:
@@ -161,8 +150,7 @@ def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, row, row_bi
         for p in range(lo, hi):
             if _hidden(kpos[p], p0, window):
                 continue
-            _row_into(values, p * hkv + h, vw, vb)
-            _weighted(s, p, h * g, h * g + g, vw, acc)
+            _weighted(s, p, h * g, h * g + g, values, p * hkv + h, acc)
 
 
 @njit(**_JIT)
@@ -229,8 +217,6 @@ class RowAttention:
         self.mx = np.empty((n, heads), F32)
         self.total = np.empty((n, heads), F32)
         self.acc = np.empty((n, heads, hdv), F32)
-        self.rows = np.empty((n, max(hd, hdv)), F32)
-        self.row_bits = self.rows.view(np.uint32)
 
     def __call__(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, p0: int) -> np.ndarray:
         p = len(kpos)
@@ -242,9 +228,9 @@ class RowAttention:
                 self.scale, self.window)
 
         def run(part: int, lo: int, hi: int) -> None:
-            attend_keys(*args, lo, hi, s, self.rows[part], self.row_bits[part], bits, self.acc[part],
+            attend_keys(*args, lo, hi, s, bits, self.acc[part],
                         self.mx[part], self.total[part])
-        parts = threads.over_parts(run, p, min(len(self.rows), p // KEYS_PER_PART))
+        parts = threads.over_parts(run, p, min(len(self.acc), p // KEYS_PER_PART))
         combine(parts, self.mx, self.total, self.acc, self.dst)
         return self.full
 

@@ -215,18 +215,23 @@ def test_decode_attention_sees_no_key(monkeypatch):
 
 
 def test_cached_rows_widen_as_numpy_widens_fp16():
-    """decode attention's widening of the cache's fp16 rows (decode_attention._row_into)
-    gives numpy's astype bits for every fp16 pattern, NaN payloads included."""
+    """decode attention's widening of the cache's fp16 rows (half.widen_value
+    through decode_attention._value) gives numpy's float32 value for every fp16
+    pattern: the same bits for every number and infinity, a NaN for a NaN."""
     from numba import njit
 
-    from rkc.runtime.llm.decode_attention import _row_into
+    from rkc.runtime.llm.decode_attention import _value
 
     @njit
     def widen_rows(src, out):
         for r in range(src.shape[0]):
-            _row_into(src, r, out[r], out[r].view(np.uint32))
+            for d in range(src.shape[1]):
+                out[r, d] = _value(src, r, d)
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
     out = np.empty((256, 256), np.float32)
     widen_rows(bits, out)
-    np.testing.assert_array_equal(out.view(np.uint32), bits.view(np.float16).astype(np.float32).view(np.uint32))
+    want = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert nan.sum() == 2 * 1023 and np.isnan(out[nan]).all()
+    np.testing.assert_array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))
