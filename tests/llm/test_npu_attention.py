@@ -1,0 +1,138 @@
+"""Prefill attention with its two products on the NPU (compiler/llm/npu_attention.py,
+runtime/llm/npu_attention.py), run on the simulator against a float64 numpy
+attention over a sweep of heads, KV heads (GQA groups), head dims 64/128/256,
+chunks of 1 to 130 rows, with and without a cache before the chunk, empty
+slots, sliding windows over a ring, soft-capping.
+
+The reference is the float64 attention of what the NPU is given: the cache's
+keys and values as the KV cache holds them (fp16 values) and the queries
+rounded to fp16 (the products' input conversion, as at every fp16 segment's
+edge). What remains is the probabilities' fp16 rounding (relative 2^-11 each)
+and the fp32 sums: the output is within 2^-10 of max |v|, elementwise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rkc.compiler.llm.npu_attention import AttentionShape, HeadBuffers, products
+from rkc.compiler.npu import api
+from rkc.compiler.npu.dispatch import emit
+from rkc.ir.errors import UnsupportedError
+from rkc.runtime.llm import npu_attention as host
+
+sim = pytest.importorskip("rkc.runtime.sim")
+from llm.npu_attention_runner import attend  # noqa: E402
+
+HIDDEN = np.iinfo(np.int64).max
+
+
+def reference(q, keys, values, kpos, pos, scale, window=0, softcap=0.0) -> np.ndarray:
+    """float64 attention of q [T, H, D] over keys/values [P, Hkv, D] at kpos: [T, H * Dv]."""
+    t, h, _ = q.shape
+    g = h // keys.shape[1]
+    q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, keys, values))
+    s = np.einsum("thd,phd->thp", q64, np.repeat(k64, g, axis=1)) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    p, qp = np.asarray(kpos)[None, None, :], np.asarray(pos)[:, None, None]
+    hidden = (p > qp) | ((window > 0) & (qp - p >= window))
+    s = np.where(hidden, -np.inf, s)
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    w /= w.sum(axis=-1, keepdims=True)
+    return np.einsum("thp,phd->thd", w, np.repeat(v64, g, axis=1)).reshape(t, -1)
+
+
+def _half(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float16).astype(np.float32)
+
+
+# (chunk rows, query heads, kv heads, head dim, cached keys before the chunk, key slots, window, softcap)
+CASES = [
+    (1, 1, 1, 64, 0, 32, 0, 0.0),
+    (1, 8, 2, 128, 37, 64, 0, 0.0),  # a decode-sized chunk over a cache
+    (2, 4, 4, 64, 0, 32, 0, 0.0),  # MHA
+    (7, 12, 2, 128, 0, 32, 0, 0.0),  # Qwen2.5-1.5B's grouping (6 heads a group)
+    (16, 4, 1, 256, 16, 64, 0, 0.0),  # Gemma 3 270M's grouping and head dim
+    (33, 6, 3, 64, 5, 96, 0, 0.0),  # empty slots past the fill
+    (64, 8, 1, 128, 64, 128, 0, 50.0),  # soft-capping (Gemma 2)
+    (130, 4, 1, 256, 0, 160, 0, 0.0),  # more rows than one kernel group, a partial last one
+    (40, 4, 1, 256, 100, 160, 32, 0.0),  # a sliding window shorter than the chunk
+    (128, 12, 2, 128, 128, 256, 0, 0.0),
+]
+
+
+@pytest.mark.parametrize("rows,heads,kv_heads,head_dim,past,slots,window,softcap", CASES)
+def test_npu_attention_matches_float64(rows, heads, kv_heads, head_dim, past, slots, window, softcap):
+    rng = np.random.default_rng(rows * 1009 + heads * 31 + head_dim + past)
+    keys_total = past + rows
+    q = (rng.standard_normal((rows, heads, head_dim)) * 1.5).astype(np.float32)
+    k = _half(rng, (keys_total, kv_heads, head_dim))
+    v = _half(rng, (keys_total, kv_heads, head_dim), 2.0)
+    kpos, pos = np.arange(keys_total), np.arange(past, past + rows)
+    scale = 1 / np.sqrt(head_dim)
+    got = attend(sim.SimDevice(), q, k, v, kpos, pos, scale, slots, window, softcap)
+    want = reference(q.astype(np.float16), k, v, kpos, pos, scale, window, softcap)
+    tol = 2.0 ** -10 * np.abs(v).max()
+    assert np.isfinite(got).all()
+    err = np.abs(got - want).max()
+    assert err <= tol, f"max error {err:.3g} above {tol:.3g}"
+
+
+def test_npu_attention_over_a_ring_of_slots():
+    """A sliding-window layer's cache is a ring: slots hold positions out of
+    order (the newest overwrite the oldest); the mask reads each slot's position."""
+    rng = np.random.default_rng(7)
+    ring, window, rows, start = 64, 48, 24, 90
+    positions = np.arange(start + rows)
+    kpos = np.full(ring, HIDDEN, np.int64)
+    k = np.zeros((ring, 1, 128), np.float32)
+    v = np.zeros((ring, 1, 128), np.float32)
+    for p in positions[-ring:]:  # the ring as it stands after the chunk's keys were written
+        kpos[p % ring] = p
+        k[p % ring], v[p % ring] = _half(rng, (1, 128)), _half(rng, (1, 128))
+    q = rng.standard_normal((rows, 2, 128)).astype(np.float32)
+    pos = positions[-rows:]
+    got = attend(sim.SimDevice(), q, k, v, kpos, pos, 0.125, ring, window)
+    want = reference(q.astype(np.float16), k, v, kpos, pos, 0.125, window)
+    assert np.abs(got - want).max() <= 2.0 ** -10 * np.abs(v).max()
+
+
+def test_the_products_read_the_cache_in_place():
+    """No constant is packed: both GEMMs' B operands are the cache's and the
+    softmax's buffers, and every task reads them where the host writes them."""
+    shape = AttentionShape(64, 6, 128, 128, 256)
+    buf = HeadBuffers.named("chunk", "cache")
+    qk, pv = (emit(g, api.EmitOptions()) for g in products(shape, buf, "attn"))
+    assert not qk.constants and not pv.constants
+    assert {b for t in qk.tasks for b, *_ in t.touches} == {buf.queries, buf.keys, buf.scores}
+    assert {b for t in pv.tasks for b, *_ in t.touches} == {buf.values, buf.probs, buf.out}
+    k_elems, v_elems = host.cache_elements(256, 128, 128)
+    assert qk.extents()[buf.keys] <= 2 * k_elems and pv.extents()[buf.values] <= 2 * v_elems
+
+
+def test_cache_offsets_are_the_packed_layouts():
+    """The host's offsets place each key and value where layout.pack_weights and
+    pack_feature put B^T and A (the products' own packing of constants)."""
+    from rkc.ir.npu import layout
+    rng = np.random.default_rng(3)
+    keys = rng.standard_normal((48, 128)).astype(np.float16)
+    flat = np.zeros(host.cache_elements(48, 128, 64)[0], np.float16)
+    flat[host.key_offsets(np.arange(48), 128)] = keys
+    np.testing.assert_array_equal(flat, layout.pack_weights(keys[:, None, None, :]))
+    vals = rng.standard_normal((48, 64)).astype(np.float16)
+    flat = np.zeros(host.cache_elements(48, 128, 64)[1], np.float16)
+    flat[host.value_offsets(np.arange(48), 64)] = vals
+    np.testing.assert_array_equal(flat, layout.pack_feature(vals[:, :, None]).reshape(-1))
+
+
+@pytest.mark.parametrize("bad", ["keys", "int8"])
+def test_bad_shapes_are_refused(bad):
+    if bad == "keys":
+        with pytest.raises(UnsupportedError, match="whole groups of 32"):
+            AttentionShape(8, 2, 64, 64, 40)
+        return
+    g = api.Gemm(api.Feature.gemm("a", 0, 8, 64, "int8"), np.broadcast_to(np.int8(0), (64, 32)),
+                 api.Feature.gemm("c", 0, 8, 32, "int32"), 8, b_buffer="cache")
+    with pytest.raises(UnsupportedError, match="run-time B operand is fp16"):
+        emit(g, api.EmitOptions())
