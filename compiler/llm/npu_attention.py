@@ -37,8 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rkc.compiler.npu import api
+from rkc.compiler.npu.dispatch import emit
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.npu import layout
+from rkc.ir.npu.perf import JobCost, PerfModel
 from rkc.runtime.llm.npu_attention import KEY_ALIGN
 
 FP16 = "fp16"
@@ -98,3 +100,59 @@ def products(shape: AttentionShape, buf: HeadBuffers, name: str) -> tuple[api.Ge
 def _standin(k: int, n: int) -> np.ndarray:
     """B's shape and dtype for a run-time operand (api.Gemm.b_buffer)."""
     return np.broadcast_to(np.float16(0), (k, n))
+
+
+def layer_jobs(shape: AttentionShape, kv_heads: int, options: api.EmitOptions | None = None
+               ) -> tuple[list[JobCost], list[JobCost]]:
+    """The planned jobs of one layer's two NPU phases (every KV head's scores,
+    then every KV head's values), each phase one chained job per core."""
+    options = options or api.EmitOptions()
+    phases: tuple[list, list] = ([], [])
+    for h in range(kv_heads):
+        for results, gemm in zip(phases, products(shape, HeadBuffers.named(f"chunk.h{h}", f"cache.h{h}"),
+                                                  f"attn.h{h}")):
+            results.append(emit(gemm, options))
+    out = []
+    for results in phases:
+        by_lane: dict[int, list] = {}
+        for r in results:
+            for job in r.jobs:
+                by_lane.setdefault(job.lane, []).extend(r.tasks[t].cost() for t in job.tasks)
+        out.append([JobCost(lane, 1, tasks) for lane, tasks in sorted(by_lane.items())])
+    return out[0], out[1]
+
+
+def modelled_seconds(shape: AttentionShape, kv_heads: int, model: PerfModel | None = None) -> float:
+    """Modelled NPU time of one layer's attention products for one chunk (two
+    submissions, hardware chaining, ir/npu/perf.py)."""
+    model = model or PerfModel()
+    return sum(model.submission_seconds(jobs) for jobs in layer_jobs(shape, kv_heads))
+
+
+# The CPU's side of the choice: the products as the host would run them
+# (runtime/llm/prefill_attention.attend_blocks, blocks of BLOCK query rows over
+# the keys each block sees), at the board's peak fp32 rate: four Cortex-A76 at
+# 2.4 GHz (RK3588 datasheet), each two 128-bit FMA pipes, 16 FLOP a cycle.
+# A peak the host never reaches, so the NPU is chosen only where it beats the
+# CPU's best case.
+HOST_PEAK_FLOPS = 4 * 2.4e9 * 16
+HOST_BLOCK = 64  # query rows per block (prefill_attention.BLOCK)
+
+
+def host_product_macs(shape: AttentionShape, kv_heads: int, first_position: int = 0) -> int:
+    """Multiply-adds of one layer's two products on the host for a chunk whose
+    first query sits at `first_position` with every earlier key cached."""
+    g, d, dv = shape.group, shape.head_dim, shape.value_dim
+    macs = 0
+    for t0 in range(0, shape.rows, HOST_BLOCK):
+        t1 = min(shape.rows, t0 + HOST_BLOCK)
+        seen = first_position + t1  # keys up to the block's last query
+        macs += (t1 - t0) * g * kv_heads * seen * (d + dv)
+    return macs
+
+
+def on_npu(shape: AttentionShape, kv_heads: int, model: PerfModel | None = None) -> bool:
+    """Whether a chunk's attention products cost less on the NPU (modelled) than
+    on the host at its peak (HOST_PEAK_FLOPS), the chunk starting at position 0
+    (a later chunk sees more keys: the host's cost grows faster than the NPU's)."""
+    return modelled_seconds(shape, kv_heads, model) < 2 * host_product_macs(shape, kv_heads) / HOST_PEAK_FLOPS

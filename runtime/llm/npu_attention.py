@@ -14,10 +14,13 @@ Per KV head, M = C * G query rows in (token, head) order, P key slots:
   rows past M zeroed (the GEMM reads whole kernel groups);
 * output O^T [Dv, M]: fp32 feature (C = M, H = Dv, C2 = 4).
 
-The softmax is one compiled float32 pass set per row (scale, optional
-soft-capping, causal and window mask, max, exp, sum, normalisation, the fp16
-rounding into the probabilities' kernel), threaded over rows
-(runtime/llm/threads.py). tests/llm/test_npu_attention.py checks the whole
+The softmax is the host attention's own compiled float32 kernel
+(prefill_kernels.softmax_columns: scale, causal and window mask, max, exp,
+sum, normalisation) over the keys each block of query rows can see, between
+a transposing read of the scores and the fp16 rounding into the
+probabilities' kernels, threaded over blocks (runtime/llm/threads.py). (The
+model's Attention op has no soft-capping: Gemma 2's is not supported by the
+frontend.) tests/llm/test_npu_attention.py checks the whole
 attention on the simulator against a float64 numpy attention.
 """
 
@@ -29,7 +32,7 @@ from numba import njit
 from rkc.ir.npu import layout
 from rkc.ir.npu.geometry import GEMM_ROW_ALIGN
 from rkc.runtime.half import narrow_bits
-from rkc.runtime.llm.prefill_kernels import exp_into
+from rkc.runtime.llm.prefill_kernels import softmax_columns
 from rkc.runtime.llm.threads import over_ranges
 
 KEY_ALIGN = layout.CHANNEL_GROUP  # key slots come in whole 32-channel weight rows (the probabilities' channels)
@@ -72,13 +75,11 @@ def probs_elements(query_rows: int, keys: int) -> int:
     return layout.align(query_rows, KG) * keys
 
 
-def write_queries(q: np.ndarray, out: np.ndarray) -> None:
-    """q [M, D] float32 -> fp16 feature `out` (flat, >= D / 8 * rows * 8 elements)."""
-    m, d = q.shape
-    rows = feature_rows(m)
-    atoms = out[:d // C2_HALF * rows * C2_HALF].reshape(d // C2_HALF, rows, C2_HALF)
-    atoms[:, :m] = q.astype(np.float16).reshape(m, d // C2_HALF, C2_HALF).transpose(1, 0, 2)
-    atoms[:, m:] = 0
+def write_queries(q: np.ndarray, head0: int, group: int, out: np.ndarray) -> None:
+    """Heads head0 .. head0 + group of q [T, H, D] float32 as the fp16 feature
+    Q [T * group, D] (rows in (token, head) order) into `out` (flat fp16)."""
+    t, _, d = q.shape
+    _queries_into(np.ascontiguousarray(q, np.float32).view(np.uint32), head0, group, feature_rows(t * group), out.view(np.uint16))
 
 
 def read_output(flat: np.ndarray, query_rows: int, value_dim: int) -> np.ndarray:
@@ -90,55 +91,105 @@ def read_output(flat: np.ndarray, query_rows: int, value_dim: int) -> np.ndarray
 
 
 # -- the softmax -------------------------------------------------------------------------------
+_HALF_NORMAL_MIN = np.uint32(113 << 23)  # float32 bits of 2^-14, fp16's smallest normal
+_HALF_REBIAS = np.uint32((((15 - 127) << 23) + 0xFFF) & 0xFFFFFFFF)  # (uint32 sums wrap: numba widens, the low 16 bits stay)
+_DENORMAL_MAGIC = np.uint32(126 << 23)  # float32 0.5: x + 0.5 leaves x's fp16 denormal in the low bits, rounded to even
+
+
+@njit(cache=True, nogil=True)
+def _halves_of_units(x, lo, hi, shifted, out):
+    """out[j] = fp16 bits of x[j] for j in [lo, hi), x float32 in [0, 1],
+    rounded to nearest even as numpy's astype rounds (tests/llm/
+    test_npu_attention.py checks it against numpy): the normal range by
+    re-biasing the exponent and rounding the dropped 13 bits, denormals by the
+    float addition of 0.5, with a select and no branch, so the loop vectorises
+    (runtime/half.narrow_bits keeps NaN payloads at the cost of a select the
+    vectoriser refuses; a probability has none). `shifted`: scratch like x."""
+    for j in range(lo, hi):
+        shifted[j] = x[j] + np.float32(0.5)
+    xb, sb = x.view(np.uint32), shifted.view(np.uint32)
+    for j in range(lo, hi):
+        u = xb[j]
+        normal = (u + _HALF_REBIAS + ((u >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
+        out[j] = np.uint16(normal if u >= _HALF_NORMAL_MIN else sb[j] - _DENORMAL_MAGIC)
+
+
 @njit(**_JIT)
-def _softmax_rows(scores, score_rows, probs, keys, kpos, qpos, scale, softcap, window, lo, hi):
-    """Rows [lo, hi) of S (fp32 feature, `score_rows` rows) -> their kernels of
-    the probabilities (fp16 bits); rows from len(qpos) on are zeroed."""
-    t = np.empty(keys, np.float32)
-    e = np.empty(keys, np.float32)
-    bits = np.empty(keys, np.int32)
-    neg = np.float32(-np.inf)
-    for r in range(lo, hi):
-        base = (r // KG) * KG * keys + (r % KG) * KEY_ALIGN
-        if r >= qpos.size:
-            for j in range(keys):
-                probs[base + (j // KEY_ALIGN) * KG * KEY_ALIGN + j % KEY_ALIGN] = 0
-            continue
-        q = qpos[r]
-        top = neg
-        for j in range(keys):
-            v = scores[((j // C2_FLOAT) * score_rows + r) * C2_FLOAT + j % C2_FLOAT] * scale
-            if softcap != 0:
-                v = np.float32(softcap * np.tanh(v / softcap))
-            if kpos[j] > q or (window != 0 and q - kpos[j] >= window):
-                v = neg
-            t[j] = v
-            if v > top:
-                top = v
-        for j in range(keys):
-            t[j] = t[j] - top
-        exp_into(t, e, bits)
-        total = np.float32(0.0)
-        for j in range(keys):
-            if t[j] == neg:  # hidden: an exact zero (exp_into clamps -inf to exp(-87))
-                e[j] = np.float32(0.0)
-            total += e[j]
-        inv = np.float32(1.0) / total
-        for j in range(keys):
-            e[j] = e[j] * inv
-        ebits = e.view(np.uint32)
-        for j in range(keys):
-            probs[base + (j // KEY_ALIGN) * KG * KEY_ALIGN + j % KEY_ALIGN] = narrow_bits(ebits[j])
+def _scores_columns(scores, score_rows, c0, c1, lo, hi, out):
+    """out[j - lo, c - c0] = S[c, j] for query rows c in [c0, c1), keys j in
+    [lo, hi): S's fp32 feature (atoms of four keys of one row) transposed to
+    the [keys, rows] buffer softmax_columns runs over."""
+    n = c1 - c0
+    for j in range(lo, hi):
+        src = ((j // C2_FLOAT) * score_rows + c0) * C2_FLOAT + j % C2_FLOAT
+        row = out[j - lo]
+        for c in range(n):
+            row[c] = scores[src + c * C2_FLOAT]
+
+
+@njit(**_JIT)
+def _columns_into_probs(s, lo, hi, c0, c1, keys, probs, shifted, halves):
+    """The probabilities s [hi - lo, c1 - c0] (keys x query rows c0.. c1, c0 a
+    multiple of KG) as fp16 into those rows' kernels of `probs` (bits), every
+    key outside [lo, hi) and every padding kernel up to the group's end 0."""
+    n = c1 - c0
+    for j in range(hi - lo):
+        _halves_of_units(s[j], 0, n, shifted, halves[j])
+    for grp in range(c0 // KG, -(-c1 // KG)):
+        base = grp * KG * keys
+        first = grp * KG - c0
+        real = min(KG, n - first)  # the group's kernels that are rows of this block
+        for j0 in range(0, keys, KEY_ALIGN):
+            tile = probs[base + j0 * KG:base + (j0 + KEY_ALIGN) * KG]  # [KG kernels][32 keys]
+            for jj in range(KEY_ALIGN):
+                j = j0 + jj
+                if lo <= j < hi:
+                    src = halves[j - lo]
+                    for rr in range(real):
+                        tile[rr * KEY_ALIGN + jj] = src[first + rr]
+                    for rr in range(real, KG):
+                        tile[rr * KEY_ALIGN + jj] = 0
+                else:
+                    for rr in range(KG):
+                        tile[rr * KEY_ALIGN + jj] = 0
+
+
+@njit(**_JIT)
+def _queries_into(q, head0, group, rows, out):
+    """out: the fp16 feature (bits) of Q [M, D], M = T * group rows in (token,
+    head) order from heads head0.. of q [T, H, D] (float32 bits); pad rows zeroed."""
+    t_, _, d = q.shape
+    m = t_ * group
+    for c1 in range(d // C2_HALF):
+        for r in range(rows):
+            dst = (c1 * rows + r) * C2_HALF
+            if r < m:
+                src = q[r // group, head0 + r % group]
+                for lane in range(C2_HALF):
+                    out[dst + lane] = narrow_bits(src[c1 * C2_HALF + lane])
+            else:
+                for lane in range(C2_HALF):
+                    out[dst + lane] = 0
+
+
+BLOCK_ROWS = 24 * KG  # query rows per softmax block: 64 tokens of a 6-head group
 
 
 def softmax_into_probs(scores: np.ndarray, probs: np.ndarray, keys: int, kpos: np.ndarray, qpos: np.ndarray,
-                       scale: float, softcap: float = 0.0, window: int = 0) -> None:
+                       scale: float, window: int = 0) -> None:
     """Each query row's softmax over its visible keys, from the fp32 scores S
     (flat, C = keys, H = feature_rows(M)) into the probabilities' kernels
     (flat fp16 bits, probs_elements(M, keys)). kpos [keys]: each slot's key
     position (an unused slot: a position past every query, so hidden); qpos
     [M]: each query row's position. A row sees key j when kpos[j] <= qpos and,
-    with a window, qpos - kpos[j] < window; every row must see one."""
+    with a window, qpos - kpos[j] < window; every row must see one.
+
+    By blocks of BLOCK_ROWS query rows, threaded: the block's scores over the
+    keys some row of it can see (kpos ascending: a linear cache, empty slots
+    last; else a ring, every slot) transposed into a [keys, rows] buffer,
+    prefill_kernels.softmax_columns (the host attention's softmax: scale,
+    mask, max, exp, sum, division in float32) over it, and the result
+    rounded to fp16 into the rows' kernels."""
     m = qpos.size
     if keys % KEY_ALIGN or probs.size < probs_elements(m, keys):
         raise ValueError(f"probabilities of {m} rows x {keys} keys: keys must be a multiple of {KEY_ALIGN} "
@@ -148,8 +199,20 @@ def softmax_into_probs(scores: np.ndarray, probs: np.ndarray, keys: int, kpos: n
     s = scores.reshape(-1).view(np.float32)
     p = probs.reshape(-1).view(np.uint16)
     rows = feature_rows(m)
-    total = layout.align(m, KG)
+    spans = bool(np.all(kp[1:] >= kp[:-1]))
+    blocks = -(-m // BLOCK_ROWS)
 
-    def run(lo: int, hi: int) -> None:
-        _softmax_rows(s, rows, p, keys, kp, qp, np.float32(scale), np.float32(softcap), int(window), lo, hi)
-    over_ranges(run, total)
+    def run(first: int, last: int) -> None:
+        for b in range(first, last):
+            c0, c1 = b * BLOCK_ROWS, min(m, (b + 1) * BLOCK_ROWS)
+            lo, hi = 0, keys
+            if spans:
+                block = qp[c0:c1]
+                hi = int(np.searchsorted(kp, block.max(), side="right"))
+                lo = int(np.searchsorted(kp, block.min() - window, side="right")) if window else 0
+            buf = np.empty((hi - lo, c1 - c0), np.float32)
+            _scores_columns(s, rows, c0, c1, lo, hi, buf)
+            softmax_columns(buf, np.float32(scale), kp[lo:hi], qp[c0:c1], int(window))
+            _columns_into_probs(buf, lo, hi, c0, c1, keys, p, np.empty(c1 - c0, np.float32),
+                                np.empty((hi - lo, c1 - c0), np.uint16))
+    over_ranges(run, blocks)

@@ -65,7 +65,7 @@ class Phase:
 
 
 def attend(device, q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, pos: np.ndarray,
-           scale: float, slots: int, window: int = 0, softcap: float = 0.0) -> np.ndarray:
+           scale: float, slots: int, window: int = 0) -> np.ndarray:
     """Attention of q [T, H, D] over a cache of keys/values [P, Hkv, D(v)] at
     positions kpos [P] (slot i holds key i; slots up to `slots` are empty),
     queries at positions pos [T]: out [T, H * Dv]."""
@@ -101,7 +101,7 @@ def attend(device, q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np
         kc[host.key_offsets(np.arange(p), d)] = keys[:, hh]
         vc = bos[b.values].host.view(np.float16)
         vc[host.value_offsets(np.arange(p), dv)] = values[:, hh]
-        host.write_queries(q[:, hh * g:(hh + 1) * g].reshape(m, d), bos[b.queries].host.view(np.float16))
+        host.write_queries(q, hh * g, g, bos[b.queries].host.view(np.float16))
         heads.append(b)
     for bo in bos.values():
         device.finish_cpu_access(bo)
@@ -110,7 +110,7 @@ def attend(device, q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np
         for name in (b.scores, b.probs):
             device.prepare_cpu_access(bos[name])
         host.softmax_into_probs(bos[b.scores].host.view(np.float32), bos[b.probs].host, slots, kpos_slots, qpos,
-                                scale, softcap, window)
+                                scale, window)
         for name in (b.scores, b.probs):
             device.finish_cpu_access(bos[name])
     phases[1].submit(device, bos)

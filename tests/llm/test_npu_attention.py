@@ -2,7 +2,7 @@
 runtime/llm/npu_attention.py), run on the simulator against a float64 numpy
 attention over a sweep of heads, KV heads (GQA groups), head dims 64/128/256,
 chunks of 1 to 130 rows, with and without a cache before the chunk, empty
-slots, sliding windows over a ring, soft-capping.
+slots, sliding windows over a ring.
 
 The reference is the float64 attention of what the NPU is given: the cache's
 keys and values as the KV cache holds them (fp16 values) and the queries
@@ -27,14 +27,12 @@ from llm.npu_attention_runner import attend  # noqa: E402
 HIDDEN = np.iinfo(np.int64).max
 
 
-def reference(q, keys, values, kpos, pos, scale, window=0, softcap=0.0) -> np.ndarray:
+def reference(q, keys, values, kpos, pos, scale, window=0) -> np.ndarray:
     """float64 attention of q [T, H, D] over keys/values [P, Hkv, D] at kpos: [T, H * Dv]."""
     t, h, _ = q.shape
     g = h // keys.shape[1]
     q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, keys, values))
     s = np.einsum("thd,phd->thp", q64, np.repeat(k64, g, axis=1)) * scale
-    if softcap:
-        s = softcap * np.tanh(s / softcap)
     p, qp = np.asarray(kpos)[None, None, :], np.asarray(pos)[:, None, None]
     hidden = (p > qp) | ((window > 0) & (qp - p >= window))
     s = np.where(hidden, -np.inf, s)
@@ -47,23 +45,23 @@ def _half(rng, shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float16).astype(np.float32)
 
 
-# (chunk rows, query heads, kv heads, head dim, cached keys before the chunk, key slots, window, softcap)
+# (chunk rows, query heads, kv heads, head dim, cached keys before the chunk, key slots, window)
 CASES = [
-    (1, 1, 1, 64, 0, 32, 0, 0.0),
-    (1, 8, 2, 128, 37, 64, 0, 0.0),  # a decode-sized chunk over a cache
-    (2, 4, 4, 64, 0, 32, 0, 0.0),  # MHA
-    (7, 12, 2, 128, 0, 32, 0, 0.0),  # Qwen2.5-1.5B's grouping (6 heads a group)
-    (16, 4, 1, 256, 16, 64, 0, 0.0),  # Gemma 3 270M's grouping and head dim
-    (33, 6, 3, 64, 5, 96, 0, 0.0),  # empty slots past the fill
-    (64, 8, 1, 128, 64, 128, 0, 50.0),  # soft-capping (Gemma 2)
-    (130, 4, 1, 256, 0, 160, 0, 0.0),  # more rows than one kernel group, a partial last one
-    (40, 4, 1, 256, 100, 160, 32, 0.0),  # a sliding window shorter than the chunk
-    (128, 12, 2, 128, 128, 256, 0, 0.0),
+    (1, 1, 1, 64, 0, 32, 0),
+    (1, 8, 2, 128, 37, 64, 0),  # a decode-sized chunk over a cache
+    (2, 4, 4, 64, 0, 32, 0),  # MHA
+    (7, 12, 2, 128, 0, 32, 0),  # Qwen2.5-1.5B's grouping (6 heads a group)
+    (16, 4, 1, 256, 16, 64, 0),  # Gemma 3 270M's grouping and head dim
+    (33, 6, 3, 64, 5, 96, 0),  # empty slots past the fill
+    (64, 8, 1, 128, 64, 128, 0),
+    (130, 4, 1, 256, 0, 160, 0),  # more rows than one kernel group, a partial last one
+    (40, 4, 1, 256, 100, 160, 32),  # a sliding window shorter than the chunk
+    (128, 12, 2, 128, 128, 256, 0),
 ]
 
 
-@pytest.mark.parametrize("rows,heads,kv_heads,head_dim,past,slots,window,softcap", CASES)
-def test_npu_attention_matches_float64(rows, heads, kv_heads, head_dim, past, slots, window, softcap):
+@pytest.mark.parametrize("rows,heads,kv_heads,head_dim,past,slots,window", CASES)
+def test_npu_attention_matches_float64(rows, heads, kv_heads, head_dim, past, slots, window):
     rng = np.random.default_rng(rows * 1009 + heads * 31 + head_dim + past)
     keys_total = past + rows
     q = (rng.standard_normal((rows, heads, head_dim)) * 1.5).astype(np.float32)
@@ -71,8 +69,8 @@ def test_npu_attention_matches_float64(rows, heads, kv_heads, head_dim, past, sl
     v = _half(rng, (keys_total, kv_heads, head_dim), 2.0)
     kpos, pos = np.arange(keys_total), np.arange(past, past + rows)
     scale = 1 / np.sqrt(head_dim)
-    got = attend(sim.SimDevice(), q, k, v, kpos, pos, scale, slots, window, softcap)
-    want = reference(q.astype(np.float16), k, v, kpos, pos, scale, window, softcap)
+    got = attend(sim.SimDevice(), q, k, v, kpos, pos, scale, slots, window)
+    want = reference(q.astype(np.float16), k, v, kpos, pos, scale, window)
     tol = 2.0 ** -10 * np.abs(v).max()
     assert np.isfinite(got).all()
     err = np.abs(got - want).max()
@@ -136,3 +134,29 @@ def test_bad_shapes_are_refused(bad):
                  api.Feature.gemm("c", 0, 8, 32, "int32"), 8, b_buffer="cache")
     with pytest.raises(UnsupportedError, match="run-time B operand is fp16"):
         emit(g, api.EmitOptions())
+
+
+def test_probabilities_round_to_fp16_as_numpy():
+    """The softmax's fp16 rounding of a probability (runtime/llm/npu_attention
+    ._halves_of_units) is numpy's astype over [0, 1]: every denormal and the
+    smallest normals, ties of every exponent, and a random sample."""
+    rng = np.random.default_rng(11)
+    ties = np.arange(-24, 1)[:, None]
+    picks = [np.arange(0, 0x3880_0000, 0x100, dtype=np.uint32).view(np.float32),  # up to 2^-14 and past
+             (np.ldexp(1.0, ties) * (1 + (np.arange(1024)[None, :] + 0.5) / 1024)).astype(np.float32).ravel(),
+             rng.random(1 << 18, np.float32), np.array([0.0, 1.0, 2.0 ** -25, 2.0 ** -24], np.float32)]
+    x = np.concatenate(picks)
+    x = x[(x >= 0) & (x <= 1)]
+    out = np.empty(x.size, np.uint16)
+    host._halves_of_units(x, 0, x.size, np.empty_like(x), out)
+    np.testing.assert_array_equal(out, x.astype(np.float16).view(np.uint16))
+
+
+def test_the_cost_model_keeps_short_chunks_on_the_host():
+    """Two submissions a layer cost more than a short chunk's products on the
+    host (at its peak); long chunks' products cost the NPU less."""
+    from rkc.compiler.llm.npu_attention import modelled_seconds, on_npu
+    qwen = [AttentionShape(c, 6, 128, 128, max(32, c)) for c in (8, 128, 512)]
+    assert [on_npu(s, 2) for s in qwen] == [False, True, True]
+    times = [modelled_seconds(s, 2) for s in qwen]
+    assert times == sorted(times) and times[0] > 0
