@@ -56,24 +56,20 @@ def measure(layers: int, heads: int, kv_heads: int, head_dim: int, rows: int, re
 
     m = shape.query_rows
     k_elems, v_elems = host.cache_elements(slots, head_dim, head_dim)
-    kc = [np.zeros(k_elems, np.float16) for _ in range(kv_heads)]
-    vc = [np.zeros(v_elems, np.float16) for _ in range(kv_heads)]
+    cache = host.LayerCache([np.zeros(k_elems, np.float16) for _ in range(kv_heads)],
+                            [np.zeros(v_elems, np.float16) for _ in range(kv_heads)], slots, head_dim, head_dim)
     qf = [np.zeros(head_dim * host.feature_rows(m), np.float16) for _ in range(kv_heads)]
     scores = [rng.standard_normal(slots * host.feature_rows(m), np.float32) for _ in range(kv_heads)]
     probs = [np.zeros(host.probs_elements(m, slots), np.uint16) for _ in range(kv_heads)]
     o = [rng.standard_normal(-(-m // 4) * 4 * host.feature_rows(head_dim), np.float32) for _ in range(kv_heads)]
-    k_at, v_at = host.key_offsets(pos, head_dim), host.value_offsets(pos, head_dim)
-    kpos = np.full(slots, np.iinfo(np.int64).max, np.int64)
-    kpos[:rows] = pos
     qpos = np.repeat(pos, g)
 
     def npu_host() -> None:
-        for h in range(kv_heads):  # before the scores: the new keys and values, the queries
-            kc[h][k_at] = k[:, h]
-            vc[h][v_at] = v[:, h]
+        cache.store(k, v, pos)  # before the scores: the new keys and values, the queries
+        for h in range(kv_heads):
             host.write_queries(q, h * g, g, qf[h])
         for h in range(kv_heads):  # between the products
-            host.softmax_into_probs(scores[h], probs[h], slots, kpos, qpos, head_dim ** -0.5)
+            host.softmax_into_probs(scores[h], probs[h], slots, cache.covered(slots), qpos, head_dim ** -0.5)
         for h in range(kv_heads):  # after the values
             out.reshape(rows, kv_heads, g * head_dim)[:, h] = \
                 host.read_output(o[h], m, head_dim).reshape(rows, g * head_dim)

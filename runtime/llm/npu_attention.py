@@ -75,6 +75,50 @@ def probs_elements(query_rows: int, keys: int) -> int:
     return layout.align(query_rows, KG) * keys
 
 
+HIDDEN = np.iinfo(np.int64).max  # an empty slot's position: past every query, so no query sees it
+
+
+class LayerCache:
+    """One layer's KV cache in the layouts the products read: per KV head, the
+    keys as the scores' weights and the values as V^T (fp16, `slots` slots;
+    the flat arrays are the NPU buffers' host views), and each slot's
+    position. A full-attention layer's slot is its position (the products
+    read the prefix a program covers); a window layer's slots are a ring
+    (slot = position mod slots), which must hold the window and a chunk."""
+
+    def __init__(self, keys: list[np.ndarray], values: list[np.ndarray], slots: int, head_dim: int,
+                 value_dim: int, window: int = 0) -> None:
+        k_elems, v_elems = cache_elements(slots, head_dim, value_dim)
+        if len(keys) != len(values) or any(k.size < k_elems for k in keys) or any(v.size < v_elems for v in values):
+            raise ValueError(f"a cache of {slots} slots needs {k_elems} / {v_elems} fp16 elements a head")
+        self.keys, self.values = [k.view(np.float16) for k in keys], [v.view(np.float16) for v in values]
+        self.slots, self.head_dim, self.value_dim, self.window = slots, head_dim, value_dim, window
+        self.positions = np.full(slots, HIDDEN, np.int64)
+
+    def store(self, k: np.ndarray, v: np.ndarray, pos: np.ndarray) -> None:
+        """The chunk's keys k [T, Hkv, D] and values v [T, Hkv, Dv] at positions
+        pos [T] (ascending), rounded to fp16 into their slots."""
+        pos = np.asarray(pos, np.int64)
+        if self.window:
+            if self.slots < self.window + len(pos) - 1:
+                raise ValueError(f"a ring of {self.slots} slots cannot hold a window of {self.window} and a "
+                                 f"chunk of {len(pos)}")
+            slot = pos % self.slots
+        else:
+            if pos.size and pos[-1] >= self.slots:
+                raise ValueError(f"position {int(pos[-1])} is past the cache's {self.slots} slots")
+            slot = pos
+        k_at, v_at = key_offsets(slot, self.head_dim), value_offsets(slot, self.value_dim)
+        for h, (kc, vc) in enumerate(zip(self.keys, self.values)):
+            kc[k_at] = k[:, h]
+            vc[v_at] = v[:, h]
+        self.positions[slot] = pos
+
+    def covered(self, slots: int) -> np.ndarray:
+        """The positions of the first `slots` slots (a program's products read them)."""
+        return self.positions[:slots]
+
+
 def write_queries(q: np.ndarray, head0: int, group: int, out: np.ndarray) -> None:
     """Heads head0 .. head0 + group of q [T, H, D] float32 as the fp16 feature
     Q [T * group, D] (rows in (token, head) order) into `out` (flat fp16)."""

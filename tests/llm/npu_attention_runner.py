@@ -66,57 +66,69 @@ class Phase:
 
 def attend(device, q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, pos: np.ndarray,
            scale: float, slots: int, window: int = 0) -> np.ndarray:
-    """Attention of q [T, H, D] over a cache of keys/values [P, Hkv, D(v)] at
-    positions kpos [P] (slot i holds key i; slots up to `slots` are empty),
-    queries at positions pos [T]: out [T, H * Dv]."""
+    """Attention of q [T, H, D] at positions pos [T] over the keys/values
+    [P, Hkv, D(v)] at positions kpos [P] (the chunk's own among them), stored
+    into a cache of `slots` slots (`window`: a ring) before the products run:
+    out [T, H * Dv]."""
     t, h, d = q.shape
     p, hkv, dv = values.shape
-    g = h // hkv
-    shape = AttentionShape(t, g, d, dv, slots)
-    qk, pv = emitted(shape, hkv)
-    phases = Phase(qk, "regcmd.qk"), Phase(pv, "regcmd.pv")
-    m = shape.query_rows
-    k_elems, v_elems = host.cache_elements(slots, d, dv)
-    need = {}
-    for ph in phases:
-        for name, end in ph.extents().items():
-            need[name] = max(need.get(name, 0), end)
-    for hh in range(hkv):
-        b = HeadBuffers.named(f"chunk.h{hh}", f"cache.h{hh}")
-        for name, elems in ((b.keys, k_elems), (b.values, v_elems), (b.probs, host.probs_elements(m, slots))):
-            need[name] = max(need.get(name, 0), 2 * elems)
-    bos = {name: device.create_bo(layout.align(size, 16)) for name, size in need.items()}
-    for bo in bos.values():
-        device.prepare_cpu_access(bo)
-        bo.host[:] = 0
-    for ph in phases:
-        ph.place(bos)
-    kpos_slots = np.full(slots, np.iinfo(np.int64).max, np.int64)  # an empty slot: hidden from every query
-    kpos_slots[:p] = kpos
-    qpos = np.repeat(np.asarray(pos, np.int64), g)
-    heads = []
-    for hh in range(hkv):
-        b = HeadBuffers.named(f"chunk.h{hh}", f"cache.h{hh}")
-        kc = bos[b.keys].host.view(np.float16)
-        kc[host.key_offsets(np.arange(p), d)] = keys[:, hh]
-        vc = bos[b.values].host.view(np.float16)
-        vc[host.value_offsets(np.arange(p), dv)] = values[:, hh]
-        host.write_queries(q, hh * g, g, bos[b.queries].host.view(np.float16))
-        heads.append(b)
-    for bo in bos.values():
-        device.finish_cpu_access(bo)
-    phases[0].submit(device, bos)
-    for b in heads:
-        for name in (b.scores, b.probs):
-            device.prepare_cpu_access(bos[name])
-        host.softmax_into_probs(bos[b.scores].host.view(np.float32), bos[b.probs].host, slots, kpos_slots, qpos,
-                                scale, window)
-        for name in (b.scores, b.probs):
-            device.finish_cpu_access(bos[name])
-    phases[1].submit(device, bos)
-    out = np.empty((t, hkv, g, dv), np.float32)
-    for hh, b in enumerate(heads):
-        device.prepare_cpu_access(bos[b.out])
-        out[:, hh] = host.read_output(bos[b.out].host.view(np.float32), m, dv).reshape(t, g, dv)
-        device.finish_cpu_access(bos[b.out])
-    return out.reshape(t, h * dv)
+    run = ChunkRun(device, AttentionShape(t, h // hkv, d, dv, slots), hkv, window)
+    for c0 in range(0, p, t):  # stored as chunks of the program's rows would store them
+        run.cache.store(keys[c0:c0 + t], values[c0:c0 + t], kpos[c0:c0 + t])
+    return run.attend(q, pos, scale)
+
+
+class ChunkRun:
+    """A chunk program's attention of one layer on a device: the two phases
+    assembled and their buffers allocated once, the cache (LayerCache over
+    the cache buffers' host views) kept across calls."""
+
+    def __init__(self, device, shape: AttentionShape, kv_heads: int, window: int = 0) -> None:
+        self.device, self.shape, self.kv_heads, self.window = device, shape, kv_heads, window
+        qk, pv = emitted(shape, kv_heads)
+        self.phases = Phase(qk, "regcmd.qk"), Phase(pv, "regcmd.pv")
+        k_elems, v_elems = host.cache_elements(shape.keys, shape.head_dim, shape.value_dim)
+        self.heads = [HeadBuffers.named(f"chunk.h{hh}", f"cache.h{hh}") for hh in range(kv_heads)]
+        need: dict[str, int] = {}
+        for ph in self.phases:
+            for name, end in ph.extents().items():
+                need[name] = max(need.get(name, 0), end)
+        for b in self.heads:
+            for name, elems in ((b.keys, k_elems), (b.values, v_elems),
+                                (b.probs, host.probs_elements(shape.query_rows, shape.keys))):
+                need[name] = max(need.get(name, 0), 2 * elems)
+        self.bos = {name: device.create_bo(layout.align(size, 16)) for name, size in need.items()}
+        for bo in self.bos.values():
+            device.prepare_cpu_access(bo)
+            bo.host[:] = 0
+        for ph in self.phases:
+            ph.place(self.bos)
+        self.cache = host.LayerCache([self.bos[b.keys].host for b in self.heads],
+                                     [self.bos[b.values].host for b in self.heads], shape.keys,
+                                     shape.head_dim, shape.value_dim, window)
+        # (the BOs stay in the CPU's hands between calls; each call hands them to the NPU and back)
+
+    def attend(self, q: np.ndarray, pos: np.ndarray, scale: float) -> np.ndarray:
+        device, bos, shape = self.device, self.bos, self.shape
+        t, h, _ = q.shape
+        g, m, dv = shape.group, shape.query_rows, shape.value_dim
+        for hh, b in enumerate(self.heads):
+            host.write_queries(q, hh * g, g, bos[b.queries].host.view(np.float16))
+        for bo in bos.values():
+            device.finish_cpu_access(bo)
+        self.phases[0].submit(device, bos)
+        qpos = np.repeat(np.asarray(pos, np.int64), g)
+        for b in self.heads:
+            for name in (b.scores, b.probs):
+                device.prepare_cpu_access(bos[name])
+            host.softmax_into_probs(bos[b.scores].host.view(np.float32), bos[b.probs].host, shape.keys,
+                                    self.cache.covered(shape.keys), qpos, scale, self.window)
+            for name in (b.scores, b.probs):
+                device.finish_cpu_access(bos[name])
+        self.phases[1].submit(device, bos)
+        for bo in bos.values():
+            device.prepare_cpu_access(bo)
+        out = np.empty((t, self.kv_heads, g, dv), np.float32)
+        for hh, b in enumerate(self.heads):
+            out[:, hh] = host.read_output(bos[b.out].host.view(np.float32), m, dv).reshape(t, g, dv)
+        return out.reshape(t, h * dv)

@@ -22,10 +22,7 @@ from rkc.ir.errors import UnsupportedError
 from rkc.runtime.llm import npu_attention as host
 
 sim = pytest.importorskip("rkc.runtime.sim")
-from llm.npu_attention_runner import attend  # noqa: E402
-
-HIDDEN = np.iinfo(np.int64).max
-
+from llm.npu_attention_runner import ChunkRun, attend  # noqa: E402
 
 def reference(q, keys, values, kpos, pos, scale, window=0) -> np.ndarray:
     """float64 attention of q [T, H, D] over keys/values [P, Hkv, D] at kpos: [T, H * Dv]."""
@@ -78,22 +75,51 @@ def test_npu_attention_matches_float64(rows, heads, kv_heads, head_dim, past, sl
 
 
 def test_npu_attention_over_a_ring_of_slots():
-    """A sliding-window layer's cache is a ring: slots hold positions out of
-    order (the newest overwrite the oldest); the mask reads each slot's position."""
+    """A sliding-window layer's cache is a ring (slot = position mod slots):
+    the newest keys overwrite the oldest, the slots hold positions out of
+    order, the mask reads each slot's position. Earlier chunks are stored,
+    then a chunk attends over the window, against the float64 attention over
+    the whole history."""
     rng = np.random.default_rng(7)
-    ring, window, rows, start = 64, 48, 24, 90
-    positions = np.arange(start + rows)
-    kpos = np.full(ring, HIDDEN, np.int64)
-    k = np.zeros((ring, 1, 128), np.float32)
-    v = np.zeros((ring, 1, 128), np.float32)
-    for p in positions[-ring:]:  # the ring as it stands after the chunk's keys were written
-        kpos[p % ring] = p
-        k[p % ring], v[p % ring] = _half(rng, (1, 128)), _half(rng, (1, 128))
-    q = rng.standard_normal((rows, 2, 128)).astype(np.float32)
-    pos = positions[-rows:]
-    got = attend(sim.SimDevice(), q, k, v, kpos, pos, 0.125, ring, window)
-    want = reference(q.astype(np.float16), k, v, kpos, pos, 0.125, window)
+    window, rows, start, d = 48, 24, 90, 128
+    run = ChunkRun(sim.SimDevice(), AttentionShape(rows, 2, d, d, 96), 1, window)
+    k, v = _half(rng, (start + rows, 1, d)), _half(rng, (start + rows, 1, d))
+    for c0 in range(0, start, 20):
+        c1 = min(start, c0 + 20)
+        run.cache.store(k[c0:c1], v[c0:c1], np.arange(c0, c1))
+    pos = np.arange(start, start + rows)
+    run.cache.store(k[start:], v[start:], pos)
+    assert sorted(run.cache.positions) == list(range(start + rows - 96, start + rows))
+    q = rng.standard_normal((rows, 2, d)).astype(np.float32)
+    got = run.attend(q, pos, 0.125)
+    want = reference(q.astype(np.float16), k, v, np.arange(start + rows), pos, 0.125, window)
     assert np.abs(got - want).max() <= 2.0 ** -10 * np.abs(v).max()
+
+
+def test_consecutive_chunks_read_the_cache_they_left():
+    """Two chunks of one program over a linear cache: the second's queries
+    see the first's keys, written in place by the first chunk's store."""
+    rng = np.random.default_rng(9)
+    rows, d = 32, 64
+    run = ChunkRun(sim.SimDevice(), AttentionShape(rows, 3, d, d, 64), 2)
+    k, v = _half(rng, (2 * rows, 2, d)), _half(rng, (2 * rows, 2, d))
+    q = rng.standard_normal((2 * rows, 6, d)).astype(np.float32)
+    for c0 in (0, rows):
+        pos = np.arange(c0, c0 + rows)
+        run.cache.store(k[c0:c0 + rows], v[c0:c0 + rows], pos)
+        got = run.attend(q[c0:c0 + rows], pos, d ** -0.5)
+        want = reference(q[c0:c0 + rows].astype(np.float16), k[:c0 + rows], v[:c0 + rows], np.arange(c0 + rows),
+                         pos, d ** -0.5)
+        assert np.abs(got - want).max() <= 2.0 ** -10 * np.abs(v).max()
+
+
+def test_a_cache_refuses_what_it_cannot_hold():
+    keys, values = [np.zeros(64 * 64, np.float16)], [np.zeros(64 * 64, np.float16)]
+    with pytest.raises(ValueError, match="past the cache"):
+        host.LayerCache(keys, values, 64, 64, 64).store(np.zeros((1, 1, 64)), np.zeros((1, 1, 64)), np.array([64]))
+    with pytest.raises(ValueError, match="cannot hold a window"):
+        host.LayerCache(keys, values, 64, 64, 64, window=48).store(np.zeros((20, 1, 64)), np.zeros((20, 1, 64)),
+                                                                   np.arange(20))
 
 
 def test_the_products_read_the_cache_in_place():
