@@ -3,7 +3,9 @@
 * CPU step: gather its inputs (host tensors, host constants, or NPU tensors
   read back through the device with prepare/finish_cpu_access and converted
   from their native layout), run the numpy kernel (runtime/kernels), store
-  the outputs (host, or written into a BO in the tensor's layout).
+  the outputs (host, or written into a BO in the tensor's layout). A step at
+  a feature map's edge, or one that pools or resizes feature maps, runs on the
+  native layout itself (runtime/feature_edges.py).
 * NPU step: submit its jobs (tasks resolved to IOVAs) and wait.
 
 Host tensors are freed after their last reader.
@@ -22,6 +24,7 @@ from rkc.ir.npu import geometry
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
+from rkc.runtime import feature_edges
 from rkc.runtime.device import Job, Task
 from rkc.runtime.kernels import run_kernel
 
@@ -89,6 +92,8 @@ class _Run:
 
     # -- steps --------------------------------------------------------------------------
     def cpu(self, step: Step) -> None:
+        if feature_edges.run_step(self, step):  # on the native layout, no conversion around it
+            return
         inputs = [self.read(n) if n else None for n in step.inputs]
         outputs = run_kernel(step.op, inputs, step.attrs, len(step.outputs))
         if len(outputs) < len(step.outputs):
@@ -108,18 +113,26 @@ class _Run:
             self.write(name, value)
 
     def npu(self, step: Step) -> None:
-        bos = self.model.bos
-        jobs = []
-        for j, job in enumerate(step.jobs):
-            tasks = [Task(bos[t.region].iova + t.entry * ENTRY_BYTES, t.count) for t in job.tasks]
-            jobs.append(Job(tasks, [bos[r] for r in job.reads], [bos[r] for r in job.writes], job.lane,
-                            f"{step.name} job {j}"))
+        # the step's jobs are built at its first run: the BOs (and their IOVAs) live as long as the model
+        built = self.model.built_jobs
+        jobs = built.get(id(step))
+        if jobs is None:
+            jobs = built[id(step)] = _jobs(step, self.model.bos)
         device = self.model.device
         device.wait(device.submit(jobs, chained=step.chained and device.supports_chaining))
 
     def free_dead(self, index: int) -> None:
         for name in [n for n in self.env if self.last_use.get(n, -1) <= index and n not in self.program.outputs]:
             del self.env[name]
+
+
+def _jobs(step: Step, bos) -> list[Job]:
+    jobs = []
+    for j, job in enumerate(step.jobs):
+        tasks = [Task(bos[t.region].iova + t.entry * ENTRY_BYTES, t.count) for t in job.tasks]
+        jobs.append(Job(tasks, [bos[r] for r in job.reads], [bos[r] for r in job.writes], job.lane,
+                        f"{step.name} job {j}"))
+    return jobs
 
 
 def from_layout(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
@@ -170,7 +183,8 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
     any tensor the step wrote (NPU tensors as stored: int8 / fp16 values)."""
     run = _Run(model, program)
     stats = RunStats()
-    for name, value in check_feeds(program, model.tensors, feeds).items():
+    ready = check_feeds(program, model.tensors, feeds)
+    for name, value in ready.items():
         run.write(name, value)
     start = time.perf_counter()
     for i, step in enumerate(program.steps):
@@ -189,6 +203,20 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
         else:
             stats.npu_seconds += dt
         run.free_dead(i)
-    outputs = {name: np.array(run.read(name)) for name in program.outputs}
+    outputs = _handed_out(run, program.outputs, ready.values())
     stats.seconds = time.perf_counter() - start
     return outputs, stats
+
+
+def _handed_out(run: _Run, names, feeds) -> dict[str, np.ndarray]:
+    """The program's outputs, each the caller's own array: copied unless this
+    run made it (an array owning its memory, not a feed, not another output)."""
+    taken = {id(v) for v in feeds}
+    outputs = {}
+    for name in names:
+        value = run.read(name)
+        if not isinstance(value, np.ndarray) or value.base is not None or id(value) in taken:
+            value = np.array(value)
+        taken.add(id(value))
+        outputs[name] = value
+    return outputs

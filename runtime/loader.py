@@ -43,6 +43,7 @@ class LoadedModel:
         self.host_regions: dict[str, np.ndarray] = {}
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in self.module.tensors}
         self.last_run = None  # execute.RunStats of the latest run
+        self.built_jobs: dict[int, list] = {}  # NPU step id -> its device jobs (execute.py builds them once)
         check_module(self.module)
         try:
             self._place_guard()

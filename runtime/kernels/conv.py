@@ -137,10 +137,6 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape,
     if n_outputs < 2 and nd == 2:
         from rkc.runtime.kernels import pool_jit  # numba: loaded by programs that pool on the CPU
 
-        if x.dtype == np.float16:  # numba has no fp16 compare: a max is exact in float32
-            (y,) = max_pool(x.astype(np.float32), auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
-                            kernel_shape=kernel_shape, pads=pads, strides=strides, n_outputs=1),
-            return y.astype(np.float16)
         if x.dtype in pool_jit.DTYPES:
             out_hw = [(i + bg + e + x_ - ((k - 1) * d + 1)) // s + 1
                       for i, k, s, d, bg, e, x_ in zip(x.shape[2:], kernel, strides, dil, begin, end, extra)]
