@@ -1,8 +1,11 @@
 """Compiled (numba) per-tensor int8 quantization between a float32 map and an
 NPU feature map [C1, H, W, C2] (ir/npu/layout.py): an int8 model's input and
-outputs at its first and last segment, with runtime/kernels/quant.py's
+outputs at its first and last segment, and every int8 <-> fp16 edge a
+mixed-precision program crosses through the host, with runtime/kernels/quant.py's
 arithmetic (float64, rounding half to even, saturating), threads over rows.
-runtime/feature_edges.py calls them; `cache=True`: a machine compiles them once.
+Each row is computed contiguously (the arithmetic vectorises) and then moved
+between the channel rows and the atoms' lanes. runtime/feature_edges.py calls
+them; `cache=True`: a machine compiles them once.
 """
 
 from __future__ import annotations
@@ -20,16 +23,17 @@ def quantize_into_feature(x, scale, zero_point, fm):
     zp = np.float64(zero_point)
     for line in prange(c1 * h):
         a, y = line // h, line % h
-        for b in range(c2):
-            j = a * c2 + b
-            if j < c:
-                src = x[j, y]
-                for i in range(w):
-                    q = np.rint(np.float64(src[i]) / scale) + zp
-                    fm[a, y, i, b] = np.int8(min(max(q, -128.0), 127.0))
-            else:
-                for i in range(w):
-                    fm[a, y, i, b] = np.int8(0)
+        n = min(c2, c - a * c2)
+        rows = np.zeros((c2, w), np.int8)
+        for b in range(n):
+            src, dst = x[a * c2 + b, y], rows[b]
+            for i in range(w):
+                q = np.rint(np.float64(src[i]) / scale) + zp
+                dst[i] = np.int8(min(max(q, -128.0), 127.0))
+        atoms = fm[a, y]
+        for i in range(w):
+            for b in range(c2):
+                atoms[i, b] = rows[b, i]
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -37,11 +41,17 @@ def dequantize_feature(fm, scale, zero_point, out):
     """out[c, y, i] = float32((fm[c // C2, y, i, c % C2] - zero_point) * scale)
     for out [C, H, W]."""
     c, h, w = out.shape
-    c2 = fm.shape[3]
+    c1, _, _, c2 = fm.shape
     zp = np.float64(zero_point)
-    for line in prange(c * h):
-        j, y = line // h, line % h
-        a, b = j // c2, j % c2
-        dst = out[j, y]
+    for line in prange(c1 * h):
+        a, y = line // h, line % h
+        n = min(c2, c - a * c2)
+        rows = np.empty((c2, w), np.int8)
+        atoms = fm[a, y]
         for i in range(w):
-            dst[i] = np.float32((np.float64(fm[a, y, i, b]) - zp) * scale)
+            for b in range(c2):
+                rows[b, i] = atoms[i, b]
+        for b in range(n):
+            src, dst = rows[b], out[a * c2 + b, y]
+            for i in range(w):
+                dst[i] = np.float32((np.float64(src[i]) - zp) * scale)
