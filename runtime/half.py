@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
+
+from rkc.runtime.llm.threads import over_ranges
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -121,15 +123,25 @@ def narrow_into_atoms(x, atoms):
                 atoms[a, r, b] = zero
 
 
-@njit(**_JIT, parallel=True)
-def narrow_into_feature(x, fm):
+def narrow_into_feature(x: np.ndarray, fm: np.ndarray) -> None:
     """fp32 maps x [C, H, W] (bits, any strides) rounded to fp16 into a feature
-    map fm [C1, H, W, C2] (bits): channels past C zeroed. Threads over
-    (channel group, row): a model's input image at the first segment's edge."""
+    map fm [C1, H, W, C2] (bits): channels past C zeroed; the (channel group,
+    row) lines shared by the host threads (runtime/llm/threads.py)."""
+    over_ranges(lambda lo, hi: _narrow_lines(x, fm, lo, hi), fm.shape[0] * fm.shape[1])
+
+
+def widen_feature(fm: np.ndarray, out: np.ndarray) -> None:
+    """out[j] = the float32 bits of fm's channel j: fp16 feature map fm [C1, H, W,
+    C2] (bits) into out [C, H, W] (uint32, C <= C1 * C2), lines shared as above."""
+    over_ranges(lambda lo, hi: _widen_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1])
+
+
+@njit(**_JIT)
+def _narrow_lines(x, fm, lo, hi):
     c, h, w = x.shape
-    c1, _, _, c2 = fm.shape
+    c2 = fm.shape[3]
     zero = np.uint16(0)
-    for line in prange(c1 * h):
+    for line in range(lo, hi):
         a, y = line // h, line % h
         n = min(c2, c - a * c2)  # the channels this atom holds; the rest zero
         rows = np.empty((c2, w), np.uint16)  # narrowed a row at a time: the loop vectorises
@@ -145,13 +157,11 @@ def narrow_into_feature(x, fm):
                 atoms[i, b] = rows[b, i]
 
 
-@njit(**_JIT, parallel=True)
-def widen_feature(fm, out):
-    """out[j] = the float32 bits of fm's channel j: fp16 feature map fm [C1, H, W,
-    C2] (bits) into out [C, H, W] (uint32, C <= C1 * C2): a model's outputs."""
+@njit(**_JIT)
+def _widen_lines(fm, out, lo, hi):
     c, h, w = out.shape
-    c1, _, _, c2 = fm.shape
-    for line in prange(c1 * h):
+    c2 = fm.shape[3]
+    for line in range(lo, hi):
         a, y = line // h, line % h
         n = min(c2, c - a * c2)
         rows = np.empty((c2, w), np.uint16)  # the atoms' lanes as rows: the widening vectorises

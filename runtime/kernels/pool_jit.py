@@ -1,8 +1,8 @@
 """Compiled (numba) 2-D max pooling: the CPU op a CNN most often keeps (a
 detector's SPPF, ResNet's stem pool, which stock rocket cannot finish on the
 PPU). numpy's window reduction over a strided view cost ~50 ms for ResNet-50's
-3x3/2 pool of a 64x112x112 map; this walks each window directly, threads over
-output rows, and reads int8 and fp16 as well as float (a max commutes with
+3x3/2 pool of a 64x112x112 map; this walks each window directly, output rows
+shared by the host threads (runtime/llm/threads.py), and reads int8 and fp16 as well as float (a max commutes with
 int8's monotone dequantization, so an int8 program pools its integers). On an
 NPU feature map (runtime/feature_edges.py) the channels of an atom are the
 innermost loop: 16 int8 or 8 fp16 lanes at a time.
@@ -16,7 +16,9 @@ one entry point; it calls this for 2-D inputs of the dtypes numba compiles.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
+
+from rkc.runtime.llm.threads import over_ranges
 
 DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32,
                                          np.int64))
@@ -31,13 +33,14 @@ def _taps(o, stride, pad, k, dil, size):
     return start, lo, max(hi, lo)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _max_pool_2d(x, low, kh, kw, sy, sx, dy, dx, pt, pl, out):
-    """x [P, H, W, L] -> out [P, OH, OW, L]: windows over (H, W), lanes L
-    element-wise (the innermost loop, contiguous in a feature map: vectorised)."""
-    planes, h, w, lanes = x.shape
+@njit(cache=True, nogil=True)
+def _max_pool_2d(x, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
+    """x [P, H, W, L] -> out [P, OH, OW, L] for output rows [lo, hi) of P * OH:
+    windows over (H, W), lanes L element-wise (the innermost loop, contiguous in
+    a feature map: vectorised)."""
+    h, w, lanes = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = out.shape[1], out.shape[2]
-    for job in prange(planes * oh):
+    for job in range(lo, hi):
         p, oy = job // oh, job % oh
         y0, ky0, ky1 = _taps(oy, sy, pt, kh, dy, h)
         for ox in range(ow):
@@ -69,7 +72,8 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     # channels innermost (a copy unless they already are): the lanes of the kernel
     lanes = x.transpose(0, 2, 3, 1)
     out = np.empty((n, *out_hw, x.shape[1]), x.dtype)
-    _max_pool_2d(lanes, x.dtype.type(low), *kernel, *strides, *dilations, *begin, out)
+    args = (lanes, x.dtype.type(low), *kernel, *strides, *dilations, *begin, out)
+    over_ranges(lambda lo, hi: _max_pool_2d(*args, lo, hi), out.shape[0] * out.shape[1])
     return out.transpose(0, 3, 1, 2)
 
 
