@@ -24,7 +24,7 @@ from rkc.ir.npu import geometry
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
-from rkc.runtime import feature_edges
+from rkc.runtime import blas, feature_edges
 from rkc.runtime.device import Job, Task
 from rkc.runtime.kernels import run_kernel
 
@@ -190,7 +190,8 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
     for i, step in enumerate(program.steps):
         t = time.perf_counter()
         if step.kind == "cpu":
-            run.cpu(step)
+            with blas.one_thread():  # host kernels' rule (runtime/blas.py): BLAS's spinning pool cost 6x
+                run.cpu(step)
         else:
             run.npu(step)
             stats.submits += 1
