@@ -113,13 +113,15 @@ class _Run:
             self.write(name, value)
 
     def npu(self, step: Step) -> None:
-        # the step's jobs are built at its first run: the BOs (and their IOVAs) live as long as the model
-        built = self.model.built_jobs
-        jobs = built.get(id(step))
-        if jobs is None:
-            jobs = built[id(step)] = _jobs(step, self.model.bos)
-        device = self.model.device
-        device.wait(device.submit(jobs, chained=step.chained and device.supports_chaining))
+        # the step's submit is prepared at its first run (jobs built, what cannot change checked once:
+        # Device.prepare_submit, as runtime/plan.py does): the BOs live as long as the model
+        prepared = self.model.prepared_submits
+        run = prepared.get(id(step))
+        if run is None:
+            device = self.model.device
+            run = prepared[id(step)] = device.prepare_submit(
+                _jobs(step, self.model.bos), chained=step.chained and device.supports_chaining)
+        run()
 
     def free_dead(self, index: int) -> None:
         for name in [n for n in self.env if self.last_use.get(n, -1) <= index and n not in self.program.outputs]:
