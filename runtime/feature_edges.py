@@ -8,6 +8,9 @@ element, which made a 640x640 detector's input and outputs most of its host time
   or rounded to fp16 (Cast) straight into the feature map, threads over rows;
 * its output edges: a feature map dequantized (DequantizeLinear, one scale) or
   widened (Cast) to float32 straight into the row-major result;
+* an int8 <-> fp16 edge of a mixed-precision program (a conversion out of one
+  feature map into float32 and straight back into another): one recoding pass
+  through a table of every code's result (`run_pair`);
 * ops that work plane by plane and only select values (MaxPool without its
   indices, nearest Resize): the kernel of runtime/kernels runs on the feature
   maps seen as planes [C1, C2, H, W] (no conversion, the padding channels
@@ -91,6 +94,42 @@ def run_step(run, step: Step) -> bool:
     if step.op in PLANE_OPS and _in_bo(run, src) and _in_bo(run, dst) and src.dtype == dst.dtype:
         return _plane_op(run, step, src, dst)
     return False
+
+
+def run_pair(run, step: Step, following: Step) -> bool:
+    """Run `step`, a conversion out of a feature map into a float32 host tensor,
+    and `following`, the conversion of that tensor back into another feature map
+    (int8 -> fp16: DequantizeLinear then Cast; fp16 -> int8: Cast then
+    QuantizeLinear), as one recoding of the codes through a table the reference
+    kernels compute (every code's result: 256 int8 or 65536 fp16), if they are
+    such a pair; the caller knows nothing else reads the float32 tensor."""
+    from rkc.runtime.kernels import quant_jit
+
+    if following.kind != "cpu" or len(step.outputs) != 1 or len(following.outputs) != 1 \
+            or not following.inputs or following.inputs[0] != step.outputs[0] or not step.inputs[0]:
+        return False
+    tensors = run.model.tensors
+    src, mid, dst = (tensors.get(n) for n in (step.inputs[0], step.outputs[0], following.outputs[0]))
+    if None in (src, mid, dst) or not (_in_bo(run, src) and _in_bo(run, dst)) or mid.region is not None \
+            or mid.dtype != "fp32" or list(src.shape) != list(dst.shape):
+        return False
+    if src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes:
+        return False  # the memory plan may give the second step's output the first's dead input bytes
+    if (step.op, following.op, src.dtype, dst.dtype) == ("DequantizeLinear", "Cast", "int8", "fp16"):
+        params = _one_scale(run, step)
+        table = None if params is None else quant_jit.int8_to_fp16_table(*params)
+    elif (step.op, following.op, src.dtype, dst.dtype) == ("Cast", "QuantizeLinear", "fp16", "int8"):
+        params = _one_scale(run, following)
+        table = None if params is None else quant_jit.fp16_to_int8_table(*params)
+    else:
+        return False
+    if table is None:
+        return False
+    with _Held(run, [src, dst]) as (fin, fout):
+        codes_in = fin.view(np.uint8 if src.dtype == "int8" else np.uint16)
+        codes_out = fout.view(np.uint16 if dst.dtype == "fp16" else np.uint8)
+        quant_jit.recode_feature(codes_in, table, codes_out, int(src.shape[1]))
+    return True
 
 
 def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:

@@ -12,6 +12,8 @@ them; `cache=True`: a machine compiles them once.
 from __future__ import annotations
 
 import numpy as np
+from functools import lru_cache
+
 from numba import njit
 
 from rkc.runtime.llm.threads import over_ranges
@@ -66,3 +68,49 @@ def _dequantize_lines(fm, scale, zero_point, out, lo, hi):
             src, dst = rows[b], out[a * c2 + b, y]
             for i in range(w):
                 dst[i] = np.float32((np.float64(src[i]) - zp) * scale)
+
+
+@lru_cache(maxsize=1024)
+def int8_to_fp16_table(scale: float, zero_point: int) -> np.ndarray:
+    """fp16 bits of Cast(DequantizeLinear(q)) for every int8 code q, indexed by
+    the code's byte (runtime/kernels/quant.py's arithmetic, numpy's rounding)."""
+    from rkc.runtime.kernels import quant
+
+    codes = np.arange(256, dtype=np.uint8).view(np.int8)
+    values = quant.dequantize_linear(codes, np.float32(scale), np.int8(zero_point))
+    return values.astype(np.float16).view(np.uint16)
+
+
+@lru_cache(maxsize=1024)
+def fp16_to_int8_table(scale: float, zero_point: int) -> np.ndarray:
+    """int8 bytes of QuantizeLinear(Cast(h, float32)) for every fp16 pattern h."""
+    from rkc.runtime.kernels import quant
+
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    with np.errstate(invalid="ignore"):
+        codes = quant.quantize_linear(halves.astype(np.float32), np.float32(scale), np.int8(zero_point))
+    return codes.view(np.uint8)
+
+
+def recode_feature(src: np.ndarray, table: np.ndarray, dst: np.ndarray, channels: int) -> None:
+    """dst's channel c = table[src's channel c] between feature maps of any atom
+    widths (codes as unsigned bytes or 16-bit words); dst's padding lanes zero."""
+    over_ranges(lambda lo, hi: _recode_lines(src, table, dst, channels, lo, hi), dst.shape[0] * dst.shape[1])
+
+
+@njit(cache=True, nogil=True)
+def _recode_lines(src, table, dst, c, lo, hi):
+    h, w, c2 = dst.shape[1], dst.shape[2], dst.shape[3]
+    s2 = src.shape[3]
+    for line in range(lo, hi):
+        a, y = line // h, line % h
+        atoms = dst[a, y]
+        for b in range(c2):
+            j = a * c2 + b
+            if j < c:
+                lanes = src[j // s2, y]
+                for i in range(w):
+                    atoms[i, b] = table[lanes[i, j % s2]]
+            else:
+                for i in range(w):
+                    atoms[i, b] = 0

@@ -58,6 +58,27 @@ def test_int8_edges_are_the_quantize_kernels_and_the_layout(shape):
     np.testing.assert_array_equal(back, quant.dequantize_linear(q, scale, zp))
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_int8_fp16_recodings_are_the_reference_kernels_composed(shape):
+    """An int8 map to fp16 (DequantizeLinear, Cast) and back (Cast, QuantizeLinear)
+    in one pass between feature maps of 16- and 8-lane atoms."""
+    rng = np.random.default_rng(shape[0] * 7)
+    scale, zp = np.float32(0.037), np.int8(5)
+    q = rng.integers(-128, 128, shape).astype(np.int8)
+    want = _fm(quant.dequantize_linear(q, scale, zp).astype(np.float16))
+    got = np.full(want.shape, 0x7777, np.uint16)
+    quant_jit.recode_feature(_fm(q).view(np.uint8), quant_jit.int8_to_fp16_table(float(scale), int(zp)), got,
+                             shape[0])
+    np.testing.assert_array_equal(got, want.view(np.uint16))
+    h = (rng.standard_normal(shape) * 4).astype(np.float16)
+    h.reshape(-1)[:3] = [np.inf, -np.inf, 0.5 * 0.037]
+    want = _fm(quant.quantize_linear(h.astype(np.float32), scale, zp))
+    got = np.full(want.shape, 99, np.uint8)
+    quant_jit.recode_feature(_fm(h).view(np.uint16), quant_jit.fp16_to_int8_table(float(scale), int(zp)), got,
+                             shape[0])
+    np.testing.assert_array_equal(got.view(np.int8), want)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.int8])
 @pytest.mark.parametrize("c", [5, 16, 24])
 def test_plane_kernels_on_a_feature_map_are_the_logical_kernels(dtype, c):
@@ -90,10 +111,13 @@ def test_fp16_max_pool_keys_order_every_value_as_numpy():
 
 
 def _detector_like(c: int):
-    """Conv -> SiLU -> a strided max pool -> SPPF's 5x5 pools -> conv -> nearest
-    x2 upsampling -> conv, two outputs (the input edge, plane ops and output edges)."""
+    """Conv -> ReLU -> Conv -> SiLU -> a strided max pool -> SPPF's 5x5 pools -> conv -> nearest
+    x2 upsampling -> conv, two outputs (the input edge, an int8 -> fp16 edge in an
+    int8 build, the plane ops and the output edges)."""
     rng = np.random.default_rng(c)
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["x1"]),  # an int8 group before the fp16 (SiLU) ones
+             helper.make_node("Conv", ["x1", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
              helper.make_node("Sigmoid", ["c1"], ["s1"]), helper.make_node("Mul", ["c1", "s1"], ["a1"]),
              helper.make_node("MaxPool", ["a1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
              helper.make_node("MaxPool", ["p1"], ["p2"], kernel_shape=[5, 5], pads=[2, 2, 2, 2]),
@@ -101,7 +125,8 @@ def _detector_like(c: int):
              helper.make_node("Resize", ["r2", "", "scales"], ["u"], mode="nearest"),
              helper.make_node("Conv", ["u", "w3"], ["y"], pads=[1, 1, 1, 1]),
              helper.make_node("Conv", ["p2", "w4"], ["z"])]
-    inits = {"w1": rng.standard_normal((c, 3, 3, 3)) / 4, "b1": rng.standard_normal(c) * 0.1,
+    inits = {"w0": rng.standard_normal((6, 3, 3, 3)) / 4,
+             "w1": rng.standard_normal((c, 6, 3, 3)) / 4, "b1": rng.standard_normal(c) * 0.1,
              "w2": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c),
              "w3": rng.standard_normal((5, c, 3, 3)) / np.sqrt(9 * c),
              "w4": rng.standard_normal((7, c, 1, 1)) / np.sqrt(c), "scales": [1, 1, 2, 2]}
@@ -121,19 +146,28 @@ def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precisio
         np.savez(options.calib, x=rng.standard_normal((4, 1, 3, 12, 14)).astype(np.float32))
     build(path, tmp_path / "m.rkbin", options)
     x = rng.standard_normal((1, 3, 12, 14)).astype(np.float32)
-    taken = []
-    real = feature_edges.run_step
+    taken, pairs = [], []
+    real_step, real_pair = feature_edges.run_step, feature_edges.run_pair
 
     def counted(run, step):
-        done = real(run, step)
+        done = real_step(run, step)
         taken.append((step.op, done))
         return done
+
+    def counted_pair(run, step, following):
+        done = real_pair(run, step, following)
+        if done:
+            pairs.append((step.op, following.op))
+        return done
     monkeypatch.setattr(feature_edges, "run_step", counted)
+    monkeypatch.setattr(feature_edges, "run_pair", counted_pair)
     with runtime.load(tmp_path / "m.rkbin") as model:
         fast = model.run({"x": x})
     assert all(done for op, done in taken if op in ("MaxPool", "Resize", "Cast", "QuantizeLinear")), taken
     assert {op for op, done in taken if done} >= {"MaxPool", "Resize"}
+    assert pairs == ([("DequantizeLinear", "Cast")] if precision == "int8" else []), pairs
     monkeypatch.setattr(feature_edges, "run_step", lambda run, step: False)
+    monkeypatch.setattr(feature_edges, "run_pair", lambda run, step, following: False)
     with runtime.load(tmp_path / "m.rkbin") as model:
         slow = model.run({"x": x})
     want = onnxruntime_outputs(path, {"x": x})
