@@ -6,7 +6,10 @@
   the outputs (host, or written into a BO in the tensor's layout). A step at
   a feature map's edge, or one that pools or resizes feature maps, runs on the
   native layout itself (runtime/feature_edges.py).
-* NPU step: submit its jobs (tasks resolved to IOVAs) and wait.
+* NPU step: submit its jobs (tasks resolved to IOVAs) and wait, through the
+  device's prepared submit (Device.prepare_submit), made at the step's first run.
+* An int8 <-> fp16 edge through a float32 host tensor nothing else reads (two
+  steps) runs as one recoding between the feature maps (feature_edges.run_pair).
 
 Host tensors are freed after their last reader.
 """
