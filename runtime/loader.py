@@ -13,7 +13,7 @@ Works for any rkbin (ONNX or LLM): it knows only ir.program.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -43,6 +43,7 @@ class LoadedModel:
         self.host_regions: dict[str, np.ndarray] = {}
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in self.module.tensors}
         self.last_run = None  # execute.RunStats of the latest run
+        self.prepared_submits: dict[int, Callable[[], None]] = {}  # NPU step id -> execute.py's prepared submit
         check_module(self.module)
         try:
             self._place_guard()
