@@ -39,7 +39,8 @@ def _products(m: int, act: str, wg, wu, wd):
 @pytest.mark.parametrize("m", [1, 3, 12, 21])
 def test_fused_ffn_on_the_simulator_matches_numpy(m, act):
     rng = np.random.default_rng(100 + m)
-    wg, wu = (rng.standard_normal((F, D)) * 0.3).astype(np.float16), (rng.standard_normal((F, D)) * 0.3).astype(np.float16)
+    wg = (rng.standard_normal((F, D)) * 0.3).astype(np.float16)
+    wu = (rng.standard_normal((F, D)) * 0.3).astype(np.float16)
     wd = (rng.standard_normal((D, F)) * 0.2).astype(np.float16)
     xv = rng.standard_normal((m, D)).astype(np.float16)
     results, x, s, h, y = _products(m, act, wg, wu, wd)
