@@ -161,7 +161,7 @@ class Feature:
 
 # -- epilogues ------------------------------------------------------------------------
 ELEMENTWISE_OPS = ("add", "mul", "max", "min")
-LUT_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu", "exp", "hardsigmoid", "hardswish")
+LUT_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu", "gelu_tanh", "exp", "hardsigmoid", "hardswish")
 ACTIVATIONS = ("relu", "relu6", "clip", *LUT_FUNCTIONS)
 
 
