@@ -13,7 +13,8 @@ is refused here, with the job's label and the task in the message:
   fetch (the PC reads whole 128-bit units) lies inside one live BO;
 * decoded with ir/npu/regcmd.py's entry format: every entry has a known target,
   the task ends with the tail marker and an operation-enable word that starts
-  the DPU (or the PPU, on a kernel with kernel/patches/0005's interrupt mask), and every non-zero address field points into a live BO;
+  the DPU (or the PPU, on a kernel with kernel/patches/0005's interrupt
+  mask), and every non-zero address field points into a live BO;
 * for a chained submission, each tail links to the next task of the job.
 
 Decoding is vectorised with numpy: a model's regcmd is validated on every
