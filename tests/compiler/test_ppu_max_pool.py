@@ -95,3 +95,19 @@ def test_compile_option_is_documented_and_explain_says_where_max_pooling_runs(tm
     off = compile_model(path, tmp_path / "b.rkbin", {"precision": "fp16", "explain": True})
     assert "max pooling: on the PPU (--kernel-ppu-irq: needs a kernel with kernel/patches/0005)" in on
     assert any(line.startswith("max pooling: on the CPU (stock rocket never completes PPU tasks") for line in off)
+
+
+def test_rkrun_refuses_a_ppu_rkbin_on_a_stock_kernel_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    bin_dir = Path(sys.executable).parent
+    save(_sppf_like(16, 12, 8), tmp_path / "m.onnx")
+    np.savez(tmp_path / "in.npz", x=np.random.default_rng(9).standard_normal((1, 3, 12, 12)).astype(np.float32))
+    done = subprocess.run([str(bin_dir / "rkc"), "compile", "m.onnx", "--precision", "fp16", "--kernel-ppu-irq"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    r = subprocess.run([str(bin_dir / "rkrun"), "m.rkbin", "--inputs", "in.npz", "--device", "sim"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "never completes PPU tasks: use rocket 1.3 (kernel/patches/0005)" in r.stderr
