@@ -77,6 +77,10 @@ OPTIONS: tuple[Option, ...] = (
            "rkbin's bytes do not depend on it; 1: one layer at a time, the least memory).", JOB_CHOICES,
            default=f"1 for a GGUF under {PARALLEL_MIN_GGUF_BYTES >> 30} GiB, else the usable cores, at most "
                    f"{MAX_DEFAULT_JOBS}: {default_jobs(PARALLEL_MIN_GGUF_BYTES)} here"),
+    Option("kernel_ppu_irq", "--kernel-ppu-irq", GRAPHS,
+           "the target kernel completes PPU tasks (rocket 1.3, kernel/patches/0005; rkc doctor says): fp16 max "
+           "pooling runs on the PPU instead of the CPU. The rkbin records it and will not load on an older "
+           "kernel.", "flag"),
     Option("explain", "--explain", GRAPHS, "list every op, where it runs and why.", "flag"),
     Option("cpu_only", "--cpu-only", GRAPHS, "place every op on the CPU (for debugging and references).", "flag"),
     Option("prefill_chunks", "--prefill-chunks", ("gguf",),
@@ -136,10 +140,15 @@ def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[st
                    progress: Progress) -> list[str]:
     options = BuildOptions(precision=precision, input_shapes=parse_input_shapes(given.get("input_shapes", ())),
                            calib=given.get("calib"), cpu_only=bool(given.get("cpu_only")),
-                           cores=int(given.get("cores", hw.CORES)))
+                           cores=int(given.get("cores", hw.CORES)), ppu_irq=bool(given.get("kernel_ppu_irq")))
     report = build(source, output, options, progress)
     lines = report.summary()
     if given.get("explain"):
+        ppu = any(p.device == "npu" and p.op.type == "MaxPool" for p in report.placements)
+        lines.append("max pooling: " + ("on the PPU (--kernel-ppu-irq: needs a kernel with kernel/patches/0005)"
+                                        if ppu else "on the CPU" + ("" if options.ppu_irq else
+                                                                    " (stock rocket never completes PPU tasks; "
+                                                                    "--kernel-ppu-irq for a patched kernel)")))
         lines.append("ops (device, op, reason):")
         lines += [f"  {p.device:3s}  {p.op.describe():50s}  {p.reason}" for p in report.placements]
     return lines
