@@ -426,3 +426,84 @@ def attention_front(q, k, qw, qeps, kw, keps, norms, qn, kn, qx, kx, cos, sin, d
             k16[row, h, i] = narrow_bits(kr_bits[0, h, i])
         for i in range(v_bits.shape[2]):
             v16[row, h, i] = narrow_bits(v_bits[0, h, i])
+
+
+# -- int4 products' edges (runtime/llm/int4_rows.py: W4A8 by two nibble rows per row) ----------------------
+
+@njit(**_JIT)
+def quantize_nibbles_into_atoms(x, q, scale, limit, lo, hi):
+    """int4_rows.npu_rows + packed_rows of rows lo..hi-1 of x [M, K] (rotated
+    already), written into the int4 operand's bytes as int8 GEMM atoms q
+    [C1, R, C2] (uint8 view; K / 2 byte columns, the even channel in the low
+    nibble): per row the int8 codes of weights.symmetric_rows with `limit`
+    (scale = max|x| / limit, 1 for a zero row; rint(x / scale) clipped: the
+    same float32 operations), each code a = 16 hi + lo written as two int4
+    rows, hi at 2m, lo at 2m + 1 (lo = ((a + 8) & 15) - 8). Byte columns past
+    K / 2 are zeroed, and the pad rows past 2M by the range that ends at M.
+    The codes go through a row buffer first: each loop simple enough to vectorise."""
+    rows, k = x.shape
+    c1, stored, c2 = q.shape
+    lim = np.float32(limit)
+    codes = np.zeros(2 * c1 * c2, np.int32)  # (codes past K stay zero)
+    for m in range(lo, hi):
+        amax = np.float32(0.0)
+        for i in range(k):
+            a = abs(x[m, i])
+            if a > amax or a != a:  # a NaN stays the maximum, as in numpy's max (so the scale is 1)
+                amax = a
+        s = amax / lim if amax > 0 else np.float32(1.0)
+        scale[m] = s
+        for i in range(k):
+            codes[i] = np.int32(min(max(np.rint(x[m, i] / s), -lim), lim))
+        for a in range(c1):
+            for b in range(c2):
+                j = 2 * (a * c2 + b)
+                c_even, c_odd = codes[j], codes[j + 1]
+                lo_even = ((c_even + 8) & 15) - 8
+                lo_odd = ((c_odd + 8) & 15) - 8
+                q[a, 2 * m, b] = np.uint8((((c_even - lo_even) >> 4) & 15) | ((((c_odd - lo_odd) >> 4) & 15) << 4))
+                q[a, 2 * m + 1, b] = np.uint8((lo_even & 15) | ((lo_odd & 15) << 4))
+    if hi == rows:
+        for a in range(c1):
+            for r in range(2 * rows, stored):
+                for b in range(c2):
+                    q[a, r, b] = 0
+
+
+@njit(**_JIT)
+def combine_int4_atoms(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo, hi):
+    """int4_rows.combine of rows lo..hi-1 read from the NPU's int16 partials
+    in their atoms p [C1, R, C2] (row 2m: the hi nibble row's sums, 2m + 1 the
+    lo row's; group g's channel j at column g * n_pad + j, n_pad a multiple of
+    C2): out[m, j] = (sum over g, in order, of float32(16 P_hi + P_lo) *
+    scales[g, j]) * row scale[m] (+ bias[j]), each operation in float32 as
+    the kernel does it. By whole atoms, group after group (a fixed inner loop
+    the compiler vectorises)."""
+    c2 = p.shape[2]
+    groups = scales.shape[0]
+    atoms = -(-n // c2)
+    sixteen = np.float32(16.0)
+    for m in range(lo, hi):
+        row = out[m]
+        for j in range(n):
+            row[j] = np.float32(0.0)
+        for g in range(groups):
+            a0 = g * n_pad // c2
+            w = scales[g]
+            full = n // 8 if c2 == 8 else 0  # int16's atom: whole atoms by a fixed loop
+            for a in range(full):
+                hi_, lo_ = p[a0 + a, 2 * m], p[a0 + a, 2 * m + 1]
+                for b in range(8):
+                    j = a * 8 + b
+                    row[j] += (np.float32(hi_[b]) * sixteen + np.float32(lo_[b])) * w[j]
+            for a in range(full, atoms):
+                base = a * c2
+                for b in range(min(c2, n - base)):
+                    merged = np.float32(p[a0 + a, 2 * m, b]) * sixteen + np.float32(p[a0 + a, 2 * m + 1, b])
+                    row[base + b] += merged * w[base + b]
+        rs = row_scale[m]
+        for j in range(n):
+            y = row[j] * rs
+            if has_bias:
+                y = y + bias[j]
+            row[j] = y
