@@ -327,6 +327,19 @@ def _quantize_nibbles(plan, step: Step):
     mixed = None if form is None or form.factor is None else np.empty((m, k // form.block, form.block), F32)
     hadamard = prefill_hadamard if m >= LANES else jit.hadamard_rows
 
+    if form is not None and form.factor is None and m >= LANES:  # rotated and quantized by tiles, in one pass
+        tiles, tiled = -(-m // LANES), jit.rotate_nibbles_into_atoms
+
+        def call_tiles():
+            x = slots[i]
+            if x.shape != (m, k) or x.dtype != F32:
+                raise_shape("QuantizeNibbles", "input", x)
+            over_ranges(lambda lo, hi: tiled(x, form.signs, form.block, form.norm, codes, scale, ACT_LIMIT, lo, hi),
+                        tiles)
+            slots[scale_slot] = scale
+        call_tiles.bo = plan.model.bos[bt.info.region]
+        return call_tiles
+
     def call():
         x = slots[i]
         if x.shape != (m, k) or x.dtype != F32:

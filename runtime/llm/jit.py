@@ -25,6 +25,7 @@ from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
+from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _signed_tile, scaled_amax
 
 _JIT = {"cache": True, "nogil": True}
 _BLOCK = 128  # numpy's PW_BLOCKSIZE: the pairwise sum's leaf
@@ -429,6 +430,14 @@ def attention_front(q, k, qw, qeps, kw, keps, norms, qn, kn, qx, kx, cos, sin, d
 
 
 # -- int4 products' edges (runtime/llm/int4_rows.py: W4A8 by two nibble rows per row) ----------------------
+# A code a in [-119, 119] is 16 hi + lo with lo = ((a + 8) & 15) - 8 (so lo = a mod 16 as a nibble) and
+# hi = (a - lo) / 16 = (a + 8) >> 4 (arithmetic shift): the nibbles are a & 15 and ((a + 8) >> 4) & 15.
+
+@njit(**_JIT)
+def _nibbles(even, odd):
+    """One byte of two signed nibbles (their low four bits), the even channel's in the low nibble."""
+    return np.uint8((even & 15) | ((odd & 15) << 4))
+
 
 @njit(**_JIT)
 def quantize_nibbles_into_atoms(x, q, scale, limit, lo, hi):
@@ -438,13 +447,16 @@ def quantize_nibbles_into_atoms(x, q, scale, limit, lo, hi):
     nibble): per row the int8 codes of weights.symmetric_rows with `limit`
     (scale = max|x| / limit, 1 for a zero row; rint(x / scale) clipped: the
     same float32 operations), each code a = 16 hi + lo written as two int4
-    rows, hi at 2m, lo at 2m + 1 (lo = ((a + 8) & 15) - 8). Byte columns past
-    K / 2 are zeroed, and the pad rows past 2M by the range that ends at M.
-    The codes go through a row buffer first: each loop simple enough to vectorise."""
+    rows, hi at 2m, lo at 2m + 1 (lo = ((a + 8) & 15) - 8). The pad rows past
+    2M are zeroed by the range that ends at M (the atoms
+    hold exactly K / 2 byte columns). The codes go through a row buffer first:
+    each loop simple enough to vectorise."""
     rows, k = x.shape
     c1, stored, c2 = q.shape
+    if 2 * c1 * c2 != k or stored < 2 * rows:
+        raise ValueError("the int4 operand's atoms do not hold these rows")
     lim = np.float32(limit)
-    codes = np.zeros(2 * c1 * c2, np.int32)  # (codes past K stay zero)
+    codes = np.empty(k, np.int32)
     for m in range(lo, hi):
         amax = np.float32(0.0)
         for i in range(k):
@@ -459,15 +471,51 @@ def quantize_nibbles_into_atoms(x, q, scale, limit, lo, hi):
             for b in range(c2):
                 j = 2 * (a * c2 + b)
                 c_even, c_odd = codes[j], codes[j + 1]
-                lo_even = ((c_even + 8) & 15) - 8
-                lo_odd = ((c_odd + 8) & 15) - 8
-                q[a, 2 * m, b] = np.uint8((((c_even - lo_even) >> 4) & 15) | ((((c_odd - lo_odd) >> 4) & 15) << 4))
-                q[a, 2 * m + 1, b] = np.uint8((lo_even & 15) | ((lo_odd & 15) << 4))
+                q[a, 2 * m, b] = _nibbles(c_even + 8 >> 4, c_odd + 8 >> 4)
+                q[a, 2 * m + 1, b] = _nibbles(c_even, c_odd)
     if hi == rows:
         for a in range(c1):
             for r in range(2 * rows, stored):
                 for b in range(c2):
                     q[a, r, b] = 0
+
+
+@njit(**_JIT)
+def rotate_nibbles_into_atoms(x, signs, block, norm, q, scale, limit, tile_lo, tile_hi):
+    """quantize_nibbles_into_atoms of x [M, K] rotated first (signs, blockwise
+    butterflies, times `norm`: a rotation without a block-mixing factor, as
+    prefill_kernels.rotate_quantize_rows applies it, the same bits), tiles of
+    LANES rows tile_lo..tile_hi-1, the rotated rows never stored."""
+    rows, k = x.shape
+    c1, stored, c2 = q.shape
+    if 2 * c1 * c2 != k or stored < 2 * rows:
+        raise ValueError("the int4 operand's atoms do not hold these rows")
+    lim = np.float32(limit)
+    buf = np.empty((k, LANES), np.float32)
+    amax = np.empty(LANES, np.float32)
+    tiles = (rows + LANES - 1) // LANES
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
+        r = min(LANES, rows - m0)
+        _signed_tile(x, signs, m0, r, buf)
+        _butterflies(buf, block)
+        scaled_amax(buf, norm, amax)
+        for lane in range(r):
+            m = m0 + lane
+            s = amax[lane] / lim if amax[lane] > 0 else np.float32(1.0)
+            scale[m] = s
+            for a in range(c1):
+                for b in range(c2):
+                    j = 2 * (a * c2 + b)
+                    c_even = np.int32(min(max(np.rint(buf[j, lane] / s), -lim), lim))
+                    c_odd = np.int32(min(max(np.rint(buf[j + 1, lane] / s), -lim), lim))
+                    q[a, 2 * m, b] = _nibbles(c_even + 8 >> 4, c_odd + 8 >> 4)
+                    q[a, 2 * m + 1, b] = _nibbles(c_even, c_odd)
+    if tile_hi == tiles:
+        for a in range(c1):
+            for r2 in range(2 * rows, stored):
+                for b in range(c2):
+                    q[a, r2, b] = 0
 
 
 @njit(**_JIT)

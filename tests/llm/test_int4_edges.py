@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rkc.ir.npu import layout
+from rkc.runtime.kernels.hadamard import Rotation
 from rkc.runtime.llm import int4_rows, jit
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -85,3 +86,32 @@ def test_int4_partials_combined_from_atoms(m, n, groups, bias):
     size = np.abs(terms).sum(axis=1) + (np.abs(b.astype(np.float64)) if bias else 0)
     assert (np.abs(out - want) <= (groups + 3) * EPS32 * size).all()
     np.testing.assert_array_equal(out, int4_rows.combine(p, rs, sw, b))
+
+
+@pytest.mark.parametrize("m,k,block", [(16, 640, 128), (37, 1024, 1024), (20, 96, 32)])
+def test_rotated_nibble_rows_by_tiles(m, k, block):
+    """Rotation (signs, blockwise Walsh-Hadamard) and nibble rows in one pass by
+    tiles of rows: codes within half a step of the float64 rotation over the
+    scale (plus float32 rounding of the rotation: log2(block) additions); the
+    numpy kernel's bytes and scales; tiles shared out in ranges."""
+    rng = np.random.default_rng(m + k)
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 20, (m, 1))).astype(np.float32)
+    signs = rng.choice([-1.0, 1.0], k).astype(np.float32)
+    atoms = np.full((k // 32, 2 * m + 2, 16), 0xA5, np.uint8)
+    scale = np.empty(m, np.float32)
+    tiles = -(-m // 16)
+    for lo, hi in ((0, tiles // 2), (tiles // 2, tiles)):
+        jit.rotate_nibbles_into_atoms(x, signs, block, np.float32(1 / np.sqrt(block)), atoms, scale,
+                                      int4_rows.ACT_LIMIT, lo, hi)
+    h = np.array([[1.0]])
+    while h.shape[0] < block:
+        h = np.block([[h, h], [h, -h]])
+    rotated = ((x.astype(np.float64) * signs).reshape(m, k // block, block) @ h / np.sqrt(block)).reshape(m, k)
+    nibbles = layout.unpack_nibbles(from_atoms(atoms, 2 * m, k // 2)).astype(np.int64)
+    codes = 16 * nibbles[0::2] + nibbles[1::2]
+    bound = np.abs(x).max(axis=1, keepdims=True) * np.sqrt(block) * np.log2(2 * block) * 2 * EPS32
+    assert (np.abs(codes - rotated / scale[:, None]) <= 0.5 + (bound + 2 * EPS32 * np.abs(rotated)) / scale[:, None]).all()
+    assert not atoms[:, 2 * m:].any()
+    rows, s = int4_rows.npu_rows(x, Rotation(signs, block, None))
+    np.testing.assert_array_equal(from_atoms(atoms, 2 * m, k // 2).view(np.int8), int4_rows.packed_rows(rows))
+    np.testing.assert_array_equal(scale, s)
