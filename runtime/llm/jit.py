@@ -525,33 +525,33 @@ def combine_int4_atoms(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo, 
     lo row's; group g's channel j at column g * n_pad + j, n_pad a multiple of
     C2): out[m, j] = (sum over g, in order, of float32(16 P_hi + P_lo) *
     scales[g, j]) * row scale[m] (+ bias[j]), each operation in float32 as
-    the kernel does it. By whole atoms, group after group (a fixed inner loop
-    the compiler vectorises)."""
+    the kernel does it. By tiles of LANES rows, atom after atom (each atom's
+    rows of a tile are contiguous in the BO), group after group."""
     c2 = p.shape[2]
     groups = scales.shape[0]
     atoms = -(-n // c2)
     sixteen = np.float32(16.0)
-    for m in range(lo, hi):
-        row = out[m]
-        for j in range(n):
-            row[j] = np.float32(0.0)
+    for m0 in range(lo, hi, LANES):
+        m1 = min(m0 + LANES, hi)
+        for m in range(m0, m1):
+            for j in range(n):
+                out[m, j] = np.float32(0.0)
         for g in range(groups):
             a0 = g * n_pad // c2
             w = scales[g]
-            full = n // 8 if c2 == 8 else 0  # int16's atom: whole atoms by a fixed loop
-            for a in range(full):
-                hi_, lo_ = p[a0 + a, 2 * m], p[a0 + a, 2 * m + 1]
-                for b in range(8):
-                    j = a * 8 + b
-                    row[j] += (np.float32(hi_[b]) * sixteen + np.float32(lo_[b])) * w[j]
-            for a in range(full, atoms):
+            for a in range(atoms):
                 base = a * c2
-                for b in range(min(c2, n - base)):
-                    merged = np.float32(p[a0 + a, 2 * m, b]) * sixteen + np.float32(p[a0 + a, 2 * m + 1, b])
-                    row[base + b] += merged * w[base + b]
-        rs = row_scale[m]
-        for j in range(n):
-            y = row[j] * rs
-            if has_bias:
-                y = y + bias[j]
-            row[j] = y
+                width = min(c2, n - base)
+                src = p[a0 + a]
+                for m in range(m0, m1):
+                    row = out[m]
+                    for b in range(width):
+                        merged = np.float32(src[2 * m, b]) * sixteen + np.float32(src[2 * m + 1, b])
+                        row[base + b] += merged * w[base + b]
+        for m in range(m0, m1):
+            rs = row_scale[m]
+            for j in range(n):
+                y = out[m, j] * rs
+                if has_bias:
+                    y = y + bias[j]
+                out[m, j] = y
