@@ -110,7 +110,8 @@ def test_rotated_nibble_rows_by_tiles(m, k, block):
     nibbles = layout.unpack_nibbles(from_atoms(atoms, 2 * m, k // 2)).astype(np.int64)
     codes = 16 * nibbles[0::2] + nibbles[1::2]
     bound = np.abs(x).max(axis=1, keepdims=True) * np.sqrt(block) * np.log2(2 * block) * 2 * EPS32
-    assert (np.abs(codes - rotated / scale[:, None]) <= 0.5 + (bound + 2 * EPS32 * np.abs(rotated)) / scale[:, None]).all()
+    slack = (bound + 2 * EPS32 * np.abs(rotated)) / scale[:, None]
+    assert (np.abs(codes - rotated / scale[:, None]) <= 0.5 + slack).all()
     assert not atoms[:, 2 * m:].any()
     rows, s = int4_rows.npu_rows(x, Rotation(signs, block, None))
     np.testing.assert_array_equal(from_atoms(atoms, 2 * m, k // 2).view(np.int8), int4_rows.packed_rows(rows))
