@@ -91,8 +91,8 @@ OPTIONS: tuple[Option, ...] = (
            precisions=INT8, metavar="NAMES"),
     Option("int8_rounding", "--int8-rounding", ("gguf",),
            "weight rounding (gptq: error-compensating, on the calibration text; head-gptq: gptq on the output "
-           "head only; hidden-gptq: on the head, q/k/v and gate/up; round-to-nearest elsewhere).", tuple(ROUNDINGS), INTEGER,
-           default=DEFAULT_ROUNDING),
+           "head only; hidden-gptq: on the head, q/k/v and gate/up; round-to-nearest elsewhere).",
+           tuple(ROUNDINGS), INTEGER, default=DEFAULT_ROUNDING),
     Option("fp16_share", "--fp16-share", ("gguf",),
            "this share of the product groups stays fp16, those noisiest in int8 on the calibration text "
            "(a measured hybrid; 0: all int8).", (0.0, 1.0), INT8, default=str(DEFAULT_FP16_SHARE)),
