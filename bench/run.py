@@ -125,6 +125,8 @@ def compiled_llm(name: str, precision: str, work: Path, layers: int) -> tuple[Pa
     opts = ["--precision", precision]
     if cut is not None and precision == "int8":
         opts += ["--int8-rounding", "rtn", "--fp16-share", "0"]  # as bench/silicon.py, bench/scale.py
+    if cut is not None and precision == "int4":  # random weights: GPTQ's compile time buys them nothing
+        opts += ["--int8-rounding", "rtn"]
     return out, compiled(gguf, out, opts), cut, n_layer
 
 
