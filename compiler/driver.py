@@ -20,8 +20,8 @@ from rkc.compiler.frontend import detect_kind
 from rkc.compiler.frontend.onnx import parse_input_shapes
 from rkc.compiler.llm.build import (DEFAULT_CHUNKS, MAX_DEFAULT_JOBS, PARALLEL_MIN_GGUF_BYTES, LlmCompileOptions,
                                     compile_gguf, default_jobs)
-from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING, ROUNDINGS, \
-    RESIDUAL_CHOICES
+from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_INT4_ROUNDING, DEFAULT_RESIDUAL, DEFAULT_ROUNDING, \
+    RESIDUAL_CHOICES, ROUNDINGS
 from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA
 from rkc.compiler.precision import DEFAULT_PRECISION, KIND_NAMES, KINDS, PRECISION_KINDS, PRECISIONS
@@ -92,7 +92,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("int8_rounding", "--int8-rounding", ("gguf",),
            "weight rounding (gptq: error-compensating, on the calibration text; head-gptq: gptq on the output "
            "head only; hidden-gptq: on the head, q/k/v and gate/up; round-to-nearest elsewhere).",
-           tuple(ROUNDINGS), INTEGER, default=DEFAULT_ROUNDING),
+           tuple(ROUNDINGS), INTEGER, default=f"{DEFAULT_ROUNDING} for int8, {DEFAULT_INT4_ROUNDING} for int4"),
     Option("fp16_share", "--fp16-share", ("gguf",),
            "this share of the product groups stays fp16, those noisiest in int8 on the calibration text "
            "(a measured hybrid; 0: all int8).", (0.0, 1.0), INT8, default=str(DEFAULT_FP16_SHARE)),
