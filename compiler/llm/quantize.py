@@ -79,9 +79,9 @@ def method_for(rounding: str, name: str, is_head: bool) -> str:
 # build below its top-1 bound against llama.cpp (0.955 < 0.97, tests/llm/test_gemma4.py)
 DEFAULT_ROUNDING = "rtn"
 # `--precision int4` (W4A8): GPTQ. Gemma 3 270M against llama.cpp on english.txt
-# (docs/notes/2026-12-06-int4-host-quality.md): first window RTN KL 0.294, GPTQ
-# 0.174, llama.cpp's Q4_0 requantization 0.349; two windows GPTQ 0.158, Q4_0
-# 0.321. No cost at run time (the same bytes and tasks); ~10x the compile's CPU.
+# (docs/notes/2026-12-06-int4-host-quality.md), the whole text: RTN KL 0.296,
+# GPTQ 0.157, llama.cpp's Q4_0 requantization 0.311. No cost at run time (the
+# same bytes and tasks); ~10x the compile's CPU time.
 DEFAULT_INT4_ROUNDING = "gptq"
 
 
