@@ -39,6 +39,8 @@ SAMPLES = {
     "fp16_share": (["--fp16-share", "0"], ("fp16_share", 0.0)),
     "int8_rotation": (["--int8-rotation", "block"], ("rotation", "block")),
     "int8_residual": (["--int8-residual", "head"], ("residual", "head")),
+    "int4_group": (["--int4-group", "128"], ("int4_group", 128)),
+    "int4_keep": (["--int4-keep", "ffn_down, attn_v"], ("int4_keep", ("ffn_down", "attn_v"))),
 }
 
 
