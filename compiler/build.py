@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 from rkc.compiler import program_steps
 from rkc.compiler.emitter_ops import emit_options
+from rkc.ir.program import PPU_COMPLETION_KEY
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.lone_ops import keep_lone_cheap_ops_on_cpu
 from rkc.compiler.mixed_precision import choose_fp16
@@ -39,6 +40,7 @@ class BuildOptions:
     cpu_only: bool = False  # place every op on the CPU (debugging, references)
     bind: Mapping[str, object] = field(default_factory=dict)  # inputs turned into constants (name -> array)
     cores: int = hw.CORES  # NPU cores the program's tasks are spread over (rkc compile --cores)
+    ppu_irq: bool = False  # the target kernel completes PPU tasks (kernel/patches/0005; --kernel-ppu-irq)
 
 
 @dataclass
@@ -108,8 +110,11 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
     graph, placements, groups = plan(source, options, stage)
     steps = stage("partition", partition, graph,
                   lambda i: groups[i].dtype if placements[i].device == "npu" else None)
-    builder = ModuleBuilder(metadata={"source": Path(source).name, "precision": options.precision,
-                                      "producer": "rkc", "graph": graph.name, "cores": options.cores})
+    metadata = {"source": Path(source).name, "precision": options.precision, "producer": "rkc",
+                "graph": graph.name, "cores": options.cores}
+    if any(p.device == "npu" and p.op.type == "MaxPool" for p in placements):
+        metadata[PPU_COMPLETION_KEY] = True  # PPU-only tasks: the loader refuses a kernel without patch 0005
+    builder = ModuleBuilder(metadata=metadata)
     stats = stage("lower", program_steps.lower_program, graph, steps, builder, options.precision, groups)
     for i in stats.views:
         placements[i] = Placement(graph.ops[i], "view", VIEW_REASON)
@@ -131,7 +136,7 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
     graph = stage("passes", run_passes, graph, options.precision == "int8" and options.calib is not None)
     stage("check shapes", require_static, graph)
     graph = stage("quantize", quantize, graph, options.precision, options.calib)
-    emit = emit_options(options.cores)
+    emit = emit_options(options.cores, options.ppu_irq)
     placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only, None, emit)
     if options.precision == "int8" and options.calib is not None and not options.cpu_only:
         fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)

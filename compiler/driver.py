@@ -20,8 +20,8 @@ from rkc.compiler.frontend import detect_kind
 from rkc.compiler.frontend.onnx import parse_input_shapes
 from rkc.compiler.llm.build import (DEFAULT_CHUNKS, MAX_DEFAULT_JOBS, PARALLEL_MIN_GGUF_BYTES, LlmCompileOptions,
                                     compile_gguf, default_jobs)
-from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING, ROUNDINGS, \
-    RESIDUAL_CHOICES
+from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_INT4_ROUNDING, DEFAULT_RESIDUAL, DEFAULT_ROUNDING, \
+    RESIDUAL_CHOICES, ROUNDINGS
 from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA
 from rkc.compiler.precision import DEFAULT_PRECISION, KIND_NAMES, KINDS, PRECISION_KINDS, PRECISIONS
@@ -30,6 +30,8 @@ from rkc.ir.npu import hw
 
 GRAPHS = ("onnx", "ir")  # the kinds compiler/build.py compiles
 INT8 = ("int8",)
+INT4 = ("int4",)
+INTEGER = ("int8", "int4")  # W8A8 and W4A8 share the weights' preparation (rounding, rotation)
 CORE_CHOICES = tuple(str(n) for n in range(1, hw.CORES + 1))
 JOB_CHOICES = tuple(str(n) for n in range(1, 17))
 
@@ -65,7 +67,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("precision", "--precision", KINDS,
            "NPU number format: fp16 (no calibration) or int8 (per-channel weights; ONNX: per-tensor "
            "activations, calibrated; GGUF: per-token activations), or int4 (GGUF only: 4-bit weights in "
-           "groups of 256 along K, int8 activations as two nibble rows).", PRECISIONS,
+           "groups along K, int8 activations as two nibble rows).", PRECISIONS,
            default=", ".join(f"{p} for {KIND_NAMES[k]}" for k, p in DEFAULT_PRECISION.items())),
     Option("calib", "--calib", GRAPHS, "calibration set: .npz with one array per input, leading axis over samples.",
            "path", INT8),
@@ -77,6 +79,10 @@ OPTIONS: tuple[Option, ...] = (
            "rkbin's bytes do not depend on it; 1: one layer at a time, the least memory).", JOB_CHOICES,
            default=f"1 for a GGUF under {PARALLEL_MIN_GGUF_BYTES >> 30} GiB, else the usable cores, at most "
                    f"{MAX_DEFAULT_JOBS}: {default_jobs(PARALLEL_MIN_GGUF_BYTES)} here"),
+    Option("kernel_ppu_irq", "--kernel-ppu-irq", GRAPHS,
+           "the target kernel completes PPU tasks (rocket 1.3, kernel/patches/0005; rkc doctor says): fp16 max "
+           "pooling runs on the PPU instead of the CPU. The rkbin records it and will not load on an older "
+           "kernel.", "flag"),
     Option("explain", "--explain", GRAPHS, "list every op, where it runs and why.", "flag"),
     Option("cpu_only", "--cpu-only", GRAPHS, "place every op on the CPU (for debugging and references).", "flag"),
     Option("prefill_chunks", "--prefill-chunks", ("gguf",),
@@ -89,14 +95,20 @@ OPTIONS: tuple[Option, ...] = (
            precisions=INT8, metavar="NAMES"),
     Option("int8_rounding", "--int8-rounding", ("gguf",),
            "weight rounding (gptq: error-compensating, on the calibration text; head-gptq: gptq on the output "
-           "head only; hidden-gptq: on the head, q/k/v and gate/up; round-to-nearest elsewhere).", tuple(ROUNDINGS), INT8,
-           default=DEFAULT_ROUNDING),
+           "head only; hidden-gptq: on the head, q/k/v and gate/up; round-to-nearest elsewhere).",
+           tuple(ROUNDINGS), INTEGER, default=f"{DEFAULT_ROUNDING} for int8, {DEFAULT_INT4_ROUNDING} for int4"),
     Option("fp16_share", "--fp16-share", ("gguf",),
            "this share of the product groups stays fp16, those noisiest in int8 on the calibration text "
            "(a measured hybrid; 0: all int8).", (0.0, 1.0), INT8, default=str(DEFAULT_FP16_SHARE)),
     Option("int8_rotation", "--int8-rotation", ("gguf",),
            "randomised Hadamard rotation of each product's input before int8 (kron: one transform per row; "
            "block: block-diagonal; none).", ROTATIONS, INT8, default=DEFAULT_ROTATION),
+    Option("int4_group", "--int4-group", ("gguf",),
+           "K per int4 weight group, each its own scale and NPU task (auto: the longest groups whose int16 "
+           "partials stay in range).", ("auto", "32", "64", "128", "256", "512", "1024"), INT4, default="auto"),
+    Option("int4_keep", "--int4-keep", ("gguf",),
+           "comma-separated weight names (substrings, e.g. ffn_down) whose products stay int8 (mixed precision).",
+           precisions=INT4, metavar="NAMES"),
     Option("int8_residual", "--int8-residual", ("gguf",),
            "products whose input is quantized as two int8 rows, the value and its int8 residual (~15-bit "
            "activations, still int8 products, one weight read): none, the output head, or all.",
@@ -136,10 +148,15 @@ def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[st
                    progress: Progress) -> list[str]:
     options = BuildOptions(precision=precision, input_shapes=parse_input_shapes(given.get("input_shapes", ())),
                            calib=given.get("calib"), cpu_only=bool(given.get("cpu_only")),
-                           cores=int(given.get("cores", hw.CORES)))
+                           cores=int(given.get("cores", hw.CORES)), ppu_irq=bool(given.get("kernel_ppu_irq")))
     report = build(source, output, options, progress)
     lines = report.summary()
     if given.get("explain"):
+        ppu = any(p.device == "npu" and p.op.type == "MaxPool" for p in report.placements)
+        lines.append("max pooling: " + ("on the PPU (--kernel-ppu-irq: needs a kernel with kernel/patches/0005)"
+                                        if ppu else "on the CPU" + ("" if options.ppu_irq else
+                                                                    " (stock rocket never completes PPU tasks; "
+                                                                    "--kernel-ppu-irq for a patched kernel)")))
         lines.append("ops (device, op, reason):")
         lines += [f"  {p.device:3s}  {p.op.describe():50s}  {p.reason}" for p in report.placements]
     return lines
@@ -165,6 +182,11 @@ def _compile_llm(source: Path, output: Path, precision: str, given: Mapping[str,
         options = replace(options, rotation=str(given["int8_rotation"]))
     if "int8_residual" in given:
         options = replace(options, residual=str(given["int8_residual"]))
+    if "int4_group" in given:
+        options = replace(options, int4_group=0 if given["int4_group"] == "auto" else int(given["int4_group"]))
+    if "int4_keep" in given:
+        options = replace(options, int4_keep=tuple(k.strip() for k in str(given["int4_keep"]).split(",")
+                                                   if k.strip()))
     return compile_gguf(source, output, options, progress).lines
 
 

@@ -72,12 +72,13 @@ _layout = npu_layout
 EMIT_OPTIONS = api.EmitOptions(allow_cpu_finish=False)  # K splits the NPU cannot sum stay on the CPU
 
 
-def emit_options(cores: int) -> api.EmitOptions:
+def emit_options(cores: int, ppu_completes: bool = False) -> api.EmitOptions:
     """The compilers' emitter options for a program that uses `cores` NPU cores
-    (`rkc compile --cores`): every task on lanes 0..cores-1."""
+    (`rkc compile --cores`): every task on lanes 0..cores-1; `ppu_completes`:
+    the target kernel ends tasks on the PPU interrupt (`--kernel-ppu-irq`)."""
     if cores not in range(1, hw.CORES + 1):
         raise OptionError(f"--cores {cores}: the RK3588 NPU has cores 1 to {hw.CORES}")
-    return replace(EMIT_OPTIONS, cores=cores)
+    return replace(EMIT_OPTIONS, cores=cores, ppu_completes=ppu_completes)
 
 
 # Whether a segment's jobs may run as hardware-chained kicks: integer tasks after
@@ -408,7 +409,7 @@ def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
         begin, end = pads_for(op.attrs.get("auto_pad", "NOTSET"), x.shape[2:], kernel, stride, [1, 1],
                               op.attrs.get("pads"))
         padding = (begin[0], end[0], begin[1], end[1])
-        if any(padding) and not op.attrs.get("count_include_pad", 0):
+        if op.type == "AveragePool" and any(padding) and not op.attrs.get("count_include_pad", 0):
             raise _Refused("the NPU's average divides by the whole window; padded windows that exclude the "
                            "padding from the count stay on the CPU")
         if op.attrs.get("ceil_mode", 0):
@@ -437,6 +438,9 @@ def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
     op = graph.ops[i]
     operation = lowering(op).operation
     api_op, reads = BUILDERS[operation](graph, i, tail, precision, program)
+    if isinstance(api_op, api.Pool) and api_op.method == "avg":
+        # averages stay depthwise convolutions (the DPU divides exactly) even where the PPU completes
+        options = replace(options, ppu_completes=False)
     result = emit(api_op, options)
     if result.cpu:
         raise _Refused("the emitter needs a CPU finishing step")

@@ -103,6 +103,11 @@ class Program:
     steps: list[Step]
 
 
+#: Module.metadata key: the program has PPU-only tasks (max pooling, rkc compile --kernel-ppu-irq),
+#: which only a kernel that ends tasks on the PPU interrupt completes (kernel/patches/0005)
+PPU_COMPLETION_KEY = "needs_ppu_completion"
+
+
 @dataclass
 class Module:
     regions: list[Region] = field(default_factory=list)

@@ -92,6 +92,7 @@ class Device(ABC):
     lanes: int = 1
     #: True when a job can run as one hardware-chained kick (tails followed by the PC)
     supports_chaining: bool = False
+    completes_ppu: bool = False  # the kernel ends a task on the PPU interrupt too (kernel/patches/0005)
 
     def __init__(self) -> None:
         self._counters = Counters()  # implementations add to it as they submit

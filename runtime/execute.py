@@ -3,8 +3,13 @@
 * CPU step: gather its inputs (host tensors, host constants, or NPU tensors
   read back through the device with prepare/finish_cpu_access and converted
   from their native layout), run the numpy kernel (runtime/kernels), store
-  the outputs (host, or written into a BO in the tensor's layout).
-* NPU step: submit its jobs (tasks resolved to IOVAs) and wait.
+  the outputs (host, or written into a BO in the tensor's layout). A step at
+  a feature map's edge, or one that pools or resizes feature maps, runs on the
+  native layout itself (runtime/feature_edges.py).
+* NPU step: submit its jobs (tasks resolved to IOVAs) and wait, through the
+  device's prepared submit (Device.prepare_submit), made at the step's first run.
+* An int8 <-> fp16 edge through a float32 host tensor nothing else reads (two
+  steps) runs as one recoding between the feature maps (feature_edges.run_pair).
 
 Host tensors are freed after their last reader.
 """
@@ -22,6 +27,7 @@ from rkc.ir.npu import geometry
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
+from rkc.runtime import blas, feature_edges
 from rkc.runtime.device import Job, Task
 from rkc.runtime.kernels import run_kernel
 
@@ -89,6 +95,8 @@ class _Run:
 
     # -- steps --------------------------------------------------------------------------
     def cpu(self, step: Step) -> None:
+        if feature_edges.run_step(self, step):  # on the native layout, no conversion around it
+            return
         inputs = [self.read(n) if n else None for n in step.inputs]
         outputs = run_kernel(step.op, inputs, step.attrs, len(step.outputs))
         if len(outputs) < len(step.outputs):
@@ -108,18 +116,28 @@ class _Run:
             self.write(name, value)
 
     def npu(self, step: Step) -> None:
-        bos = self.model.bos
-        jobs = []
-        for j, job in enumerate(step.jobs):
-            tasks = [Task(bos[t.region].iova + t.entry * ENTRY_BYTES, t.count) for t in job.tasks]
-            jobs.append(Job(tasks, [bos[r] for r in job.reads], [bos[r] for r in job.writes], job.lane,
-                            f"{step.name} job {j}"))
-        device = self.model.device
-        device.wait(device.submit(jobs, chained=step.chained and device.supports_chaining))
+        # the step's submit is prepared at its first run (jobs built, what cannot change checked once:
+        # Device.prepare_submit, as runtime/plan.py does): the BOs live as long as the model
+        prepared = self.model.prepared_submits
+        run = prepared.get(id(step))
+        if run is None:
+            device = self.model.device
+            run = prepared[id(step)] = device.prepare_submit(
+                _jobs(step, self.model.bos), chained=step.chained and device.supports_chaining)
+        run()
 
     def free_dead(self, index: int) -> None:
         for name in [n for n in self.env if self.last_use.get(n, -1) <= index and n not in self.program.outputs]:
             del self.env[name]
+
+
+def _jobs(step: Step, bos) -> list[Job]:
+    jobs = []
+    for j, job in enumerate(step.jobs):
+        tasks = [Task(bos[t.region].iova + t.entry * ENTRY_BYTES, t.count) for t in job.tasks]
+        jobs.append(Job(tasks, [bos[r] for r in job.reads], [bos[r] for r in job.writes], job.lane,
+                        f"{step.name} job {j}"))
+    return jobs
 
 
 def from_layout(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
@@ -170,13 +188,27 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
     any tensor the step wrote (NPU tensors as stored: int8 / fp16 values)."""
     run = _Run(model, program)
     stats = RunStats()
-    for name, value in check_feeds(program, model.tensors, feeds).items():
+    ready = check_feeds(program, model.tensors, feeds)
+    for name, value in ready.items():
         run.write(name, value)
     start = time.perf_counter()
-    for i, step in enumerate(program.steps):
+    steps, skip = program.steps, -1
+    for i, step in enumerate(steps):
+        if i == skip:  # done with the step before it
+            stats.step_seconds.append(0.0)
+            run.free_dead(i)
+            continue
         t = time.perf_counter()
         if step.kind == "cpu":
-            run.cpu(step)
+            # an edge out of a feature map whose float32 result only feeds an edge back into one
+            # (int8 <-> fp16 in a mixed-precision program) is one pass; observed runs keep every tensor
+            if observe is None and i + 1 < len(steps) and run.last_use.get(step.outputs[0]) == i + 1 \
+                    and step.outputs[0] not in program.outputs \
+                    and feature_edges.run_pair(run, step, steps[i + 1]):
+                skip = i + 1
+            else:
+                with blas.one_thread():  # host kernels' rule (runtime/blas.py): BLAS's spinning pool cost 6x
+                    run.cpu(step)
         else:
             run.npu(step)
             stats.submits += 1
@@ -189,6 +221,20 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
         else:
             stats.npu_seconds += dt
         run.free_dead(i)
-    outputs = {name: np.array(run.read(name)) for name in program.outputs}
+    outputs = _handed_out(run, program.outputs, ready.values())
     stats.seconds = time.perf_counter() - start
     return outputs, stats
+
+
+def _handed_out(run: _Run, names, feeds) -> dict[str, np.ndarray]:
+    """The program's outputs, each the caller's own array: copied unless this
+    run made it (an array owning its memory, not a feed, not another output)."""
+    taken = {id(v) for v in feeds}
+    outputs = {}
+    for name in names:
+        value = run.read(name)
+        if not isinstance(value, np.ndarray) or value.base is not None or id(value) in taken:
+            value = np.array(value)
+        taken.add(id(value))
+        outputs[name] = value
+    return outputs

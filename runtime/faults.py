@@ -30,6 +30,7 @@ class FaultyDevice(Device):
         super().__init__()
         self.inner, self.every = inner, every
         self.kind, self.lanes, self.supports_chaining = inner.kind, inner.lanes, inner.supports_chaining
+        self.completes_ppu = inner.completes_ppu
         self.submits = 0  # submissions so far (direct and prepared)
         self.failed = 0  # submissions failed on purpose
         self._fail_at: int | None = None

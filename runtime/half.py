@@ -13,7 +13,8 @@ converts millions at each segment edge.
   class and a sample, tests/llm/test_plan.py every fp16 pattern and its
   neighbours, and `narrowed_like_numpy` the whole 2^32 range by hand.
 These two are the one fp16 conversion of the compiled host code (the fused
-edges of runtime/llm, the plan's fp16 BO readers and writers); `widen_value`
+edges of runtime/llm, the plan's fp16 BO readers and writers, an ONNX model's
+input and outputs at its feature maps: runtime/feature_edges.py); `widen_value`
 is fpext alone, for arithmetic on the values (decode attention).
 
 The atoms are a GEMM operand's [C1, rows, C2] (ir/npu/layout.py); the host
@@ -27,6 +28,8 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
+
+from rkc.runtime.llm.threads import over_ranges
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -134,6 +137,58 @@ def narrow_into_atoms(x, atoms):
         for r in range(m, rows):
             for b in range(c2):
                 atoms[a, r, b] = zero
+
+
+def narrow_into_feature(x: np.ndarray, fm: np.ndarray) -> None:
+    """fp32 maps x [C, H, W] (bits, any strides) rounded to fp16 into a feature
+    map fm [C1, H, W, C2] (bits): channels past C zeroed; the (channel group,
+    row) lines shared by the host threads (runtime/llm/threads.py)."""
+    over_ranges(lambda lo, hi: _narrow_lines(x, fm, lo, hi), fm.shape[0] * fm.shape[1])
+
+
+def widen_feature(fm: np.ndarray, out: np.ndarray) -> None:
+    """out[j] = the float32 bits of fm's channel j: fp16 feature map fm [C1, H, W,
+    C2] (bits) into out [C, H, W] (uint32, C <= C1 * C2), lines shared as above."""
+    over_ranges(lambda lo, hi: _widen_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1])
+
+
+@njit(**_JIT)
+def _narrow_lines(x, fm, lo, hi):
+    c, h, w = x.shape
+    c2 = fm.shape[3]
+    zero = np.uint16(0)
+    for line in range(lo, hi):
+        a, y = line // h, line % h
+        n = min(c2, c - a * c2)  # the channels this atom holds; the rest zero
+        rows = np.empty((c2, w), np.uint16)  # narrowed a row at a time: the loop vectorises
+        for b in range(n):
+            src, dst = x[a * c2 + b, y], rows[b]
+            for i in range(w):
+                dst[i] = narrow_bits(src[i])
+        for b in range(n, c2):
+            rows[b] = zero
+        atoms = fm[a, y]
+        for i in range(w):
+            for b in range(c2):
+                atoms[i, b] = rows[b, i]
+
+
+@njit(**_JIT)
+def _widen_lines(fm, out, lo, hi):
+    c, h, w = out.shape
+    c2 = fm.shape[3]
+    for line in range(lo, hi):
+        a, y = line // h, line % h
+        n = min(c2, c - a * c2)
+        rows = np.empty((c2, w), np.uint16)  # the atoms' lanes as rows: the widening vectorises
+        atoms = fm[a, y]
+        for i in range(w):
+            for b in range(c2):
+                rows[b, i] = atoms[i, b]
+        for b in range(n):
+            src, dst = rows[b], out[a * c2 + b, y]
+            for i in range(w):
+                dst[i] = widen_bits(src[i])
 
 
 @njit(**_JIT)

@@ -13,13 +13,13 @@ Works for any rkbin (ONNX or LLM): it knows only ir.program.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
-from rkc.ir.errors import FormatError
+from rkc.ir.errors import FormatError, RkcError
 from rkc.ir.npu.regcmd import ENTRY_BYTES
-from rkc.ir.program import Module, TensorInfo
+from rkc.ir.program import PPU_COMPLETION_KEY, Module, TensorInfo
 from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime.device import BufferObject, Device
 from rkc.runtime.execute import run_program
@@ -43,7 +43,9 @@ class LoadedModel:
         self.host_regions: dict[str, np.ndarray] = {}
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in self.module.tensors}
         self.last_run = None  # execute.RunStats of the latest run
+        self.prepared_submits: dict[int, Callable[[], None]] = {}  # NPU step id -> execute.py's prepared submit
         check_module(self.module)
+        check_kernel_features(self.module, device)
         try:
             self._place_guard()
             self._place_regions()
@@ -129,6 +131,14 @@ class LoadedModel:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def check_kernel_features(module: Module, device: Device | None) -> None:
+    """Refuse a program whose tasks the device's kernel would never complete."""
+    if device is not None and module.metadata.get(PPU_COMPLETION_KEY) and not device.completes_ppu:
+        raise RkcError(f"this rkbin runs max pooling on the PPU (compiled with --kernel-ppu-irq), but the "
+                       f"{device.kind} device's kernel never completes PPU tasks: use rocket 1.3 "
+                       f"(kernel/patches/0005) or recompile without --kernel-ppu-irq")
 
 
 def needs_device(module: Module) -> bool:

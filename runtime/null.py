@@ -30,6 +30,7 @@ class NullDevice(Device):
     kind = "null"
     lanes = 3
     supports_chaining = True
+    completes_ppu = True  # models a board on the patched kernel, as for chaining
 
     def __init__(self, **_options) -> None:
         super().__init__()

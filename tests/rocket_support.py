@@ -59,8 +59,9 @@ class IncrementExecutor:
 
     tasks_run: list[int] = field(default_factory=list)
 
-    def run_task(self, memory: NpuMemory, iova: int, entries: np.ndarray) -> None:
-        check_startable(memory, entries)
+    def run_task(self, memory: NpuMemory, iova: int, entries: np.ndarray,
+                 irq_blocks: tuple[str, ...] = ("DPU",)) -> None:
+        check_startable(memory, entries, irq_blocks)
         regs = {d.register.name: d.value for d in regcmd.decode(entries) if d.register is not None}
         src, dst = regs["CNA_FEATURE_DATA_ADDR"], regs["DPU_DST_BASE_ADDR"]
         data = np.frombuffer(memory.read(src, COPY_BYTES), np.uint8)

@@ -32,8 +32,8 @@ from rkc.compiler.llm.cpu_work import cpu_steps
 from rkc.compiler.llm.int4 import AUTO_GROUP, group_for as int4_group_for, quantize_weight as quantize_int4, \
     safe as int4_safe
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
-from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, DEFAULT_ROUNDING,
-                                       QUANTIZE_ROWS, RESIDUAL_CHOICES, ROUNDINGS, SCALES, method_for,
+from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, QUANTIZE_ROWS,
+                                       RESIDUAL_CHOICES, ROUNDINGS, SCALES, default_rounding, method_for,
                                        quantize_matrix, rounding_scheme)
 from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotate_matrix, rotation_for
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
@@ -85,7 +85,8 @@ class LlmCompileOptions:
     smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
     # int8 only: products whose weight name contains one of these stay fp16 (hybrid)
     keep_fp16: tuple[str, ...] = DEFAULT_KEEP_FP16
-    rounding: str = DEFAULT_ROUNDING  # int8 only: how weights are rounded (compiler/llm/quantize.py)
+    # int8 and int4: how weights are rounded (compiler/llm/quantize.py); "": the precision's default
+    rounding: str = ""
     scales: str = "max"  # int8 only: how the per-row weight scales are chosen (max or mse)
     calibration: Path = CALIBRATION_TEXT  # int8 only: the text calibration runs the float model on
     # int8 only: this share of the product groups (one NPU segment each: q+k+v,
@@ -109,6 +110,11 @@ class LlmCompileOptions:
     cores: int = hw.CORES  # NPU cores the programs' tasks are spread over (rkc compile --cores)
     # host threads the layers are encoded on (rkc compile --jobs); the bytes do not depend on it
     jobs: int | None = None  # None: default_jobs(the GGUF's size)
+
+
+    def __post_init__(self) -> None:
+        if not self.rounding:
+            self.rounding = default_rounding(self.precision)
 
 
 @dataclass

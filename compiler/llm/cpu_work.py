@@ -31,6 +31,12 @@ HARD, MOVABLE, EDGE, FREE = "hard", "movable", "edge", "free"
 
 _LOOKUP = (HARD, "embedding lookup by token id (an indexed row read, no NPU op)")
 
+# the FFN's activation and gating multiply stay between int8/int4 products only:
+# fp16 FFNs run them in their products' epilogues (compiler/llm/ffn_fusion.py)
+_INT8_FFN = ("FFN activation / gating of int8 products: the int32 sums need the per-token row scale "
+             "first (DequantizeRows) and the LUT on an integer datapath is undocumented (Q22); "
+             "fp16 FFNs run them on the DPU (LUT, EW multiply)")
+
 # op -> (boundary, why); see the module docstring for the kinds
 WHY_ON_CPU: dict[str, tuple[str, str]] = {
     "GatherPacked": _LOOKUP, "GatherRows": _LOOKUP, "Gather": _LOOKUP,
@@ -48,9 +54,9 @@ WHY_ON_CPU: dict[str, tuple[str, str]] = {
     "RoPE": (HARD, "position-dependent rotation of channel pairs (a per-token, per-pair mix)"),
     "SumPartials": (MOVABLE, "fp16 partial sums of a split K: the conv-main EW add could sum them"),
     "Add": (MOVABLE, "residual add: the DPU's EW stage adds a second tensor (conv-main or a flying task)"),
-    "Mul": (MOVABLE, "gated product: the DPU's EW stage multiplies by a second tensor"),
-    "GeluTanh": (MOVABLE, "activation: the DPU's LUT (GELU as two passes, ~1e-3..1e-2 accuracy)"),
-    "SiLU": (MOVABLE, "activation: the DPU's LUT (validated on silicon, ~1e-3..1e-2 accuracy)"),
+    "Mul": (HARD, _INT8_FFN),
+    "GeluTanh": (HARD, _INT8_FFN),
+    "SiLU": (HARD, _INT8_FFN),
     "Tanh": (MOVABLE, "activation: the DPU's LUT"),
     "Scale": (MOVABLE, "constant scale: a BS/BN multiplier"),
     "Linear": (MOVABLE, "a product the compiler placed on the CPU"),

@@ -36,6 +36,7 @@ from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.gemm import k_ranges
 from rkc.compiler.npu.placement import place_segment, place_segment_int4
 from rkc.compiler.emitter_ops import CHAINABLE, EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
+from rkc.compiler.llm.ffn_fusion import ACTIVATION_LUT, GatedFfn, gated_ffns, operand_rows
 from rkc.compiler.partition import partition
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
@@ -205,10 +206,23 @@ class LlmLowering:
         self.matrices[name] = enc
         return enc
 
+    def takes_epilogue(self, graph: Graph, op: int) -> bool:
+        """Linear `op` can fuse an FFN epilogue: one GEMM, no K split whose
+        partials the CPU adds (the epilogue would see a partial sum)."""
+        x, w = graph.ops[op].inputs[:2]
+        m, k = (int(d) for d in graph.tensors[x].type.shape)
+        return len(k_ranges(m, k, self.matrices[w].data.shape[0], "fp16", EMIT_OPTIONS)) == 1
+
     def lower(self, graph: Graph, program: str) -> None:
         on_npu = {i for i, op in enumerate(graph.ops) if op.type == "Linear"}
+        # fp16 FFNs whose gate and up products take the activation and the gating multiply
+        # in their epilogues; int8/int4 ones keep the boundary (ffn_fusion.py)
+        ffns = [f for f in gated_ffns(graph, lambda w: self.matrices[w].kind == "fp16")
+                if self.takes_epilogue(graph, f.gate) and self.takes_epilogue(graph, f.up)]
+        for f in ffns:
+            on_npu.update(f.inner)
         steps = partition(graph, lambda i: i in on_npu)
-        run = _ProgramLowering(self, graph, program)
+        run = _ProgramLowering(self, graph, program, ffns={i: f for f in ffns for i in (f.gate, f.up, f.down)})
         for name in graph.inputs:
             run.host_value(name)
         for part in steps:
@@ -227,6 +241,7 @@ class _ProgramLowering:
     program: str
     steps: list[Step] = field(default_factory=list)
     stats: ProgramStats = field(default_factory=ProgramStats)
+    ffns: dict[int, GatedFfn] = field(default_factory=dict)  # product op -> its fused FFN (ffn_fusion.py)
 
     @property
     def builder(self) -> ModuleBuilder:
@@ -285,6 +300,8 @@ class _ProgramLowering:
 
     # -- NPU segments ------------------------------------------------------------------------
     def segment(self, ops: list[int]) -> None:
+        fused = {j for i in ops if i in self.ffns for j in self.ffns[i].inner}
+        ops = [i for i in ops if i not in fused]  # the products; fused ops ride in their epilogues
         kinds = {self.llm.matrices[self.graph.ops[i].inputs[1]].kind for i in ops}
         if len(kinds) != 1:
             raise UnsupportedError(f"segment of {len(ops)} products mixes {' and '.join(sorted(kinds))} weights")
@@ -307,7 +324,9 @@ class _ProgramLowering:
             # an input quantized in T terms is T x the rows on the NPU (one read of the weights)
             m, k = (int(d) for d in self.graph.tensors[x].type.shape)
             m *= terms
-            if x not in converted:
+            ffn = self.ffns.get(i)
+            inside = ffn is not None and i == ffn.down  # reads the gated product the segment wrote
+            if x not in converted and not inside:
                 self.scratch(npu_name(x), [m, k], dev)
                 if int8:
                     self.host_value_named(f"{x}.rowscale", [m], DType.FP32)
@@ -320,6 +339,17 @@ class _ProgramLowering:
                                   attrs={"to": "fp16"}))
                 converted[x] = npu_name(x)
             y = op.outputs[0]
+            # a gate writes act(gate), an up writes act(gate) * up: values only the segment reads
+            epi_of_ffn = None
+            if ffn is not None and i == ffn.gate:
+                y = self.graph.ops[ffn.act].outputs[0]
+                epi_of_ffn = {"activation": ACTIVATION_LUT[self.graph.ops[ffn.act].type]}
+            elif ffn is not None and i == ffn.up:
+                y = self.graph.ops[ffn.mul].outputs[0]
+                gated = api.Feature.gemm(npu_name(self.graph.ops[ffn.act].outputs[0]), 0, operand_rows(m),
+                                         self.llm.matrices[self.graph.ops[ffn.gate].inputs[1]].data.shape[0],
+                                         "fp16").view(rows=api.gemm_rows(m))
+                epi_of_ffn = {"residual": api.Residual(gated, "mul")}
             enc = self.llm.matrices[w]
             n = enc.data.shape[0]
             bias = op.inputs[2] if len(op.inputs) > 2 else None
@@ -335,23 +365,31 @@ class _ProgramLowering:
             b = enc.data.T  # a view: the emitter packs it, no [K, N] copy per program
             for (k0, kt), piece in zip(parts, pieces):
                 out = npu_name(piece)
-                self.scratch(out, [m, n], out_dtype)
+                c = api.Feature.gemm(out, 0, m, n, out_dtype.value)
+                if ffn is not None and i == ffn.gate:
+                    # the up product's EW operand: surfaces of at least the EW stride floor (Q16),
+                    # as an M tile of a taller map is (ffn_fusion.operand_rows)
+                    c = api.Feature.gemm(out, 0, operand_rows(m), n, out_dtype.value).view(rows=c.height)
+                self.scratch(out, [operand_rows(m) if c.surface_stride else m, n], out_dtype)
                 epi = api.NO_EPILOGUE
-                if bias and not int8 and k0 == 0:
-                    epi = api.Epilogue(bias=self.llm.vectors[bias].astype(np.float32))
+                if (bias and not int8 and k0 == 0) or epi_of_ffn:
+                    epi = api.Epilogue(bias=self.llm.vectors[bias].astype(np.float32) if bias and k0 == 0 else None,
+                                       **(epi_of_ffn or {}))
                 a = api.Feature.gemm(npu_name(x), 0, m, k, dev.value)
                 if len(parts) > 1:
                     a = a.view(channel0=k0, channels=kt)
-                gemm = api.Gemm(a, b[k0:k0 + kt], api.Feature.gemm(out, 0, m, n, out_dtype.value), m,
+                gemm = api.Gemm(a, b[k0:k0 + kt], c, m,
                                 name=_op_name(w) + (f".k{k0}" if len(parts) > 1 else ""), epilogue=epi)
                 products.append((i, w, piece, gemm))
-            outputs.append((y, x, w, bias, [npu_name(piece) for piece in pieces], terms))
+            if epi_of_ffn is None:
+                outputs.append((y, x, w, bias, [npu_name(piece) for piece in pieces], terms))
         groups = self._emit_products(products, dev)
         for w in dict.fromkeys(w for _, w, _, _ in products):  # packed: the encoded matrices can go
             self.llm.packed(w)
         # the products read inputs converted before the segment and write their own outputs
+        # a fused FFN's products read what the earlier ones wrote: jobs in order, not one per core
         lowered = lower_segment(self.graph, groups, self.builder, f"segment {self.stats.segments + 1}",
-                                "int8" if int8 else "fp16", independent=True)
+                                "int8" if int8 else "fp16", independent=not fused)
         self.builder.append_segment(self.program, self.steps, lowered)
         self.llm.placed_packs({c.name for g in groups for c in g.result.constants})
         self.stats.segments += 1
@@ -440,7 +478,9 @@ class _ProgramLowering:
             except UnsupportedError as exc:
                 raise UnsupportedError(f"{w}: the NPU cannot run this product ({exc})") from None
             x = self.graph.ops[i].inputs[0]
-            groups.append(NpuGroup(i, [i], {x: "native-gemm"}, piece, "native-gemm", result, precision))
+            ffn = self.ffns.get(i)
+            covers = [i, ffn.act] if ffn and i == ffn.gate else [i, ffn.mul] if ffn and i == ffn.up else [i]
+            groups.append(NpuGroup(i, covers, {x: "native-gemm"}, piece, "native-gemm", result, precision))
         return groups
 
     def host_value_named(self, name: str, shape, dtype: DType) -> None:

@@ -78,6 +78,16 @@ def method_for(rounding: str, name: str, is_head: bool) -> str:
 # 5; and GPTQ on the head (head-gptq and up) takes the synthetic gemma4 int8
 # build below its top-1 bound against llama.cpp (0.955 < 0.97, tests/llm/test_gemma4.py)
 DEFAULT_ROUNDING = "rtn"
+# `--precision int4` (W4A8): GPTQ. Gemma 3 270M against llama.cpp on english.txt
+# (docs/notes/2026-12-06-int4-host-quality.md), the whole text: RTN KL 0.296,
+# GPTQ 0.157, llama.cpp's Q4_0 requantization 0.311. No cost at run time (the
+# same bytes and tasks); ~10x the compile's CPU time.
+DEFAULT_INT4_ROUNDING = "gptq"
+
+
+def default_rounding(precision: str) -> str:
+    """The weight rounding a precision's build uses unless told (int8: RTN, int4: GPTQ)."""
+    return DEFAULT_INT4_ROUNDING if precision == "int4" else DEFAULT_ROUNDING
 DEFAULT_FP16_SHARE = 0.0  # of the product groups (0.25 was the unrotated default: 18 of Gemma 3 270M's 72)
 DEFAULT_ALPHA_SEARCH = False
 SCALES = ("max", "mse")

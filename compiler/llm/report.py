@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
-from rkc.compiler.llm.cpu_work import HostCosts, cpu_lines, cpu_steps, prefill_lines
+from rkc.compiler.llm.cpu_work import UNKNOWN, WHY_ON_CPU, HostCosts, cpu_lines, cpu_steps, prefill_lines
 from rkc.compiler.llm.quantize import ROUNDINGS
 from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
@@ -90,6 +90,25 @@ def cpu_gathers(module: Module, program: Program) -> list[dict]:
         out.append({"table": name, "table_bytes": int(total), "bytes_per_run": int(row * ids.shape[0]),
                     "rows_per_run": int(ids.shape[0])})
     return out
+
+
+def boundary_lines(program: Program, layer: str = "layer 0") -> list[str]:
+    """Why `layer`'s segments are apart: the CPU steps before each of its
+    segments (since the previous segment), each with its kind of boundary
+    (compiler/llm/cpu_work.WHY_ON_CPU)."""
+    lines, stretch = [], []
+    for s in program.steps:
+        if s.kind == "cpu":
+            stretch.append(s.op)
+            continue
+        if layer_key(s) == layer:
+            label = "+".join(_short(x["name"]) for x in s.stats.get("layers", []))
+            ops = ", ".join(f"{op} ({WHY_ON_CPU.get(op, UNKNOWN)[0]})" for op in dict.fromkeys(stretch))
+            lines.append(f"  before {label}: {ops or 'nothing'}")
+        stretch = []
+    if not lines:
+        return []
+    return [f"{layer}'s boundaries (the CPU steps before each segment, and their kind; why: below)", *lines]
 
 
 def _tensor(layer_name: str) -> str:
@@ -207,6 +226,7 @@ def summary_lines(module: Module, model: PerfModel = MODEL, host_costs: HostCost
     for key, row in d["per_layer"].items():
         lines.append(f"  {key:9s} {' | '.join(row['segments']):40s} {row['tasks']:4d} / {row['kicks']:4d} / "
                      f"{row['ddr_bytes'] / 1e6:7.2f} MB / {row['npu_us']:8.1f} us")
+    lines += boundary_lines(module.program(DECODE))
     lines += cpu_lines(module.program(DECODE), d["modelled_npu_s"], host_costs)
     lines += prefill_lines(fig["prefill"], host_costs)
     return lines

@@ -161,7 +161,7 @@ class Feature:
 
 # -- epilogues ------------------------------------------------------------------------
 ELEMENTWISE_OPS = ("add", "mul", "max", "min")
-LUT_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu", "exp", "hardsigmoid", "hardswish")
+LUT_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu", "gelu_tanh", "exp", "hardsigmoid", "hardswish")
 ACTIVATIONS = ("relu", "relu6", "clip", *LUT_FUNCTIONS)
 
 
@@ -216,7 +216,13 @@ class Gemm:
 
     int8 x int8 -> int32 (raw), int8 (requantized: `c.quant` set), fp32 (exact
     cast of the int32 sum); fp16 x fp16 -> fp32 or fp16. `b` is the constant
-    [K, N] matrix (int8 with `b_quant`, or float16)."""
+    [K, N] matrix (int8 with `b_quant`, or float16).
+
+    `b_buffer`: B is not a constant but the contents of that buffer at run time,
+    in the native 1x1 weight layout (`layout.pack_weights` of B^T, one K tile),
+    written by whoever owns it (an LLM's KV cache, the softmax's
+    probabilities); `b` then only gives B's shape and dtype (a zero-stride
+    stand-in will do). fp16 only, and K within one task's channels."""
 
     a: Feature
     b: np.ndarray
@@ -228,6 +234,7 @@ class Gemm:
     # (first output channel, channels, lane) ranges chosen for a whole segment
     # (compiler/npu/placement.py); None: the emitter cuts N evenly over the cores
     placement: tuple[tuple[int, int, int], ...] | None = None
+    b_buffer: str | None = None
 
     @property
     def k(self) -> int:
@@ -236,6 +243,11 @@ class Gemm:
     @property
     def n(self) -> int:
         return self.b.shape[1]
+
+    @property
+    def weights_buffer(self) -> str:
+        """The buffer the CNA reads B from: the runtime operand's, or the packed constant's."""
+        return self.b_buffer or f"{self.name}.weights"
 
 
 INT4_SEGMENT = 256  # default K segment of an int4 GEMM: 256 x 64 = 16384, far inside int16

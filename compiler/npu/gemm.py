@@ -49,6 +49,8 @@ def _check(op: api.Gemm) -> str:
     want = np.int8 if dtype == "int8" else np.float16
     if op.b.dtype != want:
         raise UnsupportedError(f"{op.name}: B is {op.b.dtype}, expected {np.dtype(want)} for {dtype} A")
+    if op.b_buffer is not None and dtype != "fp16":
+        raise UnsupportedError(f"{op.name}: a run-time B operand is fp16 (int8 needs its column sums at compile time)")
     return dtype
 
 
@@ -126,7 +128,13 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
     key = (op.name, tuple(k_tiles), kg, op.b.shape, str(op.b.dtype))
     wq = op.b_quant
     zp_w = wq.zero_point if wq is not None else 0
-    if options.pack_cache is not None and key in options.pack_cache:
+    if op.b_buffer is not None:
+        # B is written at run time in the layout of one K tile (layout.pack_weights of B^T)
+        if nk > 1:
+            raise UnsupportedError(f"{op.name}: a run-time B of K={k} would need {nk} K tiles; at most "
+                                   f"{options.k_tile_max} channels")
+        packed, k_offsets, weight_sums = b"", [0], np.zeros(n)
+    elif options.pack_cache is not None and key in options.pack_cache:
         packed, k_offsets, weight_sums = options.pack_cache[key]
     else:
         packed, k_offsets = _pack_b(op, k_tiles, kg)
@@ -134,7 +142,7 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
         weight_sums = op.b.sum(axis=0, dtype=np.int64) - zp_w * k if dtype == "int8" else np.zeros(n)
         if options.pack_cache is not None:
             options.pack_cache[key] = packed, k_offsets, weight_sums
-    consts = [api.ConstBuffer(f"{op.name}.weights", packed)]
+    consts = [api.ConstBuffer(op.weights_buffer, packed)] if op.b_buffer is None else []
 
     full = epilogue.plan(epilogue.DpuRequest(dtype, op.c, n, op.a.quant, wq, weight_sums, op.epilogue))
     partials: list[api.Feature] = []
@@ -282,14 +290,14 @@ def _work(op, dtype, full, cpu: bool, dest, nk, kacc, ntile, mtile, ktile, k_off
     residual = plan.residual.tensor.view(channel0=n0, channels=nt, row0=m0, rows=mt) if plan.residual else None
     cbuf = api.CbufPlan(d_banks, w_banks, data_bytes=mt * layout.align(kt, op.a.c2) * item, weight_bytes=w_bytes,
                         weights_resident=w_bytes <= w_banks * hw.CBUF_BANK_BYTES)
-    tile = ConvTile(input=a_tile, output=o_tile, weights_buffer=f"{op.name}.weights",
+    tile = ConvTile(input=a_tile, output=o_tile, weights_buffer=op.weights_buffer,
                     weights_offset=k_offset + n0 * layout.align(kt, op.a.c2) * item, kernels=kernels,
                     out_channels_hw=kernels, kernel=(1, 1), stride=(1, 1), pad=(0, 0),
                     pad_value=(op.a.quant.zero_point if op.a.quant else 0), depthwise=False, dpu=plan, cbuf=cbuf,
                     channel0=n0, bs_buffer=f"{op.name}.bs", residual=residual,
                     residual_rows=plan.residual.tensor.height if plan.residual else 0,
                     label=f"{op.name} m{mi} n{ni} k{ki}")
-    reads = [op.a.buffer, f"{op.name}.weights"] + ([residual.buffer] if residual is not None else [])
+    reads = [op.a.buffer, op.weights_buffer] + ([residual.buffer] if residual is not None else [])
     return Work(lane, ("A", mi, ki), ("B", ni, ki), cbuf, lambda cb, t=tile: tile_task(_with(t, cb)),
                 tuple(reads), (out_full.buffer,))
 

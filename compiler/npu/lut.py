@@ -57,6 +57,11 @@ FUNCTIONS = {
     "silu": LutFunction(lambda x: np.asarray(x, np.float64) * _sigmoid(x), 16.0, -1.0, 5, overflow_slope=1.0),
     "gelu": LutFunction(lambda x: 0.5 * np.asarray(x, np.float64) * (1 + _erf(np.asarray(x) / math.sqrt(2))),
                         16.0, -1.0, 5, overflow_slope=1.0),
+    # GELU's tanh form, as Gemma's FFN computes it (llama.cpp's gelu; the erf form above differs by <~1e-3)
+    "gelu_tanh": LutFunction(lambda x: 0.5 * np.asarray(x, np.float64)
+                             * (1 + np.tanh(math.sqrt(2 / math.pi) * (np.asarray(x, np.float64)
+                                                                      + 0.044715 * np.asarray(x, np.float64) ** 3))),
+                             16.0, -1.0, 5, overflow_slope=1.0),
     "hardswish": LutFunction(lambda x: np.asarray(x, np.float64) * np.clip(np.asarray(x) / 6 + 0.5, 0, 1),
                              16.0, -1.0, 5, overflow_slope=1.0),
 }

@@ -41,12 +41,25 @@ def pool_fields(ctx) -> bool:
             and len(ctx.op.outputs) == 1)
 
 
+def kernel_completes_ppu(ctx) -> bool:
+    return ctx.ppu_completes
+
+
+kernel_completes_ppu.__doc__ = ("max pooling is a PPU-only task, which stock rocket never completes (it waits for a "
+                                "DPU interrupt): --kernel-ppu-irq for a kernel with kernel/patches/0005")
+
+
+def ppu_fp16(ctx) -> bool:
+    """the PPU pools fp16 only (int8 reads back wrongly, docs/hardware-questions.md Q14)"""
+    return ctx.precision == "fp16"
+
+
 AVG_POOL = NpuLowering(api.Pool, "avg")
+MAX_POOL = NpuLowering(api.Pool, "max")
 
 SPECS = [
-    OpSpec("MaxPool", pool_shape, npu=(cpu_only("max pooling is a PPU-only task, which stock rocket never "
-                                                 "completes (it waits for a DPU interrupt)"),),
-           summary="max pooling"),
+    OpSpec("MaxPool", pool_shape, npu=(*BASIC, kernel_completes_ppu, ppu_fp16, pool_2d, pool_fields),
+           lower=MAX_POOL, summary="max pooling (NPU: on the PPU, with --kernel-ppu-irq)"),
     OpSpec("AveragePool", pool_shape, npu=(*BASIC, pool_2d, pool_fields), lower=AVG_POOL,
            summary="average pooling (NPU: as a depthwise convolution)"),
     OpSpec("GlobalAveragePool", global_pool_shape, npu=(*BASIC, pool_2d), lower=AVG_POOL, summary="mean over H, W"),

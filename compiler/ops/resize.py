@@ -41,5 +41,6 @@ def no_antialias(ctx) -> bool:
     return not ctx.attr("antialias", 0)
 
 
-SPECS = [OpSpec("Resize", resize_shape, npu=(cpu_only("resizing is not lowered to the NPU yet"),),
+SPECS = [OpSpec("Resize", resize_shape, npu=(cpu_only("no documented NPU upsampling (hardware question Q24): "
+                                                        "nearest runs on the feature map in place on the CPU"),),
                 cpu=(no_antialias,), summary="resize: nearest, linear, cubic")]

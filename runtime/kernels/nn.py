@@ -132,6 +132,11 @@ def _taps(mode: str, src: np.ndarray, in_len: int, nearest_mode: str, cubic_a: f
     return np.clip(idx, 0, in_len - 1).astype(np.int64), w
 
 
+# dtypes the compiled 2-D gather copies
+_GATHERED = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.int32, np.float16, np.float32,
+                                            np.float64))
+
+
 def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coordinate_transformation_mode="half_pixel",
            cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch",
            mode="nearest", nearest_mode="round_prefer_floor"):
@@ -156,12 +161,20 @@ def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coor
     if mode == "nearest" and coordinate_transformation_mode != "tf_crop_and_resize":
         # each output is one input value: gathered as they are, in x's dtype (exact; no
         # float64 round trip, which made YOLO's and PP-OCR's upsampling a CPU hot spot)
-        y = x
+        picks = {}
         for k, axis in enumerate(axes):
             r = (0.0, 1.0) if roi_v is None else (roi_v[k], roi_v[len(axes) + k])
             src = _source_coordinate(coordinate_transformation_mode, out[k], in_sizes[k], scale[k], r)
             idx, _ = _taps(mode, src, in_sizes[k], nearest_mode, cubic_coeff_a, exclude_outside)
-            y = np.take(y, idx[:, 0], axis=axis)
+            if not np.array_equal(idx[:, 0], np.arange(x.shape[axis])):
+                picks[axis] = idx[:, 0]
+        if rank == 4 and set(picks) <= {2, 3} and x.dtype in _GATHERED:
+            from rkc.runtime.kernels import gather_jit  # numba: loaded by programs that resize on the CPU
+
+            return gather_jit.gather_2d(x, picks.get(2, np.arange(x.shape[2])), picks.get(3, np.arange(x.shape[3])))
+        y = x
+        for axis, idx in picks.items():
+            y = np.take(y, idx, axis=axis)
         return y
     y = x.astype(np.float64)
     for k, axis in enumerate(axes):

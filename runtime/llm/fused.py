@@ -6,7 +6,9 @@ and allocations were most of its cost at one row).
 The patterns matched here, one row (decode), between
 
     in edges: Cast (fp16 NPU output -> fp32) | DequantizeRows (int32 NPU output)
+              | CombineInt4 (an int4 product's int16 partials, jit.combine_int4_atoms)
     out edge: Cast (fp32 -> fp16 NPU input) | QuantizeRows (-> int8 NPU input)
+              | QuantizeNibbles (-> int4 nibble rows, jit.quantize_nibbles_into_atoms)
 
 are a decoder layer's
   - residual stretch (in edge, [RMSNorm], Add of the residual, RMSNorm, out
@@ -33,7 +35,7 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.half import narrow_into_atoms
-from rkc.runtime.llm import decode_attention, jit, prepared
+from rkc.runtime.llm import decode_attention, int4_rows, jit, prepared
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
@@ -64,6 +66,14 @@ class _InEdge:
         self.atoms = bt.rows_view[0]  # [C1, C2]: the row's channels in their atoms
         self.residual = bt.rows_view[1] if _terms(step) == 2 else None  # a two-term row's residual term
         self.out = np.empty((1, k), F32)
+        self.int4, self.flat = None, None
+        if step.op == "CombineInt4":  # the two nibble rows' int16 partials per K group (int4_rows.combine)
+            scales = const(plan, step.inputs[2], tuple(plan.model.tensors[step.inputs[2]].shape))
+            bias = const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else scales[0]
+            self.int4 = (bt.atoms, bt.shape[1] // len(scales), plan._slot(step.inputs[1]), scales, bias,
+                         len(step.inputs) == 4)
+            self.dequant = None
+            return
         if step.op == "Cast":
             self.atoms = self.atoms.view(np.uint16)
         self.flat = self._flat(self.out)  # what the compiled calls write (a view made once)
@@ -79,6 +89,8 @@ class _InEdge:
         """The row width k when `step` is such an edge, else 0."""
         if len(step.outputs) != 1 or not step.inputs or not step.inputs[0] or not _terms(step):
             return 0
+        if step.op == "CombineInt4":
+            return _int4_in_edge(plan, step)
         bt = plan._bo_tensor(step.inputs[0])
         if bt is None or bt.info.layout != "native-gemm" or len(bt.shape) != 2 or bt.shape[0] != _terms(step):
             return 0
@@ -103,8 +115,14 @@ class _InEdge:
         out, flat = self.out, self.flat
         if self.fresh:
             out = np.empty((1, self.k), F32)
-            flat = self._flat(out)
-        if self.dequant is None:
+            flat = None if self.int4 is not None else self._flat(out)
+        if self.int4 is not None:
+            atoms, n_pad, rs_slot, scales, bias, has_bias = self.int4
+            rs = self.slots[rs_slot]
+            if rs.shape != (1,) or rs.dtype != F32:
+                raise_shape(label, "row scale", rs)
+            jit.combine_int4_atoms(atoms, self.k, n_pad, scales, rs, bias, has_bias, out, 0, 1)
+        elif self.dequant is None:
             jit.half_atoms_to_float(self.atoms, self.k, flat)
         else:
             rs_slot, ch, bias, has_bias = self.dequant
@@ -117,6 +135,25 @@ class _InEdge:
                 jit.dequantize_atoms_terms(self.atoms, self.residual, self.k, rs[0], rs[1], ch, bias, has_bias, flat)
         self.slots[self.slot] = out
         return out
+
+
+def _int4_in_edge(plan, step: Step) -> int:
+    """CombineInt4 of one row read from its BO (the hi and lo nibble rows'
+    int16 partials [2, G x Np], Np a multiple of the atom): its width N, else 0."""
+    bt = plan._bo_tensor(step.inputs[0])
+    if (bt is None or bt.info.layout != "native-gemm" or bt.info.dtype != "int16" or len(bt.shape) != 2
+            or bt.shape[0] != 2 or len(step.inputs) not in (3, 4) or not host(plan, step.inputs[1])):
+        return 0
+    info = _info(plan, step.inputs[2])
+    if info is None or len(info.shape) != 2 or not info.shape[0]:
+        return 0
+    g, n = (int(d) for d in info.shape)
+    n_pad = bt.shape[1] // g
+    if (bt.shape[1] % g or n_pad < n or n_pad % bt.c2 or const(plan, step.inputs[2], (g, n)) is None
+            or not _row(plan, step.outputs[0], n) or not host(plan, step.outputs[0])
+            or (len(step.inputs) == 4 and const(plan, step.inputs[3], (n,)) is None)):
+        return 0
+    return n
 
 
 class _OutEdge:
@@ -135,6 +172,9 @@ class _OutEdge:
             self.half = bt.atoms.view(np.uint16)
             return
         self.codes, self.terms = bt.atoms, _terms(step)
+        self.nibbles = step.op == "QuantizeNibbles"  # two int4 rows per row (int4_rows.npu_rows)
+        if self.nibbles:
+            self.k, self.codes = 2 * self.k, bt.atoms.view(np.uint8)
         self.scale, self.scale_slot = np.empty(self.terms, F32), plan._slot(step.outputs[1])
         self.two = np.empty((2, self.k), F32)  # (two terms: the row and its residual)
         form = compiled_form(step_rotation(plan, step), self.k)  # (matches: a compiled form, or no rotation)
@@ -150,6 +190,13 @@ class _OutEdge:
         if not step.inputs or step.inputs[0] != src or not step.outputs or not _terms(step):
             return False
         bt = plan._bo_tensor(step.outputs[0])
+        if step.op == "QuantizeNibbles":  # the operand's bytes: two nibble rows of K / 2 bytes
+            if (bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (2, k // 2) or k % 32
+                    or bt.info.dtype != "int8" or len(step.outputs) != 2 or not host(plan, step.outputs[1])
+                    or not all(is_const(plan, n) for n in step.inputs[1:])):
+                return False
+            rot = step_rotation(plan, step)
+            return rot is None or compiled_form(rot, k) is not None
         if bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (_terms(step), k):
             return False
         if step.op == "Cast":
@@ -178,7 +225,9 @@ class _OutEdge:
             if self.factor is not None:  # F mixes the blocks
                 np.matmul(self.factor, self.blocks, out=self.mixed)
                 x = self.mixed_row
-        if self.terms == 1:
+        if self.nibbles:
+            jit.quantize_nibbles_into_atoms(x, self.codes, self.scale, int4_rows.ACT_LIMIT, 0, 1)
+        elif self.terms == 1:
             quantize_into_atoms(x, self.codes, self.scale)
         else:
             jit.quantize_terms_into_atoms(x, self.codes, self.scale, self.two)

@@ -14,6 +14,11 @@ the two compiled calls. The values a later step reads (the residual sum, the
 row scales) land in their slots, in buffers made once; values nothing else
 reads are not stored. The arithmetic is the per-step kernels' (the same bits:
 tests/llm/test_plan.py, tests/llm/test_prefill_fused.py).
+
+A stretch with int4 edges (CombineInt4 reading an int4 product's partials,
+QuantizeNibbles writing its nibble rows) that no fuser took runs those edges
+as compiled calls on the atoms, threaded over rows (`int4_edges`: the
+numpy kernels' bits, tests/llm/test_int4_edges.py), its other steps one call each.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ import numpy as np
 
 from rkc.ir.program import Step
 from rkc.ir.types import DType
+from rkc.runtime.llm import jit
 from rkc.runtime.llm import prefill_fused as kernels
+from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
+from rkc.runtime.llm.prefill_kernels import hadamard_rows as prefill_hadamard
 from rkc.runtime.llm.threads import over_ranges
 
 F32 = np.float32
@@ -262,6 +270,114 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[
     return plan._bracketed([*edge_g.bos, *edge_u.bos, edge_out.bo], [call])
 
 
+# -- int4 products' edges (runtime/llm/int4_rows.py): compiled, threaded over rows ---------------------------
+
+def _combine_int4(plan, step: Step, outputs: set):
+    """CombineInt4 of M rows read straight from the partials' atoms (jit.combine_int4_atoms,
+    rows shared among threads) into a buffer made once, or None when `step` is not one."""
+    if step.op != "CombineInt4" or len(step.inputs) not in (3, 4) or len(step.outputs) != 1:
+        return None
+    bt = _gemm_operand(plan, step.inputs[0], "int16")
+    scales_info = plan.model.tensors.get(step.inputs[2])
+    if bt is None or bt.shape[0] % 2 or scales_info is None or len(scales_info.shape) != 2:
+        return None
+    m, (g, n) = bt.shape[0] // 2, (int(d) for d in scales_info.shape)
+    n_pad = bt.shape[1] // g if g else 0
+    scales = const(plan, step.inputs[2], (g, n))
+    bias = const(plan, step.inputs[3], (n,)) if len(step.inputs) == 4 else _NONE_VEC
+    rs_info = plan.model.tensors.get(step.inputs[1])
+    if (scales is None or bias is None or not g or bt.shape[1] != g * n_pad or n_pad < n or n_pad % bt.c2
+            or not host(plan, step.inputs[1]) or rs_info is None or list(rs_info.shape) != [m]
+            or not host(plan, step.outputs[0]) or not _rows(plan, step.outputs[0], m, n)):
+        return None
+    atoms, has_bias, slots = bt.atoms, len(step.inputs) == 4, plan.slots
+    rs_slot, o, fresh = plan._slot(step.inputs[1]), plan._slot(step.outputs[0]), step.outputs[0] in outputs
+    buf, run = np.empty((m, n), F32), jit.combine_int4_atoms
+
+    def call():
+        rs = slots[rs_slot]
+        if rs.shape != (m,) or rs.dtype != F32:
+            raise_shape("CombineInt4", "row scale", rs)
+        out = np.empty((m, n), F32) if fresh else buf
+        over_ranges(lambda lo, hi: run(atoms, n, n_pad, scales, rs, bias, has_bias, out, lo, hi), m)
+        slots[o] = out
+    call.bo = plan.model.bos[bt.info.region]
+    return call
+
+
+def _quantize_nibbles(plan, step: Step):
+    """QuantizeNibbles of M rows (rotated by the compiled butterflies, the factor
+    as numpy's product) written straight into the int4 operand's atoms
+    (jit.quantize_nibbles_into_atoms, rows shared among threads), or None."""
+    if step.op != "QuantizeNibbles" or len(step.outputs) != 2 or not step.inputs:
+        return None
+    bt = _gemm_operand(plan, step.outputs[0], "int8")
+    if bt is None or bt.shape[0] % 2 or not host(plan, step.outputs[1]) or not host(plan, step.inputs[0]):
+        return None
+    m, k = bt.shape[0] // 2, 2 * bt.shape[1]
+    if k % 32 or not _rows(plan, step.inputs[0], m, k) or not all(is_const(plan, n) for n in step.inputs[1:]):
+        return None
+    rot = step_rotation(plan, step)
+    form = compiled_form(rot, k)
+    if rot is not None and form is None:
+        return None
+    codes, scale, slots = bt.atoms.view(np.uint8), np.empty(m, F32), plan.slots
+    i, scale_slot, run = plan._slot(step.inputs[0]), plan._slot(step.outputs[1]), jit.quantize_nibbles_into_atoms
+    rotated = None if form is None else np.empty((m, k), F32)
+    mixed = None if form is None or form.factor is None else np.empty((m, k // form.block, form.block), F32)
+    hadamard = prefill_hadamard if m >= LANES else jit.hadamard_rows
+
+    if form is not None and form.factor is None and m >= LANES:  # rotated and quantized by tiles, in one pass
+        tiles, tiled = -(-m // LANES), jit.rotate_nibbles_into_atoms
+
+        def call_tiles():
+            x = slots[i]
+            if x.shape != (m, k) or x.dtype != F32:
+                raise_shape("QuantizeNibbles", "input", x)
+            over_ranges(lambda lo, hi: tiled(x, form.signs, form.block, form.norm, codes, scale, ACT_LIMIT, lo, hi),
+                        tiles)
+            slots[scale_slot] = scale
+        call_tiles.bo = plan.model.bos[bt.info.region]
+        return call_tiles
+
+    def call():
+        x = slots[i]
+        if x.shape != (m, k) or x.dtype != F32:
+            raise_shape("QuantizeNibbles", "input", x)
+        if form is not None:
+            hadamard(x, form.signs, form.block, form.norm, rotated)
+            x = rotated
+            if mixed is not None:  # F mixes the blocks
+                np.matmul(form.factor, rotated.reshape(mixed.shape), out=mixed)
+                x = mixed.reshape(m, k)
+        over_ranges(lambda lo, hi: run(x, codes, scale, ACT_LIMIT, lo, hi), m)
+        slots[scale_slot] = scale
+    call.bo = plan.model.bos[bt.info.region]
+    return call
+
+
+def int4_edges(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """A stretch with int4 edges (CombineInt4 from a BO, QuantizeNibbles into
+    one) that no other fuser took: those edges compiled (_combine_int4,
+    _quantize_nibbles), every other step its own call as the plan makes it;
+    None when the stretch has no such edge."""
+    if not any(s.op in ("CombineInt4", "QuantizeNibbles") for s in steps):
+        return None
+    edges = [_combine_int4(plan, s, outputs) or _quantize_nibbles(plan, s) for s in steps]
+    if not any(edges):
+        return None
+    calls, bos = [], []
+    for step, edge in zip(steps, edges):
+        if edge is None:
+            edge = plan._cpu_call(step, bind, outputs, bos)
+            edge.label = step.op
+        else:
+            bos.append(edge.bo)
+            edge.label, edge.ops = f"{step.op} edge (compiled)", (step.op,)
+        calls.append(edge)
+    return plan._bracketed(bos, calls)
+
+
 def fusers() -> list:
-    """The many-row fusers of runtime/plan.py's hook."""
-    return [residual_rows, ffn_rows]
+    """The many-row fusers of runtime/plan.py's hook (int4_edges last: what the others leave)."""
+    return [residual_rows, ffn_rows, int4_edges]

@@ -25,6 +25,7 @@ from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
+from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _signed_tile, scaled_amax
 
 _JIT = {"cache": True, "nogil": True}
 _BLOCK = 128  # numpy's PW_BLOCKSIZE: the pairwise sum's leaf
@@ -426,3 +427,131 @@ def attention_front(q, k, qw, qeps, kw, keps, norms, qn, kn, qx, kx, cos, sin, d
             k16[row, h, i] = narrow_bits(kr_bits[0, h, i])
         for i in range(v_bits.shape[2]):
             v16[row, h, i] = narrow_bits(v_bits[0, h, i])
+
+
+# -- int4 products' edges (runtime/llm/int4_rows.py: W4A8 by two nibble rows per row) ----------------------
+# A code a in [-119, 119] is 16 hi + lo with lo = ((a + 8) & 15) - 8 (so lo = a mod 16 as a nibble) and
+# hi = (a - lo) / 16 = (a + 8) >> 4 (arithmetic shift): the nibbles are a & 15 and ((a + 8) >> 4) & 15.
+
+@njit(**_JIT)
+def _nibbles(even, odd):
+    """One byte of two signed nibbles (their low four bits), the even channel's in the low nibble."""
+    return np.uint8((even & 15) | ((odd & 15) << 4))
+
+
+@njit(**_JIT)
+def quantize_nibbles_into_atoms(x, q, scale, limit, lo, hi):
+    """int4_rows.npu_rows + packed_rows of rows lo..hi-1 of x [M, K] (rotated
+    already), written into the int4 operand's bytes as int8 GEMM atoms q
+    [C1, R, C2] (uint8 view; K / 2 byte columns, the even channel in the low
+    nibble): per row the int8 codes of weights.symmetric_rows with `limit`
+    (scale = max|x| / limit, 1 for a zero row; rint(x / scale) clipped: the
+    same float32 operations), each code a = 16 hi + lo written as two int4
+    rows, hi at 2m, lo at 2m + 1 (lo = ((a + 8) & 15) - 8). The pad rows past
+    2M are zeroed by the range that ends at M (the atoms
+    hold exactly K / 2 byte columns). The codes go through a row buffer first:
+    each loop simple enough to vectorise."""
+    rows, k = x.shape
+    c1, stored, c2 = q.shape
+    if 2 * c1 * c2 != k or stored < 2 * rows:
+        raise ValueError("the int4 operand's atoms do not hold these rows")
+    lim = np.float32(limit)
+    codes = np.empty(k, np.int32)
+    for m in range(lo, hi):
+        amax = np.float32(0.0)
+        for i in range(k):
+            a = abs(x[m, i])
+            if a > amax or a != a:  # a NaN stays the maximum, as in numpy's max (so the scale is 1)
+                amax = a
+        s = amax / lim if amax > 0 else np.float32(1.0)
+        scale[m] = s
+        for i in range(k):
+            codes[i] = np.int32(min(max(np.rint(x[m, i] / s), -lim), lim))
+        for a in range(c1):
+            for b in range(c2):
+                j = 2 * (a * c2 + b)
+                c_even, c_odd = codes[j], codes[j + 1]
+                q[a, 2 * m, b] = _nibbles(c_even + 8 >> 4, c_odd + 8 >> 4)
+                q[a, 2 * m + 1, b] = _nibbles(c_even, c_odd)
+    if hi == rows:
+        for a in range(c1):
+            for r in range(2 * rows, stored):
+                for b in range(c2):
+                    q[a, r, b] = 0
+
+
+@njit(**_JIT)
+def rotate_nibbles_into_atoms(x, signs, block, norm, q, scale, limit, tile_lo, tile_hi):
+    """quantize_nibbles_into_atoms of x [M, K] rotated first (signs, blockwise
+    butterflies, times `norm`: a rotation without a block-mixing factor, as
+    prefill_kernels.rotate_quantize_rows applies it, the same bits), tiles of
+    LANES rows tile_lo..tile_hi-1, the rotated rows never stored."""
+    rows, k = x.shape
+    c1, stored, c2 = q.shape
+    if 2 * c1 * c2 != k or stored < 2 * rows:
+        raise ValueError("the int4 operand's atoms do not hold these rows")
+    lim = np.float32(limit)
+    buf = np.empty((k, LANES), np.float32)
+    amax = np.empty(LANES, np.float32)
+    tiles = (rows + LANES - 1) // LANES
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
+        r = min(LANES, rows - m0)
+        _signed_tile(x, signs, m0, r, buf)
+        _butterflies(buf, block)
+        scaled_amax(buf, norm, amax)
+        for lane in range(r):
+            m = m0 + lane
+            s = amax[lane] / lim if amax[lane] > 0 else np.float32(1.0)
+            scale[m] = s
+            for a in range(c1):
+                for b in range(c2):
+                    j = 2 * (a * c2 + b)
+                    c_even = np.int32(min(max(np.rint(buf[j, lane] / s), -lim), lim))
+                    c_odd = np.int32(min(max(np.rint(buf[j + 1, lane] / s), -lim), lim))
+                    q[a, 2 * m, b] = _nibbles(c_even + 8 >> 4, c_odd + 8 >> 4)
+                    q[a, 2 * m + 1, b] = _nibbles(c_even, c_odd)
+    if tile_hi == tiles:
+        for a in range(c1):
+            for r2 in range(2 * rows, stored):
+                for b in range(c2):
+                    q[a, r2, b] = 0
+
+
+@njit(**_JIT)
+def combine_int4_atoms(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo, hi):
+    """int4_rows.combine of rows lo..hi-1 read from the NPU's int16 partials
+    in their atoms p [C1, R, C2] (row 2m: the hi nibble row's sums, 2m + 1 the
+    lo row's; group g's channel j at column g * n_pad + j, n_pad a multiple of
+    C2): out[m, j] = (sum over g, in order, of float32(16 P_hi + P_lo) *
+    scales[g, j]) * row scale[m] (+ bias[j]), each operation in float32 as
+    the kernel does it. By tiles of LANES rows, atom after atom (each atom's
+    rows of a tile are contiguous in the BO), group after group."""
+    c2 = p.shape[2]
+    groups = scales.shape[0]
+    atoms = -(-n // c2)
+    sixteen = np.float32(16.0)
+    for m0 in range(lo, hi, LANES):
+        m1 = min(m0 + LANES, hi)
+        for m in range(m0, m1):
+            for j in range(n):
+                out[m, j] = np.float32(0.0)
+        for g in range(groups):
+            a0 = g * n_pad // c2
+            w = scales[g]
+            for a in range(atoms):
+                base = a * c2
+                width = min(c2, n - base)
+                src = p[a0 + a]
+                for m in range(m0, m1):
+                    row = out[m]
+                    for b in range(width):
+                        merged = np.float32(src[2 * m, b]) * sixteen + np.float32(src[2 * m + 1, b])
+                        row[base + b] += merged * w[base + b]
+        for m in range(m0, m1):
+            rs = row_scale[m]
+            for j in range(n):
+                y = out[m, j] * rs
+                if has_bias:
+                    y = y + bias[j]
+                out[m, j] = y

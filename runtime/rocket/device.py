@@ -115,6 +115,8 @@ class RocketDevice(Device):
             if self.version.name != "rocket":
                 raise RocketError(f"{self.node} is driven by {self.version.name!r}, not rocket")
             self.supports_chaining = self.version.version >= uapi.CHAIN_VERSION
+            # kernel/patches/0005: a job names the interrupts that end it, so PPU-only tasks complete
+            self.completes_ppu = self.version.version >= uapi.IRQ_MASK_VERSION
             self._guard = self._create_raw(self._fds[0], GUARD_BYTES)
             self.lanes, self.lane_note = self._open_lanes(cores)
             self.job_checks = self._probe_fence_checks() if check_fences else JobChecks(False, "disabled")
@@ -310,7 +312,7 @@ class RocketDevice(Device):
             self._address_map = AddressMap(r.bo for r in self._bos.values())
         live = self._bos
         check_jobs(jobs, self._address_map, lambda bo: (r := live.get(bo.handle)) is not None and r.bo is bo,
-                   chained, self._validated)
+                   chained, self._validated, ppu_completes=self.completes_ppu)
 
     def submit(self, jobs: Sequence[Job], chained: bool = False) -> RocketSubmission:
         jobs = list(jobs)
@@ -374,7 +376,8 @@ class RocketDevice(Device):
         return in_handles, out_handles
 
     def _submit_run(self, run: list[_Tracked], lists: list[tuple[list[int], list[int]]], chain: bool) -> None:
-        job_type = uapi.RocketJobV11 if self.supports_chaining else uapi.RocketJob
+        job_type = (uapi.RocketJobV13 if self.completes_ppu else
+                    uapi.RocketJobV11 if self.supports_chaining else uapi.RocketJob)
         keep = []  # the kernel reads these through pointers during the ioctl
         jobs = (job_type * len(run))()
         for slot, t, (ins, outs) in zip(jobs, run, lists):
@@ -392,6 +395,11 @@ class RocketDevice(Device):
             slot.out_bo_handle_count = len(outs)
             if chain:
                 slot.flags = uapi.DRM_ROCKET_JOB_CHAIN
+            if self.completes_ppu:
+                # rkc's tasks start the DPU or the PPU, never both (pooling is a PPU-only
+                # task), so either interrupt ends exactly the task that raised it
+                slot.flags |= uapi.DRM_ROCKET_JOB_IRQ_MASK
+                slot.irq_mask = uapi.irq_mask_of(("DPU", "PPU"))
         arg = uapi.RocketSubmit(jobs=ctypes.addressof(jobs), job_count=len(run),
                                 job_struct_size=ctypes.sizeof(job_type), reserved=0)
         try:
@@ -492,6 +500,7 @@ class RocketDevice(Device):
             "driver": str(self.version),
             "driver_version": f"{self.version.major}.{self.version.minor}.{self.version.patchlevel}",
             "chained_kicks": self.supports_chaining,
+            "ppu_completion": self.completes_ppu,
             "lanes": self.lanes,
             "lane_note": self.lane_note,
             "job_checks": str(self.job_checks),

@@ -4,8 +4,8 @@ whether this machine has one.
 On any machine: the rocket UAPI as the runtime encodes it (request numbers and
 struct sizes, next to the sizes the UAPI header defines). On a board: the rocket
 node and driver version, the NPU cores, their clock (below 1 GHz points to
-kernel/), the NPU rail, the IOMMU, whether the chained-submit and
-shared-address-space patches are there, what the runtime device finds when it
+kernel/), the NPU rail, the IOMMU, whether the chained-submit,
+shared-address-space and interrupt-mask (PPU completion) patches are there, what the runtime device finds when it
 opens the node, and a one-line verdict. Then, NPU or not, the memory
 controller and CPU clocks that decide decode speed (runtime/rocket/soc.py,
 shared with kernel/check-npu) and a second verdict for them. The full 1 GHz
@@ -51,6 +51,9 @@ def uapi_lines() -> list[str]:
     lines.append(f"  chained kicks: job_struct_size {uapi.JOB_STRUCT_SIZE_V11} with DRM_ROCKET_JOB_CHAIN when the "
                  f"driver reports >= {'.'.join(map(str, uapi.CHAIN_VERSION))} (kernel/patches/0003), "
                  f"else {uapi.JOB_STRUCT_SIZE_V10} and one kick per task")
+    lines.append(f"  PPU completion: DRM_ROCKET_JOB_IRQ_MASK with irq_mask {uapi.IRQ_MASK_VALID:#x} when the driver "
+                 f"reports >= {'.'.join(map(str, uapi.IRQ_MASK_VERSION))} (kernel/patches/0005), else PPU-only "
+                 f"tasks are refused before submit")
     return lines
 
 
@@ -125,6 +128,14 @@ def build_report(root: str = "/", kernel: KernelInterface | None = None) -> Repo
     elif rocket:
         add((INFO, "shared space", "absent: every fd has its own NPU address space, so one core at a "
                                    "time (kernel/patches/0004 adds it)"))
+
+    if rocket and rocket[0].driver.version >= uapi.IRQ_MASK_VERSION:
+        add((OK, "PPU completion", f"present (driver {rocket[0].driver.major}.{rocket[0].driver.minor}): "
+                                   f"PPU-only tasks complete, so max pooling can run on the NPU "
+                                   f"(rkc compile --kernel-ppu-irq)"))
+    elif rocket:
+        add((INFO, "PPU completion", "absent: tasks end on the DPU interrupt only, so max pooling stays on "
+                                     "the CPU (kernel/patches/0005 adds a job-level interrupt mask)"))
 
     if rocket:
         try:

@@ -6,7 +6,8 @@ user pointers inside SUBMIT and the sync_file/VERSION structs, as
 copy_from_user/copy_to_user would), and answers like drivers/accel/rocket of
 Linux 6.18 (rocket_drv.c 525ad89dd904, rocket_gem.c 0eaed89c18ae,
 rocket_job.c 0755a4e3e809 in torvalds/linux), optionally with this
-repository's kernel/ patch 0003 (chained kicks, driver 1.1):
+repository's kernel/ patch 0003 (chained kicks, driver 1.1) and 0005 (a job
+names the PC interrupts that end it, so PPU-only tasks complete, driver 1.3):
 
 * files: one IOMMU domain and address allocator per file (drm_mm, page
   aligned, best fit from the aperture start, so the first BO gets IOVA 0), GEM
@@ -79,6 +80,7 @@ class KernelVariant:
     version: tuple[int, int, int]
     job_flags: bool  # understands drm_rocket_job.flags (kernel/ patch 0003)
     shares_address_space: bool = False  # the files of one process share one domain (patch 0004)
+    irq_mask: bool = False  # takes drm_rocket_job.irq_mask / DRM_ROCKET_JOB_IRQ_MASK (patch 0005)
 
     @property
     def job_struct_size(self) -> int:
@@ -89,6 +91,9 @@ STOCK = KernelVariant("rocket 0.0.0 (Linux 6.18, stock)", (0, 0, 0), False)
 CHAIN_PATCHED = KernelVariant("rocket 1.1.0 (kernel/ patch 0003: chained kicks)", (1, 1, 0), True)
 SHARED_PATCHED = KernelVariant("rocket 1.2.0 (kernel/ patches 0003 + 0004: chained kicks, one address "
                                "space per process)", (1, 2, 0), True, shares_address_space=True)
+IRQ_PATCHED = KernelVariant("rocket 1.3.0 (kernel/ patches 0003-0005: chained kicks, one address space per "
+                            "process, job-level interrupt mask)", (1, 3, 0), True, shares_address_space=True,
+                            irq_mask=True)
 
 
 def _oserror(code: int) -> OSError:
@@ -216,6 +221,7 @@ class EmJob:
     fence: Fence
     seq: int
     core: int | None = None
+    irq_blocks: tuple[str, ...] | None = None  # whose interrupt ends a kick (patch 0005's irq_mask; None: stock)
 
 
 class RocketFile:
@@ -533,7 +539,8 @@ class EmulatedKernel:
             return 0
         if a.job_struct_size < uapi.JOB_STRUCT_SIZE_V10 or a.reserved:
             raise _oserror(errno.EINVAL)
-        kstruct = uapi.RocketJobV11 if self.variant.job_flags else uapi.RocketJob
+        kstruct = (uapi.RocketJobV13 if self.variant.irq_mask else
+                   uapi.RocketJobV11 if self.variant.job_flags else uapi.RocketJob)
         ksize = ctypes.sizeof(kstruct)
         jobs = []
         for i in range(a.job_count):
@@ -542,7 +549,12 @@ class EmulatedKernel:
                 if any(raw[ksize:]):
                     raise _oserror(errno.E2BIG)
                 job = kstruct.from_buffer_copy(raw[:ksize].ljust(ksize, b"\0"))
-                if job.flags & ~uapi.ROCKET_JOB_FLAGS_VALID or job.reserved:
+                if self.variant.irq_mask:
+                    if job.flags & ~uapi.ROCKET_JOB_FLAGS_VALID_V13 or (
+                            (job.irq_mask == 0 or job.irq_mask & ~uapi.IRQ_MASK_VALID)
+                            if job.flags & uapi.DRM_ROCKET_JOB_IRQ_MASK else job.irq_mask):
+                        raise _oserror(errno.EINVAL)
+                elif job.flags & ~uapi.ROCKET_JOB_FLAGS_VALID or job.reserved:
                     raise _oserror(errno.EINVAL)
             else:  # copy_from_user(sizeof(struct)): anything past 40 bytes is never read
                 job = kstruct.from_buffer_copy(raw[:ksize])
@@ -581,6 +593,8 @@ class EmulatedKernel:
         self._seq += 1
         chain = bool(getattr(job, "flags", 0) & uapi.DRM_ROCKET_JOB_CHAIN) and self.hw_chain
         em = EmJob(f, tasks, ins, outs, chain, deps, fence, self._seq)
+        if getattr(job, "flags", 0) & uapi.DRM_ROCKET_JOB_IRQ_MASK:
+            em.irq_blocks = uapi.irq_blocks_of(job.irq_mask)
         for o in ins + outs:
             o.refs += 1
         for o in outs:
@@ -667,7 +681,8 @@ class EmulatedKernel:
             kicks.append(number)
             i += number
         try:
-            self.npu.run_job(job.file.domain, job.core, job.tasks, kicks, f"fd {job.file.fd} job {job.seq}")
+            self.npu.run_job(job.file.domain, job.core, job.tasks, kicks, f"fd {job.file.fd} job {job.seq}",
+                             irq_blocks=job.irq_blocks)
             job.fence.signal()
         except NpuFault as exc:
             self.log.append(f"rocket core {job.core}: NPU job timed out ({exc}); core reset")

@@ -93,18 +93,21 @@ class NpuMemory:
 class Executor(Protocol):
     """Task level: what one task does, given the PC model of `PcModel`."""
 
-    def run_task(self, memory: NpuMemory, iova: int, entries: np.ndarray) -> None:
-        """Execute one task's regcmd (as fetched) against `memory`."""
+    def run_task(self, memory: NpuMemory, iova: int, entries: np.ndarray,
+                 irq_blocks: tuple[str, ...] = ("DPU",)) -> None:
+        """Execute one task's regcmd (as fetched) against `memory`; the kernel
+        completes it on the interrupt of one of `irq_blocks`."""
 
 
 class NpuModel(Protocol):
     """Job level: what the emulated kernel hands a job to."""
 
     def run_job(self, table: PageTable, core: int, tasks: list[tuple[int, int]], kicks: list[int],
-                label: str) -> None:
+                label: str, irq_blocks: tuple[str, ...] | None = None) -> None:
         """Run `tasks` [(regcmd IOVA, entries)] on `core` as kicks of `kicks[i]`
-        tasks each, through the IOMMU domain `table`; raise NpuFault if the
-        board would hang or fault."""
+        tasks each, through the IOMMU domain `table`; a kick ends on the
+        interrupt of one of `irq_blocks` (None: the stock kernel's, the DPU's); raise
+        NpuFault if the board would hang or fault."""
 
 
 class PcModel:
@@ -114,12 +117,12 @@ class PcModel:
         self.executor = executor
 
     def run_job(self, table: PageTable, core: int, tasks: list[tuple[int, int]], kicks: list[int],
-                label: str) -> None:
+                label: str, irq_blocks: tuple[str, ...] | None = None) -> None:
         memory = NpuMemory(table)
         first = 0
         for number in kicks:
             iova, count = tasks[first]
-            run_kick(self.executor, memory, iova, count, number)
+            run_kick(self.executor, memory, iova, count, number, irq_blocks or ("DPU",))
             first += number
 
 
@@ -135,19 +138,22 @@ class TraceExecutor:
 
     tasks: list[TaskRecord] = field(default_factory=list)
 
-    def run_task(self, memory: NpuMemory, iova: int, entries: np.ndarray) -> None:
-        check_startable(memory, entries)
+    def run_task(self, memory: NpuMemory, iova: int, entries: np.ndarray,
+                 irq_blocks: tuple[str, ...] = ("DPU",)) -> None:
+        check_startable(memory, entries, irq_blocks)
         self.tasks.append(TaskRecord(iova, entries.copy()))
 
 
-def check_startable(memory: NpuMemory, entries: np.ndarray) -> None:
-    """What the board needs to run a task to its DPU interrupt."""
+def check_startable(memory: NpuMemory, entries: np.ndarray, irq_blocks: tuple[str, ...] = ("DPU",)) -> None:
+    """What the board needs to run a task to an interrupt the kernel waits for
+    (stock rocket: the DPU's; with kernel/ patch 0005 the job's irq_mask)."""
     nonzero = np.flatnonzero(entries)
     last = regcmd.decode_entry(int(entries[nonzero[-1]])) if len(nonzero) else None
     if last is None or last.kind is not regcmd.EntryKind.OP_ENABLE:
         raise NpuHang("task has no operation-enable entry, nothing starts")
-    if not last.value & OP_ENABLE_BITS[Block.DPU]:
-        raise NpuHang(f"operation-enable {last.value:#x} does not start the DPU, no DPU interrupt")
+    if not any(last.value & OP_ENABLE_BITS[Block[b]] for b in irq_blocks):
+        raise NpuHang(f"operation-enable {last.value:#x} does not start the {' or '.join(irq_blocks)}, "
+                      f"no interrupt the kernel waits for")
     targets = entries >> np.uint64(48)
     offsets = entries & np.uint64(0xFFFF)
     values = (entries >> np.uint64(16)) & np.uint64(0xFFFFFFFF)
@@ -158,7 +164,8 @@ def check_startable(memory: NpuMemory, entries: np.ndarray) -> None:
                 raise IommuFault(f"{reg.name}={int(value):#x} is not mapped in this file's IOMMU domain")
 
 
-def run_kick(executor: Executor, memory: NpuMemory, iova: int, count: int, task_number: int) -> int:
+def run_kick(executor: Executor, memory: NpuMemory, iova: int, count: int, task_number: int,
+             irq_blocks: tuple[str, ...] = ("DPU",)) -> int:
     """Model the PC for one kick; returns the number of tasks run.
 
     The kernel programs PC_REGISTER_AMOUNTS = (count + 1) / 2 - 1, so the PC
@@ -170,7 +177,7 @@ def run_kick(executor: Executor, memory: NpuMemory, iova: int, count: int, task_
     for k in range(task_number):
         raw = memory.read(iova, fetch * regcmd.ENTRY_BYTES)
         entries = np.frombuffer(raw, dtype="<u8")
-        executor.run_task(memory, iova, entries)
+        executor.run_task(memory, iova, entries, irq_blocks)
         if k + 1 == task_number:
             break
         iova, fetch = _link(entries)

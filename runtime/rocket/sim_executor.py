@@ -12,6 +12,8 @@ kernel turns into a reset job with an errored fence.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from rkc.runtime.rocket.executors import NpuFault, PageTable
@@ -36,8 +38,11 @@ class SimExecutor:
         self.jobs: list = []  # runtime.sim JobStats of every job run, for tests and probes
 
     def run_job(self, table: PageTable, core: int, tasks: list[tuple[int, int]], kicks: list[int],
-                label: str) -> None:
-        npu = Npu(domain_space(table), self.quirks)
+                label: str, irq_blocks: tuple[str, ...] | None = None) -> None:
+        # which interrupt completes a task is the kernel's choice: a job's irq_mask (kernel/
+        # patch 0005) names it, else the stock reading of Q12 in self.quirks stands
+        quirks = self.quirks if irq_blocks is None else replace(self.quirks, completion_blocks=irq_blocks)
+        npu = Npu(domain_space(table), quirks)
         try:
             if all(k == 1 for k in kicks):
                 self.jobs.append(npu.run_job(label, core, tasks, chained=False))

@@ -12,6 +12,10 @@ run):
 * kernel/patches/0004: no UAPI change; the files of one process share one NPU
   address space and the driver reports 1.2 (the device still checks the
   sharing itself at open, since the shared_vm parameter can switch it off).
+* kernel/patches/0005: `reserved` becomes ``irq_mask`` (same 48 bytes) and
+  DRM_ROCKET_JOB_IRQ_MASK = 1 << 1 says the job ends on the PC interrupts in
+  it (PC_INTERRUPT_MASK bits: DPU_0/1 = bits 8/9, PPU_0/1 = bits 10/11) instead
+  of the DPU's; driver 1.3.
 * include/uapi/drm/drm.h, torvalds/linux 00c9672606f781f2db7e904127dcbdc2831701ca
   (DRM_IOCTL_VERSION, DRM_IOCTL_GEM_CLOSE, PRIME_HANDLE_TO_FD/FD_TO_HANDLE,
   DRM_COMMAND_BASE 0x40; these layouts have not changed since).
@@ -127,18 +131,43 @@ class RocketJobV11(Struct):
     _fields_ = RocketJob._fields_ + [("flags", u32), ("reserved", u32)]
 
 
+class RocketJobV13(Struct):
+    """struct drm_rocket_job with kernel/ patch 0005: `reserved` is the job's interrupt mask (48 bytes)."""
+
+    _fields_ = RocketJob._fields_ + [("flags", u32), ("irq_mask", u32)]
+
+
 class RocketSubmit(Struct):
     _fields_ = [("jobs", u64), ("job_count", u32), ("job_struct_size", u32), ("reserved", u64)]
 
 
 DRM_ROCKET_JOB_CHAIN = 1 << 0
 ROCKET_JOB_FLAGS_VALID = DRM_ROCKET_JOB_CHAIN
+#: kernel/ patch 0005: drm_rocket_job.irq_mask names the PC interrupts that end the job
+DRM_ROCKET_JOB_IRQ_MASK = 1 << 1
+ROCKET_JOB_FLAGS_VALID_V13 = DRM_ROCKET_JOB_CHAIN | DRM_ROCKET_JOB_IRQ_MASK
+#: PC_INTERRUPT_MASK bits of the two blocks whose completion can end a task (hw-rocket-and-mesa.md:
+#: DPU_0/1 are bits 8/9, PPU_0/1 bits 10/11); stock rocket always waits for the DPU pair
+PC_IRQ_BITS = {"DPU": (1 << 8) | (1 << 9), "PPU": (1 << 10) | (1 << 11)}
+IRQ_MASK_VALID = PC_IRQ_BITS["DPU"] | PC_IRQ_BITS["PPU"]
 #: kernel/ patch 0003: a chained kick runs at most this many tasks (PC_TASK_CON.TASK_NUMBER is 12 bits)
 CHAIN_TASKS_PER_KICK = 0xFFF
 #: driver version that understands drm_rocket_job.flags (kernel/ patch 0003)
 CHAIN_VERSION = (1, 1)
 #: driver version whose files of one process share one address space (kernel/ patch 0004)
 SHARED_VM_VERSION = (1, 2)
+#: driver version that takes a job-level interrupt mask, so PPU-only tasks complete (kernel/ patch 0005)
+IRQ_MASK_VERSION = (1, 3)
+
+
+def irq_mask_of(blocks: tuple[str, ...]) -> int:
+    """drm_rocket_job.irq_mask for a job that ends on any of `blocks`' interrupts."""
+    return sum(PC_IRQ_BITS[b] for b in sorted(set(blocks)))
+
+
+def irq_blocks_of(mask: int) -> tuple[str, ...]:
+    """The blocks whose interrupts `mask` (a valid irq_mask) waits for."""
+    return tuple(b for b, bits in PC_IRQ_BITS.items() if mask & bits)
 
 # --- dma-buf.h / sync_file.h -----------------------------------------------------------
 
@@ -224,6 +253,7 @@ NESTED_STRUCTS: tuple[tuple[str, type[Struct], int], ...] = (
     ("drm_rocket_task", RocketTask, 8),
     ("drm_rocket_job (1.0)", RocketJob, 40),
     ("drm_rocket_job (1.1, patch 0003)", RocketJobV11, 48),
+    ("drm_rocket_job (1.3, patch 0005)", RocketJobV13, 48),
     ("sync_fence_info", SyncFenceInfo, 80),
 )
 

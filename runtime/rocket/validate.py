@@ -13,7 +13,8 @@ is refused here, with the job's label and the task in the message:
   fetch (the PC reads whole 128-bit units) lies inside one live BO;
 * decoded with ir/npu/regcmd.py's entry format: every entry has a known target,
   the task ends with the tail marker and an operation-enable word that starts
-  the DPU, and every non-zero address field points into a live BO;
+  the DPU (or the PPU, on a kernel with kernel/patches/0005's interrupt
+  mask), and every non-zero address field points into a live BO;
 * for a chained submission, each tail links to the next task of the job.
 
 Decoding is vectorised with numpy: a model's regcmd is validated on every
@@ -35,6 +36,8 @@ from rkc.runtime.rocket.errors import JobRejected
 _KNOWN_TARGETS = np.array(sorted({0, regcmd.TARGET_MARKER, regcmd.TARGET_OP_ENABLE}
                                  | {b.target for b in Block}), dtype=np.uint64)
 _DPU_BIT = OP_ENABLE_BITS[Block.DPU]
+# op-enable bits of the blocks whose interrupt ends a task: stock rocket, or with kernel/patches/0005
+_COMPLETING_BITS = {False: _DPU_BIT, True: _DPU_BIT | OP_ENABLE_BITS[Block.PPU]}
 
 
 @dataclass(frozen=True)
@@ -124,9 +127,10 @@ class TaskCache:
 
 
 def check_jobs(jobs: Sequence[Job], addresses: AddressMap, is_live: Callable[[BufferObject], bool],
-               chained: bool, cache: TaskCache | None = None) -> None:
+               chained: bool, cache: TaskCache | None = None, ppu_completes: bool = False) -> None:
     """Raise JobRejected (naming the job and task) if the NPU or the kernel
-    would not run every job of `jobs` as meant."""
+    would not run every job of `jobs` as meant. `ppu_completes`: the kernel
+    ends a task on the PPU's interrupt too (kernel/patches/0005's irq_mask)."""
     pending: list[tuple[str, int, Task, BufferObject]] = []
     for i, job in enumerate(jobs):
         name = job_name(job, i)
@@ -142,7 +146,7 @@ def check_jobs(jobs: Sequence[Job], addresses: AddressMap, is_live: Callable[[Bu
     for (name, t, task), bo in zip(flat, _task_bos(flat, addresses)):
         if cache is None or not cache.known(task, bo):
             pending.append((name, t, task, bo))
-    _check_entries(pending, addresses)
+    _check_entries(pending, addresses, _COMPLETING_BITS[ppu_completes])
     if cache is not None:
         for _, _, task, bo in pending:
             cache.add(task, bo)
@@ -204,7 +208,8 @@ _ADDRESS_NAMES = [next(r.name for r in ADDRESS_REGISTERS if (r.target << 16) | r
                   for k in _ADDRESS_KEYS.tolist()]
 
 
-def _check_entries(pending: list[tuple[str, int, Task, BufferObject]], addresses: AddressMap) -> None:
+def _check_entries(pending: list[tuple[str, int, Task, BufferObject]], addresses: AddressMap,
+                   completing: int = _DPU_BIT) -> None:
     """All tasks of `pending` at once: targets, tails, address fields."""
     if not pending:
         return
@@ -233,11 +238,15 @@ def _check_entries(pending: list[tuple[str, int, Task, BufferObject]], addresses
         k = int(np.argmax(~tail_ok))
         raise JobRejected(f"{where(int(starts[k]))[0]}: does not end with the tail marker and operation-enable entry")
     enable = (last >> np.uint64(16)) & np.uint64(0xFFFFFFFF)
-    no_dpu = (enable & np.uint64(_DPU_BIT)) == 0
-    if no_dpu.any():
-        k = int(np.argmax(no_dpu))
-        raise JobRejected(f"{where(int(starts[k]))[0]}: operation-enable {int(enable[k]):#x} does not start the "
-                          f"DPU; the kernel waits for the DPU interrupt, so the job would time out")
+    no_end = (enable & np.uint64(completing)) == 0
+    if no_end.any():
+        k = int(np.argmax(no_end))
+        if completing == _DPU_BIT:
+            raise JobRejected(f"{where(int(starts[k]))[0]}: operation-enable {int(enable[k]):#x} does not start the "
+                              f"DPU; the kernel waits for the DPU interrupt, so the job would time out "
+                              f"(kernel/patches/0005 lets PPU tasks complete)")
+        raise JobRejected(f"{where(int(starts[k]))[0]}: operation-enable {int(enable[k]):#x} starts neither the "
+                          f"DPU nor the PPU, so no interrupt ends the task and the job would time out")
 
     keys = (targets << np.uint64(16)) | (entries & np.uint64(0xFFFF))
     slot = np.minimum(np.searchsorted(_ADDRESS_KEYS, keys), len(_ADDRESS_KEYS) - 1)

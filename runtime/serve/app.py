@@ -326,9 +326,14 @@ def create_app(model: LlmModel | Callable[[], LlmModel], queue_size: int = 8, mo
               Route("/v1/models", api.models),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
               Route("/v1/completions", api.completions, methods=["POST"]), Route("/openapi.json", openapi_json)]
+    loading = threading.Event()  # the load has begun: a second startup does not load again
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        if callable(model):
+        if api.worker is not None and api.worker.stopped:  # started again after a shutdown (an in-process client)
+            ready(api.model)
+        elif callable(model) and not loading.is_set():
+            loading.set()
             threading.Thread(target=load, name="rkc-load", daemon=True).start()
         yield
         if api.worker is not None:

@@ -106,6 +106,7 @@ class Worker:
         self._durations: deque[float] = deque(maxlen=16)
         self.rejected = 0
         self.draining = False  # shutting down: no new jobs
+        self.stopped = False  # the NPU thread has been told to end
         self._drain_timer: threading.Timer | None = None
         self._open: weakref.WeakValueDictionary[int, Job] = weakref.WeakValueDictionary()  # responses not yet gone
         self.thread = threading.Thread(target=self._loop, name="rkc-npu", daemon=True)
@@ -149,12 +150,20 @@ class Worker:
         self._drain_timer.start()
 
     def stop(self) -> None:
+        """The NPU thread ends after the job it is running; a job submitted from now on is refused (503), never
+        queued for a thread that is gone. Jobs still waiting are ended with a "shutdown" event."""
         if self._drain_timer is not None:
             self._drain_timer.cancel()
         with self._cv:
+            self.draining = self.stopped = True
             self._waiting.append(None)
             self._cv.notify()
         self.thread.join(timeout=30)
+        with self._cv:
+            left = [j for j in self._waiting if j is not None]
+            self._waiting.clear()
+        for job in left:
+            job.end("shutdown")
 
     def status(self) -> dict[str, Any]:
         # t0: the timeline's origin on CLOCK_MONOTONIC, which a client on this machine reads too (time.monotonic)

@@ -35,6 +35,9 @@ class SimDevice(Device):
                  cache_bytes: int = DEFAULT_BUDGET, **_options) -> None:
         self.mem = IovaSpace(cache_bytes=cache_bytes)
         self.npu = Npu(self.mem, quirks)
+        # a PPU-only task completes when the modelled kernel waits for the PPU interrupt
+        # (kernel/patches/0005); the default reading of Q12 is stock rocket's DPU only
+        self.completes_ppu = "PPU" in quirks.completion_blocks
         self.perf = perf or PerfModel()
         super().__init__()
         self._failed: dict[int, SimError] = {}  # out-BO handle -> error of the job that should have written it

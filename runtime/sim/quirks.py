@@ -228,6 +228,18 @@ QUESTIONS: tuple[Question, ...] = (
         "(scale 1, shift 0, offset 0); a result outside int16 raises QuirkRejection "
         "(`int4_int16_overflow`: the emitter bounds K per task so that none can occur). `rkc probe` "
         "(int4 checks) settles the nibble order, the overflow behaviour and M = 1 on a board."),
+    Question(
+        "Q24", "nearest upsampling (Resize) on the NPU",
+        "TRM: CNA_CONV_CON1 DECONV and CNA_CONV_CON3 DECONV_X/Y_STRIDE are named without semantics, and "
+        "no Mesa, rocket-userspace or gregordinary stream sets them (Q15). The DPU write has no pixel "
+        "stride (Q4: a line is width + NOTCH_ADDR atoms), so a write can repeat rows (two tasks, the "
+        "destination one line apart, the line pitch doubled by the notch) but not columns; the PPU reads "
+        "and writes dense cubes (ppu-pooling.md). No source upsamples on this NPU outside the vendor "
+        "stack, whose encoding is not public.",
+        "Refused: DECONV and the deconvolution strides raise (runtime/sim/cna.py). A nearest Resize runs "
+        "on the CPU on the feature maps in place (runtime/feature_edges.py, no layout conversion). A probe "
+        "is to be written: a depthwise deconvolution of stride 2 with a 2x2 kernel of ones (nearest x2) "
+        "against numpy."),
 )
 
 

@@ -31,6 +31,7 @@ SAMPLES = {
     "jobs": (["--jobs", "2"], ("jobs", 2)),
     "explain": (["--explain"], None),  # a report option: checked on the output below
     "cpu_only": (["--cpu-only"], ("cpu_only", True)),
+    "kernel_ppu_irq": (["--kernel-ppu-irq"], ("ppu_irq", True)),
     "prefill_chunks": (["--prefill-chunks", "1,8"], ("prefill_chunks", (1, 8))),
     "smooth_alpha": (["--smooth-alpha", "0.25"], ("smooth_alpha", 0.25)),
     "keep_fp16": (["--keep-fp16", "ffn_down, attn_q"], ("keep_fp16", ("ffn_down", "attn_q"))),
@@ -38,6 +39,8 @@ SAMPLES = {
     "fp16_share": (["--fp16-share", "0"], ("fp16_share", 0.0)),
     "int8_rotation": (["--int8-rotation", "block"], ("rotation", "block")),
     "int8_residual": (["--int8-residual", "head"], ("residual", "head")),
+    "int4_group": (["--int4-group", "128"], ("int4_group", 128)),
+    "int4_keep": (["--int4-keep", "ffn_down, attn_v"], ("int4_keep", ("ffn_down", "attn_v"))),
 }
 
 

@@ -57,13 +57,13 @@ def commit_message(text):
     return rest.split("\n---\n", 1)[0]
 
 
-def test_series_has_the_four_patches():
+def test_series_has_the_five_patches():
     subjects = [re.match(r"\[PATCH (\d)/(\d)\] (.*)$", subject(p.read_text()) or "")
                 for p in PATCHES]
     assert all(subjects), "every patch needs a numbered Subject line"
-    assert [(s.group(1), s.group(2)) for s in subjects] == [(str(n), "4") for n in range(1, 5)]
+    assert [(s.group(1), s.group(2)) for s in subjects] == [(str(n), "5") for n in range(1, 6)]
     titles = [s.group(3) for s in subjects]
-    for title, word in zip(titles, ("OPP", "powered", "chain", "share one address space")):
+    for title, word in zip(titles, ("OPP", "powered", "chain", "share one address space", "which interrupt")):
         assert word in title
 
 
@@ -125,7 +125,7 @@ def test_uapi_change_is_additive_and_keeps_the_old_layout():
     """Existing userspace (Mesa) passes 40-byte jobs: no old line may change."""
     uapi = [d for p in PATCHES for d in file_diffs(p.read_text())
             if d[0] == "include/uapi/drm/rocket_accel.h"]
-    assert len(uapi) == 1
+    assert len(uapi) == 2  # 0003 (flags), 0005 (irq_mask in place of reserved)
     body = uapi[0][3]
     removed = [l for l in body.splitlines() if l.startswith("-") and not l.startswith("---")]
     assert removed == []
@@ -198,6 +198,46 @@ def test_shared_address_space_message_says_why_how_to_detect_and_what_it_exposes
         assert needed in message, needed
 
 
+IRQ_PATCH = PATCHES[4]  # 0005, the job-level interrupt mask
+
+
+def irq_diffs():
+    return {path: body for path, _, _, body in file_diffs(IRQ_PATCH.read_text())}
+
+
+def test_irq_mask_takes_the_reserved_word_and_reports_version_1_3():
+    diffs = irq_diffs()
+    assert set(diffs) == {"drivers/accel/rocket/rocket_drv.c", "drivers/accel/rocket/rocket_job.c",
+                          "drivers/accel/rocket/rocket_job.h", "include/uapi/drm/rocket_accel.h"}
+    drv = diffs["drivers/accel/rocket/rocket_drv.c"]
+    assert "\t.minor\t\t\t= 2," in removed(drv) and "\t.minor\t\t\t= 3," in added(drv)
+    header = diffs["include/uapi/drm/rocket_accel.h"]
+    # the 48-byte layout stays: only the reserved word is renamed, nothing else removed
+    assert [l for l in removed(header) if l.strip() and "Reserved" not in l] == ["\t__u32 reserved;"]
+    assert "\t__u32 irq_mask;" in added(header)
+    assert "#define DRM_ROCKET_JOB_IRQ_MASK\t\t\t(1 << 1)" in added(header)
+
+
+def test_irq_mask_is_checked_programmed_and_honoured():
+    job = irq_diffs()["drivers/accel/rocket/rocket_job.c"]
+    new = added(job)
+    # whole-ioctl -EINVAL for a bad mask, like an unknown flag (stock: DPU only, as before)
+    assert any("!rocket_job_irq_mask_valid(&jobs[i])" in l for l in new)
+    assert "\treturn job->irq_mask && !(job->irq_mask & ~ROCKET_JOB_IRQ_BLOCKS);" in new
+    assert "\t\t\t PC_INTERRUPT_MASK_DPU_0 | PC_INTERRUPT_MASK_DPU_1;" in new
+    # each kick enables and clears the job's mask, and only an enabled bit ends it
+    assert "\trocket_pc_writel(core, INTERRUPT_MASK, job->irq_mask);" in new
+    assert "\trocket_pc_writel(core, INTERRUPT_CLEAR, job->irq_mask);" in new
+    assert any("raw_status & rocket_pc_readl(core, INTERRUPT_MASK) & ROCKET_JOB_IRQ_BLOCKS" in l for l in new)
+
+
+def test_irq_mask_message_says_why_how_to_detect_and_what_is_unverified():
+    message = commit_message(IRQ_PATCH.read_text())
+    for needed in ("PPU_0", "PC_INTERRUPT_RAW_STATUS", "DRM_ROCKET_JOB_IRQ_MASK", "-EINVAL", "version 1.3",
+                   "Not verified on a board"):
+        assert needed in message, needed
+
+
 LINUX_TREE = os.environ.get("ROCKET_LINUX_TREE")
 needs_tree = pytest.mark.skipif(not LINUX_TREE,
                                 reason="set ROCKET_LINUX_TREE to a Linux v6.18 tree")
@@ -208,7 +248,7 @@ def test_check_apply_against_a_real_tree():
     res = subprocess.run(["sh", str(PATCH_DIR / "check-apply"), LINUX_TREE],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("applies  ") == len(PATCHES) == 4
+    assert res.stdout.count("applies  ") == len(PATCHES) == 5
 
 
 def patched_tree(dest):

@@ -77,7 +77,8 @@ def teacher_forced_logits(model, tokens: list[int], ctx: int):
     for window in Generator.windows(tokens, ctx):
         model.reset()
         model.eval(window[:-1])
-        yield window, np.asarray(model.scores[: len(window) - 1], dtype=np.float32)
+        # a copy: the next window's eval overwrites model.scores (a caller keeping windows kept the last one)
+        yield window, np.array(model.scores[: len(window) - 1], dtype=np.float32)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

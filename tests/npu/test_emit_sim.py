@@ -314,7 +314,7 @@ def test_elementwise(c, h, w, op, dtype, seed):
 
 
 # -- LUT activations and pooling (need the simulator's LUT and PPU models) ----------------
-@pytest.mark.parametrize("function", ["sigmoid", "tanh", "silu", "gelu", "hardsigmoid", "hardswish", "exp"])
+@pytest.mark.parametrize("function", ["sigmoid", "tanh", "silu", "gelu", "gelu_tanh", "hardsigmoid", "hardswish", "exp"])
 def test_standalone_lut_activation(function):
     from rkc.compiler.npu import lut
 

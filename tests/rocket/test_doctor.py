@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from rkc.compiler.cli import main
 from rkc.runtime.rocket.doctor import build_report
-from rkc.runtime.rocket.emulated import CHAIN_PATCHED, SHARED_PATCHED, STOCK, EmulatedKernel
+from rkc.runtime.rocket.emulated import CHAIN_PATCHED, IRQ_PATCHED, SHARED_PATCHED, STOCK, EmulatedKernel
 
 CORES = ("fdab0000.npu", "fdac0000.npu", "fdad0000.npu")
 
@@ -81,6 +81,17 @@ def test_board_with_the_shared_address_space_patch(tmp_path):
     assert r.verdict == "NPU ready: rocket 1.2 at /dev/accel/accel0, 3 core(s), 1000 MHz, chained kicks"
 
 
+def test_board_with_the_interrupt_mask_patch(tmp_path):
+    root = fake_board(tmp_path, params=("npu_freq_mhz", "hold_power", "hw_chain", "shared_vm"))
+    r = build_report(str(root), EmulatedKernel(IRQ_PATCHED))
+    topics = {t: (level, m) for level, t, m in r.checks}
+    assert topics["PPU completion"] == ("OK", "present (driver 1.3): PPU-only tasks complete, so max pooling "
+                                              "can run on the NPU (rkc compile --kernel-ppu-irq)")
+    assert r.device["ppu_completion"] is True
+    r = build_report(str(root), EmulatedKernel(SHARED_PATCHED))
+    assert {t: level for level, t, _ in r.checks}["PPU completion"] == "INFO"
+
+
 def test_shared_address_space_switched_off(tmp_path):
     """shared_vm=N: the version still says 1.2, the device's own check finds private spaces."""
     root = fake_board(tmp_path, params=("npu_freq_mhz", "hold_power", "hw_chain", "shared_vm"))
@@ -103,6 +114,9 @@ def test_stock_board_at_200_mhz(tmp_path):
     assert topics["shared space"] == ("INFO", "absent: every fd has its own NPU address space, so one core at "
                                               "a time (kernel/patches/0004 adds it)")
     assert topics["runtime device"][1].startswith("1 lane(s): this kernel gives every file its own")
+    assert topics["PPU completion"] == ("INFO", "absent: tasks end on the DPU interrupt only, so max pooling "
+                                                "stays on the CPU (kernel/patches/0005 adds a job-level "
+                                                "interrupt mask)")
     assert r.verdict.startswith("NPU usable (rocket 0.0 at /dev/accel/accel0, 3 core(s), 200 MHz, one kick per "
                                 "task), but: scmi_clk_npu at 200 MHz, below 1 GHz")
 

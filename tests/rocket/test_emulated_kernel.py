@@ -12,7 +12,10 @@ import pytest
 from rocket_support import IncrementExecutor, put_task, task_entries
 from rkc.runtime.device import Job
 from rkc.runtime.rocket import JobDropped, RocketDevice, uapi
-from rkc.runtime.rocket.emulated import CHAIN_PATCHED, EmulatedKernel, UapiMismatch
+from rkc.compiler.probe.programs import ppu_pool
+from rkc.runtime.rocket import JobRejected
+from rkc.runtime.rocket.emulated import CHAIN_PATCHED, IRQ_PATCHED, SHARED_PATCHED, STOCK, EmulatedKernel, UapiMismatch
+from rkc.runtime.rocket.sim_executor import SimExecutor
 
 
 class Raw:
@@ -258,3 +261,96 @@ def test_sync_file_info_lists_the_fences():
     info = uapi.SyncFileInfo()
     k.ioctl(s.fd, uapi.SYNC_IOC_FILE_INFO, info)
     assert (info.status, info.name) == (1, b"stub")
+
+
+# --- kernel/patches/0005: a job-level interrupt mask (DRM_ROCKET_JOB_IRQ_MASK, driver 1.3) lets a
+# PPU-only pooling task complete; stock kernels keep waiting for the DPU and time the job out.
+
+DPU_PPU = uapi.irq_mask_of(("DPU", "PPU"))
+
+
+def test_uapi_mask_bits_are_the_pc_interrupt_bits():
+    assert uapi.irq_mask_of(("DPU",)) == 0x300 and uapi.irq_mask_of(("PPU",)) == 0xC00 and DPU_PPU == 0xF00
+    assert uapi.irq_blocks_of(0x400) == ("PPU",) and uapi.irq_blocks_of(0xF00) == ("DPU", "PPU")
+    assert uapi.JOB_STRUCT_SIZE_V11 == 48 == uapi.ctypes.sizeof(uapi.RocketJobV13)
+
+
+def _one_job(raw, **fields):
+    rc, src, dst = raw.bo(), raw.bo(), raw.bo()
+    task = raw.task(rc, src, dst)
+    return raw.job([task], ins=[src.handle], outs=[dst.handle], struct=uapi.RocketJobV13, **fields)
+
+
+@pytest.mark.parametrize("fields, code", [
+    (dict(flags=1 << 2), errno.EINVAL),  # unknown flag
+    (dict(irq_mask=0x400), errno.EINVAL),  # a mask without the flag: reserved must stay zero
+    (dict(flags=uapi.DRM_ROCKET_JOB_IRQ_MASK, irq_mask=0), errno.EINVAL),  # nothing would end the job
+    (dict(flags=uapi.DRM_ROCKET_JOB_IRQ_MASK, irq_mask=0x1000), errno.EINVAL),  # DMA error bit, not a block
+])
+def test_patched_kernel_checks_the_mask(fields, code):
+    raw = Raw(EmulatedKernel(IRQ_PATCHED, executor=IncrementExecutor()))
+    assert errno_of(lambda: raw.submit([_one_job(raw, **fields)], struct=uapi.RocketJobV13)) == code
+
+
+@pytest.mark.parametrize("variant", [CHAIN_PATCHED, SHARED_PATCHED], ids=lambda v: v.name[:10])
+def test_older_patched_kernels_refuse_the_flag(variant):
+    raw = Raw(EmulatedKernel(variant, executor=IncrementExecutor()))
+    job = _one_job(raw, flags=uapi.DRM_ROCKET_JOB_IRQ_MASK, irq_mask=0xC00)
+    assert errno_of(lambda: raw.submit([job], struct=uapi.RocketJobV13)) == errno.EINVAL
+
+
+def test_a_dpu_task_masked_to_the_ppu_never_completes():
+    """The mask is honoured, not just accepted: a DPU task on a PPU-only mask times out."""
+    k = EmulatedKernel(IRQ_PATCHED, executor=IncrementExecutor())
+    raw = Raw(k)
+    raw.submit([_one_job(raw, flags=uapi.DRM_ROCKET_JOB_IRQ_MASK, irq_mask=0xC00)], struct=uapi.RocketJobV13)
+    raw.submit([_one_job(raw, flags=uapi.DRM_ROCKET_JOB_IRQ_MASK, irq_mask=0x300)], struct=uapi.RocketJobV13)
+    k.progress()
+    assert [("timed out" in line) for line in k.log] == [True]
+    assert k.jobs_run == 2
+
+
+def _device(variant):
+    return RocketDevice(kernel=EmulatedKernel(variant, executor=SimExecutor()), quiet=True)
+
+
+def test_ppu_pool_completes_on_the_patched_kernel_and_matches_numpy():
+    with _device(IRQ_PATCHED) as dev:
+        assert dev.completes_ppu and dev.describe()["ppu_completion"] is True
+        run = ppu_pool(dev)
+    for got, want in run.exact.values():
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("variant", [STOCK, SHARED_PATCHED], ids=lambda v: v.name[:10])
+def test_stock_kernel_refuses_a_ppu_task_before_submit(variant):
+    with _device(variant) as dev:
+        assert not dev.completes_ppu
+        with pytest.raises(JobRejected, match="does not start the DPU.*0005"):
+            ppu_pool(dev)
+
+
+def test_stock_kernel_times_out_a_ppu_task_submitted_anyway():
+    """Past the device's check (raw SUBMIT), the stock kernel waits for the DPU: timeout, errored fence."""
+    from rkc.compiler.npu import api
+    from rkc.compiler.npu.dispatch import emit
+    from rkc.runtime.rocket.executors import TraceExecutor
+    X = api.Feature("X", 0, 8, 4, 4, "fp16")
+    Y = api.Feature("Y", 0, 8, 2, 2, "fp16")
+    result = emit(api.Pool(X, Y, "max", (2, 2), (2, 2), name="pool"), api.EmitOptions(ppu_completes=True))
+    for variant, times_out in ((SHARED_PATCHED, True), (IRQ_PATCHED, False)):
+        trace = TraceExecutor()  # checks the task can start and what ends it; addresses stay unrelocated (0)
+        k = EmulatedKernel(variant, executor=trace)
+        raw = Raw(k)
+        rc, buf = raw.bo(64 * 1024), raw.bo(64 * 1024)
+        entries = result.tasks[0].regcmd
+        view = raw.view(rc)
+        view[: entries.nbytes] = entries.view(np.uint8)
+        raw.k.ioctl(raw.fd, uapi.DRM_IOCTL_ROCKET_FINI_BO, uapi.RocketFiniBo(handle=rc.handle))
+        mask = dict(flags=uapi.DRM_ROCKET_JOB_IRQ_MASK, irq_mask=0xC00) if variant.irq_mask else {}
+        job = raw.job([(rc.dma_address, len(entries))], outs=[buf.handle],
+                      struct=uapi.RocketJobV13 if variant.irq_mask else uapi.RocketJobV11, **mask)
+        raw.submit([job], struct=uapi.RocketJobV13 if variant.irq_mask else uapi.RocketJobV11)
+        k.progress()
+        assert any("timed out" in line for line in k.log) == times_out
+        assert len(trace.tasks) == (0 if times_out else 1)

@@ -138,8 +138,8 @@ def test_differing_bytes_are_reported():
 class _Twice(IncrementExecutor):
     """Like IncrementExecutor, then adds one more to the destination."""
 
-    def run_task(self, memory, iova, entries):
-        super().run_task(memory, iova, entries)
+    def run_task(self, memory, iova, entries, irq_blocks=("DPU",)):
+        super().run_task(memory, iova, entries, irq_blocks)
         from rkc.ir.npu.regcmd import decode
         dst = next(d.value for d in decode(entries) if d.register is not None and d.register.name ==
                    "DPU_DST_BASE_ADDR")

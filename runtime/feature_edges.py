@@ -1,0 +1,211 @@
+"""CPU steps at an NPU feature map ("native": [C1, H, W, C2], ir/npu/layout.py),
+run on the native layout itself instead of through the interpreter's generic
+unpack and pack around the kernel (runtime/execute.py's from_layout /
+to_layout: a transposed copy each way, and numpy's fp16 casts at ~2 ns an
+element, which made a 640x640 detector's input and outputs most of its host time):
+
+* the model's input edge: a float32 map quantized (QuantizeLinear, one scale)
+  or rounded to fp16 (Cast) straight into the feature map, threads over rows;
+* its output edges: a feature map dequantized (DequantizeLinear, one scale) or
+  widened (Cast) to float32 straight into the row-major result;
+* an int8 <-> fp16 edge of a mixed-precision program (a conversion out of one
+  feature map into float32 and straight back into another): one recoding pass
+  through a table of every code's result (`run_pair`);
+* ops that work plane by plane and only select values (MaxPool without its
+  indices, nearest Resize): the kernel of runtime/kernels runs on the feature
+  maps seen as planes [C1, C2, H, W] (no conversion, the padding channels
+  pooled or copied like any other: they hold what the NPU wrote there).
+
+`run_step(run, step)` runs a step this way when its tensors allow it and says
+whether it did; any other step takes the interpreter's path. The values are
+the kernels' own (tests/runtime/test_feature_edges.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rkc.ir.errors import RkcError
+from rkc.ir.npu import geometry, layout
+from rkc.ir.program import Step, TensorInfo
+from rkc.ir.types import DType
+from rkc.runtime.kernels import run_kernel
+
+PLANE_OPS = frozenset({"MaxPool", "Resize"})
+
+
+def _feature(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
+    """The tensor's bytes as its feature map [C1, H, W, C2]."""
+    c, h, _, w = geometry.feature_map(info.shape, info.layout)
+    return layout.feature_view(raw, c, h, w, DType(info.dtype).numpy)
+
+
+def _planes(fm: np.ndarray) -> np.ndarray:
+    """A feature map [C1, H, W, C2] as planes [C1, C2, H, W] (a view)."""
+    return fm.transpose(0, 3, 1, 2)
+
+
+class _Held:
+    """The feature maps of some BO tensors, held for CPU access while a step runs."""
+
+    def __init__(self, run, infos: list[TensorInfo]) -> None:
+        self.device = run.model.device
+        self.infos = infos
+        self.by_region = {info.region: run.model.bos[info.region] for info in infos}
+
+    def __enter__(self) -> list[np.ndarray]:
+        for bo in self.by_region.values():
+            self.device.prepare_cpu_access(bo)  # host is writable from here on
+        return [_feature(self.by_region[i.region].host[i.offset:i.offset + i.nbytes], i) for i in self.infos]
+
+    def __exit__(self, *exc) -> None:
+        for bo in self.by_region.values():
+            self.device.finish_cpu_access(bo)
+
+
+def _in_bo(run, info: TensorInfo | None) -> bool:
+    return info is not None and info.region is not None and info.region in run.model.bos \
+        and info.layout == "native"
+
+
+def _one_scale(run, step: Step) -> tuple[float, int] | None:
+    """(scale, zero point) of a per-tensor (De)QuantizeLinear with an int8 zero point."""
+    if len(step.inputs) != 3 or not step.inputs[2] or step.attrs.get("block_size", 0):
+        return None
+    scale, zp = run.read(step.inputs[1]), run.read(step.inputs[2])
+    if scale.size != 1 or zp.size != 1 or zp.dtype != np.int8 or scale.dtype != np.float32:
+        return None
+    return float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0])
+
+
+def run_step(run, step: Step) -> bool:
+    """Run `step` on the native layout of its feature maps if it is one of the
+    cases above (True), else do nothing (False)."""
+    if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
+        return False
+    tensors = run.model.tensors
+    src, dst = tensors.get(step.inputs[0]), tensors.get(step.outputs[0])
+    if src is None or dst is None:
+        return False
+    if step.op in ("Cast", "QuantizeLinear") and _in_bo(run, dst) and src.region is None:
+        return _input_edge(run, step, src, dst)
+    if step.op in ("Cast", "DequantizeLinear") and _in_bo(run, src) and dst.region is None:
+        return _output_edge(run, step, src, dst)
+    if step.op in PLANE_OPS and _in_bo(run, src) and _in_bo(run, dst) and src.dtype == dst.dtype:
+        return _plane_op(run, step, src, dst)
+    return False
+
+
+def run_pair(run, step: Step, following: Step) -> bool:
+    """Run `step`, a conversion out of a feature map into a float32 host tensor,
+    and `following`, the conversion of that tensor back into another feature map
+    (int8 -> fp16: DequantizeLinear then Cast; fp16 -> int8: Cast then
+    QuantizeLinear), as one recoding of the codes through a table the reference
+    kernels compute (every code's result: 256 int8 or 65536 fp16), if they are
+    such a pair; the caller knows nothing else reads the float32 tensor."""
+    from rkc.runtime.kernels import quant_jit
+
+    if following.kind != "cpu" or len(step.outputs) != 1 or len(following.outputs) != 1 \
+            or not following.inputs or following.inputs[0] != step.outputs[0] or not step.inputs[0]:
+        return False
+    tensors = run.model.tensors
+    src, mid, dst = (tensors.get(n) for n in (step.inputs[0], step.outputs[0], following.outputs[0]))
+    if None in (src, mid, dst) or not (_in_bo(run, src) and _in_bo(run, dst)) or mid.region is not None \
+            or mid.dtype != "fp32" or list(src.shape) != list(dst.shape):
+        return False
+    if src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes:
+        return False  # the memory plan may give the second step's output the first's dead input bytes
+    if (step.op, following.op, src.dtype, dst.dtype) == ("DequantizeLinear", "Cast", "int8", "fp16"):
+        params = _one_scale(run, step)
+        table = None if params is None else quant_jit.int8_to_fp16_table(*params)
+    elif (step.op, following.op, src.dtype, dst.dtype) == ("Cast", "QuantizeLinear", "fp16", "int8"):
+        params = _one_scale(run, following)
+        table = None if params is None else quant_jit.fp16_to_int8_table(*params)
+    else:
+        return False
+    if table is None:
+        return False
+    with _Held(run, [src, dst]) as (fin, fout):
+        codes_in = fin.view(np.uint8 if src.dtype == "int8" else np.uint16)
+        codes_out = fout.view(np.uint16 if dst.dtype == "fp16" else np.uint8)
+        quant_jit.recode_feature(codes_in, table, codes_out, int(src.shape[1]))
+    return True
+
+
+def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    from rkc.runtime import half
+    from rkc.runtime.kernels import quant_jit  # numba: loaded by programs with these edges only
+
+    value = run.read(step.inputs[0])
+    if value.dtype != np.float32 or list(value.shape) != list(dst.shape):
+        return False
+    planes = value.reshape(dst.shape[1:])
+    if step.op == "Cast":
+        if dst.dtype != "fp16":
+            return False
+        with _Held(run, [dst]) as (fm,):
+            half.narrow_into_feature(planes.view(np.uint32), fm.view(np.uint16))
+        return True
+    params = _one_scale(run, step)
+    if params is None or dst.dtype != "int8":
+        return False
+    with _Held(run, [dst]) as (fm,):
+        quant_jit.quantize_into_feature(planes, *params, fm)
+    return True
+
+
+def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    from rkc.runtime import half
+    from rkc.runtime.kernels import quant_jit
+
+    if dst.dtype != "fp32" or list(src.shape) != list(dst.shape):
+        return False
+    out = np.empty(dst.shape, np.float32)
+    planes = out.reshape(dst.shape[1:])
+    if step.op == "Cast":
+        if src.dtype != "fp16":
+            return False
+        with _Held(run, [src]) as (fm,):
+            half.widen_feature(fm.view(np.uint16), planes.view(np.uint32))
+    else:
+        params = _one_scale(run, step)
+        if params is None or src.dtype != "int8":
+            return False
+        with _Held(run, [src]) as (fm,):
+            quant_jit.dequantize_feature(fm, *params, planes)
+    run.write(step.outputs[0], out)
+    return True
+
+
+def _plane_inputs(run, step: Step, src: TensorInfo, planes_shape: tuple[int, ...]) -> list | None:
+    """The step's other inputs, restated for planes [C1, C2, H, W] (a Resize's
+    scales or sizes), or None when they touch the batch or channel axes."""
+    rest = [run.read(n) if n else None for n in step.inputs[1:]]
+    if step.op != "Resize":
+        return rest
+    if step.attrs.get("axes") is not None or step.attrs.get("mode", "nearest") != "nearest" \
+            or step.attrs.get("coordinate_transformation_mode") == "tf_crop_and_resize":
+        return None
+    roi, scales, sizes = (rest + [None, None, None])[:3]
+    if sizes is not None and np.size(sizes):
+        sizes = np.asarray(sizes).reshape(-1)
+        if sizes.size != 4 or list(sizes[:2]) != list(src.shape[:2]):
+            return None
+        return [roi, scales, np.array([*planes_shape[:2], *sizes[2:]], sizes.dtype)]
+    if scales is None or np.size(scales) != 4 or list(np.asarray(scales).reshape(-1)[:2]) != [1, 1]:
+        return None
+    return [roi, scales, sizes] if len(rest) > 2 else [roi, scales]
+
+
+def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    with _Held(run, [src, dst]) as (fin, fout):
+        x, y = _planes(fin), _planes(fout)
+        rest = _plane_inputs(run, step, src, x.shape)
+        if rest is None:
+            return False
+        (value,) = run_kernel(step.op, [x, *rest], step.attrs, 1)
+        if value.shape != y.shape:
+            raise RkcError(f"step {step.name!r}: {dst.name!r} came out {list(value.shape)} as planes, "
+                           f"the program declares {dst.shape}")
+        y[...] = value
+    return True

@@ -1,0 +1,116 @@
+"""Compiled (numba) per-tensor int8 quantization between a float32 map and an
+NPU feature map [C1, H, W, C2] (ir/npu/layout.py): an int8 model's input and
+outputs at its first and last segment, and every int8 <-> fp16 edge a
+mixed-precision program crosses through the host, with runtime/kernels/quant.py's
+arithmetic (float64, rounding half to even, saturating), rows shared by the
+host threads (runtime/llm/threads.py).
+Each row is computed contiguously (the arithmetic vectorises) and then moved
+between the channel rows and the atoms' lanes. runtime/feature_edges.py calls
+them; `cache=True`: a machine compiles them once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from functools import lru_cache
+
+from numba import njit
+
+from rkc.runtime.llm.threads import over_ranges
+
+
+def quantize_into_feature(x: np.ndarray, scale: float, zero_point: int, fm: np.ndarray) -> None:
+    """fm[c // C2, y, i, c % C2] = saturate(rint(x[c, y, i] / scale) + zero_point)
+    for x [C, H, W] float32; channels past C are zero."""
+    over_ranges(lambda lo, hi: _quantize_lines(x, scale, zero_point, fm, lo, hi), fm.shape[0] * fm.shape[1])
+
+
+def dequantize_feature(fm: np.ndarray, scale: float, zero_point: int, out: np.ndarray) -> None:
+    """out[c, y, i] = float32((fm[c // C2, y, i, c % C2] - zero_point) * scale)
+    for out [C, H, W]."""
+    over_ranges(lambda lo, hi: _dequantize_lines(fm, scale, zero_point, out, lo, hi), fm.shape[0] * fm.shape[1])
+
+
+@njit(cache=True, nogil=True)
+def _quantize_lines(x, scale, zero_point, fm, lo, hi):
+    c, h, w = x.shape
+    c2 = fm.shape[3]
+    zp = np.float64(zero_point)
+    for line in range(lo, hi):
+        a, y = line // h, line % h
+        n = min(c2, c - a * c2)
+        rows = np.zeros((c2, w), np.int8)
+        for b in range(n):
+            src, dst = x[a * c2 + b, y], rows[b]
+            for i in range(w):
+                q = np.rint(np.float64(src[i]) / scale) + zp
+                dst[i] = np.int8(min(max(q, -128.0), 127.0))
+        atoms = fm[a, y]
+        for i in range(w):
+            for b in range(c2):
+                atoms[i, b] = rows[b, i]
+
+
+@njit(cache=True, nogil=True)
+def _dequantize_lines(fm, scale, zero_point, out, lo, hi):
+    c, h, w = out.shape
+    c2 = fm.shape[3]
+    zp = np.float64(zero_point)
+    for line in range(lo, hi):
+        a, y = line // h, line % h
+        n = min(c2, c - a * c2)
+        rows = np.empty((c2, w), np.int8)
+        atoms = fm[a, y]
+        for i in range(w):
+            for b in range(c2):
+                rows[b, i] = atoms[i, b]
+        for b in range(n):
+            src, dst = rows[b], out[a * c2 + b, y]
+            for i in range(w):
+                dst[i] = np.float32((np.float64(src[i]) - zp) * scale)
+
+
+@lru_cache(maxsize=1024)
+def int8_to_fp16_table(scale: float, zero_point: int) -> np.ndarray:
+    """fp16 bits of Cast(DequantizeLinear(q)) for every int8 code q, indexed by
+    the code's byte (runtime/kernels/quant.py's arithmetic, numpy's rounding)."""
+    from rkc.runtime.kernels import quant
+
+    codes = np.arange(256, dtype=np.uint8).view(np.int8)
+    values = quant.dequantize_linear(codes, np.float32(scale), np.int8(zero_point))
+    return values.astype(np.float16).view(np.uint16)
+
+
+@lru_cache(maxsize=1024)
+def fp16_to_int8_table(scale: float, zero_point: int) -> np.ndarray:
+    """int8 bytes of QuantizeLinear(Cast(h, float32)) for every fp16 pattern h."""
+    from rkc.runtime.kernels import quant
+
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    with np.errstate(invalid="ignore"):
+        codes = quant.quantize_linear(halves.astype(np.float32), np.float32(scale), np.int8(zero_point))
+    return codes.view(np.uint8)
+
+
+def recode_feature(src: np.ndarray, table: np.ndarray, dst: np.ndarray, channels: int) -> None:
+    """dst's channel c = table[src's channel c] between feature maps of any atom
+    widths (codes as unsigned bytes or 16-bit words); dst's padding lanes zero."""
+    over_ranges(lambda lo, hi: _recode_lines(src, table, dst, channels, lo, hi), dst.shape[0] * dst.shape[1])
+
+
+@njit(cache=True, nogil=True)
+def _recode_lines(src, table, dst, c, lo, hi):
+    h, w, c2 = dst.shape[1], dst.shape[2], dst.shape[3]
+    s2 = src.shape[3]
+    for line in range(lo, hi):
+        a, y = line // h, line % h
+        atoms = dst[a, y]
+        for b in range(c2):
+            j = a * c2 + b
+            if j < c:
+                lanes = src[j // s2, y]
+                for i in range(w):
+                    atoms[i, b] = table[lanes[i, j % s2]]
+            else:
+                for i in range(w):
+                    atoms[i, b] = 0

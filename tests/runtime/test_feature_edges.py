@@ -1,0 +1,176 @@
+"""CPU steps on the NPU's native layout (runtime/feature_edges.py and the
+compiled kernels it calls): each gives what the interpreter's generic path
+gives (unpack, numpy kernel, pack), over channel counts that leave padded
+atoms; and a model whose input, outputs, max pools and upsampling all take
+these paths gives, end to end, the interpreter's result bit for bit and
+onnxruntime's within the precision's bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
+from rkc.ir.npu import geometry, layout
+from rkc.runtime import feature_edges, half
+from rkc.runtime.kernels import quant, quant_jit, run_kernel
+from onnx_models import cosine, onnxruntime_outputs, save
+
+SHAPES = [(3, 5, 7), (8, 4, 9), (19, 3, 2), (33, 2, 17)]
+
+
+def _fm(x: np.ndarray) -> np.ndarray:
+    """[C, H, W] packed by the one reference layout code, as [C1, H, W, C2]."""
+    c, h, w = x.shape
+    raw = geometry.pack(x[None], "native").reshape(-1).view(np.uint8).copy()
+    return layout.feature_view(raw, c, h, w, x.dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fp16_edges_are_numpys_cast_and_the_layout(shape):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 1e3).astype(np.float32)
+    x.reshape(-1)[:4] = [np.inf, -np.inf, 1e-7, -0.0]
+    want = _fm(x.astype(np.float16))
+    got = np.full(want.shape, 0x5555, np.uint16)  # stale bytes, padding lanes included
+    half.narrow_into_feature(x.view(np.uint32), got)
+    np.testing.assert_array_equal(got, want.view(np.uint16))
+    back = np.empty(shape, np.float32)
+    half.widen_feature(want.view(np.uint16), back.view(np.uint32))
+    np.testing.assert_array_equal(back, x.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_int8_edges_are_the_quantize_kernels_and_the_layout(shape):
+    rng = np.random.default_rng(len(shape) + shape[0])
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    x.reshape(-1)[:2] = [0.5 * 0.05, 1.5 * 0.05]  # ties: rounded half to even
+    scale, zp = np.float32(0.05), np.int8(-3)
+    q = quant.quantize_linear(x, scale, zp)
+    want = _fm(q)
+    got = np.full(want.shape, 77, np.int8)
+    quant_jit.quantize_into_feature(x, float(scale), int(zp), got)
+    np.testing.assert_array_equal(got, want)
+    back = np.empty(shape, np.float32)
+    quant_jit.dequantize_feature(want, float(scale), int(zp), back)
+    np.testing.assert_array_equal(back, quant.dequantize_linear(q, scale, zp))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_int8_fp16_recodings_are_the_reference_kernels_composed(shape):
+    """An int8 map to fp16 (DequantizeLinear, Cast) and back (Cast, QuantizeLinear)
+    in one pass between feature maps of 16- and 8-lane atoms."""
+    rng = np.random.default_rng(shape[0] * 7)
+    scale, zp = np.float32(0.037), np.int8(5)
+    q = rng.integers(-128, 128, shape).astype(np.int8)
+    want = _fm(quant.dequantize_linear(q, scale, zp).astype(np.float16))
+    got = np.full(want.shape, 0x7777, np.uint16)
+    quant_jit.recode_feature(_fm(q).view(np.uint8), quant_jit.int8_to_fp16_table(float(scale), int(zp)), got,
+                             shape[0])
+    np.testing.assert_array_equal(got, want.view(np.uint16))
+    h = (rng.standard_normal(shape) * 4).astype(np.float16)
+    h.reshape(-1)[:3] = [np.inf, -np.inf, 0.5 * 0.037]
+    want = _fm(quant.quantize_linear(h.astype(np.float32), scale, zp))
+    got = np.full(want.shape, 99, np.uint8)
+    quant_jit.recode_feature(_fm(h).view(np.uint16), quant_jit.fp16_to_int8_table(float(scale), int(zp)), got,
+                             shape[0])
+    np.testing.assert_array_equal(got.view(np.int8), want)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int8])
+@pytest.mark.parametrize("c", [5, 16, 24])
+def test_plane_kernels_on_a_feature_map_are_the_logical_kernels(dtype, c):
+    """MaxPool and nearest Resize on the planes [C1, C2, H, W] of a feature map
+    give the feature map of their logical result (padding lanes are not compared)."""
+    rng = np.random.default_rng(c)
+    x = (rng.standard_normal((1, c, 9, 11)) * 40).astype(dtype)
+    if dtype == np.float16:
+        x[0, 1, 2, 3], x[0, 2, 0, 0], x[0, 0, 4, 4] = np.nan, -np.inf, -0.0
+    planes = _fm(x[0]).transpose(0, 3, 1, 2)
+    pool = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    for op, inputs, attrs in [("MaxPool", [], pool),
+                              ("Resize", [None, np.array([1, 1, 2, 3], np.float32)], {"mode": "nearest"})]:
+        (logical,) = run_kernel(op, [x, *inputs], attrs, 1)
+        (native,) = run_kernel(op, [planes, *inputs], attrs, 1)
+        got = native.reshape(-1, *native.shape[2:])[:c]  # planes [C1, C2, ...] -> channels
+        np.testing.assert_array_equal(got, logical[0])
+
+
+def test_fp16_max_pool_keys_order_every_value_as_numpy():
+    """Every fp16 pattern pooled against every other (a 1x2 window over pairs)."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    rng = np.random.default_rng(0)
+    pairs = np.stack([bits, rng.permutation(bits)], axis=-1).view(np.float16)  # [65536, 2]
+    x = pairs.reshape(1, 1, -1, 2)
+    (got,) = run_kernel("MaxPool", [x], {"kernel_shape": [1, 2]}, 1)
+    with np.errstate(invalid="ignore"):
+        want = pairs.max(axis=1)
+    np.testing.assert_array_equal(got.reshape(-1), want)  # NaN == NaN here, -0.0 == 0.0
+
+
+def _detector_like(c: int):
+    """Conv -> ReLU -> Conv -> SiLU -> a strided max pool -> SPPF's 5x5 pools -> conv -> nearest
+    x2 upsampling -> conv, two outputs (the input edge, an int8 -> fp16 edge in an
+    int8 build, the plane ops and the output edges)."""
+    rng = np.random.default_rng(c)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["x1"]),  # an int8 group before the fp16 (SiLU) ones
+             helper.make_node("Conv", ["x1", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c1"], ["s1"]), helper.make_node("Mul", ["c1", "s1"], ["a1"]),
+             helper.make_node("MaxPool", ["a1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["p1"], ["p2"], kernel_shape=[5, 5], pads=[2, 2, 2, 2]),
+             helper.make_node("Conv", ["p2", "w2"], ["c2"]), helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Resize", ["r2", "", "scales"], ["u"], mode="nearest"),
+             helper.make_node("Conv", ["u", "w3"], ["y"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p2", "w4"], ["z"])]
+    inits = {"w0": rng.standard_normal((6, 3, 3, 3)) / 4,
+             "w1": rng.standard_normal((c, 6, 3, 3)) / 4, "b1": rng.standard_normal(c) * 0.1,
+             "w2": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c),
+             "w3": rng.standard_normal((5, c, 3, 3)) / np.sqrt(9 * c),
+             "w4": rng.standard_normal((7, c, 1, 1)) / np.sqrt(c), "scales": [1, 1, 2, 2]}
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 14])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precision, monkeypatch):
+    path = save(_detector_like(12), tmp_path / "m.onnx")
+    options = BuildOptions(precision=precision)
+    rng = np.random.default_rng(3)
+    if precision == "int8":
+        options.calib = tmp_path / "calib.npz"
+        np.savez(options.calib, x=rng.standard_normal((4, 1, 3, 12, 14)).astype(np.float32))
+    build(path, tmp_path / "m.rkbin", options)
+    x = rng.standard_normal((1, 3, 12, 14)).astype(np.float32)
+    taken, pairs = [], []
+    real_step, real_pair = feature_edges.run_step, feature_edges.run_pair
+
+    def counted(run, step):
+        done = real_step(run, step)
+        taken.append((step.op, done))
+        return done
+
+    def counted_pair(run, step, following):
+        done = real_pair(run, step, following)
+        if done:
+            pairs.append((step.op, following.op))
+        return done
+    monkeypatch.setattr(feature_edges, "run_step", counted)
+    monkeypatch.setattr(feature_edges, "run_pair", counted_pair)
+    with runtime.load(tmp_path / "m.rkbin") as model:
+        fast = model.run({"x": x})
+    assert all(done for op, done in taken if op in ("MaxPool", "Resize", "Cast", "QuantizeLinear")), taken
+    assert {op for op, done in taken if done} >= {"MaxPool", "Resize"}
+    assert pairs == ([("DequantizeLinear", "Cast")] if precision == "int8" else []), pairs
+    monkeypatch.setattr(feature_edges, "run_step", lambda run, step: False)
+    monkeypatch.setattr(feature_edges, "run_pair", lambda run, step, following: False)
+    with runtime.load(tmp_path / "m.rkbin") as model:
+        slow = model.run({"x": x})
+    want = onnxruntime_outputs(path, {"x": x})
+    for name in ("y", "z"):
+        np.testing.assert_array_equal(fast[name], slow[name])
+        assert cosine(fast[name], want[name]) >= (0.999 if precision == "fp16" else 0.99), name
