@@ -14,7 +14,8 @@ converts millions at each segment edge.
   neighbours, and `narrowed_like_numpy` the whole 2^32 range by hand.
 These two are the one fp16 conversion of the compiled host code (the fused
 edges of runtime/llm, the plan's fp16 BO readers and writers, an ONNX model's
-input and outputs at its feature maps: runtime/feature_edges.py).
+input and outputs at its feature maps: runtime/feature_edges.py); `widen_value`
+is fpext alone, for arithmetic on the values (decode attention).
 
 The atoms are a GEMM operand's [C1, rows, C2] (ir/npu/layout.py); the host
 side is a [K, M] buffer (rows innermost: the column-major [M, K] the plan's
@@ -52,6 +53,21 @@ def widen_bits(typingctx, x):
         nan = builder.or_(builder.or_(sign, ir.Constant(i32, 0x7F800000)), frac)
         return builder.select(is_nan, nan, wide)
     return types.uint32(types.uint16), codegen
+
+
+@intrinsic
+def widen_value(typingctx, x):
+    """fp16 bits (uint16) -> the float32 value: LLVM's fpext alone (a NaN
+    stays a NaN, quieted, its payload not kept), which vectorises inside an
+    arithmetic loop (vcvtph2ps) where widen_bits' payload select and bit
+    store do not: for kernels that compute with the value (decode attention)
+    rather than hand its bits on."""
+    if x != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
 
 
 @intrinsic

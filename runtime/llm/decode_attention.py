@@ -1,129 +1,254 @@
-"""Attention of one query row (a decode step) over the KV cache, for the
-load-time plans (runtime/llm/prepared.py, fused.py): the bits of
-kernels.attend (the einsum formulation the interpreter runs), at the cost of
-its arithmetic.
+"""Attention of one query row (a decode step) over the KV cache: one compiled
+float32 kernel (`attend_keys`) for the load-time plans (runtime/llm/prepared.py,
+fused.py), reading the cache's rows as they are stored: the fp16 rows a
+decode step writes (KVCache.store_half; `RowAttention`, a fused attention
+stretch's) or fp32 views (`attend_row`: kernels.attend's one query row,
+the interpreter's and the unfused plans').
 
-kernels.attend's second einsum lays the values out afresh on every call (a
-copy of the cache, 0.5 MB a layer for Gemma 3 at position 512), and its
-softmax runs numpy reductions over a [P, G] layout whose inner loop is G
-long (4): most of the call at long positions. Here each contraction is the
-matmul the einsum ends in (numpy >= 2.4's bmm_einsum: the same operands in
-the same layout, so BLAS sums in the same order), and the softmax's shift
-and normalisation are compiled loops (runtime/llm/jit.py) doing numpy's
-float32 operations in numpy's order; the exp stays numpy's (its SIMD exp is
-not libm's). tests/llm/test_attention.py holds the equality over head
-sizes, groupings, key counts, windows and masks.
-
-`attend_row` reads fp32 views of the cache. `RowAttention` (a fused
-attention stretch's, made at load) reads the cache's fp16 rows: at long
-positions the call is mostly reading the cache from DRAM (fp32, 1 MB of K
-and V a Gemma 3 layer at 512), and fp16 is half of it. The rows are widened
-exactly (numpy's fp16 -> fp32) into one buffer shared by the layers, small
-enough for the CPU's caches, laid out as the cache's fp32 rows (the same
-strides), so the products are the same BLAS calls on the same values.
+Each key is read once per pass, widened in registers (fp16 -> fp32 by
+fpext: half.widen_value), its scores against the query heads of its KV group
+summed in float32 (vectorised: fastmath's reassociation), then the softmax
+(exp: prefill_kernels.exp_into, a float32 polynomial) and the weighted sum of
+the values, with no widened copy of the cache and no BLAS call. At long
+positions the keys are cut into contiguous ranges shared among the host
+threads (runtime/llm/threads.py): each range its own running maximum, sum and
+weighted values (the split softmax of flash decoding), combined at the end.
+Not kernels.attend's bits (issue 37 dropped that rule):
+tests/llm/test_attention.py bounds the error against a float64 attention over
+head sizes, groupings, key counts, windows, masks and thread splits.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, types
+from numba.extending import overload
 
-from rkc.runtime.half import widen_all
-from rkc.runtime.llm import jit
-from rkc.runtime.llm.kernels import attend
+from rkc.runtime.half import widen_value
+from rkc.runtime.llm import threads
+from rkc.runtime.llm.prefill_kernels import exp_into
 
 F32 = np.float32
+# the dot products and weighted sums reassociate (vectorised float32 sums); no
+# nnan/ninf: hidden keys are -inf until the exp
+_JIT = {"cache": True, "nogil": True, "fastmath": {"reassoc", "contract", "nsz", "arcp"}}
+KEYS_PER_PART = 512  # fewer keys than this a thread: the hand-off costs more than it saves
+
+
+def _value(src, r, d):  # pragma: no cover - compiled through the overload below
+    """src[r, d] as float32: fp16 bits widened (half.widen_value), or the float32."""
+
+
+@overload(_value, jit_options=_JIT, inline="always")
+def _value_impl(src, r, d):
+    if src.dtype == types.uint16:
+        return lambda src, r, d: widen_value(src[r, d])
+    return lambda src, r, d: src[r, d]
+
+
+@njit(**_JIT)
+def _hidden(kp, p0, window) -> bool:
+    return kp > p0 or (window != 0 and p0 - kp >= window)
+
+
+@njit(**_JIT)
+def _scores(q, i0, i1, keys, r, scale, s, p, mx):
+    """s[i, p] = scale * (q[i] . keys[r]) for query heads i0 <= i < i1, and
+    their running maxima mx[i]; four heads a pass over the key row while there
+    are four (each element widened once for them)."""
+    hd = q.shape[1]
+    i = i0
+    while i < i1:
+        n = 4 if i1 - i >= 4 else 1
+        t0 = t1 = t2 = t3 = np.float32(0.0)
+        if n == 4:
+            for d in range(hd):
+                x = _value(keys, r, d)
+                t0 += q[i, d] * x
+                t1 += q[i + 1, d] * x
+                t2 += q[i + 2, d] * x
+                t3 += q[i + 3, d] * x
+        else:
+            for d in range(hd):
+                t0 += q[i, d] * _value(keys, r, d)
+        for c, t in enumerate((t0, t1, t2, t3)):
+            if c < n:
+                t *= scale
+                s[i + c, p] = t
+                if t > mx[i + c]:
+                    mx[i + c] = t
+        i += n
+
+
+@njit(**_JIT)
+def _weighted(s, p, i0, i1, values, r, acc):
+    """acc[i] += s[i, p] * values[r] for query heads i0 <= i < i1, four a pass
+    over the value row while there are four."""
+    hdv = acc.shape[1]
+    i = i0
+    while i < i1:
+        if i1 - i >= 4:
+            w0, w1, w2, w3 = s[i, p], s[i + 1, p], s[i + 2, p], s[i + 3, p]
+            for d in range(hdv):
+                x = _value(values, r, d)
+                acc[i, d] += w0 * x
+                acc[i + 1, d] += w1 * x
+                acc[i + 2, d] += w2 * x
+                acc[i + 3, d] += w3 * x
+            i += 4
+        else:
+            w = s[i, p]
+            for d in range(hdv):
+                acc[i, d] += w * _value(values, r, d)
+            i += 1
+
+
+@njit(**_JIT)
+def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, e_bits, acc, mx, total):
+    """One range [lo, hi) of the keys for q [Hkv * G, hd] (float32; query
+    head j of KV head h at row h * G + j) over keys [P * Hkv, hd] / values
+    [P * Hkv, hdv] (fp16 bits as uint16, or float32; key p of KV head h at
+    row p * Hkv + h) at kpos [P], for the query at p0: per query head the
+    range's largest scaled score mx [Hkv * G], the sum of exp(score - mx)
+    total [Hkv * G] and the values weighted by those exps acc [Hkv * G, hdv]
+    (not yet divided). A key the query cannot see (kpos > p0, or `window`
+    and p0 - kpos >= window) weighs 0; a range that sees none leaves mx
+    -inf, total and acc 0. s [Hkv * G, P] holds the range's scores, e_bits
+    [P] (int32) exp_into's scratch. Loops index 2-d arrays by (computed row,
+    range index) and make no slices per key: what lets them vectorise."""
+    hdv, nq = values.shape[1], q.shape[0]
+    hkv = keys.shape[0] // kpos.shape[0]
+    g = nq // hkv
+    neg = np.float32(-np.inf)
+    for i in range(nq):
+        mx[i] = neg
+        total[i] = np.float32(0.0)
+        for d in range(hdv):
+            acc[i, d] = np.float32(0.0)
+    for h in range(hkv):
+        for p in range(lo, hi):
+            if _hidden(kpos[p], p0, window):
+                for i in range(h * g, h * g + g):
+                    s[i, p] = neg
+                continue
+            _scores(q, h * g, h * g + g, keys, p * hkv + h, scale, s, p, mx)
+    for i in range(nq):
+        m = mx[i]
+        if m == neg:
+            continue
+        si = s[i, lo:hi]
+        for c in range(hi - lo):
+            si[c] -= m
+        exp_into(si, si, e_bits[lo:hi])  # (each range its own part of the scratch)
+        t = np.float32(0.0)
+        for c in range(hi - lo):
+            if _hidden(kpos[lo + c], p0, window):
+                si[c] = np.float32(0.0)  # an exact zero (exp_into clamps -inf to exp(-87))
+            t += si[c]
+        total[i] = t
+    for h in range(hkv):
+        for p in range(lo, hi):
+            if _hidden(kpos[p], p0, window):
+                continue
+            _weighted(s, p, h * g, h * g + g, values, p * hkv + h, acc)
+
+
+@njit(**_JIT)
+def combine(parts, mx, total, acc, dst):
+    """dst [Hkv * G, hdv] = the softmax-weighted values from `parts` ranges'
+    mx [N, Hkv * G], total [N, Hkv * G], acc [N, Hkv * G, hdv]: each range's
+    sums rescaled to the largest maximum (NaN where no key is visible, as a
+    softmax of nothing but -inf)."""
+    nq, hdv = acc.shape[1], acc.shape[2]
+    neg = np.float32(-np.inf)
+    for i in range(nq):
+        m = neg
+        for n in range(parts):
+            m = max(m, mx[n, i])
+        if m == neg:
+            for d in range(hdv):
+                dst[i, d] = np.float32(np.nan)
+            continue
+        t = np.float32(0.0)
+        for d in range(hdv):
+            dst[i, d] = np.float32(0.0)
+        for n in range(parts):
+            if mx[n, i] == neg:
+                continue
+            f = np.float32(np.exp(mx[n, i] - m))
+            t += total[n, i] * f
+            for d in range(hdv):
+                dst[i, d] += acc[n, i, d] * f
+        inv = np.float32(1.0) / t
+        for d in range(hdv):
+            dst[i, d] *= inv
+
+
+class RowWork:
+    """The scores and exp scratch of a one-row attention, shared by every
+    layer of an engine's plans (their steps run one at a time); grown to the
+    longest context seen."""
+
+    def __init__(self) -> None:
+        self.scores = np.empty(0, F32)
+        self.bits = np.empty(0, np.int32)
+
+    def buffers(self, n_scores: int, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.scores.size < n_scores:
+            self.scores = np.empty(max(n_scores, 2 * self.scores.size), F32)
+        if self.bits.size < n_keys:
+            self.bits = np.empty(max(n_keys, 2 * self.bits.size), np.int32)
+        return self.scores, self.bits
+
+
+class RowAttention:
+    """One layer's one-row attention for q [1, heads, hd] over keys/values
+    [P, hkv, hd(v)] (the cache's fp16 rows, or float32 with C-contiguous
+    rows): [1, heads * hdv]. Its output row and per-thread buffers are made
+    once (the row is valid until the next call)."""
+
+    def __init__(self, heads: int, hkv: int, hd: int, hdv: int, scale: float, window: int, work: RowWork,
+                 threads_max: int = threads.THREADS) -> None:
+        self.heads, self.hd, self.hdv = heads, hd, hdv
+        self.scale, self.window, self.work = F32(scale), int(window), work
+        self.full = np.zeros((1, heads * hdv), F32)
+        self.dst = self.full[0].reshape(heads, hdv)
+        n = max(1, threads_max)
+        self.mx = np.empty((n, heads), F32)
+        self.total = np.empty((n, heads), F32)
+        self.acc = np.empty((n, heads, hdv), F32)
+
+    def __call__(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, p0: int) -> np.ndarray:
+        p = len(kpos)
+        scores, bits = self.work.buffers(self.heads * p, p)
+        s = scores[:self.heads * p].reshape(self.heads, p)
+        k2, v2 = keys.reshape(-1, self.hd), values.reshape(-1, self.hdv)  # views of contiguous rows
+        args = (q.reshape(self.heads, self.hd), k2.view(np.uint16) if k2.dtype == np.float16 else k2,
+                v2.view(np.uint16) if v2.dtype == np.float16 else v2, np.asarray(kpos, np.int64), int(p0),
+                self.scale, self.window)
+
+        def run(part: int, lo: int, hi: int) -> None:
+            attend_keys(*args, lo, hi, s, bits, self.acc[part],
+                        self.mx[part], self.total[part])
+        parts = threads.over_parts(run, p, min(len(self.acc), p // KEYS_PER_PART))
+        combine(parts, self.mx, self.total, self.acc, self.dst)
+        return self.full
 
 
 def attend_row(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, pos: np.ndarray,
                attrs: dict, rows: int) -> np.ndarray:
-    """kernels.attend for q [1, H, hd] over keys/values [P, Hkv, hd(v)] at
-    kpos: [rows, H * hdv] (rows past the first zero). Other shapes go to
-    kernels.attend (its result or its numpy error), and so do keys or values
-    with a negative stride (the einsum copies those first; the cache's views
-    have none)."""
+    """kernels.attend of one query row: q [1, H, hd] over keys/values
+    [P, Hkv, hd(v)] (float32, any strides) at kpos [P] for the query at
+    pos [1]: [rows, H * hdv] (rows past the first zero), through RowAttention."""
     if (q.ndim != 3 or keys.ndim != 3 or values.ndim != 3 or q.shape[0] != 1 or len(pos) != 1
             or keys.shape[0] == 0 or keys.shape[1] == 0 or q.shape[1] % keys.shape[1]
-            or keys.shape[2] != q.shape[2] or values.shape[:2] != keys.shape[:2] or kpos.shape != keys.shape[:1]
-            or min(keys.strides + values.strides) < 0):
-        return attend(q, keys, values, kpos, pos, attrs, rows)
+            or keys.shape[2] != q.shape[2] or values.shape[:2] != keys.shape[:2] or kpos.shape != keys.shape[:1]):
+        raise ValueError(f"attention: query {list(q.shape)}, keys {list(keys.shape)}, values {list(values.shape)} "
+                         f"and {len(kpos)} key positions do not fit together")
     _, heads, hd = q.shape
-    p, hkv = keys.shape[:2]
-    g, hdv = heads // hkv, values.shape[2]
+    hkv, hdv = keys.shape[1], values.shape[2]
+    one = RowAttention(heads, hkv, hd, hdv, float(attrs["scale"]), int(attrs["window"]), RowWork())
     full = np.zeros((rows, heads * hdv), F32)
-    s = np.empty((hkv, p, g), F32)
-    _scores(q.astype(F32).reshape(hkv, g, hd), keys, s)
-    _softmax_and_values(s, values, np.asarray(kpos, np.int64), int(pos[0]), F32(attrs["scale"]),
-                        int(attrs["window"]), np.empty((hkv, hdv, g), F32), full[0].reshape(hkv, g, hdv))
+    full[0] = one(np.ascontiguousarray(q, F32), np.ascontiguousarray(keys, F32), np.ascontiguousarray(values, F32),
+                  kpos, int(pos[0]))[0]
     return full
-
-
-def _scores(qh: np.ndarray, keys: np.ndarray, s: np.ndarray) -> None:
-    """s [Hkv, P, G] = the scores of qh [Hkv, G, hd] against keys [P, Hkv, hd],
-    as the einsum's matmul gives them."""
-    if qh.shape[0] == 1:  # the einsum's operands are matrices (2-D matmuls)
-        np.matmul(keys[:, 0, :], qh[0].T, out=s[0])  # [P, G]
-    else:
-        np.matmul(keys.transpose(1, 0, 2), qh.transpose(0, 2, 1), out=s)  # [Hkv, P, G]
-
-
-def _softmax_and_values(s, values, kpos, p0: int, scale, window: int, out, dst) -> None:
-    """The softmax of scores s [Hkv, P, G] in place (scaled, masked for the
-    query at p0), then its product with values [P, Hkv, hdv] into dst
-    [Hkv, G, hdv]; out [Hkv, hdv, G]: the product's own layout (the einsum's)."""
-    hkv, _, g = s.shape
-    jit.scores_shift(s, scale, kpos, p0, window)
-    np.exp(s, out=s)
-    if g == 1:  # the scores' P is innermost: numpy's pairwise sum
-        s /= s.sum(axis=1, keepdims=True)
-    else:
-        jit.normalize_columns(s, s)
-    if hkv == 1:
-        np.matmul(values[:, 0, :].T, s[0], out=out[0])  # [hdv, G]
-    else:
-        np.matmul(values.transpose(1, 2, 0), s, out=out)  # [Hkv, hdv, G]
-    dst[...] = out.transpose(0, 2, 1)
-
-
-class RowWork:
-    """The widened rows and the scores of a one-row attention, shared by
-    every layer of an engine's plans (their steps run one at a time); grown
-    to the longest context seen."""
-
-    def __init__(self) -> None:
-        self.rows = np.empty(0, F32)
-        self.scores = np.empty(0, F32)
-
-    def buffers(self, n_rows: int, n_scores: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.rows.size < n_rows:
-            self.rows = np.empty(max(n_rows, 2 * self.rows.size), F32)
-        if self.scores.size < n_scores:
-            self.scores = np.empty(max(n_scores, 2 * self.scores.size), F32)
-        return self.rows, self.scores
-
-
-class RowAttention:
-    """One layer's one-row attention over the cache's fp16 rows (KVCache.store_half),
-    for q [1, heads, hd] and keys/values [P, hkv, hd(v)]: [1, heads * hdv],
-    the same bits as attend_row over the fp32 rows. Its output row is made
-    once (valid until the next call)."""
-
-    def __init__(self, heads: int, hkv: int, hd: int, hdv: int, scale: float, window: int, work: RowWork) -> None:
-        self.hkv, self.g, self.hd, self.hdv = hkv, heads // hkv, hd, hdv
-        self.scale, self.window, self.work = F32(scale), int(window), work
-        self.full = np.zeros((1, heads * hdv), F32)
-        self.dst = self.full[0].reshape(hkv, self.g, hdv)
-        self.out = np.empty((hkv, hdv, self.g), F32)
-
-    def __call__(self, q: np.ndarray, k16: np.ndarray, v16: np.ndarray, kpos: np.ndarray, p0: int) -> np.ndarray:
-        p, hkv, g, hd, hdv = len(kpos), self.hkv, self.g, self.hd, self.hdv
-        rows, scores = self.work.buffers(p * hkv * max(hd, hdv), hkv * p * g)
-        s = scores[:hkv * p * g].reshape(hkv, p, g)
-        widened = rows.view(np.uint32)
-        keys = rows[:p * hkv * hd].reshape(p, hkv, hd)  # as the fp32 cache's rows: C order
-        widen_all(k16.reshape(-1).view(np.uint16), widened)
-        _scores(q.reshape(hkv, g, hd), keys, s)
-        # the values into the same buffer, once the keys are read
-        values = rows[:p * hkv * hdv].reshape(p, hkv, hdv)
-        widen_all(v16.reshape(-1).view(np.uint16), widened)
-        _softmax_and_values(s, values, kpos, p0, self.scale, self.window, self.out, self.dst)
-        return self.full

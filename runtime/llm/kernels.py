@@ -3,13 +3,13 @@ conversions of compiler/llm/program_builder.py, by op name.
 
 These are the reference: the step interpreter (LlmEngine.run_interpreted)
 and the tests run them. The load-time plans run compiled forms of some
-(runtime/llm/prepared.py over runtime/llm/jit.py and decode_attention.py:
-RMSNorm, QuantizeRows with its rotation, DequantizeRows, RoPE, one-row
-attention), which give these kernels' bits (tests/llm/test_plan.py,
-test_attention.py), and fused float32 stretches of many rows
+(runtime/llm/prepared.py over runtime/llm/jit.py: RMSNorm, QuantizeRows
+with its rotation, DequantizeRows, RoPE), which give these kernels' bits
+(tests/llm/test_plan.py), and fused float32 stretches of many rows
 (runtime/llm/fused_rows.py, threaded) held to float64 references within
-float32 tolerances instead (issue 37). A prefill chunk's attention is one
-kernel for both (prefill_attention.attend_blocks). A plan falls back to a
+float32 tolerances instead (issue 37). Attention is one kernel for both:
+decode_attention's for one query row, prefill_attention.attend_blocks for a
+chunk. A plan falls back to a
 kernel here only for shapes the compiled code cannot bound.
 
 A kernel takes (inputs, attrs, state) and returns the outputs. `state` is the
@@ -31,6 +31,7 @@ from rkc.ir.npu import layout
 from rkc.runtime.constants import constant_bytes
 from rkc.runtime.llm.kvcache import KVCache
 from rkc.runtime.llm import int4_rows
+from rkc.runtime.llm.decode_attention import attend_row
 from rkc.runtime.llm.prefill_attention import SCORES, VALUES, attend_blocks, contract
 from rkc.runtime.kernels.hadamard import Rotation, unrotate
 from rkc.runtime.llm.weights import Int8Weight, dequantize, quantize_rows
@@ -220,19 +221,18 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int, blocks=None) -> np.ndar
     """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at kpos,
     causal (and windowed), into [rows, H * hd_v] (rows past T stay zero).
 
-    The contractions are numpy's einsums (`optimize`: numpy picks the loops;
-    any other formulation rounds differently, and int8 roundings downstream
-    follow). For one query row the scores are a float32 matmul with the keys
-    as the long operand instead: the einsum computes each score as a BLAS
-    dot product, which sgemm sums in the same order (the same bits:
-    tests/llm/test_attention.py) at a fraction of the einsum's cost. The mask
-    is skipped when every key is visible (the same values). A prefill chunk
-    (two rows or more) runs by blocks of query rows over the keys each sees
-    (runtime/llm/prefill_attention.py: float32 softmax compiled, threaded;
-    bounded against float64 in tests/llm/test_attention.py); `blocks`: its
-    prefill_attention.Workspace, made once by a plan."""
+    One query row (a decode step) is runtime/llm/decode_attention.py's
+    compiled float32 kernel, the plans' too (keys cut among the host threads
+    at long positions). A prefill chunk (two rows or more, keys in position
+    order) runs by blocks of query rows over the keys each sees
+    (runtime/llm/prefill_attention.py: float32 softmax compiled, threaded);
+    `blocks`: its prefill_attention.Workspace, made once by a plan. Both are
+    bounded against float64 in tests/llm/test_attention.py. Other chunks
+    (keys out of order) take numpy's einsums."""
     T, H, hd = q.shape
     Hkv = keys.shape[1]
+    if T == 1:
+        return attend_row(q, keys, values, kpos, pos, attrs, rows)
     if T > 1 and np.all(kpos[1:] > kpos[:-1]):  # a prefill chunk: by blocks of query rows
         full = np.zeros((rows, H * values.shape[-1]), np.float32)
         attend_blocks(q.astype(np.float32, order="C"), keys, values, kpos, pos, np.float32(attrs["scale"]),
@@ -241,11 +241,7 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int, blocks=None) -> np.ndar
     G = H // Hkv
     qg = q.astype(np.float32, order="C").reshape(T, Hkv, G, hd)  # C order: as the KV context
     scale = np.float32(attrs["scale"])
-    if T == 1:
-        dots = np.matmul(keys.transpose(1, 0, 2), qg.reshape(Hkv, G, hd).transpose(0, 2, 1))  # [Hkv, P, G]
-        scores = dots.transpose(0, 2, 1)[:, :, None, :] * scale  # [Hkv, G, 1, P], laid out as the einsum's
-    else:
-        scores = contract(*SCORES, qg, keys) * scale
+    scores = contract(*SCORES, qg, keys) * scale
     window = int(attrs["window"])
     lo, hi, first = kpos.min(), kpos.max(), pos.min()
     if not (hi <= first and (not window or pos.max() - lo < window)):

@@ -8,9 +8,9 @@ attention reads the cache in place (`store_and_view`): no per-token copy or
 conversion of the whole cache. The same values are also held as fp16
 (`store_half`), for decode attention: a one-row query reads every cached
 entry once, and at long positions reading the cache from DRAM is most of
-its time; the fp16 rows are half the bytes, widened exactly into a buffer
-the CPU's caches hold (runtime/llm/decode_attention.py), so the products
-see the fp32 values they always saw. A decode step (`store_half`) writes
+its time; the fp16 rows are half the bytes, widened exactly in registers
+as the kernel reads them (runtime/llm/decode_attention.py), so it sees the
+fp32 values the fp32 rows hold. A decode step (`store_half`) writes
 only the fp16 rows: nothing in decode reads the fp32 ones, and writing a
 cold fp32 row into each layer cost more than the rest of the store (~1 ms
 of a Gemma 3 270M token at position 512). The fp32 rows behind are widened

@@ -26,15 +26,23 @@ def pool() -> ThreadPoolExecutor:
 def over_ranges(run: Callable[[int, int], None], items: int, threads: int = THREADS) -> None:
     """run(lo, hi) over [0, items) in up to `threads` contiguous ranges at once;
     returns when all are done (an exception in one is raised here)."""
-    parts = max(1, min(threads, items))
+    over_parts(lambda part, lo, hi: run(lo, hi), items, threads)
+
+
+def over_parts(run: Callable[[int, int, int], None], items: int, parts: int) -> int:
+    """run(part, lo, hi) for part = 0.. over [0, items) cut into up to `parts`
+    contiguous ranges (at most THREADS at once: a part's buffers are its own);
+    returns the number of parts run."""
+    parts = max(1, min(parts, items))
     if parts == 1:
-        run(0, items)
-        return
+        run(0, 0, items)
+        return 1
     bounds = [items * i // parts for i in range(parts + 1)]
-    futures = [pool().submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
-    run(bounds[0], bounds[1])  # the caller's thread takes the first range
+    futures = [pool().submit(run, i + 1, lo, hi) for i, (lo, hi) in enumerate(zip(bounds[1:-1], bounds[2:]))]
+    run(0, bounds[0], bounds[1])  # the caller's thread takes the first range
     for f in futures:
         f.result()
+    return parts
 
 
 def each(run: Callable[[object], None], jobs: list, threads: int = THREADS) -> None:

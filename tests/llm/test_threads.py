@@ -1,5 +1,5 @@
 """runtime/llm/threads.py: every item of a range run exactly once, in
-contiguous ranges shared among the threads; a failure in any range raised to
+contiguous ranges shared among the threads (numbered, for per-part buffers); a failure in any range raised to
 the caller; jobs all run."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from rkc.runtime.llm.threads import each, over_ranges
+from rkc.runtime.llm.threads import each, over_parts, over_ranges
 
 
 @pytest.mark.parametrize("items", [0, 1, 2, 3, 7, 100])
@@ -25,6 +25,23 @@ def test_over_ranges_covers_each_item_once(items, threads):
     over_ranges(run, items, threads)
     assert (seen == 1).all()
     assert len(names) <= max(1, min(threads, items))
+
+
+@pytest.mark.parametrize("items,parts", [(0, 2), (1, 2), (5, 1), (9, 2), (9, 4), (3, 8)])
+def test_over_parts_numbers_its_ranges(items, parts):
+    """Each part's index is its own (0.. in order of the ranges: per-part
+    buffers are not shared), the ranges cover each item once, and the count
+    of parts run is returned."""
+    seen = np.zeros(items, np.int64)
+    ranges = {}
+
+    def run(part, lo, hi):
+        seen[lo:hi] += 1
+        ranges[part] = (lo, hi)
+    n = over_parts(run, items, parts)
+    assert n == max(1, min(parts, items)) and sorted(ranges) == list(range(n))
+    assert (seen == 1).all()
+    assert [ranges[i][0] for i in range(n)] == sorted(ranges[i][0] for i in range(n))
 
 
 def test_a_failing_range_is_raised():
