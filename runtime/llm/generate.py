@@ -51,8 +51,11 @@ class Sampler:
         if self.temperature <= 0:
             return int(np.argmax(logits))
         order = top_order(logits, self.top_k)
-        z = logits[order].astype(np.float64) / self.temperature  # (a constraint's logits: the model's dtype)
-        p = np.exp(z - z.max())
+        z = logits[order].astype(np.float64)  # (a constraint's logits: the model's dtype)
+        # the largest subtracted before dividing: at a tiny temperature (5e-324 is valid JSON for the API)
+        # z / t overflows to inf and inf - inf is NaN; (z - max) / t is <= 0, at worst -inf (p = 0)
+        with np.errstate(over="ignore"):
+            p = np.exp((z - z.max()) / self.temperature)
         p /= p.sum()
         if self.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(p), self.top_p) + 1)

@@ -164,6 +164,9 @@ def test_sampler():
     assert [Sampler(0.7, seed=5)(logits) for _ in range(3)] == [Sampler(0.7, seed=5)(logits) for _ in range(3)]
     # top-p 0.5 keeps only the two near-equal leaders
     assert {Sampler(1.0, top_k=0, top_p=0.5, seed=s)(logits) for s in range(100)} == {1, 3}
+    # a temperature so small that logits / t overflows (5e-324, valid for the API) draws the leader, no NaN
+    for t in (5e-324, 1e-308):
+        assert {Sampler(t, top_k=0, top_p=1.0, seed=s)(logits) for s in range(20)} == {1}
 
 
 def test_inspect_says_how_int8_was_made(synth_rkbin):
