@@ -316,7 +316,19 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
                     ) -> tuple[dict[str, EncodedWeight], dict[str, np.ndarray]]:
     """fp32 weights -> (encoded matrices, fp32 vectors): for int8, calibrate,
     SmoothQuant (folded into the norms / producing rows) and round. `weights`
-    is consumed (smoothed in place); LazyWeights stream (prepare_streamed)."""
+    is consumed (smoothed in place); LazyWeights stream (prepare_streamed).
+    On one BLAS thread, whoever calls: calibration's products are [64, K] x
+    [K, N]; measured on Gemma 3 270M (this 2-core machine, shared), OpenBLAS's
+    2 threads took 59.9 s of CPU (182.7 s wall) to one thread's 8.2 s (22.0 s
+    wall). And a float product's bits depend on the thread count, so the CPU
+    emulation (tests, tools/llm_quant_eval.py) gets the compile's weights."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _prepare_weights(graph, cfg, tokenizer, weights, options, report)
+
+
+def _prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray],
+                     options: LlmCompileOptions, report: CompileReport | None
+                     ) -> tuple[dict[str, EncodedWeight], dict[str, np.ndarray]]:
     if isinstance(weights, LazyWeights):
         return prepare_streamed(graph, cfg, tokenizer, weights, options, report)
     report = report or CompileReport()
@@ -598,11 +610,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     if _integer(options) and (options.rounding not in ROUNDINGS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
                                f"(rounding: {', '.join(ROUNDINGS)}; scales: {' or '.join(SCALES)})")
-    # one BLAS thread: calibration's products are [64, K] x [K, N]; measured on
-    # Gemma 3 270M (this 2-core machine, shared), OpenBLAS's 2 threads took
-    # 59.9 s of CPU (182.7 s wall) to one thread's 8.2 s (22.0 s wall), same bits
-    with threadpool_limits(limits=1, user_api="blas"):
-        matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, options, report)
+    matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, options, report)
     kept = sorted(n for n in matrices if _precision_of(n, options) != options.precision)
     if options.precision == "int4":
         _report_int4(matrices, options, report)

@@ -88,12 +88,17 @@ def emulation(gguf, tokenizer, **options):
 
 def emulated_logits(runner, tokens: list[int], prompt_len: int, chunks) -> np.ndarray:
     """teacher_forced's rows from the emulation: the prompt in the engine's
-    chunks (a padded chunk's real rows), then token by token."""
+    chunks (a padded chunk's real rows), then token by token. On one BLAS
+    thread, as the runtime's host kernels run (runtime/blas.py): a product's
+    bits depend on the thread count, which earlier code may have changed."""
+    from rkc.runtime import blas
     from rkc.runtime.llm.generate import chunk_plan
 
     runner.reset()
     rows, pos = [], 0
-    for _c, n in chunk_plan(prompt_len, chunks):
-        rows.append(runner.logits(tokens[pos:pos + n], pos))
-        pos += n
-    return np.concatenate(rows + [runner.logits([t], p) for p, t in enumerate(tokens[prompt_len:], prompt_len)])
+    with blas.one_thread():
+        for _c, n in chunk_plan(prompt_len, chunks):
+            rows.append(runner.logits(tokens[pos:pos + n], pos))
+            pos += n
+        rows += [runner.logits([t], p) for p, t in enumerate(tokens[prompt_len:], prompt_len)]
+    return np.concatenate(rows)

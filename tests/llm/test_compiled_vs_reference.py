@@ -87,10 +87,11 @@ def test_int8_rkbin_computes_its_cpu_emulation(arch, options, synth_rkbin, synth
     # The runtime's fused float32 host kernels (prefill's FFN and residual stretches, attention) sum in other
     # orders than the emulation's step-by-step kernels, and a hybrid's fp16 GEMM than BLAS: now and then an
     # int8 activation moves a rounding step, which moves later rows a little (measured: 1e-5..1e-4 in
-    # 1 - cosine at the worst row; docs/llm.md, the drift)
+    # 1 - cosine at the worst row; docs/llm.md, the drift). A hybrid (fp16_share) moves more, its fp16
+    # products rounded otherwise on the NPU than in the emulation: medians 0 to 8.8e-6 over runs (2026-12-06)
     cos = np.array([_cosine(got[r], want[r]) for r in range(len(tokens))])
     assert cos.min() > 0.999, cos
-    assert np.median(1 - cos) < 1e-6, cos
+    assert np.median(1 - cos) < (2e-5 if options.get("fp16_share") else 1e-6), cos
 
 
 @pytest.mark.parametrize("arch", ARCHS)
