@@ -33,6 +33,30 @@ def single_op(op: str, inputs: dict[str, np.ndarray], consts: dict[str, np.ndarr
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
+def graph_model(nodes, inits: dict, shape, opset: int = 13) -> onnx.ModelProto:
+    """nodes from input "x" (float32, `shape`) to output "y", with float32 initializers `inits`."""
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def sppf_like(c: int, hw: int, seed: int) -> onnx.ModelProto:
+    """Conv -> strided padded MaxPool -> Conv -> three chained 5x5 MaxPools (YOLO's SPPF) -> Add, random
+    weights from `seed`, input [1, 3, hw, hw]."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p1", "w2"], ["c2"]),
+             *[helper.make_node("MaxPool", [a], [b], kernel_shape=[5, 5], pads=[2, 2, 2, 2])
+               for a, b in (("c2", "m1"), ("m1", "m2"), ("m2", "m3"))],
+             helper.make_node("Conv", ["m3", "w3"], ["c3"]), helper.make_node("Add", ["c3", "m1"], ["y"])]
+    inits = {"w1": rng.standard_normal((c, 3, 3, 3)) / 4, "b1": rng.standard_normal(c) * 0.1,
+             "w2": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c), "w3": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)}
+    return graph_model(nodes, inits, [1, 3, hw, hw])
+
+
 def save(model: onnx.ModelProto, path: Path) -> Path:
     onnx.save(model, str(path))
     return path

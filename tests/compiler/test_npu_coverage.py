@@ -15,17 +15,10 @@ from rkc.compiler.build import BuildOptions, build
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.passes import run_passes
 from rkc.compiler.reference import run_graph
-from onnx_models import cosine, onnxruntime_outputs, save
+from onnx_models import cosine, graph_model, onnxruntime_outputs, save, sppf_like
 
 pytest.importorskip("rkc.runtime.sim")
 THRESHOLD = {"fp16": 0.9995, "int8": 0.995}
-
-
-def _model(nodes, inits, shape, opset=13):
-    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _affine_chain(c: int, seed: int):
@@ -45,7 +38,7 @@ def _affine_chain(c: int, seed: int):
 
 def test_affine_maps_become_depthwise_convolutions(tmp_path):
     nodes, inits = _affine_chain(5, 0)
-    g = load_graph(save(_model(nodes, inits, [1, 5, 6, 7]), tmp_path / "m.onnx"))
+    g = load_graph(save(graph_model(nodes, inits, [1, 5, 6, 7]), tmp_path / "m.onnx"))
     x = np.random.default_rng(1).standard_normal((1, 5, 6, 7)).astype(np.float32)
     before = run_graph(g, {"x": x})["y"]
     run_passes(g)
@@ -59,7 +52,7 @@ def test_affine_maps_become_depthwise_convolutions(tmp_path):
 def test_a_constant_after_a_conv_still_folds_into_it(tmp_path):
     rng = np.random.default_rng(2)
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Add", ["c", "b"], ["y"])]
-    model = _model(nodes, {"w": rng.standard_normal((4, 3, 1, 1)), "b": rng.standard_normal((1, 4, 1, 1))},
+    model = graph_model(nodes, {"w": rng.standard_normal((4, 3, 1, 1)), "b": rng.standard_normal((1, 4, 1, 1))},
                    [1, 3, 5, 5])
     g = run_passes(load_graph(save(model, tmp_path / "m.onnx")))
     assert [op.type for op in g.ops] == ["Conv", "Add"]  # the Add fuses as the Conv's bias
@@ -83,7 +76,7 @@ def _build_and_run(tmp_path, model, shape, precision):
 @pytest.mark.parametrize("c", [3, 8, 24, 40])
 def test_affine_chain_runs_on_the_npu(tmp_path, precision, c):
     nodes, inits = _affine_chain(c, c)
-    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, c, 6, 9]), (1, c, 6, 9), precision)
+    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, c, 6, 9]), (1, c, 6, 9), precision)
     cpu = [p.op.type for p in report.placements if p.device == "cpu"]
     assert cpu == ["Relu"], [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
     assert cosine(got, want) >= THRESHOLD[precision]
@@ -94,7 +87,7 @@ def test_fp16_depthwise_of_any_channel_count_runs_on_the_npu(tmp_path, c):
     rng = np.random.default_rng(c)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=c, pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["y"])]
-    model = _model(nodes, {"w": rng.standard_normal((c, 1, 3, 3)), "b": rng.standard_normal(c)}, [1, c, 7, 10])
+    model = graph_model(nodes, {"w": rng.standard_normal((c, 1, 3, 3)), "b": rng.standard_normal(c)}, [1, c, 7, 10])
     report, got, want = _build_and_run(tmp_path, model, (1, c, 7, 10), "fp16")
     assert all(p.device == "npu" for p in report.placements)
     assert cosine(got, want) >= THRESHOLD["fp16"]
@@ -111,7 +104,7 @@ def test_pointwise_conv_and_global_pool_on_maps_of_few_rows(tmp_path, precision,
     rng = np.random.default_rng(c + h)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("GlobalAveragePool", ["r"], ["y"])]
-    model = _model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3, "b": rng.standard_normal(c)}, [1, 6, h, w])
+    model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3, "b": rng.standard_normal(c)}, [1, 6, h, w])
     report, got, want = _build_and_run(tmp_path, model, (1, 6, h, w), precision)
     assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
     assert cosine(got, want) >= THRESHOLD[precision]
@@ -132,7 +125,7 @@ def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
              helper.make_node("Add", ["c2", "b2"], ["a2"]),
              helper.make_node("HardSigmoid", ["a2"], ["s"], alpha=0.2, beta=0.5),
              helper.make_node("Mul", ["x", "s"], ["y"])]
-    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, c, h, w]), (1, c, h, w), precision)
+    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, c, h, w]), (1, c, h, w), precision)
     cpu = [p.op.type for p in report.placements if p.device == "cpu"]
     assert cpu == ["Mul"], [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
     assert cosine(got, want) >= THRESHOLD[precision]
@@ -149,7 +142,7 @@ def _hard_swish_model(c: int, spelled_out: bool):
                   helper.make_node("Mul", ["c", "k"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
     else:
         nodes.append(helper.make_node("HardSwish", ["c"], ["y"]))
-    return _model(nodes, inits, [1, 4, 8, 12], opset=14)
+    return graph_model(nodes, inits, [1, 4, 8, 12], opset=14)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
@@ -184,7 +177,7 @@ def test_a_cheap_op_alone_between_cpu_ops_stays_on_the_cpu(tmp_path, precision):
     rng = np.random.default_rng(3)
     nodes = [_pool("x", "p1"), helper.make_node("Mul", ["p1", "s"], ["m"]), _pool("m", "p2"),
              _pool("x", "p3"), helper.make_node("Add", ["p2", "p3"], ["a"]), _pool("a", "y")]
-    model = _model(nodes, {"s": rng.uniform(0.5, 2, (1, 8, 1, 1))}, [1, 8, 6, 9])
+    model = graph_model(nodes, {"s": rng.uniform(0.5, 2, (1, 8, 1, 1))}, [1, 8, 6, 9])
     report, got, want = _build_and_run(tmp_path, model, (1, 8, 6, 9), precision)
     placed = _placed(report)
     assert placed["m"][0] == placed["a"][0] == "cpu"
@@ -209,7 +202,7 @@ def test_cheap_ops_with_an_npu_neighbour_or_real_work_stay_on_the_npu(tmp_path, 
              helper.make_node("Mul", ["p4", "s"], ["m2"]), helper.make_node("Relu", ["m2"], ["r2"]), _pool("r2", "y")]
     inits = {"s": rng.uniform(0.5, 2, (1, 8, 1, 1)), "w": rng.standard_normal((8, 8, 3, 3)) / 8,
              "dw": rng.standard_normal((8, 1, 3, 3)) / 3}
-    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, 8, 6, 9]), (1, 8, 6, 9), precision)
+    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 6, 9]), (1, 8, 6, 9), precision)
     placed = _placed(report)
     assert [placed[t][0] for t in ("m", "c", "d", "a", "m2", "r2")] == ["npu"] * 6, placed
     assert report.segments == 4
@@ -220,7 +213,7 @@ def test_an_average_pool_alone_between_cpu_ops_stays_on_the_npu(tmp_path):
     """A 3x3 average pool does 9 operations per output: not memory-bound, so the
     lone-op rule leaves it on the NPU even between two CPU ops."""
     nodes = [_pool("x", "p1"), helper.make_node("AveragePool", ["p1"], ["a"], kernel_shape=[3, 3]), _pool("a", "y")]
-    report, got, want = _build_and_run(tmp_path, _model(nodes, {}, [1, 8, 9, 9]), (1, 8, 9, 9), "fp16")
+    report, got, want = _build_and_run(tmp_path, graph_model(nodes, {}, [1, 8, 9, 9]), (1, 8, 9, 9), "fp16")
     assert _placed(report)["a"][0] == "npu"
     assert cosine(got, want) >= THRESHOLD["fp16"]
 
@@ -235,7 +228,7 @@ def test_average_pool_of_one_window_runs_on_the_npu(tmp_path, precision, c, hw, 
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[kernel] * 2, strides=[stride] * 2,
                               pads=[pads] * 4, count_include_pad=1)]
-    model = _model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
+    model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
     report, got, want = _build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
     assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
     assert got.shape == (1, c, 1, 1)
@@ -247,17 +240,7 @@ def test_int8_max_pools_run_on_the_npu_codes_without_conversions(tmp_path, c, hw
     """A CPU MaxPool between int8 NPU segments pools the int8 codes in place (its
     output keeps its input's scale): the only conversions left are the model's
     input and output, through a strided pool and an SPPF-like chain of three."""
-    rng = np.random.default_rng(c)
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["p1", "w2"], ["c2"]),
-             *[helper.make_node("MaxPool", [a], [b], kernel_shape=[5, 5], pads=[2, 2, 2, 2])
-               for a, b in (("c2", "m1"), ("m1", "m2"), ("m2", "m3"))],
-             helper.make_node("Conv", ["m3", "w3"], ["c3"]), helper.make_node("Add", ["c3", "m1"], ["y"])]
-    inits = {"w1": rng.standard_normal((c, 3, 3, 3)) / 4, "b1": rng.standard_normal(c) * 0.1,
-             "w2": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c), "w3": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)}
-    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, 3, hw, hw]), (1, 3, hw, hw), "int8")
+    report, got, want = _build_and_run(tmp_path, sppf_like(c, hw, c), (1, 3, hw, hw), "int8")
     assert [p.op.type for p in report.placements if p.device == "cpu"] == ["MaxPool"] * 4
     assert report.conversions == 2, report.conversions
     assert cosine(got, want) >= THRESHOLD["int8"]
@@ -270,7 +253,7 @@ def test_silu_fuses_into_the_convolution_epilogue(tmp_path, c, h, w):
     rng = np.random.default_rng(c)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
-    model = _model(nodes, {"w": rng.standard_normal((c, 4, 3, 3)) / 2, "b": rng.standard_normal(c)}, [1, 4, h, w])
+    model = graph_model(nodes, {"w": rng.standard_normal((c, 4, 3, 3)) / 2, "b": rng.standard_normal(c)}, [1, 4, h, w])
     report, got, want = _build_and_run(tmp_path, model, (1, 4, h, w), "fp16")
     assert report.placements[-1].op.type == "Swish"
     assert [p.device for p in report.placements] == ["npu"] * 2
@@ -331,7 +314,7 @@ def test_yolo_neck_upsample_runs_in_place_and_silu_stays_on_the_npu(tmp_path, pr
     inits = {"w1": rng.standard_normal((16, 16, 3, 3)) / 6, "b1": rng.standard_normal(16) * 0.1,
              "w3": rng.standard_normal((16, 32, 3, 3)) / 8, "b3": rng.standard_normal(16) * 0.1,
              "scales": np.array([1, 1, 2, 2])}
-    report, got, want = _build_and_run(tmp_path, _model(nodes, inits, [1, 16, 12, 12]), (1, 16, 12, 12), precision)
+    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 16, 12, 12]), (1, 16, 12, 12), precision)
     assert [p.op.type for p in report.placements if p.device == "cpu"] == ["Resize"]
     assert report.conversions == 2, report.conversions
     assert cosine(got, want) >= THRESHOLD["fp16"]

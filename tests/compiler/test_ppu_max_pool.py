@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
@@ -17,38 +16,16 @@ from rkc.ir.errors import RkcError
 from rkc.ir.program import PPU_COMPLETION_KEY
 from rkc.runtime.sim import SimDevice
 from rkc.runtime.sim.quirks import DEFAULT, Quirks
-from onnx_models import cosine, onnxruntime_outputs, save
+from onnx_models import cosine, onnxruntime_outputs, save, sppf_like
 
 FP16_COSINE = 0.9995  # the fp16 bound of tests/compiler/test_npu_coverage.py
 
 PATCHED = Quirks(completion_blocks=("DPU", "PPU"))  # what a rocket 1.3 kernel completes on
 
 
-def _model(nodes, inits, shape):
-    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-
-
-def _sppf_like(c: int, hw: int, seed: int):
-    """Conv -> strided padded MaxPool -> Conv -> three chained 5x5 MaxPools (YOLO's SPPF) -> Add."""
-    rng = np.random.default_rng(seed)
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["p1", "w2"], ["c2"]),
-             *[helper.make_node("MaxPool", [a], [b], kernel_shape=[5, 5], pads=[2, 2, 2, 2])
-               for a, b in (("c2", "m1"), ("m1", "m2"), ("m2", "m3"))],
-             helper.make_node("Conv", ["m3", "w3"], ["c3"]), helper.make_node("Add", ["c3", "m1"], ["y"])]
-    inits = {"w1": rng.standard_normal((c, 3, 3, 3)) / 4, "b1": rng.standard_normal(c) * 0.1,
-             "w2": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c), "w3": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)}
-    return _model(nodes, inits, [1, 3, hw, hw])
-
-
 @pytest.mark.parametrize("c, hw", [(16, 12), (24, 17)])
 def test_fp16_max_pools_run_on_the_ppu_and_match_onnxruntime(tmp_path, c, hw):
-    path = save(_sppf_like(c, hw, c), tmp_path / "m.onnx")
+    path = save(sppf_like(c, hw, c), tmp_path / "m.onnx")
     report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", ppu_irq=True))
     pools = [p for p in report.placements if p.op.type == "MaxPool"]
     assert [p.device for p in pools] == ["npu"] * 4, [p.reason for p in pools]
@@ -61,7 +38,7 @@ def test_fp16_max_pools_run_on_the_ppu_and_match_onnxruntime(tmp_path, c, hw):
 
 
 def test_stock_kernel_keeps_max_pooling_on_the_cpu(tmp_path):
-    path = save(_sppf_like(16, 12, 3), tmp_path / "m.onnx")
+    path = save(sppf_like(16, 12, 3), tmp_path / "m.onnx")
     report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16"))
     pools = [p for p in report.placements if p.op.type == "MaxPool"]
     assert [p.device for p in pools] == ["cpu"] * 4
@@ -71,7 +48,7 @@ def test_stock_kernel_keeps_max_pooling_on_the_cpu(tmp_path):
 
 
 def test_int8_max_pools_stay_on_the_cpu_even_with_the_patch(tmp_path):
-    path = save(_sppf_like(16, 12, 4), tmp_path / "m.onnx")
+    path = save(sppf_like(16, 12, 4), tmp_path / "m.onnx")
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.random.default_rng(5).standard_normal((4, 1, 3, 12, 12)).astype(np.float32))
     report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=True))
@@ -81,7 +58,7 @@ def test_int8_max_pools_stay_on_the_cpu_even_with_the_patch(tmp_path):
 
 
 def test_loader_refuses_a_ppu_rkbin_on_a_stock_kernel(tmp_path):
-    path = save(_sppf_like(16, 12, 6), tmp_path / "m.onnx")
+    path = save(sppf_like(16, 12, 6), tmp_path / "m.onnx")
     build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", ppu_irq=True))
     with pytest.raises(RkcError, match="runs max pooling on the PPU .*never completes PPU tasks: use rocket 1.3"):
         runtime.load(tmp_path / "m.rkbin", device=SimDevice(quirks=DEFAULT))
@@ -90,7 +67,7 @@ def test_loader_refuses_a_ppu_rkbin_on_a_stock_kernel(tmp_path):
 def test_compile_option_is_documented_and_explain_says_where_max_pooling_runs(tmp_path):
     option = next(o for o in OPTIONS if o.name == "kernel_ppu_irq")
     assert option.flag == "--kernel-ppu-irq" and "kernel/patches/0005" in option.help
-    path = save(_sppf_like(16, 12, 7), tmp_path / "m.onnx")
+    path = save(sppf_like(16, 12, 7), tmp_path / "m.onnx")
     on = compile_model(path, tmp_path / "a.rkbin", {"precision": "fp16", "kernel_ppu_irq": True, "explain": True})
     off = compile_model(path, tmp_path / "b.rkbin", {"precision": "fp16", "explain": True})
     assert "max pooling: on the PPU (--kernel-ppu-irq: needs a kernel with kernel/patches/0005)" in on
@@ -102,7 +79,7 @@ def test_rkrun_refuses_a_ppu_rkbin_on_a_stock_kernel_in_one_line(tmp_path):
     import sys
     from pathlib import Path
     bin_dir = Path(sys.executable).parent
-    save(_sppf_like(16, 12, 8), tmp_path / "m.onnx")
+    save(sppf_like(16, 12, 8), tmp_path / "m.onnx")
     np.savez(tmp_path / "in.npz", x=np.random.default_rng(9).standard_normal((1, 3, 12, 12)).astype(np.float32))
     done = subprocess.run([str(bin_dir / "rkc"), "compile", "m.onnx", "--precision", "fp16", "--kernel-ppu-irq"],
                           cwd=tmp_path, capture_output=True, text=True)
