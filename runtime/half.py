@@ -198,15 +198,6 @@ def narrow_all(f, out):
         out[i] = narrow_bits(f[i])
 
 
-@njit(**_JIT)
-def widen_all(src, out):
-    """out[i] = the float32 bits (uint32) of fp16 bits src[i] over flat arrays,
-    as numpy's astype widens them: decode attention's cached rows
-    (runtime/llm/decode_attention.py)."""
-    for i in range(src.size):
-        out[i] = widen_bits(src[i])
-
-
 def narrowed_like_numpy(chunk_bits: int = 26) -> int:
     """Every one of the 2^32 float32 patterns narrowed by narrow_bits and by
     numpy's cast; returns how many differ (a check run by hand, ~1 minute:
