@@ -153,6 +153,25 @@ def widen_feature(fm: np.ndarray, out: np.ndarray) -> None:
 
 
 @njit(**_JIT)
+def lanes_to_rows(atoms, rows):
+    """rows[b, i] = atoms[i, b]: a feature line's [W, C2] atoms as C2 rows of W,
+    so that a loop over one channel's values vectorises."""
+    w, c2 = atoms.shape
+    for i in range(w):
+        for b in range(c2):
+            rows[b, i] = atoms[i, b]
+
+
+@njit(**_JIT)
+def rows_to_lanes(rows, atoms):
+    """atoms[i, b] = rows[b, i], lanes_to_rows' inverse."""
+    w, c2 = atoms.shape
+    for i in range(w):
+        for b in range(c2):
+            atoms[i, b] = rows[b, i]
+
+
+@njit(**_JIT)
 def _narrow_lines(x, fm, lo, hi):
     c, h, w = x.shape
     c2 = fm.shape[3]
@@ -167,10 +186,7 @@ def _narrow_lines(x, fm, lo, hi):
                 dst[i] = narrow_bits(src[i])
         for b in range(n, c2):
             rows[b] = zero
-        atoms = fm[a, y]
-        for i in range(w):
-            for b in range(c2):
-                atoms[i, b] = rows[b, i]
+        rows_to_lanes(rows, fm[a, y])
 
 
 @njit(**_JIT)
@@ -181,10 +197,7 @@ def _widen_lines(fm, out, lo, hi):
         a, y = line // h, line % h
         n = min(c2, c - a * c2)
         rows = np.empty((c2, w), np.uint16)  # the atoms' lanes as rows: the widening vectorises
-        atoms = fm[a, y]
-        for i in range(w):
-            for b in range(c2):
-                rows[b, i] = atoms[i, b]
+        lanes_to_rows(fm[a, y], rows)
         for b in range(n):
             src, dst = rows[b], out[a * c2 + b, y]
             for i in range(w):

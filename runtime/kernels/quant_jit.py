@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from numba import njit
 
+from rkc.runtime.half import lanes_to_rows, rows_to_lanes
 from rkc.runtime.llm.threads import over_ranges
 
 
@@ -45,10 +46,7 @@ def _quantize_lines(x, scale, zero_point, fm, lo, hi):
             for i in range(w):
                 q = np.rint(np.float64(src[i]) / scale) + zp
                 dst[i] = np.int8(min(max(q, -128.0), 127.0))
-        atoms = fm[a, y]
-        for i in range(w):
-            for b in range(c2):
-                atoms[i, b] = rows[b, i]
+        rows_to_lanes(rows, fm[a, y])
 
 
 @njit(cache=True, nogil=True)
@@ -60,10 +58,7 @@ def _dequantize_lines(fm, scale, zero_point, out, lo, hi):
         a, y = line // h, line % h
         n = min(c2, c - a * c2)
         rows = np.empty((c2, w), np.int8)
-        atoms = fm[a, y]
-        for i in range(w):
-            for b in range(c2):
-                rows[b, i] = atoms[i, b]
+        lanes_to_rows(fm[a, y], rows)
         for b in range(n):
             src, dst = rows[b], out[a * c2 + b, y]
             for i in range(w):
