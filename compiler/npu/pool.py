@@ -71,7 +71,7 @@ def lower_pool(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
         raise UnsupportedError(f"{op.name}: max pooling runs on the PPU, whose tasks stock rocket never sees "
                                f"complete (EmitOptions.ppu_completes=True on a kernel that handles it)")
     if f.dtype != "fp16" or o.dtype != "fp16":
-        raise UnsupportedError(f"{op.name}: the PPU pools fp16 tensors (int8 reads back wrongly)")
+        raise UnsupportedError(f"{op.name}: the PPU pools fp16 only (int8 reads back wrongly, Q14)")
     stages = _stages(op)
     tasks, scratch, cur = [], [], f
     for i, (kernel, stride, pad) in enumerate(stages):

@@ -16,9 +16,12 @@ from rkc.ir.errors import RkcError
 from rkc.ir.program import PPU_COMPLETION_KEY
 from rkc.runtime.sim import SimDevice
 from rkc.runtime.sim.quirks import DEFAULT, Quirks
-from onnx_models import cosine, onnxruntime_outputs, save, sppf_like
+from onnx import helper
+
+from onnx_models import cosine, graph_model, onnxruntime_outputs, save, sppf_like
 
 FP16_COSINE = 0.9995  # the fp16 bound of tests/compiler/test_npu_coverage.py
+INT8_COSINE = 0.995  # its int8 bound
 
 PATCHED = Quirks(completion_blocks=("DPU", "PPU"))  # what a rocket 1.3 kernel completes on
 
@@ -55,6 +58,43 @@ def test_int8_max_pools_stay_on_the_cpu_even_with_the_patch(tmp_path):
     pools = [p for p in report.placements if p.op.type == "MaxPool"]
     assert [p.device for p in pools] == ["cpu"] * 4
     assert "fp16 only" in pools[0].reason
+
+
+def _silu(x: str, y: str) -> list:
+    return [helper.make_node("Sigmoid", [x], [f"{y}.s"]), helper.make_node("Mul", [x, f"{y}.s"], [y])]
+
+
+def sppf_silu(c: int, hw: int, seed: int):
+    """YOLOv8's SPPF: Conv+SiLU -> three chained 5x5 MaxPools -> Concat of the four -> Conv+SiLU."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), *_silu("c1", "a1"),
+             *[helper.make_node("MaxPool", [a], [b], kernel_shape=[5, 5], pads=[2, 2, 2, 2])
+               for a, b in (("a1", "m1"), ("m1", "m2"), ("m2", "m3"))],
+             helper.make_node("Concat", ["a1", "m1", "m2", "m3"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w2", "b2"], ["c2"]), *_silu("c2", "y")]
+    inits = {"w1": rng.standard_normal((c, 3, 3, 3)) / 3, "b1": rng.standard_normal(c) * 0.1,
+             "w2": rng.standard_normal((c, 4 * c, 1, 1)) / np.sqrt(4 * c), "b2": rng.standard_normal(c) * 0.1}
+    return graph_model(nodes, inits, [1, 3, hw, hw])
+
+
+@pytest.mark.parametrize("c, hw", [(16, 10), (32, 13)])
+def test_int8_sppf_pools_in_its_fp16_table_island_on_the_ppu(tmp_path, c, hw):
+    """In an int8 build SiLU's lookup table puts the convolutions around SPPF in fp16
+    (Q22), so with --kernel-ppu-irq its pools run on the PPU in fp16 too: nothing of
+    SPPF is left on the CPU and no int8/fp16 edge is added."""
+    path = save(sppf_silu(c, hw, c), tmp_path / "m.onnx")
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(c).standard_normal((4, 1, 3, hw, hw)).astype(np.float32))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=True))
+    pools = [p for p in report.placements if p.op.type == "MaxPool"]
+    assert [(p.device, p.dtype) for p in pools] == [("npu", "fp16")] * 3, [p.reason for p in pools]
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == []
+    x = np.random.default_rng(c + 1).standard_normal((1, 3, hw, hw)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin", device=SimDevice(quirks=PATCHED)) as m:
+        got = m.run({"x": x})["y"]
+    assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= INT8_COSINE
+    stock = build(path, tmp_path / "s.rkbin", BuildOptions(precision="int8", calib=calib))
+    assert [p.device for p in stock.placements if p.op.type == "MaxPool"] == ["cpu"] * 3
 
 
 def test_loader_refuses_a_ppu_rkbin_on_a_stock_kernel(tmp_path):
