@@ -91,7 +91,8 @@ def probe(output: str, only: tuple[str, ...], list_only: bool, root: str, dram_f
 
     with make_npu({}) as dev:
         device = dev.describe()
-    results = [run_probe(p, make_npu, lambda h: SimDevice(quirks=_quirks(h))) for p in selected]
+    results = [run_probe(p, make_npu, lambda h: SimDevice(quirks=_quirks(h)), npu_is_simulator=not on_npu)
+               for p in selected]
     if not on_npu:
         for r in results:
             if r.conclusion:

@@ -556,6 +556,11 @@ class EmitOptions:
     # Q23: the longest K one int4 task reduces; 480 x 64 (the largest |int4 x int4|)
     # stays inside int16 whatever the hardware does past it. Only `rkc probe` raises it
     int4_segment_max: int = 480
+    # Q22: a lookup-table activation on an int8 convolution's integer datapath (the
+    # BN stage's integer multiply makes the table index, OUT_CVT requantizes the
+    # entry to int8). Every validated LUT program runs on fp16 data: only `rkc probe`
+    # sets it; compiles run such groups in fp16.
+    integer_lut: bool = False
 
     def slack_banks(self, dtype: str) -> int:
         """CBUF banks a feature tile of `dtype` keeps free past its data."""

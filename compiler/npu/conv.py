@@ -117,7 +117,7 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
     else:
         weight_sums = w64.sum(axis=(1, 2, 3)) if w64 is not None else np.zeros(o.channels)
     plan = epilogue.plan(epilogue.DpuRequest(dtype, o, o.channels, f.quant, wq, weight_sums, op.epilogue,
-                                             depthwise=dw))
+                                             depthwise=dw, integer_lut=options.integer_lut))
     packed = _pack(op, dtype, kg, zp_w)
     consts = [api.ConstBuffer(f"{op.name}.weights", packed)]
     if plan.bs_data is not None:

@@ -76,6 +76,7 @@ class DpuPlan:
     ew_shift: int = 0
     ew_offset: int = 0
     lut: lutmod.LutPlan | None = None
+    lut_index: tuple[int, int] | None = None  # integer datapath (Q22, probes only): BN (mul, shift) to the index
     # OUT_CVT
     out_mul: int = 1
     out_shift: int = 0
@@ -118,6 +119,11 @@ class DpuPlan:
                 v = _COMBINE[self.residual.op](v, r)
                 if self.act_stage == "ew":
                     v = self._activate(v)
+            if self.lut is not None:  # Q22: the ideal table value at the BN index, as a Q0.15 entry
+                spec = self.lut.spec
+                index = rne_shift(v * self.lut_index[0], self.lut_index[1])
+                f = self.lut.function(index / self.lut.index_scale)
+                v = np.rint((f - spec.lo) / 2.0 ** spec.s_exp * (1 << lutmod.Q_BITS)).astype(np.int64)
             if self.out_dtype == "int8":
                 return requantize(v, self.out_mul, self.out_shift, self.out_offset).astype(np.int8)
             if self.out_dtype == "int32":
@@ -159,7 +165,8 @@ class DpuPlan:
         (not the cube geometry, which the caller writes)."""
         in_p, out_p = formats.PRECISION[self.in_dtype], formats.PRECISION[self.out_dtype]
         r.set("DPU_DATA_FORMAT", OUT_PRECISION=out_p, IN_PRECISION=in_p, PROC_PRECISION=in_p,
-              BS_MUL_SHIFT_VALUE_NEG=self.bs_shift if self.bs_groups else 0)
+              BS_MUL_SHIFT_VALUE_NEG=self.bs_shift if self.bs_groups else 0,
+              BN_MUL_SHIFT_VALUE_NEG=self.lut_index[1] if self.lut_index else 0)
         bs_act = self.act_stage == "bs"
         has_bs = self.bs_data is not None
         r.set("DPU_BS_CFG", BS_ALU_ALGO=2 if has_bs else 0, BS_ALU_SRC=int(has_bs),
@@ -175,18 +182,21 @@ class DpuPlan:
         r.set("DPU_BS_OW_CFG", SIZE_E_2=size_e, SIZE_E_1=size_e, SIZE_E_0=size_e, OD_BYPASS=int(self.ow_op == 0))
         if self.ow_op:
             r.set("DPU_BS_OW_OP", OW_OP=self.ow_op & 0xFFFF)
-        if self.lut is not None:
+        if self.lut_index is not None:
+            self.lut.write_bn_integer(r, *self.lut_index)
+        elif self.lut is not None:
             self.lut.write_bn(r)
         else:
             r.set("DPU_BN_CFG", BN_RELU_BYPASS=1, BN_MUL_BYPASS=1, BN_ALU_BYPASS=1, BN_BYPASS=1)
         self._write_ew(r)
-        if self.lut is not None:
+        if self.lut is not None and not self.integer:
             self.lut.write_out_cvt(r)
-            self.lut.write_tables(r)
-        else:
+        else:  # an integer path's table entry is requantized like an accumulator (Q22)
             r.set("DPU_OUT_CVT_OFFSET", OUT_CVT_OFFSET=self.out_offset & 0xFFFFFFFF)
             r.set("DPU_OUT_CVT_SCALE", FP32TOFP16_EN=int(self.narrow_fp16), OUT_CVT_SCALE=self.out_mul)
             r.set("DPU_OUT_CVT_SHIFT", OUT_CVT_SHIFT=self.out_shift)
+        if self.lut is not None:
+            self.lut.write_tables(r)
         if has_bs or self.bs_groups:
             r.set("DPU_RDMA_RDMA_BRDMA_CFG", BRDMA_DATA_USE=7 if self.bs_groups else 1)
             r.address("DPU_RDMA_RDMA_BS_BASE_ADDR", bs_buffer, self.bs_offset(channel0))
@@ -242,6 +252,7 @@ class DpuRequest:
     epilogue: api.Epilogue
     depthwise: bool = False
     partial: bool = False  # a K-split partial: raw accumulator only (the rest runs later)
+    integer_lut: bool = False  # EmitOptions.integer_lut (Q22, `rkc probe` only)
 
 
 def plan(req: DpuRequest) -> DpuPlan:
@@ -271,6 +282,8 @@ def _plan_integer(req: DpuRequest) -> DpuPlan:
     out_dtype = "int32" if req.partial else out.dtype
     if out_dtype not in ("int8", "int32", "fp32"):
         raise UnsupportedError(f"int8 convolution cannot write {out_dtype} (int8, int32 or fp32)")
+    if ep.lut is not None and req.integer_lut and not req.partial:
+        return _plan_integer_lut(req)
     p = DpuPlan("int8", out_dtype, n, req.depthwise, formats.writer("int8", out_dtype, req.depthwise))
     if req.depthwise and out_dtype != "int8":
         raise UnsupportedError("int8 depthwise convolution writes int8 only (the int32 writer is unproven)")
@@ -315,6 +328,31 @@ def _plan_integer(req: DpuRequest) -> DpuPlan:
     _integer_activation(p, ep, real_per_step)
     if ep.residual is not None:
         _integer_residual(p, req, real_per_step)
+    return p
+
+
+def _plan_integer_lut(req: DpuRequest) -> DpuPlan:
+    """A lookup-table activation on the integer datapath (hardware question Q22; only
+    `rkc probe` asks for it): BS adds the bias, BN's integer multiply scales the
+    accumulator (real value acc * s_in * s_w) to the table index, the EW stage looks
+    the Q0.15 entry up, OUT_CVT requantizes it to int8. Per-tensor weights, no
+    residual or clip: the smallest program that asks the question."""
+    out, ep, n = req.output, req.epilogue, req.channels
+    wq, iq = req.weight_quant or api.Quant(1.0), req.input_quant
+    if out.dtype != "int8" or out.quant is None or iq is None or wq.per_channel or wq.zero_point \
+            or ep.residual is not None or ep.clip_range is not None:
+        raise UnsupportedError("an integer-path lookup table takes per-tensor symmetric weights, quantized "
+                               "input and int8 output, and no residual or clip")
+    p = DpuPlan("int8", "int8", n, req.depthwise, formats.writer("int8", "int8", req.depthwise))
+    bias = np.zeros(n, np.int64) if ep.bias is None else np.asarray(ep.bias, np.int64)
+    a = bias - iq.zero_point * np.asarray(req.weight_sums, np.int64)
+    p.bs_data = a.astype("<i4") if a.any() else None
+    p.lut = lutmod.plan(ep.lut)
+    p.lut_index = multiplier_pair(float(iq.scales(1)[0] * wq.scales(1)[0]) * p.lut.index_scale, "LUT index scale")
+    spec = p.lut.spec
+    p.out_mul, p.out_shift = multiplier_pair(2.0 ** spec.s_exp / (1 << lutmod.Q_BITS) / out.quant.scale,
+                                             "LUT output scale")
+    p.out_offset = out.quant.zero_point + round(spec.lo / out.quant.scale)
     return p
 
 

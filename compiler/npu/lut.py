@@ -97,6 +97,15 @@ class LutPlan:
         r.set("DPU_EW_CFG", EW_RELU_BYPASS=1, EW_OP_CVT_BYPASS=1)
         r.set("DPU_EW_CVT_SCALE_VALUE", EW_OP_CVT_SCALE=1)
 
+    def write_bn_integer(self, r: RegisterFile, mul: int, shift: int) -> None:
+        """The index from an integer datapath (hardware question Q22, `rkc probe` only):
+        index = rne(v * mul >> shift), BN's register multiplier with the sign-split
+        shift of the BS stage (Q21), its ALU bypassed; the EW word as on fp16."""
+        r.set("DPU_BN_CFG", BN_ALU_BYPASS=1, BN_RELU_BYPASS=1)
+        r.set("DPU_BN_MUL_CFG", BN_MUL_OPERAND=mul, BN_MUL_SHIFT_VALUE=shift)
+        r.set("DPU_EW_CFG", EW_RELU_BYPASS=1, EW_OP_CVT_BYPASS=1)
+        r.set("DPU_EW_CVT_SCALE_VALUE", EW_OP_CVT_SCALE=1)
+
     def write_out_cvt(self, r: RegisterFile) -> None:
         s = self.spec
         offset = round(s.lo * (1 << Q_BITS) / 2.0 ** s.s_exp)

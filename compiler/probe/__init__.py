@@ -41,6 +41,9 @@ class ProbeRun:
     outputs: dict[str, bytes]
     references: dict[str, bytes] = field(default_factory=dict)
     exact: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # (got, reference, tolerance): values within `tolerance` of another program's
+    # (e.g. an int8 result next to the fp16 program computing the same function)
+    close: dict[str, tuple[np.ndarray, np.ndarray, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,10 @@ class Probe:
     if_agree: str  # what agreement means for the simulator
     if_differ: str
     needs_chaining: bool = False
+    # False: the simulator has no reading of this program (it refuses it, the
+    # question is open): only a board answers, against the program's own
+    # references (exact / close), never the simulator's bytes
+    simulated: bool = True
 
 
 @dataclass
@@ -88,17 +95,54 @@ def _compare(npu: ProbeRun, sim: ProbeRun) -> tuple[bool, str, dict]:
         ref = npu.references.get(name)
         if ref is not None and a[: len(ref)] != ref:
             problems.append(f"{name}: the NPU output does not match the program's reference")
+    problems += _reference_problems(npu)
+    return not problems, "; ".join(problems), table
+
+
+def _reference_problems(npu: ProbeRun) -> list[str]:
+    problems = []
     for name, (got, want) in npu.exact.items():
         if got.shape != want.shape or not np.array_equal(got, want):
             wrong = int(np.count_nonzero(got != want)) if got.shape == want.shape else got.size
             problems.append(f"{name}: {wrong} of {want.size} values differ from the exact result")
-    return not problems, "; ".join(problems), table
+    for name, (got, want, tolerance) in npu.close.items():
+        if got.shape != want.shape:
+            problems.append(f"{name}: shape {got.shape}, the reference's {want.shape}")
+            continue
+        off = np.abs(got.astype(np.float64) - want.astype(np.float64)) > tolerance
+        if off.any():
+            problems.append(f"{name}: {int(off.sum())} of {want.size} values further than {tolerance:g} from the "
+                            f"reference")
+    return problems
 
 
-def run_probe(probe: Probe, make_npu: Callable[[dict], Device], make_sim: Callable[[dict], Device]) -> ProbeResult:
+SIM_REFUSED = "refused by the simulator: needs a board"
+
+
+def run_probe(probe: Probe, make_npu: Callable[[dict], Device], make_sim: Callable[[dict], Device],
+              npu_is_simulator: bool = False) -> ProbeResult:
     """Run `probe` on a device from make_npu(hypothesis) and on the simulator
-    from make_sim(hypothesis); compare."""
+    from make_sim(hypothesis); compare. `npu_is_simulator`: make_npu's device is
+    the emulated kernel (whose NPU is the simulator), not a board."""
     result = ProbeResult(probe.name, probe.question, probe.assumption, "unavailable")
+    if not probe.simulated:
+        sim = make_sim(probe.hypothesis)
+        try:
+            probe.program(sim)
+        except UnsupportedError as exc:  # the emitter refused to build the program
+            result.detail = f"the program cannot be built: {exc}"
+            return result
+        except RkcError as exc:
+            refusal = str(exc)
+        else:
+            refusal = None  # the simulator models it now: probe it like any other
+        finally:
+            sim.close()
+        if refusal is not None:
+            if npu_is_simulator:
+                result.status, result.detail = "sim-refused", f"{SIM_REFUSED} ({refusal})"
+                return result
+            return _run_on_board(probe, make_npu, result, refusal)
     npu = make_npu(probe.hypothesis)
     try:
         if probe.needs_chaining and not npu.supports_chaining:
@@ -131,4 +175,24 @@ def run_probe(probe: Probe, make_npu: Callable[[dict], Device], make_sim: Callab
     result.status = "agree" if same else "differ"
     result.detail = detail
     result.conclusion = probe.if_agree if same else probe.if_differ
+    return result
+
+
+def _run_on_board(probe: Probe, make_npu: Callable[[dict], Device], result: ProbeResult,
+                  refusal: str) -> ProbeResult:
+    """A program the simulator refuses, on a board: checked against its own references."""
+    npu = make_npu(probe.hypothesis)
+    try:
+        npu_run = probe.program(npu)
+    except RkcError as exc:
+        result.status, result.detail, result.conclusion = "npu-failed", str(exc), probe.if_differ
+        return result
+    finally:
+        npu.close()
+    problems = _reference_problems(npu_run)
+    result.outputs = {name: {"bytes": len(data), "npu_sha256": _digest(data), "sim_sha256": None}
+                      for name, data in sorted(npu_run.outputs.items())}
+    result.status = "differ" if problems else "agree"
+    result.detail = "; ".join(problems + [f"the simulator refuses it ({refusal})"])
+    result.conclusion = probe.if_differ if problems else probe.if_agree
     return result

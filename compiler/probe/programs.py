@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import replace
+
 from rkc.compiler.npu import api
+from rkc.compiler.npu.conv_core import data_entries, feature_strides
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.probe import Probe, ProbeRun
 from rkc.compiler.probe import emitted
+from rkc.ir.npu.regcmd import decode, encode
 from rkc.runtime.device import Device
 
 SEED = 20261130
@@ -213,6 +217,84 @@ def int4_gemv_m1(device: Device) -> ProbeRun:
                       api.EmitOptions(min_input_rows=1))
 
 
+def lut_int8(device: Device) -> ProbeRun:
+    """An int8 1x1 convolution (K=32, 16 channels) with the sigmoid table on its
+    integer datapath: BS passes the int32 accumulator, BN's integer multiply makes
+    the index (acc * 2^-10 real, x 2048 index units: mul 2^14, shift 13), the EW
+    stage looks the entry up, OUT_CVT requantizes it to int8 (scale 1/256, zero
+    point -128). Beside it the fp16 program of the same function (the validated
+    fp16 LUT, the same index values exactly); the int8 result must be the fp16
+    one requantized, within one step."""
+    c, h, w, n = 32, 4, 8, 16
+    x = _int8((c, h, w), 18)
+    wt = np.random.default_rng(SEED + 19).integers(-3, 4, (n, 1, 1, c)).astype(np.int8)
+    s_in, s_w, out_q = 2.0 ** -4, 2.0 ** -6, api.Quant(1 / 256, -128)
+    X8 = api.Feature("X8", 0, c, h, w, "int8", api.Quant(s_in))
+    Y8 = api.Feature("Y8", 0, n, h, w, "int8", out_q)
+    X16, Y16 = api.Feature("X16", 0, c, h, w, "fp16"), api.Feature("Y16", 0, n, h, w, "fp16")
+    sigmoid = api.Epilogue(activation="sigmoid")
+    int8 = emit(api.Conv2D(X8, wt, Y8, weight_quant=api.Quant(s_w), epilogue=sigmoid, name="lut_int8"),
+                api.EmitOptions(cores=1, integer_lut=True))
+    fp16 = emit(api.Conv2D(X16, (wt * s_w).astype(np.float16), Y16, epilogue=sigmoid, name="lut_int8.fp16"),
+                api.EmitOptions(cores=1))
+    program = emitted.place([int8, fp16], {"X8": (X8, x), "X16": (X16, (x * s_in).astype(np.float16))}, "lut_int8")
+    placed = emitted.run(device, program, False)
+    try:
+        raw = {f.buffer: placed.read(program.handles[f.buffer]) for f in (Y8, Y16)}
+    finally:
+        placed.free()
+    got = emitted.feature_values(Y8, raw["Y8"]).astype(np.int64)
+    f16 = emitted.feature_values(Y16, raw["Y16"]).astype(np.float64)
+    want = np.clip(np.rint(f16 / out_q.scale) + out_q.zero_point, -128, 127)
+    return ProbeRun({f"lut_int8:{b}": data for b, data in raw.items()}, close={"lut_int8:Y8": (got, want, 1.0)})
+
+
+def _patched(task: api.Task, updates: dict[str, dict[str, int]]) -> api.Task:
+    """`task` with the named fields of some registers rewritten in its regcmd."""
+    entries = task.regcmd.copy()
+    seen = set()
+    for d in decode(entries):
+        if d.register is not None and d.register.name in updates:
+            value = d.register.pack({**d.fields, **updates[d.register.name]})
+            entries[d.index] = encode(d.target, d.offset, value)
+            seen.add(d.register.name)
+    if seen != set(updates):
+        raise ValueError(f"the task writes no {sorted(set(updates) - seen)}")
+    return replace(task, regcmd=entries)
+
+
+def deconv_x2(device: Device) -> ProbeRun:
+    """Nearest x2 upsampling as a depthwise deconvolution: fp16, 32 channels, 8x8 ->
+    16x16, a 2x2 kernel of ones with DECONV set and DECONV_X/Y_STRIDE 2 (written
+    as CONV_X/Y_STRIDE are). The candidate reading under test: the CNA reads the
+    8x8 map (DATAIN, DMA sizes and strides its own) and convolves the map with
+    stride-1 zeros between its pixels, padded by the kernel minus one (PAD 1) on
+    every side, so every output pixel sees exactly one input pixel: the output
+    geometry is that of a 2x2 convolution over the (2H-1)x(2W-1) zero-stuffed map.
+    The reference is numpy's nearest x2."""
+    c, h, w = 32, 8, 8
+    x = _fp16((c, h, w), 20)
+    X = api.Feature("X", 0, c, h, w, "fp16")
+    stuffed = api.Feature("X", 0, c, 2 * h - 1, 2 * w - 1, "fp16")  # the geometry the CNA convolves
+    Y = api.Feature("Y", 0, c, 2 * h, 2 * w, "fp16")
+    result = emit(api.Conv2D(stuffed, np.ones((2, 2, c), np.float16), Y, padding=(1, 1, 1, 1), depthwise=True,
+                             name="deconv_x2"), api.EmitOptions(cores=1))
+    if len(result.tasks) != 1:
+        raise ValueError(f"deconv_x2: expected one task, the emitter made {len(result.tasks)}")
+    line, surface = feature_strides(X)
+    task = _patched(result.tasks[0], {
+        "CNA_CONV_CON1": {"DECONV": 1},
+        "CNA_CONV_CON3": {"DECONV_X_STRIDE": 2, "DECONV_Y_STRIDE": 2},
+        "CNA_DATA_SIZE0": {"DATAIN_WIDTH": w, "DATAIN_HEIGHT": h},
+        "CNA_FC_DATA_SIZE0": {"DMA_WIDTH": w, "DMA_HEIGHT": h},
+        "CNA_DMA_CON1": {"LINE_STRIDE": line},
+        "CNA_DMA_CON2": {"SURF_STRIDE": surface},
+        "CNA_CBUF_CON1": {"DATA_ENTRIES": data_entries(X)}})
+    result = replace(result, tasks=[task])
+    return _run(device, "deconv_x2", [result], {"X": (X, x)}, {"Y": Y},
+                exact={"Y": x.repeat(2, axis=1).repeat(2, axis=2)})
+
+
 PROBES: tuple[Probe, ...] = (
     Probe("gemv_m1", "Q2", "a 1x1 convolution of a 1-row map (M=1 GEMV) computes correctly",
           {"min_feature_rows": 1}, gemv_m1,
@@ -257,4 +339,13 @@ PROBES: tuple[Probe, ...] = (
           "int4 M=1 works on this board", "int4 M=1 is wrong on this board: keep padding to 4 rows"),
     Probe("weight_reuse", "", "WEIGHT_REUSE keeps weights in CBUF across the tasks of a job",
           {}, weight_reuse, "weight reuse across tasks works", "weight reuse across tasks gives wrong results"),
+    Probe("lut_int8", "Q22", "the LUT runs on an int8 convolution's integer datapath (BN integer index, "
+          "OUT_CVT to int8)", {}, lut_int8,
+          "int8 LUT epilogues work as programmed: int8 groups with SiLU/sigmoid could stay int8 (Q22 reading)",
+          "the int8 LUT program differs: keep table groups in fp16", simulated=False),
+    Probe("deconv_x2", "Q24", "a depthwise deconvolution (DECONV, stride 2, 2x2 ones) is nearest x2 "
+          "upsampling", {}, deconv_x2,
+          "DECONV zero-stuffs the input as read here: nearest Resize x2 can run on the NPU (Q24 reading)",
+          "DECONV does not act as read here: keep nearest Resize on the CPU (compare the raw bytes)",
+          simulated=False),
 )

@@ -83,7 +83,7 @@ def fetch_conv(r: TaskRegisters, mem: IovaSpace, quirks: Quirks) -> ConvInput:
         raise r.error(FieldError, f"CONV_MODE={con1['CONV_MODE']} is reserved (0 direct, 3 depthwise)",
                       "CNA_CONV_CON1")
     if con1["DECONV"]:
-        raise r.error(UnsupportedError, "DECONV is not modelled (lower deconvolution to a "
+        raise r.error(UnsupportedError, "DECONV is not modelled (Q24; lower deconvolution to a "
                       "zero-inserted direct convolution)", "CNA_CONV_CON1")
     d = _dims(r)
     _check_static(r, d, quirks)

@@ -211,8 +211,10 @@ QUESTIONS: tuple[Question, ...] = (
         "measured. The vendor's int8 YOLO models run SiLU on the NPU, which suggests it can.",
         "Refused: a LUT stage on an integer datapath raises. The compiler runs an int8 program's groups "
         "that need a table (SiLU, sigmoid, GELU, hard-swish) in fp16 instead (`compiler/emitter_ops.py` "
-        "`plan_groups`). A probe is to be written: an int8 1x1 convolution with the sigmoid table, the "
-        "index from a BN integer multiply, OUT_CVT to int8, against the fp16 program's result."),
+        "`plan_groups`). `rkc probe` lut_int8 asks a board: an int8 1x1 convolution with the sigmoid "
+        "table, the index from a BN integer multiply (ALU bypassed, the shift sign-split as BS's), OUT_CVT "
+        "requantizing the entry to int8, against the fp16 program of the same function in the same "
+        "submit (within one int8 step); here it reports 'refused by the simulator: needs a board'."),
     Question(
         "Q23", "the int4 datapath: nibble order of A, the int16 output's range, the DPU around it",
         "hw-matmul.md 0/2.1/3.2: precision code 6, A as (K/32, M, 32) 'nibble-packed, same scheme with 32', "
@@ -237,9 +239,11 @@ QUESTIONS: tuple[Question, ...] = (
         "and writes dense cubes (ppu-pooling.md). No source upsamples on this NPU outside the vendor "
         "stack, whose encoding is not public.",
         "Refused: DECONV and the deconvolution strides raise (runtime/sim/cna.py). A nearest Resize runs "
-        "on the CPU on the feature maps in place (runtime/feature_edges.py, no layout conversion). A probe "
-        "is to be written: a depthwise deconvolution of stride 2 with a 2x2 kernel of ones (nearest x2) "
-        "against numpy."),
+        "on the CPU on the feature maps in place (runtime/feature_edges.py, no layout conversion). `rkc probe` "
+        "deconv_x2 asks a board: a depthwise fp16 deconvolution (DECONV, DECONV_X/Y_STRIDE 2, a 2x2 "
+        "kernel of ones, PAD 1, the CNA reading the HxW map) written as a 2x2 convolution over the "
+        "zero-stuffed (2H-1)x(2W-1) map, against numpy's nearest x2; here it reports 'refused by the "
+        "simulator: needs a board'."),
 )
 
 

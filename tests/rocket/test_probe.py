@@ -46,6 +46,9 @@ def test_cli_without_npu_runs_on_the_emulated_kernel(tmp_path):
     assert set(status) == {p.name for p in PROBES}
     # a PPU-only task is refused by the device: rocket completes tasks on the DPU interrupt only
     assert status.pop("ppu_pool") == "npu-failed"
+    # the open questions the simulator has no reading for wait for a board
+    for name in ("lut_int8", "deconv_x2"):
+        assert status.pop(name) == "sim-refused"
     assert set(status.values()) == {"agree"}
     chain = next(p for p in report["probes"] if p["name"] == "chain_int8")
     assert "says nothing about hardware" in chain["conclusion"]
@@ -155,3 +158,102 @@ def test_unavailable_and_skipped():
     assert result.status == "unavailable" and result.detail == "needs something this build lacks"
     result = run_probe(by_name("chain_fp16"), emulated(variant=STOCK), sim)
     assert result.status == "skipped" and "kernel/patches/0003" in result.detail
+
+
+UNSIMULATED = [p for p in PROBES if not p.simulated]
+
+
+def test_the_open_questions_have_probes():
+    assert {(p.name, p.question) for p in UNSIMULATED} == {("lut_int8", "Q22"), ("deconv_x2", "Q24")}
+
+
+@pytest.mark.parametrize("probe", UNSIMULATED, ids=lambda p: p.name)
+def test_a_probe_the_simulator_refuses_needs_a_board(probe):
+    """Without an NPU the program is built, the simulator refuses it (the reading is
+    open), and the report says a board must answer, not that the NPU failed."""
+    with pytest.raises(SimError):
+        probe.program(SimDevice(quirks=DEFAULT))
+    result = run_probe(probe, emulated(), sim, npu_is_simulator=True)
+    assert result.status == "sim-refused", result.detail
+    assert result.detail.startswith("refused by the simulator: needs a board (")
+    assert probe.question in result.detail
+
+
+def _board_only(values):
+    """A program the simulator refuses and a 'board' runs, giving `values` next to a reference."""
+    def program(device):
+        if isinstance(device, SimDevice):
+            raise SimError("not modelled")
+        return ProbeRun({"y": values.tobytes()}, close={"y": (values, np.arange(4.0), 1.0)})
+    return Probe("toy", "Q0", "toy", {}, program, "same", "different", simulated=False)
+
+
+def test_a_board_answers_a_probe_the_simulator_refuses():
+    class Board:  # stands in for a board: the program only asks whether it runs on the simulator
+        def close(self):
+            pass
+
+    board = lambda h: Board()
+    result = run_probe(_board_only(np.arange(4.0) + 1), board, sim)
+    assert (result.status, result.conclusion) == ("agree", "same")
+    assert result.detail.startswith("the simulator refuses it (") and "not modelled" in result.detail
+    assert result.outputs["y"]["sim_sha256"] is None
+    result = run_probe(_board_only(np.arange(4.0) - 2), board, sim)
+    assert (result.status, result.conclusion) == ("differ", "different")
+    assert result.detail.startswith("y: 4 of 4 values further than 1 from the reference")
+
+
+def test_lut_int8_constants_give_the_fp16_programs_result():
+    """The int8 table program's constants (BN index multiplier, OUT_CVT) as the
+    epilogue's model applies them: the same index the fp16 program computes, the
+    entry requantized; against numpy's sigmoid within a step plus the table's error.
+    And the fp16 half, which the simulator runs, matches numpy within the table's bound."""
+    from rkc.compiler.npu import api, epilogue, lut
+
+    rng = np.random.default_rng(3)
+    acc = rng.integers(-12000, 12000, (16, 64))
+    out_q = api.Quant(1 / 256, -128)
+    req = epilogue.DpuRequest("int8", api.Feature("Y", 0, 16, 8, 8, "int8", out_q), 16, api.Quant(2.0 ** -4),
+                              api.Quant(2.0 ** -6), np.zeros(16), api.Epilogue(activation="sigmoid"), integer_lut=True)
+    plan = epilogue.plan(req)
+    assert plan.lut_index == (1 << 14, 13)  # acc * 2^-10 real -> x 2048 index units: exactly 2 acc
+    got = plan.apply(acc).astype(np.int64)
+    want = np.rint(1 / (1 + np.exp(-acc * 2.0 ** -10)) * 256) - 128
+    assert np.abs(got - np.clip(want, -128, 127)).max() <= 1
+    with pytest.raises(Exception, match="LUT activations need fp16"):
+        epilogue.plan(dataclasses.replace(req, integer_lut=False))
+    # the fp16 program alone, on the simulator
+    from rkc.compiler.npu.dispatch import emit
+    from rkc.compiler.probe import emitted
+    c, n = 32, 16
+    x = rng.standard_normal((c, 4, 8)).astype(np.float16)
+    wt = (rng.standard_normal((n, 1, 1, c)) / 4).astype(np.float16)
+    X, Y = api.Feature("X", 0, c, 4, 8, "fp16"), api.Feature("Y", 0, n, 4, 8, "fp16")
+    res = emit(api.Conv2D(X, wt, Y, epilogue=api.Epilogue(activation="sigmoid")), api.EmitOptions(cores=1))
+    program = emitted.place([res], {"X": (X, x)}, "fp16")
+    placed = emitted.run(SimDevice(), program, False)
+    y = emitted.feature_values(Y, placed.read(program.handles["Y"])).astype(np.float64)
+    ref = 1 / (1 + np.exp(-np.einsum("oc,chw->ohw", wt[:, 0, 0].astype(np.float64), x.astype(np.float64))))
+    assert np.abs(y - ref).max() <= lut.plan("sigmoid").tolerance()
+
+
+def test_deconv_x2_geometry_is_nearest_x2_over_the_zero_stuffed_map():
+    """The deconvolution probe's reading, checked where the simulator can: the same
+    2x2 convolution of ones over the explicitly zero-stuffed map (no DECONV) is
+    numpy's nearest x2, so a board that zero-stuffs as read agrees with the reference."""
+    from rkc.compiler.npu import api
+    from rkc.compiler.npu.dispatch import emit
+    from rkc.compiler.probe import emitted
+
+    c, h, w = 32, 8, 8
+    x = np.random.default_rng(4).standard_normal((c, h, w)).astype(np.float16)
+    stuffed = np.zeros((c, 2 * h - 1, 2 * w - 1), np.float16)
+    stuffed[:, ::2, ::2] = x
+    S = api.Feature("X", 0, c, 2 * h - 1, 2 * w - 1, "fp16")
+    Y = api.Feature("Y", 0, c, 2 * h, 2 * w, "fp16")
+    res = emit(api.Conv2D(S, np.ones((2, 2, c), np.float16), Y, padding=(1, 1, 1, 1), depthwise=True),
+               api.EmitOptions(cores=1))
+    program = emitted.place([res], {"X": (S, stuffed)}, "stuffed")
+    placed = emitted.run(SimDevice(), program, False)
+    y = emitted.feature_values(Y, placed.read(program.handles["Y"]))
+    np.testing.assert_array_equal(y, x.repeat(2, axis=1).repeat(2, axis=2))
