@@ -165,7 +165,9 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
     max_in_rows = min(data_cap // rb, formats.CNA_SIZE_MAX)
     if max_in_rows < kh:
         raise UnsupportedError(f"{op.name}: {kh} input rows of {rb} bytes do not fit CBUF")
-    rows_per_tile = min(o.height, (max_in_rows - kh) // sy + 1)
+    # a tile reads at most the whole map: rows past its edges are the CNA's padding, not
+    # data (a global average's dummy GEMM rows, a padded conv of a map that fits)
+    rows_per_tile = o.height if f.height <= max_in_rows else min(o.height, (max_in_rows - kh) // sy + 1)
     n_row_tiles = -(-o.height // rows_per_tile)
     if n_row_tiles * len(c_tiles) < options.cores and o.height >= 2 * options.cores:
         n_row_tiles = options.cores

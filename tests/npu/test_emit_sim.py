@@ -216,6 +216,26 @@ def test_conv_int8(shape, seed, act, zx, zw):
     assert np.abs(got.astype(np.int64) - ideal).max() <= 1
 
 
+def test_a_map_that_fits_is_one_row_tile_whatever_the_padding():
+    """A global average's window as a depthwise convolution writing the 4 rows of a GEMM
+    input (MobileNetV2's 7x7 pool: 3 rows of bottom padding): every output row reads
+    the same 7 rows, so one row tile per channel tile (it was one task per output row,
+    each re-reading the map)."""
+    c, zx = 1280, 3
+    xq, wq, yq = api.Quant(0.05, zx), api.Quant(0.02), api.Quant(0.05 * 0.02 * 10, -2)
+    X = api.Feature("x", 0, c, 7, 7, "int8", xq)
+    Y = api.Feature("y", 0, c, 4, 1, "int8", yq)
+    wt = _int8((7, 7, c), 11)
+    r = emit(api.Conv2D(X, wt, Y, (1, 1), (0, 3, 0, 0), True, wq, api.NO_EPILOGUE, "gap"))
+    assert len(r.tasks) == 2, r.notes  # two channel tiles (a 7x7 kernel of 640 channels fills a CBUF bank)
+    x = _int8((c, 7, 7), 12)
+    got = _run(r, {"x": (X, x)}).feature(Y)
+    acc = _conv_acc(x, wt.astype(np.int64), (1, 1), (0, 3, 0, 0), True, zx)
+    plan = epilogue.plan(epilogue.DpuRequest("int8", Y, c, xq, wq, wt.astype(np.int64).sum(axis=(0, 1)),
+                                             api.NO_EPILOGUE, depthwise=True))
+    np.testing.assert_array_equal(got, plan.apply(acc))
+
+
 @SWEEP
 @given(shape=conv_shapes(), seed=st.integers(0, 999), bias=st.booleans(), act=st.sampled_from([None, "relu"]),
        out=st.sampled_from(["fp16", "fp32"]))
