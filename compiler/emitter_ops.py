@@ -426,11 +426,20 @@ def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
     return pool, {op.inputs[0]: "native"}
 
 
+def _upsample(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
+    op = graph.ops[i]
+    dtype = device_dtype(precision)
+    up = api.Upsample(_feature(graph, op.inputs[0], "native", dtype, precision, program),
+                      _feature(graph, op.outputs[0], _layout(graph, op.outputs[0]), dtype, precision, program),
+                      name=f"npu{i}")
+    return up, {op.inputs[0]: "native"}
+
+
 # emitter operation an op's NpuLowering names -> the builder making it from the
 # graph op; tests/npu/test_op_declarations.py checks every operation the OpSpecs
 # name has one, and every builder serves some OpSpec
 BUILDERS = {api.Conv2D: _conv, api.Gemm: _gemm, api.Elementwise: _eltwise, api.Activation: _activation,
-            api.Pool: _pool}
+            api.Pool: _pool, api.Upsample: _upsample}
 
 
 def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
@@ -544,11 +553,18 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             builder.relocate(base + rel.entry, rel.target, rel.offset)
     planned = {ref.entry: r.tasks[t] for r, refs in zip(results, asm.task_refs) for t, ref in enumerate(refs)}
     task_costs = [[list(astuple(planned[t.entry].cost())) for t in job.tasks] for job in asm.jobs]
+    scratch = [(s.name, s.size) for r in results for s in r.scratch]
+    # an emitter's own scratch is placed with the step (ModuleBuilder.append_segment)
+    emitter_scratch = {n for n, _ in scratch}
+
+    def region(buffer: str) -> str:
+        return "scratch" if buffer in emitter_scratch else builder.region_of(buffer)
+
     jobs = []
     for job in asm.jobs:
         tasks = [TaskRef("regcmd", base + t.entry, t.count) for t in job.tasks]
-        jobs.append(Job(tasks, sorted({builder.region_of(b) for b in job.reads}),
-                        sorted({builder.region_of(b) for b in job.writes}), job.lane))
+        jobs.append(Job(tasks, sorted({region(b) for b in job.reads}), sorted({region(b) for b in job.writes}),
+                        job.lane))
     layers = []
     for g in groups:
         counters = g.result.counters
@@ -565,7 +581,6 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             "tasks": len(g.result.tasks),
             "notes": g.notes,
         })
-    scratch = [(s.name, s.size) for r in results for s in r.scratch]
     extents: dict[str, int] = {}
     for r in results:
         for buf, end in r.extents().items():

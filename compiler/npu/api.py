@@ -89,6 +89,9 @@ class Feature:
     dtype: str
     quant: Quant | None = None
     surface_stride: int | None = None
+    # bytes from one row to the next (default dense, W*16): a larger pitch leaves a gap
+    # after every row, which only the DPU writes (its NOTCH, Q4): a convolution's output
+    line_stride: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in BITS:
@@ -97,6 +100,10 @@ class Feature:
             raise UnsupportedError(f"{self.buffer}: bad feature shape {self.shape} at offset {self.offset}")
         if self.offset % layout.ATOM_BYTES:
             raise UnsupportedError(f"{self.buffer}: feature offset {self.offset} is not 16-byte aligned")
+        if self.line_stride is not None and (self.line_stride % layout.ATOM_BYTES
+                                             or self.line_stride < self.width * layout.ATOM_BYTES):
+            raise UnsupportedError(f"{self.buffer}: line stride {self.line_stride} is below the "
+                                   f"{self.width * layout.ATOM_BYTES} bytes of one row or not 16-byte aligned")
         if self.surface_stride is not None and (
                 self.surface_stride % layout.ATOM_BYTES or self.surface_stride < self.dense_surface_bytes):
             raise UnsupportedError(f"{self.buffer}: surface stride {self.surface_stride} is below the "
@@ -130,11 +137,13 @@ class Feature:
 
     @property
     def line_bytes(self) -> int:
-        return self.width * layout.ATOM_BYTES
+        """The row pitch."""
+        return self.line_stride or self.width * layout.ATOM_BYTES
 
     @property
     def dense_surface_bytes(self) -> int:
-        return self.height * self.line_bytes
+        """Bytes one surface spans (its rows' gaps included)."""
+        return (self.height - 1) * self.line_bytes + self.width * layout.ATOM_BYTES
 
     @property
     def surface_bytes(self) -> int:
@@ -355,9 +364,19 @@ class Pool:
     name: str = "pool"
 
 
+@dataclass(frozen=True, eq=False)
+class Upsample:
+    """Nearest upsampling by 2 in both directions: output [C, 2H, 2W] (input and
+    output share dtype and quantization: the values are copied)."""
+
+    input: Feature
+    output: Feature
+    name: str = "upsample"
+
+
 # the operations of this API; compiler/npu/dispatch.LOWERINGS has one emitter for each
 # (and for the Mesa-compatible compiler.npu.mesa.MesaConv)
-OPERATIONS = (Gemm, GemmInt4, Conv2D, Elementwise, Activation, Pool)
+OPERATIONS = (Gemm, GemmInt4, Conv2D, Elementwise, Activation, Pool, Upsample)
 
 
 # -- results --------------------------------------------------------------------------

@@ -114,6 +114,8 @@ def tile_registers(t: ConvTile) -> RegisterFile:
     if t.weight_bytes_per_kernel > BANK_BYTES:
         raise UnsupportedError(f"{t.label}: one kernel is {t.weight_bytes_per_kernel} bytes, more than a "
                                f"CBUF bank; split the input channels")
+    if f.line_stride is not None or (t.residual is not None and t.residual.line_stride is not None):
+        raise UnsupportedError(f"{t.label}: a convolution reads maps with dense rows (no line stride)")
     in_p = formats.PRECISION[f.dtype]
     r = RegisterFile()
     r.set("DPU_S_POINTER", **S_POINTER_FIELDS)
@@ -177,6 +179,9 @@ def _dpu_geometry(t: ConvTile, r: RegisterFile) -> None:
     r.set("DPU_DATA_CUBE_WIDTH", WIDTH=o.width - 1)
     r.set("DPU_DATA_CUBE_HEIGHT", HEIGHT=o.height - 1)
     r.set("DPU_DATA_CUBE_CHANNEL", ORIG_CHANNEL=o.channels - 1, CHANNEL=t.out_channels_hw - 1)
+    notch = o.line_bytes // layout.ATOM_BYTES - o.width
+    if notch:  # a line pitch past the row: (width + NOTCH) atoms per line (Q4)
+        r.set("DPU_DATA_CUBE_NOTCH_ADDR", NOTCH_ADDR_0=notch, NOTCH_ADDR_1=notch)
     r.set("DPU_WDMA_SIZE_0", CHANNEL_WDMA=t.out_channels_hw - 1)
     r.set("DPU_WDMA_SIZE_1", HEIGHT_WDMA=o.height - 1, WIDTH_WDMA=o.width - 1)
     r.set("DPU_SURFACE_ADD", SURF_ADD=surface * p.writer.surface_add)
@@ -270,5 +275,5 @@ def tile_counters(t: ConvTile) -> api.Counters:
     if t.residual is not None:  # ERDMA reads whole surfaces of every DPU channel
         reads["dpu_ew"] = -(-t.out_channels_hw // t.residual.c2) * t.residual.dense_surface_bytes
     # LUT tables travel inside the regcmd (counted with it)
-    writes = {"dpu_wdma": written_surfaces(t) * o.dense_surface_bytes}
+    writes = {"dpu_wdma": written_surfaces(t) * o.height * o.width * layout.ATOM_BYTES}
     return api.Counters(macs, reads, writes, mac_dtype=f.dtype)

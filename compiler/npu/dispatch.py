@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rkc.compiler.npu import api, conv, eltwise, flying, gemm, gemm_int4, mesa, pool
+from rkc.compiler.npu import api, conv, eltwise, flying, gemm, gemm_int4, mesa, pool, upsample
 from rkc.ir.errors import UnsupportedError
 
 # operation class -> emitter(op, options) -> EmitResult; tests/npu/test_op_declarations.py
@@ -18,6 +18,7 @@ LOWERINGS: dict[type, Callable[..., api.EmitResult]] = {
     api.Elementwise: eltwise.lower_eltwise,
     api.Activation: flying.lower_activation,
     api.Pool: pool.lower_pool,
+    api.Upsample: upsample.lower_upsample,
 }
 
 

@@ -299,11 +299,53 @@ def test_concat_and_split_of_npu_maps_are_slices_of_one_buffer(tmp_path, precisi
     assert cosine(got, want) >= THRESHOLD[precision]
 
 
+def _neck(c: int, resize_attrs: dict, scales=(1, 1, 2, 2)):
+    """YOLO's PAN neck: conv + SiLU at half resolution, nearest Resize, Concat with the
+    finer map, conv + SiLU."""
+    rng = np.random.default_rng(c)
+    silu = [helper.make_node("Sigmoid", ["c1"], ["s1"]), helper.make_node("Mul", ["c1", "s1"], ["a1"]),
+            helper.make_node("Sigmoid", ["c3"], ["s3"]), helper.make_node("Mul", ["c3", "s3"], ["y"])]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]), *silu[:2],
+             helper.make_node("Resize", ["a1", "", "scales"], ["up"], mode="nearest", **resize_attrs),
+             helper.make_node("Concat", ["up", "x"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1]), *silu[2:]]
+    inits = {"w1": rng.standard_normal((c, 16, 3, 3)) / 6, "b1": rng.standard_normal(c) * 0.1,
+             "w3": rng.standard_normal((16, c + 16, 3, 3)) / 8, "b3": rng.standard_normal(16) * 0.1,
+             "scales": np.array(scales)}
+    return graph_model(nodes, inits, [1, 16, 12, 12])
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("modes", [{}, {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}],
+                         ids=["half_pixel", "asymmetric"])
+def test_yolo_neck_upsamples_on_the_npu(tmp_path, precision, modes):
+    """With channels the depthwise writer fills (64: int8, 32: fp16) the Resize is two
+    depthwise convolutions on the NPU, writing its slice of the Concat: nothing on the CPU."""
+    report, got, want = _build_and_run(tmp_path, _neck(64, modes), (1, 16, 12, 12), precision)
+    assert [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"] == []
+    assert report.conversions == 2, report.conversions
+    assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+@pytest.mark.parametrize("modes, scales", [
+    ({"coordinate_transformation_mode": "align_corners"}, (1, 1, 2, 2)),
+    ({"coordinate_transformation_mode": "asymmetric", "nearest_mode": "round_prefer_ceil"}, (1, 1, 2, 2)),
+    ({"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, (1, 1, 2.0001, 2.0001))],
+    ids=["align_corners", "round_prefer_ceil", "scale_near_2"])
+def test_other_nearest_resizes_stay_on_the_cpu(tmp_path, modes, scales):
+    """Resizes that sample other pixels than k for outputs 2k, 2k+1 run on the CPU, and match onnxruntime."""
+    report, got, want = _build_and_run(tmp_path, _neck(32, modes, scales), (1, 16, 12, 12), "fp16")
+    (resize,) = [p for p in report.placements if p.op.type == "Resize"]
+    assert resize.device == "cpu" and "upsamples by exactly 2" in resize.reason, resize.reason
+    assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_yolo_neck_upsample_runs_in_place_and_silu_stays_on_the_npu(tmp_path, precision):
-    """PAN neck: conv + SiLU, nearest x2 Resize (in place on the NPU copy), Concat with
-    a finer map (a view), conv + SiLU. int8: the SiLU table is fp16-only (Q22), so the
-    groups run in fp16 and nothing converts between them: only the model's input and output."""
+    """PAN neck: conv + SiLU, nearest x2 Resize (16 channels, fewer than the depthwise
+    writer fills: in place on the NPU copy on the CPU), Concat with a finer map (a view),
+    conv + SiLU. int8: the SiLU table is fp16-only (Q22), so the groups run in fp16 and
+    nothing converts between them: only the model's input and output."""
     rng = np.random.default_rng(11)
     silu = [helper.make_node("Sigmoid", ["c1"], ["s1"]), helper.make_node("Mul", ["c1", "s1"], ["a1"]),
             helper.make_node("Sigmoid", ["c3"], ["s3"]), helper.make_node("Mul", ["c3", "s3"], ["y"])]

@@ -1,9 +1,9 @@
 """YOLOv8n and YOLO11n (bench/zoo_models.py: ultralytics' yolov8.yaml and
 yolo11.yaml at scale n, random weights from a fixed seed, cut where
 rknn_model_zoo cuts them) at 128x128: the default test compiles YOLOv8n and
-checks where every op runs (nothing but max pooling and upsampling on the CPU,
-every Concat and Split a view); the slow ones run both on the simulator against
-onnxruntime in fp16 and int8."""
+checks where every op runs (nothing but max pooling on the CPU, none with
+--kernel-ppu-irq; upsampling on the NPU, every Concat and Split a view); the slow
+ones run both on the simulator against onnxruntime in fp16 and int8."""
 
 import sys
 from pathlib import Path
@@ -14,6 +14,8 @@ import pytest
 
 from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
+from rkc.runtime.sim import SimDevice
+from rkc.runtime.sim.quirks import Quirks
 from onnx_models import cosine, onnxruntime_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -38,27 +40,43 @@ def _options(tmp_path, precision: str) -> BuildOptions:
     return options
 
 
-def test_yolov8n_runs_on_the_npu_but_its_pools_and_upsampling(tmp_path):
+def test_yolov8n_runs_on_the_npu_but_its_pools(tmp_path):
     report = build(_model(tmp_path), tmp_path / "y.rkbin", _options(tmp_path, "fp16"))
     cpu = sorted(p.op.type for p in report.placements if p.device == "cpu")
-    assert cpu == ["MaxPool"] * 3 + ["Resize"] * 2, [(p.op.describe(), p.reason) for p in report.placements
-                                                      if p.device == "cpu"]
+    assert cpu == ["MaxPool"] * 3, [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    assert [p.device for p in report.placements if p.op.type == "Resize"] == ["npu"] * 2
     views = sorted({p.op.type for p in report.placements if p.device == "view"})
     assert views == ["Concat", "Split"] and report.ops_view == 21
     assert sum(p.op.type == "Swish" for p in report.placements) == 57  # every Conv's SiLU, fused
     assert report.conversions == 7  # the image in, six outputs back
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_yolov8n_with_ppu_pools_runs_all_on_the_npu(tmp_path, precision):
+    """With --kernel-ppu-irq SPPF's pools run on the PPU (int8: in the fp16 island
+    SiLU's table makes, Q22): nothing of YOLOv8n is left on the CPU."""
+    options = _options(tmp_path, precision)
+    options.ppu_irq = True
+    report = build(_model(tmp_path), tmp_path / "y.rkbin", options)
+    assert [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"] == []
+    assert report.conversions == 7  # the image in, six outputs back
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("ppu", [False, True], ids=["stock", "ppu-irq"])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 @pytest.mark.parametrize("family", ["yolov8", "yolo11"])
-def test_yolo_matches_onnxruntime(tmp_path, family, precision):
+def test_yolo_matches_onnxruntime(tmp_path, family, precision, ppu):
     """YOLO11n's C2PSA attention (Reshape, Transpose, MatMul, Softmax over the 4x4
-    positions) stays on the CPU; everything else as YOLOv8n."""
+    positions) stays on the CPU; everything else as YOLOv8n. `ppu`: built for a
+    kernel that completes PPU tasks, run on a simulator modelling it."""
     path = _model(tmp_path, family)
-    build(path, tmp_path / "y.rkbin", _options(tmp_path, precision))
+    options = _options(tmp_path, precision)
+    options.ppu_irq = ppu
+    build(path, tmp_path / "y.rkbin", options)
     x = np.random.default_rng(2).random((1, 3, SIZE, SIZE)).astype(np.float32)
-    with runtime.load(tmp_path / "y.rkbin", device="sim") as m:
+    device = SimDevice(quirks=Quirks(completion_blocks=("DPU", "PPU"))) if ppu else "sim"
+    with runtime.load(tmp_path / "y.rkbin", device=device) as m:
         got = m.run({"images": x})
     want = onnxruntime_outputs(path, {"images": x})
     assert set(got) == set(want) == {f"{k}{i}" for k in ("box", "cls") for i in range(3)}

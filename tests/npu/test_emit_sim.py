@@ -542,3 +542,47 @@ def test_conv_int8_per_channel_wide_spans_large_multipliers_and_residuals(seed, 
         real = np.maximum(real, 0)
     ideal = np.clip(np.rint(real / yq.scale) + yq.zero_point, -128, 127)
     assert np.abs(got.astype(np.int64) - ideal).max() <= 1
+
+
+# -- nearest x2 upsampling ------------------------------------------------------------
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dtype=st.sampled_from(["int8", "fp16"]), groups=st.integers(1, 3), h=st.integers(4, 24),
+       w=st.integers(1, 24), slice_at=st.integers(0, 1), seed=st.integers(0, 999), cores=st.sampled_from([1, 3]))
+def test_upsample_x2(dtype, groups, h, w, slice_at, seed, cores):
+    """Nearest x2 as two depthwise convolutions of ones (compiler/npu/upsample.py),
+    exact against numpy (maps of 4+ rows: the row copies read the map, Q2), its output a channel slice of a wider map (a Concat's
+    piece) or a map of its own; the surfaces around the slice stay untouched."""
+    c = groups * (64 if dtype == "int8" else 32)
+    q = api.Quant(0.1, int(np.random.default_rng(seed).integers(-20, 20))) if dtype == "int8" else None
+    x = _int8((c, h, w), seed) if dtype == "int8" else _fp16((c, h, w), seed)
+    X = api.Feature("x", 0, c, h, w, dtype, q)
+    wide = api.Feature("y", 0, c + 2 * 32, 2 * h, 2 * w, dtype, q)  # 32 channels either side of the slice
+    Y = wide.view(channel0=32, channels=c) if slice_at else api.Feature("y", 0, c, 2 * h, 2 * w, dtype, q)
+    fill = np.full(wide.shape, 7, x.dtype)
+    r = emit(api.Upsample(X, Y, "up"), api.EmitOptions(cores=cores))
+    event(f"{len(r.tasks)} task(s)")
+    out = _run(r, {"x": (X, x), **({"y": (wide, fill)} if slice_at else {})})
+    np.testing.assert_array_equal(out.feature(Y), x.repeat(2, axis=1).repeat(2, axis=2))
+    if slice_at:
+        around = out.feature(wide)
+        np.testing.assert_array_equal(around[:32], fill[:32])
+        np.testing.assert_array_equal(around[32 + c:], fill[32 + c:])
+
+
+def test_upsample_refusals():
+    x8 = api.Feature("x", 0, 32, 4, 4, "int8", api.Quant(0.1))
+    with pytest.raises(UnsupportedError, match="multiples of 64"):  # the writer's extra channels
+        emit(api.Upsample(x8, api.Feature("y", 0, 32, 8, 8, "int8", api.Quant(0.1))))
+    x = api.Feature("x", 0, 64, 4, 4, "int8", api.Quant(0.1))
+    with pytest.raises(UnsupportedError, match="at least 4"):  # the row copies read a 2-row map (Q2)
+        emit(api.Upsample(api.Feature("x", 0, 64, 2, 8, "int8", api.Quant(0.1)),
+                          api.Feature("y", 0, 64, 4, 16, "int8", api.Quant(0.1))))
+    with pytest.raises(UnsupportedError, match="one quantization"):
+        emit(api.Upsample(x, api.Feature("y", 0, 64, 8, 8, "int8", api.Quant(0.2))))
+    with pytest.raises(UnsupportedError, match="is \\(64, 8, 8\\)"):
+        emit(api.Upsample(x, api.Feature("y", 0, 64, 8, 9, "int8", api.Quant(0.1))))
+    with pytest.raises(UnsupportedError, match="dense rows"):  # only a DPU destination has a line stride
+        emit(api.Conv2D(api.Feature("x", 0, 16, 4, 4, "fp16", line_stride=128), np.ones((16, 1, 1, 16), np.float16),
+                        api.Feature("y", 0, 16, 4, 4, "fp16")))
+    with pytest.raises(UnsupportedError, match="line stride"):
+        api.Feature("x", 0, 16, 4, 4, "fp16", line_stride=48)
