@@ -14,6 +14,11 @@ DECONV has no documented semantics, hardware question Q24).
 
 Both are exact: fp16 multiplies by 1 and adds zeros; int8 requantizes by
 exactly 1 (input and output share the scale: a Resize only selects values).
+
+The map is cut into one band of rows per core (4+ rows each, Q2) and each band
+runs both steps on its own core as one job: a band's rows read only its own
+rows, so the job needs nothing from another core (one chained kick per core
+where the program chains).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from rkc.compiler.npu import api
+from rkc.compiler.npu import api, schedule
 from rkc.compiler.npu.conv import DW_GROUP_BYTES, lower_conv
 from rkc.ir.errors import UnsupportedError
 
@@ -46,30 +51,28 @@ def lower_upsample(op: api.Upsample, options: api.EmitOptions) -> api.EmitResult
         raise UnsupportedError(f"{op.name}: int8 upsampling copies values: input and output need one quantization")
     weight_quant = api.Quant(1.0) if f.dtype == "int8" else None
     ones = np.int8 if f.dtype == "int8" else np.float16
-
     doubled = api.Feature(f"{op.name}.columns", 0, c, h, 2 * w, f.dtype, f.quant)
-    columns = lower_conv(api.Conv2D(replace(f, height=h * w, width=1, surface_stride=f.surface_bytes),
-                                    np.ones((1, 2, c), ones), replace(doubled, height=h * w, width=2),
-                                    padding=(0, 0, 1, 1), depthwise=True, weight_quant=weight_quant,
-                                    name=f"{op.name}.columns"), options)
-    parts = [columns]
-    for copy in range(2):
-        dst = replace(o, offset=o.offset + copy * o.line_bytes, height=h, surface_stride=o.surface_bytes,
-                      line_stride=2 * o.line_bytes)
-        parts.append(lower_conv(api.Conv2D(doubled, np.ones((1, 1, c), ones), dst, depthwise=True,
-                                           weight_quant=weight_quant, name=f"{op.name}.rows{copy}"), options))
-    return _sequence(op, parts, api.Scratch(doubled.buffer, doubled.nbytes))
-
-
-def _sequence(op: api.Upsample, parts: list[api.EmitResult], scratch: api.Scratch) -> api.EmitResult:
-    """The parts' tasks and jobs in order, as one operation."""
+    one_core = replace(options, cores=1)
+    bands = schedule.split_evenly(h, max(1, min(options.cores, h // options.min_input_rows)), 1)
     tasks, jobs, constants, notes = [], [], [], []
-    for part in parts:
-        base = len(tasks)
-        tasks += part.tasks
-        jobs += [replace(j, tasks=[base + t for t in j.tasks]) for j in part.jobs]
-        constants += part.constants
-        notes += part.notes
-    notes.insert(0, f"nearest x2 {op.input.shape}->{op.output.shape} {op.input.dtype}: columns as a 1x2 window "
-                    f"over the one-pixel rows, rows as two copies a line apart (DPU notch)")
-    return api.EmitResult(op, tasks, jobs, constants, [scratch], notes=notes)
+    for lane, (y0, rows) in enumerate(bands):
+        band = f"{op.name}.b{lane}"
+        src, mid = f.view(row0=y0, rows=rows), doubled.view(row0=y0, rows=rows)
+        parts = [lower_conv(api.Conv2D(replace(src, height=rows * w, width=1), np.ones((1, 2, c), ones),
+                                       replace(mid, height=rows * w, width=2), padding=(0, 0, 1, 1), depthwise=True,
+                                       weight_quant=weight_quant, name=f"{band}.columns"), one_core)]
+        out = o.view(row0=2 * y0, rows=2 * rows)
+        for copy in range(2):
+            dst = replace(out, offset=out.offset + copy * o.line_bytes, height=rows, line_stride=2 * o.line_bytes)
+            parts.append(lower_conv(api.Conv2D(mid, np.ones((1, 1, c), ones), dst, depthwise=True,
+                                               weight_quant=weight_quant, name=f"{band}.rows{copy}"), one_core))
+        first = len(tasks)
+        for part in parts:
+            tasks += part.tasks
+            constants += part.constants
+        jobs.append(api.JobPlan(list(range(first, len(tasks))), lane, [f.buffer] + [k.name for k in constants],
+                                [o.buffer, doubled.buffer]))
+        notes += parts[0].notes[-1:]
+    notes.insert(0, f"nearest x2 {f.shape}->{o.shape} {f.dtype}: {len(bands)} band(s) of rows, one job each: "
+                    f"columns as a 1x2 window over the one-pixel rows, rows as two copies a line apart (DPU notch)")
+    return api.EmitResult(op, tasks, jobs, constants, [api.Scratch(doubled.buffer, doubled.nbytes)], notes=notes)
