@@ -67,10 +67,10 @@ def lower_upsample(op: api.Upsample, options: api.EmitOptions) -> api.EmitResult
             parts.append(lower_conv(api.Conv2D(mid, np.ones((1, 1, c), ones), dst, depthwise=True,
                                                weight_quant=weight_quant, name=f"{band}.rows{copy}"), one_core))
         first = len(tasks)
-        for part in parts:
-            tasks += part.tasks
-            constants += part.constants
-        jobs.append(api.JobPlan(list(range(first, len(tasks))), lane, [f.buffer] + [k.name for k in constants],
+        own = [k for part in parts for k in part.constants]
+        tasks += [t for part in parts for t in part.tasks]
+        constants += own
+        jobs.append(api.JobPlan(list(range(first, len(tasks))), lane, [f.buffer] + [k.name for k in own],
                                 [o.buffer, doubled.buffer]))
         notes += parts[0].notes[-1:]
     notes.insert(0, f"nearest x2 {f.shape}->{o.shape} {f.dtype}: {len(bands)} band(s) of rows, one job each: "
