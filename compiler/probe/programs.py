@@ -295,6 +295,18 @@ def deconv_x2(device: Device) -> ProbeRun:
                 exact={"Y": x.repeat(2, axis=1).repeat(2, axis=2)})
 
 
+def upsample_x2(device: Device) -> ProbeRun:
+    """Nearest x2 as the compiler lowers a Resize (compiler/npu/upsample.py): fp16,
+    64 channels, 12x10 -> 24x20 on 3 cores; its row copies write with a line pitch of
+    two lines (NOTCH_ADDR = width), the Q4 reading the compiler depends on."""
+    c, h, w = 64, 12, 10
+    x = _fp16((c, h, w), 21)
+    X, Y = api.Feature("X", 0, c, h, w, "fp16"), api.Feature("Y", 0, c, 2 * h, 2 * w, "fp16")
+    result = emit(api.Upsample(X, Y, "upsample_x2"))
+    return _run(device, "upsample_x2", [result], {"X": (X, x)}, {"Y": Y},
+                exact={"Y": x.repeat(2, axis=1).repeat(2, axis=2)})
+
+
 PROBES: tuple[Probe, ...] = (
     Probe("gemv_m1", "Q2", "a 1x1 convolution of a 1-row map (M=1 GEMV) computes correctly",
           {"min_feature_rows": 1}, gemv_m1,
@@ -339,6 +351,9 @@ PROBES: tuple[Probe, ...] = (
           "int4 M=1 works on this board", "int4 M=1 is wrong on this board: keep padding to 4 rows"),
     Probe("weight_reuse", "", "WEIGHT_REUSE keeps weights in CBUF across the tasks of a job",
           {}, weight_reuse, "weight reuse across tasks works", "weight reuse across tasks gives wrong results"),
+    Probe("upsample_x2", "Q4", "the DPU writes lines of width + NOTCH_ADDR atoms (nearest x2 Resize's row copies)",
+          {}, upsample_x2, "the notch reading holds: nearest x2 Resize on the NPU is right on this board",
+          "the notch is read differently here: the NPU's nearest x2 Resize is wrong on this board (compare bytes)"),
     Probe("lut_int8", "Q22", "the LUT runs on an int8 convolution's integer datapath (BN integer index, "
           "OUT_CVT to int8)", {}, lut_int8,
           "int8 LUT epilogues work as programmed: int8 groups with SiLU/sigmoid could stay int8 (Q22 reading)",
