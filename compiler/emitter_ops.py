@@ -202,6 +202,16 @@ def _per_channel(value: np.ndarray, channels: int, rank: int, gemm: bool) -> np.
     return np.ascontiguousarray(b).reshape(-1).astype(np.float64)
 
 
+def _ready_before(graph: Graph, tensor: str, index: int) -> bool:
+    """`tensor` exists before op `index` runs (a model input or an earlier op's output):
+    a residual operand the anchor's group reads. One a later op makes stays an Add of
+    its own, or fuses into that op's group (the Add commutes)."""
+    for j, op in enumerate(graph.ops):
+        if tensor in op.outputs:
+            return j < index
+    return True
+
+
 def _tails(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Callable[[int], bool],
            channels: int, gemm: bool) -> list[_Tail]:
     """The epilogues the anchor could absorb, longest first (each a prefix of the
@@ -226,7 +236,7 @@ def _tails(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Ca
                     return prefixes[::-1]
                 tail.bias = vec
             elif value is None and graph.tensors[other].type.shape == graph.tensors[out].type.shape \
-                    and other != out:
+                    and other != out and _ready_before(graph, other, anchor):
                 tail.residual = other
             else:
                 return prefixes[::-1]

@@ -327,6 +327,25 @@ def test_yolo_neck_upsamples_on_the_npu(tmp_path, precision, modes):
     assert cosine(got, want) >= THRESHOLD["fp16"]
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_residual_made_by_a_later_conv_fuses_into_that_conv(tmp_path, precision):
+    """Conv a -> Conv b, Conv c (both from a, b first) -> Add(b, c) -> ReLU: the Add's
+    operand c does not exist yet when b runs, so the Add fuses into c's epilogue (it
+    commutes), not b's (which read c before it was written)."""
+    rng = np.random.default_rng(13)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["a1"]),
+             helper.make_node("Conv", ["a1", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a1", "w3"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["b", "c"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    inits = {"w1": rng.standard_normal((24, 8, 3, 3)) / 6, "w2": rng.standard_normal((16, 24, 3, 3)) / 10,
+             "w3": rng.standard_normal((16, 24, 3, 3)) / 10}
+    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 10, 12]), (1, 8, 10, 12), precision)
+    assert [p.device for p in report.placements] == ["npu"] * 6
+    (add,) = [p for p in report.placements if p.op.type == "Add"]
+    assert add.reason == "fused into the epilogue of " + report.placements[3].op.describe(), add.reason
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
 @pytest.mark.parametrize("modes, scales", [
     ({"coordinate_transformation_mode": "align_corners"}, (1, 1, 2, 2)),
     ({"coordinate_transformation_mode": "asymmetric", "nearest_mode": "round_prefer_ceil"}, (1, 1, 2, 2)),
