@@ -186,6 +186,7 @@ class _Tail:
     residual: str | None = None
     activation: str | None = None
     clip: tuple[float, float] | None = None
+    slope: float | None = None  # LeakyReLU's
     output: str = ""
 
 
@@ -242,6 +243,8 @@ def _tails(graph: Graph, anchor: int, users: dict[str, list[int]], candidate: Ca
                 return prefixes[::-1]
         elif epilogue_activation(op) is not None and tail.activation is None:
             tail.activation = epilogue_activation(op)
+            if tail.activation == "leaky_relu":
+                tail.slope = float(op.attrs.get("alpha", 0.01))
         elif op.type == "Clip" and tail.activation is None:
             lo, hi = graph.const_value(op.inputs[1]) if len(op.inputs) > 1 else None, \
                 graph.const_value(op.inputs[2]) if len(op.inputs) > 2 else None
@@ -272,7 +275,7 @@ def _epilogue(graph: Graph, tail: _Tail, bias: np.ndarray | None, dtype: str, pr
     residual = None
     if tail.residual is not None:
         residual = api.Residual(_feature(graph, tail.residual, layout, dtype, precision, program, view), "add")
-    return api.Epilogue(bias=bias, activation=tail.activation, clip=tail.clip, residual=residual)
+    return api.Epilogue(bias=bias, activation=tail.activation, clip=tail.clip, residual=residual, slope=tail.slope)
 
 
 # -- anchors -------------------------------------------------------------------------------------

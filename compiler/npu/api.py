@@ -171,7 +171,7 @@ class Feature:
 # -- epilogues ------------------------------------------------------------------------
 ELEMENTWISE_OPS = ("add", "mul", "max", "min")
 LUT_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu", "gelu_tanh", "exp", "hardsigmoid", "hardswish")
-ACTIVATIONS = ("relu", "relu6", "clip", *LUT_FUNCTIONS)
+ACTIVATIONS = ("relu", "relu6", "clip", "leaky_relu", *LUT_FUNCTIONS)
 
 
 @dataclass(frozen=True)
@@ -191,18 +191,22 @@ class Epilogue:
     conversion (requantization when the output is int8, fp32->fp16 narrowing,
     raw int32/fp32 otherwise). `bias` is int32 (in units of
     input_scale*weight_scale) for integer paths, float for fp16 paths.
-    `clip` bounds are in real units (for "clip"; "relu6" implies (0, 6))."""
+    `clip` bounds are in real units (for "clip"; "relu6" implies (0, 6)); `slope`
+    is "leaky_relu"'s factor for negative values."""
 
     bias: np.ndarray | None = None
     activation: str | None = None
     clip: tuple[float, float] | None = None
     residual: Residual | None = None
+    slope: float | None = None
 
     def __post_init__(self) -> None:
         if self.activation is not None and self.activation not in ACTIVATIONS:
             raise UnsupportedError(f"unknown activation {self.activation!r} (have {', '.join(ACTIVATIONS)})")
         if self.activation == "clip" and self.clip is None:
             raise UnsupportedError("activation 'clip' needs clip=(lo, hi)")
+        if (self.activation == "leaky_relu") != (self.slope is not None):
+            raise UnsupportedError("activation 'leaky_relu' takes slope=, and only it")
         if self.residual is not None and self.residual.op not in ELEMENTWISE_OPS:
             raise UnsupportedError(f"residual op {self.residual.op!r} is not one of {', '.join(ELEMENTWISE_OPS)}")
 

@@ -8,6 +8,7 @@ Integer path (int8 MACs, int32 accumulator `acc`), in DPU stage order:
     BS  ALU: v += A[c]                       bias - input_zp * sum(w - w_zp), from BRDMA
     BS  MUL: v = sat32(rne(v * C[c] >> s))   per-channel requant multiplier (int16)
     BS  ReLU / ReLU-X: v = max(v, 0); v = min(v, cmp)
+    BN  PReLU: v = v < 0 ? rne(v * a >> t) : v   LeakyReLU's slope (MUL_PRELU)
     EW  ALU: v += rne((r + off) * m >> t)    residual r (int8) brought to v's units
     EW  ReLU / ReLU-X                        (the activation moves here with a residual)
     OUT_CVT: out = sat8(rne(v * mul >> shift) + zp_out)  | int32: sat32(v) | fp32: float(v)
@@ -77,6 +78,9 @@ class DpuPlan:
     ew_offset: int = 0
     lut: lutmod.LutPlan | None = None
     lut_index: tuple[int, int] | None = None  # integer datapath (Q22, probes only): BN (mul, shift) to the index
+    # LeakyReLU on BN's multiplier in PReLU mode (negative values only): the fp16 slope,
+    # or on an integer datapath (mul, shift)
+    prelu: float | tuple[int, int] | None = None
     # OUT_CVT
     out_mul: int = 1
     out_shift: int = 0
@@ -114,6 +118,8 @@ class DpuPlan:
                 v = saturate(rne_shift(v * self.bs_mul.astype(np.int64).reshape(shape), self.bs_shift), "int32")
             if self.act_stage == "bs":
                 v = self._activate(v)
+            if self.prelu is not None:
+                v = np.where(v < 0, saturate(rne_shift(v * self.prelu[0], self.prelu[1]), "int32"), v)
             if self.residual is not None:
                 r = rne_shift((np.asarray(residual, np.int64) + self.ew_offset) * self.ew_mul, self.ew_shift)
                 v = _COMBINE[self.residual.op](v, r)
@@ -138,6 +144,8 @@ class DpuPlan:
             v = v + self.bs_data.view(np.float32).astype(np.float64).reshape(shape)
         if self.act_stage == "bs":
             v = self._activate(v)
+        if self.prelu is not None:
+            v = np.where(v < 0, v * float(np.float16(self.prelu)), v)
         if self.residual is not None:
             v = _COMBINE[self.residual.op](v, np.asarray(residual, np.float64))
             if self.act_stage == "ew":
@@ -166,7 +174,8 @@ class DpuPlan:
         in_p, out_p = formats.PRECISION[self.in_dtype], formats.PRECISION[self.out_dtype]
         r.set("DPU_DATA_FORMAT", OUT_PRECISION=out_p, IN_PRECISION=in_p, PROC_PRECISION=in_p,
               BS_MUL_SHIFT_VALUE_NEG=self.bs_shift if self.bs_groups else 0,
-              BN_MUL_SHIFT_VALUE_NEG=self.lut_index[1] if self.lut_index else 0)
+              BN_MUL_SHIFT_VALUE_NEG=self.lut_index[1] if self.lut_index else
+              (self.prelu[1] if isinstance(self.prelu, tuple) else 0))
         bs_act = self.act_stage == "bs"
         has_bs = self.bs_data is not None
         r.set("DPU_BS_CFG", BS_ALU_ALGO=2 if has_bs else 0, BS_ALU_SRC=int(has_bs),
@@ -186,6 +195,13 @@ class DpuPlan:
             self.lut.write_bn_integer(r, *self.lut_index)
         elif self.lut is not None:
             self.lut.write_bn(r)
+        elif self.prelu is not None:
+            # the multiplier on negative values only (MUL_PRELU), ALU bypassed
+            r.set("DPU_BN_CFG", BN_ALU_BYPASS=1, BN_MUL_PRELU=1, BN_RELU_BYPASS=1)
+            if self.integer:
+                r.set("DPU_BN_MUL_CFG", BN_MUL_OPERAND=self.prelu[0] & 0xFFFF, BN_MUL_SHIFT_VALUE=self.prelu[1])
+            else:
+                r.set("DPU_BN_MUL_CFG", BN_MUL_OPERAND=f16_bits(self.prelu))
         else:
             r.set("DPU_BN_CFG", BN_RELU_BYPASS=1, BN_MUL_BYPASS=1, BN_ALU_BYPASS=1, BN_BYPASS=1)
         self._write_ew(r)
@@ -394,10 +410,22 @@ def _group_bytes(a: np.ndarray, c: np.ndarray, n: int) -> np.ndarray:
     return buf.reshape(-1)
 
 
+def _leaky(p: DpuPlan, ep: api.Epilogue) -> None:
+    """LeakyReLU on BN's multiplier in PReLU mode: ahead of the EW stage, so not with a residual."""
+    if ep.residual is not None:
+        raise UnsupportedError("LeakyReLU runs in the BN stage, before a residual's EW stage")
+    if not 0 < ep.slope < 1:
+        raise UnsupportedError(f"LeakyReLU slope {ep.slope} outside (0, 1)")
+    p.prelu = multiplier_pair(ep.slope, "LeakyReLU slope") if p.integer else float(ep.slope)
+
+
 def _integer_activation(p: DpuPlan, ep: api.Epilogue, real_per_step: float | None) -> None:
     rng = ep.clip_range
     if ep.lut is not None:
         raise UnsupportedError(f"{ep.lut} on an int8 path: LUT activations need fp16")
+    if ep.slope is not None:
+        _leaky(p, ep)
+        return
     if rng is None:
         return
     lo, hi = rng
@@ -465,6 +493,8 @@ def _plan_float(req: DpuRequest) -> DpuPlan:
         p.relu = True
         if hi != float("inf"):
             p.relux_value, p.relux = hi, f32_bits(hi)
+    if ep.slope is not None:
+        _leaky(p, ep)
     if ep.lut is not None:
         if ep.residual is not None:
             raise UnsupportedError("a LUT activation and a residual cannot share the EW stage")

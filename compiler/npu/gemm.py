@@ -21,6 +21,8 @@ Tiling (docs/npu-emitters.md "GEMM tiling"):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from rkc.compiler.npu import api, epilogue, formats, schedule
@@ -284,7 +286,7 @@ def _work(op, dtype, full, cpu: bool, dest, nk, kacc, ntile, mtile, ktile, k_off
         ep = op.epilogue if last else api.NO_EPILOGUE
         res = api.Residual(dest(ki - 1), "add") if ki > 0 else None
         plan = epilogue.plan(epilogue.DpuRequest(dtype, out_full, op.n, None, None, weight_sums,
-                                                 api.Epilogue(ep.bias, ep.activation, ep.clip, res)))
+                                                 replace(ep, residual=res)))
     else:
         plan = full
     residual = plan.residual.tensor.view(channel0=n0, channels=nt, row0=m0, rows=mt) if plan.residual else None

@@ -90,7 +90,8 @@ GLUE = cpu_only("host-side glue: no arithmetic worth an NPU task")
 
 SPECS = [
     _unary("Relu", "max(x, 0)", lower=NpuLowering(None, "relu")),
-    _unary("LeakyRelu", "x if x >= 0 else alpha * x"),
+    _unary("LeakyRelu", "x if x >= 0 else alpha * x (NPU: in the epilogue of the Conv before it, BN's "
+                        "multiplier on negative values)", lower=NpuLowering(None, "leaky_relu")),
     _unary("Clip", "clamp to [min, max]", lower=NpuLowering(None, "clip")),
     _unary("Sigmoid", "1 / (1 + exp(-x)) (DPU LUT)", lower=_lut("sigmoid")),
     _unary("HardSigmoid", "clamp(alpha * x + beta, 0, 1) (NPU: scale, shift and clip as a 1x1 depthwise conv or folded into the Conv before it)", lower=_lut("hardsigmoid", hardsigmoid_exact)),

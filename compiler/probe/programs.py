@@ -295,6 +295,22 @@ def deconv_x2(device: Device) -> ProbeRun:
                 exact={"Y": x.repeat(2, axis=1).repeat(2, axis=2)})
 
 
+def prelu(device: Device) -> ProbeRun:
+    """LeakyReLU as the compiler fuses it: an fp16 3x3 convolution whose BN stage
+    multiplies negative values only (MUL_PRELU) by 0.1, and the int8 one (an integer
+    multiplier and shift), next to the simulator's reading of the NVDLA X2 stage."""
+    c, h, w, n = 16, 6, 9, 16
+    ep = api.Epilogue(activation="leaky_relu", slope=0.1)
+    X, Y = api.Feature("X", 0, c, h, w, "fp16"), api.Feature("Y", 0, n, h, w, "fp16")
+    fp16 = emit(api.Conv2D(X, _fp16((n, 3, 3, c), 22, 1 / 12), Y, padding=(1, 1, 1, 1), epilogue=ep, name="prelu"))
+    X8 = api.Feature("X8", 0, c, h, w, "int8", api.Quant(0.05, 3))
+    Y8 = api.Feature("Y8", 0, n, h, w, "int8", api.Quant(0.5, -10))
+    int8 = emit(api.Conv2D(X8, _int8((n, 3, 3, c), 23), Y8, padding=(1, 1, 1, 1), weight_quant=api.Quant(0.02),
+                           epilogue=ep, name="prelu.int8"))
+    return _run(device, "prelu", [fp16, int8], {"X": (X, _fp16((c, h, w), 24)), "X8": (X8, _int8((c, h, w), 25))},
+                {"Y": Y, "Y8": Y8})
+
+
 def upsample_x2(device: Device) -> ProbeRun:
     """Nearest x2 as the compiler lowers a Resize (compiler/npu/upsample.py): fp16,
     64 channels, 12x10 -> 24x20 on 3 cores; its row copies write with a line pitch of
@@ -351,6 +367,9 @@ PROBES: tuple[Probe, ...] = (
           "int4 M=1 works on this board", "int4 M=1 is wrong on this board: keep padding to 4 rows"),
     Probe("weight_reuse", "", "WEIGHT_REUSE keeps weights in CBUF across the tasks of a job",
           {}, weight_reuse, "weight reuse across tasks works", "weight reuse across tasks gives wrong results"),
+    Probe("prelu", "", "BN's multiplier in PReLU mode scales negative values only (LeakyReLU, fp16 and int8)",
+          {}, prelu, "LeakyReLU epilogues are bit-exact with the simulator",
+          "MUL_PRELU acts differently here: LeakyReLU epilogues are wrong on this board"),
     Probe("upsample_x2", "Q4", "the DPU writes lines of width + NOTCH_ADDR atoms (nearest x2 Resize's row copies)",
           {}, upsample_x2, "the notch reading holds: nearest x2 Resize on the NPU is right on this board",
           "the notch is read differently here: the NPU's nearest x2 Resize is wrong on this board (compare bytes)"),

@@ -346,6 +346,28 @@ def test_a_residual_made_by_a_later_conv_fuses_into_that_conv(tmp_path, precisio
     assert cosine(got, want) >= THRESHOLD[precision]
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_leaky_relu_folds_into_the_conv_epilogue(tmp_path, precision):
+    """Conv -> LeakyReLU (YOLOv3/v4-tiny's activation) twice: BN's multiplier on negative
+    values, nothing on the CPU; after a residual Add it stays on the CPU (BN runs before EW)."""
+    rng = np.random.default_rng(9)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("LeakyRelu", ["c1"], ["a1"], alpha=0.1),
+             helper.make_node("Conv", ["a1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("LeakyRelu", ["c2"], ["y"])]  # ONNX's default alpha, 0.01
+    inits = {"w1": rng.standard_normal((24, 8, 3, 3)) / 6, "b1": rng.standard_normal(24) * 0.1,
+             "w2": rng.standard_normal((16, 24, 3, 3)) / 10}
+    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 10, 12]), (1, 8, 10, 12), precision)
+    assert [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"] == []
+    assert cosine(got, want) >= THRESHOLD[precision]
+    nodes[3:] = [helper.make_node("Conv", ["a1", "w3"], ["c2b"], pads=[1, 1, 1, 1]),
+                 helper.make_node("Add", ["c2", "c2b"], ["s"]), helper.make_node("LeakyRelu", ["s"], ["y"])]
+    inits["w3"] = rng.standard_normal((16, 24, 3, 3)) / 10
+    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 10, 12]), (1, 8, 10, 12), precision)
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == ["LeakyRelu"]
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
 @pytest.mark.parametrize("modes, scales", [
     ({"coordinate_transformation_mode": "align_corners"}, (1, 1, 2, 2)),
     ({"coordinate_transformation_mode": "asymmetric", "nearest_mode": "round_prefer_ceil"}, (1, 1, 2, 2)),

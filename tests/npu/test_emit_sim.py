@@ -185,7 +185,7 @@ def conv_shapes(draw):
 
 
 @SWEEP
-@given(shape=conv_shapes(), seed=st.integers(0, 999), act=st.sampled_from([None, "relu", "relu6"]),
+@given(shape=conv_shapes(), seed=st.integers(0, 999), act=st.sampled_from([None, "relu", "relu6", "leaky_relu"]),
        zx=st.integers(-10, 10), zw=st.sampled_from([0, 0, 5]))
 def test_conv_int8(shape, seed, act, zx, zw):
     c, h, w, o, k, s, pad, dw = shape
@@ -199,7 +199,7 @@ def test_conv_int8(shape, seed, act, zx, zw):
     Y = api.Feature("y", 0, o, oh, ow, "int8", yq)
     wt = _int8((k, k, c) if dw else (o, k, k, c), seed + 1)
     bias = np.random.default_rng(seed).integers(-2000, 2000, o)
-    epi = api.Epilogue(bias=bias, activation=act)
+    epi = api.Epilogue(bias=bias, activation=act, slope=0.1 if act == "leaky_relu" else None)
     r = emit(api.Conv2D(X, wt, Y, (s, s), pad, dw, wq, epi, "c"))
     event(f"{len(r.tasks)} task(s)")
     x = _int8((c, h, w), seed)
@@ -210,7 +210,9 @@ def test_conv_int8(shape, seed, act, zx, zw):
     np.testing.assert_array_equal(got, plan.apply(acc))
     real = (_conv_acc(x.astype(np.int64) - zx, wt.astype(np.int64) - zw, (s, s), pad, dw, 0)
             + bias[:, None, None]) * 0.05 * 0.02
-    if act:
+    if act == "leaky_relu":
+        real = np.where(real < 0, real * 0.1, real)
+    elif act:
         real = np.clip(real, 0, 6 if act == "relu6" else np.inf)
     ideal = np.clip(np.rint(real / yq.scale) + yq.zero_point, -128, 127)
     assert np.abs(got.astype(np.int64) - ideal).max() <= 1
@@ -237,8 +239,8 @@ def test_a_map_that_fits_is_one_row_tile_whatever_the_padding():
 
 
 @SWEEP
-@given(shape=conv_shapes(), seed=st.integers(0, 999), bias=st.booleans(), act=st.sampled_from([None, "relu"]),
-       out=st.sampled_from(["fp16", "fp32"]))
+@given(shape=conv_shapes(), seed=st.integers(0, 999), bias=st.booleans(),
+       act=st.sampled_from([None, "relu", "leaky_relu"]), out=st.sampled_from(["fp16", "fp32"]))
 def test_conv_fp16(shape, seed, bias, act, out):
     c, h, w, o, k, s, pad, dw = shape
     if dw and not _sim_takes_fp16_depthwise():
@@ -252,13 +254,16 @@ def test_conv_fp16(shape, seed, bias, act, out):
     Y = api.Feature("y", 0, o, oh, ow, out)
     wt = _fp16((k, k, c) if dw else (o, k, k, c), seed + 1, 1 / k)
     b = np.random.default_rng(seed).standard_normal(o).astype(np.float32) if bias else None
-    r = emit(api.Conv2D(X, wt, Y, (s, s), pad, dw, None, api.Epilogue(bias=b, activation=act), "c"))
+    slope = 0.1 if act == "leaky_relu" else None
+    r = emit(api.Conv2D(X, wt, Y, (s, s), pad, dw, None, api.Epilogue(bias=b, activation=act, slope=slope), "c"))
     x = _fp16((c, h, w), seed)
     got = _run(r, {"x": (X, x)}).feature(Y).astype(np.float64)
     ref = _conv_acc(x, wt, (s, s), pad, dw, 0)
     if b is not None:
         ref = ref + b[:, None, None]
-    if act:
+    if slope:
+        ref = np.where(ref < 0, ref * float(np.float16(slope)), ref)
+    elif act:
         ref = np.maximum(ref, 0)
     np.testing.assert_allclose(got, ref, rtol=3e-3, atol=3e-3 * max(1.0, np.abs(ref).max()))
 
@@ -469,7 +474,7 @@ def test_conv_int8_per_channel_requantized(shape, seed, act, zx):
     Y = api.Feature("y", 0, o, oh, ow, "int8", yq)
     wt = _int8((k, k, c) if dw else (o, k, k, c), seed + 1)
     bias = np.random.default_rng(seed + 2).integers(-2000, 2000, o)
-    epi = api.Epilogue(bias=bias, activation=act)
+    epi = api.Epilogue(bias=bias, activation=act, slope=0.1 if act == "leaky_relu" else None)
     r = emit(api.Conv2D(X, wt, Y, (s, s), pad, dw, wq, epi, "c"))
     x = _int8((c, h, w), seed)
     got = _run(r, {"x": (X, x)}).feature(Y)
