@@ -367,7 +367,7 @@ PROBES: tuple[Probe, ...] = (
           "int4 M=1 works on this board", "int4 M=1 is wrong on this board: keep padding to 4 rows"),
     Probe("weight_reuse", "", "WEIGHT_REUSE keeps weights in CBUF across the tasks of a job",
           {}, weight_reuse, "weight reuse across tasks works", "weight reuse across tasks gives wrong results"),
-    Probe("prelu", "", "BN's multiplier in PReLU mode scales negative values only (LeakyReLU, fp16 and int8)",
+    Probe("prelu", "Q25", "BN's multiplier in PReLU mode scales negative values only (LeakyReLU, fp16 and int8)",
           {}, prelu, "LeakyReLU epilogues are bit-exact with the simulator",
           "MUL_PRELU acts differently here: LeakyReLU epilogues are wrong on this board"),
     Probe("upsample_x2", "Q4", "the DPU writes lines of width + NOTCH_ADDR atoms (nearest x2 Resize's row copies)",

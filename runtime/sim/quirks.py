@@ -247,6 +247,18 @@ QUESTIONS: tuple[Question, ...] = (
         "kernel of ones, PAD 1, the CNA reading the HxW map) written as a 2x2 convolution over the "
         "zero-stuffed (2H-1)x(2W-1) map, against numpy's nearest x2; here it reports 'refused by the "
         "simulator: needs a board'."),
+    Question(
+        "Q25", "the BS/BN multiplier in PReLU mode (MUL_PRELU)",
+        "hw-matmul.md lists PReLU among the BS (X1) stage's functions beside ALU, MUL and ReLU/ReLUX; the "
+        "field MUL_PRELU sits in BS/BN_MUL_CFG as in NVDLA's SDP X1/X2 stages, whose documentation defines it "
+        "as the multiplier applied to negative inputs only. No Mesa, rocket-userspace or gregordinary stream "
+        "sets it, so neither the fp16 operand's use nor the integer path's shift and rounding on negative "
+        "values is measured on RK3588.",
+        "`MUL_PRELU` multiplies values below zero and passes the rest (runtime/sim/dpu_x.py), with Q21's "
+        "integer rule (wide product, sign-split shift, ties to even) on integer datapaths. The compiler folds "
+        "LeakyRelu after a Conv/Gemm into BN in this mode (compiler/npu/epilogue.py); no model in bench uses "
+        "LeakyRelu. `rkc probe` prelu runs an fp16 and an int8 program against the simulator's result; a "
+        "board that disagrees makes LeakyRelu epilogues wrong, and the fold must then be turned off."),
 )
 
 
