@@ -93,23 +93,51 @@ def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, 
     mg = w.shape[1]
     m = mg * group
     cg = c // group
-    y = np.zeros((n, m, *full), np.float32)
     xg = x.astype(np.float32).reshape(n, group, cg, -1)
     wg = w.astype(np.float32).reshape(group, cg, mg, *kernel)
+    if strides == kernel and all(d == 1 for d in dilations) and not any(out_pad):
+        y = _tiled_transpose(xg, wg, n, m, in_sp, kernel)
+    else:
+        y = _tapped_transpose(xg, wg, n, m, in_sp, kernel, strides, dilations, full)
+    # negative padding (an output_shape larger than the full result) appends zeros
+    if any(bg < 0 or e < 0 for bg, e in zip(begin, end)):
+        y = np.pad(y, [(0, 0), (0, 0), *[(max(-bg, 0), max(-e, 0)) for bg, e in zip(begin, end)]])
+    crop = tuple(slice(max(bg, 0), y.shape[2 + i] - max(e, 0)) for i, (bg, e) in enumerate(zip(begin, end)))
+    y = np.ascontiguousarray(y[(slice(None), slice(None), *crop)])
+    if b is not None:
+        y += b.astype(np.float32).reshape(1, m, *([1] * nd))
+    return y.astype(x.dtype, copy=False)
+
+
+def _tiled_transpose(xg, wg, n, m, in_sp, kernel):
+    """A ConvTranspose whose stride is its kernel (a learned upsampling): every
+    output element comes from one tap, so the taps are one BLAS product
+    [G, Mg * taps, Cg] @ [N, G, Cg, positions] and one copy into place (PP-OCR
+    det's 2x2/2 pair: 5.5 -> 2.2 ms, no zeroed output, no strided adds)."""
+    group, cg, mg = wg.shape[:3]
+    taps = int(np.prod(kernel))
+    prod = np.matmul(wg.reshape(group, cg, mg * taps).transpose(0, 2, 1), xg)  # [N, G, Mg * taps, positions]
+    prod = prod.reshape(n, m, *kernel, *in_sp)
+    y = np.empty((n, m, *[i * k for i, k in zip(in_sp, kernel)]), np.float32)
+    # y[n, m, i1, k1, i2, k2, ...] = prod[n, m, k1, k2, ..., i1, i2, ...], one tap at a time (its source
+    # contiguous: one transposed copy of all taps was 3x slower)
+    interleaved = y.reshape(n, m, *[d for pair in zip(in_sp, kernel) for d in pair])
+    for kidx in itertools.product(*[range(k) for k in kernel]):
+        interleaved[(slice(None), slice(None), *[a for k in kidx for a in (slice(None), k)])] = \
+            prod[(slice(None), slice(None), *kidx)]
+    return y
+
+
+def _tapped_transpose(xg, wg, n, m, in_sp, kernel, strides, dilations, full):
+    """Any ConvTranspose: one BLAS product per tap added into a strided slice of the output."""
+    y = np.zeros((n, m, *full), np.float32)
     for kidx in itertools.product(*[range(k) for k in kernel]):
         wk = wg[(slice(None), slice(None), slice(None), *kidx)]  # [G, Cg, Mg]
         # one BLAS product per tap ([G, Mg, Cg] @ [N, G, Cg, positions]); einsum's loop was 20x slower
         contrib = np.matmul(wk.transpose(0, 2, 1), xg).reshape(n, m, *in_sp)
         sl = tuple(slice(k * d, k * d + s * (i - 1) + 1, s) for k, d, s, i in zip(kidx, dilations, strides, in_sp))
         y[(slice(None), slice(None), *sl)] += contrib
-    # negative padding (an output_shape larger than the full result) appends zeros
-    if any(bg < 0 or e < 0 for bg, e in zip(begin, end)):
-        y = np.pad(y, [(0, 0), (0, 0), *[(max(-bg, 0), max(-e, 0)) for bg, e in zip(begin, end)]])
-    crop = tuple(slice(max(bg, 0), y.shape[2 + i] - max(e, 0)) for i, (bg, e) in enumerate(zip(begin, end)))
-    y = y[(slice(None), slice(None), *crop)]
-    if b is not None:
-        y = y + b.astype(np.float32).reshape(1, m, *([1] * nd))
-    return np.ascontiguousarray(y).astype(x.dtype, copy=False)
+    return y
 
 
 def _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides):
@@ -202,12 +230,23 @@ def global_max_pool(x):
 
 
 def lrn(x, *, size, alpha=1e-4, beta=0.75, bias=1.0):
-    sq = np.square(x.astype(np.float64))
+    # float32 (float64 for float64 input), in place, the window's squares summed slice by slice (no padded
+    # copy): Inception's 192x55x55 LRN went from 8 to 1.8 ms; a sum of `size` squares loses only rounding
+    dtype, work = x.dtype, np.float64 if x.dtype == np.float64 else np.float32
+    x = np.asarray(x, work)
+    sq = np.square(x)
     c = x.shape[1]
-    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
-    padded = np.pad(sq, [(0, 0), (lo, hi)] + [(0, 0)] * (x.ndim - 2))
-    acc = sum(padded[:, i:i + c] for i in range(size))
-    return (x / (bias + alpha / size * acc) ** beta).astype(x.dtype)
+    below, above = (size - 1) // 2, -(-(size - 1) // 2)  # channels c - below .. c + above
+    acc = sq.copy()
+    for i in range(1, above + 1):
+        acc[:, :c - i] += sq[:, i:]
+    for i in range(1, below + 1):
+        acc[:, i:] += sq[:, :c - i]
+    acc *= work(alpha / size)
+    acc += work(bias)
+    np.power(acc, work(-beta), out=acc)
+    acc *= x
+    return acc.astype(dtype, copy=False)
 
 
 KERNELS = {
