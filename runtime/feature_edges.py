@@ -113,8 +113,9 @@ def run_pair(run, step: Step, following: Step) -> bool:
     if None in (src, mid, dst) or not (_in_bo(run, src) and _in_bo(run, dst)) or mid.region is not None \
             or mid.dtype != "fp32" or list(src.shape) != list(dst.shape):
         return False
-    if src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes:
-        return False  # the memory plan may give the second step's output the first's dead input bytes
+    # the memory plan may give the second step's output the first's dead input bytes: then the codes are
+    # read from a copy (PP-OCR det has 7 such edges)
+    overlap = src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes
     if (step.op, following.op, src.dtype, dst.dtype) == ("DequantizeLinear", "Cast", "int8", "fp16"):
         params = _one_scale(run, step)
         table = None if params is None else quant_jit.int8_to_fp16_table(*params)
@@ -127,6 +128,8 @@ def run_pair(run, step: Step, following: Step) -> bool:
         return False
     with _Held(run, [src, dst]) as (fin, fout):
         codes_in = fin.view(np.uint8 if src.dtype == "int8" else np.uint16)
+        if overlap:
+            codes_in = codes_in.copy()
         codes_out = fout.view(np.uint16 if dst.dtype == "fp16" else np.uint8)
         quant_jit.recode_feature(codes_in, table, codes_out, int(src.shape[1]))
     return True
