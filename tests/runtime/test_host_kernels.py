@@ -93,3 +93,13 @@ def test_conv_transpose_matches_float64(shape, mg, kernel, strides, pads, dilati
     want = _conv_transpose_reference(x, w, b, strides, pads, dilations, group, out_pad)
     assert got.dtype == np.float32 and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("shape", [(1, 96, 120, 120), (2, 3, 5, 7), (1, 4, 9), (1, 2, 3, 4, 5)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_global_average_pool_matches_float64(shape, dtype):
+    x = (np.random.default_rng(sum(shape)).standard_normal(shape) * 3 + 1).astype(dtype)
+    got = _one("GlobalAveragePool", [x], {})
+    assert got.dtype == dtype and got.shape == (*shape[:2], *[1] * (len(shape) - 2))
+    want = x.astype(np.float64).mean(axis=tuple(range(2, x.ndim)), keepdims=True)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-6 if dtype == np.float32 else 1e-3, atol=1e-6)
