@@ -235,20 +235,13 @@ def global_max_pool(x):
 
 
 def lrn(x, *, size, alpha=1e-4, beta=0.75, bias=1.0):
-    # float32 (float64 for float64 input), in place, the window's squares summed slice by slice (no padded
-    # copy): Inception's 192x55x55 LRN went from 8 to 1.8 ms; a sum of `size` squares loses only rounding
+    # float32 (float64 for float64 input): the window sums of squares in one compiled pass, the power in
+    # place (Inception v1's 192x55x55 LRN: 8.0 ms in float64 numpy, 1.6 in float32 numpy, 0.9 now)
+    from rkc.runtime.kernels import lrn_jit  # numba: loaded by programs with an LRN
+
     dtype, work = x.dtype, np.float64 if x.dtype == np.float64 else np.float32
-    x = np.asarray(x, work)
-    sq = np.square(x)
-    c = x.shape[1]
-    below, above = (size - 1) // 2, -(-(size - 1) // 2)  # channels c - below .. c + above
-    acc = sq.copy()
-    for i in range(1, above + 1):
-        acc[:, :c - i] += sq[:, i:]
-    for i in range(1, below + 1):
-        acc[:, i:] += sq[:, :c - i]
-    acc *= work(alpha / size)
-    acc += work(bias)
+    x = np.ascontiguousarray(x, work)
+    acc = lrn_jit.window_sums(x, (size - 1) // 2, -(-(size - 1) // 2), alpha / size, bias)
     np.power(acc, work(-beta), out=acc)
     acc *= x
     return acc.astype(dtype, copy=False)
