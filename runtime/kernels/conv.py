@@ -96,7 +96,7 @@ def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, 
     xg = x.astype(np.float32).reshape(n, group, cg, -1)
     wg = w.astype(np.float32).reshape(group, cg, mg, *kernel)
     if strides == kernel and all(d == 1 for d in dilations) and not any(out_pad):
-        y = _tiled_transpose(xg, wg, n, m, in_sp, kernel)
+        y = _interleaved(_tile_products(xg, wg, n, m, in_sp, kernel))
     else:
         y = _tapped_transpose(xg, wg, n, m, in_sp, kernel, strides, dilations, full)
     # negative padding (an output_shape larger than the full result) appends zeros
@@ -109,21 +109,52 @@ def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, 
     return y.astype(x.dtype, copy=False)
 
 
-def _tiled_transpose(xg, wg, n, m, in_sp, kernel):
-    """A ConvTranspose whose stride is its kernel (a learned upsampling): every
-    output element comes from one tap, so the taps are one BLAS product
-    [G, Mg * taps, Cg] @ [N, G, Cg, positions] and one copy into place (PP-OCR
-    det's 2x2/2 pair: 5.5 -> 2.2 ms, no zeroed output, no strided adds)."""
+def conv_transpose_tiles(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                         output_padding=None, output_shape=None, pads=None, strides=None) -> np.ndarray | None:
+    """A ConvTranspose whose stride is its kernel (a learned upsampling), with
+    no padding, cropping or output shape: its output before the taps are
+    interleaved, [N, M, *kernel, *input spatial] float32 with the bias added
+    (output[n, m, i1 * k1 + t1, ...] = tiles[n, m, t1, ..., i1, ...]), so that a
+    consumer can read it in place (runtime/feature_edges.py quantizes it into a
+    feature map); None for any other ConvTranspose."""
+    nd = x.ndim - 2
+    kernel = list(w.shape[2:]) if kernel_shape is None else [int(k) for k in kernel_shape]
+    if _ints(strides, nd, 1) != kernel or any(d != 1 for d in _ints(dilations, nd, 1)) \
+            or any(_ints(output_padding, nd, 0)) or any(_ints(pads, 2 * nd, 0)) or output_shape is not None \
+            or auto_pad not in ("NOTSET", "VALID") or list(w.shape[2:]) != kernel:
+        return None
+    n, c = x.shape[:2]
+    m = w.shape[1] * group
+    prod = _tile_products(x.astype(np.float32).reshape(n, group, c // group, -1),
+                          w.astype(np.float32).reshape(group, c // group, w.shape[1], *kernel), n, m, x.shape[2:],
+                          kernel)
+    if b is not None:
+        prod += b.astype(np.float32).reshape(1, m, *([1] * (2 * nd)))
+    return prod
+
+
+def _tile_products(xg, wg, n, m, in_sp, kernel):
+    """Every output element of a stride = kernel ConvTranspose comes from one
+    tap, so the taps are one BLAS product [G, Mg * taps, Cg] @ [N, G, Cg,
+    positions] -> [N, M, *kernel, *in_sp] (PP-OCR det's 2x2/2 pair: 5.5 -> 2.2 ms
+    with `_interleaved`, no zeroed output, no strided adds)."""
     group, cg, mg = wg.shape[:3]
     taps = int(np.prod(kernel))
     prod = np.matmul(wg.reshape(group, cg, mg * taps).transpose(0, 2, 1), xg)  # [N, G, Mg * taps, positions]
-    prod = prod.reshape(n, m, *kernel, *in_sp)
+    return prod.reshape(n, m, *kernel, *in_sp)
+
+
+def _interleaved(prod):
+    """[N, M, *kernel, *in_sp] tap products -> the output [N, M, in_1 * k_1, ...]."""
+    n, m = prod.shape[:2]
+    nd = (prod.ndim - 2) // 2
+    kernel, in_sp = prod.shape[2:2 + nd], prod.shape[2 + nd:]
     y = np.empty((n, m, *[i * k for i, k in zip(in_sp, kernel)]), np.float32)
     # y[n, m, i1, k1, i2, k2, ...] = prod[n, m, k1, k2, ..., i1, i2, ...], one tap at a time (its source
     # contiguous: one transposed copy of all taps was 3x slower)
-    interleaved = y.reshape(n, m, *[d for pair in zip(in_sp, kernel) for d in pair])
+    split = y.reshape(n, m, *[d for pair in zip(in_sp, kernel) for d in pair])
     for kidx in itertools.product(*[range(k) for k in kernel]):
-        interleaved[(slice(None), slice(None), *[a for k in kidx for a in (slice(None), k)])] = \
+        split[(slice(None), slice(None), *[a for k in kidx for a in (slice(None), k)])] = \
             prod[(slice(None), slice(None), *kidx)]
     return y
 

@@ -26,6 +26,13 @@ def quantize_into_feature(x: np.ndarray, scale: float, zero_point: int, fm: np.n
     over_ranges(lambda lo, hi: _quantize_lines(x, scale, zero_point, fm, lo, hi), fm.shape[0] * fm.shape[1])
 
 
+def quantize_tiles_into_feature(tiles: np.ndarray, scale: float, zero_point: int, fm: np.ndarray) -> None:
+    """quantize_into_feature of the map x[c, y * kh + ty, i * kw + tx] = tiles[c, ty, tx, y, i]
+    (a stride = kernel ConvTranspose's output before its interleave: runtime/kernels/conv.py's
+    conv_transpose_tiles), read in place."""
+    over_ranges(lambda lo, hi: _quantize_tile_lines(tiles, scale, zero_point, fm, lo, hi), fm.shape[0] * fm.shape[1])
+
+
 def dequantize_feature(fm: np.ndarray, scale: float, zero_point: int, out: np.ndarray) -> None:
     """out[c, y, i] = float32((fm[c // C2, y, i, c % C2] - zero_point) * scale)
     for out [C, H, W]."""
@@ -45,6 +52,29 @@ def _quantize_lines(x, scale, zero_point, fm, lo, hi):
             src, dst = x[a * c2 + b, y], rows[b]
             for i in range(w):
                 q = np.rint(np.float64(src[i]) / scale) + zp
+                dst[i] = np.int8(min(max(q, -128.0), 127.0))
+        rows_to_lanes(rows, fm[a, y])
+
+
+@njit(cache=True, nogil=True)
+def _quantize_tile_lines(tiles, scale, zero_point, fm, lo, hi):
+    c, kh, kw, ih, iw = tiles.shape
+    h, w = ih * kh, iw * kw
+    c2 = fm.shape[3]
+    zp = np.float64(zero_point)
+    values = np.empty(w, np.float32)  # one output row, its taps interleaved: the quantization vectorises
+    for line in range(lo, hi):
+        a, y = line // h, line % h
+        n = min(c2, c - a * c2)
+        rows = np.zeros((c2, w), np.int8)
+        for b in range(n):
+            for tx in range(kw):
+                src = tiles[a * c2 + b, y % kh, tx, y // kh]
+                for i in range(iw):
+                    values[i * kw + tx] = src[i]
+            dst = rows[b]
+            for i in range(w):
+                q = np.rint(np.float64(values[i]) / scale) + zp
                 dst[i] = np.int8(min(max(q, -128.0), 127.0))
         rows_to_lanes(rows, fm[a, y])
 

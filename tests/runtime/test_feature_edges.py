@@ -228,3 +228,33 @@ def test_a_recoding_pair_whose_maps_share_bytes_reads_a_copy(to_half, shift):
     assert feature_edges.run_pair(run, first, second)
     got = feature_edges._feature(bo.host[dst.offset:dst.offset + dst.nbytes], dst)
     np.testing.assert_array_equal(got[..., :want.shape[-1]].view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("x_shape, m, kernel, bias", [((1, 24, 6, 5), 24, (2, 2), True), ((1, 5, 3, 4), 20, (3, 2), False),
+                                                    ((1, 3, 2, 7), 1, (2, 2), True)])
+def test_a_learned_upsampling_quantizes_its_taps_into_the_feature_map(x_shape, m, kernel, bias):
+    """ConvTranspose (stride = kernel) then QuantizeLinear into a feature map, as
+    one pair: the feature map the two reference kernels and the layout give."""
+    from rkc.ir.program import Step, TensorInfo
+
+    rng = np.random.default_rng(sum(x_shape) + m)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = (rng.standard_normal((x_shape[1], m, *kernel)) / 2).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    scale, zp = np.float32(0.04), np.int8(-5)
+    out_shape = [1, m, x_shape[2] * kernel[0], x_shape[3] * kernel[1]]
+    attrs = {"strides": list(kernel), "kernel_shape": list(kernel)}
+    (y,) = run_kernel("ConvTranspose", [x, w, b], attrs, 1)
+    want = _fm(quant.quantize_linear(y, scale, zp)[0])
+    size = geometry.nbytes(out_shape, "native", 1)
+    dst = TensorInfo("y@npu", out_shape, "int8", "native", "scratch", 16, size)
+    bo = _Bytes(16 + size)
+    bo.host[:] = 0x5A  # what another tensor left there
+    run = _Run([dst, TensorInfo("y", out_shape, "fp32")], {"scratch": bo},
+               {"x": x, "w": w, "b": b, "s": np.array([scale], np.float32), "z": np.array([zp], np.int8)})
+    up = Step("cpu", "up", op="ConvTranspose", inputs=["x", "w", "b" if bias else ""], outputs=["y"], attrs=attrs)
+    q = Step("cpu", "q", op="QuantizeLinear", inputs=["y", "s", "z"], outputs=["y@npu"])
+    assert feature_edges.run_pair(run, up, q)
+    got = feature_edges._feature(bo.host[16:16 + size], dst)
+    np.testing.assert_array_equal(got.reshape(-1)[:want.size].view(np.int8), want.reshape(-1))
+    assert (bo.host[:16] == 0x5A).all()
