@@ -193,11 +193,18 @@ def _narrow_lines(x, fm, lo, hi):
 def _widen_lines(fm, out, lo, hi):
     c, h, w = out.shape
     c2 = fm.shape[3]
+    rows = np.empty((c2, w), np.uint16)  # the atoms' lanes as rows: the widening vectorises
     for line in range(lo, hi):
         a, y = line // h, line % h
         n = min(c2, c - a * c2)
-        rows = np.empty((c2, w), np.uint16)  # the atoms' lanes as rows: the widening vectorises
-        lanes_to_rows(fm[a, y], rows)
+        atoms = fm[a, y]
+        if 2 * n <= c2:  # mostly padding lanes (a one-channel map): read the channels' lanes only
+            for b in range(n):
+                dst = out[a * c2 + b, y]
+                for i in range(w):
+                    dst[i] = widen_bits(atoms[i, b])
+            continue
+        lanes_to_rows(atoms, rows)
         for b in range(n):
             src, dst = rows[b], out[a * c2 + b, y]
             for i in range(w):
