@@ -79,6 +79,31 @@ def _greater(v, cur):
 
 
 @njit(cache=True, nogil=True)
+def _window_max(x, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
+    """One pass: out[p, oy, ox] = the maximum of each whole window, for output
+    rows [lo, hi) of P * OH; lanes L innermost (keys, turned back into values)."""
+    h, w, lanes = x.shape[1], x.shape[2], x.shape[3]
+    oh, ow = out.shape[1], out.shape[2]
+    for job in range(lo, hi):
+        p, oy = job // oh, job % oh
+        y0, ky0, ky1 = _taps(oy, sy, pt, kh, dy, h)
+        for ox in range(ow):
+            x0, kx0, kx1 = _taps(ox, sx, pl, kw, dx, w)
+            dst = out[p, oy, ox]
+            for lane in range(lanes):
+                dst[lane] = low
+            for ky in range(ky0, ky1):
+                row = x[p, y0 + ky * dy]
+                for kx in range(kx0, kx1):
+                    src = row[x0 + kx * dx]
+                    for lane in range(lanes):
+                        v, cur = _key(src[lane]), dst[lane]
+                        dst[lane] = v if _greater(v, cur) else cur
+            for lane in range(lanes):
+                dst[lane] = _value(dst[lane])
+
+
+@njit(cache=True, nogil=True)
 def _row_max(x, low, kw, sx, dx, pl, rows, lo, hi):
     """First pass: rows[p, y, ox] = the maximum over the window's columns of
     input row y, for rows [lo, hi) of P * H (as keys); lanes L innermost."""
@@ -128,9 +153,11 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     the map (padding, ceil-mode overhang) read as `low`. Any strides; the
     channels are the kernel's lanes and the result's innermost axis (a feature
     map's planes [C1, C2, H, W] are read in place and come out alike).
-    Two passes (a window's maximum is its rows' maxima's maximum): the columns
-    of every input row, then the rows, kh + kw comparisons per output instead
-    of kh * kw for a stride-1 pool (YOLO's 5x5 SPPF pools: 10 instead of 25).
+    Two passes where they compare less (a window's maximum is its rows'
+    maxima's maximum): the columns of every input row, then the rows, kh + kw
+    comparisons per output instead of kh * kw for a stride-1 pool (YOLO's 5x5
+    SPPF pools: 10 instead of 25); one pass over whole windows otherwise (a
+    3x3/2 pool compares as often either way, and one pass writes no rows).
     fp16 is pooled as uint16 keys that order as the values do (numba has no
     fp16), made as each value is read."""
     half = x.dtype == np.float16
@@ -141,9 +168,13 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     lanes = x.transpose(0, 2, 3, 1)
     (kh, kw), (sy, sx), (dy, dx), (pt, pl) = kernel, strides, dilations, begin
     low = x.dtype.type(low)
-    rows = np.empty((n, x.shape[2], out_hw[1], x.shape[1]), x.dtype)
-    over_ranges(lambda lo, hi: _row_max(lanes, low, kw, sx, dx, pl, rows, lo, hi), n * x.shape[2])
     out = np.empty((n, *out_hw, x.shape[1]), x.dtype)
-    over_ranges(lambda lo, hi: _column_max(rows, low, kh, sy, dy, pt, out, lo, hi), n * out_hw[0])
+    if kw * x.shape[2] + kh * out_hw[0] < kh * kw * out_hw[0]:  # comparisons per output column
+        rows = np.empty((n, x.shape[2], out_hw[1], x.shape[1]), x.dtype)
+        over_ranges(lambda lo, hi: _row_max(lanes, low, kw, sx, dx, pl, rows, lo, hi), n * x.shape[2])
+        over_ranges(lambda lo, hi: _column_max(rows, low, kh, sy, dy, pt, out, lo, hi), n * out_hw[0])
+    else:
+        over_ranges(lambda lo, hi: _window_max(lanes, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi),
+                    n * out_hw[0])
     out = out.transpose(0, 3, 1, 2)
     return out.view(np.float16) if half else out
