@@ -27,7 +27,8 @@ not taken beside a compile. Every modelled clock and bandwidth comes from the
 one compile (the model is analytic: no figure is simulated). Each child reports
 where its time went (compile, figures, host measurements).
 
-    python bench/run.py [--json] [--workdir /tmp/rkc-bench] [--only gemma3-int8 resnet50] [--layers 2] [--jobs 2] [--clock cpu]
+    python bench/run.py [--json] [--workdir /tmp/rkc-bench] [--only gemma3-int8 resnet50] [--layers 2] [--jobs 2]
+                        [--clock cpu]
 """
 
 from __future__ import annotations

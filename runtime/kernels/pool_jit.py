@@ -1,11 +1,12 @@
 """Compiled (numba) 2-D max pooling: the CPU op a CNN most often keeps (a
 detector's SPPF, ResNet's stem pool, which stock rocket cannot finish on the
 PPU). numpy's window reduction over a strided view cost ~50 ms for ResNet-50's
-3x3/2 pool of a 64x112x112 map; this walks the windows directly (their columns,
-then their rows), rows shared by the host threads (runtime/llm/threads.py), and reads int8 and fp16 as well as float (a max commutes with
-int8's monotone dequantization, so an int8 program pools its integers). On an
-NPU feature map (runtime/feature_edges.py) the channels of an atom are the
-innermost loop: 16 int8 or 8 fp16 lanes at a time.
+3x3/2 pool of a 64x112x112 map; this walks the windows directly (a stride-1
+pool in two passes: along the rows, then down the columns), rows shared by the
+host threads (runtime/llm/threads.py), and reads int8 and fp16 as well as float
+(a max commutes with int8's monotone dequantization, so an int8 program pools
+its integers). On an NPU feature map (runtime/feature_edges.py) the channels of
+an atom are the innermost loop: 16 int8 or 8 fp16 lanes at a time.
 
 A maximum is exact, so the result is numpy's element for element (NaN
 propagates as numpy's max does). runtime/kernels/conv.py's `max_pool` is the

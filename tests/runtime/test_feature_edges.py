@@ -230,8 +230,8 @@ def test_a_recoding_pair_whose_maps_share_bytes_reads_a_copy(to_half, shift):
     np.testing.assert_array_equal(got[..., :want.shape[-1]].view(np.uint8), want.view(np.uint8))
 
 
-@pytest.mark.parametrize("x_shape, m, kernel, bias", [((1, 24, 6, 5), 24, (2, 2), True), ((1, 5, 3, 4), 20, (3, 2), False),
-                                                    ((1, 3, 2, 7), 1, (2, 2), True)])
+@pytest.mark.parametrize("x_shape, m, kernel, bias", [((1, 24, 6, 5), 24, (2, 2), True),
+                                                    ((1, 5, 3, 4), 20, (3, 2), False), ((1, 3, 2, 7), 1, (2, 2), True)])
 def test_a_learned_upsampling_quantizes_its_taps_into_the_feature_map(x_shape, m, kernel, bias):
     """ConvTranspose (stride = kernel) then QuantizeLinear into a feature map, as
     one pair: the feature map the two reference kernels and the layout give."""
