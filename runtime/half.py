@@ -29,7 +29,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.kernels.threads import over_rows
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -143,13 +143,13 @@ def narrow_into_feature(x: np.ndarray, fm: np.ndarray) -> None:
     """fp32 maps x [C, H, W] (bits, any strides) rounded to fp16 into a feature
     map fm [C1, H, W, C2] (bits): channels past C zeroed; the (channel group,
     row) lines shared by the host threads (runtime/llm/threads.py)."""
-    over_ranges(lambda lo, hi: _narrow_lines(x, fm, lo, hi), fm.shape[0] * fm.shape[1])
+    over_rows(lambda lo, hi: _narrow_lines(x, fm, lo, hi), fm.shape[0] * fm.shape[1], fm.size)
 
 
 def widen_feature(fm: np.ndarray, out: np.ndarray) -> None:
     """out[j] = the float32 bits of fm's channel j: fp16 feature map fm [C1, H, W,
     C2] (bits) into out [C, H, W] (uint32, C <= C1 * C2), lines shared as above."""
-    over_ranges(lambda lo, hi: _widen_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1])
+    over_rows(lambda lo, hi: _widen_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1], fm.size)
 
 
 @njit(**_JIT)

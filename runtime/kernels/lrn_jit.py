@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.kernels.threads import over_rows
 
 
 @njit(cache=True, nogil=True)
@@ -37,6 +37,6 @@ def window_sums(x: np.ndarray, below: int, above: int, scale, bias) -> np.ndarra
     flat = x.reshape(x.shape[0], x.shape[1], -1)
     out = np.empty_like(flat)
     work = x.dtype.type
-    over_ranges(lambda lo, hi: _window_sums(flat, below, above, work(scale), work(bias), out, lo, hi),
-                flat.shape[0] * flat.shape[1])
+    over_rows(lambda lo, hi: _window_sums(flat, below, above, work(scale), work(bias), out, lo, hi),
+              flat.shape[0] * flat.shape[1], flat.size)
     return out.reshape(x.shape)

@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.kernels.threads import over_rows
 
 DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32,
                                          np.int64))
@@ -172,10 +172,10 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     out = np.empty((n, *out_hw, x.shape[1]), x.dtype)
     if kw * x.shape[2] + kh * out_hw[0] < kh * kw * out_hw[0]:  # comparisons per output column
         rows = np.empty((n, x.shape[2], out_hw[1], x.shape[1]), x.dtype)
-        over_ranges(lambda lo, hi: _row_max(lanes, low, kw, sx, dx, pl, rows, lo, hi), n * x.shape[2])
-        over_ranges(lambda lo, hi: _column_max(rows, low, kh, sy, dy, pt, out, lo, hi), n * out_hw[0])
+        over_rows(lambda lo, hi: _row_max(lanes, low, kw, sx, dx, pl, rows, lo, hi), n * x.shape[2], x.size)
+        over_rows(lambda lo, hi: _column_max(rows, low, kh, sy, dy, pt, out, lo, hi), n * out_hw[0], x.size)
     else:
-        over_ranges(lambda lo, hi: _window_max(lanes, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi),
-                    n * out_hw[0])
+        over_rows(lambda lo, hi: _window_max(lanes, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi),
+                  n * out_hw[0], x.size)
     out = out.transpose(0, 3, 1, 2)
     return out.view(np.float16) if half else out

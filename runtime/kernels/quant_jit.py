@@ -17,26 +17,29 @@ from functools import lru_cache
 from numba import njit
 
 from rkc.runtime.half import lanes_to_rows, rows_to_lanes
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.kernels.threads import over_rows
 
 
 def quantize_into_feature(x: np.ndarray, scale: float, zero_point: int, fm: np.ndarray) -> None:
     """fm[c // C2, y, i, c % C2] = saturate(rint(x[c, y, i] / scale) + zero_point)
     for x [C, H, W] float32; channels past C are zero."""
-    over_ranges(lambda lo, hi: _quantize_lines(x, scale, zero_point, fm, lo, hi), fm.shape[0] * fm.shape[1])
+    over_rows(lambda lo, hi: _quantize_lines(x, scale, zero_point, fm, lo, hi), fm.shape[0] * fm.shape[1],
+              fm.size)
 
 
 def quantize_tiles_into_feature(tiles: np.ndarray, scale: float, zero_point: int, fm: np.ndarray) -> None:
     """quantize_into_feature of the map x[c, y * kh + ty, i * kw + tx] = tiles[c, ty, tx, y, i]
     (a stride = kernel ConvTranspose's output before its interleave: runtime/kernels/conv.py's
     conv_transpose_tiles), read in place."""
-    over_ranges(lambda lo, hi: _quantize_tile_lines(tiles, scale, zero_point, fm, lo, hi), fm.shape[0] * fm.shape[1])
+    over_rows(lambda lo, hi: _quantize_tile_lines(tiles, scale, zero_point, fm, lo, hi), fm.shape[0] * fm.shape[1],
+              fm.size)
 
 
 def dequantize_feature(fm: np.ndarray, scale: float, zero_point: int, out: np.ndarray) -> None:
     """out[c, y, i] = float32((fm[c // C2, y, i, c % C2] - zero_point) * scale)
     for out [C, H, W]."""
-    over_ranges(lambda lo, hi: _dequantize_lines(fm, scale, zero_point, out, lo, hi), fm.shape[0] * fm.shape[1])
+    over_rows(lambda lo, hi: _dequantize_lines(fm, scale, zero_point, out, lo, hi), fm.shape[0] * fm.shape[1],
+              fm.size)
 
 
 @njit(cache=True, nogil=True)
@@ -120,7 +123,8 @@ def fp16_to_int8_table(scale: float, zero_point: int) -> np.ndarray:
 def recode_feature(src: np.ndarray, table: np.ndarray, dst: np.ndarray, channels: int) -> None:
     """dst's channel c = table[src's channel c] between feature maps of any atom
     widths (codes as unsigned bytes or 16-bit words); dst's padding lanes zero."""
-    over_ranges(lambda lo, hi: _recode_lines(src, table, dst, channels, lo, hi), dst.shape[0] * dst.shape[1])
+    over_rows(lambda lo, hi: _recode_lines(src, table, dst, channels, lo, hi), dst.shape[0] * dst.shape[1],
+              dst.size)
 
 
 @njit(cache=True, nogil=True)

@@ -103,3 +103,14 @@ def test_global_average_pool_matches_float64(shape, dtype):
     assert got.dtype == dtype and got.shape == (*shape[:2], *[1] * (len(shape) - 2))
     want = x.astype(np.float64).mean(axis=tuple(range(2, x.ndim)), keepdims=True)
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-6 if dtype == np.float32 else 1e-3, atol=1e-6)
+
+
+def test_small_maps_stay_on_the_callers_thread():
+    from rkc.runtime.kernels import threads
+    from rkc.runtime.llm.threads import THREADS
+
+    assert threads.threads_for(threads.PARALLEL_ELEMENTS - 1) == 1
+    assert threads.threads_for(threads.PARALLEL_ELEMENTS) == THREADS
+    seen = []
+    threads.over_rows(lambda lo, hi: seen.append((lo, hi)), 10, 100)
+    assert seen == [(0, 10)]  # one range, this thread
