@@ -10,7 +10,8 @@ Per model: compile time and peak RSS (the `rkc compile` child's), rkbin size;
 per decode token / prefill chunk / inference: tasks, kicks (stock rocket and
 chained), submits (NPU steps), regcmd bytes, DDR bytes read and written and
 their ratio to the weight bytes; modelled NPU time (ir/npu/perf.py) at 1 GHz and
-600 MHz, 17 and 25 GB/s; host time measured on the null device (runtime/null.py)
+600 MHz, 17 and 25 GB/s; host time measured on the null device (runtime/null.py;
+an ONNX row's in wall time or, with --clock cpu, the process's CPU time)
 on the WHOLE model (a synthetic model is compiled at full depth too for this: a
 cut's host time scaled by layers was ~8x too optimistic for prefill); projected tokens/s or frames/s = 1 / (modelled
 at 1 GHz, 25 GB/s + host); each beside its anchor (bench/published.py) and the
@@ -27,6 +28,7 @@ one compile (the model is analytic: no figure is simulated). Each child reports
 where its time went (compile, figures, host measurements).
 
     python bench/run.py [--json] [--workdir /tmp/rkc-bench] [--only gemma3-int8 resnet50] [--layers 2] [--jobs 2]
+                        [--clock cpu]
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ ANCHORS = {"resnet50": "vendor_resnet50", "mobilenet_v2": "vendor_mobilenet_v2",
            "yolov8n": "vendor_yolov8n", "yolo11n": "vendor_yolo11n",
            "mobilenet_v1": "teflon_mobilenet_v1_rknpu", "qwen2.5-1.5b": "rkllm_qwen25_decode"}
 PREFILL_ANCHORS = {"qwen2.5-1.5b": "rkllm_qwen25_ttft"}
+CLOCK_FUNCTIONS = {"wall": time.perf_counter, "cpu": time.process_time}  # --clock
 
 
 def _bench_llm():
@@ -198,7 +201,7 @@ def host_samples(bl, rkbin: Path, programs: dict, tokens: int) -> dict[str, list
     return out
 
 
-def measure_onnx(name: str, precision: str, work: Path, repeats: int = 5) -> dict:
+def measure_onnx(name: str, precision: str, work: Path, repeats: int = 5, clock: str = "wall") -> dict:
     entry = {m.name: m for m in onnx_models(work)}[name]
     t0 = time.perf_counter()
     out, info = compiled_onnx(entry, precision, hw.CORES, work)
@@ -218,12 +221,14 @@ def measure_onnx(name: str, precision: str, work: Path, repeats: int = 5) -> dic
         feeds = feeds or {n: np.zeros(module.tensor(n).shape, np.float32) for n in module.program("main").inputs}
         np.seterr(all="ignore")
         loaded.run(feeds)  # warm
+        now = CLOCK_FUNCTIONS[clock]
         times = []
         for _ in range(repeats):
-            t = time.perf_counter()
+            t = now()
             loaded.run(feeds)
-            times.append(time.perf_counter() - t)
+            times.append(now() - t)
     fig["host_s"] = statistics.median(times)
+    fig["host_clock"] = clock
     spent["host"] = time.perf_counter() - t0
     fig["projected_fps"] = 1 / (fig["modelled_s"]["1GHz_25GBps"] + fig["host_s"])
     return {"model": name, "kind": "onnx", "source": entry.source, "precision": precision,
@@ -264,7 +269,8 @@ def compile_only(argv: list[str], work: Path, layers: int) -> dict:
 
 def run_child(key: str, argv: list[str], args, compile_phase: bool = False) -> dict:
     cmd = [sys.executable, str(Path(__file__)), "--child", *argv, "--workdir", str(args.workdir),
-           "--layers", str(args.layers), "--tokens", str(args.tokens)] + (["--compile-only"] if compile_phase else [])
+           "--layers", str(args.layers), "--tokens", str(args.tokens), "--clock", args.clock] \
+        + (["--compile-only"] if compile_phase else [])
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
@@ -322,7 +328,7 @@ def table(rows: list[dict]) -> str:
                 f"{f['ddr_over_weights']:.2f}" if f["ddr_over_weights"] else "-",
                 f"{_ms(t['1GHz_25GBps'])} / {_ms(t['1GHz_17GBps'])}{star}",
                 f"{_ms(t['0.6GHz_25GBps'])} / {_ms(t['0.6GHz_17GBps'])}{star}",
-                _ms(f.get("host_s")),
+                _ms(f.get("host_s")) + (" CPU" if f.get("host_clock") == "cpu" else ""),
                 f"{proj:.4g}{star}" + ("" if f.get("host_s") is not None else " (NPU only)"), anc_text,
                 f"{_ms(f['limits']['mac_floor_s'])}, {_ms(f['limits']['weight_floor_s'])}")) + " |")
     lines.append("* extrapolated to full depth (NPU: head + n_layer x the mean compiled layer; "
@@ -344,6 +350,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="decode tokens timed on the null device")
     ap.add_argument("--jobs", type=int, default=2,
                     help="compiles run this many at a time (the measurements always one at a time)")
+    ap.add_argument("--clock", choices=sorted(CLOCK_FUNCTIONS), default="wall",
+                    help="the ONNX rows' host time: wall time, or the process's CPU time (all its threads: "
+                         "steadier on a shared machine)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--llm", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
@@ -358,7 +367,7 @@ def main() -> None:
         return
     if args.child:
         row = (measure_llm(*args.llm, args.workdir, args.layers, args.tokens) if args.llm
-               else measure_onnx(*args.onnx, args.workdir))
+               else measure_onnx(*args.onnx, args.workdir, clock=args.clock))
         print(json.dumps(row, default=float))
         return
     t0 = time.perf_counter()

@@ -200,14 +200,14 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
             continue
         t = time.perf_counter()
         if step.kind == "cpu":
-            # an edge out of a feature map whose float32 result only feeds an edge back into one
-            # (int8 <-> fp16 in a mixed-precision program) is one pass; observed runs keep every tensor
-            if observe is None and i + 1 < len(steps) and run.last_use.get(step.outputs[0]) == i + 1 \
-                    and step.outputs[0] not in program.outputs \
-                    and feature_edges.run_pair(run, step, steps[i + 1]):
-                skip = i + 1
-            else:
-                with blas.one_thread():  # host kernels' rule (runtime/blas.py): BLAS's spinning pool cost 6x
+            with blas.one_thread():  # host kernels' rule (runtime/blas.py): BLAS's spinning pool cost 6x
+                # an edge out of a feature map whose float32 result only feeds an edge back into one
+                # (int8 <-> fp16 in a mixed-precision program) is one pass; observed runs keep every tensor
+                if observe is None and i + 1 < len(steps) and run.last_use.get(step.outputs[0]) == i + 1 \
+                        and step.outputs[0] not in program.outputs \
+                        and feature_edges.run_pair(run, step, steps[i + 1]):
+                    skip = i + 1
+                else:
                     run.cpu(step)
         else:
             run.npu(step)

@@ -11,6 +11,8 @@ element, which made a 640x640 detector's input and outputs most of its host time
 * an int8 <-> fp16 edge of a mixed-precision program (a conversion out of one
   feature map into float32 and straight back into another): one recoding pass
   through a table of every code's result (`run_pair`);
+* a learned upsampling (a ConvTranspose whose stride is its kernel) quantized
+  into a feature map: its tap products quantized in place (`run_pair`);
 * ops that work plane by plane and only select values (MaxPool without its
   indices, nearest Resize): the kernel of runtime/kernels runs on the feature
   maps seen as planes [C1, C2, H, W] (no conversion, the padding channels
@@ -102,7 +104,9 @@ def run_pair(run, step: Step, following: Step) -> bool:
     (int8 -> fp16: DequantizeLinear then Cast; fp16 -> int8: Cast then
     QuantizeLinear), as one recoding of the codes through a table the reference
     kernels compute (every code's result: 256 int8 or 65536 fp16), if they are
-    such a pair; the caller knows nothing else reads the float32 tensor."""
+    such a pair; or a learned upsampling then its QuantizeLinear into a feature
+    map (`_tiles_into_feature`). The caller knows nothing else reads the float32
+    tensor."""
     from rkc.runtime.kernels import quant_jit
 
     if following.kind != "cpu" or len(step.outputs) != 1 or len(following.outputs) != 1 \
@@ -110,11 +114,14 @@ def run_pair(run, step: Step, following: Step) -> bool:
         return False
     tensors = run.model.tensors
     src, mid, dst = (tensors.get(n) for n in (step.inputs[0], step.outputs[0], following.outputs[0]))
+    if (step.op, following.op) == ("ConvTranspose", "QuantizeLinear"):
+        return _tiles_into_feature(run, step, following, mid, dst)
     if None in (src, mid, dst) or not (_in_bo(run, src) and _in_bo(run, dst)) or mid.region is not None \
             or mid.dtype != "fp32" or list(src.shape) != list(dst.shape):
         return False
-    if src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes:
-        return False  # the memory plan may give the second step's output the first's dead input bytes
+    # the memory plan may give the second step's output the first's dead input bytes: then the codes are
+    # read from a copy (PP-OCR det has 7 such edges)
+    overlap = src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes
     if (step.op, following.op, src.dtype, dst.dtype) == ("DequantizeLinear", "Cast", "int8", "fp16"):
         params = _one_scale(run, step)
         table = None if params is None else quant_jit.int8_to_fp16_table(*params)
@@ -127,8 +134,34 @@ def run_pair(run, step: Step, following: Step) -> bool:
         return False
     with _Held(run, [src, dst]) as (fin, fout):
         codes_in = fin.view(np.uint8 if src.dtype == "int8" else np.uint16)
+        if overlap:
+            codes_in = codes_in.copy()
         codes_out = fout.view(np.uint16 if dst.dtype == "fp16" else np.uint8)
         quant_jit.recode_feature(codes_in, table, codes_out, int(src.shape[1]))
+    return True
+
+
+def _tiles_into_feature(run, step: Step, following: Step, mid: TensorInfo | None, dst: TensorInfo | None) -> bool:
+    """A stride = kernel ConvTranspose (PP-OCR det's learned upsampling) whose
+    float32 output only feeds a QuantizeLinear into a feature map: its tap
+    products quantized straight into the map (kernels.conv.conv_transpose_tiles,
+    the same products and bias the kernel computes), never interleaved into a
+    float32 map of their own."""
+    from rkc.runtime.kernels import conv, quant_jit
+
+    if mid is None or dst is None or mid.region is not None or mid.dtype != "fp32" or not _in_bo(run, dst) \
+            or dst.dtype != "int8" or list(mid.shape) != list(dst.shape) or len(dst.shape) != 4 or dst.shape[0] != 1:
+        return False
+    params = _one_scale(run, following)
+    inputs = [run.read(n) if n else None for n in step.inputs]
+    if params is None or inputs[0] is None or inputs[0].dtype != np.float32:
+        return False
+    tiles = conv.conv_transpose_tiles(*inputs, **step.attrs)
+    if tiles is None or tiles.ndim != 6 or list(tiles.shape[:2]) != list(dst.shape[:2]) \
+            or [tiles.shape[2] * tiles.shape[4], tiles.shape[3] * tiles.shape[5]] != list(dst.shape[2:]):
+        return False
+    with _Held(run, [dst]) as (fm,):
+        quant_jit.quantize_tiles_into_feature(tiles[0], *params, fm)
     return True
 
 

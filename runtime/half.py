@@ -29,7 +29,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.kernels.threads import over_rows
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -143,13 +143,13 @@ def narrow_into_feature(x: np.ndarray, fm: np.ndarray) -> None:
     """fp32 maps x [C, H, W] (bits, any strides) rounded to fp16 into a feature
     map fm [C1, H, W, C2] (bits): channels past C zeroed; the (channel group,
     row) lines shared by the host threads (runtime/llm/threads.py)."""
-    over_ranges(lambda lo, hi: _narrow_lines(x, fm, lo, hi), fm.shape[0] * fm.shape[1])
+    over_rows(lambda lo, hi: _narrow_lines(x, fm, lo, hi), fm.shape[0] * fm.shape[1], fm.size)
 
 
 def widen_feature(fm: np.ndarray, out: np.ndarray) -> None:
     """out[j] = the float32 bits of fm's channel j: fp16 feature map fm [C1, H, W,
     C2] (bits) into out [C, H, W] (uint32, C <= C1 * C2), lines shared as above."""
-    over_ranges(lambda lo, hi: _widen_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1])
+    over_rows(lambda lo, hi: _widen_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1], fm.size)
 
 
 @njit(**_JIT)
@@ -193,11 +193,18 @@ def _narrow_lines(x, fm, lo, hi):
 def _widen_lines(fm, out, lo, hi):
     c, h, w = out.shape
     c2 = fm.shape[3]
+    rows = np.empty((c2, w), np.uint16)  # the atoms' lanes as rows: the widening vectorises
     for line in range(lo, hi):
         a, y = line // h, line % h
         n = min(c2, c - a * c2)
-        rows = np.empty((c2, w), np.uint16)  # the atoms' lanes as rows: the widening vectorises
-        lanes_to_rows(fm[a, y], rows)
+        atoms = fm[a, y]
+        if 2 * n <= c2:  # mostly padding lanes (a one-channel map): read the channels' lanes only
+            for b in range(n):
+                dst = out[a * c2 + b, y]
+                for i in range(w):
+                    dst[i] = widen_bits(atoms[i, b])
+            continue
+        lanes_to_rows(atoms, rows)
         for b in range(n):
             src, dst = rows[b], out[a * c2 + b, y]
             for i in range(w):

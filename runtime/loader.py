@@ -23,6 +23,7 @@ from rkc.ir.program import PPU_COMPLETION_KEY, Module, TensorInfo
 from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime.device import BufferObject, Device
 from rkc.runtime.execute import run_program
+from rkc.runtime.host_memory import keep_freed_memory
 from rkc.runtime.module_check import check_module
 
 GUARD_BYTES = 4096  # one page at IOVA 0 that no job lists (see _place_guard)
@@ -46,6 +47,8 @@ class LoadedModel:
         self.prepared_submits: dict[int, Callable[[], None]] = {}  # NPU step id -> execute.py's prepared submit
         check_module(self.module)
         check_kernel_features(self.module, device)
+        if self.module.metadata.get("model_kind") != "llm":
+            keep_freed_memory()  # an ONNX program's CPU steps: megabyte arrays reused, not faulted in every run
         try:
             self._place_guard()
             self._place_regions()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.kernels.threads import over_rows
 
 
 @njit(cache=True, nogil=True)
@@ -35,5 +35,5 @@ def gather_2d(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
         return gather_2d(x.view(np.int16), rows, cols).view(np.float16)
     out = np.empty((x.shape[0], len(rows), len(cols), x.shape[1]), x.dtype)
     args = (x.transpose(0, 2, 3, 1), rows.astype(np.int64), cols.astype(np.int64), out)
-    over_ranges(lambda lo, hi: _gather_2d(*args, lo, hi), out.shape[0] * out.shape[1])
+    over_rows(lambda lo, hi: _gather_2d(*args, lo, hi), out.shape[0] * out.shape[1], out.size)
     return out.transpose(0, 3, 1, 2)

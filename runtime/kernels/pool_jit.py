@@ -1,11 +1,12 @@
 """Compiled (numba) 2-D max pooling: the CPU op a CNN most often keeps (a
 detector's SPPF, ResNet's stem pool, which stock rocket cannot finish on the
 PPU). numpy's window reduction over a strided view cost ~50 ms for ResNet-50's
-3x3/2 pool of a 64x112x112 map; this walks each window directly, output rows
-shared by the host threads (runtime/llm/threads.py), and reads int8 and fp16 as well as float (a max commutes with
-int8's monotone dequantization, so an int8 program pools its integers). On an
-NPU feature map (runtime/feature_edges.py) the channels of an atom are the
-innermost loop: 16 int8 or 8 fp16 lanes at a time.
+3x3/2 pool of a 64x112x112 map; this walks the windows directly (a stride-1
+pool in two passes: along the rows, then down the columns), rows shared by the
+host threads (runtime/llm/threads.py), and reads int8 and fp16 as well as float
+(a max commutes with int8's monotone dequantization, so an int8 program pools
+its integers). On an NPU feature map (runtime/feature_edges.py) the channels of
+an atom are the innermost loop: 16 int8 or 8 fp16 lanes at a time.
 
 A maximum is exact, so the result is numpy's element for element (NaN
 propagates as numpy's max does). runtime/kernels/conv.py's `max_pool` is the
@@ -16,9 +17,10 @@ one entry point; it calls this for 2-D inputs of the dtypes numba compiles.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.kernels.threads import over_rows
 
 DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32,
                                          np.int64))
@@ -33,11 +35,54 @@ def _taps(o, stride, pad, k, dil, size):
     return start, lo, max(hi, lo)
 
 
+def _key(v):
+    """A value as it orders (fp16 bits as uint16: see _half_key; any other dtype as it is)."""
+
+
+@overload(_key, inline="always")
+def _key_impl(v):
+    if isinstance(v, types.Integer) and not v.signed and v.bitwidth == 16:
+        return lambda v: _half_key(v)
+    return lambda v: v
+
+
+def _value(key):
+    """_key's inverse."""
+
+
+@overload(_value, inline="always")
+def _value_impl(key):
+    if isinstance(key, types.Integer) and not key.signed and key.bitwidth == 16:
+        return lambda key: _half_value(key)
+    return lambda key: key
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _half_key(bits):
+    """fp16 bits -> a uint16 key in the values' order: a positive value's sign
+    bit set, a negative value's bits all flipped; every NaN becomes the
+    positive quiet NaN's key, above +inf's, so a window with a NaN pools to
+    NaN as numpy's max does."""
+    if (bits & 0x7FFF) > 0x7C00:
+        return np.uint16(0xFE00)
+    return np.uint16(bits ^ 0x8000) if bits < 0x8000 else np.uint16(~bits & 0xFFFF)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _half_value(key):
+    return np.uint16(key ^ 0x8000) if key >= 0x8000 else np.uint16(~key & 0xFFFF)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _greater(v, cur):
+    """v replaces cur: larger, or a NaN (which then stays, as in numpy's max; never for integers)."""
+    return (v > cur or v != v) and cur == cur
+
+
 @njit(cache=True, nogil=True)
-def _max_pool_2d(x, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
-    """x [P, H, W, L] -> out [P, OH, OW, L] for output rows [lo, hi) of P * OH:
-    windows over (H, W), lanes L element-wise (the innermost loop, contiguous in
-    a feature map: vectorised)."""
+def _window_max(x, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
+    """One pass: out[p, oy, ox] = the maximum of each whole window, for output
+    rows [lo, hi) of P * OH; lanes L innermost (keys, turned back into values)."""
     h, w, lanes = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = out.shape[1], out.shape[2]
     for job in range(lo, hi):
@@ -53,9 +98,55 @@ def _max_pool_2d(x, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
                 for kx in range(kx0, kx1):
                     src = row[x0 + kx * dx]
                     for lane in range(lanes):
-                        v, cur = src[lane], dst[lane]
-                        # a NaN wins and stays, as in numpy's max (always false for integers)
-                        dst[lane] = v if (v > cur or v != v) and cur == cur else cur
+                        v, cur = _key(src[lane]), dst[lane]
+                        dst[lane] = v if _greater(v, cur) else cur
+            for lane in range(lanes):
+                dst[lane] = _value(dst[lane])
+
+
+@njit(cache=True, nogil=True)
+def _row_max(x, low, kw, sx, dx, pl, rows, lo, hi):
+    """First pass: rows[p, y, ox] = the maximum over the window's columns of
+    input row y, for rows [lo, hi) of P * H (as keys); lanes L innermost."""
+    h, w, lanes = x.shape[1], x.shape[2], x.shape[3]
+    ow = rows.shape[2]
+    for job in range(lo, hi):
+        p, y = job // h, job % h
+        row = x[p, y]
+        for ox in range(ow):
+            x0, kx0, kx1 = _taps(ox, sx, pl, kw, dx, w)
+            dst = rows[p, y, ox]
+            for lane in range(lanes):
+                dst[lane] = low
+            for kx in range(kx0, kx1):
+                src = row[x0 + kx * dx]
+                for lane in range(lanes):
+                    v, cur = _key(src[lane]), dst[lane]
+                    dst[lane] = v if _greater(v, cur) else cur
+
+
+@njit(cache=True, nogil=True)
+def _column_max(rows, low, kh, sy, dy, pt, out, lo, hi):
+    """Second pass: out[p, oy, ox] = the maximum over the window's rows of the
+    first pass, for output rows [lo, hi) of P * OH (keys turned back into values)."""
+    h, ow, lanes = rows.shape[1], rows.shape[2], rows.shape[3]
+    oh = out.shape[1]
+    for job in range(lo, hi):
+        p, oy = job // oh, job % oh
+        y0, ky0, ky1 = _taps(oy, sy, pt, kh, dy, h)
+        dst = out[p, oy]
+        for ox in range(ow):
+            for lane in range(lanes):
+                dst[ox, lane] = low
+        for ky in range(ky0, ky1):
+            src = rows[p, y0 + ky * dy]
+            for ox in range(ow):
+                for lane in range(lanes):
+                    v, cur = src[ox, lane], dst[ox, lane]
+                    dst[ox, lane] = v if _greater(v, cur) else cur
+        for ox in range(ow):
+            for lane in range(lanes):
+                dst[ox, lane] = _value(dst[ox, lane])
 
 
 def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -> np.ndarray:
@@ -63,25 +154,28 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     the map (padding, ceil-mode overhang) read as `low`. Any strides; the
     channels are the kernel's lanes and the result's innermost axis (a feature
     map's planes [C1, C2, H, W] are read in place and come out alike).
-    fp16 is pooled as int16 keys that order as the values do (numba has no fp16)."""
-    if x.dtype == np.float16:
-        keys = max_pool_2d(half_keys(x), half_keys(np.asarray(low, np.float16)), kernel, strides, dilations,
-                           begin, out_hw)
-        return (keys ^ ((keys >> 15) & np.int16(0x7FFF))).view(np.float16)  # a key's own inverse
+    Two passes where they compare less (a window's maximum is its rows'
+    maxima's maximum): the columns of every input row, then the rows, kh + kw
+    comparisons per output instead of kh * kw for a stride-1 pool (YOLO's 5x5
+    SPPF pools: 10 instead of 25); one pass over whole windows otherwise (a
+    3x3/2 pool compares as often either way, and one pass writes no rows).
+    fp16 is pooled as uint16 keys that order as the values do (numba has no
+    fp16), made as each value is read."""
+    half = x.dtype == np.float16
+    if half:
+        x, low = x.view(np.uint16), _half_key(np.asarray(low, np.float16).view(np.uint16)[()])
     n = x.shape[0]
     # channels innermost (a copy unless they already are): the lanes of the kernel
     lanes = x.transpose(0, 2, 3, 1)
+    (kh, kw), (sy, sx), (dy, dx), (pt, pl) = kernel, strides, dilations, begin
+    low = x.dtype.type(low)
     out = np.empty((n, *out_hw, x.shape[1]), x.dtype)
-    args = (lanes, x.dtype.type(low), *kernel, *strides, *dilations, *begin, out)
-    over_ranges(lambda lo, hi: _max_pool_2d(*args, lo, hi), out.shape[0] * out.shape[1])
-    return out.transpose(0, 3, 1, 2)
-
-
-def half_keys(x: np.ndarray) -> np.ndarray:
-    """fp16 values -> int16 keys in the values' order: a negative value's
-    magnitude bits flipped (the same flip maps a key back). Every NaN becomes
-    the positive quiet NaN, above +inf, so a window with a NaN pools to NaN as
-    numpy's max does."""
-    bits = np.asarray(x).view(np.int16)
-    keys = bits ^ ((bits >> 15) & np.int16(0x7FFF))
-    return np.where((bits & np.int16(0x7FFF)) > np.int16(0x7C00), np.int16(0x7E00), keys)
+    if kw * x.shape[2] + kh * out_hw[0] < kh * kw * out_hw[0]:  # comparisons per output column
+        rows = np.empty((n, x.shape[2], out_hw[1], x.shape[1]), x.dtype)
+        over_rows(lambda lo, hi: _row_max(lanes, low, kw, sx, dx, pl, rows, lo, hi), n * x.shape[2], x.size)
+        over_rows(lambda lo, hi: _column_max(rows, low, kh, sy, dy, pt, out, lo, hi), n * out_hw[0], x.size)
+    else:
+        over_rows(lambda lo, hi: _window_max(lanes, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi),
+                  n * out_hw[0], x.size)
+    out = out.transpose(0, 3, 1, 2)
+    return out.view(np.float16) if half else out

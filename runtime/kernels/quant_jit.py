@@ -17,19 +17,29 @@ from functools import lru_cache
 from numba import njit
 
 from rkc.runtime.half import lanes_to_rows, rows_to_lanes
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.kernels.threads import over_rows
 
 
 def quantize_into_feature(x: np.ndarray, scale: float, zero_point: int, fm: np.ndarray) -> None:
     """fm[c // C2, y, i, c % C2] = saturate(rint(x[c, y, i] / scale) + zero_point)
     for x [C, H, W] float32; channels past C are zero."""
-    over_ranges(lambda lo, hi: _quantize_lines(x, scale, zero_point, fm, lo, hi), fm.shape[0] * fm.shape[1])
+    over_rows(lambda lo, hi: _quantize_lines(x, scale, zero_point, fm, lo, hi), fm.shape[0] * fm.shape[1],
+              fm.size)
+
+
+def quantize_tiles_into_feature(tiles: np.ndarray, scale: float, zero_point: int, fm: np.ndarray) -> None:
+    """quantize_into_feature of the map x[c, y * kh + ty, i * kw + tx] = tiles[c, ty, tx, y, i]
+    (a stride = kernel ConvTranspose's output before its interleave: runtime/kernels/conv.py's
+    conv_transpose_tiles), read in place."""
+    over_rows(lambda lo, hi: _quantize_tile_lines(tiles, scale, zero_point, fm, lo, hi), fm.shape[0] * fm.shape[1],
+              fm.size)
 
 
 def dequantize_feature(fm: np.ndarray, scale: float, zero_point: int, out: np.ndarray) -> None:
     """out[c, y, i] = float32((fm[c // C2, y, i, c % C2] - zero_point) * scale)
     for out [C, H, W]."""
-    over_ranges(lambda lo, hi: _dequantize_lines(fm, scale, zero_point, out, lo, hi), fm.shape[0] * fm.shape[1])
+    over_rows(lambda lo, hi: _dequantize_lines(fm, scale, zero_point, out, lo, hi), fm.shape[0] * fm.shape[1],
+              fm.size)
 
 
 @njit(cache=True, nogil=True)
@@ -45,6 +55,29 @@ def _quantize_lines(x, scale, zero_point, fm, lo, hi):
             src, dst = x[a * c2 + b, y], rows[b]
             for i in range(w):
                 q = np.rint(np.float64(src[i]) / scale) + zp
+                dst[i] = np.int8(min(max(q, -128.0), 127.0))
+        rows_to_lanes(rows, fm[a, y])
+
+
+@njit(cache=True, nogil=True)
+def _quantize_tile_lines(tiles, scale, zero_point, fm, lo, hi):
+    c, kh, kw, ih, iw = tiles.shape
+    h, w = ih * kh, iw * kw
+    c2 = fm.shape[3]
+    zp = np.float64(zero_point)
+    values = np.empty(w, np.float32)  # one output row, its taps interleaved: the quantization vectorises
+    for line in range(lo, hi):
+        a, y = line // h, line % h
+        n = min(c2, c - a * c2)
+        rows = np.zeros((c2, w), np.int8)
+        for b in range(n):
+            for tx in range(kw):
+                src = tiles[a * c2 + b, y % kh, tx, y // kh]
+                for i in range(iw):
+                    values[i * kw + tx] = src[i]
+            dst = rows[b]
+            for i in range(w):
+                q = np.rint(np.float64(values[i]) / scale) + zp
                 dst[i] = np.int8(min(max(q, -128.0), 127.0))
         rows_to_lanes(rows, fm[a, y])
 
@@ -90,7 +123,8 @@ def fp16_to_int8_table(scale: float, zero_point: int) -> np.ndarray:
 def recode_feature(src: np.ndarray, table: np.ndarray, dst: np.ndarray, channels: int) -> None:
     """dst's channel c = table[src's channel c] between feature maps of any atom
     widths (codes as unsigned bytes or 16-bit words); dst's padding lanes zero."""
-    over_ranges(lambda lo, hi: _recode_lines(src, table, dst, channels, lo, hi), dst.shape[0] * dst.shape[1])
+    over_rows(lambda lo, hi: _recode_lines(src, table, dst, channels, lo, hi), dst.shape[0] * dst.shape[1],
+              dst.size)
 
 
 @njit(cache=True, nogil=True)

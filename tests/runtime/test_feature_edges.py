@@ -174,3 +174,87 @@ def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precisio
     for name in ("y", "z"):
         np.testing.assert_array_equal(fast[name], slow[name])
         assert cosine(fast[name], want[name]) >= (0.999 if precision == "fp16" else 0.99), name
+
+
+class _Bytes:
+    def __init__(self, nbytes: int) -> None:
+        self.host = np.zeros(nbytes, np.uint8)
+
+
+class _Run:
+    """What run_pair reads of the interpreter's run: tensors, BOs, a device, host values."""
+
+    def __init__(self, tensors, bos, values) -> None:
+        no_op = staticmethod(lambda bo: None)
+        device = type("Device", (), {"prepare_cpu_access": no_op, "finish_cpu_access": no_op})()
+        self.model = type("Model", (), {"tensors": {t.name: t for t in tensors}, "bos": bos, "device": device})()
+        self.values = values
+
+    def read(self, name):
+        return self.values[name]
+
+
+@pytest.mark.parametrize("to_half", [True, False])
+@pytest.mark.parametrize("shift", [0, 32, -32])
+def test_a_recoding_pair_whose_maps_share_bytes_reads_a_copy(to_half, shift):
+    """The memory plan may put the second map over the first's bytes (the float32
+    tensor between them is all that reads it): the recoding is still the reference."""
+    from rkc.ir.program import Step, TensorInfo
+
+    shape = [1, 20, 5, 6]
+    rng = np.random.default_rng(shift + 40)
+    scale, zp = np.float32(0.05), np.int8(-3)
+    src_dtype, dst_dtype = ("int8", "fp16") if to_half else ("fp16", "int8")
+    sizes = {d: geometry.nbytes(shape, "native", 1 if d == "int8" else 2) for d in ("int8", "fp16")}
+    base = 64
+    src = TensorInfo("a@npu", shape, src_dtype, "native", "scratch", base, sizes[src_dtype])
+    dst = TensorInfo("b@npu", shape, dst_dtype, "native", "scratch", base + shift, sizes[dst_dtype])
+    mid = TensorInfo("a", shape, "fp32")
+    bo = _Bytes(base + 64 + sizes["fp16"])
+    if to_half:
+        value = rng.integers(-128, 128, shape[1:]).astype(np.int8)
+        want = _fm(quant.dequantize_linear(value, scale, zp).astype(np.float16))
+        first, second = Step("cpu", "dq", op="DequantizeLinear", inputs=["a@npu", "s", "z"], outputs=["a"]), \
+            Step("cpu", "cast", op="Cast", inputs=["a"], outputs=["b@npu"], attrs={"to": 10})
+    else:
+        value = (rng.standard_normal(shape[1:]) * 3).astype(np.float16)
+        want = _fm(quant.quantize_linear(value.astype(np.float32), scale, zp))
+        first, second = Step("cpu", "cast", op="Cast", inputs=["a@npu"], outputs=["a"], attrs={"to": 1}), \
+            Step("cpu", "q", op="QuantizeLinear", inputs=["a", "s", "z"], outputs=["b@npu"])
+    packed = geometry.pack(value[None], "native").reshape(-1).view(np.uint8)
+    bo.host[src.offset:src.offset + packed.size] = packed
+    run = _Run([src, dst, mid], {"scratch": bo},
+               {"s": np.array([scale], np.float32), "z": np.array([zp], np.int8)})
+    assert feature_edges.run_pair(run, first, second)
+    got = feature_edges._feature(bo.host[dst.offset:dst.offset + dst.nbytes], dst)
+    np.testing.assert_array_equal(got[..., :want.shape[-1]].view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("x_shape, m, kernel, bias", [((1, 24, 6, 5), 24, (2, 2), True),
+                                                    ((1, 5, 3, 4), 20, (3, 2), False), ((1, 3, 2, 7), 1, (2, 2), True)])
+def test_a_learned_upsampling_quantizes_its_taps_into_the_feature_map(x_shape, m, kernel, bias):
+    """ConvTranspose (stride = kernel) then QuantizeLinear into a feature map, as
+    one pair: the feature map the two reference kernels and the layout give."""
+    from rkc.ir.program import Step, TensorInfo
+
+    rng = np.random.default_rng(sum(x_shape) + m)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = (rng.standard_normal((x_shape[1], m, *kernel)) / 2).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    scale, zp = np.float32(0.04), np.int8(-5)
+    out_shape = [1, m, x_shape[2] * kernel[0], x_shape[3] * kernel[1]]
+    attrs = {"strides": list(kernel), "kernel_shape": list(kernel)}
+    (y,) = run_kernel("ConvTranspose", [x, w, b], attrs, 1)
+    want = _fm(quant.quantize_linear(y, scale, zp)[0])
+    size = geometry.nbytes(out_shape, "native", 1)
+    dst = TensorInfo("y@npu", out_shape, "int8", "native", "scratch", 16, size)
+    bo = _Bytes(16 + size)
+    bo.host[:] = 0x5A  # what another tensor left there
+    run = _Run([dst, TensorInfo("y", out_shape, "fp32")], {"scratch": bo},
+               {"x": x, "w": w, "b": b, "s": np.array([scale], np.float32), "z": np.array([zp], np.int8)})
+    up = Step("cpu", "up", op="ConvTranspose", inputs=["x", "w", "b" if bias else ""], outputs=["y"], attrs=attrs)
+    q = Step("cpu", "q", op="QuantizeLinear", inputs=["y", "s", "z"], outputs=["y@npu"])
+    assert feature_edges.run_pair(run, up, q)
+    got = feature_edges._feature(bo.host[16:16 + size], dst)
+    np.testing.assert_array_equal(got.reshape(-1)[:want.size].view(np.int8), want.reshape(-1))
+    assert (bo.host[:16] == 0x5A).all()

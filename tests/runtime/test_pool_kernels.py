@@ -38,7 +38,9 @@ CASES = [((1, 3, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0),  # ResNet's st
          ((2, 5, 11, 7), (2, 3), (2, 1), (1, 2), (0, 1, 1, 0), 0),
          ((1, 4, 10, 13), (3, 3), (2, 2), (1, 1), (0, 0, 0, 0), 1),
          ((1, 7, 6, 6), (2, 2), (2, 2), (1, 1), (0, 0, 0, 0), 0),
-         ((1, 2, 15, 4), (4, 2), (3, 2), (2, 1), (1, 0, 2, 1), 1)]
+         ((1, 2, 15, 4), (4, 2), (3, 2), (2, 1), (1, 0, 2, 1), 1),
+         ((1, 3, 8, 9), (3, 3), (1, 1), (2, 1), (2, 1, 1, 2), 0),  # stride 1: rows' maxima, then columns'
+         ((2, 5, 7, 6), (3, 2), (1, 1), (1, 1), (0, 0, 0, 0), 1)]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int8])
@@ -67,12 +69,14 @@ def test_a_nan_in_a_window_is_its_maximum_as_in_numpy():
     assert np.isnan(got[0, 1, 0:3, 1:4]).all() and not np.isnan(got[0, 0]).any()
 
 
-def test_fp16_max_pool_is_the_float32_pool_rounded_back():
+@pytest.mark.parametrize("stride", [2, 1])
+def test_fp16_max_pool_is_the_float32_pool_rounded_back(stride):
     x = np.random.default_rng(5).standard_normal((1, 8, 9, 9)).astype(np.float16)
-    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    x[0, 3, 4, 4], x[0, 5, 0, 0], x[0, 6, 2, 2] = np.nan, -np.inf, -0.0
+    attrs = {"kernel_shape": [3, 3], "strides": [stride, stride], "pads": [1, 1, 1, 1]}
     (got,) = run_kernel("MaxPool", [x], attrs, n_outputs=1)
     assert got.dtype == np.float16
-    want = _reference(x, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0)
+    want = _reference(x, (3, 3), (stride, stride), (1, 1), (1, 1, 1, 1), 0)
     np.testing.assert_array_equal(got.astype(np.float64), want)
 
 

@@ -1,0 +1,116 @@
+"""Host kernels that compute in float32 (runtime/kernels: Softmax, LRN,
+ConvTranspose) against float64 references written from the ONNX definitions,
+over shape sweeps, within float32 tolerances."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from rkc.runtime.kernels import run_kernel
+
+
+def _one(op, inputs, attrs):
+    (y,) = run_kernel(op, inputs, attrs, n_outputs=1)
+    return y
+
+
+@pytest.mark.parametrize("shape, axis", [((1, 2, 40, 40), -1), ((3, 17), 0), ((2, 5, 7), 1), ((1, 1000), 1),
+                                         ((4, 3, 9, 2), 2)])
+def test_softmax_matches_float64(shape, axis):
+    x = (np.random.default_rng(sum(shape)).standard_normal(shape) * 6).astype(np.float32)
+    xd = x.astype(np.float64)
+    e = np.exp(xd - xd.max(axis=axis, keepdims=True))
+    want = e / e.sum(axis=axis, keepdims=True)
+    got = _one("Softmax", [x], {"axis": axis})
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def _lrn_reference(x, size, alpha, beta, bias):
+    xd, c = x.astype(np.float64), x.shape[1]
+    y = np.empty_like(xd)
+    for ch in range(c):
+        lo, hi = max(0, ch - (size - 1) // 2), min(c - 1, ch + -(-(size - 1) // 2))
+        square_sum = (xd[:, lo:hi + 1] ** 2).sum(axis=1)
+        y[:, ch] = xd[:, ch] / (bias + alpha / size * square_sum) ** beta
+    return y
+
+
+@pytest.mark.parametrize("shape", [(1, 12, 5, 7), (2, 3, 4, 4), (1, 1, 3, 3), (1, 20, 2, 9)])
+@pytest.mark.parametrize("size, alpha, beta, bias", [(5, 1e-4, 0.75, 1.0), (3, 2e-3, 0.5, 2.0), (4, 1e-2, 1.0, 1.5),
+                                                     (1, 1e-3, 0.75, 1.0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_lrn_matches_float64(shape, size, alpha, beta, bias, dtype):
+    x = (np.random.default_rng(sum(shape) + size).standard_normal(shape) * 20).astype(dtype)
+    got = _one("LRN", [x], {"size": size, "alpha": alpha, "beta": beta, "bias": bias})
+    assert got.dtype == dtype and got.shape == x.shape
+    want = _lrn_reference(x, size, alpha, beta, bias)
+    tol = 2e-6 if dtype == np.float32 else 1e-3
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def _conv_transpose_reference(x, w, b, strides, pads, dilations, group, output_padding):
+    """ONNX ConvTranspose element by element in float64 (2-D)."""
+    n, c, ih, iw = x.shape
+    mg, kh, kw = w.shape[1:]
+    (sy, sx), (dy, dx), (opy, opx) = strides, dilations, output_padding
+    full = np.zeros((n, mg * group, sy * (ih - 1) + opy + (kh - 1) * dy + 1, sx * (iw - 1) + opx + (kw - 1) * dx + 1))
+    cg = c // group
+    for g, ky, kx in itertools.product(range(group), range(kh), range(kw)):
+        wk = w[g * cg:(g + 1) * cg, :, ky, kx].astype(np.float64)  # [Cg, Mg]
+        contrib = np.einsum("ncyx,cm->nmyx", x[:, g * cg:(g + 1) * cg].astype(np.float64), wk)
+        full[:, g * mg:(g + 1) * mg, ky * dy:ky * dy + sy * (ih - 1) + 1:sy, kx * dx:kx * dx + sx * (iw - 1) + 1:sx] \
+            += contrib
+    pt, pl, pb, pr = pads
+    y = full[:, :, pt:full.shape[2] - pb, pl:full.shape[3] - pr]
+    return y + (0 if b is None else b.astype(np.float64).reshape(1, -1, 1, 1))
+
+
+CT_CASES = [  # (x shape, out channels per group, kernel, strides, pads, dilations, group, output_padding)
+    ((1, 24, 6, 5), 24, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), 1, (0, 0)),  # PP-OCR det's learned upsampling
+    ((2, 6, 4, 3), 1, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), 1, (0, 0)),
+    ((1, 4, 3, 5), 3, (3, 2), (3, 2), (1, 0, 0, 1), (1, 1), 1, (0, 0)),  # strided = kernel, cropped
+    ((1, 6, 4, 4), 2, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), 3, (0, 0)),  # grouped
+    ((1, 3, 5, 5), 4, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1, (1, 1)),  # overlapping taps
+    ((1, 2, 4, 4), 2, (2, 2), (2, 2), (0, 0, 0, 0), (2, 2), 1, (0, 0)),  # dilated
+    ((1, 2, 4, 4), 2, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), 1, (1, 0)),  # output padding
+]
+
+
+@pytest.mark.parametrize("shape, mg, kernel, strides, pads, dilations, group, out_pad", CT_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_transpose_matches_float64(shape, mg, kernel, strides, pads, dilations, group, out_pad, bias):
+    rng = np.random.default_rng(sum(shape) + sum(kernel) + group)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((shape[1], mg, *kernel)).astype(np.float32)
+    b = rng.standard_normal(mg * group).astype(np.float32) if bias else None
+    attrs = {"strides": list(strides), "pads": list(pads), "dilations": list(dilations), "group": group,
+             "output_padding": list(out_pad)}
+    got = _one("ConvTranspose", [x, w, b], attrs)
+    want = _conv_transpose_reference(x, w, b, strides, pads, dilations, group, out_pad)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("shape", [(1, 96, 120, 120), (2, 3, 5, 7), (1, 4, 9), (1, 2, 3, 4, 5)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_global_average_pool_matches_float64(shape, dtype):
+    x = (np.random.default_rng(sum(shape)).standard_normal(shape) * 3 + 1).astype(dtype)
+    got = _one("GlobalAveragePool", [x], {})
+    assert got.dtype == dtype and got.shape == (*shape[:2], *[1] * (len(shape) - 2))
+    want = x.astype(np.float64).mean(axis=tuple(range(2, x.ndim)), keepdims=True)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-6 if dtype == np.float32 else 1e-3, atol=1e-6)
+
+
+def test_small_maps_stay_on_the_callers_thread():
+    from rkc.runtime.kernels import threads
+    from rkc.runtime.llm.threads import THREADS
+
+    assert threads.threads_for(threads.PARALLEL_ELEMENTS - 1) == 1
+    assert threads.threads_for(threads.PARALLEL_ELEMENTS) == THREADS
+    seen = []
+    threads.over_rows(lambda lo, hi: seen.append((lo, hi)), 10, 100)
+    assert seen == [(0, 10)]  # one range, this thread
