@@ -35,7 +35,7 @@ from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
 from rkc.runtime.kernels.hadamard import compiled_form
-from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
+from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.prefill_kernels import hadamard_rows as prefill_hadamard
 from rkc.runtime.llm.threads import over_ranges
 
@@ -211,7 +211,7 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
     keep = [n is not None and n in wanted for n in names]
     bufs = [np.empty((m, k), F32) if kept else _NONE_F32 for kept in keep]
     stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
-    o_res, slots, prog, tiles = plan._slot(residual), plan.slots, pairwise_program(k), -(-m // LANES)
+    o_res, slots, tiles = plan._slot(residual), plan.slots, -(-m // LANES)
     run, label = kernels.residual_tiles, f"residual stretch of rows ({first.op}, {last.op})"
 
     def call():
@@ -219,7 +219,7 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
         if res.shape != (m, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
         args = (edge_in.kind, edge_in.src, edge_in.extra, edge_in.row_scale(slots, label), edge_in.ch,
-                edge_in.bias, edge_in.has_bias, first_norm, w1, e1, res, w2, e2, prog, *keep, *bufs,
+                edge_in.bias, edge_in.has_bias, first_norm, w1, e1, res, w2, e2, *keep, *bufs,
                 edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.scale,
                 edge_out.rotated)
         over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
@@ -268,6 +268,77 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[
         edge_out.finish(slots)
     call.label, call.ops = label, tuple(s.op for s in steps)
     return plan._bracketed([*edge_g.bos, *edge_u.bos, edge_out.bo], [call])
+
+
+# -- the edges of a stretch no fuser took whole (attention's: q, k, v in; its output out) -------------------
+
+def _in_edge_call(plan, step: Step, outputs: set):
+    """A many-row in edge (Cast or DequantizeRows of an NPU output, _InEdge)
+    as one compiled call over tiles shared among the threads, into a buffer
+    made once (a fresh one when it is a program output), else None."""
+    mk = _InEdge.matches(plan, step)
+    if mk is None:
+        return None
+    m, k = mk
+    edge, o, fresh, slots = _InEdge(plan, step), plan._slot(step.outputs[0]), step.outputs[0] in outputs, plan.slots
+    buf, run, label, tiles = np.empty((m, k), F32), kernels.in_edge_tiles, f"{step.op} edge of rows", -(-m // LANES)
+
+    def call():
+        out = np.empty((m, k), F32) if fresh else buf
+        args = (edge.kind, edge.src, edge.extra, edge.row_scale(slots, label), edge.ch, edge.bias, edge.has_bias, out)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
+        slots[o] = out
+    call.bos, call.label = edge.bos, label
+    return call
+
+
+def _out_edge_call(plan, step: Step):
+    """A many-row out edge (Cast or QuantizeRows of host rows into an NPU
+    operand, _OutEdge) as one compiled call over tiles, else None."""
+    if not step.inputs or not step.outputs:
+        return None
+    bt = _gemm_operand(plan, step.outputs[0], "int8" if step.op == "QuantizeRows" else "fp16")
+    if bt is None or bt.shape[0] < LANES:
+        return None
+    m, k = bt.shape
+    src = step.inputs[0]
+    if not host(plan, src) or not _rows(plan, src, m, k) or not _OutEdge.matches(plan, step, src, m, k):
+        return None
+    edge, i, slots, run = _OutEdge(plan, step), plan._slot(src), plan.slots, kernels.out_edge_tiles
+    label, tiles = f"{step.op} edge of rows", -(-m // LANES)
+
+    def call():
+        x = slots[i]
+        if x.shape != (m, k) or x.dtype != F32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, F32)
+            if x.shape != (m, k):
+                raise_shape(label, "input", x)
+        args = (x, edge.kind, edge.dst, edge.signs, edge.block, edge.hnorm, edge.scale, edge.rotated)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
+        edge.finish(slots)
+    call.bos, call.label = [edge.bo], label
+    return call
+
+
+def edge_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """A stretch no other fuser took whole (attention's, between the q/k/v
+    product and the output projection): its many-row edges compiled
+    (_in_edge_call, _out_edge_call: the fused stretches' float32 edges,
+    threaded over tiles, straight from and into the BOs' atoms), every other
+    step its own call as the plan makes it; None when it has no such edge."""
+    edges = [_in_edge_call(plan, s, outputs) or _out_edge_call(plan, s) for s in steps]
+    if not any(edges):
+        return None
+    calls, bos = [], []
+    for step, edge in zip(steps, edges):
+        if edge is None:
+            edge = plan._cpu_call(step, bind, outputs, bos)
+            edge.label = step.op
+        else:
+            bos.extend(edge.bos)
+            edge.ops = (step.op,)
+        calls.append(edge)
+    return plan._bracketed(bos, calls)
 
 
 # -- int4 products' edges (runtime/llm/int4_rows.py): compiled, threaded over rows ---------------------------
@@ -379,5 +450,5 @@ def int4_edges(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable
 
 
 def fusers() -> list:
-    """The many-row fusers of runtime/plan.py's hook (int4_edges last: what the others leave)."""
-    return [residual_rows, ffn_rows, int4_edges]
+    """The many-row fusers of runtime/plan.py's hook (the edge fusers last: what the others leave)."""
+    return [residual_rows, ffn_rows, int4_edges, edge_rows]
