@@ -274,18 +274,20 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[
 
 def _in_edge_call(plan, step: Step, outputs: set):
     """A many-row in edge (Cast or DequantizeRows of an NPU output, _InEdge)
-    as one compiled call over tiles shared among the threads, into a buffer
-    made once (a fresh one when it is a program output), else None."""
+    as one compiled call over tiles shared among the threads, into a
+    column-major buffer made once (a fresh one when it is a program output),
+    else None."""
     mk = _InEdge.matches(plan, step)
     if mk is None:
         return None
     m, k = mk
     edge, o, fresh, slots = _InEdge(plan, step), plan._slot(step.outputs[0]), step.outputs[0] in outputs, plan.slots
-    buf, run, label, tiles = np.empty((m, k), F32), kernels.in_edge_tiles, f"{step.op} edge of rows", -(-m // LANES)
+    buf, run, tiles = np.empty((m, k), F32, order="F"), kernels.in_edge_tiles, -(-m // LANES)
+    label = f"{step.op} edge of rows"
 
-    def call():
-        out = np.empty((m, k), F32) if fresh else buf
-        args = (edge.kind, edge.src, edge.extra, edge.row_scale(slots, label), edge.ch, edge.bias, edge.has_bias, out)
+    def call():  # column-major rows, as the per-step path reads an NPU output (RoPE's tokens-inner loops)
+        out = np.empty((m, k), F32, order="F") if fresh else buf
+        args = (edge.kind, edge.src, edge.extra, edge.row_scale(slots, label), edge.ch, edge.bias, edge.has_bias, out.T)
         over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
         slots[o] = out
     call.bos, call.label = edge.bos, label

@@ -150,17 +150,17 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
 
 
 @njit(**_JIT)
-def in_edge_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias, out, tile_lo, tile_hi):
+def in_edge_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias, out_t, tile_lo, tile_hi):
     """A many-row in edge on its own (a stretch no fuser took whole): the NPU
     output `src`'s atoms (fp16 widened, or int32 dequantized, `_load_in`'s
-    float32 arithmetic) into rows out [M, K], tiles tile_lo..tile_hi-1."""
-    rows, k = out.shape
-    buf = np.empty((k, LANES), np.float32)
+    float32 arithmetic) into column-major rows, given as out_t [K, M] (their
+    transpose, C order: a tile's lanes contiguous, as the per-step path's
+    column-major output), tiles tile_lo..tile_hi-1."""
+    k, rows = out_t.shape
     for tile in range(tile_lo, tile_hi):
         m0 = tile * LANES
         r = min(LANES, rows - m0)
-        _load_in(in_kind, src, extra, row_scale, ch, bias, has_bias, m0, r, k, buf)
-        _store(buf, m0, r, k, out)
+        _load_in(in_kind, src, extra, row_scale, ch, bias, has_bias, m0, r, k, out_t[:, m0:m0 + r])
 
 
 @njit(**_JIT)

@@ -150,8 +150,8 @@ def test_in_edge_tiles_match_a_float64_reference(rows, k, kind, partials, bias):
         want = acc * rs.astype(np.float64)[:, None] * ch.astype(np.float64) + (b.astype(np.float64) if bias else 0)
         in_kind, src = pf.IN_DEQUANT, src_bt.atoms
     extra = extra_bt.atoms if partials == 2 else np.zeros((0, 0, 0), np.int32)
-    out = np.full((rows, k), np.nan, F32)
-    over_ranges(lambda lo, hi: pf.in_edge_tiles(in_kind, src, extra, rs, ch, b, bias, out, lo, hi), -(-rows // LANES))
+    out = np.full((rows, k), np.nan, F32, order="F")  # column-major, given as its transpose
+    over_ranges(lambda lo, hi: pf.in_edge_tiles(in_kind, src, extra, rs, ch, b, bias, out.T, lo, hi), -(-rows // LANES))
     assert np.all(np.abs(out - want) <= 4e-6 * np.abs(want).max(axis=1, keepdims=True))
 
 
