@@ -209,7 +209,9 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
         names.insert(1, None)
     wanted = _read_elsewhere(plan, steps)
     keep = [n is not None and n in wanted for n in names]
-    bufs = [np.empty((m, k), F32) if kept else _NONE_F32 for kept in keep]
+    # kept values column-major: a tile's lanes are one contiguous run per channel, for this store and for
+    # the next stretch's read of the residual (and the per-step kernels take either order)
+    bufs = [np.empty((m, k), F32, order="F") if kept else _NONE_F32 for kept in keep]
     stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
     o_res, slots, tiles = plan._slot(residual), plan.slots, -(-m // LANES)
     run, label = kernels.residual_tiles, f"residual stretch of rows ({first.op}, {last.op})"

@@ -52,6 +52,13 @@ def _normalise(buf, k, w, eps, sums):
 
 @njit(**_JIT)
 def _store(buf, m0, r, k, out):
+    """out[m0 + lane, i] = buf[i, lane], in out's memory order (a
+    column-major out takes each channel's lanes as one contiguous run)."""
+    if out.strides[0] < out.strides[1]:
+        for i in range(k):
+            for lane in range(r):
+                out[m0 + lane, i] = buf[i, lane]
+        return
     for lane in range(r):
         for i in range(k):
             out[m0 + lane, i] = buf[i, lane]

@@ -5,11 +5,13 @@ within float32 tolerance (issue 37: the fused stretch's in edge is float32,
 its tiles threaded): fp16 and int32 in edges (one K partial or two), with and
 without the first norm, fp16 and int8 out edges, rotations with and without a
 block-mixing factor (Gemma 3's 640 = 20 x 32), row counts that fill tiles and
-that leave a partial one, and padded rows and channels in the atoms.
+that leave a partial one, kept values and the residual row- or column-major,
+and padded rows and channels in the atoms.
 Tolerances: each stored value within 4e-6 of its row's largest |value|; fp16
 halves within that plus their own rounding (a sum that cancels leaves a
-small value whose half may be two steps from the reference's); int8 scales within 1e-5 relative,
-codes within 1 (a value at a rounding tie), at most 0.5 % of them off."""
+small value whose half may be two steps from the reference's); int8
+scales within 1e-5 relative, codes within 1 (a value at a rounding tie),
+at most 0.5 % of them off; the stand-alone edges against float64."""
 
 from __future__ import annotations
 
@@ -88,7 +90,9 @@ def test_residual_tiles_match_the_per_step_kernels(rows, k, kind, edges, first_n
     atoms_out = out_bt.atoms
     in_kind = pf.IN_HALF if edges[0] == "fp16" else pf.IN_DEQUANT
     src = atoms_in.view(np.uint16) if in_kind == pf.IN_HALF else atoms_in
-    bufs = [np.full((rows, k), np.nan, F32) for _ in range(4)]
+    order = "C" if rows == 16 else "F"  # the kept values (and the residual read) in either order
+    bufs = [np.full((rows, k), np.nan, F32, order=order) for _ in range(4)]
+    res = np.asarray(res, order=order)
     scale = np.full(rows, np.nan, F32)
     rotated = np.empty((k // rot.block, rows * rot.block), F32)  # by blocks
     if edges[1] == "fp16":
