@@ -37,7 +37,7 @@ from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, 
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.prefill_kernels import hadamard_rows as prefill_hadamard
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.llm.threads import THREADS, over_ranges
 
 F32 = np.float32
 _NONE_F32 = np.zeros((0, 0), F32)  # an output the kernel does not store
@@ -274,6 +274,16 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[
 
 # -- the edges of a stretch no fuser took whole (attention's: q, k, v in; its output out) -------------------
 
+_SHARED_WORK = 1 << 18  # values: a smaller edge runs on the caller's thread alone
+
+
+def _threads_for(values: int) -> int:
+    """Threads for a lone edge of `values` values: below _SHARED_WORK the
+    pool's hand-off costs more than the second core saves (Gemma 3 270M's
+    k and v edges, 128 x 256 values: tens of microseconds either way)."""
+    return THREADS if values >= _SHARED_WORK else 1
+
+
 def _in_edge_call(plan, step: Step, outputs: set):
     """A many-row in edge (Cast or DequantizeRows of an NPU output, _InEdge)
     as one compiled call over tiles shared among the threads, into a
@@ -287,10 +297,12 @@ def _in_edge_call(plan, step: Step, outputs: set):
     buf, run, tiles = np.empty((m, k), F32, order="F"), kernels.in_edge_tiles, -(-m // LANES)
     label = f"{step.op} edge of rows"
 
+    threads = _threads_for(m * k)
+
     def call():  # column-major rows, as the per-step path reads an NPU output (RoPE's tokens-inner loops)
         out = np.empty((m, k), F32, order="F") if fresh else buf
         args = (edge.kind, edge.src, edge.extra, edge.row_scale(slots, label), edge.ch, edge.bias, edge.has_bias, out.T)
-        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles, threads)
         slots[o] = out
     call.bos, call.label = edge.bos, label
     return call
@@ -309,7 +321,7 @@ def _out_edge_call(plan, step: Step):
     if not host(plan, src) or not _rows(plan, src, m, k) or not _OutEdge.matches(plan, step, src, m, k):
         return None
     edge, i, slots, run = _OutEdge(plan, step), plan._slot(src), plan.slots, kernels.out_edge_tiles
-    label, tiles = f"{step.op} edge of rows", -(-m // LANES)
+    label, tiles, threads = f"{step.op} edge of rows", -(-m // LANES), _threads_for(m * k)
 
     def call():
         x = slots[i]
@@ -318,7 +330,7 @@ def _out_edge_call(plan, step: Step):
             if x.shape != (m, k):
                 raise_shape(label, "input", x)
         args = (x, edge.kind, edge.dst, edge.signs, edge.block, edge.hnorm, edge.scale, edge.rotated)
-        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles, threads)
         edge.finish(slots)
     call.bos, call.label = [edge.bo], label
     return call

@@ -21,7 +21,7 @@ from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
 from rkc.runtime.llm.prefill_kernels import (LANES, _EXP_HI, _EXP_LO, _LN2_HI, _LN2_LO, _LOG2E, _butterflies,
-                                             _load_tile, scaled_amax)
+                                             _load_tile, _signed_tile, scaled_amax)
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -180,11 +180,16 @@ def out_edge_tiles(x, out_kind, dst, signs, block, hnorm, scale, rotated, tile_l
     tiles = (rows + LANES - 1) // LANES
     buf = np.empty((k, LANES), np.float32)
     amax = np.empty(LANES, np.float32)
+    signed = out_kind != OUT_HALF  # the rotation's signs taken in the transposing load
     for tile in range(tile_lo, tile_hi):
         m0 = tile * LANES
         r = min(LANES, rows - m0)
-        _load_tile(x, m0, r, buf)
-        _out_edge(buf, buf.view(np.uint32), m0, r, k, out_kind, dst, signs, False, block, hnorm, scale, rotated, amax)
+        if signed:
+            _signed_tile(x, signs, m0, r, buf)
+        else:
+            _load_tile(x, m0, r, buf)
+        _out_edge(buf, buf.view(np.uint32), m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated,
+                  amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
 
@@ -218,18 +223,27 @@ def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, s
                     dst_b[base + j] = buf[b * block + j, lane] * hnorm
         return
     scaled_amax(buf, hnorm, amax)
-    c1, _, c2 = dst.shape
+    s = np.empty(LANES, np.float32)
+    for lane in range(LANES):
+        s[lane] = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
     for lane in range(r):
-        s = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
-        scale[m0 + lane] = s
-        for a in range(c1):
+        scale[m0 + lane] = s[lane]
+    codes = np.empty((k, LANES), np.int8)  # the tile's codes (a vector loop), then into the atoms
+    for i in range(k):
+        for lane in range(LANES):
+            t = np.rint(buf[i, lane] / s[lane])
+            codes[i, lane] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+    c1, _, c2 = dst.shape
+    whole = k // c2
+    for a in range(whole):
+        for lane in range(r):
+            for b in range(c2):
+                dst[a, m0 + lane, b] = codes[a * c2 + b, lane]
+    for a in range(whole, c1):  # channels past K: zeros
+        for lane in range(r):
             for b in range(c2):
                 j = a * c2 + b
-                if j < k:
-                    t = np.rint(buf[j, lane] / s)
-                    dst[a, m0 + lane, b] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
-                else:
-                    dst[a, m0 + lane, b] = 0
+                dst[a, m0 + lane, b] = codes[j, lane] if j < k else 0
 
 
 @njit(**_JIT)
