@@ -190,17 +190,15 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     if precision == "int4":  # every int4 edge of a prefill chunk compiled (fused_rows.int4_edges)
         assert not {"CombineInt4", "QuantizeNibbles"} & set(prefill + labels)
         assert sum(lab.startswith("CombineInt4 edge") for lab in prefill) >= 4 * n
-    # a chunk of a tile's rows: the stretches fused, and the attention stretch's edges compiled
-    # (fused_rows.edge_rows), so test_many_row_plan_gives_the_interpreters_logits checks them
+    # a chunk of a tile's rows: the stretches fused, and the attention stretch's int8 in edges compiled
+    # (fused_rows.edge_rows), so test_many_row_plan_gives_the_interpreters_logits checks them (its out
+    # edge is taken only for a rotation with a block-mixing factor, which these widths do not have)
     many = [getattr(c, "label", "") for c in engine.plans["prefill_16"].calls]
     if precision != "int4":
         assert sum(lab.startswith("residual stretch of rows") for lab in many) >= 2 * n - 1
     if precision == "int8":
         assert sum(lab == "DequantizeRows edge of rows" for lab in many) >= 3 * n  # q, k, v
-        assert sum(lab == "QuantizeRows edge of rows" for lab in many) >= n  # attention's output
-        assert many.count("QuantizeRows") <= 1 and "DequantizeRows" not in many  # (the head's one row)
-    if precision == "fp16":
-        assert sum(lab == "Cast edge of rows" for lab in many) >= 4 * n
+        assert "DequantizeRows" not in many
     engine.close()
 
 
