@@ -35,9 +35,9 @@ from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
 from rkc.runtime.kernels.hadamard import compiled_form
-from rkc.runtime.llm.prefill_kernels import LANES, pairwise_program
+from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.prefill_kernels import hadamard_rows as prefill_hadamard
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.llm.threads import THREADS, over_ranges
 
 F32 = np.float32
 _NONE_F32 = np.zeros((0, 0), F32)  # an output the kernel does not store
@@ -209,9 +209,11 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
         names.insert(1, None)
     wanted = _read_elsewhere(plan, steps)
     keep = [n is not None and n in wanted for n in names]
-    bufs = [np.empty((m, k), F32) if kept else _NONE_F32 for kept in keep]
+    # kept values column-major: a tile's lanes are one contiguous run per channel, for this store and for
+    # the next stretch's read of the residual (and the per-step kernels take either order)
+    bufs = [np.empty((m, k), F32, order="F") if kept else _NONE_F32 for kept in keep]
     stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
-    o_res, slots, prog, tiles = plan._slot(residual), plan.slots, pairwise_program(k), -(-m // LANES)
+    o_res, slots, tiles = plan._slot(residual), plan.slots, -(-m // LANES)
     run, label = kernels.residual_tiles, f"residual stretch of rows ({first.op}, {last.op})"
 
     def call():
@@ -219,7 +221,7 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
         if res.shape != (m, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
         args = (edge_in.kind, edge_in.src, edge_in.extra, edge_in.row_scale(slots, label), edge_in.ch,
-                edge_in.bias, edge_in.has_bias, first_norm, w1, e1, res, w2, e2, prog, *keep, *bufs,
+                edge_in.bias, edge_in.has_bias, first_norm, w1, e1, res, w2, e2, *keep, *bufs,
                 edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.scale,
                 edge_out.rotated)
         over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
@@ -268,6 +270,97 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[
         edge_out.finish(slots)
     call.label, call.ops = label, tuple(s.op for s in steps)
     return plan._bracketed([*edge_g.bos, *edge_u.bos, edge_out.bo], [call])
+
+
+# -- the edges of a stretch no fuser took whole (attention's: q, k, v in; its output out) -------------------
+
+_SHARED_WORK = 1 << 18  # values: a smaller edge runs on the caller's thread alone
+
+
+def _threads_for(values: int) -> int:
+    """Threads for a lone edge of `values` values: below _SHARED_WORK the
+    pool's hand-off costs more than the second core saves (Gemma 3 270M's
+    k and v edges, 128 x 256 values: tens of microseconds either way)."""
+    return THREADS if values >= _SHARED_WORK else 1
+
+
+def _in_edge_call(plan, step: Step, outputs: set):
+    """A many-row DequantizeRows of an NPU output (_InEdge) as one compiled
+    call over tiles shared among the threads, into a column-major buffer made
+    once (a fresh one when it is a program output), else None."""
+    if step.op != "DequantizeRows":  # a lone fp16 Cast: the plan's reader widens it straight from the atoms
+        return None
+    mk = _InEdge.matches(plan, step)
+    if mk is None:
+        return None
+    m, k = mk
+    edge, o, fresh, slots = _InEdge(plan, step), plan._slot(step.outputs[0]), step.outputs[0] in outputs, plan.slots
+    buf, run, tiles = np.empty((m, k), F32, order="F"), kernels.in_edge_tiles, -(-m // LANES)
+    label = f"{step.op} edge of rows"
+
+    threads = _threads_for(m * k)
+
+    def call():  # column-major rows, as the per-step path reads an NPU output (RoPE's tokens-inner loops)
+        out = np.empty((m, k), F32, order="F") if fresh else buf
+        args = (edge.kind, edge.src, edge.extra, edge.row_scale(slots, label), edge.ch, edge.bias, edge.has_bias, out.T)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles, threads)
+        slots[o] = out
+    call.bos, call.label = edge.bos, label
+    return call
+
+
+def _out_edge_call(plan, step: Step):
+    """A many-row QuantizeRows of host rows into an NPU operand whose
+    rotation has a block-mixing factor (_OutEdge) as one compiled call over
+    tiles, else None. Without a factor the per-step path (one compiled
+    rotation and quantization, then the plan's copy into the atoms) measured
+    faster: Gemma 3 270M's 1024-wide attention output, 330 against 430 us."""
+    if step.op != "QuantizeRows" or not step.inputs or not step.outputs:
+        return None
+    bt = _gemm_operand(plan, step.outputs[0], "int8")
+    if bt is None or bt.shape[0] < LANES:
+        return None
+    m, k = bt.shape
+    src = step.inputs[0]
+    if not host(plan, src) or not _rows(plan, src, m, k) or not _OutEdge.matches(plan, step, src, m, k):
+        return None
+    if compiled_form(step_rotation(plan, step), k).factor is None:
+        return None
+    edge, i, slots, run = _OutEdge(plan, step), plan._slot(src), plan.slots, kernels.out_edge_tiles
+    label, tiles, threads = f"{step.op} edge of rows", -(-m // LANES), _threads_for(m * k)
+
+    def call():
+        x = slots[i]
+        if x.shape != (m, k) or x.dtype != F32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, F32)
+            if x.shape != (m, k):
+                raise_shape(label, "input", x)
+        args = (x, edge.kind, edge.dst, edge.signs, edge.block, edge.hnorm, edge.scale, edge.rotated)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles, threads)
+        edge.finish(slots)
+    call.bos, call.label = [edge.bo], label
+    return call
+
+
+def edge_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """A stretch no other fuser took whole (attention's, between the q/k/v
+    product and the output projection): its many-row edges compiled
+    (_in_edge_call, _out_edge_call: the fused stretches' float32 edges,
+    threaded over tiles, straight from and into the BOs' atoms), every other
+    step its own call as the plan makes it; None when it has no such edge."""
+    edges = [_in_edge_call(plan, s, outputs) or _out_edge_call(plan, s) for s in steps]
+    if not any(edges):
+        return None
+    calls, bos = [], []
+    for step, edge in zip(steps, edges):
+        if edge is None:
+            edge = plan._cpu_call(step, bind, outputs, bos)
+            edge.label = step.op
+        else:
+            bos.extend(edge.bos)
+            edge.ops = (step.op,)
+        calls.append(edge)
+    return plan._bracketed(bos, calls)
 
 
 # -- int4 products' edges (runtime/llm/int4_rows.py): compiled, threaded over rows ---------------------------
@@ -379,5 +472,5 @@ def int4_edges(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable
 
 
 def fusers() -> list:
-    """The many-row fusers of runtime/plan.py's hook (int4_edges last: what the others leave)."""
-    return [residual_rows, ffn_rows, int4_edges]
+    """The many-row fusers of runtime/plan.py's hook (the edge fusers last: what the others leave)."""
+    return [residual_rows, ffn_rows, int4_edges, edge_rows]

@@ -20,7 +20,8 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
-from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _sum_squares, exp_into, scaled_amax
+from rkc.runtime.llm.prefill_kernels import (LANES, _EXP_HI, _EXP_LO, _LN2_HI, _LN2_LO, _LOG2E, _butterflies,
+                                             _load_tile, _signed_tile, scaled_amax)
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -29,23 +30,35 @@ OUT_HALF, OUT_QUANT, OUT_ROTATED = 0, 1, 2  # fp16 atoms; int8 atoms (+ scale); 
 
 
 @njit(**_JIT)
-def _normalise(buf, k, r, w, eps, prog, stack, acc, sums):
-    """buf[:, :r] = rms_norm of each lane (prefill_kernels.rms_norm's arithmetic)."""
-    _sum_squares(buf, prog, stack, acc, sums)
-    kf = np.float64(k)
-    roots = np.empty(LANES, np.float32)
+def _normalise(buf, k, w, eps, sums):
+    """buf = rms_norm of each lane, float32 values over a float64 sum of
+    squares (`sums`: LANES float64 scratch): within float32 rounding of a
+    float64 reference, each pass one vector loop over the lanes (indexed
+    buf[i, lane]: a row view per i costs more than the row's arithmetic)."""
     for lane in range(LANES):
-        ms = np.float32(np.float64(sums[lane]) / kf) + eps
-        roots[lane] = np.float32(np.sqrt(ms))
+        sums[lane] = 0.0
+    for i in range(k):
+        for lane in range(LANES):
+            v = np.float64(buf[i, lane])
+            sums[lane] += v * v
+    inv = np.empty(LANES, np.float32)
+    for lane in range(LANES):
+        inv[lane] = np.float32(1.0 / np.sqrt(np.float64(np.float32(sums[lane] / k) + eps)))
     for i in range(k):  # every lane (a full vector; lanes past r are never read)
         wi = w[i]
-        row = buf[i]
         for lane in range(LANES):
-            row[lane] = (row[lane] / roots[lane]) * wi
+            buf[i, lane] = (buf[i, lane] * inv[lane]) * wi
 
 
 @njit(**_JIT)
 def _store(buf, m0, r, k, out):
+    """out[m0 + lane, i] = buf[i, lane], in out's memory order (a
+    column-major out takes each channel's lanes as one contiguous run)."""
+    if out.strides[0] < out.strides[1]:
+        for i in range(k):
+            for lane in range(r):
+                out[m0 + lane, i] = buf[i, lane]
+        return
     for lane in range(r):
         for i in range(k):
             out[m0 + lane, i] = buf[i, lane]
@@ -69,23 +82,32 @@ def _load_in(kind, atoms, extra, row_scale, ch, bias, has_bias, m0, r, k, buf):
     rs = np.empty(LANES, np.float32)
     for lane in range(r):
         rs[lane] = row_scale[m0 + lane]
+    if not partial and r == LANES:  # one int32 each (exact in float32 up to 2^24, as the int64 path rounds)
+        for a in range(c1):
+            base = a * c2
+            for b in range(min(c2, k - base)):
+                j = base + b
+                cs = ch[j]
+                bj = bias[j] if has_bias else np.float32(0.0)
+                for lane in range(LANES):
+                    buf[j, lane] = np.float32(atoms[a, m0 + lane, b]) * (rs[lane] * cs) + bj
+        return
     for a in range(c1):
         base = a * c2
         for b in range(min(c2, k - base)):
             j = base + b
             cs = ch[j]
             bj = bias[j] if has_bias else np.float32(0.0)
-            row = buf[j]
             for lane in range(r):
                 acc = np.int64(atoms[a, m0 + lane, b])
                 if partial:
                     acc += np.int64(extra[a, m0 + lane, b])
-                row[lane] = np.float32(acc) * (rs[lane] * cs) + bj
+                buf[j, lane] = np.float32(acc) * (rs[lane] * cs) + bj
 
 
 @njit(**_JIT)
 def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
-                   first_norm, w1, e1, res, w2, e2, prog,
+                   first_norm, w1, e1, res, w2, e2,
                    keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
                    out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
     """The residual stretch over rows [M, K] (M = res's rows) of an NPU
@@ -106,9 +128,7 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
     tiles = (rows + LANES - 1) // LANES
     buf = np.empty((k, LANES), np.float32)
     bits = buf.view(np.uint32)
-    stack = np.empty((prog.shape[0] + 1, LANES), np.float32)
-    acc = np.empty((8, LANES), np.float32)
-    sums = np.empty(LANES, np.float32)
+    sums = np.empty(LANES, np.float64)
     amax = np.empty(LANES, np.float32)
     for tile in range(tile_lo, tile_hi):
         m0 = tile * LANES
@@ -120,29 +140,67 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
         if keep_x:
             _store(buf, m0, r, k, x_out)
         if first_norm:
-            _normalise(buf, k, r, w1, e1, prog, stack, acc, sums)
+            _normalise(buf, k, w1, e1, sums)
             if keep_n1:
                 _store(buf, m0, r, k, n1_out)
         for i in range(k):
-            row = buf[i]
             for lane in range(r):
-                row[lane] = row[lane] + res[m0 + lane, i]
+                buf[i, lane] = buf[i, lane] + res[m0 + lane, i]
         if keep_total:
             _store(buf, m0, r, k, total_out)
-        _normalise(buf, k, r, w2, e2, prog, stack, acc, sums)
+        _normalise(buf, k, w2, e2, sums)
         if keep_n2:
             _store(buf, m0, r, k, n2_out)
-        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
+        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, False, block, hnorm, scale, rotated, amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
 
 
 @njit(**_JIT)
-def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax):
+def in_edge_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias, out_t, tile_lo, tile_hi):
+    """A many-row in edge on its own (a stretch no fuser took whole): the NPU
+    output `src`'s atoms (fp16 widened, or int32 dequantized, `_load_in`'s
+    float32 arithmetic) into column-major rows, given as out_t [K, M] (their
+    transpose, C order: a tile's lanes contiguous, as the per-step path's
+    column-major output), tiles tile_lo..tile_hi-1."""
+    k, rows = out_t.shape
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
+        r = min(LANES, rows - m0)
+        _load_in(in_kind, src, extra, row_scale, ch, bias, has_bias, m0, r, k, out_t[:, m0:m0 + r])
+
+
+@njit(**_JIT)
+def out_edge_tiles(x, out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
+    """A many-row out edge on its own: rows x [M, K] into the next segment's
+    atoms as residual_tiles' out edge writes them (fp16; rotated and
+    quantized; or rotated by blocks for a factor's product), tiles
+    tile_lo..tile_hi-1; the padding rows zeroed by the call ending at the last tile."""
+    rows, k = x.shape
+    tiles = (rows + LANES - 1) // LANES
+    buf = np.empty((k, LANES), np.float32)
+    amax = np.empty(LANES, np.float32)
+    signed = out_kind != OUT_HALF  # the rotation's signs taken in the transposing load
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
+        r = min(LANES, rows - m0)
+        if signed:
+            _signed_tile(x, signs, m0, r, buf)
+        else:
+            _load_tile(x, m0, r, buf)
+        _out_edge(buf, buf.view(np.uint32), m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated,
+                  amax)
+    if out_kind != OUT_ROTATED and tile_hi == tiles:
+        zero_rows(dst, rows)
+
+
+@njit(**_JIT)
+def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated, amax):
     """A tile's rows buf [K, LANES] (bits: its uint32 view) into the next
     segment's atoms dst (fp16 narrowed, or rotated and quantized with their
     scales), or rotated into `rotated` [K / block, M x block] by blocks (for
-    a factor's product, one GEMM over every row)."""
+    a factor's product, one GEMM over every row). `signed`: the rotation's
+    signs are in buf already (the caller's last pass multiplied them in)."""
     if out_kind == OUT_HALF:
         c1, _, c2 = dst.shape
         for a in range(c1):
@@ -151,9 +209,10 @@ def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, ro
                     j = a * c2 + b
                     dst[a, m0 + lane, b] = narrow_bits(bits[j, lane]) if j < k else 0
         return
-    for i in range(k):  # the rotation: signs, butterflies, the orthonormal factor
-        for lane in range(r):
-            buf[i, lane] = buf[i, lane] * signs[i]
+    if not signed:
+        for i in range(k):  # the rotation: signs, butterflies, the orthonormal factor
+            for lane in range(LANES):
+                buf[i, lane] = buf[i, lane] * signs[i]
     _butterflies(buf, block)
     if out_kind == OUT_ROTATED:  # by blocks: rotated[b, m * block + j] (the factor's product is one GEMM)
         for b in range(k // block):
@@ -164,18 +223,27 @@ def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, block, hnorm, scale, ro
                     dst_b[base + j] = buf[b * block + j, lane] * hnorm
         return
     scaled_amax(buf, hnorm, amax)
-    c1, _, c2 = dst.shape
+    s = np.empty(LANES, np.float32)
+    for lane in range(LANES):
+        s[lane] = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
     for lane in range(r):
-        s = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
-        scale[m0 + lane] = s
-        for a in range(c1):
+        scale[m0 + lane] = s[lane]
+    codes = np.empty((k, LANES), np.int8)  # the tile's codes (a vector loop), then into the atoms
+    for i in range(k):
+        for lane in range(LANES):
+            t = np.rint(buf[i, lane] / s[lane])
+            codes[i, lane] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+    c1, _, c2 = dst.shape
+    whole = k // c2
+    for a in range(whole):
+        for lane in range(r):
+            for b in range(c2):
+                dst[a, m0 + lane, b] = codes[a * c2 + b, lane]
+    for a in range(whole, c1):  # channels past K: zeros
+        for lane in range(r):
             for b in range(c2):
                 j = a * c2 + b
-                if j < k:
-                    t = np.rint(buf[j, lane] / s)
-                    dst[a, m0 + lane, b] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
-                else:
-                    dst[a, m0 + lane, b] = 0
+                dst[a, m0 + lane, b] = codes[j, lane] if j < k else 0
 
 
 @njit(**_JIT)
@@ -189,38 +257,61 @@ def zero_rows(dst, rows):
 
 
 @njit(**_JIT)
+def _peak_of(peak):
+    """The largest of the per-lane maxima, NaN when any is (jit.quantize_rows' amax)."""
+    amax = np.float32(0.0)
+    for lane in range(LANES):
+        a = peak[lane]
+        if a > amax or a != a:
+            amax = a
+            if a != a:
+                break
+    return amax
+
+
+@njit(**_JIT)
 def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
     """quantize_into_atoms of rows lo..hi-1 of [M, K] given by blocks, x [K /
     block, M x block] (row m's block b: x[b, m * block:(m + 1) * block]);
-    the padding rows zeroed by the call whose range ends at M. The codes go
-    one atom (C2 channels, contiguous on both sides) at a time: a block is a
-    whole number of atoms (block and C2 powers of two, block >= C2)."""
+    the padding rows zeroed by the call whose range ends at M. Two passes in
+    x's memory order (a row's blocks lie M x block apart: row by row, every
+    block is a fresh page), the first keeping LANES maxima per row (a vector
+    max; a NaN kept), the second writing the codes one atom (C2 channels,
+    contiguous on both sides) at a time when a block is a whole number of
+    atoms (block and C2 powers of two, block >= C2)."""
     blocks = x.shape[0]
     rows = x.shape[1] // block
     c1, _, c2 = q.shape
     k = blocks * block
+    lanes = min(LANES, block)
+    peak = np.zeros((hi - lo, LANES), np.float32)
+    for b in range(blocks):
+        for m in range(lo, hi):
+            base = m * block
+            for j0 in range(0, block, lanes):
+                for lane in range(lanes):
+                    a = abs(x[b, base + j0 + lane])
+                    p = peak[m - lo, lane]
+                    peak[m - lo, lane] = a if (a > p or a != a) and p == p else p
     for m in range(lo, hi):
-        amax = np.float32(0.0)
+        amax = _peak_of(peak[m - lo])
+        scale[m] = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
+    if block % c2 == 0:
         for b in range(blocks):
-            src = x[b, m * block:(m + 1) * block]
-            for j in range(block):
-                a = abs(src[j])
-                if a > amax or a != a:
-                    amax = a
-        s = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
-        scale[m] = s
-        if block % c2 == 0:
-            for b in range(blocks):
-                src = x[b, m * block:(m + 1) * block]
+            for m in range(lo, hi):
+                s, base = scale[m], m * block
                 for j0 in range(0, block, c2):
-                    dst = q[(b * block + j0) // c2, m]
+                    a = (b * block + j0) // c2
                     for c in range(c2):
-                        t = np.rint(src[j0 + c] / s)
-                        dst[c] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
-            for a in range(k // c2, c1):  # atoms past K
+                        t = np.rint(x[b, base + j0 + c] / s)
+                        q[a, m, c] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+        for a in range(k // c2, c1):  # atoms past K
+            for m in range(lo, hi):
                 for c in range(c2):
                     q[a, m, c] = 0
-        else:
+    else:
+        for m in range(lo, hi):
+            s = scale[m]
             for a in range(c1):
                 for c in range(c2):
                     i = a * c2 + c
@@ -269,6 +360,37 @@ _GELU_K = np.float32(0.044715)
 
 
 @njit(**_JIT)
+def _act_mul(g, u, act, signs, signed, e16, b16):
+    """g = act(g) * u (times the rotation's signs when `signed`), one pass
+    over the tile [K, LANES]: exp (exp_into's arithmetic) row by row, each
+    row's LANES lanes one vector (e16, b16: LANES scratch)."""
+    scaled = b16.view(np.float32)
+    for i in range(g.shape[0]):
+        for lane in range(LANES):
+            x = g[i, lane]
+            if act == ACT_SILU:  # x / (1 + exp(-x))
+                t = -x
+            else:  # 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)), y = C (x + K x^3)
+                t = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
+            v = min(max(t, _EXP_LO), _EXP_HI)
+            kk = np.floor(v * _LOG2E + np.float32(0.5))
+            rr = (v - kk * _LN2_HI) - kk * _LN2_LO
+            p = np.float32(1.0 / 5040.0)
+            p = p * rr + np.float32(1.0 / 720.0)
+            p = p * rr + np.float32(1.0 / 120.0)
+            p = p * rr + np.float32(1.0 / 24.0)
+            p = p * rr + np.float32(1.0 / 6.0)
+            p = p * rr + np.float32(0.5)
+            p = p * rr + np.float32(1.0)
+            p = p * rr + np.float32(1.0)
+            b16[lane] = (np.int32(kk) + np.int32(127)) << 23
+            e16[lane] = p
+        si = signs[i] if signed else np.float32(1.0)
+        for lane in range(LANES):
+            g[i, lane] = g[i, lane] / (np.float32(1.0) + e16[lane] * scaled[lane]) * (u[i, lane] * si)
+
+
+@njit(**_JIT)
 def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias,
               up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, act, rows, k,
               out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
@@ -281,31 +403,20 @@ def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_h
     tiles = (rows + LANES - 1) // LANES
     g = np.empty((k, LANES), np.float32)
     u = np.empty((k, LANES), np.float32)
-    n = k * LANES
-    gf, uf = g.reshape(n), u.reshape(n)  # the tile as one flat run: each pass one vectorised loop
-    arg = np.empty(n, np.float32)
-    e = np.empty(n, np.float32)
-    bits = np.empty(n, np.int32)
+    e16 = np.empty(LANES, np.float32)
+    b16 = np.empty(LANES, np.int32)
     amax = np.empty(LANES, np.float32)
+    signed = out_kind != OUT_HALF
     for tile in range(tile_lo, tile_hi):
         m0 = tile * LANES
         r = min(LANES, rows - m0)
         _load_in(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias, m0, r, k, g)
         _load_in(in_kind, up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, m0, r, k, u)
-        if act == ACT_SILU:  # x / (1 + exp(-x))
-            for i in range(n):
-                arg[i] = -gf[i]
-        else:  # 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)), y = C (x + K x^3)
-            for i in range(n):
-                x = gf[i]
-                arg[i] = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
-        exp_into(arg, e, bits)
-        for i in range(n):
-            gf[i] = gf[i] / (np.float32(1.0) + e[i]) * uf[i]
+        _act_mul(g, u, act, signs, signed, e16, b16)
         if r < LANES:  # lanes past the rows: zeros (never stored)
             for i in range(k):
                 for lane in range(r, LANES):
                     g[i, lane] = np.float32(0.0)
-        _out_edge(g, g.view(np.uint32), m0, r, k, out_kind, dst, signs, block, hnorm, scale, rotated, amax)
+        _out_edge(g, g.view(np.uint32), m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated, amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)

@@ -39,13 +39,13 @@ def test_plan_gives_the_interpreters_logits(arch, precision, synth_rkbin):
     assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, STEPS)
 
 
-def assert_plan_is_the_interpreter(path, precision: str, steps, exact_int8: bool = True) -> None:
+def assert_plan_is_the_interpreter(path, precision: str, steps, exact_int8: bool = True, atol: float = 1e-4) -> None:
     for got, want in plan_and_interpreter_logits(path, steps):
         assert got.shape == want.shape and np.isfinite(want).all()
         if precision in ("int8", "int4") and exact_int8:
             np.testing.assert_array_equal(got, want)
         else:
-            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+            np.testing.assert_allclose(got, want, rtol=0, atol=atol * np.abs(want).max())
             assert np.argmax(got[-1]) == np.argmax(want[-1])
 
 
@@ -60,8 +60,11 @@ def test_many_row_plan_gives_the_interpreters_logits(arch, precision, synth_rkbi
     """Prefill chunks of a tile's rows through the plan's many-row paths
     (runtime/llm/fused_rows.py, prefill_kernels.py) against the interpreter:
     the fused stretches compute in float32 in their own order (issue 37), so
-    both precisions within 1e-4 of the largest logit, the same top token."""
-    assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, MANY_ROWS, exact_int8=False)
+    within 1e-4 of the largest logit (2e-3 for fp16: a float32 ulp's
+    difference moves a value at an fp16 edge by a half's step, 2^-11
+    relative, and the next layers carry it), the same top token."""
+    assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, MANY_ROWS, exact_int8=False,
+                                   atol=2e-3 if precision == "fp16" else 1e-4)
 
 
 def test_two_term_edges_are_fused_and_give_the_interpreters_logits(synth_rkbin):
@@ -187,6 +190,15 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     if precision == "int4":  # every int4 edge of a prefill chunk compiled (fused_rows.int4_edges)
         assert not {"CombineInt4", "QuantizeNibbles"} & set(prefill + labels)
         assert sum(lab.startswith("CombineInt4 edge") for lab in prefill) >= 4 * n
+    # a chunk of a tile's rows: the stretches fused, and the attention stretch's int8 in edges compiled
+    # (fused_rows.edge_rows), so test_many_row_plan_gives_the_interpreters_logits checks them (its out
+    # edge is taken only for a rotation with a block-mixing factor, which these widths do not have)
+    many = [getattr(c, "label", "") for c in engine.plans["prefill_16"].calls]
+    if precision != "int4":
+        assert sum(lab.startswith("residual stretch of rows") for lab in many) >= 2 * n - 1
+    if precision == "int8":
+        assert sum(lab == "DequantizeRows edge of rows" for lab in many) >= 3 * n  # q, k, v
+        assert "DequantizeRows" not in many
     engine.close()
 
 

@@ -5,10 +5,13 @@ within float32 tolerance (issue 37: the fused stretch's in edge is float32,
 its tiles threaded): fp16 and int32 in edges (one K partial or two), with and
 without the first norm, fp16 and int8 out edges, rotations with and without a
 block-mixing factor (Gemma 3's 640 = 20 x 32), row counts that fill tiles and
-that leave a partial one, and padded rows and channels in the atoms.
+that leave a partial one, kept values and the residual row- or column-major,
+and padded rows and channels in the atoms.
 Tolerances: each stored value within 4e-6 of its row's largest |value|; fp16
-halves the reference's or a neighbour; int8 scales within 1e-5 relative,
-codes within 1 (a value at a rounding tie), at most 0.5 % of them off."""
+halves within that plus their own rounding (a sum that cancels leaves a
+small value whose half may be two steps from the reference's); int8
+scales within 1e-5 relative, codes within 1 (a value at a rounding tie),
+at most 0.5 % of them off; the stand-alone edges against float64."""
 
 from __future__ import annotations
 
@@ -18,12 +21,11 @@ import pytest
 from rkc.ir.npu import geometry
 from rkc.ir.program import Step, TensorInfo
 from rkc.runtime.execute import to_layout
-from rkc.runtime.kernels.hadamard import make_rotation
+from rkc.runtime.kernels.hadamard import make_rotation, rotate
 from rkc.runtime.llm import prefill_fused as pf
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.threads import over_ranges
 from rkc.runtime.llm import kernels, prepared
-from rkc.runtime.llm.prefill_kernels import pairwise_program
 from rkc.runtime.plan import BoTensor
 
 F32 = np.float32
@@ -88,7 +90,9 @@ def test_residual_tiles_match_the_per_step_kernels(rows, k, kind, edges, first_n
     atoms_out = out_bt.atoms
     in_kind = pf.IN_HALF if edges[0] == "fp16" else pf.IN_DEQUANT
     src = atoms_in.view(np.uint16) if in_kind == pf.IN_HALF else atoms_in
-    bufs = [np.full((rows, k), np.nan, F32) for _ in range(4)]
+    order = "C" if rows == 16 else "F"  # the kept values (and the residual read) in either order
+    bufs = [np.full((rows, k), np.nan, F32, order=order) for _ in range(4)]
+    res = np.asarray(res, order=order)
     scale = np.full(rows, np.nan, F32)
     rotated = np.empty((k // rot.block, rows * rot.block), F32)  # by blocks
     if edges[1] == "fp16":
@@ -96,7 +100,7 @@ def test_residual_tiles_match_the_per_step_kernels(rows, k, kind, edges, first_n
     else:
         out_kind, dst = (pf.OUT_QUANT if rot.factor is None else pf.OUT_ROTATED), atoms_out
     extra = extra_bt.atoms if partials == 2 else np.zeros((0, 0, 0), np.int32)
-    consts = (in_kind, src, extra, rs, ch, bias, True, first_norm, w1, eps, res, w2, eps, pairwise_program(k), True,
+    consts = (in_kind, src, extra, rs, ch, bias, True, first_norm, w1, eps, res, w2, eps, True,
               first_norm, True, True, *bufs, out_kind, dst, rot.signs.astype(F32), rot.block,
               F32(1.0 / np.sqrt(rot.block)), scale, rotated)
     over_ranges(lambda lo, hi: pf.residual_tiles(*consts, lo, hi), -(-rows // LANES))  # two threads
@@ -109,12 +113,89 @@ def test_residual_tiles_match_the_per_step_kernels(rows, k, kind, edges, first_n
         assert np.all(np.abs(got - want) <= 4e-6 * np.abs(want).max(axis=1, keepdims=True))
     stored = out_bt.atoms.shape[1]
     if edges[1] == "fp16":
-        halves = [np.asarray(BoTensor(out_info, h).atoms.view(np.int16), np.int32) for h in (out_host, want_host)]
-        assert np.abs(halves[0] - halves[1]).max() <= 1
+        got = BoTensor(out_info, out_host).reader(np.float32)().astype(np.float64)
+        want = np.asarray(n2, np.float64)
+        tol = 4e-6 * np.abs(want).max(axis=1, keepdims=True) + np.abs(want) * 2.0 ** -11 + 2.0 ** -25
+        assert np.all(np.abs(got - want) <= tol)  # the float32 tolerance, then fp16's rounding
+        assert not out_bt.atoms.view(np.uint16)[:, rows:].any()  # padding rows zeroed
         return
     np.testing.assert_allclose(scale, want_scale, rtol=1e-5)
     codes, want_codes = (np.asarray(BoTensor(out_info, h).atoms.transpose(1, 0, 2).reshape(stored, -1), np.int32)
                          for h in (out_host, want_host))
     off = np.abs(codes - want_codes)
+    assert off.max() <= 1 and (off > 0).mean() <= 0.005
+    assert not codes[rows:].any()  # padding rows zeroed
+
+
+@pytest.mark.parametrize("rows", [16, 37, 80])
+@pytest.mark.parametrize("k", [256, 640])
+@pytest.mark.parametrize("kind,partials,bias", [("fp16", 1, False), ("int32", 1, False), ("int32", 1, True),
+                                                ("int32", 2, True)])
+def test_in_edge_tiles_match_a_float64_reference(rows, k, kind, partials, bias):
+    """A stand-alone many-row in edge (fused_rows.edge_rows: attention's q, k
+    and v): fp16 atoms widened exactly, int32 accumulators (one K partial or
+    two) times the row's and the channel's scale (+ bias) within 4e-6 of the
+    row's largest |value|; rows past M in the atoms never read."""
+    rng = np.random.default_rng(rows + k + partials)
+    src_bt, src_info, src_host = _operand(rows, k, kind)
+    extra_bt, extra_info, extra_host = _operand(rows, k, "int32")
+    rs, ch, b = (rng.random(rows) * 1e-3).astype(F32), rng.random(k).astype(F32), rng.standard_normal(k).astype(F32)
+    if kind == "fp16":
+        h = (rng.standard_normal((rows, k)) * 40).astype(np.float16)
+        to_layout(h, src_info, src_host)
+        want, in_kind, src = h.astype(np.float64), pf.IN_HALF, src_bt.atoms.view(np.uint16)
+    else:
+        acc = rng.integers(-2 ** 20, 2 ** 20, (rows, k)).astype(np.int64)
+        to_layout(acc.astype(np.int32), src_info, src_host)
+        if partials == 2:
+            more = rng.integers(-2 ** 20, 2 ** 20, (rows, k))
+            to_layout(more.astype(np.int32), extra_info, extra_host)
+            acc = acc + more
+        want = acc * rs.astype(np.float64)[:, None] * ch.astype(np.float64) + (b.astype(np.float64) if bias else 0)
+        in_kind, src = pf.IN_DEQUANT, src_bt.atoms
+    extra = extra_bt.atoms if partials == 2 else np.zeros((0, 0, 0), np.int32)
+    out = np.full((rows, k), np.nan, F32, order="F")  # column-major, given as its transpose
+    over_ranges(lambda lo, hi: pf.in_edge_tiles(in_kind, src, extra, rs, ch, b, bias, out.T, lo, hi), -(-rows // LANES))
+    assert np.all(np.abs(out - want) <= 4e-6 * np.abs(want).max(axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("rows", [16, 37, 80])
+@pytest.mark.parametrize("k,kind", [(640, "kron"), (640, "block"), (256, "kron"), (1536, "kron")])
+@pytest.mark.parametrize("out", ["fp16", "int8"])
+def test_out_edge_tiles_match_a_float64_reference(rows, k, kind, out):
+    """A stand-alone many-row out edge (fused_rows.edge_rows: attention's
+    output into the projection's operand): rows into fp16 atoms (the
+    reference's half or a neighbour), or rotated (with and without a
+    block-mixing factor, its product as fused_rows runs it) and quantized into
+    int8 atoms: scales within 1e-5 relative, codes within 1, at most 0.5 % off;
+    the padding rows zeroed."""
+    rng = np.random.default_rng(rows * k)
+    x = (rng.standard_normal((rows, k)) * np.exp(rng.standard_normal((rows, 1)) * 2)).astype(F32)
+    x[rows // 2, 3] = 300.0  # an outlier channel
+    out_bt, out_info, out_host = _operand(rows, k, out)
+    rot = make_rotation(k, kind)
+    scale = np.full(rows, np.nan, F32)
+    rotated = np.full((k // rot.block, rows * rot.block), np.nan, F32)
+    if out == "fp16":
+        out_kind, dst = pf.OUT_HALF, out_bt.atoms.view(np.uint16)
+    else:
+        out_kind, dst = (pf.OUT_QUANT if rot.factor is None else pf.OUT_ROTATED), out_bt.atoms
+    consts = (x, out_kind, dst, rot.signs.astype(F32), rot.block, F32(1.0 / np.sqrt(rot.block)), scale, rotated)
+    over_ranges(lambda lo, hi: pf.out_edge_tiles(*consts, lo, hi), -(-rows // LANES))
+    stored = out_bt.atoms.shape[1]
+    if out == "fp16":
+        got = BoTensor(out_info, out_host).reader(np.float32)()
+        ulps = np.abs(got.astype(np.float16).view(np.int16).astype(np.int32)
+                      - x.astype(np.float16).view(np.int16).astype(np.int32))
+        assert ulps.max() <= 1
+        assert not out_bt.atoms.view(np.uint16)[:, rows:].any()
+        return
+    if out_kind == pf.OUT_ROTATED:  # the factor's product as fused_rows._OutEdge.finish runs it
+        pf.quantize_blocks_into_atoms(rot.factor.astype(F32) @ rotated, rot.block, dst, scale, 0, rows)
+    y = rotate(x.astype(np.float64), rot)
+    want_scale = np.abs(y).max(axis=1) / 127.0
+    np.testing.assert_allclose(scale, want_scale, rtol=1e-5)
+    codes = np.asarray(out_bt.atoms.transpose(1, 0, 2).reshape(stored, -1)[:, :k], np.int32)
+    off = np.abs(codes[:rows] - np.clip(np.rint(y / want_scale[:, None]), -127, 127))
     assert off.max() <= 1 and (off > 0).mean() <= 0.005
     assert not codes[rows:].any()  # padding rows zeroed
