@@ -2,13 +2,13 @@
 query rows (`attend_blocks`), and the contraction kernels.attend's einsum
 formulation runs for other cases (`contract`).
 
-In blocks, each block's scores and weighted values are BLAS products over
-the keys the block can see, so what the causal mask (or a sliding window)
+In blocks, each (block, query head)'s scores and weighted values are BLAS
+products over the keys the block can see, so what the causal mask (or a sliding window)
 hides is neither computed nor materialised. A 512-token chunk at position 0
 computes about half the products of the full [T, P] attention, and masks
 only the diagonal blocks. Between the two products the softmax is one
 compiled float32 kernel (prefill_kernels.softmax_columns), and the (block,
-key head) pairs are shared among threads (runtime/llm/threads.py). Not the einsum's bits (issue 37
+head) pairs are shared among threads (runtime/llm/threads.py). Not the einsum's bits (issue 37
 dropped that rule): tests/llm/test_attention.py bounds the error against a
 float64 attention."""
 
@@ -93,17 +93,18 @@ def attend_blocks(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.
                   scale: np.float32, window: int, out: np.ndarray, work: Workspace | None = None) -> None:
     """Softmax attention of q [T, H, hd] over keys/values [P, Hkv, hd] at
     kpos (ascending) into out [T, H * hd_v] (C order), causal and windowed,
-    `BLOCK` query rows at a time: each (block, key head) its two sgemms and
-    the compiled softmax between them (prefill_kernels.softmax_columns:
+    `BLOCK` query rows at a time: each (block, query head) its two sgemms
+    and the compiled softmax between them (prefill_kernels.softmax_columns:
     scale, mask, max, exp, sum and division in float32, one pass each over
     contiguous rows), the pairs shared among the host threads (BLAS and the
-    compiled softmax release the GIL). `work`: kept for the callers' API
-    (each thread keeps its own score buffer)."""
+    compiled softmax release the GIL). q is read in place whatever its
+    layout (an NPU output's, tokens innermost, or rows): a head's block of
+    queries is a strided matrix BLAS takes as it is, so nothing is copied or
+    transposed; the values' product writes the block's rows of out in place.
+    `work`: kept for the callers' API (each thread keeps its own score buffer)."""
     T, H, hd = q.shape
     Hkv, hd_v = keys.shape[1], values.shape[-1]
     G = H // Hkv
-    qg = q.reshape(T, Hkv, G, hd)
-    out4 = out.reshape(T, Hkv, G, hd_v)
     kp64, pos64 = np.asarray(kpos, np.int64), np.asarray(pos, np.int64)
     jobs = []
     for t0 in range(0, T, BLOCK):
@@ -113,18 +114,16 @@ def attend_blocks(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.
         if hi == lo:  # no key visible: the full formulation's softmax of nothing but -inf
             out[t0:t1] = np.nan
             continue
-        qcol = np.repeat(pq, G)  # each column's position (query row, head of the group)
-        jobs += [(t0, t1, lo, hi, k, qcol) for k in range(Hkv)]
+        jobs += [(t0, t1, lo, hi, h, pq) for h in range(H)]
+    matmul, softmax = np.matmul, softmax_columns
 
     def run(job) -> None:
-        t0, t1, lo, hi, k, qcol = job
-        n = (t1 - t0) * G
-        qb = qg[t0:t1, k].reshape(n, hd)
-        s = _thread_work().take(hi - lo, n)
-        np.matmul(keys[lo:hi, k], qb.T, out=s)  # [keys, columns]
-        softmax_columns(s, F32(scale), kp64[lo:hi], qcol, int(window))
-        o = np.matmul(values[lo:hi, k].T, s)  # [hd_v, columns]
-        out4[t0:t1, k] = o.T.reshape(t1 - t0, G, hd_v)
+        t0, t1, lo, hi, h, pq = job
+        k = h // G
+        s = _thread_work().take(hi - lo, t1 - t0)
+        matmul(keys[lo:hi, k], q[t0:t1, h].T, out=s)  # [keys, queries]
+        softmax(s, F32(scale), kp64[lo:hi], pq, int(window))
+        matmul(s.T, values[lo:hi, k], out=out[t0:t1, h * hd_v:(h + 1) * hd_v])
     each(run, jobs)
 
 
