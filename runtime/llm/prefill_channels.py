@@ -72,4 +72,3 @@ def rope(x, cos_t, sin_t, dims, neox, out):
                 bb = xb[t]
                 oa[t] = a * c[t] - bb * s[t]
                 ob[t] = a * s[t] + bb * c[t]
-
