@@ -45,7 +45,11 @@ def assert_plan_is_the_interpreter(path, precision: str, steps, exact_int8: bool
         if precision in ("int8", "int4") and exact_int8:
             np.testing.assert_array_equal(got, want)
         else:
-            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+            # fp16: the logits are the NPU's fp16 output, and a last-bit float32 difference in a
+            # host kernel (issue 37: their own summation order) flips fp16 roundings at every
+            # segment input after it: one fp16 step of the largest logit, 2^-10 of it
+            rel = 2.0 ** -10 if precision == "fp16" else 1e-4
+            np.testing.assert_allclose(got, want, rtol=0, atol=rel * np.abs(want).max())
             assert np.argmax(got[-1]) == np.argmax(want[-1])
 
 
@@ -58,9 +62,10 @@ MANY_ROWS = [("prefill_16", list(range(20, 36)), 0), ("prefill_16", list(range(4
 @pytest.mark.parametrize("arch", ARCHS)
 def test_many_row_plan_gives_the_interpreters_logits(arch, precision, synth_rkbin):
     """Prefill chunks of a tile's rows through the plan's many-row paths
-    (runtime/llm/fused_rows.py, prefill_kernels.py) against the interpreter:
-    the fused stretches compute in float32 in their own order (issue 37), so
-    both precisions within 1e-4 of the largest logit, the same top token."""
+    (runtime/llm/fused_rows.py, prefill_kernels.py, prefill_channels.py) against
+    the interpreter: the fused stretches and the norms compute in float32 in
+    their own order (issue 37), so int8 within 1e-4 of the largest logit, fp16
+    within one fp16 step of it (2^-10), the same top token."""
     assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, MANY_ROWS, exact_int8=False)
 
 
