@@ -58,8 +58,8 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
         if x.ndim == 0 or w.shape != x.shape[-1:]:  # a weight that broadcasts otherwise: the plain kernel's case
             return plain.rms_norm(inputs, attrs, state)
         out = empty_like(x)
-        if len(x) >= many.LANES:  # a prefill chunk read in the NPU's layout: tokens innermost
-            xc = channel_major(x)
+        if x.ndim == 3 and len(x) >= many.LANES:  # a chunk's heads in the NPU's layout (tokens innermost)
+            xc = channel_major(x)  # (whole rows keep the pairwise kernels, as the fused stretches sum them)
             oc = None if xc is None else channel_major(out)
             if oc is not None:
                 norm_channels(xc, w, eps, oc)
