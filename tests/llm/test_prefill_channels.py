@@ -66,11 +66,13 @@ def test_rope_channel_major_is_float64s(neox, t, heads, d, dims):
 
     class State:
         pass
-    run = prepared.rope(Step("cpu", "rope", op="RoPE", inputs=["x", "pos"], outputs=["y"], attrs=attrs), [None, None], State())
+    step = Step("cpu", "rope", op="RoPE", inputs=["x", "pos"], outputs=["y"], attrs=attrs)
+    run = prepared.rope(step, [None, None], State())
     got = run([x, pos])[0]
     # the angles are rounded to float32 cos/sin first (as every RoPE kernel here): the bound is
     # a few roundings of values up to |x|, plus those of the tables
-    np.testing.assert_allclose(got, rope64(x, pos, dims, 10000.0, neox), rtol=0, atol=8 * TOL * np.abs(x).max())
+    want = rope64(x, pos, dims, 10000.0, neox)
+    np.testing.assert_allclose(got, want, rtol=0, atol=8 * TOL * np.abs(x).max())
     assert channels.channel_major(got) is not None
 
 
