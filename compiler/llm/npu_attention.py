@@ -151,8 +151,30 @@ def host_product_macs(shape: AttentionShape, kv_heads: int, first_position: int 
     return macs
 
 
+# The NPU path's host work that the host attention does not do (runtime/llm/npu_attention.py),
+# per element, as bench/prefill_attention.py measured it on the 2-core x86 build machine
+# (docs/notes/2026-12-06-npu-attention.md: one Qwen2.5-1.5B head at 512 rows, 3072 x 512
+# scores): the scores' transposing read 0.45 ms and the probabilities' fp16 rounding and
+# transposing store 1.7 ms (1.37 ns a score); the queries rounded into their GEMM feature
+# and the output read back, ~1 ns a value. An A76 is no faster, so these bound its cost
+# from below. The softmax itself is both paths' and is not counted.
+HOST_NS_PER_SCORE = 1.37
+HOST_NS_PER_QUERY_VALUE = 1.0
+
+
+def npu_path_host_seconds(shape: AttentionShape, kv_heads: int) -> float:
+    """Host seconds the NPU path adds for one layer's chunk (HOST_NS_PER_*)."""
+    m = shape.query_rows
+    scores = m * shape.keys
+    values = m * (shape.head_dim + shape.value_dim)
+    return kv_heads * (scores * HOST_NS_PER_SCORE + values * HOST_NS_PER_QUERY_VALUE) * 1e-9
+
+
 def on_npu(shape: AttentionShape, kv_heads: int, model: PerfModel | None = None) -> bool:
-    """Whether a chunk's attention products cost less on the NPU (modelled) than
-    on the host at its peak (HOST_PEAK_FLOPS), the chunk starting at position 0
-    (a later chunk sees more keys: the host's cost grows faster than the NPU's)."""
-    return modelled_seconds(shape, kv_heads, model) < 2 * host_product_macs(shape, kv_heads) / HOST_PEAK_FLOPS
+    """Whether a chunk's attention costs less with its products on the NPU
+    (modelled NPU time + the host work that path adds: npu_path_host_seconds)
+    than with them on the host at its peak (HOST_PEAK_FLOPS), the chunk
+    starting at position 0 (a later chunk sees more keys: the host's cost
+    grows faster than the NPU's). bench/prefill_attention.py measures both."""
+    npu = modelled_seconds(shape, kv_heads, model) + npu_path_host_seconds(shape, kv_heads)
+    return npu < 2 * host_product_macs(shape, kv_heads) / HOST_PEAK_FLOPS

@@ -234,8 +234,9 @@ def attend(q, keys, values, kpos, pos, attrs, rows: int, blocks=None) -> np.ndar
     if T == 1:
         return attend_row(q, keys, values, kpos, pos, attrs, rows)
     if T > 1 and np.all(kpos[1:] > kpos[:-1]):  # a prefill chunk: by blocks of query rows
-        full = np.zeros((rows, H * values.shape[-1]), np.float32)
-        attend_blocks(q.astype(np.float32, order="C"), keys, values, kpos, pos, np.float32(attrs["scale"]),
+        full = np.empty((rows, H * values.shape[-1]), np.float32)
+        full[T:] = 0
+        attend_blocks(q.astype(np.float32, copy=False), keys, values, kpos, pos, np.float32(attrs["scale"]),
                       int(attrs["window"]), full[:T], blocks)
         return full
     G = H // Hkv

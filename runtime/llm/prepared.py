@@ -25,6 +25,7 @@ from rkc.runtime.kernels.hadamard import compiled_form, unrotate
 from rkc.runtime.llm import jit
 from rkc.runtime.llm import prefill_kernels as many
 from rkc.runtime.llm import prefill_attention
+from rkc.runtime.llm import prefill_channels as channels
 from rkc.runtime.llm.decode_attention import attend_row
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
@@ -50,12 +51,19 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
     eps = F32(step.attrs["epsilon"])
     norm, empty_like, attrs = jit.rms_norm, np.empty_like, step.attrs
     norm_many, prog = many.rms_norm, many.pairwise_program(w.size)
+    norm_channels, channel_major = channels.rms_norm, channels.channel_major
 
     def run(inputs):
         x = inputs[0].astype(F32, copy=False)
         if x.ndim == 0 or w.shape != x.shape[-1:]:  # a weight that broadcasts otherwise: the plain kernel's case
             return plain.rms_norm(inputs, attrs, state)
         out = empty_like(x)
+        if x.ndim == 3 and len(x) >= many.LANES:  # a chunk's heads in the NPU's layout (tokens innermost)
+            xc = channel_major(x)  # (whole rows keep the pairwise kernels, as the fused stretches sum them)
+            oc = None if xc is None else channel_major(out)
+            if oc is not None:
+                norm_channels(xc, w, eps, oc)
+                return [out]
         x2, out2 = _rows(x), _rows(out)
         if len(x2) >= many.LANES and not x2.flags.c_contiguous:  # a prefill chunk's strided rows: by tiles
             norm_many(x2, w, eps, prog, out2)
@@ -82,6 +90,7 @@ class _RopeTables:
         self.theta, self.scale = theta, scale
         self.key: bytes | None = None
         self.cos = self.sin = None
+        self.transposed: tuple | None = None
 
     def at(self, pos: np.ndarray):
         key = pos.tobytes()
@@ -89,8 +98,15 @@ class _RopeTables:
             ang = (pos.astype(np.float64) * self.scale)[:, None] * self.theta[None, :]
             self.cos = np.cos(ang).astype(F32)
             self.sin = np.sin(ang).astype(F32)
-            self.key = key
+            self.key, self.transposed = key, None
         return self.cos, self.sin
+
+    def at_transposed(self, pos: np.ndarray):
+        """cos, sin as [dims / 2, T] (C order), for tokens-innermost tensors."""
+        self.at(pos)
+        if self.transposed is None:
+            self.transposed = np.ascontiguousarray(self.cos.T), np.ascontiguousarray(self.sin.T)
+        return self.transposed
 
 
 def rope_tables(step: Step, consts: list, state) -> _RopeTables | None:
@@ -119,11 +135,20 @@ def rope(step: Step, consts: list, state) -> Prepared | None:
         return None
     neox = a["mode"] == "neox"
     kernel, kernel_many, empty_like = jit.rope, many.rope, np.empty_like
+    kernel_channels, channel_major = channels.rope, channels.channel_major
 
     def run(inputs):
         x, pos = inputs[0].astype(F32, copy=False), np.asarray(inputs[1])
         if x.ndim < 2 or pos.shape != x.shape[:1] or d > x.shape[-1]:  # the plain kernel's broadcasting (or its error)
             return plain.rope(inputs, a, state)
+        if len(x) >= many.LANES:  # a prefill chunk read in the NPU's layout: tokens innermost
+            out = empty_like(x)
+            xc = channel_major(x)
+            oc = None if xc is None else channel_major(out)
+            if oc is not None:
+                cos_t, sin_t = tables.at_transposed(pos)
+                kernel_channels(xc, cos_t, sin_t, d, neox, oc)
+                return [out]
         cos, sin = tables.at(pos)
         x3 = x if x.ndim == 3 else x.reshape(len(x), -1, x.shape[-1])  # [T, heads, D]
         out = empty_like(x3)  # in x's memory order, as the plain kernel's copy

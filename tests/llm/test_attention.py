@@ -129,19 +129,23 @@ def float64_attention(q, keys, values, kpos, pos, window, scale, rows):
 @pytest.mark.parametrize("hd,hkv,g", [(256, 1, 4), (64, 2, 3), (128, 8, 2)])
 @pytest.mark.parametrize("t,start", [(2, 0), (4, 7), (38, 150), (65, 0), (128, 0), (128, 300), (200, 0), (512, 0),
                                      (130, 40)])
-def test_prefill_attention_by_blocks(hd, hkv, g, t, start):
+@pytest.mark.parametrize("layout", ["rows", "npu"])
+def test_prefill_attention_by_blocks(hd, hkv, g, t, start, layout):
     """A prefill chunk (two rows or more) attends by
     blocks of query rows over the keys each block sees, its softmax compiled
     in float32 (issue 37: not the einsum's bits). Bound: against a float64
     attention, its largest error at most 2x the einsum formulation's own
     (both float32) or 1e-6 of the largest |value|, whichever is larger;
     causal, sliding windows (inside and past the chunk), GQA groups, keys
-    cached before the chunk."""
+    cached before the chunk; queries as rows or as an NPU output read in
+    place (tokens innermost: [heads, hd, T] in memory)."""
     rng = np.random.default_rng(hd + t + start)
     p = start + t
     keys = rng.standard_normal((p, hkv, hd)).astype(np.float16).astype(np.float32)
     values = rng.standard_normal((p, hkv, hd)).astype(np.float16).astype(np.float32)
     q = (rng.standard_normal((t, hkv * g, hd)) * 3).astype(np.float32)
+    if layout == "npu":
+        q = np.ascontiguousarray(q.transpose(1, 2, 0)).transpose(2, 0, 1)
     kpos, pos = np.arange(p), np.arange(start, p)
     with blas.one_thread():
         for window in (0, 100, 512):

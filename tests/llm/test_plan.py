@@ -58,11 +58,12 @@ MANY_ROWS = [("prefill_16", list(range(20, 36)), 0), ("prefill_16", list(range(4
 @pytest.mark.parametrize("arch", ARCHS)
 def test_many_row_plan_gives_the_interpreters_logits(arch, precision, synth_rkbin):
     """Prefill chunks of a tile's rows through the plan's many-row paths
-    (runtime/llm/fused_rows.py, prefill_kernels.py) against the interpreter:
-    the fused stretches compute in float32 in their own order (issue 37), so
-    within 1e-4 of the largest logit (2e-3 for fp16: a float32 ulp's
-    difference moves a value at an fp16 edge by a half's step, 2^-11
-    relative, and the next layers carry it), the same top token."""
+    (runtime/llm/fused_rows.py, prefill_kernels.py, prefill_channels.py)
+    against the interpreter: the fused stretches and the norms compute in
+    float32 in their own order (issue 37), so within 1e-4 of the largest
+    logit (2e-3 for fp16: a float32 ulp's difference moves a value at an fp16
+    edge by a half's step, 2^-11 relative, and the next layers carry it), the
+    same top token."""
     assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, MANY_ROWS, exact_int8=False,
                                    atol=2e-3 if precision == "fp16" else 1e-4)
 

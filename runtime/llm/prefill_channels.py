@@ -1,0 +1,117 @@
+"""Compiled (numba) kernels for prefill tensors held channel-major: an NPU
+output read in its layout has the chunk's tokens innermost, so a per-head
+view [T, H, D] is [H, D, T] in memory (C order once the token axis is moved
+last). Each kernel runs its loops with the tokens innermost, where they
+are contiguous and independent, so every pass is a vector loop; the row
+kernels (runtime/llm/jit.py) would read one value per token row with a
+stride, and a reshape of such a view into rows copies it.
+
+Float32 arithmetic in its own order (issue 37: not numpy's bits); bounded
+against float64 references in tests/llm/test_prefill_channels.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from rkc.runtime.half import narrow_bits, widen_bits
+
+_JIT = {"cache": True, "nogil": True}
+
+
+def channel_major(a: np.ndarray) -> np.ndarray | None:
+    """a [T, ..., K] as a C-order view [B, K, T] (B: the product of the middle
+    axes), or None when a's tokens are not its innermost axis in memory."""
+    if a.ndim < 2 or a.dtype != np.float32:
+        return None
+    t = np.moveaxis(a, 0, -1)
+    if not t.flags.c_contiguous:
+        return None
+    return t.reshape(-1, a.shape[-1], a.shape[0])
+
+
+@njit(**_JIT)
+def rms_norm(x, w, eps, out):
+    """out[b, :, t] = x[b, :, t] / sqrt(mean(x[b, :, t]^2) + eps) * w over x,
+    out [B, K, T] (C order): the squares summed in float64, one token per lane."""
+    nb, k, t_ = x.shape
+    acc = np.empty(t_, np.float64)
+    inv = np.empty(t_, np.float32)
+    for b in range(nb):
+        for t in range(t_):
+            acc[t] = 0.0
+        for i in range(k):
+            row = x[b, i]
+            for t in range(t_):
+                v = np.float64(row[t])
+                acc[t] += v * v
+        for t in range(t_):
+            inv[t] = np.float32(1.0 / np.sqrt(acc[t] / k + np.float64(eps)))
+        for i in range(k):
+            row, dst, wi = x[b, i], out[b, i], w[i]
+            for t in range(t_):
+                dst[t] = (row[t] * inv[t]) * wi
+
+
+@njit(**_JIT)
+def rope(x, cos_t, sin_t, dims, neox, out):
+    """Rotary embedding of x [B, D, T] (C order) into out: cos_t, sin_t
+    [dims / 2, T] (each pair's angle per token); NeoX pairs channel i with
+    i + dims / 2, else 2i with 2i + 1; channels past dims copied."""
+    nb, d, t_ = x.shape
+    half = dims // 2
+    for b in range(nb):
+        for i in range(dims, d):
+            src, dst = x[b, i], out[b, i]
+            for t in range(t_):
+                dst[t] = src[t]
+        for i in range(half):
+            a_i, b_i = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            xa, xb, oa, ob, c, s = x[b, a_i], x[b, b_i], out[b, a_i], out[b, b_i], cos_t[i], sin_t[i]
+            for t in range(t_):
+                a = xa[t]
+                bb = xb[t]
+                oa[t] = a * c[t] - bb * s[t]
+                ob[t] = a * s[t] + bb * c[t]
+
+
+_GROUP = 16  # channels narrowed before their transposing store: a [16, T] tile stays in L1
+
+
+@njit(**_JIT)
+def store_half_rows(x, rows16, rows32):
+    """A chunk's keys or values x [B, D, T] (float32 bits, C order) into KV
+    cache rows [T, B, D]: rows16 their fp16 bits (numpy's rounding,
+    runtime/half.narrow_bits), rows32 those widened back (float32 bits). Each
+    channel's tokens are narrowed and widened in one contiguous pass (the
+    conversions vectorise; numpy's fp16 casts do not, ~1.7 ns a value each),
+    16 channels at a time, then stored token by token."""
+    nb, d, t_ = x.shape
+    h16 = np.empty((_GROUP, t_), np.uint16)
+    w32 = np.empty((_GROUP, t_), np.uint32)
+    for b in range(nb):
+        for i0 in range(0, d, _GROUP):
+            n = min(_GROUP, d - i0)
+            for j in range(n):
+                src, half, wide = x[b, i0 + j], h16[j], w32[j]
+                for t in range(t_):
+                    half[t] = narrow_bits(src[t])
+                for t in range(t_):
+                    wide[t] = widen_bits(half[t])
+            for t in range(t_):
+                d16, d32 = rows16[t, b], rows32[t, b]
+                for j in range(n):
+                    d16[i0 + j] = h16[j, t]
+                    d32[i0 + j] = w32[j, t]
+
+
+def store_rows(x: np.ndarray, rows16: np.ndarray, rows32: np.ndarray) -> bool:
+    """store_half_rows of x [T, B, D] when its tokens are innermost in memory
+    and the rows [T, B, D] are C order; False (nothing written) otherwise."""
+    xc = channel_major(x)
+    if (xc is None or rows16.dtype != np.float16 or rows32.dtype != np.float32 or rows16.shape != x.shape
+            or rows32.shape != x.shape or not (rows16.flags.c_contiguous and rows32.flags.c_contiguous)):
+        return False
+    store_half_rows(xc.view(np.uint32), rows16.view(np.uint16), rows32.view(np.uint32))
+    return True

@@ -1,0 +1,100 @@
+"""The prefill kernels over tokens-innermost tensors (runtime/llm/prefill_channels.py,
+and the prepared RMSNorm / RoPE steps that route such inputs to them) against
+float64 references, over shapes and both RoPE pairings. Float32 tolerance:
+RMSNorm and RoPE are a few roundings per value, so 4 float32 ulps of the
+largest output (relative 5e-7) bound them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rkc.ir.program import Step
+from rkc.runtime.llm import prefill_channels as channels
+from rkc.runtime.llm import prepared
+
+TOL = 4 * np.finfo(np.float32).eps
+
+
+def npu_layout(rng, t: int, heads: int, d: int, scale: float = 3.0) -> np.ndarray:
+    """A [T, heads, D] float32 tensor laid out as an NPU output read in place: [heads, D, T] in memory."""
+    return (rng.standard_normal((heads, d, t)) * scale).astype(np.float32).transpose(2, 0, 1)
+
+
+def rms_norm64(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w.astype(np.float64)
+
+
+def rope64(x: np.ndarray, pos: np.ndarray, dims: int, base: float, neox: bool) -> np.ndarray:
+    theta = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
+    ang = pos.astype(np.float64)[:, None, None] * theta[None, None, :]
+    c, s = np.cos(ang), np.sin(ang)
+    out = x.astype(np.float64).copy()
+    a_i = np.arange(dims // 2) if neox else np.arange(0, dims, 2)
+    b_i = a_i + dims // 2 if neox else a_i + 1
+    a, b = out[..., a_i].copy(), out[..., b_i].copy()
+    out[..., a_i], out[..., b_i] = a * c - b * s, a * s + b * c
+    return out
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL * np.abs(want).max())
+
+
+@pytest.mark.parametrize("t,heads,d", [(16, 1, 8), (32, 4, 256), (45, 2, 64), (128, 1, 640), (200, 3, 96)])
+def test_rms_norm_channel_major_is_float64s(t, heads, d):
+    rng = np.random.default_rng(t * 7 + d)
+    x = npu_layout(rng, t, heads, d)
+    x[1] *= 1e-3  # a small row: eps matters there
+    w = rng.standard_normal(d).astype(np.float32)
+    step = Step("cpu", "norm", op="RMSNorm", inputs=["x", "w"], outputs=["y"], attrs={"epsilon": 1e-6})
+    run = prepared.rms_norm(step, [None, w], None)
+    got = run([x, w])[0]
+    _close(got, rms_norm64(x, w, 1e-6).astype(np.float64))
+    assert channels.channel_major(got) is not None  # the output keeps the input's layout
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("t,heads,d,dims", [(16, 1, 64, 64), (48, 4, 256, 256), (33, 2, 128, 64)])
+def test_rope_channel_major_is_float64s(neox, t, heads, d, dims):
+    rng = np.random.default_rng(t + d + dims)
+    x = npu_layout(rng, t, heads, d)
+    pos = (np.arange(t) + 37).astype(np.int32)
+    attrs = {"dims": dims, "base": 10000.0, "scale": 1.0, "mode": "neox" if neox else "normal"}
+
+    class State:
+        pass
+    step = Step("cpu", "rope", op="RoPE", inputs=["x", "pos"], outputs=["y"], attrs=attrs)
+    run = prepared.rope(step, [None, None], State())
+    got = run([x, pos])[0]
+    # the angles are rounded to float32 cos/sin first (as every RoPE kernel here): the bound is
+    # a few roundings of values up to |x|, plus those of the tables
+    want = rope64(x, pos, dims, 10000.0, neox)
+    np.testing.assert_allclose(got, want, rtol=0, atol=8 * TOL * np.abs(x).max())
+    assert channels.channel_major(got) is not None
+
+
+def test_row_major_tensors_are_not_channel_major():
+    rng = np.random.default_rng(0)
+    assert channels.channel_major(rng.standard_normal((32, 4, 8)).astype(np.float32)) is None
+    assert channels.channel_major(npu_layout(rng, 32, 4, 8)).shape == (4, 8, 32)
+
+
+@pytest.mark.parametrize("t,heads,d", [(16, 1, 256), (45, 2, 24), (128, 1, 512)])
+def test_kv_rows_from_npu_layout_are_numpys_casts(t, heads, d):
+    """A chunk's keys in the NPU's layout stored as KV cache rows: the fp16 bits
+    numpy's cast gives (NaNs, overflow, subnormals included) and the fp32 rows
+    those values widened, as the numpy path stores them."""
+    rng = np.random.default_rng(t + d)
+    x = npu_layout(rng, t, heads, d)
+    x[1, 0, :4] = [np.nan, np.inf, 7e4, 3e-6]
+    x[2, -1, -1] = -np.float32(np.nan)
+    rows16, rows32 = np.empty(x.shape, np.float16), np.empty(x.shape, np.float32)
+    assert channels.store_rows(x, rows16, rows32)
+    with np.errstate(over="ignore"):
+        want16 = x.astype(np.float16)
+    np.testing.assert_array_equal(rows16.view(np.uint16), want16.view(np.uint16))
+    np.testing.assert_array_equal(rows32.view(np.uint32), want16.astype(np.float32).view(np.uint32))
+    assert not channels.store_rows(np.ascontiguousarray(x), rows16, rows32)  # rows: numpy's path
