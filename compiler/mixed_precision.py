@@ -77,13 +77,8 @@ CROSSING_S_PER_ELEMENT = 1.0e-9
 
 
 def group_seconds(group, model: PerfModel | None = None) -> float:
-    """A group's modelled NPU time: its busiest lane (core) of tasks, as the performance model counts them."""
-    model = model or PerfModel()
-    lanes: dict[int, float] = {}
-    for job in group.result.jobs:
-        lanes[job.lane] = lanes.get(job.lane, 0.0) + sum(model.task_seconds(group.result.tasks[t].cost())
-                                                         for t in job.tasks)
-    return max(lanes.values(), default=0.0)
+    """A group's modelled NPU time submitted alone with hardware chaining (its kicks included)."""
+    return (model or PerfModel()).submission_seconds(group.result.cost_jobs(chained=True))
 
 
 def _numel(graph: Graph, name: str) -> int:
