@@ -16,6 +16,10 @@ rest stay int8. The threshold is a measured choice (docs/onnx.md): at 8 bits a
 well-behaved layer sits at 35-45 dB; on the PP-OCR detector, 11 of 60 groups
 measure below 32 dB (20-31 dB), and with them in fp16 its output goes from
 cosine 0.985-0.992 to 0.996-0.997 against onnxruntime over four inputs.
+
+A segment holds one dtype, so every tensor between an int8 and an fp16 group
+crosses through the host. `merge_islands` then weighs those crossings against
+the NPU: int8 runs next to fp16 groups go fp16 where that is cheaper overall.
 """
 
 from __future__ import annotations
