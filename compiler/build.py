@@ -20,7 +20,7 @@ from rkc.compiler.emitter_ops import emit_options
 from rkc.ir.program import PPU_COMPLETION_KEY
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.lone_ops import keep_lone_cheap_ops_on_cpu
-from rkc.compiler.mixed_precision import choose_fp16
+from rkc.compiler.mixed_precision import choose_fp16, merge_islands
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.partition import partition
 from rkc.compiler.passes import run_passes
@@ -142,6 +142,13 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
         fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
         if fp16:
             placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
+            # every group in fp16 once, for its fp16 NPU time: the crossings are weighed against it
+            every = {a: "" for a in {g.anchor for g in groups.values()}}
+            _, all_fp16 = stage("place", place_ops, graph, options.precision, False, every, emit)
+            merged = stage("mixed precision: crossings", merge_islands, graph, groups, all_fp16)
+            if merged:
+                fp16 = {**fp16, **merged}
+                placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
     placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups,
                                options.precision)
     return graph, placements, groups

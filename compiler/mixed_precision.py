@@ -16,6 +16,10 @@ rest stay int8. The threshold is a measured choice (docs/onnx.md): at 8 bits a
 well-behaved layer sits at 35-45 dB; on the PP-OCR detector, 11 of 60 groups
 measure below 32 dB (20-31 dB), and with them in fp16 its output goes from
 cosine 0.985-0.992 to 0.996-0.997 against onnxruntime over four inputs.
+
+A segment holds one dtype, so every tensor between an int8 and an fp16 group
+crosses through the host. `merge_islands` then weighs those crossings against
+the NPU: int8 runs next to fp16 groups go fp16 where that is cheaper overall.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from rkc.compiler.fakequant import run_ops, start_env
 from rkc.compiler.quantize import load_calibration
 from rkc.compiler.reference import run_graph
 from rkc.ir.graph import Graph
+from rkc.ir.npu.perf import PerfModel
 
 SQNR_MIN_DB = 32.0
 
@@ -64,3 +69,91 @@ def choose_fp16(graph: Graph, groups: Mapping[int, object], calib) -> dict[int, 
     int8 = {i: g for i, g in groups.items() if getattr(g, "dtype", "int8") == "int8"}
     return {a: f"its int8 SQNR on the calibration set is {db:.1f} dB, below {SQNR_MIN_DB:g} dB"
             for a, db in fp16_groups(graph, int8, samples).items()}
+
+
+# -- weighing the crossings -----------------------------------------------------------------
+# Host CPU seconds per element of a tensor crossing between an int8 and an fp16 group:
+# the runtime recodes it between the two NPU layouts (int8 16-lane atoms, fp16 8-lane),
+# one or two passes at ~0.4-0.8 ns an element on this machine (docs/notes/
+# 2026-12-06-vision-host-time-3.md), plus a segment split (a submission) on the NPU side.
+# Measured on PP-OCR det (docs/notes/2026-12-06-ppocr-precision-plan.md): ~1 ns an element.
+CROSSING_S_PER_ELEMENT = 1.0e-9
+
+
+def group_seconds(group, model: PerfModel | None = None) -> float:
+    """A group's modelled NPU time submitted alone with hardware chaining (its kicks included)."""
+    return (model or PerfModel()).submission_seconds(group.result.cost_jobs(chained=True))
+
+
+def _numel(graph: Graph, name: str) -> int:
+    return int(np.prod(graph.tensors[name].type.shape, dtype=np.int64))
+
+
+def merge_islands(graph: Graph, groups: Mapping[int, object], fp16_groups_of: Mapping[int, object],
+                  s_per_element: float = CROSSING_S_PER_ELEMENT) -> dict[int, str]:
+    """Anchors of int8 `groups` (a mixed placement) that should compute in fp16 too:
+    a group goes fp16 when the host time of the int8/fp16 crossings it removes, at
+    `s_per_element` an element, exceeds the NPU time fp16 adds to it (modelled, from
+    `fp16_groups_of`: the same graph placed with every group in fp16), repeated until
+    no group gains. fp16 only ever replaces int8, so no group's error grows."""
+    anchors = {g.anchor: g for g in groups.values()}
+    dtype = {a: g.dtype for a, g in anchors.items()}
+    produced = {g.output: a for a, g in anchors.items()}
+    edges: dict[int, list[tuple[int, int]]] = {a: [] for a in anchors}  # anchor -> (neighbour, elements)
+    for a, g in anchors.items():
+        for name in g.reads:
+            p = produced.get(name)
+            if p is not None and p != a:
+                n = _numel(graph, name)
+                edges[a].append((p, n))
+                edges[p].append((a, n))
+    cost = {}
+    for a, g in anchors.items():
+        g16 = fp16_groups_of.get(a)
+        if dtype[a] == "int8" and g16 is not None and g16.anchor == a and g16.dtype == "fp16" \
+                and g16.ops == g.ops:
+            cost[a] = (group_seconds(g), group_seconds(g16))
+    def gain(run: set[int]) -> tuple[float, float]:
+        """(host seconds saved, NPU seconds added) if the int8 groups of `run` went fp16."""
+        host = sum(n * s_per_element * ((dtype[b] != "int8") - (dtype[b] != "fp16"))
+                   for a in run for b, n in edges[a] if b not in run)
+        return host, sum(cost[a][1] - cost[a][0] for a in run)
+
+    chosen: dict[int, str] = {}
+    changed = True
+    while changed:  # each change lowers the modelled total, so this ends
+        changed = False
+        # single groups first, then whole connected int8 runs (a run whose ends both
+        # touch fp16 gains nothing from one group at a time)
+        runs = [{a} for a in cost if dtype[a] == "int8"] + _int8_runs(cost, edges, dtype)
+        for run in runs:
+            if any(dtype[a] != "int8" for a in run):
+                continue
+            host, npu = gain(run)
+            if host > npu:
+                for a in run:
+                    dtype[a] = "fp16"
+                    chosen[a] = (f"fp16 with its int8 run of {len(run)} group(s): the int8/fp16 crossings "
+                                 f"removed save {host * 1e3:.2f} ms of host time, fp16 adds "
+                                 f"{npu * 1e3:+.2f} ms of NPU time")
+                changed = True
+    return chosen
+
+
+def _int8_runs(candidates, edges, dtype) -> list[set[int]]:
+    """Connected sets of int8 groups that may go fp16 (graph edges between groups)."""
+    seen: set[int] = set()
+    runs = []
+    for a in candidates:
+        if a in seen or dtype[a] != "int8":
+            continue
+        run, todo = set(), [a]
+        while todo:
+            x = todo.pop()
+            if x in run:
+                continue
+            run.add(x)
+            todo += [b for b, _ in edges[x] if b in candidates and dtype[b] == "int8" and b not in run]
+        seen |= run
+        runs.append(run)
+    return runs

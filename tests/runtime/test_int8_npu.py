@@ -68,15 +68,18 @@ def test_int8_convolutions_run_on_the_npu_and_match_the_integer_model(tmp_path):
 def test_mixed_precision_keeps_a_low_sqnr_group_in_fp16(tmp_path):
     """An input whose calibrated range is set by rare extreme values leaves the
     first convolution a coarse int8 input step: its measured SQNR is below the
-    threshold, so it runs in fp16 on the NPU (its own segment); the rest stays int8."""
+    threshold, so it runs in fp16 on the NPU. The int8 run after it then goes fp16
+    too: on these small maps fp16 adds less NPU time than the int8/fp16 crossing
+    costs the host (compiler/mixed_precision.merge_islands), so one fp16 segment."""
     rng = np.random.default_rng(1)
     calib = rng.standard_normal((4, 1, 16, 12, 12)).astype(np.float32)
     calib[:, 0, 0, 0, 0] = 400.0  # one extreme pixel per sample
     path, report = _build(tmp_path, conv_model(rng), calib)
     by_name = {p.op.outputs[0]: p for p in report.placements}
     assert by_name["h1"].dtype == "fp16" and "SQNR" in by_name["h1"].reason, by_name["h1"].reason
-    assert by_name["h2"].dtype == by_name["h3"].dtype == "int8" and by_name["y"].device == "npu"
-    assert report.segments >= 2
+    for name in ("h2", "h3"):
+        assert by_name[name].dtype == "fp16" and "crossings" in by_name[name].reason, by_name[name].reason
+    assert by_name["y"].device == "npu" and report.segments == 1 and report.conversions == 2
     x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin", "sim") as model:
         got = model.run({"x": x})["y"]

@@ -1,0 +1,55 @@
+"""The mixed-precision plan weighs int8/fp16 crossings (compiler/mixed_precision.py):
+an int8 group, or a connected run of them, goes fp16 when the host time of the
+crossings it removes exceeds the NPU time fp16 adds, and only then."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from rkc.compiler.mixed_precision import CROSSING_S_PER_ELEMENT, group_seconds, merge_islands
+from rkc.ir.npu.perf import JobCost, PerfModel, TaskCost
+
+
+def _group(anchor, reads, output, dtype, macs, precision):
+    cost = [JobCost(0, 1, [TaskCost(macs, 1024, precision)])]
+    return SimpleNamespace(anchor=anchor, ops=[anchor], reads={r: "native" for r in reads}, output=output,
+                           dtype=dtype, result=SimpleNamespace(cost_jobs=lambda chained, c=cost: c))
+
+
+def _chain(dtypes, elements, macs8, macs16):
+    """Groups 0..n-1 in a chain t0 -> g0 -> t1 -> g1 -> ...; the placement as
+    given (`dtypes`) and the same groups all in fp16."""
+    graph = SimpleNamespace(tensors={f"t{i}": SimpleNamespace(type=SimpleNamespace(shape=(1, elements)))
+                                     for i in range(len(dtypes) + 1)})
+    placed = {i: _group(i, [f"t{i}"], f"t{i + 1}", d, macs8 if d == "int8" else macs16, d)
+              for i, d in enumerate(dtypes)}
+    all16 = {i: _group(i, [f"t{i}"], f"t{i + 1}", "fp16", macs16, "fp16") for i in range(len(dtypes))}
+    return graph, placed, all16
+
+
+def test_an_int8_run_between_fp16_groups_goes_fp16_when_the_crossings_cost_more():
+    rng = np.random.default_rng(0)
+    elements = int(rng.integers(200_000, 400_000))  # two crossings of ~0.3 ms each at 1 ns an element
+    graph, placed, all16 = _chain(["fp16", "int8", "int8", "fp16"], elements, macs8=50_000_000, macs16=50_000_000)
+    merged = merge_islands(graph, placed, all16)
+    # one group at a time moves a crossing but removes none; the run of two removes both
+    assert set(merged) == {1, 2}, merged
+    added = sum(group_seconds(all16[a]) - group_seconds(placed[a]) for a in (1, 2))
+    assert 0 < added < 2 * elements * CROSSING_S_PER_ELEMENT
+
+
+def test_an_int8_run_stays_int8_when_fp16_costs_more_npu_time_than_the_crossings():
+    rng = np.random.default_rng(1)
+    elements = int(rng.integers(1_000, 2_000))
+    model = PerfModel()
+    # fp16 adds ~1 ms of multiply-accumulates per group, the crossings are ~microseconds
+    macs16 = int(1e-3 * model.clock_hz * 512)  # fp16: 512 MACs a cycle
+    graph, placed, all16 = _chain(["fp16", "int8", "int8", "fp16"], elements, macs8=10_000, macs16=macs16)
+    assert merge_islands(graph, placed, all16) == {}
+    # and with a crossing cost high enough, the same run goes fp16
+    assert set(merge_islands(graph, placed, all16, s_per_element=1e-5)) == {1, 2}
+
+
+def test_an_int8_group_without_fp16_neighbours_stays_int8():
+    graph, placed, all16 = _chain(["int8", "int8", "int8"], 300_000, macs8=10_000, macs16=20_000)
+    assert merge_islands(graph, placed, all16) == {}
