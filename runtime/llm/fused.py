@@ -36,6 +36,7 @@ from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.half import narrow_into_atoms
 from rkc.runtime.llm import decode_attention, int4_rows, jit, prepared
+from rkc.runtime.llm import kernels as plain
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
@@ -295,7 +296,7 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
     (two in edges), act(gate) * up, the product written into the down
     product's input BO (the out edge). GELU's arithmetic and the product
     are compiled calls around numpy's tanh (a compiled tanh would not give
-    its bits); SiLU is its prepared kernel (numpy's exp, likewise)."""
+    its bits), SiLU's around numpy's exp, likewise."""
     if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
         return None
     e1, e2, act, mul, last = steps
@@ -334,6 +335,20 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
             slots[o_mul] = hidden
             edge_out.run(hidden)
         return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call, label)
+    if act.op == "SiLU":  # compiled around numpy's exp (its bits), buffers made once
+        t, a = np.empty((1, k), F32), np.empty((1, k), F32)
+        argument, times, exp, exp_max = jit.silu_argument, jit.silu_times, np.exp, plain.EXP_MAX
+
+        def call_silu():
+            g = edge_gate.run(label)
+            u = edge_up.run(label)
+            argument(g, exp_max, t)
+            exp(t, out=t)
+            times(g, t, exp_max, u, a, hidden)
+            slots[o_act] = a
+            slots[o_mul] = hidden
+            edge_out.run(hidden)
+        return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call_silu, label)
     activation, multiply = bind(act, [None]), np.multiply
 
     def call_any():

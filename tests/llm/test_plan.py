@@ -213,9 +213,9 @@ def test_silu_does_not_overflow_and_keeps_the_formulas_values():
     threshold is the last float32 whose exp is finite."""
     import warnings
 
-    from rkc.runtime.llm import kernels, prepared
+    from rkc.runtime.llm import jit, kernels, prepared
 
-    edge = kernels._EXP_MAX
+    edge = kernels.EXP_MAX
     with np.errstate(over="ignore"):
         assert np.isfinite(np.exp(edge)) and not np.isfinite(np.exp(np.nextafter(edge, np.float32(np.inf))))
     near = [edge, np.nextafter(edge, np.float32(0)), np.nextafter(edge, np.float32(np.inf))]
@@ -223,9 +223,18 @@ def test_silu_does_not_overflow_and_keeps_the_formulas_values():
     with np.errstate(over="ignore"):
         want = x / (1.0 + np.exp(-x))
     run = prepared.BINDERS["SiLU"](_step("SiLU", 1, {}), [None], None)
+
+    def fused(x):  # the one-row FFN stretch's compiled calls around numpy's exp (runtime/llm/fused.py)
+        x, t, act, out = x[None], np.empty((1, x.size), np.float32), np.empty((1, x.size), np.float32), np.empty(
+            (1, x.size), np.float32)
+        jit.silu_argument(x, kernels.EXP_MAX, t)
+        np.exp(t, out=t)
+        jit.silu_times(x, t, kernels.EXP_MAX, np.ones_like(x), act, out)
+        np.testing.assert_array_equal(act, out)
+        return out[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for got in (kernels.silu([x], {}, None)[0], run([x])[0]):
+        for got in (kernels.silu([x], {}, None)[0], run([x])[0], fused(x)):
             assert got.dtype == np.float32
             np.testing.assert_array_equal(got, want)
             np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
