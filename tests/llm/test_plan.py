@@ -245,7 +245,8 @@ def test_edges_read_from_atoms_are_the_kernels():
     [C1, C2]: the fp16 widening is numpy's for every one of the 65536 bit
     patterns (NaN payloads, subnormals, signed zeros), and the int32
     dequantization is kernels.dequantize_rows's, bit for bit, with and
-    without a bias and with padding channels past K."""
+    without a bias and with padding channels past K, of one row of sums or
+    of two K ranges' (within one float32 rounding of the float64 value)."""
     from rkc.runtime.llm import jit, kernels
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
@@ -268,6 +269,15 @@ def test_edges_read_from_atoms_are_the_kernels():
             got = np.zeros(k, np.float32)
             jit.dequantize_atoms(atoms, k, rs[0], ch, inputs[-1], len(inputs) == 4, got)
             np.testing.assert_array_equal(got, kernels.dequantize_rows(inputs, {}, None)[0][0])
+        second = rng.integers(-2 ** 31, 2 ** 31, (c1, 4, c2), dtype=np.int64).astype(np.int32)[:, 0]
+        acc2 = np.ascontiguousarray(second).reshape(1, -1)[:, :k]
+        for inputs in ([acc, acc2, rs, ch], [acc, acc2, rs, ch, bias]):  # two K ranges' sums, added exactly
+            got = np.zeros(k, np.float32)
+            jit.dequantize_atoms_partials(atoms, second, k, rs[0], ch, inputs[-1], len(inputs) == 5, got)
+            want = kernels.dequantize_rows(inputs, {"partials": 2}, None)[0][0]
+            np.testing.assert_array_equal(got, want)
+            exact = (acc.astype(np.float64) + acc2) * np.float64(rs[0]) * ch + (bias if len(inputs) == 5 else 0)
+            np.testing.assert_allclose(got, exact[0], rtol=2 ** -23, atol=0)  # one float32 rounding of float64
 
 
 def test_edges_written_to_atoms_are_numpys_cast():
