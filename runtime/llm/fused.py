@@ -36,6 +36,7 @@ from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.half import narrow_into_atoms
 from rkc.runtime.llm import decode_attention, int4_rows, jit, prepared
+from rkc.runtime.llm import kernels as plain
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
@@ -63,8 +64,10 @@ class _InEdge:
         self.slots, self.slot, self.k, self.fresh = plan.slots, plan._slot(step.outputs[0]), k, fresh
         bt = plan._bo_tensor(step.inputs[0])
         self.bo = plan.model.bos[bt.info.region]
+        self.bos = [self.bo]
         self.atoms = bt.rows_view[0]  # [C1, C2]: the row's channels in their atoms
         self.residual = bt.rows_view[1] if _terms(step) == 2 else None  # a two-term row's residual term
+        self.partial = None  # the second K range's sums (partials = 2), read from its own BO
         self.out = np.empty((1, k), F32)
         self.int4, self.flat = None, None
         if step.op == "CombineInt4":  # the two nibble rows' int16 partials per K group (int4_rows.combine)
@@ -80,9 +83,14 @@ class _InEdge:
         if step.op == "Cast":
             self.dequant = None
             return
-        ch = const(plan, step.inputs[2], (k,))
-        bias = const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else ch
-        self.dequant = (plan._slot(step.inputs[1]), ch, bias, len(step.inputs) == 4)
+        p = _partials(step)
+        if p == 2:
+            second = plan._bo_tensor(step.inputs[1])
+            self.partial = second.rows_view[0]
+            self.bos.append(plan.model.bos[second.info.region])
+        ch = const(plan, step.inputs[p + 1], (k,))
+        bias = const(plan, step.inputs[p + 2], (k,)) if len(step.inputs) == p + 3 else ch
+        self.dequant = (plan._slot(step.inputs[p]), ch, bias, len(step.inputs) == p + 3)
 
     @staticmethod
     def matches(plan, step: Step) -> int:
@@ -100,10 +108,16 @@ class _InEdge:
         if (step.op == "Cast" and bt.shape[0] == 1 and len(step.inputs) == 1 and bt.info.dtype == "fp16"
                 and DType(step.attrs["to"]).numpy == F32):
             return k
-        if (step.op == "DequantizeRows" and int(step.attrs.get("partials", 1)) == 1 and bt.info.dtype == "int32"
-                and len(step.inputs) in (3, 4) and host(plan, step.inputs[1])
-                and const(plan, step.inputs[2], (k,)) is not None
-                and (len(step.inputs) == 3 or const(plan, step.inputs[3], (k,)) is not None)):
+        p = _partials(step)
+        if (step.op == "DequantizeRows" and p and bt.info.dtype == "int32"
+                and len(step.inputs) in (p + 2, p + 3) and host(plan, step.inputs[p])
+                and const(plan, step.inputs[p + 1], (k,)) is not None
+                and (len(step.inputs) == p + 2 or const(plan, step.inputs[p + 2], (k,)) is not None)):
+            if p == 2:  # the second K range's sums: a one-term row of the same width in its own BO
+                second = plan._bo_tensor(step.inputs[1])
+                if (_terms(step) != 1 or second is None or second.info.layout != "native-gemm"
+                        or second.info.dtype != "int32" or tuple(second.shape) != (1, k)):
+                    return 0
             return k
         return 0
 
@@ -129,7 +143,9 @@ class _InEdge:
             rs = self.slots[rs_slot]
             if rs.shape != (1 if self.residual is None else 2,) or rs.dtype != F32:
                 raise_shape(label, "row scale", rs)
-            if self.residual is None:
+            if self.partial is not None:
+                jit.dequantize_atoms_partials(self.atoms, self.partial, self.k, rs[0], ch, bias, has_bias, flat)
+            elif self.residual is None:
                 jit.dequantize_atoms(self.atoms, self.k, rs[0], ch, bias, has_bias, flat)
             else:
                 jit.dequantize_atoms_terms(self.atoms, self.residual, self.k, rs[0], rs[1], ch, bias, has_bias, flat)
@@ -234,6 +250,13 @@ class _OutEdge:
         self.slots[self.scale_slot] = self.scale
 
 
+def _partials(step: Step) -> int:
+    """DequantizeRows' K ranges whose int32 sums it adds: 1, or 2 (each read from
+    its own BO), are fused; any other count runs step by step (0)."""
+    partials = int(step.attrs.get("partials", 1))
+    return partials if partials in (1, 2) else 0
+
+
 def _terms(step: Step) -> int:
     """The rule for two-term edges (--int8-residual: QuantizeRows writes a
     row's int8 value and its int8 residual as two rows of the BO, [2, k], and
@@ -245,7 +268,7 @@ def _terms(step: Step) -> int:
 
 def _bracket(plan, steps: Sequence[Step], ins: list, out: _OutEdge, call, label: str) -> list[Callable[[], None]]:
     call.label, call.ops = label, tuple(s.op for s in steps)  # ops: what the profile's per-op costs share it by
-    return plan._bracketed([e.bo for e in ins] + [out.bo], [call])
+    return plan._bracketed([bo for e in ins for bo in e.bos] + [out.bo], [call])
 
 
 def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
@@ -295,7 +318,7 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
     (two in edges), act(gate) * up, the product written into the down
     product's input BO (the out edge). GELU's arithmetic and the product
     are compiled calls around numpy's tanh (a compiled tanh would not give
-    its bits); SiLU is its prepared kernel (numpy's exp, likewise)."""
+    its bits), SiLU's around numpy's exp, likewise."""
     if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
         return None
     e1, e2, act, mul, last = steps
@@ -334,6 +357,20 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
             slots[o_mul] = hidden
             edge_out.run(hidden)
         return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call, label)
+    if act.op == "SiLU":  # compiled around numpy's exp (its bits), buffers made once
+        t, a = np.empty((1, k), F32), np.empty((1, k), F32)
+        argument, times, exp, exp_max = jit.silu_argument, jit.silu_times, np.exp, plain.EXP_MAX
+
+        def call_silu():
+            g = edge_gate.run(label)
+            u = edge_up.run(label)
+            argument(g, exp_max, t)
+            exp(t, out=t)
+            times(g, t, exp_max, u, a, hidden)
+            slots[o_act] = a
+            slots[o_mul] = hidden
+            edge_out.run(hidden)
+        return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call_silu, label)
     activation, multiply = bind(act, [None]), np.multiply
 
     def call_any():
@@ -362,7 +399,7 @@ def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Call
     def call():
         edge.run(label)
     call.label, call.ops = label, (steps[0].op,)
-    return plan._bracketed([edge.bo], [call])
+    return plan._bracketed(edge.bos, [call])
 
 
 def _declared(plan, name: str) -> tuple | None:

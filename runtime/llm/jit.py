@@ -27,7 +27,10 @@ from rkc.runtime.half import narrow_bits, widen_bits
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _signed_tile, scaled_amax
 
-_JIT = {"cache": True, "nogil": True}
+# error_model "numpy": a float division by zero gives numpy's inf / NaN instead of raising, so no
+# check per element stops a loop from vectorising (a 8960-wide SiLU's divisions 9 -> 4.8 us); the
+# quotients of nonzero divisors are the same bits
+_JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
 _BLOCK = 128  # numpy's PW_BLOCKSIZE: the pairwise sum's leaf
 
 
@@ -348,6 +351,24 @@ def dequantize_atoms(src, n, row_scale, ch_scale, bias, has_bias, out):
 
 
 @njit(**_JIT)
+def dequantize_atoms_partials(src0, src1, n, row_scale, ch_scale, bias, has_bias, out):
+    """dequantize_atoms of one row whose sums come as two int32 partials over
+    K ranges (DequantizeRows with partials = 2: a product wider than one
+    task's K), each in its [C1, C2] atoms: the partials added exactly (int64),
+    then the same float64 products, rounded once, into out[:n]."""
+    c1, c2 = src0.shape
+    rs = np.float64(row_scale)
+    for a in range(c1):
+        base = a * c2
+        for b in range(min(c2, n - base)):
+            j = base + b
+            y = (np.float64(np.int64(src0[a, b]) + np.int64(src1[a, b])) * rs) * np.float64(ch_scale[j])
+            if has_bias:
+                y += np.float64(bias[j])
+            out[j] = np.float32(y)
+
+
+@njit(**_JIT)
 def dequantize_atoms_terms(src0, src1, n, rs0, rs1, ch_scale, bias, has_bias, out):
     """dequantize_atoms of a row quantized as two int8 terms (its value and
     its residual: weights.dequantize with terms=2): each term's sums times
@@ -406,6 +427,35 @@ def gelu_tanh_times(x, th, up, act, out):
 
 
 @njit(**_JIT)
+def silu_argument(x, exp_max, t):
+    """t = min(-x, exp_max) over rows x [M, K] (a NaN stays NaN, as
+    np.minimum keeps it): the exp's argument of kernels.silu_values."""
+    rows, k = x.shape
+    for m in range(rows):
+        for i in range(k):
+            v = -x[m, i]
+            t[m, i] = v if v <= exp_max or v != v else exp_max
+
+
+@njit(**_JIT)
+def silu_times(x, e, exp_max, up, act, out):
+    """act = x / (1 + e) (e: the exp of silu_argument's t; an infinite
+    denominator where -x > exp_max), out = act * up: kernels.silu_values and
+    Mul's float32 operations in their order, the gated FFN's product."""
+    rows, k = x.shape
+    inf = np.float32(np.inf)
+    for m in range(rows):
+        for i in range(k):
+            v = x[m, i]
+            den = np.float32(1.0) + e[m, i]
+            if -v > exp_max:
+                den = inf
+            a = v / den
+            act[m, i] = a
+            out[m, i] = a * up[m, i]
+
+
+@njit(**_JIT)
 def attention_front(q, k, qw, qeps, kw, keps, norms, qn, kn, qx, kx, cos, sin, dims, neox, qr, kr, kr_bits,
                     v_bits, k16, v16, row):
     """A one-row attention stretch's work between its in edges and its
@@ -440,39 +490,62 @@ def _nibbles(even, odd):
 
 
 @njit(**_JIT)
+def _abs_max_bits(k, bits):
+    """The largest magnitude of k float32 values given as their bits (int32),
+    as bits: the sign bit cleared, a float's bits order as its magnitude, a
+    NaN's above infinity's. An integer max, which vectorises where a float
+    max with numpy's NaN rule cannot."""
+    best = np.int32(0)
+    for i in range(k):
+        best = max(best, bits[i] & np.int32(0x7FFFFFFF))
+    return best
+
+
+@njit(**_JIT)
 def quantize_nibbles_into_atoms(x, q, scale, limit, lo, hi):
     """int4_rows.npu_rows + packed_rows of rows lo..hi-1 of x [M, K] (rotated
-    already), written into the int4 operand's bytes as int8 GEMM atoms q
-    [C1, R, C2] (uint8 view; K / 2 byte columns, the even channel in the low
-    nibble): per row the int8 codes of weights.symmetric_rows with `limit`
-    (scale = max|x| / limit, 1 for a zero row; rint(x / scale) clipped: the
-    same float32 operations), each code a = 16 hi + lo written as two int4
-    rows, hi at 2m, lo at 2m + 1 (lo = ((a + 8) & 15) - 8). The pad rows past
-    2M are zeroed by the range that ends at M (the atoms
-    hold exactly K / 2 byte columns). The codes go through a row buffer first:
-    each loop simple enough to vectorise."""
+    already), written into the int4 operand's bytes as int8 GEMM
+    atoms q [C1, R, C2] (uint8 view; K / 2 byte columns, the even channel in
+    the low nibble): per row the int8 codes of weights.symmetric_rows with
+    `limit` (scale = max|x| / limit, 1 for a zero row or one holding a NaN;
+    rint(x / scale) clipped: the same float32 operations), each code a = 16
+    hi + lo written as two int4 rows, hi at 2m, lo at 2m + 1 (lo = ((a + 8) &
+    15) - 8). The pad rows past 2M are zeroed by the range that ends at M
+    (the atoms hold exactly K / 2 byte columns). Each pass a simple loop over
+    a row buffer (the maximum as integer bits, the codes, the two nibble
+    rows' bytes), which the compiler vectorises: 8960 wide 27 -> 8 us."""
     rows, k = x.shape
     c1, stored, c2 = q.shape
     if 2 * c1 * c2 != k or stored < 2 * rows:
         raise ValueError("the int4 operand's atoms do not hold these rows")
     lim = np.float32(limit)
+    half = k // 2
     codes = np.empty(k, np.int32)
+    hi_bytes = np.empty(half, np.uint8)
+    lo_bytes = np.empty(half, np.uint8)
+    row = np.empty(k, np.float32)  # x[m] contiguous (x may be any strided view), and its bits as int32
+    bits = row.view(np.int32)
+    box = np.empty(1, np.int32)
     for m in range(lo, hi):
-        amax = np.float32(0.0)
         for i in range(k):
-            a = abs(x[m, i])
-            if a > amax or a != a:  # a NaN stays the maximum, as in numpy's max (so the scale is 1)
-                amax = a
-        s = amax / lim if amax > 0 else np.float32(1.0)
+            row[i] = x[m, i]
+        box[0] = _abs_max_bits(k, bits)
+        amax = box.view(np.float32)[0]
+        if box[0] > np.int32(0x7F800000) or not amax > 0:  # a NaN stays the maximum, as in numpy's max
+            s = np.float32(1.0)
+        else:
+            s = amax / lim
         scale[m] = s
         for i in range(k):
-            codes[i] = np.int32(min(max(np.rint(x[m, i] / s), -lim), lim))
+            codes[i] = np.int32(min(max(np.rint(row[i] / s), -lim), lim))
+        for i in range(half):
+            c_even, c_odd = codes[2 * i], codes[2 * i + 1]
+            hi_bytes[i] = _nibbles(c_even + 8 >> 4, c_odd + 8 >> 4)
+            lo_bytes[i] = _nibbles(c_even, c_odd)
         for a in range(c1):
             for b in range(c2):
-                j = 2 * (a * c2 + b)
-                c_even, c_odd = codes[j], codes[j + 1]
-                q[a, 2 * m, b] = _nibbles(c_even + 8 >> 4, c_odd + 8 >> 4)
-                q[a, 2 * m + 1, b] = _nibbles(c_even, c_odd)
+                q[a, 2 * m, b] = hi_bytes[a * c2 + b]
+                q[a, 2 * m + 1, b] = lo_bytes[a * c2 + b]
     if hi == rows:
         for a in range(c1):
             for r in range(2 * rows, stored):
@@ -519,39 +592,81 @@ def rotate_nibbles_into_atoms(x, signs, block, norm, q, scale, limit, tile_lo, t
 
 
 @njit(**_JIT)
+def _combine_int4_row(p, n, n_pad, scales, row_scale, bias, has_bias, out, m):
+    """combine_int4_atoms of row m alone, atom after atom: each atom's channels
+    summed over the groups in a buffer of one atom (the same float32
+    operations in the same order), then scaled into the row: one pass over
+    the partials and the output (the 151936-wide head: 357 -> 280 us)."""
+    c2 = p.shape[2]
+    groups = scales.shape[0]
+    atoms = -(-n // c2)
+    per_group = n_pad // c2
+    acc = np.empty(c2, np.float32)
+    rs, h, row = row_scale[m], 2 * m, out[m]
+    for a in range(atoms):
+        base = a * c2
+        width = min(c2, n - base)
+        w = scales[0]
+        for b in range(width):
+            acc[b] = np.float32(0.0) + np.float32(np.int32(p[a, h, b]) * 16 + np.int32(p[a, h + 1, b])) * w[base + b]
+        for g in range(1, groups):
+            w, ag = scales[g], g * per_group + a
+            for b in range(width):
+                acc[b] += np.float32(np.int32(p[ag, h, b]) * 16 + np.int32(p[ag, h + 1, b])) * w[base + b]
+        if has_bias:
+            for b in range(width):
+                row[base + b] = acc[b] * rs + bias[base + b]
+        else:
+            for b in range(width):
+                row[base + b] = acc[b] * rs
+
+
+@njit(**_JIT)
 def combine_int4_atoms(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo, hi):
     """int4_rows.combine of rows lo..hi-1 read from the NPU's int16 partials
     in their atoms p [C1, R, C2] (row 2m: the hi nibble row's sums, 2m + 1 the
     lo row's; group g's channel j at column g * n_pad + j, n_pad a multiple of
     C2): out[m, j] = (sum over g, in order, of float32(16 P_hi + P_lo) *
     scales[g, j]) * row scale[m] (+ bias[j]), each operation in float32 as
-    the kernel does it. By tiles of LANES rows, atom after atom (each atom's
-    rows of a tile are contiguous in the BO), group after group."""
+    the kernel does it (16 P_hi + P_lo is formed in int32: |16 P_hi + P_lo|
+    < 2^20, so its float32 is float32(P_hi) * 16 + float32(P_lo) exactly).
+    By tiles of LANES rows (each atom's rows of a tile are contiguous in the
+    BO): per group the tile's merged sums gathered into contiguous rows
+    first, then each output row updated by one simple loop, which the
+    compiler vectorises (the atoms' short runs defeat it: a 2 x 8960 combine
+    41 -> 25 us)."""
+    if hi - lo == 1:  # one row (decode): no merged rows
+        _combine_int4_row(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo)
+        return
     c2 = p.shape[2]
     groups = scales.shape[0]
     atoms = -(-n // c2)
-    sixteen = np.float32(16.0)
+    merged = np.empty((LANES, atoms * c2), np.float32)
     for m0 in range(lo, hi, LANES):
         m1 = min(m0 + LANES, hi)
-        for m in range(m0, m1):
-            for j in range(n):
-                out[m, j] = np.float32(0.0)
         for g in range(groups):
             a0 = g * n_pad // c2
-            w = scales[g]
             for a in range(atoms):
                 base = a * c2
-                width = min(c2, n - base)
-                src = p[a0 + a]
                 for m in range(m0, m1):
-                    row = out[m]
-                    for b in range(width):
-                        merged = np.float32(src[2 * m, b]) * sixteen + np.float32(src[2 * m + 1, b])
-                        row[base + b] += merged * w[base + b]
+                    r = m - m0
+                    for b in range(c2):
+                        merged[r, base + b] = np.float32(np.int32(p[a0 + a, 2 * m, b]) * 16
+                                                         + np.int32(p[a0 + a, 2 * m + 1, b]))
+            w = scales[g]
+            for m in range(m0, m1):
+                row, src = out[m], merged[m - m0]
+                if g == 0:
+                    for j in range(n):
+                        row[j] = np.float32(0.0) + src[j] * w[j]
+                else:
+                    for j in range(n):
+                        row[j] += src[j] * w[j]
         for m in range(m0, m1):
-            rs = row_scale[m]
-            for j in range(n):
-                y = out[m, j] * rs
-                if has_bias:
-                    y = y + bias[j]
-                out[m, j] = y
+            row, rs = out[m], row_scale[m]
+            if has_bias:
+                for j in range(n):
+                    row[j] = row[j] * rs + bias[j]
+            else:
+                for j in range(n):
+                    row[j] = row[j] * rs

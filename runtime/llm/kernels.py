@@ -284,7 +284,7 @@ def scale_by(inputs, attrs, state):
 
 # the largest float32 t whose float32 exp is finite (exp(t) = 3.4027985e38);
 # exp overflows for every t above it (tests/llm/test_plan.py checks both)
-_EXP_MAX = np.float32(88.72283172607422)
+EXP_MAX = np.float32(88.72283172607422)
 
 
 def silu_values(x: np.ndarray) -> np.ndarray:
@@ -292,8 +292,8 @@ def silu_values(x: np.ndarray) -> np.ndarray:
     be inf the denominator is inf outright, so every value is the plain
     formula's (x / inf, a signed zero) and no RuntimeWarning is raised."""
     t = np.negative(x)
-    den = 1.0 + np.exp(np.minimum(t, _EXP_MAX))
-    den[t > _EXP_MAX] = np.inf
+    den = 1.0 + np.exp(np.minimum(t, EXP_MAX))
+    den[t > EXP_MAX] = np.inf
     return x / den
 
 

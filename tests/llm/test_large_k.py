@@ -58,6 +58,16 @@ def test_wide_ffn_matches_reference(precision, rotation, arith, min_cos, wide_ff
     finish = [s for s in decode.steps if s.name == "from_npu:decode/blk.0.ffn_out"]
     assert len(finish) == 1 and len(finish[0].inputs) >= 2  # two K ranges, added on the CPU
     assert finish[0].op == ("DequantizeRows" if precision == "int8" else "SumPartials")
+    if precision == "int8":  # the two ranges' sums read in the decode plan's fused residual stretch
+        from llm.test_plan import plan_and_interpreter_logits
+
+        engine = LlmEngine(out, device="null")
+        labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
+        engine.close()
+        assert sum(lab.startswith("residual stretch") for lab in labels) == 2, labels
+        steps = [("decode", [t], i) for i, t in enumerate(tokens[:4])]  # one-row runs: the interpreter's bits
+        for planned, interpreted in plan_and_interpreter_logits(out, steps):
+            np.testing.assert_array_equal(planned, interpreted)
 
 
 def test_buffers_beyond_the_iova_window_are_refused_with_their_sizes():

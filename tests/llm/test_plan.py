@@ -226,9 +226,9 @@ def test_silu_does_not_overflow_and_keeps_the_formulas_values():
     threshold is the last float32 whose exp is finite."""
     import warnings
 
-    from rkc.runtime.llm import kernels, prepared
+    from rkc.runtime.llm import jit, kernels, prepared
 
-    edge = kernels._EXP_MAX
+    edge = kernels.EXP_MAX
     with np.errstate(over="ignore"):
         assert np.isfinite(np.exp(edge)) and not np.isfinite(np.exp(np.nextafter(edge, np.float32(np.inf))))
     near = [edge, np.nextafter(edge, np.float32(0)), np.nextafter(edge, np.float32(np.inf))]
@@ -236,9 +236,18 @@ def test_silu_does_not_overflow_and_keeps_the_formulas_values():
     with np.errstate(over="ignore"):
         want = x / (1.0 + np.exp(-x))
     run = prepared.BINDERS["SiLU"](_step("SiLU", 1, {}), [None], None)
+
+    def fused(x):  # the one-row FFN stretch's compiled calls around numpy's exp (runtime/llm/fused.py)
+        x, t, act, out = x[None], np.empty((1, x.size), np.float32), np.empty((1, x.size), np.float32), np.empty(
+            (1, x.size), np.float32)
+        jit.silu_argument(x, kernels.EXP_MAX, t)
+        np.exp(t, out=t)
+        jit.silu_times(x, t, kernels.EXP_MAX, np.ones_like(x), act, out)
+        np.testing.assert_array_equal(act, out)
+        return out[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for got in (kernels.silu([x], {}, None)[0], run([x])[0]):
+        for got in (kernels.silu([x], {}, None)[0], run([x])[0], fused(x)):
             assert got.dtype == np.float32
             np.testing.assert_array_equal(got, want)
             np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
@@ -249,7 +258,8 @@ def test_edges_read_from_atoms_are_the_kernels():
     [C1, C2]: the fp16 widening is numpy's for every one of the 65536 bit
     patterns (NaN payloads, subnormals, signed zeros), and the int32
     dequantization is kernels.dequantize_rows's, bit for bit, with and
-    without a bias and with padding channels past K."""
+    without a bias and with padding channels past K, of one row of sums or
+    of two K ranges' (within one float32 rounding of the float64 value)."""
     from rkc.runtime.llm import jit, kernels
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
@@ -272,6 +282,15 @@ def test_edges_read_from_atoms_are_the_kernels():
             got = np.zeros(k, np.float32)
             jit.dequantize_atoms(atoms, k, rs[0], ch, inputs[-1], len(inputs) == 4, got)
             np.testing.assert_array_equal(got, kernels.dequantize_rows(inputs, {}, None)[0][0])
+        second = rng.integers(-2 ** 31, 2 ** 31, (c1, 4, c2), dtype=np.int64).astype(np.int32)[:, 0]
+        acc2 = np.ascontiguousarray(second).reshape(1, -1)[:, :k]
+        for inputs in ([acc, acc2, rs, ch], [acc, acc2, rs, ch, bias]):  # two K ranges' sums, added exactly
+            got = np.zeros(k, np.float32)
+            jit.dequantize_atoms_partials(atoms, second, k, rs[0], ch, inputs[-1], len(inputs) == 5, got)
+            want = kernels.dequantize_rows(inputs, {"partials": 2}, None)[0][0]
+            np.testing.assert_array_equal(got, want)
+            exact = (acc.astype(np.float64) + acc2) * np.float64(rs[0]) * ch + (bias if len(inputs) == 5 else 0)
+            np.testing.assert_allclose(got, exact[0], rtol=2 ** -23, atol=0)  # one float32 rounding of float64
 
 
 def test_edges_written_to_atoms_are_numpys_cast():
