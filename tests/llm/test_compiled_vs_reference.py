@@ -88,10 +88,14 @@ def test_int8_rkbin_computes_its_cpu_emulation(arch, options, synth_rkbin, synth
     # orders than the emulation's step-by-step kernels, and a hybrid's fp16 GEMM than BLAS: now and then an
     # int8 activation moves a rounding step, which moves later rows a little (measured: 1e-5..1e-4 in
     # 1 - cosine at the worst row; docs/llm.md, the drift). A hybrid (fp16_share) moves more, its fp16
-    # products rounded otherwise on the NPU than in the emulation: medians 0 to 8.8e-6 over runs (2026-12-06)
+    # products rounded otherwise on the NPU than in the emulation: medians 0 to 8.8e-6 over runs (2026-12-06).
+    # Without the rotation a row keeps its outlier channels, so its int8 scale follows one value and a
+    # last-bit change there (the residual stretch's float64 sum of squares against the emulation's
+    # float32 pairwise one) moves every code of the row: median 2.5e-5 (2026-12-06)
     cos = np.array([_cosine(got[r], want[r]) for r in range(len(tokens))])
     assert cos.min() > 0.999, cos
-    assert np.median(1 - cos) < (2e-5 if options.get("fp16_share") else 1e-6), cos
+    drift = 2e-5 if options.get("fp16_share") else 5e-5 if options.get("rotation") == "none" else 1e-6
+    assert np.median(1 - cos) < drift, cos
 
 
 @pytest.mark.parametrize("arch", ARCHS)
