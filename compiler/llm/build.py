@@ -170,16 +170,18 @@ def encode_matrices(graph: Graph, weights: Mapping[str, np.ndarray], options: Ll
     out: dict[str, EncodedWeight] = {}
     cache: dict = {}
     linear, head = _product_names(graph), _head_name(graph)
+    gathered = {op.inputs[0] for op in graph.ops if op.type == "Gather"}
     with progress_bar(by_layer(sorted(_matrix_names(graph))), "encode layers") as layers:
         for group in layers:
             for name in group:
-                _encode(name, weights[name], name in linear, name == head, options, cal, factors, cache, out)
+                _encode(name, weights[name], name in linear, name == head, options, cal, factors, cache, out,
+                        tied=name in gathered)
     return out
 
 
 def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: bool, options: LlmCompileOptions,
             cal: Calibration | None, factors: dict[str, np.ndarray], cache: dict,
-            out: dict[str, EncodedWeight]) -> None:
+            out: dict[str, EncodedWeight], tied: bool = True) -> None:
     """One matrix (in memory, or a row source never read whole) encoded into
     `out`: fp16, or int8 rounded as options.rounding rounds it (the head or
     the body), a product's input axis rotated first (a Gather-only table is not)."""
@@ -203,8 +205,9 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: b
             cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
         h = cache[key][1]
     if is_product and _precision_of(name, options) == "int4":
+        # the int8 rows a tied embedding gathers (an untied head's would go unread: 545 MB on a 7B)
         out[name] = encode_int4(source, options.int4_group, rot, h if method == "gptq" else None,
-                                gather=encode_rows(source, "int8") if is_head else None)
+                                gather=encode_rows(source, "int8") if is_head and tied else None)
         return
     out[name] = encode_rows(source, "int8", rot, method, h, options.scales)
 
@@ -381,6 +384,7 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
                         text=Path(options.calibration).read_text(), max_tokens=options.calibration_tokens)
     consumers = graph.consumers()
     linear, head = _product_names(graph), _head_name(graph)
+    gathered = {op.inputs[0] for op in graph.ops if op.type == "Gather"}
     matrix_names = _matrix_names(graph)
     smoothable = {n for n in linear if len(consumers[n]) == 1}
     matrices: dict[str, EncodedWeight] = {}
@@ -399,7 +403,8 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
                 floats[name] = held[name].astype(np.float32)
             else:  # one SmoothQuant leaves alone (a tied head, a Gather table): from the file in row blocks
                 w = held[name] if name in held else weights.source(name)
-                _encode(name, w, name in linear, name == head, options, cal, smoothed, cache, done)
+                _encode(name, w, name in linear, name == head, options, cal, smoothed, cache, done,
+                        tied=name in gathered)
         return done, floats, smoothed
 
     with progress_bar(by_layer(list(weights)), "quantize layers") as layers:

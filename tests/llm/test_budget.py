@@ -89,3 +89,18 @@ def test_int4_weights_are_held_two_to_a_byte():
     assert enc.data.shape == (96, 80) and enc.data.dtype == np.uint8
     np.testing.assert_array_equal(enc.int4_values(), q.data)
     np.testing.assert_array_equal(enc.int4_scales, q.scales)
+
+
+@pytest.mark.parametrize("gptq", [False, True])
+def test_int4_rounding_by_row_blocks_is_the_whole_matrix_rounding(monkeypatch, gptq):
+    from rkc.compiler.llm import int4
+
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((53, 96)).astype(np.float32)
+    x = rng.standard_normal((200, 96)) * rng.uniform(0.2, 3.0, 96)
+    h = x.T @ x if gptq else None
+    whole = quantize_weight(w, 32, h)
+    monkeypatch.setattr(int4, "ROUND_ELEMENTS", 7 * 96)  # blocks of 7 rows, the last of 4
+    blocked = quantize_weight(w, 32, h)
+    np.testing.assert_array_equal(blocked.data, whole.data)
+    np.testing.assert_array_equal(blocked.scales, whole.scales)
