@@ -175,7 +175,7 @@ def _compile_llm(source: Path, output: Path, precision: str, given: Mapping[str,
         options = replace(options, keep_fp16=tuple(k.strip() for k in str(given["keep_fp16"]).split(",")
                                                    if k.strip()))
     if "int8_rounding" in given:
-        options = replace(options, rounding=str(given["int8_rounding"]))
+        options = replace(options, rounding=str(given["int8_rounding"]), rounding_auto=False)
     if "fp16_share" in given:
         options = replace(options, fp16_share=float(given["fp16_share"]))
     if "int8_rotation" in given:

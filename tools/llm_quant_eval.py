@@ -19,10 +19,11 @@ float model (fp32 weights and activations):
 * host microseconds per decode token spent rotating activations.
 
     PYTHONPATH=$PWD python tools/llm_quant_eval.py SCHEME [SCHEME ...]
-    SCHEME: float | fp16 | int8[:key=value,...] (keys not given: rkc compile's defaults)
+    SCHEME: float | fp16 | int8[:key=value,...] | int4[:key=value,...] (keys not given: rkc compile's defaults)
             keys: rounding=rtn|gptq, scales=max|mse, cal=TEXTFILE, alpha=0.5|search,
             keep=ffn_down+output, fp16=N (hybrid: N of Gemma 3 270M's 72 product groups),
             rot=kron|block|none (the rotation of each int8 product's input),
+            keep4=ffn_down+attn_v (int4: the products kept int8), group=N (int4: K per group),
             res=none|head|all (the products whose input is quantized as two int8 rows: value + residual),
             act=token|exact (exact: activations not quantized, to bound what the weights
             alone cost), w=float (weights not rounded: what the activations alone cost),
@@ -220,7 +221,9 @@ def build_weights(bench: Bench, scheme: str) -> dict:
              "alpha_search": kv["alpha"] == "search" if "alpha" in kv else None,
              "smooth_alpha": float(kv["alpha"]) if kv.get("alpha", "search") != "search" else None,
              "keep_fp16": tuple(k for k in kv["keep"].split("+") if k) if "keep" in kv else None,
-             "rotation": kv.get("rot"), "residual": kv.get("res")}
+             "rotation": kv.get("rot"), "residual": kv.get("res"),
+             "int4_keep": tuple(k for k in kv["keep4"].split("+") if k) if "keep4" in kv else None,
+             "int4_group": int(kv["group"]) if "group" in kv else None}
     # keys not given: `rkc compile --precision int8`'s defaults
     options = LlmCompileOptions(kind, (1,), **{k: v for k, v in given.items() if v is not None})
     report = CompileReport()
@@ -232,7 +235,9 @@ def build_weights(bench: Bench, scheme: str) -> dict:
     only = tuple(k for k in kv["only"].split("+") if k) if "only" in kv else None
     head = next(op.inputs[1] for op in bench.graph.ops if op.outputs[0] == "logits")
     for n, enc in matrices.items():
-        if enc.scale is None:
+        if enc.int4_scales is not None:
+            out[n] = Int4Emulated(enc)
+        elif enc.scale is None:
             out[n] = Weight(enc.data)
         elif "kgroup" in kv and n != head:
             out[n] = GroupedInt8Weight.rounded(rotate_matrix(weights[n], enc.rotation) if enc.rotation else weights[n],
@@ -252,6 +257,39 @@ def build_weights(bench: Bench, scheme: str) -> dict:
     if "kgroup" in kv:
         bench.release_float_weights()  # read again by the next scheme that needs them: 1 GB less during the run
     return out
+
+
+class Int4Emulated:
+    """An int4 product (compiler/llm/int4.py, W4A8) as the NPU and the CPU
+    compute it: each activation row rotated, quantized to int8 in [-119, 119]
+    (the value its two nibble rows carry), times the int4 weights with their
+    group scales, times the row scale; the integer partials summed in float32
+    here rather than exactly per group (float32 rounding apart, the same
+    numbers: tests/llm/test_int4.py holds emulate to the simulator)."""
+
+    def __init__(self, enc) -> None:
+        from rkc.compiler.llm.int4 import Int4Weight
+
+        self.w4 = Int4Weight(enc.int4_values(), enc.int4_scales, enc.int4_group)
+        self.rotation, self.shape = enc.rotation, enc.data.shape
+        self.gather = enc.gather.as_runtime() if enc.gather is not None else None
+        self._wt = np.ascontiguousarray(self.w4.dequantized().T)  # [K, N]
+
+    def dense(self) -> np.ndarray:
+        w = self._wt.T
+        return w if self.rotation is None else unrotate(np.ascontiguousarray(w), self.rotation)
+
+    def rows(self, ids):
+        return self.gather.rows(ids) if self.gather is not None else self.dense()[ids]
+
+    def matmul(self, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        from rkc.runtime.kernels.hadamard import rotate
+        from rkc.runtime.llm.int4_rows import quantize_activations
+
+        x = np.asarray(x, np.float32)
+        q, s = quantize_activations(rotate(x, self.rotation) if self.rotation is not None else x)
+        y = (q.astype(np.float32) @ self._wt) * s[:, None]
+        return y if bias is None else y + bias
 
 
 class GroupedInt8Weight:
@@ -408,7 +446,9 @@ def product_bytes(bench: Bench, weights: dict) -> int:
     total = 0
     for name in dict.fromkeys(op.inputs[1] for op in bench.graph.ops if op.type == "Linear"):
         w = getattr(weights[name], "compiled", weights[name])  # FloatRows: the compiled head's
-        if hasattr(w, "q"):
+        if isinstance(w, Int4Emulated):
+            total += w.w4.nbytes()
+        elif hasattr(w, "q"):
             total += w.q.nbytes + w.scale.nbytes
         elif isinstance(w, Weight):
             total += w.data.nbytes

@@ -27,7 +27,10 @@ from threadpoolctl import threadpool_limits
 
 from rkc.compiler.emitter_ops import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
-from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, Calibration, calibrate, product_errors
+from rkc.compiler.llm.budget import CALIBRATION_BUDGET_S, GPTQ_BUDGET_S, HESSIAN_BUDGET_BYTES, affordable_rounding, \
+    calibration_tokens, gptq_cost
+from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, MAX_TOKENS as CALIBRATION_MAX_TOKENS, \
+    WINDOW as CALIBRATION_WINDOW, Calibration, calibrate, product_errors
 from rkc.compiler.llm.cpu_work import cpu_steps
 from rkc.compiler.llm.int4 import AUTO_GROUP, group_for as int4_group_for, quantize_weight as quantize_int4, \
     safe as int4_safe
@@ -44,7 +47,7 @@ from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.llm import DECODE, program_plan
-from rkc.ir.npu import hw
+from rkc.ir.npu import hw, layout
 from rkc.ir.rkbin import write_rkbin
 from rkc.runtime.llm.tokenizer import LlmTokenizer
 from rkc.runtime.kernels.hadamard import Rotation
@@ -85,10 +88,13 @@ class LlmCompileOptions:
     smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
     # int8 only: products whose weight name contains one of these stay fp16 (hybrid)
     keep_fp16: tuple[str, ...] = DEFAULT_KEEP_FP16
-    # int8 and int4: how weights are rounded (compiler/llm/quantize.py); "": the precision's default
+    # int8 and int4: how weights are rounded (compiler/llm/quantize.py); "": the precision's
+    # default, which compile_gguf lowers when GPTQ's estimate is over budget (compiler/llm/budget.py)
     rounding: str = ""
+    rounding_auto: bool = False  # set when rounding was "": the precision's default, not the user's
     scales: str = "max"  # int8 only: how the per-row weight scales are chosen (max or mse)
     calibration: Path = CALIBRATION_TEXT  # int8 only: the text calibration runs the float model on
+    calibration_tokens: int = CALIBRATION_MAX_TOKENS  # at most this many of it (compile_gguf: within budget)
     # int8 only: this share of the product groups (one NPU segment each: q+k+v,
     # gate+up, attn_output, ffn_down) stays fp16, the groups whose int8 output is
     # noisiest on the calibration text (a measured hybrid; never the output head)
@@ -115,6 +121,7 @@ class LlmCompileOptions:
     def __post_init__(self) -> None:
         if not self.rounding:
             self.rounding = default_rounding(self.precision)
+            self.rounding_auto = True
 
 
 @dataclass
@@ -163,16 +170,18 @@ def encode_matrices(graph: Graph, weights: Mapping[str, np.ndarray], options: Ll
     out: dict[str, EncodedWeight] = {}
     cache: dict = {}
     linear, head = _product_names(graph), _head_name(graph)
+    gathered = {op.inputs[0] for op in graph.ops if op.type == "Gather"}
     with progress_bar(by_layer(sorted(_matrix_names(graph))), "encode layers") as layers:
         for group in layers:
             for name in group:
-                _encode(name, weights[name], name in linear, name == head, options, cal, factors, cache, out)
+                _encode(name, weights[name], name in linear, name == head, options, cal, factors, cache, out,
+                        tied=name in gathered)
     return out
 
 
 def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: bool, options: LlmCompileOptions,
             cal: Calibration | None, factors: dict[str, np.ndarray], cache: dict,
-            out: dict[str, EncodedWeight]) -> None:
+            out: dict[str, EncodedWeight], tied: bool = True) -> None:
     """One matrix (in memory, or a row source never read whole) encoded into
     `out`: fp16, or int8 rounded as options.rounding rounds it (the head or
     the body), a product's input axis rotated first (a Gather-only table is not)."""
@@ -196,8 +205,9 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: b
             cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
         h = cache[key][1]
     if is_product and _precision_of(name, options) == "int4":
+        # the int8 rows a tied embedding gathers (an untied head's would go unread: 545 MB on a 7B)
         out[name] = encode_int4(source, options.int4_group, rot, h if method == "gptq" else None,
-                                gather=encode_rows(source, "int8") if is_head else None)
+                                gather=encode_rows(source, "int8") if is_head and tied else None)
         return
     out[name] = encode_rows(source, "int8", rot, method, h, options.scales)
 
@@ -256,10 +266,12 @@ def encode_int4(source: RowSource, group: int, rot: Rotation | None = None, hess
     `gather`: the int8 rows a tied embedding gathers from (the head's int4 bytes are
     not a row table)."""
     n, k = source.shape
+    if k % layout.INT4_C2:
+        raise UnsupportedError(f"int4 products need K % {layout.INT4_C2} == 0, K = {k}")
     parts = 1
     while True:  # group AUTO_GROUP: the fewest K groups whose int16 partials are safe for these weights
         g = group if group != AUTO_GROUP else int4_group_for(k, parts)
-        data = np.empty((n, k), np.int8)
+        data = np.empty((n, k // 2), np.uint8)  # two values a byte (EncodedWeight.int4_values)
         scales = np.empty((-(-k // g), n), np.float32)
         for r0, rows in source.blocks(ENCODE_ROWS):
             if rot is not None:
@@ -267,7 +279,7 @@ def encode_int4(source: RowSource, group: int, rot: Rotation | None = None, hess
             q = quantize_int4(rows, g, hessian)
             if group == AUTO_GROUP and not int4_safe(q):
                 break
-            data[r0:r0 + len(rows)] = q.data
+            data[r0:r0 + len(rows)] = layout.pack_nibbles(q.data)
             scales[:, r0:r0 + len(rows)] = q.scales
         else:
             return EncodedWeight(data, None, rot, int4_scales=scales, int4_group=g, gather=gather)
@@ -336,7 +348,7 @@ def _prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[s
     alpha: float | dict[str, float] = options.smooth_alpha
     if _integer(options) and (options.smooth_alpha > 0 or _needs_hessians(options)):
         cal = calibrate(graph, cfg, weights, tokenizer, hessians=_hessian_names(graph, options),
-                        text=Path(options.calibration).read_text())
+                        text=Path(options.calibration).read_text(), max_tokens=options.calibration_tokens)
         if options.alpha_search:
             alpha = _search_alphas(graph, cfg, tokenizer, weights, cal, options)
             report.say(f"int8: SmoothQuant alpha per product group, least int8 output noise on the calibration "
@@ -369,9 +381,10 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
     cal = None
     if _integer(options) and (options.smooth_alpha > 0 or _needs_hessians(options)):
         cal = calibrate(graph, cfg, weights, tokenizer, hessians=_hessian_names(graph, options),
-                        text=Path(options.calibration).read_text())
+                        text=Path(options.calibration).read_text(), max_tokens=options.calibration_tokens)
     consumers = graph.consumers()
     linear, head = _product_names(graph), _head_name(graph)
+    gathered = {op.inputs[0] for op in graph.ops if op.type == "Gather"}
     matrix_names = _matrix_names(graph)
     smoothable = {n for n in linear if len(consumers[n]) == 1}
     matrices: dict[str, EncodedWeight] = {}
@@ -390,7 +403,8 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
                 floats[name] = held[name].astype(np.float32)
             else:  # one SmoothQuant leaves alone (a tied head, a Gather table): from the file in row blocks
                 w = held[name] if name in held else weights.source(name)
-                _encode(name, w, name in linear, name == head, options, cal, smoothed, cache, done)
+                _encode(name, w, name in linear, name == head, options, cal, smoothed, cache, done,
+                        tied=name in gathered)
         return done, floats, smoothed
 
     with progress_bar(by_layer(list(weights)), "quantize layers") as layers:
@@ -454,8 +468,8 @@ def _report_int4(matrices: dict[str, EncodedWeight], options: LlmCompileOptions,
     four = sorted(n for n, e in matrices.items() if e.int4_scales is not None)
     eight = sorted(n for n, e in matrices.items() if e.int4_scales is None and e.scale is not None
                    and e.blocks is None and n not in _gathered_only(matrices))
-    nbytes = sum(matrices[n].data.size // 2 + matrices[n].int4_scales.nbytes for n in four)
-    groups = sorted({(matrices[n].data.shape[1], matrices[n].int4_group) for n in four})
+    nbytes = sum(matrices[n].data.size + matrices[n].int4_scales.nbytes for n in four)
+    groups = sorted({(2 * matrices[n].data.shape[1], matrices[n].int4_group) for n in four})
     report.say(f"int4: {len(four)} products W4A8 (int4 weights in groups along K, a scale per group and output "
                f"channel: {', '.join(f'K={k}: {g}' for k, g in groups)}; int8 activations as two nibble rows): "
                f"{nbytes / 1e6:.1f} MB"
@@ -567,6 +581,28 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+def within_budget(graph: Graph, options: LlmCompileOptions, report: CompileReport) -> LlmCompileOptions:
+    """`options` with the calibration cut to its time budget and, when the rounding
+    was the precision's default, GPTQ narrowed to what fits its budget
+    (compiler/llm/budget.py), each change one report line."""
+    if not _integer(options):
+        return options
+    tokens = calibration_tokens(graph, options.calibration_tokens, CALIBRATION_WINDOW)
+    if tokens < options.calibration_tokens:
+        report.say(f"{options.precision}: calibration on at most {tokens} tokens of the text "
+                   f"(more would take over {CALIBRATION_BUDGET_S / 60:.0f} CPU min on a model this size)")
+        options = replace(options, calibration_tokens=tokens)
+    if options.rounding_auto:
+        scheme, _ = affordable_rounding(graph, options.rounding)
+        if scheme != options.rounding:
+            report.say(f"{options.precision}: rounding {scheme} ({rounding_scheme(scheme).summary}), not the default "
+                       f"{options.rounding}: GPTQ would need {gptq_cost(graph, options.rounding).describe()} "
+                       f"(budget {HESSIAN_BUDGET_BYTES / 2**30:.0f} GiB, {GPTQ_BUDGET_S / 60:.0f} min; "
+                       f"--int8-rounding to choose)")
+            options = replace(options, rounding=scheme)
+    return options
+
+
 def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
                  progress: Callable[[str], None] = lambda stage: None) -> CompileReport:
     """`progress(stage)` is called as each stage starts (rkc compile -v)."""
@@ -610,6 +646,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     if _integer(options) and (options.rounding not in ROUNDINGS or options.scales not in SCALES):
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
                                f"(rounding: {', '.join(ROUNDINGS)}; scales: {' or '.join(SCALES)})")
+    options = within_budget(graph, options, report)
     matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, options, report)
     kept = sorted(n for n in matrices if _precision_of(n, options) != options.precision)
     if options.precision == "int4":

@@ -90,14 +90,15 @@ class GraphRunner:
 
 
 def calibrate(graph: Graph, cfg: LlmConfig, weights: Mapping[str, np.ndarray], tokenizer: LlmTokenizer,
-              hessians: bool | Collection[str] = True, chunk: int = 64, text: str | None = None) -> Calibration:
+              hessians: bool | Collection[str] = True, chunk: int = 64, text: str | None = None,
+              max_tokens: int = MAX_TOKENS) -> Calibration:
     """Ranges of every Linear's input over the calibration text, and X^T X of
     every Linear's input (hessians True) or of the Linears named in `hessians`.
     The model runs one layer at a time over the whole text (layer_stages), so
     only one layer's weights are held in fp32; `weights` may be lazy (read
     per layer), and a Gather table that can give rows (`weights.rows`) gives
     only the rows the text uses."""
-    windows = calibration_windows(tokenizer, text if text is not None else CALIBRATION_TEXT.read_text())
+    windows = calibration_windows(tokenizer, text if text is not None else CALIBRATION_TEXT.read_text(), max_tokens)
     cal = Calibration(tokens=sum(len(w) for w in windows))
     summed: dict[str, int] = {}  # input tensor -> last chunk added (q/k/v read one input)
     by_input: dict[str, np.ndarray] = {}
@@ -207,8 +208,8 @@ def _run_by_layer(graph: Graph, cfg: LlmConfig, weights: Mapping[str, np.ndarray
         runner.weights = {}
 
 
-def calibration_windows(tokenizer: LlmTokenizer, text: str) -> list[list[int]]:
-    ids = tokenizer.encode(text)[:MAX_TOKENS]
+def calibration_windows(tokenizer: LlmTokenizer, text: str, max_tokens: int = MAX_TOKENS) -> list[list[int]]:
+    ids = tokenizer.encode(text)[:max_tokens]
     bos = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
     return [ids[:WINDOW]] + [bos + ids[s:s + WINDOW - len(bos)]
                              for s in range(WINDOW, len(ids), WINDOW - len(bos))]

@@ -52,7 +52,7 @@ from rkc.runtime.llm.weights import Int8Weight, Weight
 class EncodedWeight:
     """A matrix as the NPU multiplies it: int8 + per-output-channel scale, or fp16."""
 
-    data: np.ndarray  # [N, K] int8 or fp16
+    data: np.ndarray  # [N, K] int8 or fp16; int4: [N, K / 2] bytes, two values each (int4_values)
     scale: np.ndarray | None = None  # [N] fp32 (int8)
     rotation: Rotation | None = None  # int8: the input axis is rotated (data ~ W R; compiler/llm/rotate.py)
     # int8: int8 rows per activation row (2: the value and its int8 residual, run as
@@ -72,6 +72,14 @@ class EncodedWeight:
     def kind(self) -> str:
         """The NPU product's precision: int4, int8 or fp16."""
         return "int4" if self.int4_scales is not None else "int8" if self.data.dtype == np.int8 else "fp16"
+
+    def int4_values(self) -> np.ndarray:
+        """An int4 matrix's values [N, K] as int8 (`data` holds two per byte, even K in the
+        low nibble: a 7B model's int4 weights are 3.5 GB so, 7 GB a value per byte)."""
+        n, half = self.data.shape
+        if self.data.strides == (0, 0):  # let go once packed for the NPU (LlmLowering.packed)
+            return np.broadcast_to(np.int8(0), (n, 2 * half))
+        return layout.unpack_nibbles(self.data)
 
     def as_runtime(self) -> "Int8Weight | Weight":
         """The weight as the runtime's CPU arithmetic computes it (the CPU emulation of the NPU's)."""
@@ -434,7 +442,7 @@ class _ProgramLowering:
                 converted.add(x)
             y = op.outputs[0]
             n = enc.data.shape[0]
-            gemm = api.GemmInt4(api.Feature.gemm(npu_name(x), 0, rows, k, "int4"), enc.data.T, None, rows,
+            gemm = api.GemmInt4(api.Feature.gemm(npu_name(x), 0, rows, k, "int4"), enc.int4_values().T, None, rows,
                                 enc.int4_group, _op_name(w))
             self.scratch(npu_name(y), [rows, gemm.segments * gemm.n_padded], DType.INT16)
             gemm = dataclasses.replace(gemm, c=api.Feature.gemm(npu_name(y), 0, rows,

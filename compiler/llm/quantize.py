@@ -78,10 +78,12 @@ def method_for(rounding: str, name: str, is_head: bool) -> str:
 # 5; and GPTQ on the head (head-gptq and up) takes the synthetic gemma4 int8
 # build below its top-1 bound against llama.cpp (0.955 < 0.97, tests/llm/test_gemma4.py)
 DEFAULT_ROUNDING = "rtn"
-# `--precision int4` (W4A8): GPTQ. Gemma 3 270M against llama.cpp on english.txt
-# (docs/notes/2026-12-06-int4-host-quality.md), the whole text: RTN KL 0.296,
-# GPTQ 0.157, llama.cpp's Q4_0 requantization 0.311. No cost at run time (the
-# same bytes and tasks); ~10x the compile's CPU time.
+# `--precision int4` (W4A8): GPTQ (damped as int4.GPTQ_DAMP says). Gemma 3 270M
+# against llama.cpp on english.txt, the whole text: RTN KL 0.296, GPTQ damped 1 %
+# 0.157 (docs/notes/2026-12-06-int4-host-quality.md), damped 50 % 0.125 against
+# llama.cpp's Q4_0 requantization's 0.309 (docs/notes/2026-12-06-int4-quality-7b.md).
+# No cost at run time (the same bytes and tasks); a compile not told how to round
+# narrows it to what its budget allows (compiler/llm/budget.py).
 DEFAULT_INT4_ROUNDING = "gptq"
 
 

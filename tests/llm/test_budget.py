@@ -1,0 +1,106 @@
+"""Weight preparation's cost estimated before it starts (compiler/llm/budget.py):
+GPTQ's X^T X bytes and rounding work counted from the graph's shapes, the
+fallback a default compile takes when over budget, the calibration cut to
+whole windows; and int4 weights held two to a byte."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llm.synth import write_model
+from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
+from rkc.compiler.llm import budget
+from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, encode_int4, within_budget
+from rkc.compiler.llm.int4 import quantize_weight
+from rkc.compiler.llm.quantize import HIDDEN_INPUT_KINDS
+from rkc.compiler.llm.weights import row_source
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    return graph_from_gguf(GgufFile(write_model(tmp_path_factory.mktemp("budget") / "llama.gguf", "llama")))
+
+
+def _linears(graph):
+    """(weight, input, N, K) of each product, read from the ops independently of budget.py."""
+    out = {}
+    for op in graph.ops:
+        if op.type == "Linear":
+            n, k = graph.tensors[op.inputs[1]].type.shape
+            out[op.inputs[1]] = (op.inputs[0], n, k, op.outputs[0] == "logits")
+    return out
+
+
+def test_gptq_cost_counts_each_shared_input_once(graph):
+    products = _linears(graph)
+    every = budget.gptq_cost(graph, "gptq")
+    inputs = {x: k for x, _, k, _ in products.values()}
+    assert every.hessian_bytes == sum(8 * k * k for k in inputs.values())
+    assert len(inputs) < len(products)  # q/k/v and gate/up share theirs
+    assert every.seconds == pytest.approx(sum(n * k * k for _, n, k, _ in products.values())
+                                          * budget.GPTQ_NS_PER_NK2 * 1e-9)
+    head = budget.gptq_cost(graph, "head-gptq")
+    (x, n, k, _), = [v for v in products.values() if v[3]]
+    assert (head.hessian_bytes, head.seconds) == (8 * k * k, pytest.approx(n * k * k * budget.GPTQ_NS_PER_NK2 * 1e-9))
+    hidden = budget.gptq_cost(graph, "hidden-gptq")
+    assert head.hessian_bytes < hidden.hessian_bytes < every.hessian_bytes
+    assert budget.gptq_cost(graph, "rtn") == budget.GptqCost(0, 0.0)
+    hidden_inputs = {x: k for w, (x, _, k, is_head) in products.items()
+                     if is_head or any(kind in w for kind in HIDDEN_INPUT_KINDS)}
+    assert hidden.hessian_bytes == sum(8 * k * k for k in hidden_inputs.values())
+
+
+def test_over_budget_falls_back_to_the_first_scheme_that_fits(graph, monkeypatch):
+    hidden = budget.gptq_cost(graph, "hidden-gptq")
+    monkeypatch.setattr(budget, "HESSIAN_BUDGET_BYTES", hidden.hessian_bytes)
+    assert budget.affordable_rounding(graph, "gptq")[0] == "hidden-gptq"
+    monkeypatch.setattr(budget, "HESSIAN_BUDGET_BYTES", hidden.hessian_bytes - 1)
+    assert budget.affordable_rounding(graph, "gptq")[0] == "head-gptq"
+    monkeypatch.setattr(budget, "GPTQ_BUDGET_S", 0.0)
+    assert budget.affordable_rounding(graph, "gptq")[0] == "rtn"
+
+
+def test_a_default_compile_says_when_it_rounds_cheaper(graph, monkeypatch):
+    monkeypatch.setattr(budget, "HESSIAN_BUDGET_BYTES", 0)
+    report = CompileReport()
+    options = within_budget(graph, LlmCompileOptions("int4", (1,)), report)
+    assert options.rounding == "rtn" and len(report.lines) == 1 and "GPTQ would need" in report.lines[0]
+    told = CompileReport()  # a rounding the user chose is kept, whatever it costs
+    assert within_budget(graph, LlmCompileOptions("int4", (1,), rounding="gptq"), told).rounding == "gptq"
+    assert not told.lines
+
+
+@pytest.mark.parametrize("macs_budget", [0.5, 3.7, 1000.0])
+def test_calibration_tokens_are_whole_windows_within_budget(graph, monkeypatch, macs_budget):
+    macs = sum(n * k for _, n, k, _ in _linears(graph).values())
+    # a budget of `macs_budget` tokens' work
+    monkeypatch.setattr(budget, "CALIBRATION_BUDGET_S", macs_budget * macs * budget.CALIBRATION_NS_PER_MAC * 1e-9)
+    got = budget.calibration_tokens(graph, 2048, 4)
+    want = min(2048, max(4, int(macs_budget) // 4 * 4))
+    assert got == want and got % 4 == 0
+
+
+def test_int4_weights_are_held_two_to_a_byte():
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((96, 160)).astype(np.float32)
+    enc = encode_int4(row_source(w), 64)
+    q = quantize_weight(w, 64)
+    assert enc.data.shape == (96, 80) and enc.data.dtype == np.uint8
+    np.testing.assert_array_equal(enc.int4_values(), q.data)
+    np.testing.assert_array_equal(enc.int4_scales, q.scales)
+
+
+@pytest.mark.parametrize("gptq", [False, True])
+def test_int4_rounding_by_row_blocks_is_the_whole_matrix_rounding(monkeypatch, gptq):
+    from rkc.compiler.llm import int4
+
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((53, 96)).astype(np.float32)
+    x = rng.standard_normal((200, 96)) * rng.uniform(0.2, 3.0, 96)
+    h = x.T @ x if gptq else None
+    whole = quantize_weight(w, 32, h)
+    monkeypatch.setattr(int4, "ROUND_ELEMENTS", 7 * 96)  # blocks of 7 rows, the last of 4
+    blocked = quantize_weight(w, 32, h)
+    np.testing.assert_array_equal(blocked.data, whole.data)
+    np.testing.assert_array_equal(blocked.scales, whole.scales)
