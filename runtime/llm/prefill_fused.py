@@ -20,8 +20,7 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
-from rkc.runtime.llm.prefill_kernels import (LANES, _EXP_HI, _EXP_LO, _LN2_HI, _LN2_LO, _LOG2E, _butterflies,
-                                             _load_tile, _signed_tile, scaled_amax)
+from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _load_tile, _signed_tile, exp_parts, scaled_amax
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -372,19 +371,7 @@ def _act_mul(g, u, act, signs, signed, e16, b16):
                 t = -x
             else:  # 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)), y = C (x + K x^3)
                 t = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
-            v = min(max(t, _EXP_LO), _EXP_HI)
-            kk = np.floor(v * _LOG2E + np.float32(0.5))
-            rr = (v - kk * _LN2_HI) - kk * _LN2_LO
-            p = np.float32(1.0 / 5040.0)
-            p = p * rr + np.float32(1.0 / 720.0)
-            p = p * rr + np.float32(1.0 / 120.0)
-            p = p * rr + np.float32(1.0 / 24.0)
-            p = p * rr + np.float32(1.0 / 6.0)
-            p = p * rr + np.float32(0.5)
-            p = p * rr + np.float32(1.0)
-            p = p * rr + np.float32(1.0)
-            b16[lane] = (np.int32(kk) + np.int32(127)) << 23
-            e16[lane] = p
+            e16[lane], b16[lane] = exp_parts(t)
         si = signs[i] if signed else np.float32(1.0)
         for lane in range(LANES):
             g[i, lane] = g[i, lane] / (np.float32(1.0) + e16[lane] * scaled[lane]) * (u[i, lane] * si)

@@ -285,6 +285,26 @@ _LN2_LO = np.float32(1.428606765330187e-06)
 _EXP_LO, _EXP_HI = np.float32(-87.0), np.float32(88.0)  # 2^k stays a normal float32 for k in [-126, 127]
 
 
+@njit(inline="always")
+def exp_parts(t):
+    """exp(t) as (p, b): p = exp(r) by its degree-7 polynomial and b the int32
+    bits of the float32 2^k, t = k ln 2 + r (Cody-Waite), t clamped to
+    [_EXP_LO, _EXP_HI]; exp(t) = p * b viewed as float32. Inlined into the
+    callers' loops, which stay vectorisable (no call to expf)."""
+    v = min(max(t, _EXP_LO), _EXP_HI)
+    k = np.floor(v * _LOG2E + np.float32(0.5))
+    r = (v - k * _LN2_HI) - k * _LN2_LO
+    p = np.float32(1.0 / 5040.0)
+    p = p * r + np.float32(1.0 / 720.0)
+    p = p * r + np.float32(1.0 / 120.0)
+    p = p * r + np.float32(1.0 / 24.0)
+    p = p * r + np.float32(1.0 / 6.0)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    p = p * r + np.float32(1.0)
+    return p, (np.int32(k) + np.int32(127)) << 23
+
+
 @njit(**_JIT)
 def exp_into(t, e, bits):
     """e[i] = exp(t[i]) over 1-d t (float32, relative error < 3e-7 for t in
@@ -294,19 +314,7 @@ def exp_into(t, e, bits):
     vectorises where a call to expf would not. e may be t."""
     scaled = bits.view(np.float32)
     for lane in range(t.shape[0]):
-        v = min(max(t[lane], _EXP_LO), _EXP_HI)
-        k = np.floor(v * _LOG2E + np.float32(0.5))
-        r = (v - k * _LN2_HI) - k * _LN2_LO
-        p = np.float32(1.0 / 5040.0)
-        p = p * r + np.float32(1.0 / 720.0)
-        p = p * r + np.float32(1.0 / 120.0)
-        p = p * r + np.float32(1.0 / 24.0)
-        p = p * r + np.float32(1.0 / 6.0)
-        p = p * r + np.float32(0.5)
-        p = p * r + np.float32(1.0)
-        p = p * r + np.float32(1.0)
-        bits[lane] = (np.int32(k) + np.int32(127)) << 23
-        e[lane] = p
+        e[lane], bits[lane] = exp_parts(t[lane])
     for lane in range(t.shape[0]):
         e[lane] = e[lane] * scaled[lane]
 
