@@ -348,7 +348,14 @@ def edge_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[
     (_in_edge_call, _out_edge_call: the fused stretches' float32 edges,
     threaded over tiles, straight from and into the BOs' atoms), every other
     step its own call as the plan makes it; None when it has no such edge."""
-    edges = [_in_edge_call(plan, s, outputs) or _out_edge_call(plan, s) for s in steps]
+    return _with_edges(plan, steps, [_in_edge_call(plan, s, outputs) or _out_edge_call(plan, s) for s in steps],
+                       bind, outputs)
+
+
+def _with_edges(plan, steps: Sequence[Step], edges: list, bind, outputs: set) -> list[Callable[[], None]] | None:
+    """The stretch's calls: each step's compiled edge where `edges` has one
+    (its BOs in .bos, its label set), else the step's own call as the plan
+    makes it; None when no step has an edge."""
     if not any(edges):
         return None
     calls, bos = [], []
@@ -394,7 +401,7 @@ def _combine_int4(plan, step: Step, outputs: set):
         out = np.empty((m, n), F32) if fresh else buf
         over_ranges(lambda lo, hi: run(atoms, n, n_pad, scales, rs, bias, has_bias, out, lo, hi), m)
         slots[o] = out
-    call.bo = plan.model.bos[bt.info.region]
+    call.bos, call.label = [plan.model.bos[bt.info.region]], "CombineInt4 edge (compiled)"
     return call
 
 
@@ -430,7 +437,7 @@ def _quantize_nibbles(plan, step: Step):
             over_ranges(lambda lo, hi: tiled(x, form.signs, form.block, form.norm, codes, scale, ACT_LIMIT, lo, hi),
                         tiles)
             slots[scale_slot] = scale
-        call_tiles.bo = plan.model.bos[bt.info.region]
+        call_tiles.bos, call_tiles.label = [plan.model.bos[bt.info.region]], "QuantizeNibbles edge (compiled)"
         return call_tiles
 
     def call():
@@ -445,7 +452,7 @@ def _quantize_nibbles(plan, step: Step):
                 x = mixed.reshape(m, k)
         over_ranges(lambda lo, hi: run(x, codes, scale, ACT_LIMIT, lo, hi), m)
         slots[scale_slot] = scale
-    call.bo = plan.model.bos[bt.info.region]
+    call.bos, call.label = [plan.model.bos[bt.info.region]], "QuantizeNibbles edge (compiled)"
     return call
 
 
@@ -456,19 +463,8 @@ def int4_edges(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable
     None when the stretch has no such edge."""
     if not any(s.op in ("CombineInt4", "QuantizeNibbles") for s in steps):
         return None
-    edges = [_combine_int4(plan, s, outputs) or _quantize_nibbles(plan, s) for s in steps]
-    if not any(edges):
-        return None
-    calls, bos = [], []
-    for step, edge in zip(steps, edges):
-        if edge is None:
-            edge = plan._cpu_call(step, bind, outputs, bos)
-            edge.label = step.op
-        else:
-            bos.append(edge.bo)
-            edge.label, edge.ops = f"{step.op} edge (compiled)", (step.op,)
-        calls.append(edge)
-    return plan._bracketed(bos, calls)
+    return _with_edges(plan, steps, [_combine_int4(plan, s, outputs) or _quantize_nibbles(plan, s) for s in steps],
+                       bind, outputs)
 
 
 def fusers() -> list:
