@@ -137,6 +137,8 @@ def serve(model: str, host: str, port: int, ctx: int | None, queue_size: int, ca
     signal.signal(signal.SIGTERM, _stopped)  # (uvicorn handles it while serving, then raises it again: exit 0)
     try:
         run_server(server, sock)
+        if server.should_exit and not failed:  # a signal uvicorn shut down on, raised again into asyncio's SIGINT
+            click.echo("rkrun serve: stopped", err=True)  # handler, which ended the loop without an exception
     except (KeyboardInterrupt, Stopped):  # uvicorn re-raises the Ctrl-C or SIGTERM it shut down on: a normal stop
         click.echo("rkrun serve: stopped", err=True)
     finally:
