@@ -86,6 +86,28 @@ def test_mixed_precision_keeps_a_low_sqnr_group_in_fp16(tmp_path):
     assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= 0.999
 
 
+def test_a_mixed_program_crosses_int8_and_fp16_through_the_host(tmp_path, monkeypatch):
+    """The same model with the crossings not weighed (merge_islands keeps every
+    int8 group): an fp16 segment, then int8 segments, the int8/fp16 edges run
+    by the host between them; the result still matches onnxruntime. (With the
+    weighing, small maps like these go fp16 whole, so this keeps the crossing
+    path covered by a fast test; PP-OCR det covers it in the slow suite.)"""
+    import rkc.compiler.build as build_module
+
+    monkeypatch.setattr(build_module, "merge_islands", lambda *args, **kwargs: {})
+    rng = np.random.default_rng(1)
+    calib = rng.standard_normal((4, 1, 16, 12, 12)).astype(np.float32)
+    calib[:, 0, 0, 0, 0] = 400.0
+    path, report = _build(tmp_path, conv_model(rng), calib)
+    by_name = {p.op.outputs[0]: p for p in report.placements}
+    assert by_name["h1"].dtype == "fp16" and by_name["h2"].dtype == by_name["h3"].dtype == "int8"
+    assert by_name["y"].device == "npu" and report.segments >= 2
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin", "sim") as model:
+        got = model.run({"x": x})["y"]
+    assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= 0.999
+
+
 @pytest.mark.parametrize("shape,kind", [((1, 192, 1, 1), "native"), ((1, 16, 4, 4), "native"), ((3, 32), "native-gemm")])
 def test_reading_an_npu_tensor_copies_it_out_of_the_buffer(shape, kind):
     """What the runtime reads back from a BO is the CPU's own array: a dense
