@@ -6,8 +6,11 @@ largest output (relative 5e-7) bound them."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+from llm import reference
 
 from rkc.ir.program import Step
 from rkc.runtime.llm import prefill_channels as channels
@@ -21,21 +24,10 @@ def npu_layout(rng, t: int, heads: int, d: int, scale: float = 3.0) -> np.ndarra
     return (rng.standard_normal((heads, d, t)) * scale).astype(np.float32).transpose(2, 0, 1)
 
 
-def rms_norm64(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    x = x.astype(np.float64)
-    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w.astype(np.float64)
-
-
 def rope64(x: np.ndarray, pos: np.ndarray, dims: int, base: float, neox: bool) -> np.ndarray:
-    theta = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
-    ang = pos.astype(np.float64)[:, None, None] * theta[None, None, :]
-    c, s = np.cos(ang), np.sin(ang)
-    out = x.astype(np.float64).copy()
-    a_i = np.arange(dims // 2) if neox else np.arange(0, dims, 2)
-    b_i = a_i + dims // 2 if neox else a_i + 1
-    a, b = out[..., a_i].copy(), out[..., b_i].copy()
-    out[..., a_i], out[..., b_i] = a * c - b * s, a * s + b * c
-    return out
+    """reference.rope (float64) for a bare RoPE step: no config beyond its pairing and dims."""
+    cfg = SimpleNamespace(rope_mode="neox" if neox else "normal", rope_dims=dims)
+    return reference.rope(x.astype(np.float64), pos, cfg, base, 1.0, None)
 
 
 def _close(got: np.ndarray, want: np.ndarray) -> None:
@@ -52,7 +44,7 @@ def test_rms_norm_channel_major_is_float64s(t, heads, d):
     step = Step("cpu", "norm", op="RMSNorm", inputs=["x", "w"], outputs=["y"], attrs={"epsilon": 1e-6})
     run = prepared.rms_norm(step, [None, w], None)
     got = run([x, w])[0]
-    _close(got, rms_norm64(x, w, 1e-6).astype(np.float64))
+    _close(got, reference.rms_norm(x.astype(np.float64), w.astype(np.float64), 1e-6))
     assert channels.channel_major(got) is not None  # the output keeps the input's layout
 
 
