@@ -333,6 +333,30 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tu
     return conv, {t: layout for t in (op.inputs[0], tail.residual) if t}
 
 
+def _conv_transpose(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
+    op = graph.ops[i]
+    dtype = device_dtype(precision)
+    w = graph.const_value(op.inputs[1])  # [I, O, k, k]
+    bias = graph.const_value(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] else None
+    bias = tail.bias if bias is None else bias.astype(np.float64) + (0 if tail.bias is None else tail.bias)
+    if tail.residual is not None:
+        raise _Refused("a residual Add is not fused into a transposed convolution")
+    w_scales = None
+    if dtype == "int8":
+        w_scales = _weight_scales(graph, op.inputs[1], w.shape[1])
+        wq = np.clip(np.rint(w / w_scales.reshape(1, -1, 1, 1)), -128, 127).astype(np.int8)
+        weight_quant = _weight_quant(w_scales)
+    else:
+        wq, weight_quant = w.astype(np.float16), None
+    in_scale = _act_quant(graph, op.inputs[0], precision).scale if dtype == "int8" else 1.0
+    epi = _epilogue(graph, tail, bias, dtype, precision, program, "native", in_scale, w_scales)
+    ct = api.ConvTranspose2D(_feature(graph, op.inputs[0], "native", dtype, precision, program),
+                             np.ascontiguousarray(wq.transpose(1, 2, 3, 0)),
+                             _feature(graph, tail.output, "native", dtype, precision, program),
+                             weight_quant, epi, name=f"npu{i}")
+    return ct, {op.inputs[0]: "native"}
+
+
 def _gemm(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tuple[api.Gemm, dict[str, str]]:
     op = graph.ops[i]
     dtype = device_dtype(precision)
@@ -452,7 +476,7 @@ def _upsample(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
 # graph op; tests/npu/test_op_declarations.py checks every operation the OpSpecs
 # name has one, and every builder serves some OpSpec
 BUILDERS = {api.Conv2D: _conv, api.Gemm: _gemm, api.Elementwise: _eltwise, api.Activation: _activation,
-            api.Pool: _pool, api.Upsample: _upsample}
+            api.Pool: _pool, api.Upsample: _upsample, api.ConvTranspose2D: _conv_transpose}
 
 
 def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
@@ -498,10 +522,10 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
         how = lowering(op)
         if how is None or not how.anchors or not candidate(i) or i in groups:
             continue
-        if how.operation in (api.Conv2D, api.Gemm):  # the anchors with an epilogue of their own
-            gemm = op.type != "Conv"
+        if how.operation in (api.Conv2D, api.Gemm, api.ConvTranspose2D):  # the anchors with an epilogue of their own
+            gemm = how.operation is api.Gemm
             w = graph.const_value(op.inputs[1])
-            channels = (w.shape[0] if op.type == "Conv" else
+            channels = (w.shape[0] if op.type == "Conv" else w.shape[1] if op.type == "ConvTranspose" else
                         (w.shape[0] if op.type == "Gemm" and op.attrs.get("transB") else w.shape[-1]))
             tails = _tails(graph, i, users, lambda j: candidate(j) and j not in groups, channels, gemm)
         else:

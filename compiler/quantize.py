@@ -26,7 +26,7 @@ from rkc.ir.errors import FormatError, UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.types import DType, PerAxisQuant, PerTensorQuant, TensorType
 
-WEIGHT_OPS = {"Conv": 1, "MatMul": 1, "Gemm": 1}
+WEIGHT_OPS = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
 def selects_values(op) -> bool:
     """Each output element is one of the input's elements (MaxPool, nearest Resize):
     the output takes the input's scale, so the int8 codes pass through unchanged (the
@@ -167,8 +167,9 @@ def quantize(graph: Graph, precision: str, calib: str | Path | None = None) -> G
             continue
         w = graph.tensors[op.inputs[index]]
         if w.kind == "const" and w.type.quant is None and w.type.dtype.is_float:
-            axis = 0 if op.type == "Conv" else (0 if op.type == "Gemm" and op.attrs.get("transB") else
-                                               len(w.type.shape) - 1)
+            axis = {"Conv": 0, "ConvTranspose": 1}.get(op.type)  # the output channels ([I, O, kH, kW])
+            if axis is None:
+                axis = 0 if op.type == "Gemm" and op.attrs.get("transB") else len(w.type.shape) - 1
             weight_quant(graph, w.name, axis)
     graph.metadata["quantized"] = "int8 calibrated" if calib is not None else "int8 (the model's own scales)"
     return graph

@@ -378,9 +378,28 @@ class Upsample:
     name: str = "upsample"
 
 
+@dataclass(frozen=True, eq=False)
+class ConvTranspose2D:
+    """Transposed convolution whose stride equals its k x k kernel (no padding):
+    every input pixel (y, x) writes its own k x k block of the [O, kH, kW] output,
+    out[o, k*y + i, k*x + j] = sum_c weights[o, i, j, c] * input[c, y, x] (+ epilogue).
+    `weights` is [O, k, k, I], as a Conv2D's (ONNX's [I, O, k, k] transposed)."""
+
+    input: Feature
+    weights: np.ndarray
+    output: Feature
+    weight_quant: Quant | None = None
+    epilogue: Epilogue = NO_EPILOGUE
+    name: str = "conv_transpose"
+
+    @property
+    def k(self) -> int:
+        return int(self.weights.shape[1])
+
+
 # the operations of this API; compiler/npu/dispatch.LOWERINGS has one emitter for each
 # (and for the Mesa-compatible compiler.npu.mesa.MesaConv)
-OPERATIONS = (Gemm, GemmInt4, Conv2D, Elementwise, Activation, Pool, Upsample)
+OPERATIONS = (Gemm, GemmInt4, Conv2D, Elementwise, Activation, Pool, Upsample, ConvTranspose2D)
 
 
 # -- results --------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rkc.compiler.npu import api
 from rkc.compiler.ops import NpuLowering, OpSpec
-from rkc.compiler.ops.constraints import BASIC, constant_weights, cpu_only
+from rkc.compiler.ops.constraints import BASIC, constant_weights
 from rkc.compiler.ops.rules import need, spatial_out, window_params
 from rkc.ir.errors import VerifyError
 from rkc.ir.types import DType, TensorType
@@ -89,6 +89,23 @@ def fits_fields(ctx) -> bool:
     return kh <= 32 and kw <= 32 and max(strides) <= 7 and max(pads, default=0) <= 15
 
 
+def stride_is_kernel(ctx) -> bool:
+    """the NPU runs a transposed convolution whose stride equals its square kernel (up to 16x16), one
+    group, no padding, dilation or output padding (each input pixel writes its own k x k block)"""
+    w = need(ctx, 1)
+    k = [int(v) for v in ctx.attr("kernel_shape", w.shape[2:])]
+    if len(k) != 2 or k[0] != k[1] or not 2 <= k[0] <= 16 or list(w.shape[2:]) != k:
+        return False
+    x, y = need(ctx).shape, ctx.out_type().shape
+    return (int(ctx.attr("group", 1)) == 1
+            and [int(s) for s in ctx.attr("strides", [1, 1])] == k
+            and all(int(d) == 1 for d in ctx.attr("dilations", [1, 1]))
+            and not any(int(p) for p in ctx.attr("pads", [0, 0, 0, 0]))
+            and not any(int(p) for p in ctx.attr("output_padding", [0, 0]))
+            and ctx.attr("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+            and tuple(y[2:]) == (k[0] * x[2], k[1] * x[3]))
+
+
 def qlinear_conv_shape(ctx):
     zp = ctx.type(7)
     return conv_shape(ctx, 0, 3, zp.dtype if zp is not None else DType.UINT8)
@@ -98,9 +115,10 @@ SPECS = [
     OpSpec("Conv", conv_shape, npu=(*BASIC, is_2d, constant_weights, plain_or_depthwise, no_dilation, fits_fields),
            lower=NpuLowering(api.Conv2D),
            summary="convolution, 2-D on the NPU (direct or depthwise), with fused bias and activation"),
-    OpSpec("ConvTranspose", conv_transpose_shape,
-           npu=(cpu_only("transposed convolution is not lowered to the NPU yet"),),
-           summary="transposed convolution"),
+    OpSpec("ConvTranspose", conv_transpose_shape, npu=(*BASIC, is_2d, constant_weights, stride_is_kernel),
+           lower=NpuLowering(api.ConvTranspose2D),
+           summary="transposed convolution; on the NPU when its stride is its kernel (1 x k windows over the "
+                   "pixels, copies k lines apart), with fused bias and activation"),
     OpSpec("ConvInteger", lambda ctx: conv_shape(ctx, 0, 1, DType.INT32), npu=(*BASIC, is_2d, constant_weights),
            summary="integer convolution to int32"),
     OpSpec("QLinearConv", qlinear_conv_shape, npu=(*BASIC, is_2d),

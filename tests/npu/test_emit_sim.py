@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from rkc.compiler.npu import api, eltwise, epilogue
 from rkc.compiler.npu.dispatch import emit
+from rkc.compiler.npu.conv_core import kernel_group
 from rkc.compiler.npu.quant import requantize, rne_shift
 from rkc.ir.errors import UnsupportedError
 
@@ -593,3 +594,68 @@ def test_upsample_refusals():
                         api.Feature("y", 0, 16, 4, 4, "fp16")))
     with pytest.raises(UnsupportedError, match="line stride"):
         api.Feature("x", 0, 16, 4, 4, "fp16", line_stride=48)
+
+
+# -- transposed convolution, stride = kernel ------------------------------------------------
+def _conv_transpose_ref(x, wt, k):
+    """out[o, k*y + i, k*x + j] = sum_c wt[o, i, j, c] x[c, y, x], in float64 / int64."""
+    c, h, w = x.shape
+    acc = np.einsum("oijc,cyx->oyixj", wt, x)
+    return acc.reshape(wt.shape[0], k * h, k * w)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dtype=st.sampled_from(["int8", "fp16"]), k=st.sampled_from([2, 2, 3]), c=st.integers(1, 40),
+       o=st.integers(1, 40), h=st.integers(4, 14), w=st.integers(1, 14), act=st.sampled_from([None, "relu"]),
+       slice_at=st.integers(0, 1), seed=st.integers(0, 999), cores=st.sampled_from([1, 3]))
+def test_conv_transpose_stride_equals_kernel(dtype, k, c, o, h, w, act, slice_at, seed, cores):
+    """A k x k / k transposed convolution as per-row-tap 1 x k windows over the one-pixel
+    rows and copies k lines apart (compiler/npu/conv_transpose.py), against numpy:
+    fp16 to fp16 tolerance, int8 bit for bit against the DPU's requantization of the
+    accumulator numpy computes (and within a step of the real result); its output a
+    channel slice of a wider map or a map of its own, the surfaces around the slice
+    untouched."""
+    if dtype == "fp16":
+        x, wt, xq, wq, yq = _fp16((c, h, w), seed), _fp16((o, k, k, c), seed + 1, 1 / np.sqrt(c)), None, None, None
+        bias = np.random.default_rng(seed).standard_normal(o).astype(np.float32)
+        group = 8
+    else:
+        zx = int(np.random.default_rng(seed).integers(-10, 10))
+        x, wt = _int8((c, h, w), seed), _int8((o, k, k, c), seed + 1)
+        xq, wq, yq = api.Quant(0.05, zx), api.Quant(0.02), api.Quant(0.05 * 0.02 * np.sqrt(c) * 30, 3)
+        bias = np.random.default_rng(seed).integers(-2000, 2000, o).astype(np.int32)
+        group = 16
+    X = api.Feature("x", 0, c, h, w, dtype, xq)
+    written = -(-o // kernel_group(dtype)) * kernel_group(dtype)  # a direct convolution's whole kernel groups
+    wide = api.Feature("y", 0, group + written + group, k * h, k * w, dtype, yq)
+    Y = wide.view(channel0=group, channels=o) if slice_at else api.Feature("y", 0, o, k * h, k * w, dtype, yq)
+    fill = np.full(wide.shape, 7, x.dtype)
+    epi = api.Epilogue(bias=bias, activation=act)
+    r = emit(api.ConvTranspose2D(X, wt, Y, wq, epi, "ct"), api.EmitOptions(cores=cores))
+    event(f"{len(r.jobs)} band(s), {len(r.tasks)} task(s)")
+    assert len(r.jobs) == min(cores, h // 4) and len({j.lane for j in r.jobs}) == len(r.jobs)
+    touched = r.extents()
+    assert all(touched[s.name] <= s.size for s in r.scratch)  # the row maps hold what the convolutions write
+    out = _run(r, {"x": (X, x), **({"y": (wide, fill)} if slice_at else {})}, chained=dtype == "fp16")
+    got = out.feature(Y)
+    if dtype == "fp16":
+        ref = _conv_transpose_ref(x.astype(np.float64), wt.astype(np.float64), k) + bias[:, None, None]
+        if act:
+            ref = np.maximum(ref, 0)
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=3e-3, atol=3e-3 * max(1.0, np.abs(ref).max()))
+    else:
+        acc = _conv_transpose_ref(x.astype(np.int64) - zx, wt.astype(np.int64), k)
+        # the DPU's plan takes the raw accumulator, which holds zx times its weight sums (the
+        # padding reads the zero point) and removes them in its bias term, whatever the sums
+        sums = wt.astype(np.int64).sum(axis=(1, 2, 3))
+        plan = epilogue.plan(epilogue.DpuRequest("int8", Y, o, xq, wq, sums, epi))
+        np.testing.assert_array_equal(got, plan.apply(acc + zx * sums[:, None, None]))
+        real = (acc + bias[:, None, None]) * 0.05 * 0.02
+        if act:
+            real = np.maximum(real, 0)
+        ideal = np.clip(np.rint(real / yq.scale) + yq.zero_point, -128, 127)
+        assert np.abs(got.astype(np.int64) - ideal).max() <= 1
+    if slice_at:
+        around = out.feature(wide)
+        np.testing.assert_array_equal(around[:group], fill[:group])
+        np.testing.assert_array_equal(around[group + written:], fill[group + written:])

@@ -55,6 +55,8 @@ ANCHOR_CASES = {
     "AveragePool": ({"x": X}, {}, {"kernel_shape": [2, 2], "strides": [2, 2]}, 17),
     "GlobalAveragePool": ({"x": X}, {}, {}, 17),
     "MaxPool": ({"x": X}, {}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, 17),
+    "ConvTranspose": ({"x": X}, {"w": RNG.standard_normal((16, 8, 2, 2)).astype(np.float32)},
+                      {"kernel_shape": [2, 2], "strides": [2, 2]}, 17),
     "Resize": ({"x": np.zeros((1, 32, 8, 8), np.float32)},
                {"roi": np.zeros(0, np.float32), "scales": np.array([1, 1, 2, 2], np.float32)},
                {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, 17),
