@@ -67,3 +67,29 @@ def test_per_channel_mul_folds_into_conv(tmp_path):
     run_passes(g)
     assert [op.type for op in g.ops] == ["Conv", "Add"]
     np.testing.assert_allclose(run_graph(g, {"x": x})["y"], before, rtol=1e-5, atol=1e-5)
+
+
+def test_bias_add_batchnorm_and_scale_fold_into_conv_transpose(tmp_path):
+    """PP-OCR det's learned upsampling as exported: ConvTranspose, its bias as an Add,
+    a BatchNormalization, a per-channel Mul; all become the ConvTranspose's weights
+    and bias (the Relu after them fuses into its epilogue)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    c, o = 3, 5
+    arrays = {"w": rng.standard_normal((c, o, 2, 2)), "b": rng.standard_normal((1, o, 1, 1)),
+              "g": rng.uniform(0.5, 2, o), "beta": rng.standard_normal(o), "mean": rng.standard_normal(o),
+              "var": rng.uniform(0.5, 2, o), "s": rng.standard_normal((o, 1, 1))}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in arrays.items()]
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["t"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Add", ["t", "b"], ["a"]),
+             helper.make_node("BatchNormalization", ["a", "g", "beta", "mean", "var"], ["n"]),
+             helper.make_node("Mul", ["n", "s"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "ct", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 6, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    g = load_graph(save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "m.onnx"))
+    x = rng.standard_normal((1, c, 6, 7)).astype(np.float32)
+    before = run_graph(g, {"x": x})["y"]
+    run_passes(g)
+    assert [op.type for op in g.ops] == ["ConvTranspose", "Relu"]
+    np.testing.assert_allclose(run_graph(g, {"x": x})["y"], before, rtol=1e-5, atol=1e-5)
