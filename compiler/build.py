@@ -13,14 +13,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from rkc.compiler import program_steps
 from rkc.compiler.emitter_ops import emit_options
 from rkc.ir.program import PPU_COMPLETION_KEY
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.lone_ops import keep_lone_cheap_ops_on_cpu
-from rkc.compiler.mixed_precision import choose_fp16, merge_islands
+from rkc.compiler.mixed_precision import choose_fp16, merge_islands, whole_fp16_wins
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.partition import partition
 from rkc.compiler.passes import run_passes
@@ -56,6 +56,7 @@ class BuildReport:
     size: int
     seconds: float
     stage_seconds: dict[str, float]
+    precision_note: str = ""  # why the program's precision is not the one asked for
 
     @property
     def ops_npu(self) -> int:
@@ -84,7 +85,7 @@ class BuildReport:
             f"  steps: {self.segments} NPU segment(s) with {self.npu_tasks} task(s), {self.cpu_steps} CPU op step(s), "
             f"{self.conversions} layout conversion(s)",
             f"  file: {self.size / 1e6:.2f} MB",
-        ]
+        ] + ([f"  precision: {self.precision_note}"] if self.precision_note else [])
 
 
 Progress = Callable[[str], None]
@@ -107,40 +108,41 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
         times[name] = time.perf_counter() - t
         return result
 
-    graph, placements, groups = plan(source, options, stage)
+    graph, placements, groups, precision, note = plan(source, options, stage)
     steps = stage("partition", partition, graph,
                   lambda i: groups[i].dtype if placements[i].device == "npu" else None)
-    metadata = {"source": Path(source).name, "precision": options.precision, "producer": "rkc",
+    metadata = {"source": Path(source).name, "precision": precision, "producer": "rkc",
                 "graph": graph.name, "cores": options.cores}
     if any(p.device == "npu" and p.op.type == "MaxPool" for p in placements):
         metadata[PPU_COMPLETION_KEY] = True  # PPU-only tasks: the loader refuses a kernel without patch 0005
     builder = ModuleBuilder(metadata=metadata)
-    stats = stage("lower", program_steps.lower_program, graph, steps, builder, options.precision, groups)
+    stats = stage("lower", program_steps.lower_program, graph, steps, builder, precision, groups)
     for i in stats.views:
         placements[i] = Placement(graph.ops[i], "view", VIEW_REASON)
     module, blobs, _plans = stage("memory plan + assemble", builder.finish)
     size = stage("write", write_rkbin, output, module, blobs)
-    return BuildReport(str(source), str(output), options.precision, placements,
+    return BuildReport(str(source), str(output), precision, placements,
                        segments=sum(s.device == "npu" for s in steps), cpu_steps=stats.cpu_steps,
                        npu_tasks=stats.npu_tasks, conversions=stats.conversions, size=size, seconds=time.perf_counter() - start,
-                       stage_seconds=times)
+                       stage_seconds=times, precision_note=note)
 
 
-def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args: fn(*args)
-         ) -> tuple[Graph, list[Placement], dict]:
-    """The graph as compiled (passes, quantization parameters) and where each op
-    runs: the NPU groups (compiler/emitter_ops.NpuGroup) by op index."""
-    graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
-                                                    bind=dict(options.bind)))
-    # a calibrated int8 build decomposes ops the DPU has no int8 form for (their parts get scales)
-    graph = stage("passes", run_passes, graph, options.precision == "int8" and options.calib is not None)
-    stage("check shapes", require_static, graph)
-    graph = stage("quantize", quantize, graph, options.precision, options.calib)
-    emit = emit_options(options.cores, options.ppu_irq)
-    placements, groups = stage("place", place_ops, graph, options.precision, options.cpu_only, None, emit)
+class Plan(NamedTuple):
+    graph: Graph  # as compiled (passes, quantization parameters)
+    placements: list[Placement]  # where each op runs
+    groups: dict  # the NPU groups (compiler/emitter_ops.NpuGroup) by op index
+    precision: str  # what the program is lowered in: options.precision, or fp16 (below)
+    note: str = ""  # why that differs from options.precision
+
+
+def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args: fn(*args)) -> Plan:
+    """The graph as compiled and where each op runs. An int8 build whose mixed plan
+    costs more than the whole program in fp16 (`whole_fp16_wins`) is lowered in fp16."""
+    graph, placements, groups = _place(source, options, options.precision, stage)
     if options.precision == "int8" and options.calib is not None and not options.cpu_only:
         fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
         if fp16:
+            emit = emit_options(options.cores, options.ppu_irq)
             placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
             # every group in fp16 once, for its fp16 NPU time: the crossings are weighed against it
             every = {a: "" for a in {g.anchor for g in groups.values()}}
@@ -149,8 +151,33 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
             if merged:
                 fp16 = {**fp16, **merged}
                 placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
+            placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements,
+                                       groups, options.precision)
+            # a mixed plan against the whole program in fp16, built from the fp16 passes
+            # (HardSwish stays one table in its convolution's epilogue, no int8 rewrites)
+            whole = _place(source, options, "fp16", stage)
+            why = stage("mixed precision: whole program", whole_fp16_wins, (graph, placements, groups), whole)
+            if why:
+                return Plan(*whole, "fp16", f"fp16 throughout, int8 asked for: {why}")
+            return Plan(graph, placements, groups, options.precision)
     placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups,
                                options.precision)
+    return Plan(graph, placements, groups, options.precision)
+
+
+def _place(source: str | Path, options: BuildOptions, precision: str, stage) -> tuple[Graph, list[Placement], dict]:
+    """The graph loaded, rewritten and quantized for `precision`, placed once."""
+    graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
+                                                    bind=dict(options.bind)))
+    # a calibrated int8 build decomposes ops the DPU has no int8 form for (their parts get scales)
+    graph = stage("passes", run_passes, graph, precision == "int8" and options.calib is not None)
+    stage("check shapes", require_static, graph)
+    graph = stage("quantize", quantize, graph, precision, options.calib if precision == "int8" else None)
+    emit = emit_options(options.cores, options.ppu_irq)
+    placements, groups = stage("place", place_ops, graph, precision, options.cpu_only, None, emit)
+    if precision != options.precision:
+        placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups,
+                                   precision)
     return graph, placements, groups
 
 

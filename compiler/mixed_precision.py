@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rkc.compiler.fakequant import run_ops, start_env
-from rkc.compiler.quantize import load_calibration
+from rkc.compiler.quantize import MOVES_VALUES, load_calibration
 from rkc.compiler.reference import run_graph
 from rkc.ir.graph import Graph
 from rkc.ir.npu.perf import PerfModel
@@ -157,3 +157,78 @@ def _int8_runs(candidates, edges, dtype) -> list[set[int]]:
         seen |= run
         runs.append(run)
     return runs
+
+
+# -- the whole program in fp16 ----------------------------------------------------------------
+def _side(placement) -> str:
+    return f"npu-{placement.dtype}" if placement.device == "npu" else "cpu"
+
+
+def host_elements(graph: Graph, placements: Sequence[object]) -> int:
+    """Elements the host touches per inference in a placement: every tensor once per
+    side it crosses to (the CPU, int8 NPU groups, fp16 NPU groups; the model's inputs
+    and outputs are on the CPU's side) and the tensors every CPU op reads and writes.
+    A Concat or Split is slices of one buffer (no step): it takes its input's side."""
+    side: dict[str, str] = {name: "cpu" for name in graph.inputs}
+    seen: dict[str, set[str]] = {}
+    total = 0
+
+    def read(name: str, by: str) -> None:
+        nonlocal total
+        if graph.tensors[name].kind == "const":
+            return
+        have = seen.setdefault(name, {side.get(name, "cpu")})
+        if by not in have:
+            have.add(by)
+            total += _numel(graph, name)
+
+    for p in placements:
+        op = p.op
+        if op.type in MOVES_VALUES and p.device != "npu":
+            s = side.get(op.inputs[0], "cpu")
+            for name in op.outputs:
+                side[name] = s
+            for name in op.present_inputs():
+                read(name, s)
+            continue
+        s = _side(p)
+        for name in op.present_inputs():
+            read(name, s)
+        if s == "cpu":
+            total += sum(_numel(graph, n) for n in (*op.present_inputs(), *op.outputs)
+                         if graph.tensors[n].kind != "const")
+        for name in op.outputs:
+            side[name] = s
+    for name in graph.outputs:
+        read(name, "cpu")
+    return total
+
+
+# Host CPU seconds per element `host_elements` counts: PP-OCRv4 det 480's fp16 and mixed
+# int8 programs, 15.9 M and 20.4 M elements, measured 7.8 and 9.9 ms of CPU on the null
+# device (docs/notes/2026-12-06-ppocr-npu-plan.md): 0.49 ns an element both.
+HOST_S_PER_ELEMENT = 0.5e-9
+
+
+def program_seconds(graph: Graph, placements: Sequence[object], groups: Mapping[int, object],
+                    s_per_element: float = HOST_S_PER_ELEMENT) -> tuple[float, float]:
+    """(NPU, host) seconds of a placement as the plan weighs it: every group's modelled
+    time alone with chaining, and `host_elements` at `s_per_element` an element."""
+    unique = {g.anchor: g for g in groups.values()}
+    return (sum(group_seconds(g) for g in unique.values()),
+            host_elements(graph, placements) * s_per_element)
+
+
+def whole_fp16_wins(mixed: tuple, whole: tuple, s_per_element: float = HOST_S_PER_ELEMENT) -> str:
+    """Why the whole program in fp16 (`whole`: graph, placements, groups of the fp16
+    build) is cheaper than the mixed int8 plan (`mixed`), NPU and host time as
+    `program_seconds` models them, or "" when it is not. fp16 never loses accuracy to
+    the int8 groups it replaces; an int8 build whose plan stayed all int8 is never
+    weighed (this is for plans the SQNR rule already made mixed)."""
+    npu_m, host_m = program_seconds(*mixed, s_per_element)
+    npu_f, host_f = program_seconds(*whole, s_per_element)
+    if npu_f + host_f >= npu_m + host_m:
+        return ""
+    return (f"the mixed int8 plan models {(npu_m + host_m) * 1e3:.1f} ms (NPU {npu_m * 1e3:.1f} + host "
+            f"{host_m * 1e3:.1f}), the whole program in fp16 {(npu_f + host_f) * 1e3:.1f} ms (NPU "
+            f"{npu_f * 1e3:.1f} + host {host_f * 1e3:.1f})")

@@ -43,7 +43,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     options = BuildOptions(precision="int8", calib=args.calib, input_shapes=parse_input_shapes(args.input_shape))
-    graph, _, groups = plan(args.model, options)
+    p = plan(args.model, options)
+    graph, groups = p.graph, p.groups
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     build(args.model, args.out, options)
     feeds = dict(np.load(args.inputs))

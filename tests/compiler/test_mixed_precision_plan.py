@@ -53,3 +53,53 @@ def test_an_int8_run_stays_int8_when_fp16_costs_more_npu_time_than_the_crossings
 def test_an_int8_group_without_fp16_neighbours_stays_int8():
     graph, placed, all16 = _chain(["int8", "int8", "int8"], 300_000, macs8=10_000, macs16=20_000)
     assert merge_islands(graph, placed, all16) == {}
+
+
+# -- the whole program in fp16 against the mixed plan ---------------------------------------
+def _op(kind, inputs, outputs):
+    return SimpleNamespace(type=kind, inputs=inputs, outputs=outputs, present_inputs=lambda i=inputs: list(i))
+
+
+def _graph(sizes, outputs):
+    return SimpleNamespace(inputs=["x"], outputs=outputs,
+                           tensors={n: SimpleNamespace(kind="value", type=SimpleNamespace(shape=(1, s)))
+                                    for n, s in sizes.items()})
+
+
+def _placed(op, device, dtype=None):
+    return SimpleNamespace(op=op, device=device, dtype=dtype)
+
+
+def test_host_elements_counts_every_crossing_and_every_cpu_op_tensor():
+    rng = np.random.default_rng(2)
+    n = {name: int(rng.integers(1_000, 100_000)) for name in ("x", "a", "b", "c", "y")}
+    graph = _graph(n, ["y"])
+    placements = [_placed(_op("Conv", ["x"], ["a"]), "npu", "fp16"),  # x in: one crossing
+                  _placed(_op("Mul", ["a", "x"], ["b"]), "cpu"),  # a out; the CPU reads a, x, writes b
+                  _placed(_op("Concat", ["b"], ["c"]), "cpu"),  # slices of one buffer: no step, b's side
+                  _placed(_op("Conv", ["c"], ["y"]), "npu", "int8")]  # c in, y out
+    from rkc.compiler.mixed_precision import host_elements
+
+    want = n["x"] + n["a"] + (n["a"] + n["x"] + n["b"]) + n["c"] + n["y"]
+    assert host_elements(graph, placements) == want
+
+
+def test_the_whole_program_goes_fp16_only_when_it_models_cheaper():
+    from rkc.compiler.mixed_precision import whole_fp16_wins
+
+    rng = np.random.default_rng(3)
+    size = int(rng.integers(400_000, 800_000))
+    graph = _graph({"x": size, "a": size, "y": size}, ["y"])
+    ops = [_op("Conv", ["x"], ["a"]), _op("Conv", ["a"], ["y"])]
+    mixed_groups = {0: _group(0, ["x"], "a", "int8", 1_000_000, "int8"),
+                    1: _group(1, ["a"], "y", "fp16", 1_000_000, "fp16")}
+    mixed = (graph, [_placed(ops[0], "npu", "int8"), _placed(ops[1], "npu", "fp16")], mixed_groups)
+    # fp16 throughout drops the int8 -> fp16 crossing of `a` at the NPU time the model gives it
+    for macs16, wins in ((1_000_000, True), (int(2e-3 * PerfModel().clock_hz * 512), False)):
+        whole_groups = {i: _group(i, [op.inputs[0]], op.outputs[0], "fp16", macs16, "fp16")
+                        for i, op in enumerate(ops)}
+        whole = (graph, [_placed(op, "npu", "fp16") for op in ops], whole_groups)
+        why = whole_fp16_wins(mixed, whole)
+        assert bool(why) == wins, why
+        if wins:
+            assert "mixed int8 plan models" in why
