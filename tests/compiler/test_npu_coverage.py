@@ -401,3 +401,50 @@ def test_yolo_neck_upsample_runs_in_place_and_silu_stays_on_the_npu(tmp_path, pr
     assert [p.op.type for p in report.placements if p.device == "cpu"] == ["Resize"]
     assert report.conversions == 2, report.conversions
     assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+def _db_head(c: int, mid: int, k: int):
+    """PP-OCR det's head as exported: Conv + BN + Relu, then a learned k x k/k upsampling
+    (ConvTranspose, its bias as an Add, BN, Relu) and another to one channel
+    (ConvTranspose, Add, Sigmoid)."""
+    rng = np.random.default_rng(c * 10 + k)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("ConvTranspose", ["r0", "w1"], ["t1"], kernel_shape=[k, k], strides=[k, k]),
+             helper.make_node("Add", ["t1", "b1"], ["a1"]),
+             helper.make_node("BatchNormalization", ["a1", "g", "beta", "mean", "var"], ["n1"]),
+             helper.make_node("Relu", ["n1"], ["r1"]),
+             helper.make_node("ConvTranspose", ["r1", "w2"], ["t2"], kernel_shape=[k, k], strides=[k, k]),
+             helper.make_node("Add", ["t2", "b2"], ["a2"]), helper.make_node("Sigmoid", ["a2"], ["y"])]
+    inits = {"w0": rng.standard_normal((mid, c, 3, 3)) / np.sqrt(9 * c),
+             "w1": rng.standard_normal((mid, mid, k, k)) / np.sqrt(mid), "b1": rng.standard_normal((1, mid, 1, 1)),
+             "g": rng.uniform(0.5, 1.5, mid), "beta": rng.standard_normal(mid) * 0.1,
+             "mean": rng.standard_normal(mid) * 0.1, "var": rng.uniform(0.5, 2, mid),
+             "w2": rng.standard_normal((mid, 1, k, k)) / np.sqrt(mid), "b2": rng.standard_normal((1, 1, 1, 1))}
+    return graph_model(nodes, inits, [1, c, 8, 10])
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, mid, k", [(16, 24, 2), (8, 16, 3)])
+def test_learned_upsampling_runs_on_the_npu(tmp_path, precision, c, mid, k):
+    """A ConvTranspose whose stride is its kernel runs on the NPU as 1 x k windows and
+    copies (compiler/npu/conv_transpose.py), its bias Add and BatchNorm folded in and its
+    Relu / Sigmoid fused: nothing on the CPU, and the result matches onnxruntime."""
+    report, got, want = _build_and_run(tmp_path, _db_head(c, mid, k), (1, c, 8, 10), precision)
+    assert [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"] == []
+    assert [p.op.type for p in report.placements] == ["Conv", "Relu", "ConvTranspose", "Relu", "ConvTranspose",
+                                                      "Sigmoid"]
+    # in int8 the first upsampling computes in int8; the second, with its table, in fp16
+    assert [p.dtype for p in report.placements][2::2] == (["int8", "fp16"] if precision == "int8" else ["fp16"] * 2)
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def test_other_transposed_convolutions_stay_on_the_cpu(tmp_path):
+    """Overlapping windows (stride below the kernel) or padding: the CPU computes them."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1])]
+    report, got, want = _build_and_run(tmp_path, graph_model(nodes, {"w": rng.standard_normal((8, 4, 3, 3))},
+                                                             [1, 8, 6, 6]), (1, 8, 6, 6), "fp16")
+    (placed,) = report.placements
+    assert placed.device == "cpu" and "stride equals its square kernel" in placed.reason
+    assert cosine(got, want) >= THRESHOLD["fp16"]
