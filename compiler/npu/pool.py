@@ -13,14 +13,18 @@ Stock rocket completes a task only on the DPU interrupt (rocket_job.c), which a
 PPU-only task never raises; unless `EmitOptions.ppu_completes` says the kernel
 handles it, average pooling is lowered as a depthwise convolution with every
 weight 1 (the DPU divides: fp16 multiplies by 1/(kh*kw), int8 requantizes by
-in_scale/(kh*kw*out_scale)), and max pooling is refused.
+in_scale/(kh*kw*out_scale)), and max pooling is refused. A global average whose
+window one convolution cannot take (over 31 positions a side, or a kernel over a
+CBUF bank) is two: means of a x b windows at stride (a, b), then their mean.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from rkc.compiler.npu import api, formats
+from rkc.compiler.npu import api, formats, schedule
 from rkc.compiler.npu.regfile import PPU_BLOCKS, PPU_ORDER, S_POINTER_FIELDS, RegisterFile, build
 from rkc.ir.errors import UnsupportedError
 
@@ -136,26 +140,78 @@ def _task(op, f: api.Feature, o: api.Feature, kernel, stride, pad, i) -> api.Tas
                     f"{op.name} stage {i}", touches)
 
 
-def _avg_as_depthwise(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
-    from rkc.compiler.npu.conv import lower_conv
-
-    f, o = op.input, op.output
-    kh, kw = op.kernel if op.kernel is not None else (f.height, f.width)
+def _avg_conv(op: api.Pool, f: api.Feature, o: api.Feature, kernel, stride, padding, name: str) -> api.Conv2D:
+    """The depthwise convolution averaging `kernel` windows of f into o."""
+    kh, kw = kernel
     n = kh * kw
     if f.dtype == "fp16":
         # 1/n in fp16 (exact for powers of two; else within fp16 rounding, as the
         # PPU's own fp16 reciprocal is)
         weights = np.full((kh, kw, f.channels), 1.0 / n, np.float16)
-        conv = api.Conv2D(f, weights, o, op.stride, op.padding, True, None, api.NO_EPILOGUE, op.name)
-    elif f.dtype == "int8":
+        return api.Conv2D(f, weights, o, stride, padding, True, None, api.NO_EPILOGUE, name)
+    if f.dtype == "int8":
         if f.quant is None or o.quant is None:
             raise UnsupportedError(f"{op.name}: int8 average pooling needs input and output quantization")
         # every weight 1 with scale 1/n: the requantization divides the window sum
-        conv = api.Conv2D(f, np.ones((kh, kw, f.channels), np.int8), o, op.stride, op.padding, True,
-                          api.Quant(1.0 / n), api.NO_EPILOGUE, op.name)
-    else:
-        raise UnsupportedError(f"{op.name}: pooling of {f.dtype}")
-    result = lower_conv(conv, options)
+        return api.Conv2D(f, np.ones((kh, kw, f.channels), np.int8), o, stride, padding, True,
+                          api.Quant(1.0 / n), api.NO_EPILOGUE, name)
+    raise UnsupportedError(f"{op.name}: pooling of {f.dtype}")
+
+
+def _avg_as_depthwise(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
+    from rkc.compiler.npu.conv import lower_conv
+
+    f, o = op.input, op.output
+    kh, kw = op.kernel if op.kernel is not None else (f.height, f.width)
+    try:
+        result = lower_conv(_avg_conv(op, f, o, (kh, kw), op.stride, op.padding, op.name), options)
+    except UnsupportedError as refused:
+        if (kh, kw) != (f.height, f.width) or op.padding[0] or op.padding[2] or op.padding[3]:
+            raise
+        return _global_avg_in_two(op, options, refused)
     result.op = op
     result.notes.insert(0, f"avg pool {kh}x{kw} as a depthwise convolution (completes on the DPU interrupt)")
     return result
+
+
+def _global_avg_in_two(op: api.Pool, options: api.EmitOptions, refused: UnsupportedError) -> api.EmitResult:
+    """A window over the whole map that one convolution cannot take (a kernel over the
+    CNA's 31, or bigger than a CBUF bank) as two averages: a by b windows at stride
+    (a, b) into a map of (H/a, W/b), then that whole map (with the op's bottom padding:
+    a global pool's GEMM rows). The mean of equal-sized means is the mean. Each core
+    takes a band of whole depthwise channel groups through both."""
+    from rkc.compiler.npu.conv import DW_GROUP_BYTES, lower_conv
+
+    f, o = op.input, op.output
+    h, w = f.height, f.width
+    one_core = replace(options, cores=1)
+    group = DW_GROUP_BYTES // api.ITEMSIZE[f.dtype]
+    # bands of whole groups; one band when the channels leave a partial group (an fp16
+    # depthwise task pads its channels to whole groups, which a strided view cannot)
+    bands = schedule.split_evenly(f.channels, options.cores if f.channels % group == 0 else 1, group)
+    pairs = sorted(((a, b) for a in range(1, h + 1) if h % a == 0 for b in range(1, w + 1) if w % b == 0
+                    and a * b > 1), key=lambda ab: (ab[0] * ab[1], abs(ab[0] - ab[1])))
+    for a, b in pairs:
+        mid = api.Feature(f"{op.name}.means", 0, f.channels, h // a, w // b, f.dtype, f.quant)
+        try:
+            tasks, jobs, constants = [], [], []
+            for lane, (c0, cs) in enumerate(bands):
+                src, part, dst = (t if cs == t.channels else t.view(channel0=c0, channels=cs) for t in (f, mid, o))
+                parts = [lower_conv(_avg_conv(op, src, part, (a, b), (a, b), (0, 0, 0, 0), f"{op.name}.b{lane}.s0"),
+                                    one_core),
+                         lower_conv(_avg_conv(op, part, dst, (h // a, w // b), (1, 1), op.padding,
+                                              f"{op.name}.b{lane}.s1"), one_core)]
+                first = len(tasks)
+                own = [k for r in parts for k in r.constants]
+                tasks += [t for r in parts for t in r.tasks]
+                constants += own
+                jobs.append(api.JobPlan(list(range(first, len(tasks))), lane, [f.buffer] + [k.name for k in own],
+                                        [o.buffer, mid.buffer]))
+        except UnsupportedError:
+            continue
+        # the depthwise writer fills whole channel groups: the means map holds what it writes
+        written = replace(mid, channels=-(-f.channels // group) * group).nbytes
+        notes = [f"avg pool {h}x{w} as two depthwise convolutions: {a}x{b} means at stride {a}x{b}, then their "
+                 f"{h // a}x{w // b} mean ({len(bands)} band(s) of channels, one job each)"]
+        return api.EmitResult(op, tasks, jobs, constants, [api.Scratch(mid.buffer, written)], notes=notes)
+    raise refused

@@ -438,6 +438,34 @@ def test_average_pool_as_depthwise_convolution(dtype):
         np.testing.assert_allclose(got, wins.mean(axis=(2, 4)), rtol=3e-3, atol=3e-3)
 
 
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+@pytest.mark.parametrize("c, h, w", [(24, 30, 30), (96, 60, 60), (40, 64, 36), (70, 36, 56), (128, 120, 120)])
+def test_global_average_over_a_large_map_as_two_averages(dtype, c, h, w):
+    """A global average whose window one convolution cannot take (over the CNA's 31, or a
+    kernel bigger than a CBUF bank: PP-OCR det's squeeze-excite pools over 30x30 to
+    120x120) runs as a by b means at stride (a, b) and their mean, writing the 4 rows of
+    a GEMM input (3 of bottom padding) as the compiler's global pool does; against numpy."""
+    if dtype == "fp16":
+        _needs_fp16_depthwise_writer()
+    q = api.Quant(0.1, 5) if dtype == "int8" else None
+    X = api.Feature("x", 0, c, h, w, dtype, q)
+    Y = api.Feature("y", 0, c, 4, 1, dtype, q)
+    with pytest.raises(UnsupportedError):  # one convolution cannot
+        emit(api.Conv2D(X, np.ones((h, w, c), np.int8 if dtype == "int8" else np.float16), Y, (1, 1), (0, 3, 0, 0),
+                        True, api.Quant(1.0 / (h * w)) if dtype == "int8" else None))
+    r = emit(api.Pool(X, Y, "avg", (h, w), (1, 1), (0, 3, 0, 0)), api.EmitOptions(cores=3))
+    group = 64 if dtype == "int8" else 32
+    assert len(r.jobs) == (min(3, c // group) if c % group == 0 else 1)  # bands of whole channel groups
+    assert all(r.extents()[s.name] <= s.size for s in r.scratch)
+    x = _int8((c, h, w), c + h) if dtype == "int8" else _fp16((c, h, w), c + h)
+    got = _run(r, {"x": (X, x)}).feature(Y)[:, 0, 0].astype(np.float64)
+    mean = x.astype(np.float64).reshape(c, -1).mean(axis=1)
+    if dtype == "int8":  # two roundings to the scale: within one step of the ideal
+        assert np.abs(got - np.clip(np.rint(mean - 5) + 5, -128, 127)).max() <= 1
+    else:
+        np.testing.assert_allclose(got, mean, rtol=3e-3, atol=3e-3)
+
 @pytest.mark.parametrize("out", ["int32", "int8"])
 def test_gemm_with_per_channel_weights(out):
     m, k, n = 20, 96, 70
