@@ -167,17 +167,18 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
 
 def _place(source: str | Path, options: BuildOptions, precision: str, stage) -> tuple[Graph, list[Placement], dict]:
     """The graph loaded, rewritten and quantized for `precision`, placed once."""
-    graph: Graph = stage("load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
-                                                    bind=dict(options.bind)))
+    also = "" if precision == options.precision else f"{precision} throughout: "  # the alternative's stages
+    graph: Graph = stage(f"{also}load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
+                                                           bind=dict(options.bind)))
     # a calibrated int8 build decomposes ops the DPU has no int8 form for (their parts get scales)
-    graph = stage("passes", run_passes, graph, precision == "int8" and options.calib is not None)
-    stage("check shapes", require_static, graph)
-    graph = stage("quantize", quantize, graph, precision, options.calib if precision == "int8" else None)
+    graph = stage(f"{also}passes", run_passes, graph, precision == "int8" and options.calib is not None)
+    stage(f"{also}check shapes", require_static, graph)
+    graph = stage(f"{also}quantize", quantize, graph, precision, options.calib if precision == "int8" else None)
     emit = emit_options(options.cores, options.ppu_irq)
-    placements, groups = stage("place", place_ops, graph, precision, options.cpu_only, None, emit)
-    if precision != options.precision:
-        placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups,
-                                   precision)
+    placements, groups = stage(f"{also}place", place_ops, graph, precision, options.cpu_only, None, emit)
+    if also:
+        placements, groups = stage(f"{also}place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements,
+                                   groups, precision)
     return graph, placements, groups
 
 
