@@ -343,6 +343,10 @@ def _conv_transpose(graph: Graph, i: int, tail: _Tail, precision: str, program: 
         raise _Refused("a residual Add is not fused into a transposed convolution")
     w_scales = None
     if dtype == "int8":
+        q = graph.tensors[op.inputs[1]].type.quant
+        if isinstance(q, PerAxisQuant) and q.axis != 1:
+            raise _Refused(f"int8 ConvTranspose weights {op.inputs[1]!r} are scaled along axis {q.axis}, "
+                           "not per output channel (axis 1)")
         w_scales = _weight_scales(graph, op.inputs[1], w.shape[1])
         wq = np.clip(np.rint(w / w_scales.reshape(1, -1, 1, 1)), -128, 127).astype(np.int8)
         weight_quant = _weight_quant(w_scales)

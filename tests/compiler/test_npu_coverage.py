@@ -448,3 +448,30 @@ def test_other_transposed_convolutions_stay_on_the_cpu(tmp_path):
     (placed,) = report.placements
     assert placed.device == "cpu" and "stride equals its square kernel" in placed.reason
     assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_a_pre_quantized_conv_transpose_needs_scales_per_output_channel(tmp_path, axis):
+    """int8 ConvTranspose weights from a QDQ model are requantized per output channel
+    (weight axis 1); scales along the input channels (axis 0) leave it on the CPU, with
+    the reason, and the result still matches onnxruntime."""
+    rng = np.random.default_rng(21)
+    c, o = 16, 8
+    scale = rng.uniform(0.01, 0.02, (c, o)[axis]).astype(np.float32)
+    shape = [1, 1, 1, 1]
+    shape[axis] = -1
+    wq = np.clip(np.rint(rng.standard_normal((c, o, 2, 2)) / 0.05 / scale.reshape(shape)), -127, 127)
+    inits = [numpy_helper.from_array(wq.astype(np.int8), "wq"), numpy_helper.from_array(scale, "ws"),
+             numpy_helper.from_array(np.zeros_like(scale, np.int8), "wz")]
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=axis),
+             helper.make_node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    graph = helper.make_graph(nodes, "ct", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    report, got, want = _build_and_run(tmp_path, model, (1, c, 6, 6), "int8")
+    (ct,) = [p for p in report.placements if p.op.type == "ConvTranspose"]
+    if axis == 1:
+        assert ct.device == "npu" and ct.dtype == "int8", ct.reason
+    else:
+        assert ct.device == "cpu" and "axis 0" in ct.reason, ct.reason
+    assert cosine(got, want) >= THRESHOLD["int8"]
