@@ -110,7 +110,7 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
 
     graph, placements, groups, precision, note = plan(source, options, stage)
     steps = stage("partition", partition, graph,
-                  lambda i: groups[i].dtype if placements[i].device == "npu" else None)
+                  lambda i: groups[i].segment_kind if placements[i].device == "npu" else None)
     metadata = {"source": Path(source).name, "precision": precision, "producer": "rkc",
                 "graph": graph.name, "cores": options.cores}
     if any(p.device == "npu" and p.op.type == "MaxPool" for p in placements):

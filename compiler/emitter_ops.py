@@ -94,6 +94,13 @@ def npu_name(tensor: str, dtype: str | None = None, precision: str | None = None
     return base if dtype is None or dtype == device_dtype(precision or dtype) else f"{base}.{dtype}"
 
 
+def dense_name(tensor: str, dtype: str | None = None, precision: str | None = None) -> str:
+    """The NPU copy of a [1, C, 1, 1] tensor held as a native map (its channels dense:
+    the 1x1 depthwise weight layout) beside the GEMM row its producer writes; the host
+    writes it (compiler/program_steps.py)."""
+    return f"{npu_name(tensor, dtype, precision)}.dense"
+
+
 def device_dtype(precision: str) -> str:
     return precision if precision in ("int8", "int4") else "fp16"
 
@@ -108,10 +115,22 @@ class NpuGroup:
     result: api.EmitResult
     dtype: str  # what the group computes in: "int8" or "fp16" (mixed int8 programs have both)
     notes: list[str] = field(default_factory=list)
+    # a tensor the group reads in another layout than its producer writes (a gate as
+    # run-time depthwise weights): the host rewrites it, so the group starts a new segment
+    relaid: tuple[str, ...] = ()
+
+    @property
+    def segment_kind(self) -> str:
+        """Groups of one kind may share a segment (compiler/partition.py)."""
+        return f"{self.dtype}, host-relaid reads" if self.relaid else self.dtype
 
     def npu_name(self, tensor: str, precision: str) -> str:
         """This group's NPU buffer of `tensor` in a program of `precision`."""
         return npu_name(tensor, self.dtype, precision)
+
+    def read_name(self, tensor: str, precision: str) -> str:
+        """The NPU buffer this group reads `tensor` from (its host-written copy where relaid)."""
+        return dense_name(tensor, self.dtype, precision) if tensor in self.relaid else self.npu_name(tensor, precision)
 
 
 class _Refused(Exception):
@@ -417,13 +436,44 @@ def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
         raise _Refused("the NPU combines two tensors element by element (constants fold into a convolution)")
     shapes = {tuple(graph.tensors[t].type.shape) for t in (*op.inputs, op.outputs[0])}
     if len(shapes) != 1:
-        raise _Refused("the NPU's element-wise operands have the output's shape (no broadcasting)")
+        gate = _channel_gate(graph, op)
+        if gate is None:
+            raise _Refused("the NPU's element-wise operands have the output's shape (no broadcasting), or a "
+                           "Mul of a map by a run-time [1, C, 1, 1] vector (fp16)")
+        if precision != "fp16":
+            raise _Refused("a map times a run-time per-channel vector runs in fp16 (the vector as depthwise "
+                           "weights)")
+        x, s = gate
+        shape = graph.tensors[x].type.shape
+        # x * s as a 1x1 depthwise convolution whose weights are s, which the host writes
+        # as a native [C, 1, 1] map: byte for byte the 1x1 depthwise weight layout; it
+        # treats every position alike, so a map of few rows is read as a taller grid
+        view = _position_view(shape, lambda r, w: r >= MIN_ROWS)
+        conv = api.Conv2D(_feature(graph, x, "native", "fp16", precision, program, view),
+                          np.zeros((1, 1, int(shape[1])), np.float16),
+                          _feature(graph, op.outputs[0], "native", "fp16", precision, program, view), depthwise=True,
+                          name=f"npu{i}", weights_buffer=dense_name(s, "fp16", program))
+        return conv, {x: "native", s: "native"}
     dtype = device_dtype(precision)
     layout = _layout(graph, op.outputs[0])
     a, b = (_feature(graph, t, layout, dtype, precision, program) for t in op.inputs)
     ew = api.Elementwise(a, b, _feature(graph, op.outputs[0], layout, dtype, precision, program),
                          lowering(op).function, name=f"npu{i}")
     return ew, {t: layout for t in op.inputs}
+
+
+def _channel_gate(graph: Graph, op) -> tuple[str, str] | None:
+    """(map, vector) of a Mul of a [1, C, H, W] map by a run-time [1, C, 1, 1] vector
+    (a squeeze-excite gate) whose product has the map's shape, else None."""
+    if op.type != "Mul":
+        return None
+    out = tuple(graph.tensors[op.outputs[0]].type.shape)
+    for x, s in (op.inputs, op.inputs[::-1]):
+        xs, ss = tuple(graph.tensors[x].type.shape), tuple(graph.tensors[s].type.shape)
+        if xs == out and len(xs) == 4 and xs[0] == 1 and _vector_map(ss) and ss[1] == xs[1] \
+                and npu_layout(graph, x) == "native":
+            return x, s
+    return None
 
 
 def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
@@ -495,8 +545,9 @@ def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
     if result.cpu:
         raise _Refused("the emitter needs a CPU finishing step")
     layout = "native-gemm" if operation is api.Gemm else _layout(graph, tail.output)
+    relaid = tuple(t for t, how in reads.items() if how != _layout(graph, t))
     return NpuGroup(i, [i, *tail.ops], reads, tail.output, layout, result, device_dtype(precision),
-                    list(result.notes))
+                    list(result.notes), relaid)
 
 
 def _passes_values(op) -> bool:
@@ -626,7 +677,7 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
     for r in results:
         for buf, end in r.extents().items():
             extents[buf] = max(extents.get(buf, 0), end)
-    reads = sorted({g.npu_name(t, precision) for g in groups for t in g.reads})
+    reads = sorted({g.read_name(t, precision) for g in groups for t in g.reads})
     outputs = sorted({g.npu_name(g.output, precision) for g in groups})
     chained = all(CHAINABLE[g.dtype] for g in groups)
     step = Step(kind="npu", name=name, jobs=jobs, chained=chained, inputs=reads, outputs=outputs,

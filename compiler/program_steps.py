@@ -27,7 +27,7 @@ import numpy as np
 
 from rkc.compiler import cost
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
-from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_layout, npu_name
+from rkc.compiler.emitter_ops import NpuGroup, dense_name, lower_segment, npu_layout, npu_name
 from rkc.compiler.quantize import selects_values
 from rkc.compiler.partition import Step as PartStep
 from rkc.ir.errors import UnsupportedError
@@ -89,7 +89,7 @@ class _Lowering:
         self.on_host.add(name)
 
     # -- NPU side -----------------------------------------------------------------------
-    def npu_tensor(self, name: str, layout: str, dtype_name: str) -> None:
+    def npu_tensor(self, name: str, layout: str, dtype_name: str, buffer: str | None = None) -> None:
         t = self.graph.tensors[name]
         if not t.type.is_static:
             raise UnsupportedError(f"tensor {name!r} needs a static shape on the NPU")
@@ -100,21 +100,24 @@ class _Lowering:
             if not isinstance(q, PerTensorQuant):
                 raise UnsupportedError(f"tensor {name!r} has no int8 scale")
             quant = {"scale": q.scale, "zero_point": q.zero_point}
-        buffer = npu_name(name, dtype_name, self.precision)
+        buffer = buffer or npu_name(name, dtype_name, self.precision)
         self.builder.scratch_tensor(self.program, buffer, t.type.shape, dtype, layout,
                                     geometry.nbytes(t.type.shape, layout, dtype.itemsize), quant)
         self.on_npu[buffer] = layout
         self.copies.setdefault(name, []).append((buffer, dtype_name))
 
     def to_npu(self, name: str, layout: str, dtype: str) -> None:
-        """Make `name` readable on the NPU in `layout` and `dtype` (before the next NPU step)."""
-        target = npu_name(name, dtype, self.precision)
+        """Make `name` readable on the NPU in `layout` and `dtype` (before the next NPU step).
+        A [1, C, 1, 1] tensor read as a native map (run-time depthwise weights) is a second
+        copy beside its GEMM row, written by the host."""
+        relaid = layout == "native" and npu_layout(self.graph, name) == "native-gemm"
+        target = dense_name(name, dtype, self.precision) if relaid else npu_name(name, dtype, self.precision)
         if target in self.on_npu:
             if self.on_npu[target] != layout:
                 raise UnsupportedError(f"tensor {name!r} is read by the NPU in two layouts")
             return
         self.host(name)
-        self.npu_tensor(name, layout, dtype)
+        self.npu_tensor(name, layout, dtype, target)
         if dtype == "int8":
             scale, zp = self._qparams(name)
             self.add(Step(kind="cpu", name=f"to_npu:{name}", op="QuantizeLinear", inputs=[name, scale, zp],
@@ -253,7 +256,7 @@ class _Lowering:
         produced = {g.npu_name(g.output, self.precision) for g in ordered}
         for g in ordered:
             for name, layout in g.reads.items():
-                if g.npu_name(name, self.precision) not in produced:
+                if g.read_name(name, self.precision) not in produced:
                     self.to_npu(name, layout, g.dtype)
         for g in ordered:
             self.npu_tensor(g.output, g.output_layout, g.dtype)

@@ -324,6 +324,15 @@ class Conv2D:
     weight_quant: Quant | None = None
     epilogue: Epilogue = NO_EPILOGUE
     name: str = "conv"
+    # the weights are not a constant but that buffer's contents at run time, in the
+    # native depthwise layout, written by whoever owns it (fp16 depthwise only; as
+    # Gemm.b_buffer): `weights` then gives only their shape and dtype
+    weights_buffer: str | None = None
+
+    @property
+    def weights_source(self) -> str:
+        """The buffer the CNA reads the weights from: the run-time one, or the packed constant's."""
+        return self.weights_buffer or f"{self.name}.weights"
 
     @property
     def kernel(self) -> tuple[int, int]:

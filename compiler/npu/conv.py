@@ -64,6 +64,8 @@ def _check(op: api.Conv2D, min_rows: int) -> str:
     want = np.int8 if dtype == "int8" else np.float16
     if op.weights.dtype != want:
         raise UnsupportedError(f"{op.name}: weights are {op.weights.dtype}, expected {np.dtype(want)}")
+    if op.weights_buffer is not None and (dtype != "fp16" or not op.depthwise):
+        raise UnsupportedError(f"{op.name}: run-time weights are fp16 depthwise only")
     if op.depthwise:
         if op.weights.ndim != 3 or op.weights.shape[2] != f.channels:
             raise UnsupportedError(f"{op.name}: depthwise weights must be [KH, KW, {f.channels}]")
@@ -119,7 +121,7 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
     plan = epilogue.plan(epilogue.DpuRequest(dtype, o, o.channels, f.quant, wq, weight_sums, op.epilogue,
                                              depthwise=dw, integer_lut=options.integer_lut))
     packed = _pack(op, dtype, kg, zp_w)
-    consts = [api.ConstBuffer(f"{op.name}.weights", packed)]
+    consts = [api.ConstBuffer(op.weights_source, packed)] if op.weights_buffer is None else []
     if plan.bs_data is not None:
         consts.append(api.ConstBuffer(f"{op.name}.bs", plan.bs_bytes()))
 
@@ -246,13 +248,13 @@ def _work(op: api.Conv2D, dtype, plan, ctile, rtile, lane, d_banks, w_banks, kg,
     cbuf = api.CbufPlan(d_banks, w_banks, data_bytes=in_view.surfaces * in_view.dense_surface_bytes,
                         weight_bytes=w_bytes, weights_resident=w_bytes <= w_banks * hw.CBUF_BANK_BYTES)
     pad_value = f.quant.zero_point if (f.quant is not None and dtype == "int8") else 0
-    tile = ConvTile(input=in_view, output=out_view, weights_buffer=f"{op.name}.weights", weights_offset=w_offset,
+    tile = ConvTile(input=in_view, output=out_view, weights_buffer=op.weights_source, weights_offset=w_offset,
                     kernels=kernels, out_channels_hw=out_hw, kernel=(kh, kw), stride=(sy, sx), pad=(pad_top, pl),
                     pad_value=pad_value, depthwise=dw, dpu=plan, cbuf=cbuf, channel0=c0,
                     bs_buffer=f"{op.name}.bs", residual=residual,
                     residual_rows=plan.residual.tensor.height if plan.residual is not None else 0,
                     label=f"{op.name} rows{r0}+{rt} ch{c0}+{ct}", min_input_rows=min_rows)
-    reads = [f.buffer, f"{op.name}.weights"] + ([residual.buffer] if residual is not None else [])
+    reads = [f.buffer, op.weights_source] + ([residual.buffer] if residual is not None else [])
     data_key = ("in", ri, ci if dw else 0)
     return Work(lane, data_key, ("w", ci), cbuf, lambda cb, t=tile: tile_task(_with(t, cb)), tuple(reads),
                 (o.buffer,))

@@ -115,7 +115,9 @@ def test_pointwise_conv_and_global_pool_on_maps_of_few_rows(tmp_path, precision,
 def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
     """GlobalAveragePool -> 1x1 Conv + ReLU -> 1x1 Conv -> HardSigmoid: the [1, C, 1, 1]
     maps are held as GEMM rows, the 1x1 convolutions run as GEMMs (M = 1), the
-    HardSigmoid as bias + clip. The final broadcast Mul stays on the CPU."""
+    HardSigmoid as bias + clip. The final broadcast Mul runs in fp16 as a 1x1 depthwise
+    convolution whose weights are the gate, which the host rewrites as a dense vector
+    (a map of 3 rows read as a taller grid); an int8 program keeps it on the CPU."""
     rng = np.random.default_rng(c)
     r = max(c // 4, 1)
     inits = {"w1": rng.standard_normal((r, c, 1, 1)) / np.sqrt(c), "b1": rng.standard_normal(r) * 0.1,
@@ -127,7 +129,8 @@ def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
              helper.make_node("Mul", ["x", "s"], ["y"])]
     report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, c, h, w]), (1, c, h, w), precision)
     cpu = [p.op.type for p in report.placements if p.device == "cpu"]
-    assert cpu == ["Mul"], [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    assert cpu == ([] if report.precision == "fp16" else ["Mul"]), \
+        [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
     assert cosine(got, want) >= THRESHOLD[precision]
 
 

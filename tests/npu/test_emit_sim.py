@@ -687,3 +687,28 @@ def test_conv_transpose_stride_equals_kernel(dtype, k, c, o, h, w, act, slice_at
         around = out.feature(wide)
         np.testing.assert_array_equal(around[:group], fill[:group])
         np.testing.assert_array_equal(around[group + written:], fill[group + written:])
+
+
+# -- a depthwise convolution whose weights are written at run time ----------------------------
+@pytest.mark.parametrize("c, h, w", [(24, 6, 5), (96, 12, 12), (40, 30, 30)])
+def test_depthwise_weights_from_a_run_time_buffer(c, h, w):
+    """x * s for a per-channel vector s the host writes at run time (a squeeze-excite
+    gate): a 1x1 fp16 depthwise convolution whose weights are the buffer holding s as a
+    native [C, 1, 1] map, which is byte for byte the 1x1 depthwise weight layout."""
+    _needs_fp16_depthwise_writer()
+    X = api.Feature("x", 0, c, h, w, "fp16")
+    S = api.Feature("s", 0, c, 1, 1, "fp16")
+    Y = api.Feature("y", 0, c, h, w, "fp16")
+    stand_in = np.zeros((1, 1, c), np.float16)
+    r = emit(api.Conv2D(X, stand_in, Y, depthwise=True, name="mul", weights_buffer="s"))
+    assert not r.constants or all(k.name != "mul.weights" for k in r.constants)
+    x, s = _fp16((c, h, w), c), _fp16((c, 1, 1), c + 1)
+    got = _run(r, {"x": (X, x), "s": (S, s)}).feature(Y).astype(np.float64)
+    np.testing.assert_allclose(got, x.astype(np.float64) * s.astype(np.float64), rtol=2e-3, atol=2e-3)
+
+
+def test_run_time_weights_are_fp16_depthwise_only():
+    X = api.Feature("x", 0, 16, 4, 4, "fp16")
+    with pytest.raises(UnsupportedError, match="fp16 depthwise only"):
+        emit(api.Conv2D(X, np.zeros((16, 1, 1, 16), np.float16), api.Feature("y", 0, 16, 4, 4, "fp16"),
+                        weights_buffer="w"))
