@@ -1,0 +1,83 @@
+"""Compiled (numba) conversions of a model's input image (a float32 map of a
+few channels: RGB) into the first segment's feature map [C1, H, W, C2]
+(ir/npu/layout.py), whose atom is 16 bytes in both precisions (16 int8 lanes,
+8 fp16 lanes): a 3-channel image fills 3 lanes of each pixel's atom and the
+rest are zero.
+
+The general edges (runtime/kernels/quant_jit.py, runtime/half.py) compute all
+C2 lane rows of a line and transpose them into the atoms byte by byte: for
+3 channels of 16 that is 13 zero rows transposed, ~2-4x the pass's memory
+time. Here each pixel's atom is built as two 64-bit words (the channels'
+codes shifted into their lanes, the rest zero) and stored whole, so the pass
+reads the image once and writes the map once. The codes are the general
+edges' own arithmetic (QuantizeLinear's float64 division, rounding half to
+even, saturation; fp16 by numpy's bits, runtime/half.py `narrow_bits`).
+tests/runtime/test_pixels_jit.py checks them against the general edges and
+a float64 reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from rkc.runtime.half import narrow_bits
+from rkc.runtime.kernels.threads import over_rows
+
+ATOM_BYTES = 16  # one feature atom, both precisions (C2 = 16 int8 / 8 fp16 lanes)
+FEW_CHANNELS = 4  # a map of at most this many channels is an image: this module's case
+
+
+def is_image(channels: int, fm: np.ndarray) -> bool:
+    """A map this module converts: few channels into one group of 16-byte atoms."""
+    return channels <= FEW_CHANNELS and fm.shape[0] == 1 and fm.shape[3] * fm.itemsize == ATOM_BYTES \
+        and fm.flags.c_contiguous
+
+
+def quantize_image(x: np.ndarray, scale: float, zero_point: int, fm: np.ndarray) -> None:
+    """fm[0, y, i, c] = saturate(rint(x[c, y, i] / scale) + zero_point) for x [C, H, W]
+    float32 (C <= 4), int8 lanes past C zero."""
+    words = fm.view(np.uint64).reshape(fm.shape[1], fm.shape[2], 2)
+    over_rows(lambda lo, hi: _quantize_rows(x, scale, zero_point, words, lo, hi), fm.shape[1], fm.size)
+
+
+def narrow_image(x: np.ndarray, fm: np.ndarray) -> None:
+    """fm[0, y, i, c] = the fp16 bits of x[c, y, i] for x [C, H, W] float32 bits
+    (uint32, C <= 4), fp16 lanes past C zero."""
+    words = fm.view(np.uint64).reshape(fm.shape[1], fm.shape[2], 2)
+    over_rows(lambda lo, hi: _narrow_rows(x, words, lo, hi), fm.shape[1], fm.size)
+
+
+@njit(cache=True, nogil=True)
+def _quantize_rows(x, scale, zero_point, words, lo, hi):
+    c, _, w = x.shape
+    zp = np.float64(zero_point)
+    low = np.empty(w, np.uint64)
+    for y in range(lo, hi):
+        low[:] = 0
+        for b in range(c):
+            src, shift = x[b, y], np.uint64(8 * b)
+            for i in range(w):
+                q = np.rint(np.float64(src[i]) / scale) + zp
+                code = np.int64(min(max(q, -128.0), 127.0)) & 0xFF
+                low[i] |= np.uint64(code) << shift
+        out = words[y]
+        for i in range(w):
+            out[i, 0] = low[i]
+            out[i, 1] = 0
+
+
+@njit(cache=True, nogil=True)
+def _narrow_rows(x, words, lo, hi):
+    c, _, w = x.shape
+    low = np.empty(w, np.uint64)
+    for y in range(lo, hi):
+        low[:] = 0
+        for b in range(c):
+            src, shift = x[b, y], np.uint64(16 * b)
+            for i in range(w):
+                low[i] |= np.uint64(narrow_bits(src[i])) << shift
+        out = words[y]
+        for i in range(w):
+            out[i, 0] = low[i]
+            out[i, 1] = 0
