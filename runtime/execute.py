@@ -81,6 +81,7 @@ class _Schedule:
         self.no_native: set[int] = set()  # steps feature_edges.run_step declined
         self.program = program
         self.no_fused: set[int] = set()  # steps that start no fused pass feature_edges accepts
+        self.chains: dict[int, tuple] = {}  # first step -> (its chain's steps, feature_edges.chain_plan)
 
     def fused_end(self, run: "_Run", i: int) -> int | None:
         """Run the steps from `i` as one pass (feature_edges: a recoding chain, or a
@@ -89,13 +90,20 @@ class _Schedule:
         if i in self.no_fused:
             return None
         steps, outputs = self.program.steps, self.program.outputs
-        end = feature_edges.chain_end(steps, i, self.last_use, outputs)
-        if end is not None and feature_edges.run_chain(run, list(steps[i:end + 1])):
-            return end
-        step = steps[i]
-        if end is None and i + 1 < len(steps) and step.outputs and self.last_use.get(step.outputs[0]) == i + 1 \
-                and step.outputs[0] not in outputs and feature_edges.run_pair(run, step, steps[i + 1]):
-            return i + 1
+        chain = self.chains.get(i)
+        if chain is None:
+            end = feature_edges.chain_end(steps, i, self.last_use, outputs)
+            plan = None if end is None else feature_edges.chain_plan(run, list(steps[i:end + 1]))
+            if plan is not None:
+                chain = self.chains[i] = (list(steps[i:end + 1]), plan)
+        if chain is not None:
+            if feature_edges.run_chain(run, *chain):
+                return i + len(chain[0]) - 1
+        else:  # a learned upsampling quantized into its map
+            step = steps[i]
+            if i + 1 < len(steps) and step.outputs and self.last_use.get(step.outputs[0]) == i + 1 \
+                    and step.outputs[0] not in outputs and feature_edges.run_pair(run, step, steps[i + 1]):
+                return i + 1
         self.no_fused.add(i)
         return None
 

@@ -139,7 +139,7 @@ def run_pair(run, step: Step, following: Step) -> bool:
     return run_chain(run, [step, following])
 
 
-def run_chain(run, steps: list[Step]) -> bool:
+def run_chain(run, steps: list[Step], plan: "ChainPlan | None" = None) -> bool:
     """Run `steps` (a chain_end chain: a conversion out of a feature map into a
     float32 host tensor, element-wise ops on it, its conversion back into
     another feature map; int8 -> fp16 in a mixed-precision program is
@@ -147,29 +147,49 @@ def run_chain(run, steps: list[Step]) -> bool:
     CPU DequantizeLinear, Relu, QuantizeLinear) as one recoding of the codes
     through a table of every code's result (256 int8 or 65536 fp16 codes run
     through the reference kernels, runtime/kernels), if the tensors allow it.
+    `plan`: `chain_plan`'s result for these steps, made once by the caller.
     The caller knows nothing else reads the float32 tensors between them."""
     from rkc.runtime.kernels import quant_jit
 
+    plan = plan or chain_plan(run, steps)
+    if plan is None:
+        return False
+    src, dst, table, overlap = plan
+    with _Held(run, [src, dst]) as (fin, fout):
+        codes_in = fin.view(np.uint8 if src.dtype == "int8" else np.uint16)
+        if overlap:
+            codes_in = codes_in.copy()
+        codes_out = fout.view(np.uint16 if dst.dtype == "fp16" else np.uint8)
+        quant_jit.recode_feature(codes_in, table, codes_out, int(src.shape[1]))
+    return True
+
+
+ChainPlan = tuple  # (source TensorInfo, destination TensorInfo, table, whether their bytes overlap)
+
+
+def chain_plan(run, steps: list[Step]) -> ChainPlan | None:
+    """What run_chain needs of `steps`, none of it changing between runs (the
+    tensors, the table, the overlap), or None if they are no such chain."""
     tensors = run.model.tensors
     first, last = steps[0], steps[-1]
     if any(len(s.outputs) != 1 for s in steps) or not first.inputs or not first.inputs[0]:
-        return False
+        return None
     src, dst = tensors.get(first.inputs[0]), tensors.get(last.outputs[0])
     mids = [tensors.get(s.outputs[0]) for s in steps[:-1]]
     if None in (src, dst) or not (_in_bo(run, src) and _in_bo(run, dst)) or list(src.shape) != list(dst.shape) \
             or any(m is None or m.region is not None or m.dtype != "fp32" for m in mids):
-        return False
+        return None
     if (first.op, src.dtype) not in (("DequantizeLinear", "int8"), ("Cast", "fp16")) \
             or (last.op, dst.dtype) not in (("QuantizeLinear", "int8"), ("Cast", "fp16")):
-        return False
+        return None
     key, chain = [], []  # every step's op, attributes and constant inputs: the table is a function of these
     for s in steps:
         consts = [None if not n else _single_value(run, n) for n in s.inputs[1:]]
         if any(n and c is None for n, c in zip(s.inputs[1:], consts)):
-            return False
+            return None
         if s.op in ("DequantizeLinear", "QuantizeLinear") and (s.attrs.get("block_size", 0) or len(consts) != 2
                                                                 or consts[1] is None or consts[1].dtype != np.int8):
-            return False
+            return None
         key.append((s.op, repr(sorted(s.attrs.items())),
                     tuple(None if c is None else (c.dtype.str, c.tobytes()) for c in consts)))
         chain.append((s.op, s.attrs, consts))
@@ -180,17 +200,11 @@ def run_chain(run, steps: list[Step]) -> bool:
             _TABLES.clear()
         table = _TABLES[tuple(key)] = _chain_table(chain, src.dtype)
     if table is None:
-        return False
+        return None
     # the memory plan may give the last step's output the first's dead input bytes: then the codes are
     # read from a copy (PP-OCR det has 7 such edges)
     overlap = src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes
-    with _Held(run, [src, dst]) as (fin, fout):
-        codes_in = fin.view(np.uint8 if src.dtype == "int8" else np.uint16)
-        if overlap:
-            codes_in = codes_in.copy()
-        codes_out = fout.view(np.uint16 if dst.dtype == "fp16" else np.uint8)
-        quant_jit.recode_feature(codes_in, table, codes_out, int(src.shape[1]))
-    return True
+    return src, dst, table, overlap
 
 
 def _single_value(run, name: str) -> np.ndarray | None:

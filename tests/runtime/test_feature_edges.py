@@ -154,8 +154,8 @@ def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precisio
         taken.append((step.op, done))
         return done
 
-    def counted_chain(run, steps):
-        done = real_chain(run, steps)
+    def counted_chain(run, steps, plan=None):
+        done = real_chain(run, steps, plan)
         if done:
             pairs.append(tuple(s.op for s in steps))
         return done
@@ -168,7 +168,7 @@ def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precisio
     assert {op for op, done in taken if done} >= {"MaxPool", "Resize"}
     assert pairs == ([("DequantizeLinear", "Cast")] * 2 if precision == "int8" else []), pairs
     monkeypatch.setattr(feature_edges, "run_step", lambda run, step: False)
-    monkeypatch.setattr(feature_edges, "run_chain", lambda run, steps: False)
+    monkeypatch.setattr(feature_edges, "run_chain", lambda run, steps, plan=None: False)
     monkeypatch.setattr(feature_edges, "run_pair", lambda run, step, following: False)
     with runtime.load(tmp_path / "m.rkbin") as model:
         slow = model.run({"x": x})
