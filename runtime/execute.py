@@ -82,6 +82,7 @@ class _Schedule:
         self.program = program
         self.no_fused: set[int] = set()  # steps that start no fused pass feature_edges accepts
         self.chains: dict[int, tuple] = {}  # first step -> (its chain's steps, feature_edges.chain_plan)
+        self.images: dict[int, tuple] = {}  # first step -> (its steps, feature_edges.image_plan)
 
     def fused_end(self, run: "_Run", i: int) -> int | None:
         """Run the steps from `i` as one pass (feature_edges: a recoding chain, or a
@@ -90,6 +91,15 @@ class _Schedule:
         if i in self.no_fused:
             return None
         steps, outputs = self.program.steps, self.program.outputs
+        image = self.images.get(i)
+        if image is None and steps[i].op == "Transpose":  # the model's uint8 image into its first map
+            end = feature_edges.image_chain_end(steps, i, self.last_use, outputs,
+                                                lambda n: feature_edges._in_bo(run, run.model.tensors.get(n)))
+            plan = None if end is None else feature_edges.image_plan(run, list(steps[i:end + 1]))
+            if plan is not None:
+                image = self.images[i] = (list(steps[i:end + 1]), plan)
+        if image is not None and feature_edges.run_image(run, *image):
+            return i + len(image[0]) - 1
         chain = self.chains.get(i)
         if chain is None:
             end = feature_edges.chain_end(steps, i, self.last_use, outputs)

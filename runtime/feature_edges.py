@@ -207,6 +207,103 @@ def chain_plan(run, steps: list[Step]) -> ChainPlan | None:
     return src, dst, table, overlap
 
 
+def image_chain_end(steps, i: int, last_use: dict, outputs, in_map) -> int | None:
+    """The index of the last step of an image chain starting at steps[i]: a
+    Transpose (NHWC -> NCHW: the image taken as pixels, rkc compile --image-input),
+    then Cast, element-wise CHAIN_OPS and 1x1 depthwise convolutions (the
+    normalisation, each value a function of its channel's pixel alone), and a
+    conversion into a feature map; each step's first input the previous step's
+    single output that nothing else reads; `in_map(name)`: whether a tensor is a
+    feature map in a BO. `image_plan` checks the rest."""
+    if steps[i].kind != "cpu" or steps[i].op != "Transpose" or list(steps[i].attrs.get("perm", ())) != [0, 3, 1, 2]:
+        return None
+    for j in range(i + 1, len(steps)):
+        before, step = steps[j - 1], steps[j]
+        if step.kind != "cpu" or len(before.outputs) != 1 or not step.inputs or step.inputs[0] != before.outputs[0] \
+                or last_use.get(before.outputs[0]) != j or before.outputs[0] in outputs:
+            return None
+        if step.op in _INTO_FEATURE and len(step.outputs) == 1 and in_map(step.outputs[0]):
+            return j
+        if step.op not in CHAIN_OPS and step.op not in ("Cast", "Conv"):
+            return None
+    return None
+
+
+def image_plan(run, steps: list[Step]) -> tuple | None:
+    """What run_image needs of `steps` (an image_chain_end chain), none of it
+    changing between runs: the image's name, the destination map and one table
+    of 256 codes per channel, made by the reference kernels over every pixel
+    value; or None if the tensors or steps are not such a chain."""
+    from rkc.runtime.kernels import pixels_jit
+
+    tensors = run.model.tensors
+    first, last = steps[0], steps[-1]
+    src, dst = tensors.get(first.inputs[0]), tensors.get(last.outputs[0])
+    if src is None or dst is None or src.region is not None or src.dtype != "uint8" or len(src.shape) != 4 \
+            or src.shape[0] != 1 or not _in_bo(run, dst) or list(dst.shape) != [1, src.shape[3], *src.shape[1:3]] \
+            or (last.op, dst.dtype) not in (("QuantizeLinear", "int8"), ("Cast", "fp16")):
+        return None
+    if any(len(s.outputs) != 1 for s in steps) \
+            or any(tensors.get(s.outputs[0]) is None or tensors[s.outputs[0]].region is not None for s in steps[:-1]):
+        return None
+    c = src.shape[3]
+    value = np.broadcast_to(np.arange(256, dtype=np.uint8), (1, c, 1, 256))  # every pixel value, per channel
+    with np.errstate(all="ignore"):
+        for s in steps[1:]:
+            consts = [None if not n else run.read(n) if _constant(run, n) else False for n in s.inputs[1:]]
+            if any(v is False for v in consts):
+                return None
+            if s.op == "Conv" and not _depthwise_1x1(s, consts, c):
+                return None
+            if s.op in ("DequantizeLinear", "QuantizeLinear") and (
+                    len(consts) != 2 or consts[0] is None or np.size(consts[0]) != 1 or consts[1] is None
+                    or consts[1].dtype != np.int8 or s.attrs.get("block_size", 0)):
+                return None
+            try:
+                (value,) = run_kernel(s.op, [value, *consts], s.attrs, 1)
+            except RkcError:
+                return None
+            value = np.asarray(value)
+            if value.shape != (1, c, 1, 256):  # a step mixing channels or positions: not this path
+                return None
+            info = tensors[s.outputs[0]]
+            value = value.astype(DType(info.dtype).numpy, copy=False)  # as the interpreter stores it
+    tables = np.ascontiguousarray(value[0, :, 0]).view(np.uint8 if dst.dtype == "int8" else np.uint16)
+    with _Held(run, [dst]) as (fm,):
+        if not pixels_jit.is_image(c, fm):
+            return None
+    return first.inputs[0], dst, tables
+
+
+def run_image(run, steps: list[Step], plan: tuple) -> bool:
+    """Run an image chain by its plan: the uint8 pixels straight into the map."""
+    from rkc.runtime.kernels import pixels_jit
+
+    name, dst, tables = plan
+    pixels = run.read(name)
+    if pixels.dtype != np.uint8 or pixels.ndim != 4:
+        return False
+    with _Held(run, [dst]) as (fm,):
+        pixels_jit.pixels_into_feature(pixels[0], tables, fm)
+    return True
+
+
+def _constant(run, name: str) -> bool:
+    info = run.model.tensors.get(name)
+    return info is not None and info.region is not None and info.region in getattr(run.model, "host_regions", {})
+
+
+def _depthwise_1x1(step: Step, consts: list, channels: int) -> bool:
+    """A convolution each output value of which is its own channel's input value
+    scaled and offset (the normalisation a pass folded into a Conv)."""
+    a = step.attrs
+    weight = consts[0] if consts else None
+    return weight is not None and a.get("group", 1) == channels and list(a.get("kernel_shape", [1, 1])) == [1, 1] \
+        and all(v == 1 for v in a.get("strides", [1, 1])) and all(v == 1 for v in a.get("dilations", [1, 1])) \
+        and not any(a.get("pads", [0, 0, 0, 0])) and a.get("auto_pad", "NOTSET") in ("NOTSET", "VALID") \
+        and weight.shape == (channels, 1, 1, 1)
+
+
 def _single_value(run, name: str) -> np.ndarray | None:
     """A constant input of one value (a host constant), as a one-element array."""
     info = run.model.tensors.get(name)
