@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import narrow_bits
+from rkc.runtime.kernels.quant_jit import quantize_row
 from rkc.runtime.kernels.threads import over_rows
 
 ATOM_BYTES = 16  # one feature atom, both precisions (C2 = 16 int8 / 8 fp16 lanes)
@@ -64,15 +65,13 @@ def narrow_image(x: np.ndarray, fm: np.ndarray) -> None:
 @njit(cache=True, nogil=True)
 def _quantize_rows(x, scale, zero_point, words, lo, hi):
     c, _, w = x.shape
-    zp = np.float64(zero_point)
-    codes = np.zeros((4, w), np.uint8)  # a row's codes per channel (vectorised), then packed into atoms
+    zp, inverse = np.float64(zero_point), 1.0 / scale
+    codes = np.zeros((4, w), np.int8)  # a row's codes per channel (vectorised), then packed into atoms
+    bytes_ = codes.view(np.uint8)
     for y in range(lo, hi):
         for b in range(c):
-            src, dst = x[b, y], codes[b]
-            for i in range(w):
-                q = np.rint(np.float64(src[i]) / scale) + zp
-                dst[i] = np.uint8(np.int64(min(max(q, -128.0), 127.0)) & 0xFF)
-        _pack_row(codes, 8, words[y])
+            quantize_row(x[b, y], scale, inverse, zp, codes[b])
+        _pack_row(bytes_, 8, words[y])
 
 
 @njit(cache=True, nogil=True)
