@@ -47,6 +47,17 @@ def _planes(fm: np.ndarray) -> np.ndarray:
     return fm.transpose(0, 3, 1, 2)
 
 
+def _long_lines(*maps: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Feature maps [C1, H, W, C2] and row-major maps [C, H, W] of one shape seen as
+    one line per channel group ([C1, 1, H * W, C2], [C, 1, H * W]) when all are
+    contiguous, so that the edge kernels, which work a line at a time, run long
+    vectorised loops: on a 13x13 map a line's fixed cost was most of the time
+    (512x13x13 quantized into its map 0.37 -> 0.06 ms). Otherwise as they are."""
+    if not all(m.flags.c_contiguous for m in maps):
+        return maps
+    return tuple(m.reshape(m.shape[0], 1, m.shape[1] * m.shape[2], *m.shape[3:]) for m in maps)
+
+
 class _Held:
     """The feature maps of some BO tensors, held for CPU access while a step runs."""
 
@@ -160,6 +171,7 @@ def run_chain(run, steps: list[Step], plan: "ChainPlan | None" = None) -> bool:
         if overlap:
             codes_in = codes_in.copy()
         codes_out = fout.view(np.uint16 if dst.dtype == "fp16" else np.uint8)
+        codes_in, codes_out = _long_lines(codes_in, codes_out)
         quant_jit.recode_feature(codes_in, table, codes_out, int(src.shape[1]))
     return True
 
@@ -380,7 +392,7 @@ def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
             if pixels_jit.is_image(planes.shape[0], fm):  # an RGB image: whole atoms, one pass
                 pixels_jit.narrow_image(planes.view(np.uint32), fm.view(np.uint16))
             else:
-                half.narrow_into_feature(planes.view(np.uint32), fm.view(np.uint16))
+                half.narrow_into_feature(*_long_lines(planes.view(np.uint32), fm.view(np.uint16)))
         return True
     params = _one_scale(run, step)
     if params is None or dst.dtype != "int8":
@@ -389,7 +401,8 @@ def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         if pixels_jit.is_image(planes.shape[0], fm):
             pixels_jit.quantize_image(planes, *params, fm)
         else:
-            quant_jit.quantize_into_feature(planes, *params, fm)
+            x, fm = _long_lines(planes, fm)
+            quant_jit.quantize_into_feature(x, *params, fm)
     return True
 
 
@@ -405,12 +418,13 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         if src.dtype != "fp16":
             return False
         with _Held(run, [src]) as (fm,):
-            half.widen_feature(fm.view(np.uint16), planes.view(np.uint32))
+            half.widen_feature(*_long_lines(fm.view(np.uint16), planes.view(np.uint32)))
     else:
         params = _one_scale(run, step)
         if params is None or src.dtype != "int8":
             return False
         with _Held(run, [src]) as (fm,):
+            fm, planes = _long_lines(fm, planes)
             quant_jit.dequantize_feature(fm, *params, planes)
     run.write(step.outputs[0], out)
     return True
