@@ -41,6 +41,8 @@ class BuildOptions:
     bind: Mapping[str, object] = field(default_factory=dict)  # inputs turned into constants (name -> array)
     cores: int = hw.CORES  # NPU cores the program's tasks are spread over (rkc compile --cores)
     ppu_irq: bool = False  # the target kernel completes PPU tasks (kernel/patches/0005; --kernel-ppu-irq)
+    # inputs taken as uint8 NHWC images: name -> (per-channel mean, std) (rkc compile --image-input)
+    image_inputs: Mapping[str, tuple[Sequence[float], Sequence[float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -168,8 +170,9 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
 def _place(source: str | Path, options: BuildOptions, precision: str, stage) -> tuple[Graph, list[Placement], dict]:
     """The graph loaded, rewritten and quantized for `precision`, placed once."""
     also = "" if precision == options.precision else f"{precision} throughout: "  # the alternative's stages
+    extra = {"image_inputs": dict(options.image_inputs)} if options.image_inputs else {}
     graph: Graph = stage(f"{also}load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
-                                                           bind=dict(options.bind)))
+                                                           bind=dict(options.bind), **extra))
     # a calibrated int8 build decomposes ops the DPU has no int8 form for (their parts get scales)
     graph = stage(f"{also}passes", run_passes, graph, precision == "int8" and options.calib is not None)
     stage(f"{also}check shapes", require_static, graph)

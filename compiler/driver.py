@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 
 from rkc.compiler.build import BuildOptions, Progress, build
 from rkc.compiler.frontend import detect_kind
-from rkc.compiler.frontend.onnx import parse_input_shapes
+from rkc.compiler.frontend.onnx import parse_image_inputs, parse_input_shapes
 from rkc.compiler.llm.build import (DEFAULT_CHUNKS, MAX_DEFAULT_JOBS, PARALLEL_MIN_GGUF_BYTES, LlmCompileOptions,
                                     compile_gguf, default_jobs)
 from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_INT4_ROUNDING, DEFAULT_RESIDUAL, DEFAULT_ROUNDING, \
@@ -73,6 +73,9 @@ OPTIONS: tuple[Option, ...] = (
            "path", INT8),
     Option("input_shapes", "--input-shape", ("onnx",), "fix the dynamic dimensions of an input (repeatable).",
            metavar="NAME=1x3x224x224", repeat=True),
+    Option("image_inputs", "--image-input", ("onnx",), "take a float NCHW input as a uint8 NHWC image, normalised "
+           "per channel by (pixel - mean) / std as the model's first steps (repeatable; the calibration set "
+           "holds such images too).", metavar="NAME=M0,M1,M2/S0,S1,S2", repeat=True),
     Option("cores", "--cores", KINDS, "NPU cores the program's tasks are spread over (1 keeps every task on one "
            "core: what single-core published figures measure).", CORE_CHOICES, default=str(hw.CORES)),
     Option("jobs", "--jobs", ("gguf",), "host threads the layers are read, smoothed and encoded on (the "
@@ -147,6 +150,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[str, object],
                    progress: Progress) -> list[str]:
     options = BuildOptions(precision=precision, input_shapes=parse_input_shapes(given.get("input_shapes", ())),
+                           image_inputs=parse_image_inputs(given.get("image_inputs", ())),
                            calib=given.get("calib"), cpu_only=bool(given.get("cpu_only")),
                            cores=int(given.get("cores", hw.CORES)), ppu_irq=bool(given.get("kernel_ppu_irq")))
     report = build(source, output, options, progress)

@@ -8,8 +8,12 @@
   native layout itself (runtime/feature_edges.py).
 * NPU step: submit its jobs (tasks resolved to IOVAs) and wait, through the
   device's prepared submit (Device.prepare_submit), made at the step's first run.
-* An int8 <-> fp16 edge through a float32 host tensor nothing else reads (two
-  steps) runs as one recoding between the feature maps (feature_edges.run_pair).
+* An edge out of a feature map through float32 host tensors nothing else reads,
+  element-wise steps and an edge back into a feature map (int8 <-> fp16 in a
+  mixed-precision program; an int8 ReLU left on the CPU) run as one recoding
+  between the feature maps (feature_edges.run_chain).
+* What does not change between runs (each tensor's last reader, what dies after
+  each step, which steps the native paths decline) is decided at the first run.
 
 Host tensors are freed after their last reader.
 """
@@ -49,22 +53,81 @@ def _dtype(info: TensorInfo) -> np.dtype:
     return DType(info.dtype).numpy
 
 
+class _Schedule:
+    """What a program's runs share, decided at its first run: each tensor's last
+    reader, the host tensors to free after each step, and the steps whose
+    native-layout path (feature_edges) declined them, which later runs take
+    straight to the interpreter's path (a decline depends only on the program
+    and its constants; the interpreter's path is right for any step)."""
+
+    def __init__(self, program: Program) -> None:
+        last: dict[str, int] = {}
+        for i, step in enumerate(program.steps):
+            for name in step.inputs:
+                if name:
+                    last[name] = i
+        for name in program.outputs:
+            last[name] = len(program.steps)
+        self.last_use = last
+        outputs = set(program.outputs)
+        self.dead: list[tuple[str, ...]] = [() for _ in program.steps]
+        for i, step in enumerate(program.steps):  # a tensor no step reads dies where it is made
+            for name in step.outputs:
+                if name and name not in outputs and name not in last:
+                    self.dead[i] += (name,)
+        for name, i in last.items():
+            if name not in outputs:
+                self.dead[i] += (name,)
+        self.no_native: set[int] = set()  # steps feature_edges.run_step declined
+        self.program = program
+        self.no_fused: set[int] = set()  # steps that start no fused pass feature_edges accepts
+        self.chains: dict[int, tuple] = {}  # first step -> (its chain's steps, feature_edges.chain_plan)
+        self.images: dict[int, tuple] = {}  # first step -> (its steps, feature_edges.image_plan)
+
+    def fused_end(self, run: "_Run", i: int) -> int | None:
+        """Run the steps from `i` as one pass (feature_edges: a recoding chain, or a
+        learned upsampling quantized into its map) if they are one; the index of
+        the last step it ran, or None (nothing ran)."""
+        if i in self.no_fused:
+            return None
+        steps, outputs = self.program.steps, self.program.outputs
+        image = self.images.get(i)
+        if image is None and steps[i].op == "Transpose":  # the model's uint8 image into its first map
+            end = feature_edges.image_chain_end(steps, i, self.last_use, outputs,
+                                                lambda n: feature_edges._in_bo(run, run.model.tensors.get(n)))
+            plan = None if end is None else feature_edges.image_plan(run, list(steps[i:end + 1]))
+            if plan is not None:
+                image = self.images[i] = (list(steps[i:end + 1]), plan)
+        if image is not None and feature_edges.run_image(run, *image):
+            return i + len(image[0]) - 1
+        chain = self.chains.get(i)
+        if chain is None:
+            end = feature_edges.chain_end(steps, i, self.last_use, outputs)
+            plan = None if end is None else feature_edges.chain_plan(run, list(steps[i:end + 1]))
+            if plan is not None:
+                chain = self.chains[i] = (list(steps[i:end + 1]), plan)
+        if chain is not None:
+            if feature_edges.run_chain(run, *chain):
+                return i + len(chain[0]) - 1
+        else:  # a learned upsampling quantized into its map
+            step = steps[i]
+            if i + 1 < len(steps) and step.outputs and self.last_use.get(step.outputs[0]) == i + 1 \
+                    and step.outputs[0] not in outputs and feature_edges.run_pair(run, step, steps[i + 1]):
+                return i + 1
+        self.no_fused.add(i)
+        return None
+
+
 class _Run:
     def __init__(self, model, program: Program) -> None:
         self.model = model
         self.program = program
         self.env: dict[str, np.ndarray] = {}
-        self.last_use = self._last_uses()
-
-    def _last_uses(self) -> dict[str, int]:
-        last: dict[str, int] = {}
-        for i, step in enumerate(self.program.steps):
-            for name in step.inputs:
-                if name:
-                    last[name] = i
-        for name in self.program.outputs:
-            last[name] = len(self.program.steps)
-        return last
+        schedule = model.schedules.get(id(program))
+        if schedule is None:
+            schedule = model.schedules[id(program)] = _Schedule(program)
+        self.schedule = schedule
+        self.last_use = schedule.last_use
 
     # -- tensor access ------------------------------------------------------------------
     def read(self, name: str) -> np.ndarray:
@@ -94,9 +157,12 @@ class _Run:
         self.model.device.finish_cpu_access(bo)
 
     # -- steps --------------------------------------------------------------------------
-    def cpu(self, step: Step) -> None:
-        if feature_edges.run_step(self, step):  # on the native layout, no conversion around it
-            return
+    def cpu(self, step: Step, index: int = -1) -> None:
+        if index not in self.schedule.no_native:
+            if feature_edges.run_step(self, step):  # on the native layout, no conversion around it
+                return
+            if index >= 0:
+                self.schedule.no_native.add(index)
         inputs = [self.read(n) if n else None for n in step.inputs]
         outputs = run_kernel(step.op, inputs, step.attrs, len(step.outputs))
         if len(outputs) < len(step.outputs):
@@ -127,8 +193,9 @@ class _Run:
         run()
 
     def free_dead(self, index: int) -> None:
-        for name in [n for n in self.env if self.last_use.get(n, -1) <= index and n not in self.program.outputs]:
-            del self.env[name]
+        env = self.env
+        for name in self.schedule.dead[index]:
+            env.pop(name, None)
 
 
 def _jobs(step: Step, bos) -> list[Job]:
@@ -192,35 +259,36 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
     for name, value in ready.items():
         run.write(name, value)
     start = time.perf_counter()
-    steps, skip = program.steps, -1
-    for i, step in enumerate(steps):
-        if i == skip:  # done with the step before it
-            stats.step_seconds.append(0.0)
-            run.free_dead(i)
-            continue
-        t = time.perf_counter()
-        if step.kind == "cpu":
-            with blas.one_thread():  # host kernels' rule (runtime/blas.py): BLAS's spinning pool cost 6x
-                # an edge out of a feature map whose float32 result only feeds an edge back into one
-                # (int8 <-> fp16 in a mixed-precision program) is one pass; observed runs keep every tensor
-                if observe is None and i + 1 < len(steps) and run.last_use.get(step.outputs[0]) == i + 1 \
-                        and step.outputs[0] not in program.outputs \
-                        and feature_edges.run_pair(run, step, steps[i + 1]):
-                    skip = i + 1
+    steps, skip, schedule = program.steps, -1, run.schedule
+    clock = time.perf_counter
+    with blas.one_thread():  # host kernels' rule (runtime/blas.py): BLAS's spinning pool cost 6x; set once a run
+        for i, step in enumerate(steps):
+            if i <= skip:  # done with an earlier step's fused pass
+                stats.step_seconds.append(0.0)
+                run.free_dead(i)
+                continue
+            t = clock()
+            if step.kind == "cpu":
+                # an edge out of a feature map whose float32 result only feeds element-wise steps and an
+                # edge back into one (int8 <-> fp16 in a mixed-precision program, a ReLU left on the CPU)
+                # is one pass; observed runs keep every tensor
+                end = schedule.fused_end(run, i) if observe is None else None
+                if end is not None:
+                    skip = end
                 else:
-                    run.cpu(step)
-        else:
-            run.npu(step)
-            stats.submits += 1
-        dt = time.perf_counter() - t
-        if observe is not None:
-            observe(step, run.read)
-        stats.step_seconds.append(dt)
-        if step.kind == "cpu":
-            stats.cpu_seconds += dt
-        else:
-            stats.npu_seconds += dt
-        run.free_dead(i)
+                    run.cpu(step, i)
+            else:
+                run.npu(step)
+                stats.submits += 1
+            dt = clock() - t
+            if observe is not None:
+                observe(step, run.read)
+            stats.step_seconds.append(dt)
+            if step.kind == "cpu":
+                stats.cpu_seconds += dt
+            else:
+                stats.npu_seconds += dt
+            run.free_dead(i)
     outputs = _handed_out(run, program.outputs, ready.values())
     stats.seconds = time.perf_counter() - start
     return outputs, stats

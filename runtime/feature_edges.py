@@ -47,6 +47,17 @@ def _planes(fm: np.ndarray) -> np.ndarray:
     return fm.transpose(0, 3, 1, 2)
 
 
+def _long_lines(*maps: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Feature maps [C1, H, W, C2] and row-major maps [C, H, W] of one shape seen as
+    one line per channel group ([C1, 1, H * W, C2], [C, 1, H * W]) when all are
+    contiguous, so that the edge kernels, which work a line at a time, run long
+    vectorised loops: on a 13x13 map a line's fixed cost was most of the time
+    (512x13x13 quantized into its map 0.37 -> 0.06 ms). Otherwise as they are."""
+    if not all(m.flags.c_contiguous for m in maps):
+        return maps
+    return tuple(m.reshape(m.shape[0], 1, m.shape[1] * m.shape[2], *m.shape[3:]) for m in maps)
+
+
 class _Held:
     """The feature maps of some BO tensors, held for CPU access while a step runs."""
 
@@ -98,47 +109,248 @@ def run_step(run, step: Step) -> bool:
     return False
 
 
-def run_pair(run, step: Step, following: Step) -> bool:
-    """Run `step`, a conversion out of a feature map into a float32 host tensor,
-    and `following`, the conversion of that tensor back into another feature map
-    (int8 -> fp16: DequantizeLinear then Cast; fp16 -> int8: Cast then
-    QuantizeLinear), as one recoding of the codes through a table the reference
-    kernels compute (every code's result: 256 int8 or 65536 fp16), if they are
-    such a pair; or a learned upsampling then its QuantizeLinear into a feature
-    map (`_tiles_into_feature`). The caller knows nothing else reads the float32
-    tensor."""
-    from rkc.runtime.kernels import quant_jit
+# element-wise ops a recoding chain may pass through: each output element a function of the same
+# input element alone (other inputs constants of one value), so a table of every code's result is exact
+CHAIN_OPS = frozenset({"Relu", "LeakyRelu", "Clip", "Abs", "Neg", "Identity", "Sigmoid", "HardSigmoid",
+                       "HardSwish", "Swish", "Tanh", "Add", "Sub", "Mul", "Div", "Max", "Min"})
+_OUT_OF_FEATURE = ("DequantizeLinear", "Cast")
+_INTO_FEATURE = ("QuantizeLinear", "Cast")
 
+
+def chain_end(steps, i: int, last_use: dict, outputs) -> int | None:
+    """The index of the last step of the recoding chain starting at steps[i], if
+    its shape is one: a conversion out of a tensor, element-wise CHAIN_OPS, a
+    conversion into one, each step's first input the previous step's single
+    output that nothing else reads. Whether the tensors are feature maps and
+    the constants single values, `run_chain` checks."""
+    if steps[i].kind != "cpu" or steps[i].op not in _OUT_OF_FEATURE:
+        return None
+    for j in range(i + 1, len(steps)):
+        before, step = steps[j - 1], steps[j]
+        if step.kind != "cpu" or len(before.outputs) != 1 or not step.inputs or step.inputs[0] != before.outputs[0] \
+                or last_use.get(before.outputs[0]) != j or before.outputs[0] in outputs:
+            return None
+        if step.op in _INTO_FEATURE:
+            return j
+        if step.op not in CHAIN_OPS:
+            return None
+    return None
+
+
+def run_pair(run, step: Step, following: Step) -> bool:
+    """`run_chain` of two steps, or a learned upsampling then its QuantizeLinear
+    into a feature map (`_tiles_into_feature`). The caller knows nothing else
+    reads the float32 tensor between them."""
     if following.kind != "cpu" or len(step.outputs) != 1 or len(following.outputs) != 1 \
             or not following.inputs or following.inputs[0] != step.outputs[0] or not step.inputs[0]:
         return False
-    tensors = run.model.tensors
-    src, mid, dst = (tensors.get(n) for n in (step.inputs[0], step.outputs[0], following.outputs[0]))
     if (step.op, following.op) == ("ConvTranspose", "QuantizeLinear"):
-        return _tiles_into_feature(run, step, following, mid, dst)
-    if None in (src, mid, dst) or not (_in_bo(run, src) and _in_bo(run, dst)) or mid.region is not None \
-            or mid.dtype != "fp32" or list(src.shape) != list(dst.shape):
+        tensors = run.model.tensors
+        return _tiles_into_feature(run, step, following, tensors.get(step.outputs[0]), tensors.get(following.outputs[0]))
+    return run_chain(run, [step, following])
+
+
+def run_chain(run, steps: list[Step], plan: "ChainPlan | None" = None) -> bool:
+    """Run `steps` (a chain_end chain: a conversion out of a feature map into a
+    float32 host tensor, element-wise ops on it, its conversion back into
+    another feature map; int8 -> fp16 in a mixed-precision program is
+    DequantizeLinear then Cast, an int8 segment's residual ReLU left on the
+    CPU DequantizeLinear, Relu, QuantizeLinear) as one recoding of the codes
+    through a table of every code's result (256 int8 or 65536 fp16 codes run
+    through the reference kernels, runtime/kernels), if the tensors allow it.
+    `plan`: `chain_plan`'s result for these steps, made once by the caller.
+    The caller knows nothing else reads the float32 tensors between them."""
+    from rkc.runtime.kernels import quant_jit
+
+    plan = plan or chain_plan(run, steps)
+    if plan is None:
         return False
-    # the memory plan may give the second step's output the first's dead input bytes: then the codes are
-    # read from a copy (PP-OCR det has 7 such edges)
-    overlap = src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes
-    if (step.op, following.op, src.dtype, dst.dtype) == ("DequantizeLinear", "Cast", "int8", "fp16"):
-        params = _one_scale(run, step)
-        table = None if params is None else quant_jit.int8_to_fp16_table(*params)
-    elif (step.op, following.op, src.dtype, dst.dtype) == ("Cast", "QuantizeLinear", "fp16", "int8"):
-        params = _one_scale(run, following)
-        table = None if params is None else quant_jit.fp16_to_int8_table(*params)
-    else:
-        return False
-    if table is None:
-        return False
+    src, dst, table, overlap = plan
     with _Held(run, [src, dst]) as (fin, fout):
         codes_in = fin.view(np.uint8 if src.dtype == "int8" else np.uint16)
         if overlap:
             codes_in = codes_in.copy()
         codes_out = fout.view(np.uint16 if dst.dtype == "fp16" else np.uint8)
+        codes_in, codes_out = _long_lines(codes_in, codes_out)
         quant_jit.recode_feature(codes_in, table, codes_out, int(src.shape[1]))
     return True
+
+
+ChainPlan = tuple  # (source TensorInfo, destination TensorInfo, table, whether their bytes overlap)
+
+
+def chain_plan(run, steps: list[Step]) -> ChainPlan | None:
+    """What run_chain needs of `steps`, none of it changing between runs (the
+    tensors, the table, the overlap), or None if they are no such chain."""
+    tensors = run.model.tensors
+    first, last = steps[0], steps[-1]
+    if any(len(s.outputs) != 1 for s in steps) or not first.inputs or not first.inputs[0]:
+        return None
+    src, dst = tensors.get(first.inputs[0]), tensors.get(last.outputs[0])
+    mids = [tensors.get(s.outputs[0]) for s in steps[:-1]]
+    if None in (src, dst) or not (_in_bo(run, src) and _in_bo(run, dst)) or list(src.shape) != list(dst.shape) \
+            or any(m is None or m.region is not None or m.dtype != "fp32" for m in mids):
+        return None
+    if (first.op, src.dtype) not in (("DequantizeLinear", "int8"), ("Cast", "fp16")) \
+            or (last.op, dst.dtype) not in (("QuantizeLinear", "int8"), ("Cast", "fp16")):
+        return None
+    key, chain = [], []  # every step's op, attributes and constant inputs: the table is a function of these
+    for s in steps:
+        consts = [None if not n else _single_value(run, n) for n in s.inputs[1:]]
+        if any(n and c is None for n, c in zip(s.inputs[1:], consts)):
+            return None
+        if s.op in ("DequantizeLinear", "QuantizeLinear") and (s.attrs.get("block_size", 0) or len(consts) != 2
+                                                                or consts[1] is None or consts[1].dtype != np.int8):
+            return None
+        key.append((s.op, repr(sorted(s.attrs.items())),
+                    tuple(None if c is None else (c.dtype.str, c.tobytes()) for c in consts)))
+        chain.append((s.op, s.attrs, consts))
+    key.append(src.dtype)
+    table = _TABLES.get(tuple(key), False)
+    if table is False:
+        if len(_TABLES) >= 1024:
+            _TABLES.clear()
+        table = _TABLES[tuple(key)] = _chain_table(chain, src.dtype)
+    if table is None:
+        return None
+    # the memory plan may give the last step's output the first's dead input bytes: then the codes are
+    # read from a copy (PP-OCR det has 7 such edges)
+    overlap = src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes
+    return src, dst, table, overlap
+
+
+def image_chain_end(steps, i: int, last_use: dict, outputs, in_map) -> int | None:
+    """The index of the last step of an image chain starting at steps[i]: a
+    Transpose (NHWC -> NCHW: the image taken as pixels, rkc compile --image-input),
+    then Cast, element-wise CHAIN_OPS and 1x1 depthwise convolutions (the
+    normalisation, each value a function of its channel's pixel alone), and a
+    conversion into a feature map; each step's first input the previous step's
+    single output that nothing else reads; `in_map(name)`: whether a tensor is a
+    feature map in a BO. `image_plan` checks the rest."""
+    if steps[i].kind != "cpu" or steps[i].op != "Transpose" or list(steps[i].attrs.get("perm", ())) != [0, 3, 1, 2]:
+        return None
+    for j in range(i + 1, len(steps)):
+        before, step = steps[j - 1], steps[j]
+        if step.kind != "cpu" or len(before.outputs) != 1 or not step.inputs or step.inputs[0] != before.outputs[0] \
+                or last_use.get(before.outputs[0]) != j or before.outputs[0] in outputs:
+            return None
+        if step.op in _INTO_FEATURE and len(step.outputs) == 1 and in_map(step.outputs[0]):
+            return j
+        if step.op not in CHAIN_OPS and step.op not in ("Cast", "Conv"):
+            return None
+    return None
+
+
+def image_plan(run, steps: list[Step]) -> tuple | None:
+    """What run_image needs of `steps` (an image_chain_end chain), none of it
+    changing between runs: the image's name, the destination map and one table
+    of 256 codes per channel, made by the reference kernels over every pixel
+    value; or None if the tensors or steps are not such a chain."""
+    from rkc.runtime.kernels import pixels_jit
+
+    tensors = run.model.tensors
+    first, last = steps[0], steps[-1]
+    src, dst = tensors.get(first.inputs[0]), tensors.get(last.outputs[0])
+    if src is None or dst is None or src.region is not None or src.dtype != "uint8" or len(src.shape) != 4 \
+            or src.shape[0] != 1 or not _in_bo(run, dst) or list(dst.shape) != [1, src.shape[3], *src.shape[1:3]] \
+            or (last.op, dst.dtype) not in (("QuantizeLinear", "int8"), ("Cast", "fp16")):
+        return None
+    if any(len(s.outputs) != 1 for s in steps) \
+            or any(tensors.get(s.outputs[0]) is None or tensors[s.outputs[0]].region is not None for s in steps[:-1]):
+        return None
+    c = src.shape[3]
+    value = np.broadcast_to(np.arange(256, dtype=np.uint8), (1, c, 1, 256))  # every pixel value, per channel
+    with np.errstate(all="ignore"):
+        for s in steps[1:]:
+            consts = [None if not n else run.read(n) if _constant(run, n) else False for n in s.inputs[1:]]
+            if any(v is False for v in consts):
+                return None
+            if s.op == "Conv" and not _depthwise_1x1(s, consts, c):
+                return None
+            if s.op in ("DequantizeLinear", "QuantizeLinear") and (
+                    len(consts) != 2 or consts[0] is None or np.size(consts[0]) != 1 or consts[1] is None
+                    or consts[1].dtype != np.int8 or s.attrs.get("block_size", 0)):
+                return None
+            try:
+                (value,) = run_kernel(s.op, [value, *consts], s.attrs, 1)
+            except RkcError:
+                return None
+            value = np.asarray(value)
+            if value.shape != (1, c, 1, 256):  # a step mixing channels or positions: not this path
+                return None
+            info = tensors[s.outputs[0]]
+            value = value.astype(DType(info.dtype).numpy, copy=False)  # as the interpreter stores it
+    tables = np.ascontiguousarray(value[0, :, 0]).view(np.uint8 if dst.dtype == "int8" else np.uint16)
+    with _Held(run, [dst]) as (fm,):
+        if not pixels_jit.is_image(c, fm):
+            return None
+    return first.inputs[0], dst, tables
+
+
+def run_image(run, steps: list[Step], plan: tuple) -> bool:
+    """Run an image chain by its plan: the uint8 pixels straight into the map."""
+    from rkc.runtime.kernels import pixels_jit
+
+    name, dst, tables = plan
+    pixels = run.read(name)
+    if pixels.dtype != np.uint8 or pixels.ndim != 4:
+        return False
+    with _Held(run, [dst]) as (fm,):
+        pixels_jit.pixels_into_feature(pixels[0], tables, fm)
+    return True
+
+
+def _constant(run, name: str) -> bool:
+    info = run.model.tensors.get(name)
+    return info is not None and info.region is not None and info.region in getattr(run.model, "host_regions", {})
+
+
+def _depthwise_1x1(step: Step, consts: list, channels: int) -> bool:
+    """A convolution each output value of which is its own channel's input value
+    scaled and offset (the normalisation a pass folded into a Conv)."""
+    a = step.attrs
+    weight = consts[0] if consts else None
+    return weight is not None and a.get("group", 1) == channels and list(a.get("kernel_shape", [1, 1])) == [1, 1] \
+        and all(v == 1 for v in a.get("strides", [1, 1])) and all(v == 1 for v in a.get("dilations", [1, 1])) \
+        and not any(a.get("pads", [0, 0, 0, 0])) and a.get("auto_pad", "NOTSET") in ("NOTSET", "VALID") \
+        and weight.shape == (channels, 1, 1, 1)
+
+
+def _single_value(run, name: str) -> np.ndarray | None:
+    """A constant input of one value (a host constant), as a one-element array."""
+    info = run.model.tensors.get(name)
+    if info is None or info.region is None or info.region not in getattr(run.model, "host_regions", {}):
+        return None
+    value = np.asarray(run.read(name))
+    return value.reshape(1) if value.size == 1 else None
+
+
+_TABLES: dict[tuple, np.ndarray | None] = {}  # run_chain's tables by what they are a function of
+
+
+def _chain_table(chain: list, src_dtype: str) -> np.ndarray | None:
+    """Every source code's result through `chain` ((op, attributes, constant inputs)
+    per step) by the reference kernels: int8 codes indexed by their byte, fp16 by
+    their bits; the result as bytes (int8) or bits (fp16)."""
+    codes = np.arange(256, dtype=np.uint8).view(np.int8) if src_dtype == "int8" \
+        else np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    value = codes
+    with np.errstate(all="ignore"):
+        for k, (op, attrs, consts) in enumerate(chain):
+            try:
+                (value,) = run_kernel(op, [value, *consts], attrs, 1)
+            except RkcError:  # the step's own run reports it
+                return None
+            value = np.asarray(value).reshape(-1)
+            if value.size != codes.size:
+                return None
+            if k + 1 < len(chain):  # a float32 host tensor between steps, as the interpreter stores it
+                value = value.astype(np.float32, copy=False)
+    if value.dtype == np.int8:
+        return value.view(np.uint8).copy()
+    if value.dtype == np.float16:
+        return value.view(np.uint16).copy()
+    return None
 
 
 def _tiles_into_feature(run, step: Step, following: Step, mid: TensorInfo | None, dst: TensorInfo | None) -> bool:
@@ -167,7 +379,7 @@ def _tiles_into_feature(run, step: Step, following: Step, mid: TensorInfo | None
 
 def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     from rkc.runtime import half
-    from rkc.runtime.kernels import quant_jit  # numba: loaded by programs with these edges only
+    from rkc.runtime.kernels import pixels_jit, quant_jit  # numba: loaded by programs with these edges only
 
     value = run.read(step.inputs[0])
     if value.dtype != np.float32 or list(value.shape) != list(dst.shape):
@@ -177,13 +389,20 @@ def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         if dst.dtype != "fp16":
             return False
         with _Held(run, [dst]) as (fm,):
-            half.narrow_into_feature(planes.view(np.uint32), fm.view(np.uint16))
+            if pixels_jit.is_image(planes.shape[0], fm):  # an RGB image: whole atoms, one pass
+                pixels_jit.narrow_image(planes.view(np.uint32), fm.view(np.uint16))
+            else:
+                half.narrow_into_feature(*_long_lines(planes.view(np.uint32), fm.view(np.uint16)))
         return True
     params = _one_scale(run, step)
     if params is None or dst.dtype != "int8":
         return False
     with _Held(run, [dst]) as (fm,):
-        quant_jit.quantize_into_feature(planes, *params, fm)
+        if pixels_jit.is_image(planes.shape[0], fm):
+            pixels_jit.quantize_image(planes, *params, fm)
+        else:
+            x, fm = _long_lines(planes, fm)
+            quant_jit.quantize_into_feature(x, *params, fm)
     return True
 
 
@@ -199,12 +418,13 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         if src.dtype != "fp16":
             return False
         with _Held(run, [src]) as (fm,):
-            half.widen_feature(fm.view(np.uint16), planes.view(np.uint32))
+            half.widen_feature(*_long_lines(fm.view(np.uint16), planes.view(np.uint32)))
     else:
         params = _one_scale(run, step)
         if params is None or src.dtype != "int8":
             return False
         with _Held(run, [src]) as (fm,):
+            fm, planes = _long_lines(fm, planes)
             quant_jit.dequantize_feature(fm, *params, planes)
     run.write(step.outputs[0], out)
     return True

@@ -45,6 +45,7 @@ class LoadedModel:
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in self.module.tensors}
         self.last_run = None  # execute.RunStats of the latest run
         self.prepared_submits: dict[int, Callable[[], None]] = {}  # NPU step id -> execute.py's prepared submit
+        self.schedules: dict[int, object] = {}  # program id -> execute.py's schedule, made at its first run
         check_module(self.module)
         check_kernel_features(self.module, device)
         if self.module.metadata.get("model_kind") != "llm":

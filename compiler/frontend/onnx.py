@@ -1,7 +1,8 @@
 """ONNX models -> ir.Graph.
 
 1. read the model (external data next to it), fix dynamic input dims from
-   `input_shapes` (`--input-shape name=1x3x224x224`);
+   `input_shapes` (`--input-shape name=1x3x224x224`), turn named inputs into
+   uint8 NHWC images with their normalisation in the graph (`--image-input`);
 2. infer shapes with onnx.shape_inference and fold constant subgraphs by
    evaluating them with onnx.reference (never re-implementing an op), until
    nothing changes (folding a Shape makes a Reshape target constant, which
@@ -134,6 +135,64 @@ def fix_input_shapes(model, shapes: Mapping[str, Sequence[int]], source: str) ->
                                        f"{[x.dim_value or '?' for x in shape.dim]}, --input-shape gives {list(dims)}")
             d.Clear()
             d.dim_value = v
+
+
+def parse_image_inputs(specs: Sequence[str]) -> dict[str, tuple[tuple[float, ...], tuple[float, ...]]]:
+    """["images=0,0,0/255,255,255", ...] -> {"images": ((0, 0, 0), (255, 255, 255))}: per-channel mean
+    and standard deviation of the pixels (rknn-toolkit2's mean_values / std_values)."""
+    images = {}
+    for spec in specs:
+        name, sep, rest = spec.partition("=")
+        mean, slash, std = rest.partition("/")
+        try:
+            means, stds = tuple(float(v) for v in mean.split(",")), tuple(float(v) for v in std.split(","))
+        except ValueError:
+            means = stds = ()
+        if not sep or not slash or not name or not means or len(means) != len(stds) or min(stds) <= 0:
+            raise UnsupportedError(f"--image-input {spec!r}: expected NAME=M0,M1,M2/S0,S1,S2 (per-channel mean "
+                                   "and a positive standard deviation of the pixels)")
+        images[name] = (means, stds)
+    return images
+
+
+def take_image_inputs(model, images: Mapping[str, tuple[Sequence[float], Sequence[float]]], source: str) -> None:
+    """Each named float NCHW input becomes a uint8 NHWC image of the same name
+    (the layout cameras and decoders give, and the vendor's runtime takes), and
+    the graph starts with its normalisation: Transpose to NCHW, Cast to float,
+    Sub the mean, Div by the standard deviation, per channel. The runtime reads
+    the pixels once into the first NPU segment's map (runtime/feature_edges.py)."""
+    from onnx import TensorProto, helper, numpy_helper  # deferred (see _onnx)
+
+    inputs = {i.name: i for i in _real_inputs(model.graph)}
+    for name, (mean, std) in images.items():
+        if name not in inputs:
+            raise UnsupportedError(f"{source}: --image-input names {name!r}, the model's inputs are "
+                                   f"{', '.join(inputs) or 'none'}")
+        tensor = inputs[name].type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tensor.shape.dim]
+        if tensor.elem_type != TensorProto.FLOAT or len(dims) != 4 or min(dims) <= 0 or dims[1] != len(mean):
+            raise UnsupportedError(f"{source}: --image-input {name!r}: the input must be a float32 N x C x H x W "
+                                   f"map with static sizes and C = {len(mean)} (the values given), not {dims}")
+        n, c, h, w = dims
+        inner = f"{name}:normalised"
+        for node in model.graph.node:
+            node.input[:] = [inner if i == name else i for i in node.input]
+        for out in model.graph.output:
+            if out.name == name:
+                raise UnsupportedError(f"{source}: --image-input {name!r} is also a model output")
+        shape = [1, c, 1, 1]
+        model.graph.initializer.extend([
+            numpy_helper.from_array(np.asarray(mean, np.float32).reshape(shape), f"{name}:mean"),
+            numpy_helper.from_array(np.asarray(std, np.float32).reshape(shape), f"{name}:std")])
+        nodes = [helper.make_node("Transpose", [name], [f"{name}:nchw"], perm=[0, 3, 1, 2], name=f"{name}:nchw"),
+                 helper.make_node("Cast", [f"{name}:nchw"], [f"{name}:float"], to=TensorProto.FLOAT,
+                                  name=f"{name}:float"),
+                 helper.make_node("Sub", [f"{name}:float", f"{name}:mean"], [f"{name}:centred"],
+                                  name=f"{name}:centred"),
+                 helper.make_node("Div", [f"{name}:centred", f"{name}:std"], [inner], name=inner)]
+        for node in reversed(nodes):
+            model.graph.node.insert(0, node)
+        inputs[name].type.CopyFrom(helper.make_tensor_type_proto(TensorProto.UINT8, [n, h, w, c]))
 
 
 # -- shape inference and constant folding -------------------------------------------
@@ -585,13 +644,16 @@ def bind_inputs(model, values: Mapping[str, np.ndarray], source: str) -> None:
 
 
 def load(path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None,
-         bind: Mapping[str, np.ndarray] | None = None) -> Graph:
+         bind: Mapping[str, np.ndarray] | None = None,
+         image_inputs: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None) -> Graph:
     source = str(path)
     model = read_model(path)
     if bind:
         bind_inputs(model, bind, source)
     if input_shapes:
         fix_input_shapes(model, input_shapes, source)
+    if image_inputs:
+        take_image_inputs(model, image_inputs, source)
     opset = default_opset(model)
     for node in model.graph.node:
         if node.op_type != "Constant" and node.op_type not in NONDETERMINISTIC:

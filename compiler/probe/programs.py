@@ -295,6 +295,59 @@ def deconv_x2(device: Device) -> ProbeRun:
                 exact={"Y": x.repeat(2, axis=1).repeat(2, axis=2)})
 
 
+def argb_image(device: Device) -> ProbeRun:
+    """A 3-channel fp16 image read as packed pixels (3 interleaved values per pixel,
+    no 16-byte atoms): the fp16 3x3 convolution (32 outputs, pad 1) the emitter
+    makes for a 16x8 image, with CNA_CONV_CON1's ARGB_IN = 8 | (3 - 1),
+    GROUP_LINE_OFF and NONALIGN_DMA set (Mesa's 1-channel mode, one step per extra
+    channel, as an RK3576 reading has it) and the feature DMA pointed at the packed
+    image: its row pitch given in bytes (Mesa's 1-channel unit) in one program and in
+    16-byte units in another, beside the normal program on the atom layout in the
+    same submit. A reading holds where its result is the normal program's."""
+    c, h, w, n = 3, 8, 16, 32
+    x = _fp16((c, h, w), 21)
+    wt = (np.random.default_rng(SEED + 22).standard_normal((n, 3, 3, c)) / 4).astype(np.float16)
+    row = w * c * 2  # bytes of one packed row
+    packed = np.ascontiguousarray(x.transpose(1, 2, 0)).view(np.uint8).reshape(-1)
+    X = api.Feature("X", 0, c, h, w, "fp16")
+    Y = api.Feature("Y", 0, n, h, w, "fp16")
+    results, outputs = [emit(api.Conv2D(X, wt, Y, padding=(1, 1, 1, 1), name="argb_image.atoms"),
+                             api.EmitOptions(cores=1))], {"Y": Y}
+    inputs = {"X": (X, x)}
+    for unit, line in (("bytes", row), ("granules", row // 16)):
+        P = api.Feature(f"P_{unit}", 0, c, h, w, "fp16")  # a buffer at least as large as the packed image
+        out = api.Feature(f"Y_{unit}", 0, n, h, w, "fp16")
+        result = emit(api.Conv2D(P, wt, out, padding=(1, 1, 1, 1), name=f"argb_image.{unit}"),
+                      api.EmitOptions(cores=1))
+        if len(result.tasks) != 1:
+            raise ValueError(f"argb_image: expected one task, the emitter made {len(result.tasks)}")
+        task = _patched(result.tasks[0], {
+            "CNA_CONV_CON1": {"ARGB_IN": 8 | (c - 1), "GROUP_LINE_OFF": 1, "NONALIGN_DMA": 1},
+            "CNA_DMA_CON1": {"LINE_STRIDE": line},
+            "CNA_DMA_CON2": {"SURF_STRIDE": line * h}})
+        results.append(replace(result, tasks=[task]))
+        outputs[f"Y_{unit}"] = out
+        inputs[P.buffer] = (P, x)
+    program = emitted.place(results, inputs, "argb_image")
+    contents = program.case.contents[0]
+    for unit in ("bytes", "granules"):  # the packed image over the atom layout place() wrote
+        handle = program.handles[f"P_{unit}"]
+        raw = np.zeros(program.case.sizes[handle], np.uint8)
+        raw[:packed.size] = packed
+        contents[handle] = raw.tobytes()
+    placed = emitted.run(device, program, False)
+    try:
+        raw = {name: placed.read(program.handles[f.buffer]) for name, f in outputs.items()}
+    finally:
+        placed.free()
+    want = emitted.feature_values(Y, raw["Y"]).astype(np.float64)
+    tolerance = 1e-3 * float(np.abs(want).max()) + 1e-3  # fp16 sums in another order (Q20)
+    return ProbeRun({f"argb_image:{k}": v for k, v in raw.items()},
+                    close={f"argb_image:Y_{unit}": (emitted.feature_values(outputs[f"Y_{unit}"], raw[f"Y_{unit}"])
+                                                    .astype(np.float64), want, tolerance)
+                           for unit in ("bytes", "granules")})
+
+
 def prelu(device: Device) -> ProbeRun:
     """LeakyReLU as the compiler fuses it: an fp16 3x3 convolution whose BN stage
     multiplies negative values only (MUL_PRELU) by 0.1, and the int8 one (an integer
@@ -382,4 +435,9 @@ PROBES: tuple[Probe, ...] = (
           "DECONV zero-stuffs the input as read here: nearest Resize x2 can run on the NPU (Q24 reading)",
           "DECONV does not act as read here: keep nearest Resize on the CPU (compare the raw bytes)",
           simulated=False),
+    Probe("argb_image", "Q26", "the CNA reads a packed 3-channel image (ARGB_IN 8 | 2, GROUP_LINE_OFF, "
+          "NONALIGN_DMA) into a direct fp16 convolution", {}, argb_image,
+          "the packed image reads as written (the agreeing program's row-pitch unit): the model input can be "
+          "handed to the NPU as pixels, without the host's atom layout (Q26 reading to record)",
+          "the packed read differs (see which of Y_bytes / Y_granules): keep the host's image edge", simulated=False),
 )

@@ -164,11 +164,15 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     half = x.dtype == np.float16
     if half:
         x, low = x.view(np.uint16), _half_key(np.asarray(low, np.float16).view(np.uint16)[()])
-    n = x.shape[0]
-    # channels innermost (a copy unless they already are): the lanes of the kernel
-    lanes = x.transpose(0, 2, 3, 1)
+    n, c = x.shape[:2]
     (kh, kw), (sy, sx), (dy, dx), (pt, pl) = kernel, strides, dilations, begin
     low = x.dtype.type(low)
+    # channels innermost, the lanes of the kernel: a feature map's planes already are; a row-major map
+    # is copied channels-last first (read through its plane strides, Inception's 192x55x55 float32
+    # pool after its LRN took 0.86 ms, 0.61 with the copy)
+    lanes = x.transpose(0, 2, 3, 1)
+    if x.flags.c_contiguous and c > 1:
+        lanes = np.ascontiguousarray(lanes)
     out = np.empty((n, *out_hw, x.shape[1]), x.dtype)
     if kw * x.shape[2] + kh * out_hw[0] < kh * kw * out_hw[0]:  # comparisons per output column
         rows = np.empty((n, x.shape[2], out_hw[1], x.shape[1]), x.dtype)

@@ -42,20 +42,42 @@ def dequantize_feature(fm: np.ndarray, scale: float, zero_point: int, out: np.nd
               fm.size)
 
 
+TIE_MARGIN = 2.0 ** -30  # a product this close to a half-integer is re-rounded from the division
+
+
+@njit(cache=True, nogil=True)
+def quantize_row(src, scale, inverse, zp, dst):
+    """dst[i] = saturate(rint(float64(src[i]) / scale) + zp) as int8 codes (any
+    integer dtype of dst), with quant.py's arithmetic: the quotient taken as a
+    product with the float64 reciprocal (the division did not vectorise: 2.7x
+    slower), exact because the two can round apart only next to a half-integer,
+    where the float64 product is within ~2^-44 of the quotient of two float32
+    values; a row holding such a value is redone with the division."""
+    near_tie = False
+    for i in range(src.shape[0]):
+        p = np.float64(src[i]) * inverse
+        r = np.rint(p)
+        near_tie |= abs(abs(p - r) - 0.5) < TIE_MARGIN
+        dst[i] = np.int8(min(max(r + zp, -128.0), 127.0))
+    if near_tie:
+        for i in range(src.shape[0]):
+            q = np.rint(np.float64(src[i]) / scale) + zp
+            dst[i] = np.int8(min(max(q, -128.0), 127.0))
+
+
 @njit(cache=True, nogil=True)
 def _quantize_lines(x, scale, zero_point, fm, lo, hi):
     c, h, w = x.shape
     c2 = fm.shape[3]
-    zp = np.float64(zero_point)
+    zp, inverse = np.float64(zero_point), 1.0 / scale
+    rows = np.zeros((c2, w), np.int8)
     for line in range(lo, hi):
         a, y = line // h, line % h
         n = min(c2, c - a * c2)
-        rows = np.zeros((c2, w), np.int8)
         for b in range(n):
-            src, dst = x[a * c2 + b, y], rows[b]
-            for i in range(w):
-                q = np.rint(np.float64(src[i]) / scale) + zp
-                dst[i] = np.int8(min(max(q, -128.0), 127.0))
+            quantize_row(x[a * c2 + b, y], scale, inverse, zp, rows[b])
+        for b in range(n, c2):
+            rows[b] = 0
         rows_to_lanes(rows, fm[a, y])
 
 
@@ -134,7 +156,7 @@ def _recode_lines(src, table, dst, c, lo, hi):
     for line in range(lo, hi):
         a, y = line // h, line % h
         atoms = dst[a, y]
-        for b in range(c2):
+        for b in range(c2):  # lane by lane (a strided gather): 4x faster here than atom by atom
             j = a * c2 + b
             if j < c:
                 lanes = src[j // s2, y]

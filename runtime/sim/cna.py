@@ -251,7 +251,7 @@ def _fetch_argb(r: TaskRegisters, mem: IovaSpace, prec: Precision, w: int, h: in
     con1 = r.fields("CNA_CONV_CON1")
     if con1["ARGB_IN"] != ARGB_ONE_CHANNEL:
         raise r.error(QuirkRejection, f"ARGB_IN={con1['ARGB_IN']}: only the 1-channel mode (8) is "
-                      "modelled (Q3)", "CNA_CONV_CON1")
+                      "modelled (Q3; a packed image of more channels is Q26)", "CNA_CONV_CON1")
     if prec.code != 0 or not con1["NONALIGN_DMA"] or not con1["GROUP_LINE_OFF"]:
         raise r.error(UnsupportedError, "ARGB input is modelled for int8 with NONALIGN_DMA=1 and "
                       "GROUP_LINE_OFF=1 (the only combination in use)", "CNA_CONV_CON1")

@@ -258,7 +258,26 @@ QUESTIONS: tuple[Question, ...] = (
         "integer rule (wide product, sign-split shift, ties to even) on integer datapaths. The compiler folds "
         "LeakyRelu after a Conv/Gemm into BN in this mode (compiler/npu/epilogue.py); no model in bench uses "
         "LeakyRelu. `rkc probe` prelu runs an fp16 and an int8 program against the simulator's result; a "
-        "board that disagrees makes LeakyRelu epilogues wrong, and the fold must then be turned off."),
+        "board that disagrees makes LeakyRelu epilogues wrong, and the fold must then be turned off."),    Question(
+        "Q26", "the CNA's packed-image input (ARGB_IN) beyond one channel",
+        "hw-rocket-and-mesa.md 4.1-4.2: Mesa programs the CNA's input converter only for a 1-channel input "
+        "(CONV_CON1 NONALIGN_DMA, GROUP_LINE_OFF, ARGB_IN 8; CVT_CON0..5 with scale 16384, offset -128, "
+        "truncate 14, CVT_CON5 0xFFFF), the bytes raw and each row padded to 16 bytes; every other input is"
+        " NC1HWC2 atoms of 16 bytes, so a 3-channel image is 16 bytes per pixel, 13 of them padding. The "
+        "TRM names ARGB_IN, the per-channel CVT scales and offsets and DATA_SIGN without semantics. A "
+        "public RK3576 reverse-engineering write-up (vendor captures and a hardware sweep on that SoC, not "
+        "the RK3588) reads ARGB_IN as 8 | (channels - 1) for 3- and 4-channel packed images, an int8 first "
+        "convolution with its own mode (CONV_MODE 6, the kernel's width folded into the channels, its own "
+        "weight layout, width and padding bounds) and an fp16 one without the fold, the CVT bypassed, the "
+        "row pitch in 16-byte units. Nothing is measured on the RK3588.",
+        "Refused: ARGB_IN other than 8 raises QuirkRejection (runtime/sim/cna.py), the 1-channel mode is "
+        "modelled as Mesa drives it. The compiler reads every image as atoms: the host writes the model's "
+        "float32 image into 16-byte atoms (runtime/kernels/pixels_jit.py), 3 live lanes of 16 or 8, which "
+        "bounds a 640x640 detector's input edge by its 6.5 MB of atoms. `rkc probe` argb_image asks a "
+        "board: the emitter's fp16 3x3 convolution of a 16x8 3-channel image with ARGB_IN 8 | 2, "
+        "GROUP_LINE_OFF and NONALIGN_DMA, reading the packed image with its row pitch in bytes in one "
+        "program and in 16-byte units in another, each against the normal program on atoms in the same "
+        "submit; here it reports 'refused by the simulator: needs a board'."),
 )
 
 

@@ -27,6 +27,7 @@ SAMPLES = {
     "precision": (["--precision", "int8"], ("precision", "int8")),
     "calib": (["--calib", "c.npz"], ("calib", "c.npz")),
     "input_shapes": (["--input-shape", "x=1x4"], ("input_shapes", {"x": (1, 4)})),
+    "image_inputs": (["--image-input", "x=1,2,3/4,5,6"], ("image_inputs", {"x": ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))})),
     "cores": (["--cores", "2"], ("cores", 2)),
     "jobs": (["--jobs", "2"], ("jobs", 2)),
     "explain": (["--explain"], None),  # a report option: checked on the output below

@@ -47,7 +47,7 @@ def test_cli_without_npu_runs_on_the_emulated_kernel(tmp_path):
     # a PPU-only task is refused by the device: rocket completes tasks on the DPU interrupt only
     assert status.pop("ppu_pool") == "npu-failed"
     # the open questions the simulator has no reading for wait for a board
-    for name in ("lut_int8", "deconv_x2"):
+    for name in ("lut_int8", "deconv_x2", "argb_image"):
         assert status.pop(name) == "sim-refused"
     assert set(status.values()) == {"agree"}
     chain = next(p for p in report["probes"] if p["name"] == "chain_int8")
@@ -164,7 +164,8 @@ UNSIMULATED = [p for p in PROBES if not p.simulated]
 
 
 def test_the_open_questions_have_probes():
-    assert {(p.name, p.question) for p in UNSIMULATED} == {("lut_int8", "Q22"), ("deconv_x2", "Q24")}
+    assert {(p.name, p.question) for p in UNSIMULATED} == {("lut_int8", "Q22"), ("deconv_x2", "Q24"),
+                                                                ("argb_image", "Q26")}
 
 
 @pytest.mark.parametrize("probe", UNSIMULATED, ids=lambda p: p.name)
@@ -257,3 +258,29 @@ def test_deconv_x2_geometry_is_nearest_x2_over_the_zero_stuffed_map():
     placed = emitted.run(SimDevice(), program, False)
     y = emitted.feature_values(Y, placed.read(program.handles["Y"]))
     np.testing.assert_array_equal(y, x.repeat(2, axis=1).repeat(2, axis=2))
+
+
+def test_argb_image_packs_the_pixels_its_reference_program_convolves():
+    """The packed-image probe hands its ARGB programs the image's pixels interleaved,
+    3 values each, row after row (and zeros after them), and the simulator refuses
+    the packed read with the question's name."""
+    from rkc.compiler.probe import emitted, programs
+
+    placed_cases = []
+    real_run = emitted.run
+
+    def keep(device, program, chained):
+        placed_cases.append(program)
+        return real_run(device, program, chained)
+
+    c, h, w = 3, 8, 16
+    x = programs._fp16((c, h, w), 21)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(emitted, "run", keep)
+        with pytest.raises(SimError, match="Q26"):
+            programs.argb_image(SimDevice(quirks=DEFAULT))
+    (program,) = placed_cases
+    for unit in ("bytes", "granules"):
+        raw = np.frombuffer(program.case.contents[0][program.handles[f"P_{unit}"]], np.uint8)
+        np.testing.assert_array_equal(raw[:c * h * w * 2].view(np.float16).reshape(h, w, c), x.transpose(1, 2, 0))
+        assert not raw[c * h * w * 2:].any()

@@ -147,32 +147,35 @@ def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precisio
     build(path, tmp_path / "m.rkbin", options)
     x = rng.standard_normal((1, 3, 12, 14)).astype(np.float32)
     taken, pairs = [], []
-    real_step, real_pair = feature_edges.run_step, feature_edges.run_pair
+    real_step, real_chain = feature_edges.run_step, feature_edges.run_chain
 
     def counted(run, step):
         done = real_step(run, step)
         taken.append((step.op, done))
         return done
 
-    def counted_pair(run, step, following):
-        done = real_pair(run, step, following)
+    def counted_chain(run, steps, plan=None):
+        done = real_chain(run, steps, plan)
         if done:
-            pairs.append((step.op, following.op))
+            pairs.append(tuple(s.op for s in steps))
         return done
     monkeypatch.setattr(feature_edges, "run_step", counted)
-    monkeypatch.setattr(feature_edges, "run_pair", counted_pair)
+    monkeypatch.setattr(feature_edges, "run_chain", counted_chain)
     with runtime.load(tmp_path / "m.rkbin") as model:
         fast = model.run({"x": x})
+        again = model.run({"x": x})  # the second run takes the paths the first decided
     assert all(done for op, done in taken if op in ("MaxPool", "Resize", "Cast", "QuantizeLinear")), taken
     assert {op for op, done in taken if done} >= {"MaxPool", "Resize"}
-    assert pairs == ([("DequantizeLinear", "Cast")] if precision == "int8" else []), pairs
+    assert pairs == ([("DequantizeLinear", "Cast")] * 2 if precision == "int8" else []), pairs
     monkeypatch.setattr(feature_edges, "run_step", lambda run, step: False)
+    monkeypatch.setattr(feature_edges, "run_chain", lambda run, steps, plan=None: False)
     monkeypatch.setattr(feature_edges, "run_pair", lambda run, step, following: False)
     with runtime.load(tmp_path / "m.rkbin") as model:
         slow = model.run({"x": x})
     want = onnxruntime_outputs(path, {"x": x})
     for name in ("y", "z"):
         np.testing.assert_array_equal(fast[name], slow[name])
+        np.testing.assert_array_equal(again[name], slow[name])
         assert cosine(fast[name], want[name]) >= (0.999 if precision == "fp16" else 0.99), name
 
 
@@ -182,12 +185,20 @@ class _Bytes:
 
 
 class _Run:
-    """What run_pair reads of the interpreter's run: tensors, BOs, a device, host values."""
+    """What run_pair reads of the interpreter's run: tensors, BOs, a device, host values
+    (each a constant in a host region)."""
 
     def __init__(self, tensors, bos, values) -> None:
+        from rkc.ir.program import TensorInfo
+
         no_op = staticmethod(lambda bo: None)
         device = type("Device", (), {"prepare_cpu_access": no_op, "finish_cpu_access": no_op})()
-        self.model = type("Model", (), {"tensors": {t.name: t for t in tensors}, "bos": bos, "device": device})()
+        tensors = {t.name: t for t in tensors}
+        for name, value in values.items():
+            if value is not None:
+                tensors[name] = TensorInfo(name, list(np.shape(value)), "fp32", "row", "consts", 0, 0)
+        self.model = type("Model", (), {"tensors": tensors, "bos": bos, "device": device,
+                                        "host_regions": {"consts": None}})()
         self.values = values
 
     def read(self, name):
@@ -215,11 +226,11 @@ def test_a_recoding_pair_whose_maps_share_bytes_reads_a_copy(to_half, shift):
         value = rng.integers(-128, 128, shape[1:]).astype(np.int8)
         want = _fm(quant.dequantize_linear(value, scale, zp).astype(np.float16))
         first, second = Step("cpu", "dq", op="DequantizeLinear", inputs=["a@npu", "s", "z"], outputs=["a"]), \
-            Step("cpu", "cast", op="Cast", inputs=["a"], outputs=["b@npu"], attrs={"to": 10})
+            Step("cpu", "cast", op="Cast", inputs=["a"], outputs=["b@npu"], attrs={"to": "fp16"})
     else:
         value = (rng.standard_normal(shape[1:]) * 3).astype(np.float16)
         want = _fm(quant.quantize_linear(value.astype(np.float32), scale, zp))
-        first, second = Step("cpu", "cast", op="Cast", inputs=["a@npu"], outputs=["a"], attrs={"to": 1}), \
+        first, second = Step("cpu", "cast", op="Cast", inputs=["a@npu"], outputs=["a"], attrs={"to": "fp32"}), \
             Step("cpu", "q", op="QuantizeLinear", inputs=["a", "s", "z"], outputs=["b@npu"])
     packed = geometry.pack(value[None], "native").reshape(-1).view(np.uint8)
     bo.host[src.offset:src.offset + packed.size] = packed
@@ -258,3 +269,85 @@ def test_a_learned_upsampling_quantizes_its_taps_into_the_feature_map(x_shape, m
     got = feature_edges._feature(bo.host[16:16 + size], dst)
     np.testing.assert_array_equal(got.reshape(-1)[:want.size].view(np.int8), want.reshape(-1))
     assert (bo.host[:16] == 0x5A).all()
+
+
+CHAINS = [  # (source dtype, middle steps (op, attrs, constants), destination dtype)
+    ("int8", [("Relu", {}, [])], "int8"),  # a residual ReLU the NPU program left on the CPU
+    ("int8", [("Mul", {}, [np.float32(1.7)]), ("Clip", {}, [np.float32(-0.5), np.float32(2.0)])], "fp16"),
+    ("fp16", [("LeakyRelu", {"alpha": 0.1}, []), ("Add", {}, [np.float32(-0.25)])], "int8"),
+    ("fp16", [("Sigmoid", {}, []), ("Sub", {}, [np.float32(0.5)])], "fp16"),
+    ("int8", [], "fp16"), ("fp16", [], "int8"),
+]
+
+
+@pytest.mark.parametrize("src_dtype, middle, dst_dtype", CHAINS)
+@pytest.mark.parametrize("shape", [[1, 20, 5, 6], [1, 3, 4, 17], [1, 40, 2, 3]])
+def test_a_recoding_chain_is_its_steps_one_by_one(src_dtype, middle, dst_dtype, shape):
+    """A conversion out of a feature map, element-wise steps, a conversion into
+    another: one table recoding gives what the reference kernels give step by step
+    (and the layout's padding lanes zero)."""
+    from rkc.ir.program import Step, TensorInfo
+
+    rng = np.random.default_rng(sum(shape) + len(middle))
+    scale, zp = np.float32(0.05), np.int8(-3)
+    sizes = {d: geometry.nbytes(shape, "native", 1 if d == "int8" else 2) for d in ("int8", "fp16")}
+    src = TensorInfo("a@npu", shape, src_dtype, "native", "scratch", 0, sizes[src_dtype])
+    dst = TensorInfo("b@npu", shape, dst_dtype, "native", "scratch", sizes[src_dtype], sizes[dst_dtype])
+    bo = _Bytes(sizes[src_dtype] + sizes[dst_dtype])
+    bo.host[src.nbytes:] = 0x77  # stale bytes under the destination
+    if src_dtype == "int8":
+        value = rng.integers(-128, 128, shape[1:]).astype(np.int8)
+        steps = [Step("cpu", "dq", op="DequantizeLinear", inputs=["a@npu", "s", "z"], outputs=["m0"])]
+        x = quant.dequantize_linear(value, scale, zp)
+    else:
+        value = (rng.standard_normal(shape[1:]) * 3).astype(np.float16)
+        value.reshape(-1)[:3] = [np.inf, -np.inf, np.nan]
+        steps = [Step("cpu", "cast", op="Cast", inputs=["a@npu"], outputs=["m0"], attrs={"to": "fp32"})]
+        x = value.astype(np.float32)
+    values = {"s": np.array([scale], np.float32), "z": np.array([zp], np.int8)}
+    mids = [TensorInfo("m0", shape, "fp32")]
+    with np.errstate(all="ignore"):
+        for k, (op, attrs, consts) in enumerate(middle):
+            names = [f"k{k}_{j}" for j in range(len(consts))]
+            values.update({n: np.array([c], np.float32) for n, c in zip(names, consts)})
+            steps.append(Step("cpu", op.lower(), op=op, inputs=[f"m{k}", *names], outputs=[f"m{k + 1}"], attrs=attrs))
+            mids.append(TensorInfo(f"m{k + 1}", shape, "fp32"))
+            (x,) = run_kernel(op, [x, *[values[n] for n in names]], attrs, 1)
+            x = x.astype(np.float32)
+        last = f"m{len(middle)}"
+        if dst_dtype == "int8":
+            steps.append(Step("cpu", "q", op="QuantizeLinear", inputs=[last, "s", "z"], outputs=["b@npu"]))
+            want = _fm(quant.quantize_linear(x, scale, zp)).view(np.uint8)
+        else:
+            steps.append(Step("cpu", "cast16", op="Cast", inputs=[last], outputs=["b@npu"], attrs={"to": "fp16"}))
+            want = _fm(x.astype(np.float16)).view(np.uint16)
+    packed = geometry.pack(value[None], "native").reshape(-1).view(np.uint8)
+    bo.host[:packed.size] = packed
+    run = _Run([src, dst, *mids], {"scratch": bo}, values)
+    last_use = {s.outputs[0]: i + 1 for i, s in enumerate(steps[:-1])}
+    assert feature_edges.chain_end(steps, 0, last_use, ["b@npu"]) == len(steps) - 1
+    assert feature_edges.run_chain(run, steps)
+    got = feature_edges._feature(bo.host[dst.offset:dst.offset + dst.nbytes], dst)
+    got = got.view(np.uint8 if dst_dtype == "int8" else np.uint16)
+    np.testing.assert_array_equal(got[..., :want.shape[-1]], want)
+    assert not got[-1, ..., shape[1] - (got.shape[0] - 1) * got.shape[-1]:].any()  # the last group's padding lanes
+
+
+def test_a_chain_through_a_per_channel_constant_or_a_reduction_is_declined():
+    from rkc.ir.program import Step, TensorInfo
+
+    shape = [1, 4, 3, 3]
+    size = geometry.nbytes(shape, "native", 1)
+    src = TensorInfo("a@npu", shape, "int8", "native", "scratch", 0, size)
+    dst = TensorInfo("b@npu", shape, "int8", "native", "scratch", size, size)
+    per_channel = np.arange(4, dtype=np.float32).reshape(1, 4, 1, 1)
+    run = _Run([src, dst, TensorInfo("m0", shape, "fp32"), TensorInfo("m1", shape, "fp32")], {"scratch": _Bytes(2 * size)},
+               {"s": np.array([0.1], np.float32), "z": np.array([0], np.int8), "k": per_channel})
+    steps = [Step("cpu", "dq", op="DequantizeLinear", inputs=["a@npu", "s", "z"], outputs=["m0"]),
+             Step("cpu", "mul", op="Mul", inputs=["m0", "k"], outputs=["m1"]),
+             Step("cpu", "q", op="QuantizeLinear", inputs=["m1", "s", "z"], outputs=["b@npu"])]
+    assert feature_edges.chain_end(steps, 0, {"m0": 1, "m1": 2}, []) == 2
+    assert not feature_edges.run_chain(run, steps)  # a table per channel: not this path
+    steps[1] = Step("cpu", "sm", op="Softmax", inputs=["m0"], outputs=["m1"])
+    assert feature_edges.chain_end(steps, 0, {"m0": 1, "m1": 2}, []) is None
+    assert feature_edges.chain_end(steps[:1] + steps[2:], 0, {"m0": 3}, []) is None  # m0 read later too
