@@ -332,9 +332,9 @@ def _out_edge_call(plan, step: Step):
     label, tiles, threads = f"{step.op} edge of rows", -(-m // LANES), _threads_for(m * k)
 
     def call():
-        x = slots[i]
-        if x.shape != (m, k) or x.dtype != F32 or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x, F32)
+        x = slots[i]  # in its own memory order: a column-major one (the per-step kernels' for
+        if x.shape != (m, k) or x.dtype != F32:  # an NPU output's rows) is the tiles' contiguous load
+            x = np.asarray(x, F32)
             if x.shape != (m, k):
                 raise_shape(label, "input", x)
         args = (x, edge.kind, edge.dst, edge.signs, edge.block, edge.hnorm, edge.scale, edge.rotated)
