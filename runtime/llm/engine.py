@@ -144,7 +144,7 @@ class LlmEngine:
             return lambda inputs: kernel(inputs, attrs, state)
 
         for name, prog in self.programs.items():
-            plans[name] = ProgramPlan(self.model, prog, bind, unchecked=frozenset(LLM_KERNELS), fusers=[*fusers_for(state), *fused_rows.fusers()])
+            plans[name] = ProgramPlan(self.model, prog, bind, unchecked=frozenset(LLM_KERNELS), fusers=[*fusers_for(state), *fused_rows.fusers(state)])
         return plans
 
     def _feeds(self, program: str, tokens: np.ndarray, positions: np.ndarray) -> tuple[int, dict]:

@@ -30,9 +30,11 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import jit
+from rkc.runtime.llm import prefill_channels as channels
 from rkc.runtime.llm import prefill_fused as kernels
 from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.fused import raise_shape
+from rkc.runtime.llm.prepared import rope_tables
 from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_kernels import LANES
@@ -330,9 +332,9 @@ def _out_edge_call(plan, step: Step):
     label, tiles, threads = f"{step.op} edge of rows", -(-m // LANES), _threads_for(m * k)
 
     def call():
-        x = slots[i]
-        if x.shape != (m, k) or x.dtype != F32 or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x, F32)
+        x = slots[i]  # in its own memory order: a column-major one (the per-step kernels' for
+        if x.shape != (m, k) or x.dtype != F32:  # an NPU output's rows) is the tiles' contiguous load
+            x = np.asarray(x, F32)
             if x.shape != (m, k):
                 raise_shape(label, "input", x)
         args = (x, edge.kind, edge.dst, edge.signs, edge.block, edge.hnorm, edge.scale, edge.rotated)
@@ -342,24 +344,122 @@ def _out_edge_call(plan, step: Step):
     return call
 
 
-def edge_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+def _heads_chain(plan, steps: Sequence[Step], first: int, outputs: set, state) -> tuple[Callable, list[int]] | None:
+    """A q or k in edge with what follows it per head: DequantizeRows or Cast
+    of an NPU output (_InEdge), Reshape to [M, heads, hd], then RMSNorm (a constant
+    [hd] weight) and/or RoPE at the chunk's positions, each reading only the
+    one before, as two compiled calls: the lone in edge's (prefill_fused.in_edge_tiles,
+    over tiles) into column-major rows, then prefill_channels.norm_rope in
+    place (over heads), the per-step kernels' arithmetic and layout. Returns (the call, the indices of the steps it runs), or None."""
+    step = steps[first]
+    if step.op not in ("DequantizeRows", "Cast") or state is None:
+        return None
+    mk = _InEdge.matches(plan, step)
+    if mk is None:
+        return None
+    m, k = mk
+    readers: dict = {}
+    for i, s in enumerate(steps):
+        for n in s.inputs:
+            if n:
+                readers.setdefault(n, []).append(i)
+    elsewhere = _read_elsewhere(plan, steps)
+
+    def only_reader(name: str) -> int | None:
+        """The one step of the stretch that reads `name` (as its first input), when nothing else does."""
+        at = readers.get(name, [])
+        if len(at) != 1 or name in elsewhere or name in outputs or steps[at[0]].inputs[0] != name:
+            return None
+        return at[0]
+
+    chain, name = [first], step.outputs[0]
+    i = only_reader(name)
+    if i is None or steps[i].op != "Reshape" or len(steps[i].outputs) != 1:
+        return None
+    shape = plan.model.tensors.get(steps[i].outputs[0])
+    if shape is None or shape.dtype != "fp32" or len(shape.shape) != 3 or list(shape.shape[:1]) != [m]:
+        return None
+    hd = int(shape.shape[2])
+    if hd * int(shape.shape[1]) != k or not host(plan, steps[i].outputs[0]):
+        return None
+    chain.append(i)
+    name, norm, rope = steps[i].outputs[0], None, None
+    i = only_reader(name)
+    if i is not None and steps[i].op == "RMSNorm" and len(steps[i].inputs) == 2 and len(steps[i].outputs) == 1:
+        w = const(plan, steps[i].inputs[1], (hd,))
+        if w is not None:
+            norm, name = (w, F32(steps[i].attrs["epsilon"])), steps[i].outputs[0]
+            chain.append(i)
+            i = only_reader(name)
+    if i is not None and steps[i].op == "RoPE" and len(steps[i].inputs) == 2 and len(steps[i].outputs) == 1:
+        pos_info = plan.model.tensors.get(steps[i].inputs[1])
+        dims = int(steps[i].attrs["dims"])
+        if (pos_info is not None and list(pos_info.shape) == [m] and host(plan, steps[i].inputs[1])
+                and 0 < dims <= hd and dims % 2 == 0):
+            rope = (rope_tables(steps[i], [None, None], state), dims, steps[i].attrs["mode"] == "neox",
+                    plan._slot(steps[i].inputs[1]))
+            name = steps[i].outputs[0]
+            chain.append(i)
+    if norm is None and rope is None:
+        return None
+    out_info = plan.model.tensors.get(name)
+    if out_info is None or list(out_info.shape) != [m, k // hd, hd] or out_info.dtype != "fp32" or not host(plan, name):
+        return None
+    edge, o, fresh, slots = _InEdge(plan, step), plan._slot(name), name in outputs, plan.slots
+    w, eps = norm if norm is not None else (_NONE_VEC, F32(0.0))
+    tables, dims, neox, pos_slot = rope if rope is not None else (None, 0, False, None)
+    buf, load, apply, tiles = np.empty((k, m), F32), kernels.in_edge_tiles, channels.norm_rope, -(-m // LANES)
+    heads, label, threads = k // hd, f"{step.op} edge of heads (compiled)", _threads_for(m * k)
+
+    def call():
+        out_t = np.empty((k, m), F32) if fresh else buf
+        if tables is not None:
+            cos_t, sin_t = tables.at_transposed(np.asarray(slots[pos_slot]))
+        else:
+            cos_t = sin_t = _NONE_F32
+        args = (edge.kind, edge.src, edge.extra, edge.row_scale(slots, label), edge.ch, edge.bias, edge.has_bias, out_t)
+        over_ranges(lambda lo, hi: load(*args, lo, hi), tiles, threads)
+        x = out_t.reshape(heads, hd, m)
+        over_ranges(lambda lo, hi: apply(x, norm is not None, w, eps, tables is not None, cos_t, sin_t, dims, neox,
+                                         lo, hi), heads, threads)
+        slots[o] = x.transpose(2, 0, 1)  # [M, heads, hd], tokens innermost
+    call.bos, call.label = edge.bos, label
+    return call, chain
+
+
+def edge_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> list[Callable[[], None]] | None:
     """A stretch no other fuser took whole (attention's, between the q/k/v
     product and the output projection): its many-row edges compiled
-    (_in_edge_call, _out_edge_call: the fused stretches' float32 edges,
-    threaded over tiles, straight from and into the BOs' atoms), every other
-    step its own call as the plan makes it; None when it has no such edge."""
-    return _with_edges(plan, steps, [_in_edge_call(plan, s, outputs) or _out_edge_call(plan, s) for s in steps],
-                       bind, outputs)
+    (_heads_chain: q and k with their norms and rotary in one pass, given the
+    generation state's RoPE tables; _in_edge_call, _out_edge_call: the fused
+    stretches' float32 edges, threaded over tiles, straight from and into the
+    BOs' atoms), every other step its own call as the plan makes it; None
+    when it has no such edge."""
+    edges: list = [None] * len(steps)
+    taken: set = set()
+    for i in range(len(steps)):
+        chain = _heads_chain(plan, steps, i, outputs, state)
+        if chain is not None:
+            edges[i] = chain[0]
+            taken.update(chain[1][1:])
+    for i, s in enumerate(steps):
+        if edges[i] is None and i not in taken:
+            edges[i] = _in_edge_call(plan, s, outputs) or _out_edge_call(plan, s)
+    return _with_edges(plan, steps, edges, bind, outputs, taken)
 
 
-def _with_edges(plan, steps: Sequence[Step], edges: list, bind, outputs: set) -> list[Callable[[], None]] | None:
+def _with_edges(plan, steps: Sequence[Step], edges: list, bind, outputs: set,
+                taken: frozenset | set = frozenset()) -> list[Callable[[], None]] | None:
     """The stretch's calls: each step's compiled edge where `edges` has one
-    (its BOs in .bos, its label set), else the step's own call as the plan
-    makes it; None when no step has an edge."""
+    (its BOs in .bos, its label set), none for the steps in `taken` (an edge
+    runs them), else the step's own call as the plan makes it; None when no
+    step has an edge."""
     if not any(edges):
         return None
     calls, bos = [], []
-    for step, edge in zip(steps, edges):
+    for i, (step, edge) in enumerate(zip(steps, edges)):
+        if i in taken:
+            continue
         if edge is None:
             edge = plan._cpu_call(step, bind, outputs, bos)
             edge.label = step.op
@@ -467,6 +567,10 @@ def int4_edges(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable
                        bind, outputs)
 
 
-def fusers() -> list:
-    """The many-row fusers of runtime/plan.py's hook (the edge fusers last: what the others leave)."""
-    return [residual_rows, ffn_rows, int4_edges, edge_rows]
+def fusers(state=None) -> list:
+    """The many-row fusers of runtime/plan.py's hook (the edge fusers last:
+    what the others leave); `state`, the generation state, shares its RoPE
+    tables with the edges that apply them."""
+    def edges(plan, steps: Sequence[Step], bind, outputs: set):
+        return edge_rows(plan, steps, bind, outputs, state)
+    return [residual_rows, ffn_rows, int4_edges, edges]

@@ -115,3 +115,48 @@ def store_rows(x: np.ndarray, rows16: np.ndarray, rows32: np.ndarray) -> bool:
         return False
     store_half_rows(xc.view(np.uint32), rows16.view(np.uint16), rows32.view(np.uint32))
     return True
+
+
+
+@njit(**_JIT)
+def norm_rope(x, norm, w, eps, rotary, cos_t, sin_t, dims, neox, lo, hi):
+    """rms_norm then rope (each when asked) of x [B, D, T] (C order) in place,
+    blocks lo..hi-1, in one pass over each pair of channels: rms_norm's and
+    rope's float32 operations in their order, so the values those two
+    kernels give one after the other."""
+    nb, d, t_ = x.shape
+    half = dims // 2 if rotary else 0
+    acc = np.empty(t_, np.float64)
+    inv = np.empty(t_, np.float32)
+    for b in range(lo, hi):
+        if norm:
+            for t in range(t_):
+                acc[t] = 0.0
+            for i in range(d):
+                row = x[b, i]
+                for t in range(t_):
+                    v = np.float64(row[t])
+                    acc[t] += v * v
+            for t in range(t_):
+                inv[t] = np.float32(1.0 / np.sqrt(acc[t] / d + np.float64(eps)))
+        for i in range(half):
+            a_i, b_i = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            xa, xb, c, s = x[b, a_i], x[b, b_i], cos_t[i], sin_t[i]
+            if norm:
+                wa, wb = w[a_i], w[b_i]
+                for t in range(t_):
+                    a = (xa[t] * inv[t]) * wa
+                    bb = (xb[t] * inv[t]) * wb
+                    xa[t] = a * c[t] - bb * s[t]
+                    xb[t] = a * s[t] + bb * c[t]
+            else:
+                for t in range(t_):
+                    a = xa[t]
+                    bb = xb[t]
+                    xa[t] = a * c[t] - bb * s[t]
+                    xb[t] = a * s[t] + bb * c[t]
+        if norm:
+            for i in range(2 * half, d):  # channels rope leaves (past dims; all of them without rope)
+                row, wi = x[b, i], w[i]
+                for t in range(t_):
+                    row[t] = (row[t] * inv[t]) * wi

@@ -41,9 +41,12 @@ def _dense(w):
 
 
 def rms_norm(step: Step, consts: list, state) -> Prepared | None:
-    """As kernels.rms_norm, in one compiled call (jit.rms_norm: numpy's
-    summation order, so the same bits); the output in x's memory order, as
-    the plain kernel's result (later sums follow it)."""
+    """As kernels.rms_norm, in one compiled call: a chunk's rows or heads
+    with the tokens innermost in memory (an NPU output read in its layout,
+    and what the per-step kernels make of it) by prefill_channels.rms_norm
+    (the squares summed in float64, vector loops over the tokens), other
+    rows by jit.rms_norm or prefill_kernels.rms_norm (numpy's pairwise
+    order); the output in x's memory order, as the plain kernel's result."""
     weight = consts[1]
     if weight is None:
         return None
@@ -58,8 +61,8 @@ def rms_norm(step: Step, consts: list, state) -> Prepared | None:
         if x.ndim == 0 or w.shape != x.shape[-1:]:  # a weight that broadcasts otherwise: the plain kernel's case
             return plain.rms_norm(inputs, attrs, state)
         out = empty_like(x)
-        if x.ndim == 3 and len(x) >= many.LANES:  # a chunk's heads in the NPU's layout (tokens innermost)
-            xc = channel_major(x)  # (whole rows keep the pairwise kernels, as the fused stretches sum them)
+        if x.ndim >= 2 and len(x) >= many.LANES:  # a chunk's rows or heads in the NPU's layout (tokens innermost)
+            xc = channel_major(x)
             oc = None if xc is None else channel_major(out)
             if oc is not None:
                 norm_channels(xc, w, eps, oc)

@@ -158,6 +158,44 @@ def test_prefill_attention_by_blocks(hd, hkv, g, t, start, layout):
             assert np.abs(got - exact).max() <= max(2 * err, 1e-6 * np.abs(exact).max()), f"window={window}"
 
 
+@pytest.mark.parametrize("spread", [8.0, 40.0])
+def test_prefill_attention_of_peaked_scores(spread):
+    """Scores spread over hundreds (large queries, scale 1, as Gemma's
+    q-normed heads can give): most softmax weights underflow. The weights
+    the values' product reads are 0 or normal float32 (no subnormal operand:
+    prefill_kernels._WEIGHT_FLOOR), and the output keeps
+    test_prefill_attention_by_blocks' bound against float64's (scores in
+    the hundreds carry float32 errors of ~1e-5 into the weights, the einsum
+    formulation's too)."""
+    from rkc.runtime.llm import prefill_kernels
+
+    rng = np.random.default_rng(int(spread))
+    t, hkv, g, hd = 96, 1, 4, 64
+    keys = rng.standard_normal((t, hkv, hd)).astype(np.float16).astype(np.float32)
+    values = rng.standard_normal((t, hkv, hd)).astype(np.float16).astype(np.float32)
+    q = (rng.standard_normal((t, hkv * g, hd)) * spread).astype(np.float32)
+    kpos = pos = np.arange(t)
+    seen = []
+    softmax = prefill_kernels.softmax_columns
+
+    def recording(s, *args):
+        softmax(s, *args)
+        seen.append(s.copy())
+    import rkc.runtime.llm.prefill_attention as pa
+    old, pa.softmax_columns = pa.softmax_columns, recording
+    try:
+        with blas.one_thread():
+            got = attend(q, keys, values, kpos, pos, {"scale": 1.0, "window": 0}, t)
+    finally:
+        pa.softmax_columns = old
+    weights = np.concatenate([w.ravel() for w in seen])
+    assert (weights == 0).mean() > 0.3  # the case this test is about: most weights underflow
+    assert not ((weights > 0) & (weights < np.finfo(np.float32).tiny)).any()
+    exact = float64_attention(q, keys, values, kpos, pos, 0, 1.0, t)
+    err = np.abs(einsum_attention(q, keys, values, kpos, pos, 0, 1.0, t) - exact).max()
+    assert np.abs(got - exact).max() <= max(2 * err, 1e-6 * np.abs(exact).max())
+
+
 @pytest.mark.parametrize("hd,hdv", [(8, 8), (64, 64), (256, 256), (16, 8)])
 @pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2), (4, 1)])
 def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):

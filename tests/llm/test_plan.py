@@ -197,8 +197,11 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     many = [getattr(c, "label", "") for c in engine.plans["prefill_16"].calls]
     if precision != "int4":
         assert sum(lab.startswith("residual stretch of rows") for lab in many) >= 2 * n - 1
+    if precision != "int4":  # q and k with their norms and RoPE in one edge each (fused_rows._heads_chain)
+        assert sum(lab.endswith(" edge of heads (compiled)") for lab in many) == 2 * n
+        assert "RoPE" not in many
     if precision == "int8":
-        assert sum(lab == "DequantizeRows edge of rows" for lab in many) >= 3 * n  # q, k, v
+        assert sum(lab == "DequantizeRows edge of rows" for lab in many) >= n  # v
         assert "DequantizeRows" not in many
     engine.close()
 

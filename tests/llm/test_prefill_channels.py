@@ -90,3 +90,38 @@ def test_kv_rows_from_npu_layout_are_numpys_casts(t, heads, d):
     np.testing.assert_array_equal(rows16.view(np.uint16), want16.view(np.uint16))
     np.testing.assert_array_equal(rows32.view(np.uint32), want16.astype(np.float32).view(np.uint32))
     assert not channels.store_rows(np.ascontiguousarray(x), rows16, rows32)  # rows: numpy's path
+
+
+@pytest.mark.parametrize("norm,rotary", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("t,heads,d,dims", [(16, 1, 64, 64), (45, 4, 256, 256), (128, 2, 512, 128), (200, 3, 96, 64)])
+def test_norm_rope_in_place_is_float64s(norm, rotary, neox, t, heads, d, dims):
+    """A q or k edge's per-head RMSNorm then RoPE in one pass, in place
+    (channels.norm_rope, what fused_rows' heads edge runs after dequantizing):
+    within the two kernels' bounds of float64's."""
+    rng = np.random.default_rng(t * 13 + d + dims + 2 * norm + rotary)
+    x = npu_layout(rng, t, heads, d)
+    x[:, 0] *= 1e-3  # a small head: eps matters there
+    w = rng.standard_normal(d).astype(np.float32)
+    pos = (np.arange(t) + 11).astype(np.int32)
+    tables = prepared._RopeTables(10000.0 ** (-np.arange(0, dims, 2, dtype=np.float64) / dims), 1.0)
+    cos_t, sin_t = tables.at_transposed(pos)
+    got = x.copy(order="K")
+    xc = channels.channel_major(got)
+    channels.norm_rope(xc, norm, w, np.float32(1e-6), rotary, cos_t, sin_t, dims, neox, 0, heads)
+    want = x.astype(np.float64)
+    if norm:
+        want = reference.rms_norm(want, w.astype(np.float64), 1e-6)
+    if rotary:
+        want = rope64(want, pos, dims, 10000.0, neox)
+    np.testing.assert_allclose(got, want, rtol=0, atol=8 * TOL * np.abs(want).max())
+
+
+def test_norm_rope_touches_only_its_blocks():
+    rng = np.random.default_rng(5)
+    x = npu_layout(rng, 32, 4, 64)
+    before = x.copy()
+    cos_t, sin_t = prepared._RopeTables(np.ones(32), 1.0).at_transposed(np.arange(32, dtype=np.int32))
+    channels.norm_rope(channels.channel_major(x), True, np.ones(64, np.float32), np.float32(1e-6), True,
+                       cos_t, sin_t, 64, True, 1, 3)
+    assert np.array_equal(x[:, [0, 3]], before[:, [0, 3]]) and not np.array_equal(x[:, 1:3], before[:, 1:3])

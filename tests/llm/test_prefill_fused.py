@@ -161,17 +161,19 @@ def test_in_edge_tiles_match_a_float64_reference(rows, k, kind, partials, bias):
 
 @pytest.mark.parametrize("rows", [16, 37, 80])
 @pytest.mark.parametrize("k,kind", [(640, "kron"), (640, "block"), (256, "kron"), (1536, "kron")])
-@pytest.mark.parametrize("out", ["fp16", "int8"])
-def test_out_edge_tiles_match_a_float64_reference(rows, k, kind, out):
+@pytest.mark.parametrize("out,order", [("fp16", "C"), ("int8", "C"), ("int8", "F")])
+def test_out_edge_tiles_match_a_float64_reference(rows, k, kind, out, order):
     """A stand-alone many-row out edge (fused_rows.edge_rows: attention's
     output into the projection's operand): rows into fp16 atoms (the
     reference's half or a neighbour), or rotated (with and without a
     block-mixing factor, its product as fused_rows runs it) and quantized into
     int8 atoms: scales within 1e-5 relative, codes within 1, at most 0.5 % off;
-    the padding rows zeroed."""
+    the padding rows zeroed. Rows in either memory order (fused_rows passes
+    the per-step kernels' column-major rows as they are)."""
     rng = np.random.default_rng(rows * k)
     x = (rng.standard_normal((rows, k)) * np.exp(rng.standard_normal((rows, 1)) * 2)).astype(F32)
     x[rows // 2, 3] = 300.0  # an outlier channel
+    x = np.asarray(x, order=order)
     out_bt, out_info, out_host = _operand(rows, k, out)
     rot = make_rotation(k, kind)
     scale = np.full(rows, np.nan, F32)
