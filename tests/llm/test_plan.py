@@ -197,6 +197,11 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     many = [getattr(c, "label", "") for c in engine.plans["prefill_16"].calls]
     if precision != "int4":
         assert sum(lab.startswith("residual stretch of rows") for lab in many) >= 2 * n - 1
+    else:  # the int4 stretches (fused_rows.int4_residual_rows, int4_ffn_rows), q, k, v by tiles
+        assert sum(lab.startswith("int4 residual stretch of rows") for lab in many) >= 2 * n - 1
+        assert sum(lab.startswith("int4 ffn stretch of rows") for lab in many) == n
+        assert sum(lab == "CombineInt4 edge of rows (compiled)" for lab in many) >= n
+        assert not {"CombineInt4", "QuantizeNibbles"} & set(many)
     if precision == "int8":
         assert sum(lab == "DequantizeRows edge of rows" for lab in many) >= 3 * n  # q, k, v
         assert "DequantizeRows" not in many
