@@ -93,7 +93,7 @@ def _check_nibbles(want: np.ndarray, rot, form, q, scale, rotated, rows: int, k:
     assert not q[:, 2 * rows:].any()  # pad rows zeroed
 
 
-@pytest.mark.parametrize("rows", [16, 37, 80])
+@pytest.mark.parametrize("rows", [16, 37])
 @pytest.mark.parametrize("k,kind", [(640, "kron"), (1024, "block"), (1536, "kron")])
 @pytest.mark.parametrize("groups,bias", [(1, False), (2, True), (3, False)])
 @pytest.mark.parametrize("first_norm", [True, False])
@@ -124,9 +124,9 @@ def _act(g: np.ndarray, act: int) -> np.ndarray:
     return 0.5 * g * (1.0 + np.tanh(GELU_C * (g + GELU_K * g ** 3)))
 
 
-@pytest.mark.parametrize("rows", [16, 37, 80])
+@pytest.mark.parametrize("rows", [16, 80])
 @pytest.mark.parametrize("k,kind", [(640, "kron"), (2048, "block")])
-@pytest.mark.parametrize("groups,bias", [(1, False), (2, True)])
+@pytest.mark.parametrize("groups,bias", [(1, False), (6, True)])
 @pytest.mark.parametrize("act", [ACT_SILU, ACT_GELU_TANH])
 def test_int4_ffn_tiles_match_a_float64_reference(rows, k, kind, groups, bias, act):
     rng = np.random.default_rng(rows * k + act + groups)
