@@ -15,10 +15,14 @@ row scales) land in their slots, in buffers made once; values nothing else
 reads are not stored. The arithmetic is the per-step kernels' (the same bits:
 tests/llm/test_plan.py, tests/llm/test_prefill_fused.py).
 
-A stretch with int4 edges (CombineInt4 reading an int4 product's partials,
-QuantizeNibbles writing its nibble rows) that no fuser took runs those edges
-as compiled calls on the atoms, threaded over rows (`int4_edges`: the
-numpy kernels' bits, tests/llm/test_int4_edges.py), its other steps one call each.
+A residual or gated-FFN stretch between int4 products (CombineInt4 reading
+an int4 product's K-group partials, QuantizeNibbles writing the next one's
+nibble rows) runs likewise as one compiled call over tiles
+(`int4_residual_rows`, `int4_ffn_rows`: runtime/llm/int4_prefill.py). A
+stretch with int4 edges that no fuser took (attention's) runs those edges as
+compiled calls on the atoms, threaded over rows (`int4_edges`: q, k and v
+combined by tiles into column-major rows; the numpy kernels' bits,
+tests/llm/test_int4_edges.py, test_int4_prefill.py), its other steps one call each.
 """
 
 from __future__ import annotations
