@@ -197,6 +197,11 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     many = [getattr(c, "label", "") for c in engine.plans["prefill_16"].calls]
     if precision != "int4":
         assert sum(lab.startswith("residual stretch of rows") for lab in many) >= 2 * n - 1
+    else:  # the int4 stretches (fused_rows.int4_residual_rows, int4_ffn_rows), q, k, v by tiles
+        assert sum(lab.startswith("int4 residual stretch of rows") for lab in many) >= 2 * n - 1
+        assert sum(lab.startswith("int4 ffn stretch of rows") for lab in many) == n
+        assert sum(lab == "CombineInt4 edge of rows (compiled)" for lab in many) >= n
+        assert not {"CombineInt4", "QuantizeNibbles"} & set(many)
     if precision != "int4":  # q and k with their norms and RoPE in one edge each (fused_rows._heads_chain)
         assert sum(lab.endswith(" edge of heads (compiled)") for lab in many) == 2 * n
         assert "RoPE" not in many

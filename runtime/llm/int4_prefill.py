@@ -1,0 +1,265 @@
+"""Compiled (numba) kernels of prefill's int4 stretches (runtime/llm/fused_rows.py's
+int4 residual and FFN stretches): the int8 build's stretches (prefill_fused.py)
+with int4 edges, one tile of LANES rows at a time from the first step to the last.
+
+    in edge: an int4 product's int16 K-group partials read straight from the
+        NPU's atoms and combined, y = s_a sum_g s_w[g] (16 P_hi + P_lo) (+ bias),
+        in float32 (int4_rows.combine's arithmetic, jit.combine_int4_atoms' order
+        of operations: the same bits);
+    body: prefill_fused's (RMSNorm, the residual Add, RMSNorm; or act(gate) * up);
+    out edge: rotated (signs, butterflies, the orthonormal factor) and quantized
+        to int8 codes in [-limit, limit] per row, each written as two nibble rows
+        (hi at 2m, lo at 2m + 1) into the next int4 operand's atoms
+        (jit.rotate_nibbles_into_atoms' arithmetic); a rotation with a
+        block-mixing factor leaves its rotated rows by blocks for the caller's
+        numpy product and `quantize_nibble_blocks_into_atoms`.
+
+Before these, a stretch of int4 edges ran each step on its own (fused_rows.int4_edges):
+five passes over the rows and four arrays where this makes one pass and none.
+Tested against float64 references (tests/llm/test_int4_prefill.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from rkc.runtime.llm.jit import _abs_max_bits, _nibbles
+from rkc.runtime.llm.prefill_fused import _act_mul, _normalise, _store, zero_rows
+from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, scaled_amax
+
+_JIT = {"cache": True, "nogil": True}
+
+
+@njit(inline="always")
+def _combine_tile(p, m0, n_pad, scales, rs, bias, has_bias, k, buf):
+    """buf[j, lane] for the LANES rows m0.. of p (all held by p), row scales
+    rs [LANES]: each atom's channels summed over the groups row by row in a
+    local [LANES, C2], reading each group's block of the tile's nibble rows
+    as row views (contiguous in the partials, the scales and the sums; a
+    gather of each channel's lanes per group, or indexing the 3-d atoms per
+    value, measured 1.1-1.4x slower on Qwen2.5-1.5B's stretches), then
+    stored transposed once."""
+    c2 = p.shape[2]
+    groups = scales.shape[0]
+    per_group = n_pad // c2
+    acc = np.empty((LANES, c2), np.float32)
+    for a in range((k + c2 - 1) // c2):
+        base = a * c2
+        width = min(c2, k - base)
+        for g in range(groups):
+            w = scales[g]
+            blk = p[g * per_group + a, 2 * m0:2 * m0 + 2 * LANES]
+            for lane in range(LANES):  # |16 P_hi + P_lo| < 2^20: exact in int32 and in float32
+                hi, lo = blk[2 * lane], blk[2 * lane + 1]
+                if g == 0:
+                    for b in range(width):
+                        acc[lane, b] = np.float32(np.int32(hi[b]) * 16 + np.int32(lo[b])) * w[base + b]
+                else:
+                    for b in range(width):
+                        acc[lane, b] += np.float32(np.int32(hi[b]) * 16 + np.int32(lo[b])) * w[base + b]
+        for b in range(width):
+            row = buf[base + b]
+            bj = bias[base + b] if has_bias else np.float32(0.0)
+            for lane in range(LANES):
+                row[lane] = acc[lane, b] * rs[lane] + bj
+
+
+@njit(inline="always")
+def _load_int4(p, n_pad, scales, row_scale, bias, has_bias, m0, r, k, buf):
+    """buf[j, lane] = the combined value of row m0 + lane, channel j < k, from
+    the int16 partials' atoms p [C1, R, C2] (row 2m: the hi nibble row's sums,
+    2m + 1 the lo row's; group g's channel j at column g * n_pad + j):
+    (sum over g of float32(16 P_hi + P_lo) * scales[g, j]) * row scale (+
+    bias[j]), each operation in float32 in jit.combine_int4_atoms' order (its
+    bits: a value's last bit moved flips a code of the next nibble rows, which
+    the next layers carry). Lanes r.. come out 0. A tile whose rows run past
+    the atoms' is copied out first (_combine_tile reads LANES rows)."""
+    rs = np.zeros(LANES, np.float32)
+    for lane in range(r):
+        rs[lane] = row_scale[m0 + lane]
+    if 2 * (m0 + LANES) <= p.shape[1]:
+        _combine_tile(p, m0, n_pad, scales, rs, bias, has_bias, k, buf)
+    else:
+        part = np.zeros((p.shape[0], 2 * LANES, p.shape[2]), p.dtype)
+        part[:, :2 * r] = p[:, 2 * m0:2 * (m0 + r)]
+        _combine_tile(part, 0, n_pad, scales, rs, bias, has_bias, k, buf)
+    if r < LANES:
+        for i in range(k):
+            for lane in range(r, LANES):
+                buf[i, lane] = np.float32(0.0)
+
+
+@njit(**_JIT)
+def _nibble_out(buf, m0, r, k, signs, signed, block, hnorm, q, scale, lim, rotated, to_blocks, amax):
+    """A tile's rows buf [K, LANES] rotated (the signs unless `signed`: in buf
+    already; the butterflies of `block`; times hnorm), then either by blocks
+    into `rotated` [K / block, M x block] (`to_blocks`: a factor's product
+    follows) or quantized with one scale per row (max|x| / lim, 1 for a zero
+    row or one holding a NaN) into the nibble rows of q [C1, R, C2] (uint8)."""
+    if not signed:
+        for i in range(k):
+            si = signs[i]
+            for lane in range(LANES):
+                buf[i, lane] = buf[i, lane] * si
+    _butterflies(buf, block)
+    if to_blocks:
+        for b in range(k // block):
+            dst_b = rotated[b]
+            for lane in range(r):
+                base = (m0 + lane) * block
+                for j in range(block):
+                    dst_b[base + j] = buf[b * block + j, lane] * hnorm
+        return
+    scaled_amax(buf, hnorm, amax)
+    s = np.empty(LANES, np.float32)
+    for lane in range(LANES):
+        s[lane] = amax[lane] / lim if amax[lane] > 0 else np.float32(1.0)
+    for lane in range(r):
+        scale[m0 + lane] = s[lane]
+    half = k // 2
+    hi_bytes = np.empty((half, LANES), np.uint8)  # the tile's nibble bytes (a vector loop), then into the atoms
+    lo_bytes = np.empty((half, LANES), np.uint8)
+    for i in range(half):
+        for lane in range(LANES):
+            c_even = np.int32(min(max(np.rint(buf[2 * i, lane] / s[lane]), -lim), lim))
+            c_odd = np.int32(min(max(np.rint(buf[2 * i + 1, lane] / s[lane]), -lim), lim))
+            hi_bytes[i, lane] = _nibbles(c_even + 8 >> 4, c_odd + 8 >> 4)
+            lo_bytes[i, lane] = _nibbles(c_even, c_odd)
+    c1, _, c2 = q.shape
+    for lane in range(r):
+        h = 2 * (m0 + lane)
+        for a in range(c1):
+            for b in range(c2):
+                q[a, h, b] = hi_bytes[a * c2 + b, lane]
+                q[a, h + 1, b] = lo_bytes[a * c2 + b, lane]
+
+
+@njit(**_JIT)
+def residual_tiles(p, n_pad, scales, row_scale, bias, has_bias,
+                   first_norm, w1, e1, res, w2, e2,
+                   keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                   signs, block, hnorm, q, scale, limit, rotated, to_blocks, tile_lo, tile_hi):
+    """prefill_fused.residual_tiles with int4 edges: rows [M, K] (M = res's
+    rows) combined from an int4 product's partials p (`_load_int4`); n1 =
+    RMSNorm(x, w1) (`first_norm`, else n1 is x); total = n1 + res; n2 =
+    RMSNorm(total, w2); each kept one stored [M, K]; n2 into the next int4
+    operand's nibble rows q (`_nibble_out`), or rotated by blocks into
+    `rotated` (`to_blocks`). Tiles tile_lo..tile_hi-1 (disjoint ranges may
+    run at once on other threads); the pad rows zeroed by the range ending
+    at the last tile (unless `to_blocks`: quantize_nibble_blocks_into_atoms')."""
+    rows, k = res.shape
+    tiles = (rows + LANES - 1) // LANES
+    lim = np.float32(limit)
+    buf = np.empty((k, LANES), np.float32)
+    sums = np.empty(LANES, np.float64)
+    amax = np.empty(LANES, np.float32)
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
+        r = min(LANES, rows - m0)
+        _load_int4(p, n_pad, scales, row_scale, bias, has_bias, m0, r, k, buf)
+        if keep_x:
+            _store(buf, m0, r, k, x_out)
+        if first_norm:
+            _normalise(buf, k, w1, e1, sums)
+            if keep_n1:
+                _store(buf, m0, r, k, n1_out)
+        for i in range(k):
+            for lane in range(r):
+                buf[i, lane] = buf[i, lane] + res[m0 + lane, i]
+        if keep_total:
+            _store(buf, m0, r, k, total_out)
+        _normalise(buf, k, w2, e2, sums)
+        if keep_n2:
+            _store(buf, m0, r, k, n2_out)
+        _nibble_out(buf, m0, r, k, signs, False, block, hnorm, q, scale, lim, rotated, to_blocks, amax)
+    if not to_blocks and tile_hi == tiles:
+        zero_rows(q, 2 * rows)  # past the nibble rows
+
+
+@njit(**_JIT)
+def ffn_tiles(gate_p, gate_pad, gate_scales, gate_rs, gate_bias, gate_has_bias,
+              up_p, up_pad, up_scales, up_rs, up_bias, up_has_bias, act, rows, k,
+              signs, block, hnorm, q, scale, limit, rotated, to_blocks, tile_lo, tile_hi):
+    """prefill_fused.ffn_tiles with int4 edges: gate and up combined from their
+    int4 products' partials (`_load_int4`), act(gate) * up (times the
+    rotation's signs: `_act_mul`), then into the next int4 operand's nibble
+    rows (or by blocks into `rotated`), as residual_tiles' out edge."""
+    tiles = (rows + LANES - 1) // LANES
+    lim = np.float32(limit)
+    g = np.empty((k, LANES), np.float32)
+    u = np.empty((k, LANES), np.float32)
+    e16 = np.empty(LANES, np.float32)
+    b16 = np.empty(LANES, np.int32)
+    amax = np.empty(LANES, np.float32)
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
+        r = min(LANES, rows - m0)
+        _load_int4(gate_p, gate_pad, gate_scales, gate_rs, gate_bias, gate_has_bias, m0, r, k, g)
+        _load_int4(up_p, up_pad, up_scales, up_rs, up_bias, up_has_bias, m0, r, k, u)
+        _act_mul(g, u, act, signs, True, e16, b16)
+        _nibble_out(g, m0, r, k, signs, True, block, hnorm, q, scale, lim, rotated, to_blocks, amax)
+    if not to_blocks and tile_hi == tiles:
+        zero_rows(q, 2 * rows)  # past the nibble rows
+
+
+@njit(**_JIT)
+def quantize_nibble_blocks_into_atoms(x, block, q, scale, limit, lo, hi):
+    """Rows lo..hi-1 of [M, K] given by blocks, x [K / block, M x block] (row
+    m's block b: x[b, m * block:(m + 1) * block], as the tiles leave them for
+    the factor's product), quantized as _nibble_out quantizes a tile (scale
+    max|x| / limit, 1 for a zero row or one holding a NaN; codes rint(x /
+    scale) clipped) into the nibble rows of q [C1, R, C2] (uint8); the pad
+    rows zeroed by the call whose range ends at M."""
+    blocks = x.shape[0]
+    rows = x.shape[1] // block
+    c1, _, c2 = q.shape
+    k = blocks * block
+    lim = np.float32(limit)
+    half = k // 2
+    row = np.empty(k, np.float32)  # row m gathered from its blocks, and its bits as int32
+    bits = row.view(np.int32)
+    box = np.empty(1, np.int32)
+    hi_bytes = np.empty(half, np.uint8)
+    lo_bytes = np.empty(half, np.uint8)
+    for m in range(lo, hi):
+        base = m * block
+        for b in range(blocks):
+            src = x[b]
+            for j in range(block):
+                row[b * block + j] = src[base + j]
+        box[0] = _abs_max_bits(k, bits)  # an integer max (vectorised); a NaN's bits above infinity's
+        amax = box.view(np.float32)[0]
+        s = np.float32(1.0) if box[0] > np.int32(0x7F800000) or not amax > 0 else amax / lim
+        scale[m] = s
+        for i in range(half):
+            c_even = np.int32(min(max(np.rint(row[2 * i] / s), -lim), lim))
+            c_odd = np.int32(min(max(np.rint(row[2 * i + 1] / s), -lim), lim))
+            hi_bytes[i] = _nibbles(c_even + 8 >> 4, c_odd + 8 >> 4)
+            lo_bytes[i] = _nibbles(c_even, c_odd)
+        h = 2 * m
+        for a in range(c1):
+            for b in range(c2):
+                q[a, h, b] = hi_bytes[a * c2 + b]
+                q[a, h + 1, b] = lo_bytes[a * c2 + b]
+    if hi == rows:
+        zero_rows(q, 2 * rows)  # past the nibble rows
+
+
+@njit(**_JIT)
+def combine_tiles(p, n_pad, scales, row_scale, bias, has_bias, out_t, tile_lo, tile_hi):
+    """A many-row int4 in edge on its own (attention's q, k, v): `_load_int4`'s
+    values written as column-major rows, given as out_t [K, M] (their
+    transpose, C order: a tile's lanes contiguous, as prefill_fused.in_edge_tiles
+    writes the int8 build's, for RoPE's and attention's tokens-inner loops),
+    tiles tile_lo..tile_hi-1."""
+    k, rows = out_t.shape
+    buf = np.empty((k, LANES), np.float32)
+    for tile in range(tile_lo, tile_hi):
+        m0 = tile * LANES
+        r = min(LANES, rows - m0)
+        _load_int4(p, n_pad, scales, row_scale, bias, has_bias, m0, r, k, buf)
+        for i in range(k):
+            dst = out_t[i]
+            for lane in range(r):
+                dst[m0 + lane] = buf[i, lane]
