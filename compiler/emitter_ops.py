@@ -3,7 +3,8 @@
 
 * `plan_groups` finds every op the NPU can run: an anchor (Conv, Gemm,
   MatMul) plus what folds into its DPU epilogue (a constant per-channel bias
-  Add, a residual Add of a same-shaped tensor, ReLU / ReLU6 / Clip), builds the
+  Add, a residual Add of a same-shaped tensor, ReLU / ReLU6 / Clip; an
+  element-wise op takes a ReLU / Clip after it the same way), builds the
   emitter operation with symbolic buffers (one per tensor, "<tensor>@npu") and
   emits it once; the emitter's refusal is the reason the op stays on the CPU.
 * `lower_segment` assembles the groups of one segment into one regcmd run
@@ -443,6 +444,8 @@ def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
         if precision != "fp16":
             raise _Refused("a map times a run-time per-channel vector runs in fp16 (the vector as depthwise "
                            "weights)")
+        if tail.ops:
+            raise _Refused("a channel gate's product takes no activation of its own")
         x, s = gate
         shape = graph.tensors[x].type.shape
         # x * s as a 1x1 depthwise convolution whose weights are s, which the host writes
@@ -455,10 +458,10 @@ def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
                           name=f"npu{i}", weights_buffer=dense_name(s, "fp16", program))
         return conv, {x: "native", s: "native"}
     dtype = device_dtype(precision)
-    layout = _layout(graph, op.outputs[0])
+    layout = _layout(graph, tail.output)
     a, b = (_feature(graph, t, layout, dtype, precision, program) for t in op.inputs)
-    ew = api.Elementwise(a, b, _feature(graph, op.outputs[0], layout, dtype, precision, program),
-                         lowering(op).function, name=f"npu{i}")
+    ew = api.Elementwise(a, b, _feature(graph, tail.output, layout, dtype, precision, program),
+                         lowering(op).function, name=f"npu{i}", activation=tail.activation, clip=tail.clip)
     return ew, {t: layout for t in op.inputs}
 
 
@@ -550,6 +553,11 @@ def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
                     list(result.notes), relaid)
 
 
+def _ew_activation(op) -> bool:
+    """ReLU or Clip: what the EW stage applies after an element-wise op."""
+    return epilogue_activation(op) == "relu" or op.type == "Clip"
+
+
 def _passes_values(op) -> bool:
     """A CPU op that hands its input's values on (Concat, Split, MaxPool, Resize...)."""
     return op.type in ("Concat", "Split", "MaxPool", "Resize", "Reshape", "Flatten", "Identity")
@@ -583,6 +591,11 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             channels = (w.shape[0] if op.type == "Conv" else w.shape[1] if op.type == "ConvTranspose" else
                         (w.shape[0] if op.type == "Gemm" and op.attrs.get("transB") else w.shape[-1]))
             tails = _tails(graph, i, users, lambda j: candidate(j) and j not in groups, channels, gemm)
+        elif how.operation is api.Elementwise:
+            # the EW stage's ReLU / ReLU-X after the combination (a residual block's ReLU
+            # when its Add fuses into neither convolution)
+            tails = _tails(graph, i, users, lambda j: candidate(j) and j not in groups and _ew_activation(graph.ops[j]),
+                           0, False)
         else:
             tails = [_Tail(output=op.outputs[0])]  # no epilogue of its own
         # a group meant for fp16 the emitter cannot build in fp16 stays in the program's dtype
