@@ -26,6 +26,7 @@ from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
 from rkc.compiler.npu.assemble import assemble
 from rkc.compiler.ops import OPS, NpuLowering
+from rkc.compiler.quantize import MOVES_VALUES
 from rkc.ir.errors import OptionError, UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.npu import geometry, hw
@@ -579,9 +580,13 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
     groups: dict[int, NpuGroup] = {}
     reasons: dict[int, str] = {}
     table_fp16: set[str] = set()  # outputs of int8-program groups in fp16 for a lookup table
+    # maps an int8 program holds in fp16 anyway: fp16 groups' outputs, what fp16 anchors read
+    fp16_maps: set[str] = {t for a in fp16_anchors for t in graph.ops[a].present_inputs()}
     for i, op in enumerate(graph.ops):
         if _passes_values(op) and any(t in table_fp16 for t in op.present_inputs()):
             table_fp16.update(op.outputs)
+        if op.type in MOVES_VALUES and all(t in fp16_maps for t in op.present_inputs()):
+            fp16_maps.update(op.outputs)  # slices of one fp16 buffer
         how = lowering(op)
         if how is None or not how.anchors or not candidate(i) or i in groups:
             continue
@@ -610,6 +615,10 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             # output stays in fp16 rather than convert it on the CPU (a tensor a concatenation,
             # split or pool passes on counts as its source's)
             tries.insert(0, ("fp16", tails[0]))
+        elif precision == "int8" and op.type == "MaxPool" and op.inputs[0] in fp16_maps:
+            # the PPU pools fp16 only (Q14): a max pool of a map held in fp16 anyway (an
+            # fp16 group makes it or reads it) pools that copy rather than run on the CPU
+            tries.insert(0, ("fp16", tails[0]))
         for own, tail in tries:
             try:
                 group = _emit(graph, i, tail, own, precision, options)
@@ -624,6 +633,8 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             reasons.pop(i, None)
             if lut_side and group.dtype == "fp16":
                 table_fp16.add(group.output)
+            if precision == "int8" and group.dtype == "fp16":
+                fp16_maps.add(group.output)
             break
     return groups, reasons
 
