@@ -238,6 +238,27 @@ def test_average_pool_of_one_window_runs_on_the_npu(tmp_path, precision, c, hw, 
     assert cosine(got, want) >= THRESHOLD[precision]
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, hw, kernel, pads", [(64, 6, 7, [0, 0, 1, 1]), (24, 5, 7, [1, 1, 1, 1]),
+                                                 (40, 7, 8, [1, 0, 0, 1])])
+def test_average_pool_of_one_window_excluding_its_padding_runs_on_the_npu(tmp_path, precision, c, hw, kernel, pads):
+    """count_include_pad 0 with one window over the whole map (Inception v1's 7x7 pool
+    of a 6x6 map padded at the end): the mean of the map, a global pool."""
+    rng = np.random.default_rng(c + hw)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[kernel] * 2, pads=pads)]
+    model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
+    report, got, want = _build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
+    assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
+    assert got.shape == (1, c, 1, 1)
+    assert cosine(got, want) >= THRESHOLD[precision]
+    # a window over part of the map (two output positions) still excludes padding the NPU counts
+    nodes[-1] = helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[hw] * 2, pads=[0, 0, 1, 1])
+    report = build(save(graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1))}, [1, 6, hw, hw]),
+                        tmp_path / "two.onnx"), tmp_path / "two.rkbin", BuildOptions(precision="fp16"))
+    assert report.placements[-1].device == "cpu" and "divides by the whole window" in report.placements[-1].reason
+
+
 @pytest.mark.parametrize("c, hw", [(16, 12), (24, 17)])
 def test_int8_max_pools_run_on_the_npu_codes_without_conversions(tmp_path, c, hw):
     """A CPU MaxPool between int8 NPU segments pools the int8 codes in place (its
