@@ -3,7 +3,8 @@
 
 * `plan_groups` finds every op the NPU can run: an anchor (Conv, Gemm,
   MatMul) plus what folds into its DPU epilogue (a constant per-channel bias
-  Add, a residual Add of a same-shaped tensor, ReLU / ReLU6 / Clip), builds the
+  Add, a residual Add of a same-shaped tensor, ReLU / ReLU6 / Clip; an
+  element-wise op takes a ReLU / Clip after it the same way), builds the
   emitter operation with symbolic buffers (one per tensor, "<tensor>@npu") and
   emits it once; the emitter's refusal is the reason the op stays on the CPU.
 * `lower_segment` assembles the groups of one segment into one regcmd run
@@ -25,6 +26,7 @@ from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
 from rkc.compiler.npu.assemble import assemble
 from rkc.compiler.ops import OPS, NpuLowering
+from rkc.compiler.quantize import MOVES_VALUES
 from rkc.ir.errors import OptionError, UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.npu import geometry, hw
@@ -443,6 +445,8 @@ def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
         if precision != "fp16":
             raise _Refused("a map times a run-time per-channel vector runs in fp16 (the vector as depthwise "
                            "weights)")
+        if tail.ops:
+            raise _Refused("a channel gate's product takes no activation of its own")
         x, s = gate
         shape = graph.tensors[x].type.shape
         # x * s as a 1x1 depthwise convolution whose weights are s, which the host writes
@@ -455,10 +459,10 @@ def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
                           name=f"npu{i}", weights_buffer=dense_name(s, "fp16", program))
         return conv, {x: "native", s: "native"}
     dtype = device_dtype(precision)
-    layout = _layout(graph, op.outputs[0])
+    layout = _layout(graph, tail.output)
     a, b = (_feature(graph, t, layout, dtype, precision, program) for t in op.inputs)
-    ew = api.Elementwise(a, b, _feature(graph, op.outputs[0], layout, dtype, precision, program),
-                         lowering(op).function, name=f"npu{i}")
+    ew = api.Elementwise(a, b, _feature(graph, tail.output, layout, dtype, precision, program),
+                         lowering(op).function, name=f"npu{i}", activation=tail.activation, clip=tail.clip)
     return ew, {t: layout for t in op.inputs}
 
 
@@ -550,6 +554,11 @@ def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
                     list(result.notes), relaid)
 
 
+def _ew_activation(op) -> bool:
+    """ReLU or Clip: what the EW stage applies after an element-wise op."""
+    return epilogue_activation(op) == "relu" or op.type == "Clip"
+
+
 def _passes_values(op) -> bool:
     """A CPU op that hands its input's values on (Concat, Split, MaxPool, Resize...)."""
     return op.type in ("Concat", "Split", "MaxPool", "Resize", "Reshape", "Flatten", "Identity")
@@ -571,9 +580,13 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
     groups: dict[int, NpuGroup] = {}
     reasons: dict[int, str] = {}
     table_fp16: set[str] = set()  # outputs of int8-program groups in fp16 for a lookup table
+    # maps an int8 program holds in fp16 anyway: fp16 groups' outputs, what fp16 anchors read
+    fp16_maps: set[str] = {t for a in fp16_anchors for t in graph.ops[a].present_inputs()}
     for i, op in enumerate(graph.ops):
         if _passes_values(op) and any(t in table_fp16 for t in op.present_inputs()):
             table_fp16.update(op.outputs)
+        if op.type in MOVES_VALUES and all(t in fp16_maps for t in op.present_inputs()):
+            fp16_maps.update(op.outputs)  # slices of one fp16 buffer
         how = lowering(op)
         if how is None or not how.anchors or not candidate(i) or i in groups:
             continue
@@ -583,6 +596,11 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             channels = (w.shape[0] if op.type == "Conv" else w.shape[1] if op.type == "ConvTranspose" else
                         (w.shape[0] if op.type == "Gemm" and op.attrs.get("transB") else w.shape[-1]))
             tails = _tails(graph, i, users, lambda j: candidate(j) and j not in groups, channels, gemm)
+        elif how.operation is api.Elementwise:
+            # the EW stage's ReLU / ReLU-X after the combination (a residual block's ReLU
+            # when its Add fuses into neither convolution)
+            tails = _tails(graph, i, users, lambda j: candidate(j) and j not in groups and _ew_activation(graph.ops[j]),
+                           0, False)
         else:
             tails = [_Tail(output=op.outputs[0])]  # no epilogue of its own
         # a group meant for fp16 the emitter cannot build in fp16 stays in the program's dtype
@@ -596,6 +614,10 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             # rather than leave the activation to the CPU; a group reading such a group's
             # output stays in fp16 rather than convert it on the CPU (a tensor a concatenation,
             # split or pool passes on counts as its source's)
+            tries.insert(0, ("fp16", tails[0]))
+        elif precision == "int8" and op.type == "MaxPool" and op.inputs[0] in fp16_maps:
+            # the PPU pools fp16 only (Q14): a max pool of a map held in fp16 anyway (an
+            # fp16 group makes it or reads it) pools that copy rather than run on the CPU
             tries.insert(0, ("fp16", tails[0]))
         for own, tail in tries:
             try:
@@ -611,6 +633,8 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             reasons.pop(i, None)
             if lut_side and group.dtype == "fp16":
                 table_fp16.add(group.output)
+            if precision == "int8" and group.dtype == "fp16":
+                fp16_maps.add(group.output)
             break
     return groups, reasons
 

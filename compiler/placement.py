@@ -56,7 +56,8 @@ def place_ops(graph: Graph, precision: str, cpu_only: bool = False,
             continue
         ok, reason = verdicts[i]
         if ok:
-            reason = refusals.get(i, "runs on the NPU only fused into a preceding convolution or matrix product")
+            reason = refusals.get(i, "runs on the NPU only fused into a preceding convolution, matrix "
+                                          "product or element-wise op")
         check_cpu(OpContext(op, graph, precision))
         result.append(Placement(op, "cpu", reason))
     return result, groups

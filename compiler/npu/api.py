@@ -345,13 +345,17 @@ class Conv2D:
 
 @dataclass(frozen=True, eq=False)
 class Elementwise:
-    """out = a OP b for two tensors of one shape (standalone DPU "flying" task)."""
+    """out = act(a OP b) for two tensors of one shape (standalone DPU "flying" task);
+    `activation` is one the EW stage applies after the combination: "relu", "relu6"
+    or "clip" (`clip` its real bounds), as a convolution's epilogue with a residual."""
 
     a: Feature
     b: Feature
     out: Feature
     op: str = "add"
     name: str = "eltwise"
+    activation: str | None = None
+    clip: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,4 +1,4 @@
-"""Element-wise add / mul / max / min of two tensors.
+"""Element-wise add / mul / max / min of two tensors, then ReLU / ReLU-X.
 
 The DPU's EW stage combines its main data with an operand read by the ERDMA.
 Without a convolution feeding the DPU (a "flying" task) that operand read wrote
@@ -28,6 +28,9 @@ from rkc.ir.npu import hw, layout
 # b there would add up to half a step before the output's own rounding (a second
 # rounding that put a fifth of the sums one step off).
 INT8_GAIN = 64
+# what the EW stage applies after the combination (ReLU / ReLU-X); a lookup table
+# shares that stage with the operand, and LeakyReLU's BN stage comes before it
+EW_ACTIVATIONS = ("relu", "relu6", "clip")
 CHUNK_ROWS = 4  # rows of every chunk (the minimum a task may read)
 CHUNK_WIDTH_MAX = 1024  # positions per row (13-bit DPU cube width, 11-bit CNA width)
 
@@ -43,6 +46,9 @@ def _check(op: api.Elementwise) -> str:
     for f in (a, b, o):
         if f.surface_bytes != f.dense_surface_bytes:
             raise UnsupportedError(f"{op.name}: {f.buffer} is not dense")
+    if op.activation not in (None, *EW_ACTIVATIONS):
+        raise UnsupportedError(f"{op.name}: after an element-wise op the EW stage applies "
+                               f"{', '.join(EW_ACTIVATIONS)} only, not {op.activation!r}")
     if a.dtype == "int8" and (a.quant is None or b.quant is None or o.quant is None):
         raise UnsupportedError(f"{op.name}: int8 element-wise ops need the quantization of all three tensors")
     return a.dtype
@@ -103,7 +109,7 @@ def lower_eltwise(op: api.Elementwise, options: api.EmitOptions) -> api.EmitResu
     wq = api.Quant(1.0 / gain) if dtype == "int8" else None
     plan = epilogue.plan(epilogue.DpuRequest(
         dtype, sample, kg, a.quant, wq, np.full(kg, gain, np.int64),
-        api.Epilogue(residual=api.Residual(chunk(b, *chunks[0]), op.op))))
+        api.Epilogue(residual=api.Residual(chunk(b, *chunks[0]), op.op), activation=op.activation, clip=op.clip)))
     if plan.bs_data is not None:
         consts.append(api.ConstBuffer(f"{op.name}.bs", plan.bs_bytes()))
     biggest = max(h * cbuf_row_bytes(w, 2) for _, h, w in chunks)
@@ -122,7 +128,8 @@ def lower_eltwise(op: api.Elementwise, options: api.EmitOptions) -> api.EmitResu
         works.append(Work(lane, ("x", i), ("identity",), cbuf, lambda cb, t=tile: _task(t, cb),
                           (a.buffer, b.buffer, f"{op.name}.identity"), (o.buffer,)))
     tasks, jobs = schedule.schedule(works)  # counters keep the identity convolution's MACs: the array runs them
-    notes = [f"{op.op} {a.shape} {dtype}: {len(chunks)} chunk(s) on {len(jobs)} core(s) through an identity "
+    then = f" then {op.activation}" if op.activation else ""
+    notes = [f"{op.op}{then} {a.shape} {dtype}: {len(chunks)} chunk(s) on {len(jobs)} core(s) through an identity "
              f"1x1 convolution (EW operand via ERDMA)"]
     return api.EmitResult(op, tasks, jobs, pad_constants(consts, tasks), notes=notes)
 

@@ -51,7 +51,8 @@ kernel_completes_ppu.__doc__ = ("max pooling is a PPU-only task, which stock roc
 
 def ppu_fp16(ctx) -> bool:
     """the PPU pools fp16 only (int8 reads back wrongly, docs/hardware-questions.md Q14); in an int8 program a pool
-    of an fp16 group's output (a lookup-table island) pools in fp16 there, a pool of int8 data stays on the CPU"""
+    of a map held in fp16 anyway (an fp16 group makes or reads it: a lookup-table island, a group the mixed plan
+    puts in fp16) pools in fp16 there, a pool of int8 data stays on the CPU"""
     return ctx.precision in ("fp16", "int8")
 
 

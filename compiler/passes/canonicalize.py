@@ -1,11 +1,13 @@
 """Canonical form: pass-through ops (Identity, inference Dropout) removed, a
-ReduceMean over all spatial axes of a 4-D map is a GlobalAveragePool, a Sum
-of two tensors is an Add."""
+ReduceMean over all spatial axes of a 4-D map is a GlobalAveragePool, and so
+is an AveragePool whose one window covers the whole map and excludes the
+padding from its count; a Sum of two tensors is an Add."""
 
 from __future__ import annotations
 
 from rkc.compiler.passes.edit import consumers, producer, remove_op, rename_output, replace_uses
 from rkc.ir.graph import Graph, Op
+from rkc.ir.npu.geometry import pads_for
 
 
 def drop_pass_through(graph: Graph, op: Op) -> bool:
@@ -45,6 +47,25 @@ def reduce_mean_to_global_pool(graph: Graph, op: Op) -> bool:
     return True
 
 
+def one_window_average_to_global_pool(graph: Graph, op: Op) -> bool:
+    """AveragePool with one output position whose window holds every input position
+    and counts only those (count_include_pad 0): the mean of the map, whatever the
+    padding (Inception v1's 7x7 pool of a 6x6 map padded at the end)."""
+    if op.type != "AveragePool" or op.attrs.get("count_include_pad", 0):
+        return False
+    x, y = graph.tensors[op.inputs[0]].type, graph.tensors[op.outputs[0]].type
+    if len(x.shape) != 4 or not x.is_static or list(y.shape[2:]) != [1, 1]:
+        return False
+    kernel = [int(k) for k in op.attrs["kernel_shape"]]
+    begin, _ = pads_for(op.attrs.get("auto_pad", "NOTSET"), x.shape[2:], kernel,
+                        [int(s) for s in op.attrs.get("strides", [1, 1])], [1, 1], op.attrs.get("pads"))
+    if any(size > k - b for size, k, b in zip(x.shape[2:], kernel, begin)):
+        return False  # the window [-begin, k - begin) misses some of the map
+    op.type = "GlobalAveragePool"
+    op.attrs = {}
+    return True
+
+
 def sum_of_two_is_add(graph: Graph, op: Op) -> bool:
     """Sum(a, b) is Add(a, b) (one form for fusion and lowering); Sum(a) is a.
     Max/Min of two tensors stay as they are."""
@@ -54,4 +75,4 @@ def sum_of_two_is_add(graph: Graph, op: Op) -> bool:
     return True
 
 
-REWRITES = [drop_pass_through, reduce_mean_to_global_pool, sum_of_two_is_add]
+REWRITES = [drop_pass_through, reduce_mean_to_global_pool, one_window_average_to_global_pool, sum_of_two_is_add]

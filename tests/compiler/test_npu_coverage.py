@@ -238,6 +238,27 @@ def test_average_pool_of_one_window_runs_on_the_npu(tmp_path, precision, c, hw, 
     assert cosine(got, want) >= THRESHOLD[precision]
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, hw, kernel, pads", [(64, 6, 7, [0, 0, 1, 1]), (24, 5, 7, [1, 1, 1, 1]),
+                                                 (40, 7, 8, [1, 0, 0, 1])])
+def test_average_pool_of_one_window_excluding_its_padding_runs_on_the_npu(tmp_path, precision, c, hw, kernel, pads):
+    """count_include_pad 0 with one window over the whole map (Inception v1's 7x7 pool
+    of a 6x6 map padded at the end): the mean of the map, a global pool."""
+    rng = np.random.default_rng(c + hw)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[kernel] * 2, pads=pads)]
+    model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
+    report, got, want = _build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
+    assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
+    assert got.shape == (1, c, 1, 1)
+    assert cosine(got, want) >= THRESHOLD[precision]
+    # a window over part of the map (two output positions) still excludes padding the NPU counts
+    nodes[-1] = helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[hw] * 2, pads=[0, 0, 1, 1])
+    report = build(save(graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1))}, [1, 6, hw, hw]),
+                        tmp_path / "two.onnx"), tmp_path / "two.rkbin", BuildOptions(precision="fp16"))
+    assert report.placements[-1].device == "cpu" and "divides by the whole window" in report.placements[-1].reason
+
+
 @pytest.mark.parametrize("c, hw", [(16, 12), (24, 17)])
 def test_int8_max_pools_run_on_the_npu_codes_without_conversions(tmp_path, c, hw):
     """A CPU MaxPool between int8 NPU segments pools the int8 codes in place (its
@@ -346,6 +367,41 @@ def test_a_residual_made_by_a_later_conv_fuses_into_that_conv(tmp_path, precisio
     assert [p.device for p in report.placements] == ["npu"] * 6
     (add,) = [p for p in report.placements if p.op.type == "Add"]
     assert add.reason == "fused into the epilogue of " + report.placements[3].op.describe(), add.reason
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def _two_branch_block(w3_scale: float, branch_relus: bool):
+    """Conv a -> Conv b, Conv c (b first) -> Add(b, c) -> ReLU, a ResNet projection
+    block's shape; `branch_relus`: each branch ends in a ReLU (the Add then fuses
+    into neither convolution)."""
+    rng = np.random.default_rng(17)
+    rb, rc = ("rb", "rc") if branch_relus else ("b", "c")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["a1"]),
+             helper.make_node("Conv", ["a1", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a1", "w3"], ["c"], pads=[1, 1, 1, 1])]
+    if branch_relus:
+        nodes += [helper.make_node("Relu", ["b"], ["rb"]), helper.make_node("Relu", ["c"], ["rc"])]
+    nodes += [helper.make_node("Add", [rb, rc], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    inits = {"w1": rng.standard_normal((24, 8, 3, 3)) / 6, "w2": rng.standard_normal((32, 24, 3, 3)) / 10,
+             "w3": rng.standard_normal((32, 24, 3, 3)) * w3_scale}
+    return graph_model(nodes, inits, [1, 8, 10, 12])
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("w3_scale, branch_relus", [(1e-4, False), (0.1, True)])
+def test_a_residual_add_no_conv_takes_runs_with_its_relu_on_the_npu(tmp_path, precision, w3_scale, branch_relus):
+    """The Add of a residual block whose operand c's epilogue cannot take it (int8: b's
+    scale over c's accumulator unit needs a left shift, as in onnx's light ResNet-50,
+    whose constant weights make the shortcut tiny; or both branches end in a ReLU) is a
+    standalone NPU Add with the ReLU in its own epilogue: nothing on the CPU."""
+    report, got, want = _build_and_run(tmp_path, _two_branch_block(w3_scale, branch_relus), (1, 8, 10, 12),
+                                       precision)
+    assert [p.device for p in report.placements] == ["npu"] * len(report.placements)
+    add = next(p for p in report.placements if p.op.type == "Add")
+    standalone = branch_relus or precision == "int8"  # fp16 has no scales: the Add fuses into c
+    if standalone:
+        assert add.reason == "all NPU constraints hold", add.reason
+        assert report.placements[-1].reason == "fused into the epilogue of " + add.op.describe()
     assert cosine(got, want) >= THRESHOLD[precision]
 
 

@@ -128,3 +128,48 @@ def test_rkrun_refuses_a_ppu_rkbin_on_a_stock_kernel_in_one_line(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "never completes PPU tasks: use rocket 1.3 (kernel/patches/0005)" in r.stderr
+
+
+def _pool_between_precisions(c: int, hw: int, seed: int):
+    """Conv+ReLU -> Conv+ReLU -> MaxPool 3x3/2 -> Conv (a pool after a convolution), and the
+    first ReLU's map also pooled (a pool of a map an fp16 group reads) -> Conv, the two
+    added; random weights from `seed`."""
+    rng = np.random.default_rng(seed)
+    pool = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("MaxPool", ["r2"], ["p2"], **pool), helper.make_node("Conv", ["p2", "w3"], ["c3"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], **pool), helper.make_node("Conv", ["p1", "w4"], ["c4"]),
+             helper.make_node("Add", ["c3", "c4"], ["y"])]
+    inits = {"w1": rng.standard_normal((c, 3, 3, 3)) / 3, "w2": rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c),
+             "w3": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c), "w4": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)}
+    return graph_model(nodes, inits, [1, 3, hw, hw])
+
+
+@pytest.mark.parametrize("c, hw", [(16, 12), (32, 15)])
+def test_int8_max_pools_of_maps_held_in_fp16_run_on_the_ppu(tmp_path, monkeypatch, c, hw):
+    """In an int8 build whose mixed plan puts a convolution in fp16 (here chosen for it,
+    as the SQNR rule does for Inception v1's), a max pool of the map that group makes,
+    or of a map it reads (converted to fp16 for it anyway), pools that fp16 map on the
+    PPU with --kernel-ppu-irq instead of running on the CPU (Q14: int8 pools have no
+    NPU form)."""
+    from rkc.compiler import build as build_module
+
+    monkeypatch.setattr(build_module, "choose_fp16", lambda graph, groups, calib: {
+        next(i for i, op in enumerate(graph.ops) if op.outputs == ["c2"]): "chosen by the test"})
+    monkeypatch.setattr(build_module, "merge_islands", lambda *args: {})
+    monkeypatch.setattr(build_module, "whole_fp16_wins", lambda *args: "")
+    path = save(_pool_between_precisions(c, hw, c), tmp_path / "m.onnx")
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(c).standard_normal((4, 1, 3, hw, hw)).astype(np.float32))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=True))
+    placed = {p.op.outputs[0]: (p.device, p.dtype) for p in report.placements}
+    assert placed["c2"] == ("npu", "fp16") and placed["c1"] == ("npu", "int8")
+    assert placed["p2"] == ("npu", "fp16") and placed["p1"] == ("npu", "fp16"), report.placements
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == []
+    x = np.random.default_rng(c + 1).standard_normal((1, 3, hw, hw)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin", device=SimDevice(quirks=PATCHED)) as m:
+        got = m.run({"x": x})["y"]
+    assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= INT8_COSINE
+    stock = build(path, tmp_path / "s.rkbin", BuildOptions(precision="int8", calib=calib))
+    assert [p.device for p in stock.placements if p.op.type == "MaxPool"] == ["cpu"] * 2

@@ -339,6 +339,38 @@ def test_elementwise(c, h, w, op, dtype, seed):
     assert np.all((got == ideal) | near_tie)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=st.integers(1, 70), h=st.integers(1, 12), w=st.integers(3, 24), op=st.sampled_from(["add", "max", "min"]),
+       activation=st.sampled_from(["relu", "relu6", "clip"]), dtype=st.sampled_from(["int8", "fp16"]),
+       seed=st.integers(0, 999))
+def test_elementwise_then_relu(c, h, w, op, activation, dtype, seed):
+    """The EW stage's ReLU / ReLU-X after the combination (a residual block's Add and
+    ReLU as one task): numpy's act(a OP b), the int8 path within one output step."""
+    q = (lambda s, z: api.Quant(s, z)) if dtype == "int8" else (lambda s, z: None)
+    A = api.Feature("a", 0, c, h, w, dtype, q(0.05, 3))
+    B = api.Feature("b", 0, c, h, w, dtype, q(0.08, -7))
+    O = api.Feature("o", 0, c, h, w, dtype, q(0.04, -128))
+    clip = (0.0, 2.5) if activation == "clip" else None
+    hi = {"relu": np.inf, "relu6": 6.0, "clip": 2.5}[activation]
+    try:
+        r = emit(api.Elementwise(A, B, O, op, "e", activation=activation, clip=clip))
+    except UnsupportedError as exc:
+        assert "atoms" in str(exc)  # odd or tiny atom counts only
+        return
+    gen = _int8 if dtype == "int8" else (lambda shape, seed: _fp16(shape, seed, 3.0))
+    a, b = gen((c, h, w), seed), gen((c, h, w), seed + 1)
+    got = _run(r, {"a": (A, a), "b": (B, b)}).feature(O)
+    f = {"add": np.add, "max": np.maximum, "min": np.minimum}[op]
+    if dtype == "fp16":
+        want = np.clip(f(a.astype(np.float32), b.astype(np.float32)), 0, hi).astype(np.float16)
+        np.testing.assert_array_equal(got, want)
+        return
+    real = np.clip(f(0.05 * (a - 3.0), 0.08 * (b + 7.0)), 0, hi) / O.quant.scale
+    ideal = np.clip(np.rint(real) - 128, -128, 127)
+    assert np.abs(got.astype(np.int64) - ideal).max() <= 1
+    assert got.min() >= -128 and (got[real == 0] == -128).all()  # ReLU's zero is the output's zero point
+
+
 # -- LUT activations and pooling (need the simulator's LUT and PPU models) ----------------
 @pytest.mark.parametrize("function", ["sigmoid", "tanh", "silu", "gelu", "gelu_tanh", "hardsigmoid", "hardswish", "exp"])
 def test_standalone_lut_activation(function):
