@@ -441,18 +441,45 @@ class _PickEdge:
 
 def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """The head's stretch: its one-row output (the logits) read from its BO
-    into a new array (it must outlive the next run), as an in edge does."""
-    if len(steps) != 1 or steps[0].outputs[:1] != [o for o in steps[0].outputs if o in outputs]:
+    into a new array (it must outlive the next run), as an in edge does;
+    then any Scale and Tanh steps after it (Gemma's final soft-capping:
+    Scale, Tanh, Scale) in place on that array, the scalings compiled
+    (jit.scale_row: Scale's float32 product) and the tanh numpy's, when the
+    last makes the program's output and nothing else reads the others."""
+    first, *caps = steps
+    if first.outputs[:1] != [o for o in first.outputs if o in outputs] and not caps:
         return None
-    k = _InEdge.matches(plan, steps[0])
+    k = _InEdge.matches(plan, first)
     if not k:
         return None
-    edge, label = _InEdge(plan, steps[0], k, fresh=True), f"output ({steps[0].op})"
+    prev, ops = first.outputs[0], []
+    for st in caps:
+        if (st.op not in ("Scale", "Tanh") or st.inputs != [prev] or len(st.outputs) != 1
+                or not host(plan, st.outputs[0]) or not _row(plan, st.outputs[0], k)):
+            return None
+        ops.append(F32(st.attrs["factor"]) if st.op == "Scale" else None)
+        prev = st.outputs[0]
+    if caps and ([n for s in steps for n in s.outputs if n in outputs] != [prev] or _read_outside(plan, steps, prev)):
+        return None
+    edge, label = _InEdge(plan, first, k, fresh=True), f"output ({first.op}{', soft-capped' if caps else ''})"
+    slots, o, scale, tanh = plan.slots, plan._slot(prev), jit.scale_row, np.tanh
 
     def call():
-        edge.run(label)
-    call.label, call.ops = label, (steps[0].op,)
+        x = edge.run(label)
+        for f in ops:
+            if f is None:
+                tanh(x, out=x)
+            else:
+                scale(x, f)
+        slots[o] = x
+    call.label, call.ops = label, tuple(s.op for s in steps)
     return plan._bracketed(edge.bos, [call])
+
+
+def _read_outside(plan, steps: Sequence[Step], but: str) -> bool:
+    """Some step outside `steps` reads a value they make, other than `but`."""
+    inside, made = {id(s) for s in steps}, {n for s in steps for n in s.outputs} - {but}
+    return any(n in made for s in plan.program.steps if id(s) not in inside for n in s.inputs)
 
 
 def _declared(plan, name: str) -> tuple | None:

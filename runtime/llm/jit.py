@@ -437,6 +437,15 @@ def gelu_tanh_times(x, th, up, act, out):
 
 
 @njit(**_JIT)
+def scale_row(x, factor):
+    """x *= factor over rows x [M, K] (float32: kernels.scale's product), in place."""
+    rows, k = x.shape
+    for m in range(rows):
+        for i in range(k):
+            x[m, i] = x[m, i] * factor
+
+
+@njit(**_JIT)
 def silu_argument(x, exp_max, t):
     """t = min(-x, exp_max) over rows x [M, K] (a NaN stays NaN, as
     np.minimum keeps it): the exp's argument of kernels.silu_values."""

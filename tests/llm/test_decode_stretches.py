@@ -127,3 +127,15 @@ def test_attention_front_is_the_float64_formula(heads, hkv, hd, dims, neox, norm
     qx2, qr2 = (np.empty_like(q) if norms else q), np.empty_like(q)
     jit.query_front(q[0], qw, F32(1e-6), norms, qx2[0], qx2, cos, sin, dims, neox, qr2)
     np.testing.assert_array_equal(qr2, qr)
+
+
+@pytest.mark.parametrize("k", [1, 13, 262144])
+def test_scale_row_is_the_float64_product(k):
+    """scale_row (the head's soft-capping scalings, in place): x * factor
+    within half a float32 ulp of the float64 product (one rounding)."""
+    rng = np.random.default_rng(k)
+    x = (rng.standard_normal((1, k)) * 50).astype(F32)
+    factor = F32(1 / 30)
+    want = x.astype(np.float64) * np.float64(factor)
+    jit.scale_row(x, factor)
+    assert np.all(np.abs(x - want) <= np.abs(want) * 2.0 ** -24)

@@ -253,7 +253,7 @@ def test_decode_stretches_are_fused_and_give_the_interpreters_logits(variant, pr
     norms, RoPEs and cache row compiled; the residual stretches (the FFN
     output's norm and add, the per-layer projection's with the layer output
     scale); the integer FFN and the per-layer input's gate (GELU times its
-    Pick). Layer 0's attention shares its stretch with the per-layer inputs'
+    Pick); the logits' soft-capping in place. Layer 0's attention shares its stretch with the per-layer inputs'
     sum and stays step by step. The logits are the interpreter's, bit for
     bit in int8 and int4 (test_plan's rule)."""
     from llm.test_plan import assert_plan_is_the_interpreter
@@ -276,8 +276,11 @@ def test_decode_stretches_are_fused_and_give_the_interpreters_logits(variant, pr
         assert sum(lab.startswith("ffn stretch") for lab in labels) == n
         assert sum(lab.startswith("per-layer gate stretch") for lab in labels) == (n if ple else 0)
         assert sum(lab.startswith("residual stretch") for lab in labels) == (3 if ple else 2) * n
+    capped = [lab for lab in labels if lab.startswith("output (")]  # the logits, soft-capped in place
+    edge = {"fp16": "Cast", "int8": "DequantizeRows", "int4": "CombineInt4"}[precision]
+    assert capped == [f"output ({edge}, soft-capped)"]  # (llama.cpp's default cap of 30 without the key)
     first = labels.index("NPU submit", labels.index("NPU submit") + 1)  # after layer 0's attention stretch
-    assert not {"AttentionShared", "RMSNormPlain", "Pick", "ScaleBy", "Mul", "GeluTanh"} & set(labels[first:]), \
+    assert not {"AttentionShared", "RMSNormPlain", "Pick", "ScaleBy", "Mul", "GeluTanh", "Tanh"} & set(labels[first:]), \
         labels[first:]
     assert_plan_is_the_interpreter(path, precision, PLAN_STEPS)
 
