@@ -495,10 +495,19 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
     product's input BO (the out edge). Reshapes are views, the norms and
     rotations compiled calls into buffers made once (jit.rms_norm, jit.rope),
     the attention its prepared kernel; every value is one the stretch itself
-    made, of its declared shape, so the compiled calls need no checks per token."""
+    made, of its declared shape, so the compiled calls need no checks per token.
+    Steps the attention and the out edge do not need, reading nothing the
+    attention's steps make (Gemma 4's per-layer inputs, summed in layer 0's
+    stretch), run first, each its own call (an in edge's compiled read, else
+    the step's prepared kernel)."""
     if len(steps) < 3 or any(n in outputs for s in steps for n in s.outputs):
         return None
     *front, last = steps
+    side, front = _side_steps(front, last)
+    if side is None:
+        return None
+    side_bos: list = []
+    side_calls = [_side_call(plan, st, bind, outputs, side_bos) for st in side]
     edges, n_edges = [], 0
     while n_edges < len(front) and _InEdge.matches(plan, front[n_edges]):
         n_edges += 1
@@ -561,13 +570,51 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
     compiled = _compiled_front(plan, front[:n_edges], front[n_edges:], edges, state)
 
     def call():
+        for c in side_calls:
+            c()
         for e in edges:
             e.run(label)
         if compiled is None or not compiled():
             for run in runs:
                 run()
         edge_out.run(slots[result])
-    return _bracket(plan, steps, edges, edge_out, call, label)
+    if not side:
+        return _bracket(plan, steps, edges, edge_out, call, label)
+    call.label, call.ops = label, tuple(s.op for s in steps)
+    return plan._bracketed([bo for e in edges for bo in e.bos] + side_bos + [edge_out.bo], [call])
+
+
+def _side_steps(front: Sequence[Step], last: Step) -> tuple[list | None, list]:
+    """(steps the attention step and `last` do not need, the others), in
+    order; (None, front) when a step not needed reads one that is (it could
+    not run first)."""
+    att = [st for st in front if st.op in ("Attention", "AttentionShared")]
+    if len(att) != 1:
+        return [], list(front)
+    by_out = {n: st for st in front for n in st.outputs}
+    needed, todo = set(), list(att[0].inputs) + list(last.inputs)
+    while todo:
+        st = by_out.get(todo.pop())
+        if st is not None and id(st) not in needed:
+            needed.add(id(st))
+            todo.extend(st.inputs)
+    needed.add(id(att[0]))
+    side = [st for st in front if id(st) not in needed]
+    made = {n for st in front if id(st) in needed for n in st.outputs}
+    if any(n in made for st in side for n in st.inputs):
+        return None, list(front)
+    return side, [st for st in front if id(st) in needed]
+
+
+def _side_call(plan, step: Step, bind, outputs: set, bos: list) -> Callable[[], None]:
+    """A side step's call: an in edge's compiled read (its BO into `bos`),
+    else the plan's call of the step's prepared kernel."""
+    k = _InEdge.matches(plan, step)
+    if not k:
+        return plan._cpu_call(step, bind, outputs, bos)
+    edge, label = _InEdge(plan, step, k), step.op
+    bos.extend(edge.bos)
+    return lambda: edge.run(label)
 
 
 def _norm_weight(plan, step: Step, k: int) -> np.ndarray | None:
