@@ -335,7 +335,6 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
         e2 = middle.pop(0)
         edges[e2.outputs[0]] = e2
     else:
-        e2 = None
         picks = [st for st in middle if st.op == "Pick"]
         if len(picks) != 1:
             return None
