@@ -39,7 +39,8 @@ from rkc.runtime.llm import decode_attention, int4_rows, jit, prepared
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
-from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
+from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, const, host, is_const, residual_body, residual_shape,
+                                          step_rotation)
 
 F32 = np.float32
 
@@ -273,7 +274,7 @@ def _bracket(plan, steps: Sequence[Step], ins: list, out: _OutEdge, call, label:
 
 def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """The stretch's calls (one, bracketed) when it is a residual stretch; else None."""
-    shape = residual_shape(steps, outputs)
+    shape = residual_shape(steps, outputs, ONE_ROW_BODIES)
     if shape is None:
         return None
     first, body, last = shape
@@ -281,21 +282,19 @@ def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Ca
     if not k:
         return None
     matched = residual_body(plan, body, first.outputs[0], k, lambda name: _row(plan, name, k))
-    if matched is None:
-        return None
-    norms, residual, prev = matched
-    if not _OutEdge.matches(plan, last, prev, k):
+    if matched is None or not _OutEdge.matches(plan, last, matched.out, k):
         return None
     edge_in, edge_out = _InEdge(plan, first, k), _OutEdge(plan, last, bind)
     slots = plan.slots
-    first_norm = len(norms) == 2
-    w1, e1 = norms[0]
-    w2, e2 = norms[-1]
-    n1, total, n2 = (np.empty((1, k), F32) for _ in range(3))
+    first_norm, has_scale, last_norm = matched.first is not None, matched.scale is not None, matched.last is not None
+    w1, e1 = matched.first or (_NO_WEIGHT, F32(0))
+    w2, e2 = matched.last or (_NO_WEIGHT, F32(0))
+    scale = matched.scale if has_scale else _NO_WEIGHT
+    n1, total, scaled, n2 = (np.empty((1, k), F32) for _ in range(4))
+    body_out = [v for v, on in ((n1, first_norm), (total, True), (scaled, has_scale), (n2, last_norm)) if on]
     o_body = [plan._slot(s.outputs[0]) for s in body]
-    o_res = plan._slot(residual)
-    kernel = jit.norm_add_norm
-    body_out = [n1, total, n2] if first_norm else [total, n2]
+    o_res = plan._slot(matched.residual)
+    kernel, result = jit.norm_add_norm, body_out[-1]
     label = f"residual stretch ({first.op}, {last.op})"
 
     def call():
@@ -303,11 +302,14 @@ def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Ca
         res = slots[o_res]
         if res.shape != (1, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
-        kernel(a, w1, e1, first_norm, res, w2, e2, n1, total, n2)
+        kernel(a, w1, e1, first_norm, res, scale, has_scale, w2, e2, last_norm, n1, total, scaled, n2)
         for o, v in zip(o_body, body_out):
             slots[o] = v
-        edge_out.run(n2)
+        edge_out.run(result)
     return _bracket(plan, steps, [edge_in], edge_out, call, label)
+
+
+_NO_WEIGHT = np.ones(1, F32)  # (an absent norm's weight or scale: unread)
 
 
 _ACTIVATIONS = ("GeluTanh", "SiLU")
@@ -318,18 +320,35 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
     (two in edges), act(gate) * up, the product written into the down
     product's input BO (the out edge). GELU's arithmetic and the product
     are compiled calls around numpy's tanh (a compiled tanh would not give
-    its bits), SiLU's around numpy's exp, likewise."""
+    its bits), SiLU's around numpy's exp, likewise. Gemma 4's per-layer
+    input gate has this shape with `up` a Pick of the per-layer inputs
+    [1, L, P] (a host tensor) instead of a second in edge: read as a view."""
     if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
         return None
-    e1, e2, act, mul, last = steps
+    e1, *middle, last = steps
     k = _InEdge.matches(plan, e1)
-    if not k or _InEdge.matches(plan, e2) != k or act.op not in _ACTIVATIONS or mul.op != "Mul":
+    if not k:
         return None
-    edges = {e1.outputs[0]: e1, e2.outputs[0]: e2}
+    edges = {e1.outputs[0]: e1}
+    pick = None
+    if _InEdge.matches(plan, middle[0]) == k:
+        e2 = middle.pop(0)
+        edges[e2.outputs[0]] = e2
+    else:
+        picks = [st for st in middle if st.op == "Pick"]
+        if len(picks) != 1:
+            return None
+        pick = picks[0]
+        middle.remove(pick)
+        if not _picks_a_row(plan, pick, k):
+            return None
+    act, mul = middle
+    if act.op not in _ACTIVATIONS or mul.op != "Mul":
+        return None
     if len(act.inputs) != 1 or act.inputs[0] not in edges or len(mul.inputs) != 2:
         return None
     gate = act.inputs[0]
-    up = next(n for n in edges if n != gate)
+    up = pick.outputs[0] if pick is not None else next(n for n in edges if n != gate)
     if sorted(mul.inputs) != sorted([act.outputs[0], up]):
         return None
     for step in (act, mul):
@@ -337,11 +356,18 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
             return None
     if not _OutEdge.matches(plan, last, mul.outputs[0], k):
         return None
-    edge_gate, edge_up = _InEdge(plan, edges[gate], k), _InEdge(plan, edges[up], k)
+    edge_gate = _InEdge(plan, edges[gate], k)
+    if pick is None:
+        edge_up = _InEdge(plan, edges[up], k)
+        ins = [edge_gate, edge_up]
+    else:
+        edge_up = _PickEdge(plan, pick)
+        ins = [edge_gate]
     edge_out = _OutEdge(plan, last, bind)
     slots = plan.slots
     o_act, o_mul = plan._slot(act.outputs[0]), plan._slot(mul.outputs[0])
-    hidden, label = np.empty((1, k), F32), f"ffn stretch ({e1.op}, {act.op}, {last.op})"
+    hidden = np.empty((1, k), F32)
+    label = f"{'ffn' if pick is None else 'per-layer gate'} stretch ({e1.op}, {act.op}, {last.op})"
     if act.op == "GeluTanh":  # compiled around numpy's tanh (its bits), buffers made once
         t, a = np.empty((1, k), F32), np.empty((1, k), F32)
         argument, times, tanh = jit.gelu_tanh_argument, jit.gelu_tanh_times, np.tanh
@@ -356,7 +382,7 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
             slots[o_act] = a
             slots[o_mul] = hidden
             edge_out.run(hidden)
-        return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call, label)
+        return _bracket(plan, steps, ins, edge_out, call, label)
     if act.op == "SiLU":  # compiled around numpy's exp (its bits), buffers made once
         t, a = np.empty((1, k), F32), np.empty((1, k), F32)
         argument, times, exp, exp_max = jit.silu_argument, jit.silu_times, np.exp, plain.EXP_MAX
@@ -370,7 +396,7 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
             slots[o_act] = a
             slots[o_mul] = hidden
             edge_out.run(hidden)
-        return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call_silu, label)
+        return _bracket(plan, steps, ins, edge_out, call_silu, label)
     activation, multiply = bind(act, [None]), np.multiply
 
     def call_any():
@@ -383,23 +409,76 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
         multiply(a, u, out=hidden)  # as Mul's a * b (float32)
         slots[o_mul] = hidden
         edge_out.run(hidden)
-    return _bracket(plan, steps, [edge_gate, edge_up], edge_out, call_any, label)
+    return _bracket(plan, steps, ins, edge_out, call_any, label)
+
+
+def _picks_a_row(plan, step: Step, k: int) -> bool:
+    """`step` a Pick of one layer's row [1, k] from a host tensor [1, L, k]."""
+    info = _info(plan, step.inputs[0]) if len(step.inputs) == 1 else None
+    return (info is not None and host(plan, step.inputs[0]) and info.dtype == "fp32" and len(info.shape) == 3
+            and list(info.shape)[::2] == [1, k] and 0 <= int(step.attrs["index"]) < info.shape[1]
+            and len(step.outputs) == 1 and host(plan, step.outputs[0]) and _row(plan, step.outputs[0], k))
+
+
+class _PickEdge:
+    """A Pick's row [1, k] of a host tensor [1, L, k] as an in edge: a view of the tensor's row (the values
+    kernels.pick copies), into the Pick's slot."""
+
+    def __init__(self, plan, step: Step) -> None:
+        self.slots, self.src, self.slot = plan.slots, plan._slot(step.inputs[0]), plan._slot(step.outputs[0])
+        self.index, self.shape = int(step.attrs["index"]), tuple(plan.model.tensors[step.inputs[0]].shape)
+        self.bos = []
+
+    def run(self, label: str) -> np.ndarray:
+        x = self.slots[self.src]
+        if x.shape != self.shape or x.dtype != F32:
+            raise_shape(label, "per-layer input", x)
+        row = x[:, self.index]
+        self.slots[self.slot] = row
+        return row
 
 
 def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """The head's stretch: its one-row output (the logits) read from its BO
-    into a new array (it must outlive the next run), as an in edge does."""
-    if len(steps) != 1 or steps[0].outputs[:1] != [o for o in steps[0].outputs if o in outputs]:
+    into a new array (it must outlive the next run), as an in edge does;
+    then any Scale and Tanh steps after it (Gemma's final soft-capping:
+    Scale, Tanh, Scale) in place on that array, the scalings compiled
+    (jit.scale_row: Scale's float32 product) and the tanh numpy's, when the
+    last makes the program's output and nothing else reads the others."""
+    first, *caps = steps
+    if first.outputs[:1] != [o for o in first.outputs if o in outputs] and not caps:
         return None
-    k = _InEdge.matches(plan, steps[0])
+    k = _InEdge.matches(plan, first)
     if not k:
         return None
-    edge, label = _InEdge(plan, steps[0], k, fresh=True), f"output ({steps[0].op})"
+    prev, ops = first.outputs[0], []
+    for st in caps:
+        if (st.op not in ("Scale", "Tanh") or st.inputs != [prev] or len(st.outputs) != 1
+                or not host(plan, st.outputs[0]) or not _row(plan, st.outputs[0], k)):
+            return None
+        ops.append(F32(st.attrs["factor"]) if st.op == "Scale" else None)
+        prev = st.outputs[0]
+    if caps and ([n for s in steps for n in s.outputs if n in outputs] != [prev] or _read_outside(plan, steps, prev)):
+        return None
+    edge, label = _InEdge(plan, first, k, fresh=True), f"output ({first.op}{', soft-capped' if caps else ''})"
+    slots, o, scale, tanh = plan.slots, plan._slot(prev), jit.scale_row, np.tanh
 
     def call():
-        edge.run(label)
-    call.label, call.ops = label, (steps[0].op,)
+        x = edge.run(label)
+        for f in ops:
+            if f is None:
+                tanh(x, out=x)
+            else:
+                scale(x, f)
+        slots[o] = x
+    call.label, call.ops = label, tuple(s.op for s in steps)
     return plan._bracketed(edge.bos, [call])
+
+
+def _read_outside(plan, steps: Sequence[Step], but: str) -> bool:
+    """Some step outside `steps` reads a value they make, other than `but`."""
+    inside, made = {id(s) for s in steps}, {n for s in steps for n in s.outputs} - {but}
+    return any(n in made for s in plan.program.steps if id(s) not in inside for n in s.inputs)
 
 
 def _declared(plan, name: str) -> tuple | None:
@@ -409,15 +488,25 @@ def _declared(plan, name: str) -> tuple | None:
 
 def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) -> list[Callable[[], None]] | None:
     """A layer's attention stretch, one row: q (and k, v) read from their BOs
-    (in edges), then Reshape, RMSNorm (q/k norms), RoPE and Attention steps,
-    the attention's output written into the output product's input BO (the
-    out edge). Reshapes are views, the norms and rotations compiled calls into
-    buffers made once (jit.rms_norm, jit.rope), the attention its prepared
-    kernel; every value is one the stretch itself made, of its declared
-    shape, so the compiled calls need no checks per token."""
+    (in edges), then Reshape, RMSNorm (q/k norms), RMSNormPlain (Gemma 4's v
+    norm), RoPE and Attention steps (or AttentionShared: q alone, over an
+    earlier layer's cache), the attention's output written into the output
+    product's input BO (the out edge). Reshapes are views, the norms and
+    rotations compiled calls into buffers made once (jit.rms_norm, jit.rope),
+    the attention its prepared kernel; every value is one the stretch itself
+    made, of its declared shape, so the compiled calls need no checks per token.
+    Steps the attention and the out edge do not need, reading nothing the
+    attention's steps make (Gemma 4's per-layer inputs, summed in layer 0's
+    stretch), run first, each its own call (an in edge's compiled read, else
+    the step's prepared kernel)."""
     if len(steps) < 3 or any(n in outputs for s in steps for n in s.outputs):
         return None
     *front, last = steps
+    side, front = _side_steps(front, last)
+    if side is None:
+        return None
+    side_bos: list = []
+    side_calls = [_side_call(plan, st, bind, outputs, side_bos) for st in side]
     edges, n_edges = [], 0
     while n_edges < len(front) and _InEdge.matches(plan, front[n_edges]):
         n_edges += 1
@@ -441,16 +530,13 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
             if [int(d) for d in step.attrs["shape"]] != list(shape) or len(step.inputs) != 1:
                 return None
             runs.append(_reshape_run(slots, plan._slot(src), o, shape))
-        elif step.op == "RMSNorm":
-            w = const(plan, step.inputs[1], (made[src][-1],)) if len(step.inputs) == 2 else None
+        elif step.op in ("RMSNorm", "RMSNormPlain"):
+            w = _norm_weight(plan, step, made[src][-1])
             if w is None or shape != made[src]:
                 return None
             runs.append(_norm_run(slots, plan._slot(src), o, shape, w, F32(step.attrs["epsilon"])))
         elif step.op == "RoPE":
-            tables = None
-            if len(step.inputs) == 2 and _is_positions(plan, step.inputs[1]):
-                tables = prepared.rope_tables(step, [None, None], state)
-            x = made[src]
+            tables, x = _rope_tables(plan, step, state), made[src]
             if tables is None or shape != x or len(x) != 3 or x[0] != 1 or int(step.attrs["dims"]) > x[-1]:
                 return None
             runs.append(_rope_run(slots, plan._slot(src), plan._slot(step.inputs[1]), o, shape, tables,
@@ -463,6 +549,11 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
             general = _kernel_run(slots, ins, o, bind(step, [None] * 4), shape)
             runs.append(_attention_run(slots, ins, o, step, [made[n] for n in step.inputs[:3]], shape, general, state)
                         or general)
+            attention_seen = True
+        elif step.op == "AttentionShared" and not attention_seen:  # the prepared kernel (fp32 views)
+            if len(step.inputs) != 2 or not _is_positions(plan, step.inputs[1]):
+                return None
+            runs.append(_kernel_run(slots, [plan._slot(n) for n in step.inputs], o, bind(step, [None] * 2), shape))
             attention_seen = True
         else:
             return None
@@ -478,32 +569,94 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
     compiled = _compiled_front(plan, front[:n_edges], front[n_edges:], edges, state)
 
     def call():
+        for c in side_calls:
+            c()
         for e in edges:
             e.run(label)
         if compiled is None or not compiled():
             for run in runs:
                 run()
         edge_out.run(slots[result])
-    return _bracket(plan, steps, edges, edge_out, call, label)
+    if not side:
+        return _bracket(plan, steps, edges, edge_out, call, label)
+    call.label, call.ops = label, tuple(s.op for s in steps)
+    return plan._bracketed([bo for e in edges for bo in e.bos] + side_bos + [edge_out.bo], [call])
 
 
-_FRONTS = (["Reshape"] * 3 + ["RMSNorm"] * 2 + ["RoPE"] * 2 + ["Attention"],  # q/k norms (Gemma 3, Qwen3)
-           ["Reshape"] * 3 + ["RoPE"] * 2 + ["Attention"])
+def _side_steps(front: Sequence[Step], last: Step) -> tuple[list | None, list]:
+    """(steps the attention step and `last` do not need, the others), in
+    order; (None, front) when a step not needed reads one that is (it could
+    not run first)."""
+    att = [st for st in front if st.op in ("Attention", "AttentionShared")]
+    if len(att) != 1:
+        return [], list(front)
+    by_out = {n: st for st in front for n in st.outputs}
+    needed, todo = set(), list(att[0].inputs) + list(last.inputs)
+    while todo:
+        st = by_out.get(todo.pop())
+        if st is not None and id(st) not in needed:
+            needed.add(id(st))
+            todo.extend(st.inputs)
+    needed.add(id(att[0]))
+    side = [st for st in front if id(st) not in needed]
+    made = {n for st in front if id(st) in needed for n in st.outputs}
+    if any(n in made for st in side for n in st.inputs):
+        return None, list(front)
+    return side, [st for st in front if id(st) in needed]
+
+
+def _side_call(plan, step: Step, bind, outputs: set, bos: list) -> Callable[[], None]:
+    """A side step's call: an in edge's compiled read (its BO into `bos`),
+    else the plan's call of the step's prepared kernel."""
+    k = _InEdge.matches(plan, step)
+    if not k:
+        return plan._cpu_call(step, bind, outputs, bos)
+    edge, label = _InEdge(plan, step, k), step.op
+    bos.extend(edge.bos)
+    return lambda: edge.run(label)
+
+
+def _norm_weight(plan, step: Step, k: int) -> np.ndarray | None:
+    """An RMSNorm's constant weight [k], RMSNormPlain's ones (x / root * 1 is
+    x / root: kernels.rms_norm_plain's values), else None."""
+    if step.op == "RMSNorm":
+        return const(plan, step.inputs[1], (k,)) if len(step.inputs) == 2 else None
+    return np.ones(k, F32) if step.op == "RMSNormPlain" and len(step.inputs) == 1 else None
+
+
+def _rope_tables(plan, step: Step, state):
+    """A RoPE step's tables (prepared.rope_tables) when it rotates by the
+    program's positions, with constant frequency factors if any; else None."""
+    if len(step.inputs) not in (2, 3) or not _is_positions(plan, step.inputs[1]):
+        return None
+    consts = [None, None]
+    if len(step.inputs) == 3:
+        if not is_const(plan, step.inputs[2]):
+            return None
+        consts.append(plan.slots[plan._slot(step.inputs[2])])
+    return prepared.rope_tables(step, consts, state)
+
+
+_V_CHAINS = (["Reshape"], ["Reshape", "RMSNormPlain"])  # v as its product gives it, or Gemma 4's plain norm
 
 
 def _compiled_front(plan, edge_steps: Sequence[Step], steps: Sequence[Step], edges: list, state):
     """The common attention stretch (q, k, v edges; their Reshapes; q/k
-    norms or none; the two RoPEs; Attention over the cache's fp16 rows) with
-    its norms, RoPEs and cache store in one compiled call
-    (jit.attention_front), into buffers made once, every step's output in
-    its slot: a function of no arguments that runs them and the attention,
-    False when the run is not a one-row decode (then the step-by-step runs
-    take it); None for any other stretch. attention_stretch has checked the
-    steps' shapes and constants."""
-    if [st.op for st in steps] not in _FRONTS or len(edge_steps) != 3:
-        return None
+    norms or none; a v norm or none; the two RoPEs; Attention over the
+    cache's fp16 rows) with its norms, RoPEs and cache store in one compiled
+    call (jit.attention_front), into buffers made once, every step's output
+    in its slot; or q's edge, Reshape, norm and RoPE before AttentionShared
+    (jit.query_front), which reads its source layer's fp16 rows: a function
+    of no arguments that runs them and the attention, False when the run is
+    not a one-row decode (then the step-by-step runs take it); None for any
+    other stretch. attention_stretch has checked the steps' shapes and
+    constants. v may be k's product (Gemma 4's layers without a V
+    projection: v's chain starts at k's Reshape)."""
     att, by_out = steps[-1], {st.outputs[0]: st for st in steps}
     edge_of = {st.outputs[0]: e for st, e in zip(edge_steps, edges)}
+    own = att.op == "Attention"
+    if att.op not in ("Attention", "AttentionShared"):
+        return None
 
     def chain(name):  # (edge, steps from it to `name`)
         made = []
@@ -511,44 +664,97 @@ def _compiled_front(plan, edge_steps: Sequence[Step], steps: Sequence[Step], edg
             made.append(by_out[name])
             name = made[-1].inputs[0]
         return edge_of.get(name), made[::-1]
-    (eq, cq), (ek, ck), (ev, cv) = (chain(n) for n in att.inputs[:3])
+
+    def ops(c):
+        return [st.op for st in c]
+    eq, cq = chain(att.inputs[0])
     norms = len(cq) == 3
     want = ["Reshape", "RMSNorm", "RoPE"] if norms else ["Reshape", "RoPE"]
-    if (None in (eq, ek, ev) or len({id(eq), id(ek), id(ev)}) != 3 or [st.op for st in cq] != want
-            or [st.op for st in ck] != want or [st.op for st in cv] != ["Reshape"]):
+    if eq is None or ops(cq) != want:
         return None
-    ropes = (cq[-1], ck[-1])
-    if any(r.inputs[1] != att.inputs[3] for r in ropes) or len({(r.attrs["dims"], r.attrs["mode"]) for r in ropes}) != 1:
+    ropes, chained, used = [cq[-1]], list(cq), [eq]
+    if own:
+        (ek, ck), (ev, cv) = chain(att.inputs[1]), chain(att.inputs[2])
+        if None in (ek, ev) or ops(ck) != want or ops(cv) not in _V_CHAINS or eq in (ek, ev):
+            return None
+        v_is_k = cv[0] is ck[0]
+        if (ev is ek) != v_is_k:
+            return None
+        ropes.append(ck[-1])
+        chained += ck + cv[1 if v_is_k else 0:]
+        used += [ek] if v_is_k else [ek, ev]
+    positions = att.inputs[3 if own else 1]
+    if (len(chained) + 1 != len(steps) or len({id(st) for st in chained}) != len(chained)
+            or len(used) != len(edges) or len({id(e) for e in used}) != len(edges)):
         return None
-    tables = prepared.rope_tables(ropes[0], [None, None], state)
-    if tables is None or prepared.rope_tables(ropes[1], [None, None], state) is not tables:
+    if any(r.inputs[1] != positions for r in ropes) or len({(r.attrs["dims"], r.attrs["mode"]) for r in ropes}) != 1:
         return None
-    (_, heads, hd), (_, hkv, hdk), (_, hkv_v, hdv) = (tuple(st.attrs["shape"]) for st in (cq[0], ck[0], cv[0]))
-    if hdk != hd or hkv_v != hkv or hkv == 0 or heads % hkv:
+    tables = _rope_tables(plan, ropes[0], state)
+    if tables is None or any(_rope_tables(plan, r, state) is not tables for r in ropes[1:]):
         return None
-    q3, k3, v3 = (e.out.reshape(tuple(c[0].attrs["shape"])) for e, c in ((eq, cq), (ek, ck), (ev, cv)))
-    q2, k2 = q3.reshape(heads, hd), k3.reshape(hkv, hd)
-    if norms:
-        qw, kw = (const(plan, c[1].inputs[1], (hd,)) for c in (cq, ck))
-        qeps, keps = F32(cq[1].attrs["epsilon"]), F32(ck[1].attrs["epsilon"])
-        qx, kx = np.empty(q3.shape, F32), np.empty(k3.shape, F32)
-        qn, kn = qx.reshape(heads, hd), kx.reshape(hkv, hd)
-    else:
-        qw = kw = np.ones(hd, F32)  # (unread)
-        qeps = keps = F32(0)
-        qx, kx, qn, kn = q3, k3, q2, k2
-    qr, kr = np.empty(q3.shape, F32), np.empty(k3.shape, F32)
-    kr_bits, v_bits = kr.view(np.uint32), v3.view(np.uint32)
+    _, heads, hd = tuple(cq[0].attrs["shape"])
+    q3 = eq.out.reshape(tuple(cq[0].attrs["shape"]))
+    q2 = q3.reshape(heads, hd)
+    qw = const(plan, cq[1].inputs[1], (hd,)) if norms else np.ones(hd, F32)  # (unread without norms)
+    qeps = F32(cq[1].attrs["epsilon"]) if norms else F32(0)
+    qx = np.empty(q3.shape, F32) if norms else q3
+    qn = qx.reshape(heads, hd)
+    qr = np.empty(q3.shape, F32)
     dims, neox = int(ropes[0].attrs["dims"]), ropes[0].attrs["mode"] == "neox"
-    layer, slots = int(att.attrs["layer"]), plan.slots
+    slots, out_width = plan.slots, int(plan.model.tensors[att.outputs[0]].shape[1])
     work = state.__dict__.setdefault("_row_work", decode_attention.RowWork())
-    attend = decode_attention.RowAttention(heads, hkv, hd, hdv, float(att.attrs["scale"]), int(att.attrs["window"]),
-                                           work)
-    made = [(plan._slot(c[0].outputs[0]), x) for c, x in ((cq, q3), (ck, k3), (cv, v3))]
+    made = [(plan._slot(cq[0].outputs[0]), q3)] + ([(plan._slot(cq[1].outputs[0]), qx)] if norms else [])
+    made.append((plan._slot(cq[-1].outputs[0]), qr))
+    ip, o, scale, window = plan._slot(positions), plan._slot(att.outputs[0]), float(att.attrs["scale"]), int(
+        att.attrs["window"])
+    if not own:
+        hkv = int(att.attrs.get("kv_heads", 0))
+        if hkv <= 0 or heads % hkv or out_width % heads:
+            return None
+        attend = decode_attention.RowAttention(heads, hkv, hd, out_width // heads, scale, window, work)
+        source, query = int(att.attrs["source"]), jit.query_front
+
+        def run_shared() -> bool:
+            pos = slots[ip]
+            if state.valid != 1 or pos.shape != (1,):
+                return False
+            cos, sin = tables.at(pos)
+            query(q2, qw, qeps, norms, qn, qx, cos, sin, dims, neox, qr)
+            for i, x in made:
+                slots[i] = x
+            cache = state.cache
+            keys, values, kpos = cache.shared_half(source) or cache.shared(source)
+            if keys.shape[1:] != (hkv, hd) or values.shape[1:] != (hkv, out_width // heads):
+                raise_shape("AttentionShared", "source's cache row", keys)
+            slots[o] = attend(qr, keys, values, kpos, int(pos[0]))
+            return True
+        return run_shared
+    (_, hkv, hdk), (_, hkv_v, hdv) = (tuple(st.attrs["shape"]) for st in (ck[0], cv[0]))
+    if hdk != hd or hkv_v != hkv or hkv == 0 or heads % hkv or out_width != heads * hdv:
+        return None
+    k3 = ek.out.reshape(tuple(ck[0].attrs["shape"]))
+    v3 = k3 if v_is_k else ev.out.reshape(tuple(cv[0].attrs["shape"]))
+    k2, v2 = k3.reshape(hkv, hd), v3.reshape(hkv, hdv)
+    kw = const(plan, ck[1].inputs[1], (hd,)) if norms else qw
+    keps = F32(ck[1].attrs["epsilon"]) if norms else F32(0)
+    kx = np.empty(k3.shape, F32) if norms else k3
+    kn = kx.reshape(hkv, hd)
+    v_norm = len(cv) == 2
+    veps = F32(cv[1].attrs["epsilon"]) if v_norm else F32(0)
+    vx = np.empty(v3.shape, F32) if v_norm else v3
+    vn, vw = vx.reshape(hkv, hdv), np.ones(hdv, F32)
+    kr = np.empty(k3.shape, F32)
+    kr_bits, v_bits = kr.view(np.uint32), vx.view(np.uint32)
+    layer = int(att.attrs["layer"])
+    attend = decode_attention.RowAttention(heads, hkv, hd, hdv, scale, window, work)
+    if not v_is_k:
+        made.append((plan._slot(cv[0].outputs[0]), v3))
+    made.append((plan._slot(ck[0].outputs[0]), k3))
     if norms:
-        made += [(plan._slot(cq[1].outputs[0]), qx), (plan._slot(ck[1].outputs[0]), kx)]
-    made += [(plan._slot(cq[-1].outputs[0]), qr), (plan._slot(ck[-1].outputs[0]), kr)]
-    ip, o = plan._slot(att.inputs[3]), plan._slot(att.outputs[0])
+        made.append((plan._slot(ck[1].outputs[0]), kx))
+    if v_norm:
+        made.append((plan._slot(cv[1].outputs[0]), vx))
+    made.append((plan._slot(ck[-1].outputs[0]), kr))
     k_shape, v_shape, front = (hkv, hd), (hkv, hdv), jit.attention_front
 
     def run() -> bool:
@@ -559,8 +765,8 @@ def _compiled_front(plan, edge_steps: Sequence[Step], steps: Sequence[Step], edg
         cache = state.cache
         s, e = cache.half_row(layer, pos, k_shape, v_shape)
         k16, v16, kpos = cache.half_buffers(layer)
-        front(q2, k2, qw, qeps, kw, keps, norms, qn, kn, qx, kx, cos, sin, dims, neox, qr, kr, kr_bits, v_bits,
-              k16.view(np.uint16), v16.view(np.uint16), e - 1)
+        front(q2, k2, v2, qw, qeps, kw, keps, vw, veps, norms, v_norm, qn, kn, vn, qx, kx, cos, sin, dims, neox,
+              qr, kr, kr_bits, v_bits, k16.view(np.uint16), v16.view(np.uint16), e - 1)
         for i, x in made:
             slots[i] = x
         slots[o] = attend(qr, k16[s:e], v16[s:e], kpos[s:e], int(pos[0]))

@@ -277,10 +277,12 @@ def normalize_columns(e, out):
 
 
 @njit(**_JIT)
-def norm_add_norm(x, w1, eps1, first_norm, res, w2, eps2, n1, total, n2):
+def norm_add_norm(x, w1, eps1, first_norm, res, scale, has_scale, w2, eps2, last_norm, n1, total, scaled, n2):
     """The residual stretch between two NPU segments, over rows [M, K]:
     n1 = RMSNorm(x, w1) (when `first_norm`; else n1 is x), total = n1 + res,
-    n2 = RMSNorm(total, w2): each as rms_norm computes it (float32, numpy's order)."""
+    scaled = total * scale[0] (when `has_scale`: ScaleBy), n2 =
+    RMSNorm(scaled or total, w2) (when `last_norm`): each as the plain
+    kernels compute it (float32, numpy's order)."""
     if first_norm:
         rms_norm(x, w1, eps1, n1)
     else:
@@ -289,7 +291,15 @@ def norm_add_norm(x, w1, eps1, first_norm, res, w2, eps2, n1, total, n2):
     for m in range(rows):
         for i in range(k):
             total[m, i] = n1[m, i] + res[m, i]
-    rms_norm(total, w2, eps2, n2)
+    summed = total
+    if has_scale:
+        s = scale[0]
+        for m in range(rows):
+            for i in range(k):
+                scaled[m, i] = total[m, i] * s
+        summed = scaled
+    if last_norm:
+        rms_norm(summed, w2, eps2, n2)
 
 
 _CHUNK = 1024  # elements of a row's atoms gathered into a contiguous buffer at a time
@@ -427,6 +437,15 @@ def gelu_tanh_times(x, th, up, act, out):
 
 
 @njit(**_JIT)
+def scale_row(x, factor):
+    """x *= factor over rows x [M, K] (float32: kernels.scale's product), in place."""
+    rows, k = x.shape
+    for m in range(rows):
+        for i in range(k):
+            x[m, i] = x[m, i] * factor
+
+
+@njit(**_JIT)
 def silu_argument(x, exp_max, t):
     """t = min(-x, exp_max) over rows x [M, K] (a NaN stays NaN, as
     np.minimum keeps it): the exp's argument of kernels.silu_values."""
@@ -456,20 +475,31 @@ def silu_times(x, e, exp_max, up, act, out):
 
 
 @njit(**_JIT)
-def attention_front(q, k, qw, qeps, kw, keps, norms, qn, kn, qx, kx, cos, sin, dims, neox, qr, kr, kr_bits,
-                    v_bits, k16, v16, row):
-    """A one-row attention stretch's work between its in edges and its
-    attention, in one call (each part the kernel the step-by-step stretch
-    calls, so the same bits): with `norms`, the q and k norms (rms_norm of
-    q [H, hd] into qn, k [Hkv, hd] into kn: the rows of qx / kx); RoPE of
-    qx [1, H, hd] into qr and kx into kr; then the cache's new row, kr and
-    v (their float32 bits, [1, Hkv, hd(v)]) narrowed to fp16 into row `row`
-    of k16 / v16 (fp16 bits [capacity, Hkv, hd(v)]) as numpy's astype
-    rounds them (half.narrow_bits)."""
+def query_front(q, qw, qeps, norms, qn, qx, cos, sin, dims, neox, qr):
+    """A one-row attention stretch's query: with `norms`, rms_norm of
+    q [H, hd] into qn (the rows of qx); RoPE of qx [1, H, hd] into qr."""
     if norms:
         rms_norm(q, qw, qeps, qn)
-        rms_norm(k, kw, keps, kn)
     rope(qx, cos, sin, dims, neox, qr)
+
+
+@njit(**_JIT)
+def attention_front(q, k, v, qw, qeps, kw, keps, vw, veps, norms, v_norm, qn, kn, vn, qx, kx, cos, sin, dims, neox,
+                    qr, kr, kr_bits, v_bits, k16, v16, row):
+    """A one-row attention stretch's work between its in edges and its
+    attention, in one call (each part the kernel the step-by-step stretch
+    calls, so the same bits): the query's (query_front); with `norms`, the k
+    norm (rms_norm of k [Hkv, hd] into kn: the rows of kx); with `v_norm`,
+    v's plain norm (rms_norm of v [Hkv, hdv] by vw, ones, into vn); RoPE of
+    kx into kr; then the cache's new row, kr and v (their float32 bits,
+    normed or not, [1, Hkv, hd(v)]) narrowed to fp16 into row `row` of k16 /
+    v16 (fp16 bits [capacity, Hkv, hd(v)]) as numpy's astype rounds them
+    (half.narrow_bits)."""
+    query_front(q, qw, qeps, norms, qn, qx, cos, sin, dims, neox, qr)
+    if norms:
+        rms_norm(k, kw, keps, kn)
+    if v_norm:
+        rms_norm(v, vw, veps, vn)
     rope(kx, cos, sin, dims, neox, kr)
     _, hkv, hd = kr_bits.shape
     for h in range(hkv):

@@ -51,6 +51,8 @@ class KVCache:
         self._end = [0] * n
         self._synced = [0] * n  # rows [.., synced) of the fp32 buffers hold their values; [synced, end) fp16 only
         self._views: list[tuple | None] = [None] * n  # what the layer's last store returned
+        # its rows [lo, hi) of the buffers (hi -1: set by share); two int lists, no tuple a store
+        self._span_lo, self._span_hi = [0] * n, [-1] * n
 
     # -- what a layer holds -------------------------------------------------------------
     def live(self, layer: int) -> int:
@@ -185,6 +187,7 @@ class KVCache:
         # into an empty layer, the chunk alone: the buffer's rows are the chunk's values
         # rounded to fp16, C-contiguous, as `context` gives them (no second conversion)
         self._views[layer] = self._k[layer][s:e + t], self._v[layer][s:e + t], self._pos[layer][s:e + t]
+        self._span_lo[layer], self._span_hi[layer] = s, e + t
         return s, e + t
 
     def shared(self, layer: int):
@@ -198,6 +201,16 @@ class KVCache:
             raise RkcError(f"layer {layer}'s KV cache is read before the layer stored a chunk")
         self._sync(layer)
         return view
+
+    def shared_half(self, layer: int):
+        """What `shared` returns, the keys and values as views of the fp16
+        buffers (the same entries, nothing synced: a decode step's shared
+        layers read the rows their source's store_half wrote); None when
+        `share` set the view."""
+        s, e = self._span_lo[layer], self._span_hi[layer]
+        if e < 0:
+            return self.shared(layer) if self._views[layer] is None else None  # (never stored: shared's error)
+        return self._k16[layer][s:e], self._v16[layer][s:e], self._pos[layer][s:e]
 
     def _sync(self, layer: int, e: int | None = None) -> None:
         """The fp32 rows behind the fp16 rows only `store_half` wrote (up to
@@ -217,6 +230,7 @@ class KVCache:
         one layer at a time (compile-time calibration) gives a later layer the
         view `layer`'s store left at the same chunk."""
         self._views[layer] = view
+        self._span_hi[layer] = -1
 
     def _reserve(self, layer: int, k_shape: tuple, v_shape: tuple, t: int) -> None:
         """Room for t more entries after the live ones."""

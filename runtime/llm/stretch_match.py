@@ -4,7 +4,7 @@ host tensors, constants, and the residual stretch's shape and body."""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -14,6 +14,10 @@ from rkc.runtime.llm.kernels import rotation_of
 
 F32 = np.float32
 RESIDUAL_BODIES = (["RMSNorm", "Add", "RMSNorm"], ["Add", "RMSNorm"])  # between the in and out edge
+# one row (runtime/llm/fused.py) also: Gemma 4's FFN output added to the residual and quantized for the
+# per-layer input's gate (no second norm), and its per-layer projection's residual scaled by the layer
+# output scale before the next layer's norm
+ONE_ROW_BODIES = RESIDUAL_BODIES + (["RMSNorm", "Add"], ["RMSNorm", "Add", "ScaleBy", "RMSNorm"])
 
 
 def host(plan, name: str) -> bool:
@@ -42,26 +46,36 @@ def step_rotation(plan, step: Step) -> Rotation | None:
     return rotation_of(step.attrs, [plan.slots[plan._slot(n)] for n in step.inputs[1:]])
 
 
-def residual_shape(steps: Sequence[Step], outputs: set) -> tuple[Step, list[Step], Step] | None:
+def residual_shape(steps: Sequence[Step], outputs: set,
+                   bodies: tuple = RESIDUAL_BODIES) -> tuple[Step, list[Step], Step] | None:
     """(in edge, body, out edge) when `steps` have a residual stretch's shape:
-    4 or 5 steps, none making a program output, the body [RMSNorm,] Add,
-    RMSNorm; else None (the edges and the body's data flow are the caller's
-    and residual_body's to check)."""
-    if len(steps) not in (4, 5) or any(n in outputs for s in steps for n in s.outputs):
+    none making a program output, the body one of `bodies` ([RMSNorm,] Add,
+    RMSNorm by default); else None (the edges and the body's data flow are
+    the caller's and residual_body's to check)."""
+    if len(steps) < 3 or any(n in outputs for s in steps for n in s.outputs):
         return None
     first, *body, last = steps
-    if [s.op for s in body] not in RESIDUAL_BODIES:
+    if [s.op for s in body] not in bodies:
         return None
     return first, body, last
 
 
+class ResidualBody(NamedTuple):
+    """A residual stretch's body: out = [norm2](scale * (norm1(x) + residual)),
+    each part optional but the Add; norms as (weight, epsilon)."""
+    first: tuple | None  # RMSNorm of the in edge's row
+    residual: str  # the residual's name
+    scale: np.ndarray | None  # ScaleBy's one-element factor (float32)
+    last: tuple | None  # RMSNorm of the (scaled) sum
+    out: str  # the last step's output: what the out edge reads
+
+
 def residual_body(plan, body: Sequence[Step], prev: str, k: int,
-                  shaped: Callable[[str], bool]) -> tuple[list, str, str] | None:
-    """A residual stretch's body ([RMSNorm], Add, RMSNorm, each reading the
-    one before it, from `prev`): (norms as (weight, epsilon), the residual's
-    name, the last output's name), or None. `shaped(name)`: a host tensor
-    of the stretch's row shape."""
-    norms, residual = [], None
+                  shaped: Callable[[str], bool]) -> ResidualBody | None:
+    """A residual stretch's body ([RMSNorm], Add, [ScaleBy], [RMSNorm], each
+    reading the one before it, from `prev`), or None. `shaped(name)`: a host
+    tensor of the stretch's row shape."""
+    first = residual = scale = last = None
     for step in body:
         if step.op == "RMSNorm":
             if len(step.inputs) != 2 or step.inputs[0] != prev:
@@ -69,7 +83,14 @@ def residual_body(plan, body: Sequence[Step], prev: str, k: int,
             w = const(plan, step.inputs[1], (k,))
             if w is None:
                 return None
-            norms.append((w, F32(step.attrs["epsilon"])))
+            if residual is None:
+                first = (w, F32(step.attrs["epsilon"]))
+            else:
+                last = (w, F32(step.attrs["epsilon"]))
+        elif step.op == "ScaleBy":
+            scale = const(plan, step.inputs[1], (1,)) if len(step.inputs) == 2 and step.inputs[0] == prev else None
+            if scale is None or residual is None:
+                return None
         else:
             if len(step.inputs) != 2 or prev not in step.inputs:
                 return None
@@ -79,4 +100,4 @@ def residual_body(plan, body: Sequence[Step], prev: str, k: int,
         if len(step.outputs) != 1 or not host(plan, step.outputs[0]) or not shaped(step.outputs[0]):
             return None
         prev = step.outputs[0]
-    return norms, residual, prev
+    return None if residual is None else ResidualBody(first, residual, scale, last, prev)

@@ -238,6 +238,54 @@ def test_kv_sharing_reads_the_window_its_source_saw(gemma4_rkbin, gemma4_gguf):
     assert min(cosine(g, w) for g, w in zip(chunked, want)) > 0.9999
 
 
+# decode steps past the window (6) after a chunk and a padded one
+PLAN_STEPS = [("prefill_4", [5, 6, 7, 8], 0), ("prefill_4", [7, 8, 9], 4), *[("decode", [30 + i], 7 + i)
+                                                                            for i in range(6)]]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
+@pytest.mark.parametrize("variant", ["gemma4", "gemma4-kv-rule"])
+def test_decode_stretches_are_fused_and_give_the_interpreters_logits(variant, precision, gemma4_rkbin):
+    """Each Gemma 4 layer's host work between NPU segments runs as one fused
+    call in decode (runtime/llm/fused.py): its attention stretch (q/k norms,
+    the plain v norm, v as k's product, partial RoPE; or a KV-shared layer's
+    query before AttentionShared over its source's fp16 rows), with the
+    norms, RoPEs and cache row compiled; the residual stretches (the FFN
+    output's norm and add, the per-layer projection's with the layer output
+    scale); the integer FFN and the per-layer input's gate (GELU times its
+    Pick); the logits' soft-capping in place. Layer 0's attention stretch
+    also sums the per-layer inputs: those steps run first, each its own
+    call. The logits are the interpreter's, bit for bit in int8 and int4
+    (test_plan's rule)."""
+    from llm.test_plan import assert_plan_is_the_interpreter
+    from rkc.runtime.llm import fused
+
+    path = gemma4_rkbin(variant, precision)
+    made, front = [], fused._compiled_front
+    engine = None
+    try:
+        fused._compiled_front = lambda *a: made.append(front(*a)) or made[-1]
+        engine = LlmEngine(path, device="null")
+    finally:
+        fused._compiled_front = front
+    labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
+    n, ple = engine.cfg.n_layer, variant == "gemma4"
+    embedding = labels.index("NPU submit")  # the token's embedding rows before the first segment
+    engine.close()
+    assert sum(lab.startswith("attention stretch") for lab in labels) == n
+    assert len(made) == n and all(m is not None for m in made)
+    if precision != "fp16":
+        assert sum(lab.startswith("ffn stretch") for lab in labels) == n
+        assert sum(lab.startswith("per-layer gate stretch") for lab in labels) == (n if ple else 0)
+        assert sum(lab.startswith("residual stretch") for lab in labels) == (3 if ple else 2) * n
+    capped = [lab for lab in labels if lab.startswith("output (")]  # the logits, soft-capped in place
+    edge = {"fp16": "Cast", "int8": "DequantizeRows", "int4": "CombineInt4"}[precision]
+    assert capped == [f"output ({edge}, soft-capped)"]  # (llama.cpp's default cap of 30 without the key)
+    assert not {"AttentionShared", "Attention", "RMSNormPlain", "RMSNorm", "Pick", "ScaleBy", "Mul", "GeluTanh",
+                "Tanh", "Add", "Scale", "RoPE"} & set(labels[embedding:]), labels[embedding:]
+    assert_plan_is_the_interpreter(path, precision, PLAN_STEPS)
+
+
 def test_inspect_shows_the_per_layer_placement(gemma4_rkbin):
     """The per-layer embedding rows are gathered on the CPU (bytes per token: its
     rows, not the table), its projection shares layer 0's q/k/v segment, and each

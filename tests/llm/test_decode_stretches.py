@@ -1,0 +1,141 @@
+"""The one-row compiled kernels of the decode plan's fused stretches
+(runtime/llm/fused.py -> runtime/llm/jit.py) against float64 references over
+shape sweeps: the residual stretch's body in each form (norm, add, Gemma 4's
+layer output scale, second norm, each optional but the add) and the attention
+stretch's front (q / k norms, Gemma 4's plain v norm, RoPE, the fp16 cache
+row), and the query alone before a KV-shared layer's attention.
+
+Tolerances, float32 against float64: an RMSNorm's value within 4e-6 of the
+row's largest magnitude (a pairwise float32 sum of squares, a division, a
+square root and a product, each ~6e-8 relative: a few units in the last
+place), a sum or product within the same of its operands' largest magnitude;
+the cache's fp16 rows within one fp16 step (2^-10 relative) of the float64
+value, as a rounding of a float32 within a few ulps of it may fall either side
+of an fp16 tie. Bit-identity with the step-by-step kernels is held at model
+level (tests/llm/test_plan.py, tests/llm/test_gemma4.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rkc.runtime.llm import jit
+
+F32 = np.float32
+NORM_TOL = 4e-6
+
+
+def _rms(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    out = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return out if w is None else out * w.astype(np.float64)
+
+
+def _close(got: np.ndarray, want: np.ndarray, tol: float = NORM_TOL) -> None:
+    scale = np.abs(want).max(axis=-1, keepdims=True)
+    assert np.all(np.abs(got.astype(np.float64) - want) <= tol * scale), np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("k", [1, 7, 64, 129, 1536, 2048, 6144])
+@pytest.mark.parametrize("first_norm,has_scale,last_norm", [(True, False, True), (False, False, True),
+                                                            (True, False, False), (True, True, True)])
+def test_residual_body_is_the_float64_formula(k, first_norm, has_scale, last_norm):
+    """norm_add_norm: out = [norm2](scale * ([norm1](x) + residual)), every
+    intermediate row it writes too, against float64, over widths up to E2B's
+    FFN (one leaf of the pairwise sum, several, an odd tail) and each body
+    the decode plans fuse (Gemma 4's per-layer input and output scale ones)."""
+    rng = np.random.default_rng(k + 10 * first_norm + 100 * has_scale + 1000 * last_norm)
+    x = (rng.standard_normal((1, k)) * rng.uniform(0.1, 40)).astype(F32)
+    res = (rng.standard_normal((1, k)) * rng.uniform(0.1, 40)).astype(F32)
+    w1, w2 = (rng.standard_normal(k).astype(F32) for _ in range(2))
+    scale = rng.uniform(0.05, 2.0, 1).astype(F32)
+    n1, total, scaled, n2 = (np.full((1, k), np.nan, F32) for _ in range(4))
+    jit.norm_add_norm(x, w1, F32(1e-6), first_norm, res, scale, has_scale, w2, F32(1e-5), last_norm,
+                      n1, total, scaled, n2)
+    want1 = _rms(x, w1, 1e-6) if first_norm else x.astype(np.float64)
+    want_total = want1 + res
+    _close(n1, want1)
+    _close(total, want_total, 2 * NORM_TOL)
+    summed = want_total * np.float64(scale[0]) if has_scale else want_total
+    if has_scale:
+        _close(scaled, summed, 2 * NORM_TOL)
+    else:
+        assert np.isnan(scaled).all()  # not written
+    if last_norm:
+        _close(n2, _rms(summed.astype(F32), w2, 1e-5))  # the norm of the float32 sum (its own error above)
+        _close(n2, _rms(summed, w2, 1e-5), 2e-5)  # and of the float64 one: the sum's error carried through
+    else:
+        assert np.isnan(n2).all()
+
+
+def _rope64(x: np.ndarray, pos: int, dims: int, neox: bool, base: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """RoPE of x [1, H, D] at `pos` in float64, and the float32 cos / sin tables [1, dims / 2] it used."""
+    theta = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
+    cos, sin = np.cos(pos * theta).astype(F32)[None], np.sin(pos * theta).astype(F32)[None]
+    out = x.astype(np.float64)
+    c, s = cos[0].astype(np.float64), sin[0].astype(np.float64)
+    half = dims // 2
+    ia, ib = (np.arange(half), np.arange(half) + half) if neox else (np.arange(0, dims, 2), np.arange(1, dims, 2))
+    a, b = out[..., ia].copy(), out[..., ib].copy()
+    out[..., ia], out[..., ib] = a * c - b * s, a * s + b * c
+    return out, cos, sin
+
+
+def _fp16_step(x: np.ndarray) -> np.ndarray:
+    """One fp16 step at x's magnitude (2^-10 relative; the subnormal step below 2^-14)."""
+    return np.maximum(np.abs(x), 2.0 ** -14) * 2.0 ** -10
+
+
+# (heads, kv heads, head dim, rotated dims, neox, q/k norms, v norm, v is k): Gemma 4 E2B's sliding and full
+# layers (hd 256 / 512, a quarter rotated: its partial RoPE), Gemma 3's, Qwen's (no norms), a tiny one
+FRONTS = [(8, 1, 256, 256, True, True, True, False), (8, 1, 512, 128, True, True, True, True),
+          (4, 1, 256, 256, True, True, False, False), (12, 2, 128, 128, False, False, False, False),
+          (4, 2, 32, 16, True, True, True, True), (2, 2, 16, 16, False, True, True, False)]
+
+
+@pytest.mark.parametrize("heads,hkv,hd,dims,neox,norms,v_norm,v_is_k", FRONTS)
+def test_attention_front_is_the_float64_formula(heads, hkv, hd, dims, neox, norms, v_norm, v_is_k):
+    """attention_front: the q / k norms, the plain v norm (Gemma 4; its v
+    may be k's product before k's norm), RoPE of q and k, and the new cache
+    row in fp16, against float64; query_front: q's part alone (a KV-shared
+    layer's), the same values as attention_front's."""
+    rng = np.random.default_rng(heads * hd + dims + 2 * norms + 4 * v_norm + 8 * v_is_k)
+    q = (rng.standard_normal((1, heads, hd)) * 3).astype(F32)
+    k = (rng.standard_normal((1, hkv, hd)) * 3).astype(F32)
+    v = k if v_is_k else (rng.standard_normal((1, hkv, hd)) * 3).astype(F32)
+    qw, kw = (rng.standard_normal(hd).astype(F32) for _ in range(2))
+    pos, base, row = int(rng.integers(0, 5000)), 10000.0, 3
+    qx, kx, vx = (np.empty_like(a) if on else a for a, on in ((q, norms), (k, norms), (v, v_norm)))
+    qr, kr = np.empty_like(q), np.empty_like(k)
+    k16, v16 = np.zeros((5, hkv, hd), np.float16), np.zeros((5, hkv, hd), np.float16)
+    want_q = _rms(q, qw, 1e-6) if norms else q.astype(np.float64)
+    want_k = _rms(k, kw, 1e-6) if norms else k.astype(np.float64)
+    want_v = _rms(v, None, 1e-6) if v_norm else v.astype(np.float64)
+    rq, cos, sin = _rope64(want_q, pos, dims, neox, base)
+    rk, _, _ = _rope64(want_k, pos, dims, neox, base)
+    jit.attention_front(q[0], k[0], v[0], qw, F32(1e-6), kw, F32(1e-6), np.ones(hd, F32), F32(1e-6), norms, v_norm,
+                        qx[0], kx[0], vx[0], qx, kx, cos, sin, dims, neox, qr, kr, kr.view(np.uint32),
+                        vx.view(np.uint32), k16.view(np.uint16), v16.view(np.uint16), row)
+    _close(qx, want_q)
+    _close(kx, want_k)
+    _close(vx, want_v)
+    _close(qr, rq, 2 * NORM_TOL)
+    _close(kr, rk, 2 * NORM_TOL)
+    for got, want in ((k16[row], rk[0]), (v16[row], want_v[0])):
+        assert np.all(np.abs(got.astype(np.float64) - want) <= _fp16_step(want))
+    assert not k16[:row].any() and not k16[row + 1:].any() and not v16[row + 1:].any()  # one row written
+    qx2, qr2 = (np.empty_like(q) if norms else q), np.empty_like(q)
+    jit.query_front(q[0], qw, F32(1e-6), norms, qx2[0], qx2, cos, sin, dims, neox, qr2)
+    np.testing.assert_array_equal(qr2, qr)
+
+
+@pytest.mark.parametrize("k", [1, 13, 262144])
+def test_scale_row_is_the_float64_product(k):
+    """scale_row (the head's soft-capping scalings, in place): x * factor
+    within half a float32 ulp of the float64 product (one rounding)."""
+    rng = np.random.default_rng(k)
+    x = (rng.standard_normal((1, k)) * 50).astype(F32)
+    factor = F32(1 / 30)
+    want = x.astype(np.float64) * np.float64(factor)
+    jit.scale_row(x, factor)
+    assert np.all(np.abs(x - want) <= np.abs(want) * 2.0 ** -24)
