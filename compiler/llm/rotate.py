@@ -6,7 +6,10 @@ moment of the rotated input); the runtime's QuantizeRows rotates each
 activation row as it quantizes it, and a tied embedding's rows gathered from
 the rotated head are rotated back.
 
-One rotation per input width K (seeded), shared by every product of that width.
+One rotation per input width K (seeded), shared by every product of that width;
+the default ("auto") picks its construction per width (runtime/kernels/hadamard.py).
+The rkbin records R itself (signs, block, factor), so a runtime applies whatever
+construction a build chose.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from rkc.runtime.kernels.hadamard import KINDS, Rotation, make_rotation, rotate
 
 NONE = "none"
 CHOICES = (*KINDS, NONE)
-DEFAULT_ROTATION = "kron"
+DEFAULT_ROTATION = "auto"
 SEED = 0
 # float64 bytes rotated at a time: a block that stays in cache (a 262k-row head
 # rotated in 16384-row blocks ran ~2.5x slower; rows rotate independently, so
