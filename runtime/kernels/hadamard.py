@@ -33,10 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 
 KINDS = ("auto", "kron", "hartley", "block")
-# auto: the widest Paley factor kept (multiply-adds a value). Past it the Hartley factor of the odd part
-# costs 4x less or better (8960: 35 against 140); below it the factor's product is a small share of a
-# rotation's cost (docs/notes/2026-12-06-rotation-odd-widths.md)
-FLAT_FACTOR_LIMIT = 32
+# auto: the widest Paley factor kept (multiply-adds a value). Past it (the FFN widths 4864, 6912, 8960,
+# 18944) the Hartley factor of the odd part costs 4x fewer; up to it (the residual streams' 640, 1152,
+# 1536, 3584) the flat R stays, its product a small share of the rotation's time
+# (docs/notes/2026-12-06-rotation-odd-widths.md)
+FLAT_FACTOR_LIMIT = 64
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,8 @@ def test_hartley_matrix_is_orthogonal_symmetric_and_spread(m):
 
 
 @pytest.mark.parametrize("k, want", [(640, "H20 (x) H32"), (1536, "H12 (x) H128"), (3584, "H28 (x) H128"),
-                                     (1152, "C9 (x) H128"), (8960, "C35 (x) H256"), (4864, "C19 (x) H256"),
-                                     (6912, "C27 (x) H256"), (18944, "C37 (x) H512"), (7, "C7 (x) H1"),
+                                     (1152, "H36 (x) H32"), (8960, "C35 (x) H256"), (4864, "C19 (x) H256"),
+                                     (6912, "C27 (x) H256"), (18944, "C37 (x) H512"), (7, "C7 (x) H1"), (1344, "C21 (x) H64"),
                                      (2048, "H2048")])
 def test_auto_keeps_narrow_paley_factors_and_takes_hartley_past_them(k, want):
     """auto (the compiler's default): the flat Paley factor while it is at most
