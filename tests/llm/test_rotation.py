@@ -157,3 +157,15 @@ def test_quantize_rows_kernel_rotates_by_its_attrs():
     np.testing.assert_array_equal(s, s0)
     plain, _ = KERNELS["QuantizeRows"]([x], {}, None)
     assert not np.array_equal(plain, q)
+
+
+@pytest.mark.parametrize("k", [640, 1536, 4864, 8960])
+def test_an_int4_builds_auto_rotation_is_the_flat_one(k):
+    """int4 weights (groups along K) keep the flat R at every width; int8's auto
+    takes the Hartley factor past FLAT_FACTOR_LIMIT; an explicit kind is kept."""
+    from rkc.compiler.llm.rotate import rotation_for
+
+    assert describe(rotation_for(k, "auto", "int4")) == describe(make_rotation(k, "kron"))
+    assert describe(rotation_for(k, "auto", "int8")) == describe(make_rotation(k, "auto"))
+    assert describe(rotation_for(k, "hartley", "int4")) == describe(make_rotation(k, "hartley"))
+    assert rotation_for(k, "none", "int4") is None
