@@ -32,7 +32,7 @@ def rotation_for(k: int, kind: str, precision: str = "int8") -> Rotation | None:
     """The rotation of a `precision` build's products of input width k. An int4
     build's "auto" is kron at every width: its int4 weight groups lost more to
     the Hartley factor's less even spread than int8 did (Gemma 3 270M with
-    C5 (x) H128 forced at 640: KL +3.7 %, top-1 -1.6 points;
+    C5 (x) H128 forced at 640: KL +3.6 %, top-1 -1.7 points;
     docs/notes/2026-12-06-rotation-odd-widths.md)."""
     if kind == NONE:
         return None
