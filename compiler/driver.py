@@ -104,8 +104,9 @@ OPTIONS: tuple[Option, ...] = (
            "this share of the product groups stays fp16, those noisiest in int8 on the calibration text "
            "(a measured hybrid; 0: all int8).", (0.0, 1.0), INT8, default=str(DEFAULT_FP16_SHARE)),
     Option("int8_rotation", "--int8-rotation", ("gguf",),
-           "randomised Hadamard rotation of each product's input before int8 (kron: one transform per row; "
-           "block: block-diagonal; none).", ROTATIONS, INT8, default=DEFAULT_ROTATION),
+           "randomised Hadamard rotation of each product's input before int8 (kron: one flat transform per row; "
+           "hartley: the Hartley matrix of K's odd part, fewer multiply-adds; auto: kron while its factor is "
+           "narrow, else hartley; block: block-diagonal; none).", ROTATIONS, INT8, default=DEFAULT_ROTATION),
     Option("int4_group", "--int4-group", ("gguf",),
            "K per int4 weight group, each its own scale and NPU task (auto: the longest groups whose int16 "
            "partials stay in range).", ("auto", "32", "64", "128", "256", "512", "1024"), INT4, default="auto"),

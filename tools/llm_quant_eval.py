@@ -22,7 +22,8 @@ float model (fp32 weights and activations):
     SCHEME: float | fp16 | int8[:key=value,...] | int4[:key=value,...] (keys not given: rkc compile's defaults)
             keys: rounding=rtn|gptq, scales=max|mse, cal=TEXTFILE, alpha=0.5|search,
             keep=ffn_down+output, fp16=N (hybrid: N of Gemma 3 270M's 72 product groups),
-            rot=kron|block|none (the rotation of each int8 product's input),
+            rot=auto|kron|hartley|block|none (the rotation of each int8 product's input; hartley forces
+            the Hartley factor of K's odd part where auto keeps a narrow Paley factor),
             keep4=ffn_down+attn_v (int4: the products kept int8), group=N (int4: K per group),
             res=none|head|all (the products whose input is quantized as two int8 rows: value + residual),
             act=token|exact (exact: activations not quantized, to bound what the weights

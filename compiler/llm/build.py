@@ -198,7 +198,7 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: b
     if encode is streamed_rows:
         out[name] = streamed_rows(source, "int8", method, h, options.scales)
         return
-    rot = rotation_for(source.shape[1], options.rotation) if is_product else None
+    rot = rotation_for(source.shape[1], options.rotation, options.precision) if is_product else None
     if rot is not None and h is not None:
         key = ("rotated", id(h))
         if key not in cache:

@@ -12,7 +12,15 @@ factor (K = m n):
 * "block": F = I — Hadamard on m blocks of n (block-diagonal R);
 * "kron":  F a known Hadamard matrix of order m (Paley's constructions) scaled
   to be orthogonal, or a seeded random orthogonal matrix when none is known —
-  one transform over the whole row.
+  one transform over the whole row, every entry of R +-1/sqrt(K). Paley's
+  orders are multiples of 4, so for K with an odd part m > 1 the factor is
+  m 2^j wide (8960 = H140 (x) H64): m 2^j multiply-adds a value;
+* "hartley": F the orthonormal Hartley matrix of the odd part m of K
+  (cas(2 pi i j / m) / sqrt(m), cas = cos + sin; symmetric, its own inverse)
+  and n the whole power-of-two part (8960 = C35 (x) H256): m multiply-adds a
+  value, R's entries at most sqrt(2 / K) in magnitude (kron's times sqrt 2);
+* "auto" (the compiler's default): kron where its factor is at most
+  FLAT_FACTOR_LIMIT wide (the flat R for what it costs little), hartley past it.
 
 `rotate(x, rot)` applies R to rows (activations at a segment edge, and — the
 same map — the rows of a weight, W R); `unrotate` applies R^T.
@@ -24,7 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KINDS = ("kron", "block")
+KINDS = ("auto", "kron", "hartley", "block")
+# auto: the widest Paley factor kept (multiply-adds a value). Past it (the FFN widths 4864, 6912, 8960,
+# 18944) the Hartley factor of the odd part costs 4x fewer; up to it (the residual streams' 640, 1152,
+# 1536, 3584) the flat R stays, its product a small share of the rotation's time
+# (docs/notes/2026-12-06-rotation-odd-widths.md)
+FLAT_FACTOR_LIMIT = 64
 
 
 @dataclass(frozen=True)
@@ -190,7 +203,26 @@ def _power_of_two_part(k: int) -> int:
     return k & -k
 
 
-def make_rotation(k: int, kind: str = "kron", seed: int = 0) -> Rotation:
+def hartley_matrix(m: int) -> np.ndarray:
+    """The orthonormal Hartley matrix of order m, cas(2 pi i j / m) / sqrt(m)
+    (float64; symmetric and its own inverse; entries at most sqrt(2 / m))."""
+    angle = (2 * np.pi / m) * (np.outer(np.arange(m), np.arange(m)) % m)
+    return (np.cos(angle) + np.sin(angle)) / np.sqrt(m)
+
+
+def _flat_factor(k: int) -> tuple[int, np.ndarray] | None:
+    """(n, H_m / sqrt(m)) for the largest power-of-two block n of k whose
+    cofactor m has a Paley Hadamard matrix; None when none has."""
+    n = _power_of_two_part(k)
+    while n > 1:
+        h = paley_hadamard(k // n)
+        if h is not None:
+            return n, h / np.sqrt(k // n)
+        n //= 2
+    return None
+
+
+def make_rotation(k: int, kind: str = "auto", seed: int = 0) -> Rotation:
     """The rotation of rows of length k (seeded: the same k and seed give the same R)."""
     if kind not in KINDS:
         raise ValueError(f"rotation kind {kind!r} (choose {' or '.join(KINDS)})")
@@ -199,13 +231,13 @@ def make_rotation(k: int, kind: str = "kron", seed: int = 0) -> Rotation:
     n = _power_of_two_part(k)
     if kind == "block" or n == k:
         return Rotation(signs, n)
-    # the largest power-of-two block n whose cofactor m has a known Hadamard matrix
-    while n > 1:
-        h = paley_hadamard(k // n)
-        if h is not None:
-            return Rotation(signs, n, (h / np.sqrt(k // n)).astype(np.float32))
-        n //= 2
-    n = _power_of_two_part(k)
+    flat = None if kind == "hartley" else _flat_factor(k)
+    if kind == "auto" and flat is not None and k // flat[0] > FLAT_FACTOR_LIMIT:
+        flat = None
+    if flat is not None:
+        return Rotation(signs, flat[0], flat[1].astype(np.float32))
+    if kind in ("auto", "hartley"):
+        return Rotation(signs, n, hartley_matrix(k // n).astype(np.float32))
     q, r = np.linalg.qr(rng.standard_normal((k // n, k // n)))
     return Rotation(signs, n, (q * np.sign(np.diag(r))).astype(np.float32))
 
@@ -214,5 +246,10 @@ def describe(rot: Rotation) -> str:
     m = rot.size // rot.block
     if rot.factor is None:
         return f"{m} x H{rot.block}" if m > 1 else f"H{rot.block}"
-    known = paley_hadamard(m) is not None
-    return f"{'H' if known else 'Q'}{m} (x) H{rot.block}"
+    if paley_hadamard(m) is not None:
+        letter = "H"
+    elif np.array_equal(rot.factor, hartley_matrix(m).astype(np.float32)):
+        letter = "C"  # cas
+    else:
+        letter = "Q"
+    return f"{letter}{m} (x) H{rot.block}"

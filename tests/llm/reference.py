@@ -81,7 +81,7 @@ def dense_rotation(k: int, kind: str) -> np.ndarray:
     while len(h) < rot.block:
         h = np.block([[h, h], [h, -h]])
     f = np.eye(k // rot.block) if rot.factor is None else rot.factor.astype(np.float64)
-    return np.diag(rot.signs.astype(np.float64)) @ np.kron(f.T, h / np.sqrt(rot.block))
+    return rot.signs.astype(np.float64)[:, None] * np.kron(f.T, h / np.sqrt(rot.block))  # diag(signs) @ ...
 
 
 ARITHMETICS = ("exact", "w8a8", "w4a8", "fp16")

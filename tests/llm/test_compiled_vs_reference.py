@@ -180,7 +180,7 @@ def test_inspect_says_how_int8_was_made(synth_rkbin):
 
     default_module = read_rkbin(synth_rkbin("gemma3", "int8")).module
     default = figures(default_module)["quantization"]
-    assert default["rotation"] == "kron" and default["rounding"] == "rtn" and not default.get("hybrid")
+    assert default["rotation"] == "auto" and default["rounding"] == "rtn" and not default.get("hybrid")
     assert "rtn rounding" in "\n".join(summary_lines(default_module))
     # a GPTQ build with a measured fp16 hybrid says so too
     module = read_rkbin(synth_rkbin("gemma3", "int8", rounding="gptq", fp16_share=0.25)).module

@@ -35,6 +35,7 @@ def wide_ffn(tmp_path_factory):
 @pytest.mark.parametrize("precision,rotation,arith,min_cos", [
     ("int8", "none", "w8a8", 0.9999),
     ("int8", "kron", "w8a8", 0.9999),  # the reference rotated as compiled (H140 (x) H64), split or not
+    ("int8", "auto", "w8a8", 0.9999),  # the default: C35 (x) H256
     ("fp16", "none", "fp16", 0.9999)])
 def test_wide_ffn_matches_reference(precision, rotation, arith, min_cos, wide_ffn, tmp_path):
     from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf

@@ -60,7 +60,7 @@ def _act(g: np.ndarray, act: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("rows", [16, 37, 80])
-@pytest.mark.parametrize("k,kind", [(640, "kron"), (256, "block"), (896, "kron")])
+@pytest.mark.parametrize("k,kind", [(640, "kron"), (256, "block"), (896, "kron"), (1344, "auto")])  # C21 (x) H64
 @pytest.mark.parametrize("edges", [("int32", "int8"), ("fp16", "fp16"), ("fp16", "int8"), ("int32", "fp16")])
 @pytest.mark.parametrize("act", [pf.ACT_SILU, pf.ACT_GELU_TANH])
 def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):

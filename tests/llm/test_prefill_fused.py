@@ -160,7 +160,8 @@ def test_in_edge_tiles_match_a_float64_reference(rows, k, kind, partials, bias):
 
 
 @pytest.mark.parametrize("rows", [16, 37, 80])
-@pytest.mark.parametrize("k,kind", [(640, "kron"), (640, "block"), (256, "kron"), (1536, "kron")])
+@pytest.mark.parametrize("k,kind", [(640, "kron"), (640, "block"), (256, "kron"), (1536, "kron"),
+                                    (640, "hartley")])
 @pytest.mark.parametrize("out,order", [("fp16", "C"), ("int8", "C"), ("int8", "F")])
 def test_out_edge_tiles_match_a_float64_reference(rows, k, kind, out, order):
     """A stand-alone many-row out edge (fused_rows.edge_rows: attention's

@@ -8,13 +8,15 @@ import pytest
 
 from llm.reference import dense_rotation
 from rkc.compiler.llm.rotate import rotate_hessian, rotate_matrix
-from rkc.runtime.kernels.hadamard import (KINDS, Rotation, compiled_form, describe, make_rotation, paley_hadamard,
-                                         rotate, unrotate)
+from rkc.runtime.kernels.hadamard import (FLAT_FACTOR_LIMIT, KINDS, Rotation, compiled_form, describe,
+                                         hartley_matrix, make_rotation, paley_hadamard, rotate, unrotate)
 from rkc.runtime.llm.kernels import KERNELS
 from rkc.runtime.llm.weights import Int8Weight, quantize_rows
 
-# Gemma 3 270M (640, 1024, 2048) and other models' widths; 96 = 12 x 8; 7: no Hadamard factor
-WIDTHS = [640, 1152, 1536, 2560, 8960, 1024, 96, 7]
+# Gemma 3 270M (640, 1024, 2048) and other models' widths; 96 = 12 x 8; 7: no Hadamard factor;
+# 4864 = 19 x 256 (H76 (x) H64 or C19 (x) H256), 448 = 7 x 64, 1344 = 21 x 64: odd parts with and without
+# a Paley factor of their own width
+WIDTHS = [640, 1152, 1536, 2560, 8960, 4864, 1024, 1344, 448, 96, 7]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -22,7 +24,8 @@ WIDTHS = [640, 1152, 1536, 2560, 8960, 1024, 96, 7]
 def test_fast_rotation_is_the_dense_orthogonal_matrix(k, kind):
     rot = make_rotation(k, kind)
     r = dense_rotation(k, kind)
-    np.testing.assert_allclose(r @ r.T, np.eye(k), atol=1e-6)
+    rows = np.random.default_rng(k).choice(k, min(k, 256), replace=False)  # R R^T = I on a sample of rows
+    np.testing.assert_allclose(r[rows] @ r.T, np.eye(k)[rows], atol=1e-6)
     x = np.random.default_rng(k).standard_normal((3, k))
     np.testing.assert_allclose(rotate(x, rot), x @ r, atol=1e-6)
     np.testing.assert_allclose(unrotate(rotate(x, rot), rot), x, atol=1e-6)
@@ -32,7 +35,52 @@ def test_fast_rotation_is_the_dense_orthogonal_matrix(k, kind):
 
 
 
-@pytest.mark.parametrize("k, kind", [(640, "kron"), (640, "block"), (1536, "kron"), (256, "kron")])
+@pytest.mark.parametrize("k", [3, 5, 6, 35, 64, 140, 4864, 18944])
+def test_rotation_is_norm_preserving_and_inverted_at_wide_odd_widths(k):
+    """Widths too wide for a dense R in a fast test (18944 = 37 x 512, Qwen2.5-7B's
+    FFN): every kind keeps each row's norm and the inner products between rows
+    (x R (y R)^T = x y^T), and unrotate inverts rotate, in float64."""
+    x = np.random.default_rng(k).standard_normal((4, k))
+    for kind in KINDS:
+        rot = make_rotation(k, kind)
+        y = rotate(x, rot)
+        np.testing.assert_allclose(y @ y.T, x @ x.T, rtol=1e-6, atol=1e-6 * k)
+        np.testing.assert_allclose(unrotate(y, rot), x, atol=1e-6)
+
+
+@pytest.mark.parametrize("m", [1, 3, 5, 7, 9, 19, 35, 37, 141])
+def test_hartley_matrix_is_orthogonal_symmetric_and_spread(m):
+    c = hartley_matrix(m)
+    np.testing.assert_allclose(c @ c.T, np.eye(m), atol=1e-12)
+    np.testing.assert_allclose(c, c.T, atol=0)
+    assert np.abs(c).max() <= np.sqrt(2 / m) + 1e-12  # cas is at most sqrt 2
+    # against the definition term by term (float64)
+    i, j = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
+    np.testing.assert_allclose(c, (np.cos(2 * np.pi * i * j / m) + np.sin(2 * np.pi * i * j / m)) / np.sqrt(m),
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("k, want", [(640, "H20 (x) H32"), (1536, "H12 (x) H128"), (3584, "H28 (x) H128"),
+                                     (1152, "H36 (x) H32"), (8960, "C35 (x) H256"), (4864, "C19 (x) H256"),
+                                     (6912, "C27 (x) H256"), (18944, "C37 (x) H512"), (7, "C7 (x) H1"), (1344, "C21 (x) H64"),
+                                     (2048, "H2048")])
+def test_auto_keeps_narrow_paley_factors_and_takes_hartley_past_them(k, want):
+    """auto (the compiler's default): the flat Paley factor while it is at most
+    FLAT_FACTOR_LIMIT wide, else the Hartley factor of K's odd part."""
+    rot = make_rotation(k, "auto")
+    assert describe(rot) == want
+    flat = make_rotation(k, "kron")
+    if rot.factor is not None and describe(rot)[0] == "H":
+        assert rot.factor.shape[0] <= FLAT_FACTOR_LIMIT and np.array_equal(rot.factor, flat.factor)
+    if describe(rot)[0] == "C":
+        assert rot.block == k & -k and np.array_equal(rot.factor, make_rotation(k, "hartley").factor)
+        # the multiply-adds a value the block-mixing factor costs: the odd part, not the wider Paley order
+        assert rot.factor.shape[0] < flat.factor.shape[0] or describe(flat)[0] == "Q"
+    assert np.array_equal(rot.signs, flat.signs)  # the seeded signs do not depend on the kind
+
+
+@pytest.mark.parametrize("k, kind", [(640, "kron"), (640, "block"), (1536, "kron"), (256, "kron"),
+                                     (8960, "auto"), (640, "hartley")])
 def test_compiled_form_is_the_rotation_in_float32(k, kind):
     rot = make_rotation(k, kind, seed=3)
     form = compiled_form(rot, k)
@@ -66,6 +114,8 @@ def test_kron_uses_known_hadamard_factors():
     assert describe(make_rotation(640, "block")) == "5 x H128"
     assert describe(make_rotation(8960, "kron")) == "H140 (x) H64"
     assert describe(make_rotation(7, "kron")) == "Q7 (x) H1"  # random orthogonal: no Hadamard of order 7
+    assert describe(make_rotation(8960, "hartley")) == "C35 (x) H256"
+    assert describe(make_rotation(640, "hartley")) == "C5 (x) H128"
 
 
 def test_rotation_spreads_an_outlier():
@@ -107,3 +157,15 @@ def test_quantize_rows_kernel_rotates_by_its_attrs():
     np.testing.assert_array_equal(s, s0)
     plain, _ = KERNELS["QuantizeRows"]([x], {}, None)
     assert not np.array_equal(plain, q)
+
+
+@pytest.mark.parametrize("k", [640, 1536, 4864, 8960])
+def test_an_int4_builds_auto_rotation_is_the_flat_one(k):
+    """int4 weights (groups along K) keep the flat R at every width; int8's auto
+    takes the Hartley factor past FLAT_FACTOR_LIMIT; an explicit kind is kept."""
+    from rkc.compiler.llm.rotate import rotation_for
+
+    assert describe(rotation_for(k, "auto", "int4")) == describe(make_rotation(k, "kron"))
+    assert describe(rotation_for(k, "auto", "int8")) == describe(make_rotation(k, "auto"))
+    assert describe(rotation_for(k, "hartley", "int4")) == describe(make_rotation(k, "hartley"))
+    assert rotation_for(k, "none", "int4") is None
