@@ -606,12 +606,14 @@ def int4_residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[
     matched = residual_body(plan, body, first.outputs[0], k, lambda name: _rows(plan, name, m, k))
     if matched is None:
         return None
-    norms, residual, prev = matched
+    if matched.scale is not None or matched.last is None:  # the int4 tiles take [norm], add, norm only
+        return None
+    residual, prev = matched.residual, matched.out
     if not _NibbleOut.matches(plan, last, prev, m, k):
         return None
     edge_in, edge_out = _Int4In(plan, first), _NibbleOut(plan, last)
-    first_norm = len(norms) == 2
-    (w1, e1), (w2, e2) = norms[0], norms[-1]
+    first_norm = matched.first is not None
+    (w1, e1), (w2, e2) = matched.first or matched.last, matched.last
     names = [first.outputs[0], *(s.outputs[0] for s in body)]  # x, [n1], total, n2
     if not first_norm:
         names.insert(1, None)
