@@ -12,9 +12,14 @@ makes when the estimate is over budget (one report line says so).
   inputs (K = 18944) are 2.9 GB each. A compile that was not told how to round
   takes the first scheme of ROUNDING_FALLBACK whose estimate fits.
 
-Rates measured on the project's shared build host (x86-64, one BLAS thread;
-docs/notes/2026-12-06-int4-quality-7b.md): calibration 0.076 CPU ns per token and product multiply-add (Gemma 3 270M,
-514 tokens, X^T X included); GPTQ rounding 0.03-0.09 ns per N K^2.
+Rates measured on the project's shared build host (x86-64, one BLAS thread,
+CPU time per step from the compile's report, compiler/llm/step_clock.py;
+docs/notes/2026-12-06-int4-7b-compile.md): a 2-layer cut of the Qwen2.5-7B shape
+(hidden-gptq, 2056 tokens, --jobs 2, load average ~18) calibrated at 0.037 CPU ns
+per token and product multiply-add (the hidden inputs' X^T X and reading the
+weights included; Gemma 3 270M had given 0.076 on 514 tokens) and GPTQ-rounded at
+0.0155 ns per N K^2 (the factor included; the head's 152064 rows in blocks of 4681:
+larger products than the 0.03-0.09 measured before on 512-row blocks).
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from dataclasses import dataclass
 from rkc.compiler.llm.quantize import method_for
 from rkc.ir.graph import Graph
 
-CALIBRATION_NS_PER_MAC = 0.076  # CPU ns per calibration token and product multiply-add
-GPTQ_NS_PER_NK2 = 0.1  # CPU ns per N K^2 of GPTQ rounding (measured 0.03-0.09)
+CALIBRATION_NS_PER_MAC = 0.04  # CPU ns per calibration token and product multiply-add (measured 0.037)
+GPTQ_NS_PER_NK2 = 0.02  # CPU ns per N K^2 of GPTQ rounding (measured 0.0155)
 CALIBRATION_BUDGET_S = 300.0  # CPU seconds calibration may take before it runs on fewer tokens
 GPTQ_BUDGET_S = 600.0  # CPU seconds of GPTQ rounding a default compile allows
 HESSIAN_BUDGET_BYTES = 2 << 30  # X^T X held at once (float64)
@@ -85,5 +90,6 @@ def affordable_rounding(graph: Graph, rounding: str) -> tuple[str, GptqCost]:
 def calibration_tokens(graph: Graph, tokens: int, window: int) -> int:
     """At most `tokens`, in whole windows (at least one), within CALIBRATION_BUDGET_S."""
     macs = sum(n * k for _, _, n, k in _products(graph))
-    affordable = int(CALIBRATION_BUDGET_S / (macs * CALIBRATION_NS_PER_MAC * 1e-9))
+    # (+ 1e-9: a budget of exactly n tokens' work is n tokens, not n - 1 by float rounding)
+    affordable = int(CALIBRATION_BUDGET_S / (macs * CALIBRATION_NS_PER_MAC * 1e-9) + 1e-9)
     return min(tokens, max(window, affordable // window * window))

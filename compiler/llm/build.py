@@ -32,14 +32,15 @@ from rkc.compiler.llm.budget import CALIBRATION_BUDGET_S, GPTQ_BUDGET_S, HESSIAN
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, MAX_TOKENS as CALIBRATION_MAX_TOKENS, \
     WINDOW as CALIBRATION_WINDOW, Calibration, calibrate, product_errors
 from rkc.compiler.llm.cpu_work import cpu_steps
-from rkc.compiler.llm.int4 import AUTO_GROUP, group_for as int4_group_for, quantize_weight as quantize_int4, \
-    safe as int4_safe
+from rkc.compiler.llm.int4 import AUTO_GROUP, Int4Weight, group_for as int4_group_for, \
+    quantize_weight as quantize_int4, safe as int4_safe
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, QUANTIZE_ROWS,
                                        RESIDUAL_CHOICES, ROUNDINGS, SCALES, default_rounding, method_for,
                                        quantize_matrix, rounding_scheme)
 from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotate_matrix, rotation_for
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
+from rkc.compiler.llm.step_clock import STEPS
 from rkc.compiler.llm.weights import (LazyWeights, RowSource, RowTable, by_layer, dequantize_all,
                                       gather_only_tables, progress as progress_bar, row_source)
 from rkc.compiler.module_builder import ModuleBuilder
@@ -202,7 +203,8 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: b
     if rot is not None and h is not None:
         key = ("rotated", id(h))
         if key not in cache:
-            cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
+            with STEPS.step("rotate"):
+                cache[key] = (h, rotate_hessian(h, rot))  # h kept alive: its id stays unique
         h = cache[key][1]
     if is_product and _precision_of(name, options) == "int4":
         # the int8 rows a tied embedding gathers (an untied head's would go unread: 545 MB on a 7B)
@@ -260,6 +262,13 @@ def streamed_rows(source: RowSource, precision: str, rounding: str = "rtn", hess
                          blocks=lambda: encoded_blocks(source, precision, None, rounding, hessian, scales))
 
 
+# rows an AUTO_GROUP int4 encoding rounds first at each K group count, until they
+# are safe: rows are rounded independently, so a count their partials overflow at
+# fails for the whole matrix too, and is dropped without rounding it all (a 7B
+# model's ffn_down, K = 18944, needs 10 groups: 9 whole roundings saved)
+INT4_PROBE_ROWS = 256
+
+
 def encode_int4(source: RowSource, group: int, rot: Rotation | None = None, hessian: np.ndarray | None = None,
                 gather: EncodedWeight | None = None) -> EncodedWeight:
     """A product's matrix in int4 groups along K (its rows rotated by `rot` first);
@@ -268,19 +277,35 @@ def encode_int4(source: RowSource, group: int, rot: Rotation | None = None, hess
     n, k = source.shape
     if k % layout.INT4_C2:
         raise UnsupportedError(f"int4 products need K % {layout.INT4_C2} == 0, K = {k}")
+
+    def rounded(r0: int, r1: int, g: int) -> Int4Weight:
+        """Rows r0:r1 rotated and rounded in K groups of g."""
+        with STEPS.step("read"):
+            rows = source.rows(slice(r0, r1))
+        if rot is not None:
+            with STEPS.step("rotate"):
+                rows = rotate_matrix(rows, rot)
+        return quantize_int4(rows, g, hessian)
+
+    def safe(q: Int4Weight) -> bool:
+        with STEPS.step("int4 safety check"):
+            return int4_safe(q)
+
     parts = 1
+    if group == AUTO_GROUP:  # the fewest K groups the first rows alone allow: fewer fail for the whole matrix
+        while not safe(rounded(0, INT4_PROBE_ROWS, int4_group_for(k, parts))):
+            parts += 1
     while True:  # group AUTO_GROUP: the fewest K groups whose int16 partials are safe for these weights
         g = group if group != AUTO_GROUP else int4_group_for(k, parts)
         data = np.empty((n, k // 2), np.uint8)  # two values a byte (EncodedWeight.int4_values)
         scales = np.empty((-(-k // g), n), np.float32)
-        for r0, rows in source.blocks(ENCODE_ROWS):
-            if rot is not None:
-                rows = rotate_matrix(rows, rot)
-            q = quantize_int4(rows, g, hessian)
-            if group == AUTO_GROUP and not int4_safe(q):
+        for r0 in range(0, n, ENCODE_ROWS):
+            q = rounded(r0, r0 + ENCODE_ROWS, g)
+            if group == AUTO_GROUP and not safe(q):
                 break
-            data[r0:r0 + len(rows)] = layout.pack_nibbles(q.data)
-            scales[:, r0:r0 + len(rows)] = q.scales
+            with STEPS.step("int4 pack"):
+                data[r0:r0 + len(q.data)] = layout.pack_nibbles(q.data)
+            scales[:, r0:r0 + len(q.data)] = q.scales
         else:
             return EncodedWeight(data, None, rot, int4_scales=scales, int4_group=g, gather=gather)
         parts += 1
@@ -380,8 +405,9 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
         raise ValueError("the alpha search and the fp16 hybrid measure the whole model: use prepare_weights")
     cal = None
     if _integer(options) and (options.smooth_alpha > 0 or _needs_hessians(options)):
-        cal = calibrate(graph, cfg, weights, tokenizer, hessians=_hessian_names(graph, options),
-                        text=Path(options.calibration).read_text(), max_tokens=options.calibration_tokens)
+        with STEPS.step("calibration"):
+            cal = calibrate(graph, cfg, weights, tokenizer, hessians=_hessian_names(graph, options),
+                            text=Path(options.calibration).read_text(), max_tokens=options.calibration_tokens)
     consumers = graph.consumers()
     linear, head = _product_names(graph), _head_name(graph)
     gathered = {op.inputs[0] for op in graph.ops if op.type == "Gather"}
@@ -394,10 +420,12 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
 
     def layer(group: list[str]) -> tuple[dict[str, EncodedWeight], dict[str, np.ndarray], dict[str, np.ndarray]]:
         """One layer's weights read, smoothed and encoded (its own names only)."""
-        held = {n: weights[n] for n in group if n not in matrix_names or n in smoothable}
+        with STEPS.step("read"):
+            held = {n: weights[n] for n in group if n not in matrix_names or n in smoothable}
         done, floats = {}, {}
-        smoothed = smooth(graph, held, cal.ranges, options.smooth_alpha) \
-            if cal is not None and options.smooth_alpha > 0 else {}
+        with STEPS.step("smooth"):
+            smoothed = smooth(graph, held, cal.ranges, options.smooth_alpha) \
+                if cal is not None and options.smooth_alpha > 0 else {}
         for name in group:
             if name not in matrix_names:
                 floats[name] = held[name].astype(np.float32)
@@ -581,6 +609,19 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+def _step_summary(steps: dict[str, float], total: float) -> str:
+    """The quantize stage's CPU seconds by step (compiler/llm/step_clock.py), largest first;
+    calibration's reading of the weights is part of calibration, given apart."""
+    steps = dict(steps)
+    read = steps.pop("calibration read", 0.0)
+    if "calibration" in steps:
+        steps["calibration"] -= read
+        steps["calibration read"] = read
+    steps["other"] = max(0.0, total - sum(steps.values()))
+    ranked = sorted(steps.items(), key=lambda kv: -kv[1])
+    return "quantize CPU by step: " + ", ".join(f"{k} {v:.1f} s" for k, v in ranked)
+
+
 def within_budget(graph: Graph, options: LlmCompileOptions, report: CompileReport) -> LlmCompileOptions:
     """`options` with the calibration cut to its time budget and, when the rounding
     was the precision's default, GPTQ narrowed to what fits its budget
@@ -647,7 +688,9 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
         raise UnsupportedError(f"int8 weights: rounding {options.rounding!r} / scales {options.scales!r} not known "
                                f"(rounding: {', '.join(ROUNDINGS)}; scales: {' or '.join(SCALES)})")
     options = within_budget(graph, options, report)
+    STEPS.take()
     matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, options, report)
+    steps = STEPS.take()
     kept = sorted(n for n in matrices if _precision_of(n, options) != options.precision)
     if options.precision == "int4":
         _report_int4(matrices, options, report)
@@ -656,6 +699,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
                    f"{sum(matrices[n].data.nbytes for n in kept) / 1e6:.1f} MB")
     del weights
     lap("quantize", "lower")
+    report.say(_step_summary(steps, report.cpu_seconds["quantize"]))
     head = _head_name(graph)
     gather = [op for op in graph.ops if op.type == "Gather"][0].inputs[0]
     placement = {"prefill": "npu", "decode": "npu",

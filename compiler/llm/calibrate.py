@@ -20,6 +20,7 @@ from typing import Callable, Collection, Mapping
 
 import numpy as np
 
+from rkc.compiler.llm.step_clock import STEPS
 from rkc.compiler.llm.weights import layer_of, runtime_weight
 from rkc.ir.graph import Graph
 from rkc.ir.llm import LlmConfig
@@ -153,12 +154,14 @@ class _LazyConst:
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         if self._dense is None and hasattr(self._weights, "rows"):
-            return self._weights.rows(self._name, ids)
+            with STEPS.step("calibration read"):
+                return self._weights.rows(self._name, ids)
         return self._weight().rows(ids)
 
     def _weight(self) -> Weight:
         if self._dense is None:
-            self._dense = runtime_weight(self._weights[self._name])
+            with STEPS.step("calibration read"):
+                self._dense = runtime_weight(self._weights[self._name])
         return self._dense
 
     def __getattr__(self, attr: str):

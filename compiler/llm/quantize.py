@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rkc.compiler.llm.step_clock import STEPS
 from rkc.ir.errors import UnsupportedError
 
 QMAX = 127
@@ -196,8 +197,15 @@ def gptq(w: np.ndarray, hessian: np.ndarray, scale: np.ndarray, damp: float = GP
     of columns takes the earlier blocks' errors in one matrix product.
     `scale` is per row [N] or per weight [N, K] (int4's groups along K);
     `levels` the integer range (int4: -8, 7)."""
+    with STEPS.step("gptq factor"):
+        order, dead, g = _factor_for(hessian, damp)
+    with STEPS.step("gptq"):
+        return _gptq_rows(w, scale, levels, order, dead, g)
+
+
+def _gptq_rows(w: np.ndarray, scale: np.ndarray, levels: tuple[int, int], order: np.ndarray, dead: np.ndarray,
+               g: np.ndarray) -> np.ndarray:
     n, k = w.shape
-    order, dead, g = _factor_for(hessian, damp)
     q = np.empty((n, k), np.int8)
     for r0 in range(0, n, QUANTIZE_ROWS):
         r1 = min(n, r0 + QUANTIZE_ROWS)

@@ -104,3 +104,23 @@ def test_int4_rounding_by_row_blocks_is_the_whole_matrix_rounding(monkeypatch, g
     blocked = quantize_weight(w, 32, h)
     np.testing.assert_array_equal(blocked.data, whole.data)
     np.testing.assert_array_equal(blocked.scales, whole.scales)
+
+
+@pytest.mark.parametrize("probe_rows", [1, 5, 256])
+def test_int4_auto_groups_probed_on_the_first_rows_are_the_full_search(monkeypatch, probe_rows):
+    """AUTO_GROUP: the fewest K groups whose partials are safe for the whole
+    matrix, whether the first rows were probed or not (a probe that passes
+    where a later row fails still ends at the whole matrix's count)."""
+    from rkc.compiler.llm import build
+    from rkc.compiler.llm.int4 import AUTO_GROUP, group_for, safe
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((40, 4096)).astype(np.float32)
+    # the last rows uniform: larger |int4| sums than Gaussian rows, so they need more groups
+    w[30:] = rng.uniform(-1.0, 1.0, (10, 4096))
+    want = next(group_for(4096, parts) for parts in range(1, 129) if safe(quantize_weight(w, group_for(4096, parts))))
+    monkeypatch.setattr(build, "INT4_PROBE_ROWS", probe_rows)
+    monkeypatch.setattr(build, "ENCODE_ROWS", 16)  # three row blocks: a later one may fail after the first passed
+    enc = encode_int4(row_source(w), AUTO_GROUP)
+    assert enc.int4_group == want and want < 4096
+    np.testing.assert_array_equal(enc.int4_values(), quantize_weight(w, want).data)

@@ -58,3 +58,30 @@ def test_the_simulated_npu_partials_give_the_emulated_product(m, k, n):
     out = run([result], sim.SimDevice(), {"A": (a, apad.T[:, :, None])}).feature(c)[:, :r2, 0].T
     partials = out.reshape(r2, probe.segments, probe.n_padded)[:, :, :n]
     np.testing.assert_array_equal(int4.combine(partials, s, w.scales), int4.emulate(x, w))
+
+
+@pytest.mark.parametrize("n,k,group", [(40, 640, 640), (23, 1000, 256), (9, 96, 32), (5, 3584, 1216)])
+def test_each_group_takes_the_clip_ratio_of_least_error(n, k, group):
+    """The compiled clip search against the definition in float64: per row and
+    K group, the scale amax * ratio / 8 (ratio of CLIP_RATIOS) of least squared
+    rounding error, up to float32 rounding of the errors; values rounded to
+    nearest with it. Rows of very different magnitudes, one all zero."""
+    rng = np.random.default_rng(n * k)
+    w = (rng.standard_normal((n, k)) * rng.uniform(0.01, 5.0, (n, 1))).astype(np.float32)
+    w[0] = 0.0
+    got = int4.quantize_weight(w, group)
+    for r in range(n):
+        for g, k0 in enumerate(range(0, k, group)):
+            x = w[r, k0:k0 + group].astype(np.float64)
+            amax = np.abs(x).max()
+            if amax == 0:
+                assert got.scales[g, r] == 1.0 and not got.data[r, k0:k0 + group].any()
+                continue
+            cands = np.float32(amax) * np.asarray(int4.CLIP_RATIOS, np.float32) / np.float32(8)
+            errs = [((np.clip(np.rint(x / s), -8, 7) * s - x) ** 2).sum() for s in cands.astype(np.float64)]
+            s = float(got.scales[g, r])
+            assert s in cands.tolist()
+            err = ((np.clip(np.rint(x / s), -8, 7) * s - x) ** 2).sum()
+            assert err <= min(errs) * (1 + 1e-6)
+            want = np.clip(np.rint(w[r, k0:k0 + group] / np.float32(s)), -8, 7)
+            np.testing.assert_array_equal(got.data[r, k0:k0 + group], want)
