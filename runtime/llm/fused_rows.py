@@ -242,15 +242,16 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
 _ACTIVATIONS = {"SiLU": kernels.ACT_SILU, "GeluTanh": kernels.ACT_GELU_TANH}
 
 
-def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
-    """A many-row gated FFN stretch's calls (one, bracketed), else None: gate
-    and up in edges (of one kind), act(gate), Mul by up, the out edge; no
-    value but the out edge's read elsewhere (nothing else is stored)."""
+def _ffn_shape(plan, steps: Sequence[Step], outputs: set, in_edge, out_edge, min_rows: int):
+    """(gate, up, act, out edge, m, k) when `steps` are a gated FFN stretch:
+    gate and up in edges of `in_edge`'s kind and one shape (at least
+    `min_rows` rows), act(gate), Mul by up, an `out_edge` of the product, no
+    program output and no value but the out edge's read elsewhere; else None."""
     if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
         return None
     e1, e2, act, mul, last = steps
-    mk = _InEdge.matches(plan, e1)
-    if mk is None or _InEdge.matches(plan, e2) != mk or e1.op != e2.op or act.op not in _ACTIVATIONS:
+    mk = in_edge.matches(plan, e1)
+    if mk is None or mk[0] < min_rows or in_edge.matches(plan, e2) != mk or act.op not in _ACTIVATIONS:
         return None
     m, k = mk
     if len(act.inputs) != 1 or act.inputs[0] not in (e1.outputs[0], e2.outputs[0]) or mul.op != "Mul":
@@ -260,13 +261,26 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[
         return None
     if not all(host(plan, s.outputs[0]) and _rows(plan, s.outputs[0], m, k) for s in (act, mul)):
         return None
-    if not _OutEdge.matches(plan, last, mul.outputs[0], m, k):
+    if not out_edge.matches(plan, last, mul.outputs[0], m, k):
         return None
     if set(_read_elsewhere(plan, steps)) & {s.outputs[0] for s in (e1, e2, act, mul)}:
         return None
+    return gate, up, act, last, m, k
+
+
+def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """A many-row gated FFN stretch's calls (one, bracketed), else None: gate
+    and up in edges (of one kind), act(gate), Mul by up, the out edge; no
+    value but the out edge's read elsewhere (nothing else is stored)."""
+    shape = _ffn_shape(plan, steps, outputs, _InEdge, _OutEdge, min_rows=1)
+    if shape is None:
+        return None
+    gate, up, act, last, m, k = shape
+    if gate.op != up.op:
+        return None
     edge_g, edge_u, edge_out = _InEdge(plan, gate), _InEdge(plan, up), _OutEdge(plan, last)
     run, act_kind, slots = kernels.ffn_tiles, _ACTIVATIONS[act.op], plan.slots
-    label = f"ffn stretch of rows ({e1.op}, {act.op}, {last.op})"
+    label = f"ffn stretch of rows ({gate.op}, {act.op}, {last.op})"
 
     def call():
         args = (edge_g.kind, edge_g.src, edge_g.extra, edge_g.row_scale(slots, label), edge_g.ch, edge_g.bias,
@@ -645,24 +659,10 @@ def int4_ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
     CombineInt4, act(gate), Mul by up, QuantizeNibbles) as one compiled call
     over tiles (int4_prefill.ffn_tiles, bracketed), else None; no value but
     the out edge's read elsewhere."""
-    if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
+    shape = _ffn_shape(plan, steps, outputs, _Int4In, _NibbleOut, min_rows=LANES)
+    if shape is None:
         return None
-    e1, e2, act, mul, last = steps
-    mk = _Int4In.matches(plan, e1)
-    if mk is None or mk[0] < LANES or _Int4In.matches(plan, e2) != mk or act.op not in _ACTIVATIONS:
-        return None
-    m, k = mk
-    if len(act.inputs) != 1 or act.inputs[0] not in (e1.outputs[0], e2.outputs[0]) or mul.op != "Mul":
-        return None
-    gate, up = (e1, e2) if act.inputs[0] == e1.outputs[0] else (e2, e1)
-    if sorted(mul.inputs) != sorted([act.outputs[0], up.outputs[0]]) or len(mul.outputs) != 1:
-        return None
-    if not all(host(plan, s.outputs[0]) and _rows(plan, s.outputs[0], m, k) for s in (act, mul)):
-        return None
-    if not _NibbleOut.matches(plan, last, mul.outputs[0], m, k):
-        return None
-    if set(_read_elsewhere(plan, steps)) & {s.outputs[0] for s in (e1, e2, act, mul)}:
-        return None
+    gate, up, act, last, m, k = shape
     g, u, edge_out = _Int4In(plan, gate), _Int4In(plan, up), _NibbleOut(plan, last)
     run, act_kind, slots = int4_kernels.ffn_tiles, _ACTIVATIONS[act.op], plan.slots
     label = f"int4 ffn stretch of rows (CombineInt4, {act.op}, QuantizeNibbles)"

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.llm.jit import _abs_max_bits, _nibbles
-from rkc.runtime.llm.prefill_fused import _act_mul, _normalise, _store, zero_rows
+from rkc.runtime.llm.prefill_fused import _act_mul, _residual_body, zero_rows
 from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, scaled_amax
 
 _JIT = {"cache": True, "nogil": True}
@@ -158,20 +158,8 @@ def residual_tiles(p, n_pad, scales, row_scale, bias, has_bias,
         m0 = tile * LANES
         r = min(LANES, rows - m0)
         _load_int4(p, n_pad, scales, row_scale, bias, has_bias, m0, r, k, buf)
-        if keep_x:
-            _store(buf, m0, r, k, x_out)
-        if first_norm:
-            _normalise(buf, k, w1, e1, sums)
-            if keep_n1:
-                _store(buf, m0, r, k, n1_out)
-        for i in range(k):
-            for lane in range(r):
-                buf[i, lane] = buf[i, lane] + res[m0 + lane, i]
-        if keep_total:
-            _store(buf, m0, r, k, total_out)
-        _normalise(buf, k, w2, e2, sums)
-        if keep_n2:
-            _store(buf, m0, r, k, n2_out)
+        _residual_body(buf, m0, r, k, first_norm, w1, e1, res, w2, e2, keep_x, keep_n1, keep_total, keep_n2,
+                       x_out, n1_out, total_out, n2_out, sums)
         _nibble_out(buf, m0, r, k, signs, False, block, hnorm, q, scale, lim, rotated, to_blocks, amax)
     if not to_blocks and tile_hi == tiles:
         zero_rows(q, 2 * rows)  # past the nibble rows

@@ -105,6 +105,29 @@ def _load_in(kind, atoms, extra, row_scale, ch, bias, has_bias, m0, r, k, buf):
 
 
 @njit(**_JIT)
+def _residual_body(buf, m0, r, k, first_norm, w1, e1, res, w2, e2, keep_x, keep_n1, keep_total, keep_n2,
+                   x_out, n1_out, total_out, n2_out, sums):
+    """A residual stretch's body on one loaded tile `buf` [K, LANES] (rows
+    m0..m0+r-1): [n1 = RMSNorm(x, w1)], total = n1 + res, n2 = RMSNorm(total,
+    w2), in place; each value kept is stored [M, K]. Shared by the int8/fp16
+    and the int4 (int4_prefill) stretches, which differ only in their edges."""
+    if keep_x:
+        _store(buf, m0, r, k, x_out)
+    if first_norm:
+        _normalise(buf, k, w1, e1, sums)
+        if keep_n1:
+            _store(buf, m0, r, k, n1_out)
+    for i in range(k):
+        for lane in range(r):
+            buf[i, lane] = buf[i, lane] + res[m0 + lane, i]
+    if keep_total:
+        _store(buf, m0, r, k, total_out)
+    _normalise(buf, k, w2, e2, sums)
+    if keep_n2:
+        _store(buf, m0, r, k, n2_out)
+
+
+@njit(**_JIT)
 def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
                    first_norm, w1, e1, res, w2, e2,
                    keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
@@ -136,20 +159,8 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
             for lane in range(r, LANES):
                 buf[i, lane] = np.float32(0.0)
         _load_in(in_kind, src, extra, row_scale, ch, bias, has_bias, m0, r, k, buf)
-        if keep_x:
-            _store(buf, m0, r, k, x_out)
-        if first_norm:
-            _normalise(buf, k, w1, e1, sums)
-            if keep_n1:
-                _store(buf, m0, r, k, n1_out)
-        for i in range(k):
-            for lane in range(r):
-                buf[i, lane] = buf[i, lane] + res[m0 + lane, i]
-        if keep_total:
-            _store(buf, m0, r, k, total_out)
-        _normalise(buf, k, w2, e2, sums)
-        if keep_n2:
-            _store(buf, m0, r, k, n2_out)
+        _residual_body(buf, m0, r, k, first_norm, w1, e1, res, w2, e2, keep_x, keep_n1, keep_total, keep_n2,
+                       x_out, n1_out, total_out, n2_out, sums)
         _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, False, block, hnorm, scale, rotated, amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
