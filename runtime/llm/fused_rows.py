@@ -192,34 +192,45 @@ def _read_elsewhere(plan, steps: Sequence[Step]) -> set:
     return {n for s in plan.program.steps if id(s) not in inside for n in s.inputs if n}
 
 
-def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
-    """A many-row residual stretch's calls (one, bracketed), else None."""
+def _residual_stretch(plan, steps: Sequence[Step], outputs: set, in_edge, out_edge, min_rows: int):
+    """A residual stretch ([RMSNorm], Add, RMSNorm between an `in_edge` of at
+    least `min_rows` rows and an `out_edge`), as (in step, out step, m, k,
+    residual's name, first_norm, (w1, e1), (w2, e2), keep, bufs, stores), else
+    None: `keep` says which of x, n1, total, n2 are read elsewhere, `bufs`
+    their [m, k] stores (column-major: a tile's lanes are one contiguous run per
+    channel, for this store and for the next stretch's read of the residual)."""
     shape = residual_shape(steps, outputs)
     if shape is None:
         return None
     first, body, last = shape
-    mk = _InEdge.matches(plan, first)
-    if mk is None:
+    mk = in_edge.matches(plan, first)
+    if mk is None or mk[0] < min_rows:
         return None
     m, k = mk
     matched = residual_body(plan, body, first.outputs[0], k, lambda name: _rows(plan, name, m, k))
-    if matched is None:
+    if matched is None or matched.scale is not None or matched.last is None:  # the tiles: [norm], add, norm
         return None
-    residual, prev = matched.residual, matched.out
-    if not _OutEdge.matches(plan, last, prev, m, k):
+    if not out_edge.matches(plan, last, matched.out, m, k):
         return None
-    edge_in, edge_out = _InEdge(plan, first), _OutEdge(plan, last)
     first_norm = matched.first is not None
-    (w1, e1), (w2, e2) = matched.first or matched.last, matched.last
     names = [first.outputs[0], *(s.outputs[0] for s in body)]  # x, [n1], total, n2
     if not first_norm:
         names.insert(1, None)
     wanted = _read_elsewhere(plan, steps)
     keep = [n is not None and n in wanted for n in names]
-    # kept values column-major: a tile's lanes are one contiguous run per channel, for this store and for
-    # the next stretch's read of the residual (and the per-step kernels take either order)
     bufs = [np.empty((m, k), F32, order="F") if kept else _NONE_F32 for kept in keep]
     stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
+    return (first, last, m, k, matched.residual, first_norm, matched.first or matched.last, matched.last,
+            keep, bufs, stores)
+
+
+def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """A many-row residual stretch's calls (one, bracketed), else None."""
+    found = _residual_stretch(plan, steps, outputs, _InEdge, _OutEdge, min_rows=1)
+    if found is None:
+        return None
+    first, last, m, k, residual, first_norm, (w1, e1), (w2, e2), keep, bufs, stores = found
+    edge_in, edge_out = _InEdge(plan, first), _OutEdge(plan, last)
     o_res, slots, tiles = plan._slot(residual), plan.slots, -(-m // LANES)
     run, label = kernels.residual_tiles, f"residual stretch of rows ({first.op}, {last.op})"
 
@@ -609,32 +620,11 @@ def int4_residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[
     """A many-row residual stretch between two int4 products (CombineInt4,
     [RMSNorm], Add, RMSNorm, QuantizeNibbles) as one compiled call over tiles
     (int4_prefill.residual_tiles, bracketed), else None."""
-    shape = residual_shape(steps, outputs)
-    if shape is None:
+    found = _residual_stretch(plan, steps, outputs, _Int4In, _NibbleOut, min_rows=LANES)
+    if found is None:
         return None
-    first, body, last = shape
-    mk = _Int4In.matches(plan, first)
-    if mk is None or mk[0] < LANES:
-        return None
-    m, k = mk
-    matched = residual_body(plan, body, first.outputs[0], k, lambda name: _rows(plan, name, m, k))
-    if matched is None:
-        return None
-    if matched.scale is not None or matched.last is None:  # the int4 tiles take [norm], add, norm only
-        return None
-    residual, prev = matched.residual, matched.out
-    if not _NibbleOut.matches(plan, last, prev, m, k):
-        return None
+    first, last, m, k, residual, first_norm, (w1, e1), (w2, e2), keep, bufs, stores = found
     edge_in, edge_out = _Int4In(plan, first), _NibbleOut(plan, last)
-    first_norm = matched.first is not None
-    (w1, e1), (w2, e2) = matched.first or matched.last, matched.last
-    names = [first.outputs[0], *(s.outputs[0] for s in body)]  # x, [n1], total, n2
-    if not first_norm:
-        names.insert(1, None)
-    wanted = _read_elsewhere(plan, steps)
-    keep = [n is not None and n in wanted for n in names]
-    bufs = [np.empty((m, k), F32, order="F") if kept else _NONE_F32 for kept in keep]  # as residual_rows'
-    stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
     o_res, slots, tiles = plan._slot(residual), plan.slots, -(-m // LANES)
     run, label = int4_kernels.residual_tiles, "int4 residual stretch of rows (CombineInt4, QuantizeNibbles)"
 

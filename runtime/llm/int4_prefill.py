@@ -25,8 +25,8 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.llm.jit import _abs_max_bits, _nibbles
-from rkc.runtime.llm.prefill_fused import _act_mul, _residual_body, zero_rows
-from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, scaled_amax
+from rkc.runtime.llm.prefill_fused import _act_mul, _residual_body, _rotate_tile, _tile_scales, zero_rows
+from rkc.runtime.llm.prefill_kernels import LANES
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -97,26 +97,9 @@ def _nibble_out(buf, m0, r, k, signs, signed, block, hnorm, q, scale, lim, rotat
     into `rotated` [K / block, M x block] (`to_blocks`: a factor's product
     follows) or quantized with one scale per row (max|x| / lim, 1 for a zero
     row or one holding a NaN) into the nibble rows of q [C1, R, C2] (uint8)."""
-    if not signed:
-        for i in range(k):
-            si = signs[i]
-            for lane in range(LANES):
-                buf[i, lane] = buf[i, lane] * si
-    _butterflies(buf, block)
-    if to_blocks:
-        for b in range(k // block):
-            dst_b = rotated[b]
-            for lane in range(r):
-                base = (m0 + lane) * block
-                for j in range(block):
-                    dst_b[base + j] = buf[b * block + j, lane] * hnorm
+    if _rotate_tile(buf, m0, r, k, signs, signed, block, hnorm, to_blocks, rotated):
         return
-    scaled_amax(buf, hnorm, amax)
-    s = np.empty(LANES, np.float32)
-    for lane in range(LANES):
-        s[lane] = amax[lane] / lim if amax[lane] > 0 else np.float32(1.0)
-    for lane in range(r):
-        scale[m0 + lane] = s[lane]
+    s = _tile_scales(buf, hnorm, amax, lim, scale, m0, r)
     half = k // 2
     hi_bytes = np.empty((half, LANES), np.uint8)  # the tile's nibble bytes (a vector loop), then into the atoms
     lo_bytes = np.empty((half, LANES), np.uint8)

@@ -205,6 +205,41 @@ def out_edge_tiles(x, out_kind, dst, signs, block, hnorm, scale, rotated, tile_l
 
 
 @njit(**_JIT)
+def _rotate_tile(buf, m0, r, k, signs, signed, block, hnorm, to_blocks, rotated):
+    """A tile's rows buf [K, LANES] rotated in place: the signs (unless
+    `signed`: in buf already), the butterflies of `block`; with `to_blocks`,
+    then times hnorm by blocks into rotated[b, m * block + j] (the factor's
+    product follows, one GEMM over every row) and True; else False."""
+    if not signed:
+        for i in range(k):
+            for lane in range(LANES):
+                buf[i, lane] = buf[i, lane] * signs[i]
+    _butterflies(buf, block)
+    if not to_blocks:
+        return False
+    for b in range(k // block):
+        dst_b = rotated[b]
+        for lane in range(r):
+            base = (m0 + lane) * block
+            for j in range(block):
+                dst_b[base + j] = buf[b * block + j, lane] * hnorm
+    return True
+
+
+@njit(**_JIT)
+def _tile_scales(buf, hnorm, amax, limit, scale, m0, r):
+    """Each row's scale max|x * hnorm| / limit (1 for a zero row or one holding
+    a NaN), stored in scale[m0 + lane] for the r rows, returned for all lanes."""
+    scaled_amax(buf, hnorm, amax)
+    s = np.empty(LANES, np.float32)
+    for lane in range(LANES):
+        s[lane] = amax[lane] / limit if amax[lane] > 0 else np.float32(1.0)
+    for lane in range(r):
+        scale[m0 + lane] = s[lane]
+    return s
+
+
+@njit(**_JIT)
 def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated, amax):
     """A tile's rows buf [K, LANES] (bits: its uint32 view) into the next
     segment's atoms dst (fp16 narrowed, or rotated and quantized with their
@@ -219,25 +254,9 @@ def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, s
                     j = a * c2 + b
                     dst[a, m0 + lane, b] = narrow_bits(bits[j, lane]) if j < k else 0
         return
-    if not signed:
-        for i in range(k):  # the rotation: signs, butterflies, the orthonormal factor
-            for lane in range(LANES):
-                buf[i, lane] = buf[i, lane] * signs[i]
-    _butterflies(buf, block)
-    if out_kind == OUT_ROTATED:  # by blocks: rotated[b, m * block + j] (the factor's product is one GEMM)
-        for b in range(k // block):
-            dst_b = rotated[b]
-            for lane in range(r):
-                base = (m0 + lane) * block
-                for j in range(block):
-                    dst_b[base + j] = buf[b * block + j, lane] * hnorm
+    if _rotate_tile(buf, m0, r, k, signs, signed, block, hnorm, out_kind == OUT_ROTATED, rotated):
         return
-    scaled_amax(buf, hnorm, amax)
-    s = np.empty(LANES, np.float32)
-    for lane in range(LANES):
-        s[lane] = amax[lane] / np.float32(127.0) if amax[lane] > 0 else np.float32(1.0)
-    for lane in range(r):
-        scale[m0 + lane] = s[lane]
+    s = _tile_scales(buf, hnorm, amax, np.float32(127.0), scale, m0, r)
     codes = np.empty((k, LANES), np.int8)  # the tile's codes (a vector loop), then into the atoms
     for i in range(k):
         for lane in range(LANES):
