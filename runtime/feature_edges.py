@@ -117,6 +117,15 @@ _OUT_OF_FEATURE = ("DequantizeLinear", "Cast")
 _INTO_FEATURE = ("QuantizeLinear", "Cast")
 
 
+def _chained(steps, j: int, last_use: dict, outputs) -> bool:
+    """Whether CPU step j reads, as its first input, step j-1's single output
+    and is its only reader (not a program output either)."""
+    before, step = steps[j - 1], steps[j]
+    return (step.kind == "cpu" and len(before.outputs) == 1 and bool(step.inputs)
+            and step.inputs[0] == before.outputs[0] and last_use.get(before.outputs[0]) == j
+            and before.outputs[0] not in outputs)
+
+
 def chain_end(steps, i: int, last_use: dict, outputs) -> int | None:
     """The index of the last step of the recoding chain starting at steps[i], if
     its shape is one: a conversion out of a tensor, element-wise CHAIN_OPS, a
@@ -126,9 +135,8 @@ def chain_end(steps, i: int, last_use: dict, outputs) -> int | None:
     if steps[i].kind != "cpu" or steps[i].op not in _OUT_OF_FEATURE:
         return None
     for j in range(i + 1, len(steps)):
-        before, step = steps[j - 1], steps[j]
-        if step.kind != "cpu" or len(before.outputs) != 1 or not step.inputs or step.inputs[0] != before.outputs[0] \
-                or last_use.get(before.outputs[0]) != j or before.outputs[0] in outputs:
+        step = steps[j]
+        if not _chained(steps, j, last_use, outputs):
             return None
         if step.op in _INTO_FEATURE:
             return j
@@ -230,9 +238,8 @@ def image_chain_end(steps, i: int, last_use: dict, outputs, in_map) -> int | Non
     if steps[i].kind != "cpu" or steps[i].op != "Transpose" or list(steps[i].attrs.get("perm", ())) != [0, 3, 1, 2]:
         return None
     for j in range(i + 1, len(steps)):
-        before, step = steps[j - 1], steps[j]
-        if step.kind != "cpu" or len(before.outputs) != 1 or not step.inputs or step.inputs[0] != before.outputs[0] \
-                or last_use.get(before.outputs[0]) != j or before.outputs[0] in outputs:
+        step = steps[j]
+        if not _chained(steps, j, last_use, outputs):
             return None
         if step.op in _INTO_FEATURE and len(step.outputs) == 1 and in_map(step.outputs[0]):
             return j
