@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import example, HealthCheck, given, settings, strategies as st
 
 from rkc.compiler.npu import api, placement
 from rkc.compiler.npu.assemble import assemble
@@ -107,11 +107,20 @@ def _segment(m: int, k: int, ns: list[int], dtype: str, seed: int, placed: bool,
 @SWEEP
 @given(m=st.integers(1, 8), k=st.integers(1, 400), ns=st.lists(st.integers(1, 400), min_size=1, max_size=4),
        dtype=st.sampled_from(["int8", "fp16"]), seed=st.integers(0, 999))
+@example(m=5, k=385, ns=[81, 161, 289, 337], dtype="fp16", seed=0)  # a task shape that moves sgemm's order
 def test_placed_segment_computes_what_numpy_and_the_even_split_compute(m, k, ns, dtype, seed):
     a, bs, placed, _ = _segment(m, k, ns, dtype, seed, placed=True)
     _, _, even, _ = _segment(m, k, ns, dtype, seed, placed=False)
     for b, got, ref in zip(bs, placed, even):
-        np.testing.assert_array_equal(got, ref)  # bit for bit: the cut moves channels, not arithmetic
+        if dtype == "int8":  # bit for bit: the cut moves channels, not arithmetic
+            np.testing.assert_array_equal(got, ref)
+        else:
+            # the fp32 summation order of the hardware is unknown, and the simulator's (sgemm's,
+            # runtime/sim/core.py) follows the task's shape: two orders differ by fp32 rounding
+            # (at most 2 k eps32 sum|a b|), then one fp16 step where the fp16 rounding flips
+            bound = 2 * k * 2.0 ** -24 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+            step = np.spacing(np.abs(ref)).astype(np.float64)
+            assert np.all(np.abs(got.astype(np.float64) - ref.astype(np.float64)) <= bound + step)
         if dtype == "int8":
             np.testing.assert_array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
         else:
