@@ -1,7 +1,8 @@
 """The CPU max pool (runtime/kernels/conv.py, compiled for 2-D maps by
 runtime/kernels/pool_jit.py) against a float64 reference written window by
 window, over a sweep of shapes, windows, strides, dilations, pads and ceil mode,
-in float32 and int8 (a maximum is exact: equality); its argmax output only when read."""
+in float32, int8 and uint8 (a maximum is exact: equality), and one-byte NPU feature maps
+(planes [C1, 16, H, W] viewed in place, pooled eight lanes a word); its argmax output only when read."""
 
 from __future__ import annotations
 
@@ -40,14 +41,25 @@ CASES = [((1, 3, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0),  # ResNet's st
          ((1, 7, 6, 6), (2, 2), (2, 2), (1, 1), (0, 0, 0, 0), 0),
          ((1, 2, 15, 4), (4, 2), (3, 2), (2, 1), (1, 0, 2, 1), 1),
          ((1, 3, 8, 9), (3, 3), (1, 1), (2, 1), (2, 1, 1, 2), 0),  # stride 1: rows' maxima, then columns'
-         ((2, 5, 7, 6), (3, 2), (1, 1), (1, 1), (0, 0, 0, 0), 1)]
+         ((2, 5, 7, 6), (3, 2), (1, 1), (1, 1), (0, 0, 0, 0), 1),
+         ((1, 16, 12, 11), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0),  # channels filling 8-byte words
+         ((2, 24, 7, 9), (2, 3), (2, 1), (1, 2), (0, 1, 1, 0), 1),
+         ((1, 8, 9, 8), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2), 0)]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def _values(rng, shape, dtype):
+    """Random values over the dtype's whole range for the integers (the extremes included)."""
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.uint8])
 @pytest.mark.parametrize("shape, kernel, strides, dilations, pads, ceil_mode", CASES)
 def test_max_pool_matches_a_window_by_window_reference(dtype, shape, kernel, strides, dilations, pads, ceil_mode):
     rng = np.random.default_rng(sum(shape))
-    x = (rng.standard_normal(shape) * 40).astype(dtype) if dtype == np.int8 else rng.standard_normal(shape).astype(dtype)
+    x = _values(rng, shape, dtype)
     attrs = {"kernel_shape": list(kernel), "strides": list(strides), "dilations": list(dilations),
              "pads": list(pads), "ceil_mode": ceil_mode}  # ONNX pads: begins (H, W), then ends (H, W)
     want = _reference(x, kernel, strides, dilations, pads, ceil_mode)
@@ -58,6 +70,23 @@ def test_max_pool_matches_a_window_by_window_reference(dtype, shape, kernel, str
     assert len(both) == 2 and both[1].dtype == np.int64
     np.testing.assert_array_equal(both[0], got)
     np.testing.assert_array_equal(x.reshape(-1)[both[1]], got)  # each index points at its maximum
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("shape, kernel, strides, dilations, pads, ceil_mode", CASES)
+def test_one_byte_feature_map_planes_pool_in_place_as_the_reference(dtype, shape, kernel, strides, dilations, pads,
+                                                                    ceil_mode):
+    """An NPU feature map [C1, H, W, 16] seen as planes [C1, 16, H, W] (how runtime/feature_edges.py
+    hands a CPU MaxPool its input): the result equals the reference's on the same planes."""
+    rng = np.random.default_rng(sum(shape) + 1)
+    fm = _values(rng, (shape[0] + 1, *shape[2:], 16), dtype)
+    planes = fm.transpose(0, 3, 1, 2)
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "dilations": list(dilations),
+             "pads": list(pads), "ceil_mode": ceil_mode}
+    (got,) = run_kernel("MaxPool", [planes], attrs, n_outputs=1)
+    assert got.dtype == fm.dtype
+    np.testing.assert_array_equal(got.astype(np.float64),
+                                  _reference(planes, kernel, strides, dilations, pads, ceil_mode))
 
 
 def test_a_nan_in_a_window_is_its_maximum_as_in_numpy():
