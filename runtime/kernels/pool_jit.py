@@ -162,39 +162,39 @@ def _byte_max(a, b):
 
 
 @njit(cache=True, nogil=True)
-def _byte_window_max(x, bias, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
-    """One-byte codes (int8 biased by 0x80 into unsigned order, uint8 as they are) with
-    whole atoms of 8-byte words: x [P, H, W * L] uint8, out [P, OH, OW, L / 8] uint64,
-    output rows [lo, hi) of P * OH. Per output row, the window's input rows' maximum
-    first, in one long vectorised loop over the row, then each window's columns over
-    that row, eight lanes a word. Empty windows give the code 0 biased back: the
-    dtype's minimum, as `low` does for the other kernels."""
+def _byte_window_max(x, low, flip, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
+    """One-byte maps whose atoms are whole 8-byte words: x [P, H, W * L] int8 or uint8,
+    out [P, OH, OW, L / 8] uint64, output rows [lo, hi) of P * OH. Per output row, the
+    window's input rows' maximum over the whole row first (one long vectorised loop),
+    then each window's columns over that row eight lanes a word, in unsigned order
+    (`flip`: int8's sign bits turned over). An empty window gives `low`."""
     h, row = x.shape[1], x.shape[2]
-    oh, per_atom = out.shape[1], out.shape[3]
-    ow = out.shape[2]
+    oh, ow, per_atom = out.shape[1], out.shape[2], out.shape[3]
     w = row // (8 * per_atom)
-    flip = np.uint64(0x0101010101010101) * np.uint64(bias)
-    rows = np.empty(row, np.uint8)
+    rows = np.empty(row, x.dtype)
     words = rows.view(np.uint64)
-    cols = np.empty((ow, 3), np.int64)  # each window's first word and column taps, once per call
+    cols = np.empty((ow, 2), np.int64)  # each window's first word in the row and its column taps, once a call
     for ox in range(ow):
         x0, kx0, kx1 = _taps(ox, sx, pl, kw, dx, w)
-        cols[ox, 0], cols[ox, 1], cols[ox, 2] = x0 * per_atom, kx0, kx1
+        cols[ox, 0], cols[ox, 1] = (x0 + kx0 * dx) * per_atom, kx1 - kx0
+    step = dx * per_atom
     for job in range(lo, hi):
         p, oy = job // oh, job % oh
         y0, ky0, ky1 = _taps(oy, sy, pt, kh, dy, h)
-        rows[:] = 0
+        rows[:] = low
         for ky in range(ky0, ky1):
             src = x[p, y0 + ky * dy]
             for i in range(row):
-                rows[i] = max(rows[i], np.uint8(src[i] ^ bias))
+                rows[i] = max(rows[i], src[i])
+        for i in range(words.size):
+            words[i] ^= flip
         dst = out[p, oy]
         for ox in range(ow):
-            first, kx0, kx1 = cols[ox, 0], cols[ox, 1], cols[ox, 2]
+            first, taps = cols[ox, 0], cols[ox, 1]
             for k in range(per_atom):
-                m = np.uint64(0)
-                for kx in range(kx0, kx1):
-                    m = _byte_max(m, words[first + kx * dx * per_atom + k])
+                m = words[first + k] if taps > 0 else np.uint64(0)  # `low` in unsigned order
+                for t in range(1, taps):
+                    m = _byte_max(m, words[first + t * step + k])
                 dst[ox, k] = m ^ flip
 
 
@@ -227,9 +227,9 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
         lanes = np.ascontiguousarray(lanes)
     if x.dtype.itemsize == 1 and c % 8 == 0 and lanes.flags.c_contiguous:  # int8 maps: whole words
         words = np.empty((n, *out_hw, c // 8), np.uint64)
-        codes = lanes.view(np.uint8).reshape(n, x.shape[2], -1)
-        bias = np.uint8(0x80 if x.dtype.kind == "i" else 0)
-        over_rows(lambda lo, hi: _byte_window_max(codes, bias, kh, kw, sy, sx, dy, dx, pt, pl, words, lo, hi),
+        codes = lanes.reshape(n, x.shape[2], -1)
+        flip = np.uint64(0x8080808080808080 if x.dtype.kind == "i" else 0)
+        over_rows(lambda lo, hi: _byte_window_max(codes, low, flip, kh, kw, sy, sx, dy, dx, pt, pl, words, lo, hi),
                   n * out_hw[0], x.size)
         return words.view(x.dtype).transpose(0, 3, 1, 2)
     out = np.empty((n, *out_hw, x.shape[1]), x.dtype)
