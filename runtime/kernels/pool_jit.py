@@ -149,35 +149,28 @@ def _column_max(rows, low, kh, sy, dy, pt, out, lo, hi):
                 dst[ox, lane] = _value(dst[ox, lane])
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _byte_max(a, b):
-    """The bytewise unsigned maximum of two uint64 words (8 lanes at once, no lane loop):
-    a lane of a is kept where a >= b. The low 7 bits compare through the borrow-free
-    subtraction (a | 0x80) - (b & 0x7F) in each byte; where the top bits differ, a's decides."""
-    top = np.uint64(0x8080808080808080)
-    low7 = (a | top) - (b & ~top)  # per byte: 0x80 set iff a's low 7 bits >= b's
-    keep = (((a ^ b) & a) | (~(a ^ b) & low7)) & top
-    mask = (keep >> np.uint64(7)) * np.uint64(0xFF)
-    return (a & mask) | (b & ~mask)
-
-
 @njit(cache=True, nogil=True)
-def _byte_window_max(x, low, flip, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
-    """One-byte maps whose atoms are whole 8-byte words: x [P, H, W * L] int8 or uint8,
-    out [P, OH, OW, L / 8] uint64, output rows [lo, hi) of P * OH. Per output row, the
-    window's input rows' maximum over the whole row first (one long vectorised loop),
-    then each window's columns over that row eight lanes a word, in unsigned order
-    (`flip`: int8's sign bits turned over). An empty window gives `low`."""
+def _phase_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
+    """Pixels of whole 16-byte units (`units` per pixel: an NPU atom is one):
+    x [P, H, W * b] values (fp16 as bits), out [P, OH, OW * b] of x's dtype, b elements a pixel, for output
+    rows [lo, hi) of P * OH. Every loop is long and unit-stride, so that it
+    vectorises: per output row, (1) the window's input rows' maximum over the whole
+    row; (2) that row's pixels dealt into sx phases (pixel i * sx + r to phase r,
+    moved 16 bytes at a time as complex128, numba's 16-byte scalar); (3) per column
+    tap, its phase is the outputs' row shifted by whole pixels: one pass over the
+    outputs it reaches inside the map. Outputs no tap reaches keep `low`."""
     h, row = x.shape[1], x.shape[2]
-    oh, ow, per_atom = out.shape[1], out.shape[2], out.shape[3]
-    w = row // (8 * per_atom)
-    rows = np.empty(row, x.dtype)
-    words = rows.view(np.uint64)
-    cols = np.empty((ow, 2), np.int64)  # each window's first word in the row and its column taps, once a call
-    for ox in range(ow):
-        x0, kx0, kx1 = _taps(ox, sx, pl, kw, dx, w)
-        cols[ox, 0], cols[ox, 1] = (x0 + kx0 * dx) * per_atom, kx1 - kx0
-    step = dx * per_atom
+    oh, orow = out.shape[1], out.shape[2]
+    w, ow = row // b, orow // b
+    span = -(-w // sx)  # pixels per phase
+    rows = np.empty(row, out.dtype)
+    phases = np.empty(sx * span * b, out.dtype)
+    rows16, phases16 = rows.view(np.complex128), phases.view(np.complex128)
+    taps = np.empty((kw, 3), np.int64)  # per column tap: its phase's element for output 0, the outputs it reaches
+    for kx in range(kw):
+        c = kx * dx - pl  # output ox reads pixel ox * sx + c = (ox + c // sx) * sx + c % sx
+        first, last = max(0, -(c // sx)), min(ow, -(-(w - c) // sx))
+        taps[kx, 0], taps[kx, 1], taps[kx, 2] = ((c % sx) * span + c // sx) * b, first * b, max(first, last) * b
     for job in range(lo, hi):
         p, oy = job // oh, job % oh
         y0, ky0, ky1 = _taps(oy, sy, pt, kh, dy, h)
@@ -185,17 +178,22 @@ def _byte_window_max(x, low, flip, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
         for ky in range(ky0, ky1):
             src = x[p, y0 + ky * dy]
             for i in range(row):
-                rows[i] = max(rows[i], src[i])
-        for i in range(words.size):
-            words[i] ^= flip
+                v, cur = _key(src[i]), rows[i]
+                rows[i] = v if _greater(v, cur) else cur
+        for r in range(sx):
+            for i in range(min(span, (w - r + sx - 1) // sx)):
+                for u in range(units):
+                    phases16[(r * span + i) * units + u] = rows16[((i * sx + r) * units) + u]
         dst = out[p, oy]
-        for ox in range(ow):
-            first, taps = cols[ox, 0], cols[ox, 1]
-            for k in range(per_atom):
-                m = words[first + k] if taps > 0 else np.uint64(0)  # `low` in unsigned order
-                for t in range(1, taps):
-                    m = _byte_max(m, words[first + t * step + k])
-                dst[ox, k] = m ^ flip
+        dst[:] = low
+        for kx in range(kw):
+            at, j0, j1 = taps[kx, 0], taps[kx, 1], taps[kx, 2]
+            src, d = phases[at + j0:at + j1], dst[j0:j1]
+            for j in range(j1 - j0):
+                v, cur = src[j], d[j]
+                d[j] = v if _greater(v, cur) else cur
+        for j in range(orow):
+            dst[j] = _value(dst[j])
 
 
 def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -> np.ndarray:
@@ -209,10 +207,11 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     SPPF pools: 10 instead of 25); one pass over whole windows otherwise (a
     3x3/2 pool compares as often either way, and one pass writes no rows).
     fp16 is pooled as uint16 keys that order as the values do (numba has no
-    fp16), made as each value is read. One-byte maps whose channels fill 8-byte
-    words (an int8 feature map's 16 lanes: ResNet's stem pool) take
-    `_byte_window_max`: a lane loop per window tap cost more in loop setup than
-    the comparisons (64x112x112 3x3/2: 0.46 ms CPU before, ~0.2 after)."""
+    fp16), made as each value is read. Maps whose pixels are whole 16-byte units
+    (an NPU feature map's planes: 16 int8 or 8 fp16 lanes) take `_phase_max`, whose
+    loops all run the length of a row: the window kernels' lane loop per tap cost
+    more in its setup than the comparisons (ResNet-50's int8 stem pool, 64x112x112
+    3x3/2: 0.45 ms CPU before, ~0.09 after, one thread)."""
     half = x.dtype == np.float16
     if half:
         x, low = x.view(np.uint16), _half_key(np.asarray(low, np.float16).view(np.uint16)[()])
@@ -225,13 +224,14 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     lanes = x.transpose(0, 2, 3, 1)
     if x.flags.c_contiguous and c > 1:
         lanes = np.ascontiguousarray(lanes)
-    if x.dtype.itemsize == 1 and c % 8 == 0 and lanes.flags.c_contiguous:  # int8 maps: whole words
-        words = np.empty((n, *out_hw, c // 8), np.uint64)
+    if c * x.itemsize % 16 == 0 and lanes.flags.c_contiguous:  # whole 16-byte units: an NPU feature map's planes
+        units = c * x.itemsize // 16
+        out = np.empty((n, out_hw[0], out_hw[1] * c), x.dtype)
         codes = lanes.reshape(n, x.shape[2], -1)
-        flip = np.uint64(0x8080808080808080 if x.dtype.kind == "i" else 0)
-        over_rows(lambda lo, hi: _byte_window_max(codes, low, flip, kh, kw, sy, sx, dy, dx, pt, pl, words, lo, hi),
+        over_rows(lambda lo, hi: _phase_max(codes, low, c, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi),
                   n * out_hw[0], x.size)
-        return words.view(x.dtype).transpose(0, 3, 1, 2)
+        out = out.reshape(n, *out_hw, c).transpose(0, 3, 1, 2)
+        return out.view(np.float16) if half else out
     out = np.empty((n, *out_hw, x.shape[1]), x.dtype)
     if kw * x.shape[2] + kh * out_hw[0] < kh * kw * out_hw[0]:  # comparisons per output column
         rows = np.empty((n, x.shape[2], out_hw[1], x.shape[1]), x.dtype)

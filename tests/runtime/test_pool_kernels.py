@@ -1,8 +1,8 @@
 """The CPU max pool (runtime/kernels/conv.py, compiled for 2-D maps by
 runtime/kernels/pool_jit.py) against a float64 reference written window by
 window, over a sweep of shapes, windows, strides, dilations, pads and ceil mode,
-in float32, int8 and uint8 (a maximum is exact: equality), and one-byte NPU feature maps
-(planes [C1, 16, H, W] viewed in place, pooled eight lanes a word); its argmax output only when read."""
+in float32, int8 and uint8 (a maximum is exact: equality), and NPU feature maps (int8, uint8, fp16
+planes [C1, C2, H, W] viewed in place); its argmax output only when read."""
 
 from __future__ import annotations
 
@@ -72,14 +72,17 @@ def test_max_pool_matches_a_window_by_window_reference(dtype, shape, kernel, str
     np.testing.assert_array_equal(x.reshape(-1)[both[1]], got)  # each index points at its maximum
 
 
-@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float16])
 @pytest.mark.parametrize("shape, kernel, strides, dilations, pads, ceil_mode", CASES)
-def test_one_byte_feature_map_planes_pool_in_place_as_the_reference(dtype, shape, kernel, strides, dilations, pads,
-                                                                    ceil_mode):
-    """An NPU feature map [C1, H, W, 16] seen as planes [C1, 16, H, W] (how runtime/feature_edges.py
-    hands a CPU MaxPool its input): the result equals the reference's on the same planes."""
+def test_feature_map_planes_pool_in_place_as_the_reference(dtype, shape, kernel, strides, dilations, pads, ceil_mode):
+    """An NPU feature map [C1, H, W, C2] (16-byte atoms: 16 int8 or 8 fp16 lanes) seen as planes
+    [C1, C2, H, W], how runtime/feature_edges.py hands a CPU MaxPool its input: the result
+    equals the reference's on the same planes (fp16 with NaN, infinities and -0.0 among the values)."""
     rng = np.random.default_rng(sum(shape) + 1)
-    fm = _values(rng, (shape[0] + 1, *shape[2:], 16), dtype)
+    fm = _values(rng, (shape[0] + 1, *shape[2:], 16 // np.dtype(dtype).itemsize), dtype)
+    if dtype == np.float16:
+        flat = fm.reshape(-1)
+        flat[rng.choice(flat.size, 4, replace=False)] = [np.nan, np.inf, -np.inf, -0.0]
     planes = fm.transpose(0, 3, 1, 2)
     attrs = {"kernel_shape": list(kernel), "strides": list(strides), "dilations": list(dilations),
              "pads": list(pads), "ceil_mode": ceil_mode}
@@ -89,8 +92,9 @@ def test_one_byte_feature_map_planes_pool_in_place_as_the_reference(dtype, shape
                                   _reference(planes, kernel, strides, dilations, pads, ceil_mode))
 
 
-def test_a_nan_in_a_window_is_its_maximum_as_in_numpy():
-    x = np.random.default_rng(0).standard_normal((1, 2, 6, 6)).astype(np.float32)
+@pytest.mark.parametrize("channels", [2, 4])  # 4 float32 channels: whole 16-byte pixels (_phase_max)
+def test_a_nan_in_a_window_is_its_maximum_as_in_numpy(channels):
+    x = np.random.default_rng(0).standard_normal((1, channels, 6, 6)).astype(np.float32)
     x[0, 1, 2, 3] = np.nan
     (got,) = run_kernel("MaxPool", [x], {"kernel_shape": [3, 3], "strides": [1, 1]}, n_outputs=1)
     want = _reference(x, (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), 0)
