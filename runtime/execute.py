@@ -78,6 +78,8 @@ class _Schedule:
         for name, i in last.items():
             if name not in outputs:
                 self.dead[i] += (name,)
+        read = {name for step in program.steps for name in step.inputs if name}
+        self.unread_outputs = frozenset(outputs - read)  # outputs only the caller reads
         self.no_native: set[int] = set()  # steps feature_edges.run_step declined
         self.program = program
         self.no_fused: set[int] = set()  # steps that start no fused pass feature_edges accepts
@@ -119,9 +121,10 @@ class _Schedule:
 
 
 class _Run:
-    def __init__(self, model, program: Program) -> None:
+    def __init__(self, model, program: Program, fp16_outputs: bool = False) -> None:
         self.model = model
         self.program = program
+        self.fp16_outputs = fp16_outputs
         self.env: dict[str, np.ndarray] = {}
         schedule = model.schedules.get(id(program))
         if schedule is None:
@@ -156,8 +159,20 @@ class _Run:
         to_layout(value, info, bo.host[info.offset:info.offset + info.nbytes])
         self.model.device.finish_cpu_access(bo)
 
+    def keeps_fp16(self, step: Step) -> bool:
+        """Whether `step` is an fp16 tensor's widening into an output only the caller
+        reads, and the caller asked for fp16 outputs: the output is the NPU's fp16
+        values, which the float32 ones are exactly, at half the bytes."""
+        if not (self.fp16_outputs and step.op == "Cast" and step.outputs[0] in self.schedule.unread_outputs):
+            return False
+        src = self.model.tensors.get(step.inputs[0])
+        return src is not None and src.dtype == "fp16"
+
     # -- steps --------------------------------------------------------------------------
     def cpu(self, step: Step, index: int = -1) -> None:
+        if self.keeps_fp16(step) and not feature_edges.run_step(self, step):
+            self.env[step.outputs[0]] = self.read(step.inputs[0])  # row-major fp16, laid out as the program's
+            return
         if index not in self.schedule.no_native:
             if feature_edges.run_step(self, step):  # on the native layout, no conversion around it
                 return
@@ -250,10 +265,12 @@ def check_feeds(program: Program, tensors: Mapping[str, TensorInfo], feeds: Mapp
     return ready
 
 
-def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observe=None):
+def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observe=None, fp16_outputs: bool = False):
     """`observe(step, read)`, if given, runs after every step; `read(name)` returns
-    any tensor the step wrote (NPU tensors as stored: int8 / fp16 values)."""
-    run = _Run(model, program)
+    any tensor the step wrote (NPU tensors as stored: int8 / fp16 values).
+    `fp16_outputs`: an output the program widens from an fp16 tensor comes back as
+    that float16 array (`_Run.keeps_fp16`); the others as the program declares them."""
+    run = _Run(model, program, fp16_outputs)
     stats = RunStats()
     ready = check_feeds(program, model.tensors, feeds)
     for name, value in ready.items():

@@ -419,8 +419,14 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 
     if dst.dtype != "fp32" or list(src.shape) != list(dst.shape):
         return False
-    out = np.empty(dst.shape, np.float32)
+    kept = run.keeps_fp16(step)  # the caller takes the NPU's fp16 values as they are
+    out = np.empty(dst.shape, np.float16 if kept else np.float32)
     planes = out.reshape(dst.shape[1:])
+    if kept:
+        with _Held(run, [src]) as (fm,):
+            half.unpack_feature_bits(*_long_lines(fm.view(np.uint16), planes.view(np.uint16)))
+        run.env[step.outputs[0]] = out
+        return True
     if step.op == "Cast":
         if src.dtype != "fp16":
             return False

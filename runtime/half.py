@@ -149,7 +149,75 @@ def narrow_into_feature(x: np.ndarray, fm: np.ndarray) -> None:
 def widen_feature(fm: np.ndarray, out: np.ndarray) -> None:
     """out[j] = the float32 bits of fm's channel j: fp16 feature map fm [C1, H, W,
     C2] (bits) into out [C, H, W] (uint32, C <= C1 * C2), lines shared as above."""
+    fm = np.ascontiguousarray(fm)  # a copy only if it is not: the line kernels view atoms as words
     over_rows(lambda lo, hi: _widen_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1], fm.size)
+
+
+def unpack_feature_bits(fm: np.ndarray, out: np.ndarray) -> None:
+    """out[j] = fm's channel j as it is: a feature map fm [C1, H, W, C2] into out [C, H, W]
+    of the same 2-byte dtype (C <= C1 * C2), lines shared as above: fp16 outputs handed
+    over without widening."""
+    fm = np.ascontiguousarray(fm)  # a copy only if it is not: the line kernels view atoms as words
+    over_rows(lambda lo, hi: _unpack_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1], fm.size)
+
+
+@njit(**_JIT)
+def _unpack_lines(fm, out, lo, hi):
+    c, h, w = out.shape
+    c2 = fm.shape[3]
+    rows = np.empty((c2, (w + 3) // 4 * 4), np.uint16)  # for lines the words cannot go to straight
+    flat = out.reshape(out.size)
+    for line in range(lo, hi):
+        a, y = line // h, line % h
+        n = min(c2, c - a * c2)
+        if c2 == 8 and n == 8 and w % 4 == 0:  # the eight rows' words written in place
+            _atoms8_to_rows(fm[a, y], flat.view(np.uint64), ((a * c2) * h + y) * w // 4, h * w // 4)
+            continue
+        lanes_to_rows_fast(fm[a, y], rows)
+        for b in range(n):
+            dst, src = out[a * c2 + b, y], rows[b]
+            for i in range(w):
+                dst[i] = src[i]
+
+
+_LOW16 = np.uint64(0x0000FFFF0000FFFF)
+_LOW32 = np.uint64(0x00000000FFFFFFFF)
+
+
+@njit(**_JIT)
+def _atoms8_to_rows(atoms, out, base, stride):
+    """out[base + b * stride + j] = the 64-bit word of lane b of atoms 4j..4j+3, for a
+    line of 2-byte lanes 8 to an atom, [W, 8] with W % 4 == 0: four atoms at a time
+    as two 4x4 transpositions of 64-bit words (16-bit then 32-bit swaps between word
+    pairs), 2x the element loop, whose strided reads do not vectorise."""
+    words = atoms.reshape(atoms.size).view(np.uint64)  # two words an atom: lanes 0-3, 4-7
+    s16, s32 = np.uint64(16), np.uint64(32)
+    for half in range(2):
+        row = base + 4 * half * stride
+        for j in range(atoms.shape[0] // 4):
+            at = 8 * j + half
+            w0, w1, w2, w3 = words[at], words[at + 2], words[at + 4], words[at + 6]
+            a0, a1 = (w0 & _LOW16) | ((w1 & _LOW16) << s16), ((w0 >> s16) & _LOW16) | (w1 & ~_LOW16)
+            a2, a3 = (w2 & _LOW16) | ((w3 & _LOW16) << s16), ((w2 >> s16) & _LOW16) | (w3 & ~_LOW16)
+            out[row + j] = (a0 & _LOW32) | (a2 << s32)
+            out[row + stride + j] = (a1 & _LOW32) | (a3 << s32)
+            out[row + 2 * stride + j] = (a0 >> s32) | (a2 & ~_LOW32)
+            out[row + 3 * stride + j] = (a1 >> s32) | (a3 & ~_LOW32)
+
+
+@njit(**_JIT)
+def lanes_to_rows_fast(atoms, rows):
+    """lanes_to_rows for an fp16 feature line ([W, 8] 2-byte lanes) into rows [8, >= W]
+    whose length is a whole number of words, four atoms at a time (_atoms8_to_rows);
+    any other line by lanes_to_rows."""
+    w, c2 = atoms.shape
+    if c2 != 8 or rows.shape[1] % 4 != 0:
+        lanes_to_rows(atoms, rows)
+        return
+    _atoms8_to_rows(atoms[:w - w % 4], rows.reshape(rows.size).view(np.uint64), 0, rows.shape[1] // 4)
+    for i in range(w - w % 4, w):
+        for b in range(8):
+            rows[b, i] = atoms[i, b]
 
 
 @njit(**_JIT)
@@ -193,7 +261,7 @@ def _narrow_lines(x, fm, lo, hi):
 def _widen_lines(fm, out, lo, hi):
     c, h, w = out.shape
     c2 = fm.shape[3]
-    rows = np.empty((c2, w), np.uint16)  # the atoms' lanes as rows: the widening vectorises
+    rows = np.empty((c2, (w + 3) // 4 * 4), np.uint16)  # the atoms' lanes as rows: the widening vectorises
     for line in range(lo, hi):
         a, y = line // h, line % h
         n = min(c2, c - a * c2)
@@ -204,7 +272,7 @@ def _widen_lines(fm, out, lo, hi):
                 for i in range(w):
                     dst[i] = widen_bits(atoms[i, b])
             continue
-        lanes_to_rows(atoms, rows)
+        lanes_to_rows_fast(atoms, rows)
         for b in range(n):
             src, dst = rows[b], out[a * c2 + b, y]
             for i in range(w):

@@ -105,10 +105,11 @@ class LoadedModel:
         return [p.name for p in self.module.programs]
 
     def run(self, feeds: Mapping[str, np.ndarray], program: str | None = None,
-            observe=None) -> dict[str, np.ndarray]:
-        """`observe(step, read)`: called after every step (debugging, tools/int8_layers.py)."""
+            observe=None, fp16_outputs: bool = False) -> dict[str, np.ndarray]:
+        """`observe(step, read)`: called after every step (debugging, tools/int8_layers.py).
+        `fp16_outputs`: outputs the NPU computed in fp16 come back as float16 (execute.run_program)."""
         prog = self.module.programs[0] if program is None else self.module.program(program)
-        outputs, self.last_run = run_program(self, prog, feeds, observe)
+        outputs, self.last_run = run_program(self, prog, feeds, observe, fp16_outputs)
         return outputs
 
     def close(self) -> None:

@@ -37,10 +37,12 @@ class OnnxModel:
         """Raise InputError for a missing, unknown or misshapen input (before anything runs)."""
         check_feeds(self.program, self._tensors, inputs)
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The outputs by name, for inputs keyed by the model's input names."""
+    def run(self, inputs: Mapping[str, np.ndarray], fp16_outputs: bool = False) -> dict[str, np.ndarray]:
+        """The outputs by name, for inputs keyed by the model's input names.
+        fp16_outputs=True: an output the NPU computed in fp16 comes back as that float16
+        array instead of widened to float32 (the same values, half the bytes to write)."""
         self.check(inputs)
-        return self.model.run(inputs)
+        return self.model.run(inputs, fp16_outputs=fp16_outputs)
 
     def close(self) -> None:
         self.model.close()

@@ -18,7 +18,7 @@ from rkc.runtime import feature_edges, half
 from rkc.runtime.kernels import quant, quant_jit, run_kernel
 from onnx_models import cosine, onnxruntime_outputs, save
 
-SHAPES = [(3, 5, 7), (8, 4, 9), (19, 3, 2), (33, 2, 17)]
+SHAPES = [(3, 5, 7), (8, 4, 9), (19, 3, 2), (33, 2, 17), (16, 3, 8)]  # the last: whole 4-atom words
 
 
 def _fm(x: np.ndarray) -> np.ndarray:
@@ -40,6 +40,14 @@ def test_fp16_edges_are_numpys_cast_and_the_layout(shape):
     back = np.empty(shape, np.float32)
     half.widen_feature(want.view(np.uint16), back.view(np.uint32))
     np.testing.assert_array_equal(back, x.astype(np.float16).astype(np.float32))
+    for fm, out in ((want, np.empty(shape, np.float16)), _long_lines_of(want, np.empty(shape, np.float16))):
+        half.unpack_feature_bits(fm.view(np.uint16), out.view(np.uint16))  # the fp16 values as they are
+        np.testing.assert_array_equal(out.reshape(shape).view(np.uint16), x.astype(np.float16).view(np.uint16))
+
+
+def _long_lines_of(fm, out):
+    """fm and a row-major out as feature_edges' edges see them: one line per channel group."""
+    return feature_edges._long_lines(np.ascontiguousarray(fm), out)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -177,6 +185,39 @@ def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precisio
         np.testing.assert_array_equal(fast[name], slow[name])
         np.testing.assert_array_equal(again[name], slow[name])
         assert cosine(fast[name], want[name]) >= (0.999 if precision == "fp16" else 0.99), name
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_fp16_outputs_are_the_npus_values_as_they_are(tmp_path, precision, monkeypatch):
+    """run(..., fp16_outputs=True): an output the NPU computed in fp16 comes back as that
+    float16 array, whose widening is the default run's float32 output bit for bit (any other
+    output stays float32); the interpreter's path gives the same."""
+    path = save(_detector_like(12), tmp_path / "m.onnx")
+    options = BuildOptions(precision=precision)
+    rng = np.random.default_rng(4)
+    if precision == "int8":
+        options.calib = tmp_path / "calib.npz"
+        np.savez(options.calib, x=rng.standard_normal((4, 1, 3, 12, 14)).astype(np.float32))
+    build(path, tmp_path / "m.rkbin", options)
+    x = rng.standard_normal((1, 3, 12, 14)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin") as model:
+        wide = model.run({"x": x})
+        kept = model.run({"x": x}, fp16_outputs=True)
+        kept_again = model.run({"x": x}, fp16_outputs=True)
+        wide_again = model.run({"x": x})
+        steps, tensors = model.module.program("main").steps, model.tensors
+        made_by = {out: step for step in steps for out in step.outputs}
+        half_made = {n for n in ("y", "z") if made_by[n].op == "Cast" and tensors[made_by[n].inputs[0]].dtype == "fp16"}
+    assert half_made == {"y", "z"}, half_made  # int8: the mixed plan holds the SiLU group's successors in fp16
+    monkeypatch.setattr(feature_edges, "run_step", lambda run, step: False)
+    with runtime.load(tmp_path / "m.rkbin") as model:
+        interpreted = model.run({"x": x}, fp16_outputs=True)
+    for name in ("y", "z"):
+        assert wide[name].dtype == wide_again[name].dtype == np.float32
+        want = np.float16 if name in half_made else np.float32
+        for got in (kept[name], kept_again[name], interpreted[name]):
+            assert got.dtype == want and got.shape == wide[name].shape, name
+            np.testing.assert_array_equal(got.astype(np.float32), wide[name])
 
 
 class _Bytes:
