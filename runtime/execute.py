@@ -170,8 +170,9 @@ class _Run:
 
     # -- steps --------------------------------------------------------------------------
     def cpu(self, step: Step, index: int = -1) -> None:
-        if self.keeps_fp16(step) and not feature_edges.run_step(self, step):
-            self.env[step.outputs[0]] = self.read(step.inputs[0])  # row-major fp16, laid out as the program's
+        if self.keeps_fp16(step):
+            if not feature_edges.run_step(self, step):
+                self.env[step.outputs[0]] = self.read(step.inputs[0])  # row-major fp16, as the program lays it out
             return
         if index not in self.schedule.no_native:
             if feature_edges.run_step(self, step):  # on the native layout, no conversion around it
