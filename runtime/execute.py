@@ -160,13 +160,13 @@ class _Run:
         self.model.device.finish_cpu_access(bo)
 
     def keeps_fp16(self, step: Step) -> bool:
-        """Whether `step` is an fp16 tensor's widening into an output only the caller
-        reads, and the caller asked for fp16 outputs: the output is the NPU's fp16
+        """Whether `step` is an fp16 tensor's widening to float32 into an output only the
+        caller reads, and the caller asked for fp16 outputs: the output is the NPU's fp16
         values, which the float32 ones are exactly, at half the bytes."""
         if not (self.fp16_outputs and step.op == "Cast" and step.outputs[0] in self.schedule.unread_outputs):
             return False
-        src = self.model.tensors.get(step.inputs[0])
-        return src is not None and src.dtype == "fp16"
+        src, dst = self.model.tensors.get(step.inputs[0]), self.model.tensors.get(step.outputs[0])
+        return src is not None and dst is not None and src.dtype == "fp16" and dst.dtype == "fp32"
 
     # -- steps --------------------------------------------------------------------------
     def cpu(self, step: Step, index: int = -1) -> None:

@@ -392,3 +392,25 @@ def test_a_chain_through_a_per_channel_constant_or_a_reduction_is_declined():
     steps[1] = Step("cpu", "sm", op="Softmax", inputs=["m0"], outputs=["m1"])
     assert feature_edges.chain_end(steps, 0, {"m0": 1, "m1": 2}, []) is None
     assert feature_edges.chain_end(steps[:1] + steps[2:], 0, {"m0": 3}, []) is None  # m0 read later too
+
+
+def test_only_an_fp16_widening_into_an_output_nobody_else_reads_is_kept():
+    """fp16_outputs keeps a Cast fp16 -> float32 whose result only the caller reads; not a Cast
+    to another dtype, not one a later step reads, and nothing unless asked."""
+    from types import SimpleNamespace
+
+    from rkc.ir.program import Program, Step, TensorInfo
+    from rkc.runtime.execute import _Run
+
+    infos = [TensorInfo("h", [1, 8, 2, 2], "fp16"), TensorInfo("wide", [1, 8, 2, 2], "fp32"),
+             TensorInfo("ids", [1, 8, 2, 2], "int32"), TensorInfo("read", [1, 8, 2, 2], "fp32"),
+             TensorInfo("relu", [1, 8, 2, 2], "fp32")]
+    steps = [Step("cpu", "a", op="Cast", inputs=["h"], outputs=["wide"], attrs={"to": 1}),
+             Step("cpu", "b", op="Cast", inputs=["h"], outputs=["ids"], attrs={"to": 6}),
+             Step("cpu", "c", op="Cast", inputs=["h"], outputs=["read"], attrs={"to": 1}),
+             Step("cpu", "d", op="Relu", inputs=["read"], outputs=["relu"])]
+    program = Program("main", ["h"], ["wide", "ids", "read", "relu"], steps)
+    model = SimpleNamespace(tensors={i.name: i for i in infos}, schedules={})
+    asked = _Run(model, program, fp16_outputs=True)
+    assert [asked.keeps_fp16(s) for s in steps] == [True, False, False, False]
+    assert not any(_Run(model, program).keeps_fp16(s) for s in steps)
