@@ -436,7 +436,7 @@ class ConvTranspose2D:
 
 # the operations of this API; compiler/npu/dispatch.LOWERINGS has one emitter for each
 # (and for the Mesa-compatible compiler.npu.mesa.MesaConv)
-OPERATIONS = (Gemm, GemmInt4, Conv2D, Elementwise, Activation, Pool, Upsample, ConvTranspose2D)
+OPERATIONS = (Gemm, GemmInt4, Conv2D, Elementwise, Activation, Pool, Upsample, ConvTranspose2D, LocalResponseNorm)
 
 
 # -- results --------------------------------------------------------------------------
