@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from rkc.compiler import cost
+from rkc.compiler import cost, emitter_norm
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
@@ -534,7 +534,8 @@ def _upsample(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
 # graph op; tests/npu/test_op_declarations.py checks every operation the OpSpecs
 # name has one, and every builder serves some OpSpec
 BUILDERS = {api.Conv2D: _conv, api.Gemm: _gemm, api.Elementwise: _eltwise, api.Activation: _activation,
-            api.Pool: _pool, api.Upsample: _upsample, api.ConvTranspose2D: _conv_transpose}
+            api.Pool: _pool, api.Upsample: _upsample, api.ConvTranspose2D: _conv_transpose,
+            api.LocalResponseNorm: emitter_norm.build_lrn}
 
 
 def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
@@ -606,7 +607,7 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
         # a group meant for fp16 the emitter cannot build in fp16 stays in the program's dtype
         tries = [(own, tail) for own in dict.fromkeys(("fp16" if i in fp16_anchors else precision, precision))
                  for tail in tails]
-        lut_side = precision == "int8" and (_has_lut(graph, tails[0]) or
+        lut_side = precision == "int8" and (_has_lut(graph, tails[0]) or how.operation is api.LocalResponseNorm or
                                             any(t in table_fp16 for t in op.present_inputs()))
         if lut_side:
             # the lookup table is documented on fp16 data only (dpu-lut-activation.md; int8 is
