@@ -8,14 +8,27 @@ from rkc.ir.graph import Graph
 from rkc.ir.types import PerTensorQuant
 
 INT8_CODES = (-128, 127)
+# graph.metadata key: [[tensor, largest |x|], ...] the calibration of an int8 build saw,
+# kept for the whole program in fp16 it is weighed against (compiler/build.py)
+CALIBRATED_MAX = "calibrated_max"
 
 
 def calibrated_max(graph: Graph, tensor: str) -> float | None:
-    """The largest |x| `tensor` holds by its calibration (the int8 scale's range), or None."""
+    """The largest |x| `tensor` holds by its calibration (the int8 scale's range, or
+    the int8 build's when this is its fp16 alternative), or None."""
     q = graph.tensors[tensor].type.quant
-    if not isinstance(q, PerTensorQuant):
-        return None
-    return float(max(abs(code - q.zero_point) for code in INT8_CODES) * q.scale)
+    if isinstance(q, PerTensorQuant):
+        return float(max(abs(code - q.zero_point) for code in INT8_CODES) * q.scale)
+    return dict(graph.metadata.get(CALIBRATED_MAX, [])).get(tensor)
+
+
+def normalised_maxima(graph: Graph) -> list[list]:
+    """[[tensor, largest |x|]] of every calibrated LRN input of `graph` (an int8 build's)."""
+    out = []
+    for op in graph.ops:
+        if op.type == "LRN" and (m := calibrated_max(graph, op.inputs[0])) is not None:
+            out.append([op.inputs[0], m])
+    return out
 
 
 def build_lrn(graph: Graph, i: int, tail, precision: str, program: str):

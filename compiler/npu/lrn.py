@@ -17,8 +17,8 @@ operations, fp16:
 
 The table covers u in [0, U] with 512 linear segments; U is chosen so that the
 interpolation error of the convex power stays below `TABLE_ERROR` relative to its
-largest value (bias ** -beta, at u = 0), and shrinks to the range the input can
-reach (`input_max`, its calibrated range). Past U the LO table's overflow slope is
+largest value (bias ** -beta, at u = 0); the input's calibrated range
+(`input_max`) must keep u within it. Past U the LO table's overflow slope is
 0, so the hardware would hold the last entry, (bias + U) ** -beta, as
 dpu-lut-activation.md documents for an index past the table's end: an input whose
 range is unknown, or reaches past U, is refused (`table_error` says how far off the
@@ -47,19 +47,17 @@ def _power(bias: float, beta: float):
     return power
 
 
-def power_table(bias: float, beta: float, u_max: float | None = None) -> lut.LutFunction:
+def power_table(bias: float, beta: float) -> lut.LutFunction:
     """The table of (bias + u) ** -beta over [0, U]: U a power of two (the BN index
     multiplier 16384 / U is then exact in fp16), the largest whose worst interpolation
-    error, h^2 / 8 * f''(0) with h = U / 512, is TABLE_ERROR * f(0); smaller when
-    `u_max` (the largest u the input can give) is known to be below it (not below 1)."""
+    error, h^2 / 8 * f''(0) with h = U / 512, is TABLE_ERROR * f(0). The widest such
+    table leaves the most room for inputs beyond the calibrated range."""
     if bias <= 0 or beta <= 0:
         raise UnsupportedError(f"LRN with bias {bias} and beta {beta}: the table needs bias > 0 and beta > 0")
     # f''(0) / f(0) = beta (beta + 1) / bias^2
     h = math.sqrt(8 * TABLE_ERROR * bias ** 2 / (beta * (beta + 1)))
-    u_top = 2.0 ** math.floor(math.log2(512 * h))
-    if u_max is not None and u_max < u_top:
-        # not below 1: the index multiplier 16384 / U must stay an fp16 value
-        u_top = max(1.0, 2.0 ** math.ceil(math.log2(max(u_max, 1e-30))))
+    # not below 1: the index multiplier 16384 / U must stay an fp16 value
+    u_top = max(1.0, 2.0 ** math.floor(math.log2(512 * h)))
     s_exp = math.ceil(math.log2(bias ** -beta))  # the output range [0, 2^s_exp] holds f(0)
     return lut.LutFunction(_power(bias, beta), u_top, 0.0, s_exp)
 
@@ -97,7 +95,7 @@ def lower_lrn(op: api.LocalResponseNorm, options: api.EmitOptions) -> api.EmitRe
         raise UnsupportedError(f"{op.name}: LRN's power runs through a table over a bounded range, and the "
                                f"input's range is unknown (calibrate: --calib)")
     u_max = op.alpha * op.input_max ** 2  # alpha / size times size squares at most
-    spec = power_table(op.bias, op.beta, u_max)
+    spec = power_table(op.bias, op.beta)
     if u_max > spec.x_max:
         raise UnsupportedError(f"{op.name}: the window sums reach {u_max:.3g}, past the power's table "
                                f"[0, {spec.x_max:g}] (its end entry would hold, {table_error(spec, u_max):.2g} "

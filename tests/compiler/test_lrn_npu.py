@@ -55,3 +55,27 @@ def test_lrn_without_a_calibrated_range_stays_on_the_cpu(tmp_path):
     lrn = next(p for p in report.placements if p.op.type == "LRN")
     assert lrn.device == "cpu" and "range is unknown" in lrn.reason
     assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+def test_an_int8_plan_made_mixed_by_its_lrn_is_weighed_against_fp16_throughout(tmp_path):
+    """No group's SQNR asks for fp16, but the LRN and what reads it run in fp16: the plan
+    is mixed, so it is weighed against the whole program in fp16, whose LRN takes its
+    range from the int8 build's calibration."""
+    from rkc.compiler.build import plan
+
+    path = save(_conv_lrn_conv(1e-4, 5), tmp_path / "m.onnx")
+    options = BuildOptions(precision="int8", calib=tmp_path / "calib.npz")
+    np.savez(options.calib, x=np.random.default_rng(1).standard_normal((4, 1, 8, 12, 16)).astype(np.float32))
+    weighed = []
+
+    def stage(name, fn, *args):
+        result = fn(*args)
+        if name == "mixed precision: whole program":
+            weighed.append(result)
+        elif name == "fp16 throughout: place":
+            placed = {p.op.type: p.device for p in result[0]}
+            assert placed["LRN"] == "npu"
+        return result
+
+    plan(path, options, stage)
+    assert len(weighed) == 1
