@@ -32,6 +32,11 @@ def pool_2d(ctx) -> bool:
     return len(need(ctx).shape) == 4
 
 
+def lrn_map(ctx) -> bool:
+    """the NPU normalises 2-D feature maps across channels ([1, C, H, W])"""
+    return len(need(ctx).shape) == 4
+
+
 def pool_fields(ctx) -> bool:
     """the PPU takes kernels up to 8x8, strides up to 8 and padding up to 7, without dilation or ceil mode overhang"""
     kernel = [int(k) for k in ctx.attr("kernel_shape")]
@@ -67,6 +72,6 @@ SPECS = [
            summary="average pooling (NPU: as a depthwise convolution)"),
     OpSpec("GlobalAveragePool", global_pool_shape, npu=(*BASIC, pool_2d), lower=AVG_POOL, summary="mean over H, W"),
     OpSpec("GlobalMaxPool", global_pool_shape, npu=(*BASIC, pool_2d), summary="max over H, W"),
-    OpSpec("LRN", lambda ctx: [need(ctx)], npu=(*BASIC, pool_2d), lower=NpuLowering(api.LocalResponseNorm),
+    OpSpec("LRN", lambda ctx: [need(ctx)], npu=(*BASIC, lrn_map), lower=NpuLowering(api.LocalResponseNorm),
            summary="local response normalisation across channels (NPU: fp16, the input's range calibrated)"),
 ]
