@@ -17,6 +17,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 from rkc.compiler import emitter_norm, program_steps
 from rkc.compiler.emitter_ops import emit_options
+from rkc.compiler.npu.api import LocalResponseNorm
 from rkc.ir.program import PPU_COMPLETION_KEY
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.lone_ops import keep_lone_cheap_ops_on_cpu
@@ -143,9 +144,11 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
     graph, placements, groups = _place(source, options, options.precision, stage)
     if options.precision == "int8" and options.calib is not None and not options.cpu_only:
         fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
-        # a plan is mixed when the SQNR rule puts groups in fp16, or when groups that need the
-        # lookup table (fp16 only) and what reads them already are (LRN, SiLU islands)
-        mixed = bool(fp16) or any(g.dtype == "fp16" for g in groups.values())
+        # a plan is mixed when the SQNR rule puts groups in fp16, or when an LRN (fp16 only:
+        # its power is a lookup table) and what reads it after it already are; lookup-table
+        # activations' islands alone are not weighed (their plans stay as they were)
+        mixed = bool(fp16) or any(g.dtype == "fp16" and isinstance(g.result.op, LocalResponseNorm)
+                                  for g in groups.values())
         if fp16:
             emit = emit_options(options.cores, options.ppu_irq)
             placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)

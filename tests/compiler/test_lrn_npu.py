@@ -4,6 +4,8 @@ table's range from the input's calibration."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -79,3 +81,54 @@ def test_an_int8_plan_made_mixed_by_its_lrn_is_weighed_against_fp16_throughout(t
 
     plan(path, options, stage)
     assert len(weighed) == 1
+
+
+def _random_inception(tmp_path):
+    """onnx's bundled light Inception v1 with random weights (seed 0, He-scaled): its
+    weights are all ConstantOfShape(0.02), which proves nothing (issue 38)."""
+    import onnx
+    from onnx import numpy_helper
+
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_inception_v1.onnx"
+    if not light.exists():
+        pytest.skip("onnx ships no light_inception_v1.onnx")
+    m = onnx.load(light)
+    shapes = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    rng = np.random.default_rng(0)
+    nodes, weights = [], []
+    for n in m.graph.node:
+        if n.op_type != "ConstantOfShape":
+            nodes.append(n)
+            continue
+        shape = [int(d) for d in shapes[n.input[0]]]
+        scale = np.sqrt(2.0 / np.prod(shape[1:])) if len(shape) > 1 else 0.1
+        weights.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), n.output[0]))
+    used = {x for n in nodes for x in n.input}
+    kept = [i for i in m.graph.initializer if i.name in used]
+    inputs = [i for i in m.graph.input if i.name in used]
+    del m.graph.node[:], m.graph.initializer[:], m.graph.input[:]
+    m.graph.node.extend(nodes)
+    m.graph.initializer.extend(kept + weights)
+    m.graph.input.extend(inputs)
+    m.ir_version = max(m.ir_version, 7)
+    return save(m, tmp_path / "inception.onnx")
+
+
+@pytest.mark.slow
+def test_inception_v1_with_random_weights_runs_its_lrns_and_pools_on_the_npu(tmp_path):
+    from rkc.runtime.sim import Quirks, SimDevice
+
+    path = _random_inception(tmp_path)
+    rng = np.random.default_rng(1)
+    options = BuildOptions(precision="int8", calib=tmp_path / "calib.npz", ppu_irq=True)
+    np.savez(options.calib, data_0=rng.standard_normal((2, 1, 3, 224, 224)).astype(np.float32))
+    report = build(path, tmp_path / "m.rkbin", options)
+    assert sorted(p.op.type for p in report.placements if p.device == "cpu") == ["Flatten", "Softmax"]
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin", device=SimDevice(quirks=Quirks(completion_blocks=("DPU", "PPU")))) as m:
+        got = np.asarray(m.run({"data_0": x})["prob_1"], np.float64).ravel()
+    want = onnxruntime_outputs(path, {"data_0": x})["prob_1"].astype(np.float64).ravel()
+    # the output is a softmax: compare the logits up to a constant (log-probabilities)
+    lg, lw = np.log(got) - np.log(got).mean(), np.log(want) - np.log(want).mean()
+    assert cosine(lg, lw) >= THRESHOLD["int8"]
+    assert got.argmax() == want.argmax()
