@@ -16,7 +16,10 @@ element, which made a 640x640 detector's input and outputs most of its host time
 * ops that work plane by plane and only select values (MaxPool without its
   indices, nearest Resize): the kernel of runtime/kernels runs on the feature
   maps seen as planes [C1, C2, H, W] (no conversion, the padding channels
-  pooled or copied like any other: they hold what the NPU wrote there).
+  pooled or copied like any other: they hold what the NPU wrote there);
+* a depthwise convolution between fp16 maps (one the NPU refuses: a window over
+  fewer than 4 rows) with constant weights: runtime/kernels/depthwise_jit.py on
+  the atoms (`_depthwise`).
 
 `run_step(run, step)` runs a step this way when its tensors allow it and says
 whether it did; any other step takes the interpreter's path. The values are
@@ -106,6 +109,8 @@ def run_step(run, step: Step) -> bool:
         return _output_edge(run, step, src, dst)
     if step.op in PLANE_OPS and _in_bo(run, src) and _in_bo(run, dst) and src.dtype == dst.dtype:
         return _plane_op(run, step, src, dst)
+    if step.op == "Conv" and _in_bo(run, src) and _in_bo(run, dst) and src.dtype == dst.dtype == DType.FP16:
+        return _depthwise(run, step, src, dst)
     return False
 
 
@@ -468,4 +473,32 @@ def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
             raise RkcError(f"step {step.name!r}: {dst.name!r} came out {list(value.shape)} as planes, "
                            f"the program declares {dst.shape}")
         y[...] = value
+    return True
+
+
+def _depthwise(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """A 2-D depthwise Conv ([C, 1, kh, kw] weights, group C) between fp16 feature maps."""
+    weights = run.read(step.inputs[1])
+    bias = run.read(step.inputs[2]) if len(step.inputs) > 2 and step.inputs[2] else None
+    channels = src.shape[1]
+    if len(src.shape) != 4 or weights.ndim != 4 or weights.shape[:2] != (channels, 1) \
+            or int(step.attrs.get("group", 1)) != channels or list(dst.shape[:2]) != [1, channels]:
+        return False
+    kernel = list(weights.shape[2:])
+    if step.attrs.get("kernel_shape") is not None and list(step.attrs["kernel_shape"]) != kernel:
+        return False
+    strides = [int(s) for s in step.attrs.get("strides") or (1, 1)]
+    dilations = [int(d) for d in step.attrs.get("dilations") or (1, 1)]
+    begin, end = geometry.pads_for(step.attrs.get("auto_pad", "NOTSET"), src.shape[2:], kernel, strides, dilations,
+                                   step.attrs.get("pads"))
+    out_sizes = [(i + b + e - (k - 1) * d - 1) // s + 1
+                 for i, b, e, k, d, s in zip(src.shape[2:], begin, end, kernel, dilations, strides)]
+    if out_sizes != list(dst.shape[2:]):
+        return False
+    from rkc.runtime.kernels import depthwise_jit  # numba: loaded by programs with such a convolution
+
+    with _Held(run, [src, dst]) as (fin, fout):
+        depthwise_jit.depthwise_feature(fin, np.asarray(weights, np.float32),
+                                        None if bias is None else np.asarray(bias, np.float32),
+                                        strides, begin, dilations, fout)
     return True
