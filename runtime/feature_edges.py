@@ -477,16 +477,34 @@ def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 
 
 def _depthwise(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
-    """A 2-D depthwise Conv ([C, 1, kh, kw] weights, group C) between fp16 feature maps."""
+    """A 2-D depthwise Conv ([C, 1, kh, kw] weights, group C) between fp16 feature maps;
+    its geometry and lane weights worked out at the program's first run."""
+    from rkc.runtime.kernels import depthwise_jit  # numba: loaded by programs with such a convolution
+
+    plans = run.schedule.depthwise
+    plan = plans.get(id(step))
+    if plan is None:
+        plan = plans[id(step)] = _depthwise_plan(run, step, src, dst)
+    if not plan:
+        return False
+    with _Held(run, [src, dst]) as (fin, fout):
+        depthwise_jit.depthwise_feature(fin, *plan, fout)
+    return True
+
+
+def _depthwise_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
+    """(lane weights, lane bias, strides, top-left pads, dilations), or () when the step is no such Conv."""
+    from rkc.runtime.kernels import depthwise_jit
+
     weights = run.read(step.inputs[1])
     bias = run.read(step.inputs[2]) if len(step.inputs) > 2 and step.inputs[2] else None
     channels = src.shape[1]
     if len(src.shape) != 4 or weights.ndim != 4 or weights.shape[:2] != (channels, 1) \
             or int(step.attrs.get("group", 1)) != channels or list(dst.shape[:2]) != [1, channels]:
-        return False
+        return ()
     kernel = list(weights.shape[2:])
     if step.attrs.get("kernel_shape") is not None and list(step.attrs["kernel_shape"]) != kernel:
-        return False
+        return ()
     strides = [int(s) for s in step.attrs.get("strides") or (1, 1)]
     dilations = [int(d) for d in step.attrs.get("dilations") or (1, 1)]
     begin, end = geometry.pads_for(step.attrs.get("auto_pad", "NOTSET"), src.shape[2:], kernel, strides, dilations,
@@ -494,11 +512,7 @@ def _depthwise(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     out_sizes = [(i + b + e - (k - 1) * d - 1) // s + 1
                  for i, b, e, k, d, s in zip(src.shape[2:], begin, end, kernel, dilations, strides)]
     if out_sizes != list(dst.shape[2:]):
-        return False
-    from rkc.runtime.kernels import depthwise_jit  # numba: loaded by programs with such a convolution
-
-    with _Held(run, [src, dst]) as (fin, fout):
-        depthwise_jit.depthwise_feature(fin, np.asarray(weights, np.float32),
-                                        None if bias is None else np.asarray(bias, np.float32),
-                                        strides, begin, dilations, fout)
-    return True
+        return ()
+    lanes = depthwise_jit.lane_weights(np.asarray(weights, np.float32),
+                                       None if bias is None else np.asarray(bias, np.float32))
+    return (*lanes, strides, begin, dilations)

@@ -53,7 +53,8 @@ def test_depthwise_on_feature_maps_matches_float64(c, h, w, kernel, strides, dil
     out_hw = [(n + pads[a] + pads[a + 2] - (k - 1) * d - 1) // s + 1
               for a, (n, k, s, d) in enumerate(zip((h, w), kernel, strides, dilations))]
     fm_out = np.full((-(-c // 8), *out_hw, 8), np.float16(7))  # stale values: every lane must be written
-    depthwise_jit.depthwise_feature(_feature(x), weights, bias, strides, pads[:2], dilations, fm_out)
+    lanes = depthwise_jit.lane_weights(weights, bias)
+    depthwise_jit.depthwise_feature(_feature(x), *lanes, strides, pads[:2], dilations, fm_out)
     want = _reference(x, weights, bias, strides, dilations, pads, out_hw)
     got = layout.unpack_feature(fm_out, c).astype(np.float64)
     step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)  # one fp16 step at the result
