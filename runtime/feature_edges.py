@@ -442,6 +442,28 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     return True
 
 
+def _resize_picks(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
+    """(rows, columns) a nearest Resize of the map's height and width takes, made at the
+    program's first run; () for any other Resize (it then runs on the planes)."""
+    plans = run.schedule.native_plans
+    plan = plans.get(id(step))
+    if plan is None:
+        plan = ()
+        c, h, _, w = geometry.feature_map(src.shape, src.layout)
+        c2, itemsize = layout.c2_for(DType(src.dtype).itemsize), DType(src.dtype).itemsize
+        planes = (-(-c // c2), c2, h, w)
+        rest = _plane_inputs(run, step, src, planes)
+        if rest is not None and c2 * itemsize == 16 and not step.attrs.get("antialias", 0):
+            from rkc.runtime.kernels import nn
+
+            picks = nn.nearest_picks(planes, *rest, **step.attrs)
+            rows, cols = picks.get(2, np.arange(h)), picks.get(3, np.arange(w))
+            if set(picks) <= {2, 3} and [len(rows), len(cols)] == list(dst.shape[2:]):
+                plan = (rows, cols)
+        plans[id(step)] = plan
+    return plan
+
+
 def _plane_inputs(run, step: Step, src: TensorInfo, planes_shape: tuple[int, ...]) -> list | None:
     """The step's other inputs, restated for planes [C1, C2, H, W] (a Resize's
     scales or sizes), or None when they touch the batch or channel axes."""
@@ -463,6 +485,14 @@ def _plane_inputs(run, step: Step, src: TensorInfo, planes_shape: tuple[int, ...
 
 
 def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    if step.op == "Resize":
+        picks = _resize_picks(run, step, src, dst)
+        if picks:
+            with _Held(run, [src, dst]) as (fin, fout):
+                from rkc.runtime.kernels import gather_jit  # numba: loaded by programs that resize on the CPU
+
+                gather_jit.gather_atoms(fin, *picks, fout)
+            return True
     with _Held(run, [src, dst]) as (fin, fout):
         x, y = _planes(fin), _planes(fout)
         rest = _plane_inputs(run, step, src, x.shape)
@@ -481,7 +511,7 @@ def _depthwise(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     its geometry and lane weights worked out at the program's first run."""
     from rkc.runtime.kernels import depthwise_jit  # numba: loaded by programs with such a convolution
 
-    plans = run.schedule.depthwise
+    plans = run.schedule.native_plans
     plan = plans.get(id(step))
     if plan is None:
         plan = plans[id(step)] = _depthwise_plan(run, step, src, dst)
