@@ -116,8 +116,9 @@ def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
     """GlobalAveragePool -> 1x1 Conv + ReLU -> 1x1 Conv -> HardSigmoid: the [1, C, 1, 1]
     maps are held as GEMM rows, the 1x1 convolutions run as GEMMs (M = 1), the
     HardSigmoid as bias + clip. The final broadcast Mul runs in fp16 as a 1x1 depthwise
-    convolution whose weights are the gate, which the host rewrites as a dense vector
-    (a map of 3 rows read as a taller grid); an int8 program keeps it on the CPU."""
+    convolution whose weights are the gate (a map of 3 rows read as a taller grid),
+    which the gate's last convolution writes as a native map (row 0 of the GEMM row at
+    row stride 4): no host step, one segment. An int8 program keeps the Mul on the CPU."""
     rng = np.random.default_rng(c)
     r = max(c // 4, 1)
     inits = {"w1": rng.standard_normal((r, c, 1, 1)) / np.sqrt(c), "b1": rng.standard_normal(r) * 0.1,
@@ -131,6 +132,8 @@ def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
     cpu = [p.op.type for p in report.placements if p.device == "cpu"]
     assert cpu == ([] if report.precision == "fp16" else ["Mul"]), \
         [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    if report.precision == "fp16":
+        assert (report.segments, report.conversions) == (1, 2)  # the model's input and output only
     assert cosine(got, want) >= THRESHOLD[precision]
 
 
