@@ -60,4 +60,5 @@ def gather_atoms(fm: np.ndarray, rows: np.ndarray, cols: np.ndarray, out: np.nda
     words = fm.reshape(-1).view(np.uint64).reshape(*fm.shape[:3], 2)
     into = out.reshape(-1).view(np.uint64).reshape(*out.shape[:3], 2)
     args = (words, rows.astype(np.int64), cols.astype(np.int64), into)
-    over_rows(lambda lo, hi: _gather_atoms(*args, lo, hi), out.shape[0] * out.shape[1], out.size)
+    # the work is a copy of whole atoms: counted in atoms, a copy under a few MB stays on one thread
+    over_rows(lambda lo, hi: _gather_atoms(*args, lo, hi), out.shape[0] * out.shape[1], into.size // 2)
