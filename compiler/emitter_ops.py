@@ -383,9 +383,9 @@ def _gate_conv(graph: Graph, op, tail: _Tail, weights, depthwise: bool, bias, we
     if tail.residual is not None:
         raise _Refused("a residual Add is not fused into a channel gate's convolution")
     epi = _epilogue(graph, tail, bias, dtype, precision, program, "native", in_scale, w_scales)
-    conv = api.Conv2D(src, np.ascontiguousarray(weights), _feature(graph, tail.output, "native", dtype, precision, program),
-                      stride=(src.height, 1), depthwise=depthwise, weight_quant=weight_quant, epilogue=epi,
-                      name=f"npu{i}")
+    gate = _feature(graph, tail.output, "native", dtype, precision, program)
+    conv = api.Conv2D(src, np.ascontiguousarray(weights), gate, stride=(src.height, 1), depthwise=depthwise,
+                      weight_quant=weight_quant, epilogue=epi, name=f"npu{i}")
     return conv, {op.inputs[0]: "native-gemm"}
 
 

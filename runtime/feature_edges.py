@@ -487,12 +487,12 @@ def _plane_inputs(run, step: Step, src: TensorInfo, planes_shape: tuple[int, ...
 def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     if step.op == "Resize":
         picks = _resize_picks(run, step, src, dst)
-        if picks:
-            with _Held(run, [src, dst]) as (fin, fout):
+        with _Held(run, [src, dst]) as (fin, fout):
+            if picks and fin.flags.c_contiguous and fout.flags.c_contiguous:
                 from rkc.runtime.kernels import gather_jit  # numba: loaded by programs that resize on the CPU
 
                 gather_jit.gather_atoms(fin, *picks, fout)
-            return True
+                return True
     with _Held(run, [src, dst]) as (fin, fout):
         x, y = _planes(fin), _planes(fout)
         rest = _plane_inputs(run, step, src, x.shape)

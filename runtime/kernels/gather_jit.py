@@ -57,6 +57,8 @@ def _gather_atoms(x, rows, cols, out, lo, hi):
 def gather_atoms(fm: np.ndarray, rows: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
     """out[a, i, j] = fm[a, rows[i], cols[j]] for feature maps of 16-byte atoms
     (fm [C1, H, W, C2], out [C1, len(rows), len(cols), C2], both C-contiguous)."""
+    if not (fm.flags.c_contiguous and out.flags.c_contiguous) or fm.itemsize * fm.shape[3] != 16:
+        raise ValueError("gather_atoms moves the 16-byte atoms of C-contiguous feature maps")
     words = fm.reshape(-1).view(np.uint64).reshape(*fm.shape[:3], 2)
     into = out.reshape(-1).view(np.uint64).reshape(*out.shape[:3], 2)
     args = (words, rows.astype(np.int64), cols.astype(np.int64), into)
