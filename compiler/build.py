@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
-from rkc.compiler import program_steps
+from rkc.compiler import emitter_norm, program_steps
 from rkc.compiler.emitter_ops import emit_options
+from rkc.compiler.npu.api import LocalResponseNorm
 from rkc.ir.program import PPU_COMPLETION_KEY
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.lone_ops import keep_lone_cheap_ops_on_cpu
@@ -143,6 +144,11 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
     graph, placements, groups = _place(source, options, options.precision, stage)
     if options.precision == "int8" and options.calib is not None and not options.cpu_only:
         fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
+        # a plan is mixed when the SQNR rule puts groups in fp16, or when an LRN (fp16 only:
+        # its power is a lookup table) and what reads it after it already are; lookup-table
+        # activations' islands alone are not weighed (their plans stay as they were)
+        mixed = bool(fp16) or any(g.dtype == "fp16" and isinstance(g.result.op, LocalResponseNorm)
+                                  for g in groups.values())
         if fp16:
             emit = emit_options(options.cores, options.ppu_irq)
             placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
@@ -153,11 +159,12 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
             if merged:
                 fp16 = {**fp16, **merged}
                 placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
+        if mixed:
             placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements,
                                        groups, options.precision)
             # a mixed plan against the whole program in fp16, built from the fp16 passes
             # (HardSwish stays one table in its convolution's epilogue, no int8 rewrites)
-            whole = _place(source, options, "fp16", stage)
+            whole = _place(source, options, "fp16", stage, emitter_norm.normalised_maxima(graph))
             why = stage("mixed precision: whole program", whole_fp16_wins, (graph, placements, groups), whole)
             if why:
                 return Plan(*whole, "fp16", f"fp16 throughout, int8 asked for: {why}")
@@ -167,8 +174,10 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
     return Plan(graph, placements, groups, options.precision)
 
 
-def _place(source: str | Path, options: BuildOptions, precision: str, stage) -> tuple[Graph, list[Placement], dict]:
-    """The graph loaded, rewritten and quantized for `precision`, placed once."""
+def _place(source: str | Path, options: BuildOptions, precision: str, stage,
+           maxima: list | None = None) -> tuple[Graph, list[Placement], dict]:
+    """The graph loaded, rewritten and quantized for `precision`, placed once;
+    `maxima`: ranges an int8 build's calibration saw (compiler/emitter_norm.py)."""
     also = "" if precision == options.precision else f"{precision} throughout: "  # the alternative's stages
     extra = {"image_inputs": dict(options.image_inputs)} if options.image_inputs else {}
     graph: Graph = stage(f"{also}load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
@@ -177,6 +186,8 @@ def _place(source: str | Path, options: BuildOptions, precision: str, stage) -> 
     graph = stage(f"{also}passes", run_passes, graph, precision == "int8" and options.calib is not None)
     stage(f"{also}check shapes", require_static, graph)
     graph = stage(f"{also}quantize", quantize, graph, precision, options.calib if precision == "int8" else None)
+    if maxima:
+        graph.metadata[emitter_norm.CALIBRATED_MAX] = maxima
     emit = emit_options(options.cores, options.ppu_irq)
     placements, groups = stage(f"{also}place", place_ops, graph, precision, options.cpu_only, None, emit)
     if also:

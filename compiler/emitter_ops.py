@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from rkc.compiler import cost
+from rkc.compiler import cost, emitter_norm
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
@@ -65,9 +65,22 @@ def _vector_map(shape) -> bool:
 
 
 def npu_layout(graph: Graph, tensor: str) -> str:
-    """The layout an NPU group keeps `tensor` in."""
+    """The layout an NPU group keeps `tensor` in. A [1, C, 1, 1] vector read only as a
+    channel gate's run-time depthwise weights is a native map (its C values dense: the
+    1x1 depthwise weight layout), which its producer writes as such (`_gate_conv`)."""
     shape = graph.tensors[tensor].type.shape
-    return "native" if len(shape) == 4 and not _vector_map(shape) else "native-gemm"
+    if len(shape) == 4 and not _vector_map(shape):
+        return "native"
+    return "native" if _gate_only(graph, tensor) else "native-gemm"
+
+
+def _gate_only(graph: Graph, tensor: str) -> bool:
+    """`tensor` is a [1, C, 1, 1] vector whose every reader is a channel gate's Mul
+    taking it as the vector (not a graph output)."""
+    if not _vector_map(graph.tensors[tensor].type.shape) or tensor in graph.outputs:
+        return False
+    readers = [op for op in graph.ops if tensor in op.inputs]
+    return bool(readers) and all((_channel_gate(graph, op) or (None, None))[1] == tensor for op in readers)
 
 
 _layout = npu_layout
@@ -333,6 +346,9 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tu
     if layout == "native-gemm":
         if not pointwise:
             raise _Refused("a convolution with a window over a 1x1 map (padding only) is not lowered")
+        if _layout(graph, tail.output) == "native":
+            return _gate_conv(graph, op, tail, weights, depthwise, bias, weight_quant, in_scale, w_scales, precision,
+                              program, i)
         if not depthwise:  # [1, C] x [C, O]: the GEMM it is
             epi = _epilogue(graph, tail, bias, dtype, precision, program, layout, in_scale, w_scales)
             gemm = api.Gemm(_feature(graph, op.inputs[0], layout, dtype, precision, program),
@@ -352,6 +368,25 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tu
                       padding=(begin[0], end[0], begin[1], end[1]), depthwise=depthwise,
                       weight_quant=weight_quant, epilogue=epi, name=f"npu{i}")
     return conv, {t: layout for t in (op.inputs[0], tail.residual) if t}
+
+
+def _gate_conv(graph: Graph, op, tail: _Tail, weights, depthwise: bool, bias, weight_quant, in_scale, w_scales,
+               precision: str, program: str, i: int) -> tuple[api.Conv2D, dict[str, str]]:
+    """A 1x1 convolution of a [1, C, 1, 1] vector whose result is a channel gate (the
+    excite convolution of a squeeze-excite block, or the hard-sigmoid's scale after it):
+    the input's GEMM row is a native map of 4 rows and one column (api.Feature.gemm),
+    which a 1x1 convolution at row stride 4 reads row 0 of, writing the one-position
+    native map the gate's product reads as its depthwise weights. The gate never leaves
+    the NPU."""
+    dtype = device_dtype(precision)
+    src = _feature(graph, op.inputs[0], "native-gemm", dtype, precision, program)
+    if tail.residual is not None:
+        raise _Refused("a residual Add is not fused into a channel gate's convolution")
+    epi = _epilogue(graph, tail, bias, dtype, precision, program, "native", in_scale, w_scales)
+    gate = _feature(graph, tail.output, "native", dtype, precision, program)
+    conv = api.Conv2D(src, np.ascontiguousarray(weights), gate, stride=(src.height, 1), depthwise=depthwise,
+                      weight_quant=weight_quant, epilogue=epi, name=f"npu{i}")
+    return conv, {op.inputs[0]: "native-gemm"}
 
 
 def _conv_transpose(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
@@ -427,6 +462,8 @@ def _activation(graph: Graph, i: int, tail: _Tail, precision: str, program: str)
     if precision != "fp16":
         raise _Refused("standalone lookup-table activations run in fp16")
     layout = _layout(graph, op.inputs[0])
+    if _layout(graph, op.outputs[0]) != layout:
+        raise _Refused("a lookup-table activation keeps its input's layout (its result is a channel gate)")
     act = api.Activation(_feature(graph, op.inputs[0], layout, "fp16", precision, program),
                          _feature(graph, op.outputs[0], layout, "fp16", precision, program), function, name=f"npu{i}")
     return act, {op.inputs[0]: layout}
@@ -456,7 +493,7 @@ def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
         conv = api.Conv2D(_feature(graph, x, "native", "fp16", precision, program, view),
                           np.zeros((1, 1, int(shape[1])), np.float16),
                           _feature(graph, op.outputs[0], "native", "fp16", precision, program, view), depthwise=True,
-                          name=f"npu{i}", weights_buffer=dense_name(s, "fp16", program))
+                          name=f"npu{i}", weights_buffer=_gate_buffer(graph, s, program))
         return conv, {x: "native", s: "native"}
     dtype = device_dtype(precision)
     layout = _layout(graph, tail.output)
@@ -464,6 +501,12 @@ def _eltwise(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
     ew = api.Elementwise(a, b, _feature(graph, tail.output, layout, dtype, precision, program),
                          lowering(op).function, name=f"npu{i}", activation=tail.activation, clip=tail.clip)
     return ew, {t: layout for t in op.inputs}
+
+
+def _gate_buffer(graph: Graph, s: str, program: str) -> str:
+    """The NPU buffer holding gate `s` as a native map: its own (its producer writes it so,
+    `_gate_conv`), or the copy the host writes beside its GEMM row (`dense_name`)."""
+    return npu_name(s, "fp16", program) if _layout(graph, s) == "native" else dense_name(s, "fp16", program)
 
 
 def _channel_gate(graph: Graph, op) -> tuple[str, str] | None:
@@ -487,6 +530,8 @@ def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
     view = None
     if _vector_map(x.shape):
         raise _Refused("pooling a 1x1 map is the identity")
+    if _vector_map(graph.tensors[op.outputs[0]].type.shape) and _layout(graph, op.outputs[0]) != "native-gemm":
+        raise _Refused("a pool's 1x1 result is written as a GEMM row, not as a channel gate's weights")
     if op.type == "GlobalAveragePool":
         # the mean of every position: any grid of them will do, so take one whose
         # window fits the kernel fields and gives a task its minimum rows
@@ -534,7 +579,8 @@ def _upsample(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
 # graph op; tests/npu/test_op_declarations.py checks every operation the OpSpecs
 # name has one, and every builder serves some OpSpec
 BUILDERS = {api.Conv2D: _conv, api.Gemm: _gemm, api.Elementwise: _eltwise, api.Activation: _activation,
-            api.Pool: _pool, api.Upsample: _upsample, api.ConvTranspose2D: _conv_transpose}
+            api.Pool: _pool, api.Upsample: _upsample, api.ConvTranspose2D: _conv_transpose,
+            api.LocalResponseNorm: emitter_norm.build_lrn}
 
 
 def _emit(graph: Graph, i: int, tail: _Tail, precision: str, program: str,
@@ -606,7 +652,7 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
         # a group meant for fp16 the emitter cannot build in fp16 stays in the program's dtype
         tries = [(own, tail) for own in dict.fromkeys(("fp16" if i in fp16_anchors else precision, precision))
                  for tail in tails]
-        lut_side = precision == "int8" and (_has_lut(graph, tails[0]) or
+        lut_side = precision == "int8" and (_has_lut(graph, tails[0]) or how.operation is api.LocalResponseNorm or
                                             any(t in table_fp16 for t in op.present_inputs()))
         if lut_side:
             # the lookup table is documented on fp16 data only (dpu-lut-activation.md; int8 is

@@ -224,7 +224,8 @@ def whole_fp16_wins(mixed: tuple, whole: tuple, s_per_element: float = HOST_S_PE
     build) is cheaper than the mixed int8 plan (`mixed`), NPU and host time as
     `program_seconds` models them, or "" when it is not. fp16 never loses accuracy to
     the int8 groups it replaces; an int8 build whose plan stayed all int8 is never
-    weighed (this is for plans the SQNR rule already made mixed)."""
+    weighed (this is for plans the SQNR rule, or an LRN's fp16 groups, already made
+    mixed)."""
     npu_m, host_m = program_seconds(*mixed, s_per_element)
     npu_f, host_f = program_seconds(*whole, s_per_element)
     if npu_f + host_f >= npu_m + host_m:

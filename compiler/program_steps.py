@@ -159,12 +159,18 @@ class _Lowering:
         """The NPU dtype `op` can run in on its input's NPU copy, writing its output's
         (None: it runs on host tensors): an op that selects values (quantize.selects_values;
         int8: at one shared scale), its input already a native map on the NPU, every NPU
-        reader of its output reading it as a native map."""
-        if not selects_values(op) or len(op.outputs) != 1:
+        reader of its output reading it as a native map. A depthwise convolution the NPU
+        refuses (a window over fewer than 4 rows, hardware question Q2) runs in place on
+        fp16 copies too: computed in float32 from the fp16 values and rounded once, as the
+        Cast, Conv, Cast it replaces (runtime/kernels/depthwise_jit.py reads the atoms)."""
+        selects = selects_values(op)
+        if not (selects or self.depthwise_on_constants(op)) or len(op.outputs) != 1:
             return None
         src, out = op.inputs[0], op.outputs[0]
         dtype = next((d for _, d in self.copies.get(src, [])), None)
         if dtype is None or self.on_npu.get(npu_name(src, dtype, self.precision)) != "native":
+            return None
+        if not selects and dtype != "fp16":
             return None
         qa, qb = self.graph.tensors[src].type.quant, self.graph.tensors[out].type.quant
         if dtype == "int8" and not (isinstance(qa, PerTensorQuant) and qa == qb):
@@ -174,6 +180,15 @@ class _Lowering:
         if not all(g.reads.get(out, "native") == "native" for g in self.groups.values()):
             return None
         return dtype
+
+    def depthwise_on_constants(self, op) -> bool:
+        """A 2-D Conv with one filter per channel ([C, 1, kh, kw]) and constant weights and bias."""
+        if op.type != "Conv" or len(op.inputs) < 2 or not op.inputs[1]:
+            return False
+        x, w = self.graph.tensors[op.inputs[0]].type.shape, self.graph.tensors[op.inputs[1]].type.shape
+        consts = [self.graph.tensors[n].payload is not None for n in op.inputs[1:] if n]
+        return (len(x) == 4 and len(w) == 4 and w[1] == 1 and w[0] == x[1] == int(op.attrs.get("group", 1))
+                and all(consts))
 
     def as_views(self, op) -> bool:
         """Lower a channel Concat / Split of native NPU maps as slices of one buffer."""

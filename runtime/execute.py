@@ -85,6 +85,7 @@ class _Schedule:
         self.no_fused: set[int] = set()  # steps that start no fused pass feature_edges accepts
         self.chains: dict[int, tuple] = {}  # first step -> (its chain's steps, feature_edges.chain_plan)
         self.images: dict[int, tuple] = {}  # first step -> (its steps, feature_edges.image_plan)
+        self.native_plans: dict[int, tuple] = {}  # id(step) -> what feature_edges worked out at the first run
 
     def fused_end(self, run: "_Run", i: int) -> int | None:
         """Run the steps from `i` as one pass (feature_edges: a recoding chain, or a

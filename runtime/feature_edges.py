@@ -16,7 +16,10 @@ element, which made a 640x640 detector's input and outputs most of its host time
 * ops that work plane by plane and only select values (MaxPool without its
   indices, nearest Resize): the kernel of runtime/kernels runs on the feature
   maps seen as planes [C1, C2, H, W] (no conversion, the padding channels
-  pooled or copied like any other: they hold what the NPU wrote there).
+  pooled or copied like any other: they hold what the NPU wrote there);
+* a depthwise convolution between fp16 maps (one the NPU refuses: a window over
+  fewer than 4 rows) with constant weights: runtime/kernels/depthwise_jit.py on
+  the atoms (`_depthwise`).
 
 `run_step(run, step)` runs a step this way when its tensors allow it and says
 whether it did; any other step takes the interpreter's path. The values are
@@ -106,6 +109,8 @@ def run_step(run, step: Step) -> bool:
         return _output_edge(run, step, src, dst)
     if step.op in PLANE_OPS and _in_bo(run, src) and _in_bo(run, dst) and src.dtype == dst.dtype:
         return _plane_op(run, step, src, dst)
+    if step.op == "Conv" and _in_bo(run, src) and _in_bo(run, dst) and src.dtype == dst.dtype == DType.FP16:
+        return _depthwise(run, step, src, dst)
     return False
 
 
@@ -443,6 +448,28 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     return True
 
 
+def _resize_picks(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
+    """(rows, columns) a nearest Resize of the map's height and width takes, made at the
+    program's first run; () for any other Resize (it then runs on the planes)."""
+    plans = run.schedule.native_plans
+    plan = plans.get(id(step))
+    if plan is None:
+        plan = ()
+        c, h, _, w = geometry.feature_map(src.shape, src.layout)
+        c2, itemsize = layout.c2_for(DType(src.dtype).itemsize), DType(src.dtype).itemsize
+        planes = (-(-c // c2), c2, h, w)
+        rest = _plane_inputs(run, step, src, planes)
+        if rest is not None and c2 * itemsize == 16 and not step.attrs.get("antialias", 0):
+            from rkc.runtime.kernels import nn
+
+            picks = nn.nearest_picks(planes, *rest, **step.attrs)
+            rows, cols = picks.get(2, np.arange(h)), picks.get(3, np.arange(w))
+            if set(picks) <= {2, 3} and [len(rows), len(cols)] == list(dst.shape[2:]):
+                plan = (rows, cols)
+        plans[id(step)] = plan
+    return plan
+
+
 def _plane_inputs(run, step: Step, src: TensorInfo, planes_shape: tuple[int, ...]) -> list | None:
     """The step's other inputs, restated for planes [C1, C2, H, W] (a Resize's
     scales or sizes), or None when they touch the batch or channel axes."""
@@ -464,6 +491,14 @@ def _plane_inputs(run, step: Step, src: TensorInfo, planes_shape: tuple[int, ...
 
 
 def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    if step.op == "Resize":
+        picks = _resize_picks(run, step, src, dst)
+        with _Held(run, [src, dst]) as (fin, fout):
+            if picks and fin.flags.c_contiguous and fout.flags.c_contiguous:
+                from rkc.runtime.kernels import gather_jit  # numba: loaded by programs that resize on the CPU
+
+                gather_jit.gather_atoms(fin, *picks, fout)
+                return True
     with _Held(run, [src, dst]) as (fin, fout):
         x, y = _planes(fin), _planes(fout)
         rest = _plane_inputs(run, step, src, x.shape)
@@ -475,3 +510,45 @@ def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
                            f"the program declares {dst.shape}")
         y[...] = value
     return True
+
+
+def _depthwise(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """A 2-D depthwise Conv ([C, 1, kh, kw] weights, group C) between fp16 feature maps;
+    its geometry and lane weights worked out at the program's first run."""
+    from rkc.runtime.kernels import depthwise_jit  # numba: loaded by programs with such a convolution
+
+    plans = run.schedule.native_plans
+    plan = plans.get(id(step))
+    if plan is None:
+        plan = plans[id(step)] = _depthwise_plan(run, step, src, dst)
+    if not plan:
+        return False
+    with _Held(run, [src, dst]) as (fin, fout):
+        depthwise_jit.depthwise_feature(fin, *plan, fout)
+    return True
+
+
+def _depthwise_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
+    """(lane weights, lane bias, strides, top-left pads, dilations), or () when the step is no such Conv."""
+    from rkc.runtime.kernels import depthwise_jit
+
+    weights = run.read(step.inputs[1])
+    bias = run.read(step.inputs[2]) if len(step.inputs) > 2 and step.inputs[2] else None
+    channels = src.shape[1]
+    if len(src.shape) != 4 or weights.ndim != 4 or weights.shape[:2] != (channels, 1) \
+            or int(step.attrs.get("group", 1)) != channels or list(dst.shape[:2]) != [1, channels]:
+        return ()
+    kernel = list(weights.shape[2:])
+    if step.attrs.get("kernel_shape") is not None and list(step.attrs["kernel_shape"]) != kernel:
+        return ()
+    strides = [int(s) for s in step.attrs.get("strides") or (1, 1)]
+    dilations = [int(d) for d in step.attrs.get("dilations") or (1, 1)]
+    begin, end = geometry.pads_for(step.attrs.get("auto_pad", "NOTSET"), src.shape[2:], kernel, strides, dilations,
+                                   step.attrs.get("pads"))
+    out_sizes = [(i + b + e - (k - 1) * d - 1) // s + 1
+                 for i, b, e, k, d, s in zip(src.shape[2:], begin, end, kernel, dilations, strides)]
+    if out_sizes != list(dst.shape[2:]):
+        return ()
+    lanes = depthwise_jit.lane_weights(np.asarray(weights, np.float32),
+                                       None if bias is None else np.asarray(bias, np.float32))
+    return (*lanes, strides, begin, dilations)

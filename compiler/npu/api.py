@@ -201,7 +201,7 @@ class Epilogue:
     slope: float | None = None
 
     def __post_init__(self) -> None:
-        if self.activation is not None and self.activation not in ACTIVATIONS:
+        if isinstance(self.activation, str) and self.activation not in ACTIVATIONS:
             raise UnsupportedError(f"unknown activation {self.activation!r} (have {', '.join(ACTIVATIONS)})")
         if self.activation == "clip" and self.clip is None:
             raise UnsupportedError("activation 'clip' needs clip=(lo, hi)")
@@ -215,8 +215,12 @@ class Epilogue:
         return {"relu": (0.0, float("inf")), "relu6": (0.0, 6.0), "clip": self.clip}.get(self.activation or "")
 
     @property
-    def lut(self) -> str | None:
-        return self.activation if self.activation in LUT_FUNCTIONS else None
+    def lut(self) -> object | None:
+        """A lookup-table activation: a name of LUT_FUNCTIONS, or a table of the
+        emitter's own (a `compiler.npu.lut.LutFunction`, e.g. LRN's power)."""
+        if self.activation is None or self.activation in ACTIVATIONS and self.activation not in LUT_FUNCTIONS:
+            return None
+        return self.activation
 
 
 NO_EPILOGUE = Epilogue()
@@ -356,6 +360,9 @@ class Elementwise:
     name: str = "eltwise"
     activation: str | None = None
     clip: tuple[float, float] | None = None
+    # fp16: a power of two a is multiplied by first (exact: the identity weight), so that
+    # a product beyond fp16's range can be written scaled down (LRN's squares)
+    scale: float = 1.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -379,6 +386,23 @@ class Pool:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     name: str = "pool"
+
+
+@dataclass(frozen=True, eq=False)
+class LocalResponseNorm:
+    """ONNX LRN across channels, fp16: out = x / (bias + alpha / size * sum of the
+    squares of `size` neighbouring channels) ** beta (compiler/npu/lrn.py)."""
+
+    input: Feature
+    output: Feature
+    size: int
+    alpha: float = 1e-4
+    beta: float = 0.75
+    bias: float = 1.0
+    name: str = "lrn"
+    # the largest |x| the input holds (its calibrated range): the power's table must
+    # cover what the window sums reach (compiler/npu/lrn.py); None: unknown
+    input_max: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -412,7 +436,7 @@ class ConvTranspose2D:
 
 # the operations of this API; compiler/npu/dispatch.LOWERINGS has one emitter for each
 # (and for the Mesa-compatible compiler.npu.mesa.MesaConv)
-OPERATIONS = (Gemm, GemmInt4, Conv2D, Elementwise, Activation, Pool, Upsample, ConvTranspose2D)
+OPERATIONS = (Gemm, GemmInt4, Conv2D, Elementwise, Activation, Pool, Upsample, ConvTranspose2D, LocalResponseNorm)
 
 
 # -- results --------------------------------------------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rkc.compiler.npu import api, conv, conv_transpose, eltwise, flying, gemm, gemm_int4, mesa, pool, upsample
+from rkc.compiler.npu import (api, conv, conv_transpose, eltwise, flying, gemm, gemm_int4, lrn, mesa, pool,
+                               upsample)
 from rkc.ir.errors import UnsupportedError
 
 # operation class -> emitter(op, options) -> EmitResult; tests/npu/test_op_declarations.py
@@ -19,6 +20,7 @@ LOWERINGS: dict[type, Callable[..., api.EmitResult]] = {
     api.Activation: flying.lower_activation,
     api.Pool: pool.lower_pool,
     api.Upsample: upsample.lower_upsample,
+    api.LocalResponseNorm: lrn.lower_lrn,
     api.ConvTranspose2D: conv_transpose.lower_conv_transpose,
 }
 

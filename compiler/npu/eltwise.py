@@ -15,6 +15,8 @@ kernel group of MACs per element, far below the DMA time.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from rkc.compiler.npu import api, epilogue, formats, schedule
@@ -98,7 +100,10 @@ def lower_eltwise(op: api.Elementwise, options: api.EmitOptions) -> api.EmitResu
     atoms = a.surfaces * a.height * a.width
     in_place = any(o.buffer == f.buffer and o.offset == f.offset for f in (a, b))
     chunks = flat_chunks(atoms, overlap_ok=not in_place)
-    gain = INT8_GAIN if dtype == "int8" else 1
+    if op.scale != 1.0 and (dtype != "fp16" or not 2.0 ** -14 <= op.scale <= 2.0 ** 15
+                            or math.frexp(op.scale)[0] != 0.5):
+        raise UnsupportedError(f"{op.name}: a scale is an fp16 op's normal power of two, not {op.scale}")
+    gain = INT8_GAIN if dtype == "int8" else op.scale
     identity = layout.pack_weights((np.eye(kg) * gain).astype(npdt)[:, None, None, :]).tobytes()
     consts = [api.ConstBuffer(f"{op.name}.identity", identity)]
 

@@ -144,11 +144,32 @@ def _quantize(g: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(g * (1 << Q_BITS)), 1, (1 << Q_BITS) - 1).astype(np.uint16)
 
 
-def plan(name: str) -> LutPlan:
-    try:
-        spec = FUNCTIONS[name]
-    except KeyError:
-        raise UnsupportedError(f"no NPU lookup table for {name!r} (have {', '.join(FUNCTIONS)})") from None
+def sample(spec: LutFunction, x: np.ndarray) -> np.ndarray:
+    """What the tables give at table input x (fp64, before OUT_CVT's fp16 rounding):
+    the entries interpolated, the end entries held outside them where the slope is 0.
+    For error bounds over a range (the simulator computes the same, runtime/sim/lut.py)."""
+    if spec.overflow_slope or spec.underflow_slope:
+        raise ValueError("sample() models tables whose ends hold (slopes 0)")
+    p = plan(spec)
+    s = 2.0 ** spec.s_exp
+    pos = np.clip(np.asarray(x, np.float64) * p.index_scale / 2 ** INDEX_SELECT, -512, 512)
+    table = np.concatenate([p.le[:-1], p.lo]).astype(np.float64)
+    i = np.clip(np.floor(pos).astype(np.int64) + 512, 0, 1023)
+    frac = pos + 512 - i
+    g = table[i] + frac * (table[i + 1] - table[i])
+    return g / (1 << Q_BITS) * s + spec.lo
+
+
+def plan(name: str | LutFunction) -> LutPlan:
+    """The tables of a function of FUNCTIONS, or of an emitter's own `LutFunction`
+    (LRN's power: compiler/npu/lrn.py)."""
+    if isinstance(name, LutFunction):
+        spec, name = name, getattr(name.f, "__name__", "table")
+    else:
+        try:
+            spec = FUNCTIONS[name]
+        except KeyError:
+            raise UnsupportedError(f"no NPU lookup table for {name!r} (have {', '.join(FUNCTIONS)})") from None
     s = 2.0 ** spec.s_exp
     step = spec.x_max / 512
     le_x = -(512 - np.arange(TABLE_ENTRIES)) * step

@@ -1,10 +1,11 @@
-"""Pooling (NPU: PPU max/avg, global average) and LRN (CPU)."""
+"""Pooling (NPU: PPU max/avg, global average) and LRN (NPU: squares, a banded 1x1
+convolution with a power table, a product; compiler/npu/lrn.py)."""
 
 from __future__ import annotations
 
 from rkc.compiler.npu import api
 from rkc.compiler.ops import NpuLowering, OpSpec
-from rkc.compiler.ops.constraints import BASIC, cpu_only
+from rkc.compiler.ops.constraints import BASIC
 from rkc.compiler.ops.rules import need, spatial_out, window_params
 from rkc.ir.types import DType, TensorType
 
@@ -28,6 +29,11 @@ def global_pool_shape(ctx):
 
 def pool_2d(ctx) -> bool:
     """the PPU pools 2-D feature maps only"""
+    return len(need(ctx).shape) == 4
+
+
+def lrn_map(ctx) -> bool:
+    """the NPU normalises 2-D feature maps across channels ([1, C, H, W])"""
     return len(need(ctx).shape) == 4
 
 
@@ -66,6 +72,6 @@ SPECS = [
            summary="average pooling (NPU: as a depthwise convolution)"),
     OpSpec("GlobalAveragePool", global_pool_shape, npu=(*BASIC, pool_2d), lower=AVG_POOL, summary="mean over H, W"),
     OpSpec("GlobalMaxPool", global_pool_shape, npu=(*BASIC, pool_2d), summary="max over H, W"),
-    OpSpec("LRN", lambda ctx: [need(ctx)], npu=(cpu_only("local response normalisation has no NPU unit"),),
-           summary="local response normalisation across channels"),
+    OpSpec("LRN", lambda ctx: [need(ctx)], npu=(*BASIC, lrn_map), lower=NpuLowering(api.LocalResponseNorm),
+           summary="local response normalisation across channels (NPU: fp16, the input's range calibrated)"),
 ]

@@ -376,6 +376,32 @@ def upsample_x2(device: Device) -> ProbeRun:
                 exact={"Y": x.repeat(2, axis=1).repeat(2, axis=2)})
 
 
+def gate_chain(device: Device) -> ProbeRun:
+    """A squeeze-excite gate as the compiler lowers it (compiler/emitter_ops._gate_conv):
+    an fp16 1x1 convolution reads a GEMM row (4 rows, 1 column) at row stride 4 and writes
+    the gate as a one-position map S, and in the same chained job a 1x1 depthwise
+    convolution of a 40x6x9 map reads S as its weights (the CNA's weight DMA after the
+    earlier task's DPU write, as a feature read after a write). Compared with numpy."""
+    k, c, h, w = 16, 40, 6, 9
+    a, x = _fp16((k,), 23), _fp16((c, h, w), 24)
+    w1 = (np.random.default_rng(SEED + 25).standard_normal((c, 1, 1, k)) / 4).astype(np.float16)
+    A = api.Feature.gemm("A", 0, 1, k, "fp16")
+    S, X, Y = api.Feature("S", 0, c, 1, 1, "fp16"), api.Feature("X", 0, c, h, w, "fp16"), \
+        api.Feature("Y", 0, c, h, w, "fp16")
+    one_core = api.EmitOptions(cores=1)
+    excite = emit(api.Conv2D(A, w1, S, stride=(A.height, 1), name="gate_chain.excite"), one_core)
+    product = emit(api.Conv2D(X, np.zeros((1, 1, c), np.float16), Y, depthwise=True, weights_buffer="S",
+                              name="gate_chain.mul"), one_core)
+    rows = np.zeros((k, A.height, 1), np.float16)
+    rows[:, 0, 0] = a
+    gate = (w1[:, 0, 0, :].astype(np.float64) @ a.astype(np.float64)).astype(np.float16)
+    want = x.astype(np.float64) * gate.astype(np.float64)[:, None, None]
+    run = _run(device, "gate_chain", [excite, product], {"A": (A, rows), "X": (X, x)}, {"Y": Y}, chained=True)
+    got = emitted.feature_values(Y, run.outputs["gate_chain:Y"]).astype(np.float64)
+    tolerance = 2e-3 * float(np.abs(want).max())  # fp16 rounding of the gate and the product
+    return replace(run, close={"gate_chain:Y": (got, want, tolerance)})
+
+
 PROBES: tuple[Probe, ...] = (
     Probe("gemv_m1", "Q2", "a 1x1 convolution of a 1-row map (M=1 GEMV) computes correctly",
           {"min_feature_rows": 1}, gemv_m1,
@@ -435,6 +461,11 @@ PROBES: tuple[Probe, ...] = (
           "DECONV zero-stuffs the input as read here: nearest Resize x2 can run on the NPU (Q24 reading)",
           "DECONV does not act as read here: keep nearest Resize on the CPU (compare the raw bytes)",
           simulated=False),
+    Probe("gate_chain", "", "a task reads as its weights what an earlier task of its chained job wrote "
+          "(a squeeze-excite gate: strided 1x1 convolution, then the gate's depthwise product)", {}, gate_chain,
+          "weights written by an earlier task are read as written: squeeze-excite gates stay on the NPU",
+          "the product saw stale weights: gates must cross through the host (emitter_ops.npu_layout)",
+          needs_chaining=True),
     Probe("argb_image", "Q26", "the CNA reads a packed 3-channel image (ARGB_IN 8 | 2, GROUP_LINE_OFF, "
           "NONALIGN_DMA) into a direct fp16 convolution", {}, argb_image,
           "the packed image reads as written (the agreeing program's row-pitch unit): the model input can be "

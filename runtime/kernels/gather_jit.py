@@ -3,6 +3,8 @@ W] maps (a detector's upsampling), out[n, c, i, j] = x[n, c, rows[i], cols[j]],
 channels the innermost loop (a feature map's atom lanes, contiguous: runtime/
 feature_edges.py reads and writes its planes in place), output rows shared
 by the host threads (runtime/llm/threads.py). Exact: values are copied.
+On a feature map [C1, H, W, C2] itself (`gather_atoms`) each position's
+16-byte atom moves as two 64-bit words, written straight into the output map.
 `cache=True`: a machine compiles it once.
 """
 
@@ -37,3 +39,28 @@ def gather_2d(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     args = (x.transpose(0, 2, 3, 1), rows.astype(np.int64), cols.astype(np.int64), out)
     over_rows(lambda lo, hi: _gather_2d(*args, lo, hi), out.shape[0] * out.shape[1], out.size)
     return out.transpose(0, 3, 1, 2)
+
+
+@njit(cache=True, nogil=True)
+def _gather_atoms(x, rows, cols, out, lo, hi):
+    """x [C1, H, W, 2] -> out [C1, len(rows), len(cols), 2] (64-bit words), output rows [lo, hi) of C1 * OH."""
+    oh, ow = out.shape[1], out.shape[2]
+    for job in range(lo, hi):
+        p, i = job // oh, job % oh
+        r = rows[i]
+        for j in range(ow):
+            c = cols[j]
+            out[p, i, j, 0] = x[p, r, c, 0]
+            out[p, i, j, 1] = x[p, r, c, 1]
+
+
+def gather_atoms(fm: np.ndarray, rows: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
+    """out[a, i, j] = fm[a, rows[i], cols[j]] for feature maps of 16-byte atoms
+    (fm [C1, H, W, C2], out [C1, len(rows), len(cols), C2], both C-contiguous)."""
+    if not (fm.flags.c_contiguous and out.flags.c_contiguous) or fm.itemsize * fm.shape[3] != 16:
+        raise ValueError("gather_atoms moves the 16-byte atoms of C-contiguous feature maps")
+    words = fm.reshape(-1).view(np.uint64).reshape(*fm.shape[:3], 2)
+    into = out.reshape(-1).view(np.uint64).reshape(*out.shape[:3], 2)
+    args = (words, rows.astype(np.int64), cols.astype(np.int64), into)
+    # the work is a copy of whole atoms: counted in atoms, a copy under a few MB stays on one thread
+    over_rows(lambda lo, hi: _gather_atoms(*args, lo, hi), out.shape[0] * out.shape[1], into.size // 2)

@@ -142,14 +142,11 @@ _GATHERED = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.int3
                                             np.float64))
 
 
-def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coordinate_transformation_mode="half_pixel",
-           cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch",
-           mode="nearest", nearest_mode="round_prefer_floor"):
-    if antialias:
-        raise ValueError("Resize antialias=1")
-    rank = x.ndim
+def _geometry(shape, roi, scales, sizes, axes, keep_aspect_ratio_policy):
+    """(axes, input sizes, output sizes, scales, roi as float64 or None) of a Resize."""
+    rank = len(shape)
     axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
-    in_sizes = [x.shape[a] for a in axes]
+    in_sizes = [shape[a] for a in axes]
     if sizes is not None and np.size(sizes):
         out = [int(s) for s in np.asarray(sizes).reshape(-1)]
         if keep_aspect_ratio_policy in ("not_larger", "not_smaller"):
@@ -163,17 +160,36 @@ def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coor
         scale = [float(s) for s in np.asarray(scales).reshape(-1)]
         out = [int(np.floor(i * s)) for i, s in zip(in_sizes, scale)]
     roi_v = None if roi is None or not np.size(roi) else np.asarray(roi, np.float64).reshape(-1)
+    return axes, in_sizes, out, scale, roi_v
+
+
+def nearest_picks(shape, roi=None, scales=None, sizes=None, *, axes=None, coordinate_transformation_mode="half_pixel",
+                  keep_aspect_ratio_policy="stretch", nearest_mode="round_prefer_floor", **_) -> dict[int, np.ndarray]:
+    """A nearest Resize (not tf_crop_and_resize) of a `shape` tensor as the input index
+    each output index takes, for every axis it changes (axis -> int64 indices)."""
+    axes, in_sizes, out, scale, roi_v = _geometry(shape, roi, scales, sizes, axes, keep_aspect_ratio_policy)
+    picks = {}
+    for k, axis in enumerate(axes):
+        r = (0.0, 1.0) if roi_v is None else (roi_v[k], roi_v[len(axes) + k])
+        src = _source_coordinate(coordinate_transformation_mode, out[k], in_sizes[k], scale[k], r)
+        idx, _ = _taps("nearest", src, in_sizes[k], nearest_mode, -0.75, 0)
+        if not np.array_equal(idx[:, 0], np.arange(shape[axis])):
+            picks[axis] = idx[:, 0]
+    return picks
+
+
+def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coordinate_transformation_mode="half_pixel",
+           cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch",
+           mode="nearest", nearest_mode="round_prefer_floor"):
+    if antialias:
+        raise ValueError("Resize antialias=1")
     if mode == "nearest" and coordinate_transformation_mode != "tf_crop_and_resize":
         # each output is one input value: gathered as they are, in x's dtype (exact; no
         # float64 round trip, which made YOLO's and PP-OCR's upsampling a CPU hot spot)
-        picks = {}
-        for k, axis in enumerate(axes):
-            r = (0.0, 1.0) if roi_v is None else (roi_v[k], roi_v[len(axes) + k])
-            src = _source_coordinate(coordinate_transformation_mode, out[k], in_sizes[k], scale[k], r)
-            idx, _ = _taps(mode, src, in_sizes[k], nearest_mode, cubic_coeff_a, exclude_outside)
-            if not np.array_equal(idx[:, 0], np.arange(x.shape[axis])):
-                picks[axis] = idx[:, 0]
-        if rank == 4 and set(picks) <= {2, 3} and x.dtype in _GATHERED:
+        picks = nearest_picks(x.shape, roi, scales, sizes, axes=axes,
+                              coordinate_transformation_mode=coordinate_transformation_mode,
+                              keep_aspect_ratio_policy=keep_aspect_ratio_policy, nearest_mode=nearest_mode)
+        if x.ndim == 4 and set(picks) <= {2, 3} and x.dtype in _GATHERED:
             from rkc.runtime.kernels import gather_jit  # numba: loaded by programs that resize on the CPU
 
             return gather_jit.gather_2d(x, picks.get(2, np.arange(x.shape[2])), picks.get(3, np.arange(x.shape[3])))
@@ -181,6 +197,7 @@ def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coor
         for axis, idx in picks.items():
             y = np.take(y, idx, axis=axis)
         return y
+    axes, in_sizes, out, scale, roi_v = _geometry(x.shape, roi, scales, sizes, axes, keep_aspect_ratio_policy)
     y = x.astype(np.float64)
     for k, axis in enumerate(axes):
         r = (0.0, 1.0) if roi_v is None else (roi_v[k], roi_v[len(axes) + k])

@@ -116,8 +116,9 @@ def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
     """GlobalAveragePool -> 1x1 Conv + ReLU -> 1x1 Conv -> HardSigmoid: the [1, C, 1, 1]
     maps are held as GEMM rows, the 1x1 convolutions run as GEMMs (M = 1), the
     HardSigmoid as bias + clip. The final broadcast Mul runs in fp16 as a 1x1 depthwise
-    convolution whose weights are the gate, which the host rewrites as a dense vector
-    (a map of 3 rows read as a taller grid); an int8 program keeps it on the CPU."""
+    convolution whose weights are the gate (a map of 3 rows read as a taller grid),
+    which the gate's last convolution writes as a native map (row 0 of the GEMM row at
+    row stride 4): no host step, one segment. An int8 program keeps the Mul on the CPU."""
     rng = np.random.default_rng(c)
     r = max(c // 4, 1)
     inits = {"w1": rng.standard_normal((r, c, 1, 1)) / np.sqrt(c), "b1": rng.standard_normal(r) * 0.1,
@@ -131,6 +132,8 @@ def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
     cpu = [p.op.type for p in report.placements if p.device == "cpu"]
     assert cpu == ([] if report.precision == "fp16" else ["Mul"]), \
         [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    if report.precision == "fp16":
+        assert (report.segments, report.conversions) == (1, 2)  # the model's input and output only
     assert cosine(got, want) >= THRESHOLD[precision]
 
 
@@ -534,3 +537,21 @@ def test_a_pre_quantized_conv_transpose_needs_scales_per_output_channel(tmp_path
     else:
         assert ct.device == "cpu" and "axis 0" in ct.reason, ct.reason
     assert cosine(got, want) >= THRESHOLD["int8"]
+
+
+@pytest.mark.parametrize("c, h, stride", [(24, 3, 1), (40, 2, 1), (19, 3, 2)])
+def test_depthwise_over_few_rows_runs_on_the_fp16_maps(tmp_path, c, h, stride):
+    """A depthwise 5x5 over a map of fewer than 4 rows stays on the CPU (Q2) but runs
+    on the fp16 NPU maps between its segments: no conversion around it."""
+    rng = np.random.default_rng(c + h)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "wd", "bd"], ["cd"], group=c, pads=[2, 2, 2, 2], strides=[stride, 1]),
+             helper.make_node("HardSwish", ["cd"], ["rd"]), helper.make_node("Conv", ["rd", "w2", "b2"], ["y"])]
+    inits = {"w1": rng.standard_normal((c, 8, 1, 1)) / 3, "b1": rng.standard_normal(c) * 0.1,
+             "wd": rng.standard_normal((c, 1, 5, 5)) / 5, "bd": rng.standard_normal(c) * 0.1,
+             "w2": rng.standard_normal((16, c, 1, 1)) / np.sqrt(c), "b2": rng.standard_normal(16) * 0.1}
+    model = graph_model(nodes, inits, [1, 8, h, 40], opset=14)  # HardSwish: opset 14
+    report, got, want = _build_and_run(tmp_path, model, (1, 8, h, 40), "fp16")
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == ["Conv"]
+    assert report.conversions == 2, report.conversions  # the model's input and output only
+    assert cosine(got, want) >= THRESHOLD["fp16"]

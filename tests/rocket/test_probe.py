@@ -284,3 +284,11 @@ def test_argb_image_packs_the_pixels_its_reference_program_convolves():
         raw = np.frombuffer(program.case.contents[0][program.handles[f"P_{unit}"]], np.uint8)
         np.testing.assert_array_equal(raw[:c * h * w * 2].view(np.float16).reshape(h, w, c), x.transpose(1, 2, 0))
         assert not raw[c * h * w * 2:].any()
+
+
+def test_gate_chain_product_reads_the_gate_the_first_task_wrote():
+    """The simulator runs the squeeze-excite chain as the compiler emits it, and the
+    product matches numpy's (the gate computed by the first task, not a stale buffer)."""
+    run = by_name("gate_chain").program(sim({}))
+    ((got, want, tolerance),) = run.close.values()
+    assert np.abs(want).max() > 0.5 and np.all(np.abs(got - want) <= tolerance)

@@ -15,7 +15,7 @@ from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
 from rkc.ir.npu import geometry, layout
 from rkc.runtime import feature_edges, half
-from rkc.runtime.kernels import quant, quant_jit, run_kernel
+from rkc.runtime.kernels import gather_jit, nn, quant, quant_jit, run_kernel
 from onnx_models import cosine, onnxruntime_outputs, save
 
 SHAPES = [(3, 5, 7), (8, 4, 9), (19, 3, 2), (33, 2, 17), (16, 3, 8)]  # the last: whole 4-atom words
@@ -104,6 +104,27 @@ def test_plane_kernels_on_a_feature_map_are_the_logical_kernels(dtype, c):
         (native,) = run_kernel(op, [planes, *inputs], attrs, 1)
         got = native.reshape(-1, *native.shape[2:])[:c]  # planes [C1, C2, ...] -> channels
         np.testing.assert_array_equal(got, logical[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int8])
+@pytest.mark.parametrize("c, scales, attrs", [(5, [1, 1, 2, 3], {}), (24, [1, 1, 8, 8], {}),
+                                              (16, [1, 1, 0.5, 1.7], {"coordinate_transformation_mode": "asymmetric",
+                                                                      "nearest_mode": "floor"})])
+def test_nearest_resize_gathers_the_feature_map_atoms(dtype, c, scales, attrs):
+    """A nearest Resize straight between feature maps (16-byte atoms moved whole) gives
+    the feature map of the logical kernel's result, padding lanes included."""
+    rng = np.random.default_rng(c)
+    x = (rng.standard_normal((1, c, 7, 6)) * 40).astype(dtype)
+    inputs = [None, np.array(scales, np.float32)]
+    (logical,) = run_kernel("Resize", [x, *inputs], {"mode": "nearest", **attrs}, 1)
+    fm = _fm(x[0])
+    planes = (fm.shape[0], fm.shape[3], *fm.shape[1:3])
+    picks = nn.nearest_picks(planes, *inputs, **attrs)
+    assert set(picks) <= {2, 3}
+    rows, cols = picks.get(2, np.arange(7)), picks.get(3, np.arange(6))
+    got = np.full((fm.shape[0], len(rows), len(cols), fm.shape[3]), 3, dtype)
+    gather_jit.gather_atoms(fm, rows, cols, got)
+    np.testing.assert_array_equal(got, _fm(logical[0]))
 
 
 def test_fp16_max_pool_keys_order_every_value_as_numpy():
