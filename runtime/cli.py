@@ -30,6 +30,8 @@ class RkrunCommand(ErrorReportingCommand):
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--inputs", type=click.Path(dir_okay=False), help="Inputs (.npz keyed by the model's input names).")
 @click.option("--outputs", type=click.Path(dir_okay=False), help="Write the outputs here (.npz keyed by name).")
+@click.option("--fp16-outputs", is_flag=True,
+              help="ONNX: outputs the NPU computed in fp16 come back as float16 (no widening to float32).")
 @device_options
 @click.option("-p", "--prompt", help="LLM: the prompt to continue.")
 @click.option("-n", "--n-predict", default=64, show_default=True, help="LLM: tokens to generate.")
@@ -46,8 +48,8 @@ class RkrunCommand(ErrorReportingCommand):
 @click.option("--tokenize", help="LLM: print the token ids of TEXT (BOS first).")
 @click.option("--chat", is_flag=True, help="LLM: wrap the prompt in the model's chat template.")
 @click.option("--ignore-eos", is_flag=True, help="LLM: generate all -n tokens, whatever the logits say.")
-def main(model: str | None, replay_case: str | None, inputs: str | None, outputs: str | None, device: str,
-         cores: int, **llm) -> None:
+def main(model: str | None, replay_case: str | None, inputs: str | None, outputs: str | None, fp16_outputs: bool,
+         device: str, cores: int, **llm) -> None:
     """Run MODEL (an .rkbin made by `rkc compile`) on the NPU or its simulator.
 
     \b
@@ -77,4 +79,4 @@ def main(model: str | None, replay_case: str | None, inputs: str | None, outputs
         return
     from rkc.runtime.run_cli import run_once
 
-    run_once(model, inputs, outputs, device, cores)
+    run_once(model, inputs, outputs, device, cores, fp16_outputs)

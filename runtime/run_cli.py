@@ -32,7 +32,8 @@ def write_outputs(path: str, outputs: dict[str, np.ndarray]) -> None:
         np.savez(tmp, **outputs)
 
 
-def run_once(model_path: str, inputs: str | None, outputs: str | None, device: str, cores: int = 3) -> None:
+def run_once(model_path: str, inputs: str | None, outputs: str | None, device: str, cores: int = 3,
+             fp16_outputs: bool = False) -> None:
     feeds = read_inputs(inputs)
     rkbin = read_rkbin(model_path)
     program = rkbin.module.programs[0]
@@ -42,7 +43,7 @@ def run_once(model_path: str, inputs: str | None, outputs: str | None, device: s
     with OnnxModel(rkbin, device, cores) as model:
         if model.device is not None:
             model.device.reset_counters()
-        result = model.run(feeds)
+        result = model.run(feeds, fp16_outputs)
         stats = model.last_run
         counters = model.device.counters if model.device is not None else None
         chaining = model.device is not None and model.device.supports_chaining

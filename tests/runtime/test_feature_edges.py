@@ -241,6 +241,30 @@ def test_fp16_outputs_are_the_npus_values_as_they_are(tmp_path, precision, monke
             np.testing.assert_array_equal(got.astype(np.float32), wide[name])
 
 
+def test_rkrun_fp16_outputs_writes_the_npus_float16_values(tmp_path):
+    """`rkrun --fp16-outputs` writes the fp16 outputs as float16, equal to the default run's
+    float32 values once widened."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = save(_detector_like(12), tmp_path / "m.onnx")
+    build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16"))
+    np.savez(tmp_path / "in.npz", x=np.random.default_rng(5).standard_normal((1, 3, 12, 14)).astype(np.float32))
+    rkrun = str(Path(sys.executable).parent / "rkrun")
+    got = {}
+    for flag in ((), ("--fp16-outputs",)):
+        out = tmp_path / f"out{len(flag)}.npz"
+        r = subprocess.run([rkrun, str(tmp_path / "m.rkbin"), "--inputs", str(tmp_path / "in.npz"), "--outputs",
+                            str(out), "--device", "sim", *flag], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        with np.load(out) as data:
+            got[bool(flag)] = {k: data[k] for k in data.files}
+    for name in ("y", "z"):
+        assert got[False][name].dtype == np.float32 and got[True][name].dtype == np.float16, name
+        np.testing.assert_array_equal(got[True][name].astype(np.float32), got[False][name])
+
+
 class _Bytes:
     def __init__(self, nbytes: int) -> None:
         self.host = np.zeros(nbytes, np.uint8)
