@@ -106,7 +106,7 @@ def test_batched_attention_products_run_per_head_on_the_npu(tmp_path, dim, heads
     """YOLO11n's shape at 640 (128 channels, 2 heads, 20x20 positions), one head,
     and three heads over an odd position count."""
     path = save(_heads(dim, heads, h, w, dim + heads), tmp_path / "m.onnx")
-    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16"))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", npu_attention=True))
     products = [p for p in report.placements if p.op.type == "MatMul"]
     assert [p.device for p in products] == ["npu"] * 2 * heads, [p.reason for p in products]
     x = np.random.default_rng(5).standard_normal((1, dim, h, w)).astype(np.float32)
