@@ -42,6 +42,7 @@ class BuildOptions:
     bind: Mapping[str, object] = field(default_factory=dict)  # inputs turned into constants (name -> array)
     cores: int = hw.CORES  # NPU cores the program's tasks are spread over (rkc compile --cores)
     ppu_irq: bool = False  # the target kernel completes PPU tasks (kernel/patches/0005; --kernel-ppu-irq)
+    npu_attention: bool = False  # attention's products as NPU GEMMs, split per head (--npu-attention)
     # inputs taken as uint8 NHWC images: name -> (per-channel mean, std) (rkc compile --image-input)
     image_inputs: Mapping[str, tuple[Sequence[float], Sequence[float]]] = field(default_factory=dict)
 
@@ -183,7 +184,8 @@ def _place(source: str | Path, options: BuildOptions, precision: str, stage,
     graph: Graph = stage(f"{also}load", lambda: load_graph(source, input_shapes=dict(options.input_shapes),
                                                            bind=dict(options.bind), **extra))
     # a calibrated int8 build decomposes ops the DPU has no int8 form for (their parts get scales)
-    graph = stage(f"{also}passes", run_passes, graph, precision == "int8" and options.calib is not None)
+    graph = stage(f"{also}passes", run_passes, graph, precision == "int8" and options.calib is not None,
+                  options.npu_attention)
     stage(f"{also}check shapes", require_static, graph)
     graph = stage(f"{also}quantize", quantize, graph, precision, options.calib if precision == "int8" else None)
     if maxima:

@@ -86,6 +86,11 @@ OPTIONS: tuple[Option, ...] = (
            "the target kernel completes PPU tasks (rocket 1.3, kernel/patches/0005; rkc doctor says): fp16 max "
            "pooling runs on the PPU instead of the CPU. The rkbin records it and will not load on an older "
            "kernel.", "flag"),
+    Option("npu_attention", "--npu-attention", GRAPHS,
+           "attention's batched products of two run-time tensors (YOLO11n's C2PSA) as fp16 NPU GEMMs, split "
+           "per head, the softmax between them on the CPU. Opt-in: the host steps around the products "
+           "still cost more than the CPU products they replace (docs/notes/2026-12-07-yolo11-attention.md).",
+           "flag"),
     Option("explain", "--explain", GRAPHS, "list every op, where it runs and why.", "flag"),
     Option("cpu_only", "--cpu-only", GRAPHS, "place every op on the CPU (for debugging and references).", "flag"),
     Option("prefill_chunks", "--prefill-chunks", ("gguf",),
@@ -153,7 +158,8 @@ def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[st
     options = BuildOptions(precision=precision, input_shapes=parse_input_shapes(given.get("input_shapes", ())),
                            image_inputs=parse_image_inputs(given.get("image_inputs", ())),
                            calib=given.get("calib"), cpu_only=bool(given.get("cpu_only")),
-                           cores=int(given.get("cores", hw.CORES)), ppu_irq=bool(given.get("kernel_ppu_irq")))
+                           cores=int(given.get("cores", hw.CORES)), ppu_irq=bool(given.get("kernel_ppu_irq")),
+                           npu_attention=bool(given.get("npu_attention")))
     report = build(source, output, options, progress)
     lines = report.summary()
     if given.get("explain"):

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from rkc.compiler import cost, emitter_norm
+from rkc.compiler.emitter_matmul import run_time_b_matmul
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.formats import KERNEL_SIZE_MAX as KERNEL_MAX
@@ -116,6 +117,17 @@ def dense_name(tensor: str, dtype: str | None = None, precision: str | None = No
     return f"{npu_name(tensor, dtype, precision)}.dense"
 
 
+def weights_name(tensor: str, dtype: str | None = None, precision: str | None = None) -> str:
+    """The NPU copy of a run-time GEMM B operand in the 1x1 weight layout
+    ("native-weights"), which the host writes (compiler/program_steps.py)."""
+    return f"{npu_name(tensor, dtype, precision)}.weights-layout"
+
+
+def relaid_name(tensor: str, layout: str, dtype: str | None = None, precision: str | None = None) -> str:
+    """The host-written NPU copy of `tensor` read in `layout`, not its producer's."""
+    return (weights_name if layout == "native-weights" else dense_name)(tensor, dtype, precision)
+
+
 def device_dtype(precision: str) -> str:
     return precision if precision in ("int8", "int4") else "fp16"
 
@@ -145,7 +157,9 @@ class NpuGroup:
 
     def read_name(self, tensor: str, precision: str) -> str:
         """The NPU buffer this group reads `tensor` from (its host-written copy where relaid)."""
-        return dense_name(tensor, self.dtype, precision) if tensor in self.relaid else self.npu_name(tensor, precision)
+        if tensor in self.relaid:
+            return relaid_name(tensor, self.reads[tensor], self.dtype, precision)
+        return self.npu_name(tensor, precision)
 
 
 class _Refused(Exception):
@@ -421,6 +435,8 @@ def _gemm(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tu
     op = graph.ops[i]
     dtype = device_dtype(precision)
     a_shape = graph.tensors[op.inputs[0]].type.shape
+    if op.type == "MatMul" and graph.const_value(op.inputs[1]) is None:
+        return run_time_b_matmul(graph, i, tail, precision, program)
     b = graph.const_value(op.inputs[1]).astype(np.float64)
     bias = None
     if op.type == "Gemm":
@@ -639,6 +655,8 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
         if how.operation in (api.Conv2D, api.Gemm, api.ConvTranspose2D):  # the anchors with an epilogue of their own
             gemm = how.operation is api.Gemm
             w = graph.const_value(op.inputs[1])
+            if w is None:  # a run-time B (compiler/emitter_matmul.py): only its shape matters here
+                w = np.broadcast_to(np.float16(0), graph.tensors[op.inputs[1]].type.shape)
             channels = (w.shape[0] if op.type == "Conv" else w.shape[1] if op.type == "ConvTranspose" else
                         (w.shape[0] if op.type == "Gemm" and op.attrs.get("transB") else w.shape[-1]))
             tails = _tails(graph, i, users, lambda j: candidate(j) and j not in groups, channels, gemm)
@@ -661,6 +679,8 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
             # output stays in fp16 rather than convert it on the CPU (a tensor a concatenation,
             # split or pool passes on counts as its source's)
             tries.insert(0, ("fp16", tails[0]))
+        elif precision == "int8" and op.type == "MatMul" and graph.const_value(op.inputs[1]) is None:
+            tries.insert(0, ("fp16", tails[0]))  # a run-time B is multiplied in fp16 only
         elif precision == "int8" and op.type == "MaxPool" and op.inputs[0] in fp16_maps:
             # the PPU pools fp16 only (Q14): a max pool of a map held in fp16 anyway (an
             # fp16 group makes it or reads it) pools that copy rather than run on the CPU

@@ -27,7 +27,7 @@ import numpy as np
 
 from rkc.compiler import cost
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
-from rkc.compiler.emitter_ops import NpuGroup, dense_name, lower_segment, npu_layout, npu_name
+from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_layout, npu_name, relaid_name
 from rkc.compiler.quantize import selects_values
 from rkc.compiler.partition import Step as PartStep
 from rkc.ir.errors import UnsupportedError
@@ -110,8 +110,8 @@ class _Lowering:
         """Make `name` readable on the NPU in `layout` and `dtype` (before the next NPU step).
         A [1, C, 1, 1] tensor read as a native map (run-time depthwise weights) is a second
         copy beside its GEMM row, written by the host."""
-        relaid = layout == "native" and npu_layout(self.graph, name) == "native-gemm"
-        target = dense_name(name, dtype, self.precision) if relaid else npu_name(name, dtype, self.precision)
+        relaid = (layout == "native" and npu_layout(self.graph, name) == "native-gemm") or layout == "native-weights"
+        target = relaid_name(name, layout, dtype, self.precision) if relaid else npu_name(name, dtype, self.precision)
         if target in self.on_npu:
             if self.on_npu[target] != layout:
                 raise UnsupportedError(f"tensor {name!r} is read by the NPU in two layouts")

@@ -33,7 +33,7 @@ from rkc.ir.types import DType
 # "host": constants only CPU steps read; the loader keeps them in host memory (no BO)
 REGION_KINDS = ("weights", "regcmd", "scratch", "io", "host")
 # "row": C order; "packed": raw bytes the NPU decodes (weights); "native*": ir/npu/geometry.py
-TENSOR_LAYOUTS = ("row", "packed", "native", "native-gemm")
+TENSOR_LAYOUTS = ("row", "packed", "native", "native-gemm", "native-weights")
 STEP_KINDS = ("npu", "cpu")
 PAGE = 4096  # a BO takes whole pages of IOVA space
 MAX_JSON_DEPTH = 64  # far deeper than any module; bounds the recursion of checking it

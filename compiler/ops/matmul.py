@@ -44,7 +44,7 @@ def constant_b(ctx) -> bool:
 
 
 def two_d_weights(ctx) -> bool:
-    """the NPU multiplies by a 2-D weight matrix (batched weights stay on the CPU)"""
+    """the NPU multiplies by a 2-D matrix (rkc compile --npu-attention splits batched run-time products per head)"""
     return len(need(ctx, 1).shape) == 2
 
 
@@ -64,10 +64,13 @@ def qlinear_constant_b(ctx) -> bool:
     return ctx.const(3) is not None
 
 
-NPU_GEMM = (static_shapes, float_data, constant_b, two_d_weights, gemm_operand)
+NPU_GEMM = (static_shapes, float_data, two_d_weights, gemm_operand)
 
 SPECS = [
-    OpSpec("Gemm", gemm_shape, npu=(*NPU_GEMM, no_trans_a), lower=NpuLowering(api.Gemm), summary="alpha * A @ B + beta * C"),
+    OpSpec("Gemm", gemm_shape, npu=(static_shapes, float_data, constant_b, two_d_weights, gemm_operand, no_trans_a),
+           lower=NpuLowering(api.Gemm), summary="alpha * A @ B + beta * C"),
+    # a run-time B (attention's products) is written by the host in the weight layout
+    # (compiler/emitter_matmul.py); --npu-attention splits batched ones per head (compiler/passes/heads.py)
     OpSpec("MatMul", matmul_shape, npu=NPU_GEMM, lower=NpuLowering(api.Gemm), summary="matrix product (numpy semantics)"),
     OpSpec("MatMulInteger", lambda ctx: matmul_shape(ctx, DType.INT32), npu=(static_shapes, constant_b),
            summary="integer matrix product to int32"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from rkc.compiler.ops import infer_for
-from rkc.compiler.passes import affine, canonicalize, flat_head, fold_batchnorm, fuse
+from rkc.compiler.passes import affine, canonicalize, flat_head, fold_batchnorm, fuse, heads
 from rkc.compiler.passes.edit import remove_dead
 from rkc.ir.graph import Graph, Op
 
@@ -40,10 +40,12 @@ def apply(graph: Graph, rewrites: Sequence[Rewrite], limit: int = 100_000) -> in
     return fired
 
 
-def run_passes(graph: Graph, int8: bool = False) -> Graph:
+def run_passes(graph: Graph, int8: bool = False, npu_attention: bool = False) -> Graph:
     """`int8`: the graph becomes a calibrated int8 program (its tensors are
-    calibrated after the passes), which adds the int8-only rewrites."""
-    apply(graph, PIPELINE)
+    calibrated after the passes), which adds the int8-only rewrites.
+    `npu_attention`: batched attention products are split per head for the NPU
+    (heads.py; opt-in while the host steps around them cost more than they save)."""
+    apply(graph, (*PIPELINE, *heads.REWRITES) if npu_attention else PIPELINE)
     apply(graph, (*affine.INT8_REWRITES, *AFFINE) if int8 else AFFINE)
     graph.verify(infer_for(graph))
     return graph

@@ -11,6 +11,9 @@ Layout names in TensorInfo.layout:
                  single-column maps of fewer than 4 rows compute wrongly on silicon,
                  rocket-userspace include/rocket_matmul.h, hw-matmul.md 2.3);
                  also [1, C, 1, 1] (one value per channel), held as the row [1, C]
+  "native-weights" [K, N] or [1, K, N] -> a GEMM's run-time B operand in the 1x1
+                 weight layout (layout.pack_weights of B^T: N kernels of K
+                 channels), which the CNA reads as weights (api.Gemm.b_buffer)
 """
 
 from __future__ import annotations
@@ -40,13 +43,28 @@ def feature_map(shape, kind: str) -> tuple[int, int, int, int]:
     raise ValueError(f"unknown NPU layout {kind!r}")
 
 
+def _weights_kn(shape) -> tuple[int, int]:
+    """(K, N) of a run-time GEMM B operand held as "native-weights"."""
+    if len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1):
+        raise ValueError(f"a run-time GEMM B operand is [K, N] or [1, K, N], not {list(shape)}")
+    return int(shape[-2]), int(shape[-1])
+
+
 def nbytes(shape, kind: str, itemsize: int) -> int:
+    if kind == "native-weights":
+        k, n = _weights_kn(shape)
+        return layout.weight_bytes(layout.align(n, layout.kernel_group_for(itemsize)), 1, 1, k, itemsize)
     c, _, rows, w = feature_map(shape, kind)
     return layout.feature_bytes(c, rows, w, itemsize)
 
 
 def pack(value: np.ndarray, kind: str) -> np.ndarray:
     """Logical array -> native bytes (padding channels and rows are zero)."""
+    if kind == "native-weights":
+        k, n = _weights_kn(value.shape)
+        kernels = np.zeros((layout.align(n, layout.kernel_group_for(value.dtype.itemsize)), 1, 1, k), value.dtype)
+        kernels[:n, 0, 0] = value.reshape(k, n).T  # zero kernels up to whole groups, as the GEMM reads them
+        return layout.pack_weights(kernels)
     c, h, rows, w = feature_map(value.shape, kind)
     chw = value.reshape(c, h, w) if kind == "native" else value.reshape(h, c).T.reshape(c, h, 1)
     if rows > h:
@@ -57,6 +75,12 @@ def pack(value: np.ndarray, kind: str) -> np.ndarray:
 def unpack(raw: np.ndarray, shape, kind: str, dtype: np.dtype) -> np.ndarray:
     """A new array: never a view of `raw` (a BO's memory, which the NPU rewrites
     once the CPU hands it back)."""
+    if kind == "native-weights":
+        k, n = _weights_kn(shape)
+        flat = np.ascontiguousarray(raw[:nbytes(shape, kind, np.dtype(dtype).itemsize)]).view(dtype)
+        kernels = layout.align(n, layout.kernel_group_for(np.dtype(dtype).itemsize))
+        w = layout.unpack_weights(flat, kernels, 1, 1, k)[:n, 0, 0, :k]
+        return np.array(w.T, copy=True).reshape(shape)
     c, h, rows, w = feature_map(shape, kind)
     view = layout.feature_view(raw, c, rows, w, dtype)
     chw = layout.unpack_feature(np.ascontiguousarray(view), c)[:, :h]

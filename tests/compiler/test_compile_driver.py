@@ -33,6 +33,7 @@ SAMPLES = {
     "explain": (["--explain"], None),  # a report option: checked on the output below
     "cpu_only": (["--cpu-only"], ("cpu_only", True)),
     "kernel_ppu_irq": (["--kernel-ppu-irq"], ("ppu_irq", True)),
+    "npu_attention": (["--npu-attention"], ("npu_attention", True)),
     "prefill_chunks": (["--prefill-chunks", "1,8"], ("prefill_chunks", (1, 8))),
     "smooth_alpha": (["--smooth-alpha", "0.25"], ("smooth_alpha", 0.25)),
     "keep_fp16": (["--keep-fp16", "ffn_down, attn_q"], ("keep_fp16", ("ffn_down", "attn_q"))),

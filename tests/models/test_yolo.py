@@ -82,3 +82,22 @@ def test_yolo_matches_onnxruntime(tmp_path, family, precision, ppu):
     assert set(got) == set(want) == {f"{k}{i}" for k in ("box", "cls") for i in range(3)}
     for name in want:
         assert cosine(got[name], want[name]) >= THRESHOLD[precision], name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_yolo11n_attention_on_the_npu_matches_onnxruntime(tmp_path, precision):
+    """--npu-attention: C2PSA's two batched products run per head as fp16 NPU GEMMs
+    with a run-time B (int8 programs too); the softmax between them stays on the CPU."""
+    path = _model(tmp_path, "yolo11")
+    options = _options(tmp_path, precision)
+    options.npu_attention = True
+    report = build(path, tmp_path / "y.rkbin", options)
+    products = [p for p in report.placements if p.op.type == "MatMul"]
+    assert [p.device for p in products] == ["npu"] * 4, [(p.op.describe(), p.reason) for p in products]
+    x = np.random.default_rng(2).random((1, 3, SIZE, SIZE)).astype(np.float32)
+    with runtime.load(tmp_path / "y.rkbin") as m:
+        got = m.run({"images": x})
+    want = onnxruntime_outputs(path, {"images": x})
+    for name in want:
+        assert cosine(got[name], want[name]) >= THRESHOLD[precision], name

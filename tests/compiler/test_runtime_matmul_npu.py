@@ -1,0 +1,116 @@
+"""Products of two run-time tensors on the NPU (compiler/emitter_matmul.py): an
+attention head as YOLO11n's C2PSA computes it after its per-head split, end to
+end on the simulator against onnxruntime, random weights from a fixed seed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from rkc import runtime
+from rkc.compiler.build import BuildOptions, build
+from rkc.ir.npu import geometry, layout
+from onnx_models import cosine, graph_model, onnxruntime_outputs, save
+
+pytest.importorskip("rkc.runtime.sim")
+THRESHOLD = {"fp16": 0.9995, "int8": 0.995}  # tests/compiler/test_npu_coverage.py's
+
+
+@pytest.mark.parametrize("k,n", [(32, 400), (400, 400), (400, 64), (5, 7), (33, 17), (32, 45)])
+def test_run_time_b_layout_is_the_gemm_weight_packing(k, n):
+    """"native-weights" holds B[K, N] as the GEMM packs a constant B (N kernels of K
+    channels, zero kernels up to whole groups), and unpacks to the same values."""
+    b = np.random.default_rng(k * n).standard_normal((k, n)).astype(np.float16)
+    raw = geometry.pack(b, "native-weights").reshape(-1).view(np.uint8)
+    assert raw.size == geometry.nbytes(b.shape, "native-weights", 2)
+    kernels = np.zeros((layout.align(n, layout.kernel_group_for(2)), 1, 1, k), np.float16)
+    kernels[:n, 0, 0] = b.T
+    assert raw.tobytes() == layout.pack_weights(kernels).tobytes()
+    assert np.array_equal(geometry.unpack(raw, b.shape, "native-weights", np.float16), b)
+
+
+def _head(c: int, key: int, h: int, w: int, seed: int):
+    """x -> 1x1 conv to q, k, v -> softmax(q^T k * key^-0.5) weighting v -> [1, c, h, w]."""
+    rng = np.random.default_rng(seed)
+    hw = h * w
+    nodes = [helper.make_node("Conv", ["x", "wqkv", "bqkv"], ["qkv"]),
+             helper.make_node("Reshape", ["qkv", "rows"], ["r"]),
+             helper.make_node("Split", ["r", "parts"], ["q", "k", "v"], axis=0),
+             helper.make_node("Transpose", ["q"], ["qt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["qt", "k"], ["s"]),
+             helper.make_node("Mul", ["s", "scale"], ["ss"]),
+             helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+             helper.make_node("Transpose", ["p"], ["pt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["v", "pt"], ["o"]),
+             helper.make_node("Reshape", ["o", "shape"], ["y"])]
+    inits = {"wqkv": rng.standard_normal((2 * key + c, c, 1, 1)) / np.sqrt(c),
+             "bqkv": rng.standard_normal(2 * key + c) * 0.1}
+    model = graph_model(nodes, inits, [1, c, h, w])
+    graph = model.graph
+    graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+                              (("rows", [2 * key + c, hw]), ("parts", [key, key, c]), ("shape", [1, c, h, w]))])
+    graph.initializer.append(numpy_helper.from_array(np.array(key ** -0.5, np.float32), "scale"))
+    return model
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c,key,h,w", [(16, 8, 8, 10), (64, 32, 5, 9)])
+def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w):
+    path = save(_head(c, key, h, w, c + h), tmp_path / "m.onnx")
+    options = BuildOptions(precision=precision)
+    rng = np.random.default_rng(11)
+    if precision == "int8":
+        options.calib = tmp_path / "calib.npz"
+        np.savez(options.calib, x=rng.standard_normal((2, 1, c, h, w)).astype(np.float32))
+    report = build(path, tmp_path / "m.rkbin", options)
+    products = [p for p in report.placements if p.op.type == "MatMul"]
+    assert [p.device for p in products] == ["npu", "npu"], [p.reason for p in products]
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        got = m.run({"x": x})["y"]
+    want = onnxruntime_outputs(path, {"x": x})["y"]
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def _heads(dim: int, heads: int, h: int, w: int, seed: int):
+    """bench/zoo_models.py's C2PSA attention core (ultralytics' Attention, attn_ratio
+    0.5): batched [1, heads, ...] products the head split (compiler/passes/heads.py)
+    cuts into 2-D ones."""
+    rng = np.random.default_rng(seed)
+    hw, head_dim = h * w, dim // heads
+    key = head_dim // 2
+    nodes = [helper.make_node("Conv", ["x", "wqkv", "bqkv"], ["qkv"]),
+             helper.make_node("Reshape", ["qkv", "rows"], ["r"]),
+             helper.make_node("Split", ["r", "parts"], ["q", "k", "v"], axis=2),
+             helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["qt", "k"], ["s"]),
+             helper.make_node("Mul", ["s", "scale"], ["ss"]),
+             helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+             helper.make_node("Transpose", ["p"], ["pt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["v", "pt"], ["o"]),
+             helper.make_node("Reshape", ["o", "shape"], ["y"])]
+    channels = dim + 2 * key * heads
+    inits = {"wqkv": rng.standard_normal((channels, dim, 1, 1)) / np.sqrt(dim),
+             "bqkv": rng.standard_normal(channels) * 0.1}
+    model = graph_model(nodes, inits, [1, dim, h, w])
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+                                    (("rows", [1, heads, 2 * key + head_dim, hw]), ("parts", [key, key, head_dim]),
+                                     ("shape", [1, dim, h, w]))])
+    model.graph.initializer.append(numpy_helper.from_array(np.array(key ** -0.5, np.float32), "scale"))
+    return model
+
+
+@pytest.mark.parametrize("dim,heads,h,w", [(128, 2, 20, 20), (64, 1, 4, 4), (96, 3, 3, 5)])
+def test_batched_attention_products_run_per_head_on_the_npu(tmp_path, dim, heads, h, w):
+    """YOLO11n's shape at 640 (128 channels, 2 heads, 20x20 positions), one head,
+    and three heads over an odd position count."""
+    path = save(_heads(dim, heads, h, w, dim + heads), tmp_path / "m.onnx")
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", npu_attention=True))
+    products = [p for p in report.placements if p.op.type == "MatMul"]
+    assert [p.device for p in products] == ["npu"] * 2 * heads, [p.reason for p in products]
+    x = np.random.default_rng(5).standard_normal((1, dim, h, w)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        got = m.run({"x": x})["y"]
+    want = onnxruntime_outputs(path, {"x": x})["y"]
+    assert cosine(got, want) >= THRESHOLD["fp16"]
