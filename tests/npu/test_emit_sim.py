@@ -9,6 +9,8 @@ Sweep sizes are listed in docs/npu-emitters.md.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings, strategies as st
@@ -758,3 +760,34 @@ def test_run_time_weights_are_fp16_depthwise_only():
     with pytest.raises(UnsupportedError, match="fp16 depthwise only"):
         emit(api.Conv2D(X, np.zeros((16, 1, 1, 16), np.float16), api.Feature("y", 0, 16, 4, 4, "fp16"),
                         weights_buffer="w"))
+
+
+# -- a depthwise convolution over a map of fewer than 4 rows, stored with zero rows below ------
+@pytest.mark.parametrize("c, h, w, stride", [(32, 3, 6, (1, 1)), (96, 2, 12, (1, 1)), (64, 3, 24, (2, 1)),
+                                             (32, 2, 5, (2, 2))])
+def test_few_row_depthwise_reads_zero_rows_below_the_map(c, h, w, stride):
+    """PP-OCR cls's 5x5 depthwise convolutions over 2- and 3-row maps (pad 2): a task
+    reads 4+ rows (Q2), so the map is stored in 4-row surfaces whose rows past h are
+    zero, and the task reads those 4 rows with its bottom padding 4 - h rows smaller
+    (a zero row and a zero-padded row are the same sum: documented behaviour only).
+    Its result is written into 4-row surfaces too, the row past it left as it was, so
+    the next such convolution can read it the same way. Against numpy over the h rows."""
+    _needs_fp16_depthwise_writer()
+    rows, pad = 4, (2, 2, 2, 2)
+    x = _fp16((c, h, w), c + h)
+    wt = _fp16((5, 5, c), c + 1, 0.2)
+    want = _conv_acc(x, wt, stride, pad, True, 0)
+    oh, ow = want.shape[1:]
+    stored = np.zeros((c, rows, w), np.float16)
+    stored[:, :h] = x
+    X = api.Feature("x", 0, c, rows, w, "fp16")
+    Y4 = api.Feature("y", 0, c, rows, ow, "fp16")  # the result's own 4-row surfaces
+    Y = replace(Y4, height=oh, surface_stride=Y4.dense_surface_bytes)
+    op = api.Conv2D(replace(X, height=h), wt, Y, stride=stride, padding=pad, depthwise=True, name="dw")
+    with pytest.raises(UnsupportedError, match="at least 4"):  # the map as it is: refused (Q2)
+        emit(op)
+    r = emit(replace(op, input=X, padding=(2, 2 - (rows - h), 2, 2)))
+    canary = np.full((c, rows, ow), 3, np.float16)
+    got = _run(r, {"x": (X, stored), "y": (Y4, canary)}).feature(Y4)
+    np.testing.assert_allclose(got[:, :oh].astype(np.float64), want, rtol=3e-3, atol=3e-3)
+    np.testing.assert_array_equal(got[:, oh:], canary[:, oh:])  # the rows below it stay as they were
