@@ -585,9 +585,9 @@ def _pool(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
 def _upsample(graph: Graph, i: int, tail: _Tail, precision: str, program: str):
     op = graph.ops[i]
     dtype = device_dtype(precision)
-    up = api.Upsample(_feature(graph, op.inputs[0], "native", dtype, precision, program),
-                      _feature(graph, op.outputs[0], _layout(graph, op.outputs[0]), dtype, precision, program),
-                      name=f"npu{i}")
+    x = _feature(graph, op.inputs[0], "native", dtype, precision, program)
+    y = _feature(graph, op.outputs[0], _layout(graph, op.outputs[0]), dtype, precision, program)
+    up = api.Upsample(x, y, name=f"npu{i}", factor=y.height // x.height)
     return up, {op.inputs[0]: "native"}
 
 

@@ -407,12 +407,13 @@ class LocalResponseNorm:
 
 @dataclass(frozen=True, eq=False)
 class Upsample:
-    """Nearest upsampling by 2 in both directions: output [C, 2H, 2W] (input and
-    output share dtype and quantization: the values are copied)."""
+    """Nearest upsampling by an integer `factor` k in both directions: output
+    [C, kH, kW] (input and output share dtype and quantization: the values are copied)."""
 
     input: Feature
     output: Feature
     name: str = "upsample"
+    factor: int = 2
 
 
 @dataclass(frozen=True, eq=False)

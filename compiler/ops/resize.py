@@ -1,4 +1,4 @@
-"""Resize (nearest x2 on the NPU; nearest, linear, cubic on the CPU)."""
+"""Resize (nearest by an integer factor on the NPU; nearest, linear, cubic on the CPU)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from rkc.compiler.ops.constraints import BASIC
 from rkc.compiler.ops.rules import need, runtime_value
 from rkc.ir.errors import VerifyError
 from rkc.ir.types import TensorType
+from rkc.runtime.kernels import nn
 
 
 def resize_shape(ctx):
@@ -42,27 +43,33 @@ def no_antialias(ctx) -> bool:
     return not ctx.attr("antialias", 0)
 
 
-# (coordinate_transformation_mode, nearest_mode) pairs under which output pixel 2k and 2k+1
-# both sample input pixel k at a scale of exactly 2: asymmetric maps them to k and k + 0.5,
-# half_pixel to k - 0.25 and k + 0.25
-NEAREST_X2_MODES = {("asymmetric", "floor"), ("asymmetric", "round_prefer_floor"),
-                    ("half_pixel", "round_prefer_floor"), ("half_pixel", "round_prefer_ceil"),
-                    ("pytorch_half_pixel", "round_prefer_floor"), ("pytorch_half_pixel", "round_prefer_ceil")}
-
-
-def nearest_x2(ctx) -> bool:
-    """the NPU upsamples by exactly 2 in height and width, nearest, sampling pixel k for outputs 2k and 2k+1
-    (asymmetric + floor, or half_pixel + round_prefer_*); other resizes run on the feature map in place on the CPU"""
+def nearest_factor(ctx) -> int | None:
+    """k when the Resize is nearest upsampling by an integer k >= 2 in height and width
+    that samples pixel y for outputs k*y .. k*y + k - 1 (the ONNX source indices,
+    worked out by the CPU kernel's own rule, are y // k), else None."""
     x, y = need(ctx).shape, ctx.out_type().shape
-    if len(x) != 4 or tuple(y) != (x[0], x[1], 2 * x[2], 2 * x[3]) or ctx.attr("mode", "nearest") != "nearest":
-        return False
-    modes = (ctx.attr("coordinate_transformation_mode", "half_pixel"), ctx.attr("nearest_mode", "round_prefer_floor"))
-    scales = ctx.const(2)
-    if scales is not None and scales.size and [float(s) for s in scales.reshape(-1)] != [1.0, 1.0, 2.0, 2.0]:
-        return False  # a scale near 2 that still gives 2H rows samples other pixels
-    return modes in NEAREST_X2_MODES and not ctx.attr("axes")
+    if (len(x) != 4 or ctx.attr("mode", "nearest") != "nearest" or ctx.attr("axes")
+            or not all(isinstance(d, int) for d in (*x, *y)) or tuple(y[:2]) != tuple(x[:2])):
+        return None
+    k = y[2] // x[2]
+    if k < 2 or tuple(y[2:]) != (k * x[2], k * x[3]):
+        return None
+    if ctx.attr("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
+        return None
+    picks = nn.nearest_picks(x, ctx.const(1), ctx.const(2), ctx.const(3), **ctx.op.attrs)
+    blocks = {axis: np.arange(k * x[axis]) // k for axis in (2, 3)}
+    if set(picks) != {2, 3} or any(not np.array_equal(picks[a], blocks[a]) for a in (2, 3)):
+        return None
+    return k
 
 
-SPECS = [OpSpec("Resize", resize_shape, npu=(*BASIC, nearest_x2), lower=NpuLowering(api.Upsample),
-                cpu=(no_antialias,), summary="resize: nearest x2 (NPU: two depthwise convolutions); nearest, "
+def nearest_by_integer_factor(ctx) -> bool:
+    """the NPU upsamples by an integer factor k in height and width, nearest, sampling pixel y for outputs
+    k*y .. k*y + k - 1 (asymmetric + floor, or half_pixel + round_prefer_*; x2 also asymmetric +
+    round_prefer_floor); other resizes run on the feature map in place on the CPU"""
+    return nearest_factor(ctx) is not None
+
+
+SPECS = [OpSpec("Resize", resize_shape, npu=(*BASIC, nearest_by_integer_factor), lower=NpuLowering(api.Upsample),
+                cpu=(no_antialias,), summary="resize: nearest by an integer factor (NPU: convolutions of ones); nearest, "
                                              "linear, cubic (CPU)")]

@@ -239,9 +239,9 @@ QUESTIONS: tuple[Question, ...] = (
         "and writes dense cubes (ppu-pooling.md). No source upsamples on this NPU outside the vendor "
         "stack, whose encoding is not public.",
         "Refused: DECONV and the deconvolution strides raise (runtime/sim/cna.py). Without them, a nearest "
-        "x2 Resize is two depthwise convolutions of ones (compiler/npu/upsample.py): a 1x2 window padded by "
-        "a column each side over the map read as one-pixel rows doubles the columns, and two 1x1 copies "
-        "whose destination line pitch is two lines (the notch, Q4) double the rows; other resizes run on "
+        "Resize by an integer factor k is convolutions of ones (compiler/npu/upsample.py): k 1x1 copies "
+        "whose destination line pitch is k lines (the notch, Q4) repeat the rows, and a 1xk window padded "
+        "by k-1 columns each side over that map read as one-pixel rows repeats the columns; other resizes run on "
         "the CPU on the feature maps in place (runtime/feature_edges.py). `rkc probe` "
         "deconv_x2 asks a board: a depthwise fp16 deconvolution (DECONV, DECONV_X/Y_STRIDE 2, a 2x2 "
         "kernel of ones, PAD 1, the CNA reading the HxW map) written as a 2x2 convolution over the "

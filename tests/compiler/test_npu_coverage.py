@@ -343,11 +343,14 @@ def _neck(c: int, resize_attrs: dict, scales=(1, 1, 2, 2)):
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-@pytest.mark.parametrize("modes", [{}, {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}],
-                         ids=["half_pixel", "asymmetric"])
+@pytest.mark.parametrize("modes", [{}, {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+                                   {"coordinate_transformation_mode": "align_corners"}],
+                         ids=["half_pixel", "asymmetric", "align_corners"])
 def test_yolo_neck_upsamples_on_the_npu(tmp_path, precision, modes):
     """With channels the depthwise writer fills (64: int8, 32: fp16) the Resize is two
-    depthwise convolutions on the NPU, writing its slice of the Concat: nothing on the CPU."""
+    depthwise convolutions on the NPU, writing its slice of the Concat: nothing on the CPU.
+    align_corners x2 rounds output 2y + 1 to y + (n-1-y)/(2n-1) < y + 0.5: it samples
+    pixel y too."""
     report, got, want = _build_and_run(tmp_path, _neck(64, modes), (1, 16, 12, 12), precision)
     assert [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"] == []
     assert report.conversions == 2, report.conversions
@@ -431,22 +434,22 @@ def test_leaky_relu_folds_into_the_conv_epilogue(tmp_path, precision):
 
 
 @pytest.mark.parametrize("modes, scales", [
-    ({"coordinate_transformation_mode": "align_corners"}, (1, 1, 2, 2)),
+    ({"coordinate_transformation_mode": "half_pixel", "nearest_mode": "floor"}, (1, 1, 2, 2)),
     ({"coordinate_transformation_mode": "asymmetric", "nearest_mode": "round_prefer_ceil"}, (1, 1, 2, 2)),
     ({"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, (1, 1, 2.0001, 2.0001))],
-    ids=["align_corners", "round_prefer_ceil", "scale_near_2"])
+    ids=["half_pixel_floor", "round_prefer_ceil", "scale_near_2"])
 def test_other_nearest_resizes_stay_on_the_cpu(tmp_path, modes, scales):
-    """Resizes that sample other pixels than k for outputs 2k, 2k+1 run on the CPU, and match onnxruntime."""
+    """Resizes that sample other pixels than y for outputs 2y, 2y+1 run on the CPU, and match onnxruntime."""
     report, got, want = _build_and_run(tmp_path, _neck(32, modes, scales), (1, 16, 12, 12), "fp16")
     (resize,) = [p for p in report.placements if p.op.type == "Resize"]
-    assert resize.device == "cpu" and "upsamples by exactly 2" in resize.reason, resize.reason
+    assert resize.device == "cpu" and "upsamples by an integer factor" in resize.reason, resize.reason
     assert cosine(got, want) >= THRESHOLD["fp16"]
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_yolo_neck_upsample_runs_in_place_and_silu_stays_on_the_npu(tmp_path, precision):
+def test_yolo_neck_upsample_of_few_channels_and_silu_stay_on_the_npu(tmp_path, precision):
     """PAN neck: conv + SiLU, nearest x2 Resize (16 channels, fewer than the depthwise
-    writer fills: in place on the NPU copy on the CPU), Concat with a finer map (a view),
+    writer fills: identity copies on the NPU), Concat with a finer map (a view),
     conv + SiLU. int8: the SiLU table is fp16-only (Q22), so the groups run in fp16 and
     nothing converts between them: only the model's input and output."""
     rng = np.random.default_rng(11)
@@ -460,9 +463,35 @@ def test_yolo_neck_upsample_runs_in_place_and_silu_stays_on_the_npu(tmp_path, pr
              "w3": rng.standard_normal((16, 32, 3, 3)) / 8, "b3": rng.standard_normal(16) * 0.1,
              "scales": np.array([1, 1, 2, 2])}
     report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 16, 12, 12]), (1, 16, 12, 12), precision)
-    assert [p.op.type for p in report.placements if p.device == "cpu"] == ["Resize"]
+    assert [p.op.type for p in report.placements if p.device == "cpu"] == []
     assert report.conversions == 2, report.conversions
     assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+@pytest.mark.parametrize("precision, c", [("fp16", 24), ("int8", 48)])
+def test_fpn_upsamples_by_2_4_8_into_concat_slices(tmp_path, precision, c):
+    """PP-OCR det's neck: maps of c channels (not whole depthwise or kernel groups) at 1/2,
+    1/4, 1/8 resolution upsampled x2, x4, x8 (nearest, asymmetric + floor) into slices of
+    one Concat with a full-resolution map, then a conv: every Resize on the NPU writing only
+    its c channels (the Concat stays a view), against onnxruntime."""
+    rng = np.random.default_rng(23)
+    resize = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["d"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w1"], ["a"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w2"], ["b"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["b", "w3"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c", "", "s8"], ["c8"], **resize),
+             helper.make_node("Resize", ["b", "", "s4"], ["b4"], **resize),
+             helper.make_node("Resize", ["a", "", "s2"], ["a2"], **resize),
+             helper.make_node("Concat", ["c8", "b4", "a2", "d"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w4"], ["y"], pads=[1, 1, 1, 1])]
+    inits = {"w0": rng.standard_normal((c, 8, 3, 3)) / 8, "w1": rng.standard_normal((c, 8, 3, 3)) / 8,
+             "w2": rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c), "w3": rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c),
+             "w4": rng.standard_normal((8, 4 * c, 3, 3)) / np.sqrt(36 * c), **{f"s{k}": np.array([1.0, 1, k, k]) for k in (2, 4, 8)}}
+    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 32, 32]), (1, 8, 32, 32), precision)
+    assert [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"] == []
+    assert [p.device for p in report.placements if p.op.type == "Concat"] == ["view"]
+    assert cosine(got, want) >= THRESHOLD[precision]
 
 
 def _db_head(c: int, mid: int, k: int):

@@ -9,9 +9,11 @@ Sweep sizes are listed in docs/npu-emitters.md.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis import HealthCheck, event, example, given, settings, strategies as st
 
 from rkc.compiler.npu import api, eltwise, epilogue
 from rkc.compiler.npu.dispatch import emit
@@ -611,36 +613,50 @@ def test_conv_int8_per_channel_wide_spans_large_multipliers_and_residuals(seed, 
 
 
 # -- nearest x2 upsampling ------------------------------------------------------------
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(dtype=st.sampled_from(["int8", "fp16"]), groups=st.integers(1, 3), h=st.integers(4, 24),
-       w=st.integers(1, 24), slice_at=st.integers(0, 1), seed=st.integers(0, 999), cores=st.sampled_from([1, 3]))
-def test_upsample_x2(dtype, groups, h, w, slice_at, seed, cores):
-    """Nearest x2 as two depthwise convolutions of ones (compiler/npu/upsample.py),
-    exact against numpy (maps of 4+ rows: the row copies read the map, Q2), its output a channel slice of a wider map (a Concat's
-    piece) or a map of its own; the surfaces around the slice stay untouched."""
-    c = groups * (64 if dtype == "int8" else 32)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dtype=st.sampled_from(["int8", "fp16"]), k=st.integers(2, 8), atoms=st.integers(1, 9), h=st.integers(4, 16),
+       w=st.integers(1, 12), slice_at=st.integers(0, 1), seed=st.integers(0, 999), cores=st.sampled_from([1, 3]))
+@example("fp16", 8, 3, 15, 15, 1, 0, 3)  # PP-OCRv4 det's x8 of 24 channels into its Concat slice
+@example("int8", 4, 3, 8, 6, 1, 1, 3)  # 48 int8 channels: a 32-channel copy and an overlapping one
+def test_upsample(dtype, k, atoms, h, w, slice_at, seed, cores):
+    """Nearest xk as a 1 x k window and k copies a line apart (compiler/npu/upsample.py),
+    exact against numpy (maps of 4+ rows: the row copies read the map, Q2), over channel
+    counts that fill the depthwise writer's groups and counts that do not (identity
+    copies, the last overlapping its predecessor); its output a channel slice of a wider
+    map (a Concat's piece) or a map of its own; the surfaces around the slice stay untouched."""
+    c2 = 16 if dtype == "int8" else 8
+    c = atoms * c2
+    if c < kernel_group(dtype) and c % (64 if dtype == "int8" else 32):
+        with pytest.raises(UnsupportedError, match="channels"):  # one direct task would write past C
+            emit(api.Upsample(api.Feature("x", 0, c, h, w, dtype, api.Quant(0.1) if dtype == "int8" else None),
+                              api.Feature("y", 0, c, k * h, k * w, dtype,
+                                          api.Quant(0.1) if dtype == "int8" else None), "up", k))
+        return
     q = api.Quant(0.1, int(np.random.default_rng(seed).integers(-20, 20))) if dtype == "int8" else None
     x = _int8((c, h, w), seed) if dtype == "int8" else _fp16((c, h, w), seed)
     X = api.Feature("x", 0, c, h, w, dtype, q)
-    wide = api.Feature("y", 0, c + 2 * 32, 2 * h, 2 * w, dtype, q)  # 32 channels either side of the slice
-    Y = wide.view(channel0=32, channels=c) if slice_at else api.Feature("y", 0, c, 2 * h, 2 * w, dtype, q)
+    wide = api.Feature("y", 0, c + 2 * c2, k * h, k * w, dtype, q)  # one surface either side of the slice
+    Y = wide.view(channel0=c2, channels=c) if slice_at else api.Feature("y", 0, c, k * h, k * w, dtype, q)
     fill = np.full(wide.shape, 7, x.dtype)
-    r = emit(api.Upsample(X, Y, "up"), api.EmitOptions(cores=cores))
+    r = emit(api.Upsample(X, Y, "up", k), api.EmitOptions(cores=cores))
     event(f"{len(r.jobs)} band(s), {len(r.tasks)} task(s)")
     assert len(r.jobs) == min(cores, h // 4) and len({j.lane for j in r.jobs}) == len(r.jobs)
+    assert r.extents().get("y", 0) <= (Y.offset + Y.nbytes if slice_at else Y.nbytes)  # nothing past its channels
     # a band's job reads only what it writes itself: fp16 runs it as one chained kick per core
     out = _run(r, {"x": (X, x), **({"y": (wide, fill)} if slice_at else {})}, chained=dtype == "fp16")
-    np.testing.assert_array_equal(out.feature(Y), x.repeat(2, axis=1).repeat(2, axis=2))
+    np.testing.assert_array_equal(out.feature(Y), x.repeat(k, axis=1).repeat(k, axis=2))
     if slice_at:
         around = out.feature(wide)
-        np.testing.assert_array_equal(around[:32], fill[:32])
-        np.testing.assert_array_equal(around[32 + c:], fill[32 + c:])
+        np.testing.assert_array_equal(around[:c2], fill[:c2])
+        np.testing.assert_array_equal(around[c2 + c:], fill[c2 + c:])
 
 
 def test_upsample_refusals():
-    x8 = api.Feature("x", 0, 32, 4, 4, "int8", api.Quant(0.1))
-    with pytest.raises(UnsupportedError, match="multiples of 64"):  # the writer's extra channels
-        emit(api.Upsample(x8, api.Feature("y", 0, 32, 8, 8, "int8", api.Quant(0.1))))
+    x8 = api.Feature("x", 0, 16, 4, 4, "int8", api.Quant(0.1))
+    with pytest.raises(UnsupportedError, match="32\\+ channels"):  # the writer's extra channels
+        emit(api.Upsample(x8, api.Feature("y", 0, 16, 8, 8, "int8", api.Quant(0.1))))
+    with pytest.raises(UnsupportedError, match="over the CNA's 15"):  # the window's padding
+        emit(api.Upsample(x8, api.Feature("y", 0, 16, 68, 68, "int8", api.Quant(0.1)), "up", 17))
     x = api.Feature("x", 0, 64, 4, 4, "int8", api.Quant(0.1))
     with pytest.raises(UnsupportedError, match="at least 4"):  # the row copies read a 2-row map (Q2)
         emit(api.Upsample(api.Feature("x", 0, 64, 2, 8, "int8", api.Quant(0.1)),
@@ -744,3 +760,34 @@ def test_run_time_weights_are_fp16_depthwise_only():
     with pytest.raises(UnsupportedError, match="fp16 depthwise only"):
         emit(api.Conv2D(X, np.zeros((16, 1, 1, 16), np.float16), api.Feature("y", 0, 16, 4, 4, "fp16"),
                         weights_buffer="w"))
+
+
+# -- a depthwise convolution over a map of fewer than 4 rows, stored with zero rows below ------
+@pytest.mark.parametrize("c, h, w, stride", [(32, 3, 6, (1, 1)), (96, 2, 12, (1, 1)), (64, 3, 24, (2, 1)),
+                                             (32, 2, 5, (2, 2))])
+def test_few_row_depthwise_reads_zero_rows_below_the_map(c, h, w, stride):
+    """PP-OCR cls's 5x5 depthwise convolutions over 2- and 3-row maps (pad 2): a task
+    reads 4+ rows (Q2), so the map is stored in 4-row surfaces whose rows past h are
+    zero, and the task reads those 4 rows with its bottom padding 4 - h rows smaller
+    (a zero row and a zero-padded row are the same sum: documented behaviour only).
+    Its result is written into 4-row surfaces too, the row past it left as it was, so
+    the next such convolution can read it the same way. Against numpy over the h rows."""
+    _needs_fp16_depthwise_writer()
+    rows, pad = 4, (2, 2, 2, 2)
+    x = _fp16((c, h, w), c + h)
+    wt = _fp16((5, 5, c), c + 1, 0.2)
+    want = _conv_acc(x, wt, stride, pad, True, 0)
+    oh, ow = want.shape[1:]
+    stored = np.zeros((c, rows, w), np.float16)
+    stored[:, :h] = x
+    X = api.Feature("x", 0, c, rows, w, "fp16")
+    Y4 = api.Feature("y", 0, c, rows, ow, "fp16")  # the result's own 4-row surfaces
+    Y = replace(Y4, height=oh, surface_stride=Y4.dense_surface_bytes)
+    op = api.Conv2D(replace(X, height=h), wt, Y, stride=stride, padding=pad, depthwise=True, name="dw")
+    with pytest.raises(UnsupportedError, match="at least 4"):  # the map as it is: refused (Q2)
+        emit(op)
+    r = emit(replace(op, input=X, padding=(2, 2 - (rows - h), 2, 2)))
+    canary = np.full((c, rows, ow), 3, np.float16)
+    got = _run(r, {"x": (X, stored), "y": (Y4, canary)}).feature(Y4)
+    np.testing.assert_allclose(got[:, :oh].astype(np.float64), want, rtol=3e-3, atol=3e-3)
+    np.testing.assert_array_equal(got[:, oh:], canary[:, oh:])  # the rows below it stay as they were
