@@ -170,6 +170,10 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
     bits = buf.view(np.uint32)
     sums = np.empty(LANES, np.float64)
     amax = np.empty(LANES, np.float32)
+    # the rotation's signs in the last norm's weights when n2 is not kept (a sign's product is exact: the
+    # same values, one pass over the tile fewer)
+    signed = out_kind != OUT_HALF and last_norm and not keep_n2
+    w_last = w2 * signs if signed else w2
     for tile in range(tile_lo, tile_hi):
         m0 = tile * LANES
         r = min(LANES, rows - m0)
@@ -177,9 +181,9 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
             for lane in range(r, LANES):
                 buf[i, lane] = np.float32(0.0)
         _load_in(in_kind, src, extra, row_scale, ch, bias, has_bias, m0, r, k, buf)
-        _scaled_body(buf, m0, r, k, first_norm, w1, e1, res, body_scale, has_scale, last_norm, w2, e2,
+        _scaled_body(buf, m0, r, k, first_norm, w1, e1, res, body_scale, has_scale, last_norm, w_last, e2,
                      keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out, sums)
-        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, False, block, hnorm, scale, rotated, amax)
+        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated, amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
 
