@@ -3,7 +3,8 @@
 decode runs). A decoder layer's residual stretch between two NPU segments
 
     in edge: Cast (fp16 NPU output -> fp32) | DequantizeRows (int32 NPU output)
-    [RMSNorm], Add of the residual, RMSNorm
+    [RMSNorm], Add of the residual, [ScaleBy], [RMSNorm] (Gemma 4's: the sum
+    scaled by the layer output scale, or quantized with no second norm)
     out edge: Cast (fp32 -> fp16 NPU input) | QuantizeRows (-> int8 NPU input)
 
 runs as one compiled call over tiles of rows (runtime/llm/prefill_fused.py)
