@@ -3,7 +3,8 @@
 decode runs). A decoder layer's residual stretch between two NPU segments
 
     in edge: Cast (fp16 NPU output -> fp32) | DequantizeRows (int32 NPU output)
-    [RMSNorm], Add of the residual, RMSNorm
+    [RMSNorm], Add of the residual, [ScaleBy], [RMSNorm] (Gemma 4's: the sum
+    scaled by the layer output scale, or quantized with no second norm)
     out edge: Cast (fp32 -> fp16 NPU input) | QuantizeRows (-> int8 NPU input)
 
 runs as one compiled call over tiles of rows (runtime/llm/prefill_fused.py)
@@ -40,7 +41,8 @@ from rkc.runtime.llm import prefill_fused as kernels
 from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.prepared import rope_tables
-from rkc.runtime.llm.stretch_match import const, host, is_const, residual_body, residual_shape, step_rotation
+from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, RESIDUAL_BODIES, const, host, is_const, residual_body,
+                                           residual_shape, step_rotation)
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.prefill_kernels import hadamard_rows as prefill_hadamard
@@ -192,14 +194,17 @@ def _read_elsewhere(plan, steps: Sequence[Step]) -> set:
     return {n for s in plan.program.steps if id(s) not in inside for n in s.inputs if n}
 
 
-def _residual_stretch(plan, steps: Sequence[Step], outputs: set, in_edge, out_edge, min_rows: int):
-    """A residual stretch ([RMSNorm], Add, RMSNorm between an `in_edge` of at
-    least `min_rows` rows and an `out_edge`), as (in step, out step, m, k,
-    residual's name, first_norm, (w1, e1), (w2, e2), keep, bufs, stores), else
-    None: `keep` says which of x, n1, total, n2 are read elsewhere, `bufs`
-    their [m, k] stores (column-major: a tile's lanes are one contiguous run per
-    channel, for this store and for the next stretch's read of the residual)."""
-    shape = residual_shape(steps, outputs)
+def _residual_stretch(plan, steps: Sequence[Step], outputs: set, in_edge, out_edge, min_rows: int,
+                      bodies: tuple = RESIDUAL_BODIES):
+    """A residual stretch (one of `bodies`: [RMSNorm], Add, [ScaleBy],
+    [RMSNorm] between an `in_edge` of at least `min_rows` rows and an
+    `out_edge`), as (in step, out step, m, k, residual's name, first_norm,
+    (w1, e1), (w2, e2), keep, bufs, stores, body), else None: `keep` says
+    which of x, n1, total (scaled, with a ScaleBy), n2 are read elsewhere,
+    `bufs` their [m, k] stores (column-major: a tile's lanes are one
+    contiguous run per channel, for this store and for the next stretch's
+    read of the residual), `body` the matched ResidualBody."""
+    shape = residual_shape(steps, outputs, bodies)
     if shape is None:
         return None
     first, body, last = shape
@@ -208,28 +213,34 @@ def _residual_stretch(plan, steps: Sequence[Step], outputs: set, in_edge, out_ed
         return None
     m, k = mk
     matched = residual_body(plan, body, first.outputs[0], k, lambda name: _rows(plan, name, m, k))
-    if matched is None or matched.scale is not None or matched.last is None:  # the tiles: [norm], add, norm
+    if matched is None or not out_edge.matches(plan, last, matched.out, m, k):
         return None
-    if not out_edge.matches(plan, last, matched.out, m, k):
-        return None
-    first_norm = matched.first is not None
-    names = [first.outputs[0], *(s.outputs[0] for s in body)]  # x, [n1], total, n2
-    if not first_norm:
-        names.insert(1, None)
     wanted = _read_elsewhere(plan, steps)
+    outs = [s.outputs[0] for s in body]  # [n1], total, [scaled], [n2]
+    first_norm, scaled, last_norm = matched.first is not None, matched.scale is not None, matched.last is not None
+    total = outs[int(first_norm)]
+    if scaled and total in wanted:  # the tiles keep the scaled sum only
+        return None
+    names = [first.outputs[0], outs[0] if first_norm else None, outs[int(first_norm) + int(scaled)],
+             outs[-1] if last_norm else None]  # x, n1, total (scaled), n2
     keep = [n is not None and n in wanted for n in names]
     bufs = [np.empty((m, k), F32, order="F") if kept else _NONE_F32 for kept in keep]
     stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
-    return (first, last, m, k, matched.residual, first_norm, matched.first or matched.last, matched.last,
-            keep, bufs, stores)
+    w2e2 = matched.last or (_NONE_VEC, F32(0.0))
+    return (first, last, m, k, matched.residual, first_norm, matched.first or w2e2, w2e2,
+            keep, bufs, stores, matched)
 
 
 def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
-    """A many-row residual stretch's calls (one, bracketed), else None."""
-    found = _residual_stretch(plan, steps, outputs, _InEdge, _OutEdge, min_rows=1)
+    """A many-row residual stretch's calls (one, bracketed), else None; Gemma
+    4's bodies too (the FFN's sum with no second norm, the per-layer
+    projection's sum scaled by the layer output scale)."""
+    found = _residual_stretch(plan, steps, outputs, _InEdge, _OutEdge, min_rows=1, bodies=ONE_ROW_BODIES)
     if found is None:
         return None
-    first, last, m, k, residual, first_norm, (w1, e1), (w2, e2), keep, bufs, stores = found
+    first, last, m, k, residual, first_norm, (w1, e1), (w2, e2), keep, bufs, stores, matched = found
+    has_scale, last_norm = matched.scale is not None, matched.last is not None
+    body_scale = F32(matched.scale[0]) if has_scale else F32(1.0)
     edge_in, edge_out = _InEdge(plan, first), _OutEdge(plan, last)
     o_res, slots, tiles = plan._slot(residual), plan.slots, -(-m // LANES)
     run, label = kernels.residual_tiles, f"residual stretch of rows ({first.op}, {last.op})"
@@ -239,9 +250,9 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
         if res.shape != (m, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
         args = (edge_in.kind, edge_in.src, edge_in.extra, edge_in.row_scale(slots, label), edge_in.ch,
-                edge_in.bias, edge_in.has_bias, first_norm, w1, e1, res, w2, e2, *keep, *bufs,
-                edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.scale,
-                edge_out.rotated)
+                edge_in.bias, edge_in.has_bias, first_norm, w1, e1, res, body_scale, has_scale, last_norm,
+                w2, e2, *keep, *bufs, edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block,
+                edge_out.hnorm, edge_out.scale, edge_out.rotated)
         over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
         edge_out.finish(slots)
         for o, b in stores:
@@ -623,7 +634,7 @@ def int4_residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[
     found = _residual_stretch(plan, steps, outputs, _Int4In, _NibbleOut, min_rows=LANES)
     if found is None:
         return None
-    first, last, m, k, residual, first_norm, (w1, e1), (w2, e2), keep, bufs, stores = found
+    first, last, m, k, residual, first_norm, (w1, e1), (w2, e2), keep, bufs, stores, _ = found
     edge_in, edge_out = _Int4In(plan, first), _NibbleOut(plan, last)
     o_res, slots, tiles = plan._slot(residual), plan.slots, -(-m // LANES)
     run, label = int4_kernels.residual_tiles, "int4 residual stretch of rows (CombineInt4, QuantizeNibbles)"

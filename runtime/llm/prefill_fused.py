@@ -111,33 +111,51 @@ def _residual_body(buf, m0, r, k, first_norm, w1, e1, res, w2, e2, keep_x, keep_
     m0..m0+r-1): [n1 = RMSNorm(x, w1)], total = n1 + res, n2 = RMSNorm(total,
     w2), in place; each value kept is stored [M, K]. Shared by the int8/fp16
     and the int4 (int4_prefill) stretches, which differ only in their edges."""
+    _scaled_body(buf, m0, r, k, first_norm, w1, e1, res, np.float32(1.0), False, True, w2, e2,
+                 keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out, sums)
+
+
+@njit(**_JIT)
+def _scaled_body(buf, m0, r, k, first_norm, w1, e1, res, scale, has_scale, last_norm, w2, e2,
+                 keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out, sums):
+    """_residual_body with Gemma 4's parts: total = (n1 + res) [x scale] in
+    one pass (the unscaled sum is never stored: the matcher declines a
+    stretch that reads it), then [n2 = RMSNorm(total, w2)] (`last_norm`;
+    without it the tile ends as total, which the out edge reads)."""
     if keep_x:
         _store(buf, m0, r, k, x_out)
     if first_norm:
         _normalise(buf, k, w1, e1, sums)
         if keep_n1:
             _store(buf, m0, r, k, n1_out)
-    for i in range(k):
-        for lane in range(r):
-            buf[i, lane] = buf[i, lane] + res[m0 + lane, i]
+    if has_scale:
+        for i in range(k):
+            for lane in range(r):
+                buf[i, lane] = (buf[i, lane] + res[m0 + lane, i]) * scale
+    else:
+        for i in range(k):
+            for lane in range(r):
+                buf[i, lane] = buf[i, lane] + res[m0 + lane, i]
     if keep_total:
         _store(buf, m0, r, k, total_out)
-    _normalise(buf, k, w2, e2, sums)
-    if keep_n2:
-        _store(buf, m0, r, k, n2_out)
+    if last_norm:
+        _normalise(buf, k, w2, e2, sums)
+        if keep_n2:
+            _store(buf, m0, r, k, n2_out)
 
 
 @njit(**_JIT)
 def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
-                   first_norm, w1, e1, res, w2, e2,
+                   first_norm, w1, e1, res, body_scale, has_scale, last_norm, w2, e2,
                    keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
                    out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
     """The residual stretch over rows [M, K] (M = res's rows) of an NPU
     output `src` [C1, R, C2] (fp16 bits, widened, or int32 dequantized, with
     `extra`'s accumulators added when it has rows: a second K partial): x;
-    n1 = RMSNorm(x, w1) (`first_norm`, else n1 is x); total = n1 + res;
-    n2 = RMSNorm(total, w2); each kept one stored [M, K].
-    Then n2 into the next segment's atoms `dst` [C1', R', C2'] (fp16 bits),
+    n1 = RMSNorm(x, w1) (`first_norm`, else n1 is x); total = n1 + res
+    (times `body_scale` when `has_scale`: Gemma 4's layer output scale);
+    n2 = RMSNorm(total, w2) (`last_norm`, else n2 is total); each kept one
+    stored [M, K]. Then n2 into the next segment's atoms `dst` [C1', R', C2'] (fp16 bits),
     or rotated (signs, butterflies of `block`, times `hnorm`) and quantized
     to int8 with one scale per row (`scale`), or rotated into `rotated`
     [K / block, M x block] (a factor's product follows, then
@@ -152,6 +170,10 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
     bits = buf.view(np.uint32)
     sums = np.empty(LANES, np.float64)
     amax = np.empty(LANES, np.float32)
+    # the rotation's signs in the last norm's weights when n2 is not kept (a sign's product is exact: the
+    # same values, one pass over the tile fewer)
+    signed = out_kind != OUT_HALF and last_norm and not keep_n2
+    w_last = w2 * signs if signed else w2
     for tile in range(tile_lo, tile_hi):
         m0 = tile * LANES
         r = min(LANES, rows - m0)
@@ -159,9 +181,9 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
             for lane in range(r, LANES):
                 buf[i, lane] = np.float32(0.0)
         _load_in(in_kind, src, extra, row_scale, ch, bias, has_bias, m0, r, k, buf)
-        _residual_body(buf, m0, r, k, first_norm, w1, e1, res, w2, e2, keep_x, keep_n1, keep_total, keep_n2,
-                       x_out, n1_out, total_out, n2_out, sums)
-        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, False, block, hnorm, scale, rotated, amax)
+        _scaled_body(buf, m0, r, k, first_norm, w1, e1, res, body_scale, has_scale, last_norm, w_last, e2,
+                     keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out, sums)
+        _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated, amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
 

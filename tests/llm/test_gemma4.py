@@ -269,9 +269,13 @@ def test_decode_stretches_are_fused_and_give_the_interpreters_logits(variant, pr
     finally:
         fused._compiled_front = front
     labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
+    many = [getattr(c, "label", "") for c in engine.plans["prefill_16"].calls]
     n, ple = engine.cfg.n_layer, variant == "gemma4"
     embedding = labels.index("NPU submit")  # the token's embedding rows before the first segment
     engine.close()
+    if precision == "int8":  # a tile's rows: the same residual stretches, one compiled call each (but the
+        # last layer's last: its TakeLast leaves the output norm one row)
+        assert sum(lab.startswith("residual stretch of rows") for lab in many) == (3 if ple else 2) * n - 1, many
     assert sum(lab.startswith("attention stretch") for lab in labels) == n
     assert len(made) == n and all(m is not None for m in made)
     if precision != "fp16":
@@ -284,6 +288,36 @@ def test_decode_stretches_are_fused_and_give_the_interpreters_logits(variant, pr
     assert not {"AttentionShared", "Attention", "RMSNormPlain", "RMSNorm", "Pick", "ScaleBy", "Mul", "GeluTanh",
                 "Tanh", "Add", "Scale", "RoPE"} & set(labels[embedding:]), labels[embedding:]
     assert_plan_is_the_interpreter(path, precision, PLAN_STEPS)
+    if precision == "int8":
+        _gemma4_bodies_give_the_step_paths_logits(path)
+
+
+def _gemma4_bodies_give_the_step_paths_logits(path):
+    """Many rows: Gemma 4's residual bodies fused (the FFN output's norm and
+    add, the per-layer projection's scaled by the layer output scale) give
+    the logits of the same plan with them run step by step, within 1e-4 of the
+    largest (float32 in their own order; the interpreter itself is further off
+    this tiny int8 model at rounding ties, fused or not)."""
+    from llm.test_plan import MANY_ROWS
+    from rkc.runtime.llm import fused_rows, stretch_match
+
+    def logits():
+        engine = LlmEngine(path, device="sim")
+        cache = engine.new_cache(64)
+        out = [engine.run(p, np.asarray(t, np.int32), np.arange(s, s + len(t), dtype=np.int32), cache)
+               for p, t, s in MANY_ROWS]
+        engine.close()
+        return out
+
+    fused = logits()
+    bodies = fused_rows.ONE_ROW_BODIES
+    try:
+        fused_rows.ONE_ROW_BODIES = stretch_match.RESIDUAL_BODIES  # Gemma 4's bodies step by step
+        stepped = logits()
+    finally:
+        fused_rows.ONE_ROW_BODIES = bodies
+    for got, want in zip(fused, stepped):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
 def test_inspect_shows_the_per_layer_placement(gemma4_rkbin):

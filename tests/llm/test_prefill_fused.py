@@ -48,6 +48,20 @@ def _step(op, n_in, attrs):
 @pytest.mark.parametrize("edges", [("fp16", "fp16"), ("int32", "int8"), ("int32", "fp16"), ("fp16", "int8")])
 @pytest.mark.parametrize("first_norm", [True, False])
 def test_residual_tiles_match_the_per_step_kernels(rows, k, kind, edges, first_norm):
+    _check_residual_tiles(rows, k, kind, edges, first_norm, None, True)
+
+
+@pytest.mark.parametrize("rows", [16, 37])
+@pytest.mark.parametrize("k,kind", [(640, "kron"), (256, "kron")])
+@pytest.mark.parametrize("edges", [("int32", "int8"), ("fp16", "fp16")])
+@pytest.mark.parametrize("scale,last_norm", [(0.37, True), (None, False)])
+def test_gemma4_residual_bodies_match_the_per_step_kernels(rows, k, kind, edges, scale, last_norm):
+    """Gemma 4's bodies: the per-layer projection's norm, Add, ScaleBy by the
+    layer output scale, norm; the FFN's norm and Add with no second norm."""
+    _check_residual_tiles(rows, k, kind, edges, True, scale, last_norm)
+
+
+def _check_residual_tiles(rows, k, kind, edges, first_norm, body_scale, last_norm):
     partials = 2 if edges[0] == "int32" and first_norm and rows == 37 else 1
     rng = np.random.default_rng(rows * k)
     src_bt, src_info, src_host = _operand(rows, k, edges[0])
@@ -72,7 +86,10 @@ def test_residual_tiles_match_the_per_step_kernels(rows, k, kind, edges, first_n
     norm = prepared.rms_norm(_step("RMSNorm", 2, {"epsilon": 1e-6}), [None, w1], None)
     n1 = norm([x, w1])[0] if first_norm else x
     total = n1 + res
-    n2 = prepared.rms_norm(_step("RMSNorm", 2, {"epsilon": 1e-6}), [None, w2], None)([total, w2])[0]
+    if body_scale is not None:
+        total = total * F32(body_scale)
+    n2 = prepared.rms_norm(_step("RMSNorm", 2, {"epsilon": 1e-6}), [None, w2], None)([total, w2])[0] if last_norm \
+        else total
 
     out_bt, out_info, out_host = _operand(rows, k, edges[1])
     want_host = out_host.copy()
@@ -100,14 +117,17 @@ def test_residual_tiles_match_the_per_step_kernels(rows, k, kind, edges, first_n
     else:
         out_kind, dst = (pf.OUT_QUANT if rot.factor is None else pf.OUT_ROTATED), atoms_out
     extra = extra_bt.atoms if partials == 2 else np.zeros((0, 0, 0), np.int32)
-    consts = (in_kind, src, extra, rs, ch, bias, True, first_norm, w1, eps, res, w2, eps, True,
-              first_norm, True, True, *bufs, out_kind, dst, rot.signs.astype(F32), rot.block,
+    has_scale = body_scale is not None
+    keep_n2 = last_norm and rows != 37  # not kept: the rotation's signs ride in the norm's weights
+    consts = (in_kind, src, extra, rs, ch, bias, True, first_norm, w1, eps, res,
+              F32(body_scale if has_scale else 1.0), has_scale, last_norm, w2, eps, True,
+              first_norm, True, keep_n2, *bufs, out_kind, dst, rot.signs.astype(F32), rot.block,
               F32(1.0 / np.sqrt(rot.block)), scale, rotated)
     over_ranges(lambda lo, hi: pf.residual_tiles(*consts, lo, hi), -(-rows // LANES))  # two threads
     if out_kind == pf.OUT_ROTATED:  # the factor's product as fused_rows runs it, then the codes
         pf.quantize_blocks_into_atoms(rot.factor.astype(F32) @ rotated, rot.block, dst, scale, 0, rows)
     for got, want in zip(bufs, [x, n1, total, n2]):
-        if got is bufs[1] and not first_norm:
+        if (got is bufs[1] and not first_norm) or (got is bufs[3] and not keep_n2):
             continue
         want = np.asarray(want, np.float64)
         assert np.all(np.abs(got - want) <= 4e-6 * np.abs(want).max(axis=1, keepdims=True))
