@@ -326,6 +326,7 @@ def test_edges_written_to_atoms_are_numpys_cast():
     assert not dst[:, 0].reshape(-1)[n:].any() and not dst[:, 1:].any()
 
 
+@pytest.mark.slow  # its own rkbin (groups of 32), three programs: ~40 s CPU
 def test_paired_int4_head_gives_the_interpreters_logits(synth_rkbin):
     """int4 groups of 32 split the head's K of 64 in two: its nibble rows carry
     both groups in the 4 rows a token's 2 leave (int4_rows.pair_rows) in every
