@@ -34,6 +34,7 @@ from rkc.compiler.module_builder import ModuleBuilder, PlacedBytes
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.gemm import k_ranges
+from rkc.compiler.npu.gemm_int4 import PAIRED_ROWS
 from rkc.compiler.npu.placement import place_segment, place_segment_int4
 from rkc.compiler.emitter_ops import CHAINABLE, EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
 from rkc.compiler.llm.ffn_fusion import ACTIVATION_LUT, GatedFfn, gated_ffns, operand_rows
@@ -424,6 +425,7 @@ class _ProgramLowering:
         products: list[tuple[int, str, str, api.GemmInt4]] = []
         converted: set[str] = set()
         outputs = []
+        pairs = self._int4_pairs(ops)
         for i in ops:
             op = self.graph.ops[i]
             x, w = op.inputs[0], op.inputs[1]
@@ -431,25 +433,28 @@ class _ProgramLowering:
             m, k = (int(d) for d in self.graph.tensors[x].type.shape)
             if k % layout.INT4_C2:
                 raise UnsupportedError(f"{w}: int4 products need K % 32 == 0, K = {k}")
-            rows = 2 * m  # the hi and lo nibble rows of each token
+            pair = pairs.get(x, 0)
+            pair_attrs = {"pair_group": pair} if pair else {}
+            rows = (PAIRED_ROWS if pair else 2) * m  # the hi and lo nibble rows of each token (of two groups if paired)
             if x not in converted:
                 # the int4 operand's bytes, as an int8 GEMM operand of K / 2 columns (int4_rows.packed_rows)
                 self.scratch(npu_name(x), [rows, k // 2], DType.INT8)
                 self.host_value_named(f"{x}.rowscale", [m], DType.FP32)
                 rot, rot_attrs = self.llm.rotation_inputs(enc.rotation)
                 self.add(Step(kind="cpu", name=f"to_npu:{x}", op="QuantizeNibbles", inputs=[x, *rot],
-                              outputs=[npu_name(x), f"{x}.rowscale"], attrs=rot_attrs))
+                              outputs=[npu_name(x), f"{x}.rowscale"], attrs={**rot_attrs, **pair_attrs}))
                 converted.add(x)
             y = op.outputs[0]
             n = enc.data.shape[0]
+            segment = 2 * pair if pair else enc.int4_group
             gemm = api.GemmInt4(api.Feature.gemm(npu_name(x), 0, rows, k, "int4"), enc.int4_values().T, None, rows,
-                                enc.int4_group, _op_name(w))
+                                segment, _op_name(w), row_split=pair)
             self.scratch(npu_name(y), [rows, gemm.segments * gemm.n_padded], DType.INT16)
             gemm = dataclasses.replace(gemm, c=api.Feature.gemm(npu_name(y), 0, rows,
                                                                 gemm.segments * gemm.n_padded, "int16"))
             products.append((i, w, y, gemm))
             bias = op.inputs[2] if len(op.inputs) > 2 else None
-            outputs.append((y, x, w, bias))
+            outputs.append((y, x, w, bias, pair_attrs))
         groups = self._emitted(products, place_segment_int4([g for *_, g in products], self.llm.emit_options),
                                "int4")
         for w in dict.fromkeys(w for _, w, _, _ in products):
@@ -460,12 +465,29 @@ class _ProgramLowering:
         self.llm.placed_packs({c.name for g in groups for c in g.result.constants})
         self.stats.segments += 1
         self.stats.npu_tasks += lowered.step.stats["tasks"]
-        for y, x, w, bias in outputs:
+        for y, x, w, bias, pair_attrs in outputs:
             self.host_value(y)
             scales = self.llm.host_const(f"{w}.int4_scales", self.llm.matrices[w].int4_scales)
             ins = [npu_name(y), f"{x}.rowscale", scales] + ([self.llm.host_const(bias, self.llm.vectors[bias])]
                                                             if bias else [])
-            self.add(Step(kind="cpu", name=f"from_npu:{y}", op="CombineInt4", inputs=ins, outputs=[y]))
+            self.add(Step(kind="cpu", name=f"from_npu:{y}", op="CombineInt4", inputs=ins, outputs=[y],
+                          attrs=pair_attrs))
+
+    def _int4_pairs(self, ops: list[int]) -> dict[str, int]:
+        """Inputs whose nibble rows carry two K groups per NPU segment (int4_rows.pair_rows),
+        input -> group length: the head's, when it has two groups or more. A weight's
+        packing is one for every program, and the head alone reads one row in decode
+        and prefill (the last) alike, whose 4 stored rows hold 2 used: paired, its
+        partials carry no padding rows and half the tasks; the score programs' many
+        rows pay twice the head's MACs for it. The other products' prefill rows
+        would pay that in every chunk."""
+        readers: dict[str, set[str]] = {}
+        for i in ops:
+            x, w = self.graph.ops[i].inputs[:2]
+            readers.setdefault(x, set()).add(w)
+        head = self.llm.head_weight
+        return {x: self.llm.matrices[head].int4_group for x, ws in readers.items()
+                if ws == {head} and self.llm.matrices[head].int4_group < int(self.graph.tensors[x].type.shape[1])}
 
     def _emit_products(self, products: list[tuple[int, str, str, api.Gemm]], dev: DType) -> list[NpuGroup]:
         """The segment's GEMMs, their output channels placed over the cores together

@@ -293,6 +293,11 @@ class GemmInt4:
     # (K group, first output channel, channels, lane) ranges placed for a whole
     # segment (placement.place_segment_int4); None: each group's N cut evenly over the cores
     placement: tuple[tuple[int, int, int, int], ...] | None = None
+    # 0, or two quantization groups per segment (paired nibble rows,
+    # runtime/llm/int4_rows.pair_rows): of each 4 rows of A, the first 2 hold values only
+    # over a segment's first `row_split` channels, the last 2 only over the rest, so each
+    # row's int16 sum covers one group and the bound is the group's, not the segment's
+    row_split: int = 0
 
     @property
     def k(self) -> int:

@@ -10,6 +10,13 @@ quantization groups along K). A segment is safe for any weights up to 480
 channels (480 x 64 < 2^15); a longer one only when these weights bound every
 partial within int16: 8 x the column's sum of |w| (|a| <= 8), checked here.
 
+Paired rows (`row_split`): one token's hi and lo nibble rows fill 2 of the 4
+rows the NPU reads anyway, so a segment may span two quantization groups with
+each token's 4 rows split, the first 2 zero over the second group and the last
+2 over the first: every row still sums one group (the bound is the group's), the
+weights are read once, and a token's output atoms hold no padding rows (half the
+partial bytes the host reads, half the tasks).
+
 Tiling: per segment, N tiles of at most `n_tile_max` kernels (whole 64-kernel
 groups), M tiles of the rows that fit the data banks (with the slack bank of a
 W=1 map, as int8); the (segment, N tile) pairs are cut into one contiguous run
@@ -29,6 +36,7 @@ from rkc.ir.npu import hw, layout
 
 INT4_PRODUCT_MAX = 64  # |(-8) x (-8)|
 INT16_MAX = 32767
+PAIRED_ROWS = 4  # a token's hi/lo nibble rows of two K groups (GemmInt4.row_split)
 
 
 def segment_limit() -> int:
@@ -47,10 +55,14 @@ def _check(op: api.GemmInt4, options: api.EmitOptions) -> int:
         raise UnsupportedError(f"{op.name}: B holds values outside int4 [-8, 7]")
     if op.segment % layout.CHANNEL_GROUP or op.segment <= 0:
         raise UnsupportedError(f"{op.name}: K segment {op.segment} must be a positive multiple of 32")
-    if op.segment > options.int4_segment_max:
-        worst = partial_bound(op.b, op.segment)
+    summed = op.row_split or op.segment  # the K one int16 sum covers
+    if op.row_split and (op.segment != 2 * op.row_split or op.m % PAIRED_ROWS):
+        raise UnsupportedError(f"{op.name}: paired rows need M % {PAIRED_ROWS} == 0 and a segment of two groups, got "
+                               f"M={op.m}, segment {op.segment}, split {op.row_split}")
+    if summed > options.int4_segment_max:
+        worst = partial_bound(op.b, summed)
         if worst > INT16_MAX:
-            raise UnsupportedError(f"{op.name}: K segment {op.segment}: a partial of these weights can reach "
+            raise UnsupportedError(f"{op.name}: K segment {summed}: a partial of these weights can reach "
                                    f"{worst} (8 x the column's sum of |w|), past int16 (Q23); segments of at most "
                                    f"{options.int4_segment_max} are safe for any weights")
     k, n = op.b.shape

@@ -74,8 +74,10 @@ class _InEdge:
         if step.op == "CombineInt4":  # the two nibble rows' int16 partials per K group (int4_rows.combine)
             scales = const(plan, step.inputs[2], tuple(plan.model.tensors[step.inputs[2]].shape))
             bias = const(plan, step.inputs[3], (k,)) if len(step.inputs) == 4 else scales[0]
-            self.int4 = (bt.atoms, bt.shape[1] // len(scales), plan._slot(step.inputs[1]), scales, bias,
-                         len(step.inputs) == 4)
+            paired = bool(step.attrs.get("pair_group"))  # two K groups per block of 4 rows (int4_rows.pair_rows)
+            blocks = -(-len(scales) // 2) if paired else len(scales)
+            self.int4 = (bt.atoms, bt.shape[1] // blocks, plan._slot(step.inputs[1]), scales, bias,
+                         len(step.inputs) == 4, paired)
             self.dequant = None
             return
         if step.op == "Cast":
@@ -132,11 +134,11 @@ class _InEdge:
             out = np.empty((1, self.k), F32)
             flat = None if self.int4 is not None else self._flat(out)
         if self.int4 is not None:
-            atoms, n_pad, rs_slot, scales, bias, has_bias = self.int4
+            atoms, n_pad, rs_slot, scales, bias, has_bias, paired = self.int4
             rs = self.slots[rs_slot]
             if rs.shape != (1,) or rs.dtype != F32:
                 raise_shape(label, "row scale", rs)
-            jit.combine_int4_atoms(atoms, self.k, n_pad, scales, rs, bias, has_bias, out, 0, 1)
+            jit.combine_int4_atoms(atoms, self.k, n_pad, scales, rs, bias, has_bias, out, 0, 1, paired)
         elif self.dequant is None:
             jit.half_atoms_to_float(self.atoms, self.k, flat)
         else:
@@ -156,17 +158,21 @@ class _InEdge:
 
 def _int4_in_edge(plan, step: Step) -> int:
     """CombineInt4 of one row read from its BO (the hi and lo nibble rows'
-    int16 partials [2, G x Np], Np a multiple of the atom): its width N, else 0."""
+    int16 partials [2, G x Np], or paired [4, ceil(G / 2) x Np], Np a multiple
+    of the atom): its width N, else 0."""
     bt = plan._bo_tensor(step.inputs[0])
+    paired = bool(step.attrs.get("pair_group"))
     if (bt is None or bt.info.layout != "native-gemm" or bt.info.dtype != "int16" or len(bt.shape) != 2
-            or bt.shape[0] != 2 or len(step.inputs) not in (3, 4) or not host(plan, step.inputs[1])):
+            or bt.shape[0] != (4 if paired else 2) or len(step.inputs) not in (3, 4)
+            or not host(plan, step.inputs[1])):
         return 0
     info = _info(plan, step.inputs[2])
     if info is None or len(info.shape) != 2 or not info.shape[0]:
         return 0
     g, n = (int(d) for d in info.shape)
-    n_pad = bt.shape[1] // g
-    if (bt.shape[1] % g or n_pad < n or n_pad % bt.c2 or const(plan, step.inputs[2], (g, n)) is None
+    blocks = -(-g // 2) if paired else g
+    n_pad = bt.shape[1] // blocks
+    if (bt.shape[1] % blocks or n_pad < n or n_pad % bt.c2 or const(plan, step.inputs[2], (g, n)) is None
             or not _row(plan, step.outputs[0], n) or not host(plan, step.outputs[0])
             or (len(step.inputs) == 4 and const(plan, step.inputs[3], (n,)) is None)):
         return 0
@@ -190,6 +196,7 @@ class _OutEdge:
             return
         self.codes, self.terms = bt.atoms, _terms(step)
         self.nibbles = step.op == "QuantizeNibbles"  # two int4 rows per row (int4_rows.npu_rows)
+        self.pair_group = int(step.attrs.get("pair_group", 0))  # (two K groups' rows: int4_rows.pair_rows)
         if self.nibbles:
             self.k, self.codes = 2 * self.k, bt.atoms.view(np.uint8)
         self.scale, self.scale_slot = np.empty(self.terms, F32), plan._slot(step.outputs[1])
@@ -208,7 +215,8 @@ class _OutEdge:
             return False
         bt = plan._bo_tensor(step.outputs[0])
         if step.op == "QuantizeNibbles":  # the operand's bytes: two nibble rows of K / 2 bytes
-            if (bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (2, k // 2) or k % 32
+            rows = 4 if step.attrs.get("pair_group") else 2
+            if (bt is None or bt.info.layout != "native-gemm" or tuple(bt.shape) != (rows, k // 2) or k % 32
                     or bt.info.dtype != "int8" or len(step.outputs) != 2 or not host(plan, step.outputs[1])
                     or not all(is_const(plan, n) for n in step.inputs[1:])):
                 return False
@@ -243,7 +251,7 @@ class _OutEdge:
                 np.matmul(self.factor, self.blocks, out=self.mixed)
                 x = self.mixed_row
         if self.nibbles:
-            jit.quantize_nibbles_into_atoms(x, self.codes, self.scale, int4_rows.ACT_LIMIT, 0, 1)
+            jit.quantize_nibbles_into_atoms(x, self.codes, self.scale, int4_rows.ACT_LIMIT, 0, 1, self.pair_group)
         elif self.terms == 1:
             quantize_into_atoms(x, self.codes, self.scale)
         else:

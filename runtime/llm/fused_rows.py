@@ -520,8 +520,10 @@ class _Int4In:
 
     def __init__(self, plan, step: Step) -> None:
         bt = plan._bo_tensor(step.inputs[0])
-        self.m, (self.g, self.n) = bt.shape[0] // 2, (int(d) for d in plan.model.tensors[step.inputs[2]].shape)
-        self.n_pad, self.atoms = bt.shape[1] // self.g, bt.atoms
+        self.paired = "pair_group" in step.attrs
+        self.m, (self.g, self.n) = bt.shape[0] // (4 if self.paired else 2), \
+            (int(d) for d in plan.model.tensors[step.inputs[2]].shape)
+        self.n_pad, self.atoms = bt.shape[1] // (-(-self.g // 2) if self.paired else self.g), bt.atoms
         self.bos = [plan.model.bos[bt.info.region]]
         self.scales = const(plan, step.inputs[2], (self.g, self.n))
         self.has_bias = len(step.inputs) == 4
@@ -535,14 +537,18 @@ class _Int4In:
             return None
         bt = _gemm_operand(plan, step.inputs[0], "int16")
         scales_info = plan.model.tensors.get(step.inputs[2])
-        if bt is None or bt.shape[0] % 2 or scales_info is None or len(scales_info.shape) != 2:
+        per_row = 4 if "pair_group" in step.attrs else 2  # (paired: two K groups per block, int4_rows.pair_rows)
+        if bt is None or bt.shape[0] % per_row or scales_info is None or len(scales_info.shape) != 2:
             return None
-        m, (g, n) = bt.shape[0] // 2, (int(d) for d in scales_info.shape)
-        n_pad = bt.shape[1] // g if g else 0
+        m, (g, n) = bt.shape[0] // per_row, (int(d) for d in scales_info.shape)
+        if per_row == 4 and m != 1:  # (jit.combine_int4_atoms pairs one row: a score program's head runs numpy's)
+            return None
+        blocks = -(-g // 2) if per_row == 4 else g
+        n_pad = bt.shape[1] // blocks if g else 0
         rs_info = plan.model.tensors.get(step.inputs[1])
         if (not g or const(plan, step.inputs[2], (g, n)) is None
                 or (len(step.inputs) == 4 and const(plan, step.inputs[3], (n,)) is None)
-                or bt.shape[1] != g * n_pad or n_pad < n or n_pad % bt.c2
+                or bt.shape[1] != blocks * n_pad or n_pad < n or n_pad % bt.c2
                 or not host(plan, step.inputs[1]) or rs_info is None or list(rs_info.shape) != [m]
                 or not host(plan, step.outputs[0]) or not _rows(plan, step.outputs[0], m, n)):
             return None
@@ -564,7 +570,7 @@ def _combine_int4(plan, step: Step, outputs: set):
     m, n = mn
     edge, slots = _Int4In(plan, step), plan.slots
     atoms, n_pad, scales, bias, has_bias = edge.atoms, edge.n_pad, edge.scales, edge.bias, edge.has_bias
-    o, fresh = plan._slot(step.outputs[0]), step.outputs[0] in outputs
+    o, fresh, paired = plan._slot(step.outputs[0]), step.outputs[0] in outputs, edge.paired
     if m >= LANES:  # by tiles into column-major rows, as _in_edge_call writes the int8 build's
         buf, tiled = np.empty((m, n), F32, order="F"), int4_kernels.combine_tiles
         tiles, threads = -(-m // LANES), _threads_for(m * n)
@@ -581,7 +587,7 @@ def _combine_int4(plan, step: Step, outputs: set):
     def call():
         rs = edge.row_scale(slots, "CombineInt4")
         out = np.empty((m, n), F32) if fresh else buf
-        over_ranges(lambda lo, hi: run(atoms, n, n_pad, scales, rs, bias, has_bias, out, lo, hi), m)
+        over_ranges(lambda lo, hi: run(atoms, n, n_pad, scales, rs, bias, has_bias, out, lo, hi, paired), m)
         slots[o] = out
     call.bos, call.label = edge.bos, "CombineInt4 edge (compiled)"
     return call
@@ -608,7 +614,8 @@ class _NibbleOut:
 
     @staticmethod
     def matches(plan, step: Step, src: str, m: int, k: int) -> bool:
-        if step.op != "QuantizeNibbles" or len(step.outputs) != 2 or not step.inputs or step.inputs[0] != src:
+        if (step.op != "QuantizeNibbles" or len(step.outputs) != 2 or not step.inputs or step.inputs[0] != src
+                or "pair_group" in step.attrs):
             return False
         bt = _gemm_operand(plan, step.outputs[0], "int8")
         if bt is None or tuple(bt.shape) != (2 * m, k // 2) or k % 32 or not host(plan, step.outputs[1]):
@@ -686,9 +693,13 @@ def _quantize_nibbles(plan, step: Step):
     if step.op != "QuantizeNibbles" or len(step.outputs) != 2 or not step.inputs:
         return None
     bt = _gemm_operand(plan, step.outputs[0], "int8")
-    if bt is None or bt.shape[0] % 2 or not host(plan, step.outputs[1]) or not host(plan, step.inputs[0]):
+    pair = int(step.attrs.get("pair_group", 0))  # four rows per row (int4_rows.pair_rows)
+    per_row = 4 if pair else 2
+    if bt is None or bt.shape[0] % per_row or not host(plan, step.outputs[1]) or not host(plan, step.inputs[0]):
         return None
-    m, k = bt.shape[0] // 2, 2 * bt.shape[1]
+    m, k = bt.shape[0] // per_row, 2 * bt.shape[1]
+    if pair and m >= LANES:  # (the tiled rotation writes two rows per row)
+        return None
     if k % 32 or not _rows(plan, step.inputs[0], m, k) or not all(is_const(plan, n) for n in step.inputs[1:]):
         return None
     rot = step_rotation(plan, step)
@@ -724,7 +735,7 @@ def _quantize_nibbles(plan, step: Step):
             if mixed is not None:  # F mixes the blocks
                 np.matmul(form.factor, rotated.reshape(mixed.shape), out=mixed)
                 x = mixed.reshape(m, k)
-        over_ranges(lambda lo, hi: run(x, codes, scale, ACT_LIMIT, lo, hi), m)
+        over_ranges(lambda lo, hi: run(x, codes, scale, ACT_LIMIT, lo, hi, pair), m)
         slots[scale_slot] = scale
     call.bos, call.label = [plan.model.bos[bt.info.region]], "QuantizeNibbles edge (compiled)"
     return call

@@ -45,6 +45,30 @@ def npu_rows(x: np.ndarray, rotation: Rotation | None = None) -> tuple[np.ndarra
     return split_nibbles(q), s
 
 
+def pair_rows(rows: np.ndarray, group: int) -> np.ndarray:
+    """Nibble rows [2M, K] -> [4M, K] with two K groups per NPU segment
+    (GemmInt4.row_split): token m's group g of `group` channels in rows
+    4m + 2 (g % 2) and 4m + 2 (g % 2) + 1, zeros in the other two. One token's
+    2 rows fill the 4 the NPU reads anyway, so its partials carry no padding."""
+    m2, k = rows.shape
+    out = np.zeros((2 * m2, k), rows.dtype)
+    for k0 in range(0, k, group):
+        r = 2 * (k0 // group % 2)
+        out[r::4, k0:k0 + group] = rows[0::2, k0:k0 + group]
+        out[r + 1::4, k0:k0 + group] = rows[1::2, k0:k0 + group]
+    return out
+
+
+def unpair_partials(partials: np.ndarray, groups: int) -> np.ndarray:
+    """Paired partials [4M, P * Np] (pair_rows' product) -> [2M, G, Np]: token m's
+    group 2p + h hi and lo sums are rows 4m + 2h, 4m + 2h + 1 of block p."""
+    p = np.asarray(partials)
+    blocks = -(-groups // 2)
+    m = p.shape[0] // 4
+    p = p.reshape(m, 2, 2, blocks, p.shape[1] // blocks)  # [token, h, nibble row, block, Np]
+    return p.transpose(0, 2, 3, 1, 4).reshape(2 * m, 2 * blocks, -1)[:, :groups]
+
+
 def packed_rows(rows: np.ndarray) -> np.ndarray:
     """int4 rows [R, K] (K % 32 == 0) -> [R, K / 2] bytes as int8: as an int8 GEMM
     operand of K / 2 columns these are the int4 operand's native bytes (a 16-byte
@@ -53,12 +77,15 @@ def packed_rows(rows: np.ndarray) -> np.ndarray:
 
 
 def combine(partials: np.ndarray, row_scales: np.ndarray, scales: np.ndarray,
-            bias: np.ndarray | None = None) -> np.ndarray:
-    """int16 partials [2M, G, N] (or [2M, G * Np] with N = scales' columns) ->
-    float32 [M, N]; `scales` [G, N] are the weight group scales."""
+            bias: np.ndarray | None = None, paired: bool = False) -> np.ndarray:
+    """int16 partials [2M, G, N] (or [2M, G * Np] with N = scales' columns; `paired`:
+    [4M, ceil(G / 2) * Np], unpair_partials) -> float32 [M, N];
+    `scales` [G, N] are the weight group scales."""
     g, n = scales.shape
     p = np.asarray(partials)
-    if p.ndim == 2:
+    if paired:
+        p = unpair_partials(p, g)[:, :, :n]
+    elif p.ndim == 2:
         p = p.reshape(p.shape[0], g, -1)[:, :, :n]
     y = np.zeros((p.shape[0] // 2, n), np.float32)
     for k in range(g):  # per group: the int8 activations' sum (|16 hi + lo| < 2^20: exact in float32), scaled

@@ -532,7 +532,7 @@ def _abs_max_bits(k, bits):
 
 
 @njit(**_JIT)
-def quantize_nibbles_into_atoms(x, q, scale, limit, lo, hi):
+def quantize_nibbles_into_atoms(x, q, scale, limit, lo, hi, pair_group):
     """int4_rows.npu_rows + packed_rows of rows lo..hi-1 of x [M, K] (rotated
     already), written into the int4 operand's bytes as int8 GEMM
     atoms q [C1, R, C2] (uint8 view; K / 2 byte columns, the even channel in
@@ -543,10 +543,14 @@ def quantize_nibbles_into_atoms(x, q, scale, limit, lo, hi):
     15) - 8). The pad rows past 2M are zeroed by the range that ends at M
     (the atoms hold exactly K / 2 byte columns). Each pass a simple loop over
     a row buffer (the maximum as integer bits, the codes, the two nibble
-    rows' bytes), which the compiler vectorises: 8960 wide 27 -> 8 us."""
+    rows' bytes), which the compiler vectorises: 8960 wide 27 -> 8 us.
+    pair_group > 0 (int4_rows.pair_rows): four rows per row, the K groups of
+    pair_group channels alternating between rows 4m, 4m + 1 and 4m + 2,
+    4m + 3, zeros in the other two."""
     rows, k = x.shape
     c1, stored, c2 = q.shape
-    if 2 * c1 * c2 != k or stored < 2 * rows:
+    used = 4 * rows if pair_group else 2 * rows
+    if 2 * c1 * c2 != k or stored < used or (pair_group and pair_group % (2 * c2)):
         raise ValueError("the int4 operand's atoms do not hold these rows")
     lim = np.float32(limit)
     half = k // 2
@@ -573,12 +577,19 @@ def quantize_nibbles_into_atoms(x, q, scale, limit, lo, hi):
             hi_bytes[i] = _nibbles(c_even + 8 >> 4, c_odd + 8 >> 4)
             lo_bytes[i] = _nibbles(c_even, c_odd)
         for a in range(c1):
+            r = 2 * m
+            if pair_group:  # this atom's group's rows, zeros in the other pair
+                second = 2 * (a * 2 * c2 // pair_group % 2)
+                r = 4 * m + second
+                for b in range(c2):
+                    q[a, 4 * m + 2 - second, b] = 0
+                    q[a, 4 * m + 3 - second, b] = 0
             for b in range(c2):
-                q[a, 2 * m, b] = hi_bytes[a * c2 + b]
-                q[a, 2 * m + 1, b] = lo_bytes[a * c2 + b]
+                q[a, r, b] = hi_bytes[a * c2 + b]
+                q[a, r + 1, b] = lo_bytes[a * c2 + b]
     if hi == rows:
         for a in range(c1):
-            for r in range(2 * rows, stored):
+            for r in range(used, stored):
                 for b in range(c2):
                     q[a, r, b] = 0
 
@@ -621,38 +632,50 @@ def rotate_nibbles_into_atoms(x, signs, block, norm, q, scale, limit, tile_lo, t
                     q[a, r2, b] = 0
 
 
+INT16_LANES = 8  # int16 values per 16-byte atom
+
+
 @njit(**_JIT)
-def _combine_int4_row(p, n, n_pad, scales, row_scale, bias, has_bias, out, m):
-    """combine_int4_atoms of row m alone, atom after atom: each atom's channels
-    summed over the groups in a buffer of one atom (the same float32
-    operations in the same order), then scaled into the row: one pass over
-    the partials and the output (the 151936-wide head: 357 -> 280 us)."""
-    c2 = p.shape[2]
+def _combine_int4_row(p, n, n_pad, scales, row_scale, bias, has_bias, out, m, paired):
+    """combine_int4_atoms of row m alone, group after group over the whole row
+    (the first group's terms stored, each next one's added: the same float32
+    operations in the same order as by atoms), each atom's 8 lanes a loop of
+    known length, which the compiler vectorises (E2B's 262144-wide head of 2
+    groups 653 -> 359 us, a 1536-wide row of 9 groups 18 -> 9 us, hot), then
+    scaled. `paired` (m = 0): group g's sums in rows 2 (g % 2), +1 of block g // 2."""
+    if p.shape[2] != INT16_LANES:
+        raise ValueError("int16 partials come in atoms of 8")
     groups = scales.shape[0]
-    atoms = -(-n // c2)
-    per_group = n_pad // c2
-    acc = np.empty(c2, np.float32)
-    rs, h, row = row_scale[m], 2 * m, out[m]
-    for a in range(atoms):
-        base = a * c2
-        width = min(c2, n - base)
-        w = scales[0]
-        for b in range(width):
-            acc[b] = np.float32(0.0) + np.float32(np.int32(p[a, h, b]) * 16 + np.int32(p[a, h + 1, b])) * w[base + b]
-        for g in range(1, groups):
-            w, ag = scales[g], g * per_group + a
-            for b in range(width):
-                acc[b] += np.float32(np.int32(p[ag, h, b]) * 16 + np.int32(p[ag, h + 1, b])) * w[base + b]
-        if has_bias:
-            for b in range(width):
-                row[base + b] = acc[b] * rs + bias[base + b]
-        else:
-            for b in range(width):
-                row[base + b] = acc[b] * rs
+    full = n // INT16_LANES
+    per_group = n_pad // INT16_LANES
+    row = out[m]
+    for g in range(groups):
+        w, a0, h = scales[g], g * per_group, 2 * m
+        if paired:
+            a0, h = g // 2 * per_group, 2 * (g % 2)
+        for a in range(full):
+            base = a * INT16_LANES
+            for b in range(INT16_LANES):
+                v = np.float32(np.int32(p[a0 + a, h, b]) * 16 + np.int32(p[a0 + a, h + 1, b])) * w[base + b]
+                if g == 0:
+                    row[base + b] = np.float32(0.0) + v
+                else:
+                    row[base + b] += v
+        for j in range(full * INT16_LANES, n):  # the last atom's channels past a whole atom
+            v = np.float32(np.int32(p[a0 + full, h, j - full * INT16_LANES]) * 16
+                           + np.int32(p[a0 + full, h + 1, j - full * INT16_LANES])) * w[j]
+            row[j] = np.float32(0.0) + v if g == 0 else row[j] + v
+    rs = row_scale[m]
+    if has_bias:
+        for j in range(n):
+            row[j] = row[j] * rs + bias[j]
+    else:
+        for j in range(n):
+            row[j] = row[j] * rs
 
 
 @njit(**_JIT)
-def combine_int4_atoms(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo, hi):
+def combine_int4_atoms(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo, hi, paired):
     """int4_rows.combine of rows lo..hi-1 read from the NPU's int16 partials
     in their atoms p [C1, R, C2] (row 2m: the hi nibble row's sums, 2m + 1 the
     lo row's; group g's channel j at column g * n_pad + j, n_pad a multiple of
@@ -664,10 +687,13 @@ def combine_int4_atoms(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo, 
     BO): per group the tile's merged sums gathered into contiguous rows
     first, then each output row updated by one simple loop, which the
     compiler vectorises (the atoms' short runs defeat it: a 2 x 8960 combine
-    41 -> 25 us)."""
+    41 -> 25 us). `paired`: one row whose two K groups share a block's four
+    rows (int4_rows.pair_rows), _combine_int4_row's."""
     if hi - lo == 1:  # one row (decode): no merged rows
-        _combine_int4_row(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo)
+        _combine_int4_row(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo, paired)
         return
+    if paired:
+        raise ValueError("paired int4 partials hold one row")
     c2 = p.shape[2]
     groups = scales.shape[0]
     atoms = -(-n // c2)

@@ -70,8 +70,9 @@ KERNEL_ATTRS: dict[str, tuple[int, int | None, dict[str, str], tuple[str, ...]]]
     "DequantizeRows": (3, None, {"partials": "count", "terms": "terms"}, ()),  # partials + row scale + channel scale (+ bias)
     "SumPartials": (1, None, {}, ()),
     # int4 products (runtime/llm/int4_rows.py)
-    "QuantizeNibbles": (1, 3, dict(ROTATION), ()),
-    "CombineInt4": (3, 4, {}, ()),  # partials + row scale + group scales [G, N] (+ bias)
+    # pair_group: one token's nibble rows carry two K groups of that many channels (int4_rows.pair_rows)
+    "QuantizeNibbles": (1, 3, {**ROTATION, "pair_group": "count"}, ()),
+    "CombineInt4": (3, 4, {"pair_group": "count"}, ()),  # partials + row scale + group scales [G, N] (+ bias)
     # Gemma 4
     "AttentionShared": (2, 2, {"layer": "index", "source": "index", "scale": "finite", "window": "index",
                                "kv_heads": "count"}, ("layer", "source", "scale", "window")),
@@ -107,11 +108,19 @@ def output_shape(op: str, shapes: list[tuple[int, ...]], attrs: dict[str, Any]) 
     if op == "QuantizeNibbles" and shapes[0]:  # two nibble rows per row, two nibbles per byte
         if len(shapes[0]) != 2 or shapes[0][1] % 32:
             raise ValueError("QuantizeNibbles takes rows [M, K] with K % 32 == 0")
+        if "pair_group" in attrs:  # four nibble rows per row: two K groups' (int4_rows.pair_rows)
+            if attrs["pair_group"] % 32:
+                raise ValueError("QuantizeNibbles pairs K groups of a multiple of 32")
+            return (4 * shapes[0][0], shapes[0][1] // 2)
         return (2 * shapes[0][0], shapes[0][1] // 2)
     if op == "CombineInt4":  # partials [2M, G * Np], row scales [M], group scales [G, N] (+ bias [N])
         p, rows, scales = shapes[0], shapes[1], shapes[2]
-        if len(p) != 2 or len(scales) != 2 or p[0] != 2 * rows[0] or p[1] != scales[0] * -(-scales[1] // 64) * 64:
-            raise ValueError("CombineInt4 takes partials [2M, G x align(N, 64)], row scales [M], scales [G, N]")
+        paired = "pair_group" in attrs  # [4M, ceil(G / 2) * Np]
+        blocks = -(-scales[0] // 2) if paired and len(scales) == 2 else scales[0] if len(scales) == 2 else 0
+        if (len(p) != 2 or len(scales) != 2 or p[0] != (4 if paired else 2) * rows[0]
+                or p[1] != blocks * -(-scales[1] // 64) * 64):
+            raise ValueError("CombineInt4 takes partials [2M, G x align(N, 64)] (paired: [4M, ceil(G / 2) x "
+                             "align(N, 64)]), row scales [M], scales [G, N]")
         return (rows[0], scales[1])
     if op == "RoPE":  # x [T, heads, dim], positions [T] (+ frequency factors per rotated pair)
         x, pos, half = shapes[0], shapes[1], attrs["dims"] // 2

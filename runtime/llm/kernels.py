@@ -134,13 +134,16 @@ def quantize_nibbles(inputs, attrs, state):
     one scale per row: int8 per row in two signed nibble rows (int4_rows.py), the
     rows rotated first when attrs name a rotation."""
     rows, scale = int4_rows.npu_rows(inputs[0], rotation_of(attrs, inputs[1:]))
+    if attrs.get("pair_group"):  # one token, two K groups per NPU segment (int4_rows.pair_rows)
+        rows = int4_rows.pair_rows(rows, int(attrs["pair_group"]))
     return [int4_rows.packed_rows(rows), scale]
 
 
 def combine_int4(inputs, attrs, state):
     """int16 partials [2M, G * Np] -> fp32 [M, N]: per K group scaled and summed,
     times the row scale (+ bias) (int4_rows.combine)."""
-    return [int4_rows.combine(inputs[0], inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None)]
+    return [int4_rows.combine(inputs[0], inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None,
+                              bool(attrs.get("pair_group")))]
 
 
 def sum_partials(inputs, attrs, state):

@@ -46,7 +46,7 @@ def test_nibble_rows_written_into_atoms(m, k):
     scale = np.empty(m, np.float32)
     cut = m // 2
     for lo, hi in ((0, cut), (cut, m)):  # two ranges, as over_ranges hands them to threads
-        jit.quantize_nibbles_into_atoms(x, atoms, scale, int4_rows.ACT_LIMIT, lo, hi)
+        jit.quantize_nibbles_into_atoms(x, atoms, scale, int4_rows.ACT_LIMIT, lo, hi, 0)
     amax = np.abs(x.astype(np.float64)).max(axis=1)
     want_scale = np.where(amax > 0, amax / 119, 1.0)
     np.testing.assert_allclose(scale, want_scale, rtol=EPS32, atol=0)
@@ -78,7 +78,7 @@ def test_int4_partials_combined_from_atoms(m, n, groups, bias):
     out = np.full((m, n), np.nan, np.float32)
     atoms = to_atoms(p, 8, 2 * m + 1)
     for lo, hi in ((0, m // 2), (m // 2, m)):
-        jit.combine_int4_atoms(atoms, n, n_pad, sw, rs, b if bias else sw[0], bias, out, lo, hi)
+        jit.combine_int4_atoms(atoms, n, n_pad, sw, rs, b if bias else sw[0], bias, out, lo, hi, False)
     part = p.astype(np.float64).reshape(2 * m, groups, n_pad)[:, :, :n]
     merged = 16 * part[0::2] + part[1::2]  # [M, G, N]
     terms = merged * sw.astype(np.float64)[None] * rs.astype(np.float64)[:, None, None]
@@ -86,6 +86,58 @@ def test_int4_partials_combined_from_atoms(m, n, groups, bias):
     size = np.abs(terms).sum(axis=1) + (np.abs(b.astype(np.float64)) if bias else 0)
     assert (np.abs(out - want) <= (groups + 3) * EPS32 * size).all()
     np.testing.assert_array_equal(out, int4_rows.combine(p, rs, sw, b))
+
+
+@pytest.mark.parametrize("m,k,group", [(1, 64, 32), (1, 640, 256), (1, 1536, 768), (1, 1504 * 6, 1504),
+                                         (1, 12288, 1376), (3, 96, 64), (5, 1536, 768)])
+def test_paired_nibble_rows_written_into_atoms(m, k, group):
+    """Nibble rows with two K groups per segment (int4_rows.pair_rows): token t's
+    group g hi/lo rows at 4t + 2 (g % 2) (+1) and zeros in the other two
+    whatever the atoms held, pad rows past 4M zeroed; the codes and scales are
+    the unpaired kernel's."""
+    rng = np.random.default_rng(k + group + m)
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    atoms = np.full((k // 32, 4 * m + 2, 16), 0x5A, np.uint8)
+    scale = np.empty(m, np.float32)
+    for lo, hi in ((0, m // 2), (m // 2, m)):
+        jit.quantize_nibbles_into_atoms(x, atoms, scale, int4_rows.ACT_LIMIT, lo, hi, group)
+    rows, s = int4_rows.npu_rows(x)
+    want = int4_rows.packed_rows(int4_rows.pair_rows(rows, group))
+    np.testing.assert_array_equal(from_atoms(atoms, 4 * m, k // 2).view(np.int8), want)
+    np.testing.assert_array_equal(scale, s)
+    assert not atoms[:, 4 * m:].any()
+    nib = layout.unpack_nibbles(want)
+    for t in range(m):
+        for g, k0 in enumerate(range(0, k, group)):  # each group in its own pair of rows, zeros in the other
+            r = 4 * t + 2 * (g % 2)
+            np.testing.assert_array_equal(nib[r:r + 2, k0:k0 + group], rows[2 * t:2 * t + 2, k0:k0 + group])
+            z = 4 * t + 2 - 2 * (g % 2)
+            assert not nib[z:z + 2, k0:k0 + group].any()
+
+
+@pytest.mark.parametrize("n,groups", [(640, 2), (100, 3), (1536, 9), (64, 5), (136, 6)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_paired_int4_partials_combined_from_atoms(n, groups, bias):
+    """One token's partials with two K groups per block of 4 rows: the same bits
+    as the unpaired layout's combine of the same partials (jit and numpy alike)."""
+    rng = np.random.default_rng(n * 7 + groups)
+    n_pad = -(-n // 64) * 64
+    blocks = -(-groups // 2)
+    p = rng.integers(-2 ** 15, 2 ** 15, (4, blocks * n_pad)).astype(np.int16)
+    if groups % 2:  # the last block's second pair of rows is no group's
+        p[2:, (blocks - 1) * n_pad:] = rng.integers(-2 ** 15, 2 ** 15, (2, n_pad))
+    rs = rng.uniform(1e-3, 1, 1).astype(np.float32)
+    sw = rng.uniform(1e-4, 1e-2, (groups, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32) if bias else None
+    unpaired = int4_rows.unpair_partials(p, groups)  # [2, G, Np]
+    for g in range(groups):
+        r, blk = 2 * (g % 2), g // 2
+        np.testing.assert_array_equal(unpaired[:, g], p[r:r + 2, blk * n_pad:(blk + 1) * n_pad])
+    want = int4_rows.combine(unpaired.reshape(2, groups * n_pad), rs, sw, b)
+    np.testing.assert_array_equal(int4_rows.combine(p, rs, sw, b, paired=True), want)
+    out = np.full((1, n), np.nan, np.float32)
+    jit.combine_int4_atoms(to_atoms(p, 8, 5), n, n_pad, sw, rs, b if bias else sw[0], bias, out, 0, 1, True)
+    np.testing.assert_array_equal(out, want)
 
 
 @pytest.mark.parametrize("m,k,block", [(16, 640, 128), (37, 1024, 1024), (20, 96, 32)])

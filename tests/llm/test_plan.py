@@ -324,3 +324,21 @@ def test_edges_written_to_atoms_are_numpys_cast():
         want = x[:n].view(np.float32).astype(np.float16).view(np.uint16)
     np.testing.assert_array_equal(dst[:, 0].reshape(-1)[:n], want)
     assert not dst[:, 0].reshape(-1)[n:].any() and not dst[:, 1:].any()
+
+
+@pytest.mark.slow  # its own rkbin (groups of 32), three programs: ~40 s CPU
+def test_paired_int4_head_gives_the_interpreters_logits(synth_rkbin):
+    """int4 groups of 32 split the head's K of 64 in two: its nibble rows carry
+    both groups in the 4 rows a token's 2 leave (int4_rows.pair_rows) in every
+    program (decode, prefill's last row, a score chunk's every row), the plan's
+    compiled edges give the interpreter's numpy kernels' logits bit for bit."""
+    from rkc.ir.rkbin import read_rkbin
+
+    path = synth_rkbin("qwen2", "int4", int4_group=32)
+    module = read_rkbin(path).module
+    for name in ("decode", "prefill_4", "score_4"):
+        paired = [s for s in module.program(name).steps if s.op in ("QuantizeNibbles", "CombineInt4")
+                  and s.attrs.get("pair_group") == 32]
+        assert len(paired) == 2, name  # the head's two edges, no other product's
+    assert_plan_is_the_interpreter(path, "int4", [*STEPS, ("score_4", [3, 4, 5, 6], 0)])
+    assert_plan_is_the_interpreter(path, "int4", MANY_ROWS, exact_int8=False)

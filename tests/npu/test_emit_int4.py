@@ -100,6 +100,51 @@ def test_long_segments_run_when_the_weights_bound_every_partial(k, segment):
     assert len({t.label.split()[1] for t in r.tasks}) == -(-k // segment)  # one K group per segment
 
 
+def _paired(k, n, group, seed, a=None, b=None, tokens=1, **opts):
+    """Tokens' hi/lo rows [2T, K] in pair_rows' layout, two K groups per segment:
+    the simulated partials unpaired to [2T, G, N]."""
+    from rkc.runtime.llm.int4_rows import pair_rows, unpair_partials
+
+    a = _int4((2 * tokens, k), seed) if a is None else a
+    b = _int4((k, n), seed + 1) if b is None else b
+    rows, m = pair_rows(a, group), 4 * tokens
+    op = api.GemmInt4(api.Feature.gemm("A", 0, m, k, "int4"), b, None, m, 2 * group, "p4", row_split=group)
+    c = api.Feature.gemm("C", 0, m, op.segments * op.n_padded, "int16")
+    op = api.GemmInt4(op.a, b, c, m, 2 * group, "p4", row_split=group)
+    r = emit(op, api.EmitOptions(**opts))
+    out = run([r], sim.SimDevice(), {"A": (op.a, rows.T[:, :, None])}).feature(c)[:, :m, 0].T
+    groups = -(-k // group)
+    return a, b, unpair_partials(out, groups)[:, :, :n], r
+
+
+@SWEEP
+@given(k=st.integers(1, 40).map(lambda c: 32 * c), n=st.integers(1, 200),
+       group=st.sampled_from([32, 64, 96, 256, 480]), tokens=st.sampled_from([1, 1, 3, 40]), seed=st.integers(0, 999))
+def test_paired_rows_give_each_groups_exact_partials(k, n, group, tokens, seed):
+    """Two K groups per task in the 4 rows one token's 2 nibble rows leave: every
+    group's partials exact, as the unpaired GEMM's; half the tasks' segments."""
+    a, b, got, r = _paired(k, n, group, seed, tokens=tokens)
+    np.testing.assert_array_equal(got, gemm_int4.reference(a, b, group))
+    assert len({t.label.split()[1] for t in r.tasks}) == -(-k // (2 * group))
+
+
+def test_paired_rows_bound_each_group_not_the_segment():
+    """All -8 x -8 over two groups of 480: each row sums one group (30720, exact),
+    where one unpaired segment of 960 is refused (past int16) and the strict
+    simulator would reject the sum (Q23)."""
+    k = 2 * gemm_int4.segment_limit()
+    a = np.full((2, k), -8, np.int8)
+    b = np.full((k, 64), -8, np.int8)
+    _, _, got, _ = _paired(k, 64, k // 2, 0, a=a, b=b)
+    assert (got == 64 * k // 2).all()
+    unpaired = api.GemmInt4(api.Feature.gemm("A", 0, 4, k, "int4"), b, api.Feature.gemm("C", 0, 4, 64, "int16"),
+                            4, k, "g")
+    with pytest.raises(UnsupportedError, match="past int16"):
+        emit(unpaired)
+    with pytest.raises(UnsupportedError, match="paired rows"):
+        emit(api.GemmInt4(unpaired.a, b, unpaired.c, 4, k, "g", row_split=k // 4))
+
+
 def test_a_placed_segment_computes_the_same_partials():
     """q/k/v-like products placed together over the cores (placement.place_segment_int4):
     only which core computes which channels changes."""
