@@ -40,19 +40,12 @@ assert api.DEFAULT_OPTIONS.int4_segment_max == segment_limit()
 
 
 def _check(op: api.GemmInt4, options: api.EmitOptions) -> int:
+    """The operands' shapes and types (B's values: _check_values, where B is packed)."""
     if op.b.ndim != 2 or op.b.dtype != np.int8:
         raise UnsupportedError(f"{op.name}: B must be an int8 [K, N] array of int4 values, got "
                                f"{op.b.dtype} {op.b.shape}")
-    if op.b.size and (op.b.min() < layout.INT4_MIN or op.b.max() > layout.INT4_MAX):
-        raise UnsupportedError(f"{op.name}: B holds values outside int4 [-8, 7]")
     if op.segment % layout.CHANNEL_GROUP or op.segment <= 0:
         raise UnsupportedError(f"{op.name}: K segment {op.segment} must be a positive multiple of 32")
-    if op.segment > options.int4_segment_max:
-        worst = partial_bound(op.b, op.segment)
-        if worst > INT16_MAX:
-            raise UnsupportedError(f"{op.name}: K segment {op.segment}: a partial of these weights can reach "
-                                   f"{worst} (8 x the column's sum of |w|), past int16 (Q23); segments of at most "
-                                   f"{options.int4_segment_max} are safe for any weights")
     k, n = op.b.shape
     rows = op.a.height  # gemm_rows(M); exactly M only for a probe of Q2 (min_input_rows < 4)
     if rows != api.gemm_rows(op.m) and not (rows == op.m and options.min_input_rows <= op.m):
@@ -66,6 +59,20 @@ def _check(op: api.GemmInt4, options: api.EmitOptions) -> int:
                                f"cols={want[0]} = {op.segments} segments x {op.n_padded}), got "
                                f"{op.c.dtype} {op.c.shape}")
     return rows
+
+
+def _check_values(op: api.GemmInt4, options: api.EmitOptions) -> None:
+    """B's values are int4 and, over segments past the always-safe length, bound every
+    int16 partial. Checked as B is packed: a GEMM that finds its weights in the pack
+    cache (the same name and bytes: an LLM's later programs) was checked then."""
+    if op.b.size and (op.b.min() < layout.INT4_MIN or op.b.max() > layout.INT4_MAX):
+        raise UnsupportedError(f"{op.name}: B holds values outside int4 [-8, 7]")
+    if op.segment > options.int4_segment_max:
+        worst = partial_bound(op.b, op.segment)
+        if worst > INT16_MAX:
+            raise UnsupportedError(f"{op.name}: K segment {op.segment}: a partial of these weights can reach "
+                                   f"{worst} (8 x the column's sum of |w|), past int16 (Q23); segments of at most "
+                                   f"{options.int4_segment_max} are safe for any weights")
 
 
 def partial_bound(b: np.ndarray, segment: int, columns: int = 16384) -> int:
@@ -121,6 +128,7 @@ def lower_gemm_int4(op: api.GemmInt4, options: api.EmitOptions) -> api.EmitResul
     if options.pack_cache is not None and key in options.pack_cache:  # (bytes, offsets, no weight sums)
         packed, offsets, _ = options.pack_cache[key]
     else:
+        _check_values(op, options)
         packed, offsets = pack_b(op.b, op.segment)
         if options.pack_cache is not None:
             options.pack_cache[key] = packed, offsets, None
