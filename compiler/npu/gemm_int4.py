@@ -77,12 +77,13 @@ def _check_values(op: api.GemmInt4, options: api.EmitOptions) -> None:
 
 def partial_bound(b: np.ndarray, segment: int, columns: int = 16384) -> int:
     """The largest |partial| any int4 A (|a| <= 8) can give with weights `b` [K, N]
-    over K segments of `segment`: 8 x the largest column sum of |w| in a segment."""
+    over K segments of `segment`: 8 x the largest column sum of |w| in a segment.
+    `b` holds int4 values: |w| <= 8 is an int8, summed in int32 without an int32 copy."""
     worst = 0
     for k0 in range(0, b.shape[0], segment):
         for n0 in range(0, b.shape[1], columns):
-            block = np.abs(b[k0:k0 + segment, n0:n0 + columns].astype(np.int32))
-            worst = max(worst, int(block.sum(axis=0).max(initial=0)))
+            block = np.abs(b[k0:k0 + segment, n0:n0 + columns])
+            worst = max(worst, int(block.sum(axis=0, dtype=np.int32).max(initial=0)))
     return INT4_PRODUCT_MAX // 8 * worst
 
 

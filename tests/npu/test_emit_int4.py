@@ -170,3 +170,12 @@ def test_int4_weight_bytes_follow_the_documented_formula():
             nib = (kk // 32) * 8 * 32 + m * 32 + kk % 32
             v = (int(fa[nib // 2]) >> 4) if nib % 2 else (int(fa[nib // 2]) & 0xF)
             assert (v ^ 8) - 8 == a[m, kk]
+
+
+@pytest.mark.parametrize("k,n,segment,columns", [(1024, 64, 512, 16384), (1000, 130, 640, 48), (96, 3, 32, 2)])
+def test_partial_bound_is_8_x_the_largest_segment_column_sum(k, n, segment, columns):
+    rng = np.random.default_rng(k + n)
+    b = rng.integers(-8, 8, (n, k), dtype=np.int8).T  # [K, N] as the LLM hands it: a transposed view
+    b[:segment, 0] = -8  # the extreme column of the first segment
+    want = max(int(np.abs(b[k0:k0 + segment].astype(np.int64)).sum(axis=0).max()) for k0 in range(0, k, segment))
+    assert gemm_int4.partial_bound(b, segment, columns) == 8 * want
