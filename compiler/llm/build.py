@@ -43,6 +43,7 @@ from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from rkc.compiler.llm.step_clock import STEPS
 from rkc.compiler.llm.weights import (LazyWeights, RowSource, RowTable, by_layer, dequantize_all,
                                       gather_only_tables, progress as progress_bar, row_source)
+from rkc.compiler.memplan import IOVA_WINDOW
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.ir.errors import UnsupportedError
@@ -338,6 +339,24 @@ def _hessian_names(graph: Graph, options: LlmCompileOptions) -> set[str]:
 def _head_name(graph: Graph) -> str:
     """The output head's weight (the product that writes the logits)."""
     return next(op.inputs[1] for op in graph.ops if op.type == "Linear" and op.outputs[0] == "logits")
+
+
+# bits a weight of each NPU precision takes in the weights region
+WEIGHT_BITS = {"int4": 4, "int8": 8, "fp16": 16}
+
+
+def check_npu_weights_fit(graph: Graph, options: LlmCompileOptions, window: int = IOVA_WINDOW) -> None:
+    """Refuse, before minutes of quantizing, a model whose products' weights alone
+    (no padding, no activations: a lower bound) cannot be mapped in the NPU's 32-bit
+    IOVA window; the written module is checked whole at the end (check_iova_window)."""
+    products = {op.inputs[1] for op in graph.ops if op.type == "Linear" and graph.tensors[op.inputs[1]].kind == "const"}
+    need = sum(int(np.prod(graph.tensors[w].type.shape)) * WEIGHT_BITS[_precision_of(w, options)] // 8
+               for w in products)
+    if need >= window:
+        raise UnsupportedError(
+            f"the model's {options.precision} NPU weights need at least {need / 2**20:.0f} MiB, more than the "
+            f"{window / 2**20:.0f} MiB the NPU's 32-bit IOVA window holds"
+            + ("; --precision int4 stores half the bytes" if options.precision != "int4" else ""))
 
 
 def _precision_of(name: str, options: LlmCompileOptions) -> str:
@@ -671,6 +690,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     gf = GgufFile(path)
     graph = graph_from_gguf(gf)
     cfg = gf.config()
+    check_npu_weights_fit(graph, options)
     tokenizer = LlmTokenizer.from_gguf_fields(
         gf.take_tokenizer_fields(), str(path))
     lap("load", "dequantize")

@@ -48,23 +48,15 @@ assert api.DEFAULT_OPTIONS.int4_segment_max == segment_limit()
 
 
 def _check(op: api.GemmInt4, options: api.EmitOptions) -> int:
+    """The operands' shapes and types (B's values: _check_values, where B is packed)."""
     if op.b.ndim != 2 or op.b.dtype != np.int8:
         raise UnsupportedError(f"{op.name}: B must be an int8 [K, N] array of int4 values, got "
                                f"{op.b.dtype} {op.b.shape}")
-    if op.b.size and (op.b.min() < layout.INT4_MIN or op.b.max() > layout.INT4_MAX):
-        raise UnsupportedError(f"{op.name}: B holds values outside int4 [-8, 7]")
     if op.segment % layout.CHANNEL_GROUP or op.segment <= 0:
         raise UnsupportedError(f"{op.name}: K segment {op.segment} must be a positive multiple of 32")
-    summed = op.row_split or op.segment  # the K one int16 sum covers
     if op.row_split and (op.segment != 2 * op.row_split or op.m % PAIRED_ROWS):
         raise UnsupportedError(f"{op.name}: paired rows need M % {PAIRED_ROWS} == 0 and a segment of two groups, got "
                                f"M={op.m}, segment {op.segment}, split {op.row_split}")
-    if summed > options.int4_segment_max:
-        worst = partial_bound(op.b, summed)
-        if worst > INT16_MAX:
-            raise UnsupportedError(f"{op.name}: K segment {summed}: a partial of these weights can reach "
-                                   f"{worst} (8 x the column's sum of |w|), past int16 (Q23); segments of at most "
-                                   f"{options.int4_segment_max} are safe for any weights")
     k, n = op.b.shape
     rows = op.a.height  # gemm_rows(M); exactly M only for a probe of Q2 (min_input_rows < 4)
     if rows != api.gemm_rows(op.m) and not (rows == op.m and options.min_input_rows <= op.m):
@@ -80,14 +72,30 @@ def _check(op: api.GemmInt4, options: api.EmitOptions) -> int:
     return rows
 
 
+def _check_values(op: api.GemmInt4, options: api.EmitOptions) -> None:
+    """B's values are int4 and, over segments past the always-safe length, bound every
+    int16 partial. Checked as B is packed: a GEMM that finds its weights in the pack
+    cache (the same name and bytes: an LLM's later programs) was checked then."""
+    if op.b.size and (op.b.min() < layout.INT4_MIN or op.b.max() > layout.INT4_MAX):
+        raise UnsupportedError(f"{op.name}: B holds values outside int4 [-8, 7]")
+    summed = op.row_split or op.segment  # the K one int16 sum covers
+    if summed > options.int4_segment_max:
+        worst = partial_bound(op.b, summed)
+        if worst > INT16_MAX:
+            raise UnsupportedError(f"{op.name}: K segment {summed}: a partial of these weights can reach "
+                                   f"{worst} (8 x the column's sum of |w|), past int16 (Q23); segments of at most "
+                                   f"{options.int4_segment_max} are safe for any weights")
+
+
 def partial_bound(b: np.ndarray, segment: int, columns: int = 16384) -> int:
     """The largest |partial| any int4 A (|a| <= 8) can give with weights `b` [K, N]
-    over K segments of `segment`: 8 x the largest column sum of |w| in a segment."""
+    over K segments of `segment`: 8 x the largest column sum of |w| in a segment.
+    `b` holds int4 values: |w| <= 8 is an int8, summed in int32 without an int32 copy."""
     worst = 0
     for k0 in range(0, b.shape[0], segment):
         for n0 in range(0, b.shape[1], columns):
-            block = np.abs(b[k0:k0 + segment, n0:n0 + columns].astype(np.int32))
-            worst = max(worst, int(block.sum(axis=0).max(initial=0)))
+            block = np.abs(b[k0:k0 + segment, n0:n0 + columns])
+            worst = max(worst, int(block.sum(axis=0, dtype=np.int32).max(initial=0)))
     return INT4_PRODUCT_MAX // 8 * worst
 
 
@@ -133,6 +141,7 @@ def lower_gemm_int4(op: api.GemmInt4, options: api.EmitOptions) -> api.EmitResul
     if options.pack_cache is not None and key in options.pack_cache:  # (bytes, offsets, no weight sums)
         packed, offsets, _ = options.pack_cache[key]
     else:
+        _check_values(op, options)
         packed, offsets = pack_b(op.b, op.segment)
         if options.pack_cache is not None:
             options.pack_cache[key] = packed, offsets, None

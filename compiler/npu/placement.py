@@ -84,12 +84,16 @@ def _pieces(size: int, n_tile_max: int, group: int) -> list[tuple[int, int]]:
 class _Lanes:
     """Modelled time of a contiguous run of units of the concatenated products."""
 
-    def __init__(self, products: Sequence[Product], per_task_kicks: bool, n_tile_max: int, model: PerfModel):
+    def __init__(self, products: Sequence[Product], per_task_kicks: bool, n_tile_max: int, model: PerfModel,
+                 task_times: dict | None = None):
         self.products = products
         self.per_task_kicks = per_task_kicks
         self.n_tile_max = n_tile_max
         self.model = model
         self.bounds = list(itertools.accumulate((p.units for p in products), initial=0))
+        # (product, channels) -> its tasks' modelled seconds: the search asks the same
+        # ranges' times ~10^6 times per segment; shared by the orders of one segment
+        self.task_times = {} if task_times is None else task_times
 
     @property
     def total(self) -> int:
@@ -105,12 +109,20 @@ class _Lanes:
     def seconds(self, u0: int, u1: int) -> float:
         busy, tasks, jobs = 0.0, 0, 0
         for i, a, b in self.spans(u0, u1):
-            p = self.products[i]
-            jobs += 1
-            for _, nt in _pieces(p.channels(a, b)[1], self.n_tile_max, p.group):
-                busy += self.model.task_seconds(p.task_cost(nt))
+            for task in self._task_seconds(self.products[i], a, b):
+                busy += task  # task by task, in order: the same sum as ever, so the same cuts
                 tasks += 1
+            jobs += 1
         return busy + (tasks if self.per_task_kicks else min(jobs, 1)) * self.model.kick_overhead_s
+
+    def _task_seconds(self, p: Product, u0: int, u1: int) -> tuple[float, ...]:
+        """The modelled seconds of each task the emitter cuts p's units [u0, u1) into."""
+        size = p.channels(u0, u1)[1]
+        times = self.task_times.get((p, size))
+        if times is None:
+            times = tuple(self.model.task_seconds(p.task_cost(nt)) for _, nt in _pieces(size, self.n_tile_max, p.group))
+            self.task_times[p, size] = times
+        return times
 
     def longest_within(self, u0: int, limit: float) -> int:
         """The furthest end u1 with seconds(u0, u1) <= limit (time grows with the run)."""
@@ -189,8 +201,14 @@ def _place(products: tuple[Product, ...], cores: int, per_task_kicks: bool, n_ti
     orders = (itertools.permutations(range(len(products))) if order_count <= MAX_ORDERS
               else [tuple(range(len(products)))])
     best = None
+    task_times: dict = {}
+    tried = set()
     for order in orders:
-        lanes = _Lanes([products[i] for i in order], per_task_kicks, n_tile_max, model)
+        run = tuple(products[i] for i in order)
+        if run in tried:  # equal products swapped (an int4 GEMM's equal K groups): the same time, never better
+            continue
+        tried.add(run)
+        lanes = _Lanes(run, per_task_kicks, n_tile_max, model, task_times)
         seconds, cuts = lanes.balanced(cores)
         if best is None or seconds < best[0] - 1e-12:
             best = seconds, order, lanes, cuts

@@ -15,6 +15,7 @@ from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, encode_int4
 from rkc.compiler.llm.int4 import quantize_weight
 from rkc.compiler.llm.quantize import HIDDEN_INPUT_KINDS
 from rkc.compiler.llm.weights import row_source
+from rkc.ir.errors import UnsupportedError
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +125,16 @@ def test_int4_auto_groups_probed_on_the_first_rows_are_the_full_search(monkeypat
     enc = encode_int4(row_source(w), AUTO_GROUP)
     assert enc.int4_group == want and want < 4096
     np.testing.assert_array_equal(enc.int4_values(), quantize_weight(w, want).data)
+
+
+def test_weights_past_the_iova_window_are_refused_before_quantizing(graph):
+    """The products' weight bytes (a lower bound of the NPU regions) against the window:
+    int8 a byte a weight, int4 half, fp16 two; exactly at the window is refused."""
+    from rkc.compiler.llm.build import check_npu_weights_fit
+
+    weights = sum(n * k for _, n, k, _ in _linears(graph).values())
+    for precision, need in (("int8", weights), ("int4", weights // 2), ("fp16", 2 * weights)):
+        options = LlmCompileOptions(precision=precision)
+        check_npu_weights_fit(graph, options, window=need + 1)
+        with pytest.raises(UnsupportedError, match=f"{precision} NPU weights need at least .* IOVA window"):
+            check_npu_weights_fit(graph, options, window=need)

@@ -1,6 +1,8 @@
 """The int4 GEMM (compiler/npu/gemm_int4.py) on the simulator against numpy: exact
 int16 partials per K segment, over shape sweeps; and the simulator's int4 strictness (Q23)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -62,13 +64,28 @@ def test_the_extreme_segment_sum_fits_int16():
 def test_segments_that_could_leave_int16_are_refused():
     b = np.full((1024, 64), -8, np.int8)
     op = api.GemmInt4(api.Feature.gemm("A", 0, 4, 1024, "int4"), b,
-                      api.Feature.gemm("C", 0, 4, 64, "int16"), 4, 512, "g")
+                      api.Feature.gemm("C", 0, 4, 2 * 64, "int16"), 4, 512, "g")  # 2 segments of 64
     with pytest.raises(UnsupportedError, match="past int16"):
         emit(op)
     with pytest.raises(UnsupportedError, match="multiple of 32"):
         emit(api.GemmInt4(op.a, b, op.c, 4, 100, "g"))
     with pytest.raises(UnsupportedError, match="outside int4"):
-        emit(api.GemmInt4(op.a, np.full((1024, 64), 9, np.int8), op.c, 4, 256, "g"))
+        emit(api.GemmInt4(op.a, np.full((1024, 64), 9, np.int8), api.Feature.gemm("C", 0, 4, 4 * 64, "int16"), 4,
+                          256, "g"))
+
+
+def test_weights_are_checked_once_where_they_are_packed():
+    """A GEMM whose weights the pack cache holds (an LLM's later programs: the same name
+    and bytes) is not checked again: the values were checked as they were packed."""
+    rng = np.random.default_rng(3)
+    b = rng.integers(-8, 8, (256, 64), dtype=np.int8)
+    a, c = api.Feature.gemm("A", 0, 4, 256, "int4"), api.Feature.gemm("C", 0, 4, 64, "int16")
+    options = dataclasses.replace(api.DEFAULT_OPTIONS, pack_cache={})
+    first = emit(api.GemmInt4(a, b, c, 4, 256, "g"), options)
+    with pytest.raises(UnsupportedError, match="outside int4"):  # uncached: checked
+        emit(api.GemmInt4(a, np.full_like(b, 9), c, 4, 256, "h"), options)
+    again = emit(api.GemmInt4(a, np.broadcast_to(np.int8(0), b.shape), c, 4, 256, "g"), options)  # a stand-in
+    assert again.constants[0].data == first.constants[0].data
 
 
 def test_the_simulator_refuses_an_int16_overflow_unless_told_the_reading():
@@ -198,3 +215,12 @@ def test_int4_weight_bytes_follow_the_documented_formula():
             nib = (kk // 32) * 8 * 32 + m * 32 + kk % 32
             v = (int(fa[nib // 2]) >> 4) if nib % 2 else (int(fa[nib // 2]) & 0xF)
             assert (v ^ 8) - 8 == a[m, kk]
+
+
+@pytest.mark.parametrize("k,n,segment,columns", [(1024, 64, 512, 16384), (1000, 130, 640, 48), (96, 3, 32, 2)])
+def test_partial_bound_is_8_x_the_largest_segment_column_sum(k, n, segment, columns):
+    rng = np.random.default_rng(k + n)
+    b = rng.integers(-8, 8, (n, k), dtype=np.int8).T  # [K, N] as the LLM hands it: a transposed view
+    b[:segment, 0] = -8  # the extreme column of the first segment
+    want = max(int(np.abs(b[k0:k0 + segment].astype(np.int64)).sum(axis=0).max()) for k0 in range(0, k, segment))
+    assert gemm_int4.partial_bound(b, segment, columns) == 8 * want
