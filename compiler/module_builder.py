@@ -373,8 +373,11 @@ def check_iova_window(regions: list[Region], window: int = IOVA_WINDOW) -> None:
     total = sum(r.size for r in mapped)
     if total >= window:
         sizes = ", ".join(f"{r.name} {r.size / 2**20:.0f} MiB" for r in mapped)
+        # the scratch is the largest program's activations: an LLM's longest prefill chunk
+        hint = "; smaller prefill chunks (--prefill-chunks) shrink the scratch" if any(
+            r.kind == "scratch" for r in mapped) else ""
         raise UnsupportedError(f"the model's NPU buffers need {total / 2**20:.0f} MiB ({sizes}), more than the "
-                               f"{window / 2**20:.0f} MiB the NPU's 32-bit IOVA window holds")
+                               f"{window / 2**20:.0f} MiB the NPU's 32-bit IOVA window holds{hint}")
 
 
 def npu_job(tasks: list[TaskRef], reads: list[str], writes: list[str], lane: int = 0) -> Job:
