@@ -14,7 +14,7 @@ with int4 edges, one tile of LANES rows at a time from the first step to the las
         block-mixing factor leaves its rotated rows by blocks for the caller's
         numpy product and `quantize_nibble_blocks_into_atoms`.
 
-Before these, a stretch of int4 edges ran each step on its own (fused_rows.int4_edges):
+Before these, a stretch of int4 edges ran each step on its own (fused_int4_rows.int4_edges):
 five passes over the rows and four arrays where this makes one pass and none.
 Tested against float64 references (tests/llm/test_int4_prefill.py).
 """

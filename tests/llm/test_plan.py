@@ -188,7 +188,7 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     assert sum(lab.startswith("output (") for lab in labels) == 1  # the logits, read straight from the BO
     prefill = [getattr(c, "label", "") for c in engine.plans["prefill_4"].calls]
     assert not any(" stretch (" in lab for lab in prefill)
-    if precision == "int4":  # every int4 edge of a prefill chunk compiled (fused_rows.int4_edges)
+    if precision == "int4":  # every int4 edge of a prefill chunk compiled (fused_int4_rows.int4_edges)
         assert not {"CombineInt4", "QuantizeNibbles"} & set(prefill + labels)
         assert sum(lab.startswith("CombineInt4 edge") for lab in prefill) >= 4 * n
     # a chunk of a tile's rows: the stretches fused, and the attention stretch's int8 in edges compiled
@@ -197,7 +197,7 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     many = [getattr(c, "label", "") for c in engine.plans["prefill_16"].calls]
     if precision != "int4":
         assert sum(lab.startswith("residual stretch of rows") for lab in many) >= 2 * n - 1
-    else:  # the int4 stretches (fused_rows.int4_residual_rows, int4_ffn_rows), q, k, v by tiles
+    else:  # the int4 stretches (fused_int4_rows.int4_residual_rows, int4_ffn_rows), q, k, v by tiles
         assert sum(lab.startswith("int4 residual stretch of rows") for lab in many) >= 2 * n - 1
         assert sum(lab.startswith("int4 ffn stretch of rows") for lab in many) == n
         assert sum(lab == "CombineInt4 edge of rows (compiled)" for lab in many) >= n
