@@ -22,7 +22,7 @@ from rkc.runtime.llm import int4_prefill as int4_kernels
 from rkc.runtime.llm import jit
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.fused_rows import (_ACTIVATIONS, _NONE_F32, _NONE_VEC, F32, _ffn_shape, _gemm_operand,
-                                        _residual_stretch, _rows, _threads_for, _with_edges)
+                                        _residual_call, _residual_stretch, _rows, _threads_for, _with_edges)
 from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.prefill_kernels import hadamard_rows as prefill_hadamard
@@ -159,23 +159,15 @@ def int4_residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[
         return None
     first, last, m, k, residual, first_norm, (w1, e1), (w2, e2), keep, bufs, stores, _ = found
     edge_in, edge_out = _Int4In(plan, first), _NibbleOut(plan, last)
-    o_res, slots, tiles = plan._slot(residual), plan.slots, -(-m // LANES)
-    run, label = int4_kernels.residual_tiles, "int4 residual stretch of rows (CombineInt4, QuantizeNibbles)"
+    slots, label = plan.slots, "int4 residual stretch of rows (CombineInt4, QuantizeNibbles)"
 
-    def call():
-        res = slots[o_res]
-        if res.shape != (m, k) or res.dtype != F32:
-            raise_shape(label, "residual", res)
-        args = (edge_in.atoms, edge_in.n_pad, edge_in.scales, edge_in.row_scale(slots, label), edge_in.bias,
+    def args_of(res: np.ndarray) -> tuple:
+        return (edge_in.atoms, edge_in.n_pad, edge_in.scales, edge_in.row_scale(slots, label), edge_in.bias,
                 edge_in.has_bias, first_norm, w1, e1, res, w2, e2, *keep, *bufs,
                 edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.q, edge_out.scale, ACT_LIMIT,
                 edge_out.rotated, edge_out.to_blocks)
-        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
-        edge_out.finish(slots)
-        for o, b in stores:
-            slots[o] = b
-    call.label, call.ops = label, tuple(s.op for s in steps)
-    return plan._bracketed([*edge_in.bos, edge_out.bo], [call])
+    return _residual_call(plan, steps, label, int4_kernels.residual_tiles, args_of, edge_in, edge_out, residual,
+                          m, k, stores)
 
 
 def int4_ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:

@@ -232,17 +232,28 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
     has_scale, last_norm = matched.scale is not None, matched.last is not None
     body_scale = F32(matched.scale[0]) if has_scale else F32(1.0)
     edge_in, edge_out = _InEdge(plan, first), _OutEdge(plan, last)
+    slots, label = plan.slots, f"residual stretch of rows ({first.op}, {last.op})"
+
+    def args_of(res: np.ndarray) -> tuple:
+        return (edge_in.kind, edge_in.src, edge_in.extra, edge_in.row_scale(slots, label), edge_in.ch,
+                edge_in.bias, edge_in.has_bias, first_norm, w1, e1, res, body_scale, has_scale, last_norm,
+                w2, e2, *keep, *bufs, edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block,
+                edge_out.hnorm, edge_out.scale, edge_out.rotated)
+    return _residual_call(plan, steps, label, kernels.residual_tiles, args_of, edge_in, edge_out, residual, m, k,
+                          stores)
+
+
+def _residual_call(plan, steps: Sequence[Step], label: str, run, args_of, edge_in, edge_out, residual: str,
+                   m: int, k: int, stores) -> list[Callable[[], None]]:
+    """A residual stretch's one bracketed call: `run(*args_of(residual), lo, hi)`
+    over tiles of rows on the pool, then the out edge's finish and the stored values."""
     o_res, slots, tiles = plan._slot(residual), plan.slots, -(-m // LANES)
-    run, label = kernels.residual_tiles, f"residual stretch of rows ({first.op}, {last.op})"
 
     def call():
         res = slots[o_res]
         if res.shape != (m, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
-        args = (edge_in.kind, edge_in.src, edge_in.extra, edge_in.row_scale(slots, label), edge_in.ch,
-                edge_in.bias, edge_in.has_bias, first_norm, w1, e1, res, body_scale, has_scale, last_norm,
-                w2, e2, *keep, *bufs, edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block,
-                edge_out.hnorm, edge_out.scale, edge_out.rotated)
+        args = args_of(res)
         over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
         edge_out.finish(slots)
         for o, b in stores:

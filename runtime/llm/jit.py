@@ -665,7 +665,12 @@ def _combine_int4_row(p, n, n_pad, scales, row_scale, bias, has_bias, out, m, pa
             v = np.float32(np.int32(p[a0 + full, h, j - full * INT16_LANES]) * 16
                            + np.int32(p[a0 + full, h + 1, j - full * INT16_LANES])) * w[j]
             row[j] = np.float32(0.0) + v if g == 0 else row[j] + v
-    rs = row_scale[m]
+    _scale_row(row, n, row_scale[m], bias, has_bias)
+
+
+@njit(**_JIT)
+def _scale_row(row, n, rs, bias, has_bias):
+    """row[:n] *= the row scale (+ bias), in float32 as the combine does."""
     if has_bias:
         for j in range(n):
             row[j] = row[j] * rs + bias[j]
@@ -719,10 +724,4 @@ def combine_int4_atoms(p, n, n_pad, scales, row_scale, bias, has_bias, out, lo, 
                     for j in range(n):
                         row[j] += src[j] * w[j]
         for m in range(m0, m1):
-            row, rs = out[m], row_scale[m]
-            if has_bias:
-                for j in range(n):
-                    row[j] = row[j] * rs + bias[j]
-            else:
-                for j in range(n):
-                    row[j] = row[j] * rs
+            _scale_row(out[m], n, row_scale[m], bias, has_bias)
