@@ -72,3 +72,22 @@ def onnxruntime_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, n
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+
+
+def build_and_run(tmp_path: Path, model: onnx.ModelProto, shape, precision: str):
+    """Compile `model` (input x, output y) at `precision` (int8: calibrated on 4 random
+    inputs), run one random x on the simulator: (build report, rkc's y, onnxruntime's y)."""
+    from rkc import runtime
+    from rkc.compiler.build import BuildOptions, build
+
+    path = save(model, tmp_path / "m.onnx")
+    options = BuildOptions(precision=precision)
+    rng = np.random.default_rng(7)
+    if precision == "int8":
+        options.calib = tmp_path / "calib.npz"
+        np.savez(options.calib, x=rng.standard_normal((4, *shape)).astype(np.float32))
+    report = build(path, tmp_path / "m.rkbin", options)
+    x = rng.standard_normal(shape).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        got = m.run({"x": x})["y"]
+    return report, got, onnxruntime_outputs(path, {"x": x})["y"]

@@ -12,24 +12,10 @@ from onnx import helper
 
 from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
-from onnx_models import cosine, graph_model, onnxruntime_outputs, save
+from onnx_models import build_and_run, cosine, graph_model, onnxruntime_outputs, save
 
 pytest.importorskip("rkc.runtime.sim")
 THRESHOLD = {"fp16": 0.9995, "int8": 0.995}  # tests/compiler/test_npu_coverage.py's
-
-
-def _build_and_run(tmp_path, model, shape, precision):
-    path = save(model, tmp_path / "m.onnx")
-    options = BuildOptions(precision=precision)
-    rng = np.random.default_rng(7)
-    if precision == "int8":
-        options.calib = tmp_path / "calib.npz"
-        np.savez(options.calib, x=rng.standard_normal((4, *shape)).astype(np.float32))
-    report = build(path, tmp_path / "m.rkbin", options)
-    x = rng.standard_normal(shape).astype(np.float32)
-    with runtime.load(tmp_path / "m.rkbin") as m:
-        got = m.run({"x": x})["y"]
-    return report, got, onnxruntime_outputs(path, {"x": x})["y"]
 
 
 def _conv_lrn_conv(alpha: float, seed: int):
@@ -45,7 +31,7 @@ def _conv_lrn_conv(alpha: float, seed: int):
 
 @pytest.mark.parametrize("alpha", [1e-4, 0.05])
 def test_lrn_of_a_calibrated_int8_program_runs_on_the_npu_in_fp16(tmp_path, alpha):
-    report, got, want = _build_and_run(tmp_path, _conv_lrn_conv(alpha, 3), (1, 8, 12, 16), "int8")
+    report, got, want = build_and_run(tmp_path, _conv_lrn_conv(alpha, 3), (1, 8, 12, 16), "int8")
     lrn = next(p for p in report.placements if p.op.type == "LRN")
     assert lrn.device == "npu", lrn.reason
     assert [p.op.describe() for p in report.placements if p.device == "cpu"] == []
@@ -53,7 +39,7 @@ def test_lrn_of_a_calibrated_int8_program_runs_on_the_npu_in_fp16(tmp_path, alph
 
 
 def test_lrn_without_a_calibrated_range_stays_on_the_cpu(tmp_path):
-    report, got, want = _build_and_run(tmp_path, _conv_lrn_conv(1e-4, 4), (1, 8, 12, 16), "fp16")
+    report, got, want = build_and_run(tmp_path, _conv_lrn_conv(1e-4, 4), (1, 8, 12, 16), "fp16")
     lrn = next(p for p in report.placements if p.op.type == "LRN")
     assert lrn.device == "cpu" and "range is unknown" in lrn.reason
     assert cosine(got, want) >= THRESHOLD["fp16"]

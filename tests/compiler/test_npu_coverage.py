@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.passes import run_passes
 from rkc.compiler.reference import run_graph
-from onnx_models import cosine, graph_model, onnxruntime_outputs, save, sppf_like
+from onnx_models import build_and_run, cosine, graph_model, save, sppf_like
 
 pytest.importorskip("rkc.runtime.sim")
 THRESHOLD = {"fp16": 0.9995, "int8": 0.995}
@@ -58,25 +57,11 @@ def test_a_constant_after_a_conv_still_folds_into_it(tmp_path):
     assert [op.type for op in g.ops] == ["Conv", "Add"]  # the Add fuses as the Conv's bias
 
 
-def _build_and_run(tmp_path, model, shape, precision):
-    path = save(model, tmp_path / "m.onnx")
-    options = BuildOptions(precision=precision)
-    rng = np.random.default_rng(7)
-    if precision == "int8":
-        options.calib = tmp_path / "calib.npz"
-        np.savez(options.calib, x=rng.standard_normal((4, *shape)).astype(np.float32))
-    report = build(path, tmp_path / "m.rkbin", options)
-    x = rng.standard_normal(shape).astype(np.float32)
-    with runtime.load(tmp_path / "m.rkbin") as m:
-        got = m.run({"x": x})["y"]
-    return report, got, onnxruntime_outputs(path, {"x": x})["y"]
-
-
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 @pytest.mark.parametrize("c", [3, 8, 24, 40])
 def test_affine_chain_runs_on_the_npu(tmp_path, precision, c):
     nodes, inits = _affine_chain(c, c)
-    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, c, 6, 9]), (1, c, 6, 9), precision)
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, c, 6, 9]), (1, c, 6, 9), precision)
     cpu = [p.op.type for p in report.placements if p.device == "cpu"]
     assert cpu == ["Relu"], [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
     assert cosine(got, want) >= THRESHOLD[precision]
@@ -88,7 +73,7 @@ def test_fp16_depthwise_of_any_channel_count_runs_on_the_npu(tmp_path, c):
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=c, pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["y"])]
     model = graph_model(nodes, {"w": rng.standard_normal((c, 1, 3, 3)), "b": rng.standard_normal(c)}, [1, c, 7, 10])
-    report, got, want = _build_and_run(tmp_path, model, (1, c, 7, 10), "fp16")
+    report, got, want = build_and_run(tmp_path, model, (1, c, 7, 10), "fp16")
     assert all(p.device == "npu" for p in report.placements)
     assert cosine(got, want) >= THRESHOLD["fp16"]
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
@@ -105,7 +90,7 @@ def test_pointwise_conv_and_global_pool_on_maps_of_few_rows(tmp_path, precision,
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("GlobalAveragePool", ["r"], ["y"])]
     model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3, "b": rng.standard_normal(c)}, [1, 6, h, w])
-    report, got, want = _build_and_run(tmp_path, model, (1, 6, h, w), precision)
+    report, got, want = build_and_run(tmp_path, model, (1, 6, h, w), precision)
     assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
     assert cosine(got, want) >= THRESHOLD[precision]
 
@@ -128,7 +113,7 @@ def test_squeeze_excite_branch_runs_on_the_npu(tmp_path, precision, c, h, w):
              helper.make_node("Add", ["c2", "b2"], ["a2"]),
              helper.make_node("HardSigmoid", ["a2"], ["s"], alpha=0.2, beta=0.5),
              helper.make_node("Mul", ["x", "s"], ["y"])]
-    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, c, h, w]), (1, c, h, w), precision)
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, c, h, w]), (1, c, h, w), precision)
     cpu = [p.op.type for p in report.placements if p.device == "cpu"]
     assert cpu == ([] if report.precision == "fp16" else ["Mul"]), \
         [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
@@ -157,7 +142,7 @@ def test_hard_swish_runs_on_the_npu(tmp_path, precision, c, spelled_out):
     """fp16: a lookup table in the convolution's epilogue. int8 (no int8 table):
     x * clip(x/6 + 1/2, 0, 1), the gate a 1x1 depthwise convolution with a clip,
     the product an element-wise Mul of two int8 tensors."""
-    report, got, want = _build_and_run(tmp_path, _hard_swish_model(c, spelled_out), (1, 4, 8, 12), precision)
+    report, got, want = build_and_run(tmp_path, _hard_swish_model(c, spelled_out), (1, 4, 8, 12), precision)
     assert all(p.device == "npu" for p in report.placements), \
         [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
     types = sorted(p.op.type for p in report.placements)
@@ -184,7 +169,7 @@ def test_a_cheap_op_alone_between_cpu_ops_stays_on_the_cpu(tmp_path, precision):
     nodes = [_pool("x", "p1"), helper.make_node("Mul", ["p1", "s"], ["m"]), _pool("m", "p2"),
              _pool("x", "p3"), helper.make_node("Add", ["p2", "p3"], ["a"]), _pool("a", "y")]
     model = graph_model(nodes, {"s": rng.uniform(0.5, 2, (1, 8, 1, 1))}, [1, 8, 6, 9])
-    report, got, want = _build_and_run(tmp_path, model, (1, 8, 6, 9), precision)
+    report, got, want = build_and_run(tmp_path, model, (1, 8, 6, 9), precision)
     placed = _placed(report)
     assert placed["m"][0] == placed["a"][0] == "cpu"
     assert placed["m"][1] == placed["a"][1] == "kept on the CPU: alone between CPU ops, the conversions would " \
@@ -208,7 +193,7 @@ def test_cheap_ops_with_an_npu_neighbour_or_real_work_stay_on_the_npu(tmp_path, 
              helper.make_node("Mul", ["p4", "s"], ["m2"]), helper.make_node("Relu", ["m2"], ["r2"]), _pool("r2", "y")]
     inits = {"s": rng.uniform(0.5, 2, (1, 8, 1, 1)), "w": rng.standard_normal((8, 8, 3, 3)) / 8,
              "dw": rng.standard_normal((8, 1, 3, 3)) / 3}
-    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 6, 9]), (1, 8, 6, 9), precision)
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 6, 9]), (1, 8, 6, 9), precision)
     placed = _placed(report)
     assert [placed[t][0] for t in ("m", "c", "d", "a", "m2", "r2")] == ["npu"] * 6, placed
     assert report.segments == 4
@@ -219,7 +204,7 @@ def test_an_average_pool_alone_between_cpu_ops_stays_on_the_npu(tmp_path):
     """A 3x3 average pool does 9 operations per output: not memory-bound, so the
     lone-op rule leaves it on the NPU even between two CPU ops."""
     nodes = [_pool("x", "p1"), helper.make_node("AveragePool", ["p1"], ["a"], kernel_shape=[3, 3]), _pool("a", "y")]
-    report, got, want = _build_and_run(tmp_path, graph_model(nodes, {}, [1, 8, 9, 9]), (1, 8, 9, 9), "fp16")
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, {}, [1, 8, 9, 9]), (1, 8, 9, 9), "fp16")
     assert _placed(report)["a"][0] == "npu"
     assert cosine(got, want) >= THRESHOLD["fp16"]
 
@@ -235,7 +220,7 @@ def test_average_pool_of_one_window_runs_on_the_npu(tmp_path, precision, c, hw, 
              helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[kernel] * 2, strides=[stride] * 2,
                               pads=[pads] * 4, count_include_pad=1)]
     model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
-    report, got, want = _build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
+    report, got, want = build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
     assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
     assert got.shape == (1, c, 1, 1)
     assert cosine(got, want) >= THRESHOLD[precision]
@@ -251,7 +236,7 @@ def test_average_pool_of_one_window_excluding_its_padding_runs_on_the_npu(tmp_pa
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[kernel] * 2, pads=pads)]
     model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
-    report, got, want = _build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
+    report, got, want = build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
     assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
     assert got.shape == (1, c, 1, 1)
     assert cosine(got, want) >= THRESHOLD[precision]
@@ -267,7 +252,7 @@ def test_int8_max_pools_run_on_the_npu_codes_without_conversions(tmp_path, c, hw
     """A CPU MaxPool between int8 NPU segments pools the int8 codes in place (its
     output keeps its input's scale): the only conversions left are the model's
     input and output, through a strided pool and an SPPF-like chain of three."""
-    report, got, want = _build_and_run(tmp_path, sppf_like(c, hw, c), (1, 3, hw, hw), "int8")
+    report, got, want = build_and_run(tmp_path, sppf_like(c, hw, c), (1, 3, hw, hw), "int8")
     assert [p.op.type for p in report.placements if p.device == "cpu"] == ["MaxPool"] * 4
     assert report.conversions == 2, report.conversions
     assert cosine(got, want) >= THRESHOLD["int8"]
@@ -281,7 +266,7 @@ def test_silu_fuses_into_the_convolution_epilogue(tmp_path, c, h, w):
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
     model = graph_model(nodes, {"w": rng.standard_normal((c, 4, 3, 3)) / 2, "b": rng.standard_normal(c)}, [1, 4, h, w])
-    report, got, want = _build_and_run(tmp_path, model, (1, 4, h, w), "fp16")
+    report, got, want = build_and_run(tmp_path, model, (1, 4, h, w), "fp16")
     assert report.placements[-1].op.type == "Swish"
     assert [p.device for p in report.placements] == ["npu"] * 2
     assert "fused into the epilogue" in report.placements[-1].reason
@@ -319,7 +304,7 @@ def test_concat_and_split_of_npu_maps_are_slices_of_one_buffer(tmp_path, precisi
                               [numpy_helper.from_array(np.asarray(v, np.int64 if k == "split" else np.float32), k)
                                for k, v in inits.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    report, got, want = _build_and_run(tmp_path, model, (1, 8, h, w), precision)
+    report, got, want = build_and_run(tmp_path, model, (1, 8, h, w), precision)
     placed = {p.op.type: p.device for p in report.placements if p.op.type in ("Split", "Concat")}
     assert placed == {"Split": "view", "Concat": "view"}, [(p.op.type, p.reason) for p in report.placements]
     assert [p.op.type for p in report.placements if p.device == "cpu"] == ["MaxPool"]
@@ -351,7 +336,7 @@ def test_yolo_neck_upsamples_on_the_npu(tmp_path, precision, modes):
     depthwise convolutions on the NPU, writing its slice of the Concat: nothing on the CPU.
     align_corners x2 rounds output 2y + 1 to y + (n-1-y)/(2n-1) < y + 0.5: it samples
     pixel y too."""
-    report, got, want = _build_and_run(tmp_path, _neck(64, modes), (1, 16, 12, 12), precision)
+    report, got, want = build_and_run(tmp_path, _neck(64, modes), (1, 16, 12, 12), precision)
     assert [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"] == []
     assert report.conversions == 2, report.conversions
     assert cosine(got, want) >= THRESHOLD["fp16"]
@@ -369,7 +354,7 @@ def test_a_residual_made_by_a_later_conv_fuses_into_that_conv(tmp_path, precisio
              helper.make_node("Add", ["b", "c"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
     inits = {"w1": rng.standard_normal((24, 8, 3, 3)) / 6, "w2": rng.standard_normal((16, 24, 3, 3)) / 10,
              "w3": rng.standard_normal((16, 24, 3, 3)) / 10}
-    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 10, 12]), (1, 8, 10, 12), precision)
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 10, 12]), (1, 8, 10, 12), precision)
     assert [p.device for p in report.placements] == ["npu"] * 6
     (add,) = [p for p in report.placements if p.op.type == "Add"]
     assert add.reason == "fused into the epilogue of " + report.placements[3].op.describe(), add.reason
@@ -400,7 +385,7 @@ def test_a_residual_add_no_conv_takes_runs_with_its_relu_on_the_npu(tmp_path, pr
     scale over c's accumulator unit needs a left shift, as in onnx's light ResNet-50,
     whose constant weights make the shortcut tiny; or both branches end in a ReLU) is a
     standalone NPU Add with the ReLU in its own epilogue: nothing on the CPU."""
-    report, got, want = _build_and_run(tmp_path, _two_branch_block(w3_scale, branch_relus), (1, 8, 10, 12),
+    report, got, want = build_and_run(tmp_path, _two_branch_block(w3_scale, branch_relus), (1, 8, 10, 12),
                                        precision)
     assert [p.device for p in report.placements] == ["npu"] * len(report.placements)
     add = next(p for p in report.placements if p.op.type == "Add")
@@ -422,13 +407,13 @@ def test_leaky_relu_folds_into_the_conv_epilogue(tmp_path, precision):
              helper.make_node("LeakyRelu", ["c2"], ["y"])]  # ONNX's default alpha, 0.01
     inits = {"w1": rng.standard_normal((24, 8, 3, 3)) / 6, "b1": rng.standard_normal(24) * 0.1,
              "w2": rng.standard_normal((16, 24, 3, 3)) / 10}
-    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 10, 12]), (1, 8, 10, 12), precision)
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 10, 12]), (1, 8, 10, 12), precision)
     assert [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"] == []
     assert cosine(got, want) >= THRESHOLD[precision]
     nodes[3:] = [helper.make_node("Conv", ["a1", "w3"], ["c2b"], pads=[1, 1, 1, 1]),
                  helper.make_node("Add", ["c2", "c2b"], ["s"]), helper.make_node("LeakyRelu", ["s"], ["y"])]
     inits["w3"] = rng.standard_normal((16, 24, 3, 3)) / 10
-    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 10, 12]), (1, 8, 10, 12), precision)
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 10, 12]), (1, 8, 10, 12), precision)
     assert [p.op.type for p in report.placements if p.device == "cpu"] == ["LeakyRelu"]
     assert cosine(got, want) >= THRESHOLD[precision]
 
@@ -440,7 +425,7 @@ def test_leaky_relu_folds_into_the_conv_epilogue(tmp_path, precision):
     ids=["half_pixel_floor", "round_prefer_ceil", "scale_near_2"])
 def test_other_nearest_resizes_stay_on_the_cpu(tmp_path, modes, scales):
     """Resizes that sample other pixels than y for outputs 2y, 2y+1 run on the CPU, and match onnxruntime."""
-    report, got, want = _build_and_run(tmp_path, _neck(32, modes, scales), (1, 16, 12, 12), "fp16")
+    report, got, want = build_and_run(tmp_path, _neck(32, modes, scales), (1, 16, 12, 12), "fp16")
     (resize,) = [p for p in report.placements if p.op.type == "Resize"]
     assert resize.device == "cpu" and "upsamples by an integer factor" in resize.reason, resize.reason
     assert cosine(got, want) >= THRESHOLD["fp16"]
@@ -462,7 +447,7 @@ def test_yolo_neck_upsample_of_few_channels_and_silu_stay_on_the_npu(tmp_path, p
     inits = {"w1": rng.standard_normal((16, 16, 3, 3)) / 6, "b1": rng.standard_normal(16) * 0.1,
              "w3": rng.standard_normal((16, 32, 3, 3)) / 8, "b3": rng.standard_normal(16) * 0.1,
              "scales": np.array([1, 1, 2, 2])}
-    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 16, 12, 12]), (1, 16, 12, 12), precision)
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 16, 12, 12]), (1, 16, 12, 12), precision)
     assert [p.op.type for p in report.placements if p.device == "cpu"] == []
     assert report.conversions == 2, report.conversions
     assert cosine(got, want) >= THRESHOLD["fp16"]
@@ -488,7 +473,7 @@ def test_fpn_upsamples_by_2_4_8_into_concat_slices(tmp_path, precision, c):
     inits = {"w0": rng.standard_normal((c, 8, 3, 3)) / 8, "w1": rng.standard_normal((c, 8, 3, 3)) / 8,
              "w2": rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c), "w3": rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c),
              "w4": rng.standard_normal((8, 4 * c, 3, 3)) / np.sqrt(36 * c), **{f"s{k}": np.array([1.0, 1, k, k]) for k in (2, 4, 8)}}
-    report, got, want = _build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 32, 32]), (1, 8, 32, 32), precision)
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 32, 32]), (1, 8, 32, 32), precision)
     assert [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"] == []
     assert [p.device for p in report.placements if p.op.type == "Concat"] == ["view"]
     assert cosine(got, want) >= THRESHOLD[precision]
@@ -520,7 +505,7 @@ def test_learned_upsampling_runs_on_the_npu(tmp_path, precision, c, mid, k):
     """A ConvTranspose whose stride is its kernel runs on the NPU as 1 x k windows and
     copies (compiler/npu/conv_transpose.py), its bias Add and BatchNorm folded in and its
     Relu / Sigmoid fused: nothing on the CPU, and the result matches onnxruntime."""
-    report, got, want = _build_and_run(tmp_path, _db_head(c, mid, k), (1, c, 8, 10), precision)
+    report, got, want = build_and_run(tmp_path, _db_head(c, mid, k), (1, c, 8, 10), precision)
     assert [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"] == []
     assert [p.op.type for p in report.placements] == ["Conv", "Relu", "ConvTranspose", "Relu", "ConvTranspose",
                                                       "Sigmoid"]
@@ -534,7 +519,7 @@ def test_other_transposed_convolutions_stay_on_the_cpu(tmp_path):
     rng = np.random.default_rng(5)
     nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
                               pads=[1, 1, 1, 1])]
-    report, got, want = _build_and_run(tmp_path, graph_model(nodes, {"w": rng.standard_normal((8, 4, 3, 3))},
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, {"w": rng.standard_normal((8, 4, 3, 3))},
                                                              [1, 8, 6, 6]), (1, 8, 6, 6), "fp16")
     (placed,) = report.placements
     assert placed.device == "cpu" and "stride equals its square kernel" in placed.reason
@@ -559,7 +544,7 @@ def test_a_pre_quantized_conv_transpose_needs_scales_per_output_channel(tmp_path
     graph = helper.make_graph(nodes, "ct", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 6, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    report, got, want = _build_and_run(tmp_path, model, (1, c, 6, 6), "int8")
+    report, got, want = build_and_run(tmp_path, model, (1, c, 6, 6), "int8")
     (ct,) = [p for p in report.placements if p.op.type == "ConvTranspose"]
     if axis == 1:
         assert ct.device == "npu" and ct.dtype == "int8", ct.reason
@@ -580,7 +565,7 @@ def test_depthwise_over_few_rows_runs_on_the_fp16_maps(tmp_path, c, h, stride):
              "wd": rng.standard_normal((c, 1, 5, 5)) / 5, "bd": rng.standard_normal(c) * 0.1,
              "w2": rng.standard_normal((16, c, 1, 1)) / np.sqrt(c), "b2": rng.standard_normal(16) * 0.1}
     model = graph_model(nodes, inits, [1, 8, h, 40], opset=14)  # HardSwish: opset 14
-    report, got, want = _build_and_run(tmp_path, model, (1, 8, h, 40), "fp16")
+    report, got, want = build_and_run(tmp_path, model, (1, 8, h, 40), "fp16")
     assert [p.op.type for p in report.placements if p.device == "cpu"] == ["Conv"]
     assert report.conversions == 2, report.conversions  # the model's input and output only
     assert cosine(got, want) >= THRESHOLD["fp16"]
