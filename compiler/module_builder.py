@@ -334,6 +334,14 @@ class ModuleBuilder:
             raise UnsupportedError("internal: the NPU writes past a concatenation slice")
         return [Buffer(root, e[1] - e[0], e[2], e[3]) for root, e in extent.items() if e[3] >= 0]
 
+    def scratch_bytes(self, program: str) -> int:
+        """The scratch one lowered program needs alone (its memory plan's size)."""
+        return plan_memory(self._view_buffers(self.lifetimes.get(program, {}))).size
+
+    def mapped_bytes(self) -> int:
+        """The NPU regions made so far but the scratch: weights and regcmd."""
+        return _align(self.weights.size, 4096) + _align(self.regcmd.size, 4096)
+
     def finish(self) -> tuple[Module, dict[str, np.ndarray], dict[str, MemoryPlan]]:
         self._weight_arrays.clear()  # the weights region's bytes() lets each part go once copied
         plans = {}

@@ -734,10 +734,34 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head,
                            emit_options=replace(emit_options(options.cores), pack_cache={}))
     plan = program_plan(chunks)
+    # the default chunks give way to the IOVA window (a chunk's scratch grows with its rows:
+    # a 7B int4's 512-chunk needs 893 MiB beside 3371 of weights); chunks asked for do not
+    fit_chunks = tuple(options.prefill_chunks) == DEFAULT_CHUNKS
+    scratch_per_row, regcmd_per_row, left_out, decided = 0.0, 0.0, [], set()
+    chunk_start = (1, builder.regcmd.size)  # the rows of the chunk being lowered, the regcmd before it
     with progress_bar(plan, "lower programs") as programs:
-        for program in programs:
+        for program in programs:  # (ascending rows: a chunk's prefill and score programs decided together)
+            if fit_chunks and program.rows > 1 and program.rows not in decided:
+                decided.add(program.rows)
+                if chunk_start[0] > 1:  # the previous chunk's programs' regcmd, per row
+                    regcmd_per_row = (builder.regcmd.size - chunk_start[1]) / chunk_start[0]
+                chunk_start = (program.rows, builder.regcmd.size)
+                grows = (scratch_per_row + regcmd_per_row) * program.rows
+                if left_out or builder.mapped_bytes() + grows >= IOVA_WINDOW:
+                    left_out.append(program.rows)
+            if program.rows in left_out:
+                continue
             lowering.lower(program_graph(graph, program), program.name)
             builder.metadata["programs"][program.name] = program.metadata()
+            if program.rows > 1:
+                scratch_per_row = max(scratch_per_row, builder.scratch_bytes(program.name) / program.rows)
+    if left_out:
+        chunks = tuple(c for c in chunks if c not in left_out)
+        builder.metadata["prefill_chunks"] = list(chunks)
+        plan = [p for p in plan if p.rows not in left_out]
+        report.say(f"prefill chunks {', '.join(map(str, left_out))} left out: their activations would "
+                   f"not fit beside the weights in the NPU's {IOVA_WINDOW / 2**30:.0f} GiB IOVA window "
+                   f"(--prefill-chunks chooses)")
     lap("lower", "write")
     lowering.release()
     del matrices, vectors

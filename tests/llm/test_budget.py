@@ -138,3 +138,37 @@ def test_weights_past_the_iova_window_are_refused_before_quantizing(graph):
         check_npu_weights_fit(graph, options, window=need + 1)
         with pytest.raises(UnsupportedError, match=f"{precision} NPU weights need at least .* IOVA window"):
             check_npu_weights_fit(graph, options, window=need)
+
+
+def test_default_chunks_give_way_to_the_iova_window(tmp_path, monkeypatch):
+    """With the default prefill chunks, a chunk whose activations (estimated from the smaller
+    chunks' scratch per row) would not fit beside the weights in the IOVA window is left out,
+    with the larger ones, and the file still runs; chunks asked for are all kept."""
+    from rkc.compiler.llm import build
+    from rkc.compiler.llm.build import DEFAULT_CHUNKS, compile_gguf
+    from rkc.ir.rkbin import read_rkbin
+    from rkc.runtime.llm.engine import LlmEngine
+
+    gguf = write_model(tmp_path / "llama.gguf", "llama", context_length=1024)
+    options = LlmCompileOptions("int8", rounding="rtn")
+    compile_gguf(gguf, tmp_path / "whole.rkbin", options)
+    regions = {r.kind: r.size for r in read_rkbin(tmp_path / "whole.rkbin").module.regions}
+    window = regions["weights"] + regions["regcmd"] + regions["scratch"] - 1  # the 512-chunk's scratch: one byte short
+    monkeypatch.setattr(build, "IOVA_WINDOW", window)
+    report = compile_gguf(gguf, tmp_path / "fit.rkbin", options)
+    module = read_rkbin(tmp_path / "fit.rkbin").module
+    kept = module.metadata["prefill_chunks"]
+    assert 512 not in kept and kept == [c for c in DEFAULT_CHUNKS if c in kept] and 1 in kept, kept
+    assert {p.name for p in module.programs} == {"decode"} | {f"{k}_{c}" for c in kept if c > 1
+                                                             for k in ("prefill", "score")}
+    assert sum(r.size for r in module.regions if r.kind != "host") < window
+    assert any("left out" in line and "512" in line for line in report.lines), report.lines
+    engine = LlmEngine(tmp_path / "fit.rkbin", device="sim")
+    cache = engine.new_cache(2 * max(kept))
+    program = engine.program_for(max(kept), all_logits=False).name
+    logits = engine.run(program, np.arange(max(kept), dtype=np.int32) % 50, np.arange(max(kept), dtype=np.int32), cache)
+    assert np.isfinite(logits).all()
+    engine.close()
+    asked = compile_gguf(gguf, tmp_path / "asked.rkbin", LlmCompileOptions("int8", (1, 32, 512), rounding="rtn"))
+    assert read_rkbin(tmp_path / "asked.rkbin").module.metadata["prefill_chunks"] == [1, 32, 512]
+    assert not any("left out" in line for line in asked.lines)
