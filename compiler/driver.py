@@ -89,7 +89,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("npu_attention", "--npu-attention", GRAPHS,
            "attention's batched products of two run-time tensors (YOLO11n's C2PSA) as fp16 NPU GEMMs, split "
            "per head, the softmax between them on the CPU. Opt-in: the host steps around the products "
-           "still cost more than the CPU products they replace (docs/notes/2026-12-07-yolo11-attention.md).",
+           "still cost more than the CPU products they replace (docs/notes/2026-12-06-yolo11-attention.md).",
            "flag"),
     Option("explain", "--explain", GRAPHS, "list every op, where it runs and why.", "flag"),
     Option("cpu_only", "--cpu-only", GRAPHS, "place every op on the CPU (for debugging and references).", "flag"),
