@@ -56,7 +56,10 @@ def nearest_factor(ctx) -> int | None:
         return None
     if ctx.attr("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
         return None
-    picks = nn.nearest_picks(x, ctx.const(1), ctx.const(2), ctx.const(3), **ctx.op.attrs)
+    scales, sizes = ctx.const(2), ctx.const(3)
+    if all(v is None or not np.size(v) for v in (scales, sizes)):  # run-time scales: nothing to check here
+        return None
+    picks = nn.nearest_picks(x, ctx.const(1), scales, sizes, **ctx.op.attrs)
     blocks = {axis: np.arange(k * x[axis]) // k for axis in (2, 3)}
     if set(picks) != {2, 3} or any(not np.array_equal(picks[a], blocks[a]) for a in (2, 3)):
         return None
