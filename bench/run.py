@@ -74,16 +74,19 @@ from rkc.ir.rkbin import read_rkbin  # noqa: E402
 CLOCKS = (1e9, 600e6)
 BANDWIDTHS = (25e9, 17e9)
 SYNTH = ("qwen2.5-1.5b", "qwen3-1.7b", "llama-3.2-1b", "gemma-3-1b")
-# larger synthetic shapes (tests/llm/synth.py LARGE): (precisions, rkc compile options), compiled whole
-# from a q4_k_m GGUF with `rkc compile`'s defaults but these, as a user would (no figure extrapolated).
-# Qwen2.5-7B's int8 weights (7.6 GB) do not fit the NPU's 32-bit IOVA window, its int4 ones (3371 MiB)
-# do, but not beside the default 512-token chunk's activations (893 MiB of scratch; 4284 MiB in all)
-LARGE_SYNTH = {"qwen2.5-7b": (("int4",), ["--prefill-chunks", "1,32,64,128"])}
+# larger synthetic shapes (tests/llm/synth.py REAL): (GGUF type, precisions, rkc compile options), compiled
+# whole with `rkc compile`'s defaults but these, as a user would (no figure extrapolated). Qwen2.5-7B's int8
+# weights (7.6 GB) do not fit the NPU's 32-bit IOVA window; its int4 ones (3371 MiB) do, and the default
+# prefill chunks give way to the window (the 512-token chunk's 893 MiB of scratch would not fit beside them).
+# Gemma 4 E2B from Q8_0, as the vendor's w8a8 figures and llama.cpp's Q8_0 run it.
+LARGE_SYNTH = {"qwen2.5-7b": ("q4_k_m", ("int4",), []),
+               "gemma-4-e2b": ("q8_0", ("int8", "int4"), [])}
 # model -> (anchor in bench/published.py, what it anchors)
 ANCHORS = {"resnet50": "vendor_resnet50", "mobilenet_v2": "vendor_mobilenet_v2", "ppocr_det": "vendor_ppocr_det",
            "yolov8n": "vendor_yolov8n", "yolo11n": "vendor_yolo11n",
-           "mobilenet_v1": "teflon_mobilenet_v1_rknpu", "qwen2.5-1.5b": "rkllm_qwen25_decode"}
-PREFILL_ANCHORS = {"qwen2.5-1.5b": "rkllm_qwen25_ttft"}
+           "mobilenet_v1": "teflon_mobilenet_v1_rknpu", "qwen2.5-1.5b": "rkllm_qwen25_decode",
+           "gemma-4-e2b": "rkllm_gemma4_e2b_decode"}
+PREFILL_ANCHORS = {"qwen2.5-1.5b": "rkllm_qwen25_ttft", "gemma-4-e2b": "rkllm_gemma4_e2b_ttft"}
 CLOCK_FUNCTIONS = {"wall": time.perf_counter, "cpu": time.process_time}  # --clock
 # an ONNX model's first runs are not its steady state: numba's first dispatch, then the allocator
 # settling (YOLOv8n's CPU ms per run, one process: 204, 1.6, 1.3, 1.1, then 0.9-1.05)
@@ -143,9 +146,9 @@ def compiled_llm(name: str, precision: str, work: Path, layers: int) -> tuple[Pa
         import scale  # noqa: F401  (bench/scale.py puts the tests' llm package before bench/llm.py)
         from llm.synth import write_real
 
-        gguf, cut, n_layer = work / f"{name}-q4_k_m.gguf", None, None
+        gguf, cut, n_layer = work / f"{name}-{LARGE_SYNTH[name][0]}.gguf", None, None
         if not gguf.exists():
-            write_real(gguf, name, "q4_k_m")
+            write_real(gguf, name, LARGE_SYNTH[name][0])
     else:
         import scale  # noqa: F401  (bench/scale.py puts the tests' llm package before bench/llm.py)
         from llm.synth import REAL, write_real
@@ -154,7 +157,7 @@ def compiled_llm(name: str, precision: str, work: Path, layers: int) -> tuple[Pa
         if not gguf.exists():
             write_real(gguf, name, "q8_0", layers)
     out = work / (f"{name}-{precision}.rkbin" if cut is None else f"{name}-{layers}l-{precision}-3core.rkbin")
-    opts = ["--precision", precision] + (LARGE_SYNTH[name][1] if name in LARGE_SYNTH else [])
+    opts = ["--precision", precision] + (LARGE_SYNTH[name][2] if name in LARGE_SYNTH else [])
     if cut is not None and precision == "int8":
         opts += ["--int8-rounding", "rtn", "--fp16-share", "0"]  # as bench/silicon.py, bench/scale.py
     if cut is not None and precision == "int4":  # random weights: GPTQ's compile time buys them nothing
@@ -273,7 +276,7 @@ def plan(args, work: Path) -> list[tuple[str, list[str]]]:
     """(key, child arguments) per model, in table order."""
     jobs = [(f"gemma3-270m-{p}", ["--llm", "gemma3-270m", p]) for p in ("int8", "int4", "fp16")]
     jobs += [(f"{m}-{p}", ["--llm", m, p]) for m in SYNTH for p in ("int8", "int4")]
-    jobs += [(f"{m}-{p}", ["--llm", m, p]) for m, (precisions, _) in LARGE_SYNTH.items() for p in precisions]
+    jobs += [(f"{m}-{p}", ["--llm", m, p]) for m, (_, precisions, _) in LARGE_SYNTH.items() for p in precisions]
     jobs += [(m.name, ["--onnx", m.name, "int8"]) for m in onnx_models(work)]
     return [j for j in jobs if not args.only or j[0] in args.only or j[0].rsplit("-", 1)[0] in args.only]
 
