@@ -22,6 +22,7 @@ import numpy as np
 
 from rkc.compiler.memplan import IOVA_WINDOW, Buffer, MemoryPlan, plan_memory
 from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import geometry
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Job, Module, Program, Region, Relocation, Step, TaskRef, TensorInfo
 from rkc.ir.spool import SpooledBlob
@@ -332,6 +333,18 @@ class ModuleBuilder:
         self._low = {root: e[0] for root, e in extent.items()}
         if self._overlapping(self.views, self.leaves):  # a tensor grew past its slice (padding)
             raise UnsupportedError("internal: the NPU writes past a concatenation slice")
+        # a map stored with zero rows below it (ir/npu/geometry.py) is read with them as a
+        # convolution's padding: no other tensor may ever write those bytes, so it holds
+        # them the whole program (they are zero from the load on: a new BO is zeroed by
+        # the kernel, the simulator's and the null device's by numpy, and only the h rows
+        # are ever written: by the NPU's writers and the host's packing, which zeroes them)
+        first = min((e[2] for e in extent.values() if e[3] >= 0), default=0)
+        last = max((e[3] for e in extent.values()), default=-1)
+        for name in spans:
+            info = self.tensors[name]
+            e = extent[self.root(name)[0]]
+            if e[3] >= 0 and geometry.zero_rows(info.shape, info.layout):
+                e[2], e[3] = first, last
         return [Buffer(root, e[1] - e[0], e[2], e[3]) for root, e in extent.items() if e[3] >= 0]
 
     def scratch_bytes(self, program: str) -> int:
@@ -345,6 +358,10 @@ class ModuleBuilder:
     def finish(self) -> tuple[Module, dict[str, np.ndarray], dict[str, MemoryPlan]]:
         self._weight_arrays.clear()  # the weights region's bytes() lets each part go once copied
         plans = {}
+        if len(self.lifetimes) > 1 and any(geometry.zero_rows(t.shape, t.layout) for t in self.tensors.values()
+                                           if t.region == "scratch"):
+            raise UnsupportedError("internal: maps kept with zero rows in a module of several programs, "
+                                   "which share the scratch bytes")
         for program, spans in self.lifetimes.items():
             unused = [n for n, span in spans.items() if not span and n not in self.views and
                       not any(self.root(v)[0] == n for v in self.views)]
