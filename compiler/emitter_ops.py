@@ -742,6 +742,7 @@ class SegmentLowering:
     step: Step
     scratch: list[tuple[str, int]]  # emitter scratch buffers (name, bytes) live during the step
     extents: dict[str, int]  # symbolic buffer -> bytes the tasks touch
+    zero_rows: list[str] = field(default_factory=list)  # maps a window reads over their zero rows
 
 
 def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, precision: str,
@@ -800,4 +801,19 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
                 stats={"layers": layers, "task_costs": task_costs, "tasks": sum(len(j.tasks) for j in jobs),
                        "kicks_stock": sum(len(j.tasks) for j in jobs),
                        "kicks_chained": len(jobs) if chained else sum(len(j.tasks) for j in jobs)})
-    return SegmentLowering(step, scratch, extents)
+    return SegmentLowering(step, scratch, extents, _zero_rows_read(results, builder))
+
+
+def _zero_rows_read(results: list[api.EmitResult], builder) -> list[str]:
+    """The maps of few rows some convolution of the segment reads with the zero rows
+    stored below them (`_zero_padded_input`): the memory plan must keep those rows zero."""
+    kept = set()
+    for r in results:
+        x = r.op.input if isinstance(r.op, api.Conv2D) else None
+        info = builder.tensors.get(x.buffer) if x is not None else None
+        # read over its zero rows: the whole stored map (a taller grid of its positions, a
+        # view, is row_padded and reads only them)
+        if info is not None and geometry.zero_rows(info.shape, info.layout) and not x.row_padded \
+                and x.height > info.shape[2]:
+            kept.add(x.buffer)
+    return sorted(kept)

@@ -593,8 +593,9 @@ def test_depthwise_over_few_rows_reads_zero_rows_on_the_npu(tmp_path, c, h, k, s
 
 
 def test_maps_with_zero_rows_keep_their_bytes_for_the_whole_program(tmp_path):
-    """The memory plan lends no byte of a map kept with zero rows to another tensor,
-    at any step (module_builder.py): no write ever lands in its zero rows."""
+    """The memory plan lends no byte of a map a window reads over its zero rows to
+    another tensor, at any step (module_builder.py): no write ever lands in its zero
+    rows. Maps of few rows nothing reads that way are planned as any other."""
     from rkc.ir.npu import geometry
     from rkc.ir.rkbin import read_rkbin
 
@@ -611,8 +612,10 @@ def test_maps_with_zero_rows_keep_their_bytes_for_the_whole_program(tmp_path):
     assert all(p.device == "npu" for p in report.placements), [p.reason for p in report.placements]
     assert cosine(got, want) >= THRESHOLD["fp16"]
     scratch = [t for t in read_rkbin(tmp_path / "m.rkbin").module.tensors if t.region == "scratch"]
-    kept = [t for t in scratch if geometry.zero_rows(t.shape, t.layout)]
-    assert len(kept) >= 4, [t.name for t in kept]
+    few = {t.name for t in scratch if geometry.zero_rows(t.shape, t.layout)}
+    assert {"c1@npu", "r1@npu", "c2@npu", "a@npu"} <= few, few
+    kept = [t for t in scratch if t.name in ("c1@npu", "c2@npu")]  # the depthwise windows' inputs
+    assert len(kept) == 2
     for t in kept:
         for other in scratch:
             overlap = other.offset < t.offset + t.nbytes and t.offset < other.offset + other.nbytes
