@@ -737,6 +737,35 @@ def test_conv_transpose_stride_equals_kernel(dtype, k, c, o, h, w, act, slice_at
         np.testing.assert_array_equal(around[group + written:], fill[group + written:])
 
 
+# -- maps of few rows stored over zero rows: the flat DPU paths skip the zero rows -------------
+@pytest.mark.parametrize("kind", ["sigmoid", "add", "mul"])
+@pytest.mark.parametrize("c, h, w", [(16, 3, 40), (24, 2, 13), (40, 1, 30)])
+def test_flat_ops_on_maps_over_zero_rows_leave_them_alone(kind, c, h, w):
+    """A LUT activation and an element-wise op over maps of h < 4 rows stored in 4-row
+    surfaces (ir/npu/geometry.py): one run per surface over its h rows; the zero rows
+    below stay as they were (sigmoid(0) would be 0.5). Against numpy."""
+    from rkc.compiler.npu import lut
+
+    rows = 4
+    full = {n: api.Feature(n, 0, c, rows, w, "fp16") for n in ("a", "b", "y")}
+    padded = {n: replace(f, height=h, surface_stride=f.dense_surface_bytes, row_padded=True) for n, f in full.items()}
+    data = {n: np.zeros((c, rows, w), np.float16) for n in ("a", "b")}
+    for i, n in enumerate(data):
+        data[n][:, :h] = _fp16((c, h, w), c + h + i)
+    canary = np.full((c, rows, w), 3, np.float16)
+    if kind == "sigmoid":
+        r = emit(api.Activation(padded["a"], padded["y"], kind))
+        plan = lut.plan(kind)
+        ref, tol = plan.function(data["a"][:, :h].astype(np.float64)), plan.tolerance()
+    else:
+        r = emit(api.Elementwise(padded["a"], padded["b"], padded["y"], kind, "e"))
+        ref = {"add": np.add, "mul": np.multiply}[kind](*(data[n][:, :h].astype(np.float64) for n in "ab"))
+        tol = 3e-3 * max(1.0, np.abs(ref).max())
+    got = _run(r, {n: (full[n], v) for n, v in (*data.items(), ("y", canary))}).feature(full["y"])
+    assert np.abs(got[:, :h].astype(np.float64) - ref).max() <= tol
+    np.testing.assert_array_equal(got[:, h:], canary[:, h:])
+
+
 # -- a depthwise convolution whose weights are written at run time ----------------------------
 @pytest.mark.parametrize("c, h, w", [(24, 6, 5), (96, 12, 12), (40, 30, 30)])
 def test_depthwise_weights_from_a_run_time_buffer(c, h, w):
@@ -763,31 +792,34 @@ def test_run_time_weights_are_fp16_depthwise_only():
 
 
 # -- a depthwise convolution over a map of fewer than 4 rows, stored with zero rows below ------
-@pytest.mark.parametrize("c, h, w, stride", [(32, 3, 6, (1, 1)), (96, 2, 12, (1, 1)), (64, 3, 24, (2, 1)),
-                                             (32, 2, 5, (2, 2))])
-def test_few_row_depthwise_reads_zero_rows_below_the_map(c, h, w, stride):
-    """PP-OCR cls's 5x5 depthwise convolutions over 2- and 3-row maps (pad 2): a task
-    reads 4+ rows (Q2), so the map is stored in 4-row surfaces whose rows past h are
-    zero, and the task reads those 4 rows with its bottom padding 4 - h rows smaller
-    (a zero row and a zero-padded row are the same sum: documented behaviour only).
-    Its result is written into 4-row surfaces too, the row past it left as it was, so
-    the next such convolution can read it the same way. Against numpy over the h rows."""
+@pytest.mark.parametrize("c, h, w, k, stride, pad", [
+    (32, 3, 6, 5, (1, 1), 2), (96, 2, 12, 5, (1, 1), 2), (64, 3, 24, 5, (2, 1), 2), (32, 2, 5, 5, (2, 2), 2),
+    (40, 3, 7, 3, (1, 1), 1), (24, 3, 9, 3, (2, 2), 1), (16, 1, 10, 5, (1, 1), 4), (48, 2, 6, 3, (1, 1), 2),
+    (448, 2, 48, 5, (1, 1), 2)])  # 448 x 48: five rows of the map would not fit CBUF, its four do
+def test_few_row_depthwise_reads_zero_rows_below_the_map(c, h, w, k, stride, pad):
+    """PP-OCR cls's 5x5 depthwise convolutions over 2- and 3-row maps (pad 2), and 3x3
+    ones: a task reads 4+ rows (Q2), so the map is stored in 4-row surfaces whose rows
+    past h are zero, and the task reads those 4 rows with its bottom padding 4 - h rows
+    smaller (a zero row and a zero-padded row are the same sum: documented behaviour
+    only). Its result is written into 4-row surfaces too, the rows past it left as they
+    were, so the next such convolution can read it the same way. Against numpy over
+    the h rows."""
     _needs_fp16_depthwise_writer()
-    rows, pad = 4, (2, 2, 2, 2)
+    rows, pads = 4, (pad, pad, pad, pad)
     x = _fp16((c, h, w), c + h)
-    wt = _fp16((5, 5, c), c + 1, 0.2)
-    want = _conv_acc(x, wt, stride, pad, True, 0)
+    wt = _fp16((k, k, c), c + 1, 0.2)
+    want = _conv_acc(x, wt, stride, pads, True, 0)
     oh, ow = want.shape[1:]
     stored = np.zeros((c, rows, w), np.float16)
     stored[:, :h] = x
     X = api.Feature("x", 0, c, rows, w, "fp16")
-    Y4 = api.Feature("y", 0, c, rows, ow, "fp16")  # the result's own 4-row surfaces
-    Y = replace(Y4, height=oh, surface_stride=Y4.dense_surface_bytes)
-    op = api.Conv2D(replace(X, height=h), wt, Y, stride=stride, padding=pad, depthwise=True, name="dw")
+    Y4 = api.Feature("y", 0, c, max(rows, oh), ow, "fp16")  # the result's own 4-row surfaces
+    Y = replace(Y4, height=oh, surface_stride=Y4.dense_surface_bytes, row_padded=True)
+    op = api.Conv2D(replace(X, height=h), wt, Y, stride=stride, padding=pads, depthwise=True, name="dw")
     with pytest.raises(UnsupportedError, match="at least 4"):  # the map as it is: refused (Q2)
         emit(op)
-    r = emit(replace(op, input=X, padding=(2, 2 - (rows - h), 2, 2)))
-    canary = np.full((c, rows, ow), 3, np.float16)
+    r = emit(replace(op, input=X, padding=(pad, pad - (rows - h), pad, pad)))
+    canary = np.full(Y4.shape, 3, np.float16)
     got = _run(r, {"x": (X, stored), "y": (Y4, canary)}).feature(Y4)
     np.testing.assert_allclose(got[:, :oh].astype(np.float64), want, rtol=3e-3, atol=3e-3)
     np.testing.assert_array_equal(got[:, oh:], canary[:, oh:])  # the rows below it stay as they were
