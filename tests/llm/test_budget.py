@@ -11,7 +11,8 @@ import pytest
 from llm.synth import write_model
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm import budget
-from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, encode_int4, within_budget
+from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, within_budget
+from rkc.compiler.llm.encode import encode_int4
 from rkc.compiler.llm.int4 import quantize_weight
 from rkc.compiler.llm.quantize import HIDDEN_INPUT_KINDS
 from rkc.compiler.llm.weights import row_source
@@ -112,7 +113,7 @@ def test_int4_auto_groups_probed_on_the_first_rows_are_the_full_search(monkeypat
     """AUTO_GROUP: the fewest K groups whose partials are safe for the whole
     matrix, whether the first rows were probed or not (a probe that passes
     where a later row fails still ends at the whole matrix's count)."""
-    from rkc.compiler.llm import build
+    from rkc.compiler.llm import encode
     from rkc.compiler.llm.int4 import AUTO_GROUP, group_for, safe
 
     rng = np.random.default_rng(5)
@@ -120,8 +121,8 @@ def test_int4_auto_groups_probed_on_the_first_rows_are_the_full_search(monkeypat
     # the last rows uniform: larger |int4| sums than Gaussian rows, so they need more groups
     w[30:] = rng.uniform(-1.0, 1.0, (10, 4096))
     want = next(group_for(4096, parts) for parts in range(1, 129) if safe(quantize_weight(w, group_for(4096, parts))))
-    monkeypatch.setattr(build, "INT4_PROBE_ROWS", probe_rows)
-    monkeypatch.setattr(build, "ENCODE_ROWS", 16)  # three row blocks: a later one may fail after the first passed
+    monkeypatch.setattr(encode, "INT4_PROBE_ROWS", probe_rows)
+    monkeypatch.setattr(encode, "ENCODE_ROWS", 16)  # three row blocks: a later one may fail after the first passed
     enc = encode_int4(row_source(w), AUTO_GROUP)
     assert enc.int4_group == want and want < 4096
     np.testing.assert_array_equal(enc.int4_values(), quantize_weight(w, want).data)
