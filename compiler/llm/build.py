@@ -49,7 +49,7 @@ from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
-from rkc.ir.llm import DECODE, program_plan
+from rkc.ir.llm import DECODE, LlmProgram, program_plan
 from rkc.ir.npu import hw
 from rkc.ir.rkbin import write_rkbin
 from rkc.runtime.llm.tokenizer import LlmTokenizer
@@ -566,6 +566,35 @@ def within_budget(graph: Graph, options: LlmCompileOptions, report: CompileRepor
     return options
 
 
+def lower_programs(graph: Graph, plan: list[LlmProgram], builder: ModuleBuilder, lowering: LlmLowering,
+                   give_way: bool) -> list[int]:
+    """Lower `plan`'s programs (ascending rows: a chunk's prefill and score
+    programs together) into `builder`, each with its metadata. With `give_way`,
+    a chunk whose scratch and regcmd, estimated per row from the smaller
+    chunks', would pass the IOVA window beside what is mapped already is left
+    out, with every larger one (a chunk's scratch grows with its rows: a 7B
+    int4's 512-chunk needs 893 MiB beside 3371 of weights). The chunks left out."""
+    scratch_per_row, regcmd_per_row, left_out, decided = 0.0, 0.0, [], set()
+    chunk_start = (1, builder.regcmd.size)  # the rows of the chunk being lowered, the regcmd before it
+    with progress_bar(plan, "lower programs") as programs:
+        for program in programs:
+            if give_way and program.rows > 1 and program.rows not in decided:
+                decided.add(program.rows)
+                if chunk_start[0] > 1:  # the previous chunk's programs' regcmd, per row
+                    regcmd_per_row = (builder.regcmd.size - chunk_start[1]) / chunk_start[0]
+                chunk_start = (program.rows, builder.regcmd.size)
+                grows = (scratch_per_row + regcmd_per_row) * program.rows
+                if left_out or builder.mapped_bytes() + grows >= IOVA_WINDOW:
+                    left_out.append(program.rows)
+            if program.rows in left_out:
+                continue
+            lowering.lower(program_graph(graph, program), program.name)
+            builder.metadata["programs"][program.name] = program.metadata()
+            if program.rows > 1:
+                scratch_per_row = max(scratch_per_row, builder.scratch_bytes(program.name) / program.rows)
+    return left_out
+
+
 def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
                  progress: Callable[[str], None] = lambda stage: None) -> CompileReport:
     """`progress(stage)` is called as each stage starts (rkc compile -v)."""
@@ -637,27 +666,8 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head,
                            emit_options=replace(emit_options(options.cores), pack_cache={}))
     plan = program_plan(chunks)
-    # the default chunks give way to the IOVA window (a chunk's scratch grows with its rows:
-    # a 7B int4's 512-chunk needs 893 MiB beside 3371 of weights); chunks asked for do not
-    fit_chunks = tuple(options.prefill_chunks) == DEFAULT_CHUNKS
-    scratch_per_row, regcmd_per_row, left_out, decided = 0.0, 0.0, [], set()
-    chunk_start = (1, builder.regcmd.size)  # the rows of the chunk being lowered, the regcmd before it
-    with progress_bar(plan, "lower programs") as programs:
-        for program in programs:  # (ascending rows: a chunk's prefill and score programs decided together)
-            if fit_chunks and program.rows > 1 and program.rows not in decided:
-                decided.add(program.rows)
-                if chunk_start[0] > 1:  # the previous chunk's programs' regcmd, per row
-                    regcmd_per_row = (builder.regcmd.size - chunk_start[1]) / chunk_start[0]
-                chunk_start = (program.rows, builder.regcmd.size)
-                grows = (scratch_per_row + regcmd_per_row) * program.rows
-                if left_out or builder.mapped_bytes() + grows >= IOVA_WINDOW:
-                    left_out.append(program.rows)
-            if program.rows in left_out:
-                continue
-            lowering.lower(program_graph(graph, program), program.name)
-            builder.metadata["programs"][program.name] = program.metadata()
-            if program.rows > 1:
-                scratch_per_row = max(scratch_per_row, builder.scratch_bytes(program.name) / program.rows)
+    # the default chunks give way to the IOVA window; chunks asked for do not
+    left_out = lower_programs(graph, plan, builder, lowering, tuple(options.prefill_chunks) == DEFAULT_CHUNKS)
     if left_out:
         chunks = tuple(c for c in chunks if c not in left_out)
         builder.metadata["prefill_chunks"] = list(chunks)
