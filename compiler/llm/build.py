@@ -56,7 +56,9 @@ from rkc.runtime.llm.tokenizer import LlmTokenizer
 from rkc.runtime.llm.weights import Int8Weight
 
 T, R = TypeVar("T"), TypeVar("R")
-DEFAULT_CHUNKS = (1, 32, 64, 128, 512)  # 64: 33-64 new tokens (a chat's next turn) in one run, not 32 + a padded 32
+# the compiler's prefill chunks (LlmCompileOptions.prefill_chunks None); 64: 33-64 new tokens (a chat's
+# next turn) in one run, not 32 + a padded 32
+DEFAULT_CHUNKS = (1, 32, 64, 128, 512)
 # int8 products named here stay fp16 (e.g. ("ffn_down",)), besides the measured
 # hybrid of `fp16_share` (docs/llm.md)
 DEFAULT_KEEP_FP16: tuple[str, ...] = ()
@@ -86,7 +88,9 @@ def default_jobs(gguf_bytes: int) -> int:
 @dataclass
 class LlmCompileOptions:
     precision: str = DEFAULT_PRECISION["gguf"]
-    prefill_chunks: tuple[int, ...] = DEFAULT_CHUNKS
+    # prompt chunk sizes, each with a prefill program (1 always); None: the compiler's choice,
+    # DEFAULT_CHUNKS, whose larger chunks give way to the IOVA window (prefill_chunks())
+    prefill_chunks: tuple[int, ...] | None = None
     smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
     # int8 only: products whose weight name contains one of these stay fp16 (hybrid)
     keep_fp16: tuple[str, ...] = DEFAULT_KEEP_FP16
@@ -566,6 +570,18 @@ def within_budget(graph: Graph, options: LlmCompileOptions, report: CompileRepor
     return options
 
 
+def prefill_chunks(options: LlmCompileOptions) -> tuple[tuple[int, ...], bool]:
+    """The prefill chunks to lower (ascending, 1 always among them) and whether
+    they give way to the IOVA window: the compiler's choice (options.prefill_chunks
+    None: DEFAULT_CHUNKS) does; chunks given, whatever they are, are all kept
+    (a module past the window is then refused once built)."""
+    sizes = DEFAULT_CHUNKS if options.prefill_chunks is None else options.prefill_chunks
+    chunks = tuple(sorted(set(sizes) | {1}))
+    if any(c <= 0 for c in chunks):
+        raise UnsupportedError(f"prefill chunk sizes must be positive, got {list(sizes)}")
+    return chunks, options.prefill_chunks is None
+
+
 def lower_programs(graph: Graph, plan: list[LlmProgram], builder: ModuleBuilder, lowering: LlmLowering,
                    give_way: bool) -> list[int]:
     """Lower `plan`'s programs (ascending rows: a chunk's prefill and score
@@ -607,9 +623,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
         raise FileNotFoundError(2, "No such folder for the output", str(folder))
     if options.jobs is None:
         options = replace(options, jobs=default_jobs(Path(path).stat().st_size))
-    chunks = tuple(sorted(set(options.prefill_chunks) | {1}))
-    if any(c <= 0 for c in chunks):
-        raise UnsupportedError(f"prefill chunk sizes must be positive, got {list(options.prefill_chunks)}")
+    chunks, give_way = prefill_chunks(options)
 
     def lap(stage: str, following: str | None = None) -> None:
         report.seconds[stage] = time.perf_counter() - t0 - sum(report.seconds.values())
@@ -666,8 +680,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head,
                            emit_options=replace(emit_options(options.cores), pack_cache={}))
     plan = program_plan(chunks)
-    # the default chunks give way to the IOVA window; chunks asked for do not
-    left_out = lower_programs(graph, plan, builder, lowering, tuple(options.prefill_chunks) == DEFAULT_CHUNKS)
+    left_out = lower_programs(graph, plan, builder, lowering, give_way)
     if left_out:
         chunks = tuple(c for c in chunks if c not in left_out)
         builder.metadata["prefill_chunks"] = list(chunks)
