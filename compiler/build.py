@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from rkc.compiler import emitter_norm, program_steps
-from rkc.compiler.emitter_ops import emit_options
+from rkc.compiler.emitter_graph import emit_options
 from rkc.compiler.npu.api import LocalResponseNorm
 from rkc.ir.program import PPU_COMPLETION_KEY
 from rkc.compiler.frontend import load_graph

@@ -27,7 +27,8 @@ import numpy as np
 
 from rkc.compiler import cost
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
-from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_layout, npu_name, relaid_name
+from rkc.compiler.emitter_graph import npu_layout, npu_name, relaid_name
+from rkc.compiler.emitter_ops import NpuGroup, lower_segment
 from rkc.compiler.quantize import selects_values
 from rkc.compiler.partition import Step as PartStep
 from rkc.ir.errors import UnsupportedError

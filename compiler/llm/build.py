@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from rkc.compiler.emitter_ops import emit_options
+from rkc.compiler.emitter_graph import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.budget import CALIBRATION_BUDGET_S, GPTQ_BUDGET_S, HESSIAN_BUDGET_BYTES, affordable_rounding, \
     calibration_tokens, gptq_cost
