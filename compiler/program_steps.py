@@ -7,6 +7,10 @@
 * a Concat or Split over the channels of native maps on the NPU is no step at
   all: its pieces are channel slices of one buffer (ModuleBuilder.add_views),
   each producer writing its slice and each consumer reading its own;
+* attention's probabilities between two NPU products (a Reshape of the first's
+  fp16 scores, Softmax over the keys, Transpose of the last two axes, Reshape to
+  the second's 2-D run-time B) are one step from the scores' NPU copy into the
+  B's run-time weights (SoftmaxTranspose: runtime/kernels/softmax_jit.py);
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);
 * a tensor crossing between the two gets an explicit conversion step the
   first time the other side needs it: host -> NPU (Cast to fp16, or
@@ -28,6 +32,7 @@ import numpy as np
 from rkc.compiler import cost
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
 from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_layout, npu_name, relaid_name
+from rkc.compiler.passes.edit import consumers, only_consumer
 from rkc.compiler.quantize import selects_values
 from rkc.compiler.partition import Step as PartStep
 from rkc.ir.errors import UnsupportedError
@@ -67,6 +72,7 @@ class _Lowering:
     on_npu: dict[str, str] = field(default_factory=dict)  # NPU buffer -> its layout
     copies: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # IR tensor -> [(buffer, dtype)]
     stats: LowerStats = field(default_factory=LowerStats)
+    absorbed: set[int] = field(default_factory=set)  # CPU ops an earlier op's step already ran
 
     # -- host side ----------------------------------------------------------------------
     def host(self, name: str) -> None:
@@ -234,8 +240,85 @@ class _Lowering:
             self.npu_tensor(t, "native", dtype)
         return True
 
+    def softmax_chain(self, op) -> tuple | None:
+        """(the Softmax, its scale, the indices of the ops it absorbs, the 2-D B) when `op`
+        starts attention's probabilities between two NPU products: the first's fp16
+        output S [M, N] (held as GEMM output atoms) [times a scalar constant] [reshaped
+        to [1, .., M, N]], Softmax over the last axis, Transpose of the last two axes
+        [, Reshape to [N, M]], each the previous op's only reader, the result an [N, M]
+        read only by fp16 NPU groups as run-time weights."""
+        graph = self.graph
+        if op.type not in ("Mul", "Reshape", "Softmax") or not op.inputs or len(op.outputs) != 1:
+            return None
+        src, scale, chain = op.inputs[0], 1.0, [op]
+        if op.type == "Mul":
+            consts = [graph.const_value(t) for t in op.inputs]
+            if len(op.inputs) != 2 or sum(c is not None for c in consts) != 1:
+                return None
+            value = next(c for c in consts if c is not None)
+            if np.size(value) != 1 or not np.isfinite(value).all():
+                return None
+            src, scale = op.inputs[1 if consts[0] is not None else 0], float(np.reshape(value, -1)[0])
+            chain.append(only_consumer(graph, op.outputs[0]))
+        buffer = npu_name(src, "fp16", self.precision)
+        if (buffer, "fp16") not in self.copies.get(src, []) or self.on_npu.get(buffer) != "native-gemm":
+            return None
+        shape = tuple(graph.tensors[src].type.shape)
+        if len(shape) != 2:
+            return None
+        m, n = shape
+        if chain[-1] is not None and chain[-1].type == "Reshape":
+            chain.append(only_consumer(graph, chain[-1].outputs[0]))
+        softmax = chain[-1]
+        if softmax is None or softmax.type != "Softmax":
+            return None
+        scores = tuple(graph.tensors[softmax.inputs[0]].type.shape)
+        rank = len(scores)
+        if scores != (1,) * (rank - 2) + shape or int(softmax.attrs.get("axis", -1)) % rank != rank - 1:
+            return None
+        transpose = only_consumer(graph, softmax.outputs[0])
+        if transpose is None or transpose.type != "Transpose" \
+                or list(transpose.attrs.get("perm", [])) != [*range(rank - 2), rank - 1, rank - 2]:
+            return None
+        chain.append(transpose)
+        last = only_consumer(graph, transpose.outputs[0])
+        if last is not None and last.type == "Reshape":
+            chain.append(last)
+        b = chain[-1].outputs[0]
+        if tuple(graph.tensors[b].type.shape) != (n, m):
+            return None
+        index = {id(o): i for i, o in enumerate(graph.ops)}
+        readers = [self.groups.get(index[id(r)]) for r in consumers(graph, b)]
+        if not readers or b in graph.outputs or any(g is None or g.reads.get(b) != "native-weights"
+                                                    or g.dtype != "fp16" for g in readers):
+            return None
+        if any(index[id(o)] in self.groups for o in chain):
+            return None
+        return softmax, scale, [index[id(o)] for o in chain[1:]], b
+
+    def softmax_into_weights(self, op) -> bool:
+        """Lower attention's probabilities (softmax_chain) as one SoftmaxTranspose step."""
+        chain = self.softmax_chain(op)
+        if chain is None:
+            return False
+        softmax, scale, after, b = chain
+        target = relaid_name(b, "native-weights", "fp16", self.precision)
+        self.npu_tensor(b, "native-weights", "fp16", target)
+        src = op.inputs[0] if op.type != "Mul" or self.graph.const_value(op.inputs[0]) is None else op.inputs[1]
+        self.add(Step(kind="cpu", name=softmax.name or f"SoftmaxTranspose:{b}", op="SoftmaxTranspose",
+                      inputs=[npu_name(src, "fp16", self.precision)], outputs=[target], attrs={"scale": scale},
+                      stats={"op": "Softmax", "macs": cost.op_macs(self.graph, softmax),
+                             "ddr_bytes": cost.op_ddr_bytes(self.graph, softmax)}))
+        self.absorbed.update(after)
+        self.stats.cpu_steps += 1
+        return True
+
     def cpu_op(self, index: int) -> None:
         op = self.graph.ops[index]
+        if index in self.absorbed:
+            return
+        if self.softmax_into_weights(op):
+            return
         if self.as_views(op):
             self.stats.views.append(index)
             return

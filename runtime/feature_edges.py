@@ -19,7 +19,10 @@ element, which made a 640x640 detector's input and outputs most of its host time
   pooled or copied like any other: they hold what the NPU wrote there);
 * a depthwise convolution between fp16 maps (one the NPU refuses: a window over
   fewer than 4 rows) with constant weights: runtime/kernels/depthwise_jit.py on
-  the atoms (`_depthwise`).
+  the atoms (`_depthwise`);
+* attention's softmax between two NPU products (SoftmaxTranspose): the fp16
+  scores read where the first GEMM wrote them, the probabilities written as the
+  second GEMM's run-time weights (runtime/kernels/softmax_jit.py, `_softmax_weights`).
 
 `run_step(run, step)` runs a step this way when its tensors allow it and says
 whether it did; any other step takes the interpreter's path. The values are
@@ -111,6 +114,9 @@ def run_step(run, step: Step) -> bool:
         return _plane_op(run, step, src, dst)
     if step.op == "Conv" and _in_bo(run, src) and _in_bo(run, dst) and src.dtype == dst.dtype == DType.FP16:
         return _depthwise(run, step, src, dst)
+    if step.op == "SoftmaxTranspose" and src.layout == "native-gemm" and dst.layout == "native-weights" \
+            and src.dtype == dst.dtype == DType.FP16 and src.region in run.model.bos and dst.region in run.model.bos:
+        return _softmax_weights(run, step, src, dst)
     return False
 
 
@@ -509,6 +515,29 @@ def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
             raise RkcError(f"step {step.name!r}: {dst.name!r} came out {list(value.shape)} as planes, "
                            f"the program declares {dst.shape}")
         y[...] = value
+    return True
+
+
+def _softmax_weights(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """Scores S [M, N] (fp16, a GEMM's output atoms) -> softmax(scale * S)^T [N, M] as fp16 run-time weights."""
+    from rkc.runtime.kernels import softmax_jit  # numba: loaded by programs with attention on the NPU
+
+    m, n = int(src.shape[-2]), int(src.shape[-1])
+    if len(src.shape) != 2 or list(dst.shape) != [n, m]:
+        return False
+    bos = {r: run.model.bos[r] for r in (src.region, dst.region)}
+    device = run.model.device
+    for bo in bos.values():
+        device.prepare_cpu_access(bo)
+    try:
+        _, _, rows, _ = geometry.feature_map(src.shape, src.layout)  # GEMM rows stored padded to 4
+        atoms = layout.feature_view(bos[src.region].host[src.offset:src.offset + src.nbytes], n, rows, 1, np.uint16)
+        out = bos[dst.region].host[dst.offset:dst.offset + dst.nbytes].view(np.uint16)
+        softmax_jit.softmax_into_weights(atoms.reshape(atoms.shape[0], rows, atoms.shape[3]), m, n, out,
+                                         float(step.attrs.get("scale", 1.0)))
+    finally:
+        for bo in bos.values():
+            device.finish_cpu_access(bo)
     return True
 
 

@@ -39,6 +39,14 @@ def softmax(x, *, axis=-1):
     return e.astype(x.dtype, copy=False)
 
 
+def softmax_transpose(x, *, scale=1.0):
+    """Softmax over the last axis of scale * x, then the last two axes swapped: attention's
+    probabilities P as the run-time B (P^T) of the product that weighs the values,
+    one step where the compiler fuses the two (compiler/program_steps.py; on the
+    NPU's buffers: runtime/kernels/softmax_jit.py)."""
+    return np.swapaxes(softmax(x * np.asarray(scale, x.dtype), axis=-1), -1, -2)
+
+
 def log_softmax(x, *, axis=-1):
     xd = x.astype(np.float64)
     s = xd - xd.max(axis=axis, keepdims=True)
@@ -222,6 +230,7 @@ def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coor
 
 KERNELS = {
     "Gemm": gemm, "MatMul": matmul, "MatMulInteger": matmul_integer, "Softmax": softmax,
+    "SoftmaxTranspose": softmax_transpose,
     "LogSoftmax": log_softmax, "LayerNormalization": layer_normalization,
     "BatchNormalization": batch_normalization, "InstanceNormalization": instance_normalization,
     "Resize": resize,

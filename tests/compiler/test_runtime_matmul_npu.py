@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
 from rkc.ir.npu import geometry, layout
+from rkc.ir.rkbin import read_rkbin
 from onnx_models import cosine, graph_model, onnxruntime_outputs, save
 
 pytest.importorskip("rkc.runtime.sim")
@@ -66,11 +67,18 @@ def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w):
     report = build(path, tmp_path / "m.rkbin", options)
     products = [p for p in report.placements if p.op.type == "MatMul"]
     assert [p.device for p in products] == ["npu", "npu"], [p.reason for p in products]
+    assert _softmax_steps(tmp_path / "m.rkbin") == 1  # the scores' softmax written as the second B
     x = rng.standard_normal((1, c, h, w)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
         got = m.run({"x": x})["y"]
     want = onnxruntime_outputs(path, {"x": x})["y"]
     assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def _softmax_steps(path) -> int:
+    """The program's SoftmaxTranspose steps: scores read from a GEMM's output, the
+    probabilities written as the next GEMM's run-time weights (program_steps.py)."""
+    return sum(s.op == "SoftmaxTranspose" for s in read_rkbin(path).module.program("main").steps)
 
 
 def _heads(dim: int, heads: int, h: int, w: int, seed: int):
@@ -109,6 +117,7 @@ def test_batched_attention_products_run_per_head_on_the_npu(tmp_path, dim, heads
     report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", npu_attention=True))
     products = [p for p in report.placements if p.op.type == "MatMul"]
     assert [p.device for p in products] == ["npu"] * 2 * heads, [p.reason for p in products]
+    assert _softmax_steps(tmp_path / "m.rkbin") == heads
     x = np.random.default_rng(5).standard_normal((1, dim, h, w)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
         got = m.run({"x": x})["y"]
