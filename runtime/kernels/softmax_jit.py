@@ -106,6 +106,36 @@ def _into_kernel(q, m, kg, cp, whole, out):
         out[at + c] = q[whole + c]
 
 
+@njit(**_JIT)
+def _rows(x, out, lo, hi):
+    """out[r] = softmax(x[r]) for rows [lo, hi) of float32 x [R, N] (out may be x)."""
+    n = x.shape[1]
+    bits = np.empty(n, np.int32)
+    scaled = bits.view(np.float32)
+    lanes = np.empty(_LANES, np.float32)
+    for r in range(lo, hi):
+        row, dst = x[r], out[r]
+        mx = _row_max(row, n, lanes)
+        for j in range(n):
+            dst[j], bits[j] = exp_parts(row[j] - mx)
+        total = np.float32(0.0)
+        for j in range(n):
+            dst[j] = dst[j] * scaled[j]
+            total += dst[j]
+        inv = np.float32(1.0) / total
+        for j in range(n):
+            dst[j] = dst[j] * inv
+
+
+def softmax_rows(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis of a C-contiguous float32 array (a new array): the host
+    Softmax's float32 case (runtime/kernels/nn.py), rows shared by the host threads."""
+    out = np.empty_like(x)
+    rows = x.reshape(-1, x.shape[-1])
+    over_rows(lambda lo, hi: _rows(rows, out.reshape(rows.shape), lo, hi), rows.shape[0], x.size)
+    return out
+
+
 def softmax_into_weights(atoms: np.ndarray, m: int, n: int, out: np.ndarray, scale: float = 1.0) -> None:
     """P = softmax over the keys of scale times the fp16 scores S [m, n] held as GEMM output atoms
     [C1, >= m, 8] (uint16 bits), written as the fp16 run-time weights of P^T
