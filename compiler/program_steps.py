@@ -11,6 +11,9 @@
   fp16 scores, Softmax over the keys, Transpose of the last two axes, Reshape to
   the second's 2-D run-time B) are one step from the scores' NPU copy into the
   B's run-time weights (SoftmaxTranspose: runtime/kernels/softmax_jit.py);
+* ops that only move elements between fp16 NPU groups (the qkv map cut into
+  per-head operands, the heads' products put back into a map) are one gather
+  per result, its index map composed at compile time (compiler/relayout.py);
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);
 * a tensor crossing between the two gets an explicit conversion step the
   first time the other side needs it: host -> NPU (Cast to fp16, or
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rkc.compiler import cost
+from rkc.compiler import cost, relayout
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
 from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_layout, npu_name, relaid_name
 from rkc.compiler.passes.edit import consumers, only_consumer
@@ -73,6 +76,7 @@ class _Lowering:
     copies: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # IR tensor -> [(buffer, dtype)]
     stats: LowerStats = field(default_factory=LowerStats)
     absorbed: set[int] = field(default_factory=set)  # CPU ops an earlier op's step already ran
+    gathers: dict[int, list] = field(default_factory=dict)  # op index -> relayout.Result made there
 
     # -- host side ----------------------------------------------------------------------
     def host(self, name: str) -> None:
@@ -313,9 +317,33 @@ class _Lowering:
         self.stats.cpu_steps += 1
         return True
 
+    def gather(self, result) -> None:
+        """A relayout.Result into each layout the fp16 NPU groups read it in."""
+        layouts = {g.reads[result.tensor] for g in self.groups.values()
+                   if result.tensor in g.reads and g.dtype == "fp16"}
+        index = f"{result.tensor}.relayout"
+        for layout_name in sorted(layouts):
+            relaid = (layout_name == "native" and npu_layout(self.graph, result.tensor) == "native-gemm") \
+                or layout_name == "native-weights"
+            target = relaid_name(result.tensor, layout_name, "fp16", self.precision) if relaid \
+                else npu_name(result.tensor, "fp16", self.precision)
+            if target in self.on_npu:
+                continue
+            if index not in self.builder.tensors:
+                self.builder.host_const(index, result.index)
+            self.npu_tensor(result.tensor, layout_name, "fp16", target)
+            self.add(Step(kind="cpu", name=f"relayout:{result.tensor}", op="Relayout",
+                          inputs=[*(npu_name(t, "fp16", self.precision) for t in result.sources), index],
+                          outputs=[target], attrs={"scale": result.scale},
+                          stats={"conversion": True, "macs": 0,
+                                 "ddr_bytes": cost.tensor_bytes(self.graph, result.tensor) * 2}))
+            self.stats.conversions += 1
+
     def cpu_op(self, index: int) -> None:
         op = self.graph.ops[index]
         if index in self.absorbed:
+            for result in self.gathers.get(index, []):
+                self.gather(result)
             return
         if self.softmax_into_weights(op):
             return
@@ -366,6 +394,11 @@ class _Lowering:
 def lower_program(graph: Graph, steps: list[PartStep], builder: ModuleBuilder, precision: str,
                   groups: dict[int, NpuGroup] | None = None, program: str = "main") -> LowerStats:
     work = _Lowering(graph, builder, precision, program, groups or {})
+    fp16_groups = {i: g for i, g in work.groups.items() if g.dtype == "fp16"}
+    roots = {g.output for g in fp16_groups.values() if g.output_layout in ("native", "native-gemm")}
+    moved, work.gathers = relayout.plan(graph, [s.ops[0] for s in steps if s.device != "npu"], roots,
+                                        lambda i, t: i in fp16_groups and t in fp16_groups[i].reads)
+    work.absorbed |= moved
     for name in graph.inputs:
         work.host(name)
     segments = 0

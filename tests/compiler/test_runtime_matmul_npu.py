@@ -75,10 +75,14 @@ def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w):
     assert cosine(got, want) >= THRESHOLD[precision]
 
 
+def _steps(path, op: str) -> int:
+    return sum(s.op == op for s in read_rkbin(path).module.program("main").steps)
+
+
 def _softmax_steps(path) -> int:
     """The program's SoftmaxTranspose steps: scores read from a GEMM's output, the
     probabilities written as the next GEMM's run-time weights (program_steps.py)."""
-    return sum(s.op == "SoftmaxTranspose" for s in read_rkbin(path).module.program("main").steps)
+    return _steps(path, "SoftmaxTranspose")
 
 
 def _heads(dim: int, heads: int, h: int, w: int, seed: int):
@@ -118,8 +122,28 @@ def test_batched_attention_products_run_per_head_on_the_npu(tmp_path, dim, heads
     products = [p for p in report.placements if p.op.type == "MatMul"]
     assert [p.device for p in products] == ["npu"] * 2 * heads, [p.reason for p in products]
     assert _softmax_steps(tmp_path / "m.rkbin") == heads
+    # Q^T (scaled), K and V of each head gathered from the qkv map (compiler/relayout.py): the map
+    # is not converted to float32 on the host
+    assert _steps(tmp_path / "m.rkbin", "Relayout") == 3 * heads
+    assert not [s for s in read_rkbin(tmp_path / "m.rkbin").module.program("main").steps if s.name == "from_npu:qkv"]
     x = np.random.default_rng(5).standard_normal((1, dim, h, w)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
         got = m.run({"x": x})["y"]
     want = onnxruntime_outputs(path, {"x": x})["y"]
     assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+def test_relayout_native_gathers_match_the_interpreter(tmp_path, monkeypatch):
+    """The Relayout steps' gathers between native layouts (runtime/feature_edges.py) give
+    the interpreter's values bit for bit (its logical arrays through the index map)."""
+    from rkc.runtime import feature_edges
+
+    path = save(_heads(96, 3, 3, 5, 9), tmp_path / "m.onnx")
+    build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", npu_attention=True))
+    x = np.random.default_rng(6).standard_normal((1, 96, 3, 5)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        native = m.run({"x": x})["y"]
+    monkeypatch.setattr(feature_edges, "_relayout", lambda run, step: False)
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        interpreted = m.run({"x": x})["y"]
+    assert np.array_equal(native, interpreted)
