@@ -147,3 +147,16 @@ def test_relayout_native_gathers_match_the_interpreter(tmp_path, monkeypatch):
     with runtime.load(tmp_path / "m.rkbin") as m:
         interpreted = m.run({"x": x})["y"]
     assert np.array_equal(native, interpreted)
+
+
+def test_heads_stay_batched_where_their_products_stay_on_the_cpu(tmp_path):
+    """The per-head split is the default only where every head's product runs on the NPU
+    (compiler/build.py's _place): placed on the CPU, the two batched products stay whole;
+    --npu-attention splits them anyway."""
+    path = save(_heads(64, 2, 4, 4, 3), tmp_path / "m.onnx")
+    auto = build(path, tmp_path / "a.rkbin", BuildOptions(precision="fp16", cpu_only=True))
+    assert [p.device for p in auto.placements if p.op.type == "MatMul"] == ["cpu"] * 2
+    forced = build(path, tmp_path / "f.rkbin", BuildOptions(precision="fp16", cpu_only=True, npu_attention=True))
+    assert [p.device for p in forced.placements if p.op.type == "MatMul"] == ["cpu"] * 4
+    default = build(path, tmp_path / "d.rkbin", BuildOptions(precision="fp16"))
+    assert [p.device for p in default.placements if p.op.type == "MatMul"] == ["npu"] * 4
