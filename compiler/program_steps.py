@@ -339,6 +339,26 @@ class _Lowering:
                                  "ddr_bytes": cost.tensor_bytes(self.graph, result.tensor) * 2}))
             self.stats.conversions += 1
 
+    def moved_between_groups(self, op) -> bool:
+        """Lower a moving op (relayout.MOVES) that did not become a view as gathers, when
+        its inputs are fp16 NPU copies and only fp16 NPU groups read its outputs."""
+        if op.type not in relayout.MOVES:
+            return False
+        data = [t for t in op.inputs if t and self.graph.const_value(t) is None]
+        if not data or any((npu_name(t, "fp16", self.precision), "fp16") not in self.copies.get(t, [])
+                           or self.on_npu.get(npu_name(t, "fp16", self.precision)) not in ("native", "native-gemm")
+                           for t in data):
+            return False
+        index = {id(o): i for i, o in enumerate(self.graph.ops)}
+        for t in op.outputs:
+            readers = [self.groups.get(index[id(r)]) for r in consumers(self.graph, t)]
+            if t in self.graph.outputs or not readers or any(g is None or g.dtype != "fp16" or t not in g.reads
+                                                              for g in readers):
+                return False
+        for result in relayout.one_op(self.graph, op):
+            self.gather(result)
+        return True
+
     def cpu_op(self, index: int) -> None:
         op = self.graph.ops[index]
         if index in self.absorbed:
@@ -349,6 +369,8 @@ class _Lowering:
             return
         if self.as_views(op):
             self.stats.views.append(index)
+            return
+        if self.moved_between_groups(op):
             return
         dtype = self.in_place_dtype(op)
         if dtype is not None:

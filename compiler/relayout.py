@@ -115,6 +115,22 @@ def plan(graph: Graph, cpu_ops: list[int], roots: set[str], npu_reads) -> tuple[
     return chosen, results
 
 
+def one_op(graph: Graph, op: Op) -> list[Result]:
+    """The gathers of one moving op's outputs from its run-time inputs (each an fp16 NPU
+    tensor: the caller checks), e.g. a channel Concat whose pieces could not be views."""
+    ids: dict[str, np.ndarray] = {}
+    spans: list[tuple[int, str]] = []
+    for t in op.inputs:
+        if t and graph.const_value(t) is None and t not in ids:
+            first = spans[-1][0] + ids[spans[-1][1]].size if spans else 0
+            shape = graph.tensors[t].type.shape
+            ids[t] = first + np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+            spans.append((first, t))
+    inputs = [None if not t else ids[t] if t in ids else graph.const_value(t) for t in op.inputs]
+    outs = run_kernel(op.type, inputs, op.attrs, len(op.outputs))
+    return [_result(t, np.asarray(v), spans, ids, 1.0) for t, v in zip(op.outputs, outs)]
+
+
 def _result(tensor: str, numbers: np.ndarray, spans, ids, scale: float) -> Result:
     """The gather of `tensor` from the roots its element numbers fall in, renumbered
     over those roots alone."""
