@@ -592,8 +592,9 @@ def _softmax_weights(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     from rkc.runtime.kernels import softmax_jit  # numba: loaded by programs with attention on the NPU
 
     m, n = int(src.shape[-2]), int(src.shape[-1])
-    if len(src.shape) != 2 or list(dst.shape) != [n, m]:
-        return False
+    if len(src.shape) != 2 or list(dst.shape) != [n, m] or dst.nbytes < geometry.nbytes(dst.shape, dst.layout, 2) \
+            or src.nbytes < geometry.nbytes(src.shape, src.layout, 2):
+        return False  # a module whose sizes disagree takes the interpreter's path (and its error)
     bos = {r: run.model.bos[r] for r in (src.region, dst.region)}
     device = run.model.device
     for bo in bos.values():
