@@ -71,11 +71,13 @@ def _rows_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
             q[:] = 0
             _into_kernel(q, m, kg, cp, whole, out)
             continue
-        for a in range(c1):
+        full = n // c2
+        for a in range(full):  # whole atoms: 8 lanes each, no bounds test in the loop
+            line = atoms[a, m]
             for b in range(c2):
-                j = a * c2 + b
-                if j < n:
-                    t[j] = widen_value(atoms[a, m, b]) * scale
+                t[a * c2 + b] = widen_value(line[b]) * scale
+        for j in range(full * c2, n):
+            t[j] = widen_value(atoms[full, m, j - full * c2]) * scale
         mx = _row_max(t, n, lanes)
         for j in range(n):  # exp_parts inlined here: prefill_kernels.exp_into, a call, did not vectorise
             t[j], bits[j] = exp_parts(t[j] - mx)
