@@ -95,8 +95,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("explain", "--explain", GRAPHS, "list every op, where it runs and why.", "flag"),
     Option("cpu_only", "--cpu-only", GRAPHS, "place every op on the CPU (for debugging and references).", "flag"),
     Option("prefill_chunks", "--prefill-chunks", ("gguf",),
-           "prompt chunk sizes, each with a precompiled prefill program.",
-           default=",".join(map(str, DEFAULT_CHUNKS)), metavar="SIZES"),
+           "prompt chunk sizes, each with a precompiled prefill program, all kept. Not given: the default's "
+           "larger chunks are left out where their activations would not fit beside the weights in the NPU's "
+           "IOVA window.", default=",".join(map(str, DEFAULT_CHUNKS)), metavar="SIZES"),
     Option("smooth_alpha", "--smooth-alpha", ("gguf",), "SmoothQuant migration strength (0 disables).", float,
            INT8, default=str(DEFAULT_ALPHA)),
     Option("keep_fp16", "--keep-fp16", ("gguf",),

@@ -31,6 +31,7 @@ from rkc.compiler.quantize import MOVES_VALUES
 from rkc.ir.errors import OptionError, UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.npu import geometry, hw
+from rkc.ir.npu.layout import ATOM_BYTES
 from rkc.ir.npu.geometry import GEMM_ROW_ALIGN, pads_for
 from rkc.ir.npu.perf import PerfModel
 from rkc.ir.program import Job, Step, TaskRef
@@ -207,10 +208,32 @@ def _feature(graph: Graph, tensor: str, layout: str, dtype: str, precision: str,
     name = npu_name(tensor, dtype, program)
     if layout == "native-gemm":
         return api.Feature.gemm(name, 0, h, c, dtype, quant)
+    # a map of few rows lives in taller surfaces whose rows past h are zero: its
+    # writers and position-wise readers address the h rows at that surface pitch
+    surface = rows * w * ATOM_BYTES if rows > h else None
     if view is not None:
         assert view[0] * view[1] == h * w, (view, shape)
         h, w = view
-    return api.Feature(name, 0, c, h, w, dtype, quant)
+    return api.Feature(name, 0, c, h, w, dtype, quant, surface_stride=surface, row_padded=surface is not None)
+
+
+def _zero_padded_input(x: api.Feature, padding: tuple[int, int, int, int],
+                       name: str) -> tuple[api.Feature, tuple[int, int, int, int]]:
+    """A window over a map of few rows read as the 4 rows a task needs (Q2): the map
+    with the zero rows stored below it, and the bottom padding smaller by as many rows
+    (a zero row and a zero-padded row give the same sum, so the same output rows).
+    Where the padding is smaller than the zero rows the task would compute more rows
+    than the map has and write them into the output's zero rows: refused."""
+    stored = x.surface_bytes // (x.width * ATOM_BYTES)
+    top, bottom, left, right = padding
+    extra = stored - x.height
+    if x.quant is not None and x.quant.zero_point != 0:
+        raise _Refused(f"{name}: the input has {x.height} rows; its zero rows, read as the {stored} rows a task "
+                       f"needs (Q2), are not the int8 padding (zero point {x.quant.zero_point})")
+    if bottom < extra:
+        raise _Refused(f"{name}: the input has {x.height} rows and a bottom padding of {bottom}; read as the "
+                       f"{stored} rows a task needs (Q2) it would give more output rows than the map")
+    return replace(x, height=stored, surface_stride=None, row_padded=False), (top, bottom - extra, left, right)
 
 
 def _position_view(shape, fits: Callable[[int, int], bool]) -> tuple[int, int] | None:
@@ -375,11 +398,14 @@ def _conv(graph: Graph, i: int, tail: _Tail, precision: str, program: str) -> tu
         # than a task must read is read as a taller grid of the same positions
         view = _position_view(x.shape, lambda r, w: r >= MIN_ROWS)
     epi = _epilogue(graph, tail, bias, dtype, precision, program, layout, in_scale, w_scales, view)
-    conv = api.Conv2D(_feature(graph, op.inputs[0], layout, dtype, precision, program, view),
-                      np.ascontiguousarray(weights),
+    src = _feature(graph, op.inputs[0], layout, dtype, precision, program, view)
+    padding = (begin[0], end[0], begin[1], end[1])
+    if view is None and src.row_padded:
+        src, padding = _zero_padded_input(src, padding, f"npu{i}")
+    conv = api.Conv2D(src, np.ascontiguousarray(weights),
                       _feature(graph, tail.output, layout, dtype, precision, program, view),
                       stride=(strides[0], strides[1]),
-                      padding=(begin[0], end[0], begin[1], end[1]), depthwise=depthwise,
+                      padding=padding, depthwise=depthwise,
                       weight_quant=weight_quant, epilogue=epi, name=f"npu{i}")
     return conv, {t: layout for t in (op.inputs[0], tail.residual) if t}
 
@@ -716,6 +742,7 @@ class SegmentLowering:
     step: Step
     scratch: list[tuple[str, int]]  # emitter scratch buffers (name, bytes) live during the step
     extents: dict[str, int]  # symbolic buffer -> bytes the tasks touch
+    zero_rows: list[str] = field(default_factory=list)  # maps a window reads over their zero rows
 
 
 def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, precision: str,
@@ -774,4 +801,19 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
                 stats={"layers": layers, "task_costs": task_costs, "tasks": sum(len(j.tasks) for j in jobs),
                        "kicks_stock": sum(len(j.tasks) for j in jobs),
                        "kicks_chained": len(jobs) if chained else sum(len(j.tasks) for j in jobs)})
-    return SegmentLowering(step, scratch, extents)
+    return SegmentLowering(step, scratch, extents, _zero_rows_read(results, builder))
+
+
+def _zero_rows_read(results: list[api.EmitResult], builder) -> list[str]:
+    """The maps of few rows some convolution of the segment reads with the zero rows
+    stored below them (`_zero_padded_input`): the memory plan must keep those rows zero."""
+    kept = set()
+    for r in results:
+        x = r.op.input if isinstance(r.op, api.Conv2D) else None
+        info = builder.tensors.get(x.buffer) if x is not None else None
+        # read over its zero rows: the whole stored map (a taller grid of its positions, a
+        # view, is row_padded and reads only them)
+        if info is not None and geometry.zero_rows(info.shape, info.layout) and not x.row_padded \
+                and x.height > info.shape[2]:
+            kept.add(x.buffer)
+    return sorted(kept)

@@ -46,9 +46,10 @@ PLANE_OPS = frozenset({"MaxPool", "Resize"})
 
 
 def _feature(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
-    """The tensor's bytes as its feature map [C1, H, W, C2]."""
-    c, h, _, w = geometry.feature_map(info.shape, info.layout)
-    return layout.feature_view(raw, c, h, w, DType(info.dtype).numpy)
+    """The tensor's bytes as its feature map [C1, H, W, C2] (a strided view of a map
+    stored in taller surfaces than its rows: its zero rows are left alone)."""
+    c, h, rows, w = geometry.feature_map(info.shape, info.layout)
+    return layout.feature_view(raw, c, rows, w, DType(info.dtype).numpy)[:, :h]
 
 
 def _planes(fm: np.ndarray) -> np.ndarray:

@@ -4,6 +4,8 @@ Where an ONNX opset moved an attribute to an input, both forms are accepted
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from rkc.ir.errors import RkcError
@@ -23,8 +25,9 @@ def reshape(data, shape_input=None, *, allowzero=0, shape=None):
 
 def flatten(x, *, axis=1):
     axis = axis + x.ndim if axis < 0 else axis
-    lead = int(np.prod(x.shape[:axis], dtype=np.int64))
-    return x.reshape(lead, int(np.prod(x.shape[axis:], dtype=np.int64)))
+    # math.prod over the shape's ints: np.prod cost ~4 us a call, most of a classifier's
+    # logits Flatten step (PP-OCR cls: 0.017 ms)
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
 def transpose(x, *, perm=None):

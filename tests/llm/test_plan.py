@@ -174,7 +174,7 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     """The decode plan runs each decoder layer's residual stretches (dequantize
     or cast, norms, the residual add, quantize or cast), its attention
     stretch and an integer gated FFN's as one call each, and reads the logits
-    straight from their BO (runtime/llm/fused.py), so
+    straight from their BO (runtime/llm/fused*.py), so
     test_plan_gives_the_interpreters_logits checks the fused paths; a prefill
     plan (more rows) keeps the per-step path."""
     engine = LlmEngine(synth_rkbin(arch, precision), device="null")
@@ -215,13 +215,13 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_stretches_run_their_front_compiled(arch, precision, synth_rkbin, monkeypatch):
     """Each decode layer's attention stretch runs its norms, RoPEs and cache
-    store as one compiled call (fused._compiled_front), so
+    store as one compiled call (fused_attention._compiled_front), so
     test_plan_gives_the_interpreters_logits checks that path (a model whose
     stretch has another shape keeps the step-by-step runs)."""
-    from rkc.runtime.llm import fused
+    from rkc.runtime.llm import fused_attention
 
-    made, front = [], fused._compiled_front
-    monkeypatch.setattr(fused, "_compiled_front", lambda *a: made.append(front(*a)) or made[-1])
+    made, front = [], fused_attention._compiled_front
+    monkeypatch.setattr(fused_attention, "_compiled_front", lambda *a: made.append(front(*a)) or made[-1])
     engine = LlmEngine(synth_rkbin(arch, precision), device="null")
     n = engine.cfg.n_layer
     engine.close()
@@ -245,7 +245,7 @@ def test_silu_does_not_overflow_and_keeps_the_formulas_values():
         want = x / (1.0 + np.exp(-x))
     run = prepared.BINDERS["SiLU"](_step("SiLU", 1, {}), [None], None)
 
-    def fused(x):  # the one-row FFN stretch's compiled calls around numpy's exp (runtime/llm/fused.py)
+    def fused(x):  # the one-row FFN stretch's compiled calls around numpy's exp (runtime/llm/fused_gate.py)
         x, t, act, out = x[None], np.empty((1, x.size), np.float32), np.empty((1, x.size), np.float32), np.empty(
             (1, x.size), np.float32)
         jit.silu_argument(x, kernels.EXP_MAX, t)
