@@ -145,9 +145,19 @@ def space_to_depth(x, *, blocksize):
     return y.reshape(n, c * b * b, h // b, w // b)
 
 
+def relayout(*inputs, scale=1.0):
+    """Elements of the sources (their row-major elements one after the other) at an
+    index map of the result's shape, times `scale` where it is not 1: the data
+    movement between NPU buffers that compiler/relayout.py composes into one map."""
+    *sources, index = inputs
+    flat = np.concatenate([np.asarray(s).reshape(-1) for s in sources])
+    out = flat[np.asarray(index, np.int64)]
+    return out if scale == 1.0 else (out.astype(np.float32) * np.float32(scale)).astype(out.dtype)
+
+
 KERNELS = {
     "Reshape": reshape, "Flatten": flatten, "Transpose": transpose, "Squeeze": squeeze, "Unsqueeze": unsqueeze,
     "Concat": concat, "Split": split, "Slice": slice_, "Pad": pad, "Gather": gather, "Shape": shape,
     "Size": size, "ConstantOfShape": constant_of_shape, "Expand": expand, "Tile": tile,
-    "DepthToSpace": depth_to_space, "SpaceToDepth": space_to_depth,
+    "DepthToSpace": depth_to_space, "SpaceToDepth": space_to_depth, "Relayout": relayout,
 }

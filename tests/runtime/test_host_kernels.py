@@ -18,7 +18,8 @@ def _one(op, inputs, attrs):
 
 
 @pytest.mark.parametrize("shape, axis", [((1, 2, 40, 40), -1), ((3, 17), 0), ((2, 5, 7), 1), ((1, 1000), 1),
-                                         ((4, 3, 9, 2), 2)])
+                                         ((4, 3, 9, 2), 2), ((2, 3, 400), -1), ((5, 17), 1), ((7, 1), -1),
+                                         ((3, 16), 1), ((1, 2, 400, 400), 3)])
 def test_softmax_matches_float64(shape, axis):
     x = (np.random.default_rng(sum(shape)).standard_normal(shape) * 6).astype(np.float32)
     xd = x.astype(np.float64)
