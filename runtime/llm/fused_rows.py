@@ -35,7 +35,7 @@ from rkc.runtime.llm.prepared import rope_tables
 from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, RESIDUAL_BODIES, const, host, is_const, residual_body,
                                            residual_shape, step_rotation)
 from rkc.runtime.kernels.hadamard import compiled_form
-from rkc.runtime.llm.prefill_kernels import LANES
+from rkc.runtime.llm.prefill_kernels import LANES, live_rows
 from rkc.runtime.llm.threads import THREADS, over_ranges
 
 F32 = np.float32
@@ -44,14 +44,10 @@ _NONE_VEC = np.zeros(0, F32)
 
 
 def live_tiles(state, m: int) -> int:
-    """Tiles of LANES rows of an [m, K] chunk that hold its real tokens. The
-    rows past `state.valid` pad a short chunk: they never enter the KV cache,
-    their logits are dropped, and every step but attention (which reads the
-    real rows only) is row by row on the host and on the NPU, so the host
-    leaves them as the last run left them (a pad row costs the host nothing;
-    runtime/llm/generate.chunk_plan counts on it). Without a state: all."""
-    rows = m if state is None else min(m, max(1, int(state.valid)))
-    return -(-rows // LANES)
+    """Tiles of LANES rows of an [m, K] chunk that hold its real tokens
+    (prefill_kernels.live_rows: the pad rows past them are left as the last
+    run left them). Without a state: all."""
+    return -(-live_rows(state, m) // LANES)
 
 
 def _rows(plan, name: str, m: int, k: int) -> bool:
