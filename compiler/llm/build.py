@@ -28,6 +28,7 @@ from threadpoolctl import threadpool_limits
 
 from rkc.compiler.emitter_graph import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
+from rkc.compiler.inspect import npu_figures
 from rkc.compiler.llm.budget import CALIBRATION_BUDGET_S, GPTQ_BUDGET_S, HESSIAN_BUDGET_BYTES, affordable_rounding, \
     calibration_tokens, gptq_cost
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, MAX_TOKENS as CALIBRATION_MAX_TOKENS, \
@@ -692,6 +693,8 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     lowering.release()
     del matrices, vectors
     module, blobs, _plans = builder.finish()
+    for program in module.programs:  # a run's modelled NPU time, which runtime/llm/generate.chunk_plan weighs
+        module.metadata["programs"][program.name]["modelled_npu_s"] = npu_figures(program.steps).seconds_chained
     blobs = {**blobs, "tokenizer": np.frombuffer(tokenizer.to_json().encode(), np.uint8)}
     size = write_rkbin(out, module, blobs)
     lap("write")

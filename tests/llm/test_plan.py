@@ -68,6 +68,21 @@ def test_many_row_plan_gives_the_interpreters_logits(arch, precision, synth_rkbi
                                    atol=2e-3 if precision == "fp16" else 1e-4)
 
 
+# a 32-row chunk, then 11 tokens in it: the second tile is all pad rows, which the host leaves as the
+# first run left them (runtime/llm/fused_rows.live_tiles)
+PAD_TILES = [("prefill_32", list(range(20, 52)), 0), ("prefill_32", list(range(60, 71)), 32), ("decode", [80], 43)]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_pad_tiles_left_alone_give_the_interpreters_logits(precision, synth_rkbin):
+    """A chunk of fewer tokens than its program's rows: the host's many-row
+    steps run over the real tokens' tiles only, the pad rows keeping the
+    previous run's values; the real rows' logits and the next step's are the
+    interpreter's (which computes every row), within the many-row bounds."""
+    assert_plan_is_the_interpreter(synth_rkbin("gemma3", precision, chunks=(1, 32)), precision, PAD_TILES,
+                                   exact_int8=False, atol=2e-3 if precision == "fp16" else 1e-4)
+
+
 def test_two_term_edges_are_fused_and_give_the_interpreters_logits(synth_rkbin):
     """--int8-residual all (every int8 input a row and its residual row):
     the decode plan still fuses each layer's stretches (their edges read and
