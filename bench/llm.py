@@ -102,8 +102,9 @@ def host_prompt(engine: LlmEngine, cache, tokens: int, repeats: int = 3) -> floa
     plan = chunk_plan(tokens, engine.chunks, engine.npu_seconds(all_logits=False))
     times = []
     for _ in range(repeats):
-        cache.reset()
+        cache.reset()  # (the buffers kept: a server's next request)
         t, pos = CLOCK(), 0
+        cache.expect(tokens)  # as the generator sizes them for its prompt
         for c, n in plan:
             name = engine.program_for(c, all_logits=False).name
             engine.run(name, np.full(n, PROMPT_TOKEN, np.int32), np.arange(pos, pos + n, dtype=np.int32), cache)

@@ -9,8 +9,13 @@ prompt when that prefix is at least half of what the slot holds (a follow-up
 turn, a regenerated reply); otherwise it takes the least recently used slot
 (and still reuses whatever prefix that one shares). A slot never holds more
 than the context (`ctx`) positions per layer, sliding-window layers only their
-window, so memory is bounded by slots x layers x ctx x 2 (K, V) x kv heads x
-head size x 2 bytes (fp16), x2 at most for the cache's doubling growth.
+window. Its buffers hold at most ctx rows a layer, a row 2 (K, V) x kv heads x head size x 6 bytes (each
+value as fp32 and fp16) + 8 (its position): memory is bounded by slots x that.
+A slot keeps its buffers from one request to the next (the next prompt stores
+into the capacity the last grew, with no allocation or growing copy), so what
+it reserved stays memory in use: `kv_bytes` counts it, within the same bound;
+`forget()` gives it back. The bound, not a request's live entries, is what a
+server sizes its memory by: a slot fills to it whenever a request runs long.
 """
 
 from __future__ import annotations
@@ -219,7 +224,8 @@ class LlmModel:
 
     @property
     def kv_bytes(self) -> int:
-        """Host memory the prefix cache's KV holds now (allocated, not only the live entries)."""
+        """Host memory the prefix cache's KV holds now: every slot's buffers, live
+        entries or not (a slot keeps them between requests; `forget` frees them)."""
         return sum(s.gen.cache.nbytes for s in self._slots)
 
     # -- the public calls ---------------------------------------------------------------
@@ -264,10 +270,11 @@ class LlmModel:
         return self._chat_tokens.encode(render_chat(self.chat_template, rendered, listed))
 
     def forget(self) -> None:
-        """Drop the prefix cache: the next request prefills its whole prompt."""
+        """Drop the prefix cache and free its buffers (kv_bytes 0): the next
+        request prefills its whole prompt into buffers made again."""
         for slot in self._slots:
             slot.tokens = []
-            slot.gen.cache.reset()
+            slot.gen.cache.release()
 
     def close(self) -> None:
         self.engine.close()

@@ -224,6 +224,7 @@ class Generator:
         if reuse <= 0 or not self.cache.truncate(reuse):
             reuse = 0
             self.cache.reset()
+        self.cache.expect(len(prompt))  # the prefill's chunks store into buffers sized once
         self.timings = Timings(cached_tokens=reuse)
         device = self.engine.device
         t0, m0 = time.perf_counter(), Modelled.of(device)
@@ -258,6 +259,7 @@ class Generator:
         """Each window with its logits [len - 1, vocab]: row i predicts window[i + 1]."""
         for window in self.windows(tokens, ctx):
             self.cache.reset()
+            self.cache.expect(len(window) - 1)
             yield window, self._forward(window[:-1], 0, all_logits=True)
 
     def perplexity(self, tokens: list[int], ctx: int,

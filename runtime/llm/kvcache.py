@@ -1,7 +1,9 @@
 """The KV cache: per layer, keys and values of every position seen so far,
 rounded to fp16 (as llama.cpp keeps them by default). Sliding-window layers
 keep only the last `window` positions; others grow up to the context length,
-doubling their storage as needed.
+doubling their storage as needed, or at once to what a prompt will store
+(`expect`). `reset` forgets the entries but keeps the buffers, so the next
+request reuses the capacity the last one grew; `release` gives it back.
 
 The rounded values are held as fp32, in one buffer per layer, so that
 attention reads the cache in place (`store_and_view`): no per-token copy or
@@ -38,21 +40,47 @@ class KVCache:
     def __init__(self, n_layer: int, windows: list[int], n_ctx: int) -> None:
         self.n_ctx = n_ctx
         self.windows = windows
-        self.reset()
+        self.release()
 
-    def reset(self) -> None:
+    def release(self) -> None:
+        """Forget every entry and drop the buffers: their memory goes back
+        (nbytes 0); the next store allocates again."""
         n = len(self.windows)
         self._k: list[np.ndarray | None] = [None] * n  # [capacity, kv heads, head dim] fp32 (fp16 values)
         self._v: list[np.ndarray | None] = [None] * n
         self._k16: list[np.ndarray | None] = [None] * n  # the same values as fp16
         self._v16: list[np.ndarray | None] = [None] * n
         self._pos: list[np.ndarray] = [np.zeros(0, np.int64)] * n
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every entry, keeping the buffers: the next request stores
+        into the capacity the last one grew, with no allocation, page faults
+        or growing copies (~11 ms of Gemma 3 270M's 200-token prompt when
+        every request started from nothing). The buffers stay memory in use
+        (nbytes counts them) until `release`. Rows past the live ones hold
+        stale values, as after a slide or a truncation: nothing reads them."""
+        n = len(self.windows)
         self._start = [0] * n  # live entries: [start, end)
         self._end = [0] * n
         self._synced = [0] * n  # rows [.., synced) of the fp32 buffers hold their values; [synced, end) fp16 only
         self._views: list[tuple | None] = [None] * n  # what the layer's last store returned
         # its rows [lo, hi) of the buffers (hi -1: set by share); two int lists, no tuple a store
         self._span_lo, self._span_hi = [0] * n, [-1] * n
+        self._expected = 0
+
+    def expect(self, entries: int) -> None:
+        """The stores that follow bring each layer to `entries` positions (a
+        prompt's prefill): a buffer too small for them grows to them now,
+        once (no copy when the cache was reset), and one made later takes
+        their room at once, so no chunk of the prompt re-grows a buffer."""
+        self._expected = entries
+        for layer, store in enumerate(self._k):
+            if store is not None:
+                live = self._end[layer] - self._start[layer]
+                cap = self._limit(layer, max(live, entries), live, 0)
+                if cap > len(store):
+                    self._grow(layer, store.shape[1:], self._v[layer].shape[1:], live, cap)
 
     # -- what a layer holds -------------------------------------------------------------
     def live(self, layer: int) -> int:
@@ -239,21 +267,28 @@ class KVCache:
         if store is not None and e + t <= len(store):
             return
         live = e - s
-        window = self.windows[layer]
-        need = live + t
-        cap = 0 if store is None else len(store)
-        if store is not None and need <= cap:  # slide the live entries to the front
+        if store is not None and live + t <= len(store):  # slide the live entries to the front
             for buf in (store, self._v[layer], self._k16[layer], self._v16[layer], self._pos[layer]):
                 buf[:live] = buf[s:e].copy()
             self._start[layer], self._end[layer] = 0, live
             self._synced[layer] = max(0, self._synced[layer] - s)  # the rows moved with their state
             return
-        if store is None or need > cap:
-            cap = max(need, 2 * cap, 64)
-            if window:
-                cap = max(min(cap, 2 * window + t), need)
-            if not window:
-                cap = min(cap, max(self.n_ctx, need))
+        # twice the last buffer (amortised growth), or what the prompt is expected to store
+        store = self._k[layer]
+        cap = max(live + t, 0 if store is None else 2 * len(store), 64, self._expected)
+        self._grow(layer, k_shape, v_shape, live, self._limit(layer, cap, live, t))
+
+    def _limit(self, layer: int, cap: int, live: int, t: int) -> int:
+        """`cap` rows, at most what the layer can use for `live` + t entries
+        (a window layer: the window and room to slide; the context)."""
+        window = self.windows[layer]
+        if window:
+            cap = min(cap, 2 * window + t)
+        return max(min(cap, self.n_ctx), live + t)  # (live + t <= n_ctx: distinct positions below it)
+
+    def _grow(self, layer: int, k_shape: tuple, v_shape: tuple, live: int, cap: int) -> None:
+        """New buffers of `cap` rows for the layer, its live entries moved to their front."""
+        store, s, e = self._k[layer], self._start[layer], self._end[layer]
         ks = np.zeros((cap, *k_shape), np.float32)
         vs = np.zeros((cap, *v_shape), np.float32)
         ks16, vs16 = np.zeros(ks.shape, np.float16), np.zeros(vs.shape, np.float16)

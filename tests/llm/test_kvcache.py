@@ -103,3 +103,86 @@ def test_fp32_rows_behind_half_stores_are_what_fp32_stores_give(window):
         if pos + 40 > 400:
             break
     assert reads > 10
+
+
+def _buffers(cache: KVCache, layer: int) -> list[np.ndarray]:
+    return [cache._k[layer], cache._v[layer], cache._k16[layer], cache._v16[layer], cache._pos[layer]]
+
+
+@pytest.mark.parametrize("window", [0, 5, 40])
+def test_a_reset_cache_stores_into_its_buffers_and_reads_what_a_fresh_one_does(window):
+    """After reset, the next request stores into the buffers the last one grew
+    (the same arrays: nothing allocated, nothing copied to grow) and every
+    value read equals a fresh cache's, bit for bit, whatever stale rows the
+    last request left behind (large values, from longer chunks)."""
+    rng = np.random.default_rng(11 + window)
+    cache = KVCache(2, [window, 0], 300)
+    pos = 0
+    for t in (128, 72, 1, 1, 1):
+        k, v = (1e4 * rng.standard_normal((2, t, 2, 4))).astype(np.float32)
+        for layer in (0, 1):
+            cache.store_and_view(layer, k, v, np.arange(pos, pos + t))
+        pos += t
+    held, nbytes = [_buffers(cache, layer) for layer in (0, 1)], cache.nbytes
+    cache.reset()
+    assert cache.length == 0 and cache.nbytes == nbytes and cache.pos[0].size == 0
+    fresh, pos = KVCache(2, [window, 0], 300), 0
+    for i, t in enumerate((33, 9, 1, 1, 2, 1, 1, 64, 1, 1)):
+        k, v = rng.standard_normal((2, t, 2, 4)).astype(np.float32)
+        p = np.arange(pos, pos + t)
+        for layer in (0, 1):
+            if t == 1 and i % 2:
+                got, want = cache.store_half(layer, k, v, p), fresh.store_half(layer, k, v, p)
+            else:
+                got, want = cache.store_and_view(layer, k, v, p), fresh.store_and_view(layer, k, v, p)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+        pos += t
+    for layer in (0, 1):
+        assert all(a is b for a, b in zip(_buffers(cache, layer), held[layer]))
+        np.testing.assert_array_equal(cache.k[layer], fresh.k[layer])
+        np.testing.assert_array_equal(cache.v[layer], fresh.v[layer])
+        np.testing.assert_array_equal(cache.pos[layer], fresh.pos[layer])
+    cache.release()
+    assert cache.nbytes == 0 and cache.length == 0
+    cache.store_and_view(0, k, v, np.arange(t))  # (a released cache stores again from nothing)
+    assert cache.length == t
+
+
+@pytest.mark.parametrize("window", [0, 5, 300])
+def test_expect_sizes_the_buffers_once_for_a_prompt(window):
+    """After expect(n), a prompt's chunks never re-grow a buffer: the first
+    chunk makes buffers with room for n (no more than the context, a window
+    layer's slide room); a reset cache too small for the next prompt grows
+    at expect, before it stores; a truncated one keeps its live entries."""
+    rng = np.random.default_rng(5)
+    n_ctx, chunk = 700, 128
+    cache = KVCache(1, [window], n_ctx)
+
+    def prompt(n: int, start: int = 0) -> None:
+        made, pos = None, start
+        while pos < n:
+            t = min(chunk, n - pos)
+            k, v = rng.standard_normal((2, t, 2, 4)).astype(np.float32)
+            cache.store_and_view(0, k, v, np.arange(pos, pos + t))
+            made = made or _buffers(cache, 0)
+            assert all(a is b for a, b in zip(_buffers(cache, 0), made)), pos  # no growth within the prompt
+            pos += t
+
+    cache.expect(200)
+    prompt(200)
+    cap = len(cache._k[0])
+    assert cap >= min(200, 2 * window + chunk if window else 200) and cap <= n_ctx
+    cache.reset()
+    cache.expect(650)
+    grown = min(650, 2 * window if window else n_ctx, n_ctx)
+    assert len(cache._k[0]) == max(cap, grown)  # (a window layer holding enough keeps its buffers)
+    prompt(650)
+    assert len(cache._k[0]) <= n_ctx
+    keys = cache.k[0][:]
+    if not window:
+        assert cache.truncate(100)
+        cache.expect(n_ctx)
+        np.testing.assert_array_equal(cache.k[0], keys[:100])
+        prompt(n_ctx, 100)
+    assert max(len(b) for b in _buffers(cache, 0)) <= n_ctx

@@ -179,3 +179,44 @@ def test_a_lone_surrogate_is_a_request_error(tiny_model):
     with pytest.raises(RequestError) as info:
         tiny_model.generate("\udfff")
     assert info.value.param == "prompt"
+
+
+def _kv_bound(model) -> int:
+    """The module docstring's bound on one slot's KV memory (ctx rows a layer that keeps a cache)."""
+    cfg = model.engine.cfg
+    row = [2 * cfg.n_head_kv_of(i) * sum(cfg.head_dim_of(i)) // 2 * 6 + 8
+           for i in range(cfg.n_layer) if cfg.kv_layer(i) == i]
+    return model.n_ctx * sum(row)
+
+
+def test_kv_bytes_counts_the_buffers_a_slot_keeps_and_forget_frees_them(tiny_model):
+    """A slot keeps its KV buffers between requests: the next request into it
+    stores there (kv_bytes unchanged), what it reserved counts as memory in
+    use, within the documented bound, and forget() frees it."""
+    tiny_model.forget()
+    assert tiny_model.kv_bytes == 0
+    tiny_model.generate("the cat and the dog and the world", max_tokens=4, temperature=0)
+    one = tiny_model.kv_bytes
+    tiny_model.generate("a world", max_tokens=4, temperature=0)  # no shared prefix but BOS: the other slot
+    two = tiny_model.kv_bytes
+    assert 0 < one < two <= tiny_model.cache_slots * _kv_bound(tiny_model)
+    got = tiny_model.generate("dog cat world", max_tokens=6, temperature=0)  # the first slot again
+    assert got.cached_tokens <= 1 and tiny_model.kv_bytes == two  # into the buffers it kept
+    tiny_model.forget()
+    assert tiny_model.kv_bytes == 0
+
+
+def test_a_new_prompt_reuses_the_buffers_and_answers_as_a_fresh_cache(tiny_model):
+    """Generation from position 0 (rkrun's, a slot whose prefix is not kept)
+    resets the cache: the next prompt stores into the buffers the last one
+    grew and gets the tokens a fresh cache gives."""
+    from rkc.runtime.llm.generate import Generator, Sampler
+
+    encode = tiny_model.tokenizer.encode
+    gen, fresh = Generator(tiny_model.engine, 64), Generator(tiny_model.engine, 64)
+    list(gen.generate(encode("the cat and the dog and the world and the cat"), 12, Sampler(0.0)))
+    held, nbytes = gen.cache._k[0], gen.cache.nbytes
+    ids = encode("dog cat world")
+    got = list(gen.generate(ids, 8, Sampler(0.0), stop_at_eos=False))
+    assert gen.cache._k[0] is held and gen.cache.nbytes == nbytes
+    assert got == list(fresh.generate(ids, 8, Sampler(0.0), stop_at_eos=False)) and len(got) == 8
