@@ -184,7 +184,7 @@ def test_a_lone_surrogate_is_a_request_error(tiny_model):
 def _kv_bound(model) -> int:
     """The module docstring's bound on one slot's KV memory (ctx rows a layer that keeps a cache)."""
     cfg = model.engine.cfg
-    row = [2 * cfg.n_head_kv_of(i) * sum(cfg.head_dim_of(i)) // 2 * 6 + 8
+    row = [cfg.n_head_kv_of(i) * sum(cfg.head_dim_of(i)) * 6 + 8  # K and V heads, fp32 + fp16; the position
            for i in range(cfg.n_layer) if cfg.kv_layer(i) == i]
     return model.n_ctx * sum(row)
 
