@@ -408,9 +408,10 @@ def quantize_into_atoms(x, q, scale):
 ACT_SILU, ACT_GELU_TANH = 0, 1
 _GELU_C = np.float32(0.7978845608028654)  # sqrt(2 / pi)
 _GELU_K = np.float32(0.044715)
+_FFN_JIT = {**_JIT, "error_model": "numpy"}  # divisions without a zero check (Python's error model): they vectorise
 
 
-@njit(**_JIT)
+@njit(**_FFN_JIT)
 def _act_mul(g, u, act, signs, signed, e16, b16):
     """g = act(g) * u (times the rotation's signs when `signed`), one pass
     over the tile [K, LANES]: exp (exp_into's arithmetic) row by row, each
@@ -429,7 +430,7 @@ def _act_mul(g, u, act, signs, signed, e16, b16):
             g[i, lane] = g[i, lane] / (np.float32(1.0) + e16[lane] * scaled[lane]) * (u[i, lane] * si)
 
 
-@njit(**_JIT)
+@njit(**_FFN_JIT)
 def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias,
               up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, act, rows, k,
               out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
