@@ -445,7 +445,11 @@ def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_h
     output while in L1 (gate and up of a whole tile are 573 KB each at K =
     8960, past an A76's 512 KB L2): a rotation block for a factor's product,
     _CHUNK channels for fp16; int8 codes without a factor take whole rows
-    (a row's scale comes before its codes)."""
+    (a row's scale comes before its codes). Chunks outside, tiles inside: a
+    chunk's atoms are one contiguous run over all rows (a tile's 16 rows of
+    an int32 atom are 256 bytes, 2 KB apart at R = 128: a page every two
+    atoms, which the prefetcher does not follow), and so are its rotated
+    rows (rotated[b])."""
     tiles = (rows + LANES - 1) // LANES
     gc2, uc2, oc2 = gate_src.shape[2], up_src.shape[2], dst.shape[2]
     chunk = block if out_kind == OUT_ROTATED else (_CHUNK if out_kind == OUT_HALF else k)
@@ -457,13 +461,13 @@ def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_h
     b16 = np.empty(LANES, np.int32)
     amax = np.empty(LANES, np.float32)
     signed = out_kind != OUT_HALF
-    for tile in range(tile_lo, tile_hi):
-        m0 = tile * LANES
-        r = min(LANES, rows - m0)
-        for c0 in range(0, k, chunk):
-            n = min(chunk, k - c0)
-            gn, un = g[:n], u[:n]
-            ga, ua = slice(c0 // gc2, -(-(c0 + n) // gc2)), slice(c0 // uc2, -(-(c0 + n) // uc2))
+    for c0 in range(0, k, chunk):
+        n = min(chunk, k - c0)
+        gn, un = g[:n], u[:n]
+        ga, ua = slice(c0 // gc2, -(-(c0 + n) // gc2)), slice(c0 // uc2, -(-(c0 + n) // uc2))
+        for tile in range(tile_lo, tile_hi):
+            m0 = tile * LANES
+            r = min(LANES, rows - m0)
             _load_in(in_kind, gate_src[ga], gate_extra[ga], gate_rs, gate_ch[c0:], gate_bias[c0:], gate_has_bias,
                      m0, r, n, gn)
             _load_in(in_kind, up_src[ua], up_extra[ua], up_rs, up_ch[c0:], up_bias[c0:], up_has_bias, m0, r, n, un)
