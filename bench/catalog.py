@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# ultralytics' input normalisation, pixel / 255 (rknn_model_zoo's YOLO convert.py: mean 0, std 255)
+PIXELS_0_1 = "0,0,0/255,255,255"
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,14 @@ class OnnxModel:
     source: str  # where it comes from, for the table
     make: object  # () -> Path of the .onnx (written into the work dir where needed)
     shape: tuple[int, ...] | None = None  # fixed input shape (None: the model's own)
+    # the vendor's deployment, for a like-for-like row (bench/run.py's docstring says why):
+    image: str | None = None  # `--image-input` normalisation (MEANS/STDS): the input is a uint8 NHWC image
+    kernel_ppu_irq: bool = False  # `--kernel-ppu-irq`: built for rkc's kernel patch completing PPU tasks
+    fp16_outputs: bool = False  # outputs taken as the NPU writes them (`run(..., fp16_outputs=True)`)
+
+    def compile_options(self, input_name: str) -> list[str]:
+        return ((["--image-input", f"{input_name}={self.image}"] if self.image else [])
+                + (["--kernel-ppu-irq"] if self.kernel_ppu_irq else []))
 
 
 def _package_file(package: str, *parts: str) -> Path | None:
@@ -75,13 +85,15 @@ def onnx_models(work: Path) -> list[OnnxModel]:
         for path in sorted(light.parent.glob("light_*.onnx")):
             models.append(OnnxModel(path.stem.removeprefix("light_"), "onnx bundled test data (light)",
                                     lambda path=path: path))
+    yolo = {"yolov8n": "bench/zoo_models.py (ultralytics yolov8.yaml, scale n, the zoo's cut)",
+            "yolo11n": "bench/zoo_models.py (ultralytics yolo11.yaml, scale n, the zoo's cut)"}
     models += [OnnxModel("mobilenet_v1", "bench/zoo_models.py (paper's layer table)", zoo("mobilenet_v1")),
-               OnnxModel("mobilenet_v2", "bench/zoo_models.py (paper's layer table)", zoo("mobilenet_v2")),
-               OnnxModel("yolov8n", "bench/zoo_models.py (ultralytics yolov8.yaml, scale n, the zoo's cut)",
-                         zoo("yolov8n"), (1, 3, 640, 640)),
-               OnnxModel("yolo11n", "bench/zoo_models.py (ultralytics yolo11.yaml, scale n, the zoo's cut)",
-                         zoo("yolo11n"), (1, 3, 640, 640)),
-               OnnxModel("small_cnn", "examples/small_cnn.py", example("small_cnn")),
+               OnnxModel("mobilenet_v2", "bench/zoo_models.py (paper's layer table)", zoo("mobilenet_v2"))]
+    for name, source in yolo.items():  # the zoo's deployment (anchored), then `rkc compile`'s defaults
+        models += [OnnxModel(name, source + "; uint8 image, PPU irq, fp16 outputs", zoo(name), (1, 3, 640, 640),
+                             image=PIXELS_0_1, kernel_ppu_irq=True, fp16_outputs=True),
+                   OnnxModel(f"{name}-stock", source + "; float32 image, stock rocket", zoo(name), (1, 3, 640, 640))]
+    models += [OnnxModel("small_cnn", "examples/small_cnn.py", example("small_cnn")),
                OnnxModel("mlp", "examples/mlp.py", example("mlp"))]
     return models
 
@@ -124,15 +136,18 @@ def _compiler_mtime() -> float:
 
 def compiled(source: Path, out: Path, options: list[str]) -> dict:
     """Compile `source` to `out` with `rkc compile` options in a child process,
-    or reuse `out` (with the compile time and peak RSS recorded beside it) when it
-    is newer than the source and the compiler."""
+    or reuse `out` (with the compile time, peak RSS and options recorded beside it) when it
+    is newer than the source and the compiler and was built with the same options."""
     record = out.with_suffix(".json")
     newest = max(source.stat().st_mtime, _compiler_mtime())
     if out.exists() and record.exists() and out.stat().st_mtime >= newest:
-        return json.loads(record.read_text()) | {"cached": True}
+        info = json.loads(record.read_text())
+        if info.get("options", options) == options:  # (a record without them: from before they were kept)
+            return info | {"cached": True}
     rkc = str(Path(sys.executable).with_name("rkc"))
     seconds, cpu_seconds, rss, log = compile_child([rkc, "compile", str(source), "-o", str(out), *options])
-    info = {"compile_s": seconds, "compile_cpu_s": cpu_seconds, "peak_rss_bytes": rss, "log_tail": log.strip().splitlines()[-3:]}
+    info = {"compile_s": seconds, "compile_cpu_s": cpu_seconds, "peak_rss_bytes": rss, "options": options,
+            "log_tail": log.strip().splitlines()[-3:]}
     from rkc.ir.atomic import write_atomic
 
     write_atomic(record, json.dumps(info).encode())
@@ -140,15 +155,20 @@ def compiled(source: Path, out: Path, options: list[str]) -> dict:
 
 
 def compiled_onnx(model: OnnxModel, precision: str, cores: int, work: Path) -> tuple[Path, dict]:
-    """The model's rkbin (int8: calibrated on 2 random samples of its input) and its compile record."""
+    """The model's rkbin (int8: calibrated on 2 random samples of its input, uint8 pixels for an image)
+    and its compile record."""
     path = model.make()
     name, shape = _input(path, model.shape)
-    opts = ["--precision", precision, "--cores", str(cores), "--input-shape", f"{name}={'x'.join(map(str, shape))}"]
+    opts = ["--precision", precision, "--cores", str(cores), "--input-shape", f"{name}={'x'.join(map(str, shape))}",
+            *model.compile_options(name)]
+    deployed = ("-image" if model.image else "") + ("-ppu" if model.kernel_ppu_irq else "")
     if precision == "int8":
-        calib = work / f"{model.name}.calib.npz"
+        calib = work / f"{model.name}{'-image' if model.image else ''}.calib.npz"
         if not calib.exists():
             rng = np.random.default_rng(0)
-            np.savez(calib, **{name: rng.standard_normal((2, *shape)).astype(np.float32)})
+            sample = (rng.integers(0, 256, (2, shape[0], *shape[2:], shape[1]), dtype=np.uint8) if model.image
+                      else rng.standard_normal((2, *shape)).astype(np.float32))
+            np.savez(calib, **{name: sample})
         opts += ["--calib", str(calib)]
-    out = work / f"{model.name}-{precision}-{cores}core.rkbin"
+    out = work / f"{model.name}-{precision}-{cores}core{deployed}.rkbin"
     return out, compiled(path, out, opts)

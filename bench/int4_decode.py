@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
 from llm.synth import LARGE, REAL  # noqa: E402
-from rkc.compiler.emitter_ops import EMIT_OPTIONS  # noqa: E402
+from rkc.compiler.emitter_graph import EMIT_OPTIONS  # noqa: E402
 from rkc.compiler.llm import int4  # noqa: E402
 from rkc.compiler.npu import api  # noqa: E402
 from rkc.compiler.npu.dispatch import emit  # noqa: E402

@@ -40,6 +40,7 @@ from rkc.compiler.llm.report import MODEL, figures
 from rkc.compiler.probe.dram import bandwidth_from
 from rkc.ir.atomic import write_atomic
 from rkc.runtime.llm.engine import LlmEngine
+from rkc.runtime.llm.generate import chunk_plan
 
 PROMPT_TOKEN = 1000  # the token fed at every decode step (host cost does not depend on it)
 CLOCK = time.perf_counter  # --clock cpu: time.process_time (this process's CPU seconds)
@@ -96,11 +97,17 @@ def host_prefill(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> floa
 
 def host_prompt(engine: LlmEngine, cache, tokens: int, repeats: int = 3) -> float:
     """Median wall seconds of a whole `tokens`-token prompt from position 0, in
-    the chunks `fill` takes (the engine's largest that fit, as a chat's first turn)."""
+    the runs rkrun's generator takes (runtime/llm/generate.chunk_plan with the
+    rkbin's modelled NPU figures)."""
+    plan = chunk_plan(tokens, engine.chunks, engine.npu_seconds(all_logits=False))
     times = []
     for _ in range(repeats):
-        t = CLOCK()
-        fill(engine, cache, tokens)
+        cache.reset()
+        t, pos = CLOCK(), 0
+        for c, n in plan:
+            name = engine.program_for(c, all_logits=False).name
+            engine.run(name, np.full(n, PROMPT_TOKEN, np.int32), np.arange(pos, pos + n, dtype=np.int32), cache)
+            pos += n
         times.append(CLOCK() - t)
     return statistics.median(times)
 

@@ -75,6 +75,11 @@ PUBLISHED: tuple[Published, ...] = (
     Published("rkllm_qwen25_ttft", "Qwen2.5-1.5B first token at 128 prompt tokens (RKLLM)",
               "qwen2.5-1.5b:prefill_128", "int8", 3, 1e9, 378.31, "ms", RKLLM,
               clock_note="max NPU frequency (1 GHz)", chained=True),
+    Published("rkllm_gemma4_e2b_decode", "Gemma 4 E2B decode (RKLLM)", "gemma-4-e2b:decode", "int8", 3, 1e9, 11.12,
+              "tokens/s", RKLLM, clock_note="max NPU frequency (1 GHz)", chained=True),
+    Published("rkllm_gemma4_e2b_ttft", "Gemma 4 E2B first token at 128 prompt tokens (RKLLM)",
+              "gemma-4-e2b:prefill_128", "int8", 3, 1e9, 599.0, "ms", RKLLM,
+              clock_note="max NPU frequency (1 GHz)", chained=True),
 )
 BY_KEY = {p.key: p for p in PUBLISHED}
 OTHER_RKLLM = "vendor, other sizes: TinyLlama 1.1B 24.43 t/s, Qwen3-0.6B 32.91 t/s (w8a8 decode)"

@@ -63,7 +63,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from rkc.compiler.llm.build import DEFAULT_CHUNKS, LlmCompileOptions, compile_gguf
+from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
+from rkc.ir.rkbin import read_rkbin
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAUSE = "the cat and the dog run in the world at one time; "
@@ -71,7 +72,7 @@ SYSTEMS = {"short": "You are a small model on a board. " + CLAUSE * 4, "long": "
 TARGET_OVERHEAD_MS, TARGET_TTFT = 1.0, 0.20
 
 
-def tiny_chat_model(workdir: Path, chunks: tuple[int, ...]) -> Path:
+def tiny_chat_model(workdir: Path, chunks: tuple[int, ...] | None) -> Path:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("synth", ROOT / "tests/llm/synth.py")
@@ -275,9 +276,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        chunks = tuple(int(c) for c in args.chunks.split(",")) if args.chunks else DEFAULT_CHUNKS
-        row = bench(tiny_chat_model(Path(d), chunks), args.device, args.reps, args.tokens, args.keep_alive)
-        row["chunks"] = list(chunks)
+        chunks = tuple(int(c) for c in args.chunks.split(",")) if args.chunks else None  # None: the compiler's
+        model = tiny_chat_model(Path(d), chunks)
+        row = bench(model, args.device, args.reps, args.tokens, args.keep_alive)
+        row["chunks"] = read_rkbin(model).module.metadata["prefill_chunks"]  # the chunks compiled
     if args.json:
         print(json.dumps(row, indent=1))
     else:

@@ -52,7 +52,7 @@ def onnx_seconds(row: Published, model: PerfModel, work: Path) -> float:
 
 def gemm_seconds(row: Published, model: PerfModel, work: Path) -> float:
     """Modelled seconds of rkc's GEMM program (stock rocket: a kick per task), weights resident in DDR."""
-    from rkc.compiler.emitter_ops import emit_options
+    from rkc.compiler.emitter_graph import emit_options
     from rkc.compiler.npu import api
     from rkc.compiler.npu.dispatch import emit
 

@@ -11,12 +11,12 @@ reports progress and what was done.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from rkc.compiler import emitter_norm, program_steps
-from rkc.compiler.emitter_ops import emit_options
+from rkc.compiler.emitter_graph import emit_options
 from rkc.compiler.npu.api import LocalResponseNorm
 from rkc.ir.program import PPU_COMPLETION_KEY
 from rkc.compiler.frontend import load_graph
@@ -24,7 +24,7 @@ from rkc.compiler.lone_ops import keep_lone_cheap_ops_on_cpu
 from rkc.compiler.mixed_precision import choose_fp16, merge_islands, whole_fp16_wins
 from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.partition import partition
-from rkc.compiler.passes import run_passes
+from rkc.compiler.passes import heads, run_passes
 from rkc.compiler.placement import Placement, place_ops
 from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.compiler.quantize import quantize
@@ -42,7 +42,9 @@ class BuildOptions:
     bind: Mapping[str, object] = field(default_factory=dict)  # inputs turned into constants (name -> array)
     cores: int = hw.CORES  # NPU cores the program's tasks are spread over (rkc compile --cores)
     ppu_irq: bool = False  # the target kernel completes PPU tasks (kernel/patches/0005; --kernel-ppu-irq)
-    npu_attention: bool = False  # attention's products as NPU GEMMs, split per head (--npu-attention)
+    # attention's batched products as NPU GEMMs, split per head: None (the default) where every split
+    # product then runs on the NPU (_place), True always (--npu-attention), False never
+    npu_attention: bool | None = None
     # inputs taken as uint8 NHWC images: name -> (per-channel mean, std) (rkc compile --image-input)
     image_inputs: Mapping[str, tuple[Sequence[float], Sequence[float]]] = field(default_factory=dict)
 
@@ -185,13 +187,18 @@ def _place(source: str | Path, options: BuildOptions, precision: str, stage,
                                                            bind=dict(options.bind), **extra))
     # a calibrated int8 build decomposes ops the DPU has no int8 form for (their parts get scales)
     graph = stage(f"{also}passes", run_passes, graph, precision == "int8" and options.calib is not None,
-                  options.npu_attention)
+                  options.npu_attention is not False)
     stage(f"{also}check shapes", require_static, graph)
     graph = stage(f"{also}quantize", quantize, graph, precision, options.calib if precision == "int8" else None)
     if maxima:
         graph.metadata[emitter_norm.CALIBRATED_MAX] = maxima
     emit = emit_options(options.cores, options.ppu_irq)
     placements, groups = stage(f"{also}place", place_ops, graph, precision, options.cpu_only, None, emit)
+    if options.npu_attention is None and graph.metadata.get(heads.SPLIT) and any(
+            p.op.type == "MatMul" and p.device == "cpu" and all(graph.const_value(t) is None for t in p.op.inputs)
+            for p in placements):
+        # a head's product the NPU refuses: the split would only add CPU steps to the batched CPU product
+        return _place(source, replace(options, npu_attention=False), precision, stage, maxima)
     if also:
         placements, groups = stage(f"{also}place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements,
                                    groups, precision)

@@ -87,15 +87,17 @@ OPTIONS: tuple[Option, ...] = (
            "pooling runs on the PPU instead of the CPU. The rkbin records it and will not load on an older "
            "kernel.", "flag"),
     Option("npu_attention", "--npu-attention", GRAPHS,
-           "attention's batched products of two run-time tensors (YOLO11n's C2PSA) as fp16 NPU GEMMs, split "
-           "per head, the softmax between them on the CPU. Opt-in: the host steps around the products "
-           "still cost more than the CPU products they replace (docs/notes/2026-12-06-yolo11-attention.md).",
+           "split attention's batched products of two run-time tensors (YOLO11n's C2PSA) per head even where "
+           "a head's product then stays on the CPU. Without it they are split where every head's products "
+           "run on the NPU as fp16 GEMMs (the softmax between them one host pass, "
+           "docs/notes/2026-12-06-yolo11-attention.md), else they run batched on the CPU.",
            "flag"),
     Option("explain", "--explain", GRAPHS, "list every op, where it runs and why.", "flag"),
     Option("cpu_only", "--cpu-only", GRAPHS, "place every op on the CPU (for debugging and references).", "flag"),
     Option("prefill_chunks", "--prefill-chunks", ("gguf",),
-           "prompt chunk sizes, each with a precompiled prefill program.",
-           default=",".join(map(str, DEFAULT_CHUNKS)), metavar="SIZES"),
+           "prompt chunk sizes, each with a precompiled prefill program, all kept. Not given: the default's "
+           "larger chunks are left out where their activations would not fit beside the weights in the NPU's "
+           "IOVA window.", default=",".join(map(str, DEFAULT_CHUNKS)), metavar="SIZES"),
     Option("smooth_alpha", "--smooth-alpha", ("gguf",), "SmoothQuant migration strength (0 disables).", float,
            INT8, default=str(DEFAULT_ALPHA)),
     Option("keep_fp16", "--keep-fp16", ("gguf",),
@@ -159,7 +161,7 @@ def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[st
                            image_inputs=parse_image_inputs(given.get("image_inputs", ())),
                            calib=given.get("calib"), cpu_only=bool(given.get("cpu_only")),
                            cores=int(given.get("cores", hw.CORES)), ppu_irq=bool(given.get("kernel_ppu_irq")),
-                           npu_attention=bool(given.get("npu_attention")))
+                           npu_attention=True if given.get("npu_attention") else None)
     report = build(source, output, options, progress)
     lines = report.summary()
     if given.get("explain"):

@@ -1,8 +1,9 @@
 """NPU lowering of normalisation ops (graph op -> emitter operation), beside
-compiler/emitter_ops.py's builders: LRN (compiler/npu/lrn.py)."""
+compiler/emitter_builders.py's builders: LRN (compiler/npu/lrn.py)."""
 
 from __future__ import annotations
 
+from rkc.compiler.emitter_graph import Refused, npu_feature
 from rkc.compiler.npu import api
 from rkc.ir.graph import Graph
 from rkc.ir.types import PerTensorQuant
@@ -34,14 +35,13 @@ def normalised_maxima(graph: Graph) -> list[list]:
 def build_lrn(graph: Graph, i: int, tail, precision: str, program: str):
     """LRN in fp16 (its power is a lookup table: fp16 only, Q22), whatever the program's
     precision; the table's range from the input's calibration."""
-    from rkc.compiler.emitter_ops import _Refused, _feature  # emitter_ops registers this builder
 
     op = graph.ops[i]
     if precision != "fp16":
-        raise _Refused("LRN's power is a lookup table, which runs in fp16 (Q22)")
+        raise Refused("LRN's power is a lookup table, which runs in fp16 (Q22)")
     x, y = op.inputs[0], op.outputs[0]
-    lrn = api.LocalResponseNorm(_feature(graph, x, "native", "fp16", precision, program),
-                                _feature(graph, y, "native", "fp16", precision, program),
+    lrn = api.LocalResponseNorm(npu_feature(graph, x, "native", "fp16", precision, program),
+                                npu_feature(graph, y, "native", "fp16", precision, program),
                                 int(op.attrs["size"]), float(op.attrs.get("alpha", 1e-4)),
                                 float(op.attrs.get("beta", 0.75)), float(op.attrs.get("bias", 1.0)),
                                 name=f"npu{i}", input_max=calibrated_max(graph, x))

@@ -138,6 +138,7 @@ class ModuleBuilder:
         self.relocations: list[Relocation] = []
         self.programs: list[Program] = []
         self.lifetimes: dict[str, dict[str, list[int]]] = {}  # program -> scratch tensor -> [first, last] step
+        self.zero_rows_read: set[str] = set()  # maps read over their zero rows: never lent (_view_buffers)
         # scratch tensor -> (tensor it is part of, byte offset in it): a channel slice of a
         # concatenation or split shares its bytes (add_views); the memory plan places roots only
         self.views: dict[str, tuple[str, int]] = {}
@@ -284,6 +285,7 @@ class ModuleBuilder:
         for buffer, end in lowered.extents.items():
             if buffer in self.tensors and self.tensors[buffer].region == "scratch":
                 self.grow(buffer, end)
+        self.zero_rows_read.update(lowered.zero_rows)
         for name, size in lowered.scratch:
             self.scratch_tensor(program, name, [size], DType.UINT8, "row", size)
         self.append_step(program, steps, lowered.step)
@@ -332,6 +334,17 @@ class ModuleBuilder:
         self._low = {root: e[0] for root, e in extent.items()}
         if self._overlapping(self.views, self.leaves):  # a tensor grew past its slice (padding)
             raise UnsupportedError("internal: the NPU writes past a concatenation slice")
+        # a map stored with zero rows below it (ir/npu/geometry.py) that a convolution reads
+        # with them as its padding: no other tensor may ever write those bytes, so it holds
+        # them the whole program (they are zero from the load on: a new BO is zeroed by
+        # the kernel, the simulator's and the null device's by numpy, and only the h rows
+        # are ever written: by the NPU's writers and the host's packing, which zeroes them)
+        first = min((e[2] for e in extent.values() if e[3] >= 0), default=0)
+        last = max((e[3] for e in extent.values()), default=-1)
+        for name in spans:
+            e = extent[self.root(name)[0]]
+            if e[3] >= 0 and name in self.zero_rows_read:
+                e[2], e[3] = first, last
         return [Buffer(root, e[1] - e[0], e[2], e[3]) for root, e in extent.items() if e[3] >= 0]
 
     def scratch_bytes(self, program: str) -> int:
@@ -345,6 +358,9 @@ class ModuleBuilder:
     def finish(self) -> tuple[Module, dict[str, np.ndarray], dict[str, MemoryPlan]]:
         self._weight_arrays.clear()  # the weights region's bytes() lets each part go once copied
         plans = {}
+        if len(self.lifetimes) > 1 and self.zero_rows_read:
+            raise UnsupportedError("internal: maps kept with zero rows in a module of several programs, "
+                                   "which share the scratch bytes")
         for program, spans in self.lifetimes.items():
             unused = [n for n, span in spans.items() if not span and n not in self.views and
                       not any(self.root(v)[0] == n for v in self.views)]

@@ -2,7 +2,7 @@
 
 1. Static checks: every NPU constraint of the op's OpSpec (compiler/ops)
    must hold; the first that fails is the reason it stays on the CPU.
-2. The emitter decides the rest: compiler/emitter_ops.py builds each NPU
+2. The emitter decides the rest: compiler/emitter_builders.py builds each NPU
    operation (an anchor plus what its epilogue absorbs) and emits it once; an
    op the emitter refuses stays on the CPU with the emitter's message.
 The CPU must have a kernel for every op left there (else the model cannot
@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from rkc.compiler.emitter_ops import EMIT_OPTIONS, NpuGroup, plan_groups
+from rkc.compiler.emitter_graph import EMIT_OPTIONS
+from rkc.compiler.emitter_ops import NpuGroup, plan_groups
 from rkc.compiler.npu import api
 from rkc.compiler.ops import OpContext, check_cpu, npu_verdict
 from rkc.ir.graph import Graph, Op

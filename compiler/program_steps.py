@@ -7,6 +7,13 @@
 * a Concat or Split over the channels of native maps on the NPU is no step at
   all: its pieces are channel slices of one buffer (ModuleBuilder.add_views),
   each producer writing its slice and each consumer reading its own;
+* attention's probabilities between two NPU products (a Reshape of the first's
+  fp16 scores, Softmax over the keys, Transpose of the last two axes, Reshape to
+  the second's 2-D run-time B) are one step from the scores' NPU copy into the
+  B's run-time weights (SoftmaxTranspose: runtime/kernels/softmax_jit.py);
+* ops that only move elements between fp16 NPU groups (the qkv map cut into
+  per-head operands, the heads' products put back into a map) are one gather
+  per result, its index map composed at compile time (compiler/relayout.py);
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);
 * a tensor crossing between the two gets an explicit conversion step the
   first time the other side needs it: host -> NPU (Cast to fp16, or
@@ -25,9 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rkc.compiler import cost
+from rkc.compiler import cost, relayout
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
-from rkc.compiler.emitter_ops import NpuGroup, lower_segment, npu_layout, npu_name, relaid_name
+from rkc.compiler.emitter_graph import npu_layout, npu_name, relaid_name
+from rkc.compiler.emitter_ops import NpuGroup, lower_segment
+from rkc.compiler.passes.edit import consumers, only_consumer
 from rkc.compiler.quantize import selects_values
 from rkc.compiler.partition import Step as PartStep
 from rkc.ir.errors import UnsupportedError
@@ -67,6 +76,8 @@ class _Lowering:
     on_npu: dict[str, str] = field(default_factory=dict)  # NPU buffer -> its layout
     copies: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # IR tensor -> [(buffer, dtype)]
     stats: LowerStats = field(default_factory=LowerStats)
+    absorbed: set[int] = field(default_factory=set)  # CPU ops an earlier op's step already ran
+    gathers: dict[int, list] = field(default_factory=dict)  # op index -> relayout.Result made there
 
     # -- host side ----------------------------------------------------------------------
     def host(self, name: str) -> None:
@@ -234,10 +245,133 @@ class _Lowering:
             self.npu_tensor(t, "native", dtype)
         return True
 
+    def softmax_chain(self, op) -> tuple | None:
+        """(the Softmax, its scale, the indices of the ops it absorbs, the 2-D B) when `op`
+        starts attention's probabilities between two NPU products: the first's fp16
+        output S [M, N] (held as GEMM output atoms) [times a scalar constant] [reshaped
+        to [1, .., M, N]], Softmax over the last axis, Transpose of the last two axes
+        [, Reshape to [N, M]], each the previous op's only reader, the result an [N, M]
+        read only by fp16 NPU groups as run-time weights."""
+        graph = self.graph
+        if op.type not in ("Mul", "Reshape", "Softmax") or not op.inputs or len(op.outputs) != 1:
+            return None
+        src, scale, chain = op.inputs[0], 1.0, [op]
+        if op.type == "Mul":
+            consts = [graph.const_value(t) for t in op.inputs]
+            if len(op.inputs) != 2 or sum(c is not None for c in consts) != 1:
+                return None
+            value = next(c for c in consts if c is not None)
+            if np.size(value) != 1 or not np.isfinite(value).all():
+                return None
+            src, scale = op.inputs[1 if consts[0] is not None else 0], float(np.reshape(value, -1)[0])
+            chain.append(only_consumer(graph, op.outputs[0]))
+        buffer = npu_name(src, "fp16", self.precision)
+        if (buffer, "fp16") not in self.copies.get(src, []) or self.on_npu.get(buffer) != "native-gemm":
+            return None
+        shape = tuple(graph.tensors[src].type.shape)
+        if len(shape) != 2:
+            return None
+        m, n = shape
+        if chain[-1] is not None and chain[-1].type == "Reshape":
+            chain.append(only_consumer(graph, chain[-1].outputs[0]))
+        softmax = chain[-1]
+        if softmax is None or softmax.type != "Softmax":
+            return None
+        scores = tuple(graph.tensors[softmax.inputs[0]].type.shape)
+        rank = len(scores)
+        if scores != (1,) * (rank - 2) + shape or int(softmax.attrs.get("axis", -1)) % rank != rank - 1:
+            return None
+        transpose = only_consumer(graph, softmax.outputs[0])
+        if transpose is None or transpose.type != "Transpose" \
+                or list(transpose.attrs.get("perm", [])) != [*range(rank - 2), rank - 1, rank - 2]:
+            return None
+        chain.append(transpose)
+        last = only_consumer(graph, transpose.outputs[0])
+        if last is not None and last.type == "Reshape":
+            chain.append(last)
+        b = chain[-1].outputs[0]
+        if tuple(graph.tensors[b].type.shape) != (n, m):
+            return None
+        index = {id(o): i for i, o in enumerate(graph.ops)}
+        readers = [self.groups.get(index[id(r)]) for r in consumers(graph, b)]
+        if not readers or b in graph.outputs or any(g is None or g.reads.get(b) != "native-weights"
+                                                    or g.dtype != "fp16" for g in readers):
+            return None
+        if any(index[id(o)] in self.groups for o in chain):
+            return None
+        return softmax, scale, [index[id(o)] for o in chain[1:]], b
+
+    def softmax_into_weights(self, op) -> bool:
+        """Lower attention's probabilities (softmax_chain) as one SoftmaxTranspose step."""
+        chain = self.softmax_chain(op)
+        if chain is None:
+            return False
+        softmax, scale, after, b = chain
+        target = relaid_name(b, "native-weights", "fp16", self.precision)
+        self.npu_tensor(b, "native-weights", "fp16", target)
+        src = op.inputs[0] if op.type != "Mul" or self.graph.const_value(op.inputs[0]) is None else op.inputs[1]
+        self.add(Step(kind="cpu", name=softmax.name or f"SoftmaxTranspose:{b}", op="SoftmaxTranspose",
+                      inputs=[npu_name(src, "fp16", self.precision)], outputs=[target], attrs={"scale": scale},
+                      stats={"op": "Softmax", "macs": cost.op_macs(self.graph, softmax),
+                             "ddr_bytes": cost.op_ddr_bytes(self.graph, softmax)}))
+        self.absorbed.update(after)
+        self.stats.cpu_steps += 1
+        return True
+
+    def gather(self, result) -> None:
+        """A relayout.Result into each layout the fp16 NPU groups read it in."""
+        layouts = {g.reads[result.tensor] for g in self.groups.values()
+                   if result.tensor in g.reads and g.dtype == "fp16"}
+        index = f"{result.tensor}.relayout"
+        for layout_name in sorted(layouts):
+            relaid = (layout_name == "native" and npu_layout(self.graph, result.tensor) == "native-gemm") \
+                or layout_name == "native-weights"
+            target = relaid_name(result.tensor, layout_name, "fp16", self.precision) if relaid \
+                else npu_name(result.tensor, "fp16", self.precision)
+            if target in self.on_npu:
+                continue
+            if index not in self.builder.tensors:
+                self.builder.host_const(index, result.index)
+            self.npu_tensor(result.tensor, layout_name, "fp16", target)
+            self.add(Step(kind="cpu", name=f"relayout:{result.tensor}", op="Relayout",
+                          inputs=[*(npu_name(t, "fp16", self.precision) for t in result.sources), index],
+                          outputs=[target], attrs={"scale": result.scale},
+                          stats={"conversion": True, "macs": 0,
+                                 "ddr_bytes": cost.tensor_bytes(self.graph, result.tensor) * 2}))
+            self.stats.conversions += 1
+
+    def moved_between_groups(self, op) -> bool:
+        """Lower a moving op (relayout.MOVES) that did not become a view as gathers, when
+        its inputs are fp16 NPU copies and only fp16 NPU groups read its outputs."""
+        if op.type not in relayout.MOVES:
+            return False
+        data = [t for t in op.inputs if t and self.graph.const_value(t) is None]
+        if not data or any((npu_name(t, "fp16", self.precision), "fp16") not in self.copies.get(t, [])
+                           or self.on_npu.get(npu_name(t, "fp16", self.precision)) not in ("native", "native-gemm")
+                           for t in data):
+            return False
+        index = {id(o): i for i, o in enumerate(self.graph.ops)}
+        for t in op.outputs:
+            readers = [self.groups.get(index[id(r)]) for r in consumers(self.graph, t)]
+            if t in self.graph.outputs or not readers or any(g is None or g.dtype != "fp16" or t not in g.reads
+                                                              for g in readers):
+                return False
+        for result in relayout.one_op(self.graph, op):
+            self.gather(result)
+        return True
+
     def cpu_op(self, index: int) -> None:
         op = self.graph.ops[index]
+        if index in self.absorbed:
+            for result in self.gathers.get(index, []):
+                self.gather(result)
+            return
+        if self.softmax_into_weights(op):
+            return
         if self.as_views(op):
             self.stats.views.append(index)
+            return
+        if self.moved_between_groups(op):
             return
         dtype = self.in_place_dtype(op)
         if dtype is not None:
@@ -283,6 +417,11 @@ class _Lowering:
 def lower_program(graph: Graph, steps: list[PartStep], builder: ModuleBuilder, precision: str,
                   groups: dict[int, NpuGroup] | None = None, program: str = "main") -> LowerStats:
     work = _Lowering(graph, builder, precision, program, groups or {})
+    fp16_groups = {i: g for i, g in work.groups.items() if g.dtype == "fp16"}
+    roots = {g.output for g in fp16_groups.values() if g.output_layout in ("native", "native-gemm")}
+    moved, work.gathers = relayout.plan(graph, [s.ops[0] for s in steps if s.device != "npu"], roots,
+                                        lambda i, t: i in fp16_groups and t in fp16_groups[i].reads)
+    work.absorbed |= moved
     for name in graph.inputs:
         work.host(name)
     segments = 0

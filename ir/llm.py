@@ -426,10 +426,14 @@ class LlmProgram:
     name: str
     rows: int
     last_row_only: bool
+    npu_s: float | None = field(default=None, compare=False)  # modelled NPU seconds a run (None: not recorded)
 
     def metadata(self) -> dict[str, Any]:
         """Its entry in the rkbin's metadata["programs"]."""
-        return {"rows": self.rows, "last_row_only": self.last_row_only}
+        entry: dict[str, Any] = {"rows": self.rows, "last_row_only": self.last_row_only}
+        if self.npu_s is not None:
+            entry["modelled_npu_s"] = self.npu_s
+        return entry
 
     def tensor(self, name: str) -> str:
         """The program's own copy of graph value `name` (constants are shared)."""
@@ -450,7 +454,9 @@ def programs_in(metadata: Mapping[str, Any], path: str = "rkbin") -> dict[str, L
     """The program table the compiler wrote into an LLM rkbin's metadata."""
     table = metadata.get("programs")
     try:
-        programs = {name: LlmProgram(name, int(p["rows"]), bool(p["last_row_only"])) for name, p in table.items()}
+        programs = {name: LlmProgram(name, int(p["rows"]), bool(p["last_row_only"]),
+                                     float(p["modelled_npu_s"]) if p.get("modelled_npu_s") is not None else None)
+                    for name, p in table.items()}
     except (AttributeError, KeyError, TypeError, ValueError):
         raise FormatError(f"{path}: LLM rkbin without a valid program table (metadata \"programs\")") from None
     if DECODE not in programs:

@@ -19,7 +19,13 @@ element, which made a 640x640 detector's input and outputs most of its host time
   pooled or copied like any other: they hold what the NPU wrote there);
 * a depthwise convolution between fp16 maps (one the NPU refuses: a window over
   fewer than 4 rows) with constant weights: runtime/kernels/depthwise_jit.py on
-  the atoms (`_depthwise`).
+  the atoms (`_depthwise`);
+* attention's softmax between two NPU products (SoftmaxTranspose): the fp16
+  scores read where the first GEMM wrote them, the probabilities written as the
+  second GEMM's run-time weights (runtime/kernels/softmax_jit.py, `_softmax_weights`);
+* a Relayout between fp16 NPU buffers (compiler/relayout.py): its index map turned,
+  at the program's first run, into native element positions of each source and of
+  the result, then one gather per source (`_relayout`).
 
 `run_step(run, step)` runs a step this way when its tensors allow it and says
 whether it did; any other step takes the interpreter's path. The values are
@@ -40,9 +46,10 @@ PLANE_OPS = frozenset({"MaxPool", "Resize"})
 
 
 def _feature(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
-    """The tensor's bytes as its feature map [C1, H, W, C2]."""
-    c, h, _, w = geometry.feature_map(info.shape, info.layout)
-    return layout.feature_view(raw, c, h, w, DType(info.dtype).numpy)
+    """The tensor's bytes as its feature map [C1, H, W, C2] (a strided view of a map
+    stored in taller surfaces than its rows: its zero rows are left alone)."""
+    c, h, rows, w = geometry.feature_map(info.shape, info.layout)
+    return layout.feature_view(raw, c, rows, w, DType(info.dtype).numpy)[:, :h]
 
 
 def _planes(fm: np.ndarray) -> np.ndarray:
@@ -111,6 +118,11 @@ def run_step(run, step: Step) -> bool:
         return _plane_op(run, step, src, dst)
     if step.op == "Conv" and _in_bo(run, src) and _in_bo(run, dst) and src.dtype == dst.dtype == DType.FP16:
         return _depthwise(run, step, src, dst)
+    if step.op == "Relayout":
+        return _relayout(run, step)
+    if step.op == "SoftmaxTranspose" and src.layout == "native-gemm" and dst.layout == "native-weights" \
+            and src.dtype == dst.dtype == DType.FP16 and src.region in run.model.bos and dst.region in run.model.bos:
+        return _softmax_weights(run, step, src, dst)
     return False
 
 
@@ -509,6 +521,94 @@ def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
             raise RkcError(f"step {step.name!r}: {dst.name!r} came out {list(value.shape)} as planes, "
                            f"the program declares {dst.shape}")
         y[...] = value
+    return True
+
+
+def _native_positions(info: TensorInfo) -> np.ndarray:
+    """For each logical element of `info` (row-major), its element's place in the
+    tensor's native bytes (2-byte elements): the layout's unpack of the numbers."""
+    count = info.nbytes // 2
+    numbers = np.arange(count, dtype=np.int64)
+    parts = [geometry.unpack((numbers >> shift & 0xFFFF).astype(np.uint16).view(np.uint8), info.shape, info.layout,
+                             np.uint16).astype(np.int64).reshape(-1) for shift in (0, 16, 32)]
+    return parts[0] | parts[1] << 16 | parts[2] << 32
+
+
+def _relayout_plan(run, step: Step) -> tuple:
+    """(result, its padding positions, [(source, result positions, source positions)], scale), or ()."""
+    tensors = run.model.tensors
+    *names, index_name = step.inputs
+    infos = [tensors.get(n) for n in (*names, step.outputs[0])]
+    if any(i is None or i.region not in run.model.bos or i.dtype != DType.FP16 or not i.layout.startswith("native")
+           for i in infos):
+        return ()
+    *sources, dst = infos
+    index = np.asarray(run.read(index_name), np.int64).reshape(-1)
+    sizes = [int(np.prod(i.shape, dtype=np.int64)) for i in sources]
+    if index.size != int(np.prod(dst.shape, dtype=np.int64)) or index.min(initial=0) < 0 \
+            or index.max(initial=-1) >= sum(sizes):
+        return ()
+    into = _native_positions(dst)
+    starts = np.cumsum([0, *sizes])
+    moves = []
+    for k, info in enumerate(sources):
+        mine = (index >= starts[k]) & (index < starts[k + 1])
+        if mine.any():  # in the result's order: the writes run through it once
+            order = np.argsort(into[mine], kind="stable")
+            moves.append((info, into[mine][order].astype(np.int32),
+                          _native_positions(info)[index[mine] - starts[k]][order].astype(np.int32)))
+    padding = np.setdiff1d(np.arange(dst.nbytes // 2, dtype=np.int64), into, assume_unique=True)
+    return dst, padding, moves, np.float32(step.attrs.get("scale", 1.0))
+
+
+def _relayout(run, step: Step) -> bool:
+    plans = run.schedule.native_plans
+    plan = plans.get(id(step))
+    if plan is None:
+        plan = plans[id(step)] = _relayout_plan(run, step)
+    if not plan:
+        return False
+    dst, padding, moves, scale = plan
+    regions = {dst.region, *(info.region for info, _, _ in moves)}
+    bos = {r: run.model.bos[r] for r in regions}
+    device = run.model.device
+    for bo in bos.values():
+        device.prepare_cpu_access(bo)
+    from rkc.runtime.kernels import gather_jit  # numba: loaded by programs that relay NPU buffers
+
+    try:
+        out = bos[dst.region].host[dst.offset:dst.offset + dst.nbytes].view(np.uint16)
+        out[padding] = 0
+        for info, into, frm in moves:
+            gather_jit.move_elements(bos[info.region].host[info.offset:info.offset + info.nbytes].view(np.uint16),
+                                     frm, out, into, scale)
+    finally:
+        for bo in bos.values():
+            device.finish_cpu_access(bo)
+    return True
+
+
+def _softmax_weights(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """Scores S [M, N] (fp16, a GEMM's output atoms) -> softmax(scale * S)^T [N, M] as fp16 run-time weights."""
+    from rkc.runtime.kernels import softmax_jit  # numba: loaded by programs with attention on the NPU
+
+    m, n = int(src.shape[-2]), int(src.shape[-1])
+    if len(src.shape) != 2 or list(dst.shape) != [n, m] or dst.nbytes < geometry.nbytes(dst.shape, dst.layout, 2) \
+            or src.nbytes < geometry.nbytes(src.shape, src.layout, 2):
+        return False  # a module whose sizes disagree takes the interpreter's path (and its error)
+    bos = {r: run.model.bos[r] for r in (src.region, dst.region)}
+    device = run.model.device
+    for bo in bos.values():
+        device.prepare_cpu_access(bo)
+    try:
+        _, _, rows, _ = geometry.feature_map(src.shape, src.layout)  # GEMM rows stored padded to 4
+        atoms = layout.feature_view(bos[src.region].host[src.offset:src.offset + src.nbytes], n, rows, 1, np.uint16)
+        out = bos[dst.region].host[dst.offset:dst.offset + dst.nbytes].view(np.uint16)
+        softmax_jit.softmax_into_weights(atoms.reshape(atoms.shape[0], rows, atoms.shape[3]), m, n, out,
+                                         float(step.attrs.get("scale", 1.0)))
+    finally:
+        for bo in bos.values():
+            device.finish_cpu_access(bo)
     return True
 
 

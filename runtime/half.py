@@ -15,7 +15,8 @@ converts millions at each segment edge.
 These two are the one fp16 conversion of the compiled host code (the fused
 edges of runtime/llm, the plan's fp16 BO readers and writers, an ONNX model's
 input and outputs at its feature maps: runtime/feature_edges.py); `widen_value`
-is fpext alone, for arithmetic on the values (decode attention).
+is fpext alone and `narrow_value` fptrunc alone, for arithmetic on the values
+(decode attention, the fused prefill edges: NaNs stay NaNs, payloads aside).
 
 The atoms are a GEMM operand's [C1, rows, C2] (ir/npu/layout.py); the host
 side is a [K, M] buffer (rows innermost: the column-major [M, K] the plan's
@@ -92,6 +93,20 @@ def narrow_bits(typingctx, x):
         nan = builder.trunc(builder.or_(builder.or_(sign, ir.Constant(i32, 0x7C00)), top), i16)
         return builder.select(is_nan, nan, half)
     return types.uint16(types.uint32), codegen
+
+
+@intrinsic
+def narrow_value(typingctx, x):
+    """A float32 value -> fp16 bits (uint16): LLVM's fptrunc alone (to
+    nearest, ties to even; a NaN stays a NaN, quieted), which vectorises
+    (vcvtps2ph) where narrow_bits' payload select does not: for kernels that
+    round values they computed (the fused prefill edges), not bits handed on."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return types.uint16(types.float32), codegen
 
 
 @njit(**_JIT)

@@ -5,6 +5,7 @@ comparison's arithmetic."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,9 +17,11 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import catalog  # noqa: E402
 import silicon  # noqa: E402
 from published import BY_KEY, PUBLISHED  # noqa: E402
 from rkc.ir.npu.perf import PerfModel  # noqa: E402
+from rkc.ir.rkbin import read_rkbin  # noqa: E402
 
 # bench/ off the path again: its llm.py would shadow the tests' llm package
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
@@ -40,6 +43,24 @@ def test_run_one_onnx_model(tmp_path):
     again = subprocess.run([sys.executable, str(BENCH / "run.py"), "--only", "mlp", "--json", "--workdir",
                             str(tmp_path)], capture_output=True, text=True)
     assert json.loads(again.stdout)["rows"][0]["compile_cached"] is True  # the work dir is reused
+
+
+@pytest.mark.slow  # two compiles in child processes: ~20 s on this shared machine
+def test_a_deployment_build_takes_a_uint8_image_beside_the_default_build(tmp_path, monkeypatch):
+    """A catalog entry built as the vendor deploys it (a uint8 NHWC image, PPU completion) is
+    its own rkbin, calibrated on pixels, and never reused for the default build or back."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # onnx_models() puts bench/ (its llm.py) on the path
+    default = {m.name: m for m in catalog.onnx_models(tmp_path)}["small_cnn"]
+    deployed = dataclasses.replace(default, image=catalog.PIXELS_0_1, kernel_ppu_irq=True, fp16_outputs=True)
+    path, info = catalog.compiled_onnx(deployed, "int8", 3, tmp_path)
+    plain, plain_info = catalog.compiled_onnx(default, "int8", 3, tmp_path)
+    assert path != plain and not info["cached"] and not plain_info["cached"]
+    assert "--kernel-ppu-irq" in info["options"] and "--kernel-ppu-irq" not in plain_info["options"]
+    module = read_rkbin(path).module
+    (name,) = module.program("main").inputs
+    assert (module.tensor(name).dtype, module.tensor(name).shape) == ("uint8", [1, 32, 32, 3])
+    assert read_rkbin(plain).module.tensor(name).dtype == "fp32"
+    assert catalog.compiled_onnx(deployed, "int8", 3, tmp_path)[1]["cached"]
 
 
 def test_run_compiles_first_two_at_a_time_then_measures_each(tmp_path):

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     from rkc.compiler.fakequant import run_ops, start_env
     from rkc.compiler.frontend.onnx import parse_input_shapes
     from rkc.compiler.mixed_precision import group_sqnr
-    from rkc.compiler.emitter_ops import npu_name
+    from rkc.compiler.emitter_graph import npu_name
     from rkc.compiler.reference import run_graph
     from rkc.runtime import load
 

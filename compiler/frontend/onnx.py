@@ -27,7 +27,7 @@ from rkc.compiler.ops import OPS, infer_for
 from rkc.ir.errors import FormatError, UnsupportedError, VerifyError
 from rkc.ir.graph import Graph, Op
 from rkc.ir.types import DType, TensorType, check_tensor_size
-from rkc.runtime.kernels import KERNELS
+from rkc.runtime.kernels import KERNELS, LOWERING_ONLY
 
 MIN_OPSET = 7  # older files are rejected; opsets 7-10 (e.g. the onnx `light_*` models) are read as well
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -606,7 +606,7 @@ def _all_known(t: TensorType) -> bool:
 
 def check_known(op_type: str, where: str) -> None:
     """An op rkc neither lowers nor has a CPU kernel for is a one-line error."""
-    if op_type not in OPS and op_type not in KERNELS:
+    if op_type not in OPS and (op_type not in KERNELS or op_type in LOWERING_ONLY):
         raise UnsupportedError(f"{where}: ONNX op {op_type} is not supported by rkc")
 
 

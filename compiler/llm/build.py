@@ -1,7 +1,8 @@
 """GGUF LLM -> rkbin. The stages:
 
   load (frontend graph) -> dequantize -> [int8: calibrate + SmoothQuant]
-  -> encode (int8 per-channel / fp16) -> one program per phase (decode,
+  -> encode (int8 per-channel / int4 groups / fp16: compiler/llm/encode.py)
+  -> one program per phase (decode,
   prefill_C, score_C), lowered with compiler/llm/program_builder.py through the shared
   ModuleBuilder -> write (atomically), tokenizer JSON as a blob.
 
@@ -25,20 +26,21 @@ from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from rkc.compiler.emitter_ops import emit_options
+from rkc.compiler.emitter_graph import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
+from rkc.compiler.inspect import npu_figures
 from rkc.compiler.llm.budget import CALIBRATION_BUDGET_S, GPTQ_BUDGET_S, HESSIAN_BUDGET_BYTES, affordable_rounding, \
     calibration_tokens, gptq_cost
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, MAX_TOKENS as CALIBRATION_MAX_TOKENS, \
     WINDOW as CALIBRATION_WINDOW, Calibration, calibrate, product_errors
 from rkc.compiler.llm.cpu_work import cpu_steps
-from rkc.compiler.llm.int4 import AUTO_GROUP, Int4Weight, group_for as int4_group_for, \
-    quantize_weight as quantize_int4, safe as int4_safe
+from rkc.compiler.llm.encode import encode_int4, encode_rows, streamed_rows
+from rkc.compiler.llm.int4 import AUTO_GROUP
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
-from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, QUANTIZE_ROWS,
-                                       RESIDUAL_CHOICES, ROUNDINGS, SCALES, default_rounding, method_for,
-                                       quantize_matrix, rounding_scheme)
-from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotate_matrix, rotation_for
+from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, RESIDUAL_CHOICES,
+                                       ROUNDINGS, SCALES, default_rounding, method_for, quantize_matrix,
+                                       rounding_scheme)
+from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotation_for
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from rkc.compiler.llm.step_clock import STEPS
 from rkc.compiler.llm.weights import (LazyWeights, RowSource, RowTable, by_layer, dequantize_all,
@@ -48,15 +50,16 @@ from rkc.compiler.module_builder import ModuleBuilder
 from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
-from rkc.ir.llm import DECODE, program_plan
-from rkc.ir.npu import hw, layout
+from rkc.ir.llm import DECODE, LlmProgram, program_plan
+from rkc.ir.npu import hw
 from rkc.ir.rkbin import write_rkbin
 from rkc.runtime.llm.tokenizer import LlmTokenizer
-from rkc.runtime.kernels.hadamard import Rotation
 from rkc.runtime.llm.weights import Int8Weight
 
 T, R = TypeVar("T"), TypeVar("R")
-DEFAULT_CHUNKS = (1, 32, 64, 128, 512)  # 64: 33-64 new tokens (a chat's next turn) in one run, not 32 + a padded 32
+# the compiler's prefill chunks (LlmCompileOptions.prefill_chunks None); 64: 33-64 new tokens (a chat's
+# next turn) in one run, not 32 + a padded 32
+DEFAULT_CHUNKS = (1, 32, 64, 128, 512)
 # int8 products named here stay fp16 (e.g. ("ffn_down",)), besides the measured
 # hybrid of `fp16_share` (docs/llm.md)
 DEFAULT_KEEP_FP16: tuple[str, ...] = ()
@@ -86,7 +89,9 @@ def default_jobs(gguf_bytes: int) -> int:
 @dataclass
 class LlmCompileOptions:
     precision: str = DEFAULT_PRECISION["gguf"]
-    prefill_chunks: tuple[int, ...] = DEFAULT_CHUNKS
+    # prompt chunk sizes, each with a prefill program (1 always); None: the compiler's choice,
+    # DEFAULT_CHUNKS, whose larger chunks give way to the IOVA window (prefill_chunks())
+    prefill_chunks: tuple[int, ...] | None = None
     smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
     # int8 only: products whose weight name contains one of these stay fp16 (hybrid)
     keep_fp16: tuple[str, ...] = DEFAULT_KEEP_FP16
@@ -213,103 +218,6 @@ def _encode(name: str, w: "np.ndarray | RowSource", is_product: bool, is_head: b
                                 gather=encode_rows(source, "int8") if is_head and tied else None)
         return
     out[name] = encode_rows(source, "int8", rot, method, h, options.scales)
-
-
-# rows encoded at a time: a multiple of the quantizer's own row block, so the
-# bits are those of the whole matrix at once (rows are rounded independently),
-# and a 262k-row head is never whole in fp32
-ENCODE_ROWS = 2 * QUANTIZE_ROWS
-
-
-def encoded_blocks(source: RowSource, precision: str, rot: Rotation | None = None, rounding: str = "rtn",
-                   hessian: np.ndarray | None = None, scales: str = "max"
-                   ) -> Iterator[tuple[int, np.ndarray, np.ndarray | None]]:
-    """(first row, encoded rows, their int8 scales or None) of a matrix read
-    from `source` (rows(), blocks()) row block by row block: fp16, or int8 per
-    output channel (each block's rows rotated by `rot`, then quantize_matrix)."""
-    if precision == "fp16":
-        for r0, rows in source.blocks():
-            yield r0, rows.astype(np.float16), None
-        return
-    for r0, rows in source.blocks(ENCODE_ROWS):
-        if rot is not None:
-            rows = rotate_matrix(rows, rot)
-        q, scale = quantize_matrix(rows, rounding, hessian, scales)
-        yield r0, q, scale
-
-
-def encode_rows(source: RowSource, precision: str, rot: Rotation | None = None, rounding: str = "rtn",
-                hessian: np.ndarray | None = None, scales: str = "max") -> EncodedWeight:
-    """A matrix read from `source` whole, as encoded_blocks encodes it."""
-    n, k = source.shape
-    int8 = precision != "fp16"
-    data = np.empty((n, k), np.int8 if int8 else np.float16)
-    scale = np.empty(n, np.float32) if int8 else None
-    for r0, rows, s in encoded_blocks(source, precision, rot, rounding, hessian, scales):
-        data[r0:r0 + len(rows)] = rows
-        if int8:
-            scale[r0:r0 + len(rows)] = s
-    return EncodedWeight(data, scale, rot if int8 else None)
-
-
-def streamed_rows(source: RowSource, precision: str, rounding: str = "rtn", hessian: np.ndarray | None = None,
-                  scales: str = "max") -> EncodedWeight:
-    """A Gather-only table as encode_rows would encode it, left to be encoded
-    block by block into the output when it is placed (EncodedWeight.blocks):
-    Gemma 4 E2B's per-layer token table is 2.35 GB in int8."""
-    int8 = precision != "fp16"
-    return EncodedWeight(np.broadcast_to((np.int8 if int8 else np.float16)(0), source.shape),
-                         np.broadcast_to(np.float32(0), source.shape[:1]) if int8 else None,
-                         blocks=lambda: encoded_blocks(source, precision, None, rounding, hessian, scales))
-
-
-# rows an AUTO_GROUP int4 encoding rounds first at each K group count, until they
-# are safe: rows are rounded independently, so a count their partials overflow at
-# fails for the whole matrix too, and is dropped without rounding it all (a 7B
-# model's ffn_down, K = 18944, needs 10 groups: 9 whole roundings saved)
-INT4_PROBE_ROWS = 256
-
-
-def encode_int4(source: RowSource, group: int, rot: Rotation | None = None, hessian: np.ndarray | None = None,
-                gather: EncodedWeight | None = None) -> EncodedWeight:
-    """A product's matrix in int4 groups along K (its rows rotated by `rot` first);
-    `gather`: the int8 rows a tied embedding gathers from (the head's int4 bytes are
-    not a row table)."""
-    n, k = source.shape
-    if k % layout.INT4_C2:
-        raise UnsupportedError(f"int4 products need K % {layout.INT4_C2} == 0, K = {k}")
-
-    def rounded(r0: int, r1: int, g: int) -> Int4Weight:
-        """Rows r0:r1 rotated and rounded in K groups of g."""
-        with STEPS.step("read"):
-            rows = source.rows(slice(r0, r1))
-        if rot is not None:
-            with STEPS.step("rotate"):
-                rows = rotate_matrix(rows, rot)
-        return quantize_int4(rows, g, hessian)
-
-    def safe(q: Int4Weight) -> bool:
-        with STEPS.step("int4 safety check"):
-            return int4_safe(q)
-
-    parts = 1
-    if group == AUTO_GROUP:  # the fewest K groups the first rows alone allow: fewer fail for the whole matrix
-        while not safe(rounded(0, INT4_PROBE_ROWS, int4_group_for(k, parts))):
-            parts += 1
-    while True:  # group AUTO_GROUP: the fewest K groups whose int16 partials are safe for these weights
-        g = group if group != AUTO_GROUP else int4_group_for(k, parts)
-        data = np.empty((n, k // 2), np.uint8)  # two values a byte (EncodedWeight.int4_values)
-        scales = np.empty((-(-k // g), n), np.float32)
-        for r0 in range(0, n, ENCODE_ROWS):
-            q = rounded(r0, r0 + ENCODE_ROWS, g)
-            if group == AUTO_GROUP and not safe(q):
-                break
-            with STEPS.step("int4 pack"):
-                data[r0:r0 + len(q.data)] = layout.pack_nibbles(q.data)
-            scales[:, r0:r0 + len(q.data)] = q.scales
-        else:
-            return EncodedWeight(data, None, rot, int4_scales=scales, int4_group=g, gather=gather)
-        parts += 1
 
 
 def _integer(options: LlmCompileOptions) -> bool:
@@ -663,6 +571,47 @@ def within_budget(graph: Graph, options: LlmCompileOptions, report: CompileRepor
     return options
 
 
+def prefill_chunks(options: LlmCompileOptions) -> tuple[tuple[int, ...], bool]:
+    """The prefill chunks to lower (ascending, 1 always among them) and whether
+    they give way to the IOVA window: the compiler's choice (options.prefill_chunks
+    None: DEFAULT_CHUNKS) does; chunks given, whatever they are, are all kept
+    (a module past the window is then refused once built)."""
+    sizes = DEFAULT_CHUNKS if options.prefill_chunks is None else options.prefill_chunks
+    chunks = tuple(sorted(set(sizes) | {1}))
+    if any(c <= 0 for c in chunks):
+        raise UnsupportedError(f"prefill chunk sizes must be positive, got {list(sizes)}")
+    return chunks, options.prefill_chunks is None
+
+
+def lower_programs(graph: Graph, plan: list[LlmProgram], builder: ModuleBuilder, lowering: LlmLowering,
+                   give_way: bool) -> list[int]:
+    """Lower `plan`'s programs (ascending rows: a chunk's prefill and score
+    programs together) into `builder`, each with its metadata. With `give_way`,
+    a chunk whose scratch and regcmd, estimated per row from the smaller
+    chunks', would pass the IOVA window beside what is mapped already is left
+    out, with every larger one (a chunk's scratch grows with its rows: a 7B
+    int4's 512-chunk needs 893 MiB beside 3371 of weights). The chunks left out."""
+    scratch_per_row, regcmd_per_row, left_out, decided = 0.0, 0.0, [], set()
+    chunk_start = (1, builder.regcmd.size)  # the rows of the chunk being lowered, the regcmd before it
+    with progress_bar(plan, "lower programs") as programs:
+        for program in programs:
+            if give_way and program.rows > 1 and program.rows not in decided:
+                decided.add(program.rows)
+                if chunk_start[0] > 1:  # the previous chunk's programs' regcmd, per row
+                    regcmd_per_row = (builder.regcmd.size - chunk_start[1]) / chunk_start[0]
+                chunk_start = (program.rows, builder.regcmd.size)
+                grows = (scratch_per_row + regcmd_per_row) * program.rows
+                if left_out or builder.mapped_bytes() + grows >= IOVA_WINDOW:
+                    left_out.append(program.rows)
+            if program.rows in left_out:
+                continue
+            lowering.lower(program_graph(graph, program), program.name)
+            builder.metadata["programs"][program.name] = program.metadata()
+            if program.rows > 1:
+                scratch_per_row = max(scratch_per_row, builder.scratch_bytes(program.name) / program.rows)
+    return left_out
+
+
 def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
                  progress: Callable[[str], None] = lambda stage: None) -> CompileReport:
     """`progress(stage)` is called as each stage starts (rkc compile -v)."""
@@ -675,9 +624,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
         raise FileNotFoundError(2, "No such folder for the output", str(folder))
     if options.jobs is None:
         options = replace(options, jobs=default_jobs(Path(path).stat().st_size))
-    chunks = tuple(sorted(set(options.prefill_chunks) | {1}))
-    if any(c <= 0 for c in chunks):
-        raise UnsupportedError(f"prefill chunk sizes must be positive, got {list(options.prefill_chunks)}")
+    chunks, give_way = prefill_chunks(options)
 
     def lap(stage: str, following: str | None = None) -> None:
         report.seconds[stage] = time.perf_counter() - t0 - sum(report.seconds.values())
@@ -734,27 +681,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head,
                            emit_options=replace(emit_options(options.cores), pack_cache={}))
     plan = program_plan(chunks)
-    # the default chunks give way to the IOVA window (a chunk's scratch grows with its rows:
-    # a 7B int4's 512-chunk needs 893 MiB beside 3371 of weights); chunks asked for do not
-    fit_chunks = tuple(options.prefill_chunks) == DEFAULT_CHUNKS
-    scratch_per_row, regcmd_per_row, left_out, decided = 0.0, 0.0, [], set()
-    chunk_start = (1, builder.regcmd.size)  # the rows of the chunk being lowered, the regcmd before it
-    with progress_bar(plan, "lower programs") as programs:
-        for program in programs:  # (ascending rows: a chunk's prefill and score programs decided together)
-            if fit_chunks and program.rows > 1 and program.rows not in decided:
-                decided.add(program.rows)
-                if chunk_start[0] > 1:  # the previous chunk's programs' regcmd, per row
-                    regcmd_per_row = (builder.regcmd.size - chunk_start[1]) / chunk_start[0]
-                chunk_start = (program.rows, builder.regcmd.size)
-                grows = (scratch_per_row + regcmd_per_row) * program.rows
-                if left_out or builder.mapped_bytes() + grows >= IOVA_WINDOW:
-                    left_out.append(program.rows)
-            if program.rows in left_out:
-                continue
-            lowering.lower(program_graph(graph, program), program.name)
-            builder.metadata["programs"][program.name] = program.metadata()
-            if program.rows > 1:
-                scratch_per_row = max(scratch_per_row, builder.scratch_bytes(program.name) / program.rows)
+    left_out = lower_programs(graph, plan, builder, lowering, give_way)
     if left_out:
         chunks = tuple(c for c in chunks if c not in left_out)
         builder.metadata["prefill_chunks"] = list(chunks)
@@ -766,6 +693,8 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     lowering.release()
     del matrices, vectors
     module, blobs, _plans = builder.finish()
+    for program in module.programs:  # a run's modelled NPU time, which runtime/llm/generate.chunk_plan weighs
+        module.metadata["programs"][program.name]["modelled_npu_s"] = npu_figures(program.steps).seconds_chained
     blobs = {**blobs, "tokenizer": np.frombuffer(tokenizer.to_json().encode(), np.uint8)}
     size = write_rkbin(out, module, blobs)
     lap("write")

@@ -36,7 +36,8 @@ from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.gemm import k_ranges
 from rkc.compiler.npu.gemm_int4 import PAIRED_ROWS
 from rkc.compiler.npu.placement import place_segment, place_segment_int4
-from rkc.compiler.emitter_ops import CHAINABLE, EMIT_OPTIONS, NpuGroup, lower_segment, npu_name
+from rkc.compiler.emitter_graph import CHAINABLE, EMIT_OPTIONS, npu_name
+from rkc.compiler.emitter_ops import NpuGroup, lower_segment
 from rkc.compiler.llm.ffn_fusion import ACTIVATION_LUT, GatedFfn, gated_ffns, operand_rows
 from rkc.compiler.partition import partition
 from rkc.ir.errors import UnsupportedError

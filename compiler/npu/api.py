@@ -92,6 +92,10 @@ class Feature:
     # bytes from one row to the next (default dense, W*16): a larger pitch leaves a gap
     # after every row, which only the DPU writes (its NOTCH, Q4): a convolution's output
     line_stride: int | None = None
+    # the surfaces at `surface_stride` are this map's own, taller than its rows (a map
+    # of few rows stored in 4-row surfaces, ir/npu/geometry.py): not a slice of a bigger
+    # tensor, so channels past its last may be read and written as for a dense map
+    row_padded: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in BITS:
@@ -165,7 +169,7 @@ class Feature:
                                    f"outside {self.shape}")
         offset = self.offset + channel0 // self.c2 * self.surface_bytes + row0 * self.line_bytes
         return replace(self, offset=offset, channels=channels, height=rows,
-                       surface_stride=self.surface_bytes)
+                       surface_stride=self.surface_bytes, row_padded=False)
 
 
 # -- epilogues ------------------------------------------------------------------------

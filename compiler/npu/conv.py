@@ -35,14 +35,15 @@ def _pad_fp16_depthwise(op: api.Conv2D) -> api.Conv2D:
     zero weights and bias for the padding channels, which the task reads past the
     tensor's last surface (don't-care values; channels never mix in a depthwise
     convolution) and writes past the output's (the buffers grow by `extents`).
-    Only whole dense tensors can grow that way; a strided view is refused."""
+    Only whole tensors can grow that way (dense, or in their own taller surfaces); a
+    strided view is refused."""
     c = op.input.channels
     n = layout.align(c, FP16_DW_CHANNELS)
     if n == c or op.input.dtype != "fp16" or not op.depthwise:
         return op
     ep = op.epilogue
     views = [op.input, op.output] + ([ep.residual.tensor] if ep.residual is not None else [])
-    if any(f.surface_stride is not None for f in views):
+    if any(f.surface_stride is not None and not f.row_padded for f in views):
         raise UnsupportedError(f"{op.name}: fp16 depthwise needs channels in multiples of {FP16_DW_CHANNELS} "
                                f"(got {c}); a strided view cannot be padded")
     weights = np.zeros((*op.weights.shape[:2], n), op.weights.dtype)
@@ -165,7 +166,7 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
     w_banks = hw.CBUF_BANKS - d_banks
     data_cap = (d_banks - slack) * hw.CBUF_BANK_BYTES
     max_in_rows = min(data_cap // rb, formats.CNA_SIZE_MAX)
-    if max_in_rows < kh:
+    if max_in_rows < min(kh, f.height):  # a whole map shorter than the kernel: the rest is padding
         raise UnsupportedError(f"{op.name}: {kh} input rows of {rb} bytes do not fit CBUF")
     # a tile reads at most the whole map: rows past its edges are the CNA's padding, not
     # data (a global average's dummy GEMM rows, a padded conv of a map that fits)

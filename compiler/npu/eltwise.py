@@ -46,8 +46,8 @@ def _check(op: api.Elementwise) -> str:
     if not (a.dtype == b.dtype == o.dtype) or a.dtype not in ("int8", "fp16"):
         raise UnsupportedError(f"{op.name}: element-wise ops take int8 or fp16 tensors of one dtype")
     for f in (a, b, o):
-        if f.surface_bytes != f.dense_surface_bytes:
-            raise UnsupportedError(f"{op.name}: {f.buffer} is not dense")
+        if f.line_bytes != f.width * layout.ATOM_BYTES or f.surface_bytes != a.surface_bytes:
+            raise UnsupportedError(f"{op.name}: {f.buffer} is not dense (nor in surfaces of its operands' pitch)")
     if op.activation not in (None, *EW_ACTIVATIONS):
         raise UnsupportedError(f"{op.name}: after an element-wise op the EW stage applies "
                                f"{', '.join(EW_ACTIVATIONS)} only, not {op.activation!r}")
@@ -97,9 +97,13 @@ def lower_eltwise(op: api.Elementwise, options: api.EmitOptions) -> api.EmitResu
     a, b, o = op.a, op.b, op.out
     kg = kernel_group(dtype)
     npdt = api.NUMPY[dtype]
-    atoms = a.surfaces * a.height * a.width
     in_place = any(o.buffer == f.buffer and o.offset == f.offset for f in (a, b))
-    chunks = flat_chunks(atoms, overlap_ok=not in_place)
+    if a.surface_bytes == a.dense_surface_bytes:
+        chunks = flat_chunks(a.surfaces * a.height * a.width, overlap_ok=not in_place)
+    else:  # maps in taller surfaces (few rows over zero rows): each surface's positions, not its zero rows
+        pitch = a.surface_bytes // layout.ATOM_BYTES
+        chunks = [(s * pitch + a0, h, w) for s in range(a.surfaces)
+                  for a0, h, w in flat_chunks(a.height * a.width, overlap_ok=not in_place)]
     if op.scale != 1.0 and (dtype != "fp16" or not 2.0 ** -14 <= op.scale <= 2.0 ** 15
                             or math.frexp(op.scale)[0] != 0.5):
         raise UnsupportedError(f"{op.name}: a scale is an fp16 op's normal power of two, not {op.scale}")

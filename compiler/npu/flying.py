@@ -25,20 +25,19 @@ def lower_activation(op: api.Activation, options: api.EmitOptions) -> api.EmitRe
     f, o = op.input, op.output
     if f.dtype != "fp16" or o.dtype != "fp16":
         raise UnsupportedError(f"{op.name}: LUT activations run on fp16 tensors")
-    if f.shape != o.shape or f.surface_bytes != f.dense_surface_bytes or o.surface_bytes != o.dense_surface_bytes:
-        raise UnsupportedError(f"{op.name}: input and output must be dense tensors of one shape")
+    if f.shape != o.shape or any(t.line_bytes != t.width * layout.ATOM_BYTES for t in (f, o)):
+        raise UnsupportedError(f"{op.name}: input and output must be tensors of one shape with dense rows")
     plan = lut.plan(op.function)
     atoms = f.surfaces * f.height * f.width
-    chunks = schedule.split_evenly(atoms, -(-atoms // formats.FLAT_ATOMS_MAX), 1)
     tasks, jobs = [], []
-    for i, (a0, n) in enumerate(chunks):
+    for i, (a0, b0, n) in enumerate(_flat_runs(f, o)):
         r = RegisterFile()
         r.set("DPU_S_POINTER", **S_POINTER_FIELDS)
         r.set("DPU_RDMA_RDMA_S_POINTER", **S_POINTER_FIELDS)
         r.set("DPU_FEATURE_MODE_CFG", BURST_LEN=BURST_LEN, OUTPUT_MODE=2, FLYING_MODE=1)
         fp16 = formats.PRECISION["fp16"]
         r.set("DPU_DATA_FORMAT", OUT_PRECISION=fp16, IN_PRECISION=fp16, PROC_PRECISION=fp16)
-        r.address("DPU_DST_BASE_ADDR", o.buffer, o.offset + a0 * layout.ATOM_BYTES)
+        r.address("DPU_DST_BASE_ADDR", o.buffer, o.offset + b0 * layout.ATOM_BYTES)
         r.set("DPU_DST_SURF_STRIDE", DST_SURF_STRIDE=n)
         r.set("DPU_DATA_CUBE_WIDTH", WIDTH=n - 1)
         r.set("DPU_DATA_CUBE_CHANNEL", ORIG_CHANNEL=7, CHANNEL=7)
@@ -62,7 +61,7 @@ def lower_activation(op: api.Activation, options: api.EmitOptions) -> api.EmitRe
         nbytes = n * layout.ATOM_BYTES
         counters = api.Counters(0, {"dpu_mrdma": nbytes}, {"dpu_wdma": nbytes}, "fp16")
         touches = [(f.buffer, f.offset + a0 * 16, f.offset + a0 * 16 + nbytes),
-                   (o.buffer, o.offset + a0 * 16, o.offset + a0 * 16 + nbytes)]
+                   (o.buffer, o.offset + b0 * 16, o.offset + b0 * 16 + nbytes)]
         tasks.append(api.Task(b.array(), [api.Reloc(e, buf, off) for e, buf, off in b.relocations], None,
                               counters, f"{op.name} chunk {i}", touches))
     lanes = min(options.cores, len(tasks))
@@ -71,3 +70,19 @@ def lower_activation(op: api.Activation, options: api.EmitOptions) -> api.EmitRe
         jobs.append(api.JobPlan(idx, lane, [f.buffer], [o.buffer]))
     notes = [f"{op.function} LUT over {atoms} atoms: {len(tasks)} flying DPU task(s); tables in the regcmd"]
     return api.EmitResult(op, tasks, jobs, notes=notes)
+
+
+def _flat_runs(f: api.Feature, o: api.Feature) -> list[tuple[int, int, int]]:
+    """(input atom, output atom, atoms) of each task: one flat run over dense tensors,
+    else one per surface (a map stored in taller surfaces: its rows past the map, zero,
+    are neither read nor written), each cut at the flat task's atom limit."""
+    per = f.height * f.width
+    if f.surface_bytes == f.dense_surface_bytes and o.surface_bytes == o.dense_surface_bytes:
+        per, spans = f.surfaces * per, [(0, 0)]
+    else:
+        spans = [(s * f.surface_bytes // layout.ATOM_BYTES, s * o.surface_bytes // layout.ATOM_BYTES)
+                 for s in range(f.surfaces)]
+    runs = []
+    for a, b in spans:
+        runs += [(a + c0, b + c0, n) for c0, n in schedule.split_evenly(per, -(-per // formats.FLAT_ATOMS_MAX), 1)]
+    return runs

@@ -72,7 +72,7 @@ class NpuLowering:
     """How a graph op reaches the NPU.
 
     `operation`: the emitter API operation it becomes on its own (an anchor of an
-    NPU group; compiler/emitter_ops.BUILDERS builds it), or None when it only
+    NPU group; compiler/emitter_builders.BUILDERS builds it), or None when it only
     folds into the epilogue of the convolution or matrix product before it.
     `function`: the DPU's name for what it computes: the `Elementwise.op`
     (api.ELEMENTWISE_OPS), the lookup-table or epilogue activation

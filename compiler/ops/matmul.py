@@ -44,7 +44,7 @@ def constant_b(ctx) -> bool:
 
 
 def two_d_weights(ctx) -> bool:
-    """the NPU multiplies by a 2-D matrix (rkc compile --npu-attention splits batched run-time products per head)"""
+    """the NPU multiplies by a 2-D matrix (batched run-time products are split per head where every head's product runs on the NPU; --npu-attention always)"""
     return len(need(ctx, 1).shape) == 2
 
 

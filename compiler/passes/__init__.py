@@ -44,7 +44,7 @@ def run_passes(graph: Graph, int8: bool = False, npu_attention: bool = False) ->
     """`int8`: the graph becomes a calibrated int8 program (its tensors are
     calibrated after the passes), which adds the int8-only rewrites.
     `npu_attention`: batched attention products are split per head for the NPU
-    (heads.py; opt-in while the host steps around them cost more than they save)."""
+    (heads.py; compiler/build.py's _place undoes it where a head's product stays on the CPU)."""
     apply(graph, (*PIPELINE, *heads.REWRITES) if npu_attention else PIPELINE)
     apply(graph, (*affine.INT8_REWRITES, *AFFINE) if int8 else AFFINE)
     graph.verify(infer_for(graph))

@@ -9,7 +9,12 @@ becomes a 1x1 convolution on the map, flattened after it:
 The same products, but the flatten (a CPU step: it moves data between layouts)
 now follows the product instead of cutting the NPU segment before it, and the
 pooled map stays in the NPU's layout (a [N, C, 1, 1] map is stored like a
-one-row matrix, so the convolution runs as the same GEMM)."""
+one-row matrix, so the convolution runs as the same GEMM).
+
+A bias added after the flatten (Paddle's fc: MatMul, then Add of [K]) becomes the
+convolution's bias, so the Add leaves the host's steps:
+
+    Flatten(Conv(x) [N, K, 1, 1]) + b [K]  ->  Flatten(Conv(x, bias + b))"""
 
 from __future__ import annotations
 
@@ -77,4 +82,35 @@ def head_as_conv(graph: Graph, mm: Op) -> bool:
     return True
 
 
-REWRITES = [head_as_conv]
+def bias_into_head(graph: Graph, add: Op) -> bool:
+    if add.type != "Add" or len(add.inputs) != 2:
+        return False
+    for flat_out, other in (add.inputs, add.inputs[::-1]):
+        flat = producer(graph, flat_out)
+        if flat is None or flat.type != "Flatten" or only_consumer(graph, flat_out) is not add:
+            continue
+        conv = producer(graph, flat.inputs[0])
+        mapped = graph.tensors[flat.inputs[0]].type.shape
+        if conv is None or conv.type != "Conv" or only_consumer(graph, flat.inputs[0]) is not flat \
+                or len(mapped) != 4 or tuple(mapped[2:]) != (1, 1):
+            continue
+        k = int(mapped[1])
+        b = graph.const_value(other)
+        if b is None or b.dtype.kind != "f" or b.size not in (1, k) or b.ndim > 2 or b.ndim == 2 and b.shape[0] != 1 \
+                or graph.tensors[add.outputs[0]].type.shape != graph.tensors[flat_out].type.shape:
+            continue
+        old = graph.const_value(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(k)
+        if old is None:
+            continue
+        dtype = graph.tensors[flat_out].type.dtype
+        bias = old.astype(np.float64).reshape(-1) + np.broadcast_to(b.reshape(-1), (k,))
+        conv.inputs = [*conv.inputs[:2], add_const(graph, f"{conv.name or flat_out}.b_conv", bias.astype(dtype.numpy))]
+        out = add.outputs[0]
+        graph.ops.remove(add)
+        del graph.tensors[flat_out]
+        flat.outputs = [out]
+        return True
+    return False
+
+
+REWRITES = [head_as_conv, bias_into_head]

@@ -15,6 +15,9 @@ from rkc.ir.graph import Graph, Op, Tensor
 from rkc.ir.types import TensorType
 
 
+SPLIT = "heads.split"  # graph.metadata: how many batched products split_heads cut per head
+
+
 def _batched_heads(graph: Graph, op: Op) -> int | None:
     """H of a MatMul [1, H, M, K] x [1, H, K, N] of two run-time tensors, else None."""
     if op.type != "MatMul" or len(op.inputs) != 2 or any(graph.const_value(t) is not None for t in op.inputs):
@@ -103,6 +106,7 @@ def split_heads(graph: Graph, mm: Op) -> bool:
         ops.append(Op("Concat", results, [out], {"axis": 1}, f"{base}.concat"))
     position = next(i for i, o in enumerate(graph.ops) if o is mm)
     graph.ops[position:position + 1] = ops
+    graph.metadata[SPLIT] = graph.metadata.get(SPLIT, 0) + 1
     return True
 
 

@@ -377,7 +377,7 @@ def upsample_x2(device: Device) -> ProbeRun:
 
 
 def gate_chain(device: Device) -> ProbeRun:
-    """A squeeze-excite gate as the compiler lowers it (compiler/emitter_ops._gate_conv):
+    """A squeeze-excite gate as the compiler lowers it (compiler/emitter_builders._gate_conv):
     an fp16 1x1 convolution reads a GEMM row (4 rows, 1 column) at row stride 4 and writes
     the gate as a one-position map S, and in the same chained job a 1x1 depthwise
     convolution of a 40x6x9 map reads S as its weights (the CNA's weight DMA after the
@@ -464,7 +464,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("gate_chain", "", "a task reads as its weights what an earlier task of its chained job wrote "
           "(a squeeze-excite gate: strided 1x1 convolution, then the gate's depthwise product)", {}, gate_chain,
           "weights written by an earlier task are read as written: squeeze-excite gates stay on the NPU",
-          "the product saw stale weights: gates must cross through the host (emitter_ops.npu_layout)",
+          "the product saw stale weights: gates must cross through the host (emitter_graph.npu_layout)",
           needs_chaining=True),
     Probe("argb_image", "Q26", "the CNA reads a packed 3-channel image (ARGB_IN 8 | 2, GROUP_LINE_OFF, "
           "NONALIGN_DMA) into a direct fp16 convolution", {}, argb_image,

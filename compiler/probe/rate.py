@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rkc.compiler.emitter_ops import emit_options
+from rkc.compiler.emitter_graph import emit_options
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.probe import emitted

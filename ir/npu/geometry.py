@@ -5,7 +5,13 @@ with it; the runtime converts tensors at segment edges and runs CPU kernels with
 the same numbers.
 
 Layout names in TensorInfo.layout:
-  "native"       [1, C, H, W]          -> feature C x H x W
+  "native"       [1, C, H, W]          -> feature C x H x W; a map of fewer than 4 rows
+                 (FEW_ROWS_STORED; not [1, C, 1, 1], a channel gate's weights) is stored in 4-row surfaces whose rows past H are
+                 zero, and the program keeps them zero (its memory plan never lends
+                 those bytes to another tensor; compiler/module_builder.py): a
+                 convolution reads the 4 rows a task needs (Q2) with its bottom
+                 padding that many rows smaller (a zero row and a padded row give the
+                 same sum), and writers of the map write its H rows only
   "native-gemm"  [M, K] or [1, M, K]   -> feature C=K, H=align(M, 4), W=1 (a GEMM
                  operand; rows past M are padding the NPU reads and writes:
                  single-column maps of fewer than 4 rows compute wrongly on silicon,
@@ -24,6 +30,7 @@ from rkc.ir.npu import layout
 
 GEMM_ROW_ALIGN = 4  # GEMM rows are padded to 4: H < 4 single-column maps are broken on
 # silicon (rocket-userspace include/rocket_matmul.h @ e0677862; hw-matmul.md 2.3)
+FEW_ROWS_STORED = 4  # a native map of fewer rows is stored in surfaces of this many (Q2)
 
 
 def feature_map(shape, kind: str) -> tuple[int, int, int, int]:
@@ -31,7 +38,10 @@ def feature_map(shape, kind: str) -> tuple[int, int, int, int]:
     if kind == "native":
         if len(shape) != 4 or shape[0] != 1:
             raise ValueError(f"a native feature map is [1, C, H, W], not {list(shape)}")
-        return int(shape[1]), int(shape[2]), int(shape[2]), int(shape[3])
+        h, w = int(shape[2]), int(shape[3])
+        # one position per channel is the 1x1 depthwise weight layout (a channel gate):
+        # read as weights, never as a window over rows
+        return int(shape[1]), h, h if h * w == 1 else max(h, FEW_ROWS_STORED), w
     if kind == "native-gemm":
         if len(shape) == 4 and shape[0] == 1 and shape[2] == shape[3] == 1:
             m, k = 1, int(shape[1])
@@ -41,6 +51,15 @@ def feature_map(shape, kind: str) -> tuple[int, int, int, int]:
             m, k = int(shape[-2]), int(shape[-1])
         return k, m, layout.align(m, GEMM_ROW_ALIGN), 1
     raise ValueError(f"unknown NPU layout {kind!r}")
+
+
+def zero_rows(shape, kind: str) -> bool:
+    """The tensor is a native map stored with zero rows below it, which the program
+    must keep zero (no other tensor may reuse those bytes)."""
+    if kind != "native":
+        return False
+    _, h, rows, _ = feature_map(shape, kind)
+    return rows > h
 
 
 def _weights_kn(shape) -> tuple[int, int]:

@@ -24,6 +24,10 @@ KERNELS: Mapping[str, Kernel] = {
     **shape.KERNELS, **quant.KERNELS,
 }
 
+# kernels only the compiler's lowering emits (compiler/program_steps.py, compiler/relayout.py): steps
+# between NPU buffers, not ONNX ops a model may contain
+LOWERING_ONLY: frozenset[str] = frozenset({"Relayout", "SoftmaxTranspose"})
+
 # what a step's first output must be, decidable from its inputs' declared shapes
 # (runtime/module_check.py): numpy elementwise semantics broadcast every input;
 # normalizations keep their first input's shape

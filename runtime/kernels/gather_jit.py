@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from rkc.runtime.half import narrow_bits, widen_value
 from rkc.runtime.kernels.threads import over_rows
 
 
@@ -64,3 +65,15 @@ def gather_atoms(fm: np.ndarray, rows: np.ndarray, cols: np.ndarray, out: np.nda
     args = (words, rows.astype(np.int64), cols.astype(np.int64), into)
     # the work is a copy of whole atoms: counted in atoms, a copy under a few MB stays on one thread
     over_rows(lambda lo, hi: _gather_atoms(*args, lo, hi), out.shape[0] * out.shape[1], into.size // 2)
+
+
+@njit(cache=True, nogil=True)
+def move_elements(src, frm, out, into, scale):
+    """out[into[i]] = src[frm[i]] (times `scale` where it is not 1, in float32): fp16
+    elements as uint16 bits, a Relayout between NPU buffers (runtime/feature_edges.py)."""
+    if scale == 1.0:
+        for i in range(frm.shape[0]):
+            out[into[i]] = src[frm[i]]
+        return
+    for i in range(frm.shape[0]):
+        out[into[i]] = narrow_bits(np.float32(widen_value(src[frm[i]]) * scale).view(np.uint32))

@@ -4,6 +4,8 @@ Where an ONNX opset moved an attribute to an input, both forms are accepted
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from rkc.ir.errors import RkcError
@@ -23,8 +25,9 @@ def reshape(data, shape_input=None, *, allowzero=0, shape=None):
 
 def flatten(x, *, axis=1):
     axis = axis + x.ndim if axis < 0 else axis
-    lead = int(np.prod(x.shape[:axis], dtype=np.int64))
-    return x.reshape(lead, int(np.prod(x.shape[axis:], dtype=np.int64)))
+    # math.prod over the shape's ints: np.prod cost ~4 us a call, most of a classifier's
+    # logits Flatten step (PP-OCR cls: 0.017 ms)
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
 def transpose(x, *, perm=None):
@@ -142,9 +145,19 @@ def space_to_depth(x, *, blocksize):
     return y.reshape(n, c * b * b, h // b, w // b)
 
 
+def relayout(*inputs, scale=1.0):
+    """Elements of the sources (their row-major elements one after the other) at an
+    index map of the result's shape, times `scale` where it is not 1: the data
+    movement between NPU buffers that compiler/relayout.py composes into one map."""
+    *sources, index = inputs
+    flat = np.concatenate([np.asarray(s).reshape(-1) for s in sources])
+    out = flat[np.asarray(index, np.int64)]
+    return out if scale == 1.0 else (out.astype(np.float32) * np.float32(scale)).astype(out.dtype)
+
+
 KERNELS = {
     "Reshape": reshape, "Flatten": flatten, "Transpose": transpose, "Squeeze": squeeze, "Unsqueeze": unsqueeze,
     "Concat": concat, "Split": split, "Slice": slice_, "Pad": pad, "Gather": gather, "Shape": shape,
     "Size": size, "ConstantOfShape": constant_of_shape, "Expand": expand, "Tile": tile,
-    "DepthToSpace": depth_to_space, "SpaceToDepth": space_to_depth,
+    "DepthToSpace": depth_to_space, "SpaceToDepth": space_to_depth, "Relayout": relayout,
 }

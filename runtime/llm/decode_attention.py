@@ -1,6 +1,6 @@
 """Attention of one query row (a decode step) over the KV cache: one compiled
 float32 kernel (`attend_keys`) for the load-time plans (runtime/llm/prepared.py,
-fused.py), reading the cache's rows as they are stored: the fp16 rows a
+fused_attention.py), reading the cache's rows as they are stored: the fp16 rows a
 decode step writes (KVCache.store_half; `RowAttention`, a fused attention
 stretch's) or fp32 views (`attend_row`: kernels.attend's one query row,
 the interpreter's and the unfused plans').

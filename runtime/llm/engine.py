@@ -128,6 +128,18 @@ class LlmEngine:
         """The file's program for a chunk of `rows` tokens (every row's logits or the last)."""
         return choose_program(self.llm_programs, rows, all_logits)
 
+    def npu_seconds(self, all_logits: bool) -> dict[int, float] | None:
+        """Each chunk size's modelled NPU seconds a run (decode's for 1) of the
+        programs returning every row's logits or the last one's, as the
+        compiler recorded them; None when any is missing (an older rkbin)."""
+        out = {}
+        for rows in self.chunks:
+            npu_s = self.program_for(rows, all_logits).npu_s
+            if npu_s is None:
+                return None
+            out[rows] = npu_s
+        return out
+
     def _plans(self) -> dict:
         """Every program prepared once (runtime/plan.py), sharing one state."""
         self._state = LlmState(self.new_cache(1), self.model, 1)

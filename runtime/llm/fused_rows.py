@@ -35,12 +35,19 @@ from rkc.runtime.llm.prepared import rope_tables
 from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, RESIDUAL_BODIES, const, host, is_const, residual_body,
                                            residual_shape, step_rotation)
 from rkc.runtime.kernels.hadamard import compiled_form
-from rkc.runtime.llm.prefill_kernels import LANES
+from rkc.runtime.llm.prefill_kernels import LANES, live_rows
 from rkc.runtime.llm.threads import THREADS, over_ranges
 
 F32 = np.float32
 _NONE_F32 = np.zeros((0, 0), F32)  # an output the kernel does not store
 _NONE_VEC = np.zeros(0, F32)
+
+
+def live_tiles(state, m: int) -> int:
+    """Tiles of LANES rows of an [m, K] chunk that hold its real tokens
+    (prefill_kernels.live_rows: the pad rows past them are left as the last
+    run left them). Without a state: all."""
+    return -(-live_rows(state, m) // LANES)
 
 
 def _rows(plan, name: str, m: int, k: int) -> bool:
@@ -221,7 +228,7 @@ def _residual_stretch(plan, steps: Sequence[Step], outputs: set, in_edge, out_ed
             keep, bufs, stores, matched)
 
 
-def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+def residual_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> list[Callable[[], None]] | None:
     """A many-row residual stretch's calls (one, bracketed), else None; Gemma
     4's bodies too (the FFN's sum with no second norm, the per-layer
     projection's sum scaled by the layer output scale)."""
@@ -240,21 +247,22 @@ def residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
                 w2, e2, *keep, *bufs, edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block,
                 edge_out.hnorm, edge_out.scale, edge_out.rotated)
     return _residual_call(plan, steps, label, kernels.residual_tiles, args_of, edge_in, edge_out, residual, m, k,
-                          stores)
+                          stores, state)
 
 
 def _residual_call(plan, steps: Sequence[Step], label: str, run, args_of, edge_in, edge_out, residual: str,
-                   m: int, k: int, stores) -> list[Callable[[], None]]:
+                   m: int, k: int, stores, state=None) -> list[Callable[[], None]]:
     """A residual stretch's one bracketed call: `run(*args_of(residual), lo, hi)`
-    over tiles of rows on the pool, then the out edge's finish and the stored values."""
-    o_res, slots, tiles = plan._slot(residual), plan.slots, -(-m // LANES)
+    over tiles of rows on the pool (the real tokens' tiles, `live_tiles`, given
+    the generation state), then the out edge's finish and the stored values."""
+    o_res, slots = plan._slot(residual), plan.slots
 
     def call():
         res = slots[o_res]
         if res.shape != (m, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
         args = args_of(res)
-        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), live_tiles(state, m))
         edge_out.finish(slots)
         for o, b in stores:
             slots[o] = b
@@ -291,7 +299,7 @@ def _ffn_shape(plan, steps: Sequence[Step], outputs: set, in_edge, out_edge, min
     return gate, up, act, last, m, k
 
 
-def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> list[Callable[[], None]] | None:
     """A many-row gated FFN stretch's calls (one, bracketed), else None: gate
     and up in edges (of one kind), act(gate), Mul by up, the out edge; no
     value but the out edge's read elsewhere (nothing else is stored)."""
@@ -310,7 +318,7 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[
                 edge_g.has_bias, edge_u.src, edge_u.extra, edge_u.row_scale(slots, label), edge_u.ch, edge_u.bias,
                 edge_u.has_bias, act_kind, m, k, edge_out.kind, edge_out.dst, edge_out.signs, edge_out.block,
                 edge_out.hnorm, edge_out.scale, edge_out.rotated)
-        over_ranges(lambda lo, hi: run(*args, lo, hi), -(-m // LANES))
+        over_ranges(lambda lo, hi: run(*args, lo, hi), live_tiles(state, m))
         edge_out.finish(slots)
     call.label, call.ops = label, tuple(s.op for s in steps)
     return plan._bracketed([*edge_g.bos, *edge_u.bos, edge_out.bo], [call])
@@ -328,7 +336,7 @@ def _threads_for(values: int) -> int:
     return THREADS if values >= _SHARED_WORK else 1
 
 
-def _in_edge_call(plan, step: Step, outputs: set):
+def _in_edge_call(plan, step: Step, outputs: set, state=None):
     """A many-row DequantizeRows of an NPU output (_InEdge) as one compiled
     call over tiles shared among the threads, into a column-major buffer made
     once (a fresh one when it is a program output), else None."""
@@ -339,7 +347,7 @@ def _in_edge_call(plan, step: Step, outputs: set):
         return None
     m, k = mk
     edge, o, fresh, slots = _InEdge(plan, step), plan._slot(step.outputs[0]), step.outputs[0] in outputs, plan.slots
-    buf, run, tiles = np.empty((m, k), F32, order="F"), kernels.in_edge_tiles, -(-m // LANES)
+    buf, run = np.empty((m, k), F32, order="F"), kernels.in_edge_tiles
     label = f"{step.op} edge of rows"
 
     threads = _threads_for(m * k)
@@ -347,13 +355,13 @@ def _in_edge_call(plan, step: Step, outputs: set):
     def call():  # column-major rows, as the per-step path reads an NPU output (RoPE's tokens-inner loops)
         out = np.empty((m, k), F32, order="F") if fresh else buf
         args = (edge.kind, edge.src, edge.extra, edge.row_scale(slots, label), edge.ch, edge.bias, edge.has_bias, out.T)
-        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles, threads)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), live_tiles(state, m), threads)
         slots[o] = out
     call.bos, call.label = edge.bos, label
     return call
 
 
-def _out_edge_call(plan, step: Step):
+def _out_edge_call(plan, step: Step, state=None):
     """A many-row QuantizeRows of host rows into an NPU operand whose
     rotation has a block-mixing factor (_OutEdge) as one compiled call over
     tiles, else None. Without a factor the per-step path (one compiled
@@ -371,7 +379,7 @@ def _out_edge_call(plan, step: Step):
     if compiled_form(step_rotation(plan, step), k).factor is None:
         return None
     edge, i, slots, run = _OutEdge(plan, step), plan._slot(src), plan.slots, kernels.out_edge_tiles
-    label, tiles, threads = f"{step.op} edge of rows", -(-m // LANES), _threads_for(m * k)
+    label, threads = f"{step.op} edge of rows", _threads_for(m * k)
 
     def call():
         x = slots[i]  # in its own memory order: a column-major one (the per-step kernels' for
@@ -380,7 +388,7 @@ def _out_edge_call(plan, step: Step):
             if x.shape != (m, k):
                 raise_shape(label, "input", x)
         args = (x, edge.kind, edge.dst, edge.signs, edge.block, edge.hnorm, edge.scale, edge.rotated)
-        over_ranges(lambda lo, hi: run(*args, lo, hi), tiles, threads)
+        over_ranges(lambda lo, hi: run(*args, lo, hi), live_tiles(state, m), threads)
         edge.finish(slots)
     call.bos, call.label = [edge.bo], label
     return call
@@ -450,7 +458,7 @@ def _heads_chain(plan, steps: Sequence[Step], first: int, outputs: set, state) -
     edge, o, fresh, slots = _InEdge(plan, step), plan._slot(name), name in outputs, plan.slots
     w, eps = norm if norm is not None else (_NONE_VEC, F32(0.0))
     tables, dims, neox, pos_slot = rope if rope is not None else (None, 0, False, None)
-    buf, load, apply, tiles = np.empty((k, m), F32), kernels.in_edge_tiles, channels.norm_rope, -(-m // LANES)
+    buf, load, apply = np.empty((k, m), F32), kernels.in_edge_tiles, channels.norm_rope
     heads, label, threads = k // hd, f"{step.op} edge of heads (compiled)", _threads_for(m * k)
 
     def call():
@@ -460,10 +468,11 @@ def _heads_chain(plan, steps: Sequence[Step], first: int, outputs: set, state) -
         else:
             cos_t = sin_t = _NONE_F32
         args = (edge.kind, edge.src, edge.extra, edge.row_scale(slots, label), edge.ch, edge.bias, edge.has_bias, out_t)
+        tiles = live_tiles(state, m)
         over_ranges(lambda lo, hi: load(*args, lo, hi), tiles, threads)
-        x = out_t.reshape(heads, hd, m)
+        x, tokens = out_t.reshape(heads, hd, m), min(m, tiles * LANES)
         over_ranges(lambda lo, hi: apply(x, norm is not None, w, eps, tables is not None, cos_t, sin_t, dims, neox,
-                                         lo, hi), heads, threads)
+                                         lo, hi, tokens), heads, threads)
         slots[o] = x.transpose(2, 0, 1)  # [M, heads, hd], tokens innermost
     call.bos, call.label = edge.bos, label
     return call, chain
@@ -486,7 +495,7 @@ def edge_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> li
             taken.update(chain[1][1:])
     for i, s in enumerate(steps):
         if edges[i] is None and i not in taken:
-            edges[i] = _in_edge_call(plan, s, outputs) or _out_edge_call(plan, s)
+            edges[i] = _in_edge_call(plan, s, outputs, state) or _out_edge_call(plan, s, state)
     return _with_edges(plan, steps, edges, bind, outputs, taken)
 
 
@@ -520,4 +529,9 @@ def fusers(state=None) -> list:
         return edge_rows(plan, steps, bind, outputs, state)
     from rkc.runtime.llm import fused_int4_rows as int4  # (it imports this module's matchers)
 
-    return [residual_rows, ffn_rows, int4.int4_residual_rows, int4.int4_ffn_rows, int4.int4_edges, edges]
+    def residual(plan, steps: Sequence[Step], bind, outputs: set):
+        return residual_rows(plan, steps, bind, outputs, state)
+
+    def ffn(plan, steps: Sequence[Step], bind, outputs: set):
+        return ffn_rows(plan, steps, bind, outputs, state)
+    return [residual, ffn, int4.int4_residual_rows, int4.int4_ffn_rows, int4.int4_edges, edges]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -129,16 +129,29 @@ class Timings:
         return lines
 
 
-def chunk_plan(n: int, chunks: list[int]) -> list[tuple[int, int]]:
-    """(program size, tokens) pairs covering n tokens: whole chunks, largest
-    first; a remainder of two or more tokens runs padded in the smallest chunk
-    that holds it (the NPU's time for a product hardly depends on its rows).
-    Then, from the end, two runs become one wherever a program holds their
-    tokens in no more rows than the two compute (32 + 3 padded to 32 -> 35 in
-    a 64): the same rows or fewer, one program run less (a run has a fixed
-    cost; docs/api.md measures it). Only pairs merge: four 128-row runs never
-    become one 512-row run, which costs Gemma 3 270M's host more."""
-    plan, sizes = [], sorted(set(chunks) | {1}, reverse=True)
+def chunk_plan(n: int, chunks: list[int], npu_s: Mapping[int, float] | None = None) -> list[tuple[int, int]]:
+    """(program size, tokens) pairs covering n tokens, in order.
+
+    With `npu_s` (each size's modelled NPU seconds a run, as the compiler
+    recorded them; every size of `chunks` and 1): the plan whose runs cost the
+    NPU least, ties to fewer runs, then fewer rows. A run's host work is
+    its real tokens' (runtime/llm/fused_rows.live_tiles: pad rows cost the
+    host nothing), the same in every plan of n tokens but for a fixed cost
+    per run, while the NPU reads every weight once a run whatever its rows
+    hold: Gemma 3 270M's 200 tokens run as 128 + 72 padded in a 128 (int8
+    NPU 32 ms) rather than 128 + 32 + 32 + 8 padded in a 32 (57 ms). Whole
+    runs come first, the padded one last; past twice the largest size the
+    largest whole runs are taken first (the cheapest NPU time a token).
+
+    Without figures (an rkbin from before they were recorded): whole chunks,
+    largest first; a remainder of two or more tokens runs padded in the
+    smallest chunk that holds it; then, from the end, two runs become one
+    wherever a program holds their tokens in no more rows than the two
+    compute (32 + 3 padded to 32 -> 35 in a 64)."""
+    sizes = sorted(set(chunks) | {1}, reverse=True)
+    if npu_s is not None and all(s in npu_s for s in sizes):
+        return _cheapest_plan(n, sizes, npu_s)
+    plan = []
     while n > 0:
         fit = [s for s in sizes if s <= n]
         c = fit[0]
@@ -157,6 +170,30 @@ def chunk_plan(n: int, chunks: list[int]) -> list[tuple[int, int]]:
     return plan
 
 
+def _cheapest_plan(n: int, sizes: list[int], npu_s: Mapping[int, float]) -> list[tuple[int, int]]:
+    """chunk_plan by the NPU's figures: (NPU seconds, runs, rows) least over
+    plans whose runs are whole but the last (dynamic programming over the
+    tokens left, after the largest whole runs past twice the largest size)."""
+    largest, plan = sizes[0], []
+    while n > 2 * largest:
+        plan.append((largest, largest))
+        n -= largest
+    best: list[tuple[float, int, int]] = [(0.0, 0, 0)] + [(math.inf, 0, 0)] * n
+    choice = [0] * (n + 1)
+    for t in range(1, n + 1):
+        for s in sizes:
+            prev = best[t - min(s, t)]
+            cost = (prev[0] + npu_s[s], prev[1] + 1, prev[2] + s)
+            if cost < best[t]:
+                best[t], choice[t] = cost, s
+    runs, t = [], n
+    while t > 0:
+        s = choice[t]
+        runs.append((s, min(s, t)))
+        t -= min(s, t)
+    return plan + sorted(runs, key=lambda r: (r[1] < r[0], -r[0]))  # whole runs first, largest first
+
+
 class Generator:
     def __init__(self, engine: LlmEngine, n_ctx: int | None = None) -> None:
         self.engine = engine
@@ -168,7 +205,7 @@ class Generator:
 
     def _forward(self, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:
         outs, pos = [], start
-        for c, n in chunk_plan(len(tokens), self.engine.chunks):
+        for c, n in chunk_plan(len(tokens), self.engine.chunks, self.engine.npu_seconds(all_logits)):
             name = self.engine.program_for(c, all_logits).name
             ids = np.asarray(tokens[pos - start: pos - start + n], np.int32)
             outs.append(self.engine.run(name, ids, np.arange(pos, pos + n, dtype=np.int32), self.cache))

@@ -119,12 +119,14 @@ def store_rows(x: np.ndarray, rows16: np.ndarray, rows32: np.ndarray) -> bool:
 
 
 @njit(**_JIT)
-def norm_rope(x, norm, w, eps, rotary, cos_t, sin_t, dims, neox, lo, hi):
+def norm_rope(x, norm, w, eps, rotary, cos_t, sin_t, dims, neox, lo, hi, tokens):
     """rms_norm then rope (each when asked) of x [B, D, T] (C order) in place,
-    blocks lo..hi-1, in one pass over each pair of channels: rms_norm's and
+    blocks lo..hi-1, tokens 0..tokens-1 (the rest pad a short chunk and are
+    left as they are), in one pass over each pair of channels: rms_norm's and
     rope's float32 operations in their order, so the values those two
     kernels give one after the other."""
     nb, d, t_ = x.shape
+    t_ = min(t_, tokens)
     half = dims // 2 if rotary else 0
     acc = np.empty(t_, np.float64)
     inv = np.empty(t_, np.float32)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.half import narrow_bits, widen_bits
+from rkc.runtime.half import narrow_value, widen_value
 from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _load_tile, _signed_tile, exp_parts, scaled_amax
 
 _JIT = {"cache": True, "nogil": True}
@@ -69,13 +69,20 @@ def _load_in(kind, atoms, extra, row_scale, ch, bias, has_bias, m0, r, k, buf):
     fp16 atoms widened, or int32 accumulators (plus `extra`'s, a second K
     partial, when it has rows) times the row's and the channel's scale (+ bias)."""
     c1, _, c2 = atoms.shape
-    if kind == IN_HALF:
-        bits = buf.view(np.uint32)
+    if kind == IN_HALF:  # each atom's [r, C2] block widened into a [LANES, C2] tile, then transposed into buf
+        lanes = buf.shape[1]  # LANES (a tile), or r (a caller's view of its rows)
+        tmp = np.zeros((LANES, c2), np.float32)
         for a in range(c1):
             base = a * c2
+            block = atoms[a]
             for lane in range(r):
-                for b in range(min(c2, k - base)):
-                    bits[base + b, lane] = widen_bits(np.uint16(atoms[a, m0 + lane, b]))
+                src, t = block[m0 + lane], tmp[lane]
+                for b in range(c2):
+                    t[b] = widen_value(np.uint16(src[b]))
+            for b in range(min(c2, k - base)):
+                row = buf[base + b]
+                for lane in range(lanes):
+                    row[lane] = tmp[lane, b]
         return
     partial = extra.shape[1] > 0
     rs = np.empty(LANES, np.float32)
@@ -268,13 +275,19 @@ def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, s
     scales), or rotated into `rotated` [K / block, M x block] by blocks (for
     a factor's product, one GEMM over every row). `signed`: the rotation's
     signs are in buf already (the caller's last pass multiplied them in)."""
-    if out_kind == OUT_HALF:
+    if out_kind == OUT_HALF:  # each atom's channels narrowed into a [LANES, C2] tile, then its rows copied
         c1, _, c2 = dst.shape
+        tmp = np.zeros((LANES, c2), np.uint16)  # channels past K: zeros
         for a in range(c1):
+            for b in range(min(c2, k - a * c2)):
+                col = buf[a * c2 + b]
+                for lane in range(LANES):
+                    tmp[lane, b] = narrow_value(col[lane])
+            block = dst[a]
             for lane in range(r):
+                d, t = block[m0 + lane], tmp[lane]
                 for b in range(c2):
-                    j = a * c2 + b
-                    dst[a, m0 + lane, b] = narrow_bits(bits[j, lane]) if j < k else 0
+                    d[b] = t[b]
         return
     if _rotate_tile(buf, m0, r, k, signs, signed, block, hnorm, out_kind == OUT_ROTATED, rotated):
         return

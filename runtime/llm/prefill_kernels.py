@@ -18,6 +18,17 @@ import numpy as np
 from numba import njit
 
 LANES = 16  # rows per tile: two AVX2 vectors of float32
+
+
+def live_rows(state, m: int) -> int:
+    """The rows of an [m, K] chunk the host computes: its real tokens' tiles
+    of LANES rows. The rows past `state.valid` pad a short chunk: they never
+    enter the KV cache, their logits are dropped, and every step but
+    attention (which reads the real rows only) is row by row on the host and
+    on the NPU, so the host leaves them (a pad row costs the host nothing;
+    runtime/llm/generate.chunk_plan counts on it). Without a state: all m."""
+    rows = m if state is None else min(m, max(1, int(state.valid)))
+    return min(m, -(-rows // LANES) * LANES)
 _JIT = {"cache": True, "nogil": True}
 _BLOCK = 128  # numpy's pairwise leaf (jit._BLOCK)
 

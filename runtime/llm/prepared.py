@@ -289,7 +289,9 @@ def quantize_rows(step: Step, consts: list, state) -> Prepared | None:
             return plain.quantize_rows_kernel(inputs, attrs, state)  # numpy's error, as before
         if rot is not None and factor is None and len(x) >= lanes:  # a prefill chunk: by tiles, in one pass
             q, scale = empty(x.shape, np.int8), empty(len(x), F32)
-            rotate_quantize_many(x, signs, block, norm, q, scale)
+            n = many.live_rows(state, len(x))  # pad rows: zeros (never read)
+            rotate_quantize_many(x[:n], signs, block, norm, q[:n], scale[:n])
+            q[n:], scale[n:] = 0, 0
             return [q, scale]
         if rot is not None:
             b = buffers.get(x.shape)

@@ -23,6 +23,10 @@ HEADS = {
                              helper.make_node("Gemm", ["f", "w_t", "b"], ["y"], transB=1, alpha=0.5, beta=2.0)],
     "reshape_matmul": lambda: [helper.make_node("Reshape", ["p", "shape"], ["f"]),
                                helper.make_node("MatMul", ["f", "w"], ["y"])],
+    # Paddle's fc (PP-OCR cls): the bias a separate Add after the product, into the convolution's bias
+    "matmul_then_bias": lambda: [helper.make_node("Flatten", ["p"], ["f"]),
+                                 helper.make_node("MatMul", ["f", "w"], ["m"]),
+                                 helper.make_node("Add", ["m", "b"], ["y"])],
 }
 
 

@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
 from rkc.ir.npu import geometry, layout
+from rkc.ir.rkbin import read_rkbin
 from onnx_models import cosine, graph_model, onnxruntime_outputs, save
 
 pytest.importorskip("rkc.runtime.sim")
@@ -66,11 +67,22 @@ def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w):
     report = build(path, tmp_path / "m.rkbin", options)
     products = [p for p in report.placements if p.op.type == "MatMul"]
     assert [p.device for p in products] == ["npu", "npu"], [p.reason for p in products]
+    assert _softmax_steps(tmp_path / "m.rkbin") == 1  # the scores' softmax written as the second B
     x = rng.standard_normal((1, c, h, w)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
         got = m.run({"x": x})["y"]
     want = onnxruntime_outputs(path, {"x": x})["y"]
     assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def _steps(path, op: str) -> int:
+    return sum(s.op == op for s in read_rkbin(path).module.program("main").steps)
+
+
+def _softmax_steps(path) -> int:
+    """The program's SoftmaxTranspose steps: scores read from a GEMM's output, the
+    probabilities written as the next GEMM's run-time weights (program_steps.py)."""
+    return _steps(path, "SoftmaxTranspose")
 
 
 def _heads(dim: int, heads: int, h: int, w: int, seed: int):
@@ -109,8 +121,42 @@ def test_batched_attention_products_run_per_head_on_the_npu(tmp_path, dim, heads
     report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", npu_attention=True))
     products = [p for p in report.placements if p.op.type == "MatMul"]
     assert [p.device for p in products] == ["npu"] * 2 * heads, [p.reason for p in products]
+    assert _softmax_steps(tmp_path / "m.rkbin") == heads
+    # Q^T (scaled), K and V of each head gathered from the qkv map (compiler/relayout.py): the map
+    # is not converted to float32 on the host
+    assert _steps(tmp_path / "m.rkbin", "Relayout") == 3 * heads
+    assert not [s for s in read_rkbin(tmp_path / "m.rkbin").module.program("main").steps if s.name == "from_npu:qkv"]
     x = np.random.default_rng(5).standard_normal((1, dim, h, w)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
         got = m.run({"x": x})["y"]
     want = onnxruntime_outputs(path, {"x": x})["y"]
     assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+def test_relayout_native_gathers_match_the_interpreter(tmp_path, monkeypatch):
+    """The Relayout steps' gathers between native layouts (runtime/feature_edges.py) give
+    the interpreter's values bit for bit (its logical arrays through the index map)."""
+    from rkc.runtime import feature_edges
+
+    path = save(_heads(96, 3, 3, 5, 9), tmp_path / "m.onnx")
+    build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", npu_attention=True))
+    x = np.random.default_rng(6).standard_normal((1, 96, 3, 5)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        native = m.run({"x": x})["y"]
+    monkeypatch.setattr(feature_edges, "_relayout", lambda run, step: False)
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        interpreted = m.run({"x": x})["y"]
+    assert np.array_equal(native, interpreted)
+
+
+def test_heads_stay_batched_where_their_products_stay_on_the_cpu(tmp_path):
+    """The per-head split is the default only where every head's product runs on the NPU
+    (compiler/build.py's _place): placed on the CPU, the two batched products stay whole;
+    --npu-attention splits them anyway."""
+    path = save(_heads(64, 2, 4, 4, 3), tmp_path / "m.onnx")
+    auto = build(path, tmp_path / "a.rkbin", BuildOptions(precision="fp16", cpu_only=True))
+    assert [p.device for p in auto.placements if p.op.type == "MatMul"] == ["cpu"] * 2
+    forced = build(path, tmp_path / "f.rkbin", BuildOptions(precision="fp16", cpu_only=True, npu_attention=True))
+    assert [p.device for p in forced.placements if p.op.type == "MatMul"] == ["cpu"] * 4
+    default = build(path, tmp_path / "d.rkbin", BuildOptions(precision="fp16"))
+    assert [p.device for p in default.placements if p.op.type == "MatMul"] == ["npu"] * 4

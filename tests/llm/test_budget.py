@@ -11,7 +11,8 @@ import pytest
 from llm.synth import write_model
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm import budget
-from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, encode_int4, within_budget
+from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, within_budget
+from rkc.compiler.llm.encode import encode_int4
 from rkc.compiler.llm.int4 import quantize_weight
 from rkc.compiler.llm.quantize import HIDDEN_INPUT_KINDS
 from rkc.compiler.llm.weights import row_source
@@ -112,7 +113,7 @@ def test_int4_auto_groups_probed_on_the_first_rows_are_the_full_search(monkeypat
     """AUTO_GROUP: the fewest K groups whose partials are safe for the whole
     matrix, whether the first rows were probed or not (a probe that passes
     where a later row fails still ends at the whole matrix's count)."""
-    from rkc.compiler.llm import build
+    from rkc.compiler.llm import encode
     from rkc.compiler.llm.int4 import AUTO_GROUP, group_for, safe
 
     rng = np.random.default_rng(5)
@@ -120,8 +121,8 @@ def test_int4_auto_groups_probed_on_the_first_rows_are_the_full_search(monkeypat
     # the last rows uniform: larger |int4| sums than Gaussian rows, so they need more groups
     w[30:] = rng.uniform(-1.0, 1.0, (10, 4096))
     want = next(group_for(4096, parts) for parts in range(1, 129) if safe(quantize_weight(w, group_for(4096, parts))))
-    monkeypatch.setattr(build, "INT4_PROBE_ROWS", probe_rows)
-    monkeypatch.setattr(build, "ENCODE_ROWS", 16)  # three row blocks: a later one may fail after the first passed
+    monkeypatch.setattr(encode, "INT4_PROBE_ROWS", probe_rows)
+    monkeypatch.setattr(encode, "ENCODE_ROWS", 16)  # three row blocks: a later one may fail after the first passed
     enc = encode_int4(row_source(w), AUTO_GROUP)
     assert enc.int4_group == want and want < 4096
     np.testing.assert_array_equal(enc.int4_values(), quantize_weight(w, want).data)
@@ -140,10 +141,25 @@ def test_weights_past_the_iova_window_are_refused_before_quantizing(graph):
             check_npu_weights_fit(graph, options, window=need)
 
 
+def test_prefill_chunks_not_given_are_the_compilers_choice():
+    """Chunks not given (None) are DEFAULT_CHUNKS and may give way to the IOVA window; chunks
+    given may not, even when they are the default list, and gain the one-row chunk."""
+    from rkc.compiler.llm.build import DEFAULT_CHUNKS, prefill_chunks
+
+    assert LlmCompileOptions().prefill_chunks is None
+    assert prefill_chunks(LlmCompileOptions()) == (DEFAULT_CHUNKS, True)
+    assert prefill_chunks(LlmCompileOptions(prefill_chunks=DEFAULT_CHUNKS)) == (DEFAULT_CHUNKS, False)
+    assert prefill_chunks(LlmCompileOptions(prefill_chunks=(512, 32))) == ((1, 32, 512), False)
+    with pytest.raises(UnsupportedError, match="must be positive"):
+        prefill_chunks(LlmCompileOptions(prefill_chunks=(0, 32)))
+
+
 def test_default_chunks_give_way_to_the_iova_window(tmp_path, monkeypatch):
     """With the default prefill chunks, a chunk whose activations (estimated from the smaller
     chunks' scratch per row) would not fit beside the weights in the IOVA window is left out,
-    with the larger ones, and the file still runs; chunks asked for are all kept."""
+    with the larger ones, and the file still runs; chunks asked for are all kept, the default
+    list typed out too: past the window, that module is refused (one error, nothing written)."""
+    from rkc.compiler import module_builder
     from rkc.compiler.llm import build
     from rkc.compiler.llm.build import DEFAULT_CHUNKS, compile_gguf
     from rkc.ir.rkbin import read_rkbin
@@ -155,6 +171,8 @@ def test_default_chunks_give_way_to_the_iova_window(tmp_path, monkeypatch):
     regions = {r.kind: r.size for r in read_rkbin(tmp_path / "whole.rkbin").module.regions}
     window = regions["weights"] + regions["regcmd"] + regions["scratch"] - 1  # the 512-chunk's scratch: one byte short
     monkeypatch.setattr(build, "IOVA_WINDOW", window)
+    check = module_builder.check_iova_window  # the end check, against the same window
+    monkeypatch.setattr(module_builder, "check_iova_window", lambda regions: check(regions, window))
     report = compile_gguf(gguf, tmp_path / "fit.rkbin", options)
     module = read_rkbin(tmp_path / "fit.rkbin").module
     kept = module.metadata["prefill_chunks"]
@@ -172,3 +190,8 @@ def test_default_chunks_give_way_to_the_iova_window(tmp_path, monkeypatch):
     asked = compile_gguf(gguf, tmp_path / "asked.rkbin", LlmCompileOptions("int8", (1, 32, 512), rounding="rtn"))
     assert read_rkbin(tmp_path / "asked.rkbin").module.metadata["prefill_chunks"] == [1, 32, 512]
     assert not any("left out" in line for line in asked.lines)
+    typed = LlmCompileOptions("int8", DEFAULT_CHUNKS, rounding="rtn")  # the defaults given: every one kept
+    files = set(tmp_path.iterdir())
+    with pytest.raises(UnsupportedError, match="IOVA window"):
+        compile_gguf(gguf, tmp_path / "typed.rkbin", typed)
+    assert set(tmp_path.iterdir()) == files

@@ -1,5 +1,5 @@
 """The one-row compiled kernels of the decode plan's fused stretches
-(runtime/llm/fused.py -> runtime/llm/jit.py) against float64 references over
+(runtime/llm/fused*.py -> runtime/llm/jit.py) against float64 references over
 shape sweeps: the residual stretch's body in each form (norm, add, Gemma 4's
 layer output scale, second norm, each optional but the add) and the attention
 stretch's front (q / k norms, Gemma 4's plain v norm, RoPE, the fp16 cache

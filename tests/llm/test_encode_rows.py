@@ -1,4 +1,4 @@
-"""The row-block encoder (compiler/llm/build.encode_rows) gives the bits of the
+"""The row-block encoder (compiler/llm/encode.encode_rows) gives the bits of the
 whole matrix encoded at once, for a matrix of more rows than one block (a
 262k-row head is never whole in fp32): fp16, and int8 under every rounding and
 scale choice, rotated or not, from memory and from the mapped GGUF."""
@@ -6,7 +6,7 @@ scale choice, rotated or not, from memory and from the mapped GGUF."""
 import numpy as np
 import pytest
 
-from rkc.compiler.llm.build import ENCODE_ROWS, encode_rows
+from rkc.compiler.llm.encode import ENCODE_ROWS, encode_rows
 from rkc.compiler.llm.quantize import quantize_matrix
 from rkc.compiler.llm.rotate import rotate_matrix, rotation_for
 from rkc.compiler.llm.weights import ArrayRows
@@ -81,7 +81,7 @@ def test_streamed_table_blocks_equal_encode_rows(tmp_path, precision):
     (streamed_rows) yields, block by block, the rows and scales encode_rows
     gives for the whole table; its stand-ins hold no data."""
     from rkc.compiler.frontend.gguf import GgufFile
-    from rkc.compiler.llm.build import streamed_rows
+    from rkc.compiler.llm.encode import streamed_rows
     from rkc.compiler.llm.weights import RowTable
 
     table = RowTable(GgufFile(_q8_0_file(tmp_path / "m.gguf")), "head.weight")

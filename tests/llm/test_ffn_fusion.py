@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rkc.compiler.emitter_ops import CHAINABLE, EMIT_OPTIONS
+from rkc.compiler.emitter_graph import CHAINABLE, EMIT_OPTIONS
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.ffn_fusion import ACTIVATION_LUT, gated_ffns, operand_rows
 from rkc.compiler.npu import api, lut

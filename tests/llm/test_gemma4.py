@@ -247,7 +247,7 @@ PLAN_STEPS = [("prefill_4", [5, 6, 7, 8], 0), ("prefill_4", [7, 8, 9], 4), *[("d
 @pytest.mark.parametrize("variant", ["gemma4", "gemma4-kv-rule"])
 def test_decode_stretches_are_fused_and_give_the_interpreters_logits(variant, precision, gemma4_rkbin):
     """Each Gemma 4 layer's host work between NPU segments runs as one fused
-    call in decode (runtime/llm/fused.py): its attention stretch (q/k norms,
+    call in decode (runtime/llm/fused*.py): its attention stretch (q/k norms,
     the plain v norm, v as k's product, partial RoPE; or a KV-shared layer's
     query before AttentionShared over its source's fp16 rows), with the
     norms, RoPEs and cache row compiled; the residual stretches (the FFN
@@ -258,16 +258,16 @@ def test_decode_stretches_are_fused_and_give_the_interpreters_logits(variant, pr
     call. The logits are the interpreter's, bit for bit in int8 and int4
     (test_plan's rule)."""
     from llm.test_plan import assert_plan_is_the_interpreter
-    from rkc.runtime.llm import fused
+    from rkc.runtime.llm import fused_attention
 
     path = gemma4_rkbin(variant, precision)
-    made, front = [], fused._compiled_front
+    made, front = [], fused_attention._compiled_front
     engine = None
     try:
-        fused._compiled_front = lambda *a: made.append(front(*a)) or made[-1]
+        fused_attention._compiled_front = lambda *a: made.append(front(*a)) or made[-1]
         engine = LlmEngine(path, device="null")
     finally:
-        fused._compiled_front = front
+        fused_attention._compiled_front = front
     labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
     many = [getattr(c, "label", "") for c in engine.plans["prefill_16"].calls]
     n, ple = engine.cfg.n_layer, variant == "gemma4"

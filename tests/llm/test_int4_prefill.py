@@ -145,9 +145,10 @@ def test_int4_ffn_tiles_match_a_float64_reference(rows, k, kind, groups, bias, a
 
 
 @pytest.mark.parametrize("rows", [16, 37, 80])
-@pytest.mark.parametrize("n,groups,bias", [(256, 1, False), (1024, 2, True), (200, 3, False)])
+@pytest.mark.parametrize("n,groups,bias", [(256, 1, False), (1024, 2, True), (200, 3, False), (100, 2, True)])
 def test_int4_combine_tiles_match_a_float64_reference(rows, n, groups, bias):
-    """An int4 in edge on its own (attention's q, k, v) into column-major rows."""
+    """An int4 in edge on its own (attention's q, k, v) into column-major rows; n = 100 ends in half an atom
+    (the channels past the whole atoms, combined one by one)."""
     rng = np.random.default_rng(rows + n + groups)
     p, n_pad, sw, rs, b, want = _int4_in(rng, rows, n, groups, bias)
     out = np.full((rows, n), np.nan, F32, order="F")

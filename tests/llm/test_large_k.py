@@ -10,7 +10,7 @@ import pytest
 from llm.conftest import cosine, teacher_forced
 from llm.reference import ReferenceModel
 from llm.synth import SHAPES, write_gguf
-from rkc.compiler.emitter_ops import EMIT_OPTIONS
+from rkc.compiler.emitter_graph import EMIT_OPTIONS
 from rkc.compiler.npu.gemm import k_ranges
 from rkc.runtime.llm.engine import LlmEngine
 

@@ -68,6 +68,21 @@ def test_many_row_plan_gives_the_interpreters_logits(arch, precision, synth_rkbi
                                    atol=2e-3 if precision == "fp16" else 1e-4)
 
 
+# a 32-row chunk, then 11 tokens in it: the second tile is all pad rows, which the host leaves as the
+# first run left them (runtime/llm/fused_rows.live_tiles)
+PAD_TILES = [("prefill_32", list(range(20, 52)), 0), ("prefill_32", list(range(60, 71)), 32), ("decode", [80], 43)]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_pad_tiles_left_alone_give_the_interpreters_logits(precision, synth_rkbin):
+    """A chunk of fewer tokens than its program's rows: the host's many-row
+    steps run over the real tokens' tiles only, the pad rows keeping the
+    previous run's values; the real rows' logits and the next step's are the
+    interpreter's (which computes every row), within the many-row bounds."""
+    assert_plan_is_the_interpreter(synth_rkbin("gemma3", precision, chunks=(1, 32)), precision, PAD_TILES,
+                                   exact_int8=False, atol=2e-3 if precision == "fp16" else 1e-4)
+
+
 def test_two_term_edges_are_fused_and_give_the_interpreters_logits(synth_rkbin):
     """--int8-residual all (every int8 input a row and its residual row):
     the decode plan still fuses each layer's stretches (their edges read and
@@ -174,7 +189,7 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     """The decode plan runs each decoder layer's residual stretches (dequantize
     or cast, norms, the residual add, quantize or cast), its attention
     stretch and an integer gated FFN's as one call each, and reads the logits
-    straight from their BO (runtime/llm/fused.py), so
+    straight from their BO (runtime/llm/fused*.py), so
     test_plan_gives_the_interpreters_logits checks the fused paths; a prefill
     plan (more rows) keeps the per-step path."""
     engine = LlmEngine(synth_rkbin(arch, precision), device="null")
@@ -215,13 +230,13 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_attention_stretches_run_their_front_compiled(arch, precision, synth_rkbin, monkeypatch):
     """Each decode layer's attention stretch runs its norms, RoPEs and cache
-    store as one compiled call (fused._compiled_front), so
+    store as one compiled call (fused_attention._compiled_front), so
     test_plan_gives_the_interpreters_logits checks that path (a model whose
     stretch has another shape keeps the step-by-step runs)."""
-    from rkc.runtime.llm import fused
+    from rkc.runtime.llm import fused_attention
 
-    made, front = [], fused._compiled_front
-    monkeypatch.setattr(fused, "_compiled_front", lambda *a: made.append(front(*a)) or made[-1])
+    made, front = [], fused_attention._compiled_front
+    monkeypatch.setattr(fused_attention, "_compiled_front", lambda *a: made.append(front(*a)) or made[-1])
     engine = LlmEngine(synth_rkbin(arch, precision), device="null")
     n = engine.cfg.n_layer
     engine.close()
@@ -245,7 +260,7 @@ def test_silu_does_not_overflow_and_keeps_the_formulas_values():
         want = x / (1.0 + np.exp(-x))
     run = prepared.BINDERS["SiLU"](_step("SiLU", 1, {}), [None], None)
 
-    def fused(x):  # the one-row FFN stretch's compiled calls around numpy's exp (runtime/llm/fused.py)
+    def fused(x):  # the one-row FFN stretch's compiled calls around numpy's exp (runtime/llm/fused_gate.py)
         x, t, act, out = x[None], np.empty((1, x.size), np.float32), np.empty((1, x.size), np.float32), np.empty(
             (1, x.size), np.float32)
         jit.silu_argument(x, kernels.EXP_MAX, t)

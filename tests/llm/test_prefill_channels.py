@@ -108,7 +108,7 @@ def test_norm_rope_in_place_is_float64s(norm, rotary, neox, t, heads, d, dims):
     cos_t, sin_t = tables.at_transposed(pos)
     got = x.copy(order="K")
     xc = channels.channel_major(got)
-    channels.norm_rope(xc, norm, w, np.float32(1e-6), rotary, cos_t, sin_t, dims, neox, 0, heads)
+    channels.norm_rope(xc, norm, w, np.float32(1e-6), rotary, cos_t, sin_t, dims, neox, 0, heads, t)
     want = x.astype(np.float64)
     if norm:
         want = reference.rms_norm(want, w.astype(np.float64), 1e-6)
@@ -123,5 +123,20 @@ def test_norm_rope_touches_only_its_blocks():
     before = x.copy()
     cos_t, sin_t = prepared._RopeTables(np.ones(32), 1.0).at_transposed(np.arange(32, dtype=np.int32))
     channels.norm_rope(channels.channel_major(x), True, np.ones(64, np.float32), np.float32(1e-6), True,
-                       cos_t, sin_t, 64, True, 1, 3)
+                       cos_t, sin_t, 64, True, 1, 3, 32)
     assert np.array_equal(x[:, [0, 3]], before[:, [0, 3]]) and not np.array_equal(x[:, 1:3], before[:, 1:3])
+
+
+def test_norm_rope_leaves_the_pad_tokens():
+    """Tokens past `tokens` pad a short chunk: left as they are, the real
+    ones as a call over only them gives."""
+    rng = np.random.default_rng(6)
+    x = npu_layout(rng, 48, 2, 64)
+    x[20:] = np.nan  # what a pad row may hold: never read
+    cos_t, sin_t = prepared._RopeTables(np.ones(32), 1.0).at_transposed(np.arange(48, dtype=np.int32))
+    alone = np.ascontiguousarray(x[:20].transpose(1, 2, 0))  # [B, D, 20], C order
+    channels.norm_rope(alone, True, np.ones(64, np.float32), np.float32(1e-6), True,
+                       np.ascontiguousarray(cos_t[:, :20]), np.ascontiguousarray(sin_t[:, :20]), 64, True, 0, 2, 20)
+    channels.norm_rope(channels.channel_major(x), True, np.ones(64, np.float32), np.float32(1e-6), True,
+                       cos_t, sin_t, 64, True, 0, 2, 20)
+    assert np.isnan(x[20:]).all() and np.array_equal(x[:20], alone.transpose(2, 0, 1))

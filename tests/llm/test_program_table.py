@@ -25,7 +25,9 @@ def test_choosing_by_rows_and_logits():
 
 
 @pytest.mark.parametrize("metadata", [{}, {"programs": []}, {"programs": {"decode": {"rows": 1}}},
-                                      {"programs": {"prefill_4": {"rows": 4, "last_row_only": True}}}])
+                                      {"programs": {"prefill_4": {"rows": 4, "last_row_only": True}}},
+                                      {"programs": {"decode": {"rows": 1, "last_row_only": False,
+                                                               "modelled_npu_s": "soon"}}}])
 def test_a_missing_or_broken_table_is_a_format_error(metadata):
     with pytest.raises(FormatError, match="m.rkbin: LLM rkbin without"):
         programs_in(metadata, "m.rkbin")
@@ -36,11 +38,13 @@ def test_the_compiler_writes_the_table_the_runtime_reads(synth_rkbin):
     module = read_rkbin(path).module
     table = programs_in(module.metadata)
     assert table == {p.name: p for p in program_plan([1, 4])}
+    assert all(p.npu_s > 0 for p in table.values())  # each run's modelled NPU time, for the chunk plan
     assert [p.name for p in module.programs] == list(p.name for p in program_plan([1, 4]))
     engine = LlmEngine(path, device="sim")
     try:
         for p in table.values():  # every program's token input has the rows the table states
             assert engine.model.tensors[p.tensor("tokens")].shape[0] == p.rows
         assert engine.program_for(4, all_logits=True) == LlmProgram("score_4", 4, False)
+        assert engine.npu_seconds(all_logits=False) == {1: table[DECODE].npu_s, 4: table["prefill_4"].npu_s}
     finally:
         engine.close()

@@ -22,65 +22,23 @@ from rkc.compiler.npu.quant import requantize, rne_shift
 from rkc.ir.errors import UnsupportedError
 
 sim = pytest.importorskip("rkc.runtime.sim", reason="the NPU simulator (issue 3) is not in this tree yet")
-from npu_runner import run  # noqa: E402
+from npu.emit_cases import (SWEEP, conv_reference, fp16_data, int8_data, needs_fp16_depthwise_writer, run_sim,  # noqa: E402
+                            sim_reads, sim_takes_fp16_depthwise)
 
-SWEEP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 rng = np.random.default_rng(12345)
-
-
-def _run(results, inputs, device=None, **kw):
-    """Run on the simulator; a program the simulator declares it does not model
-    (its UnsupportedError) skips the test with the simulator's own words."""
-    from rkc.runtime.sim.errors import UnsupportedError as NotModelled
-
-    try:
-        return run(results if isinstance(results, list) else [results], device or sim.SimDevice(), inputs, **kw)
-    except NotModelled as exc:
-        if "not modelled" not in str(exc):
-            raise
-        pytest.skip(f"simulator: {exc}")
-
-
-def _sim_reads(question: str) -> bool:
-    """Whether the simulator's table of hardware readings has `question`."""
-    from rkc.runtime.sim.quirks import QUESTIONS
-
-    return any(q.id == question for q in QUESTIONS)
-
-
-def _sim_takes_fp16_depthwise() -> bool:
-    """rocket-userspace's HW-validated fp16 depthwise program writes 16 channels per
-    pass (size_e 3); a simulator reading 8 rejects it (its Q4)."""
-    from rkc.runtime.sim.quirks import DEFAULT
-
-    return DEFAULT.dpu_channels_per_pass.get(("depthwise", 2)) == 16
-
-
-def _needs_fp16_depthwise_writer():
-    if not _sim_takes_fp16_depthwise():
-        pytest.skip("this simulator reads fp16 depthwise writes as 8-channel passes (Q4), against "
-                    "rocket-userspace's HW-validated size_e 3")
-
-
-def _int8(shape, seed):
-    return np.random.default_rng(seed).integers(-128, 128, shape).astype(np.int8)
-
-
-def _fp16(shape, seed, scale=1.0):
-    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float16)
 
 
 # -- GEMM -----------------------------------------------------------------------------
 def _gemm(m, k, n, dtype, out, seed, epi=api.NO_EPILOGUE, aq=None, bq=None, cq=None, **opts):
-    a = _int8((m, k), seed) if dtype == "int8" else _fp16((m, k), seed)
-    b = _int8((k, n), seed + 1) if dtype == "int8" else _fp16((k, n), seed + 1, 1 / np.sqrt(k))
+    a = int8_data((m, k), seed) if dtype == "int8" else fp16_data((m, k), seed)
+    b = int8_data((k, n), seed + 1) if dtype == "int8" else fp16_data((k, n), seed + 1, 1 / np.sqrt(k))
     A = api.Feature.gemm("A", 0, m, k, dtype, aq)
     C = api.Feature.gemm("C", 0, m, n, out, cq)
     r = emit(api.Gemm(A, b, C, m, bq, epi, "g"), api.EmitOptions(**opts))
     rows = api.gemm_rows(m)
     apad = np.zeros((rows, k), a.dtype)
     apad[:m] = a
-    got = _run(r, {"A": (A, apad.T[:, :, None])}).feature(C)[:, :m, 0].T
+    got = run_sim(r, {"A": (A, apad.T[:, :, None])}).feature(C)[:, :m, 0].T
     return a, b, got, r
 
 
@@ -146,34 +104,17 @@ def test_gemm_edge_sizes(m, k, n, dtype, out):
 
 
 def test_gemm_fp16_runs_identically_as_one_chained_kick_per_job():
-    a = _fp16((64, 512), 1)
-    b = _fp16((512, 1024), 2, 0.05)
+    a = fp16_data((64, 512), 1)
+    b = fp16_data((512, 1024), 2, 0.05)
     A, C = api.Feature.gemm("A", 0, 64, 512, "fp16"), api.Feature.gemm("C", 0, 64, 1024, "fp16")
     r = emit(api.Gemm(A, b, C, 64), api.EmitOptions(n_tile_max=128))
     assert max(len(j.tasks) for j in r.jobs) > 1
-    stock = _run(r, {"A": (A, a.T[:, :, None])}).feature(C)
-    chained = _run(r, {"A": (A, a.T[:, :, None])}, chained=True).feature(C)
+    stock = run_sim(r, {"A": (A, a.T[:, :, None])}).feature(C)
+    chained = run_sim(r, {"A": (A, a.T[:, :, None])}, chained=True).feature(C)
     np.testing.assert_array_equal(stock, chained)
 
 
 # -- convolution ----------------------------------------------------------------------
-def _conv_acc(x, w, stride, pad, depthwise, pad_value):
-    """Direct numpy convolution over the stored values, padded with `pad_value`."""
-    xp = np.pad(x.astype(np.float64 if x.dtype == np.float16 else np.int64),
-                ((0, 0), (pad[0], pad[1]), (pad[2], pad[3])), constant_values=pad_value)
-    kh, kw = w.shape[:2] if depthwise else w.shape[1:3]
-    sy, sx = stride
-    oh = (xp.shape[1] - kh) // sy + 1
-    ow = (xp.shape[2] - kw) // sx + 1
-    wv = w.astype(xp.dtype)
-    out = np.zeros(((x.shape[0] if depthwise else w.shape[0]), oh, ow), xp.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            patch = xp[:, i:i + sy * (oh - 1) + 1:sy, j:j + sx * (ow - 1) + 1:sx]
-            out += patch * wv[i, j][:, None, None] if depthwise else np.einsum("chw,oc->ohw", patch, wv[:, i, j, :])
-    return out
-
-
 @st.composite
 def conv_shapes(draw):
     """(C, H, W, O, k, stride, (top, bottom, left, right), depthwise): kernels 1-5,
@@ -200,18 +141,18 @@ def test_conv_int8(shape, seed, act, zx, zw):
     oh, ow = (h + pad[0] + pad[1] - k) // s + 1, (w + pad[2] + pad[3] - k) // s + 1
     X = api.Feature("x", 0, c, h, w, "int8", xq)
     Y = api.Feature("y", 0, o, oh, ow, "int8", yq)
-    wt = _int8((k, k, c) if dw else (o, k, k, c), seed + 1)
+    wt = int8_data((k, k, c) if dw else (o, k, k, c), seed + 1)
     bias = np.random.default_rng(seed).integers(-2000, 2000, o)
     epi = api.Epilogue(bias=bias, activation=act, slope=0.1 if act == "leaky_relu" else None)
     r = emit(api.Conv2D(X, wt, Y, (s, s), pad, dw, wq, epi, "c"))
     event(f"{len(r.tasks)} task(s)")
-    x = _int8((c, h, w), seed)
-    got = _run(r, {"x": (X, x)}).feature(Y)
-    acc = _conv_acc(x, wt.astype(np.int64) - zw, (s, s), pad, dw, zx)  # the DPU's accumulator
+    x = int8_data((c, h, w), seed)
+    got = run_sim(r, {"x": (X, x)}).feature(Y)
+    acc = conv_reference(x, wt.astype(np.int64) - zw, (s, s), pad, dw, zx)  # the DPU's accumulator
     sums = (wt.astype(np.int64) - zw).sum(axis=(0, 1) if dw else (1, 2, 3))
     plan = epilogue.plan(epilogue.DpuRequest("int8", Y, o, xq, wq, sums, epi, depthwise=dw))
     np.testing.assert_array_equal(got, plan.apply(acc))
-    real = (_conv_acc(x.astype(np.int64) - zx, wt.astype(np.int64) - zw, (s, s), pad, dw, 0)
+    real = (conv_reference(x.astype(np.int64) - zx, wt.astype(np.int64) - zw, (s, s), pad, dw, 0)
             + bias[:, None, None]) * 0.05 * 0.02
     if act == "leaky_relu":
         real = np.where(real < 0, real * 0.1, real)
@@ -230,12 +171,12 @@ def test_a_map_that_fits_is_one_row_tile_whatever_the_padding():
     xq, wq, yq = api.Quant(0.05, zx), api.Quant(0.02), api.Quant(0.05 * 0.02 * 10, -2)
     X = api.Feature("x", 0, c, 7, 7, "int8", xq)
     Y = api.Feature("y", 0, c, 4, 1, "int8", yq)
-    wt = _int8((7, 7, c), 11)
+    wt = int8_data((7, 7, c), 11)
     r = emit(api.Conv2D(X, wt, Y, (1, 1), (0, 3, 0, 0), True, wq, api.NO_EPILOGUE, "gap"))
     assert len(r.tasks) == 2, r.notes  # two channel tiles (a 7x7 kernel of 640 channels fills a CBUF bank)
-    x = _int8((c, 7, 7), 12)
-    got = _run(r, {"x": (X, x)}).feature(Y)
-    acc = _conv_acc(x, wt.astype(np.int64), (1, 1), (0, 3, 0, 0), True, zx)
+    x = int8_data((c, 7, 7), 12)
+    got = run_sim(r, {"x": (X, x)}).feature(Y)
+    acc = conv_reference(x, wt.astype(np.int64), (1, 1), (0, 3, 0, 0), True, zx)
     plan = epilogue.plan(epilogue.DpuRequest("int8", Y, c, xq, wq, wt.astype(np.int64).sum(axis=(0, 1)),
                                              api.NO_EPILOGUE, depthwise=True))
     np.testing.assert_array_equal(got, plan.apply(acc))
@@ -246,7 +187,7 @@ def test_a_map_that_fits_is_one_row_tile_whatever_the_padding():
        act=st.sampled_from([None, "relu", "leaky_relu"]), out=st.sampled_from(["fp16", "fp32"]))
 def test_conv_fp16(shape, seed, bias, act, out):
     c, h, w, o, k, s, pad, dw = shape
-    if dw and not _sim_takes_fp16_depthwise():
+    if dw and not sim_takes_fp16_depthwise():
         event("depthwise drawn but not run: the simulator's Q4 reading rejects the fp16 depthwise writer")
         dw = False
     if dw:
@@ -255,13 +196,13 @@ def test_conv_fp16(shape, seed, bias, act, out):
     oh, ow = (h + pad[0] + pad[1] - k) // s + 1, (w + pad[2] + pad[3] - k) // s + 1
     X = api.Feature("x", 0, c, h, w, "fp16")
     Y = api.Feature("y", 0, o, oh, ow, out)
-    wt = _fp16((k, k, c) if dw else (o, k, k, c), seed + 1, 1 / k)
+    wt = fp16_data((k, k, c) if dw else (o, k, k, c), seed + 1, 1 / k)
     b = np.random.default_rng(seed).standard_normal(o).astype(np.float32) if bias else None
     slope = 0.1 if act == "leaky_relu" else None
     r = emit(api.Conv2D(X, wt, Y, (s, s), pad, dw, None, api.Epilogue(bias=b, activation=act, slope=slope), "c"))
-    x = _fp16((c, h, w), seed)
-    got = _run(r, {"x": (X, x)}).feature(Y).astype(np.float64)
-    ref = _conv_acc(x, wt, (s, s), pad, dw, 0)
+    x = fp16_data((c, h, w), seed)
+    got = run_sim(r, {"x": (X, x)}).feature(Y).astype(np.float64)
+    ref = conv_reference(x, wt, (s, s), pad, dw, 0)
     if b is not None:
         ref = ref + b[:, None, None]
     if slope:
@@ -278,24 +219,24 @@ def test_conv_with_fused_residual_add_and_relu(dtype):
     X = api.Feature("x", 0, c, h, w, dtype, q(0.05, 2))
     Y = api.Feature("y", 0, c, h, w, dtype, q(0.2, -4))
     R = api.Feature("r", 0, c, h, w, dtype, q(0.1, 6))
-    wt = _int8((c, 1, 1, c), 5) if dtype == "int8" else _fp16((c, 1, 1, c), 5, 0.2)
+    wt = int8_data((c, 1, 1, c), 5) if dtype == "int8" else fp16_data((c, 1, 1, c), 5, 0.2)
     epi = api.Epilogue(bias=np.arange(c) * (10 if dtype == "int8" else 0.01), activation="relu",
                        residual=api.Residual(R, "add"))
     op = api.Conv2D(X, wt, Y, weight_quant=q(0.02, 0), epilogue=epi)
     r = emit(op)
-    x = _int8((c, h, w), 1) if dtype == "int8" else _fp16((c, h, w), 1)
-    res = _int8((c, h, w), 2) if dtype == "int8" else _fp16((c, h, w), 2)
-    got = _run(r, {"x": (X, x), "r": (R, res)}).feature(Y)
+    x = int8_data((c, h, w), 1) if dtype == "int8" else fp16_data((c, h, w), 1)
+    res = int8_data((c, h, w), 2) if dtype == "int8" else fp16_data((c, h, w), 2)
+    got = run_sim(r, {"x": (X, x), "r": (R, res)}).feature(Y)
     if dtype == "int8":
-        acc = _conv_acc(x, wt, (1, 1), (0, 0, 0, 0), False, 2)
+        acc = conv_reference(x, wt, (1, 1), (0, 0, 0, 0), False, 2)
         plan = epilogue.plan(epilogue.DpuRequest("int8", Y, c, X.quant, op.weight_quant,
                                                  wt.astype(np.int64).sum(axis=(1, 2, 3)), epi))
         np.testing.assert_array_equal(got, plan.apply(acc, res))
-        real = np.maximum((_conv_acc(x.astype(np.int64) - 2, wt, (1, 1), (0,) * 4, False, 0)
+        real = np.maximum((conv_reference(x.astype(np.int64) - 2, wt, (1, 1), (0,) * 4, False, 0)
                            + epi.bias[:, None, None]) * 0.001 + 0.1 * (res.astype(np.float64) - 6), 0)
         assert np.abs(got - np.clip(np.rint(real / 0.2) - 4, -128, 127)).max() <= 1
     else:
-        ref = np.maximum(_conv_acc(x, wt, (1, 1), (0,) * 4, False, 0) + epi.bias[:, None, None] + res, 0)
+        ref = np.maximum(conv_reference(x, wt, (1, 1), (0,) * 4, False, 0) + epi.bias[:, None, None] + res, 0)
         np.testing.assert_allclose(got.astype(np.float64), ref, rtol=3e-3, atol=3e-3 * np.abs(ref).max())
 
 
@@ -314,9 +255,9 @@ def test_elementwise(c, h, w, op, dtype, seed):
         assert "atoms" in str(exc)  # odd or tiny atom counts only
         event("refused: odd or tiny atom count")
         return
-    gen = _int8 if dtype == "int8" else _fp16
+    gen = int8_data if dtype == "int8" else fp16_data
     a, b = gen((c, h, w), seed), gen((c, h, w), seed + 1)
-    got = _run(r, {"a": (A, a), "b": (B, b)}).feature(O)
+    got = run_sim(r, {"a": (A, a), "b": (B, b)}).feature(O)
     f = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}[op]
     if dtype == "fp16":
         np.testing.assert_array_equal(got, f(a.astype(np.float32), b.astype(np.float32)).astype(np.float16))
@@ -359,9 +300,9 @@ def test_elementwise_then_relu(c, h, w, op, activation, dtype, seed):
     except UnsupportedError as exc:
         assert "atoms" in str(exc)  # odd or tiny atom counts only
         return
-    gen = _int8 if dtype == "int8" else (lambda shape, seed: _fp16(shape, seed, 3.0))
+    gen = int8_data if dtype == "int8" else (lambda shape, seed: fp16_data(shape, seed, 3.0))
     a, b = gen((c, h, w), seed), gen((c, h, w), seed + 1)
-    got = _run(r, {"a": (A, a), "b": (B, b)}).feature(O)
+    got = run_sim(r, {"a": (A, a), "b": (B, b)}).feature(O)
     f = {"add": np.add, "max": np.maximum, "min": np.minimum}[op]
     if dtype == "fp16":
         want = np.clip(f(a.astype(np.float32), b.astype(np.float32)), 0, hi).astype(np.float16)
@@ -385,7 +326,7 @@ def test_standalone_lut_activation(function):
     lim = plan.spec.x_max * 0.98
     x = np.linspace(-lim if function != "exp" else -lim, lim if function != "exp" else 0, c * h * w)
     x = np.random.default_rng(1).permutation(x).reshape(c, h, w).astype(np.float16)
-    got = _run(r, {"x": (X, x)}).feature(Y).astype(np.float64)
+    got = run_sim(r, {"x": (X, x)}).feature(Y).astype(np.float64)
     ref = plan.function(x.astype(np.float64))
     assert np.abs(got - ref).max() <= plan.tolerance(), (function, np.abs(got - ref).max())
 
@@ -398,15 +339,15 @@ def test_a_chained_kick_fetches_tasks_of_any_length():
 
     c, h, w = 16, 4, 8
     X, M, Y = (api.Feature(n, 0, c, h, w, "fp16") for n in ("x", "m", "y"))
-    conv = emit(api.Conv2D(X, _fp16((c, 1, 1, c), 5, 0.3), M))
+    conv = emit(api.Conv2D(X, fp16_data((c, 1, 1, c), 5, 0.3), M))
     act = emit(api.Activation(M, Y, "tanh"))
     counts = [len(t.regcmd) for r in (conv, act) for t in r.tasks]
     assert any(n % 4 != 2 for n in counts), counts  # a count where Mesa's rule under-fetches
-    x = _fp16((c, h, w), 6)
-    stock = _run([conv, act], {"x": (X, x)}, merge_jobs=True).feature(Y)
-    chained = _run([conv, act], {"x": (X, x)}, merge_jobs=True, chained=True).feature(Y)
+    x = fp16_data((c, h, w), 6)
+    stock = run_sim([conv, act], {"x": (X, x)}, merge_jobs=True).feature(Y)
+    chained = run_sim([conv, act], {"x": (X, x)}, merge_jobs=True, chained=True).feature(Y)
     np.testing.assert_array_equal(stock, chained)
-    ref = lut.plan("tanh").function(_conv_acc(x, _fp16((c, 1, 1, c), 5, 0.3), (1, 1), (0,) * 4, False, 0))
+    ref = lut.plan("tanh").function(conv_reference(x, fp16_data((c, 1, 1, c), 5, 0.3), (1, 1), (0,) * 4, False, 0))
     assert np.abs(chained.astype(np.float64) - ref).max() <= lut.plan("tanh").tolerance()
 
 
@@ -415,11 +356,11 @@ def test_conv_with_fused_lut_epilogue():
 
     c, h, w, o = 16, 8, 8, 32
     X, Y = api.Feature("x", 0, c, h, w, "fp16"), api.Feature("y", 0, o, h, w, "fp16")
-    wt = _fp16((o, 1, 1, c), 3, 0.5)
+    wt = fp16_data((o, 1, 1, c), 3, 0.5)
     r = emit(api.Conv2D(X, wt, Y, epilogue=api.Epilogue(activation="sigmoid")))
-    x = _fp16((c, h, w), 4)
-    got = _run(r, {"x": (X, x)}).feature(Y).astype(np.float64)
-    ref = lut.plan("sigmoid").function(_conv_acc(x, wt, (1, 1), (0,) * 4, False, 0))
+    x = fp16_data((c, h, w), 4)
+    got = run_sim(r, {"x": (X, x)}).feature(Y).astype(np.float64)
+    ref = lut.plan("sigmoid").function(conv_reference(x, wt, (1, 1), (0,) * 4, False, 0))
     assert np.abs(got - ref).max() <= lut.plan("sigmoid").tolerance()
 
 
@@ -429,19 +370,19 @@ def test_conv_with_fused_lut_epilogue():
 def test_ppu_pooling(method, k, s, pad):
     from rkc.runtime.sim import Quirks
 
-    if not _sim_reads("Q18"):
+    if not sim_reads("Q18"):
         pytest.skip("this simulator does not model the PPU yet")
 
     c, h, w = 24, 9, 10 if k is None else 11
     if k is None:
         h, w = 8, 12  # global: windows 8x12
-    x = _fp16((c, h, w), 9, 4.0)
+    x = fp16_data((c, h, w), 9, 4.0)
     kh = kw = k if k else None
     oh, ow = ((h + pad[0] + pad[1] - k) // s + 1, (w + pad[2] + pad[3] - k) // s + 1) if k else (1, 1)
     X, Y = api.Feature("x", 0, c, h, w, "fp16"), api.Feature("y", 0, c, oh, ow, "fp16")
     r = emit(api.Pool(X, Y, method, (kh, kw) if k else None, (s, s), pad), api.EmitOptions(ppu_completes=True))
     dev = sim.SimDevice(quirks=Quirks(completion_blocks=("DPU", "PPU")))  # a kernel completing PPU tasks
-    got = _run(r, {"x": (X, x)}, device=dev).feature(Y).astype(np.float64)
+    got = run_sim(r, {"x": (X, x)}, device=dev).feature(Y).astype(np.float64)
     kh, kw = (k, k) if k else (h, w)
     fill = -np.inf if method == "max" else 0.0
     xp = np.pad(x.astype(np.float64), ((0, 0), (pad[0], pad[1]), (pad[2], pad[3])), constant_values=fill)
@@ -456,14 +397,14 @@ def test_ppu_pooling(method, k, s, pad):
 @pytest.mark.parametrize("dtype", ["int8", "fp16"])
 def test_average_pool_as_depthwise_convolution(dtype):
     if dtype == "fp16":
-        _needs_fp16_depthwise_writer()
+        needs_fp16_depthwise_writer()
     c, h, w = 32, 12, 10
     q = (lambda s, z: api.Quant(s, z)) if dtype == "int8" else (lambda s, z: None)
     X = api.Feature("x", 0, c, h, w, dtype, q(0.1, 5))
     Y = api.Feature("y", 0, c, 6, 5, dtype, q(0.1, 5))
     r = emit(api.Pool(X, Y, "avg", (2, 2), (2, 2)))
-    x = _int8((c, h, w), 3) if dtype == "int8" else _fp16((c, h, w), 3)
-    got = _run(r, {"x": (X, x)}).feature(Y).astype(np.float64)
+    x = int8_data((c, h, w), 3) if dtype == "int8" else fp16_data((c, h, w), 3)
+    got = run_sim(r, {"x": (X, x)}).feature(Y).astype(np.float64)
     wins = x.astype(np.float64).reshape(c, 6, 2, 5, 2)
     if dtype == "int8":
         ideal = np.clip(np.rint((wins - 5).mean(axis=(2, 4))) + 5, -128, 127)
@@ -481,7 +422,7 @@ def test_global_average_over_a_large_map_as_two_averages(dtype, c, h, w):
     120x120) runs as a by b means at stride (a, b) and their mean, writing the 4 rows of
     a GEMM input (3 of bottom padding) as the compiler's global pool does; against numpy."""
     if dtype == "fp16":
-        _needs_fp16_depthwise_writer()
+        needs_fp16_depthwise_writer()
     q = api.Quant(0.1, 5) if dtype == "int8" else None
     X = api.Feature("x", 0, c, h, w, dtype, q)
     Y = api.Feature("y", 0, c, 4, 1, dtype, q)
@@ -492,8 +433,8 @@ def test_global_average_over_a_large_map_as_two_averages(dtype, c, h, w):
     group = 64 if dtype == "int8" else 32
     assert len(r.jobs) == (min(3, c // group) if c % group == 0 else 1)  # bands of whole channel groups
     assert all(r.extents()[s.name] <= s.size for s in r.scratch)
-    x = _int8((c, h, w), c + h) if dtype == "int8" else _fp16((c, h, w), c + h)
-    got = _run(r, {"x": (X, x)}).feature(Y)[:, 0, 0].astype(np.float64)
+    x = int8_data((c, h, w), c + h) if dtype == "int8" else fp16_data((c, h, w), c + h)
+    got = run_sim(r, {"x": (X, x)}).feature(Y)[:, 0, 0].astype(np.float64)
     mean = x.astype(np.float64).reshape(c, -1).mean(axis=1)
     if dtype == "int8":  # two roundings to the scale: within one step of the ideal
         assert np.abs(got - np.clip(np.rint(mean - 5) + 5, -128, 127)).max() <= 1
@@ -535,18 +476,18 @@ def test_conv_int8_per_channel_requantized(shape, seed, act, zx):
     oh, ow = (h + pad[0] + pad[1] - k) // s + 1, (w + pad[2] + pad[3] - k) // s + 1
     X = api.Feature("x", 0, c, h, w, "int8", xq)
     Y = api.Feature("y", 0, o, oh, ow, "int8", yq)
-    wt = _int8((k, k, c) if dw else (o, k, k, c), seed + 1)
+    wt = int8_data((k, k, c) if dw else (o, k, k, c), seed + 1)
     bias = np.random.default_rng(seed + 2).integers(-2000, 2000, o)
     epi = api.Epilogue(bias=bias, activation=act, slope=0.1 if act == "leaky_relu" else None)
     r = emit(api.Conv2D(X, wt, Y, (s, s), pad, dw, wq, epi, "c"))
-    x = _int8((c, h, w), seed)
-    got = _run(r, {"x": (X, x)}).feature(Y)
-    acc = _conv_acc(x, wt.astype(np.int64), (s, s), pad, dw, zx)
+    x = int8_data((c, h, w), seed)
+    got = run_sim(r, {"x": (X, x)}).feature(Y)
+    acc = conv_reference(x, wt.astype(np.int64), (s, s), pad, dw, zx)
     sums = wt.astype(np.int64).sum(axis=(0, 1) if dw else (1, 2, 3))
     plan = epilogue.plan(epilogue.DpuRequest("int8", Y, o, xq, wq, sums, epi, depthwise=dw))
     assert plan.bs_groups
     np.testing.assert_array_equal(got, plan.apply(acc))
-    real = (_conv_acc(x.astype(np.int64) - zx, wt.astype(np.int64), (s, s), pad, dw, 0)
+    real = (conv_reference(x.astype(np.int64) - zx, wt.astype(np.int64), (s, s), pad, dw, 0)
             + bias[:, None, None]) * 0.05 * scales[:, None, None]
     if act:
         real = np.maximum(real, 0)
@@ -564,12 +505,12 @@ def test_per_channel_scales_beyond_the_multiplier_range_are_refused():
     scales[3] = 0.01 / (epilogue.PER_CHANNEL_RANGE * 4)
     X = api.Feature("x", 0, c, 4, 4, "int8", api.Quant(0.05))
     Y = api.Feature("y", 0, o, 4, 4, "int8", api.Quant(0.2))
-    conv = api.Conv2D(X, _int8((o, 1, 1, c), 1), Y, weight_quant=api.Quant(tuple(scales)),
+    conv = api.Conv2D(X, int8_data((o, 1, 1, c), 1), Y, weight_quant=api.Quant(tuple(scales)),
                       epilogue=api.Epilogue(bias=np.full(o, 5000)))
     with pytest.raises(UnsupportedError, match="per-channel weight scales span"):
         emit(conv)
     scales[3] = 0.01 / epilogue.PER_CHANNEL_RANGE  # at the edge: accepted
-    emit(api.Conv2D(X, _int8((o, 1, 1, c), 1), Y, weight_quant=api.Quant(tuple(scales))))
+    emit(api.Conv2D(X, int8_data((o, 1, 1, c), 1), Y, weight_quant=api.Quant(tuple(scales))))
 
 
 @SWEEP
@@ -590,19 +531,19 @@ def test_conv_int8_per_channel_wide_spans_large_multipliers_and_residuals(seed, 
     X = api.Feature("x", 0, c, h, w, "int8", xq)
     Y = api.Feature("y", 0, o, h, w, "int8", yq)
     R = api.Feature("r", 0, o, h, w, "int8", rq)
-    wt = _int8((o, 1, 1, c), seed + 1)
+    wt = int8_data((o, 1, 1, c), seed + 1)
     bias = rng.integers(-2000, 2000, o)
     epi = api.Epilogue(bias=bias, activation=act, residual=api.Residual(R, "add") if residual else None)
     r = emit(api.Conv2D(X, wt, Y, weight_quant=wq, epilogue=epi))
-    x, res = _int8((c, h, w), seed), _int8((o, h, w), seed + 2)
+    x, res = int8_data((c, h, w), seed), int8_data((o, h, w), seed + 2)
     inputs = {"x": (X, x)}
     if residual:
         inputs["r"] = (R, res)
-    got = _run(r, inputs).feature(Y)
-    acc = _conv_acc(x, wt.astype(np.int64), (1, 1), (0,) * 4, False, zx)
+    got = run_sim(r, inputs).feature(Y)
+    acc = conv_reference(x, wt.astype(np.int64), (1, 1), (0,) * 4, False, zx)
     plan = epilogue.plan(epilogue.DpuRequest("int8", Y, o, xq, wq, wt.astype(np.int64).sum(axis=(1, 2, 3)), epi))
     np.testing.assert_array_equal(got, plan.apply(acc, res if residual else None))
-    real = (_conv_acc(x.astype(np.int64) - zx, wt.astype(np.int64), (1, 1), (0,) * 4, False, 0)
+    real = (conv_reference(x.astype(np.int64) - zx, wt.astype(np.int64), (1, 1), (0,) * 4, False, 0)
             + bias[:, None, None]) * 0.05 * scales[:, None, None]
     if residual:
         real = real + (res.astype(np.float64) - rq.zero_point) * rq.scale
@@ -610,184 +551,3 @@ def test_conv_int8_per_channel_wide_spans_large_multipliers_and_residuals(seed, 
         real = np.maximum(real, 0)
     ideal = np.clip(np.rint(real / yq.scale) + yq.zero_point, -128, 127)
     assert np.abs(got.astype(np.int64) - ideal).max() <= 1
-
-
-# -- nearest x2 upsampling ------------------------------------------------------------
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(dtype=st.sampled_from(["int8", "fp16"]), k=st.integers(2, 8), atoms=st.integers(1, 9), h=st.integers(4, 16),
-       w=st.integers(1, 12), slice_at=st.integers(0, 1), seed=st.integers(0, 999), cores=st.sampled_from([1, 3]))
-@example("fp16", 8, 3, 15, 15, 1, 0, 3)  # PP-OCRv4 det's x8 of 24 channels into its Concat slice
-@example("int8", 4, 3, 8, 6, 1, 1, 3)  # 48 int8 channels: a 32-channel copy and an overlapping one
-def test_upsample(dtype, k, atoms, h, w, slice_at, seed, cores):
-    """Nearest xk as a 1 x k window and k copies a line apart (compiler/npu/upsample.py),
-    exact against numpy (maps of 4+ rows: the row copies read the map, Q2), over channel
-    counts that fill the depthwise writer's groups and counts that do not (identity
-    copies, the last overlapping its predecessor); its output a channel slice of a wider
-    map (a Concat's piece) or a map of its own; the surfaces around the slice stay untouched."""
-    c2 = 16 if dtype == "int8" else 8
-    c = atoms * c2
-    if c < kernel_group(dtype) and c % (64 if dtype == "int8" else 32):
-        with pytest.raises(UnsupportedError, match="channels"):  # one direct task would write past C
-            emit(api.Upsample(api.Feature("x", 0, c, h, w, dtype, api.Quant(0.1) if dtype == "int8" else None),
-                              api.Feature("y", 0, c, k * h, k * w, dtype,
-                                          api.Quant(0.1) if dtype == "int8" else None), "up", k))
-        return
-    q = api.Quant(0.1, int(np.random.default_rng(seed).integers(-20, 20))) if dtype == "int8" else None
-    x = _int8((c, h, w), seed) if dtype == "int8" else _fp16((c, h, w), seed)
-    X = api.Feature("x", 0, c, h, w, dtype, q)
-    wide = api.Feature("y", 0, c + 2 * c2, k * h, k * w, dtype, q)  # one surface either side of the slice
-    Y = wide.view(channel0=c2, channels=c) if slice_at else api.Feature("y", 0, c, k * h, k * w, dtype, q)
-    fill = np.full(wide.shape, 7, x.dtype)
-    r = emit(api.Upsample(X, Y, "up", k), api.EmitOptions(cores=cores))
-    event(f"{len(r.jobs)} band(s), {len(r.tasks)} task(s)")
-    assert len(r.jobs) == min(cores, h // 4) and len({j.lane for j in r.jobs}) == len(r.jobs)
-    assert r.extents().get("y", 0) <= (Y.offset + Y.nbytes if slice_at else Y.nbytes)  # nothing past its channels
-    # a band's job reads only what it writes itself: fp16 runs it as one chained kick per core
-    out = _run(r, {"x": (X, x), **({"y": (wide, fill)} if slice_at else {})}, chained=dtype == "fp16")
-    np.testing.assert_array_equal(out.feature(Y), x.repeat(k, axis=1).repeat(k, axis=2))
-    if slice_at:
-        around = out.feature(wide)
-        np.testing.assert_array_equal(around[:c2], fill[:c2])
-        np.testing.assert_array_equal(around[c2 + c:], fill[c2 + c:])
-
-
-def test_upsample_refusals():
-    x8 = api.Feature("x", 0, 16, 4, 4, "int8", api.Quant(0.1))
-    with pytest.raises(UnsupportedError, match="32\\+ channels"):  # the writer's extra channels
-        emit(api.Upsample(x8, api.Feature("y", 0, 16, 8, 8, "int8", api.Quant(0.1))))
-    with pytest.raises(UnsupportedError, match="over the CNA's 15"):  # the window's padding
-        emit(api.Upsample(x8, api.Feature("y", 0, 16, 68, 68, "int8", api.Quant(0.1)), "up", 17))
-    x = api.Feature("x", 0, 64, 4, 4, "int8", api.Quant(0.1))
-    with pytest.raises(UnsupportedError, match="at least 4"):  # the row copies read a 2-row map (Q2)
-        emit(api.Upsample(api.Feature("x", 0, 64, 2, 8, "int8", api.Quant(0.1)),
-                          api.Feature("y", 0, 64, 4, 16, "int8", api.Quant(0.1))))
-    with pytest.raises(UnsupportedError, match="one quantization"):
-        emit(api.Upsample(x, api.Feature("y", 0, 64, 8, 8, "int8", api.Quant(0.2))))
-    with pytest.raises(UnsupportedError, match="is \\(64, 8, 8\\)"):
-        emit(api.Upsample(x, api.Feature("y", 0, 64, 8, 9, "int8", api.Quant(0.1))))
-    with pytest.raises(UnsupportedError, match="dense rows"):  # only a DPU destination has a line stride
-        emit(api.Conv2D(api.Feature("x", 0, 16, 4, 4, "fp16", line_stride=128), np.ones((16, 1, 1, 16), np.float16),
-                        api.Feature("y", 0, 16, 4, 4, "fp16")))
-    with pytest.raises(UnsupportedError, match="line stride"):
-        api.Feature("x", 0, 16, 4, 4, "fp16", line_stride=48)
-
-
-# -- transposed convolution, stride = kernel ------------------------------------------------
-def _conv_transpose_ref(x, wt, k):
-    """out[o, k*y + i, k*x + j] = sum_c wt[o, i, j, c] x[c, y, x], in float64 / int64."""
-    c, h, w = x.shape
-    acc = np.einsum("oijc,cyx->oyixj", wt, x)
-    return acc.reshape(wt.shape[0], k * h, k * w)
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(dtype=st.sampled_from(["int8", "fp16"]), k=st.sampled_from([2, 2, 3]), c=st.integers(1, 40),
-       o=st.integers(1, 40), h=st.integers(4, 14), w=st.integers(1, 14), act=st.sampled_from([None, "relu"]),
-       slice_at=st.integers(0, 1), seed=st.integers(0, 999), cores=st.sampled_from([1, 3]))
-def test_conv_transpose_stride_equals_kernel(dtype, k, c, o, h, w, act, slice_at, seed, cores):
-    """A k x k / k transposed convolution as per-row-tap 1 x k windows over the one-pixel
-    rows and copies k lines apart (compiler/npu/conv_transpose.py), against numpy:
-    fp16 to fp16 tolerance, int8 bit for bit against the DPU's requantization of the
-    accumulator numpy computes (and within a step of the real result); its output a
-    channel slice of a wider map or a map of its own, the surfaces around the slice
-    untouched."""
-    if dtype == "fp16":
-        x, wt, xq, wq, yq = _fp16((c, h, w), seed), _fp16((o, k, k, c), seed + 1, 1 / np.sqrt(c)), None, None, None
-        bias = np.random.default_rng(seed).standard_normal(o).astype(np.float32)
-        group = 8
-    else:
-        zx = int(np.random.default_rng(seed).integers(-10, 10))
-        x, wt = _int8((c, h, w), seed), _int8((o, k, k, c), seed + 1)
-        xq, wq, yq = api.Quant(0.05, zx), api.Quant(0.02), api.Quant(0.05 * 0.02 * np.sqrt(c) * 30, 3)
-        bias = np.random.default_rng(seed).integers(-2000, 2000, o).astype(np.int32)
-        group = 16
-    X = api.Feature("x", 0, c, h, w, dtype, xq)
-    written = -(-o // kernel_group(dtype)) * kernel_group(dtype)  # a direct convolution's whole kernel groups
-    wide = api.Feature("y", 0, group + written + group, k * h, k * w, dtype, yq)
-    Y = wide.view(channel0=group, channels=o) if slice_at else api.Feature("y", 0, o, k * h, k * w, dtype, yq)
-    fill = np.full(wide.shape, 7, x.dtype)
-    epi = api.Epilogue(bias=bias, activation=act)
-    r = emit(api.ConvTranspose2D(X, wt, Y, wq, epi, "ct"), api.EmitOptions(cores=cores))
-    event(f"{len(r.jobs)} band(s), {len(r.tasks)} task(s)")
-    assert len(r.jobs) == min(cores, h // 4) and len({j.lane for j in r.jobs}) == len(r.jobs)
-    touched = r.extents()
-    assert all(touched[s.name] <= s.size for s in r.scratch)  # the row maps hold what the convolutions write
-    out = _run(r, {"x": (X, x), **({"y": (wide, fill)} if slice_at else {})}, chained=dtype == "fp16")
-    got = out.feature(Y)
-    if dtype == "fp16":
-        ref = _conv_transpose_ref(x.astype(np.float64), wt.astype(np.float64), k) + bias[:, None, None]
-        if act:
-            ref = np.maximum(ref, 0)
-        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=3e-3, atol=3e-3 * max(1.0, np.abs(ref).max()))
-    else:
-        acc = _conv_transpose_ref(x.astype(np.int64) - zx, wt.astype(np.int64), k)
-        # the DPU's plan takes the raw accumulator, which holds zx times its weight sums (the
-        # padding reads the zero point) and removes them in its bias term, whatever the sums
-        sums = wt.astype(np.int64).sum(axis=(1, 2, 3))
-        plan = epilogue.plan(epilogue.DpuRequest("int8", Y, o, xq, wq, sums, epi))
-        np.testing.assert_array_equal(got, plan.apply(acc + zx * sums[:, None, None]))
-        real = (acc + bias[:, None, None]) * 0.05 * 0.02
-        if act:
-            real = np.maximum(real, 0)
-        ideal = np.clip(np.rint(real / yq.scale) + yq.zero_point, -128, 127)
-        assert np.abs(got.astype(np.int64) - ideal).max() <= 1
-    if slice_at:
-        around = out.feature(wide)
-        np.testing.assert_array_equal(around[:group], fill[:group])
-        np.testing.assert_array_equal(around[group + written:], fill[group + written:])
-
-
-# -- a depthwise convolution whose weights are written at run time ----------------------------
-@pytest.mark.parametrize("c, h, w", [(24, 6, 5), (96, 12, 12), (40, 30, 30)])
-def test_depthwise_weights_from_a_run_time_buffer(c, h, w):
-    """x * s for a per-channel vector s the host writes at run time (a squeeze-excite
-    gate): a 1x1 fp16 depthwise convolution whose weights are the buffer holding s as a
-    native [C, 1, 1] map, which is byte for byte the 1x1 depthwise weight layout."""
-    _needs_fp16_depthwise_writer()
-    X = api.Feature("x", 0, c, h, w, "fp16")
-    S = api.Feature("s", 0, c, 1, 1, "fp16")
-    Y = api.Feature("y", 0, c, h, w, "fp16")
-    stand_in = np.zeros((1, 1, c), np.float16)
-    r = emit(api.Conv2D(X, stand_in, Y, depthwise=True, name="mul", weights_buffer="s"))
-    assert not r.constants or all(k.name != "mul.weights" for k in r.constants)
-    x, s = _fp16((c, h, w), c), _fp16((c, 1, 1), c + 1)
-    got = _run(r, {"x": (X, x), "s": (S, s)}).feature(Y).astype(np.float64)
-    np.testing.assert_allclose(got, x.astype(np.float64) * s.astype(np.float64), rtol=2e-3, atol=2e-3)
-
-
-def test_run_time_weights_are_fp16_depthwise_only():
-    X = api.Feature("x", 0, 16, 4, 4, "fp16")
-    with pytest.raises(UnsupportedError, match="fp16 depthwise only"):
-        emit(api.Conv2D(X, np.zeros((16, 1, 1, 16), np.float16), api.Feature("y", 0, 16, 4, 4, "fp16"),
-                        weights_buffer="w"))
-
-
-# -- a depthwise convolution over a map of fewer than 4 rows, stored with zero rows below ------
-@pytest.mark.parametrize("c, h, w, stride", [(32, 3, 6, (1, 1)), (96, 2, 12, (1, 1)), (64, 3, 24, (2, 1)),
-                                             (32, 2, 5, (2, 2))])
-def test_few_row_depthwise_reads_zero_rows_below_the_map(c, h, w, stride):
-    """PP-OCR cls's 5x5 depthwise convolutions over 2- and 3-row maps (pad 2): a task
-    reads 4+ rows (Q2), so the map is stored in 4-row surfaces whose rows past h are
-    zero, and the task reads those 4 rows with its bottom padding 4 - h rows smaller
-    (a zero row and a zero-padded row are the same sum: documented behaviour only).
-    Its result is written into 4-row surfaces too, the row past it left as it was, so
-    the next such convolution can read it the same way. Against numpy over the h rows."""
-    _needs_fp16_depthwise_writer()
-    rows, pad = 4, (2, 2, 2, 2)
-    x = _fp16((c, h, w), c + h)
-    wt = _fp16((5, 5, c), c + 1, 0.2)
-    want = _conv_acc(x, wt, stride, pad, True, 0)
-    oh, ow = want.shape[1:]
-    stored = np.zeros((c, rows, w), np.float16)
-    stored[:, :h] = x
-    X = api.Feature("x", 0, c, rows, w, "fp16")
-    Y4 = api.Feature("y", 0, c, rows, ow, "fp16")  # the result's own 4-row surfaces
-    Y = replace(Y4, height=oh, surface_stride=Y4.dense_surface_bytes)
-    op = api.Conv2D(replace(X, height=h), wt, Y, stride=stride, padding=pad, depthwise=True, name="dw")
-    with pytest.raises(UnsupportedError, match="at least 4"):  # the map as it is: refused (Q2)
-        emit(op)
-    r = emit(replace(op, input=X, padding=(2, 2 - (rows - h), 2, 2)))
-    canary = np.full((c, rows, ow), 3, np.float16)
-    got = _run(r, {"x": (X, stored), "y": (Y4, canary)}).feature(Y4)
-    np.testing.assert_allclose(got[:, :oh].astype(np.float64), want, rtol=3e-3, atol=3e-3)
-    np.testing.assert_array_equal(got[:, oh:], canary[:, oh:])  # the rows below it stay as they were

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkc.compiler import emitter_norm, emitter_ops
+from rkc.compiler import emitter_builders, emitter_graph, emitter_norm, emitter_ops
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.npu import api, dispatch, mesa
 from rkc.compiler.ops import OPS
@@ -70,9 +70,9 @@ def _declared(anchors: bool) -> dict[str, object]:
 
 def test_every_declared_operation_has_a_builder_and_every_builder_a_declaration():
     declared = {how.operation for how in _declared(True).values()}
-    assert declared == set(emitter_ops.BUILDERS), "an NpuLowering names an operation without a builder, or a " \
+    assert declared == set(emitter_builders.BUILDERS), "an NpuLowering names an operation without a builder, or a " \
                                                   "builder serves no OpSpec"
-    assert set(emitter_ops.BUILDERS) <= set(dispatch.LOWERINGS)
+    assert set(emitter_builders.BUILDERS) <= set(dispatch.LOWERINGS)
 
 
 def test_declared_functions_are_the_dpu_functions():
@@ -98,7 +98,7 @@ def test_a_declared_op_lowers_to_its_operation(tmp_path, op_type):
     # the inputs' ranges as a calibration gives them (LRN's table needs its input's)
     graph.metadata[emitter_norm.CALIBRATED_MAX] = [[name, 1.0] for name in graph.inputs]
     # max pooling is a PPU task: it lowers only for a kernel that completes those (--kernel-ppu-irq)
-    options = emitter_ops.emit_options(3, ppu_completes=op_type == "MaxPool")
+    options = emitter_graph.emit_options(3, ppu_completes=op_type == "MaxPool")
     groups, reasons = emitter_ops.plan_groups(graph, "fp16", lambda i: True, options=options)
     assert 0 in groups, reasons
     how = OPS[op_type].lower

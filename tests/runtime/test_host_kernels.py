@@ -18,7 +18,8 @@ def _one(op, inputs, attrs):
 
 
 @pytest.mark.parametrize("shape, axis", [((1, 2, 40, 40), -1), ((3, 17), 0), ((2, 5, 7), 1), ((1, 1000), 1),
-                                         ((4, 3, 9, 2), 2)])
+                                         ((4, 3, 9, 2), 2), ((2, 3, 400), -1), ((5, 17), 1), ((7, 1), -1),
+                                         ((3, 16), 1), ((1, 2, 400, 400), 3)])
 def test_softmax_matches_float64(shape, axis):
     x = (np.random.default_rng(sum(shape)).standard_normal(shape) * 6).astype(np.float32)
     xd = x.astype(np.float64)
@@ -109,8 +110,38 @@ def test_small_maps_stay_on_the_callers_thread():
     from rkc.runtime.kernels import threads
     from rkc.runtime.llm.threads import THREADS
 
-    assert threads.threads_for(threads.PARALLEL_ELEMENTS - 1) == 1
-    assert threads.threads_for(threads.PARALLEL_ELEMENTS) == THREADS
+    share = threads.ELEMENTS_PER_THREAD
+    assert threads.threads_for(2 * share - 1) == 1  # a second thread only for a whole share of its own
+    assert threads.threads_for(2 * share) == min(2, THREADS)
+    assert threads.threads_for(THREADS * share) == THREADS
+    assert threads.threads_for(100 * THREADS * share) == THREADS
     seen = []
     threads.over_rows(lambda lo, hi: seen.append((lo, hi)), 10, 100)
     assert seen == [(0, 10)]  # one range, this thread
+
+
+def test_kernels_split_over_threads_give_the_one_thread_result(monkeypatch):
+    """The map kernels' rows shared among threads (forced: one element per thread's share)
+    write what the caller's thread alone writes."""
+    from rkc.runtime.half import unpack_feature_bits, widen_feature
+    from rkc.runtime.kernels import threads
+    from rkc.runtime.kernels.pixels_jit import pixels_into_feature
+
+    rng = np.random.default_rng(7)
+    fm = rng.integers(0, 1 << 16, (3, 9, 11, 8), dtype=np.uint16)
+    pixels = rng.integers(0, 256, (9, 11, 3), dtype=np.uint8)
+    tables = rng.integers(0, 1 << 16, (3, 256), dtype=np.uint16)
+
+    def outputs():
+        wide, kept, image = np.empty((20, 9, 11), np.uint32), np.empty((20, 9, 11), np.uint16), \
+            np.full((1, 9, 11, 8), 7, np.uint16)
+        widen_feature(fm, wide)
+        unpack_feature_bits(fm, kept)
+        pixels_into_feature(pixels, tables, image)
+        return wide, kept, image
+
+    alone = outputs()
+    monkeypatch.setattr(threads, "ELEMENTS_PER_THREAD", 1)
+    assert threads.threads_for(fm.size) == threads.THREADS
+    for got, want in zip(outputs(), alone):
+        np.testing.assert_array_equal(got, want)

@@ -1,0 +1,47 @@
+"""runtime/kernels/softmax_jit.py: attention's softmax from a GEMM's fp16 output
+atoms into the next GEMM's fp16 run-time weights, against a float64 softmax over
+a sweep of shapes (kernel groups and 32-channel tiles whole and partial, rows
+padded to 4), and the interpreter's SoftmaxTranspose kernel against the same."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rkc.ir.npu import geometry
+from rkc.runtime.kernels import run_kernel
+from rkc.runtime.kernels.softmax_jit import softmax_into_weights
+
+SHAPES = [(400, 400), (1, 8), (5, 3), (17, 33), (45, 45), (33, 30), (16, 100), (64, 40), (3, 65)]
+
+
+def _reference(s: np.ndarray, scale: float) -> np.ndarray:
+    x = s.astype(np.float64) * scale
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("scale", [1.0, 0.17677669])
+def test_scores_atoms_into_weights(m, n, scale):
+    rng = np.random.default_rng(m * 1000 + n)
+    s = (rng.standard_normal((m, n)) * 6).astype(np.float16)
+    _, _, rows, _ = geometry.feature_map((m, n), "native-gemm")
+    atoms = geometry.pack(s, "native-gemm").reshape(-1, rows, 8).view(np.uint16)
+    out = np.full(geometry.nbytes((n, m), "native-weights", 2) // 2, 0x7E00, np.uint16)  # NaN: all overwritten
+    softmax_into_weights(atoms, m, n, out, scale)
+    got = geometry.unpack(out.view(np.uint8), (n, m), "native-weights", np.float16)
+    want = _reference(s, scale).T
+    # fp16 rounding (half an ulp: at most 2^-11 of the value) plus float32's exp and sum (< 1e-6),
+    # subnormal fp16 weights to their spacing 2^-24
+    assert (np.abs(got.astype(np.float64) - want) <= 2.0 ** -11 * want + 1e-6 + 2.0 ** -24).all()
+    # padding channels and kernels are zero: the bytes are exactly the pack of the values
+    assert np.array_equal(geometry.pack(got, "native-weights").reshape(-1).view(np.uint16), out)
+
+
+@pytest.mark.parametrize("m,n", [(5, 3), (45, 45)])
+def test_interpreter_kernel(m, n):
+    s = np.random.default_rng(n).standard_normal((1, 1, m, n)).astype(np.float32) * 4
+    (got,) = run_kernel("SoftmaxTranspose", [s], {"scale": 0.5})
+    assert got.shape == (1, 1, n, m)
+    assert np.abs(got[0, 0].astype(np.float64) - _reference(s[0, 0], 0.5).T).max() <= 1e-6
