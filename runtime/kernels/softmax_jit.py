@@ -48,6 +48,24 @@ def _row_max(t, n, lanes):
     return mx
 
 
+@njit(inline="always")
+def _softmax_into(src, dst, n, bits, lanes):
+    """dst[:n] = softmax(src[:n]) in float32 (dst may be src; `bits`: an int32 row of n
+    for exp_parts' 2^k). Inlined, so its loops vectorise in the caller: a call to
+    prefill_kernels.exp_into from the row loop did not."""
+    scaled = bits.view(np.float32)
+    mx = _row_max(src, n, lanes)
+    for j in range(n):
+        dst[j], bits[j] = exp_parts(src[j] - mx)
+    total = np.float32(0.0)
+    for j in range(n):
+        dst[j] = dst[j] * scaled[j]
+        total += dst[j]
+    inv = np.float32(1.0) / total
+    for j in range(n):
+        dst[j] = dst[j] * inv
+
+
 @njit(**_JIT)
 def _rows_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
     """Query rows [lo, hi) of fp16 scores atoms [C1, >= rows, C2] (bits, N = n keys)
@@ -60,7 +78,6 @@ def _rows_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
     whole = cp // layout.CHANNEL_GROUP * layout.CHANNEL_GROUP
     t = np.zeros(cp, np.float32)
     bits = np.empty(n, np.int32)
-    scaled = bits.view(np.float32)  # exp_parts' 2^k
     lanes = np.empty(_LANES, np.float32)
     p = np.empty(cp, np.float32)
     p[n:] = np.float32(0.0)
@@ -78,16 +95,7 @@ def _rows_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
                 t[a * c2 + b] = widen_value(line[b]) * scale
         for j in range(full * c2, n):
             t[j] = widen_value(atoms[full, m, j - full * c2]) * scale
-        mx = _row_max(t, n, lanes)
-        for j in range(n):  # exp_parts inlined here: prefill_kernels.exp_into, a call, did not vectorise
-            t[j], bits[j] = exp_parts(t[j] - mx)
-        total = np.float32(0.0)
-        for j in range(n):
-            t[j] = t[j] * scaled[j]
-            total += t[j]
-        inv = np.float32(1.0) / total
-        for j in range(n):
-            p[j] = t[j] * inv
+        _softmax_into(t, p, n, bits, lanes)
         for j in range(cp):  # the row rounded in one loop, then moved tile by tile
             q[j] = narrow_bits(pbits[j])
         _into_kernel(q, m, kg, cp, whole, out)
@@ -113,20 +121,9 @@ def _rows(x, out, lo, hi):
     """out[r] = softmax(x[r]) for rows [lo, hi) of float32 x [R, N] (out may be x)."""
     n = x.shape[1]
     bits = np.empty(n, np.int32)
-    scaled = bits.view(np.float32)
     lanes = np.empty(_LANES, np.float32)
     for r in range(lo, hi):
-        row, dst = x[r], out[r]
-        mx = _row_max(row, n, lanes)
-        for j in range(n):
-            dst[j], bits[j] = exp_parts(row[j] - mx)
-        total = np.float32(0.0)
-        for j in range(n):
-            dst[j] = dst[j] * scaled[j]
-            total += dst[j]
-        inv = np.float32(1.0) / total
-        for j in range(n):
-            dst[j] = dst[j] * inv
+        _softmax_into(x[r], out[r], n, bits, lanes)
 
 
 def softmax_rows(x: np.ndarray) -> np.ndarray:

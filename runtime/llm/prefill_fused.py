@@ -421,9 +421,11 @@ def quantize_into_atoms(x, q, scale):
 ACT_SILU, ACT_GELU_TANH = 0, 1
 _GELU_C = np.float32(0.7978845608028654)  # sqrt(2 / pi)
 _GELU_K = np.float32(0.044715)
+_FFN_JIT = {**_JIT, "error_model": "numpy"}  # divisions without a zero check (Python's error model): they vectorise
+_CHUNK = 256  # channels of an fp16 FFN stretch taken at once: [256, LANES] float32, 16 KB a buffer (L1)
 
 
-@njit(**_JIT)
+@njit(**_FFN_JIT)
 def _act_mul(g, u, act, signs, signed, e16, b16):
     """g = act(g) * u (times the rotation's signs when `signed`), one pass
     over the tile [K, LANES]: exp (exp_into's arithmetic) row by row, each
@@ -442,7 +444,7 @@ def _act_mul(g, u, act, signs, signed, e16, b16):
             g[i, lane] = g[i, lane] / (np.float32(1.0) + e16[lane] * scaled[lane]) * (u[i, lane] * si)
 
 
-@njit(**_JIT)
+@njit(**_FFN_JIT)
 def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias,
               up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, act, rows, k,
               out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
@@ -451,24 +453,47 @@ def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_h
     * up (act: SiLU x / (1 + exp(-x)), or GELU's tanh form), then into the
     next segment's atoms as residual_tiles' out edge writes them (fp16; int8
     rotated and quantized, one scale per row; or rotated rows for a factor's
-    product). Tiles of LANES rows, tile_lo..tile_hi-1 (as residual_tiles)."""
+    product). Tiles of LANES rows, tile_lo..tile_hi-1 (as residual_tiles).
+    A tile goes through by chunks of channels, each from the atoms to its
+    output while in L1 (gate and up of a whole tile are 573 KB each at K =
+    8960, past an A76's 512 KB L2): a rotation block for a factor's product,
+    _CHUNK channels for fp16; int8 codes without a factor take whole rows
+    (a row's scale comes before its codes). Chunks outside, tiles inside: a
+    chunk's atoms are one contiguous run over all rows (a tile's 16 rows of
+    an int32 atom are 256 bytes, 2 KB apart at R = 128: a page every two
+    atoms, which the prefetcher does not follow), and so are its rotated
+    rows (rotated[b])."""
     tiles = (rows + LANES - 1) // LANES
-    g = np.empty((k, LANES), np.float32)
-    u = np.empty((k, LANES), np.float32)
+    gc2, uc2, oc2 = gate_src.shape[2], up_src.shape[2], dst.shape[2]
+    chunk = block if out_kind == OUT_ROTATED else (_CHUNK if out_kind == OUT_HALF else k)
+    if chunk % gc2 or chunk % uc2 or (out_kind == OUT_HALF and chunk % oc2):
+        chunk = k  # a chunk must start on an atom of each edge
+    g = np.empty((min(chunk, k), LANES), np.float32)
+    u = np.empty((min(chunk, k), LANES), np.float32)
     e16 = np.empty(LANES, np.float32)
     b16 = np.empty(LANES, np.int32)
     amax = np.empty(LANES, np.float32)
     signed = out_kind != OUT_HALF
-    for tile in range(tile_lo, tile_hi):
-        m0 = tile * LANES
-        r = min(LANES, rows - m0)
-        _load_in(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias, m0, r, k, g)
-        _load_in(in_kind, up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, m0, r, k, u)
-        _act_mul(g, u, act, signs, signed, e16, b16)
-        if r < LANES:  # lanes past the rows: zeros (never stored)
-            for i in range(k):
-                for lane in range(r, LANES):
-                    g[i, lane] = np.float32(0.0)
-        _out_edge(g, g.view(np.uint32), m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated, amax)
+    for c0 in range(0, k, chunk):
+        n = min(chunk, k - c0)
+        gn, un = g[:n], u[:n]
+        ga, ua = slice(c0 // gc2, -(-(c0 + n) // gc2)), slice(c0 // uc2, -(-(c0 + n) // uc2))
+        for tile in range(tile_lo, tile_hi):
+            m0 = tile * LANES
+            r = min(LANES, rows - m0)
+            _load_in(in_kind, gate_src[ga], gate_extra[ga], gate_rs, gate_ch[c0:], gate_bias[c0:], gate_has_bias,
+                     m0, r, n, gn)
+            _load_in(in_kind, up_src[ua], up_extra[ua], up_rs, up_ch[c0:], up_bias[c0:], up_has_bias, m0, r, n, un)
+            _act_mul(gn, un, act, signs[c0:], signed, e16, b16)
+            if r < LANES:  # lanes past the rows: zeros (never stored)
+                for i in range(n):
+                    for lane in range(r, LANES):
+                        gn[i, lane] = np.float32(0.0)
+            if out_kind == OUT_ROTATED:  # this block rotated into the factor's input
+                _rotate_tile(gn, m0, r, n, signs, True, block, hnorm, True, rotated[c0 // block:])
+            else:  # into its atoms; the last chunk's call zeroes the atoms past K
+                a1 = dst.shape[0] if c0 + n == k else (c0 + n) // oc2
+                _out_edge(gn, gn.view(np.uint32), m0, r, n, out_kind, dst[c0 // oc2:a1], signs[c0:], signed,
+                          block, hnorm, scale, rotated, amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
