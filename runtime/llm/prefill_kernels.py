@@ -300,13 +300,8 @@ _EXP_LO, _EXP_HI = np.float32(-87.0), np.float32(88.0)  # 2^k stays a normal flo
 def exp_parts(t):
     """exp(t) as (p, b): p = exp(r) by its degree-7 polynomial and b the int32
     bits of the float32 2^k, t = k ln 2 + r (Cody-Waite), t clamped to
-    [_EXP_LO, _EXP_HI]; exp(t) = p * b viewed as float32 (relative error
-    < 3e-7 for t in [-87, 88]; outside, exp(-87) ~ 1.6e-38 and exp(88) ~ 1.7e38
-    leave x / (1 + e) at 0 or x to float32 precision). Inlined into the callers'
-    loops over contiguous rows, which vectorise (no call to expf); the callers
-    keep 2^k in an int32 scratch row viewed as float32. Called as a function
-    per row of 128-256 columns instead (exp_into), the call and the passes
-    around it cost the prefill softmax ~1.4x."""
+    [_EXP_LO, _EXP_HI]; exp(t) = p * b viewed as float32. Inlined into the
+    callers' loops, which stay vectorisable (no call to expf)."""
     v = min(max(t, _EXP_LO), _EXP_HI)
     k = np.floor(v * _LOG2E + np.float32(0.5))
     r = (v - k * _LN2_HI) - k * _LN2_LO
@@ -323,12 +318,11 @@ def exp_parts(t):
 
 @njit(**_JIT)
 def exp_into(t, e, bits):
-    """e[i] = exp(t[i]) over 1-d t (float32, exp_parts' error), bits an int32
-    scratch row as long as t; e may be t. For a caller whose own loops
-    reassociate (fastmath): exp_parts inlined into decode attention's kernel
-    took its flags and moved its error past the bound of
-    tests/llm/test_attention.py (7.5e-6 against 6.2e-6, 600 keys); there the
-    call is one per query head over all its keys, not per row."""
+    """e[i] = exp(t[i]) over 1-d t (float32, relative error < 3e-7 for t in
+    [-87, 88]; t outside is clamped there: exp(-87) ~ 1.6e-38 and exp(88) ~ 1.7e38
+    leave x / (1 + e) at 0 or x to float32 precision). 2^k is built in the
+    exponent bits (`bits`: an int32 scratch row as long as t), so the loop
+    vectorises where a call to expf would not. e may be t."""
     scaled = bits.view(np.float32)
     for lane in range(t.shape[0]):
         e[lane], bits[lane] = exp_parts(t[lane])
@@ -343,7 +337,7 @@ def exp_into(t, e, bits):
 _WEIGHT_FLOOR = np.float32(2.0 ** -100)
 
 
-@njit(cache=True, nogil=True, fastmath={"contract"})  # exp_parts' polynomial in FMAs: 1.5x the exp pass
+@njit(**_JIT)
 def softmax_columns(s, scale, kp, qcol, window):
     """s [P, C] in place: each column's softmax over P of scale * s, a key the
     column's query cannot see (kp[p] > qcol[c], or `window` and qcol[c] -
@@ -368,7 +362,7 @@ def softmax_columns(s, scale, kp, qcol, window):
     total = np.zeros(c_, np.float32)
     for p in range(p_):
         row = s[p]
-        for c in range(c_):  # exp_parts inlined: vectorised over the columns
+        for c in range(c_):  # exp_parts inlined in the loop: a call to exp_into per row cost ~1.4x
             v = row[c]
             e, bits[c] = exp_parts(v - m[c])
             row[c] = np.float32(0.0) if v == neg else e  # hidden: an exact zero (exp_parts clamps -inf)
