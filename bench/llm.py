@@ -97,9 +97,8 @@ def host_prefill(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> floa
 
 def host_prompt(engine: LlmEngine, cache, tokens: int, repeats: int = 3) -> float:
     """Median wall seconds of a whole `tokens`-token prompt from position 0, in
-    the runs rkrun's generator takes (runtime/llm/generate.chunk_plan with the
-    rkbin's modelled NPU figures)."""
-    plan = chunk_plan(tokens, engine.chunks, engine.npu_seconds(all_logits=False))
+    the runs rkrun's generator takes (runtime/llm/generate.chunk_plan)."""
+    plan = chunk_plan(tokens, engine.chunks)  # as the generator runs it (generate.Generator._forward)
     times = []
     for _ in range(repeats):
         cache.reset()  # (the buffers kept: a server's next request)
