@@ -13,6 +13,7 @@ from rkc.compiler.llm import build
 from rkc.compiler.llm.build import (MAX_DEFAULT_JOBS, PARALLEL_MIN_GGUF_BYTES, LlmCompileOptions, compile_gguf,
                                     default_jobs)
 from rkc.ir.rkbin import read_rkbin
+from scratch import scratch_dir
 
 MODELS = {"gemma4": lambda p: write_gemma4(p, "gemma4"),  # per-layer token table: Gather-only
           "llama": lambda p: write_model(p, "llama")}
@@ -20,7 +21,7 @@ MODELS = {"gemma4": lambda p: write_gemma4(p, "gemma4"),  # per-layer token tabl
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def gguf(request, tmp_path_factory):
-    return MODELS[request.param](tmp_path_factory.mktemp("m") / f"{request.param}.gguf")
+    return MODELS[request.param](scratch_dir(request, tmp_path_factory, "m") / f"{request.param}.gguf")
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp16"])

@@ -22,6 +22,7 @@ import pytest
 from llm import llamacpp
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.generate import Generator, Sampler
+from scratch import scratch_dir
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ def reference(gemma_path):
 def compiled(request, gemma_path, tmp_path_factory):
     from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
 
-    out = tmp_path_factory.mktemp("gemma") / f"gemma-{request.param}.rkbin"
+    out = scratch_dir(request, tmp_path_factory, "gemma") / f"gemma-{request.param}.rkbin"
     compile_gguf(gemma_path, out, LlmCompileOptions(request.param, (1, 32, 128)))
     return request.param, LlmEngine(out)
 

@@ -29,6 +29,7 @@ from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.ir.errors import UnsupportedError
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.generate import Generator, Sampler
+from scratch import scratch_dir
 
 VARIANTS = sorted(GEMMA4_VARIANTS)
 DATA = Path(__file__).parent / "data"
@@ -43,8 +44,8 @@ RTN = {"rounding": "rtn", "scales": "max", "fp16_share": 0, "rotation": "none", 
 
 
 @pytest.fixture(scope="module")
-def gemma4_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("gemma4")
+def gemma4_dir(request, tmp_path_factory):
+    return scratch_dir(request, tmp_path_factory, "gemma4")
 
 
 @pytest.fixture(scope="module")

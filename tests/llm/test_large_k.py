@@ -13,6 +13,7 @@ from llm.synth import SHAPES, write_gguf
 from rkc.compiler.emitter_graph import EMIT_OPTIONS
 from rkc.compiler.npu.gemm import k_ranges
 from rkc.runtime.llm.engine import LlmEngine
+from scratch import scratch_dir
 
 N_FF = 8960  # Qwen2.5-1.5B's intermediate size
 
@@ -27,9 +28,9 @@ def test_split_ranges_cover_k_on_weight_rows():
 
 
 @pytest.fixture(scope="module")
-def wide_ffn(tmp_path_factory):
+def wide_ffn(request, tmp_path_factory):
     spec = {"arch": "qwen2", **SHAPES["qwen2"], "n_ff": N_FF, "n_layer": 1}
-    return write_gguf(tmp_path_factory.mktemp("wide") / "qwen2-wide-ffn.gguf", spec, "q8_0")
+    return write_gguf(scratch_dir(request, tmp_path_factory, "wide") / "qwen2-wide-ffn.gguf", spec, "q8_0")
 
 
 @pytest.mark.parametrize("precision,rotation,arith,min_cos", [

@@ -5,6 +5,9 @@ reference of the architecture. Slow: each case compiles a 130-260k-row head."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -12,40 +15,37 @@ from llm.conftest import cosine, teacher_forced
 from llm.reference import ReferenceModel
 from llm.synth import REAL, write_real
 from llm.ties import NOISE, parting
+from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
 from rkc.runtime.llm.engine import LlmEngine
+from scratch import scratch_dir
 
 CHUNK = 16
 DECODE = 3
 
 
-@pytest.fixture(scope="module")
-def real_gguf(tmp_path_factory):
-    made = {}
+@dataclass
+class RealModel:
+    name: str
+    gguf: Path
+    rkbins: dict[str, Path]
 
-    def get(model: str):
-        if model not in made:
-            made[model] = write_real(tmp_path_factory.mktemp("real") / f"{model}.gguf", model, "q8_0", layers=1)
-        return made[model]
-
-    return get
-
-
-@pytest.fixture(scope="module")
-def real_rkbin(real_gguf, tmp_path_factory):
-    from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
-
-    built = {}
-
-    def get(model: str, precision: str):
-        if (model, precision) not in built:
-            out = tmp_path_factory.mktemp("rkbin") / f"{model}-{precision}.rkbin"
+    def rkbin(self, precision: str) -> Path:
+        if precision not in self.rkbins:
+            out = self.gguf.with_name(f"{self.name}-{precision}.rkbin")
             # unrotated: this checks the shapes, the K split and the architecture (rotation: test_rotation.py)
-            compile_gguf(real_gguf(model), out, LlmCompileOptions(precision, (1, CHUNK), 0.0, rounding="rtn",
-                                                                  fp16_share=0, alpha_search=False, rotation="none"))
-            built[model, precision] = out
-        return built[model, precision]
+            compile_gguf(self.gguf, out, LlmCompileOptions(precision, (1, CHUNK), 0.0, rounding="rtn",
+                                                           fp16_share=0, alpha_search=False, rotation="none"))
+            self.rkbins[precision] = out
+        return self.rkbins[precision]
 
-    return get
+
+@pytest.fixture(scope="module")
+def real(request, tmp_path_factory) -> RealModel:
+    """One model (the tests' indirect parameter): its GGUF, and its rkbins as
+    they are asked for; pytest runs a model's tests together, and the files
+    (up to 1.5 GB a model) go before the next model's."""
+    d = scratch_dir(request, tmp_path_factory, "real")
+    return RealModel(request.param, write_real(d / f"{request.param}.gguf", request.param, "q8_0", layers=1), {})
 
 
 # Qwen3-1.7B's and Llama-3.2-1B's first layer in int8 part from the W8A8 reference
@@ -60,13 +60,14 @@ CASES = [(m, p, a) for m in sorted(REAL) for p, a in (("int8", "w8a8"), ("fp16",
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,precision,arith", CASES)
-def test_real_shapes_match_reference(model, precision, arith, real_gguf, real_rkbin):
-    engine = LlmEngine(real_rkbin(model, precision))
+@pytest.mark.parametrize("real,precision,arith", CASES, indirect=["real"], scope="module")
+def test_real_shapes_match_reference(real, precision, arith):
+    model = real.name
+    engine = LlmEngine(real.rkbin(precision))
     rng = np.random.default_rng(4)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, CHUNK + DECODE - 1).tolist()]
     got = teacher_forced(engine, tokens, CHUNK)  # a prefill chunk, then decode tokens
-    ref = ReferenceModel.load(str(real_gguf(model)), arith)
+    ref = ReferenceModel.load(str(real.gguf), arith)
     ref.reset()
     want = ref.forward(tokens, 0)
     assert got.shape == want.shape == (len(tokens), REAL[model]["n_vocab"])
@@ -76,18 +77,19 @@ def test_real_shapes_match_reference(model, precision, arith, real_gguf, real_rk
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", sorted(REAL))
-def test_int8_parts_from_the_reference_only_at_rounding_ties(model, real_gguf, real_rkbin, monkeypatch):
+@pytest.mark.parametrize("real,precision", [(m, "int8") for m in sorted(REAL)], indirect=["real"], scope="module")
+def test_int8_parts_from_the_reference_only_at_rounding_ties(real, precision, monkeypatch):
     """Decoded token by token, the reference fed the runtime's own fp16 KV
     entries: every int8 product input has the reference's codes and every own
     K/V entry its fp16 value, but where a value lies within fp32 ulps of the
     rounding edge; the rows without such a tie give the reference's logits to
     fp32 noise (tests/llm/ties.py). Measured: qwen3-1.7b 6 of 19 rows part at a
     K/V tie, the others' logits within 1.5e-7."""
-    engine = LlmEngine(real_rkbin(model, "int8"))
+    model = real.name
+    engine = LlmEngine(real.rkbin(precision))
     rng = np.random.default_rng(4)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, CHUNK + DECODE - 1).tolist()]
-    p = parting(engine, ReferenceModel.load(str(real_gguf(model)), "w8a8"), tokens, monkeypatch)
+    p = parting(engine, ReferenceModel.load(str(real.gguf), "w8a8"), tokens, monkeypatch)
     print(f"\n[{model}] {len(p.ties)} rows part at a tie: {p.ties}; the others' logits: max error {max(p.clean, default=0):.1e}")
     assert not p.departures, p.departures
     assert len(p.clean) >= len(tokens) // 2  # most rows hold no tie: a check on the logits themselves

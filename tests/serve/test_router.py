@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from serve.conftest import Http, post_json
+from scratch import scratch_dir
 
 pytestmark = pytest.mark.slow
 
@@ -162,8 +163,8 @@ def _stopped(proc: subprocess.Popen, done, timeout: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_chat_rkbin, tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("cluster"), tiny_chat_rkbin)
+def cluster(request, tiny_chat_rkbin, tmp_path_factory):
+    c = Cluster(scratch_dir(request, tmp_path_factory, "cluster"), tiny_chat_rkbin)
     yield c
     c.stop()
 
