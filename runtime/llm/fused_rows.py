@@ -41,6 +41,7 @@ from rkc.runtime.llm.threads import THREADS, over_ranges
 F32 = np.float32
 _NONE_F32 = np.zeros((0, 0), F32)  # an output the kernel does not store
 _NONE_VEC = np.zeros(0, F32)
+_SLAB = LANES  # rows of a factor's product then codes at once: 573 KB of mixed rows at K = 8960 (an L2)
 
 
 def live_tiles(state, m: int) -> int:
@@ -173,16 +174,27 @@ class _OutEdge:
             return False
         return compiled_form(step_rotation(plan, step), k) is not None
 
-    def finish(self, slots) -> None:
+    def finish(self, slots, threads: int = THREADS) -> None:
         """After the tiles: a factor's product (numpy's, as the prepared QuantizeRows
-        runs it) and the quantization into the atoms; the scales into their slot."""
+        runs it) and the quantization into the atoms, by ranges of rows on
+        `threads` threads at once; the scales into their slot."""
         if self.factor is not None:
-            np.matmul(self.factor, self.rotated, out=self.mixed)
-            mixed, block, dst, scale = self.mixed, self.block, self.dst, self.scale
-            over_ranges(lambda lo, hi: kernels.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi),
-                        mixed.shape[1] // block)
+            over_ranges(self._mix_and_quantize, self.rotated.shape[1] // self.block, threads)
         if self.scale_slot is not None:
             slots[self.scale_slot] = self.scale
+
+    def _mix_and_quantize(self, lo: int, hi: int) -> None:
+        """Rows lo..hi-1: the factor's product over their columns of the rotated
+        rows, then their codes, _SLAB rows at a time (a slab's mixed rows are
+        quantized while still in cache). The columns of different rows are
+        independent products, so the values are one GEMM's over all rows; as
+        one GEMM on the caller's thread the product was serial, ~1.2 ms of a
+        128 x 8960 FFN stretch's ~8 (docs/notes/2026-12-06-qwen-prefill-host.md)."""
+        b = self.block
+        for s in range(lo, hi, _SLAB):
+            e = min(hi, s + _SLAB)
+            np.matmul(self.factor, self.rotated[:, s * b:e * b], out=self.mixed[:, s * b:e * b])
+            kernels.quantize_blocks_into_atoms(self.mixed, b, self.dst, self.scale, s, e)
 
 
 def _read_elsewhere(plan, steps: Sequence[Step]) -> set:
@@ -389,7 +401,7 @@ def _out_edge_call(plan, step: Step, state=None):
                 raise_shape(label, "input", x)
         args = (x, edge.kind, edge.dst, edge.signs, edge.block, edge.hnorm, edge.scale, edge.rotated)
         over_ranges(lambda lo, hi: run(*args, lo, hi), live_tiles(state, m), threads)
-        edge.finish(slots)
+        edge.finish(slots, threads)
     call.bos, call.label = [edge.bo], label
     return call
 
