@@ -338,12 +338,15 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> lis
 
 # -- the edges of a stretch no fuser took whole (attention's: q, k, v in; its output out) -------------------
 
-_SHARED_WORK = 1 << 18  # values: a smaller edge runs on the caller's thread alone
+# values: a smaller edge runs on the caller's thread alone. Measured on pp128 (CPU of the process and of the
+# caller's thread): 128 x 1024 (Gemma 3 270M's q) gained nothing from a second thread, 128 x 1536
+# (Qwen2.5-1.5B's q and attention output, ~0.9 ms each) took ~11 ms a chunk off the caller's thread
+_SHARED_WORK = 3 << 16
 
 
 def _threads_for(values: int) -> int:
     """Threads for a lone edge of `values` values: below _SHARED_WORK the
-    pool's hand-off costs more than the second core saves (Gemma 3 270M's
+    pool's hand-off costs about what the second core saves (Gemma 3 270M's
     k and v edges, 128 x 256 values: tens of microseconds either way)."""
     return THREADS if values >= _SHARED_WORK else 1
 
