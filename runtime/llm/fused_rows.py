@@ -176,25 +176,33 @@ class _OutEdge:
 
     def finish(self, slots, threads: int = THREADS) -> None:
         """After the tiles: a factor's product (numpy's, as the prepared QuantizeRows
-        runs it) and the quantization into the atoms, by ranges of rows on
-        `threads` threads at once; the scales into their slot."""
+        runs it) and the quantization into the atoms, on `threads` threads;
+        the scales into their slot."""
         if self.factor is not None:
-            over_ranges(self._mix_and_quantize, self.rotated.shape[1] // self.block, threads)
+            mixed, block, dst, scale = self.mixed, self.block, self.dst, self.scale
+            mix_then_quantize(self.factor, self.rotated, mixed, block,
+                              lambda lo, hi: kernels.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi),
+                              threads)
         if self.scale_slot is not None:
             slots[self.scale_slot] = self.scale
 
-    def _mix_and_quantize(self, lo: int, hi: int) -> None:
-        """Rows lo..hi-1: the factor's product over their columns of the rotated
-        rows, then their codes, _SLAB rows at a time (a slab's mixed rows are
-        quantized while still in cache). The columns of different rows are
-        independent products, so the values are one GEMM's over all rows; as
-        one GEMM on the caller's thread the product was serial, ~1.2 ms of a
-        128 x 8960 FFN stretch's ~8 (docs/notes/2026-12-06-qwen-prefill-host.md)."""
-        b = self.block
+
+def mix_then_quantize(factor: np.ndarray, rotated: np.ndarray, mixed: np.ndarray, block: int,
+                      quantize: Callable[[int, int], None], threads: int = THREADS) -> None:
+    """A rotation's block-mixing factor over rows given by blocks (rotated,
+    mixed [K / block, M x block]), then quantize(lo, hi) of those rows: each of
+    the pool's row ranges takes its columns' product, then their codes,
+    _SLAB rows at a time (a slab's mixed rows are quantized while in cache).
+    Columns are independent products, so the values are one GEMM's over all
+    rows; as one GEMM on the caller's thread the product was a serial
+    section (~1.2 ms of a 128 x 8960 FFN stretch's ~8:
+    docs/notes/2026-12-06-qwen-prefill-host.md)."""
+    def part(lo: int, hi: int) -> None:
         for s in range(lo, hi, _SLAB):
             e = min(hi, s + _SLAB)
-            np.matmul(self.factor, self.rotated[:, s * b:e * b], out=self.mixed[:, s * b:e * b])
-            kernels.quantize_blocks_into_atoms(self.mixed, b, self.dst, self.scale, s, e)
+            np.matmul(factor, rotated[:, s * block:e * block], out=mixed[:, s * block:e * block])
+            quantize(s, e)
+    over_ranges(part, rotated.shape[1] // block, threads)
 
 
 def _read_elsewhere(plan, steps: Sequence[Step]) -> set:
