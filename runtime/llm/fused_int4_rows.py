@@ -22,7 +22,8 @@ from rkc.runtime.llm import int4_prefill as int4_kernels
 from rkc.runtime.llm import jit
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.fused_rows import (_ACTIVATIONS, _NONE_F32, _NONE_VEC, F32, _ffn_shape, _gemm_operand,
-                                        _residual_call, _residual_stretch, _rows, _threads_for, _with_edges)
+                                        _residual_call, _residual_stretch, _rows, _threads_for, _with_edges,
+                                        mix_then_quantize)
 from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.prefill_kernels import hadamard_rows as prefill_hadamard
@@ -143,10 +144,10 @@ class _NibbleOut:
     def finish(self, slots) -> None:
         """After the tiles: a factor's product and the nibble rows; the scales into their slot."""
         if self.to_blocks:
-            np.matmul(self.factor, self.rotated, out=self.mixed)
             mixed, block, q, scale = self.mixed, self.block, self.q, self.scale
             run = int4_kernels.quantize_nibble_blocks_into_atoms
-            over_ranges(lambda lo, hi: run(mixed, block, q, scale, ACT_LIMIT, lo, hi), mixed.shape[1] // block)
+            mix_then_quantize(self.factor, self.rotated, mixed, block,
+                              lambda lo, hi: run(mixed, block, q, scale, ACT_LIMIT, lo, hi))
         slots[self.scale_slot] = self.scale
 
 

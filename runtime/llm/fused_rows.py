@@ -41,6 +41,7 @@ from rkc.runtime.llm.threads import THREADS, over_ranges
 F32 = np.float32
 _NONE_F32 = np.zeros((0, 0), F32)  # an output the kernel does not store
 _NONE_VEC = np.zeros(0, F32)
+_SLAB = LANES  # rows of a factor's product then codes at once: 573 KB of mixed rows at K = 8960 (an L2)
 
 
 def live_tiles(state, m: int) -> int:
@@ -173,16 +174,35 @@ class _OutEdge:
             return False
         return compiled_form(step_rotation(plan, step), k) is not None
 
-    def finish(self, slots) -> None:
+    def finish(self, slots, threads: int = THREADS) -> None:
         """After the tiles: a factor's product (numpy's, as the prepared QuantizeRows
-        runs it) and the quantization into the atoms; the scales into their slot."""
+        runs it) and the quantization into the atoms, on `threads` threads;
+        the scales into their slot."""
         if self.factor is not None:
-            np.matmul(self.factor, self.rotated, out=self.mixed)
             mixed, block, dst, scale = self.mixed, self.block, self.dst, self.scale
-            over_ranges(lambda lo, hi: kernels.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi),
-                        mixed.shape[1] // block)
+            mix_then_quantize(self.factor, self.rotated, mixed, block,
+                              lambda lo, hi: kernels.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi),
+                              threads)
         if self.scale_slot is not None:
             slots[self.scale_slot] = self.scale
+
+
+def mix_then_quantize(factor: np.ndarray, rotated: np.ndarray, mixed: np.ndarray, block: int,
+                      quantize: Callable[[int, int], None], threads: int = THREADS) -> None:
+    """A rotation's block-mixing factor over rows given by blocks (rotated,
+    mixed [K / block, M x block]), then quantize(lo, hi) of those rows: each of
+    the pool's row ranges takes its columns' product, then their codes,
+    _SLAB rows at a time (a slab's mixed rows are quantized while in cache).
+    Columns are independent products, so the values are one GEMM's over all
+    rows; as one GEMM on the caller's thread the product was a serial
+    section (~1.2 ms of a 128 x 8960 FFN stretch's ~8:
+    docs/notes/2026-12-06-qwen-prefill-host.md)."""
+    def part(lo: int, hi: int) -> None:
+        for s in range(lo, hi, _SLAB):
+            e = min(hi, s + _SLAB)
+            np.matmul(factor, rotated[:, s * block:e * block], out=mixed[:, s * block:e * block])
+            quantize(s, e)
+    over_ranges(part, rotated.shape[1] // block, threads)
 
 
 def _read_elsewhere(plan, steps: Sequence[Step]) -> set:
@@ -326,12 +346,15 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> lis
 
 # -- the edges of a stretch no fuser took whole (attention's: q, k, v in; its output out) -------------------
 
-_SHARED_WORK = 1 << 18  # values: a smaller edge runs on the caller's thread alone
+# values: a smaller edge runs on the caller's thread alone. Measured on pp128 (CPU of the process and of the
+# caller's thread): 128 x 1024 (Gemma 3 270M's q) gained nothing from a second thread, 128 x 1536
+# (Qwen2.5-1.5B's q and attention output, ~0.9 ms each) took ~11 ms a chunk off the caller's thread
+_SHARED_WORK = 3 << 16
 
 
 def _threads_for(values: int) -> int:
     """Threads for a lone edge of `values` values: below _SHARED_WORK the
-    pool's hand-off costs more than the second core saves (Gemma 3 270M's
+    pool's hand-off costs about what the second core saves (Gemma 3 270M's
     k and v edges, 128 x 256 values: tens of microseconds either way)."""
     return THREADS if values >= _SHARED_WORK else 1
 
@@ -389,7 +412,7 @@ def _out_edge_call(plan, step: Step, state=None):
                 raise_shape(label, "input", x)
         args = (x, edge.kind, edge.dst, edge.signs, edge.block, edge.hnorm, edge.scale, edge.rotated)
         over_ranges(lambda lo, hi: run(*args, lo, hi), live_tiles(state, m), threads)
-        edge.finish(slots)
+        edge.finish(slots, threads)
     call.bos, call.label = [edge.bo], label
     return call
 

@@ -23,12 +23,43 @@ from rkc.ir.program import Step, TensorInfo
 from rkc.runtime.execute import to_layout
 from rkc.runtime.kernels.hadamard import make_rotation, rotate
 from rkc.runtime.llm import prefill_fused as pf
+from rkc.runtime.llm.fused_rows import mix_then_quantize
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.threads import over_ranges
 from rkc.runtime.llm import kernels, prepared
 from rkc.runtime.plan import BoTensor
 
 F32 = np.float32
+
+
+def _mix_then_quantize(rot, rotated: np.ndarray, dst: np.ndarray, scale: np.ndarray) -> None:
+    """The factor's product and the codes as fused_rows._OutEdge.finish runs them (by slabs of rows on the
+    pool's threads)."""
+    mixed, block = np.full_like(rotated, np.nan), rot.block
+    mix_then_quantize(rot.factor.astype(F32), rotated, mixed, block,
+                      lambda lo, hi: pf.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi))
+
+
+@pytest.mark.parametrize("rows", [1, 16, 37, 80])
+@pytest.mark.parametrize("k", [640, 8960])
+def test_mix_then_quantize_covers_every_row_once_with_the_factors_product(rows, k):
+    """fused_rows.mix_then_quantize (the factor's product by slabs of rows on
+    the threads, each slab's quantize right after): every row quantized once,
+    after its columns' product, which is F @ rotated within float32 rounding
+    of float64 (4e-6 of the largest |value|)."""
+    rot = make_rotation(k, "auto")
+    block, blocks = rot.block, k // rot.block
+    rotated = np.random.default_rng(rows + k).standard_normal((blocks, rows * block)).astype(F32)
+    mixed = np.full_like(rotated, np.nan)
+    seen = np.zeros(rows, np.int64)
+    want = rot.factor.astype(np.float64) @ rotated.astype(np.float64)
+
+    def quantize(lo: int, hi: int) -> None:
+        cols = slice(lo * block, hi * block)
+        assert np.all(np.abs(mixed[:, cols] - want[:, cols]) <= 4e-6 * np.abs(want).max())
+        seen[lo:hi] += 1
+    mix_then_quantize(rot.factor.astype(F32), rotated, mixed, block, quantize, threads=2)
+    assert np.all(seen == 1)
 
 
 def _operand(m: int, k: int, dtype: str):
@@ -125,7 +156,7 @@ def _check_residual_tiles(rows, k, kind, edges, first_norm, body_scale, last_nor
               F32(1.0 / np.sqrt(rot.block)), scale, rotated)
     over_ranges(lambda lo, hi: pf.residual_tiles(*consts, lo, hi), -(-rows // LANES))  # two threads
     if out_kind == pf.OUT_ROTATED:  # the factor's product as fused_rows runs it, then the codes
-        pf.quantize_blocks_into_atoms(rot.factor.astype(F32) @ rotated, rot.block, dst, scale, 0, rows)
+        _mix_then_quantize(rot, rotated, dst, scale)
     for got, want in zip(bufs, [x, n1, total, n2]):
         if (got is bufs[1] and not first_norm) or (got is bufs[3] and not keep_n2):
             continue
@@ -214,7 +245,7 @@ def test_out_edge_tiles_match_a_float64_reference(rows, k, kind, out, order):
         assert not out_bt.atoms.view(np.uint16)[:, rows:].any()
         return
     if out_kind == pf.OUT_ROTATED:  # the factor's product as fused_rows._OutEdge.finish runs it
-        pf.quantize_blocks_into_atoms(rot.factor.astype(F32) @ rotated, rot.block, dst, scale, 0, rows)
+        _mix_then_quantize(rot, rotated, dst, scale)
     y = rotate(x.astype(np.float64), rot)
     want_scale = np.abs(y).max(axis=1) / 127.0
     np.testing.assert_allclose(scale, want_scale, rtol=1e-5)

@@ -48,6 +48,41 @@ def test_rotation_is_norm_preserving_and_inverted_at_wide_odd_widths(k):
         np.testing.assert_allclose(unrotate(y, rot), x, atol=1e-6)
 
 
+# FFN widths with a large odd part: Qwen2.5-1.5B 8960 = 35 x 256, Llama-7B-like 11008 = 43 x 256,
+# Gemma 3 1B 6912 = 27 x 256, 5632 = 11 x 512, 2816 = 11 x 256 (TinyLlama's and its half)
+FFN_WIDTHS = [8960, 11008, 6912, 5632, 2816]
+
+
+@pytest.mark.parametrize("kind", ["auto", "hartley", "kron", "block"])
+@pytest.mark.parametrize("k", FFN_WIDTHS)
+def test_rotation_rows_are_orthonormal_and_spread_an_outlier(k, kind):
+    """Rows of R taken through `rotate` itself (e_i R for 64 channels i, float64):
+    orthonormal (R R^T = I on the sample, to the float32 factor's rounding), and
+    an outlier in channel i lands on no rotated channel with more than R's
+    largest entry: 1/sqrt(K) with a Paley factor (flat), sqrt(2/K) with the
+    Hartley one (cas is at most sqrt 2), 1/sqrt(block) without a factor; so
+    a one-channel row's int8 step is at most sqrt 2 coarser than flat's with
+    the Hartley factor, against sqrt(K / block) block-diagonal."""
+    rot = make_rotation(k, kind)
+    m = k // rot.block
+    channels = np.random.default_rng(k).choice(k, 64, replace=False)
+    rows = rotate(np.eye(k)[channels], rot)
+    np.testing.assert_allclose(rows @ rows.T, np.eye(64), atol=1e-6)
+    peak = np.abs(rows).max()
+    if rot.factor is None:
+        bound = 1 / np.sqrt(rot.block)
+    elif paley_hadamard(m) is not None:
+        bound = 1 / np.sqrt(k)
+        np.testing.assert_allclose(np.abs(rows), bound, rtol=1e-6)  # every entry flat
+    elif describe(rot).startswith("C"):
+        bound = np.sqrt(2 / k)
+    else:  # kron without a known Hadamard order: a seeded random orthogonal factor, no bound to state
+        bound = 1.0
+    assert peak <= bound * (1 + 1e-6), (describe(rot), peak, bound)
+    if kind in ("auto", "hartley"):  # never the block-diagonal spread where a factor exists
+        assert rot.factor is not None and peak <= np.sqrt(2 / k) * (1 + 1e-6)
+
+
 @pytest.mark.parametrize("m", [1, 3, 5, 7, 9, 19, 35, 37, 141])
 def test_hartley_matrix_is_orthogonal_symmetric_and_spread(m):
     c = hartley_matrix(m)
