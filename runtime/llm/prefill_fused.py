@@ -433,7 +433,7 @@ _FFN_JIT = {**_JIT, "error_model": "numpy"}  # divisions without a zero check (P
 _CHUNK = 256  # channels of an fp16 FFN stretch taken at once: [256, LANES] float32, 16 KB a buffer (L1)
 
 
-@njit(**_FFN_JIT, fastmath={"contract"})  # fused multiply-adds: ~0.7x the CPU time, within the float32 tolerance
+@njit(**_FFN_JIT)
 def _act_mul(g, u, act, signs, signed, e16, b16):
     """g = act(g) * u (times the rotation's signs when `signed`), one pass
     over the tile [K, LANES]: exp (exp_into's arithmetic) row by row, each
