@@ -10,9 +10,11 @@ program (compiler/llm/report.py, 1 GHz, the model's DRAM bandwidth or --dram-gbp
 projected rate chunk / (modelled NPU + host), llama.cpp's CPU prefill of the
 same chunk of the same GGUF in the same run, the vendor's published first
 token time at 128 tokens for a model of the same widths (bench/published.py),
-and with --prompt N the host time of a whole N-token prompt against
-llama.cpp's prefill of it. With --sim, also the simulator's wall
-time per token (slow: seconds per Gemma token). Prints a table, and with
+and with --prompt N the host time of a whole N-token prompt in the runs the
+generator takes (and in the rows rule's, interleaved), the runs' modelled
+NPU time (the figures the compiler recorded), against llama.cpp's prefill
+of it. With --sim, also the simulator's wall time per token (slow: seconds
+per Gemma token). Prints a table, and with
 --json one object.
 
     python bench/llm.py [--precision int8 fp16] [--tokens 16] [--positions 16 512] [--json]
@@ -95,21 +97,36 @@ def host_prefill(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> floa
     return statistics.median(times)
 
 
-def host_prompt(engine: LlmEngine, cache, tokens: int, repeats: int = 3) -> float:
-    """Median wall seconds of a whole `tokens`-token prompt from position 0, in
-    the runs rkrun's generator takes (runtime/llm/generate.chunk_plan)."""
-    plan = chunk_plan(tokens, engine.chunks)  # as the generator runs it (generate.Generator._forward)
-    times = []
+def prompt_plans(engine: LlmEngine, tokens: int) -> dict[str, list[tuple[int, int]]]:
+    """The runs rkrun's generator takes for a `tokens`-token prompt
+    (runtime/llm/generate.chunk_plan by the rkbin's modelled NPU figures), and
+    the rows rule's (an rkbin without them), for comparison."""
+    return {"plan": chunk_plan(tokens, engine.chunks, engine.npu_seconds(all_logits=False)),
+            "rows_rule": chunk_plan(tokens, engine.chunks)}
+
+
+def plan_npu_s(engine: LlmEngine, plan: list[tuple[int, int]]) -> float | None:
+    """The plan's modelled NPU seconds, from the figures the compiler recorded."""
+    npu = engine.npu_seconds(all_logits=False)
+    return None if npu is None else sum(npu[c] for c, _ in plan)
+
+
+def host_prompt(engine: LlmEngine, cache, plans: dict[str, list[tuple[int, int]]],
+                repeats: int = 3) -> dict[str, float]:
+    """Median seconds of a whole prompt from position 0 run in each plan
+    (their repeats interleaved, so a noisy minute weighs on both alike)."""
+    times: dict[str, list[float]] = {k: [] for k in plans}
     for _ in range(repeats):
-        cache.reset()  # (the buffers kept: a server's next request)
-        t, pos = CLOCK(), 0
-        cache.expect(tokens)  # as the generator sizes them for its prompt
-        for c, n in plan:
-            name = engine.program_for(c, all_logits=False).name
-            engine.run(name, np.full(n, PROMPT_TOKEN, np.int32), np.arange(pos, pos + n, dtype=np.int32), cache)
-            pos += n
-        times.append(CLOCK() - t)
-    return statistics.median(times)
+        for key, plan in plans.items():
+            cache.reset()  # (the buffers kept: a server's next request)
+            t, pos = CLOCK(), 0
+            cache.expect(sum(n for _, n in plan))  # as the generator sizes them for its prompt
+            for c, n in plan:
+                name = engine.program_for(c, all_logits=False).name
+                engine.run(name, np.full(n, PROMPT_TOKEN, np.int32), np.arange(pos, pos + n, dtype=np.int32), cache)
+                pos += n
+            times[key].append(CLOCK() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def vendor_ttft_128(cfg) -> tuple[str, float] | None:
@@ -221,7 +238,14 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
            "vendor_ttft_128": {"model": vendor[0], "ms": vendor[1], "source": "RKLLM benchmark.md v1.3.0 "
                                "(bench/published.py)"} if vendor else None}
     if args.prompt:
-        row["prompt"] = {"tokens": args.prompt, "host_s": host_prompt(engine, cache, args.prompt)}
+        plans = prompt_plans(engine, args.prompt)
+        host = host_prompt(engine, cache, plans)
+        row["prompt"] = {"tokens": args.prompt}
+        for key, plan in plans.items():
+            p = {"plan": plan, "host_s": host[key], "modelled_npu_s": plan_npu_s(engine, plan)}
+            if p["modelled_npu_s"] is not None:
+                p["projected_s"] = p["host_s"] + p["modelled_npu_s"]
+            row["prompt"] |= p if key == "plan" else {key: p}
     if args.profile:
         row["prefill_profile"] = {str(c): prefill_profile(engine, cache, c) for c in prefill_chunks}
     if args.prefill_only:
@@ -370,7 +394,12 @@ def main() -> None:
     for r in rows:
         if "prompt" in r:
             p = r["prompt"]
-            line = f"[{r['precision']}] a {p['tokens']}-token prompt: host {p['host_s'] * 1e3:.1f} ms"
+            line = f"[{r['precision']}] a {p['tokens']}-token prompt"
+            for q, what in ((p, ": runs"), (p["rows_rule"], "; the rows rule's runs")):
+                runs = " + ".join(f"{n}" if n == c else f"{n} in a {c}" for c, n in q["plan"])
+                line += f"{what} {runs}: host {q['host_s'] * 1e3:.1f} ms"
+                if q["modelled_npu_s"] is not None:
+                    line += f", NPU {q['modelled_npu_s'] * 1e3:.1f} ms (modelled), projected {q['projected_s'] * 1e3:.1f} ms"
             if "llama_cpp_s" in p:
                 line += (f", llama.cpp's CPU prefill {p['llama_cpp_s'] * 1e3:.1f} ms "
                          f"(host / llama.cpp {p['host_over_llama_cpp']:.2f})")

@@ -205,9 +205,7 @@ class Generator:
 
     def _forward(self, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:
         outs, pos = [], start
-        # not yet by the NPU figures (chunk_plan's npu_s): a padded run much longer than a sliding
-        # window left the next turn's prefix unusable (tests/llm/test_warm_up.py, Gemma 3 synth)
-        for c, n in chunk_plan(len(tokens), self.engine.chunks):
+        for c, n in chunk_plan(len(tokens), self.engine.chunks, self.engine.npu_seconds(all_logits)):
             name = self.engine.program_for(c, all_logits).name
             ids = np.asarray(tokens[pos - start: pos - start + n], np.int32)
             outs.append(self.engine.run(name, ids, np.arange(pos, pos + n, dtype=np.int32), self.cache))

@@ -20,7 +20,13 @@ from the fp16 ones (numpy's cast, the values `store_and_view` wrote) when
 something next reads them (`_sync`: a prefill chunk, `context`, `shared`,
 `k`/`v`). A window layer's buffers slide:
 entries no query can see any more are dropped by moving the live ones to
-the front when the buffer is full."""
+the front when the buffer is full. The last ROLLBACK positions before a
+window layer's live ones are held too (moved with them; attention never
+reads them): `truncate` may then go back to any of them, so a chat's next
+turn that leaves the cached tokens up to ROLLBACK positions before their end
+(a reply cut by a stop string, or one that reads back as other tokens)
+still reuses the prefix, where a window layer holding its window alone
+could go back one position."""
 
 from __future__ import annotations
 
@@ -30,6 +36,9 @@ from rkc.ir.errors import RkcError
 from rkc.runtime.llm.prefill_channels import store_rows
 
 _CHANNEL_MAJOR_ROWS = 16  # a chunk this long may come tokens innermost (runtime/llm/prefill_channels.py)
+# positions a window layer holds before its live ones, for truncate (a chat turn's reply that the
+# next prompt does not repeat token for token); 64 rows of each window layer (~3 MB on Gemma 3 270M)
+ROLLBACK = 64
 
 
 class ContextFullError(RkcError):
@@ -63,6 +72,7 @@ class KVCache:
         n = len(self.windows)
         self._start = [0] * n  # live entries: [start, end)
         self._end = [0] * n
+        self._held = [0] * n  # rows [held, end) hold consecutive positions (a window layer's before start: ROLLBACK's)
         self._synced = [0] * n  # rows [.., synced) of the fp32 buffers hold their values; [synced, end) fp16 only
         self._views: list[tuple | None] = [None] * n  # what the layer's last store returned
         # its rows [lo, hi) of the buffers (hi -1: set by share); two int lists, no tuple a store
@@ -77,10 +87,10 @@ class KVCache:
         self._expected = entries
         for layer, store in enumerate(self._k):
             if store is not None:
-                live = self._end[layer] - self._start[layer]
-                cap = self._limit(layer, max(live, entries), live, 0)
+                kept = self._end[layer] - self._kept(layer)
+                cap = self._limit(layer, max(kept, entries), kept, 0)
                 if cap > len(store):
-                    self._grow(layer, store.shape[1:], self._v[layer].shape[1:], live, cap)
+                    self._grow(layer, store.shape[1:], self._v[layer].shape[1:], cap)
 
     # -- what a layer holds -------------------------------------------------------------
     def live(self, layer: int) -> int:
@@ -100,19 +110,22 @@ class KVCache:
 
     def truncate(self, n: int) -> bool:
         """Forget positions >= n, keeping 0..n-1 for a prompt that shares them
-        (the prefix-reuse hook). False, and nothing changed, when a sliding-window
-        layer has already dropped a key a query at position n still sees."""
+        (the prefix-reuse hook). A window layer goes back to the rows it holds
+        before its live ones (ROLLBACK). False, and nothing changed, when a
+        sliding-window layer no longer holds a key a query at position n sees."""
         if n > self.length:
             return False
         for layer, window in enumerate(self.windows):
-            pos = self._pos[layer][self._start[layer]:self._end[layer]]
+            pos = self._pos[layer][self._held[layer]:self._end[layer]]
             if window and n > 0 and (pos.size == 0 or pos[0] > max(0, n - window + 1)):
                 return False
-        for layer in range(len(self.windows)):
-            s, e = self._start[layer], self._end[layer]
-            # live positions ascend, so those below n are a prefix of them
-            self._end[layer] = s + int(np.count_nonzero(self._pos[layer][s:e] < n))
-            self._synced[layer] = min(self._synced[layer], self._end[layer])
+        for layer, window in enumerate(self.windows):
+            h, e = self._held[layer], self._end[layer]
+            # held positions ascend, so those below n are a prefix of them
+            end = h + int(np.count_nonzero(self._pos[layer][h:e] < n))
+            self._end[layer] = end
+            self._start[layer] = max(h, end - window) if window else self._start[layer]
+            self._synced[layer] = min(self._synced[layer], end)
         return True
 
     @property
@@ -266,37 +279,45 @@ class KVCache:
         s, e = self._start[layer], self._end[layer]
         if store is not None and e + t <= len(store):
             return
-        live = e - s
-        if store is not None and live + t <= len(store):  # slide the live entries to the front
+        first = self._kept(layer)
+        if store is not None and e - first + t <= len(store):  # slide the kept entries to the front
             for buf in (store, self._v[layer], self._k16[layer], self._v16[layer], self._pos[layer]):
-                buf[:live] = buf[s:e].copy()
-            self._start[layer], self._end[layer] = 0, live
-            self._synced[layer] = max(0, self._synced[layer] - s)  # the rows moved with their state
+                buf[:e - first] = buf[first:e].copy()
+            self._held[layer], self._start[layer], self._end[layer] = 0, s - first, e - first
+            self._synced[layer] = max(0, self._synced[layer] - first)  # the rows moved with their state
             return
         # twice the last buffer (amortised growth), or what the prompt is expected to store
         store = self._k[layer]
-        cap = max(live + t, 0 if store is None else 2 * len(store), 64, self._expected)
-        self._grow(layer, k_shape, v_shape, live, self._limit(layer, cap, live, t))
+        kept = e - first
+        cap = max(kept + t, 0 if store is None else 2 * len(store), 64, self._expected)
+        self._grow(layer, k_shape, v_shape, self._limit(layer, cap, kept, t))
 
-    def _limit(self, layer: int, cap: int, live: int, t: int) -> int:
-        """`cap` rows, at most what the layer can use for `live` + t entries
-        (a window layer: the window and room to slide; the context)."""
+    def _kept(self, layer: int) -> int:
+        """The first row a slide or growth keeps: the live ones and up to
+        ROLLBACK held before them."""
+        return max(self._held[layer], self._start[layer] - ROLLBACK)
+
+    def _limit(self, layer: int, cap: int, kept: int, t: int) -> int:
+        """`cap` rows, at most what the layer can use for `kept` + t entries
+        (a window layer: the window, ROLLBACK and room to slide; the context)."""
         window = self.windows[layer]
         if window:
-            cap = min(cap, 2 * window + t)
-        return max(min(cap, self.n_ctx), live + t)  # (live + t <= n_ctx: distinct positions below it)
+            cap = min(cap, 2 * window + ROLLBACK + t)
+        return max(min(cap, self.n_ctx), kept + t)  # (kept + t <= n_ctx: distinct positions below it)
 
-    def _grow(self, layer: int, k_shape: tuple, v_shape: tuple, live: int, cap: int) -> None:
-        """New buffers of `cap` rows for the layer, its live entries moved to their front."""
+    def _grow(self, layer: int, k_shape: tuple, v_shape: tuple, cap: int) -> None:
+        """New buffers of `cap` rows for the layer, its kept entries moved to their front."""
         store, s, e = self._k[layer], self._start[layer], self._end[layer]
+        first = self._kept(layer) if store is not None else s
         ks = np.zeros((cap, *k_shape), np.float32)
         vs = np.zeros((cap, *v_shape), np.float32)
         ks16, vs16 = np.zeros(ks.shape, np.float16), np.zeros(vs.shape, np.float16)
         ps = np.zeros(cap, np.int64)
-        if store is not None and live:
-            ks[:live], vs[:live], ps[:live] = store[s:e], self._v[layer][s:e], self._pos[layer][s:e]
-            ks16[:live], vs16[:live] = self._k16[layer][s:e], self._v16[layer][s:e]
+        kept = e - first
+        if store is not None and kept:
+            ks[:kept], vs[:kept], ps[:kept] = store[first:e], self._v[layer][first:e], self._pos[layer][first:e]
+            ks16[:kept], vs16[:kept] = self._k16[layer][first:e], self._v16[layer][first:e]
         self._k[layer], self._v[layer], self._pos[layer] = ks, vs, ps
         self._k16[layer], self._v16[layer] = ks16, vs16
-        self._synced[layer] = max(0, self._synced[layer] - s) if store is not None else 0
-        self._start[layer], self._end[layer] = 0, live
+        self._synced[layer] = max(0, self._synced[layer] - first) if store is not None else 0
+        self._held[layer], self._start[layer], self._end[layer] = 0, s - first, e - first

@@ -86,9 +86,11 @@ def emulation(gguf, tokenizer, **options):
     return GraphRunner(graph, cfg, cpu, 256), matrices, report
 
 
-def emulated_logits(runner, tokens: list[int], prompt_len: int, chunks) -> np.ndarray:
+def emulated_logits(runner, tokens: list[int], prompt_len: int, chunks, npu_s=None) -> np.ndarray:
     """teacher_forced's rows from the emulation: the prompt in the engine's
-    chunks (a padded chunk's real rows), then token by token. On one BLAS
+    chunks, in the generator's plan (`npu_s`: engine.npu_seconds(True), as
+    teacher_forced's prefill plans it; a padded chunk's real rows), then
+    token by token. On one BLAS
     thread, as the runtime's host kernels run (runtime/blas.py): a product's
     bits depend on the thread count, which earlier code may have changed."""
     from rkc.runtime import blas
@@ -97,7 +99,7 @@ def emulated_logits(runner, tokens: list[int], prompt_len: int, chunks) -> np.nd
     runner.reset()
     rows, pos = [], 0
     with blas.one_thread():
-        for _c, n in chunk_plan(prompt_len, chunks):
+        for _c, n in chunk_plan(prompt_len, chunks, npu_s):
             rows.append(runner.logits(tokens[pos:pos + n], pos))
             pos += n
         rows += [runner.logits([t], p) for p, t in enumerate(tokens[prompt_len:], prompt_len)]

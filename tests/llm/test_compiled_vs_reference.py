@@ -83,7 +83,7 @@ def test_int8_rkbin_computes_its_cpu_emulation(arch, options, synth_rkbin, synth
     rng = np.random.default_rng(2)
     tokens = [engine.tokenizer.bos_id, *rng.integers(0, engine.cfg.n_vocab, PROMPT_LEN + 4 - 1).tolist()]
     got = _teacher_forced(engine, tokens, PROMPT_LEN)
-    want = emulated_logits(runner, tokens, PROMPT_LEN, engine.chunks)
+    want = emulated_logits(runner, tokens, PROMPT_LEN, engine.chunks, engine.npu_seconds(True))
     # The runtime's fused float32 host kernels (prefill's FFN and residual stretches, attention) sum in other
     # orders than the emulation's step-by-step kernels, and a hybrid's fp16 GEMM than BLAS: now and then an
     # int8 activation moves a rounding step, which moves later rows a little (measured: 1e-5..1e-4 in

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rkc.runtime.llm.kvcache import ContextFullError, KVCache
+from rkc.runtime.llm.kvcache import ROLLBACK, ContextFullError, KVCache
 
 
 @pytest.mark.parametrize("window", [0, 5])
@@ -172,10 +172,10 @@ def test_expect_sizes_the_buffers_once_for_a_prompt(window):
     cache.expect(200)
     prompt(200)
     cap = len(cache._k[0])
-    assert cap >= min(200, 2 * window + chunk if window else 200) and cap <= n_ctx
+    assert cap >= min(200, 2 * window + ROLLBACK + chunk if window else 200) and cap <= n_ctx
     cache.reset()
     cache.expect(650)
-    grown = min(650, 2 * window if window else n_ctx, n_ctx)
+    grown = min(650, 2 * window + ROLLBACK if window else n_ctx, n_ctx)
     assert len(cache._k[0]) == max(cap, grown)  # (a window layer holding enough keeps its buffers)
     prompt(650)
     assert len(cache._k[0]) <= n_ctx
@@ -186,3 +186,49 @@ def test_expect_sizes_the_buffers_once_for_a_prompt(window):
         np.testing.assert_array_equal(cache.k[0], keys[:100])
         prompt(n_ctx, 100)
     assert max(len(b) for b in _buffers(cache, 0)) <= n_ctx
+
+
+@pytest.mark.parametrize("window", [5, 40])
+def test_a_window_layer_goes_back_up_to_rollback_positions(window):
+    """truncate(n) holds for every n from the end back ROLLBACK positions
+    past the window's reach, whatever mix of chunks and decode steps stored
+    them and wherever the slides fell (a chat's next turn may leave the
+    cached tokens a reply before their end), and not further back; after it
+    the layer gives the views, keys and positions a cache that only ever
+    stored positions 0..n-1 gives, bit for bit, through later stores too."""
+    rng = np.random.default_rng(21 + window)
+    went_back = 0
+    for trial in range(16):
+        chunks = [int(t) for t in rng.choice([1, 1, 1, 3, 16, 40], size=int(rng.integers(4, 30)))]
+        k_all, v_all = rng.standard_normal((2, sum(chunks) + 60, 2, 4)).astype(np.float32)
+        cache, pos = KVCache(1, [window], 2000), 0
+        for t in chunks:
+            p = np.arange(pos, pos + t)
+            (cache.store_half if t == 1 else cache.store_and_view)(0, k_all[p], v_all[p], p)
+            pos += t
+        n = max(1, pos - int(rng.integers(0, ROLLBACK + 40)))
+        if not cache.truncate(n):
+            # (ROLLBACK held before the live ones, whose first a query at the end sees)
+            assert pos - n > ROLLBACK + 1 and cache.length == pos
+            continue
+        assert cache.length == n
+        fresh, q = KVCache(1, [window], 2000), 0
+        for t in chunks:
+            if q + t > n:
+                break
+            p = np.arange(q, q + t)
+            fresh.store_and_view(0, k_all[p], v_all[p], p)
+            q += t
+        if q < n:
+            p = np.arange(q, n)
+            fresh.store_and_view(0, k_all[p], v_all[p], p)
+        for t in (1, 7, 1):
+            p = np.arange(n, n + t)
+            got, want = cache.store_and_view(0, k_all[p], v_all[p], p), fresh.store_and_view(0, k_all[p], v_all[p], p)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+            n += t
+        np.testing.assert_array_equal(cache.pos[0], fresh.pos[0])
+        np.testing.assert_array_equal(cache.k[0], fresh.k[0])
+        went_back += pos - n + 9 > window + 1  # (the 9 stored since) back past what the window alone reaches
+    assert went_back >= 4

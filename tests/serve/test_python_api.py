@@ -74,33 +74,43 @@ def test_second_turn_reuses_the_first_turns_kv_and_answers_the_same(tiny_model, 
 
 def test_sliding_window_layers_reuse_only_what_they_kept(synth_rkbin):
     """gemma3's tiny model has a window of 6: a prefix is reused only when the
-    ring still holds the keys the next query sees; the answers never change."""
+    window layers still hold the keys the next query sees (their window and
+    kvcache.ROLLBACK positions before it, more until a slide drops them);
+    the answers never change."""
+    from rkc.runtime.llm.kvcache import ROLLBACK
+
     with rkc.load(synth_rkbin("gemma3"), device="sim", cache_slots=1) as model, \
             rkc.load(synth_rkbin("gemma3"), device="sim") as fresh:
         prompt = "the cat and the dog run in the world"
-        first = model.generate(prompt, max_tokens=6, temperature=0)
         cached = []
-        for follow in (prompt + first.text + " at one time", prompt + " of"):
+        # (a window layer's buffer: at most 2 x 6 + ROLLBACK + a chunk of 16 rows)
+        for reply, follow in ((6, "{first} at one time"), (6, " of"), (ROLLBACK + 40, " of")):
+            model.forget()
+            first = model.generate(prompt, max_tokens=reply, temperature=0, ignore_eos=True)
+            follow = prompt + follow.format(first=first.text)
             got = model.generate(follow, max_tokens=6, temperature=0)
             fresh.forget()
             want = fresh.generate(follow, max_tokens=6, temperature=0)
             assert got.text == want.text, follow
             cached.append(got.cached_tokens)
-        assert cached[0] > 0 and cached[1] == 0  # the ring had moved past the second one's prefix
+        # parting from the cache 5 positions before its end: past the window, within ROLLBACK;
+        # ROLLBACK + 39 before it: no longer held
+        assert cached[0] > 0 and cached[1] > 0 and cached[2] == 0, cached
 
 
 def test_kv_cache_truncate_keeps_what_later_queries_see():
-    from rkc.runtime.llm.kvcache import KVCache
+    from rkc.runtime.llm.kvcache import ROLLBACK, KVCache
 
-    cache = KVCache(2, [6, 0], n_ctx=64)
-    for layer in (0, 1):
-        pos = np.arange(20)
-        cache.append(layer, np.ones((20, 1, 4)), np.ones((20, 1, 4)), pos)
-    assert cache.length == 20
-    assert not cache.truncate(10) and not cache.truncate(21) and cache.length == 20
-    assert cache.truncate(19)  # a query at 19 sees 14..19: the ring holds 14..19
-    assert cache.length == 19 and cache.pos[0].tolist() == list(range(14, 19))
-    assert cache.pos[1].tolist() == list(range(19))
+    cache = KVCache(2, [6, 0], n_ctx=256)
+    for p in range(200):  # one position at a time, as decode stores them: the window layer's buffer slides
+        for layer in (0, 1):
+            cache.append(layer, np.ones((1, 1, 4)), np.ones((1, 1, 4)), np.asarray([p]))
+    assert cache.length == 200
+    assert not cache.truncate(10) and not cache.truncate(201) and cache.length == 200
+    n = 200 - ROLLBACK  # a query at n sees n - 5..n: the window layer holds ROLLBACK before its window
+    assert cache.truncate(n)
+    assert cache.length == n and cache.pos[0].tolist() == list(range(n - 6, n))
+    assert cache.pos[1].tolist() == list(range(n))
 
 
 def test_two_conversations_keep_their_slots(tiny_model):

@@ -1,10 +1,13 @@
 """Several boards behind a router (docs/api.md, "Several boards"): three
-`rkrun serve` processes on the null device behind LiteLLM's proxy, run with
+`rkrun serve` processes on the simulator behind LiteLLM's proxy, run with
 the shipped examples/cluster/litellm.yaml (its board addresses replaced by the
 replicas' loopback ports, its probe interval shortened), and the real openai
 client in front. A conversation stays on one replica (its prefix cache serves
 the later turns); one replica killed (SIGKILL) under load loses no request,
-and the router's health check marks it down."""
+and the router's health check marks it down. (The simulator, not the null
+device: a reply is compared with another replica's, and the null device's
+outputs are whatever its buffers last held, which differ with a replica's
+history; the tiny model's chat of 8 tokens costs ~0.1 s simulated.)"""
 
 from __future__ import annotations
 
@@ -111,7 +114,7 @@ class Cluster:
         logs = []
         for i, url in enumerate(self.urls):
             proc, log = _start(tmp / f"replica{i}.log", [str(BIN / "rkrun"), "serve", str(model), "--port",
-                                                         url.rsplit(":", 1)[1], "--device", "null"])
+                                                         url.rsplit(":", 1)[1], "--device", "sim"])
             self.procs.append(proc)
             logs.append(log)
         for i, (proc, log) in enumerate(zip(self.procs, logs)):
