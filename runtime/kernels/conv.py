@@ -238,6 +238,12 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
     kernel, strides, dil, begin, end, extra = _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape,
                                                              pads, strides)
     nd = len(kernel)
+    if nd == 2 and x.dtype in (np.float32, np.float64):
+        from rkc.runtime.kernels import pool_jit  # numba: loaded by programs that pool on the CPU
+
+        out_hw = [(i + bg + e + x_ - ((k - 1) * d + 1)) // s + 1
+                  for i, k, s, d, bg, e, x_ in zip(x.shape[2:], kernel, strides, dil, begin, end, extra)]
+        return pool_jit.average_pool_2d(x, kernel, strides, dil, begin, end, out_hw, bool(count_include_pad))
     widths = [(0, 0), (0, 0), *zip(begin, [e + x_ for e, x_ in zip(end, extra)])]
     xp = np.pad(x.astype(np.float64), widths)
     # which positions count towards the divisor: the input (and the explicit pads
