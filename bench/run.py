@@ -32,6 +32,16 @@ PPU-only tasks (SPPF's max pools), and so does rkc's kernel patch (kernel/patche
 `yolov8n-stock` / `yolo11n-stock` rows beside them are `rkc compile`'s defaults: a float32
 NCHW image rounded into fp16 atoms by the host, float32 outputs, stock rocket.
 
+The classic CNN rows (onnx's light_* models, MobileNetV1/V2, PP-OCR) have one row each,
+`rkc compile`'s defaults, and no deployment row beside it: they compile int8, and their
+max pools are int8 maps, which the PPU does not pool (it pools fp16 only, Q14 in
+docs/hardware-questions.md), so `--kernel-ppu-irq` leaves every one of them on the CPU
+(SqueezeNet, AlexNet, ZFNet and VGG-19 measured: the same CPU ops with and without it);
+the light_* models come without a documented pixel normalisation and without a vendor
+figure to be measured like for like (ResNet-50's and MobileNetV2's anchored rows already
+meet host <= 0.10x NPU with a float32 input, docs/notes/2026-12-06-vision-host-time-3.md).
+A deployment row is worth its compile when the PPU pools int8.
+
 Two phases: every rkbin is compiled first, --jobs (2) children at a time (the
 machine has 2 cores; compile times and peak RSS stay each child's own, the CPU
 seconds beside the wall time say how much of it was waiting for a core), then
