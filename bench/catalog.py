@@ -82,9 +82,11 @@ def onnx_models(work: Path) -> list[OnnxModel]:
         models.append(OnnxModel("ppocr_cls", "rapidocr-onnxruntime (PyPI)", lambda: cls, (1, 3, 48, 192)))
     light = _package_file("onnx", "backend", "test", "data", "light", "light_resnet50.onnx")
     if light:
-        for path in sorted(light.parent.glob("light_*.onnx")):
-            models.append(OnnxModel(path.stem.removeprefix("light_"), "onnx bundled test data (light)",
-                                    lambda path=path: path))
+        for path in sorted(light.parent.glob("light_*.onnx")):  # `rkc compile`'s defaults, then the PPU build
+            name = path.stem.removeprefix("light_")
+            models += [OnnxModel(name, "onnx bundled test data (light)", lambda path=path: path),
+                       OnnxModel(f"{name}-ppu", "onnx bundled test data (light); PPU irq, fp16 outputs",
+                                 lambda path=path: path, kernel_ppu_irq=True, fp16_outputs=True)]
     yolo = {"yolov8n": "bench/zoo_models.py (ultralytics yolov8.yaml, scale n, the zoo's cut)",
             "yolo11n": "bench/zoo_models.py (ultralytics yolo11.yaml, scale n, the zoo's cut)"}
     models += [OnnxModel("mobilenet_v1", "bench/zoo_models.py (paper's layer table)", zoo("mobilenet_v1")),

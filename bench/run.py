@@ -32,15 +32,15 @@ PPU-only tasks (SPPF's max pools), and so does rkc's kernel patch (kernel/patche
 `yolov8n-stock` / `yolo11n-stock` rows beside them are `rkc compile`'s defaults: a float32
 NCHW image rounded into fp16 atoms by the host, float32 outputs, stock rocket.
 
-The classic CNN rows (onnx's light_* models, MobileNetV1/V2, PP-OCR) have one row each,
-`rkc compile`'s defaults, and no deployment row beside it: they compile int8, and their
-max pools are int8 maps, which the PPU does not pool (it pools fp16 only, Q14 in
-docs/hardware-questions.md), so `--kernel-ppu-irq` leaves every one of them on the CPU
-(SqueezeNet, AlexNet, ZFNet and VGG-19 measured: the same CPU ops with and without it);
-the light_* models come without a documented pixel normalisation and without a vendor
-figure to be measured like for like (ResNet-50's and MobileNetV2's anchored rows already
-meet host <= 0.10x NPU with a float32 input, docs/notes/2026-12-06-vision-host-time-3.md).
-A deployment row is worth its compile when the PPU pools int8.
+Each of onnx's light_* models (classic CNNs with max pools) has its `rkc compile`-defaults row
+and a `<name>-ppu` row beside it, built with `--kernel-ppu-irq` and read with fp16 outputs as
+the vendor's runtime runs it: the PPU pools fp16 maps only (Q14 in docs/hardware-questions.md),
+and with PPU pools available the precision plan keeps pools' segments in fp16 where that costs
+less than their host edges (AlexNet, ZFNet and ShuffleNet then pool on the NPU; SqueezeNet and
+VGG-19 stay int8 and pool on the CPU). They keep their float32 input: the light_* models
+document no pixel normalisation, and no vendor figure is measured on them. MobileNetV1/V2 and
+PP-OCR det have no max pool (nothing for the patch to move) and PP-OCR cls meets host <= 0.10x
+NPU on stock rocket: one row each.
 
 Two phases: every rkbin is compiled first, --jobs (2) children at a time (the
 machine has 2 cores; compile times and peak RSS stay each child's own, the CPU
