@@ -38,8 +38,10 @@ the vendor's runtime runs it: the PPU pools fp16 maps only (Q14 in docs/hardware
 and with PPU pools available the precision plan keeps pools' segments in fp16 where that costs
 less than their host edges (AlexNet, ZFNet and ShuffleNet then pool on the NPU; SqueezeNet and
 VGG-19 stay int8 and pool on the CPU). They keep their float32 input: the light_* models
-document no pixel normalisation, and no vendor figure is measured on them. MobileNetV1/V2 and
-PP-OCR det have no max pool (nothing for the patch to move) and PP-OCR cls meets host <= 0.10x
+document no pixel normalisation, and no vendor figure is measured on them. The anchored
+`mobilenet_v1` row takes the uint8 image (`--image-input`, (pixel - 127.5) / 127.5) as the
+quantized TFLite MobileNetV1 Teflon's figure runs does; `mobilenet_v1-stock` beside it is the
+float32 input. MobileNetV1/V2 and PP-OCR det have no max pool (nothing for the patch to move) and PP-OCR cls meets host <= 0.10x
 NPU on stock rocket: one row each.
 
 Two phases: every rkbin is compiled first, --jobs (2) children at a time (the
