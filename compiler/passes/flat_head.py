@@ -66,6 +66,31 @@ def _weights_and_bias(graph: Graph, mm: Op) -> tuple[np.ndarray, np.ndarray | No
     return w, bias
 
 
+# Weight bytes of one kernel group per channel and window position: 32 int8 or 16 fp16 kernels
+# (compiler/npu/conv.py streams a kernel group at a time when the weights do not fit CBUF), and
+# the part of CBUF a group may take beside the window's rows of data (9 of its 12 banks)
+GROUP_BYTES_PER_TAP = 32
+GROUP_BYTES_MAX = 9 * 32 * 1024
+PART_ALIGN = 16  # channel slices of whole 16-byte atoms (16 int8 channels, two fp16 atoms)
+
+
+def _channel_parts(channels: int, taps: int) -> list[int]:
+    """Channel counts of the window convolutions a flattened map's product is cut into: one when a
+    kernel group of the whole window fits CBUF (AlexNet's 256x6x6), else even slices of whole
+    atoms whose kernel groups do (VGG-19's 512x7x7: three; ZFNet's 512x6x6: two), summed after."""
+    most = GROUP_BYTES_MAX // (GROUP_BYTES_PER_TAP * taps) // PART_ALIGN * PART_ALIGN
+    if channels <= most or most == 0 or channels % PART_ALIGN:
+        return [channels]
+    parts = -(-channels // most)
+    units = channels // PART_ALIGN
+    return [(units // parts + (i < units % parts)) * PART_ALIGN for i in range(parts)]
+
+
+def _value(graph: Graph, name: str, dtype, shape) -> str:
+    graph.tensors[name] = Tensor(name, TensorType(dtype, tuple(int(d) for d in shape)), "value")
+    return name
+
+
 def head_as_conv(graph: Graph, mm: Op) -> bool:
     if mm.type not in ("MatMul", "Gemm"):
         return False
@@ -83,13 +108,29 @@ def head_as_conv(graph: Graph, mm: Op) -> bool:
     mapped = f"{base}.map"
     graph.tensors[mapped] = Tensor(mapped, TensorType(dtype, (n, k, 1, 1)), "value")
     _, c, h, width = graph.tensors[x].type.shape
-    inputs = [x, add_const(graph, f"{base}.w_conv", w.T.reshape(k, c, h, width).astype(dtype.numpy))]
-    if bias is not None:
-        inputs.append(add_const(graph, f"{base}.b_conv", bias.astype(dtype.numpy)))
-    conv = Op("Conv", inputs, [mapped], {"kernel_shape": [h, width], "strides": [1, 1], "pads": [0, 0, 0, 0]},
-              mm.name)
+    kernels = w.T.reshape(k, c, h, width).astype(dtype.numpy)
+    sizes = _channel_parts(int(c), int(h) * int(width))
+    pieces, ops = [x], []
+    if len(sizes) > 1:  # channel slices of the map (views of its buffer: whole atoms), one window each
+        pieces = [_value(graph, f"{x}.part{i}", dtype, (n, size, h, width)) for i, size in enumerate(sizes)]
+        ops.append(Op("Split", [x, add_const(graph, f"{base}.parts", np.array(sizes, np.int64))], pieces,
+                      {"axis": 1}, f"{base}.split"))
+    starts = np.cumsum([0, *sizes])
+    partials = [mapped] if len(sizes) == 1 else [_value(graph, f"{mapped}.part{i}", dtype, (n, k, 1, 1))
+                                                 for i in range(len(sizes))]
+    attrs = {"kernel_shape": [h, width], "strides": [1, 1], "pads": [0, 0, 0, 0]}
+    for i, (piece, partial) in enumerate(zip(pieces, partials)):
+        inputs = [piece, add_const(graph, f"{base}.w_conv", kernels[:, starts[i]:starts[i + 1]])]
+        if bias is not None and i == 0:
+            inputs.append(add_const(graph, f"{base}.b_conv", bias.astype(dtype.numpy)))
+        ops.append(Op("Conv", inputs, [partial], dict(attrs), mm.name if len(sizes) == 1 else f"{base}.part{i}"))
+    total = partials[0]
+    for i, partial in enumerate(partials[1:], 1):
+        summed = mapped if i == len(partials) - 1 else _value(graph, f"{mapped}.sum{i}", dtype, (n, k, 1, 1))
+        ops.append(Op("Add", [total, partial], [summed], {}, f"{base}.sum{i}"))
+        total = summed
     position = next(i for i, o in enumerate(graph.ops) if o is mm)
-    graph.ops[position:position + 1] = [conv, Op("Flatten", [mapped], [out], {"axis": 1}, flat.name)]
+    graph.ops[position:position + 1] = [*ops, Op("Flatten", [mapped], [out], {"axis": 1}, flat.name)]
     graph.ops.remove(flat)
     del graph.tensors[flat.outputs[0]]
     return True
@@ -140,8 +181,8 @@ def activation_before_flatten(graph: Graph, act: Op) -> bool:
     flat = producer(graph, act.inputs[0])
     if flat is None or flat.type != "Flatten" or only_consumer(graph, flat.outputs[0]) is not act:
         return False
-    conv = producer(graph, flat.inputs[0])
-    if conv is None or conv.type != "Conv" or only_consumer(graph, flat.inputs[0]) is not flat:
+    conv = producer(graph, flat.inputs[0])  # a convolution, or the sum of a split one's parts
+    if conv is None or conv.type not in ("Conv", "Add") or only_consumer(graph, flat.inputs[0]) is not flat:
         return False
     mapped, flat_out, out = flat.inputs[0], flat.outputs[0], act.outputs[0]
     graph.tensors[flat_out].type = graph.tensors[mapped].type  # now the activation's output, map-shaped
