@@ -25,6 +25,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 # ultralytics' input normalisation, pixel / 255 (rknn_model_zoo's YOLO convert.py: mean 0, std 255)
 PIXELS_0_1 = "0,0,0/255,255,255"
+# TensorFlow's MobileNets, (pixel - 127.5) / 127.5: the quantized TFLite MobileNetV1 Teflon runs takes the
+# uint8 image itself (input zero point 128, scale 1/128)
+PIXELS_MINUS_1_1 = "127.5,127.5,127.5/127.5,127.5,127.5"
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,17 @@ def onnx_models(work: Path) -> list[OnnxModel]:
         models.append(OnnxModel("ppocr_cls", "rapidocr-onnxruntime (PyPI)", lambda: cls, (1, 3, 48, 192)))
     light = _package_file("onnx", "backend", "test", "data", "light", "light_resnet50.onnx")
     if light:
-        for path in sorted(light.parent.glob("light_*.onnx")):
-            models.append(OnnxModel(path.stem.removeprefix("light_"), "onnx bundled test data (light)",
-                                    lambda path=path: path))
+        for path in sorted(light.parent.glob("light_*.onnx")):  # `rkc compile`'s defaults, then the PPU build
+            name = path.stem.removeprefix("light_")
+            models += [OnnxModel(name, "onnx bundled test data (light)", lambda path=path: path),
+                       OnnxModel(f"{name}-ppu", "onnx bundled test data (light); PPU irq, fp16 outputs",
+                                 lambda path=path: path, kernel_ppu_irq=True, fp16_outputs=True)]
     yolo = {"yolov8n": "bench/zoo_models.py (ultralytics yolov8.yaml, scale n, the zoo's cut)",
             "yolo11n": "bench/zoo_models.py (ultralytics yolo11.yaml, scale n, the zoo's cut)"}
-    models += [OnnxModel("mobilenet_v1", "bench/zoo_models.py (paper's layer table)", zoo("mobilenet_v1")),
+    models += [OnnxModel("mobilenet_v1", "bench/zoo_models.py (paper's layer table); uint8 image",
+                         zoo("mobilenet_v1"), image=PIXELS_MINUS_1_1),
+               OnnxModel("mobilenet_v1-stock", "bench/zoo_models.py (paper's layer table); float32 image",
+                         zoo("mobilenet_v1")),
                OnnxModel("mobilenet_v2", "bench/zoo_models.py (paper's layer table)", zoo("mobilenet_v2"))]
     for name, source in yolo.items():  # the zoo's deployment (anchored), then `rkc compile`'s defaults
         models += [OnnxModel(name, source + "; uint8 image, PPU irq, fp16 outputs", zoo(name), (1, 3, 640, 640),

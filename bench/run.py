@@ -32,6 +32,18 @@ PPU-only tasks (SPPF's max pools), and so does rkc's kernel patch (kernel/patche
 `yolov8n-stock` / `yolo11n-stock` rows beside them are `rkc compile`'s defaults: a float32
 NCHW image rounded into fp16 atoms by the host, float32 outputs, stock rocket.
 
+Each of onnx's light_* models (classic CNNs with max pools) has its `rkc compile`-defaults row
+and a `<name>-ppu` row beside it, built with `--kernel-ppu-irq` and read with fp16 outputs as
+the vendor's runtime runs it: the PPU pools fp16 maps only (Q14 in docs/hardware-questions.md),
+and with PPU pools available the precision plan keeps pools' segments in fp16 where that costs
+less than their host edges (AlexNet, ZFNet and ShuffleNet then pool on the NPU; SqueezeNet and
+VGG-19 stay int8 and pool on the CPU). They keep their float32 input: the light_* models
+document no pixel normalisation, and no vendor figure is measured on them. The anchored
+`mobilenet_v1` row takes the uint8 image (`--image-input`, (pixel - 127.5) / 127.5) as the
+quantized TFLite MobileNetV1 Teflon's figure runs does; `mobilenet_v1-stock` beside it is the
+float32 input. MobileNetV1/V2 and PP-OCR det have no max pool (nothing for the patch to move) and PP-OCR cls meets host <= 0.10x
+NPU on stock rocket: one row each.
+
 Two phases: every rkbin is compiled first, --jobs (2) children at a time (the
 machine has 2 cores; compile times and peak RSS stay each child's own, the CPU
 seconds beside the wall time say how much of it was waiting for a core), then

@@ -75,9 +75,20 @@ def _conv(graph: Graph, i: int, tail: Tail, precision: str, program: str) -> tup
     padding = (begin[0], end[0], begin[1], end[1])
     if view is None and src.row_padded:
         src, padding = zero_padded_input(src, padding, f"npu{i}")
+    out_layout, stride = layout, (strides[0], strides[1])
+    if layout == "native" and npu_layout(graph, tail.output) == "native-gemm":
+        # one window over the whole map (a fully connected layer on a flattened map,
+        # compiler/passes/flat_head.py): the 1x1 result is a GEMM row of 4 stored rows
+        # (vector_map), as a one-window pool's: the window slides row by row 3 rows
+        # further into bottom padding, which makes those rows (never read)
+        if x.shape[2] + begin[0] + end[0] != kernel[0] or tail.residual is not None:
+            raise Refused("a convolution's 1x1 result is a GEMM row: written from one window of rows, "
+                          "without a residual")
+        pt, pb, pl, pr = padding
+        out_layout, padding, stride = "native-gemm", (pt, pb + GEMM_ROW_ALIGN - 1, pl, pr), (1, strides[1])
     conv = api.Conv2D(src, np.ascontiguousarray(weights),
-                      npu_feature(graph, tail.output, layout, dtype, precision, program, view),
-                      stride=(strides[0], strides[1]),
+                      npu_feature(graph, tail.output, out_layout, dtype, precision, program, view),
+                      stride=stride,
                       padding=padding, depthwise=depthwise,
                       weight_quant=weight_quant, epilogue=epi, name=f"npu{i}")
     return conv, {t: layout for t in (op.inputs[0], tail.residual) if t}

@@ -4,7 +4,8 @@ An NPU group is moved to the CPU when all of these hold:
 
 * it is memory-bound: at most one MAC per element it reads or writes (an affine
   map as a 1x1 depthwise convolution, an element-wise op of two tensors, a
-  lookup-table activation, a global pool);
+  lookup-table activation, a global pool), and the CPU's kernel for it is too
+  (not an LRN, whose power per element is the CPU's arithmetic);
 * it is alone between CPU ops: every input comes from a CPU op and only CPU ops
   read its output. A tensor crossing between an int8 and an fp16 group is
   converted on the CPU too, so such a neighbour counts as a CPU op; a Concat or
@@ -37,10 +38,19 @@ from rkc.ir.graph import Graph
 REASON = "kept on the CPU: alone between CPU ops, the conversions would cost more than it saves"
 
 
+# ops whose CPU kernel computes a power or an exponential per element: bound by arithmetic on the
+# CPU, whatever their bytes (ZFNet's LRN over 96x110x110: 2.1 ms on the CPU, against ~0.3 ms for
+# the conversion pass its NPU run costs)
+CPU_ARITHMETIC = frozenset({"LRN"})
+
+
 def _memory_bound(graph: Graph, group: NpuGroup) -> bool:
-    """At most one MAC per element read or written, in every op of the group."""
+    """At most one MAC per element read or written, in every op of the group, and no op the CPU
+    computes by arithmetic per element (CPU_ARITHMETIC)."""
     for j in group.ops:
         op = graph.ops[j]
+        if op.type in CPU_ARITHMETIC:
+            return False
         touched = sum(_elements(graph, t) for t in (*op.present_inputs(), *op.outputs)
                       if graph.tensors[t].kind != "const")
         if cost.op_macs(graph, op) > touched:

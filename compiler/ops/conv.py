@@ -69,7 +69,8 @@ def is_2d(ctx) -> bool:
 
 
 def plain_or_depthwise(ctx) -> bool:
-    """the NPU does ordinary (group=1) and depthwise (group=channels) convolutions, not other groupings"""
+    """the NPU does ordinary (group=1) and depthwise (group=channels) convolutions, not other groupings
+    (up to 8 groups become one block-diagonal ordinary convolution first, compiler/passes/groups.py)"""
     group = int(ctx.attr("group", 1))
     x, w = need(ctx, 0), need(ctx, 1)
     return group == 1 or (group == x.shape[1] and w.shape[0] == group)

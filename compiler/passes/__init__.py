@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from rkc.compiler.ops import infer_for
-from rkc.compiler.passes import affine, canonicalize, flat_head, fold_batchnorm, fuse, heads
+from rkc.compiler.passes import affine, canonicalize, flat_head, fold_batchnorm, fuse, groups, heads
 from rkc.compiler.passes.edit import remove_dead
 from rkc.ir.graph import Graph, Op
 
 Rewrite = Callable[[Graph, Op], bool]
 
 PIPELINE: Sequence[Rewrite] = (*canonicalize.REWRITES, *flat_head.REWRITES, *fold_batchnorm.REWRITES,
-                               *fuse.REWRITES)
+                               *groups.REWRITES, *fuse.REWRITES)
 # after the fusions have matched their patterns: the remaining per-channel affine
 # maps become depthwise convolutions (the folds still run, on what they produce)
 AFFINE: Sequence[Rewrite] = (*PIPELINE, *affine.REWRITES)

@@ -37,7 +37,7 @@ def _conv(x, w, b, auto_pad, dilations, group, kernel_shape, pads, strides, acc)
     strides = _ints(strides, nd, 1)
     dilations = _ints(dilations, nd, 1)
     begin, end = pads_for(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
-    xp = np.pad(x.astype(acc), [(0, 0), (0, 0), *zip(begin, end)])
+    xp = np.pad(x.astype(acc, copy=False), [(0, 0), (0, 0), *zip(begin, end)])
     cols = _windows(xp, kernel, strides, dilations)  # [N, C, *out, *k]
     n, c = x.shape[:2]
     out_sp = cols.shape[2:2 + nd]
@@ -47,7 +47,9 @@ def _conv(x, w, b, auto_pad, dilations, group, kernel_shape, pads, strides, acc)
     # -> [N, G, *out, Cg * prod(k)]
     order = (0, 1, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
     cols = cols.transpose(order).reshape(n, group, int(np.prod(out_sp, dtype=np.int64)), -1)
-    wg = w.astype(acc).reshape(group, mg, -1)  # [G, Mg, Cg * prod(k)]
+    # no copy of weights already in the accumulator's type (VGG-19's first fully connected
+    # layer as a 7x7 convolution: 411 MB of float32 copied every run)
+    wg = w.astype(acc, copy=False).reshape(group, mg, -1)  # [G, Mg, Cg * prod(k)]
     y = np.matmul(cols, wg.transpose(0, 2, 1)[None])  # [N, G, P, Mg]
     y = y.transpose(0, 1, 3, 2).reshape(n, m, *out_sp)
     if b is not None:
@@ -238,6 +240,12 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
     kernel, strides, dil, begin, end, extra = _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape,
                                                              pads, strides)
     nd = len(kernel)
+    if nd == 2 and x.dtype in (np.float32, np.float64):
+        from rkc.runtime.kernels import pool_jit  # numba: loaded by programs that pool on the CPU
+
+        out_hw = [(i + bg + e + x_ - ((k - 1) * d + 1)) // s + 1
+                  for i, k, s, d, bg, e, x_ in zip(x.shape[2:], kernel, strides, dil, begin, end, extra)]
+        return pool_jit.average_pool_2d(x, kernel, strides, dil, begin, end, out_hw, bool(count_include_pad))
     widths = [(0, 0), (0, 0), *zip(begin, [e + x_ for e, x_ in zip(end, extra)])]
     xp = np.pad(x.astype(np.float64), widths)
     # which positions count towards the divisor: the input (and the explicit pads

@@ -248,3 +248,57 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
                   n * out_hw[0], x.size)
     out = out.transpose(0, 3, 1, 2)
     return out.view(np.float16) if half else out
+
+
+@njit(cache=True, nogil=True)
+def _window_mean(x, kh, kw, sy, sx, dy, dx, pt, pl, divisor, out, lo, hi):
+    """out[p, oy, ox] = the sum of each window's taps inside the map over divisor[oy, ox],
+    for output rows [lo, hi) of P * OH; lanes L innermost, summed in x's float type."""
+    h, w, lanes = x.shape[1], x.shape[2], x.shape[3]
+    oh, ow = out.shape[1], out.shape[2]
+    for job in range(lo, hi):
+        p, oy = job // oh, job % oh
+        y0, ky0, ky1 = _taps(oy, sy, pt, kh, dy, h)
+        for ox in range(ow):
+            x0, kx0, kx1 = _taps(ox, sx, pl, kw, dx, w)
+            dst = out[p, oy, ox]
+            for lane in range(lanes):
+                dst[lane] = 0
+            for ky in range(ky0, ky1):
+                row = x[p, y0 + ky * dy]
+                for kx in range(kx0, kx1):
+                    src = row[x0 + kx * dx]
+                    for lane in range(lanes):
+                        dst[lane] += src[lane]
+            scale = 1 / divisor[oy, ox]
+            for lane in range(lanes):
+                dst[lane] *= scale
+
+
+def _counted(size, k, s, d, begin, end, out, include_pad):
+    """Per output position of one axis: how many of its window's taps count towards the
+    divisor: those inside the map, and those in the explicit padding with include_pad
+    (never the ceil-mode overhang past it)."""
+    lo, hi = (-begin, size + end) if include_pad else (0, size)
+    taps = np.arange(out)[:, None] * s - begin + np.arange(k)[None, :] * d
+    return ((taps >= lo) & (taps < hi)).sum(axis=1)
+
+
+def average_pool_2d(x: np.ndarray, kernel, strides, dilations, begin, end, out_hw, include_pad) -> np.ndarray:
+    """[N, C, H, W] float32 / float64 -> [N, C, *out_hw]: each window's mean over its
+    counted positions (ONNX AveragePool; padding counts with include_pad). One pass over
+    whole windows with the channels innermost (a row-major map is copied channels-last
+    first, as max_pool_2d does); the windows' sums in x's type, divided once
+    (ShuffleNet's 3x3/2 pools of 240x56x56: 1.6 ms in float64 numpy before)."""
+    n, c = x.shape[:2]
+    (kh, kw), (sy, sx), (dy, dx), (pt, pl) = kernel, strides, dilations, begin
+    counts = [_counted(size, k, s, d, b, e, o, include_pad)
+              for size, k, s, d, b, e, o in zip(x.shape[2:], kernel, strides, dilations, begin, end, out_hw)]
+    divisor = np.maximum(np.outer(counts[0], counts[1]), 1).astype(x.dtype)
+    lanes = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    out = np.empty((n, *out_hw, c), x.dtype)
+    over_rows(lambda lo, hi: _window_mean(lanes, kh, kw, sy, sx, dy, dx, pt, pl, divisor, out, lo, hi),
+              n * out_hw[0], x.size)
+    # row-major NCHW, as the steps after it read (the edge quantizing a channels-last view into
+    # its map took 0.5-0.65 ms for Inception v2's 28x28 pools, 0.15 after this copy)
+    return np.ascontiguousarray(out.transpose(0, 3, 1, 2))

@@ -145,3 +145,46 @@ def test_kernels_split_over_threads_give_the_one_thread_result(monkeypatch):
     assert threads.threads_for(fm.size) == threads.THREADS
     for got, want in zip(outputs(), alone):
         np.testing.assert_array_equal(got, want)
+
+
+def _average_pool_reference(x, kernel, strides, pads, dilations, include_pad, ceil_mode):
+    """ONNX AveragePool in float64, window by window."""
+    (kh, kw), (sy, sx), (dy, dx) = kernel, strides, dilations
+    pt, pl, pb, pr = pads
+    h, w = x.shape[2:]
+    size = [(n + a + b - ((k - 1) * d + 1)) for n, a, b, k, d in ((h, pt, pb, kh, dy), (w, pl, pr, kw, dx))]
+    oh, ow = [(-(-v // s) if ceil_mode else v // s) + 1 for v, s in zip(size, (sy, sx))]
+    if ceil_mode:  # the last window must start inside the input or its left padding
+        oh -= (oh - 1) * sy >= h + pt
+        ow -= (ow - 1) * sx >= w + pl
+    out = np.zeros((*x.shape[:2], oh, ow))
+    for oy, ox in itertools.product(range(oh), range(ow)):
+        total, count = 0.0, 0
+        for ky, kx in itertools.product(range(kh), range(kw)):
+            y, xx = oy * sy - pt + ky * dy, ox * sx - pl + kx * dx
+            inside = 0 <= y < h and 0 <= xx < w
+            if inside:
+                total = total + x[:, :, y, xx].astype(np.float64)
+            if inside or (include_pad and -pt <= y < h + pb and -pl <= xx < w + pr):
+                count += 1
+        out[:, :, oy, ox] = total / max(count, 1)
+    return out
+
+
+@pytest.mark.parametrize("shape, kernel, strides, pads, dilations, ceil_mode", [
+    ((1, 24, 56, 56), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 0),  # ShuffleNet's
+    ((1, 16, 28, 28), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 0),  # Inception v2's pool branch
+    ((2, 5, 9, 11), (2, 3), (2, 1), (0, 1, 1, 2), (1, 1), 0),
+    ((1, 7, 10, 9), (3, 3), (2, 2), (0, 0, 0, 0), (1, 1), 1),
+    ((1, 3, 13, 12), (3, 2), (3, 2), (1, 0, 1, 1), (2, 1), 1),
+    ((1, 1024, 7, 7), (7, 7), (1, 1), (0, 0, 0, 0), (1, 1), 0)])
+@pytest.mark.parametrize("include_pad", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_average_pool_matches_float64(shape, kernel, strides, pads, dilations, ceil_mode, include_pad, dtype):
+    x = (np.random.default_rng(sum(shape)).standard_normal(shape) * 3 + 1).astype(dtype)
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads),
+             "dilations": list(dilations), "ceil_mode": ceil_mode, "count_include_pad": include_pad}
+    got = _one("AveragePool", [x], attrs)
+    want = _average_pool_reference(x, kernel, strides, pads, dilations, include_pad, ceil_mode)
+    assert got.dtype == dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
