@@ -22,7 +22,7 @@ from rkc.runtime.llm import int4_prefill as int4_kernels
 from rkc.runtime.llm import fused_rows, jit
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.fused_rows import (_ACTIVATIONS, _NONE_F32, _NONE_VEC, F32, _ffn_shape, _gemm_operand,
-                                        _residual_call, _residual_stretch, _rows, _threads_for,
+                                        _read_elsewhere, _residual_call, _residual_stretch, _rows, _threads_for,
                                         _with_edges, mix_then_quantize)
 from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.prefill_kernels import LANES
@@ -257,9 +257,17 @@ def _quantize_nibbles(plan, step: Step):
 def int4_edges(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """A stretch with int4 edges (CombineInt4 from a BO, QuantizeNibbles into
     one) that no other fuser took: those edges compiled (_combine_int4,
-    _quantize_nibbles), every other step its own call as the plan makes it;
-    None when the stretch has no such edge."""
+    _quantize_nibbles; Gemma 4's per-layer inputs: prefill_per_layer), every
+    other step its own call as the plan makes it; None when the stretch has
+    no such edge."""
     if not any(s.op in ("CombineInt4", "QuantizeNibbles") for s in steps):
         return None
-    return _with_edges(plan, steps, [_combine_int4(plan, s, outputs) or _quantize_nibbles(plan, s) for s in steps],
-                       bind, outputs)
+    edges = [_combine_int4(plan, s, outputs) or _quantize_nibbles(plan, s) for s in steps]
+    taken: set = set()
+    elsewhere = _read_elsewhere(plan, steps)
+    for i in range(len(steps)):
+        chain = None if edges[i] else fused_rows.per_layer_chain(plan, steps, i, outputs, None, elsewhere)
+        if chain is not None:
+            edges[i] = chain[0]
+            taken.update(chain[1][1:])
+    return _with_edges(plan, steps, edges, bind, outputs, taken)
