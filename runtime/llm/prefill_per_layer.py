@@ -41,8 +41,8 @@ def per_layer_chain(plan, steps: Sequence[Step], first: int, outputs: set, state
     """At steps[first], Scale of a host [T, L * P] row block, then Reshape to
     [T, L, P], RMSNorm by a constant [P] weight, Add of a host [T, L, P]
     tensor and Scale, each the only reader of the one before (and nothing
-    outside the stretch, `elsewhere`, reading them): (the call, the indices
-    of the steps it runs), else None."""
+    outside the stretch, `elsewhere`, reading them), at least a tile's rows:
+    (the call, the indices of the steps it runs), else None."""
     tensors = plan.model.tensors
 
     def fp32(name: str, shape: list) -> bool:
@@ -62,6 +62,8 @@ def per_layer_chain(plan, steps: Sequence[Step], first: int, outputs: set, state
     if src is None or len(src.shape) != 2 or not fp32(scale.inputs[0], list(src.shape)):
         return None
     m, lp = (int(d) for d in src.shape)
+    if m < LANES:  # a tile's rows at least, as the int4 stretches (fewer: the per-step kernels' bits)
+        return None
     reshape = only_reader(scale.outputs[0])
     if reshape is None or steps[reshape].op != "Reshape":
         return None
@@ -149,7 +151,8 @@ def gate_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> li
     """A Gemma 4 layer's gate stretch of many rows, whole: the gate's in edge
     (DequantizeRows or Cast of its NPU output), act(gate), Pick of the
     per-layer inputs [T, L, P], their Mul, an out edge with no factor; no
-    value but the out edge's read elsewhere. Its calls (one, bracketed), else None."""
+    value but the out edge's read elsewhere; at least a tile's rows. Its
+    calls (one, bracketed), else None."""
     from rkc.runtime.llm import fused_rows as rows_  # (it imports this module's per_layer_chain)
 
     if len(steps) != 5 or any(n in outputs for s in steps for n in s.outputs):
@@ -163,7 +166,7 @@ def gate_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> li
         return None
     edge_in, pick, mul, act, last = steps[0], picks[0], muls[0], acts[0], steps[-1]
     mk = rows_._InEdge.matches(plan, edge_in)
-    if mk is None or act.inputs != [edge_in.outputs[0]] or len(pick.inputs) != 1:
+    if mk is None or mk[0] < LANES or act.inputs != [edge_in.outputs[0]] or len(pick.inputs) != 1:
         return None
     m, k = mk
     pl = plan.model.tensors.get(pick.inputs[0])
@@ -184,6 +187,7 @@ def gate_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> li
         return None
     run, act_kind, slots, o_pl = gate_tiles, rows_._ACTIVATIONS[act.op], plan.slots, plan._slot(pick.inputs[0])
     label = f"per-layer gate stretch of rows ({edge_in.op}, {act.op}, Pick, {last.op})"
+    threads = rows_._threads_for(m * k)  # E2B's 128 x 256: the pool's hand-off costs what a second core saves
 
     def call():
         pl_in = slots[o_pl]
@@ -192,7 +196,7 @@ def gate_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> li
         args = (edge_g.kind, edge_g.src, edge_g.extra, edge_g.row_scale(slots, label), edge_g.ch, edge_g.bias,
                 edge_g.has_bias, pl_in[:, index], act_kind, m, k, edge_out.kind, edge_out.dst, edge_out.signs,
                 edge_out.block, edge_out.hnorm, edge_out.scale, edge_out.rotated)
-        over_ranges(lambda lo, hi: run(*args, lo, hi), rows_.live_tiles(state, m))
+        over_ranges(lambda lo, hi: run(*args, lo, hi), rows_.live_tiles(state, m), threads)
         edge_out.finish(slots)
     call.label, call.ops = label, tuple(s.op for s in steps)
     return plan._bracketed([*edge_g.bos, edge_out.bo], [call])
