@@ -27,7 +27,10 @@ float model (fp32 weights and activations):
             keep4=ffn_down+attn_v (int4: the products kept int8), group=N (int4: K per group),
             res=none|head|all (the products whose input is quantized as two int8 rows: value + residual),
             act=token|exact (exact: activations not quantized, to bound what the weights
-            alone cost), w=float (weights not rounded: what the activations alone cost),
+            alone cost), static=ffn_down+ffn_gate (the int8 products whose weight name contains one
+            of these quantize their (rotated) input with one static scale, the largest |value| the
+            compiler's calibration text gives it / 127, clipped, instead of one scale per token),
+            w=float (weights not rounded: what the activations alone cost),
             only=attn_q+ffn_down+output (only the products whose weight name contains one of
             these run int8, the rest exact in float: where the error comes from, one kind at a
             time; the tied head's name is token_embd), embd=float (the embedding rows a tied
@@ -59,13 +62,14 @@ for p in (ROOT, ROOT / "tests"):
 
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf  # noqa: E402
 from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights  # noqa: E402
-from rkc.compiler.llm.calibrate import GraphRunner  # noqa: E402
+from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, GraphRunner, calibration_windows  # noqa: E402
+from rkc.compiler.llm.calibrate import WINDOW as CAL_WINDOW  # noqa: E402
 from rkc.compiler.llm.weights import LazyWeights, dequantize_all, gather_only_tables  # noqa: E402
 from rkc.runtime.llm.tokenizer import LlmTokenizer  # noqa: E402
 from rkc.compiler.llm.quantize import QMAX  # noqa: E402
 from rkc.compiler.llm.rotate import rotate_matrix  # noqa: E402
-from rkc.runtime.kernels.hadamard import unrotate  # noqa: E402
-from rkc.runtime.llm.weights import Weight, quantize_rows  # noqa: E402
+from rkc.runtime.kernels.hadamard import rotate, unrotate  # noqa: E402
+from rkc.runtime.llm.weights import Weight, dequantize, quantize_rows  # noqa: E402
 
 from llm import llamacpp  # noqa: E402
 from llm.test_gemma3_270m import N_TOKENS, PPL_CTX, PROMPTS, departure  # noqa: E402
@@ -199,6 +203,45 @@ class FakeLinear:
         return x @ self.w.T
 
 
+class StaticInt8:
+    """An int8 product whose (rotated) input is quantized with one static scale:
+    while `recording`, the per-token product, keeping the largest |x R| seen;
+    then q = clip(rint(x R / s), -127, 127), s = that largest / 127."""
+
+    def __init__(self, w) -> None:
+        self.w, self.amax, self.recording = w, 0.0, True
+        self.shape = w.shape
+
+    def dense(self):
+        return self.w.dense()
+
+    def rows(self, ids):
+        return self.w.rows(ids)
+
+    def matmul(self, x, bias=None):
+        x = np.asarray(x, np.float32)
+        if self.recording:
+            xr = rotate(x, self.w.rotation) if self.w.rotation is not None else x
+            self.amax = max(self.amax, float(np.abs(xr).max()))
+            return self.w.matmul(x, bias)
+        xr = rotate(x, self.w.rotation) if self.w.rotation is not None else x
+        s = np.float32(self.amax / QMAX)
+        q = np.clip(np.rint(xr / s), -QMAX, QMAX)
+        return dequantize(q @ self.w.q.T.astype(np.float64), np.full(len(x), s, np.float32), self.w.scale, bias)
+
+
+def calibrate_static(bench: "Bench", weights: dict) -> None:
+    """The StaticInt8 products' scales from the compiler's calibration text
+    (its windows, run by the scheme's own weights)."""
+    static = [w for w in weights.values() if isinstance(w, StaticInt8)]
+    runner = GraphRunner(bench.graph, bench.cfg, weights, CAL_WINDOW)
+    for ids in calibration_windows(bench.tokenizer, CALIBRATION_TEXT.read_text()):
+        runner.reset()
+        runner.forward(ids, 0)
+    for w in static:
+        w.recording = False
+
+
 def parse_scheme(text: str) -> tuple[str, dict]:
     kind, _, rest = text.partition(":")
     kv = dict(item.split("=", 1) for item in rest.split(",") if item)
@@ -251,6 +294,11 @@ def build_weights(bench: Bench, scheme: str) -> dict:
             out[n] = FakeLinear(enc.as_runtime().dense(), act)
         else:
             out[n] = enc.as_runtime()
+    static = tuple(k for k in kv["static"].split("+") if k) if "static" in kv else ()
+    for n in [n for n in out if any(k in n for k in static) and getattr(out[n], "act_terms", 0) == 1]:
+        out[n] = StaticInt8(out[n])
+    if static:
+        calibrate_static(bench, out)
     if kv.get("embd") == "float":
         for op in bench.graph.ops:
             if op.type == "Gather" and op.inputs[0] in matrices:

@@ -15,11 +15,10 @@ precision, prefill_chunks, placement.
 from __future__ import annotations
 
 import os
-import resource
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
@@ -29,18 +28,20 @@ from threadpoolctl import threadpool_limits
 from rkc.compiler.emitter_graph import emit_options
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.inspect import npu_figures
+from rkc.compiler.llm.build_report import CompileReport, peak_rss, report_int4, report_int8, step_summary
+from rkc.compiler.llm.calibrated_choices import alpha_histogram, keep_noisiest_fp16, search_alphas
 from rkc.compiler.llm.budget import CALIBRATION_BUDGET_S, GPTQ_BUDGET_S, HESSIAN_BUDGET_BYTES, affordable_rounding, \
     calibration_tokens, gptq_cost
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, MAX_TOKENS as CALIBRATION_MAX_TOKENS, \
-    WINDOW as CALIBRATION_WINDOW, Calibration, calibrate, product_errors
+    WINDOW as CALIBRATION_WINDOW, Calibration, calibrate
 from rkc.compiler.llm.cpu_work import cpu_steps
 from rkc.compiler.llm.encode import encode_int4, encode_rows, streamed_rows
 from rkc.compiler.llm.int4 import AUTO_GROUP
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, RESIDUAL_CHOICES,
-                                       ROUNDINGS, SCALES, default_rounding, method_for, quantize_matrix,
+                                       ROUNDINGS, SCALES, default_rounding, method_for,
                                        rounding_scheme)
-from rkc.compiler.llm.rotate import DEFAULT_ROTATION, NONE, rotate_hessian, rotation_for
+from rkc.compiler.llm.rotate import DEFAULT_ROTATION, rotate_hessian, rotation_for
 from rkc.compiler.llm.smooth import DEFAULT_ALPHA, smooth
 from rkc.compiler.llm.step_clock import STEPS
 from rkc.compiler.llm.weights import (LazyWeights, RowSource, RowTable, by_layer, dequantize_all,
@@ -54,7 +55,6 @@ from rkc.ir.llm import DECODE, LlmProgram, program_plan
 from rkc.ir.npu import hw
 from rkc.ir.rkbin import write_rkbin
 from rkc.runtime.llm.tokenizer import LlmTokenizer
-from rkc.runtime.llm.weights import Int8Weight
 
 T, R = TypeVar("T"), TypeVar("R")
 # the compiler's prefill chunks (LlmCompileOptions.prefill_chunks None); 64: 33-64 new tokens (a chat's
@@ -106,7 +106,7 @@ class LlmCompileOptions:
     # gate+up, attn_output, ffn_down) stays fp16, the groups whose int8 output is
     # noisiest on the calibration text (a measured hybrid; never the output head)
     fp16_share: float = DEFAULT_FP16_SHARE
-    # int8 only: SmoothQuant alpha chosen per product group from ALPHA_GRID, the
+    # int8 only: SmoothQuant alpha chosen per product group from calibrated_choices.ALPHA_GRID, the
     # one whose int8 output is least noisy on the calibration text
     alpha_search: bool = DEFAULT_ALPHA_SEARCH
     # int8 only: the orthogonal rotation of each product's input (compiler/llm/rotate.py):
@@ -129,18 +129,6 @@ class LlmCompileOptions:
         if not self.rounding:
             self.rounding = default_rounding(self.precision)
             self.rounding_auto = True
-
-
-@dataclass
-class CompileReport:
-    lines: list[str] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
-    cpu_seconds: dict[str, float] = field(default_factory=dict)  # the process's CPU time (user + system) per stage
-    peak_rss: dict[str, int] = field(default_factory=dict)  # bytes, the process's peak at the end of each stage
-    quantization: dict = field(default_factory=dict)  # int8: how (module metadata, rkc inspect)
-
-    def say(self, text: str) -> None:
-        self.lines.append(text)
 
 
 def _matrix_names(graph: Graph) -> set[str]:
@@ -302,9 +290,9 @@ def _prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[s
         cal = calibrate(graph, cfg, weights, tokenizer, hessians=_hessian_names(graph, options),
                         text=Path(options.calibration).read_text(), max_tokens=options.calibration_tokens)
         if options.alpha_search:
-            alpha = _search_alphas(graph, cfg, tokenizer, weights, cal, options)
+            alpha = search_alphas(graph, cfg, tokenizer, weights, cal, options, _product_names(graph), _head_name(graph))
             report.say(f"int8: SmoothQuant alpha per product group, least int8 output noise on the calibration "
-                       f"text: {_histogram(alpha)}")
+                       f"text: {alpha_histogram(alpha)}")
         if options.alpha_search or options.smooth_alpha > 0:
             factors = smooth(graph, weights, cal.ranges, alpha)
             report.say(f"int8: SmoothQuant on {len(factors)} matrices, "
@@ -312,9 +300,9 @@ def _prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[s
     matrices = encode_matrices(graph, weights, options, cal, factors)
     if _integer(options):
         _set_residual_terms(graph, matrices, options)
-        _report_int8(matrices, options, cal, alpha, report)
+        report_int8(matrices, options, cal, alpha, report)
         if options.fp16_share > 0:
-            _keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report)
+            keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report, _head_name(graph))
     vectors = {n: weights[n].astype(np.float32) for n in weights if n not in matrices}
     return matrices, vectors
 
@@ -373,7 +361,7 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
                    f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
     if _integer(options):
         _set_residual_terms(graph, matrices, options)
-        _report_int8(matrices, options, cal, options.smooth_alpha, report)
+        report_int8(matrices, options, cal, options.smooth_alpha, report)
     return matrices, vectors
 
 
@@ -404,149 +392,6 @@ def _set_residual_terms(graph: Graph, matrices: dict[str, EncodedWeight], option
         enc = matrices[name]
         if enc.scale is not None and (options.residual == "all" or (options.residual == "head" and name == head)):
             matrices[name] = replace(enc, act_terms=2)
-
-
-def _report_int8(matrices: dict[str, EncodedWeight], options: LlmCompileOptions, cal: Calibration | None,
-                 alpha: float | dict[str, float], report: CompileReport) -> None:
-    report.say(f"int8: weights per output channel, {options.scales} scales, rounded by {options.rounding} "
-               f"({rounding_scheme(options.rounding).summary}); "
-               f"{_rotation_summary(matrices, options.rotation)}; {_residual_summary(matrices)}")
-    report.quantization = {"smooth_alpha": alpha, "rounding": options.rounding, "scales": options.scales,
-                           "residual": options.residual,
-                           "rotation": options.rotation, "rotation_forms": _rotation_forms(matrices),
-                           "calibration": Path(options.calibration).name if cal is not None else None,
-                           "keep_fp16": list(options.keep_fp16)}
-
-
-def _report_int4(matrices: dict[str, EncodedWeight], options: LlmCompileOptions, report: CompileReport) -> None:
-    """Which products run int4 and which stay int8 (rkc inspect shows each NPU layer's dtype)."""
-    four = sorted(n for n, e in matrices.items() if e.int4_scales is not None)
-    eight = sorted(n for n, e in matrices.items() if e.int4_scales is None and e.scale is not None
-                   and e.blocks is None and n not in _gathered_only(matrices))
-    nbytes = sum(matrices[n].data.size + matrices[n].int4_scales.nbytes for n in four)
-    groups = sorted({(2 * matrices[n].data.shape[1], matrices[n].int4_group) for n in four})
-    report.say(f"int4: {len(four)} products W4A8 (int4 weights in groups along K, a scale per group and output "
-               f"channel: {', '.join(f'K={k}: {g}' for k, g in groups)}; int8 activations as two nibble rows): "
-               f"{nbytes / 1e6:.1f} MB"
-               + (f"; {len(eight)} kept int8 ({', '.join(options.int4_keep)})" if options.int4_keep else ""))
-    report.quantization["int4"] = {"group": options.int4_group or "auto", "groups": {str(k): g for k, g in groups},
-                                   "products": len(four), "keep_int8": eight,
-                                   "weight_bytes": nbytes}
-
-
-def _gathered_only(matrices: dict[str, EncodedWeight]) -> set[str]:
-    return {n for n, e in matrices.items() if e.blocks is not None}
-
-
-def _residual_summary(matrices: dict[str, EncodedWeight]) -> str:
-    two = sum(1 for e in matrices.values() if e.act_terms == 2)
-    if not two:
-        return "activations one int8 row per token"
-    return f"activations of {two} products two int8 rows per token (value + residual, one weight read)"
-
-
-def _rotation_forms(matrices: dict[str, EncodedWeight]) -> dict[str, str]:
-    """Input width -> the rotation's construction (e.g. "640": "H20 (x) H32")."""
-    from rkc.runtime.kernels.hadamard import describe
-
-    return {str(k): describe(r) for k, r in sorted({e.rotation.size: e.rotation for e in matrices.values()
-                                                    if e.rotation is not None}.items())}
-
-
-def _rotation_summary(matrices: dict[str, EncodedWeight], kind: str) -> str:
-    if kind == NONE:
-        return "inputs not rotated"
-    forms = ", ".join(f"K={k}: {f}" for k, f in _rotation_forms(matrices).items())
-    return f"inputs rotated ({kind}: {forms})"
-
-
-ALPHA_GRID = (0.0, 0.3, 0.5, 0.7, 0.85)
-
-
-def _search_alphas(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray], cal: Calibration,
-                   options: LlmCompileOptions) -> dict[str, float]:
-    """Per group of products reading one input, the alpha of ALPHA_GRID whose
-    smoothed, round-to-nearest int8 products have the least output noise on the
-    calibration text (smoothing is exact in float, so every group is measured
-    on the same float activations, all groups in one pass per alpha)."""
-    head = _head_name(graph)
-    text = Path(options.calibration).read_text()
-    best: dict[str, tuple[float, float]] = {}
-    for a in ALPHA_GRID:
-        trial = dict(weights)  # smooth() replaces arrays, never writes into them
-        factors = smooth(graph, trial, cal.ranges, a) if a > 0 else {}
-        int8 = {n: Int8Weight(*quantize_matrix(trial[n])) for n in _product_names(graph) if n != head}
-        errors = product_errors(graph, cfg, trial, int8, tokenizer, text)
-        for group, e in errors.items():
-            if group not in best or e < best[group][1]:
-                best[group] = (a, e)
-        del trial, factors, int8
-    return {g: a for g, (a, _) in best.items()}
-
-
-def _histogram(alpha: dict[str, float]) -> str:
-    counts = {a: sum(1 for v in alpha.values() if v == a) for a in ALPHA_GRID}
-    return ", ".join(f"{a}: {c} groups" for a, c in counts.items() if c)
-
-
-def _keep_noisiest_fp16(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray],
-                        matrices: dict[str, EncodedWeight], options: LlmCompileOptions,
-                        report: CompileReport) -> None:
-    """The measured hybrid: re-encode as fp16 the options.fp16_share of product
-    groups whose int8 output error is largest on the calibration text."""
-    head = _head_name(graph)
-    int8 = {n: e.as_runtime() for n, e in matrices.items() if e.scale is not None and n != head}
-    errors = product_errors(graph, cfg, weights, int8, tokenizer, Path(options.calibration).read_text())
-    chosen = sorted(errors, key=errors.get, reverse=True)[:round(options.fp16_share * len(errors))]
-    names = {}
-    for op in graph.ops:
-        if op.type == "Linear" and op.inputs[0] in chosen and op.inputs[1] in int8:
-            names.setdefault(op.inputs[0], []).append(op.inputs[1])
-    extra = 0
-    for group in chosen:
-        for n in names.get(group, []):
-            matrices[n] = EncodedWeight(weights[n].astype(np.float16))
-            extra += matrices[n].data.nbytes // 2  # fp16 is twice int8's bytes
-    kept = [n for g in chosen for n in names.get(g, [])]
-    noisiest = ", ".join(f"{_short(names[g])} {errors[g]:.1e}" for g in chosen)
-    report.say(f"int8: hybrid: {len(chosen)} of {len(errors)} product groups kept fp16 (largest int8 output "
-               f"noise/signal on the calibration text: {noisiest}); +{extra / 1e6:.1f} MB of weights")
-    report.quantization["hybrid"] = {"products": kept, "noise_to_signal": {g: errors[g] for g in chosen},
-                                     "extra_weight_bytes": extra}
-
-
-def _short(names: list[str]) -> str:
-    """blk.3.attn_q.weight + blk.3.attn_k.weight -> blk.3.attn_q+k (for the summary)."""
-    parts = [n.removesuffix(".weight") for n in names]
-    head, _, first = parts[0].rpartition(".")
-    return head + "." + "+".join([first] + [p.rpartition(".")[2].rpartition("_")[2] for p in parts[1:]])
-
-
-def peak_rss() -> int:
-    """This process's peak resident bytes: VmHWM, its own memory's high-water
-    mark since exec. getrusage's ru_maxrss also counts the parent's high-water
-    mark when the parent spawned it by vfork (Python's subprocess does): a
-    bench that wrote a 5 GB GGUF first would lend the compile its peak."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-
-
-def _step_summary(steps: dict[str, float], total: float) -> str:
-    """The quantize stage's CPU seconds by step (compiler/llm/step_clock.py), largest first;
-    calibration's reading of the weights is part of calibration, given apart."""
-    steps = dict(steps)
-    read = steps.pop("calibration read", 0.0)
-    if "calibration" in steps:
-        steps["calibration"] -= read
-        steps["calibration read"] = read
-    steps["other"] = max(0.0, total - sum(steps.values()))
-    ranked = sorted(steps.items(), key=lambda kv: -kv[1])
-    return "quantize CPU by step: " + ", ".join(f"{k} {v:.1f} s" for k, v in ranked)
 
 
 def within_budget(graph: Graph, options: LlmCompileOptions, report: CompileReport) -> LlmCompileOptions:
@@ -660,13 +505,13 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     steps = STEPS.take()
     kept = sorted(n for n in matrices if _precision_of(n, options) != options.precision)
     if options.precision == "int4":
-        _report_int4(matrices, options, report)
+        report_int4(matrices, options, report)
     elif kept:
         report.say(f"int8: {len(kept)} products kept fp16 ({', '.join(options.keep_fp16)}): "
                    f"{sum(matrices[n].data.nbytes for n in kept) / 1e6:.1f} MB")
     del weights
     lap("quantize", "lower")
-    report.say(_step_summary(steps, report.cpu_seconds["quantize"]))
+    report.say(step_summary(steps, report.cpu_seconds["quantize"]))
     head = _head_name(graph)
     gather = [op for op in graph.ops if op.type == "Gather"][0].inputs[0]
     placement = {"prefill": "npu", "decode": "npu",

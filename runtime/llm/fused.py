@@ -6,9 +6,9 @@ and allocations were most of its cost at one row).
 The patterns are matched one row (decode) between
 
     in edges: Cast (fp16 NPU output -> fp32) | DequantizeRows (int32 NPU output)
-              | CombineInt4 (an int4 product's int16 partials, jit.combine_int4_atoms)
+              | CombineInt4 (an int4 product's int16 partials, int4_jit.combine_int4_atoms)
     out edge: Cast (fp32 -> fp16 NPU input) | QuantizeRows (-> int8 NPU input)
-              | QuantizeNibbles (-> int4 nibble rows, jit.quantize_nibbles_into_atoms)
+              | QuantizeNibbles (-> int4 nibble rows, int4_jit.quantize_nibbles_into_atoms)
 
 (this module's _InEdge and _OutEdge), and are a decoder layer's
   - residual stretch (in edge, [RMSNorm], Add of the residual, RMSNorm, out
@@ -36,7 +36,7 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.half import narrow_into_atoms
-from rkc.runtime.llm import int4_rows, jit
+from rkc.runtime.llm import int4_jit, int4_rows, jit
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, const, host, is_const, residual_body, residual_shape,
@@ -138,7 +138,7 @@ class _InEdge:
             rs = self.slots[rs_slot]
             if rs.shape != (1,) or rs.dtype != F32:
                 raise_shape(label, "row scale", rs)
-            jit.combine_int4_atoms(atoms, self.k, n_pad, scales, rs, bias, has_bias, out, 0, 1, paired)
+            int4_jit.combine_int4_atoms(atoms, self.k, n_pad, scales, rs, bias, has_bias, out, 0, 1, paired)
         elif self.dequant is None:
             jit.half_atoms_to_float(self.atoms, self.k, flat)
         else:
@@ -251,7 +251,7 @@ class _OutEdge:
                 np.matmul(self.factor, self.blocks, out=self.mixed)
                 x = self.mixed_row
         if self.nibbles:
-            jit.quantize_nibbles_into_atoms(x, self.codes, self.scale, int4_rows.ACT_LIMIT, 0, 1, self.pair_group)
+            int4_jit.quantize_nibbles_into_atoms(x, self.codes, self.scale, int4_rows.ACT_LIMIT, 0, 1, self.pair_group)
         elif self.terms == 1:
             quantize_into_atoms(x, self.codes, self.scale)
         else:

@@ -19,7 +19,7 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm import int4_prefill as int4_kernels
-from rkc.runtime.llm import fused_rows, jit
+from rkc.runtime.llm import fused_rows, int4_jit, jit
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.fused_rows import (_ACTIVATIONS, _NONE_F32, _NONE_VEC, F32, _ffn_shape, _gemm_operand,
                                         _read_elsewhere, _residual_call, _residual_stretch, _rows, _threads_for,
@@ -58,7 +58,7 @@ class _Int4In:
         if bt is None or bt.shape[0] % per_row or scales_info is None or len(scales_info.shape) != 2:
             return None
         m, (g, n) = bt.shape[0] // per_row, (int(d) for d in scales_info.shape)
-        if per_row == 4 and m != 1:  # (jit.combine_int4_atoms pairs one row: a score program's head runs numpy's)
+        if per_row == 4 and m != 1:  # (int4_jit.combine_int4_atoms pairs one row: a score program's head runs numpy's)
             return None
         blocks = -(-g // 2) if per_row == 4 else g
         n_pad = bt.shape[1] // blocks if g else 0
@@ -79,7 +79,7 @@ class _Int4In:
 
 
 def _combine_int4(plan, step: Step, outputs: set):
-    """CombineInt4 of M rows read straight from the partials' atoms (jit.combine_int4_atoms,
+    """CombineInt4 of M rows read straight from the partials' atoms (int4_jit.combine_int4_atoms,
     rows shared among threads) into a buffer made once, or None when `step` is not one."""
     mn = _Int4In.matches(plan, step)
     if mn is None:
@@ -99,7 +99,7 @@ def _combine_int4(plan, step: Step, outputs: set):
             slots[o] = out
         call_tiles.bos, call_tiles.label = edge.bos, "CombineInt4 edge of rows (compiled)"
         return call_tiles
-    buf, run = np.empty((m, n), F32), jit.combine_int4_atoms
+    buf, run = np.empty((m, n), F32), int4_jit.combine_int4_atoms
 
     def call():
         rs = edge.row_scale(slots, "CombineInt4")
@@ -202,7 +202,7 @@ def int4_ffn_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Calla
 def _quantize_nibbles(plan, step: Step):
     """QuantizeNibbles of M rows (rotated by the compiled butterflies, the factor
     as numpy's product) written straight into the int4 operand's atoms
-    (jit.quantize_nibbles_into_atoms, rows shared among threads), or None."""
+    (int4_jit.quantize_nibbles_into_atoms, rows shared among threads), or None."""
     if step.op != "QuantizeNibbles" or len(step.outputs) != 2 or not step.inputs:
         return None
     bt = _gemm_operand(plan, step.outputs[0], "int8")
@@ -220,13 +220,13 @@ def _quantize_nibbles(plan, step: Step):
     if rot is not None and form is None:
         return None
     codes, scale, slots = bt.atoms.view(np.uint8), np.empty(m, F32), plan.slots
-    i, scale_slot, run = plan._slot(step.inputs[0]), plan._slot(step.outputs[1]), jit.quantize_nibbles_into_atoms
+    i, scale_slot, run = plan._slot(step.inputs[0]), plan._slot(step.outputs[1]), int4_jit.quantize_nibbles_into_atoms
     rotated = None if form is None else np.empty((m, k), F32)
     mixed = None if form is None or form.factor is None else np.empty((m, k // form.block, form.block), F32)
     hadamard = prefill_hadamard if m >= LANES else jit.hadamard_rows
 
     if form is not None and form.factor is None and m >= LANES:  # rotated and quantized by tiles, in one pass
-        tiles, tiled = -(-m // LANES), jit.rotate_nibbles_into_atoms
+        tiles, tiled = -(-m // LANES), int4_jit.rotate_nibbles_into_atoms
 
         def call_tiles():
             x = slots[i]

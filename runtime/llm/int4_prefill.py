@@ -4,7 +4,7 @@ with int4 edges, one tile of LANES rows at a time from the first step to the las
 
     in edge: an int4 product's int16 K-group partials read straight from the
         NPU's atoms and combined, y = s_a sum_g s_w[g] (16 P_hi + P_lo) (+ bias),
-        in float32 (int4_rows.combine's arithmetic, jit.combine_int4_atoms' order
+        in float32 (int4_rows.combine's arithmetic, int4_jit.combine_int4_atoms' order
         of operations: the same bits), an atom's 8 channels as one vector
         (LLVM vector code through numba intrinsics: `_merge_atom_rows`,
         `_store_atom_tile`);
@@ -12,7 +12,7 @@ with int4 edges, one tile of LANES rows at a time from the first step to the las
     out edge: rotated (signs, butterflies, the orthonormal factor) and quantized
         to int8 codes in [-limit, limit] per row, each written as two nibble rows
         (hi at 2m, lo at 2m + 1) into the next int4 operand's atoms
-        (jit.rotate_nibbles_into_atoms' arithmetic); a rotation with a
+        (int4_jit.rotate_nibbles_into_atoms' arithmetic); a rotation with a
         block-mixing factor leaves its rotated rows by blocks for the caller's
         numpy product and `quantize_nibble_blocks_into_atoms`.
 
@@ -28,8 +28,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from rkc.runtime.llm.jit import INT16_LANES as ATOM
-from rkc.runtime.llm.jit import _abs_max_bits, _nibbles
+from rkc.runtime.llm.int4_jit import INT16_LANES as ATOM
+from rkc.runtime.llm.int4_jit import _abs_max_bits, _nibbles
 from rkc.runtime.llm.prefill_fused import _act_mul, _rotate_tile, _scaled_body, _tile_scales, zero_rows
 from rkc.runtime.llm.prefill_kernels import LANES
 
@@ -191,7 +191,7 @@ def _load_int4(p, n_pad, scales, row_scale, bias, has_bias, m0, r, k, buf):
     the int16 partials' atoms p [C1, R, C2] (row 2m: the hi nibble row's sums,
     2m + 1 the lo row's; group g's channel j at column g * n_pad + j):
     (sum over g of float32(16 P_hi + P_lo) * scales[g, j]) * row scale (+
-    bias[j]), each operation in float32 in jit.combine_int4_atoms' order (its
+    bias[j]), each operation in float32 in int4_jit.combine_int4_atoms' order (its
     bits: a value's last bit moved flips a code of the next nibble rows, which
     the next layers carry). Lanes r.. come out 0. A tile whose rows run past
     the atoms' is copied out first (_combine_tile reads LANES rows)."""

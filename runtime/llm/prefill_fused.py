@@ -20,7 +20,8 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import narrow_value, widen_value
-from rkc.runtime.llm.prefill_kernels import LANES, _butterflies, _load_tile, _signed_tile, exp_parts, scaled_amax
+from rkc.runtime.llm.prefill_kernels import (LANES, _butterflies, _load_tile, _signed_tile, butterfly_stages, exp_parts,
+                                             scaled_amax)
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -269,6 +270,29 @@ def _tile_scales(buf, hnorm, amax, limit, scale, m0, r):
 
 
 @njit(**_JIT)
+def _quantize_tile(buf, m0, r, k, dst, hnorm, scale, amax):
+    """A rotated tile's rows buf [K, LANES] (times hnorm) quantized to int8
+    with one scale per row (stored in scale[m0..]) into the atoms dst."""
+    s = _tile_scales(buf, hnorm, amax, np.float32(127.0), scale, m0, r)
+    # atom by atom: its channels' x / s into a [LANES, C2] tile (vector loops over the lanes), then each row's
+    # codes written as one contiguous run (a [K, LANES] int8 tile copied into the atoms byte by byte cost ~2x)
+    c1, _, c2 = dst.shape
+    ratio = np.empty((LANES, c2), np.float32)
+    for a in range(c1):
+        n = min(c2, k - a * c2)
+        for b in range(n):
+            col = buf[a * c2 + b]
+            for lane in range(LANES):
+                ratio[lane, b] = col[lane] / s[lane]
+        for lane in range(r):
+            d, t = dst[a, m0 + lane], ratio[lane]
+            for b in range(n):
+                d[b] = np.int8(min(max(np.rint(t[b]), np.float32(-127.0)), np.float32(127.0)))
+            for b in range(max(n, 0), c2):  # channels past K: zeros
+                d[b] = 0
+
+
+@njit(**_JIT)
 def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated, amax):
     """A tile's rows buf [K, LANES] (bits: its uint32 view) into the next
     segment's atoms dst (fp16 narrowed, or rotated and quantized with their
@@ -291,23 +315,7 @@ def _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, s
         return
     if _rotate_tile(buf, m0, r, k, signs, signed, block, hnorm, out_kind == OUT_ROTATED, rotated):
         return
-    s = _tile_scales(buf, hnorm, amax, np.float32(127.0), scale, m0, r)
-    codes = np.empty((k, LANES), np.int8)  # the tile's codes (a vector loop), then into the atoms
-    for i in range(k):
-        for lane in range(LANES):
-            t = np.rint(buf[i, lane] / s[lane])
-            codes[i, lane] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
-    c1, _, c2 = dst.shape
-    whole = k // c2
-    for a in range(whole):
-        for lane in range(r):
-            for b in range(c2):
-                dst[a, m0 + lane, b] = codes[a * c2 + b, lane]
-    for a in range(whole, c1):  # channels past K: zeros
-        for lane in range(r):
-            for b in range(c2):
-                j = a * c2 + b
-                dst[a, m0 + lane, b] = codes[j, lane] if j < k else 0
+    _quantize_tile(buf, m0, r, k, dst, hnorm, scale, amax)
 
 
 @njit(**_JIT)
@@ -474,22 +482,37 @@ def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_h
     b16 = np.empty(LANES, np.int32)
     amax = np.empty(LANES, np.float32)
     signed = out_kind != OUT_HALF
+    # whole rows of int8 codes: the in edges, the activation and the rotation's butterflies within `low`
+    # channels go by chunks of `low` while those are in L1 ([K, LANES] float32 is 128 KB at K = 2048), the
+    # butterflies across them over the whole tile after
+    low = min(block, _CHUNK) if out_kind == OUT_QUANT else k
+    if low % gc2 or low % uc2:
+        low = k
     for c0 in range(0, k, chunk):
         n = min(chunk, k - c0)
         gn, un = g[:n], u[:n]
-        ga, ua = slice(c0 // gc2, -(-(c0 + n) // gc2)), slice(c0 // uc2, -(-(c0 + n) // uc2))
         for tile in range(tile_lo, tile_hi):
             m0 = tile * LANES
             r = min(LANES, rows - m0)
-            _load_in(in_kind, gate_src[ga], gate_extra[ga], gate_rs, gate_ch[c0:], gate_bias[c0:], gate_has_bias,
-                     m0, r, n, gn)
-            _load_in(in_kind, up_src[ua], up_extra[ua], up_rs, up_ch[c0:], up_bias[c0:], up_has_bias, m0, r, n, un)
-            _act_mul(gn, un, act, signs[c0:], signed, e16, b16)
-            if r < LANES:  # lanes past the rows: zeros (never stored)
-                for i in range(n):
-                    for lane in range(r, LANES):
-                        gn[i, lane] = np.float32(0.0)
-            if out_kind == OUT_ROTATED:  # this block rotated into the factor's input
+            for s0 in range(0, n, low):
+                sn, c = min(low, n - s0), c0 + s0
+                gs, us = gn[s0:s0 + sn], un[s0:s0 + sn]
+                ga, ua = slice(c // gc2, -(-(c + sn) // gc2)), slice(c // uc2, -(-(c + sn) // uc2))
+                _load_in(in_kind, gate_src[ga], gate_extra[ga], gate_rs, gate_ch[c:], gate_bias[c:], gate_has_bias,
+                         m0, r, sn, gs)
+                _load_in(in_kind, up_src[ua], up_extra[ua], up_rs, up_ch[c:], up_bias[c:], up_has_bias, m0, r, sn, us)
+                if r < LANES:  # lanes past the rows: zeros (never stored)
+                    for i in range(sn):
+                        for lane in range(r, LANES):
+                            gs[i, lane] = np.float32(0.0)
+                            us[i, lane] = np.float32(0.0)
+                _act_mul(gs, us, act, signs[c:], signed, e16, b16)
+                if low < n:
+                    _butterflies(gs, low)
+            if low < n:  # the butterflies across the chunks, then the codes
+                butterfly_stages(gn, block, low)
+                _quantize_tile(gn, m0, r, n, dst, hnorm, scale, amax)
+            elif out_kind == OUT_ROTATED:  # this block rotated into the factor's input
                 _rotate_tile(gn, m0, r, n, signs, True, block, hnorm, True, rotated[c0 // block:])
             else:  # into its atoms; the last chunk's call zeroes the atoms past K
                 a1 = dst.shape[0] if c0 + n == k else (c0 + n) // oc2

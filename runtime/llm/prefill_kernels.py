@@ -168,9 +168,18 @@ def _butterflies(buf, block):
     within each block), on every lane of buf [K, LANES]. Two stages at a
     time (h and 2h over each group of four: the same additions on the same
     values, one pass over the buffer instead of two)."""
+    butterfly_stages(buf, block, 1)
+
+
+@njit(**_JIT)
+def butterfly_stages(buf, block, first):
+    """_butterflies' stages from h = `first` (a power of two) on, the stages
+    below it done already (by _butterflies on blocks of `first` channels,
+    while those were in L1): the same additions in the same order as
+    _butterflies(buf, block)."""
     k = buf.shape[0]
     for b in range(0, k, block):
-        h = 1
+        h = first
         while 2 * h < block:
             for i in range(b, b + block, 4 * h):
                 for j in range(i, i + h):

@@ -1,4 +1,4 @@
-"""The compiled int4 edges the plans run (runtime/llm/jit.py: quantize_nibbles_into_atoms,
+"""The compiled int4 edges the plans run (runtime/llm/int4_jit.py: quantize_nibbles_into_atoms,
 combine_int4_atoms), straight from and into the NPU's atoms, over shape sweeps:
 against a float64 reference within stated float32 tolerances, and against the
 numpy kernels (runtime/llm/int4_rows.py) they stand in for."""
@@ -10,7 +10,7 @@ import pytest
 
 from rkc.ir.npu import layout
 from rkc.runtime.kernels.hadamard import Rotation
-from rkc.runtime.llm import int4_rows, jit
+from rkc.runtime.llm import int4_jit, int4_rows
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -46,7 +46,7 @@ def test_nibble_rows_written_into_atoms(m, k):
     scale = np.empty(m, np.float32)
     cut = m // 2
     for lo, hi in ((0, cut), (cut, m)):  # two ranges, as over_ranges hands them to threads
-        jit.quantize_nibbles_into_atoms(x, atoms, scale, int4_rows.ACT_LIMIT, lo, hi, 0)
+        int4_jit.quantize_nibbles_into_atoms(x, atoms, scale, int4_rows.ACT_LIMIT, lo, hi, 0)
     amax = np.abs(x.astype(np.float64)).max(axis=1)
     want_scale = np.where(amax > 0, amax / 119, 1.0)
     np.testing.assert_allclose(scale, want_scale, rtol=EPS32, atol=0)
@@ -78,7 +78,7 @@ def test_int4_partials_combined_from_atoms(m, n, groups, bias):
     out = np.full((m, n), np.nan, np.float32)
     atoms = to_atoms(p, 8, 2 * m + 1)
     for lo, hi in ((0, m // 2), (m // 2, m)):
-        jit.combine_int4_atoms(atoms, n, n_pad, sw, rs, b if bias else sw[0], bias, out, lo, hi, False)
+        int4_jit.combine_int4_atoms(atoms, n, n_pad, sw, rs, b if bias else sw[0], bias, out, lo, hi, False)
     part = p.astype(np.float64).reshape(2 * m, groups, n_pad)[:, :, :n]
     merged = 16 * part[0::2] + part[1::2]  # [M, G, N]
     terms = merged * sw.astype(np.float64)[None] * rs.astype(np.float64)[:, None, None]
@@ -100,7 +100,7 @@ def test_paired_nibble_rows_written_into_atoms(m, k, group):
     atoms = np.full((k // 32, 4 * m + 2, 16), 0x5A, np.uint8)
     scale = np.empty(m, np.float32)
     for lo, hi in ((0, m // 2), (m // 2, m)):
-        jit.quantize_nibbles_into_atoms(x, atoms, scale, int4_rows.ACT_LIMIT, lo, hi, group)
+        int4_jit.quantize_nibbles_into_atoms(x, atoms, scale, int4_rows.ACT_LIMIT, lo, hi, group)
     rows, s = int4_rows.npu_rows(x)
     want = int4_rows.packed_rows(int4_rows.pair_rows(rows, group))
     np.testing.assert_array_equal(from_atoms(atoms, 4 * m, k // 2).view(np.int8), want)
@@ -136,7 +136,7 @@ def test_paired_int4_partials_combined_from_atoms(n, groups, bias):
     want = int4_rows.combine(unpaired.reshape(2, groups * n_pad), rs, sw, b)
     np.testing.assert_array_equal(int4_rows.combine(p, rs, sw, b, paired=True), want)
     out = np.full((1, n), np.nan, np.float32)
-    jit.combine_int4_atoms(to_atoms(p, 8, 5), n, n_pad, sw, rs, b if bias else sw[0], bias, out, 0, 1, True)
+    int4_jit.combine_int4_atoms(to_atoms(p, 8, 5), n, n_pad, sw, rs, b if bias else sw[0], bias, out, 0, 1, True)
     np.testing.assert_array_equal(out, want)
 
 
@@ -153,7 +153,7 @@ def test_rotated_nibble_rows_by_tiles(m, k, block):
     scale = np.empty(m, np.float32)
     tiles = -(-m // 16)
     for lo, hi in ((0, tiles // 2), (tiles // 2, tiles)):
-        jit.rotate_nibbles_into_atoms(x, signs, block, np.float32(1 / np.sqrt(block)), atoms, scale,
+        int4_jit.rotate_nibbles_into_atoms(x, signs, block, np.float32(1 / np.sqrt(block)), atoms, scale,
                                       int4_rows.ACT_LIMIT, lo, hi)
     h = np.array([[1.0]])
     while h.shape[0] < block:

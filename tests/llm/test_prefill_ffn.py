@@ -7,7 +7,8 @@ counts that fill tiles, leave a partial one, and give the threads unequal
 shares. Tolerances (float32 arithmetic, not numpy's order):
   - values before the out edge: within 4e-6 relative to the row's largest |value|
     (a few float32 ulps of the dequantization, exp and products);
-  - fp16 out edge: each half the reference's rounding or a neighbour of it;
+  - fp16 out edge: each half the reference's rounding or a neighbour of it (or, for a subnormal half,
+    within the float32 tolerance above);
   - int8 out edge: scales within 1e-5 relative, codes within 1 of the
     reference's (a value at a rounding tie may round either way), at most
     0.5 % of them off."""
@@ -60,7 +61,9 @@ def _act(g: np.ndarray, act: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("rows", [16, 37, 80])
-@pytest.mark.parametrize("k,kind", [(640, "kron"), (256, "block"), (896, "kron"), (1344, "auto")])  # C21 (x) H64
+# C21 (x) H64; H1024 and 3 x H512: int8 codes of whole rows by chunks of 256 channels (ffn_tiles' `low`)
+@pytest.mark.parametrize("k,kind", [(640, "kron"), (256, "block"), (896, "kron"), (1344, "auto"), (1024, "auto"),
+                                    (1536, "block")])
 @pytest.mark.parametrize("edges", [("int32", "int8"), ("fp16", "fp16"), ("fp16", "int8"), ("int32", "fp16")])
 @pytest.mark.parametrize("act", [pf.ACT_SILU, pf.ACT_GELU_TANH])
 def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):
@@ -87,7 +90,10 @@ def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):
         got = BoTensor(out_bt.info, out_host).reader(np.float32)()
         ref = want.astype(np.float16)
         ulps = np.abs(got.astype(np.float16).view(np.int16).astype(np.int32) - ref.view(np.int16).astype(np.int32))
-        assert ulps.max() <= 1
+        # a subnormal half's step (6e-8) is finer than float32's error on a value 1e5 below its row's largest:
+        # there the float32 tolerance applies
+        near = np.abs(got - want) <= 4e-6 * np.abs(want).max(axis=1, keepdims=True)
+        assert np.all((ulps <= 1) | near)
         return
     y = rotate(want, rot)  # float64: the rotation's own reference
     if out_kind == pf.OUT_ROTATED:  # the caller's factor product (fused_rows), then the codes

@@ -80,6 +80,20 @@ def test_rotation_and_quantization_are_the_row_kernels(rows, k, kind):
         np.testing.assert_array_equal(q_got[finite], q_want[finite], err_msg=name)
 
 
+@pytest.mark.parametrize("k,block,first",
+                         [(2048, 2048, 256), (2048, 2048, 128), (1536, 512, 256), (1024, 1024, 64), (512, 256, 256)])
+def test_butterfly_stages_continue_chunked_butterflies(k, block, first):
+    """_butterflies on chunks of `first` channels, then butterfly_stages from
+    `first` on: the whole block's butterflies, bit for bit."""
+    buf = np.random.default_rng(k + first).standard_normal((k, pk.LANES)).astype(np.float32)
+    want = buf.copy()
+    pk._butterflies(want, block)
+    for c in range(0, k, first):
+        pk._butterflies(buf[c:c + first], first)
+    pk.butterfly_stages(buf, block, first)
+    assert np.array_equal(buf, want)
+
+
 def test_pairwise_program_is_numpys_split():
     """640 = 320 + 320, each 160 + 160, each 80 + 80 (leaves of at most 128)."""
     prog = pk.pairwise_program(640)
