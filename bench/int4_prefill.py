@@ -87,8 +87,8 @@ def stretch_pair(kind: str, rows: int, k: int, groups: int, seed: int = 0):
     else:
         w, res = np.ones(k, F32), rng.standard_normal((rows, k)).astype(F32)
         body = (False, w, F32(1e-6), res, w, F32(1e-6), False, False, False, False, NONE, NONE, NONE, NONE)
-        a4 = (*gate, no_bias, False, *body, *out4, 0, tiles)
         body8 = (*body[:4], F32(1.0), False, True, *body[4:])  # no layer output scale, the second norm
+        a4 = (*gate, no_bias, False, *body8, *out4, 0, tiles)
         a8 = (pf.IN_DEQUANT, acc, NO_PARTIAL, rs8, ch, ch, False, *body8, *out8_args, 0, tiles)
         t4, t8 = (lambda: k4.residual_tiles(*a4)), (lambda: pf.residual_tiles(*a8))
 

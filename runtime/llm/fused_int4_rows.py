@@ -19,11 +19,11 @@ import numpy as np
 from rkc.ir.program import Step
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm import int4_prefill as int4_kernels
-from rkc.runtime.llm import int4_jit, jit
+from rkc.runtime.llm import fused_rows, int4_jit, jit
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.fused_rows import (_ACTIVATIONS, _NONE_F32, _NONE_VEC, F32, _ffn_shape, _gemm_operand,
-                                        _residual_call, _residual_stretch, _rows, _threads_for, _with_edges,
-                                        mix_then_quantize)
+                                        _read_elsewhere, _residual_call, _residual_stretch, _rows, _threads_for,
+                                        _with_edges, mix_then_quantize)
 from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.prefill_kernels import hadamard_rows as prefill_hadamard
@@ -153,18 +153,22 @@ class _NibbleOut:
 
 def int4_residual_rows(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """A many-row residual stretch between two int4 products (CombineInt4,
-    [RMSNorm], Add, RMSNorm, QuantizeNibbles) as one compiled call over tiles
+    [RMSNorm], Add, RMSNorm, QuantizeNibbles; Gemma 4's bodies too, as
+    fused_rows.residual_rows) as one compiled call over tiles
     (int4_prefill.residual_tiles, bracketed), else None."""
-    found = _residual_stretch(plan, steps, outputs, _Int4In, _NibbleOut, min_rows=LANES)
+    found = _residual_stretch(plan, steps, outputs, _Int4In, _NibbleOut, min_rows=LANES,
+                              bodies=fused_rows.ONE_ROW_BODIES)
     if found is None:
         return None
-    first, last, m, k, residual, first_norm, (w1, e1), (w2, e2), keep, bufs, stores, _ = found
+    first, last, m, k, residual, first_norm, (w1, e1), (w2, e2), keep, bufs, stores, matched = found
+    has_scale, last_norm = matched.scale is not None, matched.last is not None
+    body_scale = F32(matched.scale[0]) if has_scale else F32(1.0)
     edge_in, edge_out = _Int4In(plan, first), _NibbleOut(plan, last)
     slots, label = plan.slots, "int4 residual stretch of rows (CombineInt4, QuantizeNibbles)"
 
     def args_of(res: np.ndarray) -> tuple:
         return (edge_in.atoms, edge_in.n_pad, edge_in.scales, edge_in.row_scale(slots, label), edge_in.bias,
-                edge_in.has_bias, first_norm, w1, e1, res, w2, e2, *keep, *bufs,
+                edge_in.has_bias, first_norm, w1, e1, res, body_scale, has_scale, last_norm, w2, e2, *keep, *bufs,
                 edge_out.signs, edge_out.block, edge_out.hnorm, edge_out.q, edge_out.scale, ACT_LIMIT,
                 edge_out.rotated, edge_out.to_blocks)
     return _residual_call(plan, steps, label, int4_kernels.residual_tiles, args_of, edge_in, edge_out, residual,
@@ -253,9 +257,17 @@ def _quantize_nibbles(plan, step: Step):
 def int4_edges(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
     """A stretch with int4 edges (CombineInt4 from a BO, QuantizeNibbles into
     one) that no other fuser took: those edges compiled (_combine_int4,
-    _quantize_nibbles), every other step its own call as the plan makes it;
-    None when the stretch has no such edge."""
+    _quantize_nibbles; Gemma 4's per-layer inputs: prefill_per_layer), every
+    other step its own call as the plan makes it; None when the stretch has
+    no such edge."""
     if not any(s.op in ("CombineInt4", "QuantizeNibbles") for s in steps):
         return None
-    return _with_edges(plan, steps, [_combine_int4(plan, s, outputs) or _quantize_nibbles(plan, s) for s in steps],
-                       bind, outputs)
+    edges = [_combine_int4(plan, s, outputs) or _quantize_nibbles(plan, s) for s in steps]
+    taken: set = set()
+    elsewhere = _read_elsewhere(plan, steps)
+    for i in range(len(steps)):
+        chain = None if edges[i] else fused_rows.per_layer_chain(plan, steps, i, outputs, None, elsewhere)
+        if chain is not None:
+            edges[i] = chain[0]
+            taken.update(chain[1][1:])
+    return _with_edges(plan, steps, edges, bind, outputs, taken)

@@ -36,6 +36,7 @@ from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, RESIDUAL_BODIES, cons
                                            residual_shape, step_rotation)
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_kernels import LANES, live_rows
+from rkc.runtime.llm.prefill_per_layer import gate_rows, per_layer_chain
 from rkc.runtime.llm.threads import THREADS, over_ranges
 
 F32 = np.float32
@@ -505,14 +506,17 @@ def edge_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> li
     """A stretch no other fuser took whole (attention's, between the q/k/v
     product and the output projection): its many-row edges compiled
     (_heads_chain: q and k with their norms and rotary in one pass, given the
-    generation state's RoPE tables; _in_edge_call, _out_edge_call: the fused
+    generation state's RoPE tables; prefill_per_layer: Gemma 4's per-layer
+    inputs; _in_edge_call, _out_edge_call: the fused
     stretches' float32 edges, threaded over tiles, straight from and into the
     BOs' atoms), every other step its own call as the plan makes it; None
     when it has no such edge."""
     edges: list = [None] * len(steps)
     taken: set = set()
+    elsewhere = _read_elsewhere(plan, steps)
     for i in range(len(steps)):
-        chain = _heads_chain(plan, steps, i, outputs, state)
+        chain = (_heads_chain(plan, steps, i, outputs, state)
+                 or per_layer_chain(plan, steps, i, outputs, state, elsewhere))
         if chain is not None:
             edges[i] = chain[0]
             taken.update(chain[1][1:])
@@ -557,4 +561,7 @@ def fusers(state=None) -> list:
 
     def ffn(plan, steps: Sequence[Step], bind, outputs: set):
         return ffn_rows(plan, steps, bind, outputs, state)
-    return [residual, ffn, int4.int4_residual_rows, int4.int4_ffn_rows, int4.int4_edges, edges]
+
+    def gate(plan, steps: Sequence[Step], bind, outputs: set):
+        return gate_rows(plan, steps, bind, outputs, state)
+    return [residual, ffn, gate, int4.int4_residual_rows, int4.int4_ffn_rows, int4.int4_edges, edges]

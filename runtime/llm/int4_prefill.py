@@ -30,7 +30,7 @@ from numba.extending import intrinsic
 
 from rkc.runtime.llm.int4_jit import INT16_LANES as ATOM
 from rkc.runtime.llm.int4_jit import _abs_max_bits, _nibbles
-from rkc.runtime.llm.prefill_fused import _act_mul, _residual_body, _rotate_tile, _tile_scales, zero_rows
+from rkc.runtime.llm.prefill_fused import _act_mul, _rotate_tile, _scaled_body, _tile_scales, zero_rows
 from rkc.runtime.llm.prefill_kernels import LANES
 
 _JIT = {"cache": True, "nogil": True}
@@ -240,13 +240,15 @@ def _nibble_out(buf, m0, r, k, signs, signed, block, hnorm, q, scale, lim, rotat
 
 @njit(**_JIT)
 def residual_tiles(p, n_pad, scales, row_scale, bias, has_bias,
-                   first_norm, w1, e1, res, w2, e2,
+                   first_norm, w1, e1, res, body_scale, has_scale, last_norm, w2, e2,
                    keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
                    signs, block, hnorm, q, scale, limit, rotated, to_blocks, tile_lo, tile_hi):
     """prefill_fused.residual_tiles with int4 edges: rows [M, K] (M = res's
     rows) combined from an int4 product's partials p (`_load_int4`); n1 =
-    RMSNorm(x, w1) (`first_norm`, else n1 is x); total = n1 + res; n2 =
-    RMSNorm(total, w2); each kept one stored [M, K]; n2 into the next int4
+    RMSNorm(x, w1) (`first_norm`, else n1 is x); total = n1 + res (times
+    `body_scale` with `has_scale`: Gemma 4's layer output scale); n2 =
+    RMSNorm(total, w2) (`last_norm`, else n2 is total: Gemma 4's FFN sum
+    before the per-layer gate); each kept one stored [M, K]; n2 into the next int4
     operand's nibble rows q (`_nibble_out`), or rotated by blocks into
     `rotated` (`to_blocks`). Tiles tile_lo..tile_hi-1 (disjoint ranges may
     run at once on other threads); the pad rows zeroed by the range ending
@@ -261,8 +263,8 @@ def residual_tiles(p, n_pad, scales, row_scale, bias, has_bias,
         m0 = tile * LANES
         r = min(LANES, rows - m0)
         _load_int4(p, n_pad, scales, row_scale, bias, has_bias, m0, r, k, buf)
-        _residual_body(buf, m0, r, k, first_norm, w1, e1, res, w2, e2, keep_x, keep_n1, keep_total, keep_n2,
-                       x_out, n1_out, total_out, n2_out, sums)
+        _scaled_body(buf, m0, r, k, first_norm, w1, e1, res, body_scale, has_scale, last_norm, w2, e2,
+                     keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out, sums)
         _nibble_out(buf, m0, r, k, signs, False, block, hnorm, q, scale, lim, rotated, to_blocks, amax)
     if not to_blocks and tile_hi == tiles:
         zero_rows(q, 2 * rows)  # past the nibble rows

@@ -55,6 +55,32 @@ def rms_norm(x, w, eps, out):
 
 
 @njit(**_JIT)
+def per_layer_inputs(x, scale, w, eps, rows, mix, out, lo, hi, tokens):
+    """Gemma 4's per-layer inputs of layers lo..hi-1, the first `tokens` rows:
+    out[t, l] = (RMSNorm(scale * x[l, :, t], w) + rows[t, l]) * mix, with x
+    [L, P, T] (the projection as the NPU left it, tokens innermost, or any
+    strided view), rows and out [T, L, P] (C order): the Scale, RMSNorm, Add
+    and Scale steps in one pass (squares summed in float64)."""
+    p_ = x.shape[1]
+    acc = np.empty(tokens, np.float64)
+    inv = np.empty(tokens, np.float32)
+    for l in range(lo, hi):
+        for t in range(tokens):
+            acc[t] = 0.0
+        for i in range(p_):
+            row = x[l, i]
+            for t in range(tokens):
+                v = np.float64(row[t] * scale)
+                acc[t] += v * v
+        for t in range(tokens):
+            inv[t] = np.float32(1.0 / np.sqrt(acc[t] / p_ + np.float64(eps)))
+        for t in range(tokens):
+            src, dst, f = rows[t, l], out[t, l], inv[t]
+            for i in range(p_):
+                dst[i] = ((x[l, i, t] * scale) * f * w[i] + src[i]) * mix
+
+
+@njit(**_JIT)
 def rope(x, cos_t, sin_t, dims, neox, out):
     """Rotary embedding of x [B, D, T] (C order) into out: cos_t, sin_t
     [dims / 2, T] (each pair's angle per token); NeoX pairs channel i with

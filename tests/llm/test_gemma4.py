@@ -27,6 +27,7 @@ from llm.test_gemma3_270m import TIE_GAP, departure
 from llm.ties import NOISE, parting
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.ir.errors import UnsupportedError
+from rkc.runtime.llm import prefill_per_layer
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.generate import Generator, Sampler
 from scratch import scratch_dir
@@ -277,6 +278,12 @@ def test_decode_stretches_are_fused_and_give_the_interpreters_logits(variant, pr
     if precision == "int8":  # a tile's rows: the same residual stretches, one compiled call each (but the
         # last layer's last: its TakeLast leaves the output norm one row)
         assert sum(lab.startswith("residual stretch of rows") for lab in many) == (3 if ple else 2) * n - 1, many
+        assert sum(lab.startswith("per-layer gate stretch of rows") for lab in many) == (n if ple else 0), many
+    if precision == "int4":  # Gemma 4's residual bodies too (the last layer's last one row, as above)
+        assert sum(lab.startswith("int4 residual stretch of rows") for lab in many) == (3 if ple else 2) * n - 1, \
+            many
+    # the per-layer inputs (the projection's norm, the sum with the token rows) in one compiled call
+    assert many.count(prefill_per_layer.LABEL) == (1 if ple else 0), many
     assert sum(lab.startswith("attention stretch") for lab in labels) == n
     assert len(made) == n and all(m is not None for m in made)
     if precision != "fp16":
@@ -289,13 +296,14 @@ def test_decode_stretches_are_fused_and_give_the_interpreters_logits(variant, pr
     assert not {"AttentionShared", "Attention", "RMSNormPlain", "RMSNorm", "Pick", "ScaleBy", "Mul", "GeluTanh",
                 "Tanh", "Add", "Scale", "RoPE"} & set(labels[embedding:]), labels[embedding:]
     assert_plan_is_the_interpreter(path, precision, PLAN_STEPS)
-    if precision == "int8":
+    if precision != "fp16":
         _gemma4_bodies_give_the_step_paths_logits(path)
 
 
 def _gemma4_bodies_give_the_step_paths_logits(path):
     """Many rows: Gemma 4's residual bodies fused (the FFN output's norm and
-    add, the per-layer projection's scaled by the layer output scale) give
+    add, the per-layer projection's scaled by the layer output scale; int8
+    and int4), the per-layer inputs and the per-layer gate stretch give
     the logits of the same plan with them run step by step, within 1e-4 of the
     largest (float32 in their own order; the interpreter itself is further off
     this tiny int8 model at rounding ties, fused or not)."""
@@ -311,12 +319,14 @@ def _gemma4_bodies_give_the_step_paths_logits(path):
         return out
 
     fused = logits()
-    bodies = fused_rows.ONE_ROW_BODIES
+    saved = fused_rows.ONE_ROW_BODIES, fused_rows.gate_rows, fused_rows.per_layer_chain
     try:
         fused_rows.ONE_ROW_BODIES = stretch_match.RESIDUAL_BODIES  # Gemma 4's bodies step by step
+        # and the per-layer inputs and gate stretches (prefill_per_layer)
+        fused_rows.gate_rows = fused_rows.per_layer_chain = lambda *a, **k: None
         stepped = logits()
     finally:
-        fused_rows.ONE_ROW_BODIES = bodies
+        fused_rows.ONE_ROW_BODIES, fused_rows.gate_rows, fused_rows.per_layer_chain = saved
     for got, want in zip(fused, stepped):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
 

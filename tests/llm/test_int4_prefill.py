@@ -97,22 +97,25 @@ def _check_nibbles(want: np.ndarray, rot, form, q, scale, rotated, rows: int, k:
 @pytest.mark.parametrize("k,kind", [(640, "kron"), (1024, "block"), (1536, "kron")])
 @pytest.mark.parametrize("groups,bias", [(1, False), (2, True), (3, False)])
 @pytest.mark.parametrize("first_norm", [True, False])
-def test_int4_residual_tiles_match_a_float64_reference(rows, k, kind, groups, bias, first_norm):
+@pytest.mark.parametrize("body_scale,last_norm", [(None, True), (0.37, True), (None, False)])  # Gemma 4's bodies
+def test_int4_residual_tiles_match_a_float64_reference(rows, k, kind, groups, bias, first_norm, body_scale,
+                                                       last_norm):
     rng = np.random.default_rng(rows * k + groups)
     p, n_pad, sw, rs, b, x = _int4_in(rng, rows, k, groups, bias)
     res = (rng.standard_normal((rows, k)) * 2).astype(F32)
     w1, w2 = (rng.uniform(0.5, 1.5, k).astype(F32) for _ in range(2))
     n1 = _rms(x, w1, EPS) if first_norm else x
-    total = n1 + res
-    n2 = _rms(total, w2, EPS)
+    total = (n1 + res) * (body_scale or 1.0)
+    n2 = _rms(total, w2, EPS) if last_norm else total
     rot, form, q, scale, rotated = _out_edge(rows, k, kind)
     kept = [np.full((rows, k), np.nan, F32, order="F") for _ in range(4)]
-    args = (p, n_pad, sw, rs, b, bias, first_norm, w1, F32(EPS), res, w2, F32(EPS), True, first_norm, True, True,
-            kept[0], kept[1] if first_norm else NONE, kept[2], kept[3], form.signs, form.block, form.norm, q, scale,
-            ACT_LIMIT, rotated, form.factor is not None)
+    args = (p, n_pad, sw, rs, b, bias, first_norm, w1, F32(EPS), res, F32(body_scale or 1.0), body_scale is not None,
+            last_norm, w2, F32(EPS), True, first_norm, True, last_norm,
+            kept[0], kept[1] if first_norm else NONE, kept[2], kept[3] if last_norm else NONE, form.signs,
+            form.block, form.norm, q, scale, ACT_LIMIT, rotated, form.factor is not None)
     over_ranges(lambda lo, hi: k4.residual_tiles(*args, lo, hi), -(-rows // LANES))
     for got, want in zip(kept, (x, n1, total, n2)):
-        if got is kept[1] and not first_norm:
+        if (got is kept[1] and not first_norm) or (got is kept[3] and not last_norm):
             continue
         _close(got, want)
     _check_nibbles(n2, rot, form, q, scale, rotated, rows, k)

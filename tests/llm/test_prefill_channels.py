@@ -140,3 +140,43 @@ def test_norm_rope_leaves_the_pad_tokens():
     channels.norm_rope(channels.channel_major(x), True, np.ones(64, np.float32), np.float32(1e-6), True,
                        cos_t, sin_t, 64, True, 0, 2, 20)
     assert np.isnan(x[20:]).all() and np.array_equal(x[:20], alone.transpose(2, 0, 1))
+
+
+def per_layer_inputs64(proj: np.ndarray, scale: float, w: np.ndarray, eps: float, rows: np.ndarray,
+                       mix: float) -> np.ndarray:
+    """Gemma 4's per-layer inputs in float64: (RMSNorm(scale * proj per layer, w) + rows) * mix."""
+    t, layers, p = rows.shape
+    x = proj.astype(np.float64).reshape(t, layers, p) * scale
+    return (reference.rms_norm(x, w.astype(np.float64), eps) + rows) * mix
+
+
+@pytest.mark.parametrize("npu", [True, False])
+@pytest.mark.parametrize("t,layers,p", [(1, 1, 8), (16, 3, 64), (45, 5, 256), (128, 35, 256), (130, 2, 96)])
+def test_per_layer_inputs_are_float64s(npu, t, layers, p):
+    """The fused per-layer inputs kernel over the NPU's layout (tokens innermost) and C order, each
+    layer range alone (threads take disjoint ranges): 4 float32 ulps of the largest output."""
+    rng = np.random.default_rng(t * 31 + layers * 7 + p)
+    proj = (rng.standard_normal((t, layers * p)) * 20.0).astype(np.float32)
+    proj[:, :p] *= 1e-4  # a small layer: eps matters there
+    if npu:
+        proj = np.asfortranarray(proj)
+    rows = rng.standard_normal((t, layers, p)).astype(np.float32)
+    w = rng.standard_normal(p).astype(np.float32)
+    scale, mix, eps = np.float32(1 / np.sqrt(1536)), np.float32(1 / np.sqrt(2)), np.float32(1e-6)
+    xv = np.lib.stride_tricks.as_strided(proj, (layers, p, t), (p * proj.strides[1], proj.strides[1], proj.strides[0]))
+    out = np.full((t, layers, p), np.nan, np.float32)
+    cut = layers // 2
+    channels.per_layer_inputs(xv, scale, w, eps, rows, mix, out, 0, cut, t)
+    channels.per_layer_inputs(xv, scale, w, eps, rows, mix, out, cut, layers, t)
+    _close(out, per_layer_inputs64(proj, float(scale), w, float(eps), rows, float(mix)))
+
+
+def test_per_layer_inputs_leave_the_pad_tokens():
+    rng = np.random.default_rng(5)
+    proj = rng.standard_normal((32, 3 * 16)).astype(np.float32)
+    rows = rng.standard_normal((32, 3, 16)).astype(np.float32)
+    out = np.full((32, 3, 16), 7.0, np.float32)
+    xv = np.lib.stride_tricks.as_strided(proj, (3, 16, 32), (16 * 4, 4, proj.strides[0]))
+    channels.per_layer_inputs(xv, np.float32(1), np.ones(16, np.float32), np.float32(1e-6), rows, np.float32(1),
+                              out, 0, 3, 20)
+    assert np.all(out[20:] == 7.0) and np.all(np.isfinite(out[:20])) and not np.any(out[:20] == 7.0)
