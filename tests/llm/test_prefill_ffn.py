@@ -60,6 +60,18 @@ def _act(g: np.ndarray, act: int) -> np.ndarray:
     return 0.5 * g * (1.0 + np.tanh(GELU_C * (g + GELU_K * g ** 3)))
 
 
+def assert_int8_codes(out_bt, scale, y, rows: int, stored: int, k: int) -> None:
+    """An int8 out edge against float64 values y [rows, k]: scales within 1e-5 relative,
+    codes within 1 of the reference's, at most 0.5 % off; the padding rows zeroed."""
+    want_scale = np.abs(y).max(axis=1) / 127.0
+    np.testing.assert_allclose(scale, want_scale, rtol=1e-5)
+    codes = np.asarray(out_bt.atoms.transpose(1, 0, 2).reshape(stored, -1)[:, :k], np.int32)
+    want_codes = np.clip(np.rint(y / want_scale[:, None]), -127, 127)
+    off = np.abs(codes[:rows] - want_codes)
+    assert off.max() <= 1 and (off > 0).mean() <= 0.005
+    assert not codes[rows:].any()  # padding rows zeroed
+
+
 @pytest.mark.parametrize("rows", [16, 37, 80])
 # C21 (x) H64; H1024 and 3 x H512: int8 codes of whole rows by chunks of 256 channels (ffn_tiles' `low`)
 @pytest.mark.parametrize("k,kind", [(640, "kron"), (256, "block"), (896, "kron"), (1344, "auto"), (1024, "auto"),
@@ -101,10 +113,4 @@ def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):
         got = rotated.reshape(k // form.block, rows, form.block).transpose(1, 0, 2).reshape(rows, k)
         assert np.all(np.abs(got - before) <= 4e-6 * np.abs(before).max(axis=1, keepdims=True))
         pf.quantize_blocks_into_atoms(form.factor @ rotated, form.block, dst, scale, 0, rows)
-    want_scale = np.abs(y).max(axis=1) / 127.0
-    np.testing.assert_allclose(scale, want_scale, rtol=1e-5)
-    codes = np.asarray(out_bt.atoms.transpose(1, 0, 2).reshape(stored, -1)[:, :k], np.int32)
-    want_codes = np.clip(np.rint(y / want_scale[:, None]), -127, 127)
-    off = np.abs(codes[:rows] - want_codes)
-    assert off.max() <= 1 and (off > 0).mean() <= 0.005
-    assert not codes[rows:].any()  # padding rows zeroed
+    assert_int8_codes(out_bt, scale, y, rows, stored, k)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llm.test_prefill_ffn import NO_PARTIAL, _act, _in_edge, _operand
+from llm.test_prefill_ffn import NO_PARTIAL, _act, _in_edge, _operand, assert_int8_codes
 
 from rkc.runtime.kernels.hadamard import compiled_form, make_rotation, rotate
 from rkc.runtime.llm import prefill_fused as pf
@@ -50,10 +50,4 @@ def test_gate_tiles_match_a_float64_reference(rows, k, edges, act):
         assert ulps.max() <= 1
         return
     y = rotate(want, make_rotation(k, "auto"))
-    want_scale = np.abs(y).max(axis=1) / 127.0
-    np.testing.assert_allclose(scale, want_scale, rtol=1e-5)
-    codes = np.asarray(out_bt.atoms.transpose(1, 0, 2).reshape(stored, -1)[:, :k], np.int32)
-    want_codes = np.clip(np.rint(y / want_scale[:, None]), -127, 127)
-    off = np.abs(codes[:rows] - want_codes)
-    assert off.max() <= 1 and (off > 0).mean() <= 0.005
-    assert not codes[rows:].any()  # padding rows zeroed
+    assert_int8_codes(out_bt, scale, y, rows, stored, k)
