@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from rkc.ir.npu import layout
-from rkc.runtime.half import narrow_bits, widen_value
+from rkc.runtime.half import narrow_value, widen_value
 from rkc.runtime.kernels.threads import over_rows
 from rkc.runtime.llm.prefill_kernels import exp_parts
 
@@ -81,7 +81,6 @@ def _rows_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
     lanes = np.empty(_LANES, np.float32)
     p = np.empty(cp, np.float32)
     p[n:] = np.float32(0.0)
-    pbits = p.view(np.uint32)
     q = np.empty(cp, np.uint16)
     for m in range(lo, hi):
         if m >= rows:
@@ -96,8 +95,8 @@ def _rows_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
         for j in range(full * c2, n):
             t[j] = widen_value(atoms[full, m, j - full * c2]) * scale
         _softmax_into(t, p, n, bits, lanes)
-        for j in range(cp):  # the row rounded in one loop, then moved tile by tile
-            q[j] = narrow_bits(pbits[j])
+        for j in range(cp):  # the row rounded in one loop (vcvtps2ph: probabilities, no NaN payload
+            q[j] = narrow_value(p[j])  # to hand on), then moved tile by tile
         _into_kernel(q, m, kg, cp, whole, out)
 
 
