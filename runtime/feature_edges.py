@@ -529,9 +529,12 @@ def _native_positions(info: TensorInfo) -> np.ndarray:
     tensor's native bytes (2-byte elements): the layout's unpack of the numbers."""
     count = info.nbytes // 2
     numbers = np.arange(count, dtype=np.int64)
-    parts = [geometry.unpack((numbers >> shift & 0xFFFF).astype(np.uint16).view(np.uint8), info.shape, info.layout,
-                             np.uint16).astype(np.int64).reshape(-1) for shift in (0, 16, 32)]
-    return parts[0] | parts[1] << 16 | parts[2] << 32
+    out = np.zeros(int(np.prod(info.shape, dtype=np.int64)), np.int64)
+    for shift in range(0, max(count - 1, 1).bit_length(), 16):  # 16 bits an unpack, as many as the numbers have
+        part = geometry.unpack((numbers >> shift & 0xFFFF).astype(np.uint16).view(np.uint8), info.shape,
+                               info.layout, np.uint16)
+        out |= part.astype(np.int64).reshape(-1) << shift
+    return out
 
 
 def _relayout_plan(run, step: Step) -> tuple:
