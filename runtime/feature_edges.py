@@ -579,11 +579,18 @@ def _moves(into: np.ndarray, frm: np.ndarray) -> tuple:
     return None, into.astype(np.int32), frm.astype(np.int32)
 
 
-def _relayout(run, step: Step) -> bool:
+def prepare_relayout(run, step: Step) -> tuple:
+    """The Relayout step's moves (`_relayout_plan`), made once for the program (at load:
+    runtime/execute.py's prepare_program; they depend only on the program and its constants)."""
     plans = run.schedule.native_plans
     plan = plans.get(id(step))
     if plan is None:
         plan = plans[id(step)] = _relayout_plan(run, step)
+    return plan
+
+
+def _relayout(run, step: Step) -> bool:
+    plan = prepare_relayout(run, step)
     if not plan:
         return False
     dst, padding, moves, scale = plan
