@@ -529,13 +529,17 @@ def _native_positions(info: TensorInfo) -> np.ndarray:
     tensor's native bytes (2-byte elements): the layout's unpack of the numbers."""
     count = info.nbytes // 2
     numbers = np.arange(count, dtype=np.int64)
-    parts = [geometry.unpack((numbers >> shift & 0xFFFF).astype(np.uint16).view(np.uint8), info.shape, info.layout,
-                             np.uint16).astype(np.int64).reshape(-1) for shift in (0, 16, 32)]
-    return parts[0] | parts[1] << 16 | parts[2] << 32
+    out = np.zeros(int(np.prod(info.shape, dtype=np.int64)), np.int64)
+    for shift in range(0, max(count - 1, 1).bit_length(), 16):  # 16 bits an unpack, as many as the numbers have
+        part = geometry.unpack((numbers >> shift & 0xFFFF).astype(np.uint16).view(np.uint8), info.shape,
+                               info.layout, np.uint16)
+        out |= part.astype(np.int64).reshape(-1) << shift
+    return out
 
 
 def _relayout_plan(run, step: Step) -> tuple:
-    """(result, its padding positions, [(source, result positions, source positions)], scale), or ()."""
+    """(result, its padding positions, [(source, runs, result positions, source positions)], scale), or ():
+    per source its moves as runs or as element lists (`_moves`)."""
     tensors = run.model.tensors
     *names, index_name = step.inputs
     infos = [tensors.get(n) for n in (*names, step.outputs[0])]
@@ -555,21 +559,42 @@ def _relayout_plan(run, step: Step) -> tuple:
         mine = (index >= starts[k]) & (index < starts[k + 1])
         if mine.any():  # in the result's order: the writes run through it once
             order = np.argsort(into[mine], kind="stable")
-            moves.append((info, into[mine][order].astype(np.int32),
-                          _native_positions(info)[index[mine] - starts[k]][order].astype(np.int32)))
+            moves.append((info, *_moves(into[mine][order], _native_positions(info)[index[mine] - starts[k]][order])))
     padding = np.setdiff1d(np.arange(dst.nbytes // 2, dtype=np.int64), into, assume_unique=True)
     return dst, padding, moves, np.float32(step.attrs.get("scale", 1.0))
 
 
-def _relayout(run, step: Step) -> bool:
+RUN_ELEMENTS = 4  # a source's moves kept as runs when they average at least this many elements a run
+
+
+def _moves(into: np.ndarray, frm: np.ndarray) -> tuple:
+    """(runs, None, None) of gather_jit.strided_runs where the moves form long enough runs
+    (YOLO11n's: 8 to 51,200 elements a run; each run's loop over contiguous or evenly strided
+    memory, 4 integers a run against 2 an element), else (None, into, frm) as int32 element lists."""
+    from rkc.runtime.kernels import gather_jit
+
+    runs = gather_jit.strided_runs(into.astype(np.int64), frm.astype(np.int64))
+    if len(runs) * RUN_ELEMENTS <= len(into):
+        return runs, None, None
+    return None, into.astype(np.int32), frm.astype(np.int32)
+
+
+def prepare_relayout(run, step: Step) -> tuple:
+    """The Relayout step's moves (`_relayout_plan`), made once for the program (at load:
+    runtime/execute.py's prepare_program; they depend only on the program and its constants)."""
     plans = run.schedule.native_plans
     plan = plans.get(id(step))
     if plan is None:
         plan = plans[id(step)] = _relayout_plan(run, step)
+    return plan
+
+
+def _relayout(run, step: Step) -> bool:
+    plan = prepare_relayout(run, step)
     if not plan:
         return False
     dst, padding, moves, scale = plan
-    regions = {dst.region, *(info.region for info, _, _ in moves)}
+    regions = {dst.region, *(move[0].region for move in moves)}
     bos = {r: run.model.bos[r] for r in regions}
     device = run.model.device
     for bo in bos.values():
@@ -579,9 +604,12 @@ def _relayout(run, step: Step) -> bool:
     try:
         out = bos[dst.region].host[dst.offset:dst.offset + dst.nbytes].view(np.uint16)
         out[padding] = 0
-        for info, into, frm in moves:
-            gather_jit.move_elements(bos[info.region].host[info.offset:info.offset + info.nbytes].view(np.uint16),
-                                     frm, out, into, scale)
+        for info, runs, into, frm in moves:
+            src = bos[info.region].host[info.offset:info.offset + info.nbytes].view(np.uint16)
+            if runs is not None:
+                gather_jit.move_runs(src, runs, out, scale)
+            else:
+                gather_jit.move_elements(src, frm, out, into, scale)
     finally:
         for bo in bos.values():
             device.finish_cpu_access(bo)

@@ -22,7 +22,7 @@ from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import PPU_COMPLETION_KEY, Module, TensorInfo
 from rkc.ir.rkbin import Rkbin, read_rkbin
 from rkc.runtime.device import BufferObject, Device
-from rkc.runtime.execute import run_program
+from rkc.runtime.execute import prepare_program, run_program
 from rkc.runtime.host_memory import keep_freed_memory
 from rkc.runtime.module_check import check_module
 
@@ -45,7 +45,7 @@ class LoadedModel:
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in self.module.tensors}
         self.last_run = None  # execute.RunStats of the latest run
         self.prepared_submits: dict[int, Callable[[], None]] = {}  # NPU step id -> execute.py's prepared submit
-        self.schedules: dict[int, object] = {}  # program id -> execute.py's schedule, made at its first run
+        self.schedules: dict[int, object] = {}  # program id -> execute.py's schedule (ONNX: made at load)
         check_module(self.module)
         check_kernel_features(self.module, device)
         if self.module.metadata.get("model_kind") != "llm":
@@ -54,6 +54,9 @@ class LoadedModel:
             self._place_guard()
             self._place_regions()
             self._apply_relocations()
+            if self.device is not None and self.module.metadata.get("model_kind") != "llm":
+                for program in self.module.programs:  # what its first run would otherwise work out
+                    prepare_program(self, program)
         except BaseException:
             self.close()
             raise

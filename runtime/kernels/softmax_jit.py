@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from rkc.ir.npu import layout
-from rkc.runtime.half import narrow_bits, widen_value
+from rkc.runtime.half import narrow_value, widen_value
 from rkc.runtime.kernels.threads import over_rows
 from rkc.runtime.llm.prefill_kernels import exp_parts
 
@@ -73,7 +73,9 @@ def _rows_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
     (flat fp16 bits: kernel groups of kg kernels of cp = n rounded up to the atom,
     each group's whole 32-channel tiles then its last shorter one); kernels from
     `rows` on (up to whole groups) zero."""
-    c1, _, c2 = atoms.shape
+    c1, stored, c2 = atoms.shape
+    flat = atoms.reshape(c1 * stored * c2)  # C-contiguous (softmax_into_weights checks)
+    step = np.uint64(stored * c2)  # from one key group's atom of a row to the next group's
     cp = (n + c2 - 1) // c2 * c2
     whole = cp // layout.CHANNEL_GROUP * layout.CHANNEL_GROUP
     t = np.zeros(cp, np.float32)
@@ -81,7 +83,6 @@ def _rows_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
     lanes = np.empty(_LANES, np.float32)
     p = np.empty(cp, np.float32)
     p[n:] = np.float32(0.0)
-    pbits = p.view(np.uint32)
     q = np.empty(cp, np.uint16)
     for m in range(lo, hi):
         if m >= rows:
@@ -89,15 +90,16 @@ def _rows_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
             _into_kernel(q, m, kg, cp, whole, out)
             continue
         full = n // c2
-        for a in range(full):  # whole atoms: 8 lanes each, no bounds test in the loop
-            line = atoms[a, m]
-            for b in range(c2):
-                t[a * c2 + b] = widen_value(line[b]) * scale
+        at = np.uint64(m * c2)
+        for a in range(full):  # whole atoms: 8 lanes each, unsigned positions (no negative-index test,
+            for b in range(c2):  # no view made per atom: 0.07 -> 0.05 ms a 400x400 head)
+                t[a * c2 + b] = widen_value(flat[at + np.uint64(b)]) * scale
+            at += step
         for j in range(full * c2, n):
             t[j] = widen_value(atoms[full, m, j - full * c2]) * scale
         _softmax_into(t, p, n, bits, lanes)
-        for j in range(cp):  # the row rounded in one loop, then moved tile by tile
-            q[j] = narrow_bits(pbits[j])
+        for j in range(cp):  # the row rounded in one loop (vcvtps2ph: probabilities, no NaN payload
+            q[j] = narrow_value(p[j])  # to hand on), then moved tile by tile
         _into_kernel(q, m, kg, cp, whole, out)
 
 
@@ -107,10 +109,10 @@ def _into_kernel(q, m, kg, cp, whole, out):
     tile = layout.CHANNEL_GROUP
     base = m // kg * kg * cp
     k = m % kg
-    for g in range(whole // tile):
-        at = base + g * kg * tile + k * tile
+    for g in range(whole // tile):  # unsigned positions: the copy vectorises (0.057 -> 0.037 ms a head)
+        at, frm = np.uint64(base + g * kg * tile + k * tile), np.uint64(g * tile)
         for c in range(tile):
-            out[at + c] = q[g * tile + c]
+            out[at + np.uint64(c)] = q[frm + np.uint64(c)]
     at = base + whole * kg + k * (cp - whole)
     for c in range(cp - whole):
         out[at + c] = q[whole + c]
@@ -143,7 +145,8 @@ def softmax_into_weights(atoms: np.ndarray, m: int, n: int, out: np.ndarray, sca
     kg = layout.kernel_group_for(2)
     cp = layout.align(n, layout.c2_for(2))
     kernels = layout.align(m, kg)
-    if out.size < kernels * cp or atoms.shape[1] < m or atoms.shape[0] * atoms.shape[2] < n:
+    if out.size < kernels * cp or atoms.shape[1] < m or atoms.shape[0] * atoms.shape[2] < n \
+            or not atoms.flags.c_contiguous:
         raise ValueError(f"softmax_into_weights: {list(atoms.shape)} atoms or {out.size} weights "
                          f"do not hold [{m}, {n}] scores")
     over_rows(lambda lo, hi: _rows_into_kernels(atoms, m, n, np.float32(scale), kg, out, lo, hi), kernels, m * n)

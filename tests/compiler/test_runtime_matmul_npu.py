@@ -149,6 +149,28 @@ def test_relayout_native_gathers_match_the_interpreter(tmp_path, monkeypatch):
     assert np.array_equal(native, interpreted)
 
 
+def test_relayout_moves_are_made_at_load(tmp_path, monkeypatch):
+    """runtime.load makes the Relayout steps' moves (execute.prepare_program): the first run
+    makes none and gives the outputs of a run whose moves were made in it."""
+    from rkc.runtime import feature_edges
+
+    path = save(_heads(96, 3, 3, 5, 9), tmp_path / "m.onnx")
+    build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", npu_attention=True))
+    x = np.random.default_rng(6).standard_normal((1, 96, 3, 5)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        (schedule,) = m.schedules.values()
+        assert sum(bool(plan) for plan in schedule.native_plans.values()) == 3 * 3
+        for step in m.module.program("main").steps:  # the plans made at load, dropped: made in the run
+            schedule.native_plans.pop(id(step), None)
+        in_run = m.run({"x": x})["y"]
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        def refused(run, step):
+            raise AssertionError(f"{step.name}: moves made after load")
+        monkeypatch.setattr(feature_edges, "_relayout_plan", refused)
+        at_load = m.run({"x": x})["y"]
+    assert np.array_equal(in_run, at_load)
+
+
 def test_heads_stay_batched_where_their_products_stay_on_the_cpu(tmp_path):
     """The per-head split is the default only where every head's product runs on the NPU
     (compiler/build.py's _place): placed on the CPU, the two batched products stay whole;

@@ -71,18 +71,22 @@ def test_a_map_of_many_channels_is_no_image():
     assert not pixels_jit.is_image(3, np.zeros((2, 2, 2, 8), np.uint16))
 
 
-@pytest.mark.parametrize("scale", [0.05, 0.0123, 1 / 255, 3.7, 2.0 ** -7])
+@pytest.mark.parametrize("scale", [0.05, 0.0123, 1 / 255, 3.7, 2.0 ** -7, 2.0 ** -70, 2.0 ** 65])
 def test_quantizing_by_the_reciprocal_rounds_ties_as_the_division(scale):
-    """quant_jit.quantize_row multiplies by the reciprocal; every half-integer
-    quotient (and its float32 neighbours) still rounds as the float64 division does."""
+    """quant_jit.quantize_row multiplies by the reciprocal; every half-integer quotient
+    (and its float32 neighbours), those around the saturation of every zero point (|q|
+    near 256 and 512) and at extreme scales included, still rounds as the float64
+    division does."""
     from rkc.runtime.kernels.quant_jit import quantize_row
 
     s = np.float32(scale)
-    halves = (np.arange(-140, 140) + 0.5).astype(np.float64) * np.float64(s)
+    quotients = np.concatenate([np.arange(-140, 140), np.arange(250, 262), np.arange(505, 519)])
+    quotients = np.concatenate([quotients, -quotients])
+    halves = (quotients + 0.5).astype(np.float64) * np.float64(s)
     x = np.concatenate([halves.astype(np.float32), np.nextafter(halves.astype(np.float32), np.float32(np.inf)),
                         np.nextafter(halves.astype(np.float32), np.float32(-np.inf)),
                         np.random.default_rng(1).standard_normal(999).astype(np.float32) * 100 * s])
-    for zp in (0, -7, 100):
+    for zp in (0, -7, 100, -128, 127):
         got = np.empty(x.size, np.int8)
         quantize_row(x, float(s), 1.0 / float(s), float(zp), got)
         np.testing.assert_array_equal(got, _quantized_f64(x, float(s), zp))
