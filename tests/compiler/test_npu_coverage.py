@@ -14,7 +14,7 @@ from rkc.compiler.build import BuildOptions, build
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.passes import run_passes
 from rkc.compiler.reference import run_graph
-from onnx_models import build_and_run, cosine, graph_model, save, sppf_like
+from onnx_models import build_and_run, cosine, graph_model, save, shufflenet_unit, sppf_like
 
 pytest.importorskip("rkc.runtime.sim")
 THRESHOLD = {"fp16": 0.9995, "int8": 0.995}
@@ -648,3 +648,18 @@ def test_maps_with_zero_rows_keep_their_bytes_for_the_whole_program(tmp_path):
         for other in scratch:
             overlap = other.offset < t.offset + t.nbytes and t.offset < other.offset + other.nbytes
             assert other is t or not overlap, (t.name, other.name)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_shufflenet_stride_two_unit_runs_on_the_npu(tmp_path, precision):
+    """ShuffleNet v1's stride-2 unit (a pad-excluding 3x3/2 AveragePool beside a 3x3/2
+    Conv, concatenated, then a Relu): the Relu moves onto the Conv's epilogue (the pool
+    of a Relu's output is >= 0 already), the Concat is slices of one buffer, the pool
+    runs on the NPU: nothing on the CPU, against onnxruntime."""
+    nodes, inits = shufflenet_unit(32, 9)  # whole int8 kernel groups: no piece writes into the next
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 3, 12, 12]), (1, 3, 12, 12),
+                                      precision)
+    cpu = [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    assert not cpu, cpu
+    assert [p.device for p in report.placements if p.op.type == "Concat"] == ["view"]
+    assert cosine(got, want) >= THRESHOLD[precision]
