@@ -152,17 +152,18 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
         # activations' islands alone are not weighed (their plans stay as they were)
         mixed = bool(fp16) or any(g.dtype == "fp16" and isinstance(g.result.op, LocalResponseNorm)
                                   for g in groups.values())
-        if fp16:
+        if mixed:
             emit = emit_options(options.cores, options.ppu_irq)
-            placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
-            # every group in fp16 once, for its fp16 NPU time: the crossings are weighed against it
+            if fp16:
+                placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
+            # every group in fp16 once, for its fp16 NPU time: the crossings (around the SQNR
+            # rule's groups and an LRN's) are weighed against it
             every = {a: "" for a in {g.anchor for g in groups.values()}}
             _, all_fp16 = stage("place", place_ops, graph, options.precision, False, every, emit)
             merged = stage("mixed precision: crossings", merge_islands, graph, groups, all_fp16)
             if merged:
                 fp16 = {**fp16, **merged}
                 placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
-        if mixed:
             placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements,
                                        groups, options.precision)
             # a mixed plan against the whole program in fp16, built from the fp16 passes

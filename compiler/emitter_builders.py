@@ -261,20 +261,21 @@ def _pool(graph: Graph, i: int, tail: Tail, precision: str, program: str):
         begin, end = pads_for(op.attrs.get("auto_pad", "NOTSET"), x.shape[2:], kernel, stride, [1, 1],
                               op.attrs.get("pads"))
         padding = (begin[0], end[0], begin[1], end[1])
-        if op.type == "AveragePool" and any(padding) and not op.attrs.get("count_include_pad", 0):
-            raise Refused("the NPU's average divides by the whole window; padded windows that exclude the "
-                           "padding from the count stay on the CPU")
-        if op.attrs.get("ceil_mode", 0):
-            raise Refused("ceil_mode pooling is not lowered")
+        if op.attrs.get("ceil_mode", 0) and op.type != "AveragePool":
+            raise Refused("ceil_mode max pooling is not lowered")
         if vector_map(graph.tensors[op.outputs[0]].type.shape):
             # one window (a 7x7 pool of a 7x7 map): the result is a GEMM row of 4 stored
             # rows, as a global pool's; the stride never applies, so the window slides
             # row by row 3 rows further into bottom padding, which makes those rows
+            if op.attrs.get("ceil_mode", 0) or (any(padding) and not op.attrs.get("count_include_pad", 0)):
+                raise Refused("one window over part of a map that excludes padding or overhangs it (ceil mode) "
+                               "is not lowered")
             pt, pb, pl, pr = padding
             padding, stride = (pt, pb + GEMM_ROW_ALIGN - 1, pl, pr), (1, 1)
     pool = api.Pool(npu_feature(graph, op.inputs[0], "native", dtype, precision, program, view),
                     npu_feature(graph, op.outputs[0], npu_layout(graph, op.outputs[0]), dtype, precision, program),
-                    lowering(op).function, kernel, stride, padding, name=f"npu{i}")
+                    lowering(op).function, kernel, stride, padding, name=f"npu{i}",
+                    count_padding=op.type != "AveragePool" or bool(op.attrs.get("count_include_pad", 0)))
     return pool, {op.inputs[0]: "native"}
 
 

@@ -41,6 +41,20 @@ def graph_model(nodes, inits: dict, shape, opset: int = 13) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
+def shufflenet_unit(c: int, seed: int) -> tuple[list, dict]:
+    """ShuffleNet v1's stride-2 unit: Relu(Conv) -> [3x3/2 AveragePool excluding padding,
+    3x3/2 Conv] -> Concat -> Relu, random weights from `seed`: (nodes, initializers) for
+    graph_model, input [1, 3, H, W]."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("AveragePool", ["r0"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["c1", "p"], ["cat"], axis=1), helper.make_node("Relu", ["cat"], ["y"])]
+    inits = {"w0": rng.standard_normal((c, 3, 1, 1)), "w1": rng.standard_normal((c, c, 3, 3)) / (3 * c ** 0.5),
+             "b1": rng.standard_normal(c)}
+    return nodes, inits
+
+
 def sppf_like(c: int, hw: int, seed: int) -> onnx.ModelProto:
     """Conv -> strided padded MaxPool -> Conv -> three chained 5x5 MaxPools (YOLO's SPPF) -> Add, random
     weights from `seed`, input [1, 3, hw, hw]."""

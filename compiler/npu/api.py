@@ -386,7 +386,12 @@ class Activation:
 
 @dataclass(frozen=True, eq=False)
 class Pool:
-    """Max or average pooling on the PPU. `kernel=None` means global pooling."""
+    """Max or average pooling on the PPU. `kernel=None` means global pooling.
+
+    An average divides by the whole window (padding included) unless
+    `count_padding` is False: then by the window positions inside the map
+    (ONNX count_include_pad 0). An output larger than the padded map gives (ceil
+    mode) has windows overhanging the end padding, which never count."""
 
     input: Feature
     output: Feature
@@ -395,6 +400,7 @@ class Pool:
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     name: str = "pool"
+    count_padding: bool = True
 
 
 @dataclass(frozen=True, eq=False)

@@ -250,8 +250,8 @@ def tile_touches(t: ConvTile) -> list[tuple[str, int, int]]:
 
     out = [span(t.input), (t.weights_buffer, t.weights_offset, t.weights_offset + t.weight_bytes),
            span(t.output, written_surfaces(t))]
-    if t.residual is not None:
-        out.append(span(t.residual))
+    if t.residual is not None:  # ERDMA reads whole surfaces of every DPU channel (an int8 depthwise task's 64+)
+        out.append(span(t.residual, max(t.residual.surfaces, -(-t.out_channels_hw // t.residual.c2))))
     if t.bs_buffer is not None and t.dpu.bs_data is not None:
         start = t.dpu.bs_offset(t.channel0)
         per = 8 if t.dpu.bs_groups else 4

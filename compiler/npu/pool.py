@@ -16,6 +16,9 @@ weight 1 (the DPU divides: fp16 multiplies by 1/(kh*kw), int8 requantizes by
 in_scale/(kh*kw*out_scale)), and max pooling is refused. A global average whose
 window one convolution cannot take (over 31 positions a side, or a kernel over a
 CBUF bank) is two: means of a x b windows at stride (a, b), then their mean.
+An average whose divisor varies by position (ONNX count_include_pad 0 with
+padding, ceil-mode overhang) is the window sum times a constant map of 1 / count,
+the depthwise convolution's element-wise operand (`_avg_rescaled`), on every kernel.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 from rkc.compiler.npu import api, formats, schedule
 from rkc.compiler.npu.regfile import PPU_BLOCKS, PPU_ORDER, S_POINTER_FIELDS, RegisterFile, build
 from rkc.ir.errors import UnsupportedError
+from rkc.ir.npu import layout
 
 WINDOW_MAX = 16  # 4-bit (value - 1) kernel and stride fields
 PAD_MAX = 7  # 3-bit pad counts
@@ -65,10 +69,37 @@ def _stages(op: api.Pool) -> list[tuple[tuple[int, int], tuple[int, int], tuple[
     return [(op.kernel, op.stride, op.padding)]
 
 
+def window_counts(size: int, kernel: int, stride: int, begin: int, end: int, out: int,
+                  count_padding: bool) -> np.ndarray:
+    """Along one axis: how many of each output's `kernel` window positions an
+    average divides by: those inside the map, or inside the padded map when
+    padding counts; never a ceil-mode overhang past the end padding."""
+    start = np.arange(out) * stride - begin
+    lo, hi = (-begin, size + end) if count_padding else (0, size)
+    return np.minimum(start + kernel, hi) - np.maximum(start, lo)
+
+
+def divisors(op: api.Pool) -> np.ndarray | None:
+    """Per output position [H, W], the count an average pool divides by, or None
+    where it is the whole window everywhere (the plain average's divisor)."""
+    if op.method != "avg" or op.kernel is None:
+        return None
+    f, o = op.input, op.output
+    (kh, kw), (sy, sx), (pt, pb, pl, pr) = op.kernel, op.stride, op.padding
+    counts = np.outer(window_counts(f.height, kh, sy, pt, pb, o.height, op.count_padding),
+                      window_counts(f.width, kw, sx, pl, pr, o.width, op.count_padding))
+    if counts.min() < 1:
+        raise UnsupportedError(f"{op.name}: a window holds no position of the map")
+    return None if (counts == kh * kw).all() else counts
+
+
 def lower_pool(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
     f, o = op.input, op.output
     if op.method not in METHOD:
         raise UnsupportedError(f"{op.name}: pooling method {op.method!r} (max or avg)")
+    counts = divisors(op)
+    if counts is not None:
+        return _avg_rescaled(op, counts, options)
     if not options.ppu_completes:
         if op.method == "avg":
             return _avg_as_depthwise(op, options)
@@ -171,6 +202,48 @@ def _avg_as_depthwise(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
         return _global_avg_in_two(op, options, refused)
     result.op = op
     result.notes.insert(0, f"avg pool {kh}x{kw} as a depthwise convolution (completes on the DPU interrupt)")
+    return result
+
+
+def _avg_rescaled(op: api.Pool, counts: np.ndarray, options: api.EmitOptions) -> api.EmitResult:
+    """An average whose divisor varies by position (padding excluded, ceil-mode
+    overhang) exactly: the depthwise convolution sums each window (every weight
+    1; the padding adds zero), and the EW stage multiplies the sum by a constant
+    map of 1 / count that the program places beside the weights (the conv's
+    element-wise operand, read by the ERDMA like a residual; one copy per channel:
+    the operand has the output's shape). fp16: the map holds fp16(1 / count).
+    int8: it holds L / count for L the counts' least common multiple at scale
+    1 / L, so the product is exact and OUT_CVT requantizes it once, as an int8
+    average's division by the window size; L must fit int8 (127)."""
+    from rkc.compiler.npu.conv import lower_conv
+
+    f, o = op.input, op.output
+    (kh, kw), (sy, sx), (pt, pb, pl, pr) = op.kernel, op.stride, op.padding
+    if f.dtype not in ("fp16", "int8"):
+        raise UnsupportedError(f"{op.name}: pooling of {f.dtype}")
+    if f.dtype == "fp16":
+        per_position, quant, weight_quant = (1.0 / counts).astype(np.float16), None, None
+    else:
+        if f.quant is None or o.quant is None:
+            raise UnsupportedError(f"{op.name}: int8 average pooling needs input and output quantization")
+        common = int(np.lcm.reduce(np.unique(counts)))
+        if common > np.iinfo(np.int8).max:
+            raise UnsupportedError(f"{op.name}: the window counts {sorted(set(counts.flat))} have no exact common "
+                                   f"int8 scale (their multiple {common} is over 127)")
+        per_position, quant, weight_quant = (common // counts).astype(np.int8), api.Quant(1.0 / common), api.Quant(1.0)
+    name = f"{op.name}.divisors"
+    rescale = api.Feature(name, 0, o.channels, o.height, o.width, f.dtype, quant)
+    map_bytes = layout.pack_feature(np.broadcast_to(per_position, (o.channels, *per_position.shape))).tobytes()
+    # the end padding a ceil-mode output's last window reaches (zeros, never counted)
+    padding = (pt, max(pb, (o.height - 1) * sy + kh - f.height - pt), pl, max(pr, (o.width - 1) * sx + kw - f.width - pl))
+    ones = np.ones((kh, kw, f.channels), api.NUMPY[f.dtype])
+    conv = api.Conv2D(f, ones, o, op.stride, padding, True, weight_quant,
+                      api.Epilogue(residual=api.Residual(rescale, "mul")), op.name)
+    result = lower_conv(conv, options)
+    result.op = op
+    result.constants += schedule.pad_constants([api.ConstBuffer(name, map_bytes)], result.tasks)
+    result.notes.insert(0, f"avg pool {kh}x{kw} over {counts.min()}..{counts.max()} positions: window sums as a "
+                           f"depthwise convolution times a constant map of 1/count (EW multiply)")
     return result
 
 

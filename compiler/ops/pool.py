@@ -38,7 +38,7 @@ def lrn_map(ctx) -> bool:
 
 
 def pool_fields(ctx) -> bool:
-    """the PPU takes kernels up to 8x8, strides up to 8 and padding up to 7, without dilation or ceil mode overhang"""
+    """the PPU takes kernels up to 8x8, strides up to 8 and padding up to 7, without dilation"""
     kernel = [int(k) for k in ctx.attr("kernel_shape")]
     strides = [int(s) for s in ctx.attr("strides", [1, 1])]
     pads = [int(p) for p in ctx.attr("pads", [0, 0, 0, 0])]
@@ -69,7 +69,8 @@ SPECS = [
     OpSpec("MaxPool", pool_shape, npu=(*BASIC, kernel_completes_ppu, ppu_fp16, pool_2d, pool_fields),
            lower=MAX_POOL, summary="max pooling (NPU: on the PPU, with --kernel-ppu-irq)"),
     OpSpec("AveragePool", pool_shape, npu=(*BASIC, pool_2d, pool_fields), lower=AVG_POOL,
-           summary="average pooling (NPU: as a depthwise convolution)"),
+           summary="average pooling (NPU: as a depthwise convolution; padding excluded from the count "
+                   "or ceil mode: times a constant map of 1/count)"),
     OpSpec("GlobalAveragePool", global_pool_shape, npu=(*BASIC, pool_2d), lower=AVG_POOL, summary="mean over H, W"),
     OpSpec("GlobalMaxPool", global_pool_shape, npu=(*BASIC, pool_2d), summary="max over H, W"),
     OpSpec("LRN", lambda ctx: [need(ctx)], npu=(*BASIC, lrn_map), lower=NpuLowering(api.LocalResponseNorm),

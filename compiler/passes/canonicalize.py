@@ -1,12 +1,13 @@
 """Canonical form: pass-through ops (Identity, inference Dropout) removed, a
 ReduceMean over all spatial axes of a 4-D map is a GlobalAveragePool, and so
 is an AveragePool whose one window covers the whole map and excludes the
-padding from its count; a Sum of two tensors is an Add."""
+padding from its count; a Sum of two tensors is an Add; a Relu of a Concat is
+the Concat of its pieces' Relus (each then fuses into its piece's producer)."""
 
 from __future__ import annotations
 
-from rkc.compiler.passes.edit import consumers, producer, remove_op, rename_output, replace_uses
-from rkc.ir.graph import Graph, Op
+from rkc.compiler.passes.edit import consumers, only_consumer, producer, remove_op, rename_output, replace_uses
+from rkc.ir.graph import Graph, Op, Tensor
 from rkc.ir.npu.geometry import pads_for
 
 
@@ -75,4 +76,57 @@ def sum_of_two_is_add(graph: Graph, op: Op) -> bool:
     return True
 
 
-REWRITES = [drop_pass_through, reduce_mean_to_global_pool, one_window_average_to_global_pool, sum_of_two_is_add]
+# ops whose output is >= 0 wherever their data inputs are (a pool's padding never wins a
+# max, adds zero to a sum; a Concat only places its pieces)
+_KEEPS_SIGN = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Concat")
+
+
+def non_negative(graph: Graph, tensor: str, depth: int = 8) -> bool:
+    """Whether `tensor` is >= 0 by construction: a Relu's output, a Clip's with a lower
+    bound >= 0, or a pool or Concat of such tensors (`depth` producers up at most)."""
+    op = producer(graph, tensor)
+    if op is None or depth == 0:
+        return False
+    if op.type == "Relu":
+        return True
+    if op.type == "Clip":
+        low = graph.const_value(op.inputs[1]) if len(op.inputs) > 1 else op.attrs.get("min")
+        return low is not None and float(low) >= 0
+    if op.type in _KEEPS_SIGN:
+        data = op.inputs if op.type == "Concat" else op.inputs[:1]
+        return all(non_negative(graph, t, depth - 1) for t in data)
+    return False
+
+
+def relu_through_concat(graph: Graph, op: Op) -> bool:
+    """Relu(Concat(pieces)) -> Concat(Relu(piece), ...), a piece already >= 0 (a pool of a
+    Relu's output) taken as it is: each Relu then fuses into its piece's producer, and the
+    Concat stays a view of one buffer (ShuffleNet's stride-2 unit, Concat(AveragePool(x),
+    Conv) -> Relu, ran the Concat and the Relu on the CPU with conversions around them)."""
+    if op.type != "Relu":
+        return False
+    concat = producer(graph, op.inputs[0])
+    if concat is None or concat.type != "Concat" or only_consumer(graph, op.inputs[0]) is not op:
+        return False
+    pieces, relus = [], []
+    for piece in concat.inputs:
+        if non_negative(graph, piece):
+            pieces.append(piece)
+            continue
+        name, k = f"{piece}.relu", 0
+        while name in graph.tensors:
+            k += 1
+            name = f"{piece}.relu{k}"
+        graph.tensors[name] = Tensor(name, graph.tensors[piece].type, "value")
+        relus.append(Op("Relu", [piece], [name], {}, name))
+        pieces.append(name)
+    graph.ops.remove(op)
+    del graph.tensors[concat.outputs[0]]
+    concat.inputs, concat.outputs = pieces, list(op.outputs)
+    position = next(i for i, o in enumerate(graph.ops) if o is concat)
+    graph.ops[position:position] = relus
+    return True
+
+
+REWRITES = [drop_pass_through, reduce_mean_to_global_pool, one_window_average_to_global_pool, sum_of_two_is_add,
+            relu_through_concat]

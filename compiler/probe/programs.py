@@ -364,6 +364,22 @@ def prelu(device: Device) -> ProbeRun:
                 {"Y": Y, "Y8": Y8})
 
 
+def avg_exclude_pad(device: Device) -> ProbeRun:
+    """A pad-excluding 3x3/2 average pool as the compiler lowers it (compiler/npu/pool.py
+    `_avg_rescaled`): a depthwise convolution of ones whose EW stage multiplies each sum
+    by a constant per-pixel map of 1/count, fp16 (the validated multiply word) and int8
+    (the converter-live multiply word the int8 element-wise Mul uses, unmeasured)."""
+    c, h, w = 40, 11, 13
+    oh, ow = 6, 7
+    X, Y = api.Feature("X", 0, c, h, w, "fp16"), api.Feature("Y", 0, c, oh, ow, "fp16")
+    fp16 = emit(api.Pool(X, Y, "avg", (3, 3), (2, 2), (1, 1, 1, 1), "avg.fp16", count_padding=False))
+    X8 = api.Feature("X8", 0, c, h, w, "int8", api.Quant(0.05, 3))
+    Y8 = api.Feature("Y8", 0, c, oh, ow, "int8", api.Quant(0.04, -6))
+    int8 = emit(api.Pool(X8, Y8, "avg", (3, 3), (2, 2), (1, 1, 1, 1), "avg.int8", count_padding=False))
+    return _run(device, "avg_exclude_pad", [fp16, int8], {"X": (X, _fp16((c, h, w), 26)),
+                                                           "X8": (X8, _int8((c, h, w), 27))}, {"Y": Y, "Y8": Y8})
+
+
 def upsample_x2(device: Device) -> ProbeRun:
     """Nearest x2 as the compiler lowers a Resize (compiler/npu/upsample.py): fp16,
     64 channels, 12x10 -> 24x20 on 3 cores; its row copies write with a line pitch of
@@ -449,6 +465,10 @@ PROBES: tuple[Probe, ...] = (
     Probe("prelu", "Q25", "BN's multiplier in PReLU mode scales negative values only (LeakyReLU, fp16 and int8)",
           {}, prelu, "LeakyReLU epilogues are bit-exact with the simulator",
           "MUL_PRELU acts differently here: LeakyReLU epilogues are wrong on this board"),
+    Probe("avg_exclude_pad", "", "the EW stage multiplies a depthwise convolution's sums by a constant "
+          "per-pixel map (a pad-excluding average pool, fp16 and int8)", {}, avg_exclude_pad,
+          "pad-excluding averages are bit-exact with the simulator",
+          "the EW multiply acts differently here: keep pad-excluding averages on the CPU (compare fp16 and int8)"),
     Probe("upsample_x2", "Q4", "the DPU writes lines of width + NOTCH_ADDR atoms (nearest x2 Resize's row copies)",
           {}, upsample_x2, "the notch reading holds: nearest x2 Resize on the NPU is right on this board",
           "the notch is read differently here: the NPU's nearest x2 Resize is wrong on this board (compare bytes)"),

@@ -69,6 +69,30 @@ def test_an_int8_plan_made_mixed_by_its_lrn_is_weighed_against_fp16_throughout(t
     assert len(weighed) == 1
 
 
+def test_an_int8_plan_made_mixed_by_its_lrn_weighs_the_crossings_around_it(tmp_path):
+    """The LRN's fp16 group makes its int8 neighbours cross through the host (ZFNet's
+    first convolution: a 96x110x110 map dequantized and cast back, ~1 ms): the crossings
+    are weighed as for the SQNR rule's groups, and the convolutions go fp16 where that
+    is cheaper."""
+    from rkc.compiler.build import plan
+
+    path = save(_conv_lrn_conv(1e-4, 6), tmp_path / "m.onnx")
+    options = BuildOptions(precision="int8", calib=tmp_path / "calib.npz")
+    np.savez(options.calib, x=np.random.default_rng(2).standard_normal((4, 1, 8, 12, 16)).astype(np.float32))
+    merged = []
+
+    def stage(name, fn, *args):
+        result = fn(*args)
+        if name == "mixed precision: crossings":
+            merged.append(result)
+        return result
+
+    placed = plan(path, options, stage).placements
+    assert len(merged) == 1 and merged[0]
+    convs = [p for p in placed if p.op.type == "Conv"]
+    assert all(p.dtype == "fp16" for p in convs) and "crossings removed" in convs[0].reason
+
+
 def _random_inception(tmp_path):
     """onnx's bundled light Inception v1 with random weights (seed 0, He-scaled): its
     weights are all ConstantOfShape(0.02), which proves nothing (issue 38)."""

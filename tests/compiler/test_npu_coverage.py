@@ -14,7 +14,7 @@ from rkc.compiler.build import BuildOptions, build
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.passes import run_passes
 from rkc.compiler.reference import run_graph
-from onnx_models import build_and_run, cosine, graph_model, save, sppf_like
+from onnx_models import build_and_run, cosine, graph_model, save, shufflenet_unit, sppf_like
 
 pytest.importorskip("rkc.runtime.sim")
 THRESHOLD = {"fp16": 0.9995, "int8": 0.995}
@@ -240,11 +240,39 @@ def test_average_pool_of_one_window_excluding_its_padding_runs_on_the_npu(tmp_pa
     assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
     assert got.shape == (1, c, 1, 1)
     assert cosine(got, want) >= THRESHOLD[precision]
-    # a window over part of the map (two output positions) still excludes padding the NPU counts
-    nodes[-1] = helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[hw] * 2, pads=[0, 0, 1, 1])
-    report = build(save(graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1))}, [1, 6, hw, hw]),
-                        tmp_path / "two.onnx"), tmp_path / "two.rkbin", BuildOptions(precision="fp16"))
-    assert report.placements[-1].device == "cpu" and "divides by the whole window" in report.placements[-1].reason
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("c, hw, kernel, stride, pads, ceil", [(24, 14, 3, 2, [1, 1, 1, 1], 0),
+                                                               (40, 9, 3, 1, [1, 1, 1, 1], 0),
+                                                               (19, 11, 3, 2, [0, 1, 1, 0], 1)])
+def test_average_pool_excluding_its_padding_runs_on_the_npu(tmp_path, precision, c, hw, kernel, stride, pads, ceil):
+    """count_include_pad 0 over windows that padding clips (ShuffleNet's 3x3/2, Inception
+    v2's 3x3/1; a ceil-mode overhang): window sums times a constant map of 1/count on the
+    NPU, nothing on the CPU, against onnxruntime."""
+    rng = np.random.default_rng(c + hw)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[kernel] * 2, strides=[stride] * 2,
+                              pads=pads, ceil_mode=ceil)]
+    model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
+    report, got, want = build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
+    assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def test_int8_average_pool_whose_divisors_have_no_common_scale_stays_on_the_cpu(tmp_path):
+    """5x5 windows clipped by 2 of padding count 9 to 25 positions: fp16 multiplies by
+    1/count on the NPU; int8 has no exact common scale for the map (3600 steps), so the
+    pool stays on the CPU and says why."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[5, 5], pads=[2, 2, 2, 2])]
+    model = graph_model(nodes, {"w": rng.standard_normal((16, 6, 1, 1)) / 3}, [1, 6, 8, 8])
+    report, got, want = build_and_run(tmp_path, model, (1, 6, 8, 8), "fp16")
+    assert report.placements[-1].device == "npu" and cosine(got, want) >= THRESHOLD["fp16"]
+    report, got, want = build_and_run(tmp_path, model, (1, 6, 8, 8), "int8")
+    assert report.placements[-1].device == "cpu" and "common int8 scale" in report.placements[-1].reason
+    assert cosine(got, want) >= THRESHOLD["int8"]
 
 
 @pytest.mark.parametrize("c, hw", [(16, 12), (24, 17)])
@@ -620,3 +648,18 @@ def test_maps_with_zero_rows_keep_their_bytes_for_the_whole_program(tmp_path):
         for other in scratch:
             overlap = other.offset < t.offset + t.nbytes and t.offset < other.offset + other.nbytes
             assert other is t or not overlap, (t.name, other.name)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_shufflenet_stride_two_unit_runs_on_the_npu(tmp_path, precision):
+    """ShuffleNet v1's stride-2 unit (a pad-excluding 3x3/2 AveragePool beside a 3x3/2
+    Conv, concatenated, then a Relu): the Relu moves onto the Conv's epilogue (the pool
+    of a Relu's output is >= 0 already), the Concat is slices of one buffer, the pool
+    runs on the NPU: nothing on the CPU, against onnxruntime."""
+    nodes, inits = shufflenet_unit(32, 9)  # whole int8 kernel groups: no piece writes into the next
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 3, 12, 12]), (1, 3, 12, 12),
+                                      precision)
+    cpu = [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    assert not cpu, cpu
+    assert [p.device for p in report.placements if p.op.type == "Concat"] == ["view"]
+    assert cosine(got, want) >= THRESHOLD[precision]

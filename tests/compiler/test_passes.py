@@ -93,3 +93,27 @@ def test_bias_add_batchnorm_and_scale_fold_into_conv_transpose(tmp_path):
     run_passes(g)
     assert [op.type for op in g.ops] == ["ConvTranspose", "Relu"]
     np.testing.assert_allclose(run_graph(g, {"x": x})["y"], before, rtol=1e-5, atol=1e-5)
+
+
+def test_a_relu_of_a_concat_moves_onto_the_pieces_that_can_be_negative(tmp_path):
+    """Relu(Concat(Conv, AveragePool(Relu))) -> Concat(Relu(Conv), AveragePool): the
+    pool of a Relu's output is >= 0 already; the numbers do not change."""
+    from onnx_models import graph_model, shufflenet_unit
+
+    nodes, inits = shufflenet_unit(8, 4)
+    g = load_graph(save(graph_model(nodes, inits, [1, 3, 10, 10]), tmp_path / "m.onnx"))
+    x = np.random.default_rng(5).standard_normal((1, 3, 10, 10)).astype(np.float32)
+    before = run_graph(g, {"x": x})["y"]
+    run_passes(g)
+    concat = next(op for op in g.ops if op.type == "Concat")
+    assert concat.outputs == ["y"] and [op.type for op in g.ops].count("Relu") == 2
+    relu = next(op for op in g.ops if op.type == "Relu" and op.outputs[0] == concat.inputs[0])
+    assert relu.inputs == ["c1"] and concat.inputs[1] == "p"
+    np.testing.assert_allclose(run_graph(g, {"x": x})["y"], before, rtol=1e-6, atol=1e-6)
+    # a piece that can be negative (the pool of a map no Relu bounds) gets its own Relu
+    nodes[2].input[0] = "c0"
+    g = load_graph(save(graph_model(nodes, inits, [1, 3, 10, 10]), tmp_path / "n.onnx"))
+    before = run_graph(g, {"x": x})["y"]
+    run_passes(g)
+    assert [op.type for op in g.ops].count("Relu") == 3
+    np.testing.assert_allclose(run_graph(g, {"x": x})["y"], before, rtol=1e-6, atol=1e-6)

@@ -414,6 +414,73 @@ def test_average_pool_as_depthwise_convolution(dtype):
 
 
 
+
+def _average_reference(x, k, s, pads, out_hw, count_padding):
+    """ONNX AveragePool in float64 over [C, H, W]: window sums over the zero-padded
+    map (ceil-mode overhang included) over the counted positions (the map, plus the
+    explicit padding when it counts, never the overhang)."""
+    (pt, pb, pl, pr), (oh, ow) = pads, out_hw
+    h, w = x.shape[1:]
+    extra_h, extra_w = max(0, (oh - 1) * s + k - h - pt - pb), max(0, (ow - 1) * s + k - w - pl - pr)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (pt, pb + extra_h), (pl, pr + extra_w)))
+    counted = np.pad(np.ones((1, h, w)), ((0, 0), (pt, pb), (pl, pr)), constant_values=float(count_padding))
+    counted = np.pad(counted, ((0, 0), (0, extra_h), (0, extra_w)))
+
+    def sums(a):
+        return sum(a[:, i:i + s * (oh - 1) + 1:s, j:j + s * (ow - 1) + 1:s] for i in range(k) for j in range(k))
+
+    return sums(xp) / sums(counted)
+
+
+# (channels, h, w, kernel, stride, pads, ceil mode, count_include_pad): ShuffleNet's 3x3/2 and
+# Inception v2's 3x3/1 pad-excluding pools, odd maps, channels off the atom, ceil-mode overhang
+# (counted or not), asymmetric and absent padding
+PAD_EXCLUDING = [(24, 28, 28, 3, 2, (1, 1, 1, 1), 0, 0), (40, 14, 14, 3, 1, (1, 1, 1, 1), 0, 0),
+                 (21, 9, 13, 3, 2, (1, 1, 1, 1), 0, 0), (70, 7, 7, 3, 1, (1, 1, 1, 1), 0, 0),
+                 (19, 11, 12, 3, 2, (0, 0, 0, 0), 1, 0), (33, 10, 9, 3, 2, (1, 0, 0, 1), 1, 1),
+                 (16, 8, 10, 2, 2, (1, 1, 1, 1), 0, 0), (48, 12, 15, 3, 2, (1, 1, 1, 1), 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+@pytest.mark.parametrize("c, h, w, k, s, pads, ceil, count_padding", PAD_EXCLUDING)
+def test_average_pool_with_per_position_divisors(dtype, c, h, w, k, s, pads, ceil, count_padding):
+    """An average whose divisor varies by position (padding excluded, ceil-mode windows
+    overhanging the padding) as window sums times a constant map of 1/count: on the
+    simulator against numpy's float64 average (fp16 within its rounding, int8 within
+    one output step of the ideal requantization)."""
+    from rkc.compiler.npu.pool import divisors
+    from rkc.compiler.ops.rules import spatial_out
+
+    if dtype == "fp16":
+        needs_fp16_depthwise_writer()
+    oh, ow = spatial_out((h, w), (k, k), (s, s), (1, 1), list(pads[::2]) + list(pads[1::2]), "NOTSET", ceil)
+    q = (lambda sc, z: api.Quant(sc, z)) if dtype == "int8" else (lambda sc, z: None)
+    X = api.Feature("x", 0, c, h, w, dtype, q(0.05, 3))
+    Y = api.Feature("y", 0, c, oh, ow, dtype, q(0.04, -6))
+    pool = api.Pool(X, Y, "avg", (k, k), (s, s), pads, count_padding=bool(count_padding))
+    assert divisors(pool) is not None  # every case needs the map
+    r = emit(pool, api.EmitOptions(cores=3))
+    seed = c * h + w
+    x = int8_data((c, h, w), seed) if dtype == "int8" else fp16_data((c, h, w), seed)
+    got = run_sim(r, {"x": (X, x)}).feature(Y).astype(np.float64)
+    if dtype == "int8":
+        mean = _average_reference(x.astype(np.float64) - 3, k, s, pads, (oh, ow), count_padding)
+        ideal = np.clip(np.rint(mean * 0.05 / 0.04) - 6, -128, 127)
+        assert np.abs(got - ideal).max() <= 1
+    else:
+        ref = _average_reference(x, k, s, pads, (oh, ow), count_padding)
+        np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3)
+
+
+def test_int8_divisors_without_an_exact_common_scale_are_refused():
+    """5x5 windows clipped by padding count 9..25 positions: no int8 multiple of every
+    1/count, so the int8 lowering refuses rather than round the divisors."""
+    q = api.Quant(0.1, 0)
+    X, Y = api.Feature("x", 0, 16, 12, 12, "int8", q), api.Feature("y", 0, 16, 12, 12, "int8", q)
+    with pytest.raises(UnsupportedError, match="common int8 scale"):
+        emit(api.Pool(X, Y, "avg", (5, 5), (1, 1), (2, 2, 2, 2), count_padding=False))
+
+
 @pytest.mark.parametrize("dtype", ["int8", "fp16"])
 @pytest.mark.parametrize("c, h, w", [(24, 30, 30), (96, 60, 60), (40, 64, 36), (70, 36, 56), (128, 120, 120)])
 def test_global_average_over_a_large_map_as_two_averages(dtype, c, h, w):
