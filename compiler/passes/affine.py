@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from rkc.compiler.passes.edit import add_const, only_consumer, producer
+from rkc.compiler.passes.fold_batchnorm import batchnorm_scale
 from rkc.ir.graph import Graph, Op, Tensor
 from rkc.ir.types import TensorType
 
@@ -104,7 +105,7 @@ def batchnorm_affine(graph: Graph, op: Op) -> bool:
     if fm is None or any(p is None for p in params):
         return False
     gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)
-    scale = gamma / np.sqrt(var + float(op.attrs.get("epsilon", 1e-5)))
+    scale = batchnorm_scale(op, gamma, var)
     _as_depthwise(graph, op, op.inputs[0], scale, beta - mean * scale)
     return True
 

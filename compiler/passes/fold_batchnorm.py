@@ -14,7 +14,21 @@ from __future__ import annotations
 import numpy as np
 
 from rkc.compiler.passes.edit import add_const, only_consumer, producer, rename_output
+from rkc.ir.errors import FormatError
 from rkc.ir.graph import Graph, Op
+
+
+def batchnorm_scale(bn: Op, gamma: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """g / sqrt(var + eps) per channel (float64); a variance that makes it
+    undefined (var + eps <= 0, or not finite) is a broken model, refused here
+    rather than compiled into NaN weights."""
+    denom = var + float(bn.attrs.get("epsilon", 1e-5))
+    bad = ~(np.isfinite(denom) & (denom > 0) & np.isfinite(gamma))
+    if bad.any():
+        raise FormatError(f"op {bn.describe()}: scale / sqrt(variance + epsilon) is undefined in {int(bad.sum())} of "
+                          f"{bad.size} channels (first: channel {int(np.flatnonzero(bad)[0])}); the model's "
+                          "BatchNormalization parameters are broken")
+    return gamma / np.sqrt(denom)
 
 
 def _output_axis(conv: Op | None) -> int | None:
@@ -55,7 +69,7 @@ def fold_into_conv(graph: Graph, bn: Op) -> bool:
     if bias is None:
         return False
     gamma, beta, mean, var = (p.astype(np.float64) for p in params)
-    k = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+    k = batchnorm_scale(bn, gamma, var)
     new_w = _scaled(w, axis, k)
     new_b = ((bias.astype(np.float64) - mean) * k + beta).astype(w.dtype)
     base = conv.name or conv.outputs[0]

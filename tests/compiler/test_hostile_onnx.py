@@ -74,6 +74,20 @@ def concat_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def batchnorm_model(after_conv: bool, var: np.ndarray):
+    """x [1, 4, 6, 6] -> (Conv ->) BatchNormalization with the given variance; random weights, fixed seed."""
+    rng = np.random.default_rng(5)
+    params = [("g", rng.uniform(0.5, 1.5, 4)), ("b", rng.standard_normal(4)), ("m", rng.standard_normal(4)), ("v", var)]
+    inits = [numpy_helper.from_array(np.asarray(a, np.float32), n) for n, a in params]
+    nodes = [helper.make_node("BatchNormalization", ["c" if after_conv else "x", "g", "b", "m", "v"], ["y"])]
+    if after_conv:
+        inits.append(numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w"))
+        nodes.insert(0, helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 I64 = np.int64
 # constant indices and sizes checked against their axis (by the rule, every op that takes them)
 AXIS_CASES = {
@@ -132,6 +146,12 @@ CASES = {
                                  r"tensor 'x': shape \[1, 8, 1099511627776, 16\] is \d+ bytes, more than the 2 GiB"),
     "ConstantOfShape 2^32": (lambda: folding_model("ConstantOfShape"), r"more than the 2 GiB a tensor may take"),
     "Expand 2^32": (lambda: folding_model("Expand"), r"more than the 2 GiB a tensor may take"),
+    "BatchNormalization after a Conv, negative variance": (
+        lambda: batchnorm_model(True, np.array([1.0, -0.5, 1.0, 1.0])),
+        r"sqrt\(variance \+ epsilon\) is undefined in 1 of 4 channels \(first: channel 1\)"),
+    "BatchNormalization alone, NaN variance": (
+        lambda: batchnorm_model(False, np.array([1.0, 1.0, 1.0, np.nan])),
+        r"sqrt\(variance \+ epsilon\) is undefined in 1 of 4 channels \(first: channel 3\)"),
     **AXIS_CASES,
 }
 
