@@ -265,7 +265,13 @@ def _pool(graph: Graph, i: int, tail: Tail, precision: str, program: str):
             raise Refused("the NPU's average divides by the whole window; padded windows that exclude the "
                            "padding from the count stay on the CPU")
         if op.attrs.get("ceil_mode", 0):
-            raise Refused("ceil_mode pooling is not lowered")
+            if op.type != "MaxPool":
+                raise Refused("ceil_mode average pooling is not lowered")
+            # the last window overhangs the map: more bottom / right padding, at the minimum
+            oh, ow = graph.tensors[op.outputs[0]].type.shape[2:]
+            pt, pb, pl, pr = padding
+            padding = (pt, max(pb, (oh - 1) * stride[0] + kernel[0] - x.shape[2] - pt),
+                       pl, max(pr, (ow - 1) * stride[1] + kernel[1] - x.shape[3] - pl))
         if vector_map(graph.tensors[op.outputs[0]].type.shape):
             # one window (a 7x7 pool of a 7x7 map): the result is a GEMM row of 4 stored
             # rows, as a global pool's; the stride never applies, so the window slides

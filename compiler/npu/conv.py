@@ -248,7 +248,10 @@ def _work(op: api.Conv2D, dtype, plan, ctile, rtile, lane, d_banks, w_banks, kg,
         residual = plan.residual.tensor.view(channel0=c0, channels=ct, row0=r0, rows=rt)
     cbuf = api.CbufPlan(d_banks, w_banks, data_bytes=in_view.surfaces * in_view.dense_surface_bytes,
                         weight_bytes=w_bytes, weights_resident=w_bytes <= w_banks * hw.CBUF_BANK_BYTES)
-    pad_value = f.quant.zero_point if (f.quant is not None and dtype == "int8") else 0
+    if op.pad_value is not None:
+        pad_value = int(op.pad_value) if dtype == "int8" else epilogue.f16_bits(op.pad_value)
+    else:
+        pad_value = f.quant.zero_point if (f.quant is not None and dtype == "int8") else 0
     tile = ConvTile(input=in_view, output=out_view, weights_buffer=op.weights_source, weights_offset=w_offset,
                     kernels=kernels, out_channels_hw=out_hw, kernel=(kh, kw), stride=(sy, sx), pad=(pad_top, pl),
                     pad_value=pad_value, depthwise=dw, dpu=plan, cbuf=cbuf, channel0=c0,

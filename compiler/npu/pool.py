@@ -33,6 +33,9 @@ PAD_MAX = 7  # 3-bit pad counts
 METHOD = {"avg": 0, "max": 1}  # PPU_OPERATION_MODE_CFG.POOLING_METHOD
 NEG_INF_FP16 = 0xFC00
 PPU_BURST_LEN = 3
+# what a max pool's taps pad with: the smallest int8 code, the smallest finite fp16
+# (-inf would make the one-hot kernel's zero weights produce NaN)
+TAP_PAD = {"int8": -128, "fp16": -65504.0}
 
 
 def _factors(n: int) -> list[int]:
@@ -69,11 +72,11 @@ def lower_pool(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
     f, o = op.input, op.output
     if op.method not in METHOD:
         raise UnsupportedError(f"{op.name}: pooling method {op.method!r} (max or avg)")
-    if not options.ppu_completes:
-        if op.method == "avg":
-            return _avg_as_depthwise(op, options)
-        raise UnsupportedError(f"{op.name}: max pooling runs on the PPU, whose tasks stock rocket never sees "
-                               f"complete (EmitOptions.ppu_completes=True on a kernel that handles it)")
+    if not options.ppu_completes and op.method == "avg":
+        return _avg_as_depthwise(op, options)
+    if op.method == "max" and (not options.ppu_completes or f.dtype != "fp16"):
+        # stock rocket never completes a PPU task; the PPU pools fp16 only (Q14)
+        return _max_as_taps(op, options)
     if f.dtype != "fp16" or o.dtype != "fp16":
         raise UnsupportedError(f"{op.name}: the PPU pools fp16 only (int8 reads back wrongly, Q14)")
     stages = _stages(op)
@@ -138,6 +141,88 @@ def _task(op, f: api.Feature, o: api.Feature, kernel, stride, pad, i) -> api.Tas
     touches = [(f.buffer, f.offset, f.offset + f.nbytes), (o.buffer, o.offset, o.offset + o.nbytes)]
     return api.Task(b.array(), [api.Reloc(e, buf, off) for e, buf, off in b.relocations], None, counters,
                     f"{op.name} stage {i}", touches)
+
+
+def _tap_conv(op: api.Pool, src: api.Feature, dst: api.Feature, kernel, stride, padding, tap: int,
+              name: str) -> api.Conv2D:
+    """The depthwise convolution copying window position `tap` of every window of src
+    (a one-hot kernel, the padding at the dtype's minimum) into dst; past the first tap
+    the EW stage keeps the larger of it and what dst holds (ALU max, dst the operand)."""
+    kh, kw = kernel
+    dtype = src.dtype
+    if dtype not in TAP_PAD:
+        raise UnsupportedError(f"{op.name}: max pooling of {dtype}")
+    if dtype == "int8" and (src.quant is None or dst.quant is None):
+        raise UnsupportedError(f"{op.name}: int8 max pooling needs input and output quantization")
+    weights = np.zeros((kh * kw, src.channels), api.NUMPY[dtype])
+    weights[tap] = 1
+    ep = api.NO_EPILOGUE if tap == 0 else api.Epilogue(residual=api.Residual(dst, "max"))
+    return api.Conv2D(src, weights.reshape(kh, kw, src.channels), dst, stride, padding, True,
+                      api.Quant(1.0) if dtype == "int8" else None, ep, name, pad_value=TAP_PAD[dtype])
+
+
+def _tap_stages(op: api.Pool) -> list[tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]]:
+    """A k x k max as a max along W then one along H (kw + kh taps, not kw * kh): each
+    stage's (kernel, stride, padding); a stage that would copy its input is left out."""
+    (kh, kw), (sy, sx), (pt, pb, pl, pr) = op.kernel, op.stride, op.padding
+    stages = [((1, kw), (1, sx), (0, 0, pl, pr)), ((kh, 1), (sy, 1), (pt, pb, 0, 0))]
+    kept = [s for s in stages if s[0] != (1, 1) or s[1] != (1, 1) or any(s[2])]
+    return kept or stages[:1]
+
+
+def _max_as_taps(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
+    """Max pooling without the PPU: per stage of `_tap_stages`, one one-hot depthwise
+    convolution per window position, each but the first keeping the element-wise max
+    with the previous result in its EW stage (hw-matmul.md 5: EW ALU algo 0 = max, the
+    operand from ERDMA). Exact in int8 (weight 1, scale 1: the accumulator is the
+    input code, the operand is brought to its unit by a multiplier of 1) and in fp16.
+    Channels are independent: each core takes a band of whole depthwise channel
+    groups through every tap of both stages, in order, as one job."""
+    from rkc.compiler.npu.conv import DW_GROUP_BYTES, lower_conv
+
+    if op.kernel is None:
+        raise UnsupportedError(f"{op.name}: global max pooling is not lowered")
+    f, o = op.input, op.output
+    stages = _tap_stages(op)
+    one_core = replace(options, cores=1)
+    group = DW_GROUP_BYTES // api.ITEMSIZE[f.dtype]
+    bands = schedule.split_evenly(f.channels, options.cores if f.channels % group == 0 else 1, group)
+    maps, scratch = [f], []
+    for i, (kernel, stride, pad) in enumerate(stages):
+        (kh, kw), (sy, sx), (pt, pb, pl, pr) = kernel, stride, pad
+        src = maps[-1]
+        oh, ow = (src.height + pt + pb - kh) // sy + 1, (src.width + pl + pr - kw) // sx + 1
+        if i == len(stages) - 1:
+            if (o.channels, o.height, o.width) != (f.channels, oh, ow):
+                raise UnsupportedError(f"{op.name}: output {o.shape}, pooling gives {(f.channels, oh, ow)}")
+            maps.append(o)
+        else:
+            maps.append(api.Feature(f"{op.name}.rows", 0, f.channels, oh, ow, f.dtype, o.quant))
+    tasks, jobs, constants = [], [], []
+    for lane, (c0, cs) in enumerate(bands):
+        views = [m if cs == m.channels else m.view(channel0=c0, channels=cs) for m in maps]
+        first = len(tasks)
+        own = []
+        for i, (kernel, stride, pad) in enumerate(stages):
+            for tap in range(kernel[0] * kernel[1]):
+                r = lower_conv(_tap_conv(op, views[i], views[i + 1], kernel, stride, pad, tap,
+                                         f"{op.name}.b{lane}.s{i}.t{tap}"), one_core)
+                own += r.constants
+                tasks += r.tasks
+                scratch_ext = r.extents()
+                if len(maps) > 2:
+                    mid = maps[1].buffer
+                    if mid in scratch_ext:
+                        scratch.append(scratch_ext[mid])
+        constants += own
+        jobs.append(api.JobPlan(list(range(first, len(tasks))), lane, [f.buffer] + [k.name for k in own],
+                                [o.buffer] + [m.buffer for m in maps[1:-1]]))
+    scratch = [api.Scratch(maps[1].buffer, max(scratch + [maps[1].nbytes]))] if len(maps) > 2 else []
+    taps = sum(k[0] * k[1] for k, _, _ in stages)
+    notes = [f"max pool {op.kernel[0]}x{op.kernel[1]}/{op.stride[0]}x{op.stride[1]} {f.shape}->{o.shape} "
+             f"{f.dtype}: {taps} one-hot depthwise convolutions keeping the EW max ({len(stages)} stage(s), "
+             f"{len(bands)} band(s) of channels, one job each)"]
+    return api.EmitResult(op, tasks, jobs, constants, scratch, notes=notes)
 
 
 def _avg_conv(op: api.Pool, f: api.Feature, o: api.Feature, kernel, stride, padding, name: str) -> api.Conv2D:

@@ -1,8 +1,9 @@
 """fp16 MaxPool on the PPU, only for a kernel that completes PPU tasks
 (`rkc compile --kernel-ppu-irq`, kernel/patches/0005): end to end on the
 simulator against onnxruntime, with the simulator modelling that kernel
-(completion on the DPU or PPU interrupt); stock kernels keep the CPU fallback
-and refuse to load such an rkbin."""
+(completion on the DPU or PPU interrupt); stock kernels refuse to load such an
+rkbin. Without the PPU (stock rocket, int8 maps: Q14) max pools run on the DPU
+(one-hot depthwise convolutions keeping the element-wise max) and load anywhere."""
 
 from __future__ import annotations
 
@@ -40,24 +41,31 @@ def test_fp16_max_pools_run_on_the_ppu_and_match_onnxruntime(tmp_path, c, hw):
     assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= FP16_COSINE
 
 
-def test_stock_kernel_keeps_max_pooling_on_the_cpu(tmp_path):
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_stock_kernel_runs_max_pools_on_the_dpu(tmp_path, precision):
     path = save(sppf_like(16, 12, 3), tmp_path / "m.onnx")
-    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16"))
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(5).standard_normal((4, 1, 3, 12, 12)).astype(np.float32))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision=precision, calib=calib))
     pools = [p for p in report.placements if p.op.type == "MaxPool"]
-    assert [p.device for p in pools] == ["cpu"] * 4
-    assert "--kernel-ppu-irq" in pools[0].reason and "stock rocket never completes" in pools[0].reason
+    assert [(p.device, p.dtype) for p in pools] == [("npu", precision)] * 4, [p.reason for p in pools]
+    assert not report.ppu
+    x = np.random.default_rng(4).standard_normal((1, 3, 12, 12)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin", device=SimDevice(quirks=DEFAULT)) as m:
         assert PPU_COMPLETION_KEY not in m.module.metadata
+        got = m.run({"x": x})["y"]
+    bound = FP16_COSINE if precision == "fp16" else INT8_COSINE
+    assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= bound
 
 
-def test_int8_max_pools_stay_on_the_cpu_even_with_the_patch(tmp_path):
+def test_int8_max_pools_run_on_the_dpu_even_with_the_patch(tmp_path):
     path = save(sppf_like(16, 12, 4), tmp_path / "m.onnx")
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.random.default_rng(5).standard_normal((4, 1, 3, 12, 12)).astype(np.float32))
     report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=True))
     pools = [p for p in report.placements if p.op.type == "MaxPool"]
-    assert [p.device for p in pools] == ["cpu"] * 4
-    assert "fp16 only" in pools[0].reason
+    assert [(p.device, p.dtype) for p in pools] == [("npu", "int8")] * 4
+    assert not report.ppu  # the PPU pools fp16 only (Q14): no PPU task, loads on a stock kernel
 
 
 def _silu(x: str, y: str) -> list:
@@ -94,7 +102,8 @@ def test_int8_sppf_pools_in_its_fp16_table_island_on_the_ppu(tmp_path, c, hw):
         got = m.run({"x": x})["y"]
     assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= INT8_COSINE
     stock = build(path, tmp_path / "s.rkbin", BuildOptions(precision="int8", calib=calib))
-    assert [p.device for p in stock.placements if p.op.type == "MaxPool"] == ["cpu"] * 3
+    assert [(p.device, p.dtype) for p in stock.placements if p.op.type == "MaxPool"] == [("npu", "fp16")] * 3
+    assert not stock.ppu
 
 
 def test_loader_refuses_a_ppu_rkbin_on_a_stock_kernel(tmp_path):
@@ -110,8 +119,9 @@ def test_compile_option_is_documented_and_explain_says_where_max_pooling_runs(tm
     path = save(sppf_like(16, 12, 7), tmp_path / "m.onnx")
     on = compile_model(path, tmp_path / "a.rkbin", {"precision": "fp16", "kernel_ppu_irq": True, "explain": True})
     off = compile_model(path, tmp_path / "b.rkbin", {"precision": "fp16", "explain": True})
-    assert "max pooling: on the PPU (--kernel-ppu-irq: needs a kernel with kernel/patches/0005)" in on
-    assert any(line.startswith("max pooling: on the CPU (stock rocket never completes PPU tasks") for line in off)
+    assert any(line.startswith("max pooling: fp16 pools on the PPU (--kernel-ppu-irq: needs a kernel with "
+                               "kernel/patches/0005)") for line in on)
+    assert any(line.startswith("max pooling: on the DPU") for line in off)
 
 
 def test_rkrun_refuses_a_ppu_rkbin_on_a_stock_kernel_in_one_line(tmp_path):
@@ -151,8 +161,7 @@ def test_int8_max_pools_of_maps_held_in_fp16_run_on_the_ppu(tmp_path, monkeypatc
     """In an int8 build whose mixed plan puts a convolution in fp16 (here chosen for it,
     as the SQNR rule does for Inception v1's), a max pool of the map that group makes,
     or of a map it reads (converted to fp16 for it anyway), pools that fp16 map on the
-    PPU with --kernel-ppu-irq instead of running on the CPU (Q14: int8 pools have no
-    NPU form)."""
+    PPU with --kernel-ppu-irq instead of as DPU taps in int8 (Q14: the PPU pools fp16 only)."""
     from rkc.compiler import build as build_module
 
     monkeypatch.setattr(build_module, "choose_fp16", lambda graph, groups, calib: {
@@ -172,4 +181,4 @@ def test_int8_max_pools_of_maps_held_in_fp16_run_on_the_ppu(tmp_path, monkeypatc
         got = m.run({"x": x})["y"]
     assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= INT8_COSINE
     stock = build(path, tmp_path / "s.rkbin", BuildOptions(precision="int8", calib=calib))
-    assert [p.device for p in stock.placements if p.op.type == "MaxPool"] == ["cpu"] * 2
+    assert [p.device for p in stock.placements if p.op.type == "MaxPool"] == ["npu"] * 2 and not stock.ppu
