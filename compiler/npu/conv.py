@@ -94,6 +94,17 @@ def _check(op: api.Conv2D, min_rows: int) -> str:
 
 
 def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
+    works, consts, note = conv_works(op, options)
+    tasks, jobs = schedule.schedule(works)
+    consts = pad_constants(consts, tasks)
+    note += f" on {len(jobs)} core(s)"
+    return api.EmitResult(op, tasks, jobs, consts, notes=[note])
+
+
+def conv_works(op: api.Conv2D, options: api.EmitOptions) -> tuple[list[Work], list[api.ConstBuffer], str]:
+    """The convolution's tasks to be (one `Work` per tile, in lane order), its constants
+    and a note on the tiling: what `lower_conv` schedules, or a caller interleaving the
+    works of several convolutions over one input (compiler/npu/pool.py's max taps)."""
     min_rows = options.min_input_rows
     dtype = _check(op, min_rows)
     op = _pad_fp16_depthwise(op)
@@ -191,12 +202,10 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
             idx += 1
             works.append(_work(op, dtype, plan, (c0, ct, ci), (r0, rt, ri), lane, d_banks, w_banks, kg,
                                min_rows))
-    tasks, jobs = schedule.schedule(works)
-    consts = pad_constants(consts, tasks)
-    notes = [f"conv {kh}x{kw}/{sy}x{sx} {f.shape}->{o.shape} {dtype}: {len(r_tiles)} row x {len(c_tiles)} "
-             f"channel tiles on {len(jobs)} core(s); CBUF {d_banks} data + {w_banks} weight banks, weights "
-             f"{'resident' if tile_weight_bytes <= w_banks * hw.CBUF_BANK_BYTES else 'streamed'}"]
-    return api.EmitResult(op, tasks, jobs, consts, notes=notes)
+    note = (f"conv {kh}x{kw}/{sy}x{sx} {f.shape}->{o.shape} {dtype}: {len(r_tiles)} row x {len(c_tiles)} "
+            f"channel tiles; CBUF {d_banks} data + {w_banks} weight banks, weights "
+            f"{'resident' if tile_weight_bytes <= w_banks * hw.CBUF_BANK_BYTES else 'streamed'}")
+    return works, consts, note
 
 
 def _tile_weight_bytes(op, dtype, kg, ct) -> int:

@@ -177,8 +177,10 @@ def _max_as_taps(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
     operand from ERDMA). Exact in int8 (weight 1, scale 1: the accumulator is the
     input code, the operand is brought to its unit by a multiplier of 1) and in fp16.
     Channels are independent: each core takes a band of whole depthwise channel
-    groups through every tap of both stages, in order, as one job."""
-    from rkc.compiler.npu.conv import DW_GROUP_BYTES, lower_conv
+    groups through both stages as one job. Within a stage the taps run tile by tile
+    (a tile's taps one after the other), so each tile's input stays in CBUF for its
+    taps (DATA_REUSE): the input is read once per stage, the running max once per tap."""
+    from rkc.compiler.npu.conv import DW_GROUP_BYTES, conv_works
 
     if op.kernel is None:
         raise UnsupportedError(f"{op.name}: global max pooling is not lowered")
@@ -186,43 +188,45 @@ def _max_as_taps(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
     stages = _tap_stages(op)
     one_core = replace(options, cores=1)
     group = DW_GROUP_BYTES // api.ITEMSIZE[f.dtype]
-    bands = schedule.split_evenly(f.channels, options.cores if f.channels % group == 0 else 1, group)
-    maps, scratch = [f], []
+    # int8 bands may end in a partial group; an fp16 depthwise task pads its channels to
+    # whole groups, which a strided view cannot
+    bands = schedule.split_evenly(f.channels, options.cores if f.channels % group == 0 or f.dtype == "int8" else 1,
+                                  group)
+    maps = [f]
     for i, (kernel, stride, pad) in enumerate(stages):
         (kh, kw), (sy, sx), (pt, pb, pl, pr) = kernel, stride, pad
         src = maps[-1]
         oh, ow = (src.height + pt + pb - kh) // sy + 1, (src.width + pl + pr - kw) // sx + 1
-        if i == len(stages) - 1:
-            if (o.channels, o.height, o.width) != (f.channels, oh, ow):
-                raise UnsupportedError(f"{op.name}: output {o.shape}, pooling gives {(f.channels, oh, ow)}")
-            maps.append(o)
-        else:
+        if i < len(stages) - 1:
             maps.append(api.Feature(f"{op.name}.rows", 0, f.channels, oh, ow, f.dtype, o.quant))
-    tasks, jobs, constants = [], [], []
+        elif (o.channels, o.height, o.width) != (f.channels, oh, ow):
+            raise UnsupportedError(f"{op.name}: output {o.shape}, pooling gives {(f.channels, oh, ow)}")
+        else:
+            maps.append(o)
+    works, constants = [], []
     for lane, (c0, cs) in enumerate(bands):
         views = [m if cs == m.channels else m.view(channel0=c0, channels=cs) for m in maps]
-        first = len(tasks)
-        own = []
         for i, (kernel, stride, pad) in enumerate(stages):
+            per_tap = []
             for tap in range(kernel[0] * kernel[1]):
-                r = lower_conv(_tap_conv(op, views[i], views[i + 1], kernel, stride, pad, tap,
-                                         f"{op.name}.b{lane}.s{i}.t{tap}"), one_core)
-                own += r.constants
-                tasks += r.tasks
-                scratch_ext = r.extents()
-                if len(maps) > 2:
-                    mid = maps[1].buffer
-                    if mid in scratch_ext:
-                        scratch.append(scratch_ext[mid])
-        constants += own
-        jobs.append(api.JobPlan(list(range(first, len(tasks))), lane, [f.buffer] + [k.name for k in own],
-                                [o.buffer] + [m.buffer for m in maps[1:-1]]))
-    scratch = [api.Scratch(maps[1].buffer, max(scratch + [maps[1].nbytes]))] if len(maps) > 2 else []
+                name = f"{op.name}.b{lane}.s{i}.t{tap}"
+                tap_works, consts, _ = conv_works(_tap_conv(op, views[i], views[i + 1], kernel, stride, pad, tap,
+                                                            name), one_core)
+                constants += consts
+                per_tap.append([replace(w, lane=lane, data_key=(lane, i, k), weight_key=(name, k))
+                                for k, w in enumerate(tap_works)])
+            works += [w for tile in zip(*per_tap) for w in tile]
+    tasks, jobs = schedule.schedule(works)
+    constants = schedule.pad_constants(constants, tasks)
+    result = api.EmitResult(op, tasks, jobs, constants)
+    if len(maps) > 2:
+        mid = maps[1]
+        result.scratch = [api.Scratch(mid.buffer, max(mid.nbytes, result.extents().get(mid.buffer, 0)))]
     taps = sum(k[0] * k[1] for k, _, _ in stages)
-    notes = [f"max pool {op.kernel[0]}x{op.kernel[1]}/{op.stride[0]}x{op.stride[1]} {f.shape}->{o.shape} "
-             f"{f.dtype}: {taps} one-hot depthwise convolutions keeping the EW max ({len(stages)} stage(s), "
-             f"{len(bands)} band(s) of channels, one job each)"]
-    return api.EmitResult(op, tasks, jobs, constants, scratch, notes=notes)
+    result.notes = [f"max pool {op.kernel[0]}x{op.kernel[1]}/{op.stride[0]}x{op.stride[1]} {f.shape}->{o.shape} "
+                    f"{f.dtype}: {taps} one-hot depthwise convolutions keeping the EW max ({len(stages)} stage(s), "
+                    f"{len(bands)} band(s) of channels, one job each)"]
+    return result
 
 
 def _avg_conv(op: api.Pool, f: api.Feature, o: api.Feature, kernel, stride, padding, name: str) -> api.Conv2D:

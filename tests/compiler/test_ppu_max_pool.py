@@ -41,8 +41,20 @@ def test_fp16_max_pools_run_on_the_ppu_and_match_onnxruntime(tmp_path, c, hw):
     assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= FP16_COSINE
 
 
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_stock_kernel_runs_max_pools_on_the_dpu(tmp_path, precision):
+def _host_dear(monkeypatch):
+    """The CPU's max pool modelled far dearer than any DPU taps: the compiler then takes them."""
+    from rkc.compiler import cost
+
+    monkeypatch.setattr(cost, "MAX_POOL_HOST_S", {"int8": (1.0, 0.0), "fp16": (1.0, 0.0)})
+
+
+@pytest.mark.parametrize("precision, dear", [("fp16", False), ("int8", True)])
+def test_stock_kernel_runs_max_pools_on_the_dpu(tmp_path, monkeypatch, precision, dear):
+    """fp16 pools of small maps: DPU taps (chained) model less NPU time than the CPU kernel
+    costs the host; int8 taps (one kick each) never do on these figures, so the int8 run
+    takes them by a dearer host model, to check the lowering end to end."""
+    if dear:
+        _host_dear(monkeypatch)
     path = save(sppf_like(16, 12, 3), tmp_path / "m.onnx")
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.random.default_rng(5).standard_normal((4, 1, 3, 12, 12)).astype(np.float32))
@@ -58,14 +70,22 @@ def test_stock_kernel_runs_max_pools_on_the_dpu(tmp_path, precision):
     assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= bound
 
 
-def test_int8_max_pools_run_on_the_dpu_even_with_the_patch(tmp_path):
+@pytest.mark.parametrize("ppu_irq", [False, True])
+def test_int8_max_pools_stay_on_the_cpu_where_dpu_taps_cost_more(tmp_path, monkeypatch, ppu_irq):
+    """int8 pools: the PPU pools fp16 only (Q14), and DPU taps (a kick per task) model more NPU
+    time than the CPU kernel takes, so they stay on the CPU, saying why; with the CPU modelled
+    dearer they run as DPU taps, never on the PPU (the rkbin loads on a stock kernel)."""
     path = save(sppf_like(16, 12, 4), tmp_path / "m.onnx")
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.random.default_rng(5).standard_normal((4, 1, 3, 12, 12)).astype(np.float32))
-    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=True))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=ppu_irq))
     pools = [p for p in report.placements if p.op.type == "MaxPool"]
-    assert [(p.device, p.dtype) for p in pools] == [("npu", "int8")] * 4
-    assert not report.ppu  # the PPU pools fp16 only (Q14): no PPU task, loads on a stock kernel
+    assert [p.device for p in pools] == ["cpu"] * 4
+    assert all("max pooling as DPU taps" in p.reason and "ms of NPU time" in p.reason for p in pools)
+    _host_dear(monkeypatch)
+    report = build(path, tmp_path / "d.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=ppu_irq))
+    assert [(p.device, p.dtype) for p in report.placements if p.op.type == "MaxPool"] == [("npu", "int8")] * 4
+    assert not report.ppu
 
 
 def _silu(x: str, y: str) -> list:
