@@ -13,9 +13,11 @@ Stock rocket completes a task only on the DPU interrupt (rocket_job.c), which a
 PPU-only task never raises; unless `EmitOptions.ppu_completes` says the kernel
 handles it, average pooling is lowered as a depthwise convolution with every
 weight 1 (the DPU divides: fp16 multiplies by 1/(kh*kw), int8 requantizes by
-in_scale/(kh*kw*out_scale)), and max pooling is refused. A global average whose
-window one convolution cannot take (over 31 positions a side, or a kernel over a
-CBUF bank) is two: means of a x b windows at stride (a, b), then their mean.
+in_scale/(kh*kw*out_scale)), and max pooling is one-hot depthwise convolutions
+keeping the DPU's element-wise max (`_max_as_taps`; int8 pools always: the PPU
+pools fp16 only, Q14). A global average whose window one convolution cannot take
+(over 31 positions a side, or a kernel over a CBUF bank) is two: means of a x b
+windows at stride (a, b), then their mean.
 """
 
 from __future__ import annotations
