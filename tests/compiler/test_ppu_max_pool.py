@@ -202,3 +202,29 @@ def test_int8_max_pools_of_maps_held_in_fp16_run_on_the_ppu(tmp_path, monkeypatc
     assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= INT8_COSINE
     stock = build(path, tmp_path / "s.rkbin", BuildOptions(precision="int8", calib=calib))
     assert [p.device for p in stock.placements if p.op.type == "MaxPool"] == ["npu"] * 2 and not stock.ppu
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+@pytest.mark.parametrize("c, hw", [(24, 14), (70, 12)])
+def test_ceil_mode_pools_as_dpu_taps_match_onnxruntime(tmp_path, monkeypatch, precision, c, hw):
+    """Conv+ReLU -> MaxPool 3x3/2 in ceil mode (the last window overhangs: extra bottom and
+    right padding at the minimum) -> Conv; channels not a
+    multiple of the atom. The pool runs as DPU taps (host modelled dear) on a stock kernel."""
+    _host_dear(monkeypatch)
+    rng = np.random.default_rng(c + hw)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+             helper.make_node("Conv", ["p1", "w2"], ["y"])]
+    inits = {"w1": rng.standard_normal((c, 3, 3, 3)) / 3, "b1": rng.standard_normal(c) * 0.1,
+             "w2": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)}
+    path = save(graph_model(nodes, inits, [1, 3, hw, hw]), tmp_path / "m.onnx")
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(c).standard_normal((4, 1, 3, hw, hw)).astype(np.float32))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision=precision, calib=calib))
+    assert [p.device for p in report.placements if p.device == "cpu"] == [], report.placements
+    x = np.random.default_rng(c + 1).standard_normal((1, 3, hw, hw)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin", device=SimDevice(quirks=DEFAULT)) as m:
+        got = m.run({"x": x})["y"]
+    bound = FP16_COSINE if precision == "fp16" else INT8_COSINE
+    assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= bound
