@@ -165,9 +165,10 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
         elif precision == "int8" and op.type == "MatMul" and graph.const_value(op.inputs[1]) is None:
             tries.insert(0, ("fp16", tails[0]))  # a run-time B is multiplied in fp16 only
         elif precision == "int8" and op.type == "MaxPool" and op.inputs[0] in fp16_maps:
-            # the PPU pools fp16 only (Q14): a max pool of a map held in fp16 anyway (an
-            # fp16 group makes it or reads it) pools that copy rather than run on the CPU
-            tries.insert(0, ("fp16", tails[0]))
+            # a max pool of a map held in fp16 anyway (an fp16 group makes it or reads it)
+            # pools that copy (the PPU pools fp16 only, Q14), or stays on the CPU, which pools
+            # it too: an int8 copy would cost the conversions on top
+            tries = [("fp16", tails[0])]
         for own, tail in tries:
             try:
                 group = _emit(graph, i, tail, own, precision, options)
