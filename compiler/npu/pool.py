@@ -146,10 +146,10 @@ def _task(op, f: api.Feature, o: api.Feature, kernel, stride, pad, i) -> api.Tas
 
 
 def _tap_conv(op: api.Pool, src: api.Feature, dst: api.Feature, kernel, stride, padding, tap: int,
-              name: str) -> api.Conv2D:
+              name: str, operand: api.Feature | None) -> api.Conv2D:
     """The depthwise convolution copying window position `tap` of every window of src
-    (a one-hot kernel, the padding at the dtype's minimum) into dst; past the first tap
-    the EW stage keeps the larger of it and what dst holds (ALU max, dst the operand)."""
+    (a one-hot kernel, the padding at the dtype's minimum) into dst, the EW stage keeping
+    the larger of it and `operand` (ALU max: the running result in dst, or src itself)."""
     kh, kw = kernel
     dtype = src.dtype
     if dtype not in TAP_PAD:
@@ -158,7 +158,7 @@ def _tap_conv(op: api.Pool, src: api.Feature, dst: api.Feature, kernel, stride, 
         raise UnsupportedError(f"{op.name}: int8 max pooling needs input and output quantization")
     weights = np.zeros((kh * kw, src.channels), api.NUMPY[dtype])
     weights[tap] = 1
-    ep = api.NO_EPILOGUE if tap == 0 else api.Epilogue(residual=api.Residual(dst, "max"))
+    ep = api.NO_EPILOGUE if operand is None else api.Epilogue(residual=api.Residual(operand, "max"))
     return api.Conv2D(src, weights.reshape(kh, kw, src.channels), dst, stride, padding, True,
                       api.Quant(1.0) if dtype == "int8" else None, ep, name, pad_value=TAP_PAD[dtype])
 
@@ -205,28 +205,38 @@ def _max_as_taps(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
             raise UnsupportedError(f"{op.name}: output {o.shape}, pooling gives {(f.channels, oh, ow)}")
         else:
             maps.append(o)
-    works, constants = [], []
+    works, constants, convs = [], [], 0
     for lane, (c0, cs) in enumerate(bands):
         views = [m if cs == m.channels else m.view(channel0=c0, channels=cs) for m in maps]
         for i, (kernel, stride, pad) in enumerate(stages):
             per_tap = []
-            for tap in range(kernel[0] * kernel[1]):
+            src, dst = views[i], views[i + 1]
+            # a stride-1 stage that keeps the map's size has a tap that copies it: its input
+            # is that tap's result, the first task's operand, and the tap no task of its own;
+            # not where the EW operand read (every DPU channel: whole groups of 64 in int8)
+            # would run past the input's channels
+            same = (src.height, src.width) == (dst.height, dst.width) and stride == (1, 1) and \
+                kernel != (1, 1) and (src.dtype == "fp16" or cs % group == 0)
+            identity = pad[0] * kernel[1] + pad[2] if same else None
+            taps = [t for t in range(kernel[0] * kernel[1]) if t != identity]
+            for n, tap in enumerate(taps):
                 name = f"{op.name}.b{lane}.s{i}.t{tap}"
-                tap_works, consts, _ = conv_works(_tap_conv(op, views[i], views[i + 1], kernel, stride, pad, tap,
-                                                            name), one_core)
+                operand = dst if n else (src if identity is not None else None)
+                tap_works, consts, _ = conv_works(_tap_conv(op, src, dst, kernel, stride, pad, tap, name, operand),
+                                                  one_core)
                 constants += consts
                 per_tap.append([replace(w, lane=lane, data_key=(lane, i, k), weight_key=(name, k))
                                 for k, w in enumerate(tap_works)])
             works += [w for tile in zip(*per_tap) for w in tile]
+            convs += len(per_tap) if lane == 0 else 0
     tasks, jobs = schedule.schedule(works)
     constants = schedule.pad_constants(constants, tasks)
     result = api.EmitResult(op, tasks, jobs, constants)
     if len(maps) > 2:
         mid = maps[1]
         result.scratch = [api.Scratch(mid.buffer, max(mid.nbytes, result.extents().get(mid.buffer, 0)))]
-    taps = sum(k[0] * k[1] for k, _, _ in stages)
     result.notes = [f"max pool {op.kernel[0]}x{op.kernel[1]}/{op.stride[0]}x{op.stride[1]} {f.shape}->{o.shape} "
-                    f"{f.dtype}: {taps} one-hot depthwise convolutions keeping the EW max ({len(stages)} stage(s), "
+                    f"{f.dtype}: {convs} one-hot depthwise convolutions keeping the EW max ({len(stages)} stage(s), "
                     f"{len(bands)} band(s) of channels, one job each)"]
     return result
 
