@@ -63,6 +63,7 @@ class BuildReport:
     seconds: float
     stage_seconds: dict[str, float]
     precision_note: str = ""  # why the program's precision is not the one asked for
+    ppu: bool = False  # some task runs on the PPU (the kernel must complete PPU tasks)
 
     @property
     def ops_npu(self) -> int:
@@ -119,7 +120,8 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
                   lambda i: groups[i].segment_kind if placements[i].device == "npu" else None)
     metadata = {"source": Path(source).name, "precision": precision, "producer": "rkc",
                 "graph": graph.name, "cores": options.cores}
-    if any(p.device == "npu" and p.op.type == "MaxPool" for p in placements):
+    ppu = any(g.result.uses_ppu for g in groups.values())
+    if ppu:
         metadata[PPU_COMPLETION_KEY] = True  # PPU-only tasks: the loader refuses a kernel without patch 0005
     builder = ModuleBuilder(metadata=metadata)
     stats = stage("lower", program_steps.lower_program, graph, steps, builder, precision, groups)
@@ -130,7 +132,7 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
     return BuildReport(str(source), str(output), precision, placements,
                        segments=sum(s.device == "npu" for s in steps), cpu_steps=stats.cpu_steps,
                        npu_tasks=stats.npu_tasks, conversions=stats.conversions, size=size, seconds=time.perf_counter() - start,
-                       stage_seconds=times, precision_note=note)
+                       stage_seconds=times, precision_note=note, ppu=ppu)
 
 
 class Plan(NamedTuple):

@@ -42,3 +42,19 @@ def op_macs(graph: Graph, op: Op) -> int:
 
 def op_ddr_bytes(graph: Graph, op: Op) -> int:
     return sum(tensor_bytes(graph, n) for n in [*op.present_inputs(), *op.outputs])
+
+
+# The host CPU time of a max pool the CPU runs (runtime/kernels/pool_jit.py on the NPU
+# feature map in place): a fixed part (the step between two NPU submissions and the
+# kernel's setup) plus a part per input element, by dtype. Fitted to the kernel's CPU
+# time alone on 9 pool shapes of SqueezeNet, Inception v1, ResNet-50 and YOLO's SPPF
+# (41 K to 1.2 M elements; int8 0.030-0.111 ms, fp16 0.062-0.306 ms), plus 25 us a step
+# (YOLOv8n's SPPF pools: 0.087 ms each in the pipeline, 0.062 alone): this machine's
+# x86 cores, docs/notes/2026-12-06-vision-host-time-3.md "Stop 46".
+MAX_POOL_HOST_S = {"int8": (55e-6, 0.07e-9), "fp16": (75e-6, 0.2e-9)}
+
+
+def max_pool_host_seconds(dtype: str, input_elements: int) -> float:
+    """The modelled host CPU time of one max pool over `input_elements` of `dtype`."""
+    fixed, per_element = MAX_POOL_HOST_S[dtype]
+    return fixed + per_element * input_elements

@@ -165,11 +165,12 @@ def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[st
     report = build(source, output, options, progress)
     lines = report.summary()
     if given.get("explain"):
-        ppu = any(p.device == "npu" and p.op.type == "MaxPool" for p in report.placements)
-        lines.append("max pooling: " + ("on the PPU (--kernel-ppu-irq: needs a kernel with kernel/patches/0005)"
-                                        if ppu else "on the CPU" + ("" if options.ppu_irq else
-                                                                    " (stock rocket never completes PPU tasks; "
-                                                                    "--kernel-ppu-irq for a patched kernel)")))
+        if report.ppu:
+            lines.append("max pooling: fp16 pools on the PPU (--kernel-ppu-irq: needs a kernel with "
+                         "kernel/patches/0005), the others on the DPU")
+        elif any(p.device == "npu" and p.op.type == "MaxPool" for p in report.placements):
+            lines.append("max pooling: on the DPU (one-hot depthwise convolutions keeping the element-wise max; "
+                         "completes on stock rocket)")
         lines.append("ops (device, op, reason):")
         lines += [f"  {p.device:3s}  {p.op.describe():50s}  {p.reason}" for p in report.placements]
     return lines

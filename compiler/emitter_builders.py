@@ -261,8 +261,13 @@ def _pool(graph: Graph, i: int, tail: Tail, precision: str, program: str):
         begin, end = pads_for(op.attrs.get("auto_pad", "NOTSET"), x.shape[2:], kernel, stride, [1, 1],
                               op.attrs.get("pads"))
         padding = (begin[0], end[0], begin[1], end[1])
-        if op.attrs.get("ceil_mode", 0) and op.type != "AveragePool":
-            raise Refused("ceil_mode max pooling is not lowered")
+        if op.attrs.get("ceil_mode", 0) and op.type == "MaxPool":
+            # the last window overhangs the map: more bottom / right padding, at the minimum
+            # (a ceil-mode average widens its own in compiler/npu/pool.py, where its counts are made)
+            oh, ow = graph.tensors[op.outputs[0]].type.shape[2:]
+            pt, pb, pl, pr = padding
+            padding = (pt, max(pb, (oh - 1) * stride[0] + kernel[0] - x.shape[2] - pt),
+                       pl, max(pr, (ow - 1) * stride[1] + kernel[1] - x.shape[3] - pl))
         if vector_map(graph.tensors[op.outputs[0]].type.shape):
             # one window (a 7x7 pool of a 7x7 map): the result is a GEMM row of 4 stored
             # rows, as a global pool's; the stride never applies, so the window slides

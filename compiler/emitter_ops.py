@@ -78,10 +78,25 @@ def _emit(graph: Graph, i: int, tail: Tail, precision: str, program: str,
     result = emit(api_op, options)
     if result.cpu:
         raise Refused("the emitter needs a CPU finishing step")
+    if isinstance(api_op, api.Pool) and api_op.method == "max" and not result.uses_ppu:
+        _max_taps_pay(api_op, result)
     layout = "native-gemm" if operation is api.Gemm else npu_layout(graph, tail.output)
     relaid = tuple(t for t, how in reads.items() if how != npu_layout(graph, t))
     return NpuGroup(i, [i, *tail.ops], reads, tail.output, layout, result, device_dtype(precision),
                     list(result.notes), relaid)
+
+
+def _max_taps_pay(pool: api.Pool, result: api.EmitResult) -> None:
+    """A max pool without the PPU is a run of DPU tasks, each writing and re-reading the
+    running max (compiler/npu/pool.py): it stays on the NPU only where its modelled NPU
+    time is below the host time of the CPU kernel it replaces (compiler/cost.py)."""
+    f = pool.input
+    npu_s = PerfModel().submission_seconds(result.cost_jobs(CHAINABLE[f.dtype]))
+    host_s = cost.max_pool_host_seconds(f.dtype, f.channels * f.height * f.width)
+    if npu_s > host_s:
+        raise Refused(f"max pooling as DPU taps ({len(result.tasks)} tasks) models {npu_s * 1e3:.3f} ms of NPU "
+                      f"time, the CPU kernel ~{host_s * 1e3:.3f} ms (the PPU pools fp16 only, on a kernel "
+                      f"completing its tasks: --kernel-ppu-irq)")
 
 
 def _ew_activation(op) -> bool:
@@ -150,9 +165,10 @@ def plan_groups(graph: Graph, precision: str, candidate: Callable[[int], bool],
         elif precision == "int8" and op.type == "MatMul" and graph.const_value(op.inputs[1]) is None:
             tries.insert(0, ("fp16", tails[0]))  # a run-time B is multiplied in fp16 only
         elif precision == "int8" and op.type == "MaxPool" and op.inputs[0] in fp16_maps:
-            # the PPU pools fp16 only (Q14): a max pool of a map held in fp16 anyway (an
-            # fp16 group makes it or reads it) pools that copy rather than run on the CPU
-            tries.insert(0, ("fp16", tails[0]))
+            # a max pool of a map held in fp16 anyway (an fp16 group makes it or reads it)
+            # pools that copy (the PPU pools fp16 only, Q14), or stays on the CPU, which pools
+            # it too: an int8 copy would cost the conversions on top
+            tries = [("fp16", tails[0])]
         for own, tail in tries:
             try:
                 group = _emit(graph, i, tail, own, precision, options)

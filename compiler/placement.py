@@ -39,8 +39,7 @@ def place_ops(graph: Graph, precision: str, cpu_only: bool = False,
         if cpu_only:
             verdicts.append((False, "placed on the CPU by request (--cpu-only)"))
         else:
-            verdicts.append(npu_verdict(OpContext(op, graph, precision,
-                                                  ppu_completes=emit_options.ppu_completes)))
+            verdicts.append(npu_verdict(OpContext(op, graph, precision)))
     groups, refusals = plan_groups(graph, precision, lambda i: verdicts[i][0], frozenset(fp16_anchors),
                                    emit_options)
     result = []

@@ -71,6 +71,14 @@ def sppf_like(c: int, hw: int, seed: int) -> onnx.ModelProto:
     return graph_model(nodes, inits, [1, 3, hw, hw])
 
 
+def cpu_max_pools(monkeypatch) -> None:
+    """Keep every MaxPool on the CPU (tests where it stands for a CPU op): its CPU kernel modelled
+    free, so no DPU taps model less (compiler/cost.py MAX_POOL_HOST_S)."""
+    from rkc.compiler import cost
+
+    monkeypatch.setattr(cost, "MAX_POOL_HOST_S", {"int8": (0.0, 0.0), "fp16": (0.0, 0.0)})
+
+
 def save(model: onnx.ModelProto, path: Path) -> Path:
     onnx.save(model, str(path))
     return path

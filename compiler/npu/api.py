@@ -341,6 +341,9 @@ class Conv2D:
     # native depthwise layout, written by whoever owns it (fp16 depthwise only; as
     # Gemm.b_buffer): `weights` then gives only their shape and dtype
     weights_buffer: str | None = None
+    # what the CNA reads past the map's edges, as stored (an int8 code, an fp16 value);
+    # None: the input's zero (its zero point). A max pool's taps pad with the minimum.
+    pad_value: float | None = None
 
     @property
     def weights_source(self) -> str:
@@ -584,6 +587,11 @@ class EmitResult:
         for t in self.tasks:
             total.add(t.counters)
         return total
+
+    @property
+    def uses_ppu(self) -> bool:
+        """Whether a task runs on the PPU (stock rocket never completes one: Q12)."""
+        return any("ppu_rdma" in t.counters.dma_read for t in self.tasks)
 
     def extents(self) -> dict[str, int]:
         """Bytes each buffer must have (from its start) for this op's tasks: what

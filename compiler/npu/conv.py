@@ -94,6 +94,17 @@ def _check(op: api.Conv2D, min_rows: int) -> str:
 
 
 def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
+    works, consts, note = conv_works(op, options)
+    tasks, jobs = schedule.schedule(works)
+    consts = pad_constants(consts, tasks)
+    note += f" on {len(jobs)} core(s)"
+    return api.EmitResult(op, tasks, jobs, consts, notes=[note])
+
+
+def conv_works(op: api.Conv2D, options: api.EmitOptions) -> tuple[list[Work], list[api.ConstBuffer], str]:
+    """The convolution's tasks to be (one `Work` per tile, in lane order), its constants
+    and a note on the tiling: what `lower_conv` schedules, or a caller interleaving the
+    works of several convolutions over one input (compiler/npu/pool.py's max taps)."""
     min_rows = options.min_input_rows
     dtype = _check(op, min_rows)
     op = _pad_fp16_depthwise(op)
@@ -191,12 +202,10 @@ def lower_conv(op: api.Conv2D, options: api.EmitOptions) -> api.EmitResult:
             idx += 1
             works.append(_work(op, dtype, plan, (c0, ct, ci), (r0, rt, ri), lane, d_banks, w_banks, kg,
                                min_rows))
-    tasks, jobs = schedule.schedule(works)
-    consts = pad_constants(consts, tasks)
-    notes = [f"conv {kh}x{kw}/{sy}x{sx} {f.shape}->{o.shape} {dtype}: {len(r_tiles)} row x {len(c_tiles)} "
-             f"channel tiles on {len(jobs)} core(s); CBUF {d_banks} data + {w_banks} weight banks, weights "
-             f"{'resident' if tile_weight_bytes <= w_banks * hw.CBUF_BANK_BYTES else 'streamed'}"]
-    return api.EmitResult(op, tasks, jobs, consts, notes=notes)
+    note = (f"conv {kh}x{kw}/{sy}x{sx} {f.shape}->{o.shape} {dtype}: {len(r_tiles)} row x {len(c_tiles)} "
+            f"channel tiles; CBUF {d_banks} data + {w_banks} weight banks, weights "
+            f"{'resident' if tile_weight_bytes <= w_banks * hw.CBUF_BANK_BYTES else 'streamed'}")
+    return works, consts, note
 
 
 def _tile_weight_bytes(op, dtype, kg, ct) -> int:
@@ -248,7 +257,10 @@ def _work(op: api.Conv2D, dtype, plan, ctile, rtile, lane, d_banks, w_banks, kg,
         residual = plan.residual.tensor.view(channel0=c0, channels=ct, row0=r0, rows=rt)
     cbuf = api.CbufPlan(d_banks, w_banks, data_bytes=in_view.surfaces * in_view.dense_surface_bytes,
                         weight_bytes=w_bytes, weights_resident=w_bytes <= w_banks * hw.CBUF_BANK_BYTES)
-    pad_value = f.quant.zero_point if (f.quant is not None and dtype == "int8") else 0
+    if op.pad_value is not None:
+        pad_value = int(op.pad_value) if dtype == "int8" else epilogue.f16_bits(op.pad_value)
+    else:
+        pad_value = f.quant.zero_point if (f.quant is not None and dtype == "int8") else 0
     tile = ConvTile(input=in_view, output=out_view, weights_buffer=op.weights_source, weights_offset=w_offset,
                     kernels=kernels, out_channels_hw=out_hw, kernel=(kh, kw), stride=(sy, sx), pad=(pad_top, pl),
                     pad_value=pad_value, depthwise=dw, dpu=plan, cbuf=cbuf, channel0=c0,

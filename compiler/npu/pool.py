@@ -13,12 +13,14 @@ Stock rocket completes a task only on the DPU interrupt (rocket_job.c), which a
 PPU-only task never raises; unless `EmitOptions.ppu_completes` says the kernel
 handles it, average pooling is lowered as a depthwise convolution with every
 weight 1 (the DPU divides: fp16 multiplies by 1/(kh*kw), int8 requantizes by
-in_scale/(kh*kw*out_scale)), and max pooling is refused. A global average whose
-window one convolution cannot take (over 31 positions a side, or a kernel over a
-CBUF bank) is two: means of a x b windows at stride (a, b), then their mean.
-An average whose divisor varies by position (ONNX count_include_pad 0 with
-padding, ceil-mode overhang) is the window sum times a constant map of 1 / count,
-the depthwise convolution's element-wise operand (`_avg_rescaled`), on every kernel.
+in_scale/(kh*kw*out_scale)), and max pooling is one-hot depthwise convolutions
+keeping the DPU's element-wise max (`_max_as_taps`; int8 pools always: the PPU
+pools fp16 only, Q14). A global average whose window one convolution cannot take
+(over 31 positions a side, or a kernel over a CBUF bank) is two: means of a x b
+windows at stride (a, b), then their mean. An average whose divisor varies by
+position (ONNX count_include_pad 0 with padding, ceil-mode overhang) is the window
+sum times a constant map of 1 / count, the depthwise convolution's element-wise
+operand (`_avg_rescaled`), on every kernel.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ PAD_MAX = 7  # 3-bit pad counts
 METHOD = {"avg": 0, "max": 1}  # PPU_OPERATION_MODE_CFG.POOLING_METHOD
 NEG_INF_FP16 = 0xFC00
 PPU_BURST_LEN = 3
+# what a max pool's taps pad with: the smallest int8 code, the smallest finite fp16
+# (-inf would make the one-hot kernel's zero weights produce NaN)
+TAP_PAD = {"int8": -128, "fp16": -65504.0}
 
 
 def _factors(n: int) -> list[int]:
@@ -100,11 +105,11 @@ def lower_pool(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
     counts = divisors(op)
     if counts is not None:
         return _avg_rescaled(op, counts, options)
-    if not options.ppu_completes:
-        if op.method == "avg":
-            return _avg_as_depthwise(op, options)
-        raise UnsupportedError(f"{op.name}: max pooling runs on the PPU, whose tasks stock rocket never sees "
-                               f"complete (EmitOptions.ppu_completes=True on a kernel that handles it)")
+    if not options.ppu_completes and op.method == "avg":
+        return _avg_as_depthwise(op, options)
+    if op.method == "max" and (not options.ppu_completes or f.dtype != "fp16"):
+        # stock rocket never completes a PPU task; the PPU pools fp16 only (Q14)
+        return _max_as_taps(op, options)
     if f.dtype != "fp16" or o.dtype != "fp16":
         raise UnsupportedError(f"{op.name}: the PPU pools fp16 only (int8 reads back wrongly, Q14)")
     stages = _stages(op)
@@ -169,6 +174,102 @@ def _task(op, f: api.Feature, o: api.Feature, kernel, stride, pad, i) -> api.Tas
     touches = [(f.buffer, f.offset, f.offset + f.nbytes), (o.buffer, o.offset, o.offset + o.nbytes)]
     return api.Task(b.array(), [api.Reloc(e, buf, off) for e, buf, off in b.relocations], None, counters,
                     f"{op.name} stage {i}", touches)
+
+
+def _tap_conv(op: api.Pool, src: api.Feature, dst: api.Feature, kernel, stride, padding, tap: int,
+              name: str, operand: api.Feature | None) -> api.Conv2D:
+    """The depthwise convolution copying window position `tap` of every window of src
+    (a one-hot kernel, the padding at the dtype's minimum) into dst, the EW stage keeping
+    the larger of it and `operand` (ALU max: the running result in dst, or src itself)."""
+    kh, kw = kernel
+    dtype = src.dtype
+    if dtype not in TAP_PAD:
+        raise UnsupportedError(f"{op.name}: max pooling of {dtype}")
+    if dtype == "int8" and (src.quant is None or dst.quant is None):
+        raise UnsupportedError(f"{op.name}: int8 max pooling needs input and output quantization")
+    weights = np.zeros((kh * kw, src.channels), api.NUMPY[dtype])
+    weights[tap] = 1
+    ep = api.NO_EPILOGUE if operand is None else api.Epilogue(residual=api.Residual(operand, "max"))
+    return api.Conv2D(src, weights.reshape(kh, kw, src.channels), dst, stride, padding, True,
+                      api.Quant(1.0) if dtype == "int8" else None, ep, name, pad_value=TAP_PAD[dtype])
+
+
+def _tap_stages(op: api.Pool) -> list[tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]]:
+    """A k x k max as a max along W then one along H (kw + kh taps, not kw * kh): each
+    stage's (kernel, stride, padding); a stage that would copy its input is left out."""
+    (kh, kw), (sy, sx), (pt, pb, pl, pr) = op.kernel, op.stride, op.padding
+    stages = [((1, kw), (1, sx), (0, 0, pl, pr)), ((kh, 1), (sy, 1), (pt, pb, 0, 0))]
+    kept = [s for s in stages if s[0] != (1, 1) or s[1] != (1, 1) or any(s[2])]
+    return kept or stages[:1]
+
+
+def _max_as_taps(op: api.Pool, options: api.EmitOptions) -> api.EmitResult:
+    """Max pooling without the PPU: per stage of `_tap_stages`, one one-hot depthwise
+    convolution per window position, each but the first keeping the element-wise max
+    with the previous result in its EW stage (hw-matmul.md 5: EW ALU algo 0 = max, the
+    operand from ERDMA). Exact in int8 (weight 1, scale 1: the accumulator is the
+    input code, the operand is brought to its unit by a multiplier of 1) and in fp16.
+    Channels are independent: each core takes a band of whole depthwise channel
+    groups through both stages as one job. Within a stage the taps run tile by tile
+    (a tile's taps one after the other), so each tile's input stays in CBUF for its
+    taps (DATA_REUSE): the input is read once per stage, the running max once per tap."""
+    from rkc.compiler.npu.conv import DW_GROUP_BYTES, conv_works
+
+    if op.kernel is None:
+        raise UnsupportedError(f"{op.name}: global max pooling is not lowered")
+    f, o = op.input, op.output
+    stages = _tap_stages(op)
+    one_core = replace(options, cores=1)
+    group = DW_GROUP_BYTES // api.ITEMSIZE[f.dtype]
+    # int8 bands may end in a partial group; an fp16 depthwise task pads its channels to
+    # whole groups, which a strided view cannot
+    bands = schedule.split_evenly(f.channels, options.cores if f.channels % group == 0 or f.dtype == "int8" else 1,
+                                  group)
+    maps = [f]
+    for i, (kernel, stride, pad) in enumerate(stages):
+        (kh, kw), (sy, sx), (pt, pb, pl, pr) = kernel, stride, pad
+        src = maps[-1]
+        oh, ow = (src.height + pt + pb - kh) // sy + 1, (src.width + pl + pr - kw) // sx + 1
+        if i < len(stages) - 1:
+            maps.append(api.Feature(f"{op.name}.rows", 0, f.channels, oh, ow, f.dtype, o.quant))
+        elif (o.channels, o.height, o.width) != (f.channels, oh, ow):
+            raise UnsupportedError(f"{op.name}: output {o.shape}, pooling gives {(f.channels, oh, ow)}")
+        else:
+            maps.append(o)
+    works, constants, convs = [], [], 0
+    for lane, (c0, cs) in enumerate(bands):
+        views = [m if cs == m.channels else m.view(channel0=c0, channels=cs) for m in maps]
+        for i, (kernel, stride, pad) in enumerate(stages):
+            per_tap = []
+            src, dst = views[i], views[i + 1]
+            # a stride-1 stage that keeps the map's size has a tap that copies it: its input
+            # is that tap's result, the first task's operand, and the tap no task of its own;
+            # not where the EW operand read (every DPU channel: whole groups of 64 in int8)
+            # would run past the input's channels
+            same = (src.height, src.width) == (dst.height, dst.width) and stride == (1, 1) and \
+                kernel != (1, 1) and (src.dtype == "fp16" or cs % group == 0)
+            identity = pad[0] * kernel[1] + pad[2] if same else None
+            taps = [t for t in range(kernel[0] * kernel[1]) if t != identity]
+            for n, tap in enumerate(taps):
+                name = f"{op.name}.b{lane}.s{i}.t{tap}"
+                operand = dst if n else (src if identity is not None else None)
+                tap_works, consts, _ = conv_works(_tap_conv(op, src, dst, kernel, stride, pad, tap, name, operand),
+                                                  one_core)
+                constants += consts
+                per_tap.append([replace(w, lane=lane, data_key=(lane, i, k), weight_key=(name, k))
+                                for k, w in enumerate(tap_works)])
+            works += [w for tile in zip(*per_tap) for w in tile]
+            convs += len(per_tap) if lane == 0 else 0
+    tasks, jobs = schedule.schedule(works)
+    constants = schedule.pad_constants(constants, tasks)
+    result = api.EmitResult(op, tasks, jobs, constants)
+    if len(maps) > 2:
+        mid = maps[1]
+        result.scratch = [api.Scratch(mid.buffer, max(mid.nbytes, result.extents().get(mid.buffer, 0)))]
+    result.notes = [f"max pool {op.kernel[0]}x{op.kernel[1]}/{op.stride[0]}x{op.stride[1]} {f.shape}->{o.shape} "
+                    f"{f.dtype}: {convs} one-hot depthwise convolutions keeping the EW max ({len(stages)} stage(s), "
+                    f"{len(bands)} band(s) of channels, one job each)"]
+    return result
 
 
 def _avg_conv(op: api.Pool, f: api.Feature, o: api.Feature, kernel, stride, padding, name: str) -> api.Conv2D:

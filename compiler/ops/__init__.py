@@ -37,7 +37,6 @@ class OpContext:
     graph: Graph
     precision: str = "fp16"
     in_types: Sequence[TensorType | None] | None = None
-    ppu_completes: bool = False  # the target kernel ends tasks on the PPU interrupt (rkc compile --kernel-ppu-irq)
 
     def type(self, i: int) -> TensorType | None:
         if self.in_types is not None:

@@ -47,27 +47,13 @@ def pool_fields(ctx) -> bool:
             and len(ctx.op.outputs) == 1)
 
 
-def kernel_completes_ppu(ctx) -> bool:
-    return ctx.ppu_completes
-
-
-kernel_completes_ppu.__doc__ = ("max pooling is a PPU-only task, which stock rocket never completes (it waits for a "
-                                "DPU interrupt): --kernel-ppu-irq for a kernel with kernel/patches/0005")
-
-
-def ppu_fp16(ctx) -> bool:
-    """the PPU pools fp16 only (int8 reads back wrongly, docs/hardware-questions.md Q14); in an int8 program a pool
-    of a map held in fp16 anyway (an fp16 group makes or reads it: a lookup-table island, a group the mixed plan
-    puts in fp16) pools in fp16 there, a pool of int8 data stays on the CPU"""
-    return ctx.precision in ("fp16", "int8")
-
-
 AVG_POOL = NpuLowering(api.Pool, "avg")
 MAX_POOL = NpuLowering(api.Pool, "max")
 
 SPECS = [
-    OpSpec("MaxPool", pool_shape, npu=(*BASIC, kernel_completes_ppu, ppu_fp16, pool_2d, pool_fields),
-           lower=MAX_POOL, summary="max pooling (NPU: on the PPU, with --kernel-ppu-irq)"),
+    OpSpec("MaxPool", pool_shape, npu=(*BASIC, pool_2d, pool_fields), lower=MAX_POOL,
+           summary="max pooling (NPU: fp16 on the PPU with --kernel-ppu-irq; else one-hot depthwise "
+                   "convolutions keeping the DPU's element-wise max)"),
     OpSpec("AveragePool", pool_shape, npu=(*BASIC, pool_2d, pool_fields), lower=AVG_POOL,
            summary="average pooling (NPU: as a depthwise convolution; padding excluded from the count "
                    "or ceil mode: times a constant map of 1/count)"),

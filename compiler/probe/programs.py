@@ -380,6 +380,30 @@ def avg_exclude_pad(device: Device) -> ProbeRun:
                                                            "X8": (X8, _int8((c, h, w), 27))}, {"Y": Y, "Y8": Y8})
 
 
+def _max_pool_reference(x: np.ndarray, k: int, s: int, pad: int) -> np.ndarray:
+    xp = np.pad(x.astype(np.float64), ((0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
+    oh, ow = (xp.shape[1] - k) // s + 1, (xp.shape[2] - k) // s + 1
+    return np.max([xp[:, i:i + s * (oh - 1) + 1:s, j:j + s * (ow - 1) + 1:s] for i in range(k) for j in range(k)],
+                  axis=0)
+
+
+def max_taps(device: Device) -> ProbeRun:
+    """Max pooling as the compiler lowers it without the PPU (compiler/npu/pool.py
+    `_max_as_taps`): one-hot depthwise convolutions padded with the dtype's minimum
+    (CNA PAD_VALUE), each keeping the EW stage's max (ALU algo 0) of its result and
+    the running result read back through ERDMA, DATA_REUSE across the taps of a tile.
+    An int8 3x3/2 pool of 80 channels (two bands, the second a partial group) and an
+    fp16 5x5/1 pool (YOLO's SPPF), against numpy's exact maxima."""
+    x8, x16 = _int8((80, 11, 13), 26), _fp16((32, 9, 10), 27, 4.0)
+    q = api.Quant(0.05, -3)
+    X8, Y8 = api.Feature("X8", 0, 80, 11, 13, "int8", q), api.Feature("Y8", 0, 80, 6, 7, "int8", q)
+    X16, Y16 = api.Feature("X16", 0, 32, 9, 10, "fp16"), api.Feature("Y16", 0, 32, 9, 10, "fp16")
+    int8 = emit(api.Pool(X8, Y8, "max", (3, 3), (2, 2), (1, 1, 1, 1), name="max_taps"))
+    fp16 = emit(api.Pool(X16, Y16, "max", (5, 5), (1, 1), (2, 2, 2, 2), name="max_taps.fp16"))
+    return _run(device, "max_taps", [int8, fp16], {"X8": (X8, x8), "X16": (X16, x16)}, {"Y8": Y8, "Y16": Y16},
+                exact={"Y8": _max_pool_reference(x8, 3, 2, 1), "Y16": _max_pool_reference(x16, 5, 1, 2)})
+
+
 def upsample_x2(device: Device) -> ProbeRun:
     """Nearest x2 as the compiler lowers a Resize (compiler/npu/upsample.py): fp16,
     64 channels, 12x10 -> 24x20 on 3 cores; its row copies write with a line pitch of
@@ -469,6 +493,11 @@ PROBES: tuple[Probe, ...] = (
           "per-pixel map (a pad-excluding average pool, fp16 and int8)", {}, avg_exclude_pad,
           "pad-excluding averages are bit-exact with the simulator",
           "the EW multiply acts differently here: keep pad-excluding averages on the CPU (compare fp16 and int8)"),
+    Probe("max_taps", "", "the EW stage keeps the max (ALU algo 0) of a one-hot depthwise convolution and its "
+          "ERDMA operand, int8 and fp16, padded with the minimum (max pooling without the PPU)", {}, max_taps,
+          "max pooling as DPU taps is exact on this board, as modelled",
+          "the EW max, the minimum padding or DATA_REUSE across taps acts differently here: keep max pools on "
+          "the CPU (compare the raw bytes)"),
     Probe("upsample_x2", "Q4", "the DPU writes lines of width + NOTCH_ADDR atoms (nearest x2 Resize's row copies)",
           {}, upsample_x2, "the notch reading holds: nearest x2 Resize on the NPU is right on this board",
           "the notch is read differently here: the NPU's nearest x2 Resize is wrong on this board (compare bytes)"),

@@ -1,8 +1,9 @@
 """fp16 MaxPool on the PPU, only for a kernel that completes PPU tasks
 (`rkc compile --kernel-ppu-irq`, kernel/patches/0005): end to end on the
 simulator against onnxruntime, with the simulator modelling that kernel
-(completion on the DPU or PPU interrupt); stock kernels keep the CPU fallback
-and refuse to load such an rkbin."""
+(completion on the DPU or PPU interrupt); stock kernels refuse to load such an
+rkbin. Without the PPU (stock rocket, int8 maps: Q14) max pools run on the DPU
+(one-hot depthwise convolutions keeping the element-wise max) and load anywhere."""
 
 from __future__ import annotations
 
@@ -40,24 +41,51 @@ def test_fp16_max_pools_run_on_the_ppu_and_match_onnxruntime(tmp_path, c, hw):
     assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= FP16_COSINE
 
 
-def test_stock_kernel_keeps_max_pooling_on_the_cpu(tmp_path):
+def _host_dear(monkeypatch):
+    """The CPU's max pool modelled far dearer than any DPU taps: the compiler then takes them."""
+    from rkc.compiler import cost
+
+    monkeypatch.setattr(cost, "MAX_POOL_HOST_S", {"int8": (1.0, 0.0), "fp16": (1.0, 0.0)})
+
+
+@pytest.mark.parametrize("precision, dear", [("fp16", False), ("int8", True)])
+def test_stock_kernel_runs_max_pools_on_the_dpu(tmp_path, monkeypatch, precision, dear):
+    """fp16 pools of small maps: DPU taps (chained) model less NPU time than the CPU kernel
+    costs the host; int8 taps (one kick each) never do on these figures, so the int8 run
+    takes them by a dearer host model, to check the lowering end to end."""
+    if dear:
+        _host_dear(monkeypatch)
     path = save(sppf_like(16, 12, 3), tmp_path / "m.onnx")
-    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16"))
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(5).standard_normal((4, 1, 3, 12, 12)).astype(np.float32))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision=precision, calib=calib))
     pools = [p for p in report.placements if p.op.type == "MaxPool"]
-    assert [p.device for p in pools] == ["cpu"] * 4
-    assert "--kernel-ppu-irq" in pools[0].reason and "stock rocket never completes" in pools[0].reason
+    assert [(p.device, p.dtype) for p in pools] == [("npu", precision)] * 4, [p.reason for p in pools]
+    assert not report.ppu
+    x = np.random.default_rng(4).standard_normal((1, 3, 12, 12)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin", device=SimDevice(quirks=DEFAULT)) as m:
         assert PPU_COMPLETION_KEY not in m.module.metadata
+        got = m.run({"x": x})["y"]
+    bound = FP16_COSINE if precision == "fp16" else INT8_COSINE
+    assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= bound
 
 
-def test_int8_max_pools_stay_on_the_cpu_even_with_the_patch(tmp_path):
+@pytest.mark.parametrize("ppu_irq", [False, True])
+def test_int8_max_pools_stay_on_the_cpu_where_dpu_taps_cost_more(tmp_path, monkeypatch, ppu_irq):
+    """int8 pools: the PPU pools fp16 only (Q14), and DPU taps (a kick per task) model more NPU
+    time than the CPU kernel takes, so they stay on the CPU, saying why; with the CPU modelled
+    dearer they run as DPU taps, never on the PPU (the rkbin loads on a stock kernel)."""
     path = save(sppf_like(16, 12, 4), tmp_path / "m.onnx")
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.random.default_rng(5).standard_normal((4, 1, 3, 12, 12)).astype(np.float32))
-    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=True))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=ppu_irq))
     pools = [p for p in report.placements if p.op.type == "MaxPool"]
     assert [p.device for p in pools] == ["cpu"] * 4
-    assert "fp16 only" in pools[0].reason
+    assert all("max pooling as DPU taps" in p.reason and "ms of NPU time" in p.reason for p in pools)
+    _host_dear(monkeypatch)
+    report = build(path, tmp_path / "d.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=ppu_irq))
+    assert [(p.device, p.dtype) for p in report.placements if p.op.type == "MaxPool"] == [("npu", "int8")] * 4
+    assert not report.ppu
 
 
 def _silu(x: str, y: str) -> list:
@@ -94,7 +122,8 @@ def test_int8_sppf_pools_in_its_fp16_table_island_on_the_ppu(tmp_path, c, hw):
         got = m.run({"x": x})["y"]
     assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= INT8_COSINE
     stock = build(path, tmp_path / "s.rkbin", BuildOptions(precision="int8", calib=calib))
-    assert [p.device for p in stock.placements if p.op.type == "MaxPool"] == ["cpu"] * 3
+    assert [(p.device, p.dtype) for p in stock.placements if p.op.type == "MaxPool"] == [("npu", "fp16")] * 3
+    assert not stock.ppu
 
 
 def test_loader_refuses_a_ppu_rkbin_on_a_stock_kernel(tmp_path):
@@ -110,8 +139,9 @@ def test_compile_option_is_documented_and_explain_says_where_max_pooling_runs(tm
     path = save(sppf_like(16, 12, 7), tmp_path / "m.onnx")
     on = compile_model(path, tmp_path / "a.rkbin", {"precision": "fp16", "kernel_ppu_irq": True, "explain": True})
     off = compile_model(path, tmp_path / "b.rkbin", {"precision": "fp16", "explain": True})
-    assert "max pooling: on the PPU (--kernel-ppu-irq: needs a kernel with kernel/patches/0005)" in on
-    assert any(line.startswith("max pooling: on the CPU (stock rocket never completes PPU tasks") for line in off)
+    assert any(line.startswith("max pooling: fp16 pools on the PPU (--kernel-ppu-irq: needs a kernel with "
+                               "kernel/patches/0005)") for line in on)
+    assert any(line.startswith("max pooling: on the DPU") for line in off)
 
 
 def test_rkrun_refuses_a_ppu_rkbin_on_a_stock_kernel_in_one_line(tmp_path):
@@ -151,8 +181,7 @@ def test_int8_max_pools_of_maps_held_in_fp16_run_on_the_ppu(tmp_path, monkeypatc
     """In an int8 build whose mixed plan puts a convolution in fp16 (here chosen for it,
     as the SQNR rule does for Inception v1's), a max pool of the map that group makes,
     or of a map it reads (converted to fp16 for it anyway), pools that fp16 map on the
-    PPU with --kernel-ppu-irq instead of running on the CPU (Q14: int8 pools have no
-    NPU form)."""
+    PPU with --kernel-ppu-irq instead of as DPU taps in int8 (Q14: the PPU pools fp16 only)."""
     from rkc.compiler import build as build_module
 
     monkeypatch.setattr(build_module, "choose_fp16", lambda graph, groups, calib: {
@@ -172,4 +201,30 @@ def test_int8_max_pools_of_maps_held_in_fp16_run_on_the_ppu(tmp_path, monkeypatc
         got = m.run({"x": x})["y"]
     assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= INT8_COSINE
     stock = build(path, tmp_path / "s.rkbin", BuildOptions(precision="int8", calib=calib))
-    assert [p.device for p in stock.placements if p.op.type == "MaxPool"] == ["cpu"] * 2
+    assert [p.device for p in stock.placements if p.op.type == "MaxPool"] == ["npu"] * 2 and not stock.ppu
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+@pytest.mark.parametrize("c, hw", [(24, 14), (70, 12)])
+def test_ceil_mode_pools_as_dpu_taps_match_onnxruntime(tmp_path, monkeypatch, precision, c, hw):
+    """Conv+ReLU -> MaxPool 3x3/2 in ceil mode (the last window overhangs: extra bottom and
+    right padding at the minimum) -> Conv; channels not a
+    multiple of the atom. The pool runs as DPU taps (host modelled dear) on a stock kernel."""
+    _host_dear(monkeypatch)
+    rng = np.random.default_rng(c + hw)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+             helper.make_node("Conv", ["p1", "w2"], ["y"])]
+    inits = {"w1": rng.standard_normal((c, 3, 3, 3)) / 3, "b1": rng.standard_normal(c) * 0.1,
+             "w2": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)}
+    path = save(graph_model(nodes, inits, [1, 3, hw, hw]), tmp_path / "m.onnx")
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(c).standard_normal((4, 1, 3, hw, hw)).astype(np.float32))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision=precision, calib=calib))
+    assert [p.device for p in report.placements if p.device == "cpu"] == [], report.placements
+    x = np.random.default_rng(c + 1).standard_normal((1, 3, hw, hw)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin", device=SimDevice(quirks=DEFAULT)) as m:
+        got = m.run({"x": x})["y"]
+    bound = FP16_COSINE if precision == "fp16" else INT8_COSINE
+    assert cosine(got, onnxruntime_outputs(path, {"x": x})["y"]) >= bound

@@ -339,8 +339,8 @@ def test_pooling_under_stock_rocket_stays_dpu_terminated():
     r = emit(api.Pool(x, y, "avg", (2, 2), (2, 2)))
     assert all(split(int(t.regcmd[-1]))[2] == 0x1D for t in r.tasks)  # CNA+CORE+DPU+DPU_RDMA
     assert _fields(r.tasks[0], "CORE_MISC_CFG")["DW_EN"] == 1
-    with pytest.raises(UnsupportedError, match="max pooling runs on the PPU"):
-        emit(api.Pool(x, y, "max", (2, 2), (2, 2)))
+    taps = emit(api.Pool(x, y, "max", (2, 2), (2, 2)))  # one-hot depthwise convolutions, DPU-terminated
+    assert all(split(int(t.regcmd[-1]))[2] == 0x1D for t in taps.tasks)
     assert split(int(emit(api.Pool(x, y, "max", (2, 2), (2, 2)), PPU).tasks[0].regcmd[-1]))[2] == 0x60
 
 

@@ -97,7 +97,8 @@ def test_a_declared_op_lowers_to_its_operation(tmp_path, op_type):
     graph = load_graph(save(single_op(op_type, inputs, consts, opset=opset, **attrs), tmp_path / "m.onnx"))
     # the inputs' ranges as a calibration gives them (LRN's table needs its input's)
     graph.metadata[emitter_norm.CALIBRATED_MAX] = [[name, 1.0] for name in graph.inputs]
-    # max pooling is a PPU task: it lowers only for a kernel that completes those (--kernel-ppu-irq)
+    # fp16 max pooling is a PPU task for a kernel that completes those (--kernel-ppu-irq); elsewhere DPU
+    # taps, kept only where they model less NPU time than the CPU kernel takes
     options = emitter_graph.emit_options(3, ppu_completes=op_type == "MaxPool")
     groups, reasons = emitter_ops.plan_groups(graph, "fp16", lambda i: True, options=options)
     assert 0 in groups, reasons
