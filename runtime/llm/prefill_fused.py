@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import narrow_value, widen_value
-from rkc.runtime.llm.prefill_kernels import (LANES, _butterflies, _load_tile, _signed_tile, butterfly_stages, exp_parts,
+from rkc.runtime.llm.prefill_kernels import (LANES, _butterflies, _load_tile, _signed_tile, butterfly_stages, exp_f32,
                                              scaled_amax)
 
 _JIT = {"cache": True, "nogil": True}
@@ -434,22 +434,19 @@ _CHUNK = 256  # channels of an fp16 FFN stretch taken at once: [256, LANES] floa
 
 
 @njit(**_FFN_JIT)
-def _act_mul(g, u, act, signs, signed, e16, b16):
+def _act_mul(g, u, act, signs, signed):
     """g = act(g) * u (times the rotation's signs when `signed`), one pass
-    over the tile [K, LANES]: exp (exp_into's arithmetic) row by row, each
-    row's LANES lanes one vector (e16, b16: LANES scratch)."""
-    scaled = b16.view(np.float32)
+    over the tile [K, LANES]: exp (exp_f32, exp_into's arithmetic) inlined,
+    each row's LANES lanes one vector loop."""
     for i in range(g.shape[0]):
+        si = signs[i] if signed else np.float32(1.0)
         for lane in range(LANES):
             x = g[i, lane]
             if act == ACT_SILU:  # x / (1 + exp(-x))
                 t = -x
             else:  # 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)), y = C (x + K x^3)
                 t = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
-            e16[lane], b16[lane] = exp_parts(t)
-        si = signs[i] if signed else np.float32(1.0)
-        for lane in range(LANES):
-            g[i, lane] = g[i, lane] / (np.float32(1.0) + e16[lane] * scaled[lane]) * (u[i, lane] * si)
+            g[i, lane] = x / (np.float32(1.0) + exp_f32(t)) * (u[i, lane] * si)
 
 
 @njit(**_FFN_JIT)
@@ -478,8 +475,6 @@ def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_h
         chunk = k  # a chunk must start on an atom of each edge
     g = np.empty((min(chunk, k), LANES), np.float32)
     u = np.empty((min(chunk, k), LANES), np.float32)
-    e16 = np.empty(LANES, np.float32)
-    b16 = np.empty(LANES, np.int32)
     amax = np.empty(LANES, np.float32)
     signed = out_kind != OUT_HALF
     # whole rows of int8 codes: the in edges, the activation and the rotation's butterflies within `low`
@@ -506,7 +501,7 @@ def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_h
                         for lane in range(r, LANES):
                             gs[i, lane] = np.float32(0.0)
                             us[i, lane] = np.float32(0.0)
-                _act_mul(gs, us, act, signs[c:], signed, e16, b16)
+                _act_mul(gs, us, act, signs[c:], signed)
                 if low < n:
                     _butterflies(gs, low)
             if low < n:  # the butterflies across the chunks, then the codes

@@ -325,6 +325,17 @@ def exp_parts(t):
     return p, (np.int32(k) + np.int32(127)) << 23
 
 
+@njit(inline="always")
+def exp_f32(t):
+    """exp(t) as one float32 (exp_parts' p times its 2^k, the bits viewed as
+    float32 in a register): for a loop that computes and uses the value in one
+    pass. A scratch row for the bits (exp_into's form) between two loops kept
+    the second one scalar in _act_mul (LLVM's SLP pass cannot prove the row
+    and the tile apart): 2.4 against 1.1 ms over a 128 x 8960 SiLU."""
+    p, bits = exp_parts(t)
+    return p * np.int32(bits).view(np.float32)
+
+
 @njit(**_JIT)
 def exp_into(t, e, bits):
     """e[i] = exp(t[i]) over 1-d t (float32, relative error < 3e-7 for t in
