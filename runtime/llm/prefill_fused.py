@@ -287,7 +287,7 @@ def _quantize_tile(buf, m0, r, k, dst, hnorm, scale, amax):
         n = min(c2, k - a * c2)
         for b in range(n):
             col = buf[a * c2 + b]
-            for lane in range(LANES):
+            for lane in range(s.shape[0]):  # a run-time length: the loop vectoriser's (see _normalise)
                 ratio[lane, b] = col[lane] / s[lane]
         for lane in range(r):
             d, t = dst[a, m0 + lane], ratio[lane]

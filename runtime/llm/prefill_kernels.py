@@ -231,11 +231,16 @@ def hadamard_rows(x, signs, block, norm, out):
 
 @njit(**_JIT)
 def scaled_amax(buf, norm, amax):
-    """buf [K, LANES] *= norm (the rotation's last step), and each lane's max |value|."""
-    for lane in range(LANES):
+    """buf [K, LANES] *= norm (the rotation's last step), and each lane's max
+    |value|. The lane loops run to amax's length (LANES): with the constant,
+    LLVM unrolls them and its SLP pass, unable to prove amax and the tile
+    apart, kept them scalar; a run-time trip count vectorises (with
+    _quantize_tile's division: 490 -> 356 us over 128 x 2048, the same codes)."""
+    lanes = amax.shape[0]
+    for lane in range(lanes):
         amax[lane] = np.float32(0.0)
     for i in range(buf.shape[0]):
-        for lane in range(LANES):
+        for lane in range(lanes):
             v = buf[i, lane] * norm
             buf[i, lane] = v
             a = abs(v)
