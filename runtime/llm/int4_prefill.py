@@ -282,15 +282,13 @@ def ffn_tiles(gate_p, gate_pad, gate_scales, gate_rs, gate_bias, gate_has_bias,
     lim = np.float32(limit)
     g = np.empty((k, LANES), np.float32)
     u = np.empty((k, LANES), np.float32)
-    e16 = np.empty(LANES, np.float32)
-    b16 = np.empty(LANES, np.int32)
     amax = np.empty(LANES, np.float32)
     for tile in range(tile_lo, tile_hi):
         m0 = tile * LANES
         r = min(LANES, rows - m0)
         _load_int4(gate_p, gate_pad, gate_scales, gate_rs, gate_bias, gate_has_bias, m0, r, k, g)
         _load_int4(up_p, up_pad, up_scales, up_rs, up_bias, up_has_bias, m0, r, k, u)
-        _act_mul(g, u, act, signs, True, e16, b16)
+        _act_mul(g, u, act, signs, True)
         _nibble_out(g, m0, r, k, signs, True, block, hnorm, q, scale, lim, rotated, to_blocks, amax)
     if not to_blocks and tile_hi == tiles:
         zero_rows(q, 2 * rows)  # past the nibble rows

@@ -231,11 +231,16 @@ def hadamard_rows(x, signs, block, norm, out):
 
 @njit(**_JIT)
 def scaled_amax(buf, norm, amax):
-    """buf [K, LANES] *= norm (the rotation's last step), and each lane's max |value|."""
-    for lane in range(LANES):
+    """buf [K, LANES] *= norm (the rotation's last step), and each lane's max
+    |value|. The lane loops run to amax's length (LANES): with the constant,
+    LLVM unrolls them and its SLP pass, unable to prove amax and the tile
+    apart, kept them scalar; a run-time trip count vectorises (with
+    _quantize_tile's division: 490 -> 356 us over 128 x 2048, the same codes)."""
+    lanes = amax.shape[0]
+    for lane in range(lanes):
         amax[lane] = np.float32(0.0)
     for i in range(buf.shape[0]):
-        for lane in range(LANES):
+        for lane in range(lanes):
             v = buf[i, lane] * norm
             buf[i, lane] = v
             a = abs(v)
@@ -323,6 +328,17 @@ def exp_parts(t):
     p = p * r + np.float32(1.0)
     p = p * r + np.float32(1.0)
     return p, (np.int32(k) + np.int32(127)) << 23
+
+
+@njit(inline="always")
+def exp_f32(t):
+    """exp(t) as one float32 (exp_parts' p times its 2^k, the bits viewed as
+    float32 in a register): for a loop that computes and uses the value in one
+    pass. A scratch row for the bits (exp_into's form) between two loops kept
+    the second one scalar in _act_mul (LLVM's SLP pass cannot prove the row
+    and the tile apart): 2.4 against 1.1 ms over a 128 x 8960 SiLU."""
+    p, bits = exp_parts(t)
+    return p * np.int32(bits).view(np.float32)
 
 
 @njit(**_JIT)

@@ -125,8 +125,6 @@ def gate_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_
     tiles = (rows + LANES - 1) // LANES
     g = np.empty((k, LANES), np.float32)
     u = np.empty((k, LANES), np.float32)
-    e16 = np.empty(LANES, np.float32)
-    b16 = np.empty(LANES, np.int32)
     amax = np.empty(LANES, np.float32)
     signed = out_kind != kernels.OUT_HALF
     for tile in range(tile_lo, tile_hi):
@@ -137,7 +135,7 @@ def gate_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_
             src = up[m0 + lane]
             for i in range(k):
                 u[i, lane] = src[i]
-        kernels._act_mul(g, u, act, signs, signed, e16, b16)
+        kernels._act_mul(g, u, act, signs, signed)
         for i in range(k):  # lanes past the rows: zeros (never stored)
             for lane in range(r, LANES):
                 g[i, lane] = np.float32(0.0)
