@@ -22,13 +22,13 @@ from rkc.runtime.llm import int4_prefill as int4_kernels
 from rkc.runtime.llm import fused_rows, int4_jit, jit
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.fused_rows import (_ACTIVATIONS, _NONE_F32, _NONE_VEC, F32, _ffn_shape, _gemm_operand,
-                                        _read_elsewhere, _residual_call, _residual_stretch, _rows, _threads_for,
+                                        _read_elsewhere, _residual_call, _residual_stretch, _rows,
                                         _with_edges, mix_then_quantize)
 from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.prefill_kernels import hadamard_rows as prefill_hadamard
 from rkc.runtime.llm.stretch_match import const, host, is_const, step_rotation
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.llm.threads import over_ranges, threads_for
 
 class _Int4In:
     """An int4 product's [M, N] output combined from its int16 K-group partials
@@ -90,7 +90,7 @@ def _combine_int4(plan, step: Step, outputs: set):
     o, fresh, paired = plan._slot(step.outputs[0]), step.outputs[0] in outputs, edge.paired
     if m >= LANES:  # by tiles into column-major rows, as _in_edge_call writes the int8 build's
         buf, tiled = np.empty((m, n), F32, order="F"), int4_kernels.combine_tiles
-        tiles, threads = -(-m // LANES), _threads_for(m * n)
+        tiles, threads = -(-m // LANES), threads_for(m * n)
 
         def call_tiles():
             rs = edge.row_scale(slots, "CombineInt4")

@@ -37,7 +37,7 @@ from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, RESIDUAL_BODIES, cons
 from rkc.runtime.kernels.hadamard import compiled_form
 from rkc.runtime.llm.prefill_kernels import LANES, live_rows
 from rkc.runtime.llm.prefill_per_layer import gate_rows, per_layer_chain
-from rkc.runtime.llm.threads import THREADS, over_ranges
+from rkc.runtime.llm.threads import THREADS, over_ranges, threads_for
 
 F32 = np.float32
 _NONE_F32 = np.zeros((0, 0), F32)  # an output the kernel does not store
@@ -347,19 +347,6 @@ def ffn_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> lis
 
 # -- the edges of a stretch no fuser took whole (attention's: q, k, v in; its output out) -------------------
 
-# values: a smaller edge runs on the caller's thread alone. Measured on pp128 (CPU of the process and of the
-# caller's thread): 128 x 1024 (Gemma 3 270M's q) gained nothing from a second thread, 128 x 1536
-# (Qwen2.5-1.5B's q and attention output, ~0.9 ms each) took ~11 ms a chunk off the caller's thread
-_SHARED_WORK = 3 << 16
-
-
-def _threads_for(values: int) -> int:
-    """Threads for a lone edge of `values` values: below _SHARED_WORK the
-    pool's hand-off costs about what the second core saves (Gemma 3 270M's
-    k and v edges, 128 x 256 values: tens of microseconds either way)."""
-    return THREADS if values >= _SHARED_WORK else 1
-
-
 def _in_edge_call(plan, step: Step, outputs: set, state=None):
     """A many-row DequantizeRows of an NPU output (_InEdge) as one compiled
     call over tiles shared among the threads, into a column-major buffer made
@@ -374,7 +361,7 @@ def _in_edge_call(plan, step: Step, outputs: set, state=None):
     buf, run = np.empty((m, k), F32, order="F"), kernels.in_edge_tiles
     label = f"{step.op} edge of rows"
 
-    threads = _threads_for(m * k)
+    threads = threads_for(m * k)
 
     def call():  # column-major rows, as the per-step path reads an NPU output (RoPE's tokens-inner loops)
         out = np.empty((m, k), F32, order="F") if fresh else buf
@@ -403,7 +390,7 @@ def _out_edge_call(plan, step: Step, state=None):
     if compiled_form(step_rotation(plan, step), k).factor is None:
         return None
     edge, i, slots, run = _OutEdge(plan, step), plan._slot(src), plan.slots, kernels.out_edge_tiles
-    label, threads = f"{step.op} edge of rows", _threads_for(m * k)
+    label, threads = f"{step.op} edge of rows", threads_for(m * k)
 
     def call():
         x = slots[i]  # in its own memory order: a column-major one (the per-step kernels' for
@@ -483,7 +470,7 @@ def _heads_chain(plan, steps: Sequence[Step], first: int, outputs: set, state) -
     w, eps = norm if norm is not None else (_NONE_VEC, F32(0.0))
     tables, dims, neox, pos_slot = rope if rope is not None else (None, 0, False, None)
     buf, load, apply = np.empty((k, m), F32), kernels.in_edge_tiles, channels.norm_rope
-    heads, label, threads = k // hd, f"{step.op} edge of heads (compiled)", _threads_for(m * k)
+    heads, label, threads = k // hd, f"{step.op} edge of heads (compiled)", threads_for(m * k)
 
     def call():
         out_t = np.empty((k, m), F32) if fresh else buf

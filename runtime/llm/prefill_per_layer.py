@@ -30,7 +30,7 @@ from rkc.runtime.llm import prefill_fused as kernels
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.prefill_kernels import LANES, live_rows
 from rkc.runtime.llm.stretch_match import const, host
-from rkc.runtime.llm.threads import over_ranges
+from rkc.runtime.llm.threads import over_ranges, threads_for
 
 F32 = np.float32
 LABEL = "per-layer inputs (Scale, RMSNorm, Add, Scale)"
@@ -185,7 +185,7 @@ def gate_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> li
         return None
     run, act_kind, slots, o_pl = gate_tiles, rows_._ACTIVATIONS[act.op], plan.slots, plan._slot(pick.inputs[0])
     label = f"per-layer gate stretch of rows ({edge_in.op}, {act.op}, Pick, {last.op})"
-    threads = rows_._threads_for(m * k)  # E2B's 128 x 256: the pool's hand-off costs what a second core saves
+    threads = threads_for(m * k)  # E2B's 128 x 256: the pool's hand-off costs what a second core saves
 
     def call():
         pl_in = slots[o_pl]

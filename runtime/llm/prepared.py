@@ -28,6 +28,7 @@ from rkc.runtime.llm import prefill_attention
 from rkc.runtime.llm import prefill_channels as channels
 from rkc.runtime.llm.decode_attention import attend_row
 from rkc.runtime.llm import kernels as plain
+from rkc.runtime.llm.threads import over_ranges, threads_for
 from rkc.runtime.llm.kernels import attend, packed_view, rotation_of
 
 Prepared = Callable[[list], list]
@@ -290,7 +291,11 @@ def quantize_rows(step: Step, consts: list, state) -> Prepared | None:
         if rot is not None and factor is None and len(x) >= lanes:  # a prefill chunk: by tiles, in one pass
             q, scale = empty(x.shape, np.int8), empty(len(x), F32)
             n = many.live_rows(state, len(x))  # pad rows: zeros (never read)
-            rotate_quantize_many(x[:n], signs, block, norm, q[:n], scale[:n])
+
+            def tiles(lo: int, hi: int) -> None:  # rows are independent: tiles shared among the threads
+                a, b = lo * lanes, min(n, hi * lanes)
+                rotate_quantize_many(x[a:b], signs, block, norm, q[a:b], scale[a:b])
+            over_ranges(tiles, -(-n // lanes), threads_for(n * x.shape[1]))
             q[n:], scale[n:] = 0, 0
             return [q, scale]
         if rot is not None:

@@ -15,6 +15,17 @@ from typing import Callable
 
 THREADS = max(1, min(4, os.cpu_count() or 1))  # the board's 4 A76 cores (2 on this build machine)
 _pool: list[ThreadPoolExecutor] = []
+# values: a smaller lone kernel call runs on the caller's thread alone. Measured on pp128 (CPU of the process
+# and of the caller's thread): 128 x 1024 (Gemma 3 270M's q) gained nothing from a second thread, 128 x 1536
+# (Qwen2.5-1.5B's q and attention output, ~0.9 ms each) took ~11 ms a chunk off the caller's thread
+SHARED_WORK = 3 << 16
+
+
+def threads_for(values: int) -> int:
+    """Threads for a lone call over `values` values: below SHARED_WORK the
+    pool's hand-off costs about what the second core saves (Gemma 3 270M's
+    k and v edges, 128 x 256 values: tens of microseconds either way)."""
+    return THREADS if values >= SHARED_WORK else 1
 
 
 def pool() -> ThreadPoolExecutor:

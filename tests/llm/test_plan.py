@@ -118,11 +118,13 @@ def _step(op, n_in, attrs):
 
 
 @pytest.mark.parametrize("k,kind", [(64, "kron"), (640, "kron"), (896, "kron"), (640, "block"), (2048, "kron")])
-@pytest.mark.parametrize("rows", [1, 32])
+@pytest.mark.parametrize("rows", [1, 32, 100])
 def test_prepared_quantize_rows_is_the_kernel(k, kind, rows):
     """The prepared QuantizeRows (RowRotation, reused buffers) against the
     plain kernel, bit for bit: rotations with and without a block-mixing
-    factor, one row and a chunk, called twice (its buffers are reused)."""
+    factor, one row and a chunk, called twice (its buffers are reused); 100
+    rows of 2048 are past threads.SHARED_WORK, so its tiles are shared among
+    the threads (a short last tile)."""
     from rkc.runtime.kernels.hadamard import make_rotation
     from rkc.runtime.llm import kernels, prepared
 
