@@ -235,6 +235,12 @@ class _Lowering:
                 return False
         for t in pieces if op.type == "Concat" else ():
             self.to_npu(t, "native", dtype)  # a piece made on the CPU is converted into its slice
+        for t in pieces[:-1] if op.type == "Concat" else ():
+            # a piece whose padding spills into the next slice (a 136-channel fp16 conv writes
+            # 144) has it overwritten there (ModuleBuilder.spill_covered): nothing else may read it
+            info = self.builder.tensors[buf[t]]
+            if info.nbytes > self.builder.declared[buf[t]] and only_consumer(self.graph, t) is not op:
+                return False
         surface = int(shape[2]) * int(shape[3]) * 16
         offsets = np.cumsum([0, *channels])[:-1] // per_atom * surface
         parts = [(buf[t], buf[whole], int(o)) for t, o in zip(pieces, offsets)]
@@ -409,6 +415,7 @@ class _Lowering:
                     self.to_npu(name, layout, g.dtype)
         for g in ordered:
             self.npu_tensor(g.output, g.output_layout, g.dtype)
+            self.builder.mark_written(g.npu_name(g.output, self.precision))  # its jobs run in this order
         lowered = lower_segment(self.graph, ordered, self.builder, f"segment {number}", self.precision)
         self.builder.append_segment(self.program, self.steps, lowered)
         self.stats.npu_tasks += lowered.step.stats["tasks"]
