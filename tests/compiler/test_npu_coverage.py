@@ -15,7 +15,8 @@ from rkc.compiler.frontend import load_graph
 from rkc.compiler.passes import run_passes
 from rkc.compiler.reference import run_graph
 from rkc.ir.npu.layout import kernel_group_for
-from onnx_models import build_and_run, cosine, cpu_max_pools, graph_model, save, shufflenet_unit, sppf_like
+from onnx_models import (build_and_run, cosine, cpu_max_pools, graph_model, light_with_random_weights,
+                         onnxruntime_outputs, save, shufflenet_unit, sppf_like)
 
 @pytest.fixture(autouse=True)
 def _max_pools_on_the_cpu(monkeypatch):
@@ -712,3 +713,31 @@ def test_a_concat_piece_whose_padding_spills_into_the_next_slice(tmp_path, preci
     assert cosine(got, want) >= THRESHOLD[precision]
     tolerance = {"fp16": 0.02, "int8": 0.1}[precision] * float(np.abs(want).max())
     np.testing.assert_allclose(got, want, atol=tolerance)
+
+
+@pytest.mark.slow
+def test_shufflenet_with_random_weights_has_no_concat_on_the_cpu(tmp_path):
+    """onnx's light ShuffleNet, random weights, PPU pools: stage 3's Concat n64, whose first
+    piece (a 136-channel fp16 conv) writes 144 channels, is slices of one buffer; only
+    Flatten and Softmax run on the CPU. Logits against onnxruntime on the simulator."""
+    from rkc import runtime
+    from rkc.runtime.sim import Quirks, SimDevice
+
+    path = light_with_random_weights("light_shufflenet", tmp_path / "shufflenet.onnx")
+    if path is None:
+        pytest.skip("onnx ships no light_shufflenet.onnx")
+    x_name, y_name = "gpu_0/data_0", "gpu_0/softmax_1"
+    rng = np.random.default_rng(1)
+    options = BuildOptions(precision="int8", calib=tmp_path / "calib.npz", ppu_irq=True)
+    np.savez(options.calib, **{x_name: rng.standard_normal((2, 1, 3, 224, 224)).astype(np.float32)})
+    report = build(path, tmp_path / "m.rkbin", options)
+    assert sorted(p.op.type for p in report.placements if p.device == "cpu") == ["Flatten", "Softmax"]
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin", device=SimDevice(quirks=Quirks(completion_blocks=("DPU", "PPU")))) as m:
+        assert not [s for s in m.module.programs[0].steps if s.op == "Relayout"]
+        got = np.asarray(m.run({x_name: x})[y_name], np.float64).ravel()
+    want = onnxruntime_outputs(path, {x_name: x})[y_name].astype(np.float64).ravel()
+    # the output is a softmax: compare the logits up to a constant (log-probabilities)
+    lg, lw = np.log(got) - np.log(got).mean(), np.log(want) - np.log(want).mean()
+    assert cosine(lg, lw) >= THRESHOLD["fp16"]
+    assert got.argmax() == want.argmax()
