@@ -13,7 +13,8 @@
   B's run-time weights (SoftmaxTranspose: runtime/kernels/softmax_jit.py);
 * ops that only move elements between fp16 NPU groups (the qkv map cut into
   per-head operands, the heads' products put back into a map) are one gather
-  per result, its index map composed at compile time (compiler/relayout.py);
+  per result, its index map composed at compile time (compiler/relayout.py),
+  or a view where the result is a run of its source's bytes as they lie;
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);
 * a tensor crossing between the two gets an explicit conversion step the
   first time the other side needs it: host -> NPU (Cast to fp16, or
@@ -324,6 +325,23 @@ class _Lowering:
         self.stats.cpu_steps += 1
         return True
 
+    def byte_slice(self, result, target: str) -> int | None:
+        """The byte offset in its one source at which `result`'s elements lie exactly as
+        `target`'s native layout holds them (each element its own, no padding between or
+        after them), so `target` can be a view of those bytes (YOLO11n's per-head Q^T, an
+        [M, K] GEMM operand, is K channels of the qkv map); None otherwise."""
+        if len(result.sources) != 1 or result.scale != 1.0:
+            return None
+        src = self.builder.tensors[npu_name(result.sources[0], "fp16", self.precision)]
+        dst = self.builder.tensors[target]
+        into = geometry.native_positions(dst.shape, dst.layout, dst.nbytes)
+        if into.size * 2 != dst.nbytes:
+            return None
+        delta = geometry.native_positions(src.shape, src.layout, src.nbytes)[result.index.reshape(-1)] - into
+        if delta.min() != delta.max() or delta[0] < 0 or delta[0] * 2 % 16:  # a view starts on an atom
+            return None
+        return int(delta[0]) * 2
+
     def gather(self, result) -> None:
         """A relayout.Result into each layout the fp16 NPU groups read it in."""
         layouts = {g.reads[result.tensor] for g in self.groups.values()
@@ -339,6 +357,10 @@ class _Lowering:
             if index not in self.builder.tensors:
                 self.builder.host_const(index, result.index)
             self.npu_tensor(result.tensor, layout_name, "fp16", target)
+            offset = self.byte_slice(result, target)
+            if offset is not None and self.builder.add_views(
+                    [(target, npu_name(result.sources[0], "fp16", self.precision), offset)], [target]):
+                continue  # no step: the readers read the source's bytes
             self.add(Step(kind="cpu", name=f"relayout:{result.tensor}", op="Relayout",
                           inputs=[*(npu_name(t, "fp16", self.precision) for t in result.sources), index],
                           outputs=[target], attrs={"scale": result.scale},
