@@ -715,6 +715,21 @@ def test_a_concat_piece_whose_padding_spills_into_the_next_slice(tmp_path, preci
     np.testing.assert_allclose(got, want, atol=tolerance)
 
 
+def test_a_spilling_piece_with_another_reader_is_not_overwritten(tmp_path):
+    """The conv whose padding would land in the pool's slice is also read by another op,
+    which would then read the pool's values as that padding (a conv weighs them by zero,
+    other readers need not): that Concat is a gather (the other one, of two maps read by
+    nothing else, a view). Against onnxruntime."""
+    nodes, inits = _conv_beside_pool(16, 24, True, 5)
+    nodes[-1] = helper.make_node("Conv", ["cat", "w1"], ["joined"])
+    nodes += [helper.make_node("Conv", ["a", "wz"], ["side"]), helper.make_node("Concat", ["joined", "side"], ["y"], axis=1)]
+    inits["wz"] = np.random.default_rng(6).standard_normal((16, 24, 1, 1)) / 24 ** 0.5
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 3, 13, 11]), (1, 3, 13, 11), "fp16")
+    concats = {p.op.outputs[0]: p.device for p in report.placements if p.op.type == "Concat"}
+    assert concats == {"cat": "cpu", "y": "view"}, concats
+    assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
 @pytest.mark.slow
 def test_shufflenet_with_random_weights_has_no_concat_on_the_cpu(tmp_path):
     """onnx's light ShuffleNet, random weights, PPU pools: stage 3's Concat n64, whose first
