@@ -144,6 +144,11 @@ class ModuleBuilder:
         self.views: dict[str, tuple[str, int]] = {}
         self.leaves: set[str] = set()  # tensors in views that hold their own values
         self.derived: set[str] = set()  # tensors in views that only gather others'
+        # scratch tensor -> its own bytes, before the NPU's channel padding grows it (grow)
+        self.declared: dict[str, int] = {}
+        # NPU group output -> its rank in the program's write order (mark_written): a slice's
+        # padding may lie under the next slice only when that slice is written later
+        self.write_rank: dict[str, int] = {}
         self._low: dict[str, int] = {}
         self._weight_digests: dict[str, str] = {}
         # name -> the array last placed under it: a program placing the very same
@@ -211,7 +216,17 @@ class ModuleBuilder:
         info = self._info(TensorInfo(name, [int(d) for d in shape], dtype.value, layout, "scratch", 0,
                                      _align(nbytes, 16), quant))
         self.lifetimes.setdefault(program, {})[name] = []
+        self.declared[name] = info.nbytes
         return info
+
+    def mark_written(self, name: str) -> None:
+        """`name`'s one writer runs after every tensor marked before it: the caller marks
+        NPU groups' outputs as it appends their steps, a segment's in group order. The
+        order is the hardware's: steps run in program order, and a segment's jobs, in
+        group order, all list the scratch BO as an out-BO, so rocket makes each wait for
+        every earlier writer of it (write fences on out-BOs: hw-rocket-and-mesa.md 1.3);
+        the simulator and the null device run them in array order."""
+        self.write_rank[name] = len(self.write_rank)
 
     def root(self, name: str) -> tuple[str, int]:
         """The tensor whose bytes `name` is part of, and `name`'s byte offset in it."""
@@ -242,15 +257,30 @@ class ModuleBuilder:
         return True
 
     def _overlapping(self, views: dict[str, tuple[str, int]], leaves: set[str]) -> bool:
-        spans: dict[str, list[tuple[int, int]]] = {}
+        """Whether two tensors holding their own values share bytes, but for a tensor's
+        padding past its own bytes (a 16-channel kernel group's last 8 fp16 channels) lying
+        under a slice written after it, which overwrites it (`spill_covered`)."""
+        spans: dict[str, list[tuple[int, int, str]]] = {}
         for name in leaves:
             r, d = self._root_in(views, name)
-            spans.setdefault(r, []).append((d, d + self.tensors[name].nbytes))
+            spans.setdefault(r, []).append((d, d + self.tensors[name].nbytes, name))
         for ranges in spans.values():
             ranges.sort()
-            if any(b[0] < a[1] for a, b in zip(ranges, ranges[1:])):
-                return True
+            for i, a in enumerate(ranges):
+                for b in ranges[i + 1:]:
+                    if b[0] >= a[1]:
+                        break
+                    if not self.spill_covered(a, b):
+                        return True
         return False
+
+    def spill_covered(self, a: tuple[int, int, str], b: tuple[int, int, str]) -> bool:
+        """Whether slice `b` (start, end, name) may overlap slice `a` that starts before it:
+        only `a`'s padding reaches `b`, `b`'s writer runs after `a`'s (mark_written) and
+        writes whole the bytes of `a`'s padding it lies over (its own start onward)."""
+        rank_a, rank_b = self.write_rank.get(a[2]), self.write_rank.get(b[2])
+        return (rank_a is not None and rank_b is not None and rank_a < rank_b
+                and a[0] + self.declared.get(a[2], a[1] - a[0]) <= b[0])
 
     @staticmethod
     def _root_in(views: dict[str, tuple[str, int]], name: str) -> tuple[str, int]:

@@ -13,7 +13,8 @@
   B's run-time weights (SoftmaxTranspose: runtime/kernels/softmax_jit.py);
 * ops that only move elements between fp16 NPU groups (the qkv map cut into
   per-head operands, the heads' products put back into a map) are one gather
-  per result, its index map composed at compile time (compiler/relayout.py);
+  per result, its index map composed at compile time (compiler/relayout.py),
+  or a view where the result is a run of its source's bytes as they lie;
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);
 * a tensor crossing between the two gets an explicit conversion step the
   first time the other side needs it: host -> NPU (Cast to fp16, or
@@ -235,6 +236,12 @@ class _Lowering:
                 return False
         for t in pieces if op.type == "Concat" else ():
             self.to_npu(t, "native", dtype)  # a piece made on the CPU is converted into its slice
+        for t in pieces[:-1] if op.type == "Concat" else ():
+            # a piece whose padding spills into the next slice (a 136-channel fp16 conv writes
+            # 144) has it overwritten there (ModuleBuilder.spill_covered): nothing else may read it
+            info = self.builder.tensors[buf[t]]
+            if info.nbytes > self.builder.declared[buf[t]] and only_consumer(self.graph, t) is not op:
+                return False
         surface = int(shape[2]) * int(shape[3]) * 16
         offsets = np.cumsum([0, *channels])[:-1] // per_atom * surface
         parts = [(buf[t], buf[whole], int(o)) for t, o in zip(pieces, offsets)]
@@ -318,6 +325,23 @@ class _Lowering:
         self.stats.cpu_steps += 1
         return True
 
+    def byte_slice(self, result, target: str) -> int | None:
+        """The byte offset in its one source at which `result`'s elements lie exactly as
+        `target`'s native layout holds them (each element its own, no padding between or
+        after them), so `target` can be a view of those bytes (YOLO11n's per-head Q^T, an
+        [M, K] GEMM operand, is K channels of the qkv map); None otherwise."""
+        if len(result.sources) != 1 or result.scale != 1.0:
+            return None
+        src = self.builder.tensors[npu_name(result.sources[0], "fp16", self.precision)]
+        dst = self.builder.tensors[target]
+        into = geometry.native_positions(dst.shape, dst.layout, dst.nbytes)
+        if into.size * 2 != dst.nbytes:
+            return None
+        delta = geometry.native_positions(src.shape, src.layout, src.nbytes)[result.index.reshape(-1)] - into
+        if delta.min() != delta.max() or delta[0] < 0 or delta[0] * 2 % 16:  # a view starts on an atom
+            return None
+        return int(delta[0]) * 2
+
     def gather(self, result) -> None:
         """A relayout.Result into each layout the fp16 NPU groups read it in."""
         layouts = {g.reads[result.tensor] for g in self.groups.values()
@@ -333,6 +357,10 @@ class _Lowering:
             if index not in self.builder.tensors:
                 self.builder.host_const(index, result.index)
             self.npu_tensor(result.tensor, layout_name, "fp16", target)
+            offset = self.byte_slice(result, target)
+            if offset is not None and self.builder.add_views(
+                    [(target, npu_name(result.sources[0], "fp16", self.precision), offset)], [target]):
+                continue  # no step: the readers read the source's bytes
             self.add(Step(kind="cpu", name=f"relayout:{result.tensor}", op="Relayout",
                           inputs=[*(npu_name(t, "fp16", self.precision) for t in result.sources), index],
                           outputs=[target], attrs={"scale": result.scale},
@@ -409,6 +437,7 @@ class _Lowering:
                     self.to_npu(name, layout, g.dtype)
         for g in ordered:
             self.npu_tensor(g.output, g.output_layout, g.dtype)
+            self.builder.mark_written(g.npu_name(g.output, self.precision))  # its jobs run in this order
         lowered = lower_segment(self.graph, ordered, self.builder, f"segment {number}", self.precision)
         self.builder.append_segment(self.program, self.steps, lowered)
         self.stats.npu_tasks += lowered.step.stats["tasks"]

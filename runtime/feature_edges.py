@@ -526,15 +526,8 @@ def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 
 def _native_positions(info: TensorInfo) -> np.ndarray:
     """For each logical element of `info` (row-major), its element's place in the
-    tensor's native bytes (2-byte elements): the layout's unpack of the numbers."""
-    count = info.nbytes // 2
-    numbers = np.arange(count, dtype=np.int64)
-    out = np.zeros(int(np.prod(info.shape, dtype=np.int64)), np.int64)
-    for shift in range(0, max(count - 1, 1).bit_length(), 16):  # 16 bits an unpack, as many as the numbers have
-        part = geometry.unpack((numbers >> shift & 0xFFFF).astype(np.uint16).view(np.uint8), info.shape,
-                               info.layout, np.uint16)
-        out |= part.astype(np.int64).reshape(-1) << shift
-    return out
+    tensor's native bytes (2-byte elements)."""
+    return geometry.native_positions(info.shape, info.layout, info.nbytes)
 
 
 def _relayout_plan(run, step: Step) -> tuple:

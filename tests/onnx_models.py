@@ -91,6 +91,40 @@ def onnxruntime_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, n
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
 
 
+def light_with_random_weights(name: str, path: Path) -> Path | None:
+    """onnx's bundled light model `name` with random weights (seed 0, He-scaled; batch-norm
+    variances uniform in [0.5, 1.5]), saved at
+    `path` (None when onnx ships no such model): its own weights are all
+    ConstantOfShape(0.02), which proves nothing (issue 38)."""
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"{name}.onnx"
+    if not light.exists():
+        return None
+    m = onnx.load(light)
+    shapes = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    variances = {n.input[4] for n in m.graph.node if n.op_type == "BatchNormalization"}
+    rng = np.random.default_rng(0)
+    nodes, weights = [], []
+    for n in m.graph.node:
+        if n.op_type != "ConstantOfShape":
+            nodes.append(n)
+            continue
+        shape = [int(d) for d in shapes[n.input[0]]]
+        scale = np.sqrt(2.0 / np.prod(shape[1:])) if len(shape) > 1 else 0.1
+        value = rng.standard_normal(shape) * scale
+        if n.output[0] in variances:  # a variance is positive
+            value = rng.uniform(0.5, 1.5, shape)
+        weights.append(numpy_helper.from_array(value.astype(np.float32), n.output[0]))
+    used = {x for n in nodes for x in n.input}
+    kept = [i for i in m.graph.initializer if i.name in used]
+    inputs = [i for i in m.graph.input if i.name in used]
+    del m.graph.node[:], m.graph.initializer[:], m.graph.input[:]
+    m.graph.node.extend(nodes)
+    m.graph.initializer.extend(kept + weights)
+    m.graph.input.extend(inputs)
+    m.ir_version = max(m.ir_version, 7)
+    return save(m, path)
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))

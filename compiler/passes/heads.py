@@ -74,8 +74,10 @@ def split_heads(graph: Graph, mm: Op) -> bool:
         return False
     scaled = _scalar_after(graph, mm)
     if scaled is not None:
-        # the scale moves onto A's small per-head pieces ([M, K], K = the key size),
-        # before the product: else it stays a Mul of the whole [1, H, M, N] scores
+        # the scale moves onto B's small per-head pieces ([K, N], K = the key size),
+        # before the product: else it stays a Mul of the whole [1, H, M, N] scores. B,
+        # the GEMM's run-time weights, is a host gather anyway; A may then be a slice
+        # of its producer's map (program_steps' gather: a view)
         mul, scale = scaled
         graph.ops.remove(mul)
         replace_uses(graph, mul.outputs[0], mm.outputs[0])
@@ -91,9 +93,9 @@ def split_heads(graph: Graph, mm: Op) -> bool:
     results = []
     if scaled is not None:
         factor = add_const(graph, f"{base}.scale", np.array(scale, t.dtype.numpy))
-        for h, part in enumerate(a_parts):
-            a_parts[h] = _new(graph, f"{part}.scaled", t.dtype, graph.tensors[part].type.shape)
-            ops.append(Op("Mul", [part, factor], [a_parts[h]], {}, f"{base}.h{h}.scale"))
+        for h, part in enumerate(b_parts):
+            b_parts[h] = _new(graph, f"{part}.scaled", t.dtype, graph.tensors[part].type.shape)
+            ops.append(Op("Mul", [part, factor], [b_parts[h]], {}, f"{base}.h{h}.scale"))
     for h in range(heads):
         product = _new(graph, f"{base}.h{h}.product", t.dtype, (m, n))
         ops.append(Op("MatMul", [a_parts[h], b_parts[h]], [product], {}, f"{base}.h{h}"))

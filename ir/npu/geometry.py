@@ -108,6 +108,19 @@ def unpack(raw: np.ndarray, shape, kind: str, dtype: np.dtype) -> np.ndarray:
 
 
 # -- convolution windows (the compiler's shape rules and emitters, the CPU kernels) --------
+def native_positions(shape, kind: str, nbytes: int) -> np.ndarray:
+    """For each logical element of a 2-byte tensor of `shape` stored in `nbytes` of layout
+    `kind` (row-major order), its element's place in those bytes: the layout's unpack of
+    the element numbers, 16 bits at a time (as many as the numbers have)."""
+    count = nbytes // 2
+    numbers = np.arange(count, dtype=np.int64)
+    out = np.zeros(int(np.prod(shape, dtype=np.int64)), np.int64)
+    for shift in range(0, max(count - 1, 1).bit_length(), 16):
+        part = unpack((numbers >> shift & 0xFFFF).astype(np.uint16).view(np.uint8), shape, kind, np.uint16)
+        out |= part.astype(np.int64).reshape(-1) << shift
+    return out
+
+
 def pads_for(auto_pad: str, in_sizes, kernel, strides, dilations, pads) -> tuple[list[int], list[int]]:
     """(begin, end) paddings per spatial axis, after ONNX's auto_pad rules."""
     n = len(in_sizes)

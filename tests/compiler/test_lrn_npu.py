@@ -4,15 +4,13 @@ table's range from the input's calibration."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from onnx import helper
 
 from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
-from onnx_models import build_and_run, cosine, graph_model, onnxruntime_outputs, save
+from onnx_models import build_and_run, cosine, graph_model, light_with_random_weights, onnxruntime_outputs, save
 
 pytest.importorskip("rkc.runtime.sim")
 THRESHOLD = {"fp16": 0.9995, "int8": 0.995}  # tests/compiler/test_npu_coverage.py's
@@ -94,34 +92,10 @@ def test_an_int8_plan_made_mixed_by_its_lrn_weighs_the_crossings_around_it(tmp_p
 
 
 def _random_inception(tmp_path):
-    """onnx's bundled light Inception v1 with random weights (seed 0, He-scaled): its
-    weights are all ConstantOfShape(0.02), which proves nothing (issue 38)."""
-    import onnx
-    from onnx import numpy_helper
-
-    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_inception_v1.onnx"
-    if not light.exists():
+    path = light_with_random_weights("light_inception_v1", tmp_path / "inception.onnx")
+    if path is None:
         pytest.skip("onnx ships no light_inception_v1.onnx")
-    m = onnx.load(light)
-    shapes = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
-    rng = np.random.default_rng(0)
-    nodes, weights = [], []
-    for n in m.graph.node:
-        if n.op_type != "ConstantOfShape":
-            nodes.append(n)
-            continue
-        shape = [int(d) for d in shapes[n.input[0]]]
-        scale = np.sqrt(2.0 / np.prod(shape[1:])) if len(shape) > 1 else 0.1
-        weights.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), n.output[0]))
-    used = {x for n in nodes for x in n.input}
-    kept = [i for i in m.graph.initializer if i.name in used]
-    inputs = [i for i in m.graph.input if i.name in used]
-    del m.graph.node[:], m.graph.initializer[:], m.graph.input[:]
-    m.graph.node.extend(nodes)
-    m.graph.initializer.extend(kept + weights)
-    m.graph.input.extend(inputs)
-    m.ir_version = max(m.ir_version, 7)
-    return save(m, tmp_path / "inception.onnx")
+    return path
 
 
 @pytest.mark.slow

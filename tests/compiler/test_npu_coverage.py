@@ -14,7 +14,9 @@ from rkc.compiler.build import BuildOptions, build
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.passes import run_passes
 from rkc.compiler.reference import run_graph
-from onnx_models import build_and_run, cosine, cpu_max_pools, graph_model, save, shufflenet_unit, sppf_like
+from rkc.ir.npu.layout import kernel_group_for
+from onnx_models import (build_and_run, cosine, cpu_max_pools, graph_model, light_with_random_weights,
+                         onnxruntime_outputs, save, shufflenet_unit, sppf_like)
 
 @pytest.fixture(autouse=True)
 def _max_pools_on_the_cpu(monkeypatch):
@@ -670,3 +672,87 @@ def test_shufflenet_stride_two_unit_runs_on_the_npu(tmp_path, precision):
     assert not cpu, cpu
     assert [p.device for p in report.placements if p.op.type == "Concat"] == ["view"]
     assert cosine(got, want) >= THRESHOLD[precision]
+
+
+def _conv_beside_pool(c: int, ca: int, conv_first: bool, seed: int):
+    """Relu(Conv 1x1, c channels) -> [3x3/2 Conv to `ca` channels, 3x3/2 AveragePool],
+    concatenated (the conv's piece first), then a 1x1 Conv: `conv_first` orders the two
+    producers in the graph, hence in the segment's jobs."""
+    rng = np.random.default_rng(seed)
+    producers = [helper.make_node("Conv", ["r0", "wa", "ba"], ["a"], strides=[2, 2], pads=[1, 1, 1, 1]),
+                 helper.make_node("AveragePool", ["r0"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                                  pads=[1, 1, 1, 1], count_include_pad=1)]
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"]), helper.make_node("Relu", ["c0"], ["r0"]),
+             *(producers if conv_first else producers[::-1]),
+             helper.make_node("Concat", ["a", "p"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w1"], ["y"])]
+    inits = {"w0": rng.standard_normal((c, 3, 1, 1)), "b0": rng.standard_normal(c) * 0.1,
+             "wa": rng.standard_normal((ca, c, 3, 3)) / (3 * c ** 0.5), "ba": rng.standard_normal(ca) * 0.1,
+             "w1": rng.standard_normal((16, ca + c, 1, 1)) / (ca + c) ** 0.5}
+    return nodes, inits
+
+
+@pytest.mark.parametrize("precision, c, ca", [("fp16", 16, 24), ("fp16", 40, 136), ("fp16", 24, 8),
+                                              ("int8", 32, 48), ("int8", 16, 16)])
+@pytest.mark.parametrize("conv_first", [True, False])
+def test_a_concat_piece_whose_padding_spills_into_the_next_slice(tmp_path, precision, c, ca, conv_first):
+    """A conv writes whole kernel groups (16 fp16, 32 int8 channels): of 8 mod 16 fp16 (16
+    mod 32 int8) channels, its padding lands in the next slice of the Concat. The Concat stays slices of one buffer
+    when the next piece's producer runs later in the segment (its jobs overwrite them,
+    ModuleBuilder.spill_covered); written before, the Concat is a gather. Against onnxruntime."""
+    nodes, inits = _conv_beside_pool(c, ca, conv_first, c + ca)
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 3, 13, 11]), (1, 3, 13, 11),
+                                      precision)
+    cpu = [(p.op.describe(), p.reason) for p in report.placements if p.device == "cpu"]
+    concat = [p.device for p in report.placements if p.op.type == "Concat"]
+    spills = ca % kernel_group_for(1 if precision == "int8" else 2) != 0
+    if conv_first or not spills:
+        assert not cpu and concat == ["view"], cpu
+    else:
+        assert concat == ["cpu"], concat
+    assert cosine(got, want) >= THRESHOLD[precision]
+    tolerance = {"fp16": 0.02, "int8": 0.1}[precision] * float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, atol=tolerance)
+
+
+def test_a_spilling_piece_with_another_reader_is_not_overwritten(tmp_path):
+    """The conv whose padding would land in the pool's slice is also read by another op,
+    which would then read the pool's values as that padding (a conv weighs them by zero,
+    other readers need not): that Concat is a gather (the other one, of two maps read by
+    nothing else, a view). Against onnxruntime."""
+    nodes, inits = _conv_beside_pool(16, 24, True, 5)
+    nodes[-1] = helper.make_node("Conv", ["cat", "w1"], ["joined"])
+    nodes += [helper.make_node("Conv", ["a", "wz"], ["side"]), helper.make_node("Concat", ["joined", "side"], ["y"], axis=1)]
+    inits["wz"] = np.random.default_rng(6).standard_normal((16, 24, 1, 1)) / 24 ** 0.5
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 3, 13, 11]), (1, 3, 13, 11), "fp16")
+    concats = {p.op.outputs[0]: p.device for p in report.placements if p.op.type == "Concat"}
+    assert concats == {"cat": "cpu", "y": "view"}, concats
+    assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+@pytest.mark.slow
+def test_shufflenet_with_random_weights_has_no_concat_on_the_cpu(tmp_path):
+    """onnx's light ShuffleNet, random weights, PPU pools: stage 3's Concat n64, whose first
+    piece (a 136-channel fp16 conv) writes 144 channels, is slices of one buffer; only
+    Flatten and Softmax run on the CPU. Logits against onnxruntime on the simulator."""
+    from rkc import runtime
+    from rkc.runtime.sim import Quirks, SimDevice
+
+    path = light_with_random_weights("light_shufflenet", tmp_path / "shufflenet.onnx")
+    if path is None:
+        pytest.skip("onnx ships no light_shufflenet.onnx")
+    x_name, y_name = "gpu_0/data_0", "gpu_0/softmax_1"
+    rng = np.random.default_rng(1)
+    options = BuildOptions(precision="int8", calib=tmp_path / "calib.npz", ppu_irq=True)
+    np.savez(options.calib, **{x_name: rng.standard_normal((2, 1, 3, 224, 224)).astype(np.float32)})
+    report = build(path, tmp_path / "m.rkbin", options)
+    assert sorted(p.op.type for p in report.placements if p.device == "cpu") == ["Flatten", "Softmax"]
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin", device=SimDevice(quirks=Quirks(completion_blocks=("DPU", "PPU")))) as m:
+        assert not [s for s in m.module.programs[0].steps if s.op == "Relayout"]
+        got = np.asarray(m.run({x_name: x})[y_name], np.float64).ravel()
+    want = onnxruntime_outputs(path, {x_name: x})[y_name].astype(np.float64).ravel()
+    # the output is a softmax: compare the logits up to a constant (log-probabilities)
+    lg, lw = np.log(got) - np.log(got).mean(), np.log(want) - np.log(want).mean()
+    assert cosine(lg, lw) >= THRESHOLD["fp16"]
+    assert got.argmax() == want.argmax()

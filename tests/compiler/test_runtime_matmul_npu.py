@@ -113,18 +113,20 @@ def _heads(dim: int, heads: int, h: int, w: int, seed: int):
     return model
 
 
-@pytest.mark.parametrize("dim,heads,h,w", [(128, 2, 20, 20), (64, 1, 4, 4), (96, 3, 3, 5)])
-def test_batched_attention_products_run_per_head_on_the_npu(tmp_path, dim, heads, h, w):
+@pytest.mark.parametrize("dim,heads,h,w,q_views", [(128, 2, 20, 20, 2), (64, 1, 4, 4, 1), (96, 3, 3, 5, 0)])
+def test_batched_attention_products_run_per_head_on_the_npu(tmp_path, dim, heads, h, w, q_views):
     """YOLO11n's shape at 640 (128 channels, 2 heads, 20x20 positions), one head,
-    and three heads over an odd position count."""
+    and three heads over an odd position count. `q_views`: the heads whose Q^T, the
+    first product's A ([positions, key] in GEMM atoms), is a view of the qkv map's
+    bytes (program_steps' byte_slice): not the 3x5 map's, stored with zero rows below."""
     path = save(_heads(dim, heads, h, w, dim + heads), tmp_path / "m.onnx")
     report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", npu_attention=True))
     products = [p for p in report.placements if p.op.type == "MatMul"]
     assert [p.device for p in products] == ["npu"] * 2 * heads, [p.reason for p in products]
     assert _softmax_steps(tmp_path / "m.rkbin") == heads
-    # Q^T (scaled), K and V of each head gathered from the qkv map (compiler/relayout.py): the map
-    # is not converted to float32 on the host
-    assert _steps(tmp_path / "m.rkbin", "Relayout") == 3 * heads
+    # Q^T, K (scaled) and V of each head gathered from the qkv map (compiler/relayout.py) or
+    # Q^T read in place: the map is not converted to float32 on the host
+    assert _steps(tmp_path / "m.rkbin", "Relayout") == 3 * heads - q_views
     assert not [s for s in read_rkbin(tmp_path / "m.rkbin").module.program("main").steps if s.name == "from_npu:qkv"]
     x = np.random.default_rng(5).standard_normal((1, dim, h, w)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
