@@ -117,7 +117,8 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
 
     graph, placements, groups, precision, note = plan(source, options, stage)
     steps = stage("partition", partition, graph,
-                  lambda i: groups[i].segment_kind if placements[i].device == "npu" else None)
+                  lambda i: groups[i].segment_kind if placements[i].device == "npu" else None,
+                  lambda i: groups[i].anchor if placements[i].device == "npu" else None)
     metadata = {"source": Path(source).name, "precision": precision, "producer": "rkc",
                 "graph": graph.name, "cores": options.cores}
     ppu = any(g.result.uses_ppu for g in groups.values())

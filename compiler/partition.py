@@ -94,11 +94,37 @@ def _paths_through_others(q: nx.DiGraph) -> Callable[[object, object], bool]:
     return lambda a, b: any(s != b and reach[s] >> index[b] & 1 for s in q.successors(a))
 
 
-def partition(graph: Graph, on_npu: Callable[[int], object]) -> list[Step]:
+def _as_units(dag: nx.DiGraph, unit: Callable[[int], object]) -> nx.DiGraph:
+    """The dependency graph with every op of a unit (ops the NPU runs as one
+    group: a convolution and the Add fused into its epilogue) depending on what
+    any of them reads from outside: the group's tasks read all of it when they
+    run, so a unit never straddles a CPU op that one of its members waits for."""
+    members: dict[object, list[int]] = {}
+    for v in dag:
+        key = unit(v)
+        if key is not None:
+            members.setdefault(key, []).append(v)
+    units = [vs for vs in members.values() if len(vs) > 1]
+    if not units:
+        return dag
+    dag = dag.copy()
+    for vs in units:
+        inside = set(vs)
+        outside = {p for v in vs for p in dag.predecessors(v)} - inside
+        dag.add_edges_from((p, v) for p in outside for v in vs)
+    return dag
+
+
+def partition(graph: Graph, on_npu: Callable[[int], object],
+              unit: Callable[[int], object] | None = None) -> list[Step]:
     """Steps in execution order. `on_npu(i)` says whether graph.ops[i] may run on
     the NPU: False/None for the CPU, else True or the op's NPU kind (its dtype in a
-    mixed-precision program); a segment holds NPU ops of one kind."""
+    mixed-precision program); a segment holds NPU ops of one kind. `unit(i)`, when
+    given, names the group graph.ops[i] runs in (None: none): a group's ops land in
+    one segment."""
     dag = graph.dependency_graph()
+    if unit is not None:
+        dag = _as_units(dag, unit)
     level = _levels(dag, on_npu)
     by_level: dict[tuple, set[int]] = {}
     for v in dag:

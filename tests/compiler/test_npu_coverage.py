@@ -398,6 +398,25 @@ def test_a_residual_made_by_a_later_conv_fuses_into_that_conv(tmp_path, precisio
     assert cosine(got, want) >= THRESHOLD[precision]
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_fused_residual_waits_for_its_operand_across_a_cpu_op(tmp_path, precision):
+    """Conv p of x -> Concat(x, p) -> Conv c1; Conv c2 of x -> Add(c1, c2): the Add fuses
+    into c2's epilogue, so c2 runs in c1's segment, after the Concat, not in the first
+    segment with p (whose partition level it has alone): the group is one unit."""
+    rng = np.random.default_rng(19)
+    nodes = [helper.make_node("Conv", ["x", "wp"], ["p"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["x", "p"], ["joined"], axis=1),
+             helper.make_node("Conv", ["joined", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c1", "c2"], ["y"])]
+    inits = {"wp": rng.standard_normal((16, 8, 3, 3)) / 8, "w1": rng.standard_normal((16, 24, 3, 3)) / 14,
+             "w2": rng.standard_normal((16, 8, 3, 3)) / 8}
+    report, got, want = build_and_run(tmp_path, graph_model(nodes, inits, [1, 8, 12, 12]), (1, 8, 12, 12), precision)
+    (add,) = [p for p in report.placements if p.op.type == "Add"]
+    assert add.device == "npu", add.reason
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
 def _two_branch_block(w3_scale: float, branch_relus: bool):
     """Conv a -> Conv b, Conv c (b first) -> Add(b, c) -> ReLU, a ResNet projection
     block's shape; `branch_relus`: each branch ends in a ReLU (the Add then fuses
