@@ -189,6 +189,12 @@ def quantization_lines(q: dict) -> list[str]:
                     f"{four['weight_bytes'] / 1e6:.1f} MB), activations int8 as two nibble rows"
                     + (f"; kept int8: {', '.join(n.removesuffix('.weight') for n in four['keep_int8'])}"
                        if four.get("keep_int8") else ""))
+    prefill = q.get("prefill_ffn")
+    if prefill:
+        lines.append(f"  prefill FFN {prefill['precision']} (--prefill-ffn {prefill['choice']})"
+                     + (f": an fp16 copy of {prefill['copies']} FFN weights read by the multi-row programs only, "
+                        f"+{prefill['extra_weight_bytes'] / 1e6:.1f} MB; decode reads the int8 ones"
+                        if prefill["copies"] else ""))
     hybrid = q.get("hybrid")
     if hybrid:
         lines.append(f"  hybrid: {len(hybrid['products'])} products kept fp16 (noisiest int8 groups on the "
