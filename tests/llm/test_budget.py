@@ -132,10 +132,14 @@ def test_weights_past_the_iova_window_are_refused_before_quantizing(graph):
     """The products' weight bytes (a lower bound of the NPU regions) against the window:
     int8 a byte a weight, int4 half, fp16 two; exactly at the window is refused."""
     from rkc.compiler.llm.build import check_npu_weights_fit
+    from rkc.compiler.llm.prefill_ffn import copy_bytes
 
     weights = sum(n * k for _, n, k, _ in _linears(graph).values())
-    for precision, need in (("int8", weights), ("int4", weights // 2), ("fp16", 2 * weights)):
-        options = LlmCompileOptions(precision=precision)
+    copy = copy_bytes(graph)  # an int8 build's fp16 FFN copy for prefill (compiler/llm/prefill_ffn.py)
+    assert copy > 0
+    for precision, prefill, need in (("int8", "int8", weights), ("int8", "fp16", weights + copy),
+                                     ("int4", "auto", weights // 2), ("fp16", "auto", 2 * weights)):
+        options = LlmCompileOptions(precision=precision, prefill_ffn=prefill)
         check_npu_weights_fit(graph, options, window=need + 1)
         with pytest.raises(UnsupportedError, match=f"{precision} NPU weights need at least .* IOVA window"):
             check_npu_weights_fit(graph, options, window=need)
