@@ -66,7 +66,7 @@ from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf  # noqa: E402
 from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights  # noqa: E402
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, GraphRunner, calibration_windows  # noqa: E402
 from rkc.compiler.llm.calibrate import WINDOW as CAL_WINDOW  # noqa: E402
-from rkc.compiler.llm.prefill_ffn import copy_name  # noqa: E402
+from rkc.compiler.llm.prefill_fp16 import copy_name  # noqa: E402
 from rkc.compiler.llm.weights import LazyWeights, dequantize_all, gather_only_tables  # noqa: E402
 from rkc.runtime.llm.tokenizer import LlmTokenizer  # noqa: E402
 from rkc.compiler.llm.quantize import QMAX  # noqa: E402
@@ -268,7 +268,7 @@ def build_weights(bench: Bench, scheme: str) -> dict:
              "alpha_search": kv["alpha"] == "search" if "alpha" in kv else None,
              "smooth_alpha": float(kv["alpha"]) if kv.get("alpha", "search") != "search" else None,
              "keep_fp16": tuple(k for k in kv["keep"].split("+") if k) if "keep" in kv else None,
-             "rotation": kv.get("rot"), "residual": kv.get("res"), "prefill_ffn": kv.get("prefill"),
+             "rotation": kv.get("rot"), "residual": kv.get("res"), "prefill_fp16": kv.get("prefill"),
              "int4_keep": tuple(k for k in kv["keep4"].split("+") if k) if "keep4" in kv else None,
              "int4_group": int(kv["group"]) if "group" in kv else None}
     # keys not given: `rkc compile --precision int8`'s defaults

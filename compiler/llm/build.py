@@ -37,7 +37,8 @@ from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, MAX_TOKENS as CALIBRATI
 from rkc.compiler.llm.cpu_work import cpu_steps
 from rkc.compiler.llm.encode import encode_int4, encode_rows, streamed_rows
 from rkc.compiler.llm.int4 import AUTO_GROUP
-from rkc.compiler.llm.prefill_ffn import DEFAULT_PREFILL_FFN, copied_weights, copy_bytes, copy_name, with_copies
+from rkc.compiler.llm.prefill_fp16 import DEFAULT_PREFILL_FP16, copied_kind, copied_weights, copy_bytes, copy_name, \
+    prefill_fp16_line, with_copies
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, RESIDUAL_CHOICES,
                                        ROUNDINGS, SCALES, default_rounding, method_for,
@@ -96,9 +97,9 @@ class LlmCompileOptions:
     smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
     # int8 only: products whose weight name contains one of these stay fp16 (hybrid)
     keep_fp16: tuple[str, ...] = DEFAULT_KEEP_FP16
-    # int8 only: the multi-row programs' FFN (compiler/llm/prefill_ffn.py): fp16 (a copy of the
-    # FFN weights that only they read), int8 (the decode's), auto (fp16 while the copy is small)
-    prefill_ffn: str = DEFAULT_PREFILL_FFN
+    # int8 only: the weights the multi-row programs read from an fp16 copy (compiler/llm/prefill_fp16.py):
+    # all (every product's but the head's), ffn, none (decode's int8), auto (all or ffn while the copy is small)
+    prefill_fp16: str = DEFAULT_PREFILL_FP16
     # int8 and int4: how weights are rounded (compiler/llm/quantize.py); "": the precision's
     # default, which compile_gguf lowers when GPTQ's estimate is over budget (compiler/llm/budget.py)
     rounding: str = ""
@@ -261,8 +262,8 @@ def check_npu_weights_fit(graph: Graph, options: LlmCompileOptions, window: int 
 
 
 def prefill_copies(graph: Graph, options: LlmCompileOptions) -> list[str]:
-    """The FFN weights whose fp16 copy the multi-row programs read (prefill_ffn.py)."""
-    return copied_weights(graph, options.precision, options.prefill_ffn, options.keep_fp16)
+    """The FFN weights whose fp16 copy the multi-row programs read (prefill_fp16.py)."""
+    return copied_weights(graph, options.precision, options.prefill_fp16, options.keep_fp16)
 
 
 def _encode_copies(names: Iterable[str], weights: Mapping[str, np.ndarray], out: dict[str, EncodedWeight]) -> None:
@@ -293,22 +294,21 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
     report = report or CompileReport()
     with threadpool_limits(limits=1, user_api="blas"):
         matrices, vectors = _prepare_weights(graph, cfg, tokenizer, weights, options, report)
-    _report_prefill_ffn(graph, matrices, options, report)
+    _report_prefill_fp16(graph, matrices, options, report)
     return matrices, vectors
 
 
-def _report_prefill_ffn(graph: Graph, matrices: dict[str, EncodedWeight], options: LlmCompileOptions,
-                        report: CompileReport) -> None:
-    """An int8 build's prefill FFN (prefill_ffn.py): one report line, and rkc inspect's entry."""
+def _report_prefill_fp16(graph: Graph, matrices: dict[str, EncodedWeight], options: LlmCompileOptions,
+                         report: CompileReport) -> None:
+    """An int8 build's prefill products (prefill_fp16.py): one report line, and rkc inspect's entry."""
     if options.precision != "int8":
         return
     copies = [w for w in prefill_copies(graph, options) if copy_name(w) in matrices]
+    kind = copied_kind(graph, options.precision, options.prefill_fp16, options.keep_fp16) if copies else "none"
     extra = sum(matrices[copy_name(w)].data.nbytes for w in copies)
-    report.quantization["prefill_ffn"] = {"choice": options.prefill_ffn, "precision": "fp16" if copies else "int8",
-                                          "copies": len(copies), "extra_weight_bytes": extra}
-    report.say(f"int8: prefill FFN {'fp16' if copies else 'int8'} (--prefill-ffn {options.prefill_ffn})"
-               + (f": an fp16 copy of {len(copies)} FFN weights that only the multi-row programs read, "
-                  f"+{extra / 1e6:.1f} MB; decode reads the int8 ones" if copies else ""))
+    report.quantization["prefill_fp16"] = {"choice": options.prefill_fp16, "products": kind,
+                                           "copies": len(copies), "extra_weight_bytes": extra}
+    report.say(prefill_fp16_line(report.quantization["prefill_fp16"]))
 
 
 def _prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray],
@@ -475,7 +475,7 @@ def lower_programs(graph: Graph, plan: list[LlmProgram], builder: ModuleBuilder,
     chunks', would pass the IOVA window beside what is mapped already is left
     out, with every larger one (a chunk's scratch grows with its rows: a 7B
     int4's 512-chunk needs 893 MiB beside 3371 of weights). The multi-row
-    programs read the fp16 copies of FFN weights `copies` (prefill_ffn.py).
+    programs read the fp16 copies of weights `copies` (prefill_fp16.py).
     The chunks left out."""
     scratch_per_row, regcmd_per_row, left_out, decided = 0.0, 0.0, [], set()
     chunk_start = (1, builder.regcmd.size)  # the rows of the chunk being lowered, the regcmd before it

@@ -20,6 +20,7 @@ import numpy as np
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
 from rkc.compiler.llm.cpu_work import UNKNOWN, WHY_ON_CPU, HostCosts, cpu_lines, cpu_steps, prefill_lines
+from rkc.compiler.llm.prefill_fp16 import prefill_fp16_line
 from rkc.compiler.llm.quantize import ROUNDINGS
 from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
@@ -189,12 +190,8 @@ def quantization_lines(q: dict) -> list[str]:
                     f"{four['weight_bytes'] / 1e6:.1f} MB), activations int8 as two nibble rows"
                     + (f"; kept int8: {', '.join(n.removesuffix('.weight') for n in four['keep_int8'])}"
                        if four.get("keep_int8") else ""))
-    prefill = q.get("prefill_ffn")
-    if prefill:
-        lines.append(f"  prefill FFN {prefill['precision']} (--prefill-ffn {prefill['choice']})"
-                     + (f": an fp16 copy of {prefill['copies']} FFN weights read by the multi-row programs only, "
-                        f"+{prefill['extra_weight_bytes'] / 1e6:.1f} MB; decode reads the int8 ones"
-                        if prefill["copies"] else ""))
+    if q.get("prefill_fp16"):
+        lines.append("  " + prefill_fp16_line(q["prefill_fp16"]))
     hybrid = q.get("hybrid")
     if hybrid:
         lines.append(f"  hybrid: {len(hybrid['products'])} products kept fp16 (noisiest int8 groups on the "

@@ -134,7 +134,7 @@ class Int8Weight:
 
 @dataclass
 class ByRows:
-    """A weight the programs read in two forms (compiler/llm/prefill_ffn.py): a
+    """A weight the programs read in two forms (compiler/llm/prefill_fp16.py): a
     one-row input (decode) through `one`, more rows (prefill, score) through
     `many`, as the CPU emulation of an int8 build whose multi-row programs read
     an fp16 copy of the FFN weights."""

@@ -74,7 +74,7 @@ def emulation(gguf, tokenizer, **options):
     from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
     from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights
     from rkc.compiler.llm.calibrate import GraphRunner
-    from rkc.compiler.llm.prefill_ffn import emulated
+    from rkc.compiler.llm.prefill_fp16 import emulated
     from rkc.compiler.llm.weights import dequantize_all
     from rkc.runtime.llm.weights import Weight
 

@@ -59,8 +59,8 @@ def test_logits_match_reference(arch, precision, alpha, keep, arith, min_cos, ma
 
 
 # every int8 option once, the multi-row FFN int8 as decode's (its bits up to drift), and the default scheme
-# per architecture, whose multi-row programs read the FFN's fp16 copy (compiler/llm/prefill_ffn.py)
-INT8_FFN = {"prefill_ffn": "int8"}
+# per architecture, whose multi-row programs read the FFN's fp16 copy (compiler/llm/prefill_fp16.py)
+INT8_FFN = {"prefill_fp16": "none"}
 EMULATED = [(a, INT8_FFN) for a in ARCHS] + [
     ("gemma3", {"rounding": "gptq", "scales": "mse", "fp16_share": 0.25, "alpha_search": True, **INT8_FFN}),
     ("gemma3", {"rotation": "none", "smooth_alpha": 0.0, **INT8_FFN}),  # differed by 0.3 % of a row's max logit
@@ -96,11 +96,11 @@ def test_int8_rkbin_computes_its_cpu_emulation(arch, options, synth_rkbin, synth
     # float32 pairwise one) moves every code of the row: median 2.5e-5 (2026-12-06)
     cos = np.array([_cosine(got[r], want[r]) for r in range(len(tokens))])
     assert cos.min() > 0.999, cos
-    # The multi-row programs' FFN in fp16 (the default, compiler/llm/prefill_ffn.py) computes its activation
+    # The multi-row programs' FFN in fp16 (the default, compiler/llm/prefill_fp16.py) computes its activation
     # from the NPU's table (~1e-3 absolute, ffn_fusion.py), the emulation in float32: medians 2.4e-5 (gemma3)
     # and 6.5e-5 (llama, SiLU), 2026-12-06
     drift = 2e-5 if options.get("fp16_share") else 5e-5 if options.get("rotation") == "none" else \
-        1e-6 if options.get("prefill_ffn") == "int8" else 1.5e-4
+        1e-6 if options.get("prefill_fp16") == "int8" else 1.5e-4
     assert np.median(1 - cos) < drift, cos
 
 

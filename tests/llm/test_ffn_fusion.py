@@ -11,7 +11,8 @@ import pytest
 from rkc.compiler.emitter_graph import CHAINABLE, EMIT_OPTIONS
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.ffn_fusion import ACTIVATION_LUT, gated_ffns, operand_rows
-from rkc.compiler.llm.prefill_ffn import AUTO_MAX_COPY_BYTES, copied_weights, copy_bytes, ffn_weights
+from rkc.compiler.llm.prefill_fp16 import AUTO_MAX_COPY_BYTES, body_weights, copied_kind, copied_weights, \
+    copy_bytes, ffn_weights
 from rkc.compiler.npu import api, lut
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.placement import place_segment
@@ -84,7 +85,7 @@ def test_the_pattern_is_each_layers_ffn(arch, synth_gguf):
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])
 def test_fp16_programs_keep_no_ffn_step_on_the_cpu(arch, synth_rkbin):
     fp16 = read_rkbin(synth_rkbin(arch, "fp16")).module
-    int8 = read_rkbin(synth_rkbin(arch, "int8", prefill_ffn="int8")).module
+    int8 = read_rkbin(synth_rkbin(arch, "int8", prefill_fp16="none")).module
     ffn_ops = {"SiLU", "GeluTanh", "Mul"}
     for program in fp16.programs:
         assert not ffn_ops & {s.op for s in program.steps if s.kind == "cpu"}, program.name
@@ -97,42 +98,56 @@ def test_fp16_programs_keep_no_ffn_step_on_the_cpu(arch, synth_rkbin):
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])
-def test_int8_prefill_programs_read_the_fp16_ffn_copy(arch, synth_rkbin, synth_gguf):
-    """--prefill-ffn fp16 (compiler/llm/prefill_ffn.py): decode reads the int8 FFN
-    weights and keeps its host stretch; the multi-row programs read the fp16 copy
-    in one fused segment, as an fp16 build's; the copy adds 2 bytes a FFN weight."""
-    copied = read_rkbin(synth_rkbin(arch, "int8", prefill_ffn="fp16"))
-    plain = read_rkbin(synth_rkbin(arch, "int8", prefill_ffn="int8"))
+@pytest.mark.parametrize("kind", ["ffn", "all"])
+def test_int8_prefill_programs_read_the_fp16_copy(arch, kind, synth_rkbin, synth_gguf):
+    """--prefill-fp16 ffn / all (compiler/llm/prefill_fp16.py): decode reads the
+    int8 weights and keeps its program; the multi-row programs read the fp16
+    copy, the FFN in one fused segment, as an fp16 build's; with all, the only
+    int8 product left on their path is the head's; the copy adds 2 bytes a weight."""
+    copied = read_rkbin(synth_rkbin(arch, "int8", prefill_fp16=kind))
+    plain = read_rkbin(synth_rkbin(arch, "int8", prefill_fp16="none"))
     fp16 = read_rkbin(synth_rkbin(arch, "fp16")).module
     ffn_ops = {"SiLU", "GeluTanh", "Mul"}
     for program in copied.module.programs:
-        on_cpu = {s.op for s in program.steps if s.kind == "cpu"}
+        on_cpu = [s.op for s in program.steps if s.kind == "cpu"]
         segments = sum(s.kind == "npu" for s in program.steps)
         if program.name == "decode":
-            assert ffn_ops & on_cpu
-            assert segments == sum(s.kind == "npu" for s in plain.module.program("decode").steps)
+            assert [(s.kind, s.op) for s in program.steps] == \
+                [(s.kind, s.op) for s in plain.module.program("decode").steps]
         else:
-            assert not ffn_ops & on_cpu, program.name
+            assert not ffn_ops & set(on_cpu), program.name
             assert segments == sum(s.kind == "npu" for s in fp16.program(program.name).steps), program.name
-    prefill = copied.module.metadata["quantization"]["prefill_ffn"]
+            if kind == "all":
+                assert on_cpu.count("QuantizeRows") == 1, program.name  # the head's input
     graph = graph_from_gguf(GgufFile(str(synth_gguf(arch))))
-    assert prefill["precision"] == "fp16" and prefill["copies"] == 3 * len(gated_ffns(graph, lambda w: True))
-    assert prefill["extra_weight_bytes"] == copy_bytes(graph)
-    assert copied.blobs["weights"].size - plain.blobs["weights"].size >= copy_bytes(graph)
-    assert plain.module.metadata["quantization"]["prefill_ffn"]["copies"] == 0
+    names = ffn_weights(graph) if kind == "ffn" else body_weights(graph)
+    prefill = copied.module.metadata["quantization"]["prefill_fp16"]
+    assert prefill["products"] == kind and prefill["copies"] == len(names)
+    assert prefill["extra_weight_bytes"] == copy_bytes(graph, names)
+    assert copied.blobs["weights"].size - plain.blobs["weights"].size >= copy_bytes(graph, names)
+    assert plain.module.metadata["quantization"]["prefill_fp16"]["copies"] == 0
 
 
-def test_the_default_copies_only_small_ffns(synth_gguf):
-    """auto: the copy while it adds at most AUTO_MAX_COPY_BYTES; int8 and fp16 builds never."""
+def test_auto_copies_what_fits_its_bound(synth_gguf):
+    """auto: every product's copy but the head's, else the FFN's, while it adds at most
+    AUTO_MAX_COPY_BYTES; int8 builds only; --keep-fp16 weights need none."""
     graph = graph_from_gguf(GgufFile(str(synth_gguf("gemma3"))))
-    names = ffn_weights(graph)
-    assert copied_weights(graph, "int8", "auto") == names and names
-    assert copied_weights(graph, "int8", "int8") == []
-    assert copied_weights(graph, "fp16", "fp16") == [] and copied_weights(graph, "int4", "auto") == []
-    assert copied_weights(graph, "int8", "fp16", keep_fp16=("ffn_down",)) == [n for n in names if "ffn_down" not in n]
-    big = int(np.sqrt(AUTO_MAX_COPY_BYTES / 2 / len(names))) + 1  # every FFN weight big x big: over the bound
-    for n in names:
-        graph.tensors[n].type = TensorType(graph.tensors[n].type.dtype, (big, big))
-    assert copied_weights(graph, "int8", "auto") == [] and copied_weights(graph, "int8", "fp16") == names
+    ffn, body = ffn_weights(graph), body_weights(graph)
+    assert set(ffn) < set(body) and len(ffn) == 3 * len(gated_ffns(graph, lambda w: True))
+    assert copied_kind(graph, "int8", "auto") == "all" and copied_weights(graph, "int8", "auto") == body
+    assert copied_weights(graph, "int8", "none") == [] and copied_weights(graph, "int8", "ffn") == ffn
+    assert copied_weights(graph, "fp16", "all") == [] and copied_weights(graph, "int4", "auto") == []
+    assert copied_weights(graph, "int8", "ffn", keep_fp16=("ffn_down",)) == [n for n in ffn if "ffn_down" not in n]
+
+    def resize(names: list[str], side: int) -> None:
+        for n in names:
+            graph.tensors[n].type = TensorType(graph.tensors[n].type.dtype, (side, side))
+
+    attention = [n for n in body if n not in ffn]
+    resize(attention, int(np.sqrt(AUTO_MAX_COPY_BYTES / 2 / len(attention))) + 1)  # all over the bound, ffn not
+    assert copied_kind(graph, "int8", "auto") == "ffn" and copied_weights(graph, "int8", "auto") == ffn
+    resize(ffn, int(np.sqrt(AUTO_MAX_COPY_BYTES / 2 / len(ffn))) + 1)  # both over
+    assert copied_kind(graph, "int8", "auto") == "none" and copied_weights(graph, "int8", "auto") == []
+    assert copied_weights(graph, "int8", "all") == body
     with pytest.raises(UnsupportedError):
         copied_weights(graph, "int8", "bf16")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from llm import llamacpp
-from rkc.compiler.llm.prefill_ffn import SUFFIX
+from rkc.compiler.llm.prefill_fp16 import SUFFIX
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.generate import Generator, Sampler
 from scratch import scratch_dir

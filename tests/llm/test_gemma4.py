@@ -42,9 +42,9 @@ TEXT_TOKENS = 400  # of english.txt, in the tiny vocabulary (mostly byte pieces)
 # 0.00577 -> 0.00583, 2026-12-06): re-drawn near-ties of a tiny random model, so the bound sits below both
 TOP1 = {"fp16": 0.99, "int8": 0.96}
 # int8 as the w8a8 reference computes it in every program (the multi-row FFN int8 too, not the
-# default's fp16 copy: compiler/llm/prefill_ffn.py)
+# default's fp16 copy: compiler/llm/prefill_fp16.py)
 RTN = {"rounding": "rtn", "scales": "max", "fp16_share": 0, "rotation": "none", "smooth_alpha": 0.0,
-       "prefill_ffn": "int8"}
+       "prefill_fp16": "none"}
 
 
 @pytest.fixture(scope="module")

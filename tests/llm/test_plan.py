@@ -55,10 +55,10 @@ MANY_ROWS = [("prefill_16", list(range(20, 36)), 0), ("prefill_16", list(range(4
 
 
 # (precision, options, atol): int8's default multi-row programs read the fp16 FFN copy
-# (compiler/llm/prefill_ffn.py), so have fp16 edges, whose half steps the int8 edges after them
+# (compiler/llm/prefill_fp16.py), so have fp16 edges, whose half steps the int8 edges after them
 # can turn into a code step (measured 2026-12-06: gemma3 2.7e-3 of the largest logit, the
-# chunk at 16 padded then decode; llama and qwen2 <= 1e-7); prefill_ffn int8 keeps the int8 FFN stretch
-PLANS = [("fp16", {}, 2e-3), ("int8", {}, 5e-3), ("int8", {"prefill_ffn": "int8"}, 1e-4), ("int4", {}, 1e-4)]
+# chunk at 16 padded then decode; llama and qwen2 <= 1e-7); prefill_fp16 int8 keeps the int8 FFN stretch
+PLANS = [("fp16", {}, 2e-3), ("int8", {}, 5e-3), ("int8", {"prefill_fp16": "none"}, 1e-4), ("int4", {}, 1e-4)]
 
 
 @pytest.mark.parametrize("precision,options,atol", PLANS)
@@ -198,8 +198,11 @@ def test_stretches_are_fused(arch, precision, synth_rkbin):
     stretch and an integer gated FFN's as one call each, and reads the logits
     straight from their BO (runtime/llm/fused*.py), so
     test_plan_gives_the_interpreters_logits checks the fused paths; a prefill
-    plan (more rows) keeps the per-step path."""
-    engine = LlmEngine(synth_rkbin(arch, precision), device="null")
+    plan (more rows) keeps the per-step path. int8 with its prefill products
+    int8 (not the default's fp16 copy, compiler/llm/prefill_fp16.py): its
+    many-row int8 edges are what this checks."""
+    engine = LlmEngine(synth_rkbin(arch, precision, **({"prefill_fp16": "none"} if precision == "int8" else {})),
+                       device="null")
     labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
     n = engine.cfg.n_layer
     assert sum(lab.startswith("residual stretch") for lab in labels) >= 2 * n - 1
