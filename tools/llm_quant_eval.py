@@ -26,8 +26,9 @@ float model (fp32 weights and activations):
             the Hartley factor of K's odd part where auto keeps a narrow Paley factor),
             keep4=ffn_down+attn_v (int4: the products kept int8), group=N (int4: K per group),
             res=none|head|all (the products whose input is quantized as two int8 rows: value + residual),
-            prefill=auto|fp16|int8 (the multi-row programs' FFN: fp16 reads an fp16 copy of the FFN
-            weights for every chunk of more than one row, as the compiled prefill and score programs do),
+            prefill=auto|all|ffn|none (the products the multi-row programs read from an fp16 copy,
+            rkc compile --prefill-fp16: every chunk of more than one row reads it, as the compiled
+            prefill and score programs do),
             act=token|exact (exact: activations not quantized, to bound what the weights
             alone cost), static=ffn_down+ffn_gate (the int8 products whose weight name contains one
             of these quantize their (rotated) input with one static scale, the largest |value| the

@@ -261,11 +261,13 @@ def test_decode_stretches_are_fused_and_give_the_interpreters_logits(variant, pr
     Pick); the logits' soft-capping in place. Layer 0's attention stretch
     also sums the per-layer inputs: those steps run first, each its own
     call. The logits are the interpreter's, bit for bit in int8 and int4
-    (test_plan's rule)."""
+    (test_plan's rule). int8 with its prefill products int8 (not the default's
+    fp16 copy, compiler/llm/prefill_fp16.py): its many-row int8 stretches are
+    what this checks."""
     from llm.test_plan import assert_plan_is_the_interpreter
     from rkc.runtime.llm import fused_attention
 
-    path = gemma4_rkbin(variant, precision)
+    path = gemma4_rkbin(variant, precision, **({"prefill_fp16": "none"} if precision == "int8" else {}))
     made, front = [], fused_attention._compiled_front
     engine = None
     try:
