@@ -266,7 +266,8 @@ def prefill_copies(graph: Graph, options: LlmCompileOptions) -> list[str]:
     return copied_weights(graph, options.precision, options.prefill_fp16, options.keep_fp16)
 
 
-def _encode_copies(names: Iterable[str], weights: Mapping[str, np.ndarray], out: dict[str, EncodedWeight]) -> None:
+def _encode_copies(names: Iterable[str], weights: Mapping[str, "np.ndarray | RowSource"],
+                   out: dict[str, EncodedWeight]) -> None:
     """The fp16 copies of (smoothed) FFN weights `names` into `out`."""
     for name in names:
         out[copy_name(name)] = encode_rows(row_source(weights[name]), "fp16")
@@ -385,7 +386,8 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
                 _encode(name, w, name in linear, name == head, options, cal, smoothed, cache, done,
                         tied=name in gathered)
         fp16 = {}
-        _encode_copies([n for n in group if n in copies], held, fp16)
+        _encode_copies([n for n in group if n in copies],  # a matrix SmoothQuant left alone: from the file
+                       {n: held[n] if n in held else weights.source(n) for n in group if n in copies}, fp16)
         return done, floats, smoothed, fp16
 
     with progress_bar(by_layer(list(weights)), "quantize layers") as layers:

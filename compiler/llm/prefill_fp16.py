@@ -43,7 +43,7 @@ SUFFIX = ".prefill_fp16"
 
 
 def copy_name(weight: str) -> str:
-    """The constant the multi-row programs read for FFN weight `weight`."""
+    """The constant the multi-row programs read for weight `weight`."""
     stem = weight.removesuffix(".weight")
     return f"{stem}{SUFFIX}.weight" if weight.endswith(".weight") else stem + SUFFIX
 
@@ -54,7 +54,7 @@ def ffn_weights(graph: Graph) -> list[str]:
 
 
 def copy_bytes(graph: Graph, names: list[str] | None = None) -> int:
-    """Bytes the fp16 copy of FFN weights `names` (None: every one) takes."""
+    """Bytes the fp16 copy of weights `names` (None: every FFN weight) takes."""
     return sum(2 * int(graph.tensors[w].type.numel) for w in (ffn_weights(graph) if names is None else names))
 
 
