@@ -20,6 +20,7 @@ from rkc.compiler.frontend import detect_kind
 from rkc.compiler.frontend.onnx import parse_image_inputs, parse_input_shapes
 from rkc.compiler.llm.build import (DEFAULT_CHUNKS, MAX_DEFAULT_JOBS, PARALLEL_MIN_GGUF_BYTES, LlmCompileOptions,
                                     compile_gguf, default_jobs)
+from rkc.compiler.llm.prefill_fp16 import AUTO_MAX_COPY_BYTES, DEFAULT_PREFILL_FP16, PREFILL_FP16_CHOICES
 from rkc.compiler.llm.quantize import DEFAULT_FP16_SHARE, DEFAULT_INT4_ROUNDING, DEFAULT_RESIDUAL, DEFAULT_ROUNDING, \
     RESIDUAL_CHOICES, ROUNDINGS
 from rkc.compiler.llm.rotate import CHOICES as ROTATIONS, DEFAULT_ROTATION
@@ -103,6 +104,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("keep_fp16", "--keep-fp16", ("gguf",),
            "comma-separated weight names (substrings, e.g. ffn_down) whose products stay fp16 (a hybrid).",
            precisions=INT8, metavar="NAMES"),
+    Option("prefill_fp16", "--prefill-fp16", ("gguf",),
+           "the products the prompt's multi-row programs run in fp16, from an fp16 copy of their weights that "
+           "only they read (+2 bytes a copied weight; decode reads the int8 weights either way): all (every "
+           "product but the output head: no per-token codes on the prompt's path), ffn (the FFN's: one NPU "
+           "segment, no host stretch), none, or auto (all, else ffn, the first whose copy adds at most "
+           f"{AUTO_MAX_COPY_BYTES >> 20} MiB).", PREFILL_FP16_CHOICES, INT8, default=DEFAULT_PREFILL_FP16),
     Option("int8_rounding", "--int8-rounding", ("gguf",),
            "weight rounding (gptq: error-compensating, on the calibration text; head-gptq: gptq on the output "
            "head only; hidden-gptq: on the head, q/k/v and gate/up; round-to-nearest elsewhere).",
@@ -188,6 +195,8 @@ def _compile_llm(source: Path, output: Path, precision: str, given: Mapping[str,
     if "keep_fp16" in given:
         options = replace(options, keep_fp16=tuple(k.strip() for k in str(given["keep_fp16"]).split(",")
                                                    if k.strip()))
+    if "prefill_fp16" in given:
+        options = replace(options, prefill_fp16=str(given["prefill_fp16"]))
     if "int8_rounding" in given:
         options = replace(options, rounding=str(given["int8_rounding"]), rounding_auto=False)
     if "fp16_share" in given:

@@ -26,6 +26,9 @@ float model (fp32 weights and activations):
             the Hartley factor of K's odd part where auto keeps a narrow Paley factor),
             keep4=ffn_down+attn_v (int4: the products kept int8), group=N (int4: K per group),
             res=none|head|all (the products whose input is quantized as two int8 rows: value + residual),
+            prefill=auto|all|ffn|none (the products the multi-row programs read from an fp16 copy,
+            rkc compile --prefill-fp16: every chunk of more than one row reads it, as the compiled
+            prefill and score programs do),
             act=token|exact (exact: activations not quantized, to bound what the weights
             alone cost), static=ffn_down+ffn_gate (the int8 products whose weight name contains one
             of these quantize their (rotated) input with one static scale, the largest |value| the
@@ -64,12 +67,13 @@ from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf  # noqa: E402
 from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights  # noqa: E402
 from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, GraphRunner, calibration_windows  # noqa: E402
 from rkc.compiler.llm.calibrate import WINDOW as CAL_WINDOW  # noqa: E402
+from rkc.compiler.llm.prefill_fp16 import copy_name  # noqa: E402
 from rkc.compiler.llm.weights import LazyWeights, dequantize_all, gather_only_tables  # noqa: E402
 from rkc.runtime.llm.tokenizer import LlmTokenizer  # noqa: E402
 from rkc.compiler.llm.quantize import QMAX  # noqa: E402
 from rkc.compiler.llm.rotate import rotate_matrix  # noqa: E402
 from rkc.runtime.kernels.hadamard import rotate, unrotate  # noqa: E402
-from rkc.runtime.llm.weights import Weight, dequantize, quantize_rows  # noqa: E402
+from rkc.runtime.llm.weights import ByRows, Weight, dequantize, quantize_rows  # noqa: E402
 
 from llm import llamacpp  # noqa: E402
 from llm.test_gemma3_270m import N_TOKENS, PPL_CTX, PROMPTS, departure  # noqa: E402
@@ -265,7 +269,7 @@ def build_weights(bench: Bench, scheme: str) -> dict:
              "alpha_search": kv["alpha"] == "search" if "alpha" in kv else None,
              "smooth_alpha": float(kv["alpha"]) if kv.get("alpha", "search") != "search" else None,
              "keep_fp16": tuple(k for k in kv["keep"].split("+") if k) if "keep" in kv else None,
-             "rotation": kv.get("rot"), "residual": kv.get("res"),
+             "rotation": kv.get("rot"), "residual": kv.get("res"), "prefill_fp16": kv.get("prefill"),
              "int4_keep": tuple(k for k in kv["keep4"].split("+") if k) if "keep4" in kv else None,
              "int4_group": int(kv["group"]) if "group" in kv else None}
     # keys not given: `rkc compile --precision int8`'s defaults
@@ -294,6 +298,8 @@ def build_weights(bench: Bench, scheme: str) -> dict:
             out[n] = FakeLinear(enc.as_runtime().dense(), act)
         else:
             out[n] = enc.as_runtime()
+    for n in [n for n in out if copy_name(n) in matrices]:  # multi-row inputs read the fp16 copy, as prefill does
+        out[n] = ByRows(out[n], out.pop(copy_name(n)))
     static = tuple(k for k in kv["static"].split("+") if k) if "static" in kv else ()
     for n in [n for n in out if any(k in n for k in static) and getattr(out[n], "act_terms", 0) == 1]:
         out[n] = StaticInt8(out[n])

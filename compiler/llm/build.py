@@ -37,6 +37,8 @@ from rkc.compiler.llm.calibrate import CALIBRATION_TEXT, MAX_TOKENS as CALIBRATI
 from rkc.compiler.llm.cpu_work import cpu_steps
 from rkc.compiler.llm.encode import encode_int4, encode_rows, streamed_rows
 from rkc.compiler.llm.int4 import AUTO_GROUP
+from rkc.compiler.llm.prefill_fp16 import DEFAULT_PREFILL_FP16, copied_kind, copied_weights, copy_bytes, copy_name, \
+    prefill_fp16_line, with_copies
 from rkc.compiler.llm.program_builder import EncodedWeight, LlmLowering, program_graph
 from rkc.compiler.llm.quantize import (DEFAULT_ALPHA_SEARCH, DEFAULT_FP16_SHARE, DEFAULT_RESIDUAL, RESIDUAL_CHOICES,
                                        ROUNDINGS, SCALES, default_rounding, method_for,
@@ -95,6 +97,9 @@ class LlmCompileOptions:
     smooth_alpha: float = DEFAULT_ALPHA  # int8 only; 0 disables SmoothQuant
     # int8 only: products whose weight name contains one of these stay fp16 (hybrid)
     keep_fp16: tuple[str, ...] = DEFAULT_KEEP_FP16
+    # int8 only: the weights the multi-row programs read from an fp16 copy (compiler/llm/prefill_fp16.py):
+    # all (every product's but the head's), ffn, none (decode's int8), auto (all or ffn while the copy is small)
+    prefill_fp16: str = DEFAULT_PREFILL_FP16
     # int8 and int4: how weights are rounded (compiler/llm/quantize.py); "": the precision's
     # default, which compile_gguf lowers when GPTQ's estimate is over budget (compiler/llm/budget.py)
     rounding: str = ""
@@ -248,11 +253,24 @@ def check_npu_weights_fit(graph: Graph, options: LlmCompileOptions, window: int 
     products = {op.inputs[1] for op in graph.ops if op.type == "Linear" and graph.tensors[op.inputs[1]].kind == "const"}
     need = sum(int(np.prod(graph.tensors[w].type.shape)) * WEIGHT_BITS[_precision_of(w, options)] // 8
                for w in products)
+    need += copy_bytes(graph, prefill_copies(graph, options))
     if need >= window:
         raise UnsupportedError(
             f"the model's {options.precision} NPU weights need at least {need / 2**20:.0f} MiB, more than the "
             f"{window / 2**20:.0f} MiB the NPU's 32-bit IOVA window holds"
             + ("; --precision int4 stores half the bytes" if options.precision != "int4" else ""))
+
+
+def prefill_copies(graph: Graph, options: LlmCompileOptions) -> list[str]:
+    """The FFN weights whose fp16 copy the multi-row programs read (prefill_fp16.py)."""
+    return copied_weights(graph, options.precision, options.prefill_fp16, options.keep_fp16)
+
+
+def _encode_copies(names: Iterable[str], weights: Mapping[str, "np.ndarray | RowSource"],
+                   out: dict[str, EncodedWeight]) -> None:
+    """The fp16 copies of (smoothed) FFN weights `names` into `out`."""
+    for name in names:
+        out[copy_name(name)] = encode_rows(row_source(weights[name]), "fp16")
 
 
 def _precision_of(name: str, options: LlmCompileOptions) -> str:
@@ -274,8 +292,24 @@ def prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[st
     2 threads took 59.9 s of CPU (182.7 s wall) to one thread's 8.2 s (22.0 s
     wall). And a float product's bits depend on the thread count, so the CPU
     emulation (tests, tools/llm_quant_eval.py) gets the compile's weights."""
+    report = report or CompileReport()
     with threadpool_limits(limits=1, user_api="blas"):
-        return _prepare_weights(graph, cfg, tokenizer, weights, options, report)
+        matrices, vectors = _prepare_weights(graph, cfg, tokenizer, weights, options, report)
+    _report_prefill_fp16(graph, matrices, options, report)
+    return matrices, vectors
+
+
+def _report_prefill_fp16(graph: Graph, matrices: dict[str, EncodedWeight], options: LlmCompileOptions,
+                         report: CompileReport) -> None:
+    """An int8 build's prefill products (prefill_fp16.py): one report line, and rkc inspect's entry."""
+    if options.precision != "int8":
+        return
+    copies = [w for w in prefill_copies(graph, options) if copy_name(w) in matrices]
+    kind = copied_kind(graph, options.precision, options.prefill_fp16, options.keep_fp16) if copies else "none"
+    extra = sum(matrices[copy_name(w)].data.nbytes for w in copies)
+    report.quantization["prefill_fp16"] = {"choice": options.prefill_fp16, "products": kind,
+                                           "copies": len(copies), "extra_weight_bytes": extra}
+    report.say(prefill_fp16_line(report.quantization["prefill_fp16"]))
 
 
 def _prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[str, np.ndarray],
@@ -304,6 +338,7 @@ def _prepare_weights(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: dict[s
         if options.fp16_share > 0:
             keep_noisiest_fp16(graph, cfg, tokenizer, weights, matrices, options, report, _head_name(graph))
     vectors = {n: weights[n].astype(np.float32) for n in weights if n not in matrices}
+    _encode_copies([w for w in prefill_copies(graph, options) if matrices[w].kind != "fp16"], weights, matrices)
     return matrices, vectors
 
 
@@ -328,7 +363,9 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
     gathered = {op.inputs[0] for op in graph.ops if op.type == "Gather"}
     matrix_names = _matrix_names(graph)
     smoothable = {n for n in linear if len(consumers[n]) == 1}
+    copies = set(prefill_copies(graph, options))
     matrices: dict[str, EncodedWeight] = {}
+    copied: dict[str, EncodedWeight] = {}
     vectors: dict[str, np.ndarray] = {}
     factors: dict[str, np.ndarray] = {}
     cache: dict = {}  # shared by the workers: a race computes an entry twice, the same values
@@ -348,21 +385,25 @@ def prepare_streamed(graph: Graph, cfg, tokenizer: LlmTokenizer, weights: LazyWe
                 w = held[name] if name in held else weights.source(name)
                 _encode(name, w, name in linear, name == head, options, cal, smoothed, cache, done,
                         tied=name in gathered)
-        return done, floats, smoothed
+        fp16 = {}
+        _encode_copies([n for n in group if n in copies],  # a matrix SmoothQuant left alone: from the file
+                       {n: held[n] if n in held else weights.source(n) for n in group if n in copies}, fp16)
+        return done, floats, smoothed, fp16
 
     with progress_bar(by_layer(list(weights)), "quantize layers") as layers:
         # jobs None: a caller other than compile_gguf (which resolves it from the GGUF's size)
-        for done, floats, smoothed in in_order(layer, layers, options.jobs or 1):
+        for done, floats, smoothed, fp16 in in_order(layer, layers, options.jobs or 1):
             matrices.update(done)
             vectors.update(floats)
             factors.update(smoothed)
+            copied.update(fp16)
     if cal is not None and options.smooth_alpha > 0:
         report.say(f"int8: SmoothQuant on {len(factors)} matrices, "
                    f"calibrated on {Path(options.calibration).name} ({cal.tokens} tokens)")
     if _integer(options):
         _set_residual_terms(graph, matrices, options)
         report_int8(matrices, options, cal, options.smooth_alpha, report)
-    return matrices, vectors
+    return matrices | copied, vectors
 
 
 def in_order(work: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator[R]:
@@ -429,13 +470,15 @@ def prefill_chunks(options: LlmCompileOptions) -> tuple[tuple[int, ...], bool]:
 
 
 def lower_programs(graph: Graph, plan: list[LlmProgram], builder: ModuleBuilder, lowering: LlmLowering,
-                   give_way: bool) -> list[int]:
+                   give_way: bool, copies: list[str] = ()) -> list[int]:
     """Lower `plan`'s programs (ascending rows: a chunk's prefill and score
     programs together) into `builder`, each with its metadata. With `give_way`,
     a chunk whose scratch and regcmd, estimated per row from the smaller
     chunks', would pass the IOVA window beside what is mapped already is left
     out, with every larger one (a chunk's scratch grows with its rows: a 7B
-    int4's 512-chunk needs 893 MiB beside 3371 of weights). The chunks left out."""
+    int4's 512-chunk needs 893 MiB beside 3371 of weights). The multi-row
+    programs read the fp16 copies of weights `copies` (prefill_fp16.py).
+    The chunks left out."""
     scratch_per_row, regcmd_per_row, left_out, decided = 0.0, 0.0, [], set()
     chunk_start = (1, builder.regcmd.size)  # the rows of the chunk being lowered, the regcmd before it
     with progress_bar(plan, "lower programs") as programs:
@@ -450,7 +493,8 @@ def lower_programs(graph: Graph, plan: list[LlmProgram], builder: ModuleBuilder,
                     left_out.append(program.rows)
             if program.rows in left_out:
                 continue
-            lowering.lower(program_graph(graph, program), program.name)
+            g = program_graph(graph, program)
+            lowering.lower(with_copies(g, copies) if program.rows > 1 else g, program.name)
             builder.metadata["programs"][program.name] = program.metadata()
             if program.rows > 1:
                 scratch_per_row = max(scratch_per_row, builder.scratch_bytes(program.name) / program.rows)
@@ -503,7 +547,9 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     STEPS.take()
     matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, options, report)
     steps = STEPS.take()
-    kept = sorted(n for n in matrices if _precision_of(n, options) != options.precision)
+    copies = [w for w in prefill_copies(graph, options) if copy_name(w) in matrices]
+    kept = sorted(n for n in matrices if _precision_of(n, options) != options.precision and n not in
+                  {copy_name(w) for w in copies})
     if options.precision == "int4":
         report_int4(matrices, options, report)
     elif kept:
@@ -526,7 +572,7 @@ def compile_gguf(path: str | Path, out: str | Path, options: LlmCompileOptions,
     lowering = LlmLowering(builder, options.precision, matrices, vectors, gather, head,
                            emit_options=replace(emit_options(options.cores), pack_cache={}))
     plan = program_plan(chunks)
-    left_out = lower_programs(graph, plan, builder, lowering, give_way)
+    left_out = lower_programs(graph, plan, builder, lowering, give_way, copies)
     if left_out:
         chunks = tuple(c for c in chunks if c not in left_out)
         builder.metadata["prefill_chunks"] = list(chunks)

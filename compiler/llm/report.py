@@ -20,6 +20,7 @@ import numpy as np
 
 from rkc.compiler.inspect import NpuFigures, npu_figures
 from rkc.compiler.llm.cpu_work import UNKNOWN, WHY_ON_CPU, HostCosts, cpu_lines, cpu_steps, prefill_lines
+from rkc.compiler.llm.prefill_fp16 import prefill_fp16_line
 from rkc.compiler.llm.quantize import ROUNDINGS
 from rkc.ir.llm import DECODE, programs_in
 from rkc.ir.npu.perf import PerfModel, describe
@@ -189,6 +190,8 @@ def quantization_lines(q: dict) -> list[str]:
                     f"{four['weight_bytes'] / 1e6:.1f} MB), activations int8 as two nibble rows"
                     + (f"; kept int8: {', '.join(n.removesuffix('.weight') for n in four['keep_int8'])}"
                        if four.get("keep_int8") else ""))
+    if q.get("prefill_fp16"):
+        lines.append("  " + prefill_fp16_line(q["prefill_fp16"]))
     hybrid = q.get("hybrid")
     if hybrid:
         lines.append(f"  hybrid: {len(hybrid['products'])} products kept fp16 (noisiest int8 groups on the "

@@ -130,3 +130,27 @@ class Int8Weight:
         acc = xq.astype(self._qt.dtype) @ self._qt  # exact int32 accumulation
         # rescaled (and the bias added) as DequantizeRows does after the NPU
         return dequantize(acc, xs, self.scale, bias, self.act_terms)
+
+
+@dataclass
+class ByRows:
+    """A weight the programs read in two forms (compiler/llm/prefill_fp16.py): a
+    one-row input (decode) through `one`, more rows (prefill, score) through
+    `many`, as the CPU emulation of an int8 build whose multi-row programs read
+    an fp16 copy of the FFN weights."""
+
+    one: "Int8Weight | Weight"
+    many: "Int8Weight | Weight"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.one.shape
+
+    def dense(self) -> np.ndarray:
+        return self.one.dense()
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        return self.one.rows(ids)
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        return (self.one if x.shape[0] == 1 else self.many).matmul(x)

@@ -37,6 +37,7 @@ SAMPLES = {
     "prefill_chunks": (["--prefill-chunks", "1,8"], ("prefill_chunks", (1, 8))),
     "smooth_alpha": (["--smooth-alpha", "0.25"], ("smooth_alpha", 0.25)),
     "keep_fp16": (["--keep-fp16", "ffn_down, attn_q"], ("keep_fp16", ("ffn_down", "attn_q"))),
+    "prefill_fp16": (["--prefill-fp16", "none"], ("prefill_fp16", "none")),
     "int8_rounding": (["--int8-rounding", "rtn"], ("rounding", "rtn")),
     "fp16_share": (["--fp16-share", "0"], ("fp16_share", 0.0)),
     "int8_rotation": (["--int8-rotation", "block"], ("rotation", "block")),

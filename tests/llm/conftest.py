@@ -74,6 +74,7 @@ def emulation(gguf, tokenizer, **options):
     from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
     from rkc.compiler.llm.build import CompileReport, LlmCompileOptions, prepare_weights
     from rkc.compiler.llm.calibrate import GraphRunner
+    from rkc.compiler.llm.prefill_fp16 import emulated
     from rkc.compiler.llm.weights import dequantize_all
     from rkc.runtime.llm.weights import Weight
 
@@ -82,7 +83,7 @@ def emulation(gguf, tokenizer, **options):
     weights = dequantize_all(gf, [n for n, t in graph.tensors.items() if t.kind == "const"])
     report = CompileReport()
     matrices, vectors = prepare_weights(graph, cfg, tokenizer, weights, LlmCompileOptions("int8", **options), report)
-    cpu = {n: Weight(v) for n, v in vectors.items()} | {n: e.as_runtime() for n, e in matrices.items()}
+    cpu = {n: Weight(v) for n, v in vectors.items()} | emulated(matrices)
     return GraphRunner(graph, cfg, cpu, 256), matrices, report
 
 

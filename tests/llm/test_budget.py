@@ -132,10 +132,16 @@ def test_weights_past_the_iova_window_are_refused_before_quantizing(graph):
     """The products' weight bytes (a lower bound of the NPU regions) against the window:
     int8 a byte a weight, int4 half, fp16 two; exactly at the window is refused."""
     from rkc.compiler.llm.build import check_npu_weights_fit
+    from rkc.compiler.llm.prefill_fp16 import body_weights, copy_bytes
 
     weights = sum(n * k for _, n, k, _ in _linears(graph).values())
-    for precision, need in (("int8", weights), ("int4", weights // 2), ("fp16", 2 * weights)):
-        options = LlmCompileOptions(precision=precision)
+    # an int8 build's fp16 copies for prefill (compiler/llm/prefill_fp16.py): the FFN's, every product's but the head's
+    ffn, body = copy_bytes(graph), copy_bytes(graph, body_weights(graph))
+    assert 0 < ffn < body
+    for precision, prefill, need in (("int8", "none", weights), ("int8", "ffn", weights + ffn),
+                                     ("int8", "all", weights + body),
+                                     ("int4", "auto", weights // 2), ("fp16", "auto", 2 * weights)):
+        options = LlmCompileOptions(precision=precision, prefill_fp16=prefill)
         check_npu_weights_fit(graph, options, window=need + 1)
         with pytest.raises(UnsupportedError, match=f"{precision} NPU weights need at least .* IOVA window"):
             check_npu_weights_fit(graph, options, window=need)

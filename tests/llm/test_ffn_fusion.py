@@ -11,10 +11,14 @@ import pytest
 from rkc.compiler.emitter_graph import CHAINABLE, EMIT_OPTIONS
 from rkc.compiler.frontend.gguf import GgufFile, graph_from_gguf
 from rkc.compiler.llm.ffn_fusion import ACTIVATION_LUT, gated_ffns, operand_rows
+from rkc.compiler.llm.prefill_fp16 import AUTO_MAX_COPY_BYTES, body_weights, copied_kind, copied_weights, \
+    copy_bytes, ffn_weights
 from rkc.compiler.npu import api, lut
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.npu.placement import place_segment
+from rkc.ir.errors import UnsupportedError
 from rkc.ir.rkbin import read_rkbin
+from rkc.ir.types import TensorType
 from rkc.runtime import sim
 from npu_runner import run
 
@@ -81,7 +85,7 @@ def test_the_pattern_is_each_layers_ffn(arch, synth_gguf):
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])
 def test_fp16_programs_keep_no_ffn_step_on_the_cpu(arch, synth_rkbin):
     fp16 = read_rkbin(synth_rkbin(arch, "fp16")).module
-    int8 = read_rkbin(synth_rkbin(arch, "int8")).module
+    int8 = read_rkbin(synth_rkbin(arch, "int8", prefill_fp16="none")).module
     ffn_ops = {"SiLU", "GeluTanh", "Mul"}
     for program in fp16.programs:
         assert not ffn_ops & {s.op for s in program.steps if s.kind == "cpu"}, program.name
@@ -91,3 +95,59 @@ def test_fp16_programs_keep_no_ffn_step_on_the_cpu(arch, synth_rkbin):
         fused = [x for s in a.steps if s.kind == "npu" for x in s.stats["layers"] if "Mul" in x["op"]]
         assert fused and all(x["op"] == "Linear+Mul" for x in fused)
         assert sum(s.kind == "npu" for s in b.steps) - sum(s.kind == "npu" for s in a.steps) == len(fused)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+@pytest.mark.parametrize("kind", ["ffn", "all"])
+def test_int8_prefill_programs_read_the_fp16_copy(arch, kind, synth_rkbin, synth_gguf):
+    """--prefill-fp16 ffn / all (compiler/llm/prefill_fp16.py): decode reads the
+    int8 weights and keeps its program; the multi-row programs read the fp16
+    copy, the FFN in one fused segment, as an fp16 build's; with all, the only
+    int8 product left on their path is the head's; the copy adds 2 bytes a weight."""
+    copied = read_rkbin(synth_rkbin(arch, "int8", prefill_fp16=kind))
+    plain = read_rkbin(synth_rkbin(arch, "int8", prefill_fp16="none"))
+    fp16 = read_rkbin(synth_rkbin(arch, "fp16")).module
+    ffn_ops = {"SiLU", "GeluTanh", "Mul"}
+    for program in copied.module.programs:
+        on_cpu = [s.op for s in program.steps if s.kind == "cpu"]
+        segments = sum(s.kind == "npu" for s in program.steps)
+        if program.name == "decode":
+            assert [(s.kind, s.op) for s in program.steps] == \
+                [(s.kind, s.op) for s in plain.module.program("decode").steps]
+        else:
+            assert not ffn_ops & set(on_cpu), program.name
+            assert segments == sum(s.kind == "npu" for s in fp16.program(program.name).steps), program.name
+            if kind == "all":
+                assert on_cpu.count("QuantizeRows") == 1, program.name  # the head's input
+    graph = graph_from_gguf(GgufFile(str(synth_gguf(arch))))
+    names = ffn_weights(graph) if kind == "ffn" else body_weights(graph)
+    prefill = copied.module.metadata["quantization"]["prefill_fp16"]
+    assert prefill["products"] == kind and prefill["copies"] == len(names)
+    assert prefill["extra_weight_bytes"] == copy_bytes(graph, names)
+    assert copied.blobs["weights"].size - plain.blobs["weights"].size >= copy_bytes(graph, names)
+    assert plain.module.metadata["quantization"]["prefill_fp16"]["copies"] == 0
+
+
+def test_auto_copies_what_fits_its_bound(synth_gguf):
+    """auto: every product's copy but the head's, else the FFN's, while it adds at most
+    AUTO_MAX_COPY_BYTES; int8 builds only; --keep-fp16 weights need none."""
+    graph = graph_from_gguf(GgufFile(str(synth_gguf("gemma3"))))
+    ffn, body = ffn_weights(graph), body_weights(graph)
+    assert set(ffn) < set(body) and len(ffn) == 3 * len(gated_ffns(graph, lambda w: True))
+    assert copied_kind(graph, "int8", "auto") == "all" and copied_weights(graph, "int8", "auto") == body
+    assert copied_weights(graph, "int8", "none") == [] and copied_weights(graph, "int8", "ffn") == ffn
+    assert copied_weights(graph, "fp16", "all") == [] and copied_weights(graph, "int4", "auto") == []
+    assert copied_weights(graph, "int8", "ffn", keep_fp16=("ffn_down",)) == [n for n in ffn if "ffn_down" not in n]
+
+    def resize(names: list[str], side: int) -> None:
+        for n in names:
+            graph.tensors[n].type = TensorType(graph.tensors[n].type.dtype, (side, side))
+
+    attention = [n for n in body if n not in ffn]
+    resize(attention, int(np.sqrt(AUTO_MAX_COPY_BYTES / 2 / len(attention))) + 1)  # all over the bound, ffn not
+    assert copied_kind(graph, "int8", "auto") == "ffn" and copied_weights(graph, "int8", "auto") == ffn
+    resize(ffn, int(np.sqrt(AUTO_MAX_COPY_BYTES / 2 / len(ffn))) + 1)  # both over
+    assert copied_kind(graph, "int8", "auto") == "none" and copied_weights(graph, "int8", "auto") == []
+    assert copied_weights(graph, "int8", "all") == body
+    with pytest.raises(UnsupportedError):
+        copied_weights(graph, "int8", "bf16")

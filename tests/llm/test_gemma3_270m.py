@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from llm import llamacpp
+from rkc.compiler.llm.prefill_fp16 import SUFFIX
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.generate import Generator, Sampler
 from scratch import scratch_dir
@@ -215,7 +216,8 @@ def test_int8_rkbin_computes_its_cpu_emulation(compiled, gemma_path):
 
     _precision, engine = compiled
     runner, matrices, _report = emulation(gemma_path, engine.tokenizer)
-    assert all(e.scale is not None for e in matrices.values())  # the default: every product int8
+    # the default: every product int8, the FFN's with an fp16 copy the multi-row programs read
+    assert all(e.scale is not None for n, e in matrices.items() if not n.endswith(SUFFIX + ".weight"))
     tokens = engine.tokenizer.encode((DATA / "english.txt").read_text())[:44]
     prompt_len = 40  # chunks of 32, then 8 real rows padded to 32
     got = teacher_forced(engine, tokens, prompt_len)

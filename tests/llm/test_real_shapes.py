@@ -32,9 +32,11 @@ class RealModel:
     def rkbin(self, precision: str) -> Path:
         if precision not in self.rkbins:
             out = self.gguf.with_name(f"{self.name}-{precision}.rkbin")
-            # unrotated: this checks the shapes, the K split and the architecture (rotation: test_rotation.py)
+            # unrotated: this checks the shapes, the K split and the architecture (rotation: test_rotation.py);
+            # w8a8 in every program, the multi-row FFN too (not the default's fp16 copy: prefill_fp16.py)
             compile_gguf(self.gguf, out, LlmCompileOptions(precision, (1, CHUNK), 0.0, rounding="rtn",
-                                                           fp16_share=0, alpha_search=False, rotation="none"))
+                                                           fp16_share=0, alpha_search=False, rotation="none",
+                                                           prefill_fp16="none"))
             self.rkbins[precision] = out
         return self.rkbins[precision]
 
