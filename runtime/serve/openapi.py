@@ -29,7 +29,8 @@ _SHAPES: dict[str, dict[str, Any]] = {  # arrays and objects: what they hold
                        {"type": "null"}]},
     "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "maxItems": 1,
                                               "items": {"type": "string"}}]},
-    "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},
+    # include_usage null is "not given", as every optional field's null is (schema.parse)
+    "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": ["boolean", "null"]}}},
 }
 
 
