@@ -125,6 +125,16 @@ def light_with_random_weights(name: str, path: Path) -> Path | None:
     return save(m, path)
 
 
+# cosine bounds of small random-weight graphs against onnxruntime, the simulator running them
+# (tests/compiler's NPU coverage tests)
+NPU_COSINE = {"fp16": 0.9995, "int8": 0.995}
+
+
+def placements_by_output(report) -> dict[str, tuple[str, str]]:
+    """A build report's placements by each op's first output: (device, reason)."""
+    return {p.op.outputs[0]: (p.device, p.reason) for p in report.placements}
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))

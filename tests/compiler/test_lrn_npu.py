@@ -10,10 +10,11 @@ from onnx import helper
 
 from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
-from onnx_models import build_and_run, cosine, graph_model, light_with_random_weights, onnxruntime_outputs, save
+from onnx_models import (NPU_COSINE, build_and_run, cosine, graph_model, light_with_random_weights, onnxruntime_outputs,
+                         save)
 
 pytest.importorskip("rkc.runtime.sim")
-THRESHOLD = {"fp16": 0.9995, "int8": 0.995}  # tests/compiler/test_npu_coverage.py's
+THRESHOLD = NPU_COSINE
 
 
 def _conv_lrn_conv(alpha: float, seed: int):

@@ -12,10 +12,10 @@ from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
 from rkc.ir.npu import geometry, layout
 from rkc.ir.rkbin import read_rkbin
-from onnx_models import cosine, graph_model, onnxruntime_outputs, save
+from onnx_models import NPU_COSINE, cosine, graph_model, onnxruntime_outputs, save
 
 pytest.importorskip("rkc.runtime.sim")
-THRESHOLD = {"fp16": 0.9995, "int8": 0.995}  # tests/compiler/test_npu_coverage.py's
+THRESHOLD = NPU_COSINE
 
 
 @pytest.mark.parametrize("k,n", [(32, 400), (400, 400), (400, 64), (5, 7), (33, 17), (32, 45)])
