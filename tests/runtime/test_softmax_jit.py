@@ -28,6 +28,7 @@ def test_scores_atoms_into_weights(m, n, scale):
     s = (rng.standard_normal((m, n)) * 6).astype(np.float16)
     _, _, rows, _ = geometry.feature_map((m, n), "native-gemm")
     atoms = geometry.pack(s, "native-gemm").reshape(-1, rows, 8).view(np.uint16)
+    atoms[-1, :, n % 8 or 8:] = 0x7BFF  # the last atom's lanes past the keys: padding, not scores (65504)
     out = np.full(geometry.nbytes((n, m), "native-weights", 2) // 2, 0x7E00, np.uint16)  # NaN: all overwritten
     softmax_into_weights(atoms, m, n, out, scale)
     got = geometry.unpack(out.view(np.uint8), (n, m), "native-weights", np.float16)
