@@ -102,6 +102,7 @@ def strided_runs(into, frm):
 
 
 _LONG_RUN = 64  # elements: a run this long is copied through views (their making costs more on a short one)
+_ATOM_LANES = 8  # fp16 elements of a 16-byte atom
 
 
 @njit(cache=True, nogil=True)
@@ -122,6 +123,12 @@ def move_runs(src, runs, out, scale):
             else:
                 for k in range(length):
                     b[k] = narrow_value(widen_value(a[k]) * scale)
+            continue
+        if length == _ATOM_LANES and step != 1:  # an atom's lanes read across rows (a transpose: YOLO11n's
+            o, f, step = np.uint64(o), np.uint64(f), np.uint64(step)  # V and head products), a loop of constant
+            for k in range(_ATOM_LANES):  # length, unrolled: 3200 runs 0.020 -> 0.015 ms (step 1 vectorises as is)
+                v = src[f + np.uint64(k) * step]
+                out[o + np.uint64(k)] = v if one else narrow_value(widen_value(v) * scale)
             continue
         for k in range(length):
             v = src[np.uint64(f + k * step)]

@@ -12,7 +12,7 @@ from rkc.ir.npu import geometry
 from rkc.runtime.kernels import run_kernel
 from rkc.runtime.kernels.softmax_jit import softmax_into_weights
 
-SHAPES = [(400, 400), (1, 8), (5, 3), (17, 33), (45, 45), (33, 30), (16, 100), (64, 40), (3, 65)]
+SHAPES = [(400, 400), (1, 8), (5, 3), (17, 33), (45, 45), (33, 30), (16, 100), (64, 40), (3, 65), (40, 70), (100, 37)]
 
 
 def _reference(s: np.ndarray, scale: float) -> np.ndarray:
@@ -22,12 +22,13 @@ def _reference(s: np.ndarray, scale: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize("m,n", SHAPES)
-@pytest.mark.parametrize("scale", [1.0, 0.17677669])
+@pytest.mark.parametrize("scale", [1.0, 0.17677669, 3.0])
 def test_scores_atoms_into_weights(m, n, scale):
     rng = np.random.default_rng(m * 1000 + n)
     s = (rng.standard_normal((m, n)) * 6).astype(np.float16)
     _, _, rows, _ = geometry.feature_map((m, n), "native-gemm")
     atoms = geometry.pack(s, "native-gemm").reshape(-1, rows, 8).view(np.uint16)
+    atoms[-1, :, n % 8 or 8:] = 0x7BFF  # the last atom's lanes past the keys: padding, not scores (65504)
     out = np.full(geometry.nbytes((n, m), "native-weights", 2) // 2, 0x7E00, np.uint16)  # NaN: all overwritten
     softmax_into_weights(atoms, m, n, out, scale)
     got = geometry.unpack(out.view(np.uint8), (n, m), "native-weights", np.float16)
