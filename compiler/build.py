@@ -47,6 +47,8 @@ class BuildOptions:
     npu_attention: bool | None = None
     # inputs taken as uint8 NHWC images: name -> (per-channel mean, std) (rkc compile --image-input)
     image_inputs: Mapping[str, tuple[Sequence[float], Sequence[float]]] = field(default_factory=dict)
+    # int8: never the whole program in fp16, even where it models faster (rkc compile --int8-only)
+    int8_only: bool = False
 
 
 @dataclass
@@ -168,11 +170,12 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
                 placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
             placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements,
                                        groups, options.precision)
-            return _or_whole_fp16(source, options, stage, Plan(graph, placements, groups, options.precision))
+            mixed_plan = Plan(graph, placements, groups, options.precision)
+            return mixed_plan if options.int8_only else _or_whole_fp16(source, options, stage, mixed_plan)
     placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups,
                                options.precision)
     planned = Plan(graph, placements, groups, options.precision)
-    if options.precision == "int8" and options.calib is not None and not options.cpu_only:
+    if options.precision == "int8" and options.calib is not None and not options.cpu_only and not options.int8_only:
         return _or_whole_fp16(source, options, stage, planned)
     return planned
 
