@@ -162,9 +162,10 @@ def compiled(source: Path, out: Path, options: list[str]) -> dict:
     return info | {"cached": False}
 
 
-def compiled_onnx(model: OnnxModel, precision: str, cores: int, work: Path) -> tuple[Path, dict]:
-    """The model's rkbin (int8: calibrated on 2 random samples of its input, uint8 pixels for an image)
-    and its compile record."""
+def compiled_onnx(model: OnnxModel, precision: str, cores: int, work: Path,
+                  int8_only: bool = False) -> tuple[Path, dict]:
+    """The model's rkbin (int8: calibrated on 2 random samples of its input, uint8 pixels for an image;
+    built in fp16 where that models faster, unless `int8_only`) and its compile record."""
     path = model.make()
     name, shape = _input(path, model.shape)
     opts = ["--precision", precision, "--cores", str(cores), "--input-shape", f"{name}={'x'.join(map(str, shape))}",
@@ -177,6 +178,7 @@ def compiled_onnx(model: OnnxModel, precision: str, cores: int, work: Path) -> t
             sample = (rng.integers(0, 256, (2, shape[0], *shape[2:], shape[1]), dtype=np.uint8) if model.image
                       else rng.standard_normal((2, *shape)).astype(np.float32))
             np.savez(calib, **{name: sample})
-        opts += ["--calib", str(calib)]
+        opts += ["--calib", str(calib)] + (["--int8-only"] if int8_only else [])
+        deployed += "-int8only" if int8_only else ""
     out = work / f"{model.name}-{precision}-{cores}core{deployed}.rkbin"
     return out, compiled(path, out, opts)

@@ -46,7 +46,8 @@ def steps_seconds(steps, model: PerfModel, kick_per_job: bool) -> float:
 def onnx_seconds(row: Published, model: PerfModel, work: Path) -> float:
     """Modelled seconds of one inference of rkc's program for `row`'s cores."""
     entry = {m.name: m for m in onnx_models(work)}[row.workload]
-    path, _ = compiled_onnx(entry, row.precision, row.cores, work)
+    # like for like: the published figure's precision, even where rkc would build fp16 instead
+    path, _ = compiled_onnx(entry, row.precision, row.cores, work, int8_only=True)
     return steps_seconds(read_rkbin(path).module.program("main").steps, model, row.chained)
 
 

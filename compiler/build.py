@@ -23,7 +23,7 @@ from rkc.compiler.frontend import load_graph
 from rkc.compiler.lone_ops import keep_lone_cheap_ops_on_cpu
 from rkc.compiler.mixed_precision import choose_fp16, merge_islands, whole_fp16_wins
 from rkc.compiler.module_builder import ModuleBuilder
-from rkc.compiler.partition import partition
+from rkc.compiler.emitter_ops import npu_steps
 from rkc.compiler.passes import heads, run_passes
 from rkc.compiler.placement import Placement, place_ops
 from rkc.compiler.precision import DEFAULT_PRECISION, PRECISIONS
@@ -47,6 +47,8 @@ class BuildOptions:
     npu_attention: bool | None = None
     # inputs taken as uint8 NHWC images: name -> (per-channel mean, std) (rkc compile --image-input)
     image_inputs: Mapping[str, tuple[Sequence[float], Sequence[float]]] = field(default_factory=dict)
+    # int8: never the whole program in fp16, even where it models faster (rkc compile --int8-only)
+    int8_only: bool = False
 
 
 @dataclass
@@ -116,9 +118,7 @@ def build(source: str | Path, output: str | Path, options: BuildOptions,
         return result
 
     graph, placements, groups, precision, note = plan(source, options, stage)
-    steps = stage("partition", partition, graph,
-                  lambda i: groups[i].segment_kind if placements[i].device == "npu" else None,
-                  lambda i: groups[i].anchor if placements[i].device == "npu" else None)
+    steps = stage("partition", npu_steps, graph, placements, groups)
     metadata = {"source": Path(source).name, "precision": precision, "producer": "rkc",
                 "graph": graph.name, "cores": options.cores}
     ppu = any(g.result.uses_ppu for g in groups.values())
@@ -145,8 +145,9 @@ class Plan(NamedTuple):
 
 
 def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args: fn(*args)) -> Plan:
-    """The graph as compiled and where each op runs. An int8 build whose mixed plan
-    costs more than the whole program in fp16 (`whole_fp16_wins`) is lowered in fp16."""
+    """The graph as compiled and where each op runs. A calibrated int8 build whose plan
+    (all int8, or mixed) models slower than the whole program in fp16 (`whole_fp16_wins`)
+    is lowered in fp16."""
     graph, placements, groups = _place(source, options, options.precision, stage)
     if options.precision == "int8" and options.calib is not None and not options.cpu_only:
         fp16 = stage("mixed precision", choose_fp16, graph, groups, options.calib)
@@ -169,16 +170,25 @@ def plan(source: str | Path, options: BuildOptions, stage=lambda name, fn, *args
                 placements, groups = stage("place", place_ops, graph, options.precision, False, fp16, emit)
             placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements,
                                        groups, options.precision)
-            # a mixed plan against the whole program in fp16, built from the fp16 passes
-            # (HardSwish stays one table in its convolution's epilogue, no int8 rewrites)
-            whole = _place(source, options, "fp16", stage, emitter_norm.normalised_maxima(graph))
-            why = stage("mixed precision: whole program", whole_fp16_wins, (graph, placements, groups), whole)
-            if why:
-                return Plan(*whole, "fp16", f"fp16 throughout, int8 asked for: {why}")
-            return Plan(graph, placements, groups, options.precision)
+            mixed_plan = Plan(graph, placements, groups, options.precision)
+            return mixed_plan if options.int8_only else _or_whole_fp16(source, options, stage, mixed_plan)
     placements, groups = stage("place: lone cheap ops", keep_lone_cheap_ops_on_cpu, graph, placements, groups,
                                options.precision)
-    return Plan(graph, placements, groups, options.precision)
+    planned = Plan(graph, placements, groups, options.precision)
+    if options.precision == "int8" and options.calib is not None and not options.cpu_only and not options.int8_only:
+        return _or_whole_fp16(source, options, stage, planned)
+    return planned
+
+
+def _or_whole_fp16(source: str | Path, options: BuildOptions, stage, planned: Plan) -> Plan:
+    """The int8 plan, or the whole program in fp16 where that models faster (fp16 is
+    the more accurate: `whole_fp16_wins`), built from the fp16 passes (HardSwish
+    stays one table in its convolution's epilogue, no int8 rewrites)."""
+    whole = _place(source, options, "fp16", stage, emitter_norm.normalised_maxima(planned.graph))
+    why = stage("mixed precision: whole program", whole_fp16_wins, planned[:3], whole)
+    if why:
+        return Plan(*whole, "fp16", f"fp16 throughout, int8 asked for: {why}")
+    return planned
 
 
 def _place(source: str | Path, options: BuildOptions, precision: str, stage,

@@ -72,6 +72,10 @@ OPTIONS: tuple[Option, ...] = (
            default=", ".join(f"{p} for {KIND_NAMES[k]}" for k, p in DEFAULT_PRECISION.items())),
     Option("calib", "--calib", GRAPHS, "calibration set: .npz with one array per input, leading axis over samples.",
            "path", INT8),
+    Option("int8_only", "--int8-only", GRAPHS,
+           "keep the program int8 (the SQNR rule's groups aside) even where the whole program in fp16 "
+           "models faster; without it rkc builds such a program in fp16, the more accurate, and says so.",
+           "flag", INT8),
     Option("input_shapes", "--input-shape", ("onnx",), "fix the dynamic dimensions of an input (repeatable).",
            metavar="NAME=1x3x224x224", repeat=True),
     Option("image_inputs", "--image-input", ("onnx",), "take a float NCHW input as a uint8 NHWC image, normalised "
@@ -168,7 +172,8 @@ def _compile_graph(source: Path, output: Path, precision: str, given: Mapping[st
                            image_inputs=parse_image_inputs(given.get("image_inputs", ())),
                            calib=given.get("calib"), cpu_only=bool(given.get("cpu_only")),
                            cores=int(given.get("cores", hw.CORES)), ppu_irq=bool(given.get("kernel_ppu_irq")),
-                           npu_attention=True if given.get("npu_attention") else None)
+                           npu_attention=True if given.get("npu_attention") else None,
+                           int8_only=bool(given.get("int8_only")))
     report = build(source, output, options, progress)
     lines = report.summary()
     if given.get("explain"):

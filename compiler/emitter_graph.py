@@ -81,10 +81,9 @@ def emit_options(cores: int, ppu_completes: bool = False) -> api.EmitOptions:
     return replace(EMIT_OPTIONS, cores=cores, ppu_completes=ppu_completes)
 
 
-# Whether a segment's jobs may run as hardware-chained kicks: integer tasks after
-# the first of a chained kick are reported wrong on hardware (docs/hardware-questions.md
-# Q1), so int8 segments kick every task on its own.
-CHAINABLE = {"fp16": True, "int8": False, "int4": False}
+# Whether a segment's jobs may run as hardware-chained kicks (api.CHAINED_DTYPES, Q1):
+# int8 segments kick every task on its own.
+CHAINABLE = {d: d in api.CHAINED_DTYPES for d in ("fp16", "int8", "int4")}
 
 
 def npu_name(tensor: str, dtype: str | None = None, precision: str | None = None) -> str:

@@ -27,12 +27,13 @@ from rkc.compiler.emitter_graph import (lowering, lut_function, epilogue_activat
                                         CHAINABLE, npu_name, relaid_name, device_dtype, Refused, Tail, epilogue_tails)
 from rkc.compiler.npu import api
 from rkc.compiler.npu.dispatch import emit
-from rkc.compiler.npu.assemble import assemble
+from rkc.compiler.npu.assemble import assemble, job_costs, job_groups
+from rkc.compiler.partition import partition
 from rkc.compiler.quantize import MOVES_VALUES
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.graph import Graph
 from rkc.ir.npu import geometry
-from rkc.ir.npu.perf import PerfModel
+from rkc.ir.npu.perf import JobCost, PerfModel
 from rkc.ir.program import Job, Step, TaskRef
 from rkc.ir.types import DType
 
@@ -208,7 +209,8 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
     """`independent`: no group reads what another writes (an LLM segment's
     products): each core's tasks become one job (compiler/npu/assemble.py)."""
     results = [g.result for g in groups]
-    asm = assemble(results, region="regcmd", align=64, merge_jobs=True, independent=independent)
+    chained = all(CHAINABLE[g.dtype] for g in groups)
+    asm = assemble(results, region="regcmd", align=64, **_grouping(chained, independent))
     base = builder.add_regcmd(asm.entries)
     for r in results:
         for c in r.constants:
@@ -254,12 +256,45 @@ def lower_segment(graph: Graph, groups: list[NpuGroup], builder, name: str, prec
             extents[buf] = max(extents.get(buf, 0), end)
     reads = sorted({g.read_name(t, precision) for g in groups for t in g.reads})
     outputs = sorted({g.npu_name(g.output, precision) for g in groups})
-    chained = all(CHAINABLE[g.dtype] for g in groups)
     step = Step(kind="npu", name=name, jobs=jobs, chained=chained, inputs=reads, outputs=outputs,
                 stats={"layers": layers, "task_costs": task_costs, "tasks": sum(len(j.tasks) for j in jobs),
                        "kicks_stock": sum(len(j.tasks) for j in jobs),
                        "kicks_chained": len(jobs) if chained else sum(len(j.tasks) for j in jobs)})
     return SegmentLowering(step, scratch, extents, _zero_rows_read(results, builder))
+
+
+def _grouping(chained: bool, independent: bool) -> dict:
+    """How a segment's jobs are formed (compiler/npu/assemble.py): chained, a layer's
+    job joins its core's previous one wherever it reads only what that job or earlier
+    ones wrote (row bands kept from layer to layer)."""
+    return dict(merge_jobs=True, independent=independent, by_dependencies=chained)
+
+
+def segment_jobs(groups: list[NpuGroup], independent: bool = False) -> list[JobCost]:
+    """A segment's jobs as lower_segment submits them, for the performance model."""
+    results = [g.result for g in groups]
+    chained = all(CHAINABLE[g.dtype] for g in groups)
+    return job_costs(results, job_groups(results, **_grouping(chained, independent)), chained)
+
+
+def segment_groups(ops: list[int], groups: dict[int, NpuGroup]) -> list[NpuGroup]:
+    """The groups of a segment (its ops, compiler/partition.py) in the order they run."""
+    return [groups[i] for i in ops if groups[i].anchor == i]
+
+
+def npu_steps(graph: Graph, placements: list, groups: dict[int, NpuGroup]) -> list:
+    """The program's steps (compiler/partition.py): segments of NPU groups of one kind,
+    CPU ops between them."""
+    return partition(graph, lambda i: groups[i].segment_kind if placements[i].device == "npu" else None,
+                     lambda i: groups[i].anchor if placements[i].device == "npu" else None)
+
+
+def plan_npu_seconds(graph: Graph, placements: list, groups: dict[int, NpuGroup],
+                     model: PerfModel | None = None) -> float:
+    """A placement's modelled NPU time: every segment's jobs as they will be submitted."""
+    model = model or PerfModel()
+    return sum(model.submission_seconds(segment_jobs(segment_groups(s.ops, groups)))
+               for s in npu_steps(graph, placements, groups) if s.device == "npu")
 
 
 def _zero_rows_read(results: list[api.EmitResult], builder) -> list[str]:

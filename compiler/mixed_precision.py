@@ -28,6 +28,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from rkc.compiler.emitter_ops import plan_npu_seconds
 from rkc.compiler.fakequant import run_ops, start_env
 from rkc.compiler.quantize import MOVES_VALUES, load_calibration
 from rkc.compiler.reference import run_graph
@@ -211,25 +212,25 @@ HOST_S_PER_ELEMENT = 0.5e-9
 
 
 def program_seconds(graph: Graph, placements: Sequence[object], groups: Mapping[int, object],
-                    s_per_element: float = HOST_S_PER_ELEMENT) -> tuple[float, float]:
-    """(NPU, host) seconds of a placement as the plan weighs it: every group's modelled
-    time alone with chaining, and `host_elements` at `s_per_element` an element."""
-    unique = {g.anchor: g for g in groups.values()}
-    return (sum(group_seconds(g) for g in unique.values()),
-            host_elements(graph, placements) * s_per_element)
+                    s_per_element: float = HOST_S_PER_ELEMENT, npu_seconds=plan_npu_seconds) -> tuple[float, float]:
+    """(NPU, host) seconds of a placement as the plan weighs it: its segments' jobs as
+    they will be submitted (`npu_seconds`), and `host_elements` at `s_per_element` an element."""
+    return npu_seconds(graph, placements, groups), host_elements(graph, placements) * s_per_element
 
 
-def whole_fp16_wins(mixed: tuple, whole: tuple, s_per_element: float = HOST_S_PER_ELEMENT) -> str:
+def whole_fp16_wins(planned: tuple, whole: tuple, s_per_element: float = HOST_S_PER_ELEMENT,
+                    npu_seconds=plan_npu_seconds) -> str:
     """Why the whole program in fp16 (`whole`: graph, placements, groups of the fp16
-    build) is cheaper than the mixed int8 plan (`mixed`), NPU and host time as
-    `program_seconds` models them, or "" when it is not. fp16 never loses accuracy to
-    the int8 groups it replaces; an int8 build whose plan stayed all int8 is never
-    weighed (this is for plans the SQNR rule, or an LRN's fp16 groups, already made
-    mixed)."""
-    npu_m, host_m = program_seconds(*mixed, s_per_element)
-    npu_f, host_f = program_seconds(*whole, s_per_element)
+    build) is cheaper than the int8 plan (`planned`, all int8 or mixed), NPU and host
+    time as `program_seconds` models them, or "" when it is not. fp16 never loses
+    accuracy to the int8 groups it replaces (fp16 keeps 11 significant bits where int8
+    keeps a 256-step scale per tensor): where the fp16 program models faster, an int8
+    build gets it. fp16 segments chain their kicks (Q1), which is where it wins on
+    kick-bound programs such as MobileNetV2."""
+    npu_m, host_m = program_seconds(*planned, s_per_element, npu_seconds)
+    npu_f, host_f = program_seconds(*whole, s_per_element, npu_seconds)
     if npu_f + host_f >= npu_m + host_m:
         return ""
-    return (f"the mixed int8 plan models {(npu_m + host_m) * 1e3:.1f} ms (NPU {npu_m * 1e3:.1f} + host "
-            f"{host_m * 1e3:.1f}), the whole program in fp16 {(npu_f + host_f) * 1e3:.1f} ms (NPU "
-            f"{npu_f * 1e3:.1f} + host {host_f * 1e3:.1f})")
+    return (f"the int8 plan models {(npu_m + host_m) * 1e3:.2f} ms (NPU {npu_m * 1e3:.2f} + host "
+            f"{host_m * 1e3:.2f}), the whole program in fp16 {(npu_f + host_f) * 1e3:.2f} ms (NPU "
+            f"{npu_f * 1e3:.2f} + host {host_f * 1e3:.2f}), and fp16 is the more accurate")

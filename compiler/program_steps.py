@@ -36,7 +36,7 @@ import numpy as np
 from rkc.compiler import cost, relayout
 from rkc.compiler.module_builder import ModuleBuilder, quant_dict
 from rkc.compiler.emitter_graph import npu_layout, npu_name, relaid_name
-from rkc.compiler.emitter_ops import NpuGroup, lower_segment
+from rkc.compiler.emitter_ops import NpuGroup, lower_segment, segment_groups
 from rkc.compiler.passes.edit import consumers, only_consumer
 from rkc.compiler.quantize import selects_values
 from rkc.compiler.partition import Step as PartStep
@@ -425,11 +425,7 @@ class _Lowering:
         self.stats.cpu_steps += 1
 
     def segment(self, part: PartStep, groups: dict[int, NpuGroup], number: int) -> None:
-        ordered: list[NpuGroup] = []
-        for i in part.ops:
-            g = groups[i]
-            if g.anchor == i:
-                ordered.append(g)
+        ordered = segment_groups(part.ops, groups)
         produced = {g.npu_name(g.output, self.precision) for g in ordered}
         for g in ordered:
             for name, layout in g.reads.items():

@@ -54,12 +54,12 @@ class Run:
 
 def run(results, device, inputs: dict[str, tuple[api.Feature, np.ndarray]] | None = None,
         sizes: dict[str, int] | None = None, chained: bool = False, merge_jobs: bool = False,
-        guard: int = 0, independent: bool = False) -> Run:
+        guard: int = 0, independent: bool = False, by_dependencies: bool = False) -> Run:
     """`inputs`: buffer -> (feature, values) written before the run; `sizes`:
     minimum buffer sizes; `guard` extra bytes past every buffer's extent;
-    `merge_jobs`, `independent`: as assemble() groups the jobs."""
+    `merge_jobs`, `independent`, `by_dependencies`: as assemble() groups the jobs."""
     results = list(results)
-    asm = assemble(results, merge_jobs=merge_jobs, independent=independent)
+    asm = assemble(results, merge_jobs=merge_jobs, independent=independent, by_dependencies=by_dependencies)
     need: dict[str, int] = dict(sizes or {})
     for r in results:
         for name, end in r.extents().items():

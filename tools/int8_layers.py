@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/int8_layers.rkbin")
     args = ap.parse_args(argv)
 
-    options = BuildOptions(precision="int8", calib=args.calib, input_shapes=parse_input_shapes(args.input_shape))
+    options = BuildOptions(precision="int8", calib=args.calib, input_shapes=parse_input_shapes(args.input_shape),
+                           int8_only=True)  # the int8 program, even where fp16 throughout models faster
     p = plan(args.model, options)
     graph, groups = p.graph, p.groups
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

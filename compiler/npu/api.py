@@ -36,12 +36,16 @@ from typing import Mapping
 
 import numpy as np
 
+from rkc.ir.npu.footprint import Access
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.npu import layout
 from rkc.ir.npu.geometry import GEMM_ROW_ALIGN
 from rkc.ir.npu.perf import JobCost, TaskCost
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 
+# the dtypes whose tasks may run as one hardware-chained kick: integer tasks after the
+# first of a chain are reported wrong on hardware (docs/hardware-questions.md Q1)
+CHAINED_DTYPES = frozenset({"fp16"})
 ITEMSIZE = {"int8": 1, "int16": 2, "fp16": 2, "int32": 4, "fp32": 4}
 # element widths; int4 (nibbles, two per byte) exists only as a GEMM input (gemm_int4.py)
 BITS = {"int4": 4, **{name: 8 * size for name, size in ITEMSIZE.items()}}
@@ -513,6 +517,9 @@ class Task:
     counters: Counters
     label: str = ""
     touches: list[tuple[str, int, int]] = field(default_factory=list)  # (buffer, start, end) bytes read/written
+    # the exact bytes read and written (ir/npu/footprint.py), where the emitter knows them:
+    # assemble() chains consecutive layers' tasks on one core by them; None: `touches` stand in
+    access: Access | None = None
 
     @property
     def count(self) -> int:

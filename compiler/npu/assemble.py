@@ -22,7 +22,8 @@ import numpy as np
 from rkc.compiler.npu import api
 from rkc.ir import program
 from rkc.ir.errors import RegisterError
-from rkc.ir.npu import layout
+from rkc.ir.npu import footprint, layout
+from rkc.ir.npu.perf import JobCost
 from rkc.ir.npu.regcmd import ENTRY_BYTES, link_tail
 
 Resolver = Callable[[str], tuple[str, int]]
@@ -51,30 +52,18 @@ class Assembly:
 
 
 def assemble(results: Sequence[api.EmitResult], region: str = "regcmd", align: int = 64,
-             merge_jobs: bool = False, resolve: Resolver = _identity, independent: bool = False) -> Assembly:
+             merge_jobs: bool = False, resolve: Resolver = _identity, independent: bool = False,
+             by_dependencies: bool = False) -> Assembly:
     """`merge_jobs`: consecutive operations that each run as one job on the same
     lane become one job (one chained kick for a whole run of ops). `independent`:
     no operation reads what another writes (an LLM segment's products), so every
-    lane's jobs, in operation order, become one job (one chained kick per core)."""
+    lane's jobs, in operation order, become one job (one chained kick per core).
+    `by_dependencies`: an operation's job joins its lane's last job wherever it
+    reads nothing a later-submitted job writes (`_dependency_groups`): consecutive
+    layers split into the same row bands chain on each core."""
     if align % 16 or align <= 0:
         raise RegisterError(f"tasks must be 16-byte aligned, got align={align}")
-    # which (result, job) pairs form each final job
-    groups: list[list[tuple[int, int]]] = []
-    if independent:
-        _check_independent(results)
-        by_lane: dict[int, list[tuple[int, int]]] = {}
-        for ri, res in enumerate(results):
-            for ji, job in enumerate(res.jobs):
-                by_lane.setdefault(job.lane, []).append((ri, ji))
-        groups = list(by_lane.values())
-    for ri, res in enumerate(results if not independent else ()):
-        for ji, job in enumerate(res.jobs):
-            prev = groups[-1] if groups else None
-            if merge_jobs and prev is not None and len(res.jobs) == 1 and len(results[prev[-1][0]].jobs) == 1 \
-                    and results[prev[-1][0]].jobs[prev[-1][1]].lane == job.lane and not results[prev[-1][0]].cpu:
-                prev.append((ri, ji))
-            else:
-                groups.append([(ri, ji)])
+    groups = job_groups(results, merge_jobs, independent, by_dependencies)
     placed: dict[tuple[int, int], int] = {}  # (result, task) -> first entry
     order: list[list[tuple[int, int]]] = []  # per group: (result, task) in run order
     pos = 0
@@ -123,6 +112,40 @@ def assemble(results: Sequence[api.EmitResult], region: str = "regcmd", align: i
     return Assembly(region, entries, relocs, jobs, refs, job_ranges, cpu)
 
 
+def job_groups(results: Sequence[api.EmitResult], merge_jobs: bool = False, independent: bool = False,
+               by_dependencies: bool = False) -> list[list[tuple[int, int]]]:
+    """The final jobs as lists of (result, job), as `assemble` groups them."""
+    if by_dependencies and not independent:
+        return _dependency_groups(results)
+    groups: list[list[tuple[int, int]]] = []
+    if independent:
+        _check_independent(results)
+        by_lane: dict[int, list[tuple[int, int]]] = {}
+        for ri, res in enumerate(results):
+            for ji, job in enumerate(res.jobs):
+                by_lane.setdefault(job.lane, []).append((ri, ji))
+        return list(by_lane.values())
+    for ri, res in enumerate(results):
+        for ji, job in enumerate(res.jobs):
+            prev = groups[-1] if groups else None
+            if merge_jobs and prev is not None and len(res.jobs) == 1 and len(results[prev[-1][0]].jobs) == 1 \
+                    and results[prev[-1][0]].jobs[prev[-1][1]].lane == job.lane and not results[prev[-1][0]].cpu:
+                prev.append((ri, ji))
+            else:
+                groups.append([(ri, ji)])
+    return groups
+
+
+def job_costs(results: Sequence[api.EmitResult], groups: Sequence[Sequence[tuple[int, int]]],
+              chained: bool) -> list[JobCost]:
+    """The jobs `groups` forms, as the performance model sees them (one kick a job when chained)."""
+    out = []
+    for g in groups:
+        tasks = [results[ri].tasks[t].cost() for ri, ji in g for t in results[ri].jobs[ji].tasks]
+        out.append(JobCost(results[g[0][0]].jobs[g[0][1]].lane, 1 if chained else len(tasks), tasks))
+    return out
+
+
 def _check_independent(results: Sequence[api.EmitResult]) -> None:
     """Operations whose jobs may share a core's job in any grouping: none reads a
     buffer another writes, and none has a CPU step waiting on its own jobs."""
@@ -135,3 +158,92 @@ def _check_independent(results: Sequence[api.EmitResult]) -> None:
             if rj != ri and reads & written:
                 raise RegisterError(f"operation {ri} reads {sorted(reads & written)} that operation {rj} writes: "
                                     f"the operations are not independent")
+
+
+def _dependency_groups(results: Sequence[api.EmitResult]) -> list[list[tuple[int, int]]]:
+    """The final jobs as lists of (result, job): each operation's job joins the last
+    job of its lane when every task of it depends (reads what was written, or writes
+    what was read or written) only on tasks of that job or of jobs submitted before
+    it; otherwise it starts a new job. Every dependency then runs from an earlier job
+    to a later one (or in order within one job), so the jobs in submission order are
+    a valid order: the device's BO fences and the simulator's in-order execution both
+    keep it. An operation with CPU steps, or a task whose bytes are unknown, is a
+    barrier: it and what follows start new jobs.
+
+    An operation whose jobs are independent of each other places them oldest lane job
+    first: after a layer every core waits for (a channel split), the core whose job is
+    the newest continues it, and that core changes from layer to layer."""
+    groups: list[list[tuple[int, int]]] = []
+    open_on: dict[int, int] = {}  # lane -> its last job (index into groups)
+    history = _Accesses()
+    floor = 0  # no job may join a job before this one (after a barrier)
+    for ri, res in enumerate(results):
+        accesses = [[_access(res.tasks[t], job) for t in job.tasks] for job in res.jobs]
+        barrier = bool(res.cpu) or any(a is None for job in accesses for a in job)
+        order = list(range(len(res.jobs)))
+        if not barrier and _independent(accesses):
+            order.sort(key=lambda ji: open_on.get(res.jobs[ji].lane, -1))
+        for ji in order:
+            lane = res.jobs[ji].lane
+            last = open_on.get(lane)
+            if barrier or last is None or max({floor} | history.depended_on(accesses[ji])) > last:
+                groups.append([])
+                last = open_on[lane] = len(groups) - 1
+            groups[last].append((ri, ji))
+            if barrier:  # what follows runs after it: in its job (same lane) or a later one
+                open_on.clear()
+                if not res.cpu:
+                    open_on[lane] = last
+                floor = last if not res.cpu else last + 1
+            else:
+                history.record(accesses[ji], last)
+    return groups
+
+
+class _Accesses:
+    """The spans read and written so far, each with the job that does it."""
+
+    def __init__(self) -> None:
+        self.written: dict[str, list[tuple[footprint.Span, int]]] = {}
+        self.read: dict[str, list[tuple[footprint.Span, int]]] = {}
+
+    def depended_on(self, accesses: Sequence[footprint.Access]) -> set[int]:
+        """The jobs whose tasks these accesses must follow."""
+        deps: set[int] = set()
+        for a in accesses:
+            for s in a.reads:
+                deps.update(g for w, g in self.written.get(s.buffer, ()) if w.overlaps(s))
+            for s in a.writes:
+                deps.update(g for w, g in (*self.written.get(s.buffer, ()), *self.read.get(s.buffer, ()))
+                            if w.overlaps(s))
+        return deps
+
+    def record(self, accesses: Sequence[footprint.Access], job: int) -> None:
+        for a in accesses:
+            for s in a.reads:
+                self.read.setdefault(s.buffer, []).append((s, job))
+            for s in a.writes:
+                self.written.setdefault(s.buffer, []).append((s, job))
+
+
+def _independent(jobs: Sequence[Sequence[footprint.Access]]) -> bool:
+    """Whether no job writes what another reads or writes (any order is valid)."""
+    for i, mine in enumerate(jobs):
+        others = _Accesses()
+        for j, theirs in enumerate(jobs):
+            if j != i:
+                others.record(theirs, j)
+        if any(others.depended_on([footprint.Access((), a.writes)]) for a in mine):
+            return False
+    return True
+
+
+def _access(task: api.Task, job: api.JobPlan) -> footprint.Access | None:
+    """The task's exact access, or its touched ranges: written where the job
+    names the buffer among its writes (read too, for all this knows), else read."""
+    if task.access is not None:
+        return task.access
+    if not task.touches:
+        return None
+    spans = [(footprint.Span(b, start, end - start), b in job.writes) for b, start, end in task.touches]
+    return footprint.Access(tuple(s for s, _ in spans), tuple(s for s, w in spans if w))

@@ -144,7 +144,11 @@ def conv_works(op: api.Conv2D, options: api.EmitOptions) -> tuple[list[Work], li
     parts = -(-o.channels // options.n_tile_max)
     weight_total = len(packed)
     input_total = f.surfaces * f.dense_surface_bytes
-    if weight_total > input_total:
+    if weight_total > input_total and not _row_bands_pay(op, dtype, weight_total, options):
+        parts = max(parts, min(options.cores, -(-o.channels // group)))
+    if dw and dtype in api.CHAINED_DTYPES and not _row_bands_fit(op, options):
+        # a map too short for a row band per core: split the channels, which a channel
+        # split of the layer before hands on core by core in one chained kick
         parts = max(parts, min(options.cores, -(-o.channels // group)))
     if dw:
         # a depthwise task's kernel spans its channels: keep it within one CBUF bank
@@ -185,6 +189,9 @@ def conv_works(op: api.Conv2D, options: api.EmitOptions) -> tuple[list[Work], li
     n_row_tiles = -(-o.height // rows_per_tile)
     if n_row_tiles * len(c_tiles) < options.cores and o.height >= 2 * options.cores:
         n_row_tiles = options.cores
+    elif dtype in api.CHAINED_DTYPES and len(c_tiles) == 1 and n_row_tiles > options.cores:
+        # chained: as many row tiles on every core (one kick a core whatever their number)
+        n_row_tiles = layout.align(n_row_tiles, options.cores)
     r_tiles = schedule.split_evenly(o.height, n_row_tiles, 1)
     while len(r_tiles) > 1 and min(_input_rows(op, r0, rt, min_rows)[2] for r0, rt in r_tiles) < min_rows:
         r_tiles = schedule.split_evenly(o.height, len(r_tiles) - 1, 1)
@@ -206,6 +213,27 @@ def conv_works(op: api.Conv2D, options: api.EmitOptions) -> tuple[list[Work], li
             f"channel tiles; CBUF {d_banks} data + {w_banks} weight banks, weights "
             f"{'resident' if tile_weight_bytes <= w_banks * hw.CBUF_BANK_BYTES else 'streamed'}")
     return works, consts, note
+
+
+def _row_bands_pay(op: api.Conv2D, dtype: str, weight_total: int, options: api.EmitOptions) -> bool:
+    """Whether the output rows, one band per core, beat a channel split when the weights
+    outweigh the input: in a chained segment the next layer reading the same rows
+    then joins each core's kick (compiler/npu/assemble.py), which pays while the weights
+    each core reads in full take less of its DMA time than the kick saved."""
+    if dtype not in api.CHAINED_DTYPES or not _row_bands_fit(op, options):
+        return False
+    extra = weight_total * (options.cores - 1) / options.cores  # read again by each core
+    return extra / (hw.DRAM_BYTES_PER_S_SUSTAINED * hw.CORE_DMA_SHARE) < hw.KICK_OVERHEAD_S
+
+
+def _row_bands_fit(op: api.Conv2D, options: api.EmitOptions) -> bool:
+    """Whether the output rows split into one band per core, each reading its
+    `min_input_rows` (Q2)."""
+    if options.cores < 2 or op.output.height < options.cores:
+        return False
+    bands = schedule.split_evenly(op.output.height, options.cores, 1)
+    return len(bands) == options.cores and \
+        min(_input_rows(op, r0, rt, options.min_input_rows)[2] for r0, rt in bands) >= options.min_input_rows
 
 
 def _tile_weight_bytes(op, dtype, kg, ct) -> int:

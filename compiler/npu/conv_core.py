@@ -29,7 +29,7 @@ from rkc.compiler.npu import api, formats
 from rkc.compiler.npu.epilogue import DpuPlan
 from rkc.compiler.npu.regfile import CONV_BLOCKS, CONV_ORDER, S_POINTER_FIELDS, RegisterFile, build
 from rkc.ir.errors import UnsupportedError
-from rkc.ir.npu import hw, layout
+from rkc.ir.npu import footprint, hw, layout
 
 BURST_LEN = 15  # DMA burst length every public program uses (Mesa, rocket-userspace)
 DW_FEATURE_GRAINS_BASE = 50  # Mesa's depthwise prefetch depth, 50 + stride + 1
@@ -227,8 +227,9 @@ def _residual_rdma(t: ConvTile, r: RegisterFile, mode: dict) -> None:
 
 def tile_task(t: ConvTile) -> api.Task:
     b = build(tile_registers(t), CONV_ORDER, CONV_BLOCKS)
+    access = tile_access(t)
     return api.Task(b.array(), [api.Reloc(e, buf, off) for e, buf, off in b.relocations], t.cbuf,
-                    tile_counters(t), t.label, tile_touches(t))
+                    tile_counters(t), t.label, footprint.touches(access), access)
 
 
 def written_channels(t: ConvTile) -> int:
@@ -243,20 +244,21 @@ def written_surfaces(t: ConvTile) -> int:
     return -(-written_channels(t) // t.output.c2)
 
 
-def tile_touches(t: ConvTile) -> list[tuple[str, int, int]]:
-    def span(f: api.Feature, surfaces: int | None = None) -> tuple[str, int, int]:
+def tile_access(t: ConvTile) -> footprint.Access:
+    """The bytes the task reads and writes: each map one piece per channel surface
+    (a row band is one piece in each), weights and per-channel operands one piece."""
+    def span(f: api.Feature, surfaces: int | None = None) -> footprint.Span:
         n = f.surfaces if surfaces is None else surfaces
-        return f.buffer, f.offset, f.offset + (n - 1) * f.surface_bytes + f.dense_surface_bytes
+        return footprint.surfaces_span(f.buffer, f.offset, n, f.surface_bytes, f.dense_surface_bytes)
 
-    out = [span(t.input), (t.weights_buffer, t.weights_offset, t.weights_offset + t.weight_bytes),
-           span(t.output, written_surfaces(t))]
+    reads = [span(t.input), footprint.Span(t.weights_buffer, t.weights_offset, t.weight_bytes)]
     if t.residual is not None:  # ERDMA reads whole surfaces of every DPU channel (an int8 depthwise task's 64+)
-        out.append(span(t.residual, max(t.residual.surfaces, -(-t.out_channels_hw // t.residual.c2))))
+        reads.append(span(t.residual, max(t.residual.surfaces, -(-t.out_channels_hw // t.residual.c2))))
     if t.bs_buffer is not None and t.dpu.bs_data is not None:
         start = t.dpu.bs_offset(t.channel0)
         per = 8 if t.dpu.bs_groups else 4
-        out.append((t.bs_buffer, start, start + layout.align(t.out_channels_hw, 8) * per))
-    return out
+        reads.append(footprint.Span(t.bs_buffer, start, layout.align(t.out_channels_hw, 8) * per))
+    return footprint.Access(tuple(reads), (span(t.output, written_surfaces(t)),))
 
 
 def tile_counters(t: ConvTile) -> api.Counters:

@@ -32,6 +32,7 @@ SAMPLES = {
     "jobs": (["--jobs", "2"], ("jobs", 2)),
     "explain": (["--explain"], None),  # a report option: checked on the output below
     "cpu_only": (["--cpu-only"], ("cpu_only", True)),
+    "int8_only": (["--int8-only"], ("int8_only", True)),
     "kernel_ppu_irq": (["--kernel-ppu-irq"], ("ppu_irq", True)),
     "npu_attention": (["--npu-attention"], ("npu_attention", True)),
     "prefill_chunks": (["--prefill-chunks", "1,8"], ("prefill_chunks", (1, 8))),

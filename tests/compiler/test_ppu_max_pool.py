@@ -58,7 +58,7 @@ def test_stock_kernel_runs_max_pools_on_the_dpu(tmp_path, monkeypatch, precision
     path = save(sppf_like(16, 12, 3), tmp_path / "m.onnx")
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.random.default_rng(5).standard_normal((4, 1, 3, 12, 12)).astype(np.float32))
-    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision=precision, calib=calib))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision=precision, calib=calib, int8_only=True))
     pools = [p for p in report.placements if p.op.type == "MaxPool"]
     assert [(p.device, p.dtype) for p in pools] == [("npu", precision)] * 4, [p.reason for p in pools]
     assert not report.ppu
@@ -78,12 +78,13 @@ def test_int8_max_pools_stay_on_the_cpu_where_dpu_taps_cost_more(tmp_path, monke
     path = save(sppf_like(16, 12, 4), tmp_path / "m.onnx")
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=np.random.default_rng(5).standard_normal((4, 1, 3, 12, 12)).astype(np.float32))
-    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=ppu_irq))
+    options = BuildOptions(precision="int8", calib=calib, ppu_irq=ppu_irq, int8_only=True)
+    report = build(path, tmp_path / "m.rkbin", options)
     pools = [p for p in report.placements if p.op.type == "MaxPool"]
     assert [p.device for p in pools] == ["cpu"] * 4
     assert all("max pooling as DPU taps" in p.reason and "ms of NPU time" in p.reason for p in pools)
     _host_dear(monkeypatch)
-    report = build(path, tmp_path / "d.rkbin", BuildOptions(precision="int8", calib=calib, ppu_irq=ppu_irq))
+    report = build(path, tmp_path / "d.rkbin", options)
     assert [(p.device, p.dtype) for p in report.placements if p.op.type == "MaxPool"] == [("npu", "int8")] * 4
     assert not report.ppu
 

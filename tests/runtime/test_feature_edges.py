@@ -177,7 +177,7 @@ def _detector_like(c: int):
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precision, monkeypatch):
     path = save(_detector_like(12), tmp_path / "m.onnx")
-    options = BuildOptions(precision=precision)
+    options = BuildOptions(precision=precision, int8_only=True)
     rng = np.random.default_rng(3)
     if precision == "int8":
         options.calib = tmp_path / "calib.npz"
@@ -223,7 +223,7 @@ def test_fp16_outputs_are_the_npus_values_as_they_are(tmp_path, precision, monke
     float16 array, whose widening is the default run's float32 output bit for bit (any other
     output stays float32); the interpreter's path gives the same."""
     path = save(_detector_like(12), tmp_path / "m.onnx")
-    options = BuildOptions(precision=precision)
+    options = BuildOptions(precision=precision, int8_only=True)
     rng = np.random.default_rng(4)
     if precision == "int8":
         options.calib = tmp_path / "calib.npz"

@@ -41,7 +41,8 @@ def conv_model(rng, c=16, o=24, dead=(), hw=12) -> onnx.ModelProto:
 def _build(tmp_path, model, calib):
     path = save(model, tmp_path / "m.onnx")
     np.savez(tmp_path / "calib.npz", x=calib)
-    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=tmp_path / "calib.npz"))
+    report = build(path, tmp_path / "m.rkbin", BuildOptions(precision="int8", calib=tmp_path / "calib.npz",
+                                                             int8_only=True))
     return path, report
 
 
