@@ -671,6 +671,10 @@ class EmitOptions:
     # entry to int8). Every validated LUT program runs on fp16 data: only `rkc probe`
     # sets it; compiles run such groups in fp16.
     integer_lut: bool = False
+    # Q27: fp16 output straight from an int8 GEMM (OUT_PRECISION 2, the per-channel
+    # dequant scale in BS and OUT_CVT, the integer result cast to fp16). Documented
+    # for small single tiles only: only `rkc probe` sets it.
+    integer_fp16_out: bool = False
 
     def slack_banks(self, dtype: str) -> int:
         """CBUF banks a feature tile of `dtype` keeps free past its data."""

@@ -132,6 +132,8 @@ class DpuPlan:
                 v = np.rint((f - spec.lo) / 2.0 ** spec.s_exp * (1 << lutmod.Q_BITS)).astype(np.int64)
             if self.out_dtype == "int8":
                 return requantize(v, self.out_mul, self.out_shift, self.out_offset).astype(np.int8)
+            if self.out_dtype == "fp16":  # Q27's reading: OUT_CVT's integer result, cast to fp16
+                return requantize(v, self.out_mul, self.out_shift, self.out_offset, "int32").astype(np.float16)
             if self.out_dtype == "int32":
                 return saturate(v, "int32").astype(np.int32)
             if self.out_dtype == "int16":  # int4 sums: the emitter bounds K so none leaves int16 (Q23)
@@ -269,6 +271,7 @@ class DpuRequest:
     depthwise: bool = False
     partial: bool = False  # a K-split partial: raw accumulator only (the rest runs later)
     integer_lut: bool = False  # EmitOptions.integer_lut (Q22, `rkc probe` only)
+    integer_fp16_out: bool = False  # EmitOptions.integer_fp16_out (Q27, `rkc probe` only)
 
 
 def plan(req: DpuRequest) -> DpuPlan:
@@ -296,7 +299,9 @@ def _plan_int4(req: DpuRequest) -> DpuPlan:
 def _plan_integer(req: DpuRequest) -> DpuPlan:
     out, ep, n = req.output, req.epilogue, req.channels
     out_dtype = "int32" if req.partial else out.dtype
-    if out_dtype not in ("int8", "int32", "fp32"):
+    # fp16 output is open (Q27): the requantized integer result, cast to fp16
+    scaled = ("int8", "fp16") if req.integer_fp16_out and not req.depthwise else ("int8",)
+    if out_dtype not in ("int32", "fp32") + scaled:
         raise UnsupportedError(f"int8 convolution cannot write {out_dtype} (int8, int32 or fp32)")
     if ep.lut is not None and req.integer_lut and not req.partial:
         return _plan_integer_lut(req)
@@ -320,9 +325,11 @@ def _plan_integer(req: DpuRequest) -> DpuPlan:
     a = bias - iq.zero_point * np.asarray(req.weight_sums, np.int64)
     if np.abs(a).max(initial=0) >= 1 << 31:
         raise UnsupportedError("bias after zero-point correction does not fit int32")
-    if out_dtype == "int8":
+    if out_dtype in scaled:
         if out.quant is None or iq is None:
-            raise UnsupportedError("int8 output needs input, weight and output quantization")
+            raise UnsupportedError(f"{out_dtype} output of an int8 convolution needs input, weight and output "
+                                   "quantization")
+        p.narrow_fp16 = out_dtype == "fp16"  # the fp32->fp16 converter, as on the float datapath
         m = iq.scales(1)[0] * wq.scales(n) / out.quant.scale
         if wq.per_channel:
             # after the BS multiplier v is in one unit for every channel (1/gain output

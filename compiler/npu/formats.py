@@ -34,6 +34,8 @@ WRITERS = {
     ("int8", "int8", True): Writer(3, 4, "Mesa depthwise, golden captures"),
     ("int8", "int32", False): Writer(7, 8, "rocket-userspace gen_matmul_int8, GEMM captures (8-byte quirk)"),
     ("int8", "fp32", False): Writer(7, 8, "rockchip-npu-notes out-cvt-converter.md (exact cast of int32)"),
+    # OPEN (Q27): measured on small single tiles only; `rkc probe` int8_fp16_out asks for more
+    ("int8", "fp16", False): Writer(3, 2, "rockchip-npu-notes out-cvt-converter.md 'fp16: 3 / stride*2, C2 8'"),
     ("fp16", "fp32", False): Writer(3, 4, "rocket-userspace gen_matmul_fp16, GEMM captures"),
     ("fp16", "fp16", False): Writer(1, 2, "rocket-userspace fp16->fp16, GEMM captures"),
     ("fp16", "fp16", True): Writer(3, 4, "rocket-userspace gen_conv2d_dw_fp16 (HW-validated)"),

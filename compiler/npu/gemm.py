@@ -146,7 +146,8 @@ def lower_gemm(op: api.Gemm, options: api.EmitOptions) -> api.EmitResult:
             options.pack_cache[key] = packed, k_offsets, weight_sums
     consts = [api.ConstBuffer(op.weights_buffer, packed)] if op.b_buffer is None else []
 
-    full = epilogue.plan(epilogue.DpuRequest(dtype, op.c, n, op.a.quant, wq, weight_sums, op.epilogue))
+    full = epilogue.plan(epilogue.DpuRequest(dtype, op.c, n, op.a.quant, wq, weight_sums, op.epilogue,
+                                             integer_fp16_out=options.integer_fp16_out))
     partials: list[api.Feature] = []
     scratch: list[api.Scratch] = []
     if nk > 1 and not on_chip_kacc:

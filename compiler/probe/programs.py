@@ -14,7 +14,7 @@ import numpy as np
 
 from dataclasses import replace
 
-from rkc.compiler.npu import api
+from rkc.compiler.npu import api, epilogue
 from rkc.compiler.npu.conv_core import data_entries, feature_strides
 from rkc.compiler.npu.dispatch import emit
 from rkc.compiler.probe import Probe, ProbeRun
@@ -247,6 +247,68 @@ def lut_int8(device: Device) -> ProbeRun:
     f16 = emitted.feature_values(Y16, raw["Y16"]).astype(np.float64)
     want = np.clip(np.rint(f16 / out_q.scale) + out_q.zero_point, -128, 127)
     return ProbeRun({f"lut_int8:{b}": data for b, data in raw.items()}, close={"lut_int8:Y8": (got, want, 1.0)})
+
+
+
+def _fp16_out_gemms(name: str, m: int, k: int, n: int, options: api.EmitOptions, salt: int):
+    """One int8 GEMM C = A B with per-channel weight scales, emitted twice over the
+    same A: int32 out (modelled, exact) and fp16 out through the per-channel BS
+    multiplier and OUT_CVT (Q27). The fp16 result counts steps of a per-tensor
+    power of two `step` chosen so that |C| stays below 2048 steps (fp16 holds
+    those integers exactly; the source's program was range-limited there)."""
+    a, b = _int8((m, k), salt), _int8((k, n), salt + 1)
+    s_a = 2.0 ** -5
+    s_w = np.random.default_rng(SEED + salt + 2).uniform(2.0 ** -8, 2.0 ** -7, n)
+    real = (a.astype(np.int64) @ b.astype(np.int64)) * s_a * s_w
+    step = 2.0 ** np.ceil(np.log2(np.abs(real).max() / 1500))
+    A = api.Feature.gemm(f"{name}.A", 0, m, k, "int8", api.Quant(s_a))
+    C32 = api.Feature.gemm(f"{name}.C32", 0, m, n, "int32")
+    C16 = api.Feature.gemm(f"{name}.C16", 0, m, n, "fp16", api.Quant(step))
+    wq = api.Quant(tuple(float(s) for s in s_w))
+    i32 = emit(api.Gemm(A, b, C32, m, wq, name=f"{name}.i32"), options)
+    f16 = emit(api.Gemm(A, b, C16, m, wq, name=f"{name}.f16"), replace(options, integer_fp16_out=True))
+    plan = epilogue.plan(epilogue.DpuRequest("int8", C16, n, A.quant, wq, b.sum(axis=0, dtype=np.int64),
+                                             api.NO_EPILOGUE, integer_fp16_out=True))
+    apad = np.zeros((api.gemm_rows(m), k), np.int8)
+    apad[:m] = a
+    return [i32, f16], {A.buffer: (A, apad.T[:, :, None])}, (C32, C16), a @ b.astype(np.int64), plan, s_a * s_w, step
+
+
+def int8_fp16_out(device: Device) -> ProbeRun:
+    """fp16 output straight from int8 GEMMs (OUT_PRECISION 2, FP32TOFP16_EN, writer
+    size_e 3 / surface x2, C2 8) with the per-channel dequant scale in BS (C[c] and
+    shift, Q21) and OUT_CVT (one gain): 'tiles' M=300 K=1000 N=160 on one core (2 M
+    tiles x 3 N tiles of <= 64), 'cores' M=64 K=512 N=384 split over 3 cores. In the
+    same submit each product is also written as int32 (modelled, checked against
+    numpy). The fp16 values must be the epilogue's reading applied to the board's
+    int32 (exactly: integers below 2048 are exact in fp16), and, times the step,
+    the host's dequantization of the int32 within the requant's bound: half a step
+    + 2^-8 of a step for the BS rounding, + 2^-8 of the largest value for C[c]'s
+    16-bit resolution (<= 2^-9 relative, per_channel_multipliers)."""
+    cases = {"tiles": (300, 1000, 160, api.EmitOptions(cores=1, n_tile_max=64), 40),
+             "cores": (64, 512, 384, api.EmitOptions(cores=3), 44)}
+    built = {case: _fp16_out_gemms(f"int8_fp16_out.{case}", *shape) for case, shape in cases.items()}
+    results = [r for b in built.values() for r in b[0]]
+    inputs = {buf: v for b in built.values() for buf, v in b[1].items()}
+    program = emitted.place(results, inputs, "int8_fp16_out")
+    placed = emitted.run(device, program, False)
+    try:
+        raw = {f.buffer: placed.read(program.handles[f.buffer]) for b in built.values() for f in b[2]}
+    finally:
+        placed.free()
+    exact, close = {}, {}
+    for case, (_, _, (C32, C16), product, plan, scale, step) in built.items():
+        m = product.shape[0]
+        acc = emitted.feature_values(C32, raw[C32.buffer])[:, :m, 0].astype(np.int64)  # [N, M]
+        got = emitted.feature_values(C16, raw[C16.buffer])[:, :m, 0].astype(np.float64)
+        want = acc.T * scale
+        exact[f"{case}:int32"] = (acc.T, product)
+        exact[f"{case}:fp16"] = (got, plan.apply(acc).astype(np.float64))
+        tolerance = step * (0.5 + 2.0 ** -8) + 2.0 ** -8 * float(np.abs(want).max())
+        close[f"{case}:dequant"] = (got.T * step, want, tolerance)
+    return ProbeRun({f"int8_fp16_out:{b}": data for b, data in raw.items()},
+                    exact={f"int8_fp16_out.{k}": v for k, v in exact.items()},
+                    close={f"int8_fp16_out.{k}": v for k, v in close.items()})
 
 
 def _patched(task: api.Task, updates: dict[str, dict[str, int]]) -> api.Task:
@@ -505,6 +567,12 @@ PROBES: tuple[Probe, ...] = (
           "OUT_CVT to int8)", {}, lut_int8,
           "int8 LUT epilogues work as programmed: int8 groups with SiLU/sigmoid could stay int8 (Q22 reading)",
           "the int8 LUT program differs: keep table groups in fp16", simulated=False),
+    Probe("int8_fp16_out", "Q27", "an int8 GEMM of several tiles and cores writes fp16 (OUT_PRECISION 2, size_e 3) "
+          "through the per-channel BS multiplier and OUT_CVT", {}, int8_fp16_out,
+          "int8 GEMMs can write dequantized fp16 beyond single tiles: an int8 FFN's gate/up could feed an fp16 "
+          "segment without the host (Q27 reading to record)",
+          "fp16 output of an int8 GEMM is wrong here (compare the exact and dequant checks): keep int32 out and "
+          "the host's dequantization", simulated=False),
     Probe("deconv_x2", "Q24", "a depthwise deconvolution (DECONV, stride 2, 2x2 ones) is nearest x2 "
           "upsampling", {}, deconv_x2,
           "DECONV zero-stuffs the input as read here: nearest Resize x2 can run on the NPU (Q24 reading)",

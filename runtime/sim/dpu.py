@@ -29,6 +29,7 @@ ATOM = 16
 BURST_LENS = (3, 7, 15)
 OUT_PRECISIONS_INT = (0, 1, 4, 5)  # int8, int16, int32, fp32 (exact cast) from an integer datapath
 OUT_PRECISIONS_FLOAT = (2, 5)  # fp16 (FP32TOFP16_EN), fp32
+OUT_FP16 = 2  # fp16 output: from an integer datapath an open question (Q27)
 EW_ALU = {0: "max", 1: "min", 2: "add", 4: "minus"}
 EDATA_BYTES = {1: 1, 2: 2, 3: 4}
 
@@ -304,10 +305,12 @@ def _out_cvt(r: TaskRegisters, quirks: Quirks, x: np.ndarray, is_float: bool) ->
         if sh["MINUS_EXP"]:
             f = f * np.float32(2.0 ** -sh["MINUS_EXP"])
         return PRECISIONS[out], f
+    if out == OUT_FP16:
+        raise r.error(UnsupportedError, "fp16 output (OUT_PRECISION=2) from an integer datapath is not modelled "
+                      "(Q27: measured on small single tiles only, wrong beyond them)", "DPU_DATA_FORMAT")
     if out not in OUT_PRECISIONS_INT:
         raise r.error(UnsupportedError, f"OUT_PRECISION={out} from an integer datapath is not modelled "
-                      "(int8, int16, int32 or an fp32 cast; fp16 output garbles beyond small tiles)",
-                      "DPU_DATA_FORMAT")
+                      "(int8, int16, int32 or an fp32 cast)", "DPU_DATA_FORMAT")
     if to16 or sh["MINUS_EXP"]:
         raise r.error(FieldError, "FP32TOFP16_EN / MINUS_EXP belong to the float datapath", "DPU_OUT_CVT_SCALE")
     if shift > 62:

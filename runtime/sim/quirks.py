@@ -278,6 +278,27 @@ QUESTIONS: tuple[Question, ...] = (
         "GROUP_LINE_OFF and NONALIGN_DMA, reading the packed image with its row pitch in bytes in one "
         "program and in 16-byte units in another, each against the normal program on atoms in the same "
         "submit; here it reports 'refused by the simulator: needs a board'."),
+    Question(
+        "Q27", "fp16 output straight from an int8 GEMM",
+        "gregordinary/rockchip-npu-notes encodings/out-cvt-converter.md @ 224b1390 (the int8 datapath's "
+        "output table; hw-matmul.md 5, one source): on an int8 matmul OUT_PRECISION 2 (fp16) with the writer "
+        "at size_e 3, surface add 2 x stride and an output cube of C2 8 is correct only for small single-tile "
+        "shapes: wrong or strided values at 64x128x64, and range-limited to |acc| <= 2048 (the int32 "
+        "accumulator must fit fp16). Not shipped; the registers of the failing program, FP32TOFP16_EN "
+        "included, are not given. Beside it the same table measures int32 and fp32 out (size_e 7, surface add "
+        "8 x stride, C2 4; fp32 a bit-exact cast of the int32 sum) as general, and states that the integer "
+        "OUT_CVT rounds (acc * SCALE) >> SHIFT to an integer before any cast, so a fractional dequant scale "
+        "cannot fold into it: the result counts whole steps.",
+        "Refused: OUT_PRECISION 2 on an integer datapath raises (runtime/sim/dpu.py). Compiles never ask for "
+        "it (compiler/npu/epilogue.py: int8 GEMMs write int8, int32 or fp32): an int8 FFN's gate and up "
+        "products return int32 to the host, which dequantizes them (docs/llm.md). `rkc probe` int8_fp16_out "
+        "asks a board (`EmitOptions.integer_fp16_out`): int8 GEMMs of 2 M x 3 N tiles on one core (M=300 "
+        "K=1000 N=160) and of N split over 3 cores (M=64 K=512 N=384) writing fp16 with FP32TOFP16_EN, the "
+        "writer at size_e 3 / surface x2, the per-channel dequant scale in the BS multiplier (Q21) and one "
+        "OUT_CVT gain to a power-of-two step, below 2048 steps; in the same submit the same products as "
+        "int32. The fp16 values must be the epilogue's reading of the board's int32 (the requantized integer "
+        "cast to fp16) exactly, and times the step the host's dequantization within half a step + 2^-8 of a "
+        "step + 2^-8 of the largest value; here it reports 'refused by the simulator: needs a board'."),
 )
 
 

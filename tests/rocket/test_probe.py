@@ -47,7 +47,7 @@ def test_cli_without_npu_runs_on_the_emulated_kernel(tmp_path):
     # a PPU-only task is refused by the device: rocket completes tasks on the DPU interrupt only
     assert status.pop("ppu_pool") == "npu-failed"
     # the open questions the simulator has no reading for wait for a board
-    for name in ("lut_int8", "deconv_x2", "argb_image"):
+    for name in ("lut_int8", "deconv_x2", "argb_image", "int8_fp16_out"):
         assert status.pop(name) == "sim-refused"
     assert set(status.values()) == {"agree"}
     chain = next(p for p in report["probes"] if p["name"] == "chain_int8")
@@ -165,7 +165,7 @@ UNSIMULATED = [p for p in PROBES if not p.simulated]
 
 def test_the_open_questions_have_probes():
     assert {(p.name, p.question) for p in UNSIMULATED} == {("lut_int8", "Q22"), ("deconv_x2", "Q24"),
-                                                                ("argb_image", "Q26")}
+                                                                ("argb_image", "Q26"), ("int8_fp16_out", "Q27")}
 
 
 @pytest.mark.parametrize("probe", UNSIMULATED, ids=lambda p: p.name)
@@ -292,3 +292,48 @@ def test_gate_chain_product_reads_the_gate_the_first_task_wrote():
     run = by_name("gate_chain").program(sim({}))
     ((got, want, tolerance),) = run.close.values()
     assert np.abs(want).max() > 0.5 and np.all(np.abs(got - want) <= tolerance)
+
+
+FP16_OUT_CASES = {"tiles": (300, 1000, 160, dict(cores=1, n_tile_max=64), 40), "cores": (64, 512, 384, dict(cores=3), 44)}
+
+
+@pytest.mark.parametrize("case", FP16_OUT_CASES)
+def test_int8_fp16_out_program_asks_for_fp16_beyond_one_tile(case):
+    """Q27's program: several tasks (M and N tiles on one core; N over 3 cores), each
+    fp16 task writing OUT_PRECISION 2 through the converter with the per-channel BS
+    multiplier; the int32 twin runs on the simulator and is numpy's product; the
+    epilogue's reading of the fp16 values, times the step, is the host's
+    dequantization within the probe's stated bound; the fp16 tasks alone are refused
+    with Q27's message."""
+    from rkc.compiler.npu import api
+    from rkc.compiler.npu.dispatch import emit
+    from rkc.compiler.probe import emitted
+    from rkc.compiler.probe.programs import _fp16_out_gemms
+    from rkc.ir.npu.regcmd import decode
+
+    m, k, n, options, salt = FP16_OUT_CASES[case]
+    (i32, f16), inputs, (C32, C16), product, plan, scale, step = _fp16_out_gemms(
+        f"t.{case}", m, k, n, api.EmitOptions(**options), salt)
+    assert len(f16.tasks) >= 3
+    for task in f16.tasks:
+        regs = {d.register.name: d.fields for d in decode(task.regcmd) if d.register is not None}
+        assert regs["DPU_DATA_FORMAT"]["OUT_PRECISION"] == 2 and regs["DPU_DATA_FORMAT"]["IN_PRECISION"] == 0
+        assert regs["DPU_BS_OW_CFG"]["SIZE_E_0"] == 3 and regs["DPU_OUT_CVT_SCALE"]["FP32TOFP16_EN"] == 1
+        assert regs["DPU_BS_MUL_CFG"]["BS_MUL_SRC"] == 1
+    if case == "cores":
+        assert len({job.lane for job in f16.jobs}) == 3
+    program = emitted.place([i32], inputs, "i32")
+    placed = emitted.run(SimDevice(), program, False)
+    acc = emitted.feature_values(C32, placed.read(program.handles[C32.buffer]))[:, :m, 0].astype(np.int64)
+    np.testing.assert_array_equal(acc.T, product)
+    got = plan.apply(acc).astype(np.float64)
+    assert np.abs(got).max() < 2048 and np.array_equal(got, np.rint(got))
+    want = acc.T * scale
+    bound = step * (0.5 + 2.0 ** -8) + 2.0 ** -8 * np.abs(want).max()
+    err = np.abs(got.T * step - want).max()
+    assert 0 < err <= bound
+    with pytest.raises(SimError, match="Q27"):
+        emitted.run(SimDevice(), emitted.place([f16], inputs, "f16"), False)
+    with pytest.raises(Exception, match="cannot write fp16"):  # compiles never ask for it
+        emit(api.Gemm(inputs[f"t.{case}.A"][0], np.zeros((k, n), np.int8), C16, m, api.Quant(0.01), name="u"),
+             api.EmitOptions(**options))
