@@ -21,6 +21,7 @@ Host tensors are freed after their last reader.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -51,7 +52,12 @@ class RunStats:
 
 
 def _dtype(info: TensorInfo) -> np.dtype:
-    return DType(info.dtype).numpy
+    return _numpy_dtype(info.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_dtype(name: str) -> np.dtype:
+    return DType(name).numpy  # (the enum's lookup cost ~1.5 us, several times a step)
 
 
 class _Schedule:
@@ -98,6 +104,7 @@ class _Schedule:
         steps, outputs = self.program.steps, self.program.outputs
         image = self.images.get(i)
         if image is None and steps[i].op == "Transpose":  # the model's uint8 image into its first map
+            run.one_thread()  # (the plans run reference kernels once)
             end = feature_edges.image_chain_end(steps, i, self.last_use, outputs,
                                                 lambda n: feature_edges._in_bo(run, run.model.tensors.get(n)))
             plan = None if end is None else feature_edges.image_plan(run, list(steps[i:end + 1]))
@@ -107,6 +114,7 @@ class _Schedule:
             return i + len(image[0]) - 1
         chain = self.chains.get(i)
         if chain is None:
+            run.one_thread()
             end = feature_edges.chain_end(steps, i, self.last_use, outputs)
             plan = None if end is None else feature_edges.chain_plan(run, list(steps[i:end + 1]))
             if plan is not None:
@@ -116,6 +124,7 @@ class _Schedule:
                 return i + len(chain[0]) - 1
         else:  # a learned upsampling quantized into its map
             step = steps[i]
+            run.one_thread()  # (its products)
             if i + 1 < len(steps) and step.outputs and self.last_use.get(step.outputs[0]) == i + 1 \
                     and step.outputs[0] not in outputs and feature_edges.run_pair(run, step, steps[i + 1]):
                 return i + 1
@@ -134,6 +143,15 @@ class _Run:
             schedule = model.schedules[id(program)] = _Schedule(program)
         self.schedule = schedule
         self.last_use = schedule.last_use
+        self.blas = None  # blas.one_thread(), entered by one_thread()
+
+    def one_thread(self) -> None:
+        """BLAS on one thread until the run ends (host kernels' rule, runtime/blas.py), from
+        the first step that may reach a numpy product: a run of native passes alone (numba
+        kernels, the prepared submits) never sets it (setting and restoring cost ~4 us a run)."""
+        if self.blas is None:
+            self.blas = blas.one_thread()
+            self.blas.__enter__()
 
     # -- tensor access ------------------------------------------------------------------
     def read(self, name: str) -> np.ndarray:
@@ -182,6 +200,7 @@ class _Run:
                 return
             if index >= 0:
                 self.schedule.no_native.add(index)
+        self.one_thread()
         inputs = [self.read(n) if n else None for n in step.inputs]
         outputs = run_kernel(step.op, inputs, step.attrs, len(step.outputs))
         if len(outputs) < len(step.outputs):
@@ -292,7 +311,7 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
     start = time.perf_counter()
     steps, skip, schedule = program.steps, -1, run.schedule
     clock = time.perf_counter
-    with blas.one_thread():  # host kernels' rule (runtime/blas.py): BLAS's spinning pool cost 6x; set once a run
+    try:  # host kernels' rule (runtime/blas.py: BLAS's spinning pool cost 6x), set once a run where needed
         for i, step in enumerate(steps):
             if i <= skip:  # done with an earlier step's fused pass
                 stats.step_seconds.append(0.0)
@@ -320,6 +339,9 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
             else:
                 stats.npu_seconds += dt
             run.free_dead(i)
+    finally:
+        if run.blas is not None:
+            run.blas.__exit__(None, None, None)
     outputs = _handed_out(run, program.outputs, ready.values())
     stats.seconds = time.perf_counter() - start
     return outputs, stats
