@@ -38,6 +38,10 @@ from rkc.runtime.device import Job, Task
 from rkc.runtime.kernels import run_kernel
 
 
+# ops whose result is their first input's elements in the same order, reshaped (row-major host tensors)
+VIEW_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"})
+
+
 class InputError(RkcError):
     """The inputs given to a program do not match what it expects."""
 
@@ -94,6 +98,20 @@ class _Schedule:
         self.chains: dict[int, tuple] = {}  # first step -> (its chain's steps, feature_edges.chain_plan)
         self.images: dict[int, tuple] = {}  # first step -> (its steps, feature_edges.image_plan)
         self.native_plans: dict[int, tuple] = {}  # id(step) -> what feature_edges worked out at the first run
+        self.views: dict[int, tuple[int, ...]] = {}  # step -> its output's shape: a reshape of a host tensor
+
+    def note_view(self, index: int, step: Step, model) -> None:
+        """Take the step as a reshape of its first input from now on (`views`) when it is one
+        whatever the run: an op that only reshapes, from a host tensor to a host tensor of its
+        dtype, its other inputs (a Reshape's shape, axes) absent or the program's constants.
+        Its first run went through the kernel, which checked the declared shape."""
+        tensors = model.tensors
+        src, dst = tensors.get(step.inputs[0]), tensors.get(step.outputs[0]) if len(step.outputs) == 1 else None
+        if src is None or dst is None or src.region is not None or dst.region is not None \
+                or src.dtype != dst.dtype or dst.layout != "row":
+            return
+        if all(not n or (n in tensors and tensors[n].region in model.host_regions) for n in step.inputs[1:]):
+            self.views[index] = tuple(int(d) for d in dst.shape)
 
     def fused_end(self, run: "_Run", i: int) -> int | None:
         """Run the steps from `i` as one pass (feature_edges: a recoding chain, or a
@@ -191,6 +209,10 @@ class _Run:
 
     # -- steps --------------------------------------------------------------------------
     def cpu(self, step: Step, index: int = -1) -> None:
+        view = self.schedule.views.get(index)
+        if view is not None:  # a reshape of a host tensor, checked at the first run
+            self.env[step.outputs[0]] = self.env[step.inputs[0]].reshape(view)
+            return
         if self.keeps_fp16(step):
             if not feature_edges.run_step(self, step):
                 self.env[step.outputs[0]] = self.read(step.inputs[0])  # row-major fp16, as the program lays it out
@@ -218,6 +240,8 @@ class _Run:
                 if info.region is None:
                     value = value.astype(_dtype(info), copy=False)
             self.write(name, value)
+        if index >= 0 and step.op in VIEW_OPS:
+            self.schedule.note_view(index, step, self.model)
 
     def npu(self, step: Step) -> None:
         # the step's submit is prepared at its first run (jobs built, what cannot change checked once:

@@ -17,6 +17,7 @@ from rkc.ir.npu import geometry, layout
 from rkc.runtime import feature_edges, half
 from rkc.runtime.kernels import gather_jit, nn, quant, quant_jit, run_kernel
 from onnx_models import cosine, cpu_max_pools, onnxruntime_outputs, save
+from onnx_models import example as example_module
 
 @pytest.fixture(autouse=True)
 def _max_pools_on_the_cpu(monkeypatch):
@@ -478,13 +479,7 @@ def test_gemm_operand_edges_are_the_interpreters(tmp_path, example, precision, m
     [1, K, 1, 1] logits row dequantized or widened out of them) go the native way and give
     the interpreter's generic unpack / pack result bit for bit, and onnxruntime's within the
     precision's bound (the examples' random weights, seeded)."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(example, Path(__file__).parents[2] / "examples" / f"{example}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    path = save(module.build_model(), tmp_path / "m.onnx")
+    path = save(example_module(example).build_model(), tmp_path / "m.onnx")
     name, shape = ("x", (4, 64)) if example == "mlp" else ("x", (1, 3, 32, 32))
     rng = np.random.default_rng(5)
     options = BuildOptions(precision=precision)
