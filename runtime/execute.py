@@ -35,7 +35,7 @@ from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
 from rkc.runtime import blas, feature_edges
 from rkc.runtime.device import Job, Task
-from rkc.runtime.kernels import run_kernel
+from rkc.runtime.kernels import NO_PRODUCTS, run_kernel
 
 
 # ops whose result is their first input's elements in the same order, reshaped (row-major host tensors)
@@ -122,9 +122,10 @@ class _Schedule:
         steps, outputs = self.program.steps, self.program.outputs
         image = self.images.get(i)
         if image is None and steps[i].op == "Transpose":  # the model's uint8 image into its first map
-            run.one_thread()  # (the plans run reference kernels once)
             end = feature_edges.image_chain_end(steps, i, self.last_use, outputs,
                                                 lambda n: feature_edges._in_bo(run, run.model.tensors.get(n)))
+            if end is not None:
+                run.one_thread()  # (the plans run the reference kernels once)
             plan = None if end is None else feature_edges.image_plan(run, list(steps[i:end + 1]))
             if plan is not None:
                 image = self.images[i] = (list(steps[i:end + 1]), plan)
@@ -132,8 +133,9 @@ class _Schedule:
             return i + len(image[0]) - 1
         chain = self.chains.get(i)
         if chain is None:
-            run.one_thread()
             end = feature_edges.chain_end(steps, i, self.last_use, outputs)
+            if end is not None:
+                run.one_thread()
             plan = None if end is None else feature_edges.chain_plan(run, list(steps[i:end + 1]))
             if plan is not None:
                 chain = self.chains[i] = (list(steps[i:end + 1]), plan)
@@ -142,10 +144,11 @@ class _Schedule:
                 return i + len(chain[0]) - 1
         else:  # a learned upsampling quantized into its map
             step = steps[i]
-            run.one_thread()  # (its products)
             if i + 1 < len(steps) and step.outputs and self.last_use.get(step.outputs[0]) == i + 1 \
-                    and step.outputs[0] not in outputs and feature_edges.run_pair(run, step, steps[i + 1]):
-                return i + 1
+                    and step.outputs[0] not in outputs:
+                run.one_thread()  # (its products, or a pair's tables)
+                if feature_edges.run_pair(run, step, steps[i + 1]):
+                    return i + 1
         self.no_fused.add(i)
         return None
 
@@ -165,8 +168,9 @@ class _Run:
 
     def one_thread(self) -> None:
         """BLAS on one thread until the run ends (host kernels' rule, runtime/blas.py), from
-        the first step that may reach a numpy product: a run of native passes alone (numba
-        kernels, the prepared submits) never sets it (setting and restoring cost ~4 us a run)."""
+        the first step that may reach a numpy product: a run of native passes (numba kernels,
+        the prepared submits) and kernels.NO_PRODUCTS alone never sets it (setting and
+        restoring cost ~4 us a run)."""
         if self.blas is None:
             self.blas = blas.one_thread()
             self.blas.__enter__()
@@ -222,7 +226,8 @@ class _Run:
                 return
             if index >= 0:
                 self.schedule.no_native.add(index)
-        self.one_thread()
+        if step.op not in NO_PRODUCTS:
+            self.one_thread()
         inputs = [self.read(n) if n else None for n in step.inputs]
         outputs = run_kernel(step.op, inputs, step.attrs, len(step.outputs))
         if len(outputs) < len(step.outputs):
