@@ -50,21 +50,14 @@ PLANE_OPS = frozenset({"MaxPool", "Resize"})
 def _feature(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
     """The tensor's bytes as its feature map [C1, H, W, C2] (a strided view of a map
     stored in taller surfaces than its rows: its zero rows are left alone)."""
-    return _stored(raw, info)[:, :_feature_form(info.dtype, info.layout, tuple(info.shape))[3]]
-
-
-def _stored(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
-    """The tensor's bytes as the feature map's stored rows [C1, rows, W, C2]."""
-    dtype, stored, nbytes, _ = _feature_form(info.dtype, info.layout, tuple(info.shape))
-    if raw.ndim == 1 and raw.flags.c_contiguous and raw.size >= nbytes:
-        return raw[:nbytes].view(dtype).reshape(stored)
-    return layout.feature_view(raw, stored[0] * stored[3], stored[1], stored[2], dtype)  # (names the fault)
+    dtype, stored, _, h = _feature_form(info.dtype, info.layout, tuple(info.shape))
+    return layout.feature_view(raw, stored[0] * stored[3], stored[1], stored[2], dtype)[:, :h]
 
 
 @functools.lru_cache(maxsize=4096)
 def _feature_form(dtype: str, kind: str, shape: tuple[int, ...]) -> tuple:
     """(numpy dtype, stored shape [C1, rows, W, C2], its bytes, logical rows) of a feature
-    map: worked out once per form (it was ~7 us of every CPU step at a feature map)."""
+    map, worked out once per form (with `_place`, ~7 us of every CPU step at a map before)."""
     c, h, rows, w = geometry.feature_map(shape, kind)
     dtype = DType(dtype).numpy
     c2 = layout.c2_for(dtype.itemsize)
@@ -89,21 +82,40 @@ def _long_lines(*maps: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 class _Held:
-    """The feature maps of some BO tensors, held for CPU access while a step runs."""
+    """The feature maps of some BO tensors, held for CPU access while a step runs. Where
+    each lies (its BO, its bytes, its stored shape) is worked out once per tensor and kept
+    with the program's plans (`_place`); the views are made each time, inside the bracket."""
 
     def __init__(self, run, infos: list[TensorInfo]) -> None:
         self.device = run.model.device
-        self.infos = infos
-        self.by_region = {info.region: run.model.bos[info.region] for info in infos}
+        self.places = [_place(run, info) for info in infos]
+        self.bos = list({id(p[0]): p[0] for p in self.places}.values())
 
     def __enter__(self) -> list[np.ndarray]:
-        for bo in self.by_region.values():
+        for bo in self.bos:
             self.device.prepare_cpu_access(bo)  # host is writable from here on
-        return [_feature(self.by_region[i.region].host[i.offset:i.offset + i.nbytes], i) for i in self.infos]
+        return [bo.host[lo:hi].view(dtype).reshape(stored)[:, :h] for bo, lo, hi, dtype, stored, h in self.places]
 
     def __exit__(self, *exc) -> None:
-        for bo in self.by_region.values():
+        for bo in self.bos:
             self.device.finish_cpu_access(bo)
+
+
+def _place(run, info: TensorInfo) -> tuple:
+    """(BO, first byte, end, numpy dtype, stored shape [C1, rows, W, C2], logical rows) of a
+    feature map in a BO, kept per tensor with the program's plans (a run's BOs and tensors
+    live as long as its schedule)."""
+    plans = run.schedule.native_plans
+    key = ("place", id(info))
+    place = plans.get(key)
+    if place is None:
+        dtype, stored, nbytes, h = _feature_form(info.dtype, info.layout, tuple(info.shape))
+        bo = run.model.bos[info.region]
+        if nbytes > info.nbytes or info.offset + nbytes > bo.host.size:
+            layout.feature_view(bo.host[info.offset:info.offset + info.nbytes], stored[0] * stored[3], stored[1],
+                                stored[2], dtype)  # raises, naming the shortfall
+        place = plans[key] = (bo, info.offset, info.offset + nbytes, dtype, stored, h)
+    return place
 
 
 def _in_bo(run, info: TensorInfo | None) -> bool:
@@ -523,21 +535,20 @@ def _rows_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         value = run.read(step.inputs[0])
         if value.dtype != np.float32 or list(value.shape) != list(dst.shape):
             return False
-        with _Held(run, [dst]):
-            bo = run.model.bos[dst.region]
-            stored = _stored(bo.host[dst.offset:dst.offset + dst.nbytes], dst)  # every stored row: zeroed past M
-            half.narrow_into_atoms(value.reshape(m, k).view(np.uint32), _atom_rows(stored).view(np.uint16))
-        return True
-    out = np.empty((m, k), np.float32)
-    with _Held(run, [src]) as (fm,):
-        half.widen_atoms(_atom_rows(fm).view(np.uint16), m, k, out.T.view(np.uint32))
+    bo, lo, hi, _, (c1, rows, _, c2), _ = _place(run, gemm)
+    device = run.model.device
+    device.prepare_cpu_access(bo)
+    try:
+        atoms = bo.host[lo:hi].view(np.uint16).reshape(c1, rows, c2)  # every stored row: zeroed past M
+        if into:
+            half.narrow_into_atoms(value.reshape(m, k).view(np.uint32), atoms)
+            return True
+        out = np.empty((m, k), np.float32)
+        half.widen_atoms(atoms, m, k, out.T.view(np.uint32))
+    finally:
+        device.finish_cpu_access(bo)
     run.env[step.outputs[0]] = out.reshape(dst.shape)
     return True
-
-
-def _atom_rows(fm: np.ndarray) -> np.ndarray:
-    """A GEMM operand's feature map [C1, rows, 1, C2] as its atoms [C1, rows, C2] (a view)."""
-    return fm.reshape(fm.shape[0], fm.shape[1], fm.shape[3])
 
 
 def _resize_picks(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
