@@ -620,16 +620,22 @@ def _max_pool(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     """A 2-D MaxPool from one feature map into another, pooled atom by atom and written
     straight into the result's bytes (pool_jit.max_pool_atoms; no copy after it), with
     its geometry worked out at the program's first run (`_max_pool_plan`)."""
+    from rkc.runtime.kernels import pool_jit  # numba: loaded by programs that pool on the CPU
+
+    return _map_to_map(run, step, src, dst, _max_pool_plan, pool_jit.max_pool_atoms)
+
+
+def _map_to_map(run, step: Step, src: TensorInfo, dst: TensorInfo, make_plan, kernel) -> bool:
+    """kernel(input map, *plan, output map), the step's plan made at the program's first run
+    by make_plan(run, step, src, dst) (an empty plan: the step is not this case)."""
     plans = run.schedule.native_plans
     plan = plans.get(id(step))
     if plan is None:
-        plan = plans[id(step)] = _max_pool_plan(run, step, src, dst)
+        plan = plans[id(step)] = make_plan(run, step, src, dst)
     if not plan:
         return False
-    from rkc.runtime.kernels import pool_jit
-
     with _Held(run, [src, dst]) as (fin, fout):
-        pool_jit.max_pool_atoms(fin, *plan, fout)
+        kernel(fin, *plan, fout)
     return True
 
 
@@ -767,15 +773,7 @@ def _depthwise(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     its geometry and lane weights worked out at the program's first run."""
     from rkc.runtime.kernels import depthwise_jit  # numba: loaded by programs with such a convolution
 
-    plans = run.schedule.native_plans
-    plan = plans.get(id(step))
-    if plan is None:
-        plan = plans[id(step)] = _depthwise_plan(run, step, src, dst)
-    if not plan:
-        return False
-    with _Held(run, [src, dst]) as (fin, fout):
-        depthwise_jit.depthwise_feature(fin, *plan, fout)
-    return True
+    return _map_to_map(run, step, src, dst, _depthwise_plan, depthwise_jit.depthwise_feature)
 
 
 def _depthwise_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
