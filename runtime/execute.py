@@ -164,13 +164,14 @@ class _Run:
             schedule = model.schedules[id(program)] = _Schedule(program)
         self.schedule = schedule
         self.last_use = schedule.last_use
-        self.blas = None  # blas.one_thread(), entered by one_thread()
+        self.blas = None  # blas.one_thread(), entered by one_thread(); run_program leaves it
 
     def one_thread(self) -> None:
         """BLAS on one thread until the run ends (host kernels' rule, runtime/blas.py), from
         the first step that may reach a numpy product: a run of native passes (numba kernels,
         the prepared submits) and kernels.NO_PRODUCTS alone never sets it (setting and
-        restoring cost ~4 us a run)."""
+        restoring cost ~4 us a run). A caller that runs the steps itself holds
+        blas.one_thread() around them and sets `blas` to it first."""
         if self.blas is None:
             self.blas = blas.one_thread()
             self.blas.__enter__()
