@@ -50,7 +50,12 @@ def op_ddr_bytes(graph: Graph, op: Op) -> int:
 # time alone on 9 pool shapes of SqueezeNet, Inception v1, ResNet-50 and YOLO's SPPF
 # (41 K to 1.2 M elements; int8 0.030-0.111 ms, fp16 0.062-0.306 ms), plus 25 us a step
 # (YOLOv8n's SPPF pools: 0.087 ms each in the pipeline, 0.062 alone): this machine's
-# x86 cores, docs/notes/2026-12-06-vision-host-time-3.md "Stop 46".
+# x86 cores, docs/notes/2026-12-06-vision-host-time-3.md "Stop 46". bench/max_pool_host.py
+# measures the whole step on the same shapes and fits these figures: since the pool writes
+# the next map in place (stop 47), int8 51 us + 0.079 ns, fp16 89 us + 0.19 ns an element
+# in one process at load 12 (the step before: 78 + 0.097, 140 + 0.20), within the spread
+# of separate runs (+-50 % at that load) of the figures here, which stand
+# (docs/notes/2026-12-07-small-models-host.md).
 MAX_POOL_HOST_S = {"int8": (55e-6, 0.07e-9), "fp16": (75e-6, 0.2e-9)}
 
 

@@ -21,6 +21,7 @@ Host tensors are freed after their last reader.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -34,7 +35,11 @@ from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
 from rkc.runtime import blas, feature_edges
 from rkc.runtime.device import Job, Task
-from rkc.runtime.kernels import run_kernel
+from rkc.runtime.kernels import NO_PRODUCTS, run_kernel
+
+
+# ops whose result is their first input's elements in the same order, reshaped (row-major host tensors)
+VIEW_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"})
 
 
 class InputError(RkcError):
@@ -51,7 +56,12 @@ class RunStats:
 
 
 def _dtype(info: TensorInfo) -> np.dtype:
-    return DType(info.dtype).numpy
+    return _numpy_dtype(info.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_dtype(name: str) -> np.dtype:
+    return DType(name).numpy  # (the enum's lookup cost ~1.5 us, several times a step)
 
 
 class _Schedule:
@@ -88,6 +98,20 @@ class _Schedule:
         self.chains: dict[int, tuple] = {}  # first step -> (its chain's steps, feature_edges.chain_plan)
         self.images: dict[int, tuple] = {}  # first step -> (its steps, feature_edges.image_plan)
         self.native_plans: dict[int, tuple] = {}  # id(step) -> what feature_edges worked out at the first run
+        self.views: dict[int, tuple[int, ...]] = {}  # step -> its output's shape: a reshape of a host tensor
+
+    def note_view(self, index: int, step: Step, model) -> None:
+        """Take the step as a reshape of its first input from now on (`views`) when it is one
+        whatever the run: an op that only reshapes, from a host tensor to a host tensor of its
+        dtype, its other inputs (a Reshape's shape, axes) absent or the program's constants.
+        Its first run went through the kernel, which checked the declared shape."""
+        tensors = model.tensors
+        src, dst = tensors.get(step.inputs[0]), tensors.get(step.outputs[0]) if len(step.outputs) == 1 else None
+        if src is None or dst is None or src.region is not None or dst.region is not None \
+                or src.dtype != dst.dtype or dst.layout != "row":
+            return
+        if all(not n or (n in tensors and tensors[n].region in model.host_regions) for n in step.inputs[1:]):
+            self.views[index] = tuple(int(d) for d in dst.shape)
 
     def fused_end(self, run: "_Run", i: int) -> int | None:
         """Run the steps from `i` as one pass (feature_edges: a recoding chain, or a
@@ -100,6 +124,8 @@ class _Schedule:
         if image is None and steps[i].op == "Transpose":  # the model's uint8 image into its first map
             end = feature_edges.image_chain_end(steps, i, self.last_use, outputs,
                                                 lambda n: feature_edges._in_bo(run, run.model.tensors.get(n)))
+            if end is not None:
+                run.one_thread()  # (the plans run the reference kernels once)
             plan = None if end is None else feature_edges.image_plan(run, list(steps[i:end + 1]))
             if plan is not None:
                 image = self.images[i] = (list(steps[i:end + 1]), plan)
@@ -108,6 +134,8 @@ class _Schedule:
         chain = self.chains.get(i)
         if chain is None:
             end = feature_edges.chain_end(steps, i, self.last_use, outputs)
+            if end is not None:
+                run.one_thread()
             plan = None if end is None else feature_edges.chain_plan(run, list(steps[i:end + 1]))
             if plan is not None:
                 chain = self.chains[i] = (list(steps[i:end + 1]), plan)
@@ -117,8 +145,10 @@ class _Schedule:
         else:  # a learned upsampling quantized into its map
             step = steps[i]
             if i + 1 < len(steps) and step.outputs and self.last_use.get(step.outputs[0]) == i + 1 \
-                    and step.outputs[0] not in outputs and feature_edges.run_pair(run, step, steps[i + 1]):
-                return i + 1
+                    and step.outputs[0] not in outputs:
+                run.one_thread()  # (its products, or a pair's tables)
+                if feature_edges.run_pair(run, step, steps[i + 1]):
+                    return i + 1
         self.no_fused.add(i)
         return None
 
@@ -134,6 +164,17 @@ class _Run:
             schedule = model.schedules[id(program)] = _Schedule(program)
         self.schedule = schedule
         self.last_use = schedule.last_use
+        self.blas = None  # blas.one_thread(), entered by one_thread(); run_program leaves it
+
+    def one_thread(self) -> None:
+        """BLAS on one thread until the run ends (host kernels' rule, runtime/blas.py), from
+        the first step that may reach a numpy product: a run of native passes (numba kernels,
+        the prepared submits) and kernels.NO_PRODUCTS alone never sets it (setting and
+        restoring cost ~4 us a run). A caller that runs the steps itself holds
+        blas.one_thread() around them and sets `blas` to it first."""
+        if self.blas is None:
+            self.blas = blas.one_thread()
+            self.blas.__enter__()
 
     # -- tensor access ------------------------------------------------------------------
     def read(self, name: str) -> np.ndarray:
@@ -173,6 +214,10 @@ class _Run:
 
     # -- steps --------------------------------------------------------------------------
     def cpu(self, step: Step, index: int = -1) -> None:
+        view = self.schedule.views.get(index)
+        if view is not None:  # a reshape of a host tensor, checked at the first run
+            self.env[step.outputs[0]] = self.env[step.inputs[0]].reshape(view)
+            return
         if self.keeps_fp16(step):
             if not feature_edges.run_step(self, step):
                 self.env[step.outputs[0]] = self.read(step.inputs[0])  # row-major fp16, as the program lays it out
@@ -182,6 +227,8 @@ class _Run:
                 return
             if index >= 0:
                 self.schedule.no_native.add(index)
+        if step.op not in NO_PRODUCTS:
+            self.one_thread()
         inputs = [self.read(n) if n else None for n in step.inputs]
         outputs = run_kernel(step.op, inputs, step.attrs, len(step.outputs))
         if len(outputs) < len(step.outputs):
@@ -199,6 +246,8 @@ class _Run:
                 if info.region is None:
                     value = value.astype(_dtype(info), copy=False)
             self.write(name, value)
+        if index >= 0 and step.op in VIEW_OPS:
+            self.schedule.note_view(index, step, self.model)
 
     def npu(self, step: Step) -> None:
         # the step's submit is prepared at its first run (jobs built, what cannot change checked once:
@@ -292,7 +341,7 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
     start = time.perf_counter()
     steps, skip, schedule = program.steps, -1, run.schedule
     clock = time.perf_counter
-    with blas.one_thread():  # host kernels' rule (runtime/blas.py): BLAS's spinning pool cost 6x; set once a run
+    try:  # host kernels' rule (runtime/blas.py: BLAS's spinning pool cost 6x), set once a run where needed
         for i, step in enumerate(steps):
             if i <= skip:  # done with an earlier step's fused pass
                 stats.step_seconds.append(0.0)
@@ -320,6 +369,9 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
             else:
                 stats.npu_seconds += dt
             run.free_dead(i)
+    finally:
+        if run.blas is not None:
+            run.blas.__exit__(None, None, None)
     outputs = _handed_out(run, program.outputs, ready.values())
     stats.seconds = time.perf_counter() - start
     return outputs, stats

@@ -34,6 +34,8 @@ the kernels' own (tests/runtime/test_feature_edges.py).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from rkc.ir.errors import RkcError
@@ -48,8 +50,19 @@ PLANE_OPS = frozenset({"MaxPool", "Resize"})
 def _feature(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
     """The tensor's bytes as its feature map [C1, H, W, C2] (a strided view of a map
     stored in taller surfaces than its rows: its zero rows are left alone)."""
-    c, h, rows, w = geometry.feature_map(info.shape, info.layout)
-    return layout.feature_view(raw, c, rows, w, DType(info.dtype).numpy)[:, :h]
+    dtype, stored, _, h = _feature_form(info.dtype, info.layout, tuple(info.shape))
+    return layout.feature_view(raw, stored[0] * stored[3], stored[1], stored[2], dtype)[:, :h]
+
+
+@functools.lru_cache(maxsize=4096)
+def _feature_form(dtype: str, kind: str, shape: tuple[int, ...]) -> tuple:
+    """(numpy dtype, stored shape [C1, rows, W, C2], its bytes, logical rows) of a feature
+    map, worked out once per form (with `_place`, ~7 us of every CPU step at a map before)."""
+    c, h, rows, w = geometry.feature_map(shape, kind)
+    dtype = DType(dtype).numpy
+    c2 = layout.c2_for(dtype.itemsize)
+    c1 = -(-c // c2)
+    return dtype, (c1, rows, w, c2), c1 * rows * w * c2 * dtype.itemsize, h
 
 
 def _planes(fm: np.ndarray) -> np.ndarray:
@@ -69,21 +82,40 @@ def _long_lines(*maps: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 class _Held:
-    """The feature maps of some BO tensors, held for CPU access while a step runs."""
+    """The feature maps of some BO tensors, held for CPU access while a step runs. Where
+    each lies (its BO, its bytes, its stored shape) is worked out once per tensor and kept
+    with the program's plans (`_place`); the views are made each time, inside the bracket."""
 
     def __init__(self, run, infos: list[TensorInfo]) -> None:
         self.device = run.model.device
-        self.infos = infos
-        self.by_region = {info.region: run.model.bos[info.region] for info in infos}
+        self.places = [_place(run, info) for info in infos]
+        self.bos = list({id(p[0]): p[0] for p in self.places}.values())
 
     def __enter__(self) -> list[np.ndarray]:
-        for bo in self.by_region.values():
+        for bo in self.bos:
             self.device.prepare_cpu_access(bo)  # host is writable from here on
-        return [_feature(self.by_region[i.region].host[i.offset:i.offset + i.nbytes], i) for i in self.infos]
+        return [bo.host[lo:hi].view(dtype).reshape(stored)[:, :h] for bo, lo, hi, dtype, stored, h in self.places]
 
     def __exit__(self, *exc) -> None:
-        for bo in self.by_region.values():
+        for bo in self.bos:
             self.device.finish_cpu_access(bo)
+
+
+def _place(run, info: TensorInfo) -> tuple:
+    """(BO, first byte, end, numpy dtype, stored shape [C1, rows, W, C2], logical rows) of a
+    feature map in a BO, kept per tensor with the program's plans (a run's BOs and tensors
+    live as long as its schedule)."""
+    plans = run.schedule.native_plans
+    key = ("place", id(info))
+    place = plans.get(key)
+    if place is None:
+        dtype, stored, nbytes, h = _feature_form(info.dtype, info.layout, tuple(info.shape))
+        bo = run.model.bos[info.region]
+        if nbytes > info.nbytes or info.offset + nbytes > bo.host.size:
+            layout.feature_view(bo.host[info.offset:info.offset + info.nbytes], stored[0] * stored[3], stored[1],
+                                stored[2], dtype)  # raises, naming the shortfall
+        place = plans[key] = (bo, info.offset, info.offset + nbytes, dtype, stored, h)
+    return place
 
 
 def _in_bo(run, info: TensorInfo | None) -> bool:
@@ -91,14 +123,41 @@ def _in_bo(run, info: TensorInfo | None) -> bool:
         and info.layout == "native"
 
 
+def _edge_form(run, info: TensorInfo | None) -> str | None:
+    """How an edge step reaches a tensor in a BO: "map" (a feature map, or a GEMM operand
+    [1, K, 1, 1], one row of K channels: the same [C1, rows, 1, C2] atoms seen as planes
+    [K, 1, 1]), "rows" (a GEMM operand [M, K] or [1, M, K]: fp16 casts through
+    runtime/half.py's atom loops), or None (the interpreter's path)."""
+    if info is None or info.region is None or info.region not in run.model.bos:
+        return None
+    if info.layout == "native":
+        return "map"
+    if info.layout == "native-gemm":
+        shape = list(info.shape)
+        if len(shape) == 4 and shape[0] == 1 and shape[2:] == [1, 1]:
+            return "map"
+        if len(shape) == 2 or (len(shape) == 3 and shape[0] == 1):
+            return "rows"
+    return None
+
+
 def _one_scale(run, step: Step) -> tuple[float, int] | None:
-    """(scale, zero point) of a per-tensor (De)QuantizeLinear with an int8 zero point."""
+    """(scale, zero point) of a per-tensor (De)QuantizeLinear with an int8 zero point;
+    read once when both are the program's constants (a step of the first run keeps them)."""
     if len(step.inputs) != 3 or not step.inputs[2] or step.attrs.get("block_size", 0):
         return None
+    key = ("scale", id(step))
+    params = run.schedule.native_plans.get(key)
+    if params is not None:
+        return params
     scale, zp = run.read(step.inputs[1]), run.read(step.inputs[2])
     if scale.size != 1 or zp.size != 1 or zp.dtype != np.int8 or scale.dtype != np.float32:
         return None
-    return float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0])
+    params = float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0])
+    tensors, host = run.model.tensors, run.model.host_regions
+    if all(n in tensors and tensors[n].region in host for n in step.inputs[1:]):
+        run.schedule.native_plans[key] = params
+    return params
 
 
 def run_step(run, step: Step) -> bool:
@@ -110,12 +169,12 @@ def run_step(run, step: Step) -> bool:
     src, dst = tensors.get(step.inputs[0]), tensors.get(step.outputs[0])
     if src is None or dst is None:
         return False
-    if step.op in ("Cast", "QuantizeLinear") and _in_bo(run, dst) and src.region is None:
-        return _input_edge(run, step, src, dst)
-    if step.op in ("Cast", "DequantizeLinear") and _in_bo(run, src) and dst.region is None:
-        return _output_edge(run, step, src, dst)
+    if step.op in ("Cast", "QuantizeLinear") and src.region is None and (form := _edge_form(run, dst)):
+        return _input_edge(run, step, src, dst) if form == "map" else _rows_edge(run, step, src, dst)
+    if step.op in ("Cast", "DequantizeLinear") and dst.region is None and (form := _edge_form(run, src)):
+        return _output_edge(run, step, src, dst) if form == "map" else _rows_edge(run, step, src, dst)
     if step.op in PLANE_OPS and _in_bo(run, src) and _in_bo(run, dst) and src.dtype == dst.dtype:
-        return _plane_op(run, step, src, dst)
+        return (step.op == "MaxPool" and _max_pool(run, step, src, dst)) or _plane_op(run, step, src, dst)
     if step.op == "Conv" and _in_bo(run, src) and _in_bo(run, dst) and src.dtype == dst.dtype == DType.FP16:
         return _depthwise(run, step, src, dst)
     if step.op == "Relayout":
@@ -460,6 +519,38 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     return True
 
 
+def _rows_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """An fp16 Cast into or out of a GEMM operand [M, K] ([K/C2][rows][C2] atoms): rounded
+    straight into the atoms (rows past M and channels past K zeroed) or widened straight
+    out of them (runtime/half.py, numpy's bits), as runtime/plan.py's edges do."""
+    from rkc.runtime import half
+
+    into = src.region is None
+    gemm, other = (dst, src) if into else (src, dst)
+    if step.op != "Cast" or gemm.dtype != "fp16" or other.dtype != "fp32" or list(src.shape) != list(dst.shape) \
+            or (not into and run.keeps_fp16(step)):
+        return False
+    m, k = int(gemm.shape[-2]), int(gemm.shape[-1])
+    if into:
+        value = run.read(step.inputs[0])
+        if value.dtype != np.float32 or list(value.shape) != list(dst.shape):
+            return False
+    bo, lo, hi, _, (c1, rows, _, c2), _ = _place(run, gemm)
+    device = run.model.device
+    device.prepare_cpu_access(bo)
+    try:
+        atoms = bo.host[lo:hi].view(np.uint16).reshape(c1, rows, c2)  # every stored row: zeroed past M
+        if into:
+            half.narrow_into_atoms(value.reshape(m, k).view(np.uint32), atoms)
+            return True
+        out = np.empty((m, k), np.float32)
+        half.widen_atoms(atoms, m, k, out.T.view(np.uint32))
+    finally:
+        device.finish_cpu_access(bo)
+    run.env[step.outputs[0]] = out.reshape(dst.shape)
+    return True
+
+
 def _resize_picks(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
     """(rows, columns) a nearest Resize of the map's height and width takes, made at the
     program's first run; () for any other Resize (it then runs on the planes)."""
@@ -516,12 +607,56 @@ def _plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         rest = _plane_inputs(run, step, src, x.shape)
         if rest is None:
             return False
+        run.one_thread()
         (value,) = run_kernel(step.op, [x, *rest], step.attrs, 1)
         if value.shape != y.shape:
             raise RkcError(f"step {step.name!r}: {dst.name!r} came out {list(value.shape)} as planes, "
                            f"the program declares {dst.shape}")
         y[...] = value
     return True
+
+
+def _max_pool(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """A 2-D MaxPool from one feature map into another, pooled atom by atom and written
+    straight into the result's bytes (pool_jit.max_pool_atoms; no copy after it), with
+    its geometry worked out at the program's first run (`_max_pool_plan`)."""
+    from rkc.runtime.kernels import pool_jit  # numba: loaded by programs that pool on the CPU
+
+    return _map_to_map(run, step, src, dst, _max_pool_plan, pool_jit.max_pool_atoms)
+
+
+def _map_to_map(run, step: Step, src: TensorInfo, dst: TensorInfo, make_plan, kernel) -> bool:
+    """kernel(input map, *plan, output map), the step's plan made at the program's first run
+    by make_plan(run, step, src, dst) (an empty plan: the step is not this case)."""
+    plans = run.schedule.native_plans
+    plan = plans.get(id(step))
+    if plan is None:
+        plan = plans[id(step)] = make_plan(run, step, src, dst)
+    if not plan:
+        return False
+    with _Held(run, [src, dst]) as (fin, fout):
+        kernel(fin, *plan, fout)
+    return True
+
+
+def _max_pool_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
+    """(kernel, strides, dilations, begin pads) of a MaxPool whose output is read alone,
+    between maps of a dtype pool_jit pools, the result stored densely (written in place)
+    and apart from the input; () otherwise (the step then runs on the planes)."""
+    from rkc.runtime.kernels import conv, pool_jit
+
+    if np.dtype(DType(src.dtype).numpy) not in pool_jit.DTYPES or list(src.shape[:2]) != list(dst.shape[:2]):
+        return ()
+    _, h, rows, _ = geometry.feature_map(dst.shape, dst.layout)
+    if rows != h and -(-dst.shape[1] // layout.c2_for(DType(dst.dtype).itemsize)) > 1:
+        return ()  # channel groups apart (stored over zero rows): not one dense array
+    if src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes:
+        return ()  # pooled in place: the plane path pools into a copy first
+    try:
+        kernel, strides, dilations, begin, out_hw = conv.max_pool_window(src.shape[2:], **step.attrs)
+    except (TypeError, ValueError):  # attributes no MaxPool has: the interpreter's path names them
+        return ()
+    return (kernel, strides, dilations, begin) if out_hw == list(dst.shape[2:]) else ()
 
 
 def _native_positions(info: TensorInfo) -> np.ndarray:
@@ -638,15 +773,7 @@ def _depthwise(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     its geometry and lane weights worked out at the program's first run."""
     from rkc.runtime.kernels import depthwise_jit  # numba: loaded by programs with such a convolution
 
-    plans = run.schedule.native_plans
-    plan = plans.get(id(step))
-    if plan is None:
-        plan = plans[id(step)] = _depthwise_plan(run, step, src, dst)
-    if not plan:
-        return False
-    with _Held(run, [src, dst]) as (fin, fout):
-        depthwise_jit.depthwise_feature(fin, *plan, fout)
-    return True
+    return _map_to_map(run, step, src, dst, _depthwise_plan, depthwise_jit.depthwise_feature)
 
 
 def _depthwise_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:

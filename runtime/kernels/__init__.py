@@ -36,6 +36,14 @@ SHAPE_OF_FIRST: frozenset[str] = frozenset({"Softmax", "LogSoftmax", "LayerNorma
                                             "InstanceNormalization"})
 
 
+# kernels that never reach a BLAS product (element-wise, shape and reduction ops, softmax, layer
+# normalization, per-tensor (de)quantization: no np.matmul / dot / einsum in them): a run whose
+# host kernels are these alone leaves BLAS's thread count alone (runtime/execute.py `one_thread`)
+NO_PRODUCTS: frozenset[str] = frozenset({*elementwise.KERNELS, *shape.KERNELS, *reduce.KERNELS, "Softmax",
+                                         "LogSoftmax", "LayerNormalization", "QuantizeLinear",
+                                         "DequantizeLinear"})
+
+
 def kernel_for(name: str) -> Kernel:
     try:
         return KERNELS[name]

@@ -174,14 +174,16 @@ def _tapped_transpose(xg, wg, n, m, in_sp, kernel, strides, dilations, full):
     return y
 
 
-def _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides):
-    nd = x.ndim - 2
+def _pool_geometry(spatial, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides):
+    """(kernel, strides, dilations, begin pads, end pads, ceil mode's extra end padding) of a
+    pool over a map of `spatial` sizes."""
+    nd = len(spatial)
     kernel = [int(k) for k in kernel_shape]
     strides = _ints(strides, nd, 1)
     dilations = _ints(dilations, nd, 1)
-    begin, end = pads_for(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
+    begin, end = pads_for(auto_pad, spatial, kernel, strides, dilations, pads)
     extra = []
-    for i, k, s, d, bg, e in zip(x.shape[2:], kernel, strides, dilations, begin, end):
+    for i, k, s, d, bg, e in zip(spatial, kernel, strides, dilations, begin, end):
         span = i + bg + e - ((k - 1) * d + 1)
         out = (-(-span // s) if ceil_mode else span // s) + 1
         if ceil_mode and (out - 1) * s >= i + bg:  # the last window must start inside input or left pad
@@ -190,20 +192,38 @@ def _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, stride
     return kernel, strides, dilations, begin, end, extra
 
 
+def _pool_sizes(spatial, kernel, strides, dilations, begin, end, extra) -> list[int]:
+    """The output's sizes of a pool (_pool_geometry's figures)."""
+    return [(i + bg + e + x_ - ((k - 1) * d + 1)) // s + 1
+            for i, k, s, d, bg, e, x_ in zip(spatial, kernel, strides, dilations, begin, end, extra)]
+
+
+def max_pool_window(spatial, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None,
+                    storage_order=0, strides=None) -> tuple:
+    """(kernel, strides, dilations, begin pads, output sizes) of a 2-D MaxPool over a map of
+    `spatial` sizes, as `max_pool` computes it (MaxPool's attributes; storage_order only
+    orders the indices): for a caller that pools with pool_jit directly, its geometry
+    worked out once. ValueError for a window that is not 2-D."""
+    if len(spatial) != 2 or len(kernel_shape) != 2:
+        raise ValueError(f"a {len(kernel_shape)}-D window over {len(spatial)}-D maps, not a 2-D pool")
+    kernel, strides, dil, begin, end, extra = _pool_geometry(spatial, auto_pad, ceil_mode, dilations,
+                                                             kernel_shape, pads, strides)
+    return kernel, strides, dil, begin, _pool_sizes(spatial, kernel, strides, dil, begin, end, extra)
+
+
 def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None, storage_order=0,
              strides=None, n_outputs=2):
     """MaxPool; its second output (the argmax indices) only when the step reads it
     (`n_outputs`, passed by run_kernel): most models never do, and it cost more than the pool."""
-    kernel, strides, dil, begin, end, extra = _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape,
-                                                             pads, strides)
+    kernel, strides, dil, begin, end, extra = _pool_geometry(x.shape[2:], auto_pad, ceil_mode, dilations,
+                                                             kernel_shape, pads, strides)
     low = np.array(-np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min, dtype=x.dtype)
     nd = len(kernel)
     if n_outputs < 2 and nd == 2:
         from rkc.runtime.kernels import pool_jit  # numba: loaded by programs that pool on the CPU
 
         if x.dtype in pool_jit.DTYPES:
-            out_hw = [(i + bg + e + x_ - ((k - 1) * d + 1)) // s + 1
-                      for i, k, s, d, bg, e, x_ in zip(x.shape[2:], kernel, strides, dil, begin, end, extra)]
+            out_hw = _pool_sizes(x.shape[2:], kernel, strides, dil, begin, end, extra)
             return pool_jit.max_pool_2d(x, low, kernel, strides, dil, begin, out_hw)
     xp = np.pad(x, [(0, 0), (0, 0), *zip(begin, [e + x_ for e, x_ in zip(end, extra)])], constant_values=low)
     win = _windows(xp, kernel, strides, dil)
@@ -237,14 +257,13 @@ def _argmax_indices(x, win, kernel, strides, dilations, begin, storage_order) ->
 
 def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape,
                  pads=None, strides=None):
-    kernel, strides, dil, begin, end, extra = _pool_geometry(x, auto_pad, ceil_mode, dilations, kernel_shape,
-                                                             pads, strides)
+    kernel, strides, dil, begin, end, extra = _pool_geometry(x.shape[2:], auto_pad, ceil_mode, dilations,
+                                                             kernel_shape, pads, strides)
     nd = len(kernel)
     if nd == 2 and x.dtype in (np.float32, np.float64):
         from rkc.runtime.kernels import pool_jit  # numba: loaded by programs that pool on the CPU
 
-        out_hw = [(i + bg + e + x_ - ((k - 1) * d + 1)) // s + 1
-                  for i, k, s, d, bg, e, x_ in zip(x.shape[2:], kernel, strides, dil, begin, end, extra)]
+        out_hw = _pool_sizes(x.shape[2:], kernel, strides, dil, begin, end, extra)
         return pool_jit.average_pool_2d(x, kernel, strides, dil, begin, end, out_hw, bool(count_include_pad))
     widths = [(0, 0), (0, 0), *zip(begin, [e + x_ for e, x_ in zip(end, extra)])]
     xp = np.pad(x.astype(np.float64), widths)

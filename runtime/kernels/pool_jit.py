@@ -228,15 +228,9 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     # (ir/npu/geometry.py) has its channel groups further apart: copied together first, as a
     # strided array keeps numba's loops scalar (200x2x96 fp16 2x2/2: 0.065 ms CPU strided, 0.023 dense)
     if c * x.itemsize % 16 == 0 and lanes[:1].flags.c_contiguous:
-        lanes = np.ascontiguousarray(lanes)
-        units = c * x.itemsize // 16
-        out = np.empty((n, out_hw[0], out_hw[1] * c), x.dtype)
-        codes = lanes.reshape(n, x.shape[2], -1)
-        # threads by the output's size: these passes cost ~0.1 ns an input element, so the input's
-        # count overstated the work (the 64x112x112 int8 stem pool: 0.068 ms CPU on one thread, 0.094 on two)
-        over_rows(lambda lo, hi: _phase_max(codes, low, c, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi),
-                  n * out_hw[0], out.size)
-        out = out.reshape(n, *out_hw, c).transpose(0, 3, 1, 2)
+        out = np.empty((n, *out_hw, c), x.dtype)
+        _atoms_max(np.ascontiguousarray(lanes), low, kernel, strides, dilations, begin, out)
+        out = out.transpose(0, 3, 1, 2)
         return out.view(np.float16) if half else out
     out = np.empty((n, *out_hw, x.shape[1]), x.dtype)
     if kw * x.shape[2] + kh * out_hw[0] < kh * kw * out_hw[0]:  # comparisons per output column
@@ -248,6 +242,34 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
                   n * out_hw[0], x.size)
     out = out.transpose(0, 3, 1, 2)
     return out.view(np.float16) if half else out
+
+
+def max_pool_atoms(fm: np.ndarray, kernel, strides, dilations, begin, out: np.ndarray) -> None:
+    """out[p, oy, ox, :] = the maximum of each window of fm's pixels, for a feature map's
+    atoms: fm [C1, H, W, C2] and out [C1, OH, OW, C2] of one dtype, C2 * itemsize a whole
+    number of 16-byte units (an NPU map: 16 int8 or 8 fp16 lanes), `out` C-contiguous (it
+    is written in place: the next segment's input). Positions outside the map (padding,
+    ceil mode's overhang) never win: they read as the dtype's least value."""
+    if not out.flags.c_contiguous or fm.dtype != out.dtype or fm.shape[3] * fm.itemsize % 16:
+        raise ValueError("max_pool_atoms: a C-contiguous output of the input's dtype, pixels of whole 16-byte units")
+    if fm.dtype == np.float16:
+        fm, out, low = fm.view(np.uint16), out.view(np.uint16), np.uint16(_half_key(np.uint16(0xFC00)))  # -inf
+    else:
+        low = fm.dtype.type(np.iinfo(fm.dtype).min if fm.dtype.kind in "iu" else -np.inf)
+    _atoms_max(fm, low, kernel, strides, dilations, begin, out)
+
+
+def _atoms_max(fm, low, kernel, strides, dilations, begin, out) -> None:
+    """max_pool_atoms on values or fp16 keys (`low`: the padding's value or key)."""
+    (kh, kw), (sy, sx), (dy, dx), (pt, pl) = kernel, strides, dilations, begin
+    c1, h, w, c2 = fm.shape
+    codes = fm.reshape(c1, h, w * c2)  # a view when each row's pixels are adjacent (a copy otherwise: a read)
+    rows = out.reshape(c1, out.shape[1], -1)  # a view: out is C-contiguous
+    units = c2 * fm.itemsize // 16
+    # threads by the output's size: these passes cost ~0.1 ns an input element, so the input's
+    # count overstated the work (the 64x112x112 int8 stem pool: 0.068 ms CPU on one thread, 0.094 on two)
+    over_rows(lambda lo, hi: _phase_max(codes, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, rows, lo, hi),
+              c1 * out.shape[1], out.size)
 
 
 @njit(cache=True, nogil=True)

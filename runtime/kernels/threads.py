@@ -26,5 +26,10 @@ def threads_for(elements: int) -> int:
 
 
 def over_rows(run: Callable[[int, int], None], rows: int, elements: int) -> None:
-    """run(lo, hi) over [0, rows) as over_ranges does, on threads_for(elements) threads."""
-    over_ranges(run, rows, threads_for(elements))
+    """run(lo, hi) over [0, rows) as over_ranges does, on threads_for(elements) threads
+    (one: called here, straight: the small maps' kernels are a few microseconds)."""
+    threads = threads_for(elements)
+    if threads == 1:
+        run(0, rows)
+        return
+    over_ranges(run, rows, threads)

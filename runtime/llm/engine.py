@@ -226,7 +226,7 @@ class LlmEngine:
         run = _LlmRun(self.model, prog, LlmState(cache, self.model, valid))
         for name, value in feeds.items():
             run.write(name, value)
-        with blas.one_thread():  # as the plans run host kernels (runtime/blas.py)
+        with blas.one_thread() as run.blas:  # as the plans run host kernels (runtime/blas.py)
             self._interpret(run, prog)
         logits = np.asarray(run.read(prog.outputs[0]))
         return logits if logits.shape[0] == 1 else logits[:valid]

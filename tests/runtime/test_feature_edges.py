@@ -17,6 +17,7 @@ from rkc.ir.npu import geometry, layout
 from rkc.runtime import feature_edges, half
 from rkc.runtime.kernels import gather_jit, nn, quant, quant_jit, run_kernel
 from onnx_models import cosine, cpu_max_pools, onnxruntime_outputs, save
+from onnx_models import example as example_module
 
 @pytest.fixture(autouse=True)
 def _max_pools_on_the_cpu(monkeypatch):
@@ -281,7 +282,7 @@ class _Bytes:
 
 class _Run:
     """What run_pair reads of the interpreter's run: tensors, BOs, a device, host values
-    (each a constant in a host region)."""
+    (each a constant in a host region), the first run's plans."""
 
     def __init__(self, tensors, bos, values) -> None:
         from rkc.ir.program import TensorInfo
@@ -295,6 +296,7 @@ class _Run:
         self.model = type("Model", (), {"tensors": tensors, "bos": bos, "device": device,
                                         "host_regions": {"consts": None}})()
         self.values = values
+        self.schedule = type("Schedule", (), {"native_plans": {}})()  # what the first run works out
 
     def read(self, name):
         return self.values[name]
@@ -468,3 +470,43 @@ def test_only_an_fp16_widening_into_an_output_nobody_else_reads_is_kept():
     asked = _Run(model, program, fp16_outputs=True)
     assert [asked.keeps_fp16(s) for s in steps] == [True, False, False, False]
     assert not any(_Run(model, program).keeps_fp16(s) for s in steps)
+
+
+@pytest.mark.parametrize("example, precision", [("mlp", "fp16"), ("mlp", "int8"), ("small_cnn", "int8"),
+                                                ("small_cnn", "fp16")])
+def test_gemm_operand_edges_are_the_interpreters(tmp_path, example, precision, monkeypatch):
+    """The edges of a GEMM operand in a BO (an fp16 [M, K] Cast into or out of its atoms, a
+    [1, K, 1, 1] logits row dequantized or widened out of them) go the native way and give
+    the interpreter's generic unpack / pack result bit for bit, and onnxruntime's within the
+    precision's bound (the examples' random weights, seeded)."""
+    path = save(example_module(example).build_model(), tmp_path / "m.onnx")
+    name, shape = ("x", (4, 64)) if example == "mlp" else ("x", (1, 3, 32, 32))
+    rng = np.random.default_rng(5)
+    options = BuildOptions(precision=precision)
+    if precision == "int8":
+        options.calib = tmp_path / "calib.npz"
+        np.savez(options.calib, **{name: rng.standard_normal((4, *shape)).astype(np.float32)})
+    build(path, tmp_path / "m.rkbin", options)
+    x = rng.standard_normal(shape).astype(np.float32)
+    taken = []
+    real_step = feature_edges.run_step
+
+    def counted(run, step):
+        done = real_step(run, step)
+        tensors = run.model.tensors
+        layouts = {tensors[n].layout for n in (step.inputs[0], step.outputs[0]) if n in tensors}
+        taken.append((step.op, done, "native-gemm" in layouts))
+        return done
+    monkeypatch.setattr(feature_edges, "run_step", counted)
+    with runtime.load(tmp_path / "m.rkbin") as model:
+        fast, again = model.run({name: x}), model.run({name: x})
+    gemm_edges = [(op, done) for op, done, gemm in taken if gemm and op in ("Cast", "DequantizeLinear")]
+    assert gemm_edges and all(done for _, done in gemm_edges), taken
+    monkeypatch.setattr(feature_edges, "run_step", lambda run, step: False)
+    with runtime.load(tmp_path / "m.rkbin") as model:
+        slow = model.run({name: x})
+    want = onnxruntime_outputs(path, {name: x})
+    for out in slow:
+        np.testing.assert_array_equal(fast[out], slow[out])
+        np.testing.assert_array_equal(again[out], slow[out])
+        assert cosine(fast[out], want[out]) >= (0.999 if precision == "fp16" else 0.99), out
