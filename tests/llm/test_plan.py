@@ -57,8 +57,11 @@ MANY_ROWS = [("prefill_16", list(range(20, 36)), 0), ("prefill_16", list(range(4
 # (precision, options, atol): int8's default multi-row programs read the fp16 FFN copy
 # (compiler/llm/prefill_fp16.py), so have fp16 edges, whose half steps the int8 edges after them
 # can turn into a code step (measured 2026-12-06: gemma3 2.7e-3 of the largest logit, the
-# chunk at 16 padded then decode; llama and qwen2 <= 1e-7); prefill_fp16 int8 keeps the int8 FFN stretch
-PLANS = [("fp16", {}, 2e-3), ("int8", {}, 5e-3), ("int8", {"prefill_fp16": "none"}, 1e-4), ("int4", {}, 1e-4)]
+# chunk at 16 padded then decode; llama and qwen2 <= 1e-7); prefill_fp16 int8 keeps the int8 FFN stretch,
+# whose float32 order (the plan's tiles, the interpreter's rows, the machine's vector width) can move a value
+# across an int8 rounding tie: one code step, 2-5e-3 of the largest logit (measured 2026-12-07 on an AMD EPYC
+# without AVX-512: a 32-row chunk with 16 or 11 real tokens 3.9e-3 / 2.9e-3, where another CPU gave <= 1e-4)
+PLANS = [("fp16", {}, 2e-3), ("int8", {}, 5e-3), ("int8", {"prefill_fp16": "none"}, 5e-3), ("int4", {}, 1e-4)]
 
 
 @pytest.mark.parametrize("precision,options,atol", PLANS)
