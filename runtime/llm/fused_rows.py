@@ -377,24 +377,28 @@ def _in_edge_call(plan, step: Step, outputs: set, state=None):
 def _out_edge_call(plan, step: Step, state=None):
     """A many-row QuantizeRows of host rows into an NPU operand whose
     rotation has a block-mixing factor (_OutEdge), or a Cast of host rows
-    into an fp16 one (_half_out_call), as one compiled call over tiles, else
-    None. Without a factor the per-step path (one compiled rotation and
+    into an fp16 one (attention's output), as one compiled call over the
+    real tokens' tiles (`live_tiles`: a pad row's atoms are left as the last
+    run left them, as the fused stretches leave theirs), else None. C-order
+    rows go into fp16 atoms by prefill_fused.half_rows_into_atoms (a row's
+    contiguous narrowing; the plan's bit-exact writer, a scalar select per
+    value, cost 1.5-2x), other rows by out_edge_tiles' transposing load.
+    Without a factor a QuantizeRows' per-step path (one compiled rotation and
     quantization, then the plan's copy into the atoms) measured faster:
     Gemma 3 270M's 1024-wide attention output, 330 against 430 us."""
-    if step.op == "Cast":
-        return _half_out_call(plan, step, state)
-    if step.op != "QuantizeRows" or not step.inputs or not step.outputs:
+    kind = {"Cast": "fp16", "QuantizeRows": "int8"}.get(step.op)
+    if kind is None or not step.inputs or not step.outputs:
         return None
-    bt = _gemm_operand(plan, step.outputs[0], "int8")
+    bt = _gemm_operand(plan, step.outputs[0], kind)
     if bt is None or bt.shape[0] < LANES:
         return None
     m, k = bt.shape
     src = step.inputs[0]
     if not host(plan, src) or not _rows(plan, src, m, k) or not _OutEdge.matches(plan, step, src, m, k):
         return None
-    if compiled_form(step_rotation(plan, step), k).factor is None:
+    if kind == "int8" and compiled_form(step_rotation(plan, step), k).factor is None:
         return None
-    edge, i, slots, run = _OutEdge(plan, step), plan._slot(src), plan.slots, kernels.out_edge_tiles
+    edge, i, slots = _OutEdge(plan, step), plan._slot(src), plan.slots
     label, threads = f"{step.op} edge of rows", threads_for(m * k)
 
     def call():
@@ -403,44 +407,16 @@ def _out_edge_call(plan, step: Step, state=None):
             x = np.asarray(x, F32)
             if x.shape != (m, k):
                 raise_shape(label, "input", x)
-        args = (x, edge.kind, edge.dst, edge.signs, edge.block, edge.hnorm, edge.scale, edge.rotated)
-        over_ranges(lambda lo, hi: run(*args, lo, hi), live_tiles(state, m), threads)
-        edge.finish(slots, threads)
-    call.bos, call.label = [edge.bo], label
-    return call
-
-
-def _half_out_call(plan, step: Step, state=None):
-    """A many-row Cast of host rows [M, K] fp32 (attention's output) into an
-    fp16 NPU operand as one compiled call over the real tokens' tiles
-    (`live_tiles`; a pad row's atoms are left as the last run left them, as
-    the fused stretches leave theirs), threaded as the other lone edges
-    (threads_for): prefill_fused.half_rows_into_atoms for C-order rows,
-    out_edge_tiles' transposing load for others. Else None."""
-    if len(step.inputs) != 1 or len(step.outputs) != 1:
-        return None
-    bt = _gemm_operand(plan, step.outputs[0], "fp16")
-    if bt is None or bt.shape[0] < LANES:
-        return None
-    m, k = bt.shape
-    src = step.inputs[0]
-    if not host(plan, src) or not _rows(plan, src, m, k) or not _OutEdge.matches(plan, step, src, m, k):
-        return None
-    edge, i, slots = _OutEdge(plan, step), plan._slot(src), plan.slots
-    label, threads = f"{step.op} edge of rows", threads_for(m * k)
-
-    def call():
-        x = slots[i]
-        if x.shape != (m, k) or x.dtype != F32:
-            x = np.asarray(x, F32)
-            if x.shape != (m, k):
-                raise_shape(label, "input", x)
-        if x.flags.c_contiguous:
-            run = lambda lo, hi: kernels.half_rows_into_atoms(x, edge.dst, lo, hi)  # noqa: E731
+        if edge.kind == kernels.OUT_HALF and x.flags.c_contiguous:
+            def run(lo: int, hi: int) -> None:
+                kernels.half_rows_into_atoms(x, edge.dst, lo, hi)
         else:
-            run = lambda lo, hi: kernels.out_edge_tiles(x, edge.kind, edge.dst, edge.signs, edge.block,  # noqa: E731
-                                                        edge.hnorm, edge.scale, edge.rotated, lo, hi)
+            args = (x, edge.kind, edge.dst, edge.signs, edge.block, edge.hnorm, edge.scale, edge.rotated)
+
+            def run(lo: int, hi: int) -> None:
+                kernels.out_edge_tiles(*args, lo, hi)
         over_ranges(run, live_tiles(state, m), threads)
+        edge.finish(slots, threads)
     call.bos, call.label = [edge.bo], label
     return call
 

@@ -259,7 +259,7 @@ def test_out_edge_tiles_match_a_float64_reference(rows, k, kind, out, order):
 @pytest.mark.parametrize("k", [1024, 640, 20])
 def test_half_rows_into_atoms_are_numpys_halves(rows, k):
     """Attention's output (C-order rows) into an fp16 operand
-    (fused_rows._half_out_call): each value numpy's half of it (overflow to
+    (fused_rows._out_edge_call): each value numpy's half of it (overflow to
     inf, subnormals, ties to even; a NaN a NaN), channels past K and the
     atoms' rows past M zeroed over stale bytes; tiles past the range given
     (a short chunk's pad rows) left as they were."""
