@@ -205,7 +205,7 @@ class KVCache:
         k32, v32 = self._k[layer][e - t:e], self._v[layer][e - t:e]
         for x, rows16, rows32 in ((k, k16, k32), (v, v16, v32)):
             # a prefill chunk read in the NPU's layout (tokens innermost): one compiled pass,
-            # numpy's roundings (its fp16 casts do not vectorise: ~3.5 ns a value for both)
+            # numpy's rounding, vector conversions (numpy's fp16 casts do not vectorise: ~3.5 ns a value for both)
             if t < _CHANNEL_MAJOR_ROWS or not store_rows(x, rows16, rows32):
                 rows16[...] = x
                 rows32[...] = rows16

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.half import narrow_bits, widen_bits
+from rkc.runtime.half import narrow_value, widen_value
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -102,34 +102,36 @@ def rope(x, cos_t, sin_t, dims, neox, out):
                 ob[t] = a * s[t] + bb * c[t]
 
 
-_GROUP = 16  # channels narrowed before their transposing store: a [16, T] tile stays in L1
+_TOKENS = 16  # tokens narrowed before their rows are stored: a [16, D] fp16 tile stays in L1
 
 
 @njit(**_JIT)
 def store_half_rows(x, rows16, rows32):
-    """A chunk's keys or values x [B, D, T] (float32 bits, C order) into KV
-    cache rows [T, B, D]: rows16 their fp16 bits (numpy's rounding,
-    runtime/half.narrow_bits), rows32 those widened back (float32 bits). Each
-    channel's tokens are narrowed and widened in one contiguous pass (the
-    conversions vectorise; numpy's fp16 casts do not, ~1.7 ns a value each),
-    16 channels at a time, then stored token by token."""
+    """A chunk's keys or values x [B, D, T] (float32, C order) into KV cache
+    rows [T, B, D]: rows16 their fp16 bits (fptrunc: to nearest, ties to
+    even, numpy's values; a NaN stays a NaN, its payload not kept), rows32
+    those widened back (float32). Tiles of 16 tokens: each channel's run of
+    the tile's tokens narrowed into a [16, D] tile (contiguous reads), then
+    each token's row copied and widened in two contiguous passes; both
+    conversions vectorise (runtime/half's value forms: vcvtps2ph,
+    vcvtph2ps). 0.5x the time of converting 16 channels' whole token runs
+    and storing them token by token with the bit forms (Gemma 3 270M's
+    keys at 128 tokens: 28 against 58 us)."""
     nb, d, t_ = x.shape
-    h16 = np.empty((_GROUP, t_), np.uint16)
-    w32 = np.empty((_GROUP, t_), np.uint32)
+    tile = np.empty((_TOKENS, d), np.uint16)
     for b in range(nb):
-        for i0 in range(0, d, _GROUP):
-            n = min(_GROUP, d - i0)
-            for j in range(n):
-                src, half, wide = x[b, i0 + j], h16[j], w32[j]
-                for t in range(t_):
-                    half[t] = narrow_bits(src[t])
-                for t in range(t_):
-                    wide[t] = widen_bits(half[t])
-            for t in range(t_):
-                d16, d32 = rows16[t, b], rows32[t, b]
+        for t0 in range(0, t_, _TOKENS):
+            n = min(_TOKENS, t_ - t0)
+            for i in range(d):
+                src = x[b, i]
                 for j in range(n):
-                    d16[i0 + j] = h16[j, t]
-                    d32[i0 + j] = w32[j, t]
+                    tile[j, i] = narrow_value(src[t0 + j])
+            for j in range(n):
+                d16, d32, half = rows16[t0 + j, b], rows32[t0 + j, b], tile[j]
+                for i in range(d):
+                    d16[i] = half[i]
+                for i in range(d):
+                    d32[i] = widen_value(half[i])
 
 
 def store_rows(x: np.ndarray, rows16: np.ndarray, rows32: np.ndarray) -> bool:
@@ -139,7 +141,7 @@ def store_rows(x: np.ndarray, rows16: np.ndarray, rows32: np.ndarray) -> bool:
     if (xc is None or rows16.dtype != np.float16 or rows32.dtype != np.float32 or rows16.shape != x.shape
             or rows32.shape != x.shape or not (rows16.flags.c_contiguous and rows32.flags.c_contiguous)):
         return False
-    store_half_rows(xc.view(np.uint32), rows16.view(np.uint16), rows32.view(np.uint32))
+    store_half_rows(xc, rows16.view(np.uint16), rows32)
     return True
 
 

@@ -74,21 +74,24 @@ def test_row_major_tensors_are_not_channel_major():
     assert channels.channel_major(npu_layout(rng, 32, 4, 8)).shape == (4, 8, 32)
 
 
-@pytest.mark.parametrize("t,heads,d", [(16, 1, 256), (45, 2, 24), (128, 1, 512)])
+@pytest.mark.parametrize("t,heads,d", [(16, 1, 256), (45, 2, 24), (128, 1, 512), (17, 1, 8)])
 def test_kv_rows_from_npu_layout_are_numpys_casts(t, heads, d):
-    """A chunk's keys in the NPU's layout stored as KV cache rows: the fp16 bits
-    numpy's cast gives (NaNs, overflow, subnormals included) and the fp32 rows
-    those values widened, as the numpy path stores them."""
+    """A chunk's keys in the NPU's layout stored as KV cache rows: the fp16
+    values numpy's cast gives (overflow, subnormals, ties included; a NaN a
+    NaN, its payload not kept) and the fp32 rows exactly those widened."""
     rng = np.random.default_rng(t + d)
     x = npu_layout(rng, t, heads, d)
     x[1, 0, :4] = [np.nan, np.inf, 7e4, 3e-6]
     x[2, -1, -1] = -np.float32(np.nan)
+    x[3, 0, :3] = [65520.0, -6e-8, 1.0 + 2.0 ** -11]  # to inf; to the smallest subnormal; a tie to even
     rows16, rows32 = np.empty(x.shape, np.float16), np.empty(x.shape, np.float32)
     assert channels.store_rows(x, rows16, rows32)
     with np.errstate(over="ignore"):
         want16 = x.astype(np.float16)
-    np.testing.assert_array_equal(rows16.view(np.uint16), want16.view(np.uint16))
-    np.testing.assert_array_equal(rows32.view(np.uint32), want16.astype(np.float32).view(np.uint32))
+    nan = np.isnan(x)
+    assert np.isnan(rows16[nan]).all() and np.isnan(rows32[nan]).all()
+    np.testing.assert_array_equal(rows16.view(np.uint16)[~nan], want16.view(np.uint16)[~nan])
+    np.testing.assert_array_equal(rows32.view(np.uint32), rows16.astype(np.float32).view(np.uint32))
     assert not channels.store_rows(np.ascontiguousarray(x), rows16, rows32)  # rows: numpy's path
 
 

@@ -253,3 +253,31 @@ def test_out_edge_tiles_match_a_float64_reference(rows, k, kind, out, order):
     off = np.abs(codes[:rows] - np.clip(np.rint(y / want_scale[:, None]), -127, 127))
     assert off.max() <= 1 and (off > 0).mean() <= 0.005
     assert not codes[rows:].any()  # padding rows zeroed
+
+
+@pytest.mark.parametrize("rows", [16, 37, 80])
+@pytest.mark.parametrize("k", [1024, 640, 20])
+def test_half_rows_into_atoms_are_numpys_halves(rows, k):
+    """Attention's output (C-order rows) into an fp16 operand
+    (fused_rows._out_edge_call): each value numpy's half of it (overflow to
+    inf, subnormals, ties to even; a NaN a NaN), channels past K and the
+    atoms' rows past M zeroed over stale bytes; tiles past the range given
+    (a short chunk's pad rows) left as they were."""
+    rng = np.random.default_rng(rows * k)
+    x = (rng.standard_normal((rows, k)) * np.exp(rng.standard_normal((rows, 1)) * 3)).astype(F32)
+    x[0, :4] = [np.nan, 7e4, -3e-8, 1.0 + 2.0 ** -11]
+    out_bt, out_info, out_host = _operand(rows, k, "fp16")
+    dst = out_bt.atoms.view(np.uint16)
+    tiles = -(-rows // LANES)
+    if tiles > 1:  # the real tokens' tiles only: the last one keeps its stale bytes
+        before = dst.copy()
+        pf.half_rows_into_atoms(x, dst, 0, tiles - 1)
+        np.testing.assert_array_equal(dst[:, (tiles - 1) * LANES:], before[:, (tiles - 1) * LANES:])
+    over_ranges(lambda lo, hi: pf.half_rows_into_atoms(x, dst, lo, hi), tiles)
+    got = dst.transpose(1, 0, 2).reshape(dst.shape[1], -1)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    assert np.isnan(got[:rows, :k].view(np.float16)[nan]).all()
+    np.testing.assert_array_equal(got[:rows, :k][~nan], want[~nan])
+    assert not got[:rows, k:].any() and not got[rows:].any()
