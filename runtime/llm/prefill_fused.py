@@ -458,7 +458,8 @@ def _act_mul(g, u, act, signs, signed):
 
 
 _INT32_C2 = 4  # channels of an int32 atom (16 bytes)
-_SLAB_VALUES = 1 << 14  # rows x block of a rotated FFN slab: [block / 4, rows x 4] float32, 64 KB (L1-L2)
+_SLAB_VALUES = 1 << 16  # rows x block of a rotated FFN slab: [block / 4, rows x 4] float32, 256 KB (an A76's
+# L2 is 512 KB); 64 KB measured slower at block 512-1024 (slabs of 16-32 rows: short atom runs)
 
 
 @njit(**_FFN_JIT)
@@ -572,7 +573,9 @@ def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_h
     chunk's atoms are one contiguous run over all rows (a tile's 16 rows of
     an int32 atom are 256 bytes, 2 KB apart at R = 128: a page every two
     atoms, which the prefetcher does not follow), and so are its rotated
-    rows (rotated[b])."""
+    rows (rotated[b]). int32 in edges to a factor's rotated rows (Qwen2.5's
+    and Gemma 4's int8 FFN) skip the tiles: _ffn_rotated_rows keeps the
+    atoms' own order (no transposition in or out)."""
     tiles = (rows + LANES - 1) // LANES
     gc2, uc2, oc2 = gate_src.shape[2], up_src.shape[2], dst.shape[2]
     if (in_kind == IN_DEQUANT and out_kind == OUT_ROTATED and gc2 == _INT32_C2 and uc2 == _INT32_C2

@@ -119,6 +119,7 @@ def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):
 
 @pytest.mark.parametrize("act", [pf.ACT_SILU, pf.ACT_GELU_TANH])
 def test_ffn_rotated_rows_by_slabs(act):
-    """int32 in, a factor's rotated rows out, at block 256 (C13 (x) H256): each
+    """int32 in, a factor's rotated rows out, at block 1024 (C3 (x) H1024): each
     thread's 75 rows go by slabs of 64 rows and a partial one."""
-    test_ffn_tiles_match_a_float64_reference(150, 3328, "auto", ("int32", "int8"), act)
+    assert pf._SLAB_VALUES // 1024 == 64
+    test_ffn_tiles_match_a_float64_reference(150, 3072, "hartley", ("int32", "int8"), act)
