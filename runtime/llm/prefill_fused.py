@@ -488,6 +488,104 @@ def _act_mul(g, u, act, signs, signed):
             g[i, lane] = x / (np.float32(1.0) + exp_f32(t)) * (u[i, lane] * si)
 
 
+_INT32_C2 = 4  # channels of an int32 atom (16 bytes)
+_SLAB_VALUES = 1 << 16  # rows x block of a rotated FFN slab: [block / 4, rows x 4] float32, 256 KB (an A76's
+# L2 is 512 KB); 64 KB measured slower at block 512-1024 (slabs of 16-32 rows: short atom runs)
+
+
+@njit(**_FFN_JIT)
+def _atom_scales(rs, ch, bias, has_bias, signs, signed, m0, nr, j, scale, offset):
+    """One int32 atom's dequantization for rows m0..m0+nr-1 in the atom's own
+    order (row-major, 4 channels a row): scale[i] = rs[m] * ch[j + b] (times
+    the rotation's sign when `signed`), offset[i] = the bias (or 0; signed too)."""
+    for m in range(nr):
+        r = rs[m0 + m]
+        for b in range(_INT32_C2):
+            i = m * _INT32_C2 + b
+            s, o = r * ch[j + b], bias[j + b] if has_bias else np.float32(0.0)
+            scale[i] = s * signs[j + b] if signed else s  # a sign's product is exact: (x s + o) sign's bits
+            offset[i] = o * signs[j + b] if signed else o
+
+
+@njit(**_FFN_JIT)
+def _ffn_rotated_slab(gate, gate_rs, gate_ch, gate_bias, gate_has_bias, up, up_rs, up_ch, up_bias, up_has_bias,
+                      act, c0, m0, nr, signs, block, hnorm, buf, dst_b):
+    """ffn_tiles' rotated out edge for int32 gate and up, channels c0..c0+block-1
+    of rows m0..m0+nr-1, in the atoms' own order: buf [block / 4, nr x 4] holds
+    each atom's rows as they lie in the BO (row-major, 4 channels a row), so the
+    in edges and act(gate) * up * signs are one contiguous vector loop an atom
+    (no transposition), the butterflies across atoms (channel distance >= 4)
+    are vector operations on whole atom rows, and the two within an atom (1,
+    2) run as each row's 4 values go to dst_b[m * block + j] (times hnorm)."""
+    atoms = block // _INT32_C2
+    n = nr * _INT32_C2
+    gs, go = np.empty(n, np.float32), np.empty(n, np.float32)
+    us, uo = np.empty(n, np.float32), np.empty(n, np.float32)
+    a0 = c0 // _INT32_C2
+    for a in range(atoms):
+        j = c0 + a * _INT32_C2
+        _atom_scales(gate_rs, gate_ch, gate_bias, gate_has_bias, signs, False, m0, nr, j, gs, go)
+        _atom_scales(up_rs, up_ch, up_bias, up_has_bias, signs, True, m0, nr, j, us, uo)
+        g = gate[a0 + a, m0:m0 + nr].reshape(n)  # [nr, 4] int32, contiguous
+        u = up[a0 + a, m0:m0 + nr].reshape(n)
+        t = buf[a, :n]
+        for i in range(n):
+            x = np.float32(g[i]) * gs[i] + go[i]
+            if act == ACT_SILU:  # x / (1 + exp(-x))
+                e = -x
+            else:  # 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)), y = C (x + K x^3)
+                e = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
+            t[i] = x / (np.float32(1.0) + exp_f32(e)) * (np.float32(u[i]) * us[i] + uo[i])
+    h = 1  # in atoms: channel distance 4 h
+    while 2 * h < atoms:  # two stages a pass, as butterfly_stages
+        for i0 in range(0, atoms, 4 * h):
+            for j in range(i0, i0 + h):
+                p0, p1, p2, p3 = buf[j, :n], buf[j + h, :n], buf[j + 2 * h, :n], buf[j + 3 * h, :n]
+                for i in range(n):
+                    x0, x1, x2, x3 = p0[i], p1[i], p2[i], p3[i]
+                    b0, b1 = x0 + x1, x0 - x1
+                    b2, b3 = x2 + x3, x2 - x3
+                    p0[i] = b0 + b2
+                    p2[i] = b0 - b2
+                    p1[i] = b1 + b3
+                    p3[i] = b1 - b3
+        h *= 4
+    if h < atoms:
+        for j in range(h):
+            p0, p1 = buf[j, :n], buf[j + h, :n]
+            for i in range(n):
+                x0, x1 = p0[i], p1[i]
+                p0[i] = x0 + x1
+                p1[i] = x0 - x1
+    for m in range(nr):
+        o, q = (m0 + m) * block, m * _INT32_C2
+        for a in range(atoms):
+            x0, x1, x2, x3 = buf[a, q], buf[a, q + 1], buf[a, q + 2], buf[a, q + 3]
+            b0, b1 = x0 + x1, x0 - x1
+            b2, b3 = x2 + x3, x2 - x3
+            d = o + a * _INT32_C2
+            dst_b[d] = (b0 + b2) * hnorm
+            dst_b[d + 1] = (b1 + b3) * hnorm
+            dst_b[d + 2] = (b0 - b2) * hnorm
+            dst_b[d + 3] = (b1 - b3) * hnorm
+
+
+@njit(**_FFN_JIT)
+def _ffn_rotated_rows(gate, gate_rs, gate_ch, gate_bias, gate_has_bias, up, up_rs, up_ch, up_bias, up_has_bias,
+                      act, k, signs, block, hnorm, rotated, lo, hi):
+    """ffn_tiles' int32-in, rotated-out stretch over rows lo..hi-1: each
+    rotation block (outside: its atoms and its rotated rows are contiguous
+    runs) by slabs of rows (inside) whose buffer stays within _SLAB_VALUES."""
+    gate, up = np.ascontiguousarray(gate), np.ascontiguousarray(up)  # (the BO's atoms are: no copy)
+    slab = max(LANES, _SLAB_VALUES // block // LANES * LANES)
+    buf = np.empty((block // _INT32_C2, min(slab, hi - lo) * _INT32_C2), np.float32)
+    for c0 in range(0, k, block):
+        for m0 in range(lo, hi, slab):
+            _ffn_rotated_slab(gate, gate_rs, gate_ch, gate_bias, gate_has_bias, up, up_rs, up_ch, up_bias,
+                              up_has_bias, act, c0, m0, min(slab, hi - m0), signs, block, hnorm, buf,
+                              rotated[c0 // block])
+
+
 @njit(**_FFN_JIT)
 def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias,
               up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, act, rows, k,
@@ -506,9 +604,17 @@ def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_h
     chunk's atoms are one contiguous run over all rows (a tile's 16 rows of
     an int32 atom are 256 bytes, 2 KB apart at R = 128: a page every two
     atoms, which the prefetcher does not follow), and so are its rotated
-    rows (rotated[b])."""
+    rows (rotated[b]). int32 in edges to a factor's rotated rows (Qwen2.5's
+    and Gemma 4's int8 FFN) skip the tiles: _ffn_rotated_rows keeps the
+    atoms' own order (no transposition in or out)."""
     tiles = (rows + LANES - 1) // LANES
     gc2, uc2, oc2 = gate_src.shape[2], up_src.shape[2], dst.shape[2]
+    if (in_kind == IN_DEQUANT and out_kind == OUT_ROTATED and gc2 == _INT32_C2 and uc2 == _INT32_C2
+            and gate_extra.shape[1] == 0 and up_extra.shape[1] == 0 and block % (4 * _INT32_C2) == 0):
+        _ffn_rotated_rows(gate_src, gate_rs, gate_ch, gate_bias, gate_has_bias, up_src, up_rs, up_ch, up_bias,
+                          up_has_bias, act, k, signs, block, hnorm, rotated, tile_lo * LANES,
+                          min(rows, tile_hi * LANES))
+        return
     chunk = block if out_kind == OUT_ROTATED else (_CHUNK if out_kind == OUT_HALF else k)
     if chunk % gc2 or chunk % uc2 or (out_kind == OUT_HALF and chunk % oc2):
         chunk = k  # a chunk must start on an atom of each edge

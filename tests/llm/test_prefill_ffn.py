@@ -74,8 +74,9 @@ def assert_int8_codes(out_bt, scale, y, rows: int, stored: int, k: int) -> None:
 
 @pytest.mark.parametrize("rows", [16, 37, 80])
 # C21 (x) H64; H1024 and 3 x H512: int8 codes of whole rows by chunks of 256 channels (ffn_tiles' `low`)
+# int32 in with a factor: the atoms' own order (prefill_fused._ffn_rotated_rows), blocks of 16 (H84 (x) H16) to 256
 @pytest.mark.parametrize("k,kind", [(640, "kron"), (256, "block"), (896, "kron"), (1344, "auto"), (1024, "auto"),
-                                    (1536, "block")])
+                                    (1536, "block"), (1344, "kron"), (3328, "auto")])
 @pytest.mark.parametrize("edges", [("int32", "int8"), ("fp16", "fp16"), ("fp16", "int8"), ("int32", "fp16")])
 @pytest.mark.parametrize("act", [pf.ACT_SILU, pf.ACT_GELU_TANH])
 def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):
@@ -114,3 +115,11 @@ def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):
         assert np.all(np.abs(got - before) <= 4e-6 * np.abs(before).max(axis=1, keepdims=True))
         pf.quantize_blocks_into_atoms(form.factor @ rotated, form.block, dst, scale, 0, rows)
     assert_int8_codes(out_bt, scale, y, rows, stored, k)
+
+
+@pytest.mark.parametrize("act", [pf.ACT_SILU, pf.ACT_GELU_TANH])
+def test_ffn_rotated_rows_by_slabs(act):
+    """int32 in, a factor's rotated rows out, at block 1024 (C3 (x) H1024): each
+    thread's 75 rows go by slabs of 64 rows and a partial one."""
+    assert pf._SLAB_VALUES // 1024 == 64
+    test_ffn_tiles_match_a_float64_reference(150, 3072, "hartley", ("int32", "int8"), act)
