@@ -28,6 +28,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from rkc.compiler.cost import op_macs
 from rkc.compiler.emitter_ops import plan_npu_seconds
 from rkc.compiler.fakequant import run_ops, start_env
 from rkc.compiler.quantize import MOVES_VALUES, load_calibration
@@ -209,13 +210,27 @@ def host_elements(graph: Graph, placements: Sequence[object]) -> int:
 # int8 programs, 15.9 M and 20.4 M elements, measured 7.8 and 9.9 ms of CPU on the null
 # device (docs/notes/2026-12-06-ppocr-npu-plan.md): 0.49 ns an element both.
 HOST_S_PER_ELEMENT = 0.5e-9
+# Host CPU seconds per multiply-add of a convolution or matrix product left on the CPU (a
+# placement where the emitter refuses a layer, e.g. SqueezeNet's last 1x1 convolution in fp16:
+# 86.5 M multiply-adds measured 2.6 ms of CPU on the null device, 2026-12-07): element counts
+# alone priced it at 0.1 ms and chose the fp16 program, which then ran 3.2 ms against 0.7.
+HOST_S_PER_MAC = 3e-11
+_PRODUCTS = ("Conv", "ConvInteger", "QLinearConv", "ConvTranspose", "MatMul", "Gemm", "MatMulInteger",
+             "QLinearMatMul")
+
+
+def host_macs(graph: Graph, placements: Sequence[object]) -> int:
+    """Multiply-adds of the convolutions and matrix products a placement leaves on the CPU."""
+    return sum(op_macs(graph, p.op) for p in placements if p.device != "npu" and p.op.type in _PRODUCTS)
 
 
 def program_seconds(graph: Graph, placements: Sequence[object], groups: Mapping[int, object],
                     s_per_element: float = HOST_S_PER_ELEMENT, npu_seconds=plan_npu_seconds) -> tuple[float, float]:
     """(NPU, host) seconds of a placement as the plan weighs it: its segments' jobs as
-    they will be submitted (`npu_seconds`), and `host_elements` at `s_per_element` an element."""
-    return npu_seconds(graph, placements, groups), host_elements(graph, placements) * s_per_element
+    they will be submitted (`npu_seconds`), `host_elements` at `s_per_element` an element
+    and `host_macs` at HOST_S_PER_MAC."""
+    host = host_elements(graph, placements) * s_per_element + host_macs(graph, placements) * HOST_S_PER_MAC
+    return npu_seconds(graph, placements, groups), host
 
 
 def whole_fp16_wins(planned: tuple, whole: tuple, s_per_element: float = HOST_S_PER_ELEMENT,
