@@ -34,7 +34,9 @@ def wide_ffn(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("precision,rotation,arith,min_cos", [
-    ("int8", "none", "w8a8", 0.9999),
+    # unrotated: one int8 code at a rounding tie moves with the host's float32 order (an AMD EPYC
+    # without AVX-512 gave row 13 0.99987, stop 46's tree and this one alike, 2026-12-07)
+    ("int8", "none", "w8a8", 0.9998),
     ("int8", "kron", "w8a8", 0.9999),  # the reference rotated as compiled (H140 (x) H64), split or not
     ("int8", "auto", "w8a8", 0.9999),  # the default: C35 (x) H256
     ("fp16", "none", "fp16", 0.9999)])
