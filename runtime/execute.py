@@ -33,7 +33,7 @@ from rkc.ir.npu import geometry
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
-from rkc.runtime import blas, feature_edges
+from rkc.runtime import blas, feature_edges, relayout_edges
 from rkc.runtime.device import Job, Task
 from rkc.runtime.kernels import NO_PRODUCTS, run_kernel
 
@@ -325,7 +325,7 @@ def prepare_program(model, program: Program) -> None:
     run = _Run(model, program)
     for step in program.steps:
         if step.kind == "cpu" and step.op == "Relayout":
-            feature_edges.prepare_relayout(run, step)
+            relayout_edges.prepare_relayout(run, step)
 
 
 def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observe=None, fp16_outputs: bool = False):

@@ -136,16 +136,16 @@ def test_batched_attention_products_run_per_head_on_the_npu(tmp_path, dim, heads
 
 
 def test_relayout_native_gathers_match_the_interpreter(tmp_path, monkeypatch):
-    """The Relayout steps' gathers between native layouts (runtime/feature_edges.py) give
+    """The Relayout steps' gathers between native layouts (runtime/relayout_edges.py) give
     the interpreter's values bit for bit (its logical arrays through the index map)."""
-    from rkc.runtime import feature_edges
+    from rkc.runtime import relayout_edges
 
     path = save(_heads(96, 3, 3, 5, 9), tmp_path / "m.onnx")
     build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", npu_attention=True))
     x = np.random.default_rng(6).standard_normal((1, 96, 3, 5)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
         native = m.run({"x": x})["y"]
-    monkeypatch.setattr(feature_edges, "_relayout", lambda run, step: False)
+    monkeypatch.setattr(relayout_edges, "relayout", lambda run, step: False)
     with runtime.load(tmp_path / "m.rkbin") as m:
         interpreted = m.run({"x": x})["y"]
     assert np.array_equal(native, interpreted)
@@ -154,7 +154,7 @@ def test_relayout_native_gathers_match_the_interpreter(tmp_path, monkeypatch):
 def test_relayout_moves_are_made_at_load(tmp_path, monkeypatch):
     """runtime.load makes the Relayout steps' moves (execute.prepare_program): the first run
     makes none and gives the outputs of a run whose moves were made in it."""
-    from rkc.runtime import feature_edges
+    from rkc.runtime import relayout_edges
 
     path = save(_heads(96, 3, 3, 5, 9), tmp_path / "m.onnx")
     build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16", npu_attention=True))
@@ -168,7 +168,7 @@ def test_relayout_moves_are_made_at_load(tmp_path, monkeypatch):
     with runtime.load(tmp_path / "m.rkbin") as m:
         def refused(run, step):
             raise AssertionError(f"{step.name}: moves made after load")
-        monkeypatch.setattr(feature_edges, "_relayout_plan", refused)
+        monkeypatch.setattr(relayout_edges, "_relayout_plan", refused)
         at_load = m.run({"x": x})["y"]
     assert np.array_equal(in_run, at_load)
 

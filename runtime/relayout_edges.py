@@ -1,0 +1,97 @@
+"""Relayout steps between native fp16 NPU buffers (issue 38): each result element's
+place and its source's, made once at load into strided runs or element lists
+(`prepare_relayout`), then moved on every run by runtime/kernels/gather_jit."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rkc.ir.npu import geometry
+from rkc.ir.program import Step, TensorInfo
+from rkc.ir.types import DType
+
+
+def _native_positions(info: TensorInfo) -> np.ndarray:
+    """For each logical element of `info` (row-major), its element's place in the
+    tensor's native bytes (2-byte elements)."""
+    return geometry.native_positions(info.shape, info.layout, info.nbytes)
+
+
+def _relayout_plan(run, step: Step) -> tuple:
+    """(result, its padding positions, [(source, runs, result positions, source positions)], scale), or ():
+    per source its moves as runs or as element lists (`_moves`)."""
+    tensors = run.model.tensors
+    *names, index_name = step.inputs
+    infos = [tensors.get(n) for n in (*names, step.outputs[0])]
+    if any(i is None or i.region not in run.model.bos or i.dtype != DType.FP16 or not i.layout.startswith("native")
+           for i in infos):
+        return ()
+    *sources, dst = infos
+    index = np.asarray(run.read(index_name), np.int64).reshape(-1)
+    sizes = [int(np.prod(i.shape, dtype=np.int64)) for i in sources]
+    if index.size != int(np.prod(dst.shape, dtype=np.int64)) or index.min(initial=0) < 0 \
+            or index.max(initial=-1) >= sum(sizes):
+        return ()
+    into = _native_positions(dst)
+    starts = np.cumsum([0, *sizes])
+    moves = []
+    for k, info in enumerate(sources):
+        mine = (index >= starts[k]) & (index < starts[k + 1])
+        if mine.any():  # in the result's order: the writes run through it once
+            order = np.argsort(into[mine], kind="stable")
+            moves.append((info, *_moves(into[mine][order], _native_positions(info)[index[mine] - starts[k]][order])))
+    padding = np.setdiff1d(np.arange(dst.nbytes // 2, dtype=np.int64), into, assume_unique=True)
+    return dst, padding, moves, np.float32(step.attrs.get("scale", 1.0))
+
+
+RUN_ELEMENTS = 4  # a source's moves kept as runs when they average at least this many elements a run
+
+
+def _moves(into: np.ndarray, frm: np.ndarray) -> tuple:
+    """(runs, None, None) of gather_jit.strided_runs where the moves form long enough runs
+    (YOLO11n's: 8 to 51,200 elements a run; each run's loop over contiguous or evenly strided
+    memory, 4 integers a run against 2 an element), else (None, into, frm) as int32 element lists."""
+    from rkc.runtime.kernels import gather_jit
+
+    runs = gather_jit.strided_runs(into.astype(np.int64), frm.astype(np.int64))
+    if len(runs) * RUN_ELEMENTS <= len(into):
+        return runs, None, None
+    return None, into.astype(np.int32), frm.astype(np.int32)
+
+
+def prepare_relayout(run, step: Step) -> tuple:
+    """The Relayout step's moves (`_relayout_plan`), made once for the program (at load:
+    runtime/execute.py's prepare_program; they depend only on the program and its constants)."""
+    plans = run.schedule.native_plans
+    plan = plans.get(id(step))
+    if plan is None:
+        plan = plans[id(step)] = _relayout_plan(run, step)
+    return plan
+
+
+def relayout(run, step: Step) -> bool:
+    """A Relayout step between fp16 NPU buffers by its prepared moves; False where it has none."""
+    plan = prepare_relayout(run, step)
+    if not plan:
+        return False
+    dst, padding, moves, scale = plan
+    regions = {dst.region, *(move[0].region for move in moves)}
+    bos = {r: run.model.bos[r] for r in regions}
+    device = run.model.device
+    for bo in bos.values():
+        device.prepare_cpu_access(bo)
+    from rkc.runtime.kernels import gather_jit  # numba: loaded by programs that relay NPU buffers
+
+    try:
+        out = bos[dst.region].host[dst.offset:dst.offset + dst.nbytes].view(np.uint16)
+        out[padding] = 0
+        for info, runs, into, frm in moves:
+            src = bos[info.region].host[info.offset:info.offset + info.nbytes].view(np.uint16)
+            if runs is not None:
+                gather_jit.move_runs(src, runs, out, scale)
+            else:
+                gather_jit.move_elements(src, frm, out, into, scale)
+    finally:
+        for bo in bos.values():
+            device.finish_cpu_access(bo)
+    return True
