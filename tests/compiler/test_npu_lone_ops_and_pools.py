@@ -77,21 +77,27 @@ def test_an_average_pool_alone_between_cpu_ops_stays_on_the_npu(tmp_path):
     assert cosine(got, want) >= THRESHOLD["fp16"]
 
 
+def _assert_one_window_pool_on_the_npu(tmp_path, precision: str, c: int, hw: int, **pool) -> None:
+    """Conv -> Relu -> an AveragePool (`pool`: its attributes) whose one window covers the map:
+    all three on the NPU, a [1, C, 1, 1] result, onnxruntime's within the precision's cosine."""
+    rng = np.random.default_rng(c + hw)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("AveragePool", ["r"], ["y"], **pool)]
+    model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
+    report, got, want = build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
+    assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
+    assert got.shape == (1, c, 1, 1)
+    assert cosine(got, want) >= THRESHOLD[precision]
+
+
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 @pytest.mark.parametrize("c, hw, kernel, stride, pads", [(64, 7, 7, 1, 0), (40, 7, 7, 7, 0), (24, 5, 5, 2, 0),
                                                           (16, 4, 6, 1, 1), (8, 8, 8, 8, 0)])
 def test_average_pool_of_one_window_runs_on_the_npu(tmp_path, precision, c, hw, kernel, stride, pads):
     """An AveragePool whose one window covers the map (ResNet's 7x7 head): its
     [1, C, 1, 1] result is a GEMM row of 4 stored rows, made as a global pool's is."""
-    rng = np.random.default_rng(c + hw)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[kernel] * 2, strides=[stride] * 2,
-                              pads=[pads] * 4, count_include_pad=1)]
-    model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
-    report, got, want = build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
-    assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
-    assert got.shape == (1, c, 1, 1)
-    assert cosine(got, want) >= THRESHOLD[precision]
+    _assert_one_window_pool_on_the_npu(tmp_path, precision, c, hw, kernel_shape=[kernel] * 2,
+                                       strides=[stride] * 2, pads=[pads] * 4, count_include_pad=1)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
@@ -100,14 +106,7 @@ def test_average_pool_of_one_window_runs_on_the_npu(tmp_path, precision, c, hw, 
 def test_average_pool_of_one_window_excluding_its_padding_runs_on_the_npu(tmp_path, precision, c, hw, kernel, pads):
     """count_include_pad 0 with one window over the whole map (Inception v1's 7x7 pool
     of a 6x6 map padded at the end): the mean of the map, a global pool."""
-    rng = np.random.default_rng(c + hw)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[kernel] * 2, pads=pads)]
-    model = graph_model(nodes, {"w": rng.standard_normal((c, 6, 1, 1)) / 3}, [1, 6, hw, hw])
-    report, got, want = build_and_run(tmp_path, model, (1, 6, hw, hw), precision)
-    assert [p.device for p in report.placements] == ["npu"] * 3, [p.reason for p in report.placements]
-    assert got.shape == (1, c, 1, 1)
-    assert cosine(got, want) >= THRESHOLD[precision]
+    _assert_one_window_pool_on_the_npu(tmp_path, precision, c, hw, kernel_shape=[kernel] * 2, pads=pads)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
