@@ -132,8 +132,11 @@ def host_prompt(engine: LlmEngine, cache, plans: dict[str, list[tuple[int, int]]
 def vendor_ttft_128(cfg) -> tuple[str, float] | None:
     """The vendor's published first-token ms at 128 prompt tokens (RKLLM
     benchmark.md) of a model with these decoder widths, if it lists one."""
-    from published import RKLLM_TTFT_128_BY_SIZE
+    from published import BY_KEY, RKLLM_TTFT_128_BY_SIZE
 
+    # Gemma 4's widths vary by layer: E2B is known by its architecture, depth and width
+    if (cfg.arch, cfg.n_layer, cfg.n_embd) == ("gemma4", 35, 1536):
+        return "Gemma4-E2B", BY_KEY["rkllm_gemma4_e2b_ttft"].value
     widths = (cfg.n_layer, cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim)
     return next(((name, ms) for name, ms, *w in RKLLM_TTFT_128_BY_SIZE if tuple(w) == widths), None)
 
