@@ -61,23 +61,30 @@ def is_rgb_blocks(fm: np.ndarray) -> bool:
     return fm.shape[3] * fm.itemsize == ATOM_BYTES and fm.flags.c_contiguous and fm.shape[0] * fm.shape[3] == 16
 
 
+_NO_AFFINE = (np.ones(1, np.float32), np.zeros(1, np.float32))  # (not read: the codes are looked up)
+
+
+def affine_rows(scales: np.ndarray, offsets: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel scales and offsets [3] as pixels_into_blocks takes them: one per value
+    of an image row of `width` RGB pixels (made once: np.tile costs ~30 us a call)."""
+    return np.tile(scales.astype(np.float32), width), np.tile(offsets.astype(np.float32), width)
+
+
 def pixels_into_blocks(pixels: np.ndarray, tables: np.ndarray, fm: np.ndarray,
                        affine: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """fm = the feature map of SpaceToDepth(2) of the per-channel codes of a uint8 RGB
     image [H, W, 3]: block pixel (y, x), channel (py * 2 + px) * 3 + c holds the code of
     pixels[2y + py, 2x + px, c] (SpaceToDepth's channel order, runtime/kernels/shape.py),
     channels 12-15 zero. The code is tables[c, pixel] or, with `affine` = (scales,
-    offsets) (float32, one per channel; fp16 maps only), the fp16 bits of
-    float32(pixel) * scale + offset, computed a row at a time (vectorised) where a
-    lookup a value is not: image_plan uses it only where it gives the tables' codes
-    for every pixel value. A block's six values of one image row are contiguous in
+    offsets) (float32, one per value of an image row, [W * 3]: `affine_rows`; fp16 maps
+    only), the fp16 bits of float32(pixel) * scale + offset, computed a row at a time
+    (vectorised) where a lookup a value is not: image_plan uses it only where it gives
+    the tables' codes for every pixel value. A block's six values of one image row are contiguous in
     the row's codes; each atom is built as two 64-bit words and stored whole: the pass
     reads the image once and writes half (fp16) or a quarter (int8) of the plain map's
     bytes."""
     words = fm.view(np.uint64).reshape(fm.shape[0], fm.shape[1], fm.shape[2], 2)
-    w = pixels.shape[1]
-    scales, offsets = affine if affine is not None else (np.ones(3, np.float32), np.zeros(3, np.float32))
-    scales, offsets = np.tile(scales.astype(np.float32), w), np.tile(offsets.astype(np.float32), w)
+    scales, offsets = affine if affine is not None else _NO_AFFINE
     over_rows(lambda lo, hi: _block_rows(pixels, tables, scales, offsets, affine is not None, words, lo, hi),
               fm.shape[1], fm.size)
 

@@ -117,12 +117,12 @@ def test_computed_fp16_codes_are_the_cast_of_the_affine_values(scales, offsets):
                            for c in range(3)])
     looked, computed = (np.full((2, 2, 128, 8), 0x55, np.uint16) for _ in range(2))
     pixels_jit.pixels_into_blocks(pixels, tables, looked)
-    pixels_jit.pixels_into_blocks(pixels, tables, computed, (s, o))
+    pixels_jit.pixels_into_blocks(pixels, tables, computed, pixels_jit.affine_rows(s, o, 256))
     np.testing.assert_array_equal(computed, looked)
     values = np.arange(256, dtype=np.float32)[None] * s[:, None] + o[:, None]
-    assert feature_edges._affine_codes(tables, values) is not None
+    assert feature_edges._affine_codes(tables, values, 256) is not None
     tables[1, 7] ^= 1  # a table no affine form gives: looked up
-    assert feature_edges._affine_codes(tables, values) is None
+    assert feature_edges._affine_codes(tables, values, 256) is None
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
