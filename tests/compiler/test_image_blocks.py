@@ -3,8 +3,9 @@
 with the taps regrouped. The rewritten graph computes the original's products
 (reference kernels, float64 weights: within float32 rounding) over kernel sizes,
 pads and map sizes; the runtime's block pass writes SpaceToDepth's map
-(runtime/kernels/pixels_jit.py, bit for bit, tables and computed codes); and a
-stride-2 stem on the simulator matches onnxruntime, fp16 and int8."""
+(runtime/kernels/pixels_jit.py, bit for bit, tables and computed codes). On the
+simulator against onnxruntime (fp16, int8; YOLO's and ResNet's stems):
+tests/runtime/test_image_input.py."""
 
 from __future__ import annotations
 
@@ -12,14 +13,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkc import runtime
-from rkc.compiler.build import BuildOptions, build
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.passes import run_passes
 from rkc.compiler.reference import run_graph
 from rkc.runtime import feature_edges
 from rkc.runtime.kernels import pixels_jit, shape as shape_kernels
-from onnx_models import cosine, onnxruntime_outputs, save
+from onnx_models import save
 
 MEAN, STD = (123.7, 116.3, 103.5), (58.4, 57.1, 57.4)
 
@@ -123,29 +122,3 @@ def test_computed_fp16_codes_are_the_cast_of_the_affine_values(scales, offsets):
     assert feature_edges._affine_codes(tables, values, 256) is not None
     tables[1, 7] ^= 1  # a table no affine form gives: looked up
     assert feature_edges._affine_codes(tables, values, 256) is None
-
-
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_a_resnet_stem_on_blocks_is_onnxruntimes(tmp_path, precision, monkeypatch):
-    h, w = 16, 20
-    model = _stem(h, w, 7, [3, 3, 3, 3], out=16)
-    path = save(model, tmp_path / "m.onnx")
-    rng = np.random.default_rng(11)
-    options = BuildOptions(precision=precision, image_inputs={"x": (MEAN, STD)})
-    if precision == "int8":
-        options.calib = tmp_path / "calib.npz"
-        np.savez(options.calib, x=rng.integers(0, 256, (4, 1, h, w, 3), dtype=np.uint8))
-    build(path, tmp_path / "m.rkbin", options)
-    image = rng.integers(0, 256, (1, h, w, 3), dtype=np.uint8)
-    with runtime.load(tmp_path / "m.rkbin") as m:
-        steps = m.module.programs[0].steps
-        assert "SpaceToDepth" in [s.op for s in steps if s.kind == "cpu"]
-        fast = m.run({"x": image})["y"]
-    monkeypatch.setattr(feature_edges, "run_image", lambda run, steps, plan: False)
-    with runtime.load(tmp_path / "m.rkbin") as m:  # the interpreter's steps: SpaceToDepth's own kernel
-        slow = m.run({"x": image})["y"]
-    np.testing.assert_array_equal(fast, slow)
-    normalised = ((image.transpose(0, 3, 1, 2).astype(np.float32) - np.float32(MEAN).reshape(1, 3, 1, 1))
-                  / np.float32(STD).reshape(1, 3, 1, 1))
-    want = onnxruntime_outputs(path, {"x": normalised})["y"]
-    assert cosine(fast, want) >= (0.999 if precision == "fp16" else 0.99)
