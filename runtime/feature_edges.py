@@ -537,7 +537,7 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     if dst.dtype != "fp32" or list(src.shape) != list(dst.shape):
         return False
     kept = run.keeps_fp16(step)  # the caller takes the NPU's fp16 values as they are
-    if kept and _kept_lines(run, step, src, dst):
+    if step.op == "Cast" and src.dtype == "fp16" and _fp16_lines(run, step, src, dst, kept):
         return True
     out = np.empty(dst.shape, np.float16 if kept else np.float32)
     planes = out.reshape(dst.shape[1:])
@@ -562,15 +562,15 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     return True
 
 
-def _kept_lines(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
-    """An fp16 output kept as it is (`_output_edge`) from a map stored row after row (no
-    taller surfaces), by a plan made at its first run: the map and the output as long
-    lines ([C1, 1, H * W, C2], [C, 1, H * W], `_long_lines`' form) straight from the BO's
-    bytes, without _Held's and _long_lines' work per run (~10 us of a ~30 us step: a
-    detector has six such outputs)."""
+def _fp16_lines(run, step: Step, src: TensorInfo, dst: TensorInfo, kept: bool) -> bool:
+    """An fp16 map's output, kept as it is or widened to float32 (`_output_edge`), from a
+    map stored row after row (no taller surfaces), by a plan made at its first run: the
+    map and the output as long lines ([C1, 1, H * W, C2], [C, 1, H * W], `_long_lines`'
+    form) straight from the BO's bytes, without _Held's and _long_lines' work per run
+    (~10 us of a ~45 us step at load 10: a detector has six such outputs)."""
     from rkc.runtime import half
 
-    key = ("kept", id(step))
+    key = ("lines", id(step))
     plan = run.schedule.native_plans.get(key)
     if plan is None:
         bo, lo, hi, dtype, (c1, rows, w, c2), h = _place(run, src)
@@ -582,11 +582,16 @@ def _kept_lines(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     if not plan:
         return False
     bo, lo, hi, fm_lines, out_lines, shape = plan
-    out = np.empty(shape, np.float16)
+    out = np.empty(shape, np.float16 if kept else np.float32)
+    lines = out.view(np.uint16 if kept else np.uint32).reshape(out_lines)
     device = run.model.device
     device.prepare_cpu_access(bo)
     try:
-        half.unpack_feature_bits(bo.host[lo:hi].view(np.uint16).reshape(fm_lines), out.view(np.uint16).reshape(out_lines))
+        fm = bo.host[lo:hi].view(np.uint16).reshape(fm_lines)
+        if kept:
+            half.unpack_feature_bits(fm, lines)
+        else:
+            half.widen_feature(fm, lines)
     finally:
         device.finish_cpu_access(bo)
     run.env[step.outputs[0]] = out
