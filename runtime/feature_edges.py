@@ -320,32 +320,43 @@ def image_chain_end(steps, i: int, last_use: dict, outputs, in_map) -> int | Non
             return None
         if step.op in _INTO_FEATURE and len(step.outputs) == 1 and in_map(step.outputs[0]):
             return j
-        if step.op not in CHAIN_OPS and step.op not in ("Cast", "Conv"):
+        if step.op not in CHAIN_OPS and step.op not in ("Cast", "Conv", "SpaceToDepth"):
             return None
     return None
 
 
 def image_plan(run, steps: list[Step]) -> tuple | None:
     """What run_image needs of `steps` (an image_chain_end chain), none of it
-    changing between runs: the image's name, the destination map and one table
+    changing between runs: the image's name, the destination map, one table
     of 256 codes per channel, made by the reference kernels over every pixel
-    value; or None if the tensors or steps are not such a chain."""
+    value, whether the map is of 2x2 blocks and, for fp16 blocks, the affine
+    form of the codes where it gives the tables' (`_affine_codes`); or None if
+    the tensors or steps are not such a chain."""
     from rkc.runtime.kernels import pixels_jit
 
     tensors = run.model.tensors
     first, last = steps[0], steps[-1]
     src, dst = tensors.get(first.inputs[0]), tensors.get(last.outputs[0])
+    # the map of the image's 2x2 blocks (compiler/passes/image_blocks.py): a SpaceToDepth just before
+    # the conversion into the map, which the tables pass through (it only moves values)
+    blocks = len(steps) > 2 and steps[-2].op == "SpaceToDepth"
     if src is None or dst is None or src.region is not None or src.dtype != "uint8" or len(src.shape) != 4 \
-            or src.shape[0] != 1 or not _in_bo(run, dst) or list(dst.shape) != [1, src.shape[3], *src.shape[1:3]] \
+            or src.shape[0] != 1 or not _in_bo(run, dst) \
             or (last.op, dst.dtype) not in (("QuantizeLinear", "int8"), ("Cast", "fp16")):
+        return None
+    c, (h, w) = src.shape[3], src.shape[1:3]
+    if list(dst.shape) != ([1, 4 * c, h // 2, w // 2] if blocks else [1, c, h, w]) or any(
+            s.op == "SpaceToDepth" for s in steps[:-2]) or blocks and (
+            c != 3 or h % 2 or w % 2 or int(steps[-2].attrs.get("blocksize", 0)) != 2):
         return None
     if any(len(s.outputs) != 1 for s in steps) \
             or any(tensors.get(s.outputs[0]) is None or tensors[s.outputs[0]].region is not None for s in steps[:-1]):
         return None
-    c = src.shape[3]
-    value = np.broadcast_to(np.arange(256, dtype=np.uint8), (1, c, 1, 256))  # every pixel value, per channel
+    value = before_last = np.broadcast_to(np.arange(256, dtype=np.uint8), (1, c, 1, 256))  # every pixel value
     with np.errstate(all="ignore"):
         for s in steps[1:]:
+            if s.op == "SpaceToDepth":
+                continue
             consts = [None if not n else run.read(n) if _constant(run, n) else False for n in s.inputs[1:]]
             if any(v is False for v in consts):
                 return None
@@ -364,23 +375,52 @@ def image_plan(run, steps: list[Step]) -> tuple | None:
                 return None
             info = tensors[s.outputs[0]]
             value = value.astype(DType(info.dtype).numpy, copy=False)  # as the interpreter stores it
+            if s is not last:
+                before_last = value
     tables = np.ascontiguousarray(value[0, :, 0]).view(np.uint8 if dst.dtype == "int8" else np.uint16)
     with _Held(run, [dst]) as (fm,):
-        if not pixels_jit.is_image(c, fm):
+        if not (pixels_jit.is_rgb_blocks(fm) if blocks else pixels_jit.is_image(c, fm)):
             return None
-    return first.inputs[0], dst, tables
+    affine = _affine_codes(tables, before_last[0, :, 0], w) if blocks and dst.dtype == "fp16" else None
+    return first.inputs[0], dst, tables, blocks, affine
+
+
+def _affine_codes(tables: np.ndarray, values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scales, offsets) for an image `width` pixels wide (pixels_jit.affine_rows) with which
+    pixels_jit.pixels_into_blocks' computed codes are the tables' for every pixel value of
+    every channel (checked by the kernel itself on an image holding each value), from the
+    float32 values [3, 256] the last conversion rounds (a normalisation's x * scale +
+    offset); None if they are not."""
+    from rkc.runtime.kernels import pixels_jit
+
+    values = values.astype(np.float32)
+    offsets = values[:, 0].copy()
+    scales = ((values[:, 255] - offsets) / np.float32(255)).astype(np.float32)
+    if not (np.isfinite(scales).all() and np.isfinite(offsets).all()):
+        return None
+    image = np.empty((2, 256, 3), np.uint8)  # every value in every channel, in both rows of a block
+    image[0] = np.arange(256, dtype=np.uint8)[:, None]
+    image[1] = image[0, ::-1]
+    looked, computed = (np.zeros((2, 1, 128, 8), np.uint16) for _ in range(2))
+    pixels_jit.pixels_into_blocks(image, tables, looked)
+    pixels_jit.pixels_into_blocks(image, tables, computed, pixels_jit.affine_rows(scales, offsets, 256))
+    return pixels_jit.affine_rows(scales, offsets, width) if np.array_equal(looked, computed) else None
 
 
 def run_image(run, steps: list[Step], plan: tuple) -> bool:
-    """Run an image chain by its plan: the uint8 pixels straight into the map."""
+    """Run an image chain by its plan: the uint8 pixels straight into the map
+    (or into the map of its 2x2 blocks)."""
     from rkc.runtime.kernels import pixels_jit
 
-    name, dst, tables = plan
+    name, dst, tables, blocks, affine = plan
     pixels = run.read(name)
     if pixels.dtype != np.uint8 or pixels.ndim != 4:
         return False
     with _Held(run, [dst]) as (fm,):
-        pixels_jit.pixels_into_feature(pixels[0], tables, fm)
+        if blocks:
+            pixels_jit.pixels_into_blocks(pixels[0], tables, fm, affine)
+        else:
+            pixels_jit.pixels_into_feature(pixels[0], tables, fm)
     return True
 
 
@@ -497,6 +537,8 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     if dst.dtype != "fp32" or list(src.shape) != list(dst.shape):
         return False
     kept = run.keeps_fp16(step)  # the caller takes the NPU's fp16 values as they are
+    if step.op == "Cast" and src.dtype == "fp16" and _fp16_lines(run, step, src, dst, kept):
+        return True
     out = np.empty(dst.shape, np.float16 if kept else np.float32)
     planes = out.reshape(dst.shape[1:])
     if kept:
@@ -517,6 +559,42 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
             fm, planes = _long_lines(fm, planes)
             quant_jit.dequantize_feature(fm, *params, planes)
     run.write(step.outputs[0], out)
+    return True
+
+
+def _fp16_lines(run, step: Step, src: TensorInfo, dst: TensorInfo, kept: bool) -> bool:
+    """An fp16 map's output, kept as it is or widened to float32 (`_output_edge`), from a
+    map stored row after row (no taller surfaces), by a plan made at its first run: the
+    map and the output as long lines ([C1, 1, H * W, C2], [C, 1, H * W], `_long_lines`'
+    form) straight from the BO's bytes, without _Held's and _long_lines' work per run
+    (~10 us of a ~45 us step at load 10: a detector has six such outputs)."""
+    from rkc.runtime import half
+
+    key = ("lines", id(step))
+    plan = run.schedule.native_plans.get(key)
+    if plan is None:
+        bo, lo, hi, dtype, (c1, rows, w, c2), h = _place(run, src)
+        if rows != h or dtype.itemsize != 2 or len(dst.shape) != 4:
+            plan = run.schedule.native_plans[key] = ()
+        else:
+            plan = run.schedule.native_plans[key] = (bo, lo, hi, (c1, 1, h * w, c2), (dst.shape[1], 1, h * w),
+                                                     tuple(dst.shape))
+    if not plan:
+        return False
+    bo, lo, hi, fm_lines, out_lines, shape = plan
+    out = np.empty(shape, np.float16 if kept else np.float32)
+    lines = out.view(np.uint16 if kept else np.uint32).reshape(out_lines)
+    device = run.model.device
+    device.prepare_cpu_access(bo)
+    try:
+        fm = bo.host[lo:hi].view(np.uint16).reshape(fm_lines)
+        if kept:
+            half.unpack_feature_bits(fm, lines)
+        else:
+            half.widen_feature(fm, lines)
+    finally:
+        device.finish_cpu_access(bo)
+    run.env[step.outputs[0]] = out
     return True
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from rkc.compiler.ops import infer_for
-from rkc.compiler.passes import affine, canonicalize, flat_head, fold_batchnorm, fuse, groups, heads
+from rkc.compiler.passes import affine, canonicalize, flat_head, fold_batchnorm, fuse, groups, heads, image_blocks
 from rkc.compiler.passes.edit import remove_dead
 from rkc.ir.graph import Graph, Op
 
@@ -16,8 +16,9 @@ Rewrite = Callable[[Graph, Op], bool]
 PIPELINE: Sequence[Rewrite] = (*canonicalize.REWRITES, *flat_head.REWRITES, *fold_batchnorm.REWRITES,
                                *groups.REWRITES, *fuse.REWRITES)
 # after the fusions have matched their patterns: the remaining per-channel affine
-# maps become depthwise convolutions (the folds still run, on what they produce)
-AFFINE: Sequence[Rewrite] = (*PIPELINE, *affine.REWRITES)
+# maps become depthwise convolutions (the folds still run, on what they produce); a
+# stride-2 convolution of a uint8 image then reads it as 2x2 blocks (image_blocks.py)
+AFFINE: Sequence[Rewrite] = (*PIPELINE, *affine.REWRITES, *image_blocks.REWRITES)
 
 
 def apply(graph: Graph, rewrites: Sequence[Rewrite], limit: int = 100_000) -> int:

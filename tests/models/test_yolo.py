@@ -89,6 +89,29 @@ def test_yolo_matches_onnxruntime(tmp_path, family, precision, ppu):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("family", ["yolov8", "yolo11"])
+def test_yolo_on_a_uint8_image_matches_onnxruntime(tmp_path, family, precision):
+    """The deployment bench/run.py measures: --image-input images=0,0,0/255,255,255, so the
+    stem reads the image's 2x2 blocks (compiler/passes/image_blocks.py), fp16 outputs kept;
+    against onnxruntime fed pixel / 255."""
+    path = _model(tmp_path, family)
+    options = BuildOptions(precision=precision, image_inputs={"images": ((0.0,) * 3, (255.0,) * 3)})
+    rng = np.random.default_rng(1)
+    if precision == "int8":
+        options.calib = tmp_path / "calib.npz"
+        np.savez(options.calib, images=rng.integers(0, 256, (2, 1, SIZE, SIZE, 3), dtype=np.uint8))
+    build(path, tmp_path / "y.rkbin", options)
+    image = np.random.default_rng(2).integers(0, 256, (1, SIZE, SIZE, 3), dtype=np.uint8)
+    with runtime.load(tmp_path / "y.rkbin") as m:
+        assert "SpaceToDepth" in [s.op for s in m.module.programs[0].steps if s.kind == "cpu"]
+        got = m.run({"images": image}, fp16_outputs=True)
+    want = onnxruntime_outputs(path, {"images": image.transpose(0, 3, 1, 2).astype(np.float32) / np.float32(255)})
+    for name in want:
+        assert cosine(got[name].astype(np.float32), want[name]) >= THRESHOLD[precision], name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_yolo11n_attention_on_the_npu_matches_onnxruntime(tmp_path, precision):
     """--npu-attention: C2PSA's two batched products run per head as fp16 NPU GEMMs
     with a run-time B (int8 programs too); the softmax between them stays on the CPU."""

@@ -231,6 +231,9 @@ def test_fp16_outputs_are_the_npus_values_as_they_are(tmp_path, precision, monke
         np.savez(options.calib, x=rng.standard_normal((4, 1, 3, 12, 14)).astype(np.float32))
     build(path, tmp_path / "m.rkbin", options)
     x = rng.standard_normal((1, 3, 12, 14)).astype(np.float32)
+    lines = []  # outputs kept or widened by their long-line plan (maps stored row after row)
+    real_lines = feature_edges._fp16_lines
+    monkeypatch.setattr(feature_edges, "_fp16_lines", lambda *a: lines.append((a[-1], real_lines(*a))) or lines[-1][1])
     with runtime.load(tmp_path / "m.rkbin") as model:
         wide = model.run({"x": x})
         kept = model.run({"x": x}, fp16_outputs=True)
@@ -240,6 +243,7 @@ def test_fp16_outputs_are_the_npus_values_as_they_are(tmp_path, precision, monke
         made_by = {out: step for step in steps for out in step.outputs}
         half_made = {n for n in ("y", "z") if made_by[n].op == "Cast" and tensors[made_by[n].inputs[0]].dtype == "fp16"}
     assert half_made == {"y", "z"}, half_made  # int8: the mixed plan holds the SiLU group's successors in fp16
+    assert sorted(lines) == [(False, True)] * 4 + [(True, True)] * 4, lines  # both outputs, four runs
     monkeypatch.setattr(feature_edges, "run_step", lambda run, step: False)
     with runtime.load(tmp_path / "m.rkbin") as model:
         interpreted = model.run({"x": x}, fp16_outputs=True)

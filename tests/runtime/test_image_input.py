@@ -23,12 +23,13 @@ from onnx_models import cosine, onnxruntime_outputs, save
 MEAN, STD = (123.7, 116.3, 103.5), (58.4, 57.1, 57.4)
 
 
-def _small_cnn(h: int, w: int):
+def _small_cnn(h: int, w: int, k: int = 3):
+    """A stride-2 k x k stem (YOLO's 3, ResNet's 7), then a 3x3 convolution."""
     rng = np.random.default_rng(h * w)
-    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1], strides=[2, 2]),
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[k // 2] * 4, strides=[2, 2]),
              helper.make_node("Relu", ["c0"], ["r0"]),
              helper.make_node("Conv", ["r0", "w1"], ["y"], pads=[1, 1, 1, 1])]
-    inits = {"w0": rng.standard_normal((16, 3, 3, 3)) / 4, "b0": rng.standard_normal(16) * 0.1,
+    inits = {"w0": rng.standard_normal((16, 3, k, k)) / (k + 1), "b0": rng.standard_normal(16) * 0.1,
              "w1": rng.standard_normal((8, 16, 3, 3)) / 12}
     graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -36,10 +37,14 @@ def _small_cnn(h: int, w: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
+@pytest.mark.parametrize("k", [3, 7])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_an_image_input_is_the_interpreters_and_onnxruntimes(tmp_path, precision, monkeypatch):
+def test_an_image_input_is_the_interpreters_and_onnxruntimes(tmp_path, precision, k, monkeypatch):
+    """The stride-2 stem reads the image's 2x2 blocks (compiler/passes/image_blocks.py):
+    the SpaceToDepth runs inside the image pass, and through its own kernel on the
+    interpreter's path."""
     h, w = 12, 18
-    path = save(_small_cnn(h, w), tmp_path / "m.onnx")
+    path = save(_small_cnn(h, w, k), tmp_path / "m.onnx")
     rng = np.random.default_rng(7)
     options = BuildOptions(precision=precision, image_inputs={"x": (MEAN, STD)})
     if precision == "int8":
@@ -57,6 +62,7 @@ def test_an_image_input_is_the_interpreters_and_onnxruntimes(tmp_path, precision
     with runtime.load(tmp_path / "m.rkbin") as model:
         info = model.tensors["x"]
         assert (info.shape, info.dtype) == ([1, h, w, 3], "uint8")
+        assert "SpaceToDepth" in [s.op for s in model.module.programs[0].steps if s.kind == "cpu"]
         fast = model.run({"x": image})["y"]
         again = model.run({"x": image})["y"]
     assert ran == [True, True]
