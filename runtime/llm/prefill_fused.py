@@ -365,17 +365,21 @@ def zero_rows(dst, rows):
                 dst[a, m, b] = 0
 
 
+_MAGNITUDE = np.uint32(0x7FFFFFFF)  # a float32's bits without the sign
+
+
 @njit(**_JIT)
-def _peak_of(peak):
-    """The largest of the per-lane maxima, NaN when any is (jit.quantize_rows' amax)."""
-    amax = np.float32(0.0)
-    for lane in range(LANES):
-        a = peak[lane]
-        if a > amax or a != a:
-            amax = a
-            if a != a:
-                break
-    return amax
+def _magnitude_peak(run, peak):
+    """max(peak, the largest |value| of `run` as float32 bits without the sign):
+    an unsigned maximum orders non-negative floats as the floats (+inf the
+    largest), and a NaN's bits lie above +inf's, so a NaN stays the maximum
+    (jit.quantize_rows' amax). An integer reduction vectorises; the float
+    select with its NaN test (the previous form) stayed scalar: ~80 % of the
+    codes' time (1.06 of 1.33 ms over 128 x 8960)."""
+    for i in range(run.shape[0]):
+        v = run[i] & _MAGNITUDE
+        peak = v if v > peak else peak
+    return peak
 
 
 @njit(**_JIT)
@@ -384,26 +388,22 @@ def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
     block, M x block] (row m's block b: x[b, m * block:(m + 1) * block]);
     the padding rows zeroed by the call whose range ends at M. Two passes in
     x's memory order (a row's blocks lie M x block apart: row by row, every
-    block is a fresh page), the first keeping LANES maxima per row (a vector
-    max; a NaN kept), the second writing the codes one atom (C2 channels,
+    block is a fresh page), the first keeping each row's largest magnitude
+    (_magnitude_peak: a NaN kept), the second writing the codes one atom (C2 channels,
     contiguous on both sides) at a time when a block is a whole number of
     atoms (block and C2 powers of two, block >= C2)."""
     blocks = x.shape[0]
     rows = x.shape[1] // block
     c1, _, c2 = q.shape
     k = blocks * block
-    lanes = min(LANES, block)
-    peak = np.zeros((hi - lo, LANES), np.float32)
+    bits = x.view(np.uint32)
+    peak = np.zeros(hi - lo, np.uint32)
     for b in range(blocks):
         for m in range(lo, hi):
-            base = m * block
-            for j0 in range(0, block, lanes):
-                for lane in range(lanes):
-                    a = abs(x[b, base + j0 + lane])
-                    p = peak[m - lo, lane]
-                    peak[m - lo, lane] = a if (a > p or a != a) and p == p else p
+            peak[m - lo] = _magnitude_peak(bits[b, m * block:(m + 1) * block], peak[m - lo])
+    amaxes = peak.view(np.float32)
     for m in range(lo, hi):
-        amax = _peak_of(peak[m - lo])
+        amax = amaxes[m - lo]
         scale[m] = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
     if block % c2 == 0:
         for b in range(blocks):

@@ -281,3 +281,38 @@ def test_half_rows_into_atoms_are_numpys_halves(rows, k):
     assert np.isnan(got[:rows, :k].view(np.float16)[nan]).all()
     np.testing.assert_array_equal(got[:rows, :k][~nan], want[~nan])
     assert not got[:rows, k:].any() and not got[rows:].any()
+
+
+@pytest.mark.parametrize("rows", [1, 16, 37])
+@pytest.mark.parametrize("k,block", [(640, 32), (8960, 256), (1536, 128), (96, 16)])
+def test_quantize_blocks_into_atoms_scales_and_codes(rows, k, block):
+    """The codes after a factor's product (rows given by blocks, x [K / block,
+    M x block]): each row's scale max|x| / 127 (its peak an integer maximum of
+    the magnitudes' bits), 1 for a zero row and for a row holding a NaN, inf
+    for a row holding an inf; codes clip(rint(x / scale)) exactly (float32's
+    division, as jit.quantize_rows); rows outside lo..hi untouched, channels
+    past K and the padding rows zeroed by the call ending at M."""
+    rng = np.random.default_rng(rows + k)
+    y = (rng.standard_normal((rows, k)) * np.exp(rng.standard_normal((rows, 1)) * 3)).astype(F32)
+    y[0, k - 1] = 3e-40  # a subnormal: below every normal peak
+    if rows > 3:
+        y[1, 7], y[2] = np.nan, 0.0
+        y[3, k // 2] = -np.inf
+    x = np.ascontiguousarray(y.reshape(rows, k // block, block).transpose(1, 0, 2).reshape(k // block, rows * block))
+    out_bt, _, _ = _operand(rows, k, "int8")
+    dst, stored = out_bt.atoms, out_bt.atoms.shape[1]
+    scale = np.full(rows, -1.0, F32)
+    half = rows // 2
+    if half:  # the upper rows first: the lower ones (and the padding) still stale
+        pf.quantize_blocks_into_atoms(x, block, dst, scale, half, rows)
+        assert np.all(scale[:half] == -1.0)
+    pf.quantize_blocks_into_atoms(x, block, dst, scale, 0, half or rows)
+    with np.errstate(invalid="ignore"):
+        peak = np.abs(y).max(axis=1)  # NaN where a row holds one
+        want_scale = np.where(peak > 0, peak / F32(127.0), F32(1.0)).astype(F32)
+        want = np.clip(np.rint(y / want_scale[:, None]), -127, 127)
+    np.testing.assert_array_equal(scale, want_scale)
+    codes = np.asarray(dst.transpose(1, 0, 2).reshape(stored, -1), np.int32)
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(codes[:rows, :k][finite], want[finite])
+    assert not codes[:rows, k:].any() and not codes[rows:].any()
