@@ -165,8 +165,7 @@ def run_step(run, step: Step) -> bool:
     """Run `step` on the native layout of its feature maps if it is one of the
     cases above (True), else do nothing (False)."""
     prepared = run.schedule.native_plans.get(_prepared_key(run, step))
-    if prepared is not None:  # an edge worked out at its first run (`_output_edge`)
-        prepared(run)
+    if prepared is not None and prepared(run):  # an edge worked out at its first run (`_input_edge`)
         return True
     if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
         return False
@@ -506,31 +505,58 @@ def _tiles_into_feature(run, step: Step, following: Step, mid: TensorInfo | None
 
 
 def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """A float32 map quantized or rounded to fp16 into a feature map (an image: whole atoms
+    in one pass, pixels_jit). Worked out at its first run into a closure `run_step` calls
+    from then on, as `_output_edge`."""
     from rkc.runtime import half
     from rkc.runtime.kernels import pixels_jit, quant_jit  # numba: loaded by programs with these edges only
 
     value = run.read(step.inputs[0])
     if value.dtype != np.float32 or list(value.shape) != list(dst.shape):
         return False
-    planes = value.reshape(dst.shape[1:])
+    params = None
     if step.op == "Cast":
         if dst.dtype != "fp16":
             return False
-        with _Held(run, [dst]) as (fm,):
-            if pixels_jit.is_image(planes.shape[0], fm):  # an RGB image: whole atoms, one pass
-                pixels_jit.narrow_image(planes.view(np.uint32), fm.view(np.uint16))
-            else:
-                half.narrow_into_feature(*_long_lines(planes.view(np.uint32), fm.view(np.uint16)))
-        return True
-    params = _one_scale(run, step)
-    if params is None or dst.dtype != "int8":
-        return False
-    with _Held(run, [dst]) as (fm,):
-        if pixels_jit.is_image(planes.shape[0], fm):
+    else:
+        params = _one_scale(run, step)
+        if params is None or dst.dtype != "int8":
+            return False
+    bo, lo, hi, dtype, stored, h = _place(run, dst)
+    device, shape, name = run.model.device, tuple(dst.shape), step.inputs[0]
+    device.prepare_cpu_access(bo)
+    try:  # (a view only while the BO is held)
+        image = pixels_jit.is_image(shape[1], bo.host[lo:hi].view(dtype).reshape(stored)[:, :h])
+    finally:
+        device.finish_cpu_access(bo)
+    if params is None and image:
+        def kernel(planes, fm):
+            pixels_jit.narrow_image(planes.view(np.uint32), fm.view(np.uint16))
+    elif params is None:
+        def kernel(planes, fm):
+            half.narrow_into_feature(*_long_lines(planes.view(np.uint32), fm.view(np.uint16)))
+    elif image:
+        def kernel(planes, fm):
             pixels_jit.quantize_image(planes, *params, fm)
-        else:
+    else:
+        def kernel(planes, fm):
             x, fm = _long_lines(planes, fm)
             quant_jit.quantize_into_feature(x, *params, fm)
+
+    def edge(run) -> bool:
+        value = run.read(name)
+        if value.dtype != np.float32 or value.shape != shape:
+            return False  # (the interpreter's path then names what is wrong)
+        device.prepare_cpu_access(bo)
+        try:
+            kernel(value.reshape(shape[1:]), bo.host[lo:hi].view(dtype).reshape(stored)[:, :h])
+        finally:
+            device.finish_cpu_access(bo)
+        return True
+
+    edge(run)
+    if params is None or ("scale", id(step)) in run.schedule.native_plans:  # its scale a constant, read once
+        run.schedule.native_plans[_prepared_key(run, step)] = edge
     return True
 
 
@@ -569,7 +595,7 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     device, shape, name = run.model.device, tuple(dst.shape), step.outputs[0]
     out_dtype = np.float16 if kept else np.float32
 
-    def edge(run) -> None:
+    def edge(run) -> bool:
         out = np.empty(shape, out_dtype)
         device.prepare_cpu_access(bo)
         try:  # the view made while the BO is held
@@ -577,6 +603,7 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         finally:
             device.finish_cpu_access(bo)
         run.env[name] = out  # (a host tensor: dst has no region)
+        return True
 
     edge(run)
     if params is None or ("scale", id(step)) in run.schedule.native_plans:  # its scale a constant, read once
