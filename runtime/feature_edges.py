@@ -28,7 +28,9 @@ element, which made a 640x640 detector's input and outputs most of its host time
   the result, then one gather per source (runtime/relayout_edges.py).
 
 `run_step(run, step)` runs a step this way when its tensors allow it and says
-whether it did; any other step takes the interpreter's path. The values are
+whether it did; any other step takes the interpreter's path. The model's input and
+output edges are worked out at their first run into closures that later runs call
+straight (`_input_edge`, `_output_edge`). The values are
 the kernels' own (tests/runtime/test_feature_edges.py).
 """
 
