@@ -24,14 +24,14 @@ the NPU: int8 runs next to fp16 groups go fp16 where that is cheaper overall.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from rkc.compiler.cost import op_macs
+from rkc.compiler.cost import max_pool_host_seconds, op_macs
 from rkc.compiler.emitter_ops import plan_npu_seconds
 from rkc.compiler.fakequant import run_ops, start_env
-from rkc.compiler.quantize import MOVES_VALUES, load_calibration
+from rkc.compiler.quantize import MOVES_VALUES, load_calibration, selects_values
 from rkc.compiler.reference import run_graph
 from rkc.ir.graph import Graph
 from rkc.ir.npu.perf import PerfModel
@@ -166,50 +166,15 @@ def _side(placement) -> str:
     return f"npu-{placement.dtype}" if placement.device == "npu" else "cpu"
 
 
-def host_elements(graph: Graph, placements: Sequence[object]) -> int:
-    """Elements the host touches per inference in a placement: every tensor once per
-    side it crosses to (the CPU, int8 NPU groups, fp16 NPU groups; the model's inputs
-    and outputs are on the CPU's side) and the tensors every CPU op reads and writes.
-    A Concat or Split is slices of one buffer (no step): it takes its input's side."""
-    side: dict[str, str] = {name: "cpu" for name in graph.inputs}
-    seen: dict[str, set[str]] = {}
-    total = 0
-
-    def read(name: str, by: str) -> None:
-        nonlocal total
-        if graph.tensors[name].kind == "const":
-            return
-        have = seen.setdefault(name, {side.get(name, "cpu")})
-        if by not in have:
-            have.add(by)
-            total += _numel(graph, name)
-
-    for p in placements:
-        op = p.op
-        if op.type in MOVES_VALUES and p.device != "npu":
-            s = side.get(op.inputs[0], "cpu")
-            for name in op.outputs:
-                side[name] = s
-            for name in op.present_inputs():
-                read(name, s)
-            continue
-        s = _side(p)
-        for name in op.present_inputs():
-            read(name, s)
-        if s == "cpu":
-            total += sum(_numel(graph, n) for n in (*op.present_inputs(), *op.outputs)
-                         if graph.tensors[n].kind != "const")
-        for name in op.outputs:
-            side[name] = s
-    for name in graph.outputs:
-        read(name, "cpu")
-    return total
-
-
-# Host CPU seconds per element `host_elements` counts: PP-OCRv4 det 480's fp16 and mixed
-# int8 programs, 15.9 M and 20.4 M elements, measured 7.8 and 9.9 ms of CPU on the null
-# device (docs/notes/2026-12-06-ppocr-npu-plan.md): 0.49 ns an element both.
+# Host CPU seconds per element a host step converts, or reads and writes: PP-OCRv4 det 480's
+# fp16 and mixed int8 programs, 15.9 M and 20.4 M elements, measured 7.8 and 9.9 ms of CPU on
+# the null device (docs/notes/2026-12-06-ppocr-npu-plan.md): 0.49 ns an element both.
 HOST_S_PER_ELEMENT = 0.5e-9
+# Host CPU seconds of a step's own work around its kernel (the interpreter, the BO's CPU-access
+# bracket, the views, the kernel's dispatch): ~7 us around a ~3 us kernel per edge step
+# (docs/notes/2026-12-07-small-models-host.md); DenseNet-121's [1, 1000] logits dequantized
+# measured 33 us at load 11 (docs/notes/2026-12-07-cnn-host-rows.md).
+HOST_S_PER_STEP = 10e-6
 # Host CPU seconds per multiply-add of a convolution or matrix product left on the CPU (a
 # placement where the emitter refuses a layer, e.g. SqueezeNet's last 1x1 convolution in fp16:
 # 86.5 M multiply-adds measured 2.6 ms of CPU on the null device, 2026-12-07): element counts
@@ -219,22 +184,83 @@ _PRODUCTS = ("Conv", "ConvInteger", "QLinearConv", "ConvTranspose", "MatMul", "G
              "QLinearMatMul")
 
 
+class HostStep(NamedTuple):
+    what: str  # "crossing" (a conversion between sides), "cpu" (an op on host tensors), "in place"
+    op: str  # the op type ("" for a crossing)
+    elements: int  # the elements it converts, or reads and writes
+    seconds: float  # modelled host CPU time
+
+
+def host_steps(graph: Graph, placements: Sequence[object]) -> list[HostStep]:
+    """The host steps one inference of a placement costs, as the lowering makes them
+    (compiler/program_steps.py), each priced by what it does:
+
+    * a conversion each time a tensor crosses to a side that reads it (the CPU's float32
+      tensors, int8 NPU maps, fp16 NPU maps; the model's inputs and outputs are on the CPU's
+      side): its elements at HOST_S_PER_ELEMENT, plus HOST_S_PER_STEP;
+    * a CPU op on host tensors: the elements it reads and writes at HOST_S_PER_ELEMENT, a
+      convolution's or matrix product's multiply-adds at HOST_S_PER_MAC, plus HOST_S_PER_STEP;
+    * an op that selects values (MaxPool, nearest Resize) on an NPU map runs on that map in
+      place, in its dtype, with no conversion around it (a max pool at cost.max_pool_host_seconds);
+    * a Concat or Split is slices of one buffer, no step: where a piece is on the NPU the
+      buffer is on the side of the first such piece (a piece the CPU made crosses into its
+      slice: DenseNet's stem pool into its first block's maps), else the CPU's."""
+    side: dict[str, str] = {name: "cpu" for name in graph.inputs}
+    seen: dict[str, set[str]] = {}
+    steps: list[HostStep] = []
+
+    def read(name: str, by: str) -> None:
+        if graph.tensors[name].kind == "const":
+            return
+        have = seen.setdefault(name, {side.get(name, "cpu")})
+        if by not in have:
+            have.add(by)
+            n = _numel(graph, name)
+            steps.append(HostStep("crossing", "", n, HOST_S_PER_STEP + n * HOST_S_PER_ELEMENT))
+
+    for p in placements:
+        op = p.op
+        inputs = [n for n in op.present_inputs() if graph.tensors[n].kind != "const"]
+        if op.type in MOVES_VALUES and p.device != "npu":
+            s = next((x for x in (side.get(n, "cpu") for n in inputs) if x != "cpu"), "cpu")
+        elif p.device != "npu" and selects_values(op) and len(op.outputs) == 1 and inputs \
+                and side.get(inputs[0], "cpu") != "cpu":
+            s = side[inputs[0]]
+            n = _numel(graph, inputs[0])
+            seconds = max_pool_host_seconds(s.removeprefix("npu-"), n) if op.type == "MaxPool" else \
+                HOST_S_PER_STEP + (n + sum(_numel(graph, o) for o in op.outputs)) * HOST_S_PER_ELEMENT
+            steps.append(HostStep("in place", op.type, n, seconds))
+            inputs = inputs[1:]  # (a Resize's scales or sizes: host tensors)
+        else:
+            s = _side(p)
+            if s == "cpu":
+                n = sum(_numel(graph, t) for t in (*inputs, *op.outputs) if graph.tensors[t].kind != "const")
+                macs = op_macs(graph, op) if op.type in _PRODUCTS else 0
+                steps.append(HostStep("cpu", op.type, n,
+                                      HOST_S_PER_STEP + n * HOST_S_PER_ELEMENT + macs * HOST_S_PER_MAC))
+        for name in inputs:
+            read(name, s)
+        for name in op.outputs:
+            side[name] = s
+    for name in graph.outputs:
+        read(name, "cpu")
+    return steps
+
+
+
 def host_macs(graph: Graph, placements: Sequence[object]) -> int:
     """Multiply-adds of the convolutions and matrix products a placement leaves on the CPU."""
     return sum(op_macs(graph, p.op) for p in placements if p.device != "npu" and p.op.type in _PRODUCTS)
 
 
 def program_seconds(graph: Graph, placements: Sequence[object], groups: Mapping[int, object],
-                    s_per_element: float = HOST_S_PER_ELEMENT, npu_seconds=plan_npu_seconds) -> tuple[float, float]:
+                    npu_seconds=plan_npu_seconds) -> tuple[float, float]:
     """(NPU, host) seconds of a placement as the plan weighs it: its segments' jobs as
-    they will be submitted (`npu_seconds`), `host_elements` at `s_per_element` an element
-    and `host_macs` at HOST_S_PER_MAC."""
-    host = host_elements(graph, placements) * s_per_element + host_macs(graph, placements) * HOST_S_PER_MAC
-    return npu_seconds(graph, placements, groups), host
+    they will be submitted (`npu_seconds`) and its `host_steps`."""
+    return npu_seconds(graph, placements, groups), sum(s.seconds for s in host_steps(graph, placements))
 
 
-def whole_fp16_wins(planned: tuple, whole: tuple, s_per_element: float = HOST_S_PER_ELEMENT,
-                    npu_seconds=plan_npu_seconds) -> str:
+def whole_fp16_wins(planned: tuple, whole: tuple, npu_seconds=plan_npu_seconds) -> str:
     """Why the whole program in fp16 (`whole`: graph, placements, groups of the fp16
     build) is cheaper than the int8 plan (`planned`, all int8 or mixed), NPU and host
     time as `program_seconds` models them, or "" when it is not. fp16 never loses
@@ -242,8 +268,8 @@ def whole_fp16_wins(planned: tuple, whole: tuple, s_per_element: float = HOST_S_
     keeps a 256-step scale per tensor): where the fp16 program models faster, an int8
     build gets it. fp16 segments chain their kicks (Q1), which is where it wins on
     kick-bound programs such as MobileNetV2."""
-    npu_m, host_m = program_seconds(*planned, s_per_element, npu_seconds)
-    npu_f, host_f = program_seconds(*whole, s_per_element, npu_seconds)
+    npu_m, host_m = program_seconds(*planned, npu_seconds)
+    npu_f, host_f = program_seconds(*whole, npu_seconds)
     if npu_f + host_f >= npu_m + host_m:
         return ""
     return (f"the int8 plan models {(npu_m + host_m) * 1e3:.2f} ms (NPU {npu_m * 1e3:.2f} + host "

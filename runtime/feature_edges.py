@@ -28,7 +28,9 @@ element, which made a 640x640 detector's input and outputs most of its host time
   the result, then one gather per source (runtime/relayout_edges.py).
 
 `run_step(run, step)` runs a step this way when its tensors allow it and says
-whether it did; any other step takes the interpreter's path. The values are
+whether it did; any other step takes the interpreter's path. The model's input and
+output edges are worked out at their first run into closures that later runs call
+straight (`_input_edge`, `_output_edge`). The values are
 the kernels' own (tests/runtime/test_feature_edges.py).
 """
 
@@ -164,6 +166,9 @@ def _one_scale(run, step: Step) -> tuple[float, int] | None:
 def run_step(run, step: Step) -> bool:
     """Run `step` on the native layout of its feature maps if it is one of the
     cases above (True), else do nothing (False)."""
+    prepared = run.schedule.native_plans.get(_prepared_key(run, step))
+    if prepared is not None and prepared(run):  # an edge worked out at its first run (`_input_edge`)
+        return True
     if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
         return False
     tensors = run.model.tensors
@@ -502,35 +507,66 @@ def _tiles_into_feature(run, step: Step, following: Step, mid: TensorInfo | None
 
 
 def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """A float32 map quantized or rounded to fp16 into a feature map (an image: whole atoms
+    in one pass, pixels_jit). Worked out at its first run into a closure `run_step` calls
+    from then on, as `_output_edge`."""
     from rkc.runtime import half
     from rkc.runtime.kernels import pixels_jit, quant_jit  # numba: loaded by programs with these edges only
 
     value = run.read(step.inputs[0])
     if value.dtype != np.float32 or list(value.shape) != list(dst.shape):
         return False
-    planes = value.reshape(dst.shape[1:])
+    params = None
     if step.op == "Cast":
         if dst.dtype != "fp16":
             return False
-        with _Held(run, [dst]) as (fm,):
-            if pixels_jit.is_image(planes.shape[0], fm):  # an RGB image: whole atoms, one pass
-                pixels_jit.narrow_image(planes.view(np.uint32), fm.view(np.uint16))
-            else:
-                half.narrow_into_feature(*_long_lines(planes.view(np.uint32), fm.view(np.uint16)))
-        return True
-    params = _one_scale(run, step)
-    if params is None or dst.dtype != "int8":
-        return False
-    with _Held(run, [dst]) as (fm,):
-        if pixels_jit.is_image(planes.shape[0], fm):
+    else:
+        params = _one_scale(run, step)
+        if params is None or dst.dtype != "int8":
+            return False
+    bo, lo, hi, dtype, stored, h = _place(run, dst)
+    device, shape, name = run.model.device, tuple(dst.shape), step.inputs[0]
+    device.prepare_cpu_access(bo)
+    try:  # (a view only while the BO is held)
+        image = pixels_jit.is_image(shape[1], bo.host[lo:hi].view(dtype).reshape(stored)[:, :h])
+    finally:
+        device.finish_cpu_access(bo)
+    if params is None and image:
+        def kernel(planes, fm):
+            pixels_jit.narrow_image(planes.view(np.uint32), fm.view(np.uint16))
+    elif params is None:
+        def kernel(planes, fm):
+            half.narrow_into_feature(*_long_lines(planes.view(np.uint32), fm.view(np.uint16)))
+    elif image:
+        def kernel(planes, fm):
             pixels_jit.quantize_image(planes, *params, fm)
-        else:
+    else:
+        def kernel(planes, fm):
             x, fm = _long_lines(planes, fm)
             quant_jit.quantize_into_feature(x, *params, fm)
+
+    def edge(run) -> bool:
+        value = run.read(name)
+        if value.dtype != np.float32 or value.shape != shape:
+            return False  # (the interpreter's path then names what is wrong)
+        device.prepare_cpu_access(bo)
+        try:
+            kernel(value.reshape(shape[1:]), bo.host[lo:hi].view(dtype).reshape(stored)[:, :h])
+        finally:
+            device.finish_cpu_access(bo)
+        return True
+
+    edge(run)
+    if params is None or ("scale", id(step)) in run.schedule.native_plans:  # its scale a constant, read once
+        run.schedule.native_plans[_prepared_key(run, step)] = edge
     return True
 
 
 def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """A feature map dequantized or widened into the row-major result (or handed over as
+    its fp16 values: `keeps_fp16`). Worked out at its first run into a closure `run_step`
+    calls from then on: hold the BO, run the kernel, keep the result (the checks, places,
+    imports and views around the logits' ~5 us kernel cost ~15 us a run, load 10)."""
     from rkc.runtime import half
     from rkc.runtime.kernels import quant_jit
 
@@ -538,28 +574,47 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         return False
     kept = run.keeps_fp16(step)  # the caller takes the NPU's fp16 values as they are
     if step.op == "Cast" and src.dtype == "fp16" and _fp16_lines(run, step, src, dst, kept):
-        return True
-    out = np.empty(dst.shape, np.float16 if kept else np.float32)
-    planes = out.reshape(dst.shape[1:])
+        return True  # (a map stored row after row: its own per-run plan)
+    params = None
     if kept:
-        with _Held(run, [src]) as (fm,):
+        def kernel(fm, planes):
             half.unpack_feature_bits(*_long_lines(fm.view(np.uint16), planes.view(np.uint16)))
-        run.env[step.outputs[0]] = out
-        return True
-    if step.op == "Cast":
+    elif step.op == "Cast":
         if src.dtype != "fp16":
             return False
-        with _Held(run, [src]) as (fm,):
+
+        def kernel(fm, planes):
             half.widen_feature(*_long_lines(fm.view(np.uint16), planes.view(np.uint32)))
     else:
         params = _one_scale(run, step)
         if params is None or src.dtype != "int8":
             return False
-        with _Held(run, [src]) as (fm,):
+
+        def kernel(fm, planes):
             fm, planes = _long_lines(fm, planes)
             quant_jit.dequantize_feature(fm, *params, planes)
-    run.write(step.outputs[0], out)
+    bo, lo, hi, dtype, stored, h = _place(run, src)
+    device, shape, name = run.model.device, tuple(dst.shape), step.outputs[0]
+    out_dtype = np.float16 if kept else np.float32
+
+    def edge(run) -> bool:
+        out = np.empty(shape, out_dtype)
+        device.prepare_cpu_access(bo)
+        try:  # the view made while the BO is held
+            kernel(bo.host[lo:hi].view(dtype).reshape(stored)[:, :h], out.reshape(shape[1:]))
+        finally:
+            device.finish_cpu_access(bo)
+        run.env[name] = out  # (a host tensor: dst has no region)
+        return True
+
+    edge(run)
+    if params is None or ("scale", id(step)) in run.schedule.native_plans:  # its scale a constant, read once
+        run.schedule.native_plans[_prepared_key(run, step)] = edge
     return True
+
+
+def _prepared_key(run, step: Step) -> tuple:
+    return "prepared", id(step), run.fp16_outputs
 
 
 def _fp16_lines(run, step: Step, src: TensorInfo, dst: TensorInfo, kept: bool) -> bool:
@@ -720,15 +775,14 @@ def _map_to_map(run, step: Step, src: TensorInfo, dst: TensorInfo, make_plan, ke
 
 def _max_pool_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
     """(kernel, strides, dilations, begin pads) of a MaxPool whose output is read alone,
-    between maps of a dtype pool_jit pools, the result stored densely (written in place)
-    and apart from the input; () otherwise (the step then runs on the planes)."""
+    between maps of a dtype pool_jit pools, the result written in place (a map stored over
+    zero rows too: its groups' rows past the map's are left alone) apart from the input;
+    () otherwise (the step then runs on the planes: PP-OCR cls's 200x2x96 fp16 pool, stored
+    over zero rows, took 75 us that way, load 11)."""
     from rkc.runtime.kernels import conv, pool_jit
 
     if np.dtype(DType(src.dtype).numpy) not in pool_jit.DTYPES or list(src.shape[:2]) != list(dst.shape[:2]):
         return ()
-    _, h, rows, _ = geometry.feature_map(dst.shape, dst.layout)
-    if rows != h and -(-dst.shape[1] // layout.c2_for(DType(dst.dtype).itemsize)) > 1:
-        return ()  # channel groups apart (stored over zero rows): not one dense array
     if src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes:
         return ()  # pooled in place: the plane path pools into a copy first
     try:

@@ -70,7 +70,9 @@ def _placed(op, device, dtype=None):
     return SimpleNamespace(op=op, device=device, dtype=dtype)
 
 
-def test_host_elements_counts_every_crossing_and_every_cpu_op_tensor():
+def test_host_steps_price_every_crossing_and_every_cpu_op():
+    from rkc.compiler.mixed_precision import HOST_S_PER_ELEMENT, HOST_S_PER_STEP, host_steps
+
     rng = np.random.default_rng(2)
     n = {name: int(rng.integers(1_000, 100_000)) for name in ("x", "a", "b", "c", "y")}
     graph = _graph(n, ["y"])
@@ -78,10 +80,59 @@ def test_host_elements_counts_every_crossing_and_every_cpu_op_tensor():
                   _placed(_op("Mul", ["a", "x"], ["b"]), "cpu"),  # a out; the CPU reads a, x, writes b
                   _placed(_op("Concat", ["b"], ["c"]), "cpu"),  # slices of one buffer: no step, b's side
                   _placed(_op("Conv", ["c"], ["y"]), "npu", "int8")]  # c in, y out
-    from rkc.compiler.mixed_precision import host_elements
+    steps = host_steps(graph, placements)
+    want = [("crossing", "", n["x"]), ("crossing", "", n["a"]), ("cpu", "Mul", n["a"] + n["x"] + n["b"]),
+            ("crossing", "", n["c"]), ("crossing", "", n["y"])]
+    assert sorted(s[:3] for s in steps) == sorted(want)
+    for s in steps:
+        assert s.seconds == HOST_S_PER_STEP + s.elements * HOST_S_PER_ELEMENT
 
-    want = n["x"] + n["a"] + (n["a"] + n["x"] + n["b"]) + n["c"] + n["y"]
-    assert host_elements(graph, placements) == want
+
+def _densenet_stem(pool_device):
+    """A DenseNet block's start: the stem's map, a max pool, two dense layers whose maps
+    are concatenated with everything before them, then the next layer. With the pool on
+    the CPU (int8 maps: the PPU pools fp16 only) or on the NPU."""
+    sizes = {"x": 150_528, "a": 802_816, "p": 200_704, "b": 100_352, "c": 301_056, "d": 100_352,
+             "e": 401_408, "y": 1_000}
+    ops = [("Conv", ["x"], ["a"]), ("MaxPool", ["a"], ["p"]), ("Conv", ["p"], ["b"]),
+           ("Concat", ["p", "b"], ["c"]), ("Conv", ["c"], ["d"]), ("Concat", ["c", "d"], ["e"]),
+           ("Conv", ["e"], ["y"])]
+    dtype = "int8" if pool_device == "cpu" else "fp16"
+    placements = [_placed(_op(kind, i, o), pool_device if kind == "MaxPool" else "cpu" if kind == "Concat"
+                          else "npu", dtype) for kind, i, o in ops]
+    for p in placements:
+        p.op.attrs = {}
+    return _graph(sizes, ["y"]), placements
+
+
+def test_a_pool_on_an_npu_map_and_the_maps_concatenated_with_it_cross_nothing():
+    """The CPU max pool runs on the int8 map in place and writes its slice of the
+    concatenation's buffer: the model's input and output are the only crossings (before,
+    the buffers took the pool's side, the CPU's, and every reader crossed)."""
+    from rkc.compiler.cost import max_pool_host_seconds
+    from rkc.compiler.mixed_precision import host_steps
+
+    graph, placements = _densenet_stem("cpu")
+    steps = host_steps(graph, placements)
+    assert [s[:3] for s in steps] == [("crossing", "", 150_528), ("in place", "MaxPool", 802_816),
+                                      ("crossing", "", 1_000)]
+    assert steps[1].seconds == max_pool_host_seconds("int8", 802_816)
+
+
+def test_the_weighing_ranks_an_int8_plan_with_a_cpu_pool_above_fp16_that_costs_npu_time():
+    """DenseNet-121 with PPU pools (stop 47's regression): fp16 pools on the NPU, but its
+    NPU time is longer by more than the int8 plan's one CPU pool costs the host, so the
+    int8 plan stays."""
+    from rkc.compiler.mixed_precision import program_seconds, whole_fp16_wins
+
+    npu = lambda graph, placements, groups: groups["seconds"]  # noqa: E731  (the plans' modelled NPU time)
+    int8 = (*_densenet_stem("cpu"), {"seconds": 8.2e-3})
+    fp16 = (*_densenet_stem("npu"), {"seconds": 8.2e-3 + 0.4e-3})
+    host8, host16 = program_seconds(*int8, npu_seconds=npu)[1], program_seconds(*fp16, npu_seconds=npu)[1]
+    assert host16 < host8 < host16 + 0.4e-3
+    assert whole_fp16_wins(int8, fp16, npu_seconds=npu) == ""
+    # with fp16 as fast on the NPU, its cheaper host side wins
+    assert whole_fp16_wins(int8, (*fp16[:2], {"seconds": 8.2e-3}), npu_seconds=npu)
 
 
 def _groups_alone(graph, placements, groups) -> float:

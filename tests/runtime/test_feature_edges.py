@@ -26,7 +26,8 @@ def _max_pools_on_the_cpu(monkeypatch):
     cpu_max_pools(monkeypatch)
 
 
-SHAPES = [(3, 5, 7), (8, 4, 9), (19, 3, 2), (33, 2, 17), (16, 3, 8)]  # the last: whole 4-atom words
+SHAPES = [(3, 5, 7), (8, 4, 9), (19, 3, 2), (33, 2, 17), (16, 3, 8),  # the last: whole 4-atom words
+          (1000, 1, 1), (37, 1, 1), (8, 1, 1)]  # one pixel (logits): half.one_pixel_codes
 
 
 def _fm(x: np.ndarray) -> np.ndarray:
@@ -47,12 +48,26 @@ def test_fp16_edges_are_numpys_cast_and_the_layout(shape):
     got = np.full(want.shape, 0x5555, np.uint16)  # stale bytes, padding lanes included
     half.narrow_into_feature(x.view(np.uint32), got)
     np.testing.assert_array_equal(got, want.view(np.uint16))
-    back = np.empty(shape, np.float32)
-    half.widen_feature(want.view(np.uint16), back.view(np.uint32))
-    np.testing.assert_array_equal(back, x.astype(np.float16).astype(np.float32))
+    for fm, back in ((want, np.empty(shape, np.float32)), _long_lines_of(want, np.empty(shape, np.float32))):
+        half.widen_feature(fm.view(np.uint16), back.view(np.uint32))
+        np.testing.assert_array_equal(back.reshape(shape), x.astype(np.float16).astype(np.float32))
     for fm, out in ((want, np.empty(shape, np.float16)), _long_lines_of(want, np.empty(shape, np.float16))):
         half.unpack_feature_bits(fm.view(np.uint16), out.view(np.uint16))  # the fp16 values as they are
         np.testing.assert_array_equal(out.reshape(shape).view(np.uint16), x.astype(np.float16).view(np.uint16))
+
+
+def test_a_one_pixel_map_widens_every_fp16_pattern_as_numpy():
+    """The logits' path (half.one_pixel_codes): every fp16 bit pattern, NaN payloads and
+    signalling bits included, widened as numpy's cast and handed over as it is."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    fm = bits.reshape(-1, 1, 1, 8)
+    assert half.one_pixel_codes(fm, np.empty((bits.size, 1, 1), np.uint32)) is not None
+    out = np.empty((bits.size, 1, 1), np.uint32)
+    half.widen_feature(fm, out)
+    np.testing.assert_array_equal(out.reshape(-1), bits.view(np.float16).astype(np.float32).view(np.uint32))
+    kept = np.empty((bits.size - 3, 1, 1), np.uint16)  # channels past C are the padding lanes
+    half.unpack_feature_bits(fm, kept)
+    np.testing.assert_array_equal(kept.reshape(-1), bits[:-3])
 
 
 def _long_lines_of(fm, out):

@@ -145,10 +145,13 @@ def test_nearest_resize_gathers_values_as_onnxruntime_does(coordinates, nearest,
                          CASES + [((1, 64, 111, 111), (3, 3), (2, 2), (1, 1), (0, 0, 0, 0), 1),  # SqueezeNet's pools
                                   ((1, 32, 13, 13), (3, 3), (2, 2), (1, 1), (0, 0, 0, 0), 1),
                                   ((1, 48, 5, 3), (3, 2), (1, 3), (1, 1), (1, 0, 1, 1), 1)])
-def test_a_feature_map_pools_straight_into_the_next_map(dtype, shape, kernel, strides, dilations, pads, ceil_mode):
+@pytest.mark.parametrize("zero_rows", [0, 3])
+def test_a_feature_map_pools_straight_into_the_next_map(dtype, shape, kernel, strides, dilations, pads, ceil_mode,
+                                                        zero_rows):
     """pool_jit.max_pool_atoms with conv.max_pool_window's geometry (runtime/feature_edges.py's
     MaxPool between two maps): the result, written in place over stale bytes into a map
-    inside a larger buffer, is the reference's on the same planes, and no byte around it moves."""
+    inside a larger buffer (its groups `zero_rows` rows apart: a map stored over more rows
+    than it has), is the reference's on the same planes, and no byte around it moves."""
     from rkc.runtime.kernels import conv, pool_jit
 
     rng = np.random.default_rng(sum(shape) + 2)
@@ -160,11 +163,14 @@ def test_a_feature_map_pools_straight_into_the_next_map(dtype, shape, kernel, st
     attrs = {"kernel_shape": list(kernel), "strides": list(strides), "dilations": list(dilations),
              "pads": list(pads), "ceil_mode": ceil_mode}
     kernel_, strides_, dilations_, begin, out_hw = conv.max_pool_window(list(shape[2:]), **attrs)
-    n = fm.shape[0] * out_hw[0] * out_hw[1] * lanes
+    stored = (fm.shape[0], out_hw[0] + zero_rows, out_hw[1], lanes)
+    n = int(np.prod(stored))
     buffer = np.full(n + 2 * lanes, 0x5A, np.uint8 if np.dtype(dtype).itemsize == 1 else np.uint16)
-    out = buffer[lanes:lanes + n].view(dtype).reshape(fm.shape[0], *out_hw, lanes)
+    whole = buffer[lanes:lanes + n].view(dtype).reshape(stored)
+    out = whole[:, :out_hw[0]]
     pool_jit.max_pool_atoms(fm, kernel_, strides_, dilations_, begin, out)
     planes = fm.transpose(0, 3, 1, 2)
     np.testing.assert_array_equal(out.transpose(0, 3, 1, 2).astype(np.float64),
                                   _reference(planes, kernel, strides, dilations, pads, ceil_mode))
     assert (buffer[:lanes] == 0x5A).all() and (buffer[lanes + n:] == 0x5A).all()
+    assert (whole[:, out_hw[0]:].view(buffer.dtype) == 0x5A).all()  # the rows past the map's
