@@ -33,7 +33,7 @@ from rkc.ir.npu import geometry
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
-from rkc.runtime import blas, feature_edges, relayout_edges
+from rkc.runtime import blas, feature_edges, image_edges, native_maps, relayout_edges
 from rkc.runtime.device import Job, Task
 from rkc.runtime.kernels import NO_PRODUCTS, run_kernel
 
@@ -96,7 +96,7 @@ class _Schedule:
         self.program = program
         self.no_fused: set[int] = set()  # steps that start no fused pass feature_edges accepts
         self.chains: dict[int, tuple] = {}  # first step -> (its chain's steps, feature_edges.chain_plan)
-        self.images: dict[int, tuple] = {}  # first step -> (its steps, feature_edges.image_plan)
+        self.images: dict[int, tuple] = {}  # first step -> (its steps, image_edges.image_plan)
         self.native_plans: dict[int, tuple] = {}  # id(step) -> what feature_edges worked out at the first run
         self.views: dict[int, tuple[int, ...]] = {}  # step -> its output's shape: a reshape of a host tensor
 
@@ -122,14 +122,14 @@ class _Schedule:
         steps, outputs = self.program.steps, self.program.outputs
         image = self.images.get(i)
         if image is None and steps[i].op == "Transpose":  # the model's uint8 image into its first map
-            end = feature_edges.image_chain_end(steps, i, self.last_use, outputs,
-                                                lambda n: feature_edges._in_bo(run, run.model.tensors.get(n)))
+            end = image_edges.image_chain_end(steps, i, self.last_use, outputs,
+                                              lambda n: native_maps.in_bo(run, run.model.tensors.get(n)))
             if end is not None:
                 run.one_thread()  # (the plans run the reference kernels once)
-            plan = None if end is None else feature_edges.image_plan(run, list(steps[i:end + 1]))
+            plan = None if end is None else image_edges.image_plan(run, list(steps[i:end + 1]))
             if plan is not None:
                 image = self.images[i] = (list(steps[i:end + 1]), plan)
-        if image is not None and feature_edges.run_image(run, *image):
+        if image is not None and image_edges.run_image(run, *image):
             return i + len(image[0]) - 1
         chain = self.chains.get(i)
         if chain is None:

@@ -3,7 +3,7 @@
 convolution the NPU refuses (a window over a map of fewer than 4 rows,
 hardware question Q2: PP-OCR cls's 5x5 convolutions on 3- and 2-row maps) runs
 here between two NPU segments, with no conversion around it
-(compiler/program_steps.py's in_place_dtype, runtime/feature_edges.py).
+(compiler/program_steps.py's in_place_dtype, runtime/map_ops.py).
 
 Each output value is float32: the bias, then the taps in row-major window
 order, each the product of a float32 weight and the widened fp16 input, and
@@ -27,7 +27,7 @@ LANES = 8  # fp16 channels in a 16-byte atom: a constant trip count, so the lane
 def lane_weights(weights: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """A depthwise convolution's weights [C, 1, kh, kw] and bias [C] (or None) as the
     kernel reads them: [C1, kh, kw, C2] and [C1, C2] float32, the lanes past C zero
-    (made once per step: runtime/feature_edges.py keeps them)."""
+    (made once per step: runtime/map_ops.py keeps them)."""
     channels, kernel = weights.shape[0], weights.shape[2:]
     c1 = -(-channels // LANES)
     lanes = np.zeros((c1 * LANES, *kernel), np.float32)

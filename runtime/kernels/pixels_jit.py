@@ -48,7 +48,7 @@ def pixels_into_feature(pixels: np.ndarray, tables: np.ndarray, fm: np.ndarray) 
     """fm[0, y, i, c] = tables[c, pixels[y, i, c]] for a uint8 image [H, W, C] (C <= 4):
     each channel's 256 codes (int8 bytes or fp16 bits, the normalisation and the
     conversion into the map done once per code by the reference kernels,
-    runtime/feature_edges.py), lanes past C zero. The host reads the image's
+    runtime/image_edges.py), lanes past C zero. The host reads the image's
     own bytes (a quarter of a float32 image's) and writes the map once."""
     words = fm.view(np.uint64).reshape(fm.shape[1], fm.shape[2], 2)
     width = 8 * fm.itemsize

@@ -5,7 +5,7 @@ PPU). numpy's window reduction over a strided view cost ~50 ms for ResNet-50's
 pool in two passes: along the rows, then down the columns), rows shared by the
 host threads (runtime/llm/threads.py), and reads int8 and fp16 as well as float
 (a max commutes with int8's monotone dequantization, so an int8 program pools
-its integers). On an NPU feature map (runtime/feature_edges.py) the channels of
+its integers). On an NPU feature map (runtime/map_ops.py) the channels of
 an atom are the innermost loop: 16 int8 or 8 fp16 lanes at a time.
 
 A maximum is exact, so the result is numpy's element for element (NaN

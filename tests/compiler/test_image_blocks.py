@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rkc.compiler.frontend import load_graph
 from rkc.compiler.passes import run_passes
 from rkc.compiler.reference import run_graph
-from rkc.runtime import feature_edges
+from rkc.runtime import image_edges
 from rkc.runtime.kernels import pixels_jit, shape as shape_kernels
 from onnx_models import save
 
@@ -119,6 +119,6 @@ def test_computed_fp16_codes_are_the_cast_of_the_affine_values(scales, offsets):
     pixels_jit.pixels_into_blocks(pixels, tables, computed, pixels_jit.affine_rows(s, o, 256))
     np.testing.assert_array_equal(computed, looked)
     values = np.arange(256, dtype=np.float32)[None] * s[:, None] + o[:, None]
-    assert feature_edges._affine_codes(tables, values, 256) is not None
+    assert image_edges._affine_codes(tables, values, 256) is not None
     tables[1, 7] ^= 1  # a table no affine form gives: looked up
-    assert feature_edges._affine_codes(tables, values, 256) is None
+    assert image_edges._affine_codes(tables, values, 256) is None

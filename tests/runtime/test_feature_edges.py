@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rkc import runtime
 from rkc.compiler.build import BuildOptions, build
 from rkc.ir.npu import geometry, layout
-from rkc.runtime import feature_edges, half
+from rkc.runtime import feature_edges, half, native_maps
 from rkc.runtime.kernels import gather_jit, nn, quant, quant_jit, run_kernel
 from onnx_models import cosine, cpu_max_pools, onnxruntime_outputs, save
 from onnx_models import example as example_module
@@ -72,7 +72,7 @@ def test_a_one_pixel_map_widens_every_fp16_pattern_as_numpy():
 
 def _long_lines_of(fm, out):
     """fm and a row-major out as feature_edges' edges see them: one line per channel group."""
-    return feature_edges._long_lines(np.ascontiguousarray(fm), out)
+    return native_maps.long_lines(np.ascontiguousarray(fm), out)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -353,7 +353,7 @@ def test_a_recoding_pair_whose_maps_share_bytes_reads_a_copy(to_half, shift):
     run = _Run([src, dst, mid], {"scratch": bo},
                {"s": np.array([scale], np.float32), "z": np.array([zp], np.int8)})
     assert feature_edges.run_pair(run, first, second)
-    got = feature_edges._feature(bo.host[dst.offset:dst.offset + dst.nbytes], dst)
+    got = native_maps.feature(bo.host[dst.offset:dst.offset + dst.nbytes], dst)
     np.testing.assert_array_equal(got[..., :want.shape[-1]].view(np.uint8), want.view(np.uint8))
 
 
@@ -382,7 +382,7 @@ def test_a_learned_upsampling_quantizes_its_taps_into_the_feature_map(x_shape, m
     up = Step("cpu", "up", op="ConvTranspose", inputs=["x", "w", "b" if bias else ""], outputs=["y"], attrs=attrs)
     q = Step("cpu", "q", op="QuantizeLinear", inputs=["y", "s", "z"], outputs=["y@npu"])
     assert feature_edges.run_pair(run, up, q)
-    got = feature_edges._feature(bo.host[16:16 + size], dst)
+    got = native_maps.feature(bo.host[16:16 + size], dst)
     np.testing.assert_array_equal(got.reshape(-1)[:want.size].view(np.int8), want.reshape(-1))
     assert (bo.host[:16] == 0x5A).all()
 
@@ -443,7 +443,7 @@ def test_a_recoding_chain_is_its_steps_one_by_one(src_dtype, middle, dst_dtype, 
     last_use = {s.outputs[0]: i + 1 for i, s in enumerate(steps[:-1])}
     assert feature_edges.chain_end(steps, 0, last_use, ["b@npu"]) == len(steps) - 1
     assert feature_edges.run_chain(run, steps)
-    got = feature_edges._feature(bo.host[dst.offset:dst.offset + dst.nbytes], dst)
+    got = native_maps.feature(bo.host[dst.offset:dst.offset + dst.nbytes], dst)
     got = got.view(np.uint8 if dst_dtype == "int8" else np.uint16)
     np.testing.assert_array_equal(got[..., :want.shape[-1]], want)
     assert not got[-1, ..., shape[1] - (got.shape[0] - 1) * got.shape[-1]:].any()  # the last group's padding lanes

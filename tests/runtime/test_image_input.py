@@ -1,7 +1,7 @@
 """A model input taken as a uint8 NHWC image (rkc compile --image-input): the
 graph starts with the normalisation, and the runtime reads the pixels once into
 the first NPU map through per-channel tables of the reference kernels' results
-(runtime/feature_edges.py image_plan, runtime/kernels/pixels_jit.py). The result
+(runtime/image_edges.py image_plan, runtime/kernels/pixels_jit.py). The result
 is the interpreter's step by step, bit for bit, and onnxruntime's on the float
 model fed the normalised image within the precision's bound."""
 
@@ -16,7 +16,7 @@ from rkc.compiler.build import BuildOptions, build
 from rkc.compiler.frontend.onnx import parse_image_inputs
 from rkc.ir.errors import UnsupportedError
 from rkc.ir.npu import geometry, layout
-from rkc.runtime import feature_edges
+from rkc.runtime import image_edges
 from rkc.runtime.kernels import pixels_jit
 from onnx_models import cosine, onnxruntime_outputs, save
 
@@ -53,12 +53,12 @@ def test_an_image_input_is_the_interpreters_and_onnxruntimes(tmp_path, precision
     build(path, tmp_path / "m.rkbin", options)
     image = rng.integers(0, 256, (1, h, w, 3), dtype=np.uint8)
     ran = []
-    real = feature_edges.run_image
+    real = image_edges.run_image
 
     def counted(run, steps, plan):
         ran.append(real(run, steps, plan))
         return ran[-1]
-    monkeypatch.setattr(feature_edges, "run_image", counted)
+    monkeypatch.setattr(image_edges, "run_image", counted)
     with runtime.load(tmp_path / "m.rkbin") as model:
         info = model.tensors["x"]
         assert (info.shape, info.dtype) == ([1, h, w, 3], "uint8")
@@ -66,7 +66,7 @@ def test_an_image_input_is_the_interpreters_and_onnxruntimes(tmp_path, precision
         fast = model.run({"x": image})["y"]
         again = model.run({"x": image})["y"]
     assert ran == [True, True]
-    monkeypatch.setattr(feature_edges, "run_image", lambda run, steps, plan: False)
+    monkeypatch.setattr(image_edges, "run_image", lambda run, steps, plan: False)
     with runtime.load(tmp_path / "m.rkbin") as model:
         slow = model.run({"x": image})["y"]
     np.testing.assert_array_equal(fast, slow)
