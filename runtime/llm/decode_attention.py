@@ -73,11 +73,38 @@ def _scores(q, i0, i1, keys, r, scale, s, p, mx):
                 t0 += q[i, d] * _value(keys, r, d)
         for c, t in enumerate((t0, t1, t2, t3)):
             if c < n:
-                t *= scale
-                s[i + c, p] = t
-                if t > mx[i + c]:
-                    mx[i + c] = t
+                _score(t * scale, i + c, p, s, mx)
         i += n
+
+
+@njit(**_JIT)
+def _score(t, i, p, s, mx):
+    s[i, p] = t
+    if t > mx[i]:
+        mx[i] = t
+
+
+@njit(**_JIT)
+def _scores_pair(q, i, keys, r0, r1, scale, s, p, mx):
+    """_scores of query heads i..i+3 against two key rows r0, r1 (keys p,
+    p + 1) in one pass: each query element loaded once for both, eight sums
+    in registers (one key a pass was bound by the query's loads)."""
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+    for d in range(q.shape[1]):
+        x, y = _value(keys, r0, d), _value(keys, r1, d)
+        q0, q1, q2, q3 = q[i, d], q[i + 1, d], q[i + 2, d], q[i + 3, d]
+        a0 += q0 * x
+        a1 += q1 * x
+        a2 += q2 * x
+        a3 += q3 * x
+        b0 += q0 * y
+        b1 += q1 * y
+        b2 += q2 * y
+        b3 += q3 * y
+    for c, t in enumerate((a0, a1, a2, a3)):
+        _score(t * scale, i + c, p, s, mx)
+    for c, t in enumerate((b0, b1, b2, b3)):
+        _score(t * scale, i + c, p + 1, s, mx)
 
 
 @njit(**_JIT)
@@ -104,6 +131,34 @@ def _weighted(s, p, i0, i1, values, r, acc):
 
 
 @njit(**_JIT)
+def _weighted_quad(s, p, i, values, r, step, acc):
+    """_weighted of query heads i..i+3 for four keys p..p+3 (value rows r,
+    r + step, r + 2 step, r + 3 step) in one pass: each accumulator loaded
+    and stored once for four keys (one key a pass was bound by those)."""
+    w = s[i:i + 4, p:p + 4]
+    w00, w01, w02, w03 = w[0, 0], w[0, 1], w[0, 2], w[0, 3]
+    w10, w11, w12, w13 = w[1, 0], w[1, 1], w[1, 2], w[1, 3]
+    w20, w21, w22, w23 = w[2, 0], w[2, 1], w[2, 2], w[2, 3]
+    w30, w31, w32, w33 = w[3, 0], w[3, 1], w[3, 2], w[3, 3]
+    for d in range(acc.shape[1]):
+        x0, x1 = _value(values, r, d), _value(values, r + step, d)
+        x2, x3 = _value(values, r + 2 * step, d), _value(values, r + 3 * step, d)
+        acc[i, d] += w00 * x0 + w01 * x1 + w02 * x2 + w03 * x3
+        acc[i + 1, d] += w10 * x0 + w11 * x1 + w12 * x2 + w13 * x3
+        acc[i + 2, d] += w20 * x0 + w21 * x1 + w22 * x2 + w23 * x3
+        acc[i + 3, d] += w30 * x0 + w31 * x1 + w32 * x2 + w33 * x3
+
+
+@njit(**_JIT)
+def _seen(kpos, p, n, p0, window) -> bool:
+    """Keys p..p+n-1 all visible to the query at p0."""
+    for c in range(n):
+        if _hidden(kpos[p + c], p0, window):
+            return False
+    return True
+
+
+@njit(**_JIT)
 def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, e_bits, acc, mx, total):
     """One range [lo, hi) of the keys for q [Hkv * G, hd] (float32; query
     head j of KV head h at row h * G + j) over keys [P * Hkv, hd] / values
@@ -115,7 +170,9 @@ def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, e_bits, acc
     and p0 - kpos >= window) weighs 0; a range that sees none leaves mx
     -inf, total and acc 0. s [Hkv * G, P] holds the range's scores, e_bits
     [P] (int32) exp_into's scratch. Loops index 2-d arrays by (computed row,
-    range index) and make no slices per key: what lets them vectorise."""
+    range index) and make no slices per key: what lets them vectorise.
+    Query heads go four at a time while a group has four (the rest one at a
+    time): their scores two visible keys a pass, their weighted values four."""
     hdv, nq = values.shape[1], q.shape[0]
     hkv = keys.shape[0] // kpos.shape[0]
     g = nq // hkv
@@ -126,12 +183,22 @@ def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, e_bits, acc
         for d in range(hdv):
             acc[i, d] = np.float32(0.0)
     for h in range(hkv):
-        for p in range(lo, hi):
-            if _hidden(kpos[p], p0, window):
-                for i in range(h * g, h * g + g):
-                    s[i, p] = neg
-                continue
-            _scores(q, h * g, h * g + g, keys, p * hkv + h, scale, s, p, mx)
+        i = h * g
+        while i < h * g + g:
+            n = 4 if h * g + g - i >= 4 else 1
+            p = lo
+            while p < hi:
+                if n == 4 and p + 1 < hi and _seen(kpos, p, 2, p0, window):
+                    _scores_pair(q, i, keys, p * hkv + h, (p + 1) * hkv + h, scale, s, p, mx)
+                    p += 2
+                    continue
+                if _hidden(kpos[p], p0, window):
+                    for c in range(n):
+                        s[i + c, p] = neg
+                else:
+                    _scores(q, i, i + n, keys, p * hkv + h, scale, s, p, mx)
+                p += 1
+            i += n
     for i in range(nq):
         m = mx[i]
         if m == neg:
@@ -147,10 +214,19 @@ def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, e_bits, acc
             t += si[c]
         total[i] = t
     for h in range(hkv):
-        for p in range(lo, hi):
-            if _hidden(kpos[p], p0, window):
-                continue
-            _weighted(s, p, h * g, h * g + g, values, p * hkv + h, acc)
+        i = h * g
+        while i < h * g + g:
+            n = 4 if h * g + g - i >= 4 else 1
+            p = lo
+            while p < hi:
+                if n == 4 and p + 3 < hi and _seen(kpos, p, 4, p0, window):
+                    _weighted_quad(s, p, i, values, p * hkv + h, hkv, acc)
+                    p += 4
+                    continue
+                if not _hidden(kpos[p], p0, window):
+                    _weighted(s, p, i, i + n, values, p * hkv + h, acc)
+                p += 1
+            i += n
 
 
 @njit(**_JIT)

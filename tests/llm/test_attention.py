@@ -197,7 +197,7 @@ def test_prefill_attention_of_peaked_scores(spread):
 
 
 @pytest.mark.parametrize("hd,hdv", [(8, 8), (64, 64), (256, 256), (16, 8)])
-@pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2), (4, 1)])
+@pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2), (4, 1), (2, 4), (1, 9)])
 def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):
     """A fused attention stretch's one-row attention (decode_attention.RowAttention
     over the cache's fp16 rows, its output row made once) within float32
@@ -206,7 +206,9 @@ def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):
     key visible, a sliding window dropping the oldest (the cache's buffers
     sliding), contexts past 1000, two layers sharing the work buffer, and the
     keys cut into ranges for two threads (a range of 40 keys here, so that
-    some ranges see no key at all under the window of 7)."""
+    some ranges see no key at all under the window of 7); groups of four
+    query heads and more (their keys in pairs and fours, odd counts left
+    over), and of fewer."""
     from rkc.runtime.llm import decode_attention
     from rkc.runtime.llm.decode_attention import RowAttention, RowWork
     from rkc.runtime.llm.kvcache import KVCache
