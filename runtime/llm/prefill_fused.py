@@ -59,11 +59,19 @@ def _normalise(buf, k, w, eps, sums):
 @njit(**_JIT)
 def _store(buf, m0, r, k, out):
     """out[m0 + lane, i] = buf[i, lane], in out's memory order (a
-    column-major out takes each channel's lanes as one contiguous run)."""
-    if out.strides[0] < out.strides[1]:
+    column-major out takes each channel's lanes as one contiguous run).
+    A column-major array is read and written here and in _scaled_body
+    through its transpose's row slices (out.T[i, m0:m0 + r], indexed by the
+    lane): indexed out[m0 + lane, i], a possibly negative index (numba
+    wraps those) kept the loop scalar, ~0.85 ns a value; as runs the store
+    and the residual's Add take ~0.4 (Gemma 3 270M's 128 x 640 stretch,
+    one thread, old and new alternating: 331 -> 251 us)."""
+    if out.strides[0] < out.strides[1]:  # out.T's rows: runs indexed by the loop's counter (below)
+        out_t = out.T
         for i in range(k):
+            row, run = buf[i], out_t[i, m0:m0 + r]
             for lane in range(r):
-                out[m0 + lane, i] = buf[i, lane]
+                run[lane] = row[lane]
         return
     for lane in range(r):
         for i in range(k):
@@ -142,14 +150,15 @@ def _scaled_body(buf, m0, r, k, first_norm, w1, e1, res, scale, has_scale, last_
         _normalise(buf, k, w1, e1, sums)
         if keep_n1:
             _store(buf, m0, r, k, n1_out)
-    if has_scale:
-        for i in range(k):
+    res_t = res.T  # its rows' runs (see _store)
+    for i in range(k):
+        row, run = buf[i], res_t[i, m0:m0 + r]
+        if has_scale:
             for lane in range(r):
-                buf[i, lane] = (buf[i, lane] + res[m0 + lane, i]) * scale
-    else:
-        for i in range(k):
+                row[lane] = (row[lane] + run[lane]) * scale
+        else:
             for lane in range(r):
-                buf[i, lane] = buf[i, lane] + res[m0 + lane, i]
+                row[lane] = row[lane] + run[lane]
     if keep_total:
         _store(buf, m0, r, k, total_out)
     if last_norm:
