@@ -37,7 +37,7 @@ from rkc.ir.types import DType, TensorType
 BLOCK = 2  # the convolution's stride the blocks absorb
 RGB = 3  # the image's channels the runtime writes as blocks (runtime/kernels/pixels_jit.py pixels_into_blocks)
 # ops between the uint8 input and the map, each value a function of its own channel's pixel alone
-# (the runtime's image chain, runtime/feature_edges.py image_chain_end)
+# (the runtime's image chain, runtime/image_edges.py image_chain_end)
 _PER_CHANNEL = frozenset({"Cast", "Sub", "Div", "Mul", "Add", "Conv"})
 
 
