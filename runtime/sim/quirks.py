@@ -242,7 +242,7 @@ QUESTIONS: tuple[Question, ...] = (
         "Resize by an integer factor k is convolutions of ones (compiler/npu/upsample.py): k 1x1 copies "
         "whose destination line pitch is k lines (the notch, Q4) repeat the rows, and a 1xk window padded "
         "by k-1 columns each side over that map read as one-pixel rows repeats the columns; other resizes run on "
-        "the CPU on the feature maps in place (runtime/feature_edges.py). `rkc probe` "
+        "the CPU on the feature maps in place (runtime/map_ops.py). `rkc probe` "
         "deconv_x2 asks a board: a depthwise fp16 deconvolution (DECONV, DECONV_X/Y_STRIDE 2, a 2x2 "
         "kernel of ones, PAD 1, the CNA reading the HxW map) written as a 2x2 convolution over the "
         "zero-stuffed (2H-1)x(2W-1) map, against numpy's nearest x2; here it reports 'refused by the "
