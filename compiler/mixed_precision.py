@@ -248,11 +248,6 @@ def host_steps(graph: Graph, placements: Sequence[object]) -> list[HostStep]:
 
 
 
-def host_macs(graph: Graph, placements: Sequence[object]) -> int:
-    """Multiply-adds of the convolutions and matrix products a placement leaves on the CPU."""
-    return sum(op_macs(graph, p.op) for p in placements if p.device != "npu" and p.op.type in _PRODUCTS)
-
-
 def program_seconds(graph: Graph, placements: Sequence[object], groups: Mapping[int, object],
                     npu_seconds=plan_npu_seconds) -> tuple[float, float]:
     """(NPU, host) seconds of a placement as the plan weighs it: its segments' jobs as
