@@ -33,7 +33,7 @@ from rkc.runtime.api.constrain import Constraint, GrammarTokenizer, json_grammar
 from rkc.runtime.api.errors import RequestError
 from rkc.runtime.api.stops import StopScanner
 from rkc.runtime.llm.engine import LlmEngine
-from rkc.runtime.llm.generate import Generator, Sampler, Timings
+from rkc.runtime.llm.generate import MAX_TOP_LOGPROBS, Generator, Sampler, Timings, TokenLogprob
 from rkc.runtime.llm.tokenizer import TextStream
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -48,14 +48,17 @@ class Completion:
     completion_tokens: int
     cached_tokens: int  # prompt tokens whose KV came from the prefix cache; the rest were prefilled
     tool_calls: tuple[dict[str, Any], ...] = ()  # OpenAI's shape: {id, type: "function", function: {name, arguments}}
+    # with logprobs asked for: one per generated token (completion_tokens of them, a stop string's tokens included)
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 class CompletionStream:
     """Iterate for text pieces as they are generated; `.result` (a Completion)
-    once the iteration has ended; `close()` stops generation at the next token."""
+    once the iteration has ended; `close()` stops generation at the next token;
+    `.logprobs` (logprobs asked for): the tokens' TokenLogprobs so far."""
 
-    def __init__(self, pieces: Iterator[str], box: list[Completion]) -> None:
-        self._pieces, self._box = pieces, box
+    def __init__(self, pieces: Iterator[str], box: list[Completion], picked: list[TokenLogprob] | None = None) -> None:
+        self._pieces, self._box, self._picked = pieces, box, picked
 
     def __iter__(self) -> "CompletionStream":
         return self
@@ -69,6 +72,10 @@ class CompletionStream:
     @property
     def result(self) -> Completion | None:
         return self._box[0] if self._box else None
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        return self._picked
 
 
 @dataclass
@@ -232,25 +239,29 @@ class LlmModel:
     def generate(self, prompt: str, *, max_tokens: int | None = 64, temperature: float = 0.8, top_p: float = 0.95,
                  top_k: int = 40, seed: int | None = None, stop: str | Sequence[str] | None = None,
                  stream: bool = False, cancel: threading.Event | None = None,
-                 ignore_eos: bool = False) -> "Completion | CompletionStream":
+                 ignore_eos: bool = False, logprobs: int | None = None) -> "Completion | CompletionStream":
         """Continue `prompt` (plain text, BOS added as the model asks). max_tokens
         None: until the end of turn or the context. cancel: once set (from any
         thread), generation ends at the next token, finish_reason "cancelled".
-        ignore_eos: run to max_tokens whatever the logits say (benchmarks)."""
+        ignore_eos: run to max_tokens whatever the logits say (benchmarks).
+        logprobs: each generated token's log-probability and this many of the
+        most likely alternatives (0 to MAX_TOP_LOGPROBS) in Completion.logprobs."""
         if not isinstance(prompt, str):
             raise RequestError("prompt must be a string", "prompt")
         _check_unicode(prompt, "prompt")
         return self._start(self.tokenizer.encode(prompt), "prompt", max_tokens, temperature, top_p, top_k, seed, stop,
-                           stream, cancel, ignore_eos)
+                           stream, cancel, ignore_eos, logprobs=logprobs)
 
     def chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None, temperature: float = 0.8,
              top_p: float = 0.95, top_k: int = 40, seed: int | None = None,
              stop: str | Sequence[str] | None = None, stream: bool = False,
              cancel: threading.Event | None = None, ignore_eos: bool = False,
              tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, Any] | None = None,
-             response_format: dict[str, Any] | None = None) -> "Completion | CompletionStream":
+             response_format: dict[str, Any] | None = None,
+             logprobs: int | None = None) -> "Completion | CompletionStream":
         """The assistant's reply to `messages` ([{"role", "content"}]), in the model's chat template. tools,
-        tool_choice, response_format: as OpenAI's (tools.py); the reply's calls are in Completion.tool_calls."""
+        tool_choice, response_format: as OpenAI's (tools.py); the reply's calls are in Completion.tool_calls.
+        logprobs: as generate's."""
         request = tool_calls.check_tools(tools, tool_choice)
         response = tool_calls.check_response_format(response_format)
         ids = self.encode_chat(messages, tools=request)
@@ -260,7 +271,7 @@ class LlmModel:
                       else Constraint(self.grammar_tokenizer, json_grammar(schema, param), param))
         holder = tool_calls.CallHolder(request) if request is not None else None
         return self._start(ids, "messages", max_tokens, temperature, top_p, top_k, seed, stop, stream, cancel,
-                           ignore_eos, constraint, holder)
+                           ignore_eos, constraint, holder, logprobs)
 
     def encode_chat(self, messages: Sequence[dict[str, Any]],
                     tools: "tool_calls.ToolRequest | None" = None) -> list[int]:
@@ -288,19 +299,23 @@ class LlmModel:
     # -- inside ----------------------------------------------------------------------------
     def _start(self, ids: list[int], source: str, max_tokens, temperature, top_p, top_k, seed, stop, stream, cancel,
                ignore_eos: bool = False, constraint: Constraint | None = None,
-               holder: "tool_calls.CallHolder | None" = None):
+               holder: "tool_calls.CallHolder | None" = None, logprobs: int | None = None):
         stops = _check_sampling(max_tokens, temperature, top_p, top_k, seed, stop)
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise RequestError(f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS} (the alternatives "
+                               f"listed per token)", "logprobs")
         if not ids:  # an empty text, for a model that adds no BOS
             raise RequestError("the prompt is empty (this model adds no BOS token to start from)", source)
         if len(ids) >= self.n_ctx:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds {self.n_ctx} "
                                f"(with room for one generated token)", source, "context_length_exceeded")
         box: list[Completion] = []
-        sampler = Sampler(temperature, top_k, top_p, seed, constraint)
+        sampler = Sampler(temperature, top_k, top_p, seed, constraint, logprobs)
         limit = self.n_ctx - len(ids) if max_tokens is None else min(max_tokens, self.n_ctx - len(ids))
         pieces = self._pieces(ids, limit, sampler, stops, box, cancel, ignore_eos, holder)
         if stream:
-            return CompletionStream(pieces, box)
+            return CompletionStream(pieces, box, None if logprobs is None else sampler.picked)
         for _ in pieces:
             pass
         return box[0]
@@ -369,5 +384,7 @@ class LlmModel:
             s.prefill_s += t.prefill_s
             s.decode_s += t.decode_s
             s.decode_runs += t.decode_runs
-            box.append(Completion("".join(emitted), finish, len(ids), len(out), t.cached_tokens, tuple(calls)))
+            picked = None if sampler.logprobs is None else tuple(sampler.picked[:len(out)])  # (not a refused EOS)
+            box.append(Completion("".join(emitted), finish, len(ids), len(out), t.cached_tokens, tuple(calls),
+                                  picked))
             self._busy.release()

@@ -17,6 +17,28 @@ from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.kvcache import KVCache
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives a token's logprobs may list (OpenAI's limit)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (the softmax of its
+    logits: not the temperature's, top-k's or a grammar's), and the `top`
+    most likely tokens at that step, (token, logprob), most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
+    """`token`'s TokenLogprob from one step's logits (float64 log-softmax)."""
+    z = np.asarray(logits, dtype=np.float64).reshape(-1)
+    logp = z - (z.max() + math.log(np.exp(z - z.max()).sum()))
+    best = top_order(logp, top) if top > 0 else ()
+    return TokenLogprob(int(token), float(logp[token]), tuple((int(t), float(logp[t])) for t in best))
+
+
 @dataclass
 class Sampler:
     """temperature <= 0 is greedy; otherwise top-k, then top-p (nucleus),
@@ -29,6 +51,8 @@ class Sampler:
     top_p: float = 0.95
     seed: int | None = None
     constraint: Any = None  # .logits(raw) -> float64 masked logits; .accept(token)
+    logprobs: int | None = None  # None: no record; n: each token's TokenLogprob with n alternatives, in .picked
+    picked: list[TokenLogprob] = field(default_factory=list, init=False, repr=False)
     _rng: np.random.Generator | None = field(default=None, init=False, repr=False)
 
     @property
@@ -42,9 +66,12 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.constraint is None:
-            return self._choose(np.asarray(logits, dtype=np.float64).reshape(-1))
-        token = self._choose(self.constraint.logits(logits))  # (the order and argmax: the same in float32)
-        self.constraint.accept(token)
+            token = self._choose(np.asarray(logits, dtype=np.float64).reshape(-1))
+        else:
+            token = self._choose(self.constraint.logits(logits))  # (the order and argmax: the same in float32)
+            self.constraint.accept(token)
+        if self.logprobs is not None:
+            self.picked.append(token_logprob(logits, token, self.logprobs))
         return token
 
     def _choose(self, logits: np.ndarray) -> int:

@@ -18,13 +18,16 @@ are matched in the raw text first, as llama.cpp does.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from rkc.ir.errors import FormatError, UnsupportedError
 
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # an SPM vocabulary's byte-fallback token
 
 # tokenizer.ggml.pre -> the split regex llama.cpp uses for it (llama-vocab.cpp)
 _QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -174,9 +177,41 @@ class LlmTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
+    def token_piece(self, token: int) -> tuple[str, list[int]]:
+        """One token's own text and bytes, as an API's logprobs show them: a
+        token holding part of a character shows its bytes as text
+        ("bytes:\\xe2\\x80", as OpenAI's do)."""
+        data = self._token_bytes(token)
+        try:
+            return data.decode("utf-8"), list(data)
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data), list(data)
+
+    def _token_bytes(self, token: int) -> bytes:
+        raw = self.hf.id_to_token(token) or ""
+        if token in self.hf.get_added_tokens_decoder():  # control and user tokens: as written
+            return raw.encode("utf-8")
+        if type(self.hf.decoder).__name__ == "ByteLevel":  # gpt2: each byte is one character of the vocabulary
+            table = _byte_level_table()
+            if all(c in table for c in raw):
+                return bytes(table[c] for c in raw)
+            return raw.encode("utf-8")
+        byte = _BYTE_TOKEN.fullmatch(raw)  # llama (SentencePiece): byte-fallback tokens, U+2581 for spaces
+        return bytes([int(byte.group(1), 16)]) if byte else raw.replace("\u2581", " ").encode("utf-8")
+
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
+
+
+@functools.cache
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level vocabulary alphabet, character -> byte: the printable
+    bytes (! to ~, U+00A1 to U+00AC, U+00AE to U+00FF) stand for themselves,
+    the other 68 for U+0100 onwards in byte order."""
+    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    moved = [b for b in range(256) if b not in set(kept)]
+    return {**{chr(b): b for b in kept}, **{chr(0x100 + i): b for i, b in enumerate(moved)}}
 
 
 class TextStream:

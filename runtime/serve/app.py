@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from rkc.ir.errors import RkcError
 from rkc.runtime.api.llm import Completion, LlmModel, RequestError
-from rkc.runtime.serve import openapi, schema
+from rkc.runtime.serve import logprobs, openapi, schema
 from rkc.runtime.serve.auth import ApiKeyMiddleware
 from rkc.runtime.serve.metrics import CountRequests, ServerMetrics
 from rkc.runtime.serve.schema import HttpError
@@ -51,25 +51,30 @@ class Api:
 
     # -- shapes ---------------------------------------------------------------------
     def _chunk(self, kind: str, rid: str, created: int, text: str | None, finish: str | None,
-               first: bool = False) -> dict[str, Any]:
+               first: bool = False, picked: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One SSE chunk; `picked`: its choice's logprobs (logprobs.shaped), None when none were asked for."""
         if kind == "chat":
             delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": picked, "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": picked, "finish_reason": finish}
             obj = "text_completion"
         return {"id": rid, "object": obj, "created": created, "model": self.model_id, "choices": [choice]}
 
     def _whole(self, kind: str, rid: str, created: int, r: Completion) -> dict[str, Any]:
+        picked = logprobs.shaped(kind, r.logprobs, self._token_piece)
         if kind == "chat":
-            choice = {"index": 0, "message": message(r), "logprobs": None, "finish_reason": r.finish_reason}
+            choice = {"index": 0, "message": message(r), "logprobs": picked, "finish_reason": r.finish_reason}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
+            choice = {"index": 0, "text": r.text, "logprobs": picked, "finish_reason": r.finish_reason}
             obj = "text_completion"
         return {"id": rid, "object": obj, "created": created, "model": self.model_id, "choices": [choice],
                 "usage": _usage(r)}
+
+    def _token_piece(self, token: int) -> tuple[str, list[int]]:
+        return self.model.tokenizer.token_piece(token)
 
     # -- routes ----------------------------------------------------------------------
     async def chat(self, request: Request) -> Response:
@@ -164,11 +169,18 @@ class Api:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
         head = event(self._chunk(kind, rid, created, None, None, first=True)) if kind == "chat" else ""
+        piece_of = self._token_piece
+        told, offset = 0, 0  # logprobs: the tokens the chunks have carried, and their text's characters
         name, value = first
         while True:
             if name == "piece":
                 t = time.thread_time()  # CPU time: waiting for the GIL the NPU thread holds is none
-                yield head + event(self._chunk(kind, rid, created, value, None))
+                text, picked = value
+                shape = logprobs.shaped(kind, picked, piece_of, offset)
+                if picked:
+                    told += len(picked)
+                    offset += sum(len(piece_of(p.token)[0]) for p in picked)
+                yield head + event(self._chunk(kind, rid, created, text, None, picked=shape))
                 head = ""
                 if job.first_written_at is None:
                     job.first_written_at = time.monotonic()
@@ -177,7 +189,9 @@ class Api:
             elif name == "done":
                 tail = "".join(event({**self._chunk(kind, rid, created, None, None), "choices": [choice]})
                                for choice in tool_call_deltas(value))
-                tail += event(self._chunk(kind, rid, created, None, value.finish_reason))
+                rest = None if value.logprobs is None else value.logprobs[told:]  # tokens no piece carried (a stop)
+                tail += event(self._chunk(kind, rid, created, None, value.finish_reason,
+                                          picked=logprobs.shaped(kind, rest, piece_of, offset)))
                 if include_usage:
                     tail += event({"id": rid, "object": self._chunk(kind, rid, created, None, None)["object"],
                                    "created": created, "model": self.model_id, "choices": [],

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rkc.runtime.api.llm import ROLES
+from rkc.runtime.llm.generate import MAX_TOP_LOGPROBS
 from rkc.runtime.serve import schema
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
@@ -17,6 +18,8 @@ _RANGES: dict[str, dict[str, Any]] = {
     "max_tokens": {"minimum": 1}, "max_completion_tokens": {"minimum": 1},
     "temperature": {"minimum": 0, "maximum": 2}, "top_p": {"exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"minimum": 0}, "seed": {"minimum": 0, "maximum": 2 ** 64 - 1}, "n": {"enum": [1, None]},
+    # a completion's logprobs (a count; a chat's is a boolean) and a chat's top_logprobs: alternatives per token
+    "logprobs": {"minimum": 0, "maximum": MAX_TOP_LOGPROBS}, "top_logprobs": {"minimum": 0, "maximum": MAX_TOP_LOGPROBS},
 }
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from rkc.runtime.api.llm import RequestError
+from rkc.runtime.llm.generate import MAX_TOP_LOGPROBS
 
 NUMBER, INT, STR, BOOL, LIST, DICT = (int, float), (int,), (str,), (bool,), (list,), (dict,)
 
@@ -15,8 +16,8 @@ NUMBER, INT, STR, BOOL, LIST, DICT = (int, float), (int,), (str,), (bool,), (lis
 SAMPLING = {"model": STR, "stream": BOOL, "max_tokens": INT, "temperature": NUMBER, "top_p": NUMBER,
             "top_k": INT, "seed": INT, "stop": STR + LIST, "n": INT, "stream_options": DICT, "user": STR}
 CHAT = {**SAMPLING, "messages": LIST, "max_completion_tokens": INT, "tools": LIST, "tool_choice": STR + DICT,
-        "response_format": DICT, "parallel_tool_calls": BOOL}
-COMPLETION = {**SAMPLING, "prompt": STR + LIST}
+        "response_format": DICT, "parallel_tool_calls": BOOL, "logprobs": BOOL, "top_logprobs": INT}
+COMPLETION = {**SAMPLING, "prompt": STR + LIST, "logprobs": INT}
 REQUIRED = {"chat": ("messages",), "completion": ("prompt",)}
 # request field -> the keyword of LlmModel.chat / generate
 KEYWORDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
@@ -69,6 +70,11 @@ def parse(raw: bytes, kind: str, model_id: str) -> dict[str, Any]:
         raise HttpError(400, "stream_options.include_usage must be a boolean", "stream_options.include_usage")
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         raise HttpError(400, "max_tokens and max_completion_tokens are one limit: give one of them", "max_tokens")
+    if kind == "chat" and body.get("top_logprobs") is not None:
+        if not body.get("logprobs"):
+            raise HttpError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        if not 0 <= body["top_logprobs"] <= MAX_TOP_LOGPROBS:
+            raise HttpError(400, f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
     if body.get("n") not in (None, 1):
         raise HttpError(400, "n must be 1 (one choice per request)", "n")
     prompt = body.get("prompt")
@@ -80,6 +86,12 @@ def parse(raw: bytes, kind: str, model_id: str) -> dict[str, Any]:
 
 
 def keywords(body: dict[str, Any], kind: str = "completion") -> dict[str, Any]:
-    """LlmModel keyword arguments from the request's sampling fields (and a chat's tools and response format)."""
+    """LlmModel keyword arguments from the request's sampling fields (and a chat's tools and response format,
+    and logprobs: a chat's boolean with its top_logprobs, a completion's count of alternatives)."""
     names = CHAT_KEYWORDS if kind == "chat" else KEYWORDS
-    return {names[k]: v for k, v in body.items() if k in names and v is not None}
+    out = {names[k]: v for k, v in body.items() if k in names and v is not None}
+    if kind == "chat" and body.get("logprobs"):
+        out["logprobs"] = body.get("top_logprobs") or 0
+    elif kind != "chat" and body.get("logprobs") is not None:
+        out["logprobs"] = body["logprobs"]
+    return out

@@ -21,7 +21,7 @@ from rkc.runtime.api.llm import Completion, LlmModel, RequestError
 
 log = logging.getLogger(__name__)
 
-# events a job sends: ("piece", str), ("done", Completion), ("error", RequestError | Exception); the first of them
+# events a job sends: ("piece", (str, [TokenLogprob] | None)), ("done", Completion), ("error", RequestError | Exception); the first of them
 # says the request was valid (a piece or done) or not (error), and the response begins with it. The request's
 # disconnect watcher adds ("gone", None); the end of shutdown's grace period ("shutdown", None) (Worker.drain).
 
@@ -209,7 +209,7 @@ class Worker:
         # this thread, and beginning the response (headers, the first SSE event) while this thread prefills made
         # the two take turns at the GIL (a forced switch waits sys.getswitchinterval(), 5 ms): a cached chat
         # turn's prefill of ~2 ms came out 4-7 ms late (bench/server.py, null device).
-        last = None
+        last, picked, told = None, stream.logprobs, 0  # picked: the tokens' logprobs so far (when asked for)
         for piece in stream:
             first = job.first_token_at is None
             if first:
@@ -219,7 +219,9 @@ class Worker:
                 now = time.monotonic()
                 self.metrics.piece_gap(now - (last or job.first_token_at))
                 last = now
-            job.send("piece", piece)
+            news = None if picked is None else picked[told:]  # the tokens this piece's text came from
+            told += len(news or ())
+            job.send("piece", (piece, news))
             if first and job.streamed:
                 # The event loop shares the GIL with this thread: while this thread computes, every step of the
                 # loop (wake, hand the piece to the request, write the socket) waits for a GIL switch, up to

@@ -71,6 +71,36 @@ def test_completions_sampling_and_stop(server, reference_model):
     assert c.completions.create(prompt="the", model="tiny-chat").usage.completion_tokens == 16  # the default
 
 
+def test_logprobs_chat_and_completions_streamed_and_not(server, reference_model):
+    c = client(server)
+    whole = c.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=10, temperature=0,
+                                      logprobs=True, top_logprobs=2)
+    reference_model.forget()
+    want = reference_model.chat(CHAT, max_tokens=10, temperature=0, logprobs=2).logprobs
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens == len(want) == 10
+    for got, p in zip(content, want):
+        assert got.token == reference_model.tokenizer.token_piece(p.token)[0] and abs(got.logprob - p.logprob) < 1e-9
+        assert got.bytes == reference_model.tokenizer.token_piece(p.token)[1]
+        assert [t.logprob for t in got.top_logprobs] == [lp for _, lp in p.top] and len(p.top) == 2
+    chunks = list(c.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=10, temperature=0,
+                                            logprobs=True, top_logprobs=2, stream=True))
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    assert c.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=2).choices[0].logprobs is None
+
+    text = c.completions.create(model="tiny-chat", prompt="the dog", max_tokens=8, temperature=0, logprobs=3)
+    lp = text.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 8
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
+    assert all(len(top) <= 3 and max(top.values()) >= lp.token_logprobs[i] for i, top in enumerate(lp.top_logprobs))
+    parts = [ch.choices[0].logprobs for ch in c.completions.create(
+        model="tiny-chat", prompt="the dog", max_tokens=8, temperature=0, logprobs=3, stream=True)
+        if ch.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == lp.tokens
+    assert [o for p in parts for o in p.text_offset] == lp.text_offset
+
+
 def test_models_and_health(server):
     models = client(server).models.list()
     assert [m.id for m in models.data] == ["tiny-chat"]
@@ -262,6 +292,9 @@ BAD = {"/v1/chat/completions": [  # (raw body, status, param)
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0, "max_completion_tokens": 1}', 400,
      "max_tokens"),
     (b'{"messages": [{"role": "user", "content": "x"}], "seed": -4}', 400, "seed"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}', 400, "top_logprobs"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}', 400, "top_logprobs"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logprobs": 3}', 400, "logprobs"),
     (b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
     (b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', 400, "messages[0].content"),
     (json.dumps({"messages": [{"role": "user", "content": LONG}]}).encode(), 400, "messages"),
@@ -275,6 +308,8 @@ BAD = {"/v1/chat/completions": [  # (raw body, status, param)
     (b'{"prompt": [1, 2, 3]}', 400, "prompt"),
     (b'{"prompt": "the", "max_tokens": 0}', 400, "max_tokens"),
     (b'{"prompt": "the", "top_k": 1.5}', 400, "top_k"),
+    (b'{"prompt": "the", "logprobs": 21}', 400, "logprobs"),
+    (b'{"prompt": "the", "logprobs": true}', 400, "logprobs"),
     (b'{"prompt": "the", "stop": ["a", "b", "c", "d", "e"]}', 400, "stop"),
     (b'{"prompt": "the", "model": "llama"}', 404, "model"),
     (b'{"prompt": "the", "stream_options": {"include_usage": []}}', 400, "stream_options.include_usage"),

@@ -230,3 +230,47 @@ def test_a_new_prompt_reuses_the_buffers_and_answers_as_a_fresh_cache(tiny_model
     got = list(gen.generate(ids, 8, Sampler(0.0), stop_at_eos=False))
     assert gen.cache._k[0] is held and gen.cache.nbytes == nbytes
     assert got == list(fresh.generate(ids, 8, Sampler(0.0), stop_at_eos=False)) and len(got) == 8
+
+
+def test_token_logprob_matches_a_float64_log_softmax():
+    from rkc.runtime.llm.generate import token_logprob
+
+    rng = np.random.default_rng(7)
+    for scale, n in ((1.0, 50), (30.0, 1000), (1e4, 262144)):  # 1e4: exp would overflow without the max taken out
+        logits = (rng.standard_normal(n) * scale).astype(np.float32)
+        z = logits.astype(np.float64)
+        want = z - z.max() - np.log(np.sum(np.exp(z - z.max())))
+        token = int(rng.integers(n))
+        got = token_logprob(logits, token, 5)
+        assert got.token == token and abs(got.logprob - want[token]) <= 1e-12 * max(1.0, abs(want[token]))
+        best = np.argsort(-want, kind="stable")[:5]
+        assert [t for t, _ in got.top] == best.tolist()
+        assert np.allclose([lp for _, lp in got.top], want[best], rtol=0, atol=1e-12 * max(1.0, scale))
+
+
+def test_logprobs_follow_the_tokens_generated(tiny_model):
+    greedy = tiny_model.generate("the cat and", max_tokens=8, temperature=0, logprobs=3)
+    assert greedy.logprobs is not None and len(greedy.logprobs) == greedy.completion_tokens == 8
+    raw = b"".join(bytes(tiny_model.tokenizer.token_piece(p.token)[1]) for p in greedy.logprobs)
+    decoded = raw.decode("utf-8", errors="replace")  # the text holds back a last token's incomplete character
+    assert decoded.startswith(greedy.text) and set(decoded[len(greedy.text):]) <= {"\ufffd"}
+    for p in greedy.logprobs:
+        assert len(p.top) == 3 and p.top[0] == (p.token, p.logprob)  # greedy takes the most likely
+        assert [lp for _, lp in p.top] == sorted((lp for _, lp in p.top), reverse=True) and p.logprob <= 0
+    sampled = tiny_model.generate("the cat and", max_tokens=8, temperature=1.0, seed=3, logprobs=0)
+    assert [p.top for p in sampled.logprobs] == [()] * 8
+    assert all(p.logprob <= 0 for p in sampled.logprobs)
+    stream = tiny_model.generate("the cat and", max_tokens=8, temperature=0, logprobs=3, stream=True)
+    pieces = list(stream)
+    assert "".join(pieces) == greedy.text and tuple(stream.logprobs) == stream.result.logprobs
+    # (the prefix cache's reuse computes the prompt's KV by another chunk plan: the logits move by float rounding)
+    assert [p.token for p in stream.result.logprobs] == [p.token for p in greedy.logprobs]
+    assert np.allclose([p.logprob for p in stream.result.logprobs], [p.logprob for p in greedy.logprobs], atol=1e-3)
+    assert tiny_model.generate("the cat and", max_tokens=4, temperature=0).logprobs is None
+
+
+@pytest.mark.parametrize("value", [-1, 21, 2.5, True])
+def test_bad_logprobs_are_request_errors(tiny_model, value):
+    with pytest.raises(RequestError) as info:
+        tiny_model.generate("the", logprobs=value)
+    assert info.value.param == "logprobs"
