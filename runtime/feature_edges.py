@@ -74,7 +74,7 @@ def _one_scale(run, step: Step) -> tuple[float, int] | None:
 def run_step(run, step: Step) -> bool:
     """Run `step` on the native layout of its feature maps if it is one of the
     cases above (True), else do nothing (False)."""
-    prepared = run.schedule.native_plans.get(_prepared_key(run, step))
+    prepared = run.schedule.native_plans.get(native_maps.prepared_key(run, step))
     if prepared is not None and prepared(run):  # an edge worked out at its first run (`_input_edge`)
         return True
     if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
@@ -330,7 +330,7 @@ def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 
     edge(run)
     if params is None or ("scale", id(step)) in run.schedule.native_plans:  # its scale a constant, read once
-        run.schedule.native_plans[_prepared_key(run, step)] = edge
+        run.schedule.native_plans[native_maps.prepared_key(run, step)] = edge
     return True
 
 
@@ -381,12 +381,8 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 
     edge(run)
     if params is None or ("scale", id(step)) in run.schedule.native_plans:  # its scale a constant, read once
-        run.schedule.native_plans[_prepared_key(run, step)] = edge
+        run.schedule.native_plans[native_maps.prepared_key(run, step)] = edge
     return True
-
-
-def _prepared_key(run, step: Step) -> tuple:
-    return "prepared", id(step), run.fp16_outputs
 
 
 def _fp16_lines(run, step: Step, src: TensorInfo, dst: TensorInfo, kept: bool) -> bool:
