@@ -4,8 +4,8 @@ part per input element, by dtype).
 
 Each pool is one CPU step of a program on the null device (runtime/null.py), run by
 the interpreter as a model's MaxPool step runs (runtime/execute.py `_Run.cpu`: the
-step's bracket, the kernel on the maps in place, pool_jit.max_pool_atoms, its result
-written into the next map), so the fixed part holds the step's own work as well as the
+step's closure prepared at its first run, its bracket, the kernel on the maps in place,
+pool_jit.atoms_pooler's, its result written into the next map), so the fixed part holds the step's own work as well as the
 kernel's setup. The shapes are
 SqueezeNet's, Inception v1's, ResNet-50's and YOLO's SPPF pools. Figures are this
 process's CPU time (the machine is shared), the median of --repeat calls per shape, the

@@ -74,7 +74,7 @@ def _one_scale(run, step: Step) -> tuple[float, int] | None:
 def run_step(run, step: Step) -> bool:
     """Run `step` on the native layout of its feature maps if it is one of the
     cases above (True), else do nothing (False)."""
-    prepared = run.schedule.native_plans.get(_prepared_key(run, step))
+    prepared = run.schedule.native_plans.get(native_maps.prepared_key(run, step))
     if prepared is not None and prepared(run):  # an edge worked out at its first run (`_input_edge`)
         return True
     if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
@@ -330,7 +330,7 @@ def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 
     edge(run)
     if params is None or ("scale", id(step)) in run.schedule.native_plans:  # its scale a constant, read once
-        run.schedule.native_plans[_prepared_key(run, step)] = edge
+        run.schedule.native_plans[native_maps.prepared_key(run, step)] = edge
     return True
 
 
@@ -338,42 +338,43 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     """A feature map dequantized or widened into the row-major result (or handed over as
     its fp16 values: `keeps_fp16`). Worked out at its first run into a closure `run_step`
     calls from then on: hold the BO, run the kernel, keep the result (the checks, places,
-    imports and views around the logits' ~5 us kernel cost ~15 us a run, load 10)."""
+    imports and views around the logits' ~5 us kernel cost ~15 us a run, load 10). A map
+    stored row after row (no taller surfaces) is seen, with the output, as long lines
+    ([C1, 1, H * W, C2], [C, 1, H * W]: native_maps.long_lines' form) straight from the BO's
+    bytes (a detector's six fp16 outputs: ~10 us of a ~45 us step, load 10)."""
     from rkc.runtime import half
     from rkc.runtime.kernels import quant_jit
 
     if dst.dtype != "fp32" or list(src.shape) != list(dst.shape):
         return False
     kept = run.keeps_fp16(step)  # the caller takes the NPU's fp16 values as they are
-    if step.op == "Cast" and src.dtype == "fp16" and _fp16_lines(run, step, src, dst, kept):
-        return True  # (a map stored row after row: its own per-run plan)
     params = None
-    if kept:
-        def kernel(fm, planes):
-            half.unpack_feature_bits(*native_maps.long_lines(fm.view(np.uint16), planes.view(np.uint16)))
-    elif step.op == "Cast":
+    if step.op == "Cast" or kept:
         if src.dtype != "fp16":
             return False
-
-        def kernel(fm, planes):
-            half.widen_feature(*native_maps.long_lines(fm.view(np.uint16), planes.view(np.uint32)))
+        kernel = half.unpack_feature_bits if kept else half.widen_feature
+        codes, values = np.uint16, np.uint16 if kept else np.uint32  # (bits both sides)
     else:
         params = _one_scale(run, step)
         if params is None or src.dtype != "int8":
             return False
 
         def kernel(fm, planes):
-            fm, planes = native_maps.long_lines(fm, planes)
             quant_jit.dequantize_feature(fm, *params, planes)
-    bo, lo, hi, dtype, stored, h = native_maps.place(run, src)
+        codes, values = np.int8, np.float32
+    bo, lo, hi, _, stored, h = native_maps.place(run, src)
     device, shape, name = run.model.device, tuple(dst.shape), step.outputs[0]
+    c1, rows, w, c2 = stored
+    lines = rows == h and len(shape) == 4
+    fm_shape, out_shape = ((c1, 1, h * w, c2), (shape[1], 1, h * w)) if lines else (stored, shape[1:])
     out_dtype = np.float16 if kept else np.float32
 
     def edge(run) -> bool:
         out = np.empty(shape, out_dtype)
         device.prepare_cpu_access(bo)
         try:  # the view made while the BO is held
-            kernel(bo.host[lo:hi].view(dtype).reshape(stored)[:, :h], out.reshape(shape[1:]))
+            fm = bo.host[lo:hi].view(codes).reshape(fm_shape)
+            kernel(fm if lines else fm[:, :h], out.view(values).reshape(out_shape))
         finally:
             device.finish_cpu_access(bo)
         run.env[name] = out  # (a host tensor: dst has no region)
@@ -381,47 +382,7 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 
     edge(run)
     if params is None or ("scale", id(step)) in run.schedule.native_plans:  # its scale a constant, read once
-        run.schedule.native_plans[_prepared_key(run, step)] = edge
-    return True
-
-
-def _prepared_key(run, step: Step) -> tuple:
-    return "prepared", id(step), run.fp16_outputs
-
-
-def _fp16_lines(run, step: Step, src: TensorInfo, dst: TensorInfo, kept: bool) -> bool:
-    """An fp16 map's output, kept as it is or widened to float32 (`_output_edge`), from a
-    map stored row after row (no taller surfaces), by a plan made at its first run: the
-    map and the output as long lines ([C1, 1, H * W, C2], [C, 1, H * W], `native_maps.long_lines`'
-    form) straight from the BO's bytes, without native_maps.Held's and native_maps.long_lines' work per run
-    (~10 us of a ~45 us step at load 10: a detector has six such outputs)."""
-    from rkc.runtime import half
-
-    key = ("lines", id(step))
-    plan = run.schedule.native_plans.get(key)
-    if plan is None:
-        bo, lo, hi, dtype, (c1, rows, w, c2), h = native_maps.place(run, src)
-        if rows != h or dtype.itemsize != 2 or len(dst.shape) != 4:
-            plan = run.schedule.native_plans[key] = ()
-        else:
-            plan = run.schedule.native_plans[key] = (bo, lo, hi, (c1, 1, h * w, c2), (dst.shape[1], 1, h * w),
-                                                     tuple(dst.shape))
-    if not plan:
-        return False
-    bo, lo, hi, fm_lines, out_lines, shape = plan
-    out = np.empty(shape, np.float16 if kept else np.float32)
-    lines = out.view(np.uint16 if kept else np.uint32).reshape(out_lines)
-    device = run.model.device
-    device.prepare_cpu_access(bo)
-    try:
-        fm = bo.host[lo:hi].view(np.uint16).reshape(fm_lines)
-        if kept:
-            half.unpack_feature_bits(fm, lines)
-        else:
-            half.widen_feature(fm, lines)
-    finally:
-        device.finish_cpu_access(bo)
-    run.env[step.outputs[0]] = out
+        run.schedule.native_plans[native_maps.prepared_key(run, step)] = edge
     return True
 
 

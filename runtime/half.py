@@ -164,9 +164,9 @@ def narrow_into_feature(x: np.ndarray, fm: np.ndarray) -> None:
 def widen_feature(fm: np.ndarray, out: np.ndarray) -> None:
     """out[j] = the float32 bits of fm's channel j: fp16 feature map fm [C1, H, W,
     C2] (bits) into out [C, H, W] (uint32, C <= C1 * C2), lines shared as above."""
-    codes = one_pixel_codes(fm, out)
-    if codes is not None:
-        np.copyto(out.reshape(-1).view(np.float32), codes.view(np.float16))  # numpy's widening
+    lanes = one_pixel_lanes(fm, out)
+    if lanes is not None:
+        _widen_pixel(lanes, out.reshape(-1))
         return
     fm = np.ascontiguousarray(fm)  # a copy only if it is not: the line kernels view atoms as words
     over_rows(lambda lo, hi: _widen_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1], fm.size)
@@ -176,23 +176,38 @@ def unpack_feature_bits(fm: np.ndarray, out: np.ndarray) -> None:
     """out[j] = fm's channel j as it is: a feature map fm [C1, H, W, C2] into out [C, H, W]
     of the same 2-byte dtype (C <= C1 * C2), lines shared as above: fp16 outputs handed
     over without widening."""
-    codes = one_pixel_codes(fm, out)
-    if codes is not None:
-        out.reshape(-1).view(np.uint16)[:] = codes.view(np.uint16)
+    lanes = one_pixel_lanes(fm, out)
+    if lanes is not None:
+        _copy_pixel(lanes, out.reshape(-1))
         return
     fm = np.ascontiguousarray(fm)  # a copy only if it is not: the line kernels view atoms as words
     over_rows(lambda lo, hi: _unpack_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1], fm.size)
 
 
-def one_pixel_codes(fm: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+def one_pixel_lanes(fm: np.ndarray, out: np.ndarray) -> np.ndarray | None:
     """A feature map fm [C1, 1, 1, C2] of one pixel (a classifier's [1, C, 1, 1] logits) as
-    its C channels in order (atom a's lane b is channel a * C2 + b), for a contiguous out
-    [C, 1, 1]; None for any other map. The line kernels pay ~150 ns a line, and such a
-    map is C / C2 lines of one atom: 1000 fp16 logits widened took 19 us, numpy's cast 5-6
-    (load 10). (int8's dequantization measured no gain: the reference's float64 passes.)"""
+    its atoms' lanes [C1, C2] (lane b of atom a is channel a * C2 + b; a view, the atoms
+    spaced out where a GEMM's rows are stored padded), for a contiguous out [C, 1, 1]; None
+    for any other map. The line kernels pay ~150 ns a line, and such a map is C / C2 lines
+    of one atom: 1000 fp16 logits widened took 19 us, numpy's cast of the lanes 5-6 (load
+    10), one loop over them ~1-2 (load 3)."""
     if out.shape[1:] != (1, 1) or fm.shape[1:3] != (1, 1) or not out.flags.c_contiguous:
         return None
-    return fm[:, 0, 0].reshape(-1)[:out.shape[0]]  # (a copy of the atoms where their rows are spaced out)
+    return fm[:, 0, 0]
+
+
+@njit(**_JIT)
+def _widen_pixel(lanes, out):
+    c2 = lanes.shape[1]
+    for j in range(out.shape[0]):
+        out[j] = widen_bits(lanes[j // c2, j % c2])
+
+
+@njit(**_JIT)
+def _copy_pixel(lanes, out):
+    c2 = lanes.shape[1]
+    for j in range(out.shape[0]):
+        out[j] = lanes[j // c2, j % c2]
 
 
 @njit(**_JIT)

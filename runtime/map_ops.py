@@ -82,44 +82,55 @@ def plane_op(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 
 def max_pool(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     """A 2-D MaxPool from one feature map into another, pooled atom by atom and written
-    straight into the result's bytes (pool_jit.max_pool_atoms; no copy after it), with
+    straight into the result's bytes (pool_jit.atoms_pooler; no copy after it), with
     its geometry worked out at the program's first run (`_max_pool_plan`)."""
-    from rkc.runtime.kernels import pool_jit  # numba: loaded by programs that pool on the CPU
-
-    return _map_to_map(run, step, src, dst, _max_pool_plan, pool_jit.max_pool_atoms)
+    return _map_to_map(run, step, src, dst, _max_pool_plan)
 
 
-def _map_to_map(run, step: Step, src: TensorInfo, dst: TensorInfo, make_plan, kernel) -> bool:
-    """kernel(input map, *plan, output map), the step's plan made at the program's first run
-    by make_plan(run, step, src, dst) (an empty plan: the step is not this case)."""
+def _map_to_map(run, step: Step, src: TensorInfo, dst: TensorInfo, make_kernel) -> bool:
+    """kernel(input map, output map), made at the program's first run by
+    make_kernel(run, step, src, dst) (None: the step is not this case), and the step
+    prepared for later runs (native_maps.held_step)."""
     plans = run.schedule.native_plans
-    plan = plans.get(id(step))
-    if plan is None:
-        plan = plans[id(step)] = make_plan(run, step, src, dst)
-    if not plan:
+    kernel = plans.get(id(step))
+    if kernel is None:
+        kernel = plans[id(step)] = make_kernel(run, step, src, dst) or ()
+    if not kernel:
         return False
-    with native_maps.Held(run, [src, dst]) as (fin, fout):
-        kernel(fin, *plan, fout)
-    return True
+
+    def body(run, fin, fout) -> bool:
+        kernel(fin, fout)
+        return True
+
+    prepared = plans[native_maps.prepared_key(run, step)] = native_maps.held_step(run, [src, dst], body)
+    return prepared(run)
 
 
-def _max_pool_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
-    """(kernel, strides, dilations, begin pads) of a MaxPool whose output is read alone,
-    between maps of a dtype pool_jit pools, the result written in place (a map stored over
-    zero rows too: its groups' rows past the map's are left alone) apart from the input;
-    () otherwise (the step then runs on the planes: PP-OCR cls's 200x2x96 fp16 pool, stored
-    over zero rows, took 75 us that way, load 11)."""
-    from rkc.runtime.kernels import conv, pool_jit
+def _max_pool_plan(run, step: Step, src: TensorInfo, dst: TensorInfo):
+    """The pool (pool_jit.atoms_pooler) of a MaxPool whose output is read alone, between maps
+    of a dtype pool_jit pools, the result written in place (a map stored over zero rows too:
+    its groups' rows past the map's are left alone) apart from the input; None otherwise
+    (the step then runs on the planes: PP-OCR cls's 200x2x96 fp16 pool, stored over zero
+    rows, took 75 us that way, load 11)."""
+    from rkc.runtime.kernels import conv, pool_jit  # numba: loaded by programs that pool on the CPU
 
     if np.dtype(DType(src.dtype).numpy) not in pool_jit.DTYPES or list(src.shape[:2]) != list(dst.shape[:2]):
-        return ()
+        return None
     if src.region == dst.region and src.offset < dst.offset + dst.nbytes and dst.offset < src.offset + src.nbytes:
-        return ()  # pooled in place: the plane path pools into a copy first
+        return None  # pooled in place: the plane path pools into a copy first
     try:
         kernel, strides, dilations, begin, out_hw = conv.max_pool_window(src.shape[2:], **step.attrs)
     except (TypeError, ValueError):  # attributes no MaxPool has: the interpreter's path names them
-        return ()
-    return (kernel, strides, dilations, begin) if out_hw == list(dst.shape[2:]) else ()
+        return None
+    if out_hw != list(dst.shape[2:]):
+        return None
+    dtype, stored_in, _, h_in = native_maps.feature_form(src.dtype, src.layout, tuple(src.shape))
+    _, stored_out, _, h_out = native_maps.feature_form(dst.dtype, dst.layout, tuple(dst.shape))
+    try:
+        return pool_jit.atoms_pooler(dtype, (stored_in[0], h_in, *stored_in[2:]), (stored_out[0], h_out, *stored_out[2:]),
+                                     kernel, strides, dilations, begin)
+    except ValueError:  # not whole 16-byte atoms
+        return None
 
 
 def softmax_weights(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
@@ -149,24 +160,23 @@ def softmax_weights(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 def depthwise(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     """A 2-D depthwise Conv ([C, 1, kh, kw] weights, group C) between fp16 feature maps;
     its geometry and lane weights worked out at the program's first run."""
+    return _map_to_map(run, step, src, dst, _depthwise_plan)
+
+
+def _depthwise_plan(run, step: Step, src: TensorInfo, dst: TensorInfo):
+    """depthwise_jit.depthwise_feature with the step's lane weights, lane bias, strides,
+    top-left pads and dilations, or None when the step is no such Conv."""
     from rkc.runtime.kernels import depthwise_jit  # numba: loaded by programs with such a convolution
-
-    return _map_to_map(run, step, src, dst, _depthwise_plan, depthwise_jit.depthwise_feature)
-
-
-def _depthwise_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
-    """(lane weights, lane bias, strides, top-left pads, dilations), or () when the step is no such Conv."""
-    from rkc.runtime.kernels import depthwise_jit
 
     weights = run.read(step.inputs[1])
     bias = run.read(step.inputs[2]) if len(step.inputs) > 2 and step.inputs[2] else None
     channels = src.shape[1]
     if len(src.shape) != 4 or weights.ndim != 4 or weights.shape[:2] != (channels, 1) \
             or int(step.attrs.get("group", 1)) != channels or list(dst.shape[:2]) != [1, channels]:
-        return ()
+        return None
     kernel = list(weights.shape[2:])
     if step.attrs.get("kernel_shape") is not None and list(step.attrs["kernel_shape"]) != kernel:
-        return ()
+        return None
     strides = [int(s) for s in step.attrs.get("strides") or (1, 1)]
     dilations = [int(d) for d in step.attrs.get("dilations") or (1, 1)]
     begin, end = geometry.pads_for(step.attrs.get("auto_pad", "NOTSET"), src.shape[2:], kernel, strides, dilations,
@@ -174,7 +184,7 @@ def _depthwise_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
     out_sizes = [(i + b + e - (k - 1) * d - 1) // s + 1
                  for i, b, e, k, d, s in zip(src.shape[2:], begin, end, kernel, dilations, strides)]
     if out_sizes != list(dst.shape[2:]):
-        return ()
-    lanes = depthwise_jit.lane_weights(np.asarray(weights, np.float32),
-                                       None if bias is None else np.asarray(bias, np.float32))
-    return (*lanes, strides, begin, dilations)
+        return None
+    weights, bias = depthwise_jit.lane_weights(np.asarray(weights, np.float32),
+                                               None if bias is None else np.asarray(bias, np.float32))
+    return lambda fin, fout: depthwise_jit.depthwise_feature(fin, weights, bias, strides, begin, dilations, fout)

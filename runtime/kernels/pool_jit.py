@@ -16,11 +16,14 @@ one entry point; it calls this for 2-D inputs of the dtypes numba compiles.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from rkc.runtime.kernels.threads import over_rows
+from rkc.runtime.kernels.threads import over_rows, threads_for
+from rkc.runtime.llm.threads import over_ranges
 
 DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32,
                                          np.int64))
@@ -150,7 +153,16 @@ def _column_max(rows, low, kh, sy, dy, pt, out, lo, hi):
 
 
 @njit(cache=True, nogil=True)
-def _phase_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
+def _keys(src, low, out):
+    """out[i] = the larger of _key(src[i]) and `low` (its own function: inlined into
+    _phase_max's loop, numba warned at compile time)."""
+    for i in range(src.shape[0]):
+        v = _key(src[i])
+        out[i] = v if _greater(v, low) else low
+
+
+@njit(cache=True, nogil=True)
+def _phase_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, copy_first, out, lo, hi):
     """Pixels of whole 16-byte units (`units` per pixel: an NPU atom is one):
     x [P, H, W * b] values (fp16 as bits), out [P, OH, OW * b] of x's dtype, b
     elements a pixel, for output rows [lo, hi) of P * OH. Every loop is long and unit-stride, so that it
@@ -158,7 +170,8 @@ def _phase_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
     row; (2) that row's pixels dealt into sx phases (pixel i * sx + r to phase r,
     moved 16 bytes at a time as complex128, numba's 16-byte scalar); (3) per column
     tap, its phase is the outputs' row shifted by whole pixels: one pass over the
-    outputs it reaches inside the map. Outputs no tap reaches keep `low`."""
+    outputs it reaches inside the map. Outputs no tap reaches keep `low`. `copy_first`: (1)
+    starts from the first row's keys rather than from `low`."""
     h, row = x.shape[1], x.shape[2]
     oh, orow = out.shape[1], out.shape[2]
     w, ow = row // b, orow // b
@@ -174,14 +187,25 @@ def _phase_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
     for job in range(lo, hi):
         p, oy = job // oh, job % oh
         y0, ky0, ky1 = _taps(oy, sy, pt, kh, dy, h)
-        rows[:] = low
-        for ky in range(ky0, ky1):
+        top = ky0
+        if copy_first and ky1 > ky0:  # the first row copied, not a fill and a pass (int8: 5-20 % faster; fp16's
+            _keys(x[p, y0 + ky0 * dy], low, rows)  # keys measured 0-8 % slower that way)
+            top += 1
+        else:
+            rows[:] = low
+        for ky in range(top, ky1):
             src = x[p, y0 + ky * dy]
             for i in range(row):
                 v, cur = _key(src[i]), rows[i]
                 rows[i] = v if _greater(v, cur) else cur
         for r in range(sx):
-            for i in range(min(span, (w - r + sx - 1) // sx)):
+            n = min(span, (w - r + sx - 1) // sx)
+            if units == 1:  # an NPU atom: one move a pixel (the loop over units cost 4x, 1.6 ns a move)
+                src, to = rows16[r:], phases16[r * span:r * span + n]
+                for i in range(n):
+                    to[i] = src[i * sx]
+                continue
+            for i in range(n):
                 for u in range(units):
                     phases16[(r * span + i) * units + u] = rows16[((i * sx + r) * units) + u]
         dst = out[p, oy]
@@ -212,26 +236,25 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     loops all run the length of a row: the window kernels' lane loop per tap cost
     more in its setup than the comparisons (ResNet-50's int8 stem pool, 64x112x112
     3x3/2: 0.45 ms CPU before, 0.07-0.13 after, one thread)."""
-    half = x.dtype == np.float16
-    if half:
-        x, low = x.view(np.uint16), _half_key(np.asarray(low, np.float16).view(np.uint16)[()])
     n, c = x.shape[:2]
-    (kh, kw), (sy, sx), (dy, dx), (pt, pl) = kernel, strides, dilations, begin
-    low = x.dtype.type(low)
     # channels innermost, the lanes of the kernel: a feature map's planes already are; a row-major map
     # is copied channels-last first (read through its plane strides, Inception's 192x55x55 float32
     # pool after its LRN took 0.86 ms, 0.61 with the copy)
     lanes = x.transpose(0, 2, 3, 1)
     if x.flags.c_contiguous and c > 1:
         lanes = np.ascontiguousarray(lanes)
-    # whole 16-byte units: an NPU feature map's planes. A map of few rows stored over zero rows
-    # (ir/npu/geometry.py) has its channel groups further apart: copied together first, as a
-    # strided array keeps numba's loops scalar (200x2x96 fp16 2x2/2: 0.065 ms CPU strided, 0.023 dense)
+    # whole 16-byte units: an NPU feature map's planes (atoms_pooler copies a map whose channel
+    # groups lie apart together first)
     if c * x.itemsize % 16 == 0 and lanes[:1].flags.c_contiguous:
         out = np.empty((n, *out_hw, c), x.dtype)
-        _atoms_max(np.ascontiguousarray(lanes), low, kernel, strides, dilations, begin, out)
-        out = out.transpose(0, 3, 1, 2)
-        return out.view(np.float16) if half else out
+        atoms_pooler(x.dtype, lanes.shape, out.shape, kernel, strides, dilations, begin, low)(lanes, out)
+        return out.transpose(0, 3, 1, 2)
+    half = x.dtype == np.float16
+    if half:
+        x, low = x.view(np.uint16), _half_key(np.asarray(low, np.float16).view(np.uint16)[()])
+        lanes = lanes.view(np.uint16)
+    (kh, kw), (sy, sx), (dy, dx), (pt, pl) = kernel, strides, dilations, begin
+    low = x.dtype.type(low)
     out = np.empty((n, *out_hw, x.shape[1]), x.dtype)
     if kw * x.shape[2] + kh * out_hw[0] < kh * kw * out_hw[0]:  # comparisons per output column
         rows = np.empty((n, x.shape[2], out_hw[1], x.shape[1]), x.dtype)
@@ -251,36 +274,52 @@ def max_pool_atoms(fm: np.ndarray, kernel, strides, dilations, begin, out: np.nd
     C-contiguous (it is written in place: the next segment's input; the groups may lie apart,
     a map stored over zero rows, whose rows past OH are left alone). Positions outside the
     map (padding, ceil mode's overhang) never win: they read as the dtype's least value."""
-    if not (out.shape[0] == 0 or out[0].flags.c_contiguous) or fm.dtype != out.dtype \
-            or fm.shape[3] * fm.itemsize % 16:
+    atoms_pooler(fm.dtype, fm.shape, out.shape, kernel, strides, dilations, begin)(fm, out)
+
+
+def atoms_pooler(dtype, in_shape, out_shape, kernel, strides, dilations, begin, low=None) -> Callable:
+    """`max_pool_atoms` for maps of one dtype and shapes, its geometry, padding value (`low`;
+    the dtype's least by default) and thread count worked out once: a callable (fm, out) a
+    CPU step keeps from its first run (the per-call work around the kernel was ~6 us of a
+    20-50 us pool, load 2)."""
+    dtype = np.dtype(dtype)
+    if dtype not in DTYPES or in_shape[3] * dtype.itemsize % 16 or in_shape[0] != out_shape[0] \
+            or in_shape[3] != out_shape[3]:
         raise ValueError("max_pool_atoms: channel groups C-contiguous in the input's dtype, pixels of whole "
                          "16-byte units")
-    if fm.dtype == np.float16:
-        fm, out, low = fm.view(np.uint16), out.view(np.uint16), np.uint16(_half_key(np.uint16(0xFC00)))  # -inf
-    else:
-        low = fm.dtype.type(np.iinfo(fm.dtype).min if fm.dtype.kind in "iu" else -np.inf)
-    if out.flags.c_contiguous:
-        _atoms_max(fm, low, kernel, strides, dilations, begin, out)
-        return
-    # groups apart (stored over zero rows): pooled densely, then copied over (as the input, _atoms_max)
-    dense = np.empty(out.shape, out.dtype)
-    _atoms_max(fm, low, kernel, strides, dilations, begin, dense)
-    out[...] = dense
-
-
-def _atoms_max(fm, low, kernel, strides, dilations, begin, out) -> None:
-    """max_pool_atoms on values or fp16 keys (`low`: the padding's value or key)."""
     (kh, kw), (sy, sx), (dy, dx), (pt, pl) = kernel, strides, dilations, begin
-    c1, h, w, c2 = fm.shape
-    # dense: a map of few rows stored over zero rows has its groups apart, and a strided array keeps
-    # numba's loops scalar (PP-OCR cls's 200x2x96 fp16 2x2/2 pool: 53 us strided, 16 dense + 3 the copy)
-    codes = np.ascontiguousarray(fm).reshape(c1, h, w * c2)
-    rows = out.reshape(c1, out.shape[1], -1)  # a view: out is C-contiguous
-    units = c2 * fm.itemsize // 16
+    c1, h, w, c2 = in_shape
+    half = dtype == np.float16
+    codes_dtype = np.dtype(np.uint16) if half else dtype
+    if low is None:
+        low = np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
+    low = np.uint16(_half_key(np.asarray(low, np.float16).view(np.uint16)[()])) if half else dtype.type(low)
+    units, jobs = c2 * dtype.itemsize // 16, c1 * out_shape[1]
     # threads by the output's size: these passes cost ~0.1 ns an input element, so the input's
     # count overstated the work (the 64x112x112 int8 stem pool: 0.068 ms CPU on one thread, 0.094 on two)
-    over_rows(lambda lo, hi: _phase_max(codes, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, rows, lo, hi),
-              c1 * out.shape[1], out.size)
+    threads = threads_for(int(np.prod(out_shape)))
+
+    def pool(fm: np.ndarray, out: np.ndarray) -> None:
+        if fm.dtype != dtype or fm.shape != tuple(in_shape) or out.dtype != dtype or out.shape != tuple(out_shape) \
+                or not (out.shape[0] == 0 or out[0].flags.c_contiguous):
+            raise ValueError("max_pool_atoms: maps of the pooler's dtype and shapes, each channel group of the "
+                             "output C-contiguous")
+        # dense: a map of few rows stored over zero rows has its groups apart, and a strided array keeps
+        # numba's loops scalar (PP-OCR cls's 200x2x96 fp16 2x2/2 pool: 53 us strided, 16 dense + 3 the copy)
+        codes = np.ascontiguousarray(fm.view(codes_dtype)).reshape(c1, h, w * c2)
+        target = out.view(codes_dtype)
+        dense = target if target.flags.c_contiguous else np.empty(out_shape, codes_dtype)
+        rows = dense.reshape(c1, out_shape[1], -1)
+        def run(lo: int, hi: int) -> None:
+            _phase_max(codes, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, not half, rows, lo, hi)
+        if threads == 1:
+            run(0, jobs)
+        else:
+            over_ranges(run, jobs, threads)
+        if dense is not target:  # groups apart (stored over zero rows): pooled densely, then copied over
+            target[...] = dense
+
+    return pool
 
 
 @njit(cache=True, nogil=True)

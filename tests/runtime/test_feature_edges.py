@@ -27,7 +27,7 @@ def _max_pools_on_the_cpu(monkeypatch):
 
 
 SHAPES = [(3, 5, 7), (8, 4, 9), (19, 3, 2), (33, 2, 17), (16, 3, 8),  # the last: whole 4-atom words
-          (1000, 1, 1), (37, 1, 1), (8, 1, 1)]  # one pixel (logits): half.one_pixel_codes
+          (1000, 1, 1), (37, 1, 1), (8, 1, 1)]  # one pixel (logits): half.one_pixel_lanes
 
 
 def _fm(x: np.ndarray) -> np.ndarray:
@@ -57,11 +57,18 @@ def test_fp16_edges_are_numpys_cast_and_the_layout(shape):
 
 
 def test_a_one_pixel_map_widens_every_fp16_pattern_as_numpy():
-    """The logits' path (half.one_pixel_codes): every fp16 bit pattern, NaN payloads and
-    signalling bits included, widened as numpy's cast and handed over as it is."""
+    """The logits' path (half.one_pixel_lanes): every fp16 bit pattern, NaN payloads and
+    signalling bits included, widened as numpy's cast and handed over as it is, from atoms
+    stored next to each other and spaced out (a GEMM's rows stored padded)."""
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    fm = bits.reshape(-1, 1, 1, 8)
-    assert half.one_pixel_codes(fm, np.empty((bits.size, 1, 1), np.uint32)) is not None
+    spaced = np.full((bits.size // 8, 4, 1, 8), 0x5A5A, np.uint16)
+    spaced[:, 0, 0] = bits.reshape(-1, 8)
+    for fm in (bits.reshape(-1, 1, 1, 8), spaced[:, :1]):
+        _widened_and_kept_as_numpy(bits, fm)
+
+
+def _widened_and_kept_as_numpy(bits, fm):
+    assert half.one_pixel_lanes(fm, np.empty((bits.size, 1, 1), np.uint32)) is not None
     out = np.empty((bits.size, 1, 1), np.uint32)
     half.widen_feature(fm, out)
     np.testing.assert_array_equal(out.reshape(-1), bits.view(np.float16).astype(np.float32).view(np.uint32))
@@ -199,7 +206,7 @@ def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precisio
         options.calib = tmp_path / "calib.npz"
         np.savez(options.calib, x=rng.standard_normal((4, 1, 3, 12, 14)).astype(np.float32))
     build(path, tmp_path / "m.rkbin", options)
-    x = rng.standard_normal((1, 3, 12, 14)).astype(np.float32)
+    x, x2 = rng.standard_normal((2, 1, 3, 12, 14)).astype(np.float32)
     taken, pairs = [], []
     real_step, real_chain = feature_edges.run_step, feature_edges.run_chain
 
@@ -217,7 +224,7 @@ def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precisio
     monkeypatch.setattr(feature_edges, "run_chain", counted_chain)
     with runtime.load(tmp_path / "m.rkbin") as model:
         fast = model.run({"x": x})
-        again = model.run({"x": x})  # the second run takes the paths the first decided
+        again = model.run({"x": x2})  # the second run takes the paths (closures) the first prepared
     assert all(done for op, done in taken if op in ("MaxPool", "Resize", "Cast", "QuantizeLinear")), taken
     assert {op for op, done in taken if done} >= {"MaxPool", "Resize"}
     assert pairs == ([("DequantizeLinear", "Cast")] * 2 if precision == "int8" else []), pairs
@@ -225,11 +232,11 @@ def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precisio
     monkeypatch.setattr(feature_edges, "run_chain", lambda run, steps, plan=None: False)
     monkeypatch.setattr(feature_edges, "run_pair", lambda run, step, following: False)
     with runtime.load(tmp_path / "m.rkbin") as model:
-        slow = model.run({"x": x})
+        slow, slow2 = model.run({"x": x}), model.run({"x": x2})
     want = onnxruntime_outputs(path, {"x": x})
     for name in ("y", "z"):
         np.testing.assert_array_equal(fast[name], slow[name])
-        np.testing.assert_array_equal(again[name], slow[name])
+        np.testing.assert_array_equal(again[name], slow2[name])
         assert cosine(fast[name], want[name]) >= (0.999 if precision == "fp16" else 0.99), name
 
 
@@ -246,9 +253,15 @@ def test_fp16_outputs_are_the_npus_values_as_they_are(tmp_path, precision, monke
         np.savez(options.calib, x=rng.standard_normal((4, 1, 3, 12, 14)).astype(np.float32))
     build(path, tmp_path / "m.rkbin", options)
     x = rng.standard_normal((1, 3, 12, 14)).astype(np.float32)
-    lines = []  # outputs kept or widened by their long-line plan (maps stored row after row)
-    real_lines = feature_edges._fp16_lines
-    monkeypatch.setattr(feature_edges, "_fp16_lines", lambda *a: lines.append((a[-1], real_lines(*a))) or lines[-1][1])
+    edges = []  # outputs kept or widened on the native layout (an edge prepared at its first run from then on)
+    real_step = feature_edges.run_step
+
+    def counted(run, step):
+        done = real_step(run, step)
+        if step.outputs[0] in ("y", "z"):
+            edges.append((run.fp16_outputs, done))
+        return done
+    monkeypatch.setattr(feature_edges, "run_step", counted)
     with runtime.load(tmp_path / "m.rkbin") as model:
         wide = model.run({"x": x})
         kept = model.run({"x": x}, fp16_outputs=True)
@@ -258,7 +271,7 @@ def test_fp16_outputs_are_the_npus_values_as_they_are(tmp_path, precision, monke
         made_by = {out: step for step in steps for out in step.outputs}
         half_made = {n for n in ("y", "z") if made_by[n].op == "Cast" and tensors[made_by[n].inputs[0]].dtype == "fp16"}
     assert half_made == {"y", "z"}, half_made  # int8: the mixed plan holds the SiLU group's successors in fp16
-    assert sorted(lines) == [(False, True)] * 4 + [(True, True)] * 4, lines  # both outputs, four runs
+    assert sorted(edges) == [(False, True)] * 4 + [(True, True)] * 4, edges  # both outputs, four runs
     monkeypatch.setattr(feature_edges, "run_step", lambda run, step: False)
     with runtime.load(tmp_path / "m.rkbin") as model:
         interpreted = model.run({"x": x}, fp16_outputs=True)

@@ -65,6 +65,44 @@ def test_an_image_rounded_to_fp16_into_its_atoms_is_numpys_cast(shape):
     np.testing.assert_array_equal(got, general)
 
 
+@pytest.mark.parametrize("channels", [1, 2, 3, 4])
+@pytest.mark.parametrize("scale", [0.05, 0.0123, 1 / 255, 3.7, 2.0 ** -7, 2.0 ** -70, 2.0 ** 65, 2.0 ** -140])
+def test_an_image_of_half_integer_quotients_quantizes_as_the_division(channels, scale):
+    """The float32 product with the reciprocal flags the rows where it may round apart from the
+    float64 division, which are redone: every half-integer quotient and its float32 neighbours
+    (~7 % of which the product rounds the other way), around the saturation of every zero
+    point too, one a row (a row is redone whole: two would hide each other). A reciprocal
+    outside float32's normal range (2^-140's overflows) takes the division for every row."""
+    s = np.float32(scale)
+    quotients = np.concatenate([np.arange(-140, 140), np.arange(250, 262), np.arange(505, 519)])
+    halves = (np.concatenate([quotients, -quotients]) + 0.5).astype(np.float64) * np.float64(s)
+    ties = np.concatenate([halves.astype(np.float32), np.nextafter(halves.astype(np.float32), np.float32(np.inf)),
+                           np.nextafter(halves.astype(np.float32), np.float32(-np.inf))])
+    rng = np.random.default_rng(channels)
+    x = (rng.uniform(-100, 100, (channels, ties.size, 7)) * s).astype(np.float32)
+    x[rng.integers(0, channels, ties.size), np.arange(ties.size), rng.integers(0, 7, ties.size)] = ties
+    for zp in (0, -7, 127, -128):
+        want = _fm(_quantized_f64(x, float(s), zp))
+        got = np.full(want.shape, 99, np.int8)
+        pixels_jit.quantize_image(x, float(s), zp, got)
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_an_image_holding_nans_keeps_numpys_nan_bits(channels):
+    """A row holding a NaN is rounded by numpy's bits (the payload's top kept, the
+    signalling bit too), the other rows by the vector rounding."""
+    rng = np.random.default_rng(channels)
+    x = (rng.standard_normal((channels, 6, 11)) * 1e3).astype(np.float32)
+    bits = x.view(np.uint32)
+    bits[0, 1, 3] = 0x7F800001  # a signalling NaN, its payload's top bits zero
+    bits[-1, 4, 10] = 0xFFC12345  # a negative quiet NaN with a payload
+    want = _fm(x.astype(np.float16)).view(np.uint16)
+    got = np.full(want.shape, 0x5555, np.uint16)
+    pixels_jit.narrow_image(bits, got)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_map_of_many_channels_is_no_image():
     assert not pixels_jit.is_image(5, np.zeros((1, 2, 2, 16), np.int8))
     assert not pixels_jit.is_image(16, np.zeros((1, 2, 2, 16), np.int8))
