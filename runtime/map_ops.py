@@ -1,7 +1,8 @@
 """CPU ops from one NPU feature map to another, on the maps' own layout: ops that
 work plane by plane and only select values (MaxPool without its indices, nearest
 Resize), a depthwise convolution the NPU refuses, and attention's softmax between
-two NPU products (SoftmaxTranspose). feature_edges.run_step dispatches to them."""
+two NPU products (ScaledSoftmax, SoftmaxTranspose). feature_edges.run_step dispatches
+to them."""
 
 from __future__ import annotations
 
@@ -122,13 +123,16 @@ def _max_pool_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
     return (kernel, strides, dilations, begin) if out_hw == list(dst.shape[2:]) else ()
 
 
-def softmax_weights(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
-    """Scores S [M, N] (fp16, a GEMM's output atoms) -> softmax(scale * S)^T [N, M] as fp16 run-time weights."""
+def softmax_probabilities(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """Scores S [M, N] (fp16, a GEMM's output atoms) -> softmax(scale * S) over the keys, written
+    as P's atoms in the scores' own layout (ScaledSoftmax: the next product's A, "native-gemm";
+    dst may be src's bytes) or as P^T [N, M]'s fp16 run-time weights (SoftmaxTranspose)."""
     from rkc.runtime.kernels import softmax_jit  # numba: loaded by programs with attention on the NPU
 
     m, n = int(src.shape[-2]), int(src.shape[-1])
-    if len(src.shape) != 2 or list(dst.shape) != [n, m] or dst.nbytes < geometry.nbytes(dst.shape, dst.layout, 2) \
-            or src.nbytes < geometry.nbytes(src.shape, src.layout, 2):
+    into_atoms = dst.layout == "native-gemm"
+    if len(src.shape) != 2 or list(dst.shape) != ([m, n] if into_atoms else [n, m]) \
+            or dst.nbytes < geometry.nbytes(dst.shape, dst.layout, 2) or src.nbytes < geometry.nbytes(src.shape, src.layout, 2):
         return False  # a module whose sizes disagree takes the interpreter's path (and its error)
     bos = {r: run.model.bos[r] for r in (src.region, dst.region)}
     device = run.model.device
@@ -137,9 +141,14 @@ def softmax_weights(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     try:
         _, _, rows, _ = geometry.feature_map(src.shape, src.layout)  # GEMM rows stored padded to 4
         atoms = layout.feature_view(bos[src.region].host[src.offset:src.offset + src.nbytes], n, rows, 1, np.uint16)
-        out = bos[dst.region].host[dst.offset:dst.offset + dst.nbytes].view(np.uint16)
-        softmax_jit.softmax_into_weights(atoms.reshape(atoms.shape[0], rows, atoms.shape[3]), m, n, out,
-                                         float(step.attrs.get("scale", 1.0)))
+        atoms = atoms.reshape(atoms.shape[0], rows, atoms.shape[3])
+        scale = float(step.attrs.get("scale", 1.0))
+        if into_atoms:
+            out = layout.feature_view(bos[dst.region].host[dst.offset:dst.offset + dst.nbytes], n, rows, 1, np.uint16)
+            softmax_jit.softmax_into_atoms(atoms, m, n, out.reshape(atoms.shape), scale)
+        else:
+            out = bos[dst.region].host[dst.offset:dst.offset + dst.nbytes].view(np.uint16)
+            softmax_jit.softmax_into_weights(atoms, m, n, out, scale)
     finally:
         for bo in bos.values():
             device.finish_cpu_access(bo)
