@@ -57,9 +57,13 @@ def _head(c: int, key: int, h: int, w: int, seed: int):
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 @pytest.mark.parametrize("c,key,h,w", [(16, 8, 8, 10), (64, 32, 5, 9)])
-def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w):
+@pytest.mark.parametrize("transposed", [True, False])
+def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w, transposed):
+    """`transposed`: the second product computed transposed (the default), its A the
+    probabilities in the scores' layout (ScaledSoftmax); --no-npu-attention keeps V P^T,
+    the probabilities written as its run-time weights (SoftmaxTranspose)."""
     path = save(_head(c, key, h, w, c + h), tmp_path / "m.onnx")
-    options = BuildOptions(precision=precision)
+    options = BuildOptions(precision=precision, npu_attention=None if transposed else False)
     rng = np.random.default_rng(11)
     if precision == "int8":
         options.calib = tmp_path / "calib.npz"
@@ -67,7 +71,8 @@ def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w):
     report = build(path, tmp_path / "m.rkbin", options)
     products = [p for p in report.placements if p.op.type == "MatMul"]
     assert [p.device for p in products] == ["npu", "npu"], [p.reason for p in products]
-    assert _softmax_steps(tmp_path / "m.rkbin") == 1  # the scores' softmax written as the second A
+    kinds = [_steps(tmp_path / "m.rkbin", kind) for kind in ("ScaledSoftmax", "SoftmaxTranspose")]
+    assert kinds == ([1, 0] if transposed else [0, 1])  # the scores' softmax written as the second A or B
     x = rng.standard_normal((1, c, h, w)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
         got = m.run({"x": x})["y"]
