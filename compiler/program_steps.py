@@ -8,13 +8,15 @@
   all: its pieces are channel slices of one buffer (ModuleBuilder.add_views),
   each producer writing its slice and each consumer reading its own;
 * attention's probabilities between two NPU products (a Reshape of the first's
-  fp16 scores, Softmax over the keys, Transpose of the last two axes, Reshape to
-  the second's 2-D run-time B) are one step from the scores' NPU copy into the
-  B's run-time weights (SoftmaxTranspose: runtime/kernels/softmax_jit.py);
+  fp16 scores, Softmax over the keys, a Reshape to the second's 2-D A) are one
+  step from the scores' NPU copy into atoms of the same layout (ScaledSoftmax:
+  runtime/kernels/softmax_jit.py), or, with a Transpose of the last two axes
+  before the second's run-time B, into the B's weights (SoftmaxTranspose);
 * ops that only move elements between fp16 NPU groups (the qkv map cut into
   per-head operands, the heads' products put back into a map) are one gather
   per result, its index map composed at compile time (compiler/relayout.py),
-  or a view where the result is a run of its source's bytes as they lie;
+  or a view where the result is a run of its source's bytes as they lie (or
+  each of its sources a run of the result's: the sources' producers write it);
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);
 * a tensor crossing between the two gets an explicit conversion step the
   first time the other side needs it: host -> NPU (Cast to fp16, or
@@ -253,12 +255,14 @@ class _Lowering:
         return True
 
     def softmax_chain(self, op) -> tuple | None:
-        """(the Softmax, its scale, the indices of the ops it absorbs, the 2-D B) when `op`
-        starts attention's probabilities between two NPU products: the first's fp16
-        output S [M, N] (held as GEMM output atoms) [times a scalar constant] [reshaped
-        to [1, .., M, N]], Softmax over the last axis, Transpose of the last two axes
-        [, Reshape to [N, M]], each the previous op's only reader, the result an [N, M]
-        read only by fp16 NPU groups as run-time weights."""
+        """(the Softmax, its scale, the indices of the ops it absorbs, the result P, the layout
+        the NPU reads P in) when `op` starts attention's probabilities between two NPU
+        products: the first's fp16 output S [M, N] (held as GEMM output atoms) [times a scalar
+        constant] [reshaped to [1, .., M, N]], Softmax over the last axis, [Reshape to [M, N]]
+        read only by fp16 NPU groups as a GEMM's A (the scores' own layout, "native-gemm";
+        heads.transposed_product makes this the case), or Transpose of the last two axes
+        [, Reshape to [N, M]] read only as run-time weights; each op the previous one's only
+        reader."""
         graph = self.graph
         if op.type not in ("Mul", "Reshape", "Softmax") or not op.inputs or len(op.outputs) != 1:
             return None
@@ -288,36 +292,39 @@ class _Lowering:
         rank = len(scores)
         if scores != (1,) * (rank - 2) + shape or int(softmax.attrs.get("axis", -1)) % rank != rank - 1:
             return None
-        transpose = only_consumer(graph, softmax.outputs[0])
-        if transpose is None or transpose.type != "Transpose" \
-                or list(transpose.attrs.get("perm", [])) != [*range(rank - 2), rank - 1, rank - 2]:
-            return None
-        chain.append(transpose)
-        last = only_consumer(graph, transpose.outputs[0])
-        if last is not None and last.type == "Reshape":
-            chain.append(last)
-        b = chain[-1].outputs[0]
-        if tuple(graph.tensors[b].type.shape) != (n, m):
+        after, read_as, want = only_consumer(graph, softmax.outputs[0]), "native-gemm", (m, n)
+        if after is not None and after.type == "Transpose" \
+                and list(after.attrs.get("perm", [])) == [*range(rank - 2), rank - 1, rank - 2]:
+            chain.append(after)
+            after, read_as, want = only_consumer(graph, after.outputs[0]), "native-weights", (n, m)
+        if after is not None and after.type == "Reshape":
+            chain.append(after)
+        p = chain[-1].outputs[0]
+        if tuple(graph.tensors[p].type.shape) != want:
             return None
         index = {id(o): i for i, o in enumerate(graph.ops)}
-        readers = [self.groups.get(index[id(r)]) for r in consumers(graph, b)]
-        if not readers or b in graph.outputs or any(g is None or g.reads.get(b) != "native-weights"
-                                                    or g.dtype != "fp16" for g in readers):
+        readers = [self.groups.get(index[id(r)]) for r in consumers(graph, p)]
+        if not readers or p in graph.outputs or any(g is None or g.reads.get(p) != read_as or g.dtype != "fp16"
+                                                    for g in readers):
             return None
         if any(index[id(o)] in self.groups for o in chain):
             return None
-        return softmax, scale, [index[id(o)] for o in chain[1:]], b
+        return softmax, scale, [index[id(o)] for o in chain[1:]], p, read_as
 
-    def softmax_into_weights(self, op) -> bool:
-        """Lower attention's probabilities (softmax_chain) as one SoftmaxTranspose step."""
+    def softmax_probabilities(self, op) -> bool:
+        """Lower attention's probabilities (softmax_chain) as one step: ScaledSoftmax into P's
+        GEMM atoms, or SoftmaxTranspose into P^T's run-time weights."""
         chain = self.softmax_chain(op)
         if chain is None:
             return False
-        softmax, scale, after, b = chain
-        target = relaid_name(b, "native-weights", "fp16", self.precision)
-        self.npu_tensor(b, "native-weights", "fp16", target)
+        softmax, scale, after, p, read_as = chain
+        if read_as == "native-weights":
+            kind, target = "SoftmaxTranspose", relaid_name(p, read_as, "fp16", self.precision)
+        else:
+            kind, target = "ScaledSoftmax", npu_name(p, "fp16", self.precision)
+        self.npu_tensor(p, read_as, "fp16", target)
         src = op.inputs[0] if op.type != "Mul" or self.graph.const_value(op.inputs[0]) is None else op.inputs[1]
-        self.add(Step(kind="cpu", name=softmax.name or f"SoftmaxTranspose:{b}", op="SoftmaxTranspose",
+        self.add(Step(kind="cpu", name=softmax.name or f"{kind}:{p}", op=kind,
                       inputs=[npu_name(src, "fp16", self.precision)], outputs=[target], attrs={"scale": scale},
                       stats={"op": "Softmax", "macs": cost.op_macs(self.graph, softmax),
                              "ddr_bytes": cost.op_ddr_bytes(self.graph, softmax)}))
@@ -342,6 +349,33 @@ class _Lowering:
             return None
         return int(delta[0]) * 2
 
+    def source_slices(self, result, target: str) -> list[tuple[str, int]] | None:
+        """(source buffer, byte offset in `target`) for each of `result`'s several sources
+        when each lies whole in `target`'s native layout as a run of its own bytes as they lie
+        (each element its own, no padding): the attention heads' transposed products, each a
+        channel slice of the map that puts them together. The sources then are slices of
+        `target`, which their producers write in place; None otherwise."""
+        if len(result.sources) < 2 or result.scale != 1.0:
+            return None
+        dst = self.builder.tensors[target]
+        into = geometry.native_positions(dst.shape, dst.layout, dst.nbytes)
+        if into.size * 2 != dst.nbytes:
+            return None
+        index, first, slices = result.index.reshape(-1), 0, []
+        for source in result.sources:
+            buffer = npu_name(source, "fp16", self.precision)
+            src = self.builder.tensors[buffer]
+            at = geometry.native_positions(src.shape, src.layout, src.nbytes)
+            mine = np.flatnonzero((index >= first) & (index < first + at.size))
+            if at.size * 2 != src.nbytes or mine.size != at.size:
+                return None
+            delta = into[mine] - at[index[mine] - first]
+            if delta.min() != delta.max() or delta[0] < 0 or delta[0] * 2 % 16:  # a slice starts on an atom
+                return None
+            slices.append((buffer, int(delta[0]) * 2))
+            first += at.size
+        return slices
+
     def gather(self, result) -> None:
         """A relayout.Result into each layout the fp16 NPU groups read it in."""
         layouts = {g.reads[result.tensor] for g in self.groups.values()
@@ -361,6 +395,9 @@ class _Lowering:
             if offset is not None and self.builder.add_views(
                     [(target, npu_name(result.sources[0], "fp16", self.precision), offset)], [target]):
                 continue  # no step: the readers read the source's bytes
+            slices = self.source_slices(result, target)
+            if slices is not None and self.builder.add_views([(b, target, o) for b, o in slices], [target]):
+                continue  # no step: the sources' producers write the target's bytes
             self.add(Step(kind="cpu", name=f"relayout:{result.tensor}", op="Relayout",
                           inputs=[*(npu_name(t, "fp16", self.precision) for t in result.sources), index],
                           outputs=[target], attrs={"scale": result.scale},
@@ -394,7 +431,7 @@ class _Lowering:
             for result in self.gathers.get(index, []):
                 self.gather(result)
             return
-        if self.softmax_into_weights(op):
+        if self.softmax_probabilities(op):
             return
         if self.as_views(op):
             self.stats.views.append(index)

@@ -21,9 +21,10 @@ element, which made a 640x640 detector's input and outputs most of its host time
 * a depthwise convolution between fp16 maps (one the NPU refuses: a window over
   fewer than 4 rows) with constant weights: runtime/kernels/depthwise_jit.py on
   the atoms (runtime/map_ops.py);
-* attention's softmax between two NPU products (SoftmaxTranspose): the fp16
-  scores read where the first GEMM wrote them, the probabilities written as the
-  second GEMM's run-time weights (runtime/kernels/softmax_jit.py, runtime/map_ops.py);
+* attention's softmax between two NPU products: the fp16 scores read where the
+  first GEMM wrote them, the probabilities written as atoms of the same layout, the
+  second GEMM's A (ScaledSoftmax), or as its run-time weights (SoftmaxTranspose)
+  (runtime/kernels/softmax_jit.py, runtime/map_ops.py);
 * a Relayout between fp16 NPU buffers (compiler/relayout.py): its index map turned,
   at the program's first run, into native element positions of each source and of
   the result, then one gather per source (runtime/relayout_edges.py).
@@ -93,9 +94,10 @@ def run_step(run, step: Step) -> bool:
         return map_ops.depthwise(run, step, src, dst)
     if step.op == "Relayout":
         return relayout_edges.relayout(run, step)
-    if step.op == "SoftmaxTranspose" and src.layout == "native-gemm" and dst.layout == "native-weights" \
-            and src.dtype == dst.dtype == DType.FP16 and src.region in run.model.bos and dst.region in run.model.bos:
-        return map_ops.softmax_weights(run, step, src, dst)
+    if (step.op, dst.layout) in (("ScaledSoftmax", "native-gemm"), ("SoftmaxTranspose", "native-weights")) \
+            and src.layout == "native-gemm" and src.dtype == dst.dtype == DType.FP16 \
+            and src.region in run.model.bos and dst.region in run.model.bos:
+        return map_ops.softmax_probabilities(run, step, src, dst)
     return False
 
 

@@ -1,7 +1,8 @@
 """CPU ops from one NPU feature map to another, on the maps' own layout: ops that
 work plane by plane and only select values (MaxPool without its indices, nearest
 Resize), a depthwise convolution the NPU refuses, and attention's softmax between
-two NPU products (SoftmaxTranspose). feature_edges.run_step dispatches to them."""
+two NPU products (ScaledSoftmax, SoftmaxTranspose). feature_edges.run_step dispatches
+to them."""
 
 from __future__ import annotations
 
@@ -133,28 +134,49 @@ def _max_pool_plan(run, step: Step, src: TensorInfo, dst: TensorInfo):
         return None
 
 
-def softmax_weights(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
-    """Scores S [M, N] (fp16, a GEMM's output atoms) -> softmax(scale * S)^T [N, M] as fp16 run-time weights."""
+def softmax_probabilities(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
+    """Scores S [M, N] (fp16, a GEMM's output atoms) -> softmax(scale * S) over the keys, written
+    as P's atoms in the scores' own layout (ScaledSoftmax: the next product's A, "native-gemm";
+    dst may be src's bytes) or as P^T [N, M]'s fp16 run-time weights (SoftmaxTranspose). Where
+    the bytes lie is worked out at the program's first run (`_softmax_plan`: ~20 us a step
+    every run before); the views are made inside the hold bracket each run."""
+    plans = run.schedule.native_plans
+    plan = plans.get(id(step))
+    if plan is None:
+        plan = plans[id(step)] = _softmax_plan(run, step, src, dst)
+    if not plan:
+        return False
+    kernel, m, n, scale, places = plan
+    device = run.model.device
+    bos = list({id(bo): bo for bo, *_ in places}.values())
+    for bo in bos:
+        device.prepare_cpu_access(bo)
+    try:
+        atoms, out = (bo.host[lo:hi].view(np.uint16).reshape(shape) for bo, lo, hi, shape in places)
+        kernel(atoms, m, n, out, scale)
+    finally:
+        for bo in bos:
+            device.finish_cpu_access(bo)
+    return True
+
+
+def _softmax_plan(run, step: Step, src: TensorInfo, dst: TensorInfo) -> tuple:
+    """(kernel, M, N, scale, [(BO, first byte, end, shape) of the scores, of the result]), or ()
+    when the sizes disagree (the step then takes the interpreter's path, and its error)."""
     from rkc.runtime.kernels import softmax_jit  # numba: loaded by programs with attention on the NPU
 
     m, n = int(src.shape[-2]), int(src.shape[-1])
-    if len(src.shape) != 2 or list(dst.shape) != [n, m] or dst.nbytes < geometry.nbytes(dst.shape, dst.layout, 2) \
-            or src.nbytes < geometry.nbytes(src.shape, src.layout, 2):
-        return False  # a module whose sizes disagree takes the interpreter's path (and its error)
-    bos = {r: run.model.bos[r] for r in (src.region, dst.region)}
-    device = run.model.device
-    for bo in bos.values():
-        device.prepare_cpu_access(bo)
-    try:
-        _, _, rows, _ = geometry.feature_map(src.shape, src.layout)  # GEMM rows stored padded to 4
-        atoms = layout.feature_view(bos[src.region].host[src.offset:src.offset + src.nbytes], n, rows, 1, np.uint16)
-        out = bos[dst.region].host[dst.offset:dst.offset + dst.nbytes].view(np.uint16)
-        softmax_jit.softmax_into_weights(atoms.reshape(atoms.shape[0], rows, atoms.shape[3]), m, n, out,
-                                         float(step.attrs.get("scale", 1.0)))
-    finally:
-        for bo in bos.values():
-            device.finish_cpu_access(bo)
-    return True
+    into_atoms = dst.layout == "native-gemm"
+    if len(src.shape) != 2 or list(dst.shape) != ([m, n] if into_atoms else [n, m]) \
+            or dst.nbytes < geometry.nbytes(dst.shape, dst.layout, 2) or src.nbytes < geometry.nbytes(src.shape, src.layout, 2):
+        return ()
+    _, _, rows, _ = geometry.feature_map(src.shape, src.layout)  # GEMM rows stored padded to 4
+    atoms = (-(-n // layout.c2_for(2)), rows, layout.c2_for(2))
+    out = atoms if into_atoms else (geometry.nbytes(dst.shape, dst.layout, 2) // 2,)
+    places = [(run.model.bos[t.region], t.offset, t.offset + 2 * int(np.prod(shape)), shape)
+              for t, shape in ((src, atoms), (dst, out))]
+    kernel = softmax_jit.softmax_into_atoms if into_atoms else softmax_jit.softmax_into_weights
+    return kernel, m, n, float(step.attrs.get("scale", 1.0)), places
 
 
 def depthwise(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:

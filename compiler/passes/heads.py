@@ -4,13 +4,15 @@ a run-time B (compiler/emitter_matmul.py): a Split of each operand along the hea
 axis, a Reshape of each piece to 2-D, one MatMul per head, and a Concat of the
 [1, 1, M, N] results back into the batched output. What reads that Concat per
 head (a Softmax over the keys, a Transpose that keeps the head axis, a Split back
-into the heads) then moves into the heads, so the scores never exist whole."""
+into the heads) then moves into the heads, so the scores never exist whole. A product
+weighing values by the transposed probabilities is then computed transposed
+(`transposed_product`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from rkc.compiler.passes.edit import add_const, consumers, only_consumer, producer, replace_uses
+from rkc.compiler.passes.edit import add_const, consumers, only_consumer, producer, remove_op, replace_uses
 from rkc.ir.graph import Graph, Op, Tensor
 from rkc.ir.types import TensorType
 
@@ -173,7 +175,68 @@ def split_of_concat(graph: Graph, op: Op) -> bool:
     for piece, out in zip(concat.inputs, op.outputs):
         replace_uses(graph, out, piece)
         del graph.tensors[out]
+    remove_op(graph, concat)  # read by the Split alone: the heads' readers see only their own (transposed_product)
     return True
 
 
-REWRITES = [split_heads, sink_into_heads, split_of_concat]
+def _probabilities_swapped(graph: Graph, b: str) -> tuple[str, list[Op]] | None:
+    """(P, the ops between) when the 2-D `b` [K, N] is attention's probabilities P [1.., N, K]
+    (a Softmax's output) with its last two axes swapped: a Transpose [and a Reshape to 2-D],
+    each read only by the next op."""
+    moves = []
+    op = producer(graph, b)
+    if op is not None and op.type == "Reshape":
+        moves.append(op)
+        op = producer(graph, op.inputs[0])
+    if op is None or op.type != "Transpose" or only_consumer(graph, op.outputs[0]) is None:
+        return None
+    p = op.inputs[0]
+    shape = graph.tensors[p].type.shape
+    rank = len(shape)
+    if list(op.attrs.get("perm", range(rank)[::-1])) != [*range(rank - 2), rank - 1, rank - 2] \
+            or any(d != 1 for d in shape[:-2]) or only_consumer(graph, p) is not op:
+        return None
+    softmax = producer(graph, p)
+    return (p, [op, *moves]) if softmax is not None and softmax.type == "Softmax" else None
+
+
+def transposed_product(graph: Graph, mm: Op) -> bool:
+    """O = A P^T (attention's second product: A [M, K] the values V, P [N, K] the probabilities
+    of N queries over K keys) -> O = (P A^T)^T. P is then the GEMM's A, read in the layout
+    the scores came out of the first product in (the softmax writes its rows where it read
+    them: no transposing pass over the N x K probabilities), A^T the run-time weights (a host
+    gather either way), and P A^T [N, M] comes out as GEMM atoms of M channels over N
+    positions: a head's channel slice of the map that puts the heads back together, where
+    the Transpose back is a view (program_steps' gathers)."""
+    if mm.type != "MatMul" or len(mm.inputs) != 2 or any(graph.const_value(t) is not None for t in mm.inputs):
+        return False
+    a, b = mm.inputs
+    ta, tb = graph.tensors[a].type, graph.tensors[b].type
+    if not (ta.is_static and tb.is_static) or len(ta.shape) != 2 or len(tb.shape) != 2:
+        return False
+    found = _probabilities_swapped(graph, b) if only_consumer(graph, b) is mm else None
+    if found is None:
+        return False
+    p, moves = found
+    (m, k), n = ta.shape, tb.shape[1]
+    base = mm.name or mm.outputs[0]
+    ops: list[Op] = []
+    if len(graph.tensors[p].type.shape) != 2:
+        p2d = _new(graph, f"{base}.p", tb.dtype, (n, k))
+        ops.append(Op("Reshape", [p, add_const(graph, f"{base}.p.shape", np.array([n, k], np.int64))], [p2d], {},
+                      f"{base}.p"))
+        p = p2d
+    a_t = _new(graph, f"{base}.a.t", ta.dtype, (k, m))
+    product = _new(graph, f"{base}.transposed", ta.dtype, (n, m))
+    ops += [Op("Transpose", [a], [a_t], {"perm": [1, 0]}, f"{base}.a.t"),
+            Op("MatMul", [p, a_t], [product], {}, base),
+            Op("Transpose", [product], [mm.outputs[0]], {"perm": [1, 0]}, f"{base}.back")]
+    position = next(i for i, o in enumerate(graph.ops) if o is mm)
+    graph.ops[position:position + 1] = ops
+    for op in moves:
+        graph.ops.remove(op)
+        del graph.tensors[op.outputs[0]]
+    return True
+
+
+REWRITES = [split_heads, sink_into_heads, split_of_concat, transposed_product]

@@ -26,14 +26,14 @@ KERNELS: Mapping[str, Kernel] = {
 
 # kernels only the compiler's lowering emits (compiler/program_steps.py, compiler/relayout.py): steps
 # between NPU buffers, not ONNX ops a model may contain
-LOWERING_ONLY: frozenset[str] = frozenset({"Relayout", "SoftmaxTranspose"})
+LOWERING_ONLY: frozenset[str] = frozenset({"Relayout", "ScaledSoftmax", "SoftmaxTranspose"})
 
 # what a step's first output must be, decidable from its inputs' declared shapes
 # (runtime/module_check.py): numpy elementwise semantics broadcast every input;
 # normalizations keep their first input's shape
 BROADCASTING: frozenset[str] = frozenset(elementwise.KERNELS)
-SHAPE_OF_FIRST: frozenset[str] = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization",
-                                            "InstanceNormalization"})
+SHAPE_OF_FIRST: frozenset[str] = frozenset({"Softmax", "ScaledSoftmax", "LogSoftmax", "LayerNormalization",
+                                            "BatchNormalization", "InstanceNormalization"})
 
 
 # kernels that never reach a BLAS product (element-wise, shape and reduction ops, softmax, layer

@@ -43,12 +43,17 @@ def softmax(x, *, axis=-1):
     return e.astype(x.dtype, copy=False)
 
 
+def scaled_softmax(x, *, scale=1.0):
+    """Softmax over the last axis of scale * x: attention's probabilities P, one step where
+    the compiler fuses the scale into the softmax (compiler/program_steps.py; on the NPU's
+    buffers: runtime/kernels/softmax_jit.py)."""
+    return softmax(x * np.asarray(scale, x.dtype), axis=-1)
+
+
 def softmax_transpose(x, *, scale=1.0):
-    """Softmax over the last axis of scale * x, then the last two axes swapped: attention's
-    probabilities P as the run-time B (P^T) of the product that weighs the values,
-    one step where the compiler fuses the two (compiler/program_steps.py; on the
-    NPU's buffers: runtime/kernels/softmax_jit.py)."""
-    return np.swapaxes(softmax(x * np.asarray(scale, x.dtype), axis=-1), -1, -2)
+    """scaled_softmax with the last two axes swapped: P as the run-time B (P^T) of the
+    product that weighs the values."""
+    return np.swapaxes(scaled_softmax(x, scale=scale), -1, -2)
 
 
 def log_softmax(x, *, axis=-1):
@@ -234,7 +239,7 @@ def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coor
 
 KERNELS = {
     "Gemm": gemm, "MatMul": matmul, "MatMulInteger": matmul_integer, "Softmax": softmax,
-    "SoftmaxTranspose": softmax_transpose,
+    "ScaledSoftmax": scaled_softmax, "SoftmaxTranspose": softmax_transpose,
     "LogSoftmax": log_softmax, "LayerNormalization": layer_normalization,
     "BatchNormalization": batch_normalization, "InstanceNormalization": instance_normalization,
     "Resize": resize,

@@ -3,14 +3,16 @@
 run-time B, compiler/emitter_matmul.py).
 
 The first product S = Q K^T [M, N] comes out of the NPU as fp16 atoms of a GEMM
-output ("native-gemm": [ceil(N / 8), rows, 8], ir/npu/geometry.py); the second
-product reads P^T [N, M], P = softmax(S) over the keys, as its run-time weights
-("native-weights": kernel m is P's row m, channels grouped by 32, kernels by 16,
-ir/npu/layout.py's pack_weights). One pass per kernel group (16 query rows) reads
-their scores where the NPU wrote them, takes the softmax in float32 (exp:
-prefill_kernels.exp_f32's polynomial, vectorised) and writes the rows, rounded to fp16,
-straight into their kernels: no widened copy, no transpose, no pack (four passes over
-M x N before). Kernel groups are shared by the host threads (runtime/kernels/threads.py).
+output ("native-gemm": [ceil(N / 8), rows, 8], ir/npu/geometry.py). The second product
+reads P = softmax(S) over the keys either as its A, in that same layout (computed
+transposed, P V^T: compiler/passes/heads.py; `softmax_into_atoms`), or as P^T [N, M],
+its run-time weights ("native-weights": kernel m is P's row m, channels grouped by 32,
+kernels by 16, ir/npu/layout.py's pack_weights; `softmax_into_weights`). One pass per
+group of 16 query rows reads their scores where the NPU wrote them, takes the softmax in
+float32 (exp: prefill_kernels.exp_f32's polynomial, vectorised) and writes the rows,
+rounded to fp16, straight into their atoms or kernels: no widened copy, no transpose, no
+pack (four passes over M x N before). Row groups are shared by the host threads
+(runtime/kernels/threads.py).
 """
 
 from __future__ import annotations
@@ -122,6 +124,33 @@ def _lanes_combined(v, n, larger):
         v[r * _ATOM:(r + 1) * _ATOM] = x
 
 
+@njit(inline="always")
+def _group_exps(flat, stored, m0, live, n, scale, t, mx, other, inv):
+    """t[a kg 8 + 8 r + b] <- exp(scale s - the row's maximum) of query row m0 + r, key 8a + b,
+    rows [m0, m0 + live) of the fp16 scores `flat` (bits of atoms [C1, stored, 8]); inv[8 r + b]
+    <- 1 / the row's sum. Keys past n (the last atom's padding lanes) count as -inf: exp gives
+    ~1e-38 there, rounded to fp16 zero (the padding the next product reads)."""
+    units = (n + _ATOM - 1) // _ATOM  # key groups: one atom of each row
+    width = mx.size  # one key group of a kernel group's rows
+    span = live * _ATOM
+    for a in range(units):
+        at = a * stored * _ATOM + m0 * _ATOM
+        _widened(flat[at:at + span], t[a * width:a * width + span], scale)
+    tail = n - (units - 1) * _ATOM  # keys in the last atom
+    if tail < _ATOM:
+        for r in range(live):
+            t[(units - 1) * width + r * _ATOM + tail:(units - 1) * width + (r + 1) * _ATOM] = -np.inf
+    mx[:span] = t[:span]
+    for a in range(1, units):
+        _larger(t[a * width:a * width + span], mx[:span], other[:span])
+        mx, other = other, mx
+    _lanes_combined(mx, live, True)
+    inv[:span] = 0
+    for a in range(units):
+        _exp_summed(t[a * width:a * width + span], mx[:span], inv[:span])
+    _lanes_combined(inv, live, False)
+
+
 @njit(**_JIT)
 def _groups_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
     """Kernel groups [lo, hi) of P^T's fp16 weights `out` (flat bits, pack_weights' order: kernel
@@ -130,16 +159,15 @@ def _groups_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
     fp16 scores atoms [C1, >= rows, 8] (bits, N = n keys); kernels from `rows` on zero."""
     c1, stored, _ = atoms.shape
     flat = atoms.reshape(c1 * stored * _ATOM)  # C-contiguous (softmax_into_weights checks)
-    units = (n + _ATOM - 1) // _ATOM  # key groups: one atom of each row
+    units = (n + _ATOM - 1) // _ATOM
     cp = units * _ATOM
-    width = kg * _ATOM  # one key group of the kernel group's rows
+    width = kg * _ATOM
     t = np.empty(units * width, np.float32)
     mx = np.empty(width, np.float32)
     other = np.empty(width, np.float32)
     inv = np.empty(width, np.float32)
     q = np.empty(units * width, np.uint16)
     q64, out64 = q.view(np.uint64), out.view(np.uint64)  # 8 fp16 lanes = two 64-bit moves
-    tail = n - (units - 1) * _ATOM  # keys in the last atom
     tile = layout.CHANNEL_GROUP
     for grp in range(lo, hi):
         m0 = grp * kg
@@ -150,21 +178,7 @@ def _groups_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
         if live <= 0:
             continue
         span = live * _ATOM
-        for a in range(units):
-            at = a * stored * _ATOM + m0 * _ATOM
-            _widened(flat[at:at + span], t[a * width:a * width + span], scale)
-        if tail < _ATOM:  # lanes past the keys: exp gives ~1e-38, rounded to fp16 zero, the padding
-            for r in range(live):
-                t[(units - 1) * width + r * _ATOM + tail:(units - 1) * width + (r + 1) * _ATOM] = -np.inf
-        mx[:span] = t[:span]
-        for a in range(1, units):
-            _larger(t[a * width:a * width + span], mx[:span], other[:span])
-            mx, other = other, mx
-        _lanes_combined(mx, live, True)
-        inv[:span] = 0
-        for a in range(units):
-            _exp_summed(t[a * width:a * width + span], mx[:span], inv[:span])
-        _lanes_combined(inv, live, False)
+        _group_exps(flat, stored, m0, live, n, scale, t, mx, other, inv)
         for a in range(units):
             _narrowed(t[a * width:a * width + span], inv[:span], q[a * width:a * width + span])
         for a in range(units):  # atom (a, row r) -> tile a // 4 of the group, kernel r, channels 8 (a % 4) on
@@ -177,6 +191,36 @@ def _groups_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
                 s = np.uint64(frm + 2 * r)
                 out64[d] = q64[s]
                 out64[d + np.uint64(1)] = q64[s + np.uint64(1)]
+
+
+@njit(**_JIT)
+def _groups_into_atoms(atoms, rows, n, scale, kg, out, lo, hi):
+    """Row groups [lo, hi) (kg query rows each) of P's fp16 atoms `out` [C1, stored, 8] (bits,
+    the scores' own layout: the next product's A) <- the softmax of scale times those rows of
+    the fp16 scores `atoms` (the same layout; `out` may be `atoms`: a group's rows are all read
+    before any is written); stored rows past `rows` zero."""
+    c1, stored, _ = atoms.shape
+    flat, into = atoms.reshape(c1 * stored * _ATOM), out.reshape(c1 * stored * _ATOM)
+    units = (n + _ATOM - 1) // _ATOM
+    width = kg * _ATOM
+    t = np.empty(units * width, np.float32)
+    mx = np.empty(width, np.float32)
+    other = np.empty(width, np.float32)
+    inv = np.empty(width, np.float32)
+    for grp in range(lo, hi):
+        m0 = grp * kg
+        live = min(kg, stored - m0)
+        scored = min(live, rows - m0)
+        if scored < live:  # rows past the scores (GEMM rows stored padded to 4): zero
+            for a in range(c1):
+                into[(a * stored + m0 + max(scored, 0)) * _ATOM:(a * stored + m0 + live) * _ATOM] = 0
+        if scored <= 0:
+            continue
+        span = scored * _ATOM
+        _group_exps(flat, stored, m0, scored, n, scale, t, mx, other, inv)
+        for a in range(units):
+            at = (a * stored + m0) * _ATOM
+            _narrowed(t[a * width:a * width + span], inv[:span], into[at:at + span])
 
 
 @njit(**_JIT)
@@ -213,3 +257,16 @@ def softmax_into_weights(atoms: np.ndarray, m: int, n: int, out: np.ndarray, sca
     groups = kernels // kg
     over_rows(lambda lo, hi: _groups_into_kernels(atoms, m, n, np.float32(scale), kg, out[:kernels * cp], lo, hi),
               groups, m * n)
+
+
+def softmax_into_atoms(atoms: np.ndarray, m: int, n: int, out: np.ndarray, scale: float = 1.0) -> None:
+    """P = softmax over the keys of scale times the fp16 scores S [m, n] held as GEMM output atoms
+    [C1, stored >= m, 8] (uint16 bits), written as fp16 atoms of the same layout into `out` (the
+    next product's A, "native-gemm"; `out` may be `atoms`): lanes past n and rows past m zero."""
+    kg = layout.kernel_group_for(2)  # 16 rows a pass: 128 contiguous lanes per key group
+    if atoms.ndim != 3 or atoms.shape[1] < m or atoms.shape[0] * atoms.shape[2] < n or out.shape != atoms.shape \
+            or not (atoms.flags.c_contiguous and out.flags.c_contiguous) or atoms.shape[0] != -(-n // _ATOM):
+        raise ValueError(f"softmax_into_atoms: {list(atoms.shape)} atoms into {list(out.shape)} "
+                         f"do not hold [{m}, {n}] scores")
+    groups = -(-atoms.shape[1] // kg)
+    over_rows(lambda lo, hi: _groups_into_atoms(atoms, m, n, np.float32(scale), kg, out, lo, hi), groups, m * n)

@@ -57,9 +57,13 @@ def _head(c: int, key: int, h: int, w: int, seed: int):
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 @pytest.mark.parametrize("c,key,h,w", [(16, 8, 8, 10), (64, 32, 5, 9)])
-def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w):
+@pytest.mark.parametrize("transposed", [True, False])
+def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w, transposed):
+    """`transposed`: the second product computed transposed (the default), its A the
+    probabilities in the scores' layout (ScaledSoftmax); --no-npu-attention keeps V P^T,
+    the probabilities written as its run-time weights (SoftmaxTranspose)."""
     path = save(_head(c, key, h, w, c + h), tmp_path / "m.onnx")
-    options = BuildOptions(precision=precision)
+    options = BuildOptions(precision=precision, npu_attention=None if transposed else False)
     rng = np.random.default_rng(11)
     if precision == "int8":
         options.calib = tmp_path / "calib.npz"
@@ -67,7 +71,8 @@ def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w):
     report = build(path, tmp_path / "m.rkbin", options)
     products = [p for p in report.placements if p.op.type == "MatMul"]
     assert [p.device for p in products] == ["npu", "npu"], [p.reason for p in products]
-    assert _softmax_steps(tmp_path / "m.rkbin") == 1  # the scores' softmax written as the second B
+    kinds = [_steps(tmp_path / "m.rkbin", kind) for kind in ("ScaledSoftmax", "SoftmaxTranspose")]
+    assert kinds == ([1, 0] if transposed else [0, 1])  # the scores' softmax written as the second A or B
     x = rng.standard_normal((1, c, h, w)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
         got = m.run({"x": x})["y"]
@@ -80,15 +85,18 @@ def _steps(path, op: str) -> int:
 
 
 def _softmax_steps(path) -> int:
-    """The program's SoftmaxTranspose steps: scores read from a GEMM's output, the
-    probabilities written as the next GEMM's run-time weights (program_steps.py)."""
-    return _steps(path, "SoftmaxTranspose")
+    """The program's ScaledSoftmax steps: scores read from a GEMM's output, the
+    probabilities written in the same layout as the next GEMM's A, that product computed
+    transposed (compiler/passes/heads.py transposed_product, program_steps.py)."""
+    assert _steps(path, "SoftmaxTranspose") == 0
+    return _steps(path, "ScaledSoftmax")
 
 
-def _heads(dim: int, heads: int, h: int, w: int, seed: int):
+def _heads(dim: int, heads: int, h: int, w: int, seed: int, proj: bool = False):
     """bench/zoo_models.py's C2PSA attention core (ultralytics' Attention, attn_ratio
     0.5): batched [1, heads, ...] products the head split (compiler/passes/heads.py)
-    cuts into 2-D ones."""
+    cuts into 2-D ones; `proj`: the heads' map read by a 1x1 convolution (Attention.proj),
+    not the model's output."""
     rng = np.random.default_rng(seed)
     hw, head_dim = h * w, dim // heads
     key = head_dim // 2
@@ -101,10 +109,13 @@ def _heads(dim: int, heads: int, h: int, w: int, seed: int):
              helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
              helper.make_node("Transpose", ["p"], ["pt"], perm=[0, 1, 3, 2]),
              helper.make_node("MatMul", ["v", "pt"], ["o"]),
-             helper.make_node("Reshape", ["o", "shape"], ["y"])]
+             helper.make_node("Reshape", ["o", "shape"], ["att" if proj else "y"])]
     channels = dim + 2 * key * heads
     inits = {"wqkv": rng.standard_normal((channels, dim, 1, 1)) / np.sqrt(dim),
              "bqkv": rng.standard_normal(channels) * 0.1}
+    if proj:
+        nodes.append(helper.make_node("Conv", ["att", "wproj", "bproj"], ["y"]))
+        inits.update(wproj=rng.standard_normal((dim, dim, 1, 1)) / np.sqrt(dim), bproj=rng.standard_normal(dim) * 0.1)
     model = graph_model(nodes, inits, [1, dim, h, w])
     model.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
                                     (("rows", [1, heads, 2 * key + head_dim, hw]), ("parts", [key, key, head_dim]),
@@ -129,6 +140,23 @@ def test_batched_attention_products_run_per_head_on_the_npu(tmp_path, dim, heads
     assert _steps(tmp_path / "m.rkbin", "Relayout") == 3 * heads - q_views
     assert not [s for s in read_rkbin(tmp_path / "m.rkbin").module.program("main").steps if s.name == "from_npu:qkv"]
     x = np.random.default_rng(5).standard_normal((1, dim, h, w)).astype(np.float32)
+    with runtime.load(tmp_path / "m.rkbin") as m:
+        got = m.run({"x": x})["y"]
+    want = onnxruntime_outputs(path, {"x": x})["y"]
+    assert cosine(got, want) >= THRESHOLD["fp16"]
+
+
+@pytest.mark.parametrize("dim,heads,h,w,gathers", [(128, 2, 20, 20, 4), (64, 1, 4, 4, 2), (96, 3, 3, 5, 10)])
+def test_heads_products_write_their_channel_slices(tmp_path, dim, heads, h, w, gathers):
+    """The second products, computed transposed, come out as the heads' channel slices of
+    the map a convolution reads: no Relayout puts them together (program_steps'
+    source_slices), but where the map's rows are stored padded (3x5) and a slice is no run
+    of the map's bytes. `gathers`: K and V^T of each head, Q^T and the output where no view."""
+    path = save(_heads(dim, heads, h, w, dim + h, proj=True), tmp_path / "m.onnx")
+    build(path, tmp_path / "m.rkbin", BuildOptions(precision="fp16"))
+    assert _softmax_steps(tmp_path / "m.rkbin") == heads
+    assert _steps(tmp_path / "m.rkbin", "Relayout") == gathers
+    x = np.random.default_rng(7).standard_normal((1, dim, h, w)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
         got = m.run({"x": x})["y"]
     want = onnxruntime_outputs(path, {"x": x})["y"]
@@ -184,3 +212,25 @@ def test_heads_stay_batched_where_their_products_stay_on_the_cpu(tmp_path):
     assert [p.device for p in forced.placements if p.op.type == "MatMul"] == ["cpu"] * 4
     default = build(path, tmp_path / "d.rkbin", BuildOptions(precision="fp16"))
     assert [p.device for p in default.placements if p.op.type == "MatMul"] == ["npu"] * 4
+
+
+@pytest.mark.parametrize("make", [lambda: _head(16, 8, 3, 5, 1), lambda: _heads(96, 3, 3, 5, 2)])
+def test_the_second_product_computed_transposed_gives_the_same_values(tmp_path, make):
+    """compiler/passes/heads.py transposed_product: V P^T becomes (P V^T)^T, P read straight
+    from the Softmax (no Transpose before any product), the graph's values unchanged."""
+    from rkc.compiler.frontend import load_graph
+    from rkc.compiler.passes import run_passes
+    from rkc.compiler.reference import run_graph
+
+    path = save(make(), tmp_path / "m.onnx")
+    before, after = load_graph(path), run_passes(load_graph(path), npu_attention=True)
+    softmaxes = {o for op in after.ops if op.type == "Softmax" for o in op.outputs}
+    a_operands = {op.inputs[0] for op in after.ops if op.type == "MatMul"}
+    shaped = {op.outputs[0] for op in after.ops if op.type == "Reshape" and op.inputs[0] in softmaxes}
+    heads = len(softmaxes)
+    assert heads and len(a_operands & (softmaxes | shaped)) == heads  # each head's P is a product's A
+    assert not [op for op in after.ops if op.type == "Transpose" and op.inputs[0] in softmaxes]
+    x = np.random.default_rng(4).standard_normal(tuple(before.tensors["x"].type.shape)).astype(np.float32)
+    want = run_graph(before, {"x": x})["y"].astype(np.float64)
+    got = run_graph(after, {"x": x})["y"].astype(np.float64)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
