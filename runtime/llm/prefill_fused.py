@@ -188,6 +188,12 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
     edge's arithmetic is float32 (`_load_in`, not the per-step bits)."""
     rows, k = res.shape
     tiles = (rows + LANES - 1) // LANES
+    if residual_by_rows(in_kind, src, out_kind, block):  # the atoms' own order (_residual_rotated_rows)
+        unit = body_scale if has_scale else np.float32(1.0)
+        _residual_rotated_rows(src, extra, row_scale, ch, bias, has_bias, first_norm, w1, e1, res, unit, last_norm,
+                               w2, e2, keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                               signs, block, hnorm, rotated, tile_lo * LANES, min(rows, tile_hi * LANES))
+        return
     buf = np.empty((k, LANES), np.float32)
     bits = buf.view(np.uint32)
     sums = np.empty(LANES, np.float64)
@@ -208,6 +214,205 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
         _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated, amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
+
+
+# -- the residual stretch from int32 atoms to a factor's rotated rows, in the atoms' own order ---------------
+# (Qwen2.5's and Gemma 4's int8 stretches at n_embd 1536 = C12 (x) H128.) The tiles above transpose twice:
+# the atoms' [rows, 4] runs into [K, LANES] (a strided gather, ~1.1 ns a value) and the rotated tile back
+# into rows by blocks (a scalar strided store), over a [1536, 16] tile (96 KB) past L1 in every pass.
+
+_RESIDUAL_SLAB = 16  # rows a slab: [K / 4, 64] float32 (96 KB at K = 1536, in L2)
+
+
+@njit(**_JIT)
+def residual_by_rows(in_kind, src, out_kind, block):
+    """Whether residual_tiles takes the stretch row by row in the atoms' order
+    (_residual_rotated_rows: int32 atoms in, a factor's rotated rows out);
+    its residual and kept values are best C order then (rows contiguous),
+    the tiles' F order (a tile's lanes contiguous)."""
+    return (in_kind == IN_DEQUANT and out_kind == OUT_ROTATED and src.shape[2] == _INT32_C2
+            and block % _INT32_C2 == 0)
+
+
+@njit(**_JIT)
+def _inv_rms(sums, nr, k, eps, inv):
+    """inv[m] = 1 / sqrt(mean square + eps) of rows m < nr from their four
+    float64 partial sums of squares sums[4 m..4 m + 3] (as _normalise's)."""
+    for m in range(nr):
+        s = (sums[4 * m] + sums[4 * m + 1]) + (sums[4 * m + 2] + sums[4 * m + 3])
+        inv[m] = np.float32(1.0 / np.sqrt(np.float64(np.float32(s / k) + eps)))
+
+
+@njit(**_JIT)
+def _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, add, keep_x, x_out, keep_total, total_out, m0, nr, buf,
+                  sums):
+    """Rows m0..m0+nr-1 of int32 atoms src [C1, R, 4] (plus `extra`'s, a second
+    K partial, when it has rows: exact in float64, rounded once) dequantized,
+    x = acc (rs[row] ch[j]) + bias[j] [kept in x_out]; with `add`, x = (x +
+    res) body_scale [kept in total_out]; into buf [K / 4, nr x 4] (the
+    atoms' order), and four float64 partial sums of squares a row into
+    sums[4 m..]. Row by row: the residual's and kept rows are contiguous runs (C order),
+    and a row's sums stay in registers (accumulated through the scratch
+    array, whose aliasing LLVM cannot rule out, the pass cost 1.5x)."""
+    k = res.shape[1]
+    partial = extra.shape[1] > 0
+    for m in range(nr):
+        row, q = m0 + m, m * _INT32_C2
+        r = rs[row]
+        xr = res[row]
+        xo = x_out[row] if keep_x else xr
+        kr = total_out[row] if keep_total else xr
+        s0 = s1 = s2 = s3 = 0.0
+        for a in range(k // _INT32_C2):
+            j, at, t = a * _INT32_C2, src[a, row], buf[a]
+            if partial:
+                ex = extra[a, row]
+                v0 = np.float32(np.float64(at[0]) + np.float64(ex[0]))
+                v1 = np.float32(np.float64(at[1]) + np.float64(ex[1]))
+                v2 = np.float32(np.float64(at[2]) + np.float64(ex[2]))
+                v3 = np.float32(np.float64(at[3]) + np.float64(ex[3]))
+            else:
+                v0, v1, v2, v3 = np.float32(at[0]), np.float32(at[1]), np.float32(at[2]), np.float32(at[3])
+            x0 = v0 * (r * ch[j]) + bias[j]
+            x1 = v1 * (r * ch[j + 1]) + bias[j + 1]
+            x2 = v2 * (r * ch[j + 2]) + bias[j + 2]
+            x3 = v3 * (r * ch[j + 3]) + bias[j + 3]
+            if keep_x:
+                xo[j], xo[j + 1], xo[j + 2], xo[j + 3] = x0, x1, x2, x3
+            if add:
+                x0, x1 = (x0 + xr[j]) * body_scale, (x1 + xr[j + 1]) * body_scale
+                x2, x3 = (x2 + xr[j + 2]) * body_scale, (x3 + xr[j + 3]) * body_scale
+            if keep_total:
+                kr[j], kr[j + 1], kr[j + 2], kr[j + 3] = x0, x1, x2, x3
+            t[q], t[q + 1], t[q + 2], t[q + 3] = x0, x1, x2, x3
+            s0 += np.float64(x0) * np.float64(x0)
+            s1 += np.float64(x1) * np.float64(x1)
+            s2 += np.float64(x2) * np.float64(x2)
+            s3 += np.float64(x3) * np.float64(x3)
+        sums[q], sums[q + 1], sums[q + 2], sums[q + 3] = s0, s1, s2, s3
+
+
+@njit(**_JIT)
+def _rows_norm_add(buf, inv, w, res, body_scale, keep_n, n_out, keep_total, total_out, m0, nr, sums):
+    """Gemma's first norm and the Add on a slab in buf (the atoms' order): n =
+    (x inv[m]) w, total = (n + res) body_scale in buf, each kept one stored,
+    the total's partial sums of squares into sums (_rows_in_edge's way)."""
+    k = res.shape[1]
+    for m in range(nr):
+        row, q, s = m0 + m, m * _INT32_C2, inv[m]
+        xr = res[row]
+        nr_ = n_out[row] if keep_n else xr
+        kr = total_out[row] if keep_total else xr
+        s0 = s1 = s2 = s3 = 0.0
+        for a in range(k // _INT32_C2):
+            j, t = a * _INT32_C2, buf[a]
+            n0, n1 = (t[q] * s) * w[j], (t[q + 1] * s) * w[j + 1]
+            n2, n3 = (t[q + 2] * s) * w[j + 2], (t[q + 3] * s) * w[j + 3]
+            if keep_n:
+                nr_[j], nr_[j + 1], nr_[j + 2], nr_[j + 3] = n0, n1, n2, n3
+            x0, x1 = (n0 + xr[j]) * body_scale, (n1 + xr[j + 1]) * body_scale
+            x2, x3 = (n2 + xr[j + 2]) * body_scale, (n3 + xr[j + 3]) * body_scale
+            if keep_total:
+                kr[j], kr[j + 1], kr[j + 2], kr[j + 3] = x0, x1, x2, x3
+            t[q], t[q + 1], t[q + 2], t[q + 3] = x0, x1, x2, x3
+            s0 += np.float64(x0) * np.float64(x0)
+            s1 += np.float64(x1) * np.float64(x1)
+            s2 += np.float64(x2) * np.float64(x2)
+            s3 += np.float64(x3) * np.float64(x3)
+        sums[q], sums[q + 1], sums[q + 2], sums[q + 3] = s0, s1, s2, s3
+
+
+@njit(**_JIT)
+def _residual_rotated_slab(src, extra, rs, ch, bias, first_norm, w1, e1, res, body_scale, last_norm, w2, e2,
+                           keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                           signs, block, hnorm, m0, nr, buf, sums, inv, rotated):
+    """residual_tiles' stretch for rows m0..m0+nr-1 from int32 atoms to a
+    factor's rotated rows, in the atoms' own order: buf [K / 4, nr x 4] holds
+    each atom's rows as they lie in the BO (row-major, 4 channels a row): the
+    in edge and the Add go row by row (_rows_in_edge), the butterflies
+    across atoms (channel distance >= 4) are vector operations on whole atom
+    rows, and the two within an atom (1, 2) run as each row's 4 values go to
+    rotated[b, m * block + j] (times hnorm)."""
+    k = res.shape[1]
+    c2 = _INT32_C2
+    atoms, n = k // c2, nr * c2
+    if first_norm:  # x [kept]; n1 = RMSNorm(x, w1) [kept]; total = (n1 + res) scale [kept]
+        _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, False, keep_x, x_out, False, total_out, m0, nr,
+                      buf, sums)
+        _inv_rms(sums, nr, k, e1, inv)
+        _rows_norm_add(buf, inv, w1, res, body_scale, keep_n1, n1_out, keep_total, total_out, m0, nr, sums)
+    else:  # x [kept]; total = (x + res) scale [kept]
+        _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, True, keep_x, x_out, keep_total, total_out, m0,
+                      nr, buf, sums)
+    if last_norm:
+        _inv_rms(sums, nr, k, e2, inv)
+    for a in range(atoms):  # [n2 = RMSNorm(total, w2)], times the rotation's signs
+        j, t = a * c2, buf[a]
+        for m in range(nr):
+            row, s = m0 + m, inv[m]
+            for b in range(c2):
+                x = t[m * c2 + b]
+                if last_norm:
+                    x = (x * s) * w2[j + b]
+                    if keep_n2:
+                        n2_out[row, j + b] = x
+                t[m * c2 + b] = x * signs[j + b]
+    per = block // c2  # atoms a block
+    for a0 in range(0, atoms, per):  # the butterflies across atoms, two stages a pass
+        h = 1
+        while 2 * h < per:
+            for i0 in range(a0, a0 + per, 4 * h):
+                for q in range(i0, i0 + h):
+                    p0, p1, p2, p3 = buf[q, :n], buf[q + h, :n], buf[q + 2 * h, :n], buf[q + 3 * h, :n]
+                    for i in range(n):
+                        x0, x1, x2, x3 = p0[i], p1[i], p2[i], p3[i]
+                        b0, b1 = x0 + x1, x0 - x1
+                        b2, b3 = x2 + x3, x2 - x3
+                        p0[i] = b0 + b2
+                        p2[i] = b0 - b2
+                        p1[i] = b1 + b3
+                        p3[i] = b1 - b3
+            h *= 4
+        if h < per:
+            for q in range(a0, a0 + h):
+                p0, p1 = buf[q, :n], buf[q + h, :n]
+                for i in range(n):
+                    x0, x1 = p0[i], p1[i]
+                    p0[i] = x0 + x1
+                    p1[i] = x0 - x1
+    for a0 in range(0, atoms, per):  # the stages within an atom, as each row's runs go out
+        dst = rotated[a0 // per]
+        for m in range(nr):
+            o, q = (m0 + m) * block, m * c2
+            for a in range(per):
+                t = buf[a0 + a]
+                x0, x1, x2, x3 = t[q], t[q + 1], t[q + 2], t[q + 3]
+                b0, b1 = x0 + x1, x0 - x1
+                b2, b3 = x2 + x3, x2 - x3
+                d = o + a * c2
+                dst[d] = (b0 + b2) * hnorm
+                dst[d + 1] = (b1 + b3) * hnorm
+                dst[d + 2] = (b0 - b2) * hnorm
+                dst[d + 3] = (b1 - b3) * hnorm
+
+
+@njit(**_JIT)
+def _residual_rotated_rows(src, extra, rs, ch, bias, has_bias, first_norm, w1, e1, res, body_scale, last_norm,
+                           w2, e2, keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                           signs, block, hnorm, rotated, lo, hi):
+    """residual_tiles' int32-in, rotated-out stretch over rows lo..hi-1, by
+    slabs of _RESIDUAL_SLAB rows (_residual_rotated_slab)."""
+    k = res.shape[1]
+    src = np.ascontiguousarray(src)  # (the BO's atoms are: no copy)
+    slab = min(_RESIDUAL_SLAB, max(hi - lo, 1))
+    buf = np.empty((k // _INT32_C2, slab * _INT32_C2), np.float32)
+    sums = np.empty(slab * _INT32_C2, np.float64)
+    inv = np.empty(slab, np.float32)
+    b = bias if has_bias else np.zeros(k, np.float32)
+    for m0 in range(lo, hi, slab):
+        _residual_rotated_slab(src, extra, rs, ch, b, first_norm, w1, e1, res, body_scale, last_norm, w2, e2,
+                               keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                               signs, block, hnorm, m0, min(slab, hi - m0), buf, sums, inv, rotated)
 
 
 @njit(**_JIT)
