@@ -244,16 +244,31 @@ def _inv_rms(sums, nr, k, eps, inv):
 
 
 @njit(**_JIT)
-def _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, add, keep_x, x_out, keep_total, total_out, m0, nr, buf,
-                  sums):
+def _h4(x0, x1, x2, x3, w0, w1, w2, w3):
+    """A row's 4 channels of an atom times their weights (the last norm's and
+    the rotation's signs), then the rotation's two butterfly stages within
+    the atom (channel distance 1, 2), which act on other channels than the
+    stages across atoms and so may come first. Scalars in and out: passed
+    the atom's row (an array view) to store into, the call was not inlined
+    and the in edge's pass cost 2.7x."""
+    y0, y1, y2, y3 = x0 * w0, x1 * w1, x2 * w2, x3 * w3
+    b0, b1 = y0 + y1, y0 - y1
+    b2, b3 = y2 + y3, y2 - y3
+    return b0 + b2, b1 + b3, b0 - b2, b1 - b3
+
+
+@njit(**_JIT)
+def _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, add, keep_x, x_out, keep_total, total_out, h4, ws,
+                  m0, nr, buf, sums):
     """Rows m0..m0+nr-1 of int32 atoms src [C1, R, 4] (plus `extra`'s, a second
     K partial, when it has rows: exact in float64, rounded once) dequantized,
     x = acc (rs[row] ch[j]) + bias[j] [kept in x_out]; with `add`, x = (x +
     res) body_scale [kept in total_out]; into buf [K / 4, nr x 4] (the
-    atoms' order), and four float64 partial sums of squares a row into
-    sums[4 m..]. Row by row: the residual's and kept rows are contiguous runs (C order),
-    and a row's sums stay in registers (accumulated through the scratch
-    array, whose aliasing LLVM cannot rule out, the pass cost 1.5x)."""
+    atoms' order; through _h4 when `h4`), and four float64 partial sums of
+    squares a row into sums[4 m..]. Row by row: the residual's and the kept
+    rows are contiguous runs (C order), and a row's sums stay in registers
+    (accumulated through the scratch array, whose aliasing LLVM cannot rule
+    out, the pass cost 1.5x)."""
     k = res.shape[1]
     partial = extra.shape[1] > 0
     for m in range(nr):
@@ -264,7 +279,7 @@ def _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, add, keep_x, x_out,
         kr = total_out[row] if keep_total else xr
         s0 = s1 = s2 = s3 = 0.0
         for a in range(k // _INT32_C2):
-            j, at, t = a * _INT32_C2, src[a, row], buf[a]
+            j, at = a * _INT32_C2, src[a, row]
             if partial:
                 ex = extra[a, row]
                 v0 = np.float32(np.float64(at[0]) + np.float64(ex[0]))
@@ -284,7 +299,11 @@ def _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, add, keep_x, x_out,
                 x2, x3 = (x2 + xr[j + 2]) * body_scale, (x3 + xr[j + 3]) * body_scale
             if keep_total:
                 kr[j], kr[j + 1], kr[j + 2], kr[j + 3] = x0, x1, x2, x3
-            t[q], t[q + 1], t[q + 2], t[q + 3] = x0, x1, x2, x3
+            t = buf[a]
+            if h4:
+                t[q], t[q + 1], t[q + 2], t[q + 3] = _h4(x0, x1, x2, x3, ws[j], ws[j + 1], ws[j + 2], ws[j + 3])
+            else:
+                t[q], t[q + 1], t[q + 2], t[q + 3] = x0, x1, x2, x3
             s0 += np.float64(x0) * np.float64(x0)
             s1 += np.float64(x1) * np.float64(x1)
             s2 += np.float64(x2) * np.float64(x2)
@@ -293,15 +312,16 @@ def _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, add, keep_x, x_out,
 
 
 @njit(**_JIT)
-def _rows_norm_add(buf, inv, w, res, body_scale, keep_n, n_out, keep_total, total_out, m0, nr, sums):
+def _rows_norm_add(buf, inv, w, res, body_scale, keep_n, n_out, keep_total, total_out, h4, ws, m0, nr, sums):
     """Gemma's first norm and the Add on a slab in buf (the atoms' order): n =
-    (x inv[m]) w, total = (n + res) body_scale in buf, each kept one stored,
-    the total's partial sums of squares into sums (_rows_in_edge's way)."""
+    (x inv[m]) w, total = (n + res) body_scale into buf (through _h4 when `h4`),
+    each kept one stored, the total's partial sums of squares into sums
+    (_rows_in_edge's way)."""
     k = res.shape[1]
     for m in range(nr):
         row, q, s = m0 + m, m * _INT32_C2, inv[m]
         xr = res[row]
-        nr_ = n_out[row] if keep_n else xr
+        no = n_out[row] if keep_n else xr
         kr = total_out[row] if keep_total else xr
         s0 = s1 = s2 = s3 = 0.0
         for a in range(k // _INT32_C2):
@@ -309,12 +329,15 @@ def _rows_norm_add(buf, inv, w, res, body_scale, keep_n, n_out, keep_total, tota
             n0, n1 = (t[q] * s) * w[j], (t[q + 1] * s) * w[j + 1]
             n2, n3 = (t[q + 2] * s) * w[j + 2], (t[q + 3] * s) * w[j + 3]
             if keep_n:
-                nr_[j], nr_[j + 1], nr_[j + 2], nr_[j + 3] = n0, n1, n2, n3
+                no[j], no[j + 1], no[j + 2], no[j + 3] = n0, n1, n2, n3
             x0, x1 = (n0 + xr[j]) * body_scale, (n1 + xr[j + 1]) * body_scale
             x2, x3 = (n2 + xr[j + 2]) * body_scale, (n3 + xr[j + 3]) * body_scale
             if keep_total:
                 kr[j], kr[j + 1], kr[j + 2], kr[j + 3] = x0, x1, x2, x3
-            t[q], t[q + 1], t[q + 2], t[q + 3] = x0, x1, x2, x3
+            if h4:
+                t[q], t[q + 1], t[q + 2], t[q + 3] = _h4(x0, x1, x2, x3, ws[j], ws[j + 1], ws[j + 2], ws[j + 3])
+            else:
+                t[q], t[q + 1], t[q + 2], t[q + 3] = x0, x1, x2, x3
             s0 += np.float64(x0) * np.float64(x0)
             s1 += np.float64(x1) * np.float64(x1)
             s2 += np.float64(x2) * np.float64(x2)
@@ -323,42 +346,28 @@ def _rows_norm_add(buf, inv, w, res, body_scale, keep_n, n_out, keep_total, tota
 
 
 @njit(**_JIT)
-def _residual_rotated_slab(src, extra, rs, ch, bias, first_norm, w1, e1, res, body_scale, last_norm, w2, e2,
-                           keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
-                           signs, block, hnorm, m0, nr, buf, sums, inv, rotated):
-    """residual_tiles' stretch for rows m0..m0+nr-1 from int32 atoms to a
-    factor's rotated rows, in the atoms' own order: buf [K / 4, nr x 4] holds
-    each atom's rows as they lie in the BO (row-major, 4 channels a row): the
-    in edge and the Add go row by row (_rows_in_edge), the butterflies
-    across atoms (channel distance >= 4) are vector operations on whole atom
-    rows, and the two within an atom (1, 2) run as each row's 4 values go to
-    rotated[b, m * block + j] (times hnorm)."""
-    k = res.shape[1]
-    c2 = _INT32_C2
-    atoms, n = k // c2, nr * c2
-    if first_norm:  # x [kept]; n1 = RMSNorm(x, w1) [kept]; total = (n1 + res) scale [kept]
-        _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, False, keep_x, x_out, False, total_out, m0, nr,
-                      buf, sums)
-        _inv_rms(sums, nr, k, e1, inv)
-        _rows_norm_add(buf, inv, w1, res, body_scale, keep_n1, n1_out, keep_total, total_out, m0, nr, sums)
-    else:  # x [kept]; total = (x + res) scale [kept]
-        _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, True, keep_x, x_out, keep_total, total_out, m0,
-                      nr, buf, sums)
-    if last_norm:
-        _inv_rms(sums, nr, k, e2, inv)
-    for a in range(atoms):  # [n2 = RMSNorm(total, w2)], times the rotation's signs
-        j, t = a * c2, buf[a]
-        for m in range(nr):
-            row, s = m0 + m, inv[m]
-            for b in range(c2):
-                x = t[m * c2 + b]
-                if last_norm:
-                    x = (x * s) * w2[j + b]
-                    if keep_n2:
-                        n2_out[row, j + b] = x
-                t[m * c2 + b] = x * signs[j + b]
-    per = block // c2  # atoms a block
-    for a0 in range(0, atoms, per):  # the butterflies across atoms, two stages a pass
+def _rows_norm_kept(buf, inv, w, signs, n_out, m0, nr, k):
+    """The last norm with its values kept (n2 = (total inv[m]) w stored),
+    then through _h4 (times the signs, the stages within an atom): the
+    rows' scale is in buf after this, not left to the store."""
+    for m in range(nr):
+        row, q, s = m0 + m, m * _INT32_C2, inv[m]
+        no = n_out[row]
+        for a in range(k // _INT32_C2):
+            j, t = a * _INT32_C2, buf[a]
+            n0, n1 = (t[q] * s) * w[j], (t[q + 1] * s) * w[j + 1]
+            n2, n3 = (t[q + 2] * s) * w[j + 2], (t[q + 3] * s) * w[j + 3]
+            no[j], no[j + 1], no[j + 2], no[j + 3] = n0, n1, n2, n3
+            t[q], t[q + 1], t[q + 2], t[q + 3] = _h4(n0, n1, n2, n3, signs[j], signs[j + 1], signs[j + 2], signs[j + 3])
+        inv[m] = np.float32(1.0)
+
+
+@njit(**_JIT)
+def _atom_butterflies(buf, atoms, per, n):
+    """The rotation's butterfly stages across atoms (channel distance >= 4)
+    within each block of `per` atoms, on buf's atom rows [:n] (vector
+    operations over whole rows), two stages a pass (as butterfly_stages)."""
+    for a0 in range(0, atoms, per):
         h = 1
         while 2 * h < per:
             for i0 in range(a0, a0 + per, 4 * h):
@@ -380,20 +389,50 @@ def _residual_rotated_slab(src, extra, rs, ch, bias, first_norm, w1, e1, res, bo
                     x0, x1 = p0[i], p1[i]
                     p0[i] = x0 + x1
                     p1[i] = x0 - x1
-    for a0 in range(0, atoms, per):  # the stages within an atom, as each row's runs go out
+
+
+@njit(**_JIT)
+def _residual_rotated_slab(src, extra, rs, ch, bias, first_norm, w1, e1, res, body_scale, last_norm, w2, ws, e2,
+                           keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                           signs, block, hnorm, m0, nr, buf, sums, inv, rotated):
+    """residual_tiles' stretch for rows m0..m0+nr-1 from int32 atoms to a
+    factor's rotated rows, in the atoms' own order: buf [K / 4, nr x 4] holds
+    each atom's rows as they lie in the BO (row-major, 4 channels a row). The
+    in edge and the Add go row by row (_rows_in_edge); the last norm's
+    weights and the rotation's signs (ws = w2 x signs) and the two butterfly
+    stages within an atom ride on the last pass's stores (_h4), and the
+    norm's per-row scale, which commutes with the rotation, on the output's
+    (with hnorm); the stages across atoms are vector operations on whole
+    atom rows. Kept n2 (no model's int8 prefill keeps it) takes a pass of
+    its own (_rows_norm_kept)."""
+    k = res.shape[1]
+    c2 = _INT32_C2
+    atoms, n = k // c2, nr * c2
+    h4 = not keep_n2
+    if first_norm:  # x [kept]; n1 = RMSNorm(x, w1) [kept]; total = (n1 + res) scale [kept]
+        _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, False, keep_x, x_out, False, total_out, False, ws,
+                      m0, nr, buf, sums)
+        _inv_rms(sums, nr, k, e1, inv)
+        _rows_norm_add(buf, inv, w1, res, body_scale, keep_n1, n1_out, keep_total, total_out, h4, ws, m0, nr, sums)
+    else:  # x [kept]; total = (x + res) scale [kept]
+        _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, True, keep_x, x_out, keep_total, total_out, h4,
+                      ws, m0, nr, buf, sums)
+    if last_norm:
+        _inv_rms(sums, nr, k, e2, inv)
+    else:
+        inv[:nr] = np.float32(1.0)
+    if keep_n2:
+        _rows_norm_kept(buf, inv, w2, signs, n2_out, m0, nr, k)
+    per = block // c2  # atoms a block
+    _atom_butterflies(buf, atoms, per, n)
+    for a0 in range(0, atoms, per):  # each row's runs out, times its norm's scale and hnorm
         dst = rotated[a0 // per]
         for m in range(nr):
-            o, q = (m0 + m) * block, m * c2
+            o, q, s = (m0 + m) * block, m * c2, inv[m] * hnorm
+            run = dst[o:o + block]
             for a in range(per):
-                t = buf[a0 + a]
-                x0, x1, x2, x3 = t[q], t[q + 1], t[q + 2], t[q + 3]
-                b0, b1 = x0 + x1, x0 - x1
-                b2, b3 = x2 + x3, x2 - x3
-                d = o + a * c2
-                dst[d] = (b0 + b2) * hnorm
-                dst[d + 1] = (b1 + b3) * hnorm
-                dst[d + 2] = (b0 - b2) * hnorm
-                dst[d + 3] = (b1 - b3) * hnorm
+                t, d = buf[a0 + a], a * c2
+                run[d], run[d + 1], run[d + 2], run[d + 3] = t[q] * s, t[q + 1] * s, t[q + 2] * s, t[q + 3] * s
 
 
 @njit(**_JIT)
@@ -409,8 +448,9 @@ def _residual_rotated_rows(src, extra, rs, ch, bias, has_bias, first_norm, w1, e
     sums = np.empty(slab * _INT32_C2, np.float64)
     inv = np.empty(slab, np.float32)
     b = bias if has_bias else np.zeros(k, np.float32)
+    ws = w2 * signs if last_norm else signs  # a sign's product is exact
     for m0 in range(lo, hi, slab):
-        _residual_rotated_slab(src, extra, rs, ch, b, first_norm, w1, e1, res, body_scale, last_norm, w2, e2,
+        _residual_rotated_slab(src, extra, rs, ch, b, first_norm, w1, e1, res, body_scale, last_norm, w2, ws, e2,
                                keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
                                signs, block, hnorm, m0, min(slab, hi - m0), buf, sums, inv, rotated)
 
