@@ -268,7 +268,9 @@ def _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, add, keep_x, x_out,
     squares a row into sums[4 m..]. Row by row: the residual's and the kept
     rows are contiguous runs (C order), and a row's sums stay in registers
     (accumulated through the scratch array, whose aliasing LLVM cannot rule
-    out, the pass cost 1.5x)."""
+    out, the pass cost 1.5x). _rows_norm_add is its twin for Gemma's first
+    norm: one function with a flag choosing the source was not unswitched
+    by LLVM (the passes cost 2x, the same bits)."""
     k = res.shape[1]
     partial = extra.shape[1] > 0
     for m in range(nr):
