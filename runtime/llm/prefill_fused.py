@@ -4,14 +4,15 @@ accumulators dequantized, read straight from the BO's atoms), [RMSNorm],
 the residual Add, RMSNorm, out edge (narrowed to fp16, or rotated and
 quantized to int8, written straight into the next segment's atoms), one
 tile of `LANES` rows at a time, the tile staying in the core's cache from
-the first step to the last.
+the first step to the last; an int32 in edge to a block-mixing factor's
+rotation goes by slabs of rows in the atoms' own order instead
+(`_residual_rotated_rows`).
 
-Each step is the many-row kernels' arithmetic (runtime/llm/prefill_kernels.py,
-itself the row kernels' and so numpy's: the same operations in the same
-order), so the values are the per-step path's bit for bit
-(tests/llm/test_prefill_fused.py). A rotation with a block-mixing factor
-leaves its rotated rows for the caller's numpy product (BLAS's sums) and
-`quantize_into_atoms` takes them from there.
+The values are float32 computations within float32 tolerance of the
+per-step path (issue 37; tests/llm/test_prefill_fused.py states the
+tolerances). A rotation with a block-mixing factor leaves its rotated rows
+for the caller's numpy product (BLAS's sums) and
+`quantize_blocks_into_atoms` takes them from there.
 """
 
 from __future__ import annotations
