@@ -213,7 +213,7 @@ def _read_elsewhere(plan, steps: Sequence[Step]) -> set:
 
 
 def _residual_stretch(plan, steps: Sequence[Step], outputs: set, in_edge, out_edge, min_rows: int,
-                      bodies: tuple = RESIDUAL_BODIES):
+                      bodies: tuple = RESIDUAL_BODIES, kept_order: Callable[[Step, Step], str] | None = None):
     """A residual stretch (one of `bodies`: [RMSNorm], Add, [ScaleBy],
     [RMSNorm] between an `in_edge` of at least `min_rows` rows and an
     `out_edge`), as (in step, out step, m, k, residual's name, first_norm,
@@ -221,7 +221,8 @@ def _residual_stretch(plan, steps: Sequence[Step], outputs: set, in_edge, out_ed
     which of x, n1, total (scaled, with a ScaleBy), n2 are read elsewhere,
     `bufs` their [m, k] stores (column-major: a tile's lanes are one
     contiguous run per channel, for this store and for the next stretch's
-    read of the residual), `body` the matched ResidualBody."""
+    read of the residual; or kept_order(first, last)'s), `body` the matched
+    ResidualBody."""
     shape = residual_shape(steps, outputs, bodies)
     if shape is None:
         return None
@@ -242,18 +243,28 @@ def _residual_stretch(plan, steps: Sequence[Step], outputs: set, in_edge, out_ed
     names = [first.outputs[0], outs[0] if first_norm else None, outs[int(first_norm) + int(scaled)],
              outs[-1] if last_norm else None]  # x, n1, total (scaled), n2
     keep = [n is not None and n in wanted for n in names]
-    bufs = [np.empty((m, k), F32, order="F") if kept else _NONE_F32 for kept in keep]
+    order = kept_order(first, last) if kept_order is not None else "F"
+    bufs = [np.empty((m, k), F32, order=order) if kept else _NONE_F32 for kept in keep]
     stores = [(plan._slot(n), b) for n, b, kept in zip(names, bufs, keep) if kept]
     w2e2 = matched.last or (_NONE_VEC, F32(0.0))
     return (first, last, m, k, matched.residual, first_norm, matched.first or w2e2, w2e2,
             keep, bufs, stores, matched)
 
 
+def _kept_order(plan, first: Step, last: Step) -> str:
+    """The kept values' order: C where the kernel goes row by row
+    (prefill_fused.residual_by_rows; the next stretch reads the sum as its
+    residual, rows contiguous), else F (the tiles' lanes contiguous)."""
+    edge_in, edge_out = _InEdge(plan, first), _OutEdge(plan, last)  # (its buffers: np.empty, never touched)
+    return "C" if kernels.residual_by_rows(edge_in.kind, edge_in.src, edge_out.kind, edge_out.block) else "F"
+
+
 def residual_rows(plan, steps: Sequence[Step], bind, outputs: set, state=None) -> list[Callable[[], None]] | None:
     """A many-row residual stretch's calls (one, bracketed), else None; Gemma
     4's bodies too (the FFN's sum with no second norm, the per-layer
     projection's sum scaled by the layer output scale)."""
-    found = _residual_stretch(plan, steps, outputs, _InEdge, _OutEdge, min_rows=1, bodies=ONE_ROW_BODIES)
+    found = _residual_stretch(plan, steps, outputs, _InEdge, _OutEdge, min_rows=1, bodies=ONE_ROW_BODIES,
+                              kept_order=lambda first, last: _kept_order(plan, first, last))
     if found is None:
         return None
     first, last, m, k, residual, first_norm, (w1, e1), (w2, e2), keep, bufs, stores, matched = found

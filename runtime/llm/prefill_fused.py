@@ -4,14 +4,15 @@ accumulators dequantized, read straight from the BO's atoms), [RMSNorm],
 the residual Add, RMSNorm, out edge (narrowed to fp16, or rotated and
 quantized to int8, written straight into the next segment's atoms), one
 tile of `LANES` rows at a time, the tile staying in the core's cache from
-the first step to the last.
+the first step to the last; an int32 in edge to a block-mixing factor's
+rotation goes by slabs of rows in the atoms' own order instead
+(`_residual_rotated_rows`).
 
-Each step is the many-row kernels' arithmetic (runtime/llm/prefill_kernels.py,
-itself the row kernels' and so numpy's: the same operations in the same
-order), so the values are the per-step path's bit for bit
-(tests/llm/test_prefill_fused.py). A rotation with a block-mixing factor
-leaves its rotated rows for the caller's numpy product (BLAS's sums) and
-`quantize_into_atoms` takes them from there.
+The values are float32 computations within float32 tolerance of the
+per-step path (issue 37; tests/llm/test_prefill_fused.py states the
+tolerances). A rotation with a block-mixing factor leaves its rotated rows
+for the caller's numpy product (BLAS's sums) and
+`quantize_blocks_into_atoms` takes them from there.
 """
 
 from __future__ import annotations
@@ -188,6 +189,12 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
     edge's arithmetic is float32 (`_load_in`, not the per-step bits)."""
     rows, k = res.shape
     tiles = (rows + LANES - 1) // LANES
+    if residual_by_rows(in_kind, src, out_kind, block):  # the atoms' own order (_residual_rotated_rows)
+        unit = body_scale if has_scale else np.float32(1.0)
+        _residual_rotated_rows(src, extra, row_scale, ch, bias, has_bias, first_norm, w1, e1, res, unit, last_norm,
+                               w2, e2, keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                               signs, block, hnorm, rotated, tile_lo * LANES, min(rows, tile_hi * LANES))
+        return
     buf = np.empty((k, LANES), np.float32)
     bits = buf.view(np.uint32)
     sums = np.empty(LANES, np.float64)
@@ -208,6 +215,247 @@ def residual_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias,
         _out_edge(buf, bits, m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated, amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
+
+
+# -- the residual stretch from int32 atoms to a factor's rotated rows, in the atoms' own order ---------------
+# (Qwen2.5's and Gemma 4's int8 stretches at n_embd 1536 = C12 (x) H128.) The tiles above transpose twice:
+# the atoms' [rows, 4] runs into [K, LANES] (a strided gather, ~1.1 ns a value) and the rotated tile back
+# into rows by blocks (a scalar strided store), over a [1536, 16] tile (96 KB) past L1 in every pass.
+
+_RESIDUAL_SLAB = 16  # rows a slab: [K / 4, 64] float32 (96 KB at K = 1536, in L2)
+
+
+@njit(**_JIT)
+def residual_by_rows(in_kind, src, out_kind, block):
+    """Whether residual_tiles takes the stretch row by row in the atoms' order
+    (_residual_rotated_rows: int32 atoms in, a factor's rotated rows out);
+    its residual and kept values are best C order then (rows contiguous),
+    the tiles' F order (a tile's lanes contiguous)."""
+    return (in_kind == IN_DEQUANT and out_kind == OUT_ROTATED and src.shape[2] == _INT32_C2
+            and block % _INT32_C2 == 0)
+
+
+@njit(**_JIT)
+def _inv_rms(sums, nr, k, eps, inv):
+    """inv[m] = 1 / sqrt(mean square + eps) of rows m < nr from their four
+    float64 partial sums of squares sums[4 m..4 m + 3] (as _normalise's)."""
+    for m in range(nr):
+        s = (sums[4 * m] + sums[4 * m + 1]) + (sums[4 * m + 2] + sums[4 * m + 3])
+        inv[m] = np.float32(1.0 / np.sqrt(np.float64(np.float32(s / k) + eps)))
+
+
+@njit(**_JIT)
+def _h4(x0, x1, x2, x3, w0, w1, w2, w3):
+    """A row's 4 channels of an atom times their weights (the last norm's and
+    the rotation's signs), then the rotation's two butterfly stages within
+    the atom (channel distance 1, 2), which act on other channels than the
+    stages across atoms and so may come first. Scalars in and out: passed
+    the atom's row (an array view) to store into, the call was not inlined
+    and the in edge's pass cost 2.7x."""
+    y0, y1, y2, y3 = x0 * w0, x1 * w1, x2 * w2, x3 * w3
+    b0, b1 = y0 + y1, y0 - y1
+    b2, b3 = y2 + y3, y2 - y3
+    return b0 + b2, b1 + b3, b0 - b2, b1 - b3
+
+
+@njit(**_JIT)
+def _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, add, keep_x, x_out, keep_total, total_out, h4, ws,
+                  m0, nr, buf, sums):
+    """Rows m0..m0+nr-1 of int32 atoms src [C1, R, 4] (plus `extra`'s, a second
+    K partial, when it has rows: exact in float64, rounded once) dequantized,
+    x = acc (rs[row] ch[j]) + bias[j] [kept in x_out]; with `add`, x = (x +
+    res) body_scale [kept in total_out]; into buf [K / 4, nr x 4] (the
+    atoms' order; through _h4 when `h4`), and four float64 partial sums of
+    squares a row into sums[4 m..]. Row by row: the residual's and the kept
+    rows are contiguous runs (C order), and a row's sums stay in registers
+    (accumulated through the scratch array, whose aliasing LLVM cannot rule
+    out, the pass cost 1.5x). _rows_norm_add is its twin for Gemma's first
+    norm: one function with a flag choosing the source was not unswitched
+    by LLVM (the passes cost 2x, the same bits)."""
+    k = res.shape[1]
+    partial = extra.shape[1] > 0
+    for m in range(nr):
+        row, q = m0 + m, m * _INT32_C2
+        r = rs[row]
+        xr = res[row]
+        xo = x_out[row] if keep_x else xr
+        kr = total_out[row] if keep_total else xr
+        s0 = s1 = s2 = s3 = 0.0
+        for a in range(k // _INT32_C2):
+            j, at = a * _INT32_C2, src[a, row]
+            if partial:
+                ex = extra[a, row]
+                v0 = np.float32(np.float64(at[0]) + np.float64(ex[0]))
+                v1 = np.float32(np.float64(at[1]) + np.float64(ex[1]))
+                v2 = np.float32(np.float64(at[2]) + np.float64(ex[2]))
+                v3 = np.float32(np.float64(at[3]) + np.float64(ex[3]))
+            else:
+                v0, v1, v2, v3 = np.float32(at[0]), np.float32(at[1]), np.float32(at[2]), np.float32(at[3])
+            x0 = v0 * (r * ch[j]) + bias[j]
+            x1 = v1 * (r * ch[j + 1]) + bias[j + 1]
+            x2 = v2 * (r * ch[j + 2]) + bias[j + 2]
+            x3 = v3 * (r * ch[j + 3]) + bias[j + 3]
+            if keep_x:
+                xo[j], xo[j + 1], xo[j + 2], xo[j + 3] = x0, x1, x2, x3
+            if add:
+                x0, x1 = (x0 + xr[j]) * body_scale, (x1 + xr[j + 1]) * body_scale
+                x2, x3 = (x2 + xr[j + 2]) * body_scale, (x3 + xr[j + 3]) * body_scale
+            if keep_total:
+                kr[j], kr[j + 1], kr[j + 2], kr[j + 3] = x0, x1, x2, x3
+            t = buf[a]
+            if h4:
+                t[q], t[q + 1], t[q + 2], t[q + 3] = _h4(x0, x1, x2, x3, ws[j], ws[j + 1], ws[j + 2], ws[j + 3])
+            else:
+                t[q], t[q + 1], t[q + 2], t[q + 3] = x0, x1, x2, x3
+            s0 += np.float64(x0) * np.float64(x0)
+            s1 += np.float64(x1) * np.float64(x1)
+            s2 += np.float64(x2) * np.float64(x2)
+            s3 += np.float64(x3) * np.float64(x3)
+        sums[q], sums[q + 1], sums[q + 2], sums[q + 3] = s0, s1, s2, s3
+
+
+@njit(**_JIT)
+def _rows_norm_add(buf, inv, w, res, body_scale, keep_n, n_out, keep_total, total_out, h4, ws, m0, nr, sums):
+    """Gemma's first norm and the Add on a slab in buf (the atoms' order): n =
+    (x inv[m]) w, total = (n + res) body_scale into buf (through _h4 when `h4`),
+    each kept one stored, the total's partial sums of squares into sums
+    (_rows_in_edge's way)."""
+    k = res.shape[1]
+    for m in range(nr):
+        row, q, s = m0 + m, m * _INT32_C2, inv[m]
+        xr = res[row]
+        no = n_out[row] if keep_n else xr
+        kr = total_out[row] if keep_total else xr
+        s0 = s1 = s2 = s3 = 0.0
+        for a in range(k // _INT32_C2):
+            j, t = a * _INT32_C2, buf[a]
+            n0, n1 = (t[q] * s) * w[j], (t[q + 1] * s) * w[j + 1]
+            n2, n3 = (t[q + 2] * s) * w[j + 2], (t[q + 3] * s) * w[j + 3]
+            if keep_n:
+                no[j], no[j + 1], no[j + 2], no[j + 3] = n0, n1, n2, n3
+            x0, x1 = (n0 + xr[j]) * body_scale, (n1 + xr[j + 1]) * body_scale
+            x2, x3 = (n2 + xr[j + 2]) * body_scale, (n3 + xr[j + 3]) * body_scale
+            if keep_total:
+                kr[j], kr[j + 1], kr[j + 2], kr[j + 3] = x0, x1, x2, x3
+            if h4:
+                t[q], t[q + 1], t[q + 2], t[q + 3] = _h4(x0, x1, x2, x3, ws[j], ws[j + 1], ws[j + 2], ws[j + 3])
+            else:
+                t[q], t[q + 1], t[q + 2], t[q + 3] = x0, x1, x2, x3
+            s0 += np.float64(x0) * np.float64(x0)
+            s1 += np.float64(x1) * np.float64(x1)
+            s2 += np.float64(x2) * np.float64(x2)
+            s3 += np.float64(x3) * np.float64(x3)
+        sums[q], sums[q + 1], sums[q + 2], sums[q + 3] = s0, s1, s2, s3
+
+
+@njit(**_JIT)
+def _rows_norm_kept(buf, inv, w, signs, n_out, m0, nr, k):
+    """The last norm with its values kept (n2 = (total inv[m]) w stored),
+    then through _h4 (times the signs, the stages within an atom): the
+    rows' scale is in buf after this, not left to the store."""
+    for m in range(nr):
+        row, q, s = m0 + m, m * _INT32_C2, inv[m]
+        no = n_out[row]
+        for a in range(k // _INT32_C2):
+            j, t = a * _INT32_C2, buf[a]
+            n0, n1 = (t[q] * s) * w[j], (t[q + 1] * s) * w[j + 1]
+            n2, n3 = (t[q + 2] * s) * w[j + 2], (t[q + 3] * s) * w[j + 3]
+            no[j], no[j + 1], no[j + 2], no[j + 3] = n0, n1, n2, n3
+            t[q], t[q + 1], t[q + 2], t[q + 3] = _h4(n0, n1, n2, n3, signs[j], signs[j + 1], signs[j + 2], signs[j + 3])
+        inv[m] = np.float32(1.0)
+
+
+@njit(**_JIT)
+def _atom_butterflies(buf, atoms, per, n):
+    """The rotation's butterfly stages across atoms (channel distance >= 4)
+    within each block of `per` atoms, on buf's atom rows [:n] (vector
+    operations over whole rows), two stages a pass (as butterfly_stages)."""
+    for a0 in range(0, atoms, per):
+        h = 1
+        while 2 * h < per:
+            for i0 in range(a0, a0 + per, 4 * h):
+                for q in range(i0, i0 + h):
+                    p0, p1, p2, p3 = buf[q, :n], buf[q + h, :n], buf[q + 2 * h, :n], buf[q + 3 * h, :n]
+                    for i in range(n):
+                        x0, x1, x2, x3 = p0[i], p1[i], p2[i], p3[i]
+                        b0, b1 = x0 + x1, x0 - x1
+                        b2, b3 = x2 + x3, x2 - x3
+                        p0[i] = b0 + b2
+                        p2[i] = b0 - b2
+                        p1[i] = b1 + b3
+                        p3[i] = b1 - b3
+            h *= 4
+        if h < per:
+            for q in range(a0, a0 + h):
+                p0, p1 = buf[q, :n], buf[q + h, :n]
+                for i in range(n):
+                    x0, x1 = p0[i], p1[i]
+                    p0[i] = x0 + x1
+                    p1[i] = x0 - x1
+
+
+@njit(**_JIT)
+def _residual_rotated_slab(src, extra, rs, ch, bias, first_norm, w1, e1, res, body_scale, last_norm, w2, ws, e2,
+                           keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                           signs, block, hnorm, m0, nr, buf, sums, inv, rotated):
+    """residual_tiles' stretch for rows m0..m0+nr-1 from int32 atoms to a
+    factor's rotated rows, in the atoms' own order: buf [K / 4, nr x 4] holds
+    each atom's rows as they lie in the BO (row-major, 4 channels a row). The
+    in edge and the Add go row by row (_rows_in_edge); the last norm's
+    weights and the rotation's signs (ws = w2 x signs) and the two butterfly
+    stages within an atom ride on the last pass's stores (_h4), and the
+    norm's per-row scale, which commutes with the rotation, on the output's
+    (with hnorm); the stages across atoms are vector operations on whole
+    atom rows. Kept n2 (no model's int8 prefill keeps it) takes a pass of
+    its own (_rows_norm_kept)."""
+    k = res.shape[1]
+    c2 = _INT32_C2
+    atoms, n = k // c2, nr * c2
+    h4 = not keep_n2
+    if first_norm:  # x [kept]; n1 = RMSNorm(x, w1) [kept]; total = (n1 + res) scale [kept]
+        _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, False, keep_x, x_out, False, total_out, False, ws,
+                      m0, nr, buf, sums)
+        _inv_rms(sums, nr, k, e1, inv)
+        _rows_norm_add(buf, inv, w1, res, body_scale, keep_n1, n1_out, keep_total, total_out, h4, ws, m0, nr, sums)
+    else:  # x [kept]; total = (x + res) scale [kept]
+        _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, True, keep_x, x_out, keep_total, total_out, h4,
+                      ws, m0, nr, buf, sums)
+    if last_norm:
+        _inv_rms(sums, nr, k, e2, inv)
+    else:
+        inv[:nr] = np.float32(1.0)
+    if keep_n2:
+        _rows_norm_kept(buf, inv, w2, signs, n2_out, m0, nr, k)
+    per = block // c2  # atoms a block
+    _atom_butterflies(buf, atoms, per, n)
+    for a0 in range(0, atoms, per):  # each row's runs out, times its norm's scale and hnorm
+        dst = rotated[a0 // per]
+        for m in range(nr):
+            o, q, s = (m0 + m) * block, m * c2, inv[m] * hnorm
+            run = dst[o:o + block]
+            for a in range(per):
+                t, d = buf[a0 + a], a * c2
+                run[d], run[d + 1], run[d + 2], run[d + 3] = t[q] * s, t[q + 1] * s, t[q + 2] * s, t[q + 3] * s
+
+
+@njit(**_JIT)
+def _residual_rotated_rows(src, extra, rs, ch, bias, has_bias, first_norm, w1, e1, res, body_scale, last_norm,
+                           w2, e2, keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                           signs, block, hnorm, rotated, lo, hi):
+    """residual_tiles' int32-in, rotated-out stretch over rows lo..hi-1, by
+    slabs of _RESIDUAL_SLAB rows (_residual_rotated_slab)."""
+    k = res.shape[1]
+    src = np.ascontiguousarray(src)  # (the BO's atoms are: no copy)
+    slab = min(_RESIDUAL_SLAB, max(hi - lo, 1))
+    buf = np.empty((k // _INT32_C2, slab * _INT32_C2), np.float32)
+    sums = np.empty(slab * _INT32_C2, np.float64)
+    inv = np.empty(slab, np.float32)
+    b = bias if has_bias else np.zeros(k, np.float32)
+    ws = w2 * signs if last_norm else signs  # a sign's product is exact
+    for m0 in range(lo, hi, slab):
+        _residual_rotated_slab(src, extra, rs, ch, b, first_norm, w1, e1, res, body_scale, last_norm, w2, ws, e2,
+                               keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
+                               signs, block, hnorm, m0, min(slab, hi - m0), buf, sums, inv, rotated)
 
 
 @njit(**_JIT)

@@ -15,6 +15,8 @@ at most 0.5 % of them off; the stand-alone edges against float64."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -178,6 +180,83 @@ def _check_residual_tiles(rows, k, kind, edges, first_norm, body_scale, last_nor
     assert not codes[rows:].any()  # padding rows zeroed
 
 
+def _factor_rotation(k: int):
+    """A rotation with a block-mixing factor for any K of the sweep: the
+    compiler's own where it has one (1536 = C12 (x) H128, 2560, 640), else
+    blocks of 256 mixed by a seeded orthogonal factor (2048: a power of two
+    has none)."""
+    rot = make_rotation(k, "auto")
+    if rot.factor is not None:
+        return rot
+    q, _ = np.linalg.qr(np.random.default_rng(k).standard_normal((k // 256, k // 256)))
+    return replace(rot, block=256, factor=q.astype(F32))
+
+
+_SWEEP = [(rows, k, "add_norm") for rows in (1, 7, 128, 150) for k in (640, 1536, 2048, 2560)]
+_SWEEP += [pytest.param(512, k, "add_norm", marks=pytest.mark.slow) for k in (640, 1536, 2048, 2560)]
+_SWEEP += [(rows, k, body) for rows in (7, 150) for k in (640, 1536, 2048, 2560)
+           for body in ("norm_add_scale_norm", "norm_add")]
+
+
+@pytest.mark.parametrize("rows,k,body", _SWEEP)
+def test_residual_rows_into_a_factors_rotation_match_a_float64_reference(rows, k, body):
+    """The int32-in, factor-rotated-out stretch (residual_tiles' row-order
+    path, prefill_fused._residual_rotated_rows: Qwen2.5's and Gemma 4's int8
+    stretches) against float64 arithmetic over K 640-2560 and 1-512 rows
+    (slabs of 16 and a partial one, two threads; 512 rows: slow): Qwen's Add
+    and norm (one K partial, or two at odd rows) over every shape, Gemma 4's
+    norm, Add, scale, norm (n2 kept at 150 rows: its own pass) and norm, Add
+    at 7 and 150 rows. Kept values in C order, the residual in C order or F
+    (128 rows). Tolerances (float32 arithmetic, float64 sums of squares):
+    kept values within 4e-6 of their row's largest |value|; the rotated rows
+    (the factor's product in float64) within 2e-7 of the row's 2-norm
+    (measured: <= 2.3e-8)."""
+    rng = np.random.default_rng([rows, k, len(body)])
+    first_norm, last_norm = body.startswith("norm"), body.endswith("norm")
+    body_scale = 0.37 if "scale" in body else None
+    partials = 2 if rows % 2 else 1
+    src_bt, src_info, src_host = _operand(rows, k, "int32")
+    extra_bt, extra_info, extra_host = _operand(rows, k, "int32")
+    acc = rng.integers(-2 ** 20, 2 ** 20, (rows, k))
+    to_layout(acc.astype(np.int32), src_info, src_host)
+    if partials == 2:
+        more = rng.integers(-2 ** 20, 2 ** 20, (rows, k))
+        to_layout(more.astype(np.int32), extra_info, extra_host)
+        acc = acc + more
+    rs, ch, bias = (rng.random(rows) * 1e-3).astype(F32), rng.random(k).astype(F32), rng.standard_normal(k).astype(F32)
+    res = (rng.standard_normal((rows, k)) * np.exp(rng.standard_normal((rows, 1)) * 3)).astype(F32)
+    res[rows // 2, 5] = 3e4  # Gemma's residual stream reaches 3e4
+    w1, w2 = (rng.standard_normal(k).astype(F32) for _ in range(2))
+    eps = F32(1e-6)
+
+    def norm(v, w):
+        return v / np.sqrt(np.mean(v * v, axis=1, keepdims=True) + float(eps)) * w.astype(np.float64)
+    x = acc * rs.astype(np.float64)[:, None] * ch.astype(np.float64) + bias.astype(np.float64)
+    n1 = norm(x, w1) if first_norm else x
+    total = (n1 + res) * (body_scale if body_scale is not None else 1.0)
+    n2 = norm(total, w2) if last_norm else total
+    rot = _factor_rotation(k)
+    want = rotate(n2, rot)
+
+    keep = [rows == 7, first_norm and rows == 7, True, last_norm and rows == 150]  # x, n1, total, n2
+    bufs = [np.full((rows, k), np.nan, F32) if kept else np.zeros((0, 0), F32) for kept in keep]
+    rotated = np.full((k // rot.block, rows * rot.block), np.nan, F32)
+    extra = extra_bt.atoms if partials == 2 else np.zeros((0, 0, 0), np.int32)
+    consts = (pf.IN_DEQUANT, src_bt.atoms, extra, rs, ch, bias, True, first_norm, w1, eps,
+              np.asarray(res, order="F" if rows == 128 else "C"),
+              F32(body_scale if body_scale is not None else 1.0), body_scale is not None, last_norm, w2, eps, *keep,
+              *bufs, pf.OUT_ROTATED, np.zeros((0, 0, 0), np.int8), rot.signs.astype(F32), rot.block,
+              F32(1.0 / np.sqrt(rot.block)), np.zeros(0, F32), rotated)
+    assert pf.residual_by_rows(pf.IN_DEQUANT, src_bt.atoms, pf.OUT_ROTATED, rot.block)
+    over_ranges(lambda lo, hi: pf.residual_tiles(*consts, lo, hi), -(-rows // LANES))  # two threads
+    for got, want_kept, kept in zip(bufs, [x, n1, total, n2], keep):
+        if kept:
+            assert np.all(np.abs(got - want_kept) <= 4e-6 * np.abs(want_kept).max(axis=1, keepdims=True))
+    mixed = rot.factor.astype(np.float64) @ rotated.astype(np.float64)  # by blocks
+    got = mixed.reshape(k // rot.block, rows, rot.block).transpose(1, 0, 2).reshape(rows, k)
+    assert np.all(np.abs(got - want) <= 2e-7 * np.linalg.norm(want, axis=1, keepdims=True))
+
+
 @pytest.mark.parametrize("rows", [16, 37, 80])
 @pytest.mark.parametrize("k", [256, 640])
 @pytest.mark.parametrize("kind,partials,bias", [("fp16", 1, False), ("int32", 1, False), ("int32", 1, True),
@@ -316,3 +395,4 @@ def test_quantize_blocks_into_atoms_scales_and_codes(rows, k, block):
     finite = np.isfinite(want)
     np.testing.assert_array_equal(codes[:rows, :k][finite], want[finite])
     assert not codes[:rows, k:].any() and not codes[rows:].any()
+
