@@ -210,6 +210,25 @@ def hartley_matrix(m: int) -> np.ndarray:
     return (np.cos(angle) + np.sin(angle)) / np.sqrt(m)
 
 
+def hartley_split(m: int) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+    """The prime-factor (Good-Thomas) form of the order-m Hartley matrix, for
+    m = m1 m2 with m1, m2 > 1 coprime (the pair with the least m1 + m2), else
+    None: (m1, m2, pin, pout) with H_m x = y where, for X[n1, n2] =
+    x[pin[n1, n2]] and T = H_m1 X H_m2^T (each factor orthonormal Hartley),
+    y[pout[k1, k2]] = (T[k1, k2] + T[-k1, k2] + T[k1, -k2] - T[-k1, -k2]) / 2
+    (indices mod m1, m2; cas(a + b) = (cas a cas b + cas -a cas b + cas a
+    cas -b - cas -a cas -b) / 2). m1 + m2 multiply-adds a value, not m:
+    8960's C35 takes 12."""
+    pairs = [(a, m // a) for a in range(2, m) if m % a == 0 and a < m // a and np.gcd(a, m // a) == 1]
+    if not pairs:
+        return None
+    m1, m2 = min(pairs, key=sum)
+    n1, n2 = np.arange(m1)[:, None], np.arange(m2)[None, :]
+    pin = (n1 * m2 + n2 * m1) % m  # the input's index map, and the output's by the Chinese remainder theorem
+    pout = (n1 * m2 * pow(m2, -1, m1) + n2 * m1 * pow(m1, -1, m2)) % m
+    return m1, m2, pin.astype(np.int64), pout.astype(np.int64)
+
+
 def _flat_factor(k: int) -> tuple[int, np.ndarray] | None:
     """(n, H_m / sqrt(m)) for the largest power-of-two block n of k whose
     cofactor m has a Paley Hadamard matrix; None when none has."""

@@ -34,7 +34,7 @@ from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.prepared import rope_tables
 from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, RESIDUAL_BODIES, const, host, is_const, residual_body,
                                            residual_shape, step_rotation)
-from rkc.runtime.kernels.hadamard import compiled_form
+from rkc.runtime.kernels.hadamard import compiled_form, hartley_matrix, hartley_split
 from rkc.runtime.llm.prefill_kernels import LANES, live_rows
 from rkc.runtime.llm.prefill_per_layer import gate_rows, per_layer_chain
 from rkc.runtime.llm.threads import THREADS, over_ranges, threads_for
@@ -191,19 +191,48 @@ class _OutEdge:
 def mix_then_quantize(factor: np.ndarray, rotated: np.ndarray, mixed: np.ndarray, block: int,
                       quantize: Callable[[int, int], None], threads: int = THREADS) -> None:
     """A rotation's block-mixing factor over rows given by blocks (rotated,
-    mixed [K / block, M x block]), then quantize(lo, hi) of those rows: each of
-    the pool's row ranges takes its columns' product, then their codes,
-    _SLAB rows at a time (a slab's mixed rows are quantized while in cache).
-    Columns are independent products, so the values are one GEMM's over all
-    rows; as one GEMM on the caller's thread the product was a serial
-    section (~1.2 ms of a 128 x 8960 FFN stretch's ~8:
-    docs/notes/2026-12-06-qwen-prefill-host.md)."""
+    mixed [K / block, M x block], C order), then quantize(lo, hi) of those
+    rows: each of the pool's row ranges takes its columns' product, then
+    their codes, _SLAB rows at a time (a slab's mixed rows are quantized
+    while in cache). Columns are independent products, so the values are one
+    product's over all rows; as one GEMM on the caller's thread the product
+    was a serial section (~1.2 ms of a 128 x 8960 FFN stretch's ~8:
+    docs/notes/2026-12-06-qwen-prefill-host.md). The product is block_mix's."""
+    mix = block_mix(factor)
+
     def part(lo: int, hi: int) -> None:
         for s in range(lo, hi, _SLAB):
             e = min(hi, s + _SLAB)
-            np.matmul(factor, rotated[:, s * block:e * block], out=mixed[:, s * block:e * block])
+            mix(rotated, mixed, s * block, e * block)
             quantize(s, e)
     over_ranges(part, rotated.shape[1] // block, threads)
+
+
+_MIXES: dict = {}  # a factor's bytes -> its product (a few factors a model)
+
+
+def block_mix(factor: np.ndarray) -> Callable[[np.ndarray, np.ndarray, int, int], None]:
+    """mix(x, out, lo, hi): out[:, lo:hi] = factor @ x[:, lo:hi]. A Hartley
+    factor of coprime composite order (Qwen2.5's C35 at K = 8960) in its
+    prime-factor form (prefill_fused.hartley_mix: 12 multiply-adds a value
+    for 35; 128 x 8960: 1.73 -> 1.34 ms, one thread); any other, numpy's
+    product (BLAS sums)."""
+    key = (factor.shape, factor.tobytes())
+    mix = _MIXES.get(key)
+    if mix is None:
+        m = factor.shape[0]
+        split = hartley_split(m) if np.array_equal(factor, hartley_matrix(m).astype(F32)) else None
+        if split is None:
+            def mix(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+                np.matmul(factor, x[:, lo:hi], out=out[:, lo:hi])
+        else:
+            m1, m2, pin, pout = split
+            h1, h2 = hartley_matrix(m1).astype(F32), hartley_matrix(m2).astype(F32)
+
+            def mix(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+                kernels.hartley_mix(x, out, h1, h2, pin, pout, lo, hi)
+        _MIXES[key] = mix
+    return mix
 
 
 def _read_elsewhere(plan, steps: Sequence[Step]) -> set:

@@ -943,3 +943,58 @@ def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_h
                           block, hnorm, scale, rotated, amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
+
+
+_MIX_COLUMNS = 1024  # columns of hartley_mix's passes at once: [m, 1024] float32 scratch, 140 KB at m = 35 (L2)
+
+
+@njit(**_FFN_JIT)
+def _mix_pass(src, rows, h, s0, w, dst, drows):
+    """dst[drows[k], :w] = sum_n h[k, n] src[rows[n], s0:s0 + w] (rows of C-order 2-d arrays: each run
+    a contiguous 1-d view taken as a slice first, so each multiply-add pass is one vector loop: indexed
+    src[r, s0 + j], a possibly negative index (numba wraps those) kept it scalar, 2.5x the time)."""
+    for k in range(h.shape[0]):
+        d = dst[drows[k]]
+        c, s = h[k, 0], src[rows[0], s0:s0 + w]
+        for j in range(w):
+            d[j] = c * s[j]
+        n = 1
+        while n + 1 < h.shape[1]:  # two inputs a pass: half the accumulator's loads and stores
+            c, s, c1, s1 = h[k, n], src[rows[n], s0:s0 + w], h[k, n + 1], src[rows[n + 1], s0:s0 + w]
+            for j in range(w):
+                d[j] += c * s[j] + c1 * s1[j]
+            n += 2
+        if n < h.shape[1]:
+            c, s = h[k, n], src[rows[n], s0:s0 + w]
+            for j in range(w):
+                d[j] += c * s[j]
+
+
+@njit(**_FFN_JIT)
+def hartley_mix(x, out, h1, h2, pin, pout, lo, hi):
+    """out[:, lo:hi] = H_m x[:, lo:hi] for the order-m Hartley factor in its
+    prime-factor form (hadamard.hartley_split: m = m1 m2 coprime, h1 and h2
+    their orthonormal Hartley matrices, pin and pout the index maps): H_m1
+    along n1, H_m2 along n2, then the four-term cas identity; m1 + m2
+    multiply-adds a value where numpy's product takes m (x and out C order,
+    [m, columns])."""
+    m1, m2 = h1.shape[0], h2.shape[0]
+    t = np.empty((m1 * m2, _MIX_COLUMNS), np.float32)  # row k1 m2 + n2: H_m1 applied
+    u = np.empty((m1 * m2, _MIX_COLUMNS), np.float32)  # row k1 m2 + k2: then H_m2
+    half = np.float32(0.5)
+    stride = np.arange(m1) * m2
+    for c0 in range(lo, hi, _MIX_COLUMNS):
+        w = min(_MIX_COLUMNS, hi - c0)
+        for n2 in range(m2):
+            _mix_pass(x, pin[:, n2], h1, c0, w, t, stride + n2)
+        for k1 in range(m1):
+            r = np.arange(m2) + k1 * m2
+            _mix_pass(t, r, h2, 0, w, u, r)
+        for k1 in range(m1):
+            r1 = (m1 - k1) % m1
+            for k2 in range(m2):
+                r2 = (m2 - k2) % m2
+                a, b, e, f = u[k1 * m2 + k2], u[r1 * m2 + k2], u[k1 * m2 + r2], u[r1 * m2 + r2]
+                o = out[pout[k1, k2], c0:c0 + w]
+                for j in range(w):
+                    o[j] = half * ((a[j] + b[j]) + (e[j] - f[j]))

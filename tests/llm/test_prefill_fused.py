@@ -23,9 +23,9 @@ import pytest
 from rkc.ir.npu import geometry
 from rkc.ir.program import Step, TensorInfo
 from rkc.runtime.execute import to_layout
-from rkc.runtime.kernels.hadamard import make_rotation, rotate
+from rkc.runtime.kernels.hadamard import hartley_matrix, make_rotation, rotate
 from rkc.runtime.llm import prefill_fused as pf
-from rkc.runtime.llm.fused_rows import mix_then_quantize
+from rkc.runtime.llm.fused_rows import block_mix, mix_then_quantize
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.threads import over_ranges
 from rkc.runtime.llm import kernels, prepared
@@ -62,6 +62,22 @@ def test_mix_then_quantize_covers_every_row_once_with_the_factors_product(rows, 
         seen[lo:hi] += 1
     mix_then_quantize(rot.factor.astype(F32), rotated, mixed, block, quantize, threads=2)
     assert np.all(seen == 1)
+
+
+@pytest.mark.parametrize("m", [15, 20, 35, 63, 12, 27])
+@pytest.mark.parametrize("cols, lo, hi", [(4096, 0, 4096), (5000, 1000, 4100), (300, 7, 300), (2048, 1024, 2048)])
+def test_block_mix_is_the_factors_product(m, cols, lo, hi):
+    """fused_rows.block_mix: a Hartley factor of coprime composite order (15, 20, 35, 63:
+    prefill_fused.hartley_mix, the prime-factor form; ranges inside and across its 1024-column passes)
+    and any other (12: Paley's; 27: a Hartley factor of a prime power, numpy's product) within float32
+    rounding of float64 (2e-6 of the largest |value|), only columns lo..hi written."""
+    factor = (hartley_matrix(m) if m != 12 else make_rotation(12 * 4, "kron").factor).astype(F32)
+    x = np.random.default_rng(m + cols).standard_normal((m, cols)).astype(F32)
+    out = np.full_like(x, np.nan)
+    block_mix(factor)(x, out, lo, hi)
+    want = factor.astype(np.float64) @ x[:, lo:hi].astype(np.float64)
+    assert np.all(np.abs(out[:, lo:hi] - want) <= 2e-6 * np.abs(want).max())
+    assert np.isnan(out[:, :lo]).all() and np.isnan(out[:, hi:]).all()
 
 
 def _operand(m: int, k: int, dtype: str):

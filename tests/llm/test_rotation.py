@@ -9,7 +9,8 @@ import pytest
 from llm.reference import dense_rotation
 from rkc.compiler.llm.rotate import rotate_hessian, rotate_matrix
 from rkc.runtime.kernels.hadamard import (FLAT_FACTOR_LIMIT, KINDS, Rotation, compiled_form, describe,
-                                         hartley_matrix, make_rotation, paley_hadamard, rotate, unrotate)
+                                         hartley_matrix, hartley_split, make_rotation, paley_hadamard, rotate,
+                                         unrotate)
 from rkc.runtime.llm.kernels import KERNELS
 from rkc.runtime.llm.weights import Int8Weight, quantize_rows
 
@@ -93,6 +94,26 @@ def test_hartley_matrix_is_orthogonal_symmetric_and_spread(m):
     i, j = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
     np.testing.assert_allclose(c, (np.cos(2 * np.pi * i * j / m) + np.sin(2 * np.pi * i * j / m)) / np.sqrt(m),
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("m, split", [(35, (5, 7)), (15, (3, 5)), (45, (5, 9)), (63, (7, 9)), (12, (3, 4)),
+                                      (13, None), (27, None), (37, None), (4, None)])
+def test_hartley_split_is_the_hartley_matrix(m, split):
+    """The prime-factor form (coprime m1 m2 only: a prime or a prime power has none) applied by its
+    definition in float64 is H_m x to rounding."""
+    got = hartley_split(m)
+    if split is None:
+        assert got is None
+        return
+    m1, m2, pin, pout = got
+    assert (m1, m2) == split and sorted(pin.ravel()) == sorted(pout.ravel()) == list(range(m))
+    x = np.random.default_rng(m).standard_normal((m, 5))
+    t = hartley_matrix(m1) @ x[pin].reshape(m1, -1)  # along n1
+    t = np.einsum("dc,acj->adj", hartley_matrix(m2), t.reshape(m1, m2, -1))  # along n2
+    r1, r2 = (-np.arange(m1)) % m1, (-np.arange(m2)) % m2
+    y = np.empty_like(x)
+    y[pout.ravel()] = (0.5 * (t + t[r1] + t[:, r2] - t[r1][:, r2])).reshape(m, -1)
+    np.testing.assert_allclose(y, hartley_matrix(m) @ x, atol=1e-12)
 
 
 @pytest.mark.parametrize("k, want", [(640, "H20 (x) H32"), (1536, "H12 (x) H128"), (3584, "H28 (x) H128"),
