@@ -38,7 +38,6 @@ from rkc.ir.types import DType
 from rkc.runtime.half import narrow_into_atoms
 from rkc.runtime.llm import int4_jit, int4_rows, jit
 from rkc.runtime.kernels.hadamard import compiled_form
-from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, const, host, is_const, residual_body, residual_shape,
                                           step_rotation)
 
@@ -124,6 +123,11 @@ class _InEdge:
             return k
         return 0
 
+    def plain_int8(self) -> bool:
+        """An int32 row of one K range and one term, dequantized into a buffer made once."""
+        return (self.dequant is not None and self.partial is None and self.residual is None
+                and self.int4 is None and not self.fresh)
+
     def _flat(self, out: np.ndarray) -> np.ndarray:
         flat = out.reshape(-1)
         return flat.view(np.uint32) if self.atoms.dtype == np.uint16 else flat
@@ -202,12 +206,12 @@ class _OutEdge:
         self.scale, self.scale_slot = np.empty(self.terms, F32), plan._slot(step.outputs[1])
         self.two = np.empty((2, self.k), F32)  # (two terms: the row and its residual)
         form = compiled_form(step_rotation(plan, step), self.k)  # (matches: a compiled form, or no rotation)
-        self.rotated = None if form is None else np.empty((1, self.k), F32)
+        # jit.rotate_row's operands: block 0 is no rotation, a factor of no rows no block mixing
+        self.signs, self.block, self.norm, self.factor = _NO_WEIGHT, 0, F32(1.0), _NO_FACTOR
         if form is not None:
-            self.signs, self.block, self.norm, self.factor = form.signs, form.block, form.norm, form.factor
-            self.mixed = None if form.factor is None else np.empty((1, self.k // form.block, form.block), F32)
-            if self.factor is not None:  # views made once: the rotated row by blocks, the mixed blocks as a row
-                self.blocks, self.mixed_row = self.rotated.reshape(self.mixed.shape), self.mixed.reshape(1, self.k)
+            self.signs, self.block, self.norm = form.signs, form.block, form.norm
+            self.factor = _NO_FACTOR if form.factor is None else form.factor
+        self.work = np.empty((4, self.k), F32)  # the rotation's scratch rows, its rotated and mixed rows
 
     @staticmethod
     def matches(plan, step: Step, src: str, k: int) -> bool:
@@ -232,6 +236,10 @@ class _OutEdge:
         rot = step_rotation(plan, step)
         return rot is None or compiled_form(rot, k) is not None
 
+    def plain_int8(self) -> bool:
+        """QuantizeRows of one term into int8 codes."""
+        return self.codes is not None and self.terms == 1 and not self.nibbles
+
     def run(self, value: np.ndarray) -> None:
         if value.shape != (1, self.k) or value.dtype != F32 or not value.flags.c_contiguous:
             if self.half is not None:  # (every value the stretches make is such a row)
@@ -243,19 +251,16 @@ class _OutEdge:
         if self.half is not None:
             narrow_into_atoms(value.view(np.uint32), self.half)
             return
-        x = value
-        if self.rotated is not None:
-            jit.hadamard_rows(x, self.signs, self.block, self.norm, self.rotated)
-            x = self.rotated
-            if self.factor is not None:  # F mixes the blocks
-                np.matmul(self.factor, self.blocks, out=self.mixed)
-                x = self.mixed_row
-        if self.nibbles:
-            int4_jit.quantize_nibbles_into_atoms(x, self.codes, self.scale, int4_rows.ACT_LIMIT, 0, 1, self.pair_group)
-        elif self.terms == 1:
-            quantize_into_atoms(x, self.codes, self.scale)
+        if self.terms == 1 and not self.nibbles:
+            jit.rotate_quantize_row(value, self.signs, self.block, self.norm, self.factor, self.work, self.codes,
+                                    self.scale)
         else:
-            jit.quantize_terms_into_atoms(x, self.codes, self.scale, self.two)
+            x = jit.rotate_row(value, self.signs, self.block, self.norm, self.factor, self.work)
+            if self.nibbles:
+                int4_jit.quantize_nibbles_into_atoms(x, self.codes, self.scale, int4_rows.ACT_LIMIT, 0, 1,
+                                                     self.pair_group)
+            else:
+                jit.quantize_terms_into_atoms(x, self.codes, self.scale, self.two)
         self.slots[self.scale_slot] = self.scale
 
 
@@ -304,6 +309,11 @@ def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Ca
     o_res = plan._slot(matched.residual)
     kernel, result = jit.norm_add_norm, body_out[-1]
     label = f"residual stretch ({first.op}, {last.op})"
+    if edge_in.plain_int8() and edge_out.plain_int8():  # int8 in and out: one compiled call
+        return _bracket(plan, steps, [edge_in], edge_out,
+                        _residual_int8(edge_in, edge_out, slots, o_res, k, (w1, e1, first_norm, scale, has_scale,
+                                       w2, e2, last_norm, n1, total, scaled, n2), list(zip(o_body, body_out)),
+                                       label), label)
 
     def call():
         a = edge_in.run(label)
@@ -317,7 +327,33 @@ def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Ca
     return _bracket(plan, steps, [edge_in], edge_out, call, label)
 
 
+def _residual_int8(edge_in: _InEdge, edge_out: _OutEdge, slots, o_res: int, k: int, body: tuple,
+                   stores: list, label: str) -> Callable[[], None]:
+    """The residual stretch between an int8 product's int32 row and the next
+    int8 product's codes as one compiled call (jit.residual_row): a decode
+    token's 2 x layers such stretches each paid five dispatches and their glue."""
+    rs_slot, ch, bias, has_bias = edge_in.dequant
+    w1, e1, first_norm, scale, has_scale, w2, e2, last_norm, n1, total, scaled, n2 = body
+    atoms, flat, x, x_slot, kernel = edge_in.atoms, edge_in.flat, edge_in.out, edge_in.slot, jit.residual_row
+    out, codes, qscale, q_slot = edge_out, edge_out.codes, edge_out.scale, edge_out.scale_slot
+
+    def call():
+        rs, res = slots[rs_slot], slots[o_res]
+        if rs.shape != (1,) or rs.dtype != F32:
+            raise_shape(label, "row scale", rs)
+        if res.shape != (1, k) or res.dtype != F32:
+            raise_shape(label, "residual", res)
+        kernel(atoms, k, rs[0], ch, bias, has_bias, flat, x, w1, e1, first_norm, res, scale, has_scale, w2, e2,
+               last_norm, n1, total, scaled, n2, out.signs, out.block, out.norm, out.factor, out.work, codes, qscale)
+        slots[x_slot] = x
+        for o, v in stores:
+            slots[o] = v
+        slots[q_slot] = qscale
+    return call
+
+
 _NO_WEIGHT = np.ones(1, F32)  # (an absent norm's weight or scale: unread)
+_NO_FACTOR = np.zeros((0, 0), F32)  # (no block-mixing factor)
 
 
 def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
