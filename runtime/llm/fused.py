@@ -160,6 +160,36 @@ class _InEdge:
         return out
 
 
+def in_edges_run(edges: Sequence[_InEdge], label: str) -> Callable[[], None]:
+    """A function running `edges` in turn: two or three plain int8 ones (an
+    attention stretch's q, k, v) as one compiled call (jit.dequantize_three),
+    their values into their slots."""
+    if len(edges) not in (2, 3) or not all(e.plain_int8() for e in edges):
+        def each():
+            for e in edges:
+                e.run(label)
+        return each
+    slots, third = edges[0].slots, edges[2] if len(edges) == 3 else edges[1]
+    n2 = third.k if len(edges) == 3 else 0
+    parts = [(e.dequant[0], e.atoms, e.k, e.dequant[1], e.dequant[2], e.dequant[3], e.flat) for e in edges]
+    (s0, a0, k0, c0, b0, h0, f0), (s1, a1, k1, c1, b1, h1, f1) = parts[:2]
+    s2, a2, _, c2, b2, h2, f2 = parts[-1]
+    stores, kernel = [(e.slot, e.out) for e in edges], jit.dequantize_three
+
+    def rows_scale(i: int):
+        rs = slots[i]
+        if rs.shape != (1,) or rs.dtype != F32:
+            raise_shape(label, "row scale", rs)
+        return rs[0]
+
+    def three():
+        kernel(a0, k0, rows_scale(s0), c0, b0, h0, f0, a1, k1, rows_scale(s1), c1, b1, h1, f1,
+               a2, n2, rows_scale(s2), c2, b2, h2, f2)
+        for i, v in stores:
+            slots[i] = v
+    return three
+
+
 def _int4_in_edge(plan, step: Step) -> int:
     """CombineInt4 of one row read from its BO (the hi and lo nibble rows'
     int16 partials [2, G x Np], or paired [4, ceil(G / 2) x Np], Np a multiple
@@ -393,6 +423,78 @@ def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Call
     return plan._bracketed(edge.bos, [call])
 
 
+def embedding_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """A decode token's first stretch: its embedding row gathered from the
+    packed int8 head (GatherPacked, times its row scale, rotated back), Scale,
+    RMSNorm, then QuantizeRows into the first segment's codes, as one compiled
+    call (jit.embedding_row; four calls, numpy's indexing and products, ~60 us
+    of an int8 token before); each step's value into its slot."""
+    from rkc.ir.errors import FormatError
+    from rkc.runtime.constants import constant_bytes
+    from rkc.runtime.kernels.hadamard import compiled_form
+    from rkc.runtime.llm.kernels import packed_view, rotation_of
+
+    if [s.op for s in steps] != ["GatherPacked", "Scale", "RMSNorm", "QuantizeRows"]:
+        return None
+    gather, scale, norm, last = steps
+    a, cols = gather.attrs, int(gather.attrs["cols"])
+    tokens = gather.inputs[0]
+    t_info = _info(plan, tokens)
+    if (a.get("dtype") != "int8" or t_info is None or tokens not in plan.program.inputs or t_info.dtype != "int32"
+            or list(t_info.shape) != [1] or len(gather.inputs) < 2 or not all(is_const(plan, n) for n in gather.inputs[1:])
+            or any(n in outputs for st in steps for n in st.outputs)):
+        return None
+    chain = [(scale, gather.outputs[0]), (norm, scale.outputs[0])]
+    if any(len(st.outputs) != 1 or not st.inputs or st.inputs[0] != src or not _row(plan, st.outputs[0], cols)
+           for st, src in chain) or not _row(plan, gather.outputs[0], cols) or len(norm.inputs) != 2:
+        return None
+    w = const(plan, norm.inputs[1], (cols,))
+    row_scale = const(plan, gather.inputs[1], (int(a["rows"]),))
+    if w is None or row_scale is None or not _OutEdge.matches(plan, last, norm.outputs[0], cols):
+        return None
+    consts = [plan.slots[plan._slot(n)] for n in gather.inputs[2:]]
+    rot = rotation_of(a, consts)
+    form = compiled_form(rot, cols)
+    if rot is not None and form is None:
+        return None
+    raw = constant_bytes(plan.model, plan.model.tensors[a["packed"]])
+    if raw is None:
+        return None
+    try:
+        view, kg, _ = packed_view(raw, int(a["rows"]), cols, np.dtype(np.int8))
+    except FormatError:
+        return None
+    edge_out = _OutEdge(plan, last, bind)
+    if not edge_out.plain_int8():
+        return None
+    signs, block, hnorm, factor_t = _NO_WEIGHT, 0, F32(1.0), _NO_FACTOR
+    if form is not None:
+        signs, block, hnorm = form.signs, form.block, form.norm
+        factor_t = _NO_FACTOR if form.factor_t is None else np.ascontiguousarray(form.factor_t)
+    ones, work = np.ones(cols, F32), np.empty((4, cols), F32)
+    embd, scaled, normed = (np.empty((1, cols), F32) for _ in range(3))
+    factor, eps, rows, kernel = F32(scale.attrs["factor"]), F32(norm.attrs["epsilon"]), int(a["rows"]), jit.embedding_row
+    slots, i_tok = plan.slots, plan._slot(tokens)
+    stores = [(plan._slot(st.outputs[0]), v) for st, v in zip(steps, (embd, scaled, normed))]
+    q_slot, label = edge_out.scale_slot, "embedding stretch (GatherPacked, QuantizeRows)"
+
+    def call():
+        ids = slots[i_tok]
+        token = int(ids[0])
+        if ids.shape != (1,) or not 0 <= token < rows:
+            from rkc.ir.errors import RkcError
+
+            raise RkcError(f"{label}: token {token} is not a row of the {rows}-row embedding")
+        kernel(view, token, kg, cols, row_scale, signs, block, hnorm, factor_t, ones, factor, w, eps, work, embd,
+               scaled, normed, edge_out.signs, edge_out.block, edge_out.norm, edge_out.factor, edge_out.work,
+               edge_out.codes, edge_out.scale)
+        for o, v in stores:
+            slots[o] = v
+        slots[q_slot] = edge_out.scale
+    call.label, call.ops = label, tuple(st.op for st in steps)
+    return plan._bracketed([edge_out.bo], [call])
+
+
 def _read_outside(plan, steps: Sequence[Step], but: str) -> bool:
     """Some step outside `steps` reads a value they make, other than `but`."""
     inside, made = {id(s) for s in steps}, {n for s in steps for n in s.outputs} - {but}
@@ -413,4 +515,4 @@ def fusers_for(state) -> list:
 
     def attention(plan, steps, bind, outputs):
         return attention_stretch(plan, steps, bind, outputs, state)
-    return [residual_stretch, ffn_stretch, attention, output_stretch]
+    return [residual_stretch, ffn_stretch, attention, output_stretch, embedding_stretch]

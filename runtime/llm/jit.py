@@ -524,19 +524,25 @@ def rotate_row(x, signs, block, norm, factor, work):
         return x[:1]
     rot = work[2:3]
     _hadamard_stages(x, signs, block, norm, rot, work[:2])
-    nb = factor.shape[0]
-    if nb == 0:
+    if factor.shape[0] == 0:
         return rot
-    mixed = work[3:4]
+    _mix_blocks(rot, factor, block, work[3:4])
+    return work[3:4]
+
+
+@njit(**_JIT)
+def _mix_blocks(x, factor, block, out):
+    """out [1, K] = the row x's blocks mixed by factor [K / block]^2 (block i
+    of out = sum over j of factor[i, j] times block j; float32, in j order)."""
+    nb = factor.shape[0]
     for i in range(nb):
-        out = mixed[0, i * block:(i + 1) * block]
-        out[:] = 0
+        dst = out[0, i * block:(i + 1) * block]
+        dst[:] = 0
         for j in range(nb):
             f = factor[i, j]
-            src = rot[0, j * block:(j + 1) * block]
+            src = x[0, j * block:(j + 1) * block]
             for t in range(block):
-                out[t] += f * src[t]
-    return mixed
+                dst[t] += f * src[t]
 
 
 @njit(**_JIT)
@@ -589,3 +595,45 @@ def gated_row(gate, g_rs, g_ch, g_bias, g_has_bias, up, u_rs, u_ch, u_bias, u_ha
         a[0, i] = v
         hidden[0, i] = v * u[0, i]
     rotate_quantize_row(hidden, signs, block, norm, factor, work, codes, qscale)
+
+
+@njit(**_JIT)
+def dequantize_three(src0, n0, rs0, ch0, bias0, has_bias0, out0, src1, n1, rs1, ch1, bias1, has_bias1, out1,
+                     src2, n2, rs2, ch2, bias2, has_bias2, out2):
+    """dequantize_atoms of three int32 rows (an attention stretch's q, k and
+    v in edges) in one call; a row of width 0 is skipped."""
+    dequantize_atoms(src0, n0, rs0, ch0, bias0, has_bias0, out0)
+    dequantize_atoms(src1, n1, rs1, ch1, bias1, has_bias1, out1)
+    if n2:
+        dequantize_atoms(src2, n2, rs2, ch2, bias2, has_bias2, out2)
+
+
+@njit(**_JIT)
+def embedding_row(view, token, kg, cols, row_scale, signs, block, norm, factor_t, ones, factor, w, eps, work,
+                  embd, scaled, normed, o_signs, o_block, o_norm, o_factor, o_work, codes, qscale):
+    """A decode token's embedding stretch in one call: its row of the packed
+    int8 head (view [groups, C / 32, kg, 32], kernels.packed_view) times its
+    row scale, rotated back (x R^T: factor_t's block mixing when it has rows,
+    the butterflies, the signs; block 0: not rotated) into embd, times
+    `factor` (Scale) into scaled, RMSNorm by w into normed, then
+    rotate_quantize_row into the first segment's codes. Float32."""
+    g, r = token // kg, token % kg
+    tile = view.shape[3]
+    rs = row_scale[token]
+    for t in range(view.shape[1]):
+        for c in range(tile):
+            j = t * tile + c
+            if j < cols:
+                embd[0, j] = np.float32(view[g, t, r, c]) * rs
+    if block:
+        src = embd
+        if factor_t.shape[0]:
+            _mix_blocks(embd, factor_t, block, work[3:4])
+            src = work[3:4]
+        _hadamard_stages(src, ones, block, norm, work[2:3], work[:2])
+        for i in range(cols):
+            embd[0, i] = work[2, i] * signs[i]
+    for i in range(cols):
+        scaled[0, i] = embd[0, i] * factor
+    rms_norm(scaled, w, eps, normed)
+    rotate_quantize_row(normed, o_signs, o_block, o_norm, o_factor, o_work, codes, qscale)

@@ -263,3 +263,37 @@ def test_gated_row_is_the_float64_formula(k, kind, act):
     h64 = a64 * u64
     _close(hidden, h64[None], 2e-6)
     _check_codes(codes, qs, _rotated64(h64, rot))
+
+
+@pytest.mark.parametrize("cols,kind", [(64, "none"), (640, "auto"), (1152, "hartley"), (2048, "block")])
+@pytest.mark.parametrize("token", [0, 37, 99])
+def test_embedding_row_is_the_float64_formula(cols, kind, token):
+    """embedding_row: a token's row of the packed int8 head (kernels.packed_rows'
+    layout) times its row scale, rotated back, scaled, normed, then rotated and
+    quantized, against float64 over the rotations the compiler makes and rows
+    of a kernel group's first, middle and last kernels."""
+    from rkc.runtime.llm.kernels import packed_rows, packed_view
+
+    rows, rng = 100, np.random.default_rng([cols, token])
+    rot, (signs, block, norm, factor) = _rotation(cols, kind)
+    factor_t = np.ascontiguousarray(factor.T)
+    view, kg, cp = packed_view(np.zeros(1 << 20, np.uint8), rows, cols, np.int8)
+    raw = rng.integers(-128, 128, view.size).astype(np.int8).view(np.uint8)
+    view, kg, cp = packed_view(raw, rows, cols, np.int8)
+    row_scale = rng.uniform(0.001, 0.01, rows).astype(F32)
+    w = rng.standard_normal(cols).astype(F32)
+    work, out_work = np.empty((4, cols), F32), np.empty((4, cols), F32)
+    embd, scaled, normed = (np.full((1, cols), np.nan, F32) for _ in range(3))
+    codes, qs = np.full((-(-cols // 16), 2, 16), 7, np.int8), np.empty(1, F32)
+    jit.embedding_row(view, token, kg, cols, row_scale, signs, block, norm, factor_t, np.ones(cols, F32), F32(25.3),
+                      w, F32(1e-6), work, embd, scaled, normed, signs, block, norm, factor, out_work, codes, qs)
+    from rkc.runtime.kernels.hadamard import unrotate
+
+    e64 = packed_rows(raw, np.array([token]), rows, cols, np.int8).astype(np.float64) * np.float64(row_scale[token])
+    if rot is not None:
+        e64 = unrotate(e64, rot)
+    _close(embd, e64, ROT_TOL)
+    _close(scaled, e64 * np.float64(F32(25.3)), ROT_TOL)
+    n64 = _rms(e64 * np.float64(F32(25.3)), w, 1e-6)
+    _close(normed, n64, 2 * NORM_TOL)
+    _check_codes(codes, qs, _rotated64(n64[0], rot))

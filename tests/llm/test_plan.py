@@ -376,7 +376,7 @@ def test_paired_int4_head_gives_the_interpreters_logits(synth_rkbin):
         paired = [s for s in module.program(name).steps if s.op in ("QuantizeNibbles", "CombineInt4")
                   and s.attrs.get("pair_group") == 32]
         assert len(paired) == 2, name  # the head's two edges, no other product's
-    assert_plan_is_the_interpreter(path, "int4", [*STEPS, ("score_4", [3, 4, 5, 6], 0)])
+    assert_plan_is_the_interpreter(path, "int4", [*STEPS, ("score_4", [3, 4, 5, 6], 0)], exact_int8=False, atol=5e-3)
     # many rows: the fused stretches' own float32 order can move a value across an int4 rounding
     # tie, one nibble step (1.3e-2 of the largest logit on an AMD EPYC without AVX-512, stop 46's
     # tree and this one alike, 2026-12-07; 1e-4 held on the previous CPU)
