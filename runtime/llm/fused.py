@@ -18,12 +18,16 @@ The patterns are matched one row (decode) between
     runtime/llm/fused_attention.py;
   - gated stretch (gate and up in edges, the activation, Mul, out edge: the
     FFN's, or Gemma 4's per-layer input gate): runtime/llm/fused_gate.py;
-and the head's output: the logits read from their BO (an in edge alone): here.
+and the head's output: the logits read from their BO (an in edge alone), and
+an int8 token's embedding stretch (GatherPacked to the first QuantizeRows): here.
 A fused call reads the previous segment's output from its BO and writes the
 next segment's input into its BO, in their layouts; every step's output
 still lands in its slot, so a later step reading one sees what the per-step
-path gives it. The arithmetic is the per-step kernels' (the same bits:
-tests/llm/test_plan.py). An int8 edge of two terms (--int8-residual: a row
+path gives it. The fp16 stretches' arithmetic is the per-step kernels' (the
+same bits); the int8 ones between int8 products run as one compiled call
+each in float32 of their own order (jit.residual_row, gated_row,
+embedding_row: float64 shape sweeps in tests/llm/test_decode_stretches.py,
+the plan's logits within tests/llm/test_plan.py's bounds). An int8 edge of two terms (--int8-residual: a row
 and its residual row, `_terms`) is fused too. A stretch that does not match
 runs step by step, as before.
 """

@@ -3,7 +3,8 @@ between two NPU segments, gate and up read from their BOs (fused.py's in
 edges), the product written into the down product's input BO (an out edge):
 a gated FFN, or Gemma 4's per-layer input gate, whose `up` is its layer's row
 of the per-layer inputs (a Pick of a host tensor). Same bits as the per-step
-kernels (tests/llm/test_plan.py, tests/llm/test_gemma4.py).
+kernels (tests/llm/test_plan.py, tests/llm/test_gemma4.py), but for an FFN
+between int8 products: one compiled call in float32 (jit.gated_row).
 """
 
 from __future__ import annotations
