@@ -18,12 +18,16 @@ The patterns are matched one row (decode) between
     runtime/llm/fused_attention.py;
   - gated stretch (gate and up in edges, the activation, Mul, out edge: the
     FFN's, or Gemma 4's per-layer input gate): runtime/llm/fused_gate.py;
-and the head's output: the logits read from their BO (an in edge alone): here.
+and the head's output: the logits read from their BO (an in edge alone), and
+an int8 token's embedding stretch (GatherPacked to the first QuantizeRows): here.
 A fused call reads the previous segment's output from its BO and writes the
 next segment's input into its BO, in their layouts; every step's output
 still lands in its slot, so a later step reading one sees what the per-step
-path gives it. The arithmetic is the per-step kernels' (the same bits:
-tests/llm/test_plan.py). An int8 edge of two terms (--int8-residual: a row
+path gives it. The fp16 stretches' arithmetic is the per-step kernels' (the
+same bits); the int8 ones between int8 products run as one compiled call
+each in float32 of their own order (jit.residual_row, gated_row,
+embedding_row: float64 shape sweeps in tests/llm/test_decode_stretches.py,
+the plan's logits within tests/llm/test_plan.py's bounds). An int8 edge of two terms (--int8-residual: a row
 and its residual row, `_terms`) is fused too. A stretch that does not match
 runs step by step, as before.
 """
@@ -38,7 +42,6 @@ from rkc.ir.types import DType
 from rkc.runtime.half import narrow_into_atoms
 from rkc.runtime.llm import int4_jit, int4_rows, jit
 from rkc.runtime.kernels.hadamard import compiled_form
-from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, const, host, is_const, residual_body, residual_shape,
                                           step_rotation)
 
@@ -124,6 +127,11 @@ class _InEdge:
             return k
         return 0
 
+    def plain_int8(self) -> bool:
+        """An int32 row of one K range and one term, dequantized into a buffer made once."""
+        return (self.dequant is not None and self.partial is None and self.residual is None
+                and self.int4 is None and not self.fresh)
+
     def _flat(self, out: np.ndarray) -> np.ndarray:
         flat = out.reshape(-1)
         return flat.view(np.uint32) if self.atoms.dtype == np.uint16 else flat
@@ -154,6 +162,36 @@ class _InEdge:
                 jit.dequantize_atoms_terms(self.atoms, self.residual, self.k, rs[0], rs[1], ch, bias, has_bias, flat)
         self.slots[self.slot] = out
         return out
+
+
+def in_edges_run(edges: Sequence[_InEdge], label: str) -> Callable[[], None]:
+    """A function running `edges` in turn: two or three plain int8 ones (an
+    attention stretch's q, k, v) as one compiled call (jit.dequantize_three),
+    their values into their slots."""
+    if len(edges) not in (2, 3) or not all(e.plain_int8() for e in edges):
+        def each():
+            for e in edges:
+                e.run(label)
+        return each
+    slots, third = edges[0].slots, edges[2] if len(edges) == 3 else edges[1]
+    n2 = third.k if len(edges) == 3 else 0
+    parts = [(e.dequant[0], e.atoms, e.k, e.dequant[1], e.dequant[2], e.dequant[3], e.flat) for e in edges]
+    (s0, a0, k0, c0, b0, h0, f0), (s1, a1, k1, c1, b1, h1, f1) = parts[:2]
+    s2, a2, _, c2, b2, h2, f2 = parts[-1]
+    stores, kernel = [(e.slot, e.out) for e in edges], jit.dequantize_three
+
+    def rows_scale(i: int):
+        rs = slots[i]
+        if rs.shape != (1,) or rs.dtype != F32:
+            raise_shape(label, "row scale", rs)
+        return rs[0]
+
+    def three():
+        kernel(a0, k0, rows_scale(s0), c0, b0, h0, f0, a1, k1, rows_scale(s1), c1, b1, h1, f1,
+               a2, n2, rows_scale(s2), c2, b2, h2, f2)
+        for i, v in stores:
+            slots[i] = v
+    return three
 
 
 def _int4_in_edge(plan, step: Step) -> int:
@@ -202,12 +240,12 @@ class _OutEdge:
         self.scale, self.scale_slot = np.empty(self.terms, F32), plan._slot(step.outputs[1])
         self.two = np.empty((2, self.k), F32)  # (two terms: the row and its residual)
         form = compiled_form(step_rotation(plan, step), self.k)  # (matches: a compiled form, or no rotation)
-        self.rotated = None if form is None else np.empty((1, self.k), F32)
+        # jit.rotate_row's operands: block 0 is no rotation, a factor of no rows no block mixing
+        self.signs, self.block, self.norm, self.factor = _NO_WEIGHT, 0, F32(1.0), _NO_FACTOR
         if form is not None:
-            self.signs, self.block, self.norm, self.factor = form.signs, form.block, form.norm, form.factor
-            self.mixed = None if form.factor is None else np.empty((1, self.k // form.block, form.block), F32)
-            if self.factor is not None:  # views made once: the rotated row by blocks, the mixed blocks as a row
-                self.blocks, self.mixed_row = self.rotated.reshape(self.mixed.shape), self.mixed.reshape(1, self.k)
+            self.signs, self.block, self.norm = form.signs, form.block, form.norm
+            self.factor = _NO_FACTOR if form.factor is None else form.factor
+        self.work = np.empty((4, self.k), F32)  # the rotation's scratch rows, its rotated and mixed rows
 
     @staticmethod
     def matches(plan, step: Step, src: str, k: int) -> bool:
@@ -232,6 +270,10 @@ class _OutEdge:
         rot = step_rotation(plan, step)
         return rot is None or compiled_form(rot, k) is not None
 
+    def plain_int8(self) -> bool:
+        """QuantizeRows of one term into int8 codes."""
+        return self.codes is not None and self.terms == 1 and not self.nibbles
+
     def run(self, value: np.ndarray) -> None:
         if value.shape != (1, self.k) or value.dtype != F32 or not value.flags.c_contiguous:
             if self.half is not None:  # (every value the stretches make is such a row)
@@ -243,19 +285,16 @@ class _OutEdge:
         if self.half is not None:
             narrow_into_atoms(value.view(np.uint32), self.half)
             return
-        x = value
-        if self.rotated is not None:
-            jit.hadamard_rows(x, self.signs, self.block, self.norm, self.rotated)
-            x = self.rotated
-            if self.factor is not None:  # F mixes the blocks
-                np.matmul(self.factor, self.blocks, out=self.mixed)
-                x = self.mixed_row
-        if self.nibbles:
-            int4_jit.quantize_nibbles_into_atoms(x, self.codes, self.scale, int4_rows.ACT_LIMIT, 0, 1, self.pair_group)
-        elif self.terms == 1:
-            quantize_into_atoms(x, self.codes, self.scale)
+        if self.terms == 1 and not self.nibbles:
+            jit.rotate_quantize_row(value, self.signs, self.block, self.norm, self.factor, self.work, self.codes,
+                                    self.scale)
         else:
-            jit.quantize_terms_into_atoms(x, self.codes, self.scale, self.two)
+            x = jit.rotate_row(value, self.signs, self.block, self.norm, self.factor, self.work)
+            if self.nibbles:
+                int4_jit.quantize_nibbles_into_atoms(x, self.codes, self.scale, int4_rows.ACT_LIMIT, 0, 1,
+                                                     self.pair_group)
+            else:
+                jit.quantize_terms_into_atoms(x, self.codes, self.scale, self.two)
         self.slots[self.scale_slot] = self.scale
 
 
@@ -304,6 +343,11 @@ def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Ca
     o_res = plan._slot(matched.residual)
     kernel, result = jit.norm_add_norm, body_out[-1]
     label = f"residual stretch ({first.op}, {last.op})"
+    if edge_in.plain_int8() and edge_out.plain_int8():  # int8 in and out: one compiled call
+        return _bracket(plan, steps, [edge_in], edge_out,
+                        _residual_int8(edge_in, edge_out, slots, o_res, k, (w1, e1, first_norm, scale, has_scale,
+                                       w2, e2, last_norm, n1, total, scaled, n2), list(zip(o_body, body_out)),
+                                       label), label)
 
     def call():
         a = edge_in.run(label)
@@ -317,7 +361,33 @@ def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Ca
     return _bracket(plan, steps, [edge_in], edge_out, call, label)
 
 
+def _residual_int8(edge_in: _InEdge, edge_out: _OutEdge, slots, o_res: int, k: int, body: tuple,
+                   stores: list, label: str) -> Callable[[], None]:
+    """The residual stretch between an int8 product's int32 row and the next
+    int8 product's codes as one compiled call (jit.residual_row): a decode
+    token's 2 x layers such stretches each paid five dispatches and their glue."""
+    rs_slot, ch, bias, has_bias = edge_in.dequant
+    w1, e1, first_norm, scale, has_scale, w2, e2, last_norm, n1, total, scaled, n2 = body
+    atoms, flat, x, x_slot, kernel = edge_in.atoms, edge_in.flat, edge_in.out, edge_in.slot, jit.residual_row
+    out, codes, qscale, q_slot = edge_out, edge_out.codes, edge_out.scale, edge_out.scale_slot
+
+    def call():
+        rs, res = slots[rs_slot], slots[o_res]
+        if rs.shape != (1,) or rs.dtype != F32:
+            raise_shape(label, "row scale", rs)
+        if res.shape != (1, k) or res.dtype != F32:
+            raise_shape(label, "residual", res)
+        kernel(atoms, k, rs[0], ch, bias, has_bias, flat, x, w1, e1, first_norm, res, scale, has_scale, w2, e2,
+               last_norm, n1, total, scaled, n2, out.signs, out.block, out.norm, out.factor, out.work, codes, qscale)
+        slots[x_slot] = x
+        for o, v in stores:
+            slots[o] = v
+        slots[q_slot] = qscale
+    return call
+
+
 _NO_WEIGHT = np.ones(1, F32)  # (an absent norm's weight or scale: unread)
+_NO_FACTOR = np.zeros((0, 0), F32)  # (no block-mixing factor)
 
 
 def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
@@ -357,6 +427,78 @@ def output_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Call
     return plan._bracketed(edge.bos, [call])
 
 
+def embedding_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callable[[], None]] | None:
+    """A decode token's first stretch: its embedding row gathered from the
+    packed int8 head (GatherPacked, times its row scale, rotated back), Scale,
+    RMSNorm, then QuantizeRows into the first segment's codes, as one compiled
+    call (jit.embedding_row; four calls, numpy's indexing and products, ~60 us
+    of an int8 token before); each step's value into its slot."""
+    from rkc.ir.errors import FormatError
+    from rkc.runtime.constants import constant_bytes
+    from rkc.runtime.kernels.hadamard import compiled_form
+    from rkc.runtime.llm.kernels import packed_view, rotation_of
+
+    if [s.op for s in steps] != ["GatherPacked", "Scale", "RMSNorm", "QuantizeRows"]:
+        return None
+    gather, scale, norm, last = steps
+    a, cols = gather.attrs, int(gather.attrs["cols"])
+    tokens = gather.inputs[0]
+    t_info = _info(plan, tokens)
+    if (a.get("dtype") != "int8" or t_info is None or tokens not in plan.program.inputs or t_info.dtype != "int32"
+            or list(t_info.shape) != [1] or len(gather.inputs) < 2 or not all(is_const(plan, n) for n in gather.inputs[1:])
+            or any(n in outputs for st in steps for n in st.outputs)):
+        return None
+    chain = [(scale, gather.outputs[0]), (norm, scale.outputs[0])]
+    if any(len(st.outputs) != 1 or not st.inputs or st.inputs[0] != src or not _row(plan, st.outputs[0], cols)
+           for st, src in chain) or not _row(plan, gather.outputs[0], cols) or len(norm.inputs) != 2:
+        return None
+    w = const(plan, norm.inputs[1], (cols,))
+    row_scale = const(plan, gather.inputs[1], (int(a["rows"]),))
+    if w is None or row_scale is None or not _OutEdge.matches(plan, last, norm.outputs[0], cols):
+        return None
+    consts = [plan.slots[plan._slot(n)] for n in gather.inputs[2:]]
+    rot = rotation_of(a, consts)
+    form = compiled_form(rot, cols)
+    if rot is not None and form is None:
+        return None
+    raw = constant_bytes(plan.model, plan.model.tensors[a["packed"]])
+    if raw is None:
+        return None
+    try:
+        view, kg, _ = packed_view(raw, int(a["rows"]), cols, np.dtype(np.int8))
+    except FormatError:
+        return None
+    edge_out = _OutEdge(plan, last, bind)
+    if not edge_out.plain_int8():
+        return None
+    signs, block, hnorm, factor_t = _NO_WEIGHT, 0, F32(1.0), _NO_FACTOR
+    if form is not None:
+        signs, block, hnorm = form.signs, form.block, form.norm
+        factor_t = _NO_FACTOR if form.factor_t is None else np.ascontiguousarray(form.factor_t)
+    ones, work = np.ones(cols, F32), np.empty((4, cols), F32)
+    embd, scaled, normed = (np.empty((1, cols), F32) for _ in range(3))
+    factor, eps, rows, kernel = F32(scale.attrs["factor"]), F32(norm.attrs["epsilon"]), int(a["rows"]), jit.embedding_row
+    slots, i_tok = plan.slots, plan._slot(tokens)
+    stores = [(plan._slot(st.outputs[0]), v) for st, v in zip(steps, (embd, scaled, normed))]
+    q_slot, label = edge_out.scale_slot, "embedding stretch (GatherPacked, QuantizeRows)"
+
+    def call():
+        ids = slots[i_tok]
+        token = int(ids[0])
+        if ids.shape != (1,) or not 0 <= token < rows:
+            from rkc.ir.errors import RkcError
+
+            raise RkcError(f"{label}: token {token} is not a row of the {rows}-row embedding")
+        kernel(view, token, kg, cols, row_scale, signs, block, hnorm, factor_t, ones, factor, w, eps, work, embd,
+               scaled, normed, edge_out.signs, edge_out.block, edge_out.norm, edge_out.factor, edge_out.work,
+               edge_out.codes, edge_out.scale)
+        for o, v in stores:
+            slots[o] = v
+        slots[q_slot] = edge_out.scale
+    call.label, call.ops = label, tuple(st.op for st in steps)
+    return plan._bracketed([edge_out.bo], [call])
+
+
 def _read_outside(plan, steps: Sequence[Step], but: str) -> bool:
     """Some step outside `steps` reads a value they make, other than `but`."""
     inside, made = {id(s) for s in steps}, {n for s in steps for n in s.outputs} - {but}
@@ -377,4 +519,4 @@ def fusers_for(state) -> list:
 
     def attention(plan, steps, bind, outputs):
         return attention_stretch(plan, steps, bind, outputs, state)
-    return [residual_stretch, ffn_stretch, attention, output_stretch]
+    return [residual_stretch, ffn_stretch, attention, output_stretch, embedding_stretch]

@@ -17,7 +17,7 @@ import numpy as np
 
 from rkc.ir.program import Step
 from rkc.runtime.llm import decode_attention, jit, prepared
-from rkc.runtime.llm.fused import _bracket, _info, _InEdge, _OutEdge, raise_shape
+from rkc.runtime.llm.fused import _bracket, _info, _InEdge, _OutEdge, in_edges_run, raise_shape
 from rkc.runtime.llm.stretch_match import const, host, is_const
 
 F32 = np.float32
@@ -110,11 +110,12 @@ def attention_stretch(plan, steps: Sequence[Step], bind, outputs: set, state) ->
     label = f"attention stretch ({front[0].op}, {last.op})"
     compiled = _compiled_front(plan, front[:n_edges], front[n_edges:], edges, state)
 
+    read_edges = in_edges_run(edges, label)
+
     def call():
         for c in side_calls:
             c()
-        for e in edges:
-            e.run(label)
+        read_edges()
         if compiled is None or not compiled():
             for run in runs:
                 run()

@@ -3,7 +3,8 @@ between two NPU segments, gate and up read from their BOs (fused.py's in
 edges), the product written into the down product's input BO (an out edge):
 a gated FFN, or Gemma 4's per-layer input gate, whose `up` is its layer's row
 of the per-layer inputs (a Pick of a host tensor). Same bits as the per-step
-kernels (tests/llm/test_plan.py, tests/llm/test_gemma4.py).
+kernels (tests/llm/test_plan.py, tests/llm/test_gemma4.py), but for an FFN
+between int8 products: one compiled call in float32 (jit.gated_row).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
     o_act, o_mul = plan._slot(act.outputs[0]), plan._slot(mul.outputs[0])
     hidden = np.empty((1, k), F32)
     label = f"{'ffn' if pick is None else 'per-layer gate'} stretch ({e1.op}, {act.op}, {last.op})"
+    if pick is None and edge_gate.plain_int8() and edge_up.plain_int8() and edge_out.plain_int8():
+        return _bracket(plan, steps, ins, edge_out, _gated_int8(edge_gate, edge_up, edge_out, act.op, slots, o_act,
+                                                                o_mul, hidden, label), label)
     if act.op == "GeluTanh":  # compiled around numpy's tanh (its bits), buffers made once
         t, a = np.empty((1, k), F32), np.empty((1, k), F32)
         argument, times, tanh = jit.gelu_tanh_argument, jit.gelu_tanh_times, np.tanh
@@ -119,6 +123,30 @@ def ffn_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Callabl
         slots[o_mul] = hidden
         edge_out.run(hidden)
     return _bracket(plan, steps, ins, edge_out, call_any, label)
+
+
+def _gated_int8(edge_gate: _InEdge, edge_up: _InEdge, edge_out: _OutEdge, op: str, slots, o_act: int, o_mul: int,
+                hidden: np.ndarray, label: str) -> Callable[[], None]:
+    """An FFN stretch between int8 products (gate and up int32 rows, the
+    down product's int8 codes) as one compiled call (jit.gated_row): the
+    stretch fp16 builds do not have (their FFN is one NPU segment), ~30 us of
+    an int8 token's ~18 such calls in three dispatches, numpy's tanh and glue."""
+    act = jit.ACT_GELU_TANH if op == "GeluTanh" else jit.ACT_SILU
+    (g_slot, g_ch, g_bias, g_hb), (u_slot, u_ch, u_bias, u_hb) = edge_gate.dequant, edge_up.dequant
+    g, u, k, a, out, kernel = edge_gate.out, edge_up.out, edge_gate.k, np.empty_like(hidden), edge_out, jit.gated_row
+    gate, up, g_flat, u_flat = edge_gate.atoms, edge_up.atoms, edge_gate.flat, edge_up.flat
+    gs, us, q_slot = edge_gate.slot, edge_up.slot, edge_out.scale_slot
+
+    def call():
+        g_rs, u_rs = slots[g_slot], slots[u_slot]
+        if g_rs.shape != (1,) or g_rs.dtype != F32:
+            raise_shape(label, "row scale", g_rs)
+        if u_rs.shape != (1,) or u_rs.dtype != F32:
+            raise_shape(label, "row scale", u_rs)
+        kernel(gate, g_rs[0], g_ch, g_bias, g_hb, up, u_rs[0], u_ch, u_bias, u_hb, k, act, g_flat, u_flat, g, u, a,
+               hidden, out.signs, out.block, out.norm, out.factor, out.work, out.codes, out.scale)
+        slots[gs], slots[us], slots[o_act], slots[o_mul], slots[q_slot] = g, u, a, hidden, out.scale
+    return call
 
 
 def _picks_a_row(plan, step: Step, k: int) -> bool:

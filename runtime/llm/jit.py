@@ -24,7 +24,8 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
-from rkc.runtime.llm.prefill_fused import quantize_into_atoms
+from rkc.runtime.llm.prefill_fused import _GELU_C, _GELU_K, ACT_GELU_TANH, ACT_SILU, quantize_into_atoms
+from rkc.runtime.llm.prefill_kernels import exp_f32
 
 # error_model "numpy": a float division by zero gives numpy's inf / NaN instead of raising, so no
 # check per element stops a loop from vectorising (a 8960-wide SiLU's divisions 9 -> 4.8 us); the
@@ -506,3 +507,133 @@ def attention_front(q, k, v, qw, qeps, kw, keps, vw, veps, norms, v_norm, qn, kn
             k16[row, h, i] = narrow_bits(kr_bits[0, h, i])
         for i in range(v_bits.shape[2]):
             v16[row, h, i] = narrow_bits(v_bits[0, h, i])
+
+
+# -- one compiled call per int8 stretch of a decode token (issue 37): a token's ~70 stretches each paid
+# ~5 dispatches, a numpy product and their glue (docs/notes/2026-12-07-decode-int8-steps.md)
+
+@njit(**_JIT)
+def rotate_row(x, signs, block, norm, factor, work):
+    """One row x [1, K] rotated as an int8 edge's QuantizeRows rotates it
+    (hadamard_rows' signs, butterflies and norm, then the block-mixing
+    `factor` [K / block]^2 when it has rows): the rotated row, a row of
+    `work` [4, K] (x itself when `block` is 0: no rotation). The factor's
+    sums in float32, in j order (not BLAS's: within a float32 ulp or two of
+    float64, tests/llm/test_decode_stretches.py)."""
+    if block == 0:
+        return x[:1]
+    rot = work[2:3]
+    _hadamard_stages(x, signs, block, norm, rot, work[:2])
+    if factor.shape[0] == 0:
+        return rot
+    _mix_blocks(rot, factor, block, work[3:4])
+    return work[3:4]
+
+
+@njit(**_JIT)
+def _mix_blocks(x, factor, block, out):
+    """out [1, K] = the row x's blocks mixed by factor [K / block]^2 (block i
+    of out = sum over j of factor[i, j] times block j; float32, in j order)."""
+    nb = factor.shape[0]
+    for i in range(nb):
+        dst = out[0, i * block:(i + 1) * block]
+        dst[:] = 0
+        for j in range(nb):
+            f = factor[i, j]
+            src = x[0, j * block:(j + 1) * block]
+            for t in range(block):
+                dst[t] += f * src[t]
+
+
+@njit(**_JIT)
+def rotate_quantize_row(x, signs, block, norm, factor, work, codes, scale):
+    """QuantizeRows of one row x [1, K] into int8 atoms codes [C1, R, C2]
+    (pad rows zeroed), its scale into scale[0]: rotate_row, then
+    quantize_into_atoms, one call."""
+    quantize_into_atoms(rotate_row(x, signs, block, norm, factor, work), codes, scale)
+
+
+@njit(**_JIT)
+def residual_row(src, n, row_scale, ch_scale, bias, has_bias, flat, x, w1, eps1, first_norm, res, scale, has_scale,
+                 w2, eps2, last_norm, n1, total, scaled, n2, signs, block, norm, factor, work, codes, qscale):
+    """An int8 residual stretch of one row in one call: dequantize_atoms of
+    the segment's int32 row into x (`flat`: x's values), norm_add_norm,
+    then rotate_quantize_row of its last value into the next segment's
+    codes: the per-step kernels' arithmetic, but for the factor's sums."""
+    dequantize_atoms(src, n, row_scale, ch_scale, bias, has_bias, flat)
+    norm_add_norm(x, w1, eps1, first_norm, res, scale, has_scale, w2, eps2, last_norm, n1, total, scaled, n2)
+    if last_norm:
+        y = n2
+    elif has_scale:
+        y = scaled
+    else:
+        y = total
+    rotate_quantize_row(y, signs, block, norm, factor, work, codes, qscale)
+
+
+@njit(**_JIT)
+def gated_row(gate, g_rs, g_ch, g_bias, g_has_bias, up, u_rs, u_ch, u_bias, u_has_bias, n, act, g_flat, u_flat,
+              g, u, a, hidden, signs, block, norm, factor, work, codes, qscale):
+    """An int8 gated FFN stretch of one row in one call: dequantize_atoms of
+    the gate's and up's int32 rows into g and u (g_flat, u_flat: their
+    values), a = act(g) (ACT_GELU_TANH: 0.5 g (1 + tanh(C (g + K g^3))) as
+    g / (1 + exp(-2 C (g + K g^3))); ACT_SILU: g / (1 + exp(-g)); exp_f32,
+    as the prefill FFN tiles compute them), hidden = a * u, then
+    rotate_quantize_row of hidden into the down product's codes. Float32
+    within a few ulps of float64 (tests/llm/test_decode_stretches.py), not
+    numpy's tanh / exp bits."""
+    dequantize_atoms(gate, n, g_rs, g_ch, g_bias, g_has_bias, g_flat)
+    dequantize_atoms(up, n, u_rs, u_ch, u_bias, u_has_bias, u_flat)
+    one = np.float32(1.0)
+    for i in range(n):
+        x = g[0, i]
+        if act == ACT_SILU:
+            t = -x
+        else:
+            t = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
+        v = x / (one + exp_f32(t))
+        a[0, i] = v
+        hidden[0, i] = v * u[0, i]
+    rotate_quantize_row(hidden, signs, block, norm, factor, work, codes, qscale)
+
+
+@njit(**_JIT)
+def dequantize_three(src0, n0, rs0, ch0, bias0, has_bias0, out0, src1, n1, rs1, ch1, bias1, has_bias1, out1,
+                     src2, n2, rs2, ch2, bias2, has_bias2, out2):
+    """dequantize_atoms of three int32 rows (an attention stretch's q, k and
+    v in edges) in one call; a row of width 0 is skipped."""
+    dequantize_atoms(src0, n0, rs0, ch0, bias0, has_bias0, out0)
+    dequantize_atoms(src1, n1, rs1, ch1, bias1, has_bias1, out1)
+    if n2:
+        dequantize_atoms(src2, n2, rs2, ch2, bias2, has_bias2, out2)
+
+
+@njit(**_JIT)
+def embedding_row(view, token, kg, cols, row_scale, signs, block, norm, factor_t, ones, factor, w, eps, work,
+                  embd, scaled, normed, o_signs, o_block, o_norm, o_factor, o_work, codes, qscale):
+    """A decode token's embedding stretch in one call: its row of the packed
+    int8 head (view [groups, C / 32, kg, 32], kernels.packed_view) times its
+    row scale, rotated back (x R^T: factor_t's block mixing when it has rows,
+    the butterflies, the signs; block 0: not rotated) into embd, times
+    `factor` (Scale) into scaled, RMSNorm by w into normed, then
+    rotate_quantize_row into the first segment's codes. Float32."""
+    g, r = token // kg, token % kg
+    tile = view.shape[3]
+    rs = row_scale[token]
+    for t in range(view.shape[1]):
+        for c in range(tile):
+            j = t * tile + c
+            if j < cols:
+                embd[0, j] = np.float32(view[g, t, r, c]) * rs
+    if block:
+        src = embd
+        if factor_t.shape[0]:
+            _mix_blocks(embd, factor_t, block, work[3:4])
+            src = work[3:4]
+        _hadamard_stages(src, ones, block, norm, work[2:3], work[:2])
+        for i in range(cols):
+            embd[0, i] = work[2, i] * signs[i]
+    for i in range(cols):
+        scaled[0, i] = embd[0, i] * factor
+    rms_norm(scaled, w, eps, normed)
+    rotate_quantize_row(normed, o_signs, o_block, o_norm, o_factor, o_work, codes, qscale)

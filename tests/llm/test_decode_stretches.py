@@ -139,3 +139,161 @@ def test_scale_row_is_the_float64_product(k):
     want = x.astype(np.float64) * np.float64(factor)
     jit.scale_row(x, factor)
     assert np.all(np.abs(x - want) <= np.abs(want) * 2.0 ** -24)
+
+
+# -- the int8 stretches as one call (jit.rotate_row, rotate_quantize_row, residual_row, gated_row) ---------
+# A rotated value is a signed sum of a block's values (and, with a factor, of the blocks' mixes): float32
+# within ROT_TOL of the row's largest magnitude of float64's. A code is rint(y / scale) of the float64 row
+# y, but where y / scale lies within CODE_SLACK of a rounding tie (then either neighbour).
+ROT_TOL = 2e-6
+CODE_SLACK = 1e-3
+
+
+def _rotation(k: int, kind: str):
+    from rkc.runtime.kernels.hadamard import compiled_form, make_rotation
+
+    if kind == "none":
+        return None, (np.ones(1, F32), 0, F32(1.0), np.zeros((0, 0), F32))
+    rot = make_rotation(k, kind)
+    form = compiled_form(rot, k)
+    return rot, (form.signs, form.block, form.norm, np.zeros((0, 0), F32) if form.factor is None else form.factor)
+
+
+def _rotated64(y: np.ndarray, rot) -> np.ndarray:
+    from rkc.runtime.kernels.hadamard import rotate
+
+    return y if rot is None else rotate(y, rot)
+
+
+def _check_codes(codes: np.ndarray, scale: np.ndarray, y: np.ndarray) -> None:
+    """codes [C1, R, C2] row 0 and scale[0] against the float64 row y [K]; pad channels and rows zero."""
+    k = y.shape[-1]
+    s = np.abs(y).max() / 127
+    assert abs(float(scale[0]) - s) <= 1e-6 * s
+    got = codes[:, 0, :].reshape(-1)
+    assert not got[k:].any() and not codes[:, 1:, :].any()
+    assert np.all(np.abs(got[:k].astype(np.float64) - y / s) <= 0.5 + CODE_SLACK)
+
+
+def _atoms_of(acc: np.ndarray) -> np.ndarray:
+    """An int32 row as an NPU output's [C1, 4] atoms (pad channels garbage: never read)."""
+    k = acc.shape[0]
+    atoms = np.full((-(-k // 4), 4), 12345, np.int32)
+    atoms.reshape(-1)[:k] = acc
+    return atoms
+
+
+_KINDS = [(64, "none"), (64, "block"), (640, "auto"), (1152, "hartley"), (1536, "auto"), (2048, "block")]
+
+
+@pytest.mark.parametrize("k,kind", _KINDS)
+def test_rotate_quantize_row_is_the_float64_rotation(k, kind):
+    """rotate_row (signs, butterflies, a block-mixing factor or none) and its
+    codes against float64 over widths of one block, a Paley or Hartley factor,
+    Gemma 3's 640 and 2048."""
+    rng = np.random.default_rng(k)
+    rot, (signs, block, norm, factor) = _rotation(k, kind)
+    x = (rng.standard_normal((1, k)) * rng.uniform(0.1, 40)).astype(F32)
+    work = np.full((4, k), np.nan, F32)
+    want = _rotated64(x[0].astype(np.float64), rot)
+    got = jit.rotate_row(x, signs, block, norm, factor, work)
+    assert np.all(np.abs(got[0] - want) <= ROT_TOL * np.abs(want).max())
+    codes, scale = np.full((-(-k // 16), 3, 16), 7, np.int8), np.empty(1, F32)
+    jit.rotate_quantize_row(x, signs, block, norm, factor, work, codes, scale)
+    _check_codes(codes, scale, want)
+
+
+@pytest.mark.parametrize("k,kind", _KINDS)
+@pytest.mark.parametrize("first_norm,has_scale,last_norm,has_bias", [(True, False, True, False),
+                                                                     (False, True, True, True),
+                                                                     (True, False, False, False)])
+def test_residual_row_is_the_float64_formula(k, kind, first_norm, has_scale, last_norm, has_bias):
+    """residual_row: dequantized int32 row, [norm1], + residual, [scale],
+    [norm2], rotated and quantized, every row it writes against float64."""
+    rng = np.random.default_rng([k, first_norm, has_scale, last_norm, has_bias])
+    rot, (signs, block, norm, factor) = _rotation(k, kind)
+    acc = rng.integers(-2 ** 20, 2 ** 20, k).astype(np.int32)
+    rs, ch, bias = F32(rng.uniform(1e-4, 1e-2)), rng.uniform(0.001, 0.01, k).astype(F32), rng.standard_normal(k).astype(F32)
+    res = (rng.standard_normal((1, k)) * 10).astype(F32)
+    w1, w2 = (rng.standard_normal(k).astype(F32) for _ in range(2))
+    scale = rng.uniform(0.05, 2.0, 1).astype(F32)
+    x, n1, total, scaled, n2 = (np.full((1, k), np.nan, F32) for _ in range(5))
+    work, codes, qs = np.empty((4, k), F32), np.full((-(-k // 16), 2, 16), 7, np.int8), np.empty(1, F32)
+    jit.residual_row(_atoms_of(acc), k, rs, ch, bias, has_bias, x.reshape(-1), x, w1, F32(1e-6), first_norm, res,
+                     scale, has_scale, w2, F32(1e-6), last_norm, n1, total, scaled, n2, signs, block, norm, factor,
+                     work, codes, qs)
+    x64 = acc * np.float64(rs) * ch.astype(np.float64) + (bias.astype(np.float64) if has_bias else 0)
+    _close(x, x64[None], 1e-7)
+    t64 = (_rms(x64[None], w1, 1e-6) if first_norm else x64[None]) + res
+    _close(total, t64, 2 * NORM_TOL)
+    if has_scale:
+        t64 = t64 * np.float64(scale[0])
+    y64 = _rms(t64, w2, 1e-6) if last_norm else t64
+    _close(n2 if last_norm else (scaled if has_scale else total), y64, 2 * NORM_TOL)
+    _check_codes(codes, qs, _rotated64(y64[0], rot))
+
+
+def _gelu64(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize("k,kind", _KINDS)
+@pytest.mark.parametrize("act", ["GeluTanh", "SiLU"])
+def test_gated_row_is_the_float64_formula(k, kind, act):
+    """gated_row: gate and up dequantized, act(gate) * up (GELU's tanh form,
+    SiLU), rotated and quantized, against float64; gate values out to +-30
+    (the exp's clamped tails)."""
+    rng = np.random.default_rng([k, act == "SiLU"])
+    rot, (signs, block, norm, factor) = _rotation(k, kind)
+    accs = [rng.integers(-2 ** 20, 2 ** 20, k).astype(np.int32) for _ in range(2)]
+    rss = [F32(rng.uniform(1e-5, 3e-5)) for _ in range(2)]
+    chs = [rng.uniform(0.1, 1.0, k).astype(F32) for _ in range(2)]
+    bias = rng.standard_normal(k).astype(F32)
+    g, u, a, hidden = (np.full((1, k), np.nan, F32) for _ in range(4))
+    work, codes, qs = np.empty((4, k), F32), np.full((-(-k // 16), 2, 16), 7, np.int8), np.empty(1, F32)
+    kind_id = jit.ACT_GELU_TANH if act == "GeluTanh" else jit.ACT_SILU
+    jit.gated_row(_atoms_of(accs[0]), rss[0], chs[0], bias, True, _atoms_of(accs[1]), rss[1], chs[1], bias, False, k,
+                  kind_id, g.reshape(-1), u.reshape(-1), g, u, a, hidden, signs, block, norm, factor, work, codes, qs)
+    g64 = accs[0] * np.float64(rss[0]) * chs[0] + bias
+    u64 = accs[1] * np.float64(rss[1]) * chs[1]
+    _close(g, g64[None], 1e-7)
+    _close(u, u64[None], 1e-7)
+    a64 = _gelu64(g64) if act == "GeluTanh" else g64 / (1 + np.exp(-g64))
+    _close(a, a64[None], 2e-6)
+    h64 = a64 * u64
+    _close(hidden, h64[None], 2e-6)
+    _check_codes(codes, qs, _rotated64(h64, rot))
+
+
+@pytest.mark.parametrize("cols,kind", [(64, "none"), (640, "auto"), (1152, "hartley"), (2048, "block")])
+@pytest.mark.parametrize("token", [0, 37, 99])
+def test_embedding_row_is_the_float64_formula(cols, kind, token):
+    """embedding_row: a token's row of the packed int8 head (kernels.packed_rows'
+    layout) times its row scale, rotated back, scaled, normed, then rotated and
+    quantized, against float64 over the rotations the compiler makes and rows
+    of a kernel group's first, middle and last kernels."""
+    from rkc.runtime.llm.kernels import packed_rows, packed_view
+
+    rows, rng = 100, np.random.default_rng([cols, token])
+    rot, (signs, block, norm, factor) = _rotation(cols, kind)
+    factor_t = np.ascontiguousarray(factor.T)
+    view, kg, cp = packed_view(np.zeros(1 << 20, np.uint8), rows, cols, np.int8)
+    raw = rng.integers(-128, 128, view.size).astype(np.int8).view(np.uint8)
+    view, kg, cp = packed_view(raw, rows, cols, np.int8)
+    row_scale = rng.uniform(0.001, 0.01, rows).astype(F32)
+    w = rng.standard_normal(cols).astype(F32)
+    work, out_work = np.empty((4, cols), F32), np.empty((4, cols), F32)
+    embd, scaled, normed = (np.full((1, cols), np.nan, F32) for _ in range(3))
+    codes, qs = np.full((-(-cols // 16), 2, 16), 7, np.int8), np.empty(1, F32)
+    jit.embedding_row(view, token, kg, cols, row_scale, signs, block, norm, factor_t, np.ones(cols, F32), F32(25.3),
+                      w, F32(1e-6), work, embd, scaled, normed, signs, block, norm, factor, out_work, codes, qs)
+    from rkc.runtime.kernels.hadamard import unrotate
+
+    e64 = packed_rows(raw, np.array([token]), rows, cols, np.int8).astype(np.float64) * np.float64(row_scale[token])
+    if rot is not None:
+        e64 = unrotate(e64, rot)
+    _close(embd, e64, ROT_TOL)
+    _close(scaled, e64 * np.float64(F32(25.3)), ROT_TOL)
+    n64 = _rms(e64 * np.float64(F32(25.3)), w, 1e-6)
+    _close(normed, n64, 2 * NORM_TOL)
+    _check_codes(codes, qs, _rotated64(n64[0], rot))

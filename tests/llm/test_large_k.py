@@ -70,9 +70,10 @@ def test_wide_ffn_matches_reference(precision, rotation, arith, min_cos, wide_ff
         labels = [getattr(c, "label", "") for c in engine.plans["decode"].calls]
         engine.close()
         assert sum(lab.startswith("residual stretch") for lab in labels) == 2, labels
-        steps = [("decode", [t], i) for i, t in enumerate(tokens[:4])]  # one-row runs: the interpreter's bits
+        steps = [("decode", [t], i) for i, t in enumerate(tokens[:4])]  # one-row runs: test_plan's float32 bounds
         for planned, interpreted in plan_and_interpreter_logits(out, steps):
-            np.testing.assert_array_equal(planned, interpreted)
+            np.testing.assert_allclose(planned, interpreted, rtol=0, atol=5e-3 * np.abs(interpreted).max())
+            assert np.argmax(planned[-1]) == np.argmax(interpreted[-1])
 
 
 def test_buffers_beyond_the_iova_window_are_refused_with_their_sizes():

@@ -36,7 +36,13 @@ STEPS = [("prefill_4", [5, 6, 7, 8], 0), ("prefill_4", [7, 8, 9], 4), *[("decode
 @pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_plan_gives_the_interpreters_logits(arch, precision, synth_rkbin):
-    assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, STEPS)
+    """The plan against the interpreter over prefill chunks and decode steps:
+    the decode plan's int8 stretches run as one compiled call each (jit.residual_row,
+    jit.gated_row: float32 in their own order, GELU / SiLU through exp_f32), so a
+    value may land a float32 ulp away and, at an int8 rounding tie, a code step
+    away (2-5e-3 of the largest logit, as the many-row plans below); the same top token."""
+    assert_plan_is_the_interpreter(synth_rkbin(arch, precision), precision, STEPS, exact_int8=False,
+                                   atol=1e-4 if precision == "fp16" else 5e-3)
 
 
 def assert_plan_is_the_interpreter(path, precision: str, steps, exact_int8: bool = True, atol: float = 1e-4) -> None:
@@ -370,7 +376,7 @@ def test_paired_int4_head_gives_the_interpreters_logits(synth_rkbin):
         paired = [s for s in module.program(name).steps if s.op in ("QuantizeNibbles", "CombineInt4")
                   and s.attrs.get("pair_group") == 32]
         assert len(paired) == 2, name  # the head's two edges, no other product's
-    assert_plan_is_the_interpreter(path, "int4", [*STEPS, ("score_4", [3, 4, 5, 6], 0)])
+    assert_plan_is_the_interpreter(path, "int4", [*STEPS, ("score_4", [3, 4, 5, 6], 0)], exact_int8=False, atol=5e-3)
     # many rows: the fused stretches' own float32 order can move a value across an int4 rounding
     # tie, one nibble step (1.3e-2 of the largest logit on an AMD EPYC without AVX-512, stop 46's
     # tree and this one alike, 2026-12-07; 1e-4 held on the previous CPU)
