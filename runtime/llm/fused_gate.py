@@ -17,6 +17,7 @@ from rkc.ir.program import Step
 from rkc.runtime.llm import jit, prepared
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.fused import _bracket, _info, _InEdge, _OutEdge, _row, raise_shape
+from rkc.runtime.llm.prefill_fused import ACT_GELU_TANH, ACT_SILU
 from rkc.runtime.llm.stretch_match import host
 
 F32 = np.float32
@@ -131,7 +132,7 @@ def _gated_int8(edge_gate: _InEdge, edge_up: _InEdge, edge_out: _OutEdge, op: st
     down product's int8 codes) as one compiled call (jit.gated_row): the
     stretch fp16 builds do not have (their FFN is one NPU segment), ~30 us of
     an int8 token's ~18 such calls in three dispatches, numpy's tanh and glue."""
-    act = jit.ACT_GELU_TANH if op == "GeluTanh" else jit.ACT_SILU
+    act = ACT_GELU_TANH if op == "GeluTanh" else ACT_SILU
     (g_slot, g_ch, g_bias, g_hb), (u_slot, u_ch, u_bias, u_hb) = edge_gate.dequant, edge_up.dequant
     g, u, k, a, out, kernel = edge_gate.out, edge_up.out, edge_gate.k, np.empty_like(hidden), edge_out, jit.gated_row
     gate, up, g_flat, u_flat = edge_gate.atoms, edge_up.atoms, edge_gate.flat, edge_up.flat

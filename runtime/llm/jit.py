@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
-from rkc.runtime.llm.prefill_fused import _GELU_C, _GELU_K, ACT_GELU_TANH, ACT_SILU, quantize_into_atoms
+from rkc.runtime.llm.prefill_fused import _GELU_C, _GELU_K, ACT_SILU, quantize_into_atoms
 from rkc.runtime.llm.prefill_kernels import exp_f32
 
 # error_model "numpy": a float division by zero gives numpy's inf / NaN instead of raising, so no

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from rkc.runtime.llm import jit
+from rkc.runtime.llm.prefill_fused import ACT_GELU_TANH, ACT_SILU
 
 F32 = np.float32
 NORM_TOL = 4e-6
@@ -251,7 +252,7 @@ def test_gated_row_is_the_float64_formula(k, kind, act):
     bias = rng.standard_normal(k).astype(F32)
     g, u, a, hidden = (np.full((1, k), np.nan, F32) for _ in range(4))
     work, codes, qs = np.empty((4, k), F32), np.full((-(-k // 16), 2, 16), 7, np.int8), np.empty(1, F32)
-    kind_id = jit.ACT_GELU_TANH if act == "GeluTanh" else jit.ACT_SILU
+    kind_id = ACT_GELU_TANH if act == "GeluTanh" else ACT_SILU
     jit.gated_row(_atoms_of(accs[0]), rss[0], chs[0], bias, True, _atoms_of(accs[1]), rss[1], chs[1], bias, False, k,
                   kind_id, g.reshape(-1), u.reshape(-1), g, u, a, hidden, signs, block, norm, factor, work, codes, qs)
     g64 = accs[0] * np.float64(rss[0]) * chs[0] + bias
