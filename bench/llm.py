@@ -85,16 +85,24 @@ def host_decode(engine: LlmEngine, cache, start: int, tokens: int) -> list[float
     return out
 
 
-def host_prefill(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> float:
-    """Median wall seconds of one prefill chunk at position 0."""
+def prefill_samples(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> list[float]:
+    """Wall seconds of `repeats` prefill chunks at position 0, after one untimed
+    run: a program's first run makes its buffers and loads its compiled kernels
+    (2-4x a later run's time), a cost a process pays once."""
     name = engine.program_for(chunk, all_logits=False).name
     times = []
-    for _ in range(repeats):
+    for i in range(repeats + 1):
         cache.reset()
         t = CLOCK()
         engine.run(name, np.full(chunk, PROMPT_TOKEN, np.int32), np.arange(chunk, dtype=np.int32), cache)
-        times.append(CLOCK() - t)
-    return statistics.median(times)
+        if i:
+            times.append(CLOCK() - t)
+    return times
+
+
+def host_prefill(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> float:
+    """Median wall seconds of one prefill chunk at position 0 (warm)."""
+    return statistics.median(prefill_samples(engine, cache, chunk, repeats))
 
 
 def prompt_plans(engine: LlmEngine, tokens: int) -> dict[str, list[tuple[int, int]]]:

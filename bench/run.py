@@ -231,7 +231,7 @@ def measure_llm(name: str, precision: str, work: Path, layers: int, tokens: int)
 
 def host_samples(bl, rkbin: Path, programs: dict, tokens: int) -> dict[str, list[float]]:
     """Host seconds on the null device (bench/llm.py's loops): each decode token at
-    positions 16.. (`tokens` of them) and each prefill chunk at position 0 (3 runs)."""
+    positions 16.. (`tokens` of them) and each prefill chunk at position 0 (3 warm runs)."""
     from rkc.runtime.llm.engine import LlmEngine
 
     engine = LlmEngine(rkbin, device="null")
@@ -240,7 +240,7 @@ def host_samples(bl, rkbin: Path, programs: dict, tokens: int) -> dict[str, list
     out = {"decode": bl.host_decode(engine, cache, 16, tokens)}
     for p in programs.values():
         if p.rows > 1:
-            out[p.name] = [bl.host_prefill(engine, cache, p.rows, repeats=1) for _ in range(3)]
+            out[p.name] = bl.prefill_samples(engine, cache, p.rows, repeats=3)
     engine.close()
     return out
 
