@@ -73,11 +73,12 @@ def test_attention_products_run_on_the_npu(tmp_path, precision, c, key, h, w, tr
     assert [p.device for p in products] == ["npu", "npu"], [p.reason for p in products]
     kinds = [_steps(tmp_path / "m.rkbin", kind) for kind in ("ScaledSoftmax", "SoftmaxTranspose")]
     assert kinds == ([1, 0] if transposed else [0, 1])  # the scores' softmax written as the second A or B
-    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
-        got = m.run({"x": x})["y"]
-    want = onnxruntime_outputs(path, {"x": x})["y"]
-    assert cosine(got, want) >= THRESHOLD[precision]
+        for _ in range(2):  # the second run through the steps' closures prepared at the first
+            x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+            got = m.run({"x": x})["y"]
+            want = onnxruntime_outputs(path, {"x": x})["y"]
+            assert cosine(got, want) >= THRESHOLD[precision]
 
 
 def _steps(path, op: str) -> int:
