@@ -67,6 +67,21 @@ def test_a_one_pixel_map_widens_every_fp16_pattern_as_numpy():
         _widened_and_kept_as_numpy(bits, fm)
 
 
+@pytest.mark.parametrize("stored", [(8, 1, 1024, 8), (9, 1, 1021, 8), (9, 4, 257, 8)])
+def test_a_map_widens_every_fp16_pattern_as_numpy(stored):
+    """Lines of eight-channel atoms (eight atoms at a time by half's shuffles, a line's last
+    atoms one by one): every fp16 bit pattern, NaN payloads and signalling bits included,
+    widened as numpy's cast and handed over as it is, channel by channel."""
+    fm = np.resize(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16), stored)
+    c1, h, w, c2 = stored
+    want = fm.transpose(0, 3, 1, 2).reshape(c1 * c2, h, w)
+    wide, kept = np.empty(want.shape, np.uint32), np.empty(want.shape, np.uint16)
+    half.widen_feature(fm, wide)
+    half.unpack_feature_bits(fm, kept)
+    np.testing.assert_array_equal(kept, want)
+    np.testing.assert_array_equal(wide, want.view(np.float16).astype(np.float32).view(np.uint32))
+
+
 def _widened_and_kept_as_numpy(bits, fm):
     assert half.one_pixel_lanes(fm, np.empty((bits.size, 1, 1), np.uint32)) is not None
     out = np.empty((bits.size, 1, 1), np.uint32)
