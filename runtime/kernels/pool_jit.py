@@ -182,8 +182,8 @@ def _sign_key(bits):
     the positive quiet NaN's key 0x7E00, above +inf's, so a window with a NaN pools to NaN
     as numpy's max does (`_half_key`'s order, as a signed compare LLVM vectorises)."""
     s = np.int16(bits)
-    key = np.int16(s ^ ((s >> 15) & 0x7FFF))
-    return np.int16(0x7E00) if (s & 0x7FFF) > 0x7C00 else key
+    s = np.int16(s + (0x7E00 - s) * ((s & 0x7FFF) > 0x7C00))  # a NaN -> 0x7E00 (no select: numba's
+    return np.int16(s ^ ((s >> 15) & 0x7FFF))  # inliner warned of its phi)
 
 
 @njit(cache=True, nogil=True, inline="always")
