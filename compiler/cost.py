@@ -45,17 +45,21 @@ def op_ddr_bytes(graph: Graph, op: Op) -> int:
 
 
 # The host CPU time of a max pool the CPU runs (runtime/kernels/pool_jit.py on the NPU
-# feature map in place): a fixed part (the step between two NPU submissions: its closure,
-# the BOs' bracket, the kernel's setup) plus a part per input element, by dtype. Fitted
-# by bench/max_pool_host.py (least squares over 9 pool shapes of SqueezeNet, Inception
-# v1, ResNet-50 and YOLO's SPPF, 41 K to 1.1 M input elements, 3x3/1, 3x3/2 and 5x5/1;
-# each the median process CPU time of 60 calls of the whole step on the null device, the
-# median of 3 rounds with shapes and dtypes alternating), at load 4.5 on this machine's
-# x86 cores, after the fused pool kernel (stop 50): int8 0.025-0.063 ms, fp16
-# 0.039-0.148 ms; each shape within 20 % of the fit
-# (docs/notes/2026-12-07-cnn-host-rows-2.md; stop 47's figures, 55 + 0.07 and 75 + 0.2,
-# were the kernel before two rewrites).
-MAX_POOL_HOST_S = {"int8": (27e-6, 0.03e-9), "fp16": (42e-6, 0.09e-9)}
+# feature map in place): a fixed part (the step between two NPU submissions and the
+# kernel's setup) plus a part per input element, by dtype. Fitted to the kernel's CPU
+# time alone on 9 pool shapes of SqueezeNet, Inception v1, ResNet-50 and YOLO's SPPF
+# (41 K to 1.2 M elements; int8 0.030-0.111 ms, fp16 0.062-0.306 ms), plus 25 us a step
+# (YOLOv8n's SPPF pools: 0.087 ms each in the pipeline, 0.062 alone): this machine's
+# x86 cores, docs/notes/2026-12-06-vision-host-time-3.md "Stop 46". bench/max_pool_host.py
+# measures the whole step on the same shapes and fits these figures: since the pool writes
+# the next map in place (stop 47), int8 51 us + 0.079 ns, fp16 89 us + 0.19 ns an element
+# in one process at load 12 (the step before: 78 + 0.097, 140 + 0.20), within the spread
+# of separate runs (+-50 % at that load) of the figures here, which stand
+# (docs/notes/2026-12-07-small-models-host.md). After stop 50's fused kernel the same script fits
+# int8 27 us + 0.03 ns, fp16 42 + 0.09 (load 4.5); not taken: with them Inception v1-ppu's plan
+# puts its int8 stem pool on the CPU behind an int8 -> fp16 edge the plan prices below its cost,
+# for no measured gain (docs/notes/2026-12-07-cnn-host-rows-2.md).
+MAX_POOL_HOST_S = {"int8": (55e-6, 0.07e-9), "fp16": (75e-6, 0.2e-9)}
 
 
 def max_pool_host_seconds(dtype: str, input_elements: int) -> float:
