@@ -55,7 +55,10 @@ def op_ddr_bytes(graph: Graph, op: Op) -> int:
 # the next map in place (stop 47), int8 51 us + 0.079 ns, fp16 89 us + 0.19 ns an element
 # in one process at load 12 (the step before: 78 + 0.097, 140 + 0.20), within the spread
 # of separate runs (+-50 % at that load) of the figures here, which stand
-# (docs/notes/2026-12-07-small-models-host.md).
+# (docs/notes/2026-12-07-small-models-host.md). After stop 50's fused kernel the same script fits
+# int8 27 us + 0.03 ns, fp16 42 + 0.09 (load 4.5); not taken: with them Inception v1-ppu's plan
+# puts its int8 stem pool on the CPU behind an int8 -> fp16 edge the plan prices below its cost,
+# for no measured gain (docs/notes/2026-12-07-cnn-host-rows-2.md).
 MAX_POOL_HOST_S = {"int8": (55e-6, 0.07e-9), "fp16": (75e-6, 0.2e-9)}
 
 

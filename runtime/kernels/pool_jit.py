@@ -152,72 +152,136 @@ def _column_max(rows, low, kh, sy, dy, pt, out, lo, hi):
                 dst[ox, lane] = _value(dst[ox, lane])
 
 
-@njit(cache=True, nogil=True)
-def _keys(src, low, out):
-    """out[i] = the larger of _key(src[i]) and `low` (its own function: inlined into
-    _phase_max's loop, numba warned at compile time)."""
-    for i in range(src.shape[0]):
-        v = _key(src[i])
-        out[i] = v if _greater(v, low) else low
+def _atom_key(v):
+    """An atom lane as `_fused_max` orders it: fp16 bits (uint16) as a signed 16-bit key
+    (`_sign_key`); any other dtype as it is."""
+
+
+@overload(_atom_key, inline="always")
+def _atom_key_impl(v):
+    if isinstance(v, types.Integer) and not v.signed and v.bitwidth == 16:
+        return lambda v: _sign_key(v)
+    return lambda v: v
+
+
+def _atom_value(key, like):
+    """`_atom_key`'s inverse, into the dtype of `like` (an element of the output)."""
+
+
+@overload(_atom_value, inline="always")
+def _atom_value_impl(key, like):
+    if isinstance(like, types.Integer) and not like.signed and like.bitwidth == 16:
+        return lambda key, like: np.uint16(np.int16(key ^ ((key >> 15) & 0x7FFF)) & 0xFFFF)
+    return lambda key, like: key
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sign_key(bits):
+    """fp16 bits -> an int16 key in the values' order without a branch (a sign-magnitude
+    number's negative half flipped: s ^ 0x7FFF where s < 0; its own inverse), every NaN
+    the positive quiet NaN's key 0x7E00, above +inf's, so a window with a NaN pools to NaN
+    as numpy's max does (`_half_key`'s order, as a signed compare LLVM vectorises)."""
+    s = np.int16(bits)
+    s = np.int16(s + (0x7E00 - s) * ((s & 0x7FFF) > 0x7C00))  # a NaN -> 0x7E00 (no select: numba's
+    return np.int16(s ^ ((s >> 15) & 0x7FFF))  # inliner warned of its phi)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _max2(cur, v):
+    """The larger, a NaN winning as in numpy's max (integers: max)."""
+    return v if (v > cur or v != v) and cur == cur else cur
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rows_max(a, b, c, first, dst):
+    """dst[i] = the maximum of the keys of a[i], b[i], c[i] (and dst[i] unless `first`): up to
+    three window rows in one pass (a repeated row stands for a missing one: a maximum
+    ignores repeats)."""
+    if first:
+        for i in range(dst.shape[0]):
+            dst[i] = _max2(_max2(_atom_key(a[i]), _atom_key(b[i])), _atom_key(c[i]))
+    else:
+        for i in range(dst.shape[0]):
+            dst[i] = _max2(dst[i], _max2(_max2(_atom_key(a[i]), _atom_key(b[i])), _atom_key(c[i])))
 
 
 @njit(cache=True, nogil=True)
-def _phase_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, copy_first, out, lo, hi):
-    """Pixels of whole 16-byte units (`units` per pixel: an NPU atom is one):
-    x [P, H, W * b] values (fp16 as bits), out [P, OH, OW * b] of x's dtype, b
-    elements a pixel, for output rows [lo, hi) of P * OH. Every loop is long and unit-stride, so that it
-    vectorises: per output row, (1) the window's input rows' maximum over the whole
-    row; (2) that row's pixels dealt into sx phases (pixel i * sx + r to phase r,
-    moved 16 bytes at a time as complex128, numba's 16-byte scalar); (3) per column
-    tap, its phase is the outputs' row shifted by whole pixels: one pass over the
-    outputs it reaches inside the map. Outputs no tap reaches keep `low`. `copy_first`: (1)
-    starts from the first row's keys rather than from `low`."""
+def _fused_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
+    """Pixels of whole 16-byte units (`units` a pixel; an NPU atom is one): x [P, H, W * b] (fp16 as bits),
+    out [P, OH, OW * b] of x's dtype, b elements a pixel, for output rows [lo, hi) of
+    P * OH. Every loop is long and unit-stride, so that it vectorises, and reads up to
+    three streams at once: per output row, (1) the window's input rows' maximum, three
+    rows a pass (`_rows_max`), as keys (`_atom_key`), into a row padded with `low` pixels
+    on both sides (the window's columns outside the map); (2) at a stride, that row's
+    pixels dealt into sx phases (padded pixel i * sx + r to phase r, moved 16 bytes at a
+    time as complex128, numba's 16-byte scalar); (3) per column tap, its phase is the
+    outputs' row shifted by whole pixels: three taps a pass, the last pass turning keys
+    back into values. Against the kernel before (one pass a window row and a column tap,
+    each reading and writing the running maximum; fp16 keys by a branch), kernel alone,
+    process CPU, the two alternating in one process, load 4.6: fp16 3x3/1 over 27x27 and
+    13x13 maps 0.59-0.67x (528x13x13 71 -> 48 us), 3x3/2 0.77-0.89x (64x112x112 134 ->
+    103); int8 3x3/1 0.52-0.71x, 3x3/2 0.84-0.92x; every result byte the same
+    (docs/notes/2026-12-07-cnn-host-rows-2.md)."""
     h, row = x.shape[1], x.shape[2]
     oh, orow = out.shape[1], out.shape[2]
     w, ow = row // b, orow // b
-    span = -(-w // sx)  # pixels per phase
-    rows = np.empty(row, out.dtype)
-    phases = np.empty(sx * span * b, out.dtype)
-    rows16, phases16 = rows.view(np.complex128), phases.view(np.complex128)
-    taps = np.empty((kw, 3), np.int64)  # per column tap: its phase's element for output 0, the outputs it reaches
+    # padded row: pl low pixels, the map's w, low pixels to the last column a window reaches
+    width = max(pl + w, (ow - 1) * sx + (kw - 1) * dx + 1)
+    span = -(-width // sx)  # pixels per phase
+    padded = np.full(sx * span * b, low)  # (keys: low's type) its pad pixels stay low
+    phases = padded if sx == 1 else np.full(sx * span * b, low)  # and each phase's: the deal moves map pixels
+    rows16, phases16 = padded.view(np.complex128), phases.view(np.complex128)
+    taps = np.empty(kw, np.int64)  # per column tap: its phase's element for output 0
     for kx in range(kw):
-        c = kx * dx - pl  # output ox reads pixel ox * sx + c = (ox + c // sx) * sx + c % sx
-        first, last = max(0, -(c // sx)), min(ow, -(-(w - c) // sx))
-        taps[kx, 0], taps[kx, 1], taps[kx, 2] = ((c % sx) * span + c // sx) * b, first * b, max(first, last) * b
+        u = kx * dx  # padded pixel of output 0's tap
+        taps[kx] = ((u % sx) * span + u // sx) * b
+    rows_at = np.empty(max(kh, 1), np.int64)
+    acc = np.full(orow if kw > 3 else 0, low)
+    line = padded[pl * b:(pl + w) * b]
     for job in range(lo, hi):
         p, oy = job // oh, job % oh
         y0, ky0, ky1 = _taps(oy, sy, pt, kh, dy, h)
-        top = ky0
-        if copy_first and ky1 > ky0:  # the first row copied, not a fill and a pass (int8: 5-20 % faster; fp16's
-            _keys(x[p, y0 + ky0 * dy], low, rows)  # keys measured 0-8 % slower that way)
-            top += 1
-        else:
-            rows[:] = low
-        for ky in range(top, ky1):
-            src = x[p, y0 + ky * dy]
-            for i in range(row):
-                v, cur = _key(src[i]), rows[i]
-                rows[i] = v if _greater(v, cur) else cur
-        for r in range(sx):
-            n = min(span, (w - r + sx - 1) // sx)
-            if units == 1:  # an NPU atom: one move a pixel (the loop over units cost 4x, 1.6 ns a move)
-                src, to = rows16[r:], phases16[r * span:r * span + n]
-                for i in range(n):
-                    to[i] = src[i * sx]
-                continue
-            for i in range(n):
-                for u in range(units):
-                    phases16[(r * span + i) * units + u] = rows16[((i * sx + r) * units) + u]
+        m = ky1 - ky0
+        for k in range(m):
+            rows_at[k] = y0 + (ky0 + k) * dy
+        if m == 0:
+            line[:] = low
+        for g in range(0, m, 3):
+            a = x[p, rows_at[g]]
+            _rows_max(a, x[p, rows_at[min(g + 1, m - 1)]], x[p, rows_at[min(g + 2, m - 1)]], g == 0, line)
+        if sx > 1:
+            for r in range(sx):
+                # phase r holds padded pixels r, r + sx, ...: map pixel q = i * sx + r - pl
+                i0 = max(0, -(-(pl - r) // sx))
+                i1 = min(span, -(-(w + pl - r) // sx))
+                # (loops from 0 over views: an index numba cannot prove >= 0 is checked for wrapping
+                # at every move, which made the deal 4x slower)
+                if units == 1:  # an NPU atom: one move a pixel (a loop over units cost 4x, 1.6 ns a move)
+                    src, to = rows16[r + i0 * sx:], phases16[r * span + i0:r * span + i1]
+                    for i in range(i1 - i0):
+                        to[i] = src[i * sx]
+                    continue
+                src, to = rows16[(r + i0 * sx) * units:], phases16[(r * span + i0) * units:(r * span + i1) * units]
+                for i in range(i1 - i0):
+                    for u in range(units):
+                        to[i * units + u] = src[i * sx * units + u]
         dst = out[p, oy]
-        dst[:] = low
-        for kx in range(kw):
-            at, j0, j1 = taps[kx, 0], taps[kx, 1], taps[kx, 2]
-            src, d = phases[at + j0:at + j1], dst[j0:j1]
-            for j in range(j1 - j0):
-                v, cur = src[j], d[j]
-                d[j] = v if _greater(v, cur) else cur
+        if kw <= 3:
+            a, c, e = taps[0], taps[min(1, kw - 1)], taps[min(2, kw - 1)]
+            _taps_max(phases[a:a + orow], phases[c:c + orow], phases[e:e + orow], dst)
+            continue
+        for g in range(0, kw, 3):
+            a, c, e = taps[g], taps[min(g + 1, kw - 1)], taps[min(g + 2, kw - 1)]
+            _rows_max(phases[a:a + orow], phases[c:c + orow], phases[e:e + orow], g == 0, acc)
         for j in range(orow):
-            dst[j] = _value(dst[j])
+            dst[j] = _atom_value(acc[j], dst[j])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _taps_max(a, c, e, dst):
+    """dst[j] = the value of the largest of keys a[j], c[j], e[j]."""
+    for j in range(dst.shape[0]):
+        dst[j] = _atom_value(_max2(_max2(a[j], c[j]), e[j]), dst[j])
 
 
 def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -> np.ndarray:
@@ -232,7 +296,7 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     3x3/2 pool compares as often either way, and one pass writes no rows).
     fp16 is pooled as uint16 keys that order as the values do (numba has no
     fp16), made as each value is read. Maps whose pixels are whole 16-byte units
-    (an NPU feature map's planes: 16 int8 or 8 fp16 lanes) take `_phase_max`, whose
+    (an NPU feature map's planes: 16 int8 or 8 fp16 lanes) take `_fused_max`, whose
     loops all run the length of a row: the window kernels' lane loop per tap cost
     more in its setup than the comparisons (ResNet-50's int8 stem pool, 64x112x112
     3x3/2: 0.45 ms CPU before, 0.07-0.13 after, one thread)."""
@@ -293,7 +357,7 @@ def atoms_pooler(dtype, in_shape, out_shape, kernel, strides, dilations, begin, 
     codes_dtype = np.dtype(np.uint16) if half else dtype
     if low is None:
         low = np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
-    low = np.uint16(_half_key(np.asarray(low, np.float16).view(np.uint16)[()])) if half else dtype.type(low)
+    low = np.int16(_sign_key(np.asarray(low, np.float16).view(np.uint16)[()])) if half else dtype.type(low)  # a key
     units, jobs = c2 * dtype.itemsize // 16, c1 * out_shape[1]
     # threads by the output's size: these passes cost ~0.1 ns an input element, so the input's
     # count overstated the work (the 64x112x112 int8 stem pool: 0.068 ms CPU on one thread, 0.094 on two)
@@ -311,7 +375,7 @@ def atoms_pooler(dtype, in_shape, out_shape, kernel, strides, dilations, begin, 
         dense = target if target.flags.c_contiguous else np.empty(out_shape, codes_dtype)
         rows = dense.reshape(c1, out_shape[1], -1)
         def run(lo: int, hi: int) -> None:
-            _phase_max(codes, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, not half, rows, lo, hi)
+            _fused_max(codes, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, rows, lo, hi)
         if threads == 1:
             run(0, jobs)
         else:

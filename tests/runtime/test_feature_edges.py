@@ -27,6 +27,7 @@ def _max_pools_on_the_cpu(monkeypatch):
 
 
 SHAPES = [(3, 5, 7), (8, 4, 9), (19, 3, 2), (33, 2, 17), (16, 3, 8),  # the last: whole 4-atom words
+          (21, 4, 6), (64, 6, 5),  # contiguous maps of several groups, the last part padding or whole
           (1000, 1, 1), (37, 1, 1), (8, 1, 1)]  # one pixel (logits): half.one_pixel_lanes
 
 

@@ -92,7 +92,7 @@ def test_feature_map_planes_pool_in_place_as_the_reference(dtype, shape, kernel,
                                   _reference(planes, kernel, strides, dilations, pads, ceil_mode))
 
 
-@pytest.mark.parametrize("channels", [2, 4])  # 4 float32 channels: whole 16-byte pixels (_phase_max)
+@pytest.mark.parametrize("channels", [2, 4])  # 4 float32 channels: whole 16-byte pixels (_fused_max)
 def test_a_nan_in_a_window_is_its_maximum_as_in_numpy(channels):
     x = np.random.default_rng(0).standard_normal((1, channels, 6, 6)).astype(np.float32)
     x[0, 1, 2, 3] = np.nan
