@@ -567,12 +567,12 @@ def _rotate_tile(buf, m0, r, k, signs, signed, block, hnorm, to_blocks, rotated)
     _butterflies(buf, block)
     if not to_blocks:
         return False
-    for b in range(k // block):
-        dst_b = rotated[b]
+    for b in range(k // block):  # the block's tile rows and each row's run as views: indexing buf and rotated
+        src, dst_b = buf[b * block:(b + 1) * block], rotated[b]  # 2-d in the loop cost out_edge_tiles 1.3x (128 x 1536)
         for lane in range(r):
-            base = (m0 + lane) * block
+            run = dst_b[(m0 + lane) * block:(m0 + lane + 1) * block]
             for j in range(block):
-                dst_b[base + j] = buf[b * block + j, lane] * hnorm
+                run[j] = src[j, lane] * hnorm
     return True
 
 

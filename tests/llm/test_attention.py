@@ -126,9 +126,9 @@ def float64_attention(q, keys, values, kpos, pos, window, scale, rows):
     return out.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("hd,hkv,g", [(256, 1, 4), (64, 2, 3), (128, 8, 2)])
-@pytest.mark.parametrize("t,start", [(2, 0), (4, 7), (38, 150), (65, 0), (128, 0), (128, 300), (200, 0), (512, 0),
-                                     (130, 40)])
+@pytest.mark.parametrize("hd,hkv,g", [(256, 1, 4), (64, 2, 3), (128, 8, 2), (128, 2, 6), (256, 1, 8), (64, 4, 1)])
+@pytest.mark.parametrize("t,start", [(2, 0), (4, 7), (7, 3), (38, 150), (65, 0), (128, 0), (128, 300), (150, 0),
+                                     (200, 0), (512, 0), (130, 40)])
 @pytest.mark.parametrize("layout", ["rows", "npu"])
 def test_prefill_attention_by_blocks(hd, hkv, g, t, start, layout):
     """A prefill chunk (two rows or more) attends by
