@@ -30,12 +30,13 @@ from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import prefill_channels as channels
 from rkc.runtime.llm import prefill_fused as kernels
+from rkc.runtime.llm import prefill_rows
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.prepared import rope_tables
 from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, RESIDUAL_BODIES, const, host, is_const, residual_body,
                                            residual_shape, step_rotation)
 from rkc.runtime.kernels.hadamard import compiled_form, hartley_matrix, hartley_split
-from rkc.runtime.llm.prefill_kernels import LANES, live_rows
+from rkc.runtime.llm.prefill_kernels import ACT_GELU_TANH, ACT_SILU, LANES, live_rows
 from rkc.runtime.llm.prefill_per_layer import gate_rows, per_layer_chain
 from rkc.runtime.llm.threads import THREADS, over_ranges, threads_for
 
@@ -214,7 +215,7 @@ _MIXES: dict = {}  # a factor's bytes -> its product (a few factors a model)
 def block_mix(factor: np.ndarray) -> Callable[[np.ndarray, np.ndarray, int, int], None]:
     """mix(x, out, lo, hi): out[:, lo:hi] = factor @ x[:, lo:hi]. A Hartley
     factor of coprime composite order (Qwen2.5's C35 at K = 8960) in its
-    prime-factor form (prefill_fused.hartley_mix: 12 multiply-adds a value
+    prime-factor form (prefill_rows.hartley_mix: 12 multiply-adds a value
     for 35; 128 x 8960: 1.73 -> 1.34 ms, one thread); any other, numpy's
     product (BLAS sums)."""
     key = (factor.shape, factor.tobytes())
@@ -230,7 +231,7 @@ def block_mix(factor: np.ndarray) -> Callable[[np.ndarray, np.ndarray, int, int]
             h1, h2 = hartley_matrix(m1).astype(F32), hartley_matrix(m2).astype(F32)
 
             def mix(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
-                kernels.hartley_mix(x, out, h1, h2, pin, pout, lo, hi)
+                prefill_rows.hartley_mix(x, out, h1, h2, pin, pout, lo, hi)
         _MIXES[key] = mix
     return mix
 
@@ -331,7 +332,7 @@ def _residual_call(plan, steps: Sequence[Step], label: str, run, args_of, edge_i
     return plan._bracketed([*edge_in.bos, edge_out.bo], [call])
 
 
-_ACTIVATIONS = {"SiLU": kernels.ACT_SILU, "GeluTanh": kernels.ACT_GELU_TANH}
+_ACTIVATIONS = {"SiLU": ACT_SILU, "GeluTanh": ACT_GELU_TANH}
 
 
 def _ffn_shape(plan, steps: Sequence[Step], outputs: set, in_edge, out_edge, min_rows: int):
