@@ -142,7 +142,7 @@ class _OutEdge:
         bt = plan._bo_tensor(step.outputs[0])
         self.bo, atoms = plan.model.bos[bt.info.region], bt.atoms
         m, k = bt.shape
-        self.signs, self.block, self.hnorm, self.factor = _NONE_VEC, 1, F32(1.0), None
+        self.signs, self.block, self.hnorm, self.mix = _NONE_VEC, 1, F32(1.0), None
         self.scale_slot, self.scale = None, _NONE_VEC
         self.rotated = _NONE_F32
         if step.op == "Cast":
@@ -157,7 +157,7 @@ class _OutEdge:
             return
         blocks = k // form.block  # by blocks [K / block, M x block]: the factor's product is one GEMM
         self.kind, self.rotated = kernels.OUT_ROTATED, np.empty((blocks, m * form.block), F32)
-        self.factor = form.factor
+        self.mix = block_mix(form.factor)  # chosen once: the plan's factor is fixed
         self.mixed = np.empty_like(self.rotated)
 
     @staticmethod
@@ -180,26 +180,28 @@ class _OutEdge:
         """After the tiles: a factor's product (numpy's, as the prepared QuantizeRows
         runs it) and the quantization into the atoms, on `threads` threads;
         the scales into their slot."""
-        if self.factor is not None:
+        if self.mix is not None:
             mixed, block, dst, scale = self.mixed, self.block, self.dst, self.scale
-            mix_then_quantize(self.factor, self.rotated, mixed, block,
+            mix_then_quantize(self.mix, self.rotated, mixed, block,
                               lambda lo, hi: kernels.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi),
                               threads)
         if self.scale_slot is not None:
             slots[self.scale_slot] = self.scale
 
 
-def mix_then_quantize(factor: np.ndarray, rotated: np.ndarray, mixed: np.ndarray, block: int,
-                      quantize: Callable[[int, int], None], threads: int = THREADS) -> None:
-    """A rotation's block-mixing factor over rows given by blocks (rotated,
-    mixed [K / block, M x block], C order), then quantize(lo, hi) of those
-    rows: each of the pool's row ranges takes its columns' product, then
-    their codes, _SLAB rows at a time (a slab's mixed rows are quantized
-    while in cache). Columns are independent products, so the values are one
-    product's over all rows; as one GEMM on the caller's thread the product
-    was a serial section (~1.2 ms of a 128 x 8960 FFN stretch's ~8:
-    docs/notes/2026-12-06-qwen-prefill-host.md). The product is block_mix's."""
-    mix = block_mix(factor)
+def mix_then_quantize(mix: Callable[[np.ndarray, np.ndarray, int, int], None], rotated: np.ndarray,
+                      mixed: np.ndarray, block: int, quantize: Callable[[int, int], None],
+                      threads: int = THREADS) -> None:
+    """A rotation's block-mixing factor (its product `mix`, block_mix's)
+    over rows given by blocks (rotated, mixed [K / block, M x block], C
+    order), then quantize(lo, hi) of those rows: each of the pool's row
+    ranges takes its columns' product, then their codes, _SLAB rows at a
+    time (a slab's mixed rows are quantized while in cache). Columns are
+    independent products, so the values are one product's over all rows; as
+    one GEMM on the caller's thread the product was a serial section (~1.2
+    ms of a 128 x 8960 FFN stretch's ~8:
+    docs/notes/2026-12-06-qwen-prefill-host.md). The caller holds `mix` from
+    load (looked up at each call, block_mix hashed the factor's ~5 KB)."""
 
     def part(lo: int, hi: int) -> None:
         for s in range(lo, hi, _SLAB):

@@ -38,7 +38,7 @@ def _mix_then_quantize(rot, rotated: np.ndarray, dst: np.ndarray, scale: np.ndar
     """The factor's product and the codes as fused_rows._OutEdge.finish runs them (by slabs of rows on the
     pool's threads)."""
     mixed, block = np.full_like(rotated, np.nan), rot.block
-    mix_then_quantize(rot.factor.astype(F32), rotated, mixed, block,
+    mix_then_quantize(block_mix(rot.factor.astype(F32)), rotated, mixed, block,
                       lambda lo, hi: pf.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi))
 
 
@@ -60,7 +60,7 @@ def test_mix_then_quantize_covers_every_row_once_with_the_factors_product(rows, 
         cols = slice(lo * block, hi * block)
         assert np.all(np.abs(mixed[:, cols] - want[:, cols]) <= 4e-6 * np.abs(want).max())
         seen[lo:hi] += 1
-    mix_then_quantize(rot.factor.astype(F32), rotated, mixed, block, quantize, threads=2)
+    mix_then_quantize(block_mix(rot.factor.astype(F32)), rotated, mixed, block, quantize, threads=2)
     assert np.all(seen == 1)
 
 
