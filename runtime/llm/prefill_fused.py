@@ -86,19 +86,8 @@ def _load_in(kind, atoms, extra, row_scale, ch, bias, has_bias, m0, r, k, buf):
     fp16 atoms widened, or int32 accumulators (plus `extra`'s, a second K
     partial, when it has rows) times the row's and the channel's scale (+ bias)."""
     c1, _, c2 = atoms.shape
-    if kind == IN_HALF:  # each atom's [r, C2] block widened into a [LANES, C2] tile, then transposed into buf
-        lanes = buf.shape[1]  # LANES (a tile), or r (a caller's view of its rows)
-        tmp = np.zeros((LANES, c2), np.float32)
-        flat = tmp.ravel()
-        for a in range(c1):
-            base = a * c2
-            block = atoms[a, m0:m0 + r].ravel()  # the atom's r rows: one contiguous run (_widen_rows)
-            for t in range(r * c2):
-                flat[t] = widen_value(np.uint16(block[t]))
-            for b in range(min(c2, k - base)):
-                row = buf[base + b]
-                for lane in range(lanes):
-                    row[lane] = tmp[lane, b]
+    if kind == IN_HALF:  # lanes past r are left as they are (the callers zero them where read)
+        _widen_rows(atoms, k, m0, m0 + r, buf, 0)
         return
     partial = extra.shape[1] > 0
     rs = np.empty(LANES, np.float32)
@@ -237,7 +226,8 @@ def in_edge_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias, out_t, til
     column-major output), tiles tile_lo..tile_hi-1."""
     k, rows = out_t.shape
     if in_kind == IN_HALF:
-        _widen_rows(src, k, tile_lo * LANES, min(rows, tile_hi * LANES), out_t)
+        r0 = tile_lo * LANES
+        _widen_rows(src, k, r0, min(rows, tile_hi * LANES), out_t, r0)
         return
     for tile in range(tile_lo, tile_hi):
         m0 = tile * LANES
@@ -245,15 +235,17 @@ def in_edge_tiles(in_kind, src, extra, row_scale, ch, bias, has_bias, out_t, til
         _load_in(in_kind, src, extra, row_scale, ch, bias, has_bias, m0, r, k, out_t[:, m0:m0 + r])
 
 
-@njit(**_JIT)
-def _widen_rows(atoms, k, r0, r1, out_t):
-    """out_t[j, r0:r1] = channel j of fp16 atoms [C1, R, C2] (bits), rows
-    r0..r1-1, widened: each atom's rows (one contiguous run of (r1 - r0) x C2
-    halves) widened in one vector pass into a float32 block, whose C2
-    columns are then copied into out_t's rows as runs. Per tile of LANES
-    rows (_load_in's way: runs of C2 halves, and a strided view of out_t
-    numba could not vectorise) it cost 1.65x (Gemma 3 270M's q, 128 x 1024:
-    137 -> 83 us, one thread)."""
+@njit(inline="always")
+def _widen_rows(atoms, k, r0, r1, out, c0):
+    """out[j, c0 + t] = channel j of fp16 atoms [C1, R, C2] (bits), row r0 +
+    t, widened, for rows r0..r1-1: each atom's rows (one contiguous run of
+    (r1 - r0) x C2 halves) widened in one vector pass into a float32 block,
+    whose C2 columns are then copied into out's rows as runs (out: a tile
+    [K, LANES], c0 = 0, or a whole edge's transpose [K, M], c0 = r0; both C
+    order). Per tile of LANES rows into a strided view of the edge's
+    transpose (numba could not vectorise it) it cost 1.65x (Gemma 3 270M's
+    q, 128 x 1024: 137 -> 83 us, one thread). Inlined into its callers
+    (numba's inline): as a call, residual_tiles' fp16 tiles cost 1.2x."""
     c1, _, c2 = atoms.shape
     n = r1 - r0
     tmp = np.empty((n, c2), np.float32)
@@ -264,9 +256,9 @@ def _widen_rows(atoms, k, r0, r1, out_t):
         for t in range(n * c2):
             flat[t] = widen_value(np.uint16(block[t]))
         for b in range(min(c2, k - base)):
-            run = out_t[base + b, r0:r1]
+            run, col = out[base + b, c0:c0 + n], tmp[:, b]
             for t in range(n):
-                run[t] = tmp[t, b]
+                run[t] = col[t]
 
 
 @njit(**_JIT)
