@@ -295,27 +295,7 @@ def _ffn_rotated_slab(gate, gate_rs, gate_ch, gate_bias, gate_has_bias, up, up_r
         t = buf[a, :n]
         for i in range(n):
             t[i] = activation(np.float32(g[i]) * gs[i] + go[i], act) * (np.float32(u[i]) * us[i] + uo[i])
-    h = 1  # in atoms: channel distance 4 h
-    while 2 * h < atoms:  # two stages a pass, as butterfly_stages
-        for i0 in range(0, atoms, 4 * h):
-            for j in range(i0, i0 + h):
-                p0, p1, p2, p3 = buf[j, :n], buf[j + h, :n], buf[j + 2 * h, :n], buf[j + 3 * h, :n]
-                for i in range(n):
-                    x0, x1, x2, x3 = p0[i], p1[i], p2[i], p3[i]
-                    b0, b1 = x0 + x1, x0 - x1
-                    b2, b3 = x2 + x3, x2 - x3
-                    p0[i] = b0 + b2
-                    p2[i] = b0 - b2
-                    p1[i] = b1 + b3
-                    p3[i] = b1 - b3
-        h *= 4
-    if h < atoms:
-        for j in range(h):
-            p0, p1 = buf[j, :n], buf[j + h, :n]
-            for i in range(n):
-                x0, x1 = p0[i], p1[i]
-                p0[i] = x0 + x1
-                p1[i] = x0 - x1
+    _atom_butterflies(buf, atoms, atoms, n)  # the stages across atoms (channel distance >= 4)
     for m in range(nr):
         o, q = (m0 + m) * block, m * _INT32_C2
         for a in range(atoms):
