@@ -29,7 +29,7 @@ from rkc.runtime.kernels.hadamard import compiled_form, make_rotation  # noqa: E
 from rkc.runtime.llm import int4_prefill as k4  # noqa: E402
 from rkc.runtime.llm import prefill_fused as pf  # noqa: E402
 from rkc.runtime.llm.int4_rows import ACT_LIMIT  # noqa: E402
-from rkc.runtime.llm.prefill_kernels import LANES  # noqa: E402
+from rkc.runtime.llm.prefill_kernels import ACT_SILU, LANES  # noqa: E402
 
 F32 = np.float32
 NONE = np.zeros((0, 0), F32)
@@ -80,8 +80,8 @@ def stretch_pair(kind: str, rows: int, k: int, groups: int, seed: int = 0):
     gate, up = _partials(rng, rows, k, groups), _partials(rng, rows, k, groups)
     no_bias = np.zeros(0, F32)
     if kind == "ffn":
-        a4 = (*gate, no_bias, False, *up, no_bias, False, pf.ACT_SILU, rows, k, *out4, 0, tiles)
-        a8 = (pf.IN_DEQUANT, acc, NO_PARTIAL, rs8, ch, ch, False, acc, NO_PARTIAL, rs8, ch, ch, False, pf.ACT_SILU,
+        a4 = (*gate, no_bias, False, *up, no_bias, False, ACT_SILU, rows, k, *out4, 0, tiles)
+        a8 = (pf.IN_DEQUANT, acc, NO_PARTIAL, rs8, ch, ch, False, acc, NO_PARTIAL, rs8, ch, ch, False, ACT_SILU,
               rows, k, *out8_args, 0, tiles)
         t4, t8 = (lambda: k4.ffn_tiles(*a4)), (lambda: pf.ffn_tiles(*a8))
     else:

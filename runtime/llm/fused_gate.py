@@ -17,7 +17,7 @@ from rkc.ir.program import Step
 from rkc.runtime.llm import jit, prepared
 from rkc.runtime.llm import kernels as plain
 from rkc.runtime.llm.fused import _bracket, _info, _InEdge, _OutEdge, _row, raise_shape
-from rkc.runtime.llm.prefill_fused import ACT_GELU_TANH, ACT_SILU
+from rkc.runtime.llm.prefill_kernels import ACT_GELU_TANH, ACT_SILU
 from rkc.runtime.llm.stretch_match import host
 
 F32 = np.float32

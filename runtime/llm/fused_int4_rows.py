@@ -23,7 +23,7 @@ from rkc.runtime.llm import fused_rows, int4_jit, jit
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.fused_rows import (_ACTIVATIONS, _NONE_F32, _NONE_VEC, F32, _ffn_shape, _gemm_operand,
                                         _read_elsewhere, _residual_call, _residual_stretch, _rows,
-                                        _with_edges, mix_then_quantize)
+                                        _with_edges, block_mix, mix_then_quantize)
 from rkc.runtime.llm.int4_rows import ACT_LIMIT
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.prefill_kernels import hadamard_rows as prefill_hadamard
@@ -112,7 +112,7 @@ def _combine_int4(plan, step: Step, outputs: set):
 
 class _NibbleOut:
     """The next int4 product's input: [M, K] rows rotated (a compiled form:
-    signs and butterflies, the block-mixing factor as numpy's product) and
+    signs and butterflies, the block-mixing factor as block_mix's product) and
     quantized to codes in [-ACT_LIMIT, ACT_LIMIT], written as two nibble
     rows each into the int4 operand's atoms (QuantizeNibbles), the row
     scales into their slot."""
@@ -122,9 +122,10 @@ class _NibbleOut:
         self.bo, self.q = plan.model.bos[bt.info.region], bt.atoms.view(np.uint8)
         m, k = bt.shape[0] // 2, 2 * bt.shape[1]
         form = compiled_form(step_rotation(plan, step), k)  # (matches: one)
-        self.signs, self.block, self.hnorm, self.factor = form.signs, form.block, form.norm, form.factor
+        self.signs, self.block, self.hnorm = form.signs, form.block, form.norm
         self.scale_slot, self.scale = plan._slot(step.outputs[1]), np.empty(m, F32)
         self.to_blocks = form.factor is not None
+        self.mix = block_mix(form.factor) if self.to_blocks else None
         blocks = k // form.block  # by blocks [K / block, M x block]: the factor's product is one GEMM
         self.rotated = np.empty((blocks, m * form.block), F32) if self.to_blocks else _NONE_F32
         self.mixed = np.empty_like(self.rotated) if self.to_blocks else None
@@ -146,7 +147,7 @@ class _NibbleOut:
         if self.to_blocks:
             mixed, block, q, scale = self.mixed, self.block, self.q, self.scale
             run = int4_kernels.quantize_nibble_blocks_into_atoms
-            mix_then_quantize(self.factor, self.rotated, mixed, block,
+            mix_then_quantize(self.mix, self.rotated, mixed, block,
                               lambda lo, hi: run(mixed, block, q, scale, ACT_LIMIT, lo, hi))
         slots[self.scale_slot] = self.scale
 

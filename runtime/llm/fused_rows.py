@@ -30,12 +30,13 @@ from rkc.ir.program import Step
 from rkc.ir.types import DType
 from rkc.runtime.llm import prefill_channels as channels
 from rkc.runtime.llm import prefill_fused as kernels
+from rkc.runtime.llm import prefill_rows
 from rkc.runtime.llm.fused import raise_shape
 from rkc.runtime.llm.prepared import rope_tables
 from rkc.runtime.llm.stretch_match import (ONE_ROW_BODIES, RESIDUAL_BODIES, const, host, is_const, residual_body,
                                            residual_shape, step_rotation)
 from rkc.runtime.kernels.hadamard import compiled_form, hartley_matrix, hartley_split
-from rkc.runtime.llm.prefill_kernels import LANES, live_rows
+from rkc.runtime.llm.prefill_kernels import ACT_GELU_TANH, ACT_SILU, LANES, live_rows
 from rkc.runtime.llm.prefill_per_layer import gate_rows, per_layer_chain
 from rkc.runtime.llm.threads import THREADS, over_ranges, threads_for
 
@@ -141,7 +142,7 @@ class _OutEdge:
         bt = plan._bo_tensor(step.outputs[0])
         self.bo, atoms = plan.model.bos[bt.info.region], bt.atoms
         m, k = bt.shape
-        self.signs, self.block, self.hnorm, self.factor = _NONE_VEC, 1, F32(1.0), None
+        self.signs, self.block, self.hnorm, self.mix = _NONE_VEC, 1, F32(1.0), None
         self.scale_slot, self.scale = None, _NONE_VEC
         self.rotated = _NONE_F32
         if step.op == "Cast":
@@ -156,7 +157,7 @@ class _OutEdge:
             return
         blocks = k // form.block  # by blocks [K / block, M x block]: the factor's product is one GEMM
         self.kind, self.rotated = kernels.OUT_ROTATED, np.empty((blocks, m * form.block), F32)
-        self.factor = form.factor
+        self.mix = block_mix(form.factor)  # chosen once: the plan's factor is fixed
         self.mixed = np.empty_like(self.rotated)
 
     @staticmethod
@@ -179,26 +180,28 @@ class _OutEdge:
         """After the tiles: a factor's product (numpy's, as the prepared QuantizeRows
         runs it) and the quantization into the atoms, on `threads` threads;
         the scales into their slot."""
-        if self.factor is not None:
+        if self.mix is not None:
             mixed, block, dst, scale = self.mixed, self.block, self.dst, self.scale
-            mix_then_quantize(self.factor, self.rotated, mixed, block,
+            mix_then_quantize(self.mix, self.rotated, mixed, block,
                               lambda lo, hi: kernels.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi),
                               threads)
         if self.scale_slot is not None:
             slots[self.scale_slot] = self.scale
 
 
-def mix_then_quantize(factor: np.ndarray, rotated: np.ndarray, mixed: np.ndarray, block: int,
-                      quantize: Callable[[int, int], None], threads: int = THREADS) -> None:
-    """A rotation's block-mixing factor over rows given by blocks (rotated,
-    mixed [K / block, M x block], C order), then quantize(lo, hi) of those
-    rows: each of the pool's row ranges takes its columns' product, then
-    their codes, _SLAB rows at a time (a slab's mixed rows are quantized
-    while in cache). Columns are independent products, so the values are one
-    product's over all rows; as one GEMM on the caller's thread the product
-    was a serial section (~1.2 ms of a 128 x 8960 FFN stretch's ~8:
-    docs/notes/2026-12-06-qwen-prefill-host.md). The product is block_mix's."""
-    mix = block_mix(factor)
+def mix_then_quantize(mix: Callable[[np.ndarray, np.ndarray, int, int], None], rotated: np.ndarray,
+                      mixed: np.ndarray, block: int, quantize: Callable[[int, int], None],
+                      threads: int = THREADS) -> None:
+    """A rotation's block-mixing factor (its product `mix`, block_mix's)
+    over rows given by blocks (rotated, mixed [K / block, M x block], C
+    order), then quantize(lo, hi) of those rows: each of the pool's row
+    ranges takes its columns' product, then their codes, _SLAB rows at a
+    time (a slab's mixed rows are quantized while in cache). Columns are
+    independent products, so the values are one product's over all rows; as
+    one GEMM on the caller's thread the product was a serial section (~1.2
+    ms of a 128 x 8960 FFN stretch's ~8:
+    docs/notes/2026-12-06-qwen-prefill-host.md). The caller holds `mix` from
+    load (looked up at each call, block_mix hashed the factor's ~5 KB)."""
 
     def part(lo: int, hi: int) -> None:
         for s in range(lo, hi, _SLAB):
@@ -214,7 +217,7 @@ _MIXES: dict = {}  # a factor's bytes -> its product (a few factors a model)
 def block_mix(factor: np.ndarray) -> Callable[[np.ndarray, np.ndarray, int, int], None]:
     """mix(x, out, lo, hi): out[:, lo:hi] = factor @ x[:, lo:hi]. A Hartley
     factor of coprime composite order (Qwen2.5's C35 at K = 8960) in its
-    prime-factor form (prefill_fused.hartley_mix: 12 multiply-adds a value
+    prime-factor form (prefill_rows.hartley_mix: 12 multiply-adds a value
     for 35; 128 x 8960: 1.73 -> 1.34 ms, one thread); any other, numpy's
     product (BLAS sums)."""
     key = (factor.shape, factor.tobytes())
@@ -230,7 +233,7 @@ def block_mix(factor: np.ndarray) -> Callable[[np.ndarray, np.ndarray, int, int]
             h1, h2 = hartley_matrix(m1).astype(F32), hartley_matrix(m2).astype(F32)
 
             def mix(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
-                kernels.hartley_mix(x, out, h1, h2, pin, pout, lo, hi)
+                prefill_rows.hartley_mix(x, out, h1, h2, pin, pout, lo, hi)
         _MIXES[key] = mix
     return mix
 
@@ -331,7 +334,7 @@ def _residual_call(plan, steps: Sequence[Step], label: str, run, args_of, edge_i
     return plan._bracketed([*edge_in.bos, edge_out.bo], [call])
 
 
-_ACTIVATIONS = {"SiLU": kernels.ACT_SILU, "GeluTanh": kernels.ACT_GELU_TANH}
+_ACTIVATIONS = {"SiLU": ACT_SILU, "GeluTanh": ACT_GELU_TANH}
 
 
 def _ffn_shape(plan, steps: Sequence[Step], outputs: set, in_edge, out_edge, min_rows: int):

@@ -24,8 +24,8 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import narrow_bits, widen_bits
-from rkc.runtime.llm.prefill_fused import _GELU_C, _GELU_K, ACT_SILU, quantize_into_atoms
-from rkc.runtime.llm.prefill_kernels import exp_f32
+from rkc.runtime.llm.prefill_fused import quantize_into_atoms
+from rkc.runtime.llm.prefill_kernels import activation
 
 # error_model "numpy": a float division by zero gives numpy's inf / NaN instead of raising, so no
 # check per element stops a loop from vectorising (a 8960-wide SiLU's divisions 9 -> 4.8 us); the
@@ -577,21 +577,15 @@ def gated_row(gate, g_rs, g_ch, g_bias, g_has_bias, up, u_rs, u_ch, u_bias, u_ha
     """An int8 gated FFN stretch of one row in one call: dequantize_atoms of
     the gate's and up's int32 rows into g and u (g_flat, u_flat: their
     values), a = act(g) (ACT_GELU_TANH: 0.5 g (1 + tanh(C (g + K g^3))) as
-    g / (1 + exp(-2 C (g + K g^3))); ACT_SILU: g / (1 + exp(-g)); exp_f32,
-    as the prefill FFN tiles compute them), hidden = a * u, then
+    g / (1 + exp(-2 C (g + K g^3))); ACT_SILU: g / (1 + exp(-g));
+    prefill_kernels.activation, as the prefill FFN tiles compute them), hidden = a * u, then
     rotate_quantize_row of hidden into the down product's codes. Float32
     within a few ulps of float64 (tests/llm/test_decode_stretches.py), not
     numpy's tanh / exp bits."""
     dequantize_atoms(gate, n, g_rs, g_ch, g_bias, g_has_bias, g_flat)
     dequantize_atoms(up, n, u_rs, u_ch, u_bias, u_has_bias, u_flat)
-    one = np.float32(1.0)
     for i in range(n):
-        x = g[0, i]
-        if act == ACT_SILU:
-            t = -x
-        else:
-            t = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
-        v = x / (one + exp_f32(t))
+        v = activation(g[0, i], act)
         a[0, i] = v
         hidden[0, i] = v * u[0, i]
     rotate_quantize_row(hidden, signs, block, norm, factor, work, codes, qscale)

@@ -30,6 +30,10 @@ def live_rows(state, m: int) -> int:
     rows = m if state is None else min(m, max(1, int(state.valid)))
     return min(m, -(-rows // LANES) * LANES)
 _JIT = {"cache": True, "nogil": True}
+# The float32 kernels not held to the per-step bits (issue 37): divisions without a zero check (Python's error
+# model: they vectorise), and a * b + c contracted into one FMA (one rounding, not two: within the same float32
+# tolerance; the exp's polynomial and the in edges' dequantization take ~0.85x the time, h50r's note).
+_FFN_JIT = {**_JIT, "error_model": "numpy", "fastmath": {"contract"}}
 _BLOCK = 128  # numpy's pairwise leaf (jit._BLOCK)
 
 
@@ -339,6 +343,23 @@ def exp_f32(t):
     and the tile apart): 2.4 against 1.1 ms over a 128 x 8960 SiLU."""
     p, bits = exp_parts(t)
     return p * np.int32(bits).view(np.float32)
+
+
+ACT_SILU, ACT_GELU_TANH = 0, 1  # a gated FFN's activation (the compiled kernels' argument)
+_GELU_C = np.float32(0.7978845608028654)  # sqrt(2 / pi)
+_GELU_K = np.float32(0.044715)
+
+
+@njit(inline="always")
+def activation(x, act):
+    """act(x) in float32 through exp_f32 (inlined: the callers' loops stay
+    vectorisable): SiLU x / (1 + exp(-x)); GELU's tanh form 0.5 x (1 +
+    tanh(y)) = x / (1 + exp(-2y)), y = C (x + K x^3)."""
+    if act == ACT_SILU:
+        t = -x
+    else:
+        t = np.float32(-2.0) * _GELU_C * (x + _GELU_K * x * x * x)
+    return x / (np.float32(1.0) + exp_f32(t))
 
 
 @njit(**_JIT)

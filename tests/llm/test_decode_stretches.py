@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from rkc.runtime.llm import jit
-from rkc.runtime.llm.prefill_fused import ACT_GELU_TANH, ACT_SILU
+from rkc.runtime.llm.prefill_kernels import ACT_GELU_TANH, ACT_SILU
 
 F32 = np.float32
 NORM_TOL = 4e-6

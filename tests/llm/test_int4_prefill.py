@@ -22,7 +22,7 @@ from rkc.ir.npu import layout
 from rkc.runtime.kernels.hadamard import compiled_form, make_rotation, rotate
 from rkc.runtime.llm import int4_prefill as k4
 from rkc.runtime.llm.int4_rows import ACT_LIMIT
-from rkc.runtime.llm.prefill_fused import ACT_GELU_TANH, ACT_SILU
+from rkc.runtime.llm.prefill_kernels import ACT_GELU_TANH, ACT_SILU
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.threads import over_ranges
 

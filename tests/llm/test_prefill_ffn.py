@@ -23,7 +23,8 @@ from rkc.ir.program import TensorInfo
 from rkc.runtime.execute import to_layout
 from rkc.runtime.kernels.hadamard import Rotation, compiled_form, make_rotation, rotate
 from rkc.runtime.llm import prefill_fused as pf
-from rkc.runtime.llm.prefill_kernels import LANES
+from rkc.runtime.llm import prefill_rows
+from rkc.runtime.llm.prefill_kernels import ACT_GELU_TANH, ACT_SILU, LANES
 from rkc.runtime.llm.threads import over_ranges
 from rkc.runtime.plan import BoTensor
 
@@ -55,7 +56,7 @@ def _in_edge(rng, rows, k, dtype, bias: bool, seed: int):
 
 
 def _act(g: np.ndarray, act: int) -> np.ndarray:
-    if act == pf.ACT_SILU:
+    if act == ACT_SILU:
         return g / (1.0 + np.exp(-g))
     return 0.5 * g * (1.0 + np.tanh(GELU_C * (g + GELU_K * g ** 3)))
 
@@ -74,11 +75,11 @@ def assert_int8_codes(out_bt, scale, y, rows: int, stored: int, k: int) -> None:
 
 @pytest.mark.parametrize("rows", [16, 37, 80])
 # C21 (x) H64; H1024 and 3 x H512: int8 codes of whole rows by chunks of 256 channels (ffn_tiles' `low`)
-# int32 in with a factor: the atoms' own order (prefill_fused._ffn_rotated_rows), blocks of 16 (H84 (x) H16) to 256
+# int32 in with a factor: the atoms' own order (prefill_rows._ffn_rotated_rows), blocks of 16 (H84 (x) H16) to 256
 @pytest.mark.parametrize("k,kind", [(640, "kron"), (256, "block"), (896, "kron"), (1344, "auto"), (1024, "auto"),
                                     (1536, "block"), (1344, "kron"), (3328, "auto")])
 @pytest.mark.parametrize("edges", [("int32", "int8"), ("fp16", "fp16"), ("fp16", "int8"), ("int32", "fp16")])
-@pytest.mark.parametrize("act", [pf.ACT_SILU, pf.ACT_GELU_TANH])
+@pytest.mark.parametrize("act", [ACT_SILU, ACT_GELU_TANH])
 def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):
     rng = np.random.default_rng(rows * k + act)
     bias = edges[0] == "int32" and rows != 37
@@ -117,9 +118,9 @@ def test_ffn_tiles_match_a_float64_reference(rows, k, kind, edges, act):
     assert_int8_codes(out_bt, scale, y, rows, stored, k)
 
 
-@pytest.mark.parametrize("act", [pf.ACT_SILU, pf.ACT_GELU_TANH])
+@pytest.mark.parametrize("act", [ACT_SILU, ACT_GELU_TANH])
 def test_ffn_rotated_rows_by_slabs(act):
     """int32 in, a factor's rotated rows out, at block 1024 (C3 (x) H1024): each
     thread's 75 rows go by slabs of 64 rows and a partial one."""
-    assert pf._SLAB_VALUES // 1024 == 64
+    assert prefill_rows._SLAB_VALUES // 1024 == 64
     test_ffn_tiles_match_a_float64_reference(150, 3072, "hartley", ("int32", "int8"), act)

@@ -38,7 +38,7 @@ def _mix_then_quantize(rot, rotated: np.ndarray, dst: np.ndarray, scale: np.ndar
     """The factor's product and the codes as fused_rows._OutEdge.finish runs them (by slabs of rows on the
     pool's threads)."""
     mixed, block = np.full_like(rotated, np.nan), rot.block
-    mix_then_quantize(rot.factor.astype(F32), rotated, mixed, block,
+    mix_then_quantize(block_mix(rot.factor.astype(F32)), rotated, mixed, block,
                       lambda lo, hi: pf.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi))
 
 
@@ -60,7 +60,7 @@ def test_mix_then_quantize_covers_every_row_once_with_the_factors_product(rows, 
         cols = slice(lo * block, hi * block)
         assert np.all(np.abs(mixed[:, cols] - want[:, cols]) <= 4e-6 * np.abs(want).max())
         seen[lo:hi] += 1
-    mix_then_quantize(rot.factor.astype(F32), rotated, mixed, block, quantize, threads=2)
+    mix_then_quantize(block_mix(rot.factor.astype(F32)), rotated, mixed, block, quantize, threads=2)
     assert np.all(seen == 1)
 
 
@@ -68,7 +68,7 @@ def test_mix_then_quantize_covers_every_row_once_with_the_factors_product(rows, 
 @pytest.mark.parametrize("cols, lo, hi", [(4096, 0, 4096), (5000, 1000, 4100), (300, 7, 300), (2048, 1024, 2048)])
 def test_block_mix_is_the_factors_product(m, cols, lo, hi):
     """fused_rows.block_mix: a Hartley factor of coprime composite order (15, 20, 35, 63:
-    prefill_fused.hartley_mix, the prime-factor form; ranges inside and across its 1024-column passes)
+    prefill_rows.hartley_mix, the prime-factor form; ranges inside and across its 1024-column passes)
     and any other (12: Paley's; 27: a Hartley factor of a prime power, numpy's product) within float32
     rounding of float64 (2e-6 of the largest |value|), only columns lo..hi written."""
     factor = (hartley_matrix(m) if m != 12 else make_rotation(12 * 4, "kron").factor).astype(F32)
@@ -217,7 +217,7 @@ _SWEEP += [(rows, k, body) for rows in (7, 150) for k in (640, 1536, 2048, 2560)
 @pytest.mark.parametrize("rows,k,body", _SWEEP)
 def test_residual_rows_into_a_factors_rotation_match_a_float64_reference(rows, k, body):
     """The int32-in, factor-rotated-out stretch (residual_tiles' row-order
-    path, prefill_fused._residual_rotated_rows: Qwen2.5's and Gemma 4's int8
+    path, prefill_rows._residual_rotated_rows: Qwen2.5's and Gemma 4's int8
     stretches) against float64 arithmetic over K 640-2560 and 1-512 rows
     (slabs of 16 and a partial one, two threads; 512 rows: slow): Qwen's Add
     and norm (one K partial, or two at odd rows) over every shape, Gemma 4's
