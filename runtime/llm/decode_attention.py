@@ -80,8 +80,9 @@ def _prefetch_row(typingctx, arr, row):
         start = builder.gep(builder.bitcast(ary.data, i8p), [builder.mul(r, stride)])
         width = cgutils.unpack_tuple(builder, ary.shape, 2)[1]
         nbytes = builder.mul(width, context.get_constant(types.intp, aryty.dtype.bitwidth // 8))
+        # the typed-pointer name: LLVM 14's (numba 0.60), which later LLVMs upgrade to their ".p0"
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                            "llvm.prefetch.p0")
+                                            "llvm.prefetch.p0i8")
         step = context.get_constant(types.intp, 64)
         with cgutils.for_range_slice(builder, context.get_constant(types.intp, 0), nbytes, step) as (offset, _):
             builder.call(fn, [builder.gep(start, [offset]), i32(0), i32(3), i32(1)])
