@@ -9,10 +9,15 @@ Each key is read once per pass, widened in registers (fp16 -> fp32 by
 fpext: half.widen_value), its scores against the query heads of its KV group
 summed in float32 (vectorised: fastmath's reassociation), then the softmax
 (exp: prefill_kernels.exp_into, a float32 polynomial) and the weighted sum of
-the values, with no widened copy of the cache and no BLAS call. At long
-positions the keys are cut into contiguous ranges shared among the host
-threads (runtime/llm/threads.py): each range its own running maximum, sum and
-weighted values (the split softmax of flash decoding), combined at the end.
+the values, with no widened copy of the cache and no BLAS call. Each pass
+asks the caches for the rows AHEAD keys on (llvm.prefetch): the hardware's
+stream prefetcher does not cross a 4 KB page, which a 512-byte row ends
+every eight keys. From 1024 keys on the keys are cut into contiguous
+blocks (KEYS_PER_BLOCK), each its own running maximum, sum and weighted
+values (the split softmax of flash decoding), combined at the end; from
+4096 (SHARED_KEYS) the host threads take the blocks as each comes free
+(runtime/llm/threads.py's over_blocks: a helper that wakes late leaves the
+caller no block to wait for).
 Not kernels.attend's bits (issue 37 dropped that rule):
 tests/llm/test_attention.py bounds the error against a float64 attention over
 head sizes, groupings, key counts, windows, masks and thread splits.
@@ -21,8 +26,10 @@ head sizes, groupings, key counts, windows, masks and thread splits.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
-from numba.extending import overload
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 from rkc.runtime.half import widen_value
 from rkc.runtime.llm import threads
@@ -32,7 +39,18 @@ F32 = np.float32
 # the dot products and weighted sums reassociate (vectorised float32 sums); no
 # nnan/ninf: hidden keys are -inf until the exp
 _JIT = {"cache": True, "nogil": True, "fastmath": {"reassoc", "contract", "nsz", "arcp"}}
-KEYS_PER_PART = 512  # fewer keys than this a thread: the hand-off costs more than it saves
+# the keys are cut into blocks of at least this many (each block's float32 sums shorter: a range
+# of 1030 keys in one exceeds test_attention's bound), up to BLOCKS_MAX, combined at the end
+KEYS_PER_BLOCK = 512
+BLOCKS_MAX = 8
+# from this many keys the host threads take the blocks as they come (threads.over_blocks), below it
+# the caller's thread runs them all. Measured here (docs/notes/2026-12-07-decode-long-positions-2.md):
+# a second thread lost at 512 and 2048 keys (the hand-off and a second stream of the cache cost more
+# than half the keys save) and gained at 4096
+SHARED_KEYS = 4096
+# keys a pass asks the caches for ahead of the one it reads: Gemma 3's rows are 512 bytes, eight to a
+# 4 KB page, and the CPU's own prefetcher stops at each page's end (a wait on DRAM every eight keys)
+AHEAD = 8
 
 
 def _value(src, r, d):  # pragma: no cover - compiled through the overload below
@@ -44,6 +62,32 @@ def _value_impl(src, r, d):
     if src.dtype == types.uint16:
         return lambda src, r, d: widen_value(src[r, d])
     return lambda src, r, d: src[r, d]
+
+
+@intrinsic
+def _prefetch_row(typingctx, arr, row):
+    """Ask the caches for arr[row, :] (a 2-d array, rows contiguous): one
+    llvm.prefetch (read, keep in all levels) per 64-byte line, no load."""
+    if not isinstance(arr, types.Array) or arr.ndim != 2 or not isinstance(row, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        aryty, rowty = sig.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        stride = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
+        r = context.cast(builder, args[1], rowty, types.intp)
+        start = builder.gep(builder.bitcast(ary.data, i8p), [builder.mul(r, stride)])
+        width = cgutils.unpack_tuple(builder, ary.shape, 2)[1]
+        nbytes = builder.mul(width, context.get_constant(types.intp, aryty.dtype.bitwidth // 8))
+        # the typed-pointer name: LLVM 14's (numba 0.60), which later LLVMs upgrade to their ".p0"
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0i8")
+        step = context.get_constant(types.intp, 64)
+        with cgutils.for_range_slice(builder, context.get_constant(types.intp, 0), nbytes, step) as (offset, _):
+            builder.call(fn, [builder.gep(start, [offset]), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.void(arr, row), codegen
 
 
 @njit(**_JIT)
@@ -188,6 +232,9 @@ def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, e_bits, acc
             n = 4 if h * g + g - i >= 4 else 1
             p = lo
             while p < hi:
+                if p + AHEAD + 1 < hi:
+                    _prefetch_row(keys, (p + AHEAD) * hkv + h)
+                    _prefetch_row(keys, (p + AHEAD + 1) * hkv + h)
                 if n == 4 and p + 1 < hi and _seen(kpos, p, 2, p0, window):
                     _scores_pair(q, i, keys, p * hkv + h, (p + 1) * hkv + h, scale, s, p, mx)
                     p += 2
@@ -219,6 +266,9 @@ def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, e_bits, acc
             n = 4 if h * g + g - i >= 4 else 1
             p = lo
             while p < hi:
+                if p + AHEAD + 3 < hi:
+                    for c in range(4):
+                        _prefetch_row(values, (p + AHEAD + c) * hkv + h)
                 if n == 4 and p + 3 < hi and _seen(kpos, p, 4, p0, window):
                     _weighted_quad(s, p, i, values, p * hkv + h, hkv, acc)
                     p += 4
@@ -289,10 +339,10 @@ class RowAttention:
         self.scale, self.window, self.work = F32(scale), int(window), work
         self.full = np.zeros((1, heads * hdv), F32)
         self.dst = self.full[0].reshape(heads, hdv)
-        n = max(1, threads_max)
-        self.mx = np.empty((n, heads), F32)
-        self.total = np.empty((n, heads), F32)
-        self.acc = np.empty((n, heads, hdv), F32)
+        self.threads = max(1, threads_max)
+        self.mx = np.empty((BLOCKS_MAX, heads), F32)
+        self.total = np.empty((BLOCKS_MAX, heads), F32)
+        self.acc = np.empty((BLOCKS_MAX, heads, hdv), F32)
 
     def __call__(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, p0: int) -> np.ndarray:
         p = len(kpos)
@@ -303,11 +353,12 @@ class RowAttention:
                 v2.view(np.uint16) if v2.dtype == np.float16 else v2, np.asarray(kpos, np.int64), int(p0),
                 self.scale, self.window)
 
-        def run(part: int, lo: int, hi: int) -> None:
-            attend_keys(*args, lo, hi, s, bits, self.acc[part],
-                        self.mx[part], self.total[part])
-        parts = threads.over_parts(run, p, min(len(self.acc), p // KEYS_PER_PART))
-        combine(parts, self.mx, self.total, self.acc, self.dst)
+        blocks = max(1, min(BLOCKS_MAX, p // KEYS_PER_BLOCK))
+
+        def run(b: int) -> None:
+            attend_keys(*args, p * b // blocks, p * (b + 1) // blocks, s, bits, self.acc[b], self.mx[b], self.total[b])
+        threads.over_blocks(run, blocks, self.threads if p >= SHARED_KEYS else 1)
+        combine(blocks, self.mx, self.total, self.acc, self.dst)
         return self.full
 
 

@@ -9,7 +9,9 @@ serial call, 21.5 ms through prange on one thread)."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -72,3 +74,47 @@ def each(run: Callable[[object], None], jobs: list, threads: int = THREADS) -> N
         for job in jobs[part::parts]:
             run(job)
     over_parts(run_part, parts, parts)
+
+
+class _Blocks:
+    """The blocks of one over_blocks call: taken in order by whichever thread
+    asks first (next() on a count is one step under the GIL); done counted
+    under a lock, the caller woken when the last one is."""
+
+    def __init__(self, blocks: int) -> None:
+        self.blocks, self.next = blocks, itertools.count()
+        self.done, self.lock, self.finished = 0, threading.Lock(), threading.Event()
+        self.error: BaseException | None = None
+
+    def work(self, run: Callable[[int], None]) -> None:
+        while (b := next(self.next)) < self.blocks:
+            try:
+                if self.error is None:
+                    run(b)
+            except BaseException as e:  # raised in the caller's thread
+                self.error = e
+            with self.lock:
+                self.done += 1
+                if self.done == self.blocks:
+                    self.finished.set()
+
+
+def over_blocks(run: Callable[[int], None], blocks: int, threads: int = THREADS) -> None:
+    """run(b) for b in range(blocks), each block run by whichever thread takes
+    it first: the caller's thread starts at once, up to threads - 1 of the
+    pool's join when they wake. Returns when every block is done, waiting only
+    for blocks a helper has started: a helper that wakes late (a busy
+    machine's other core, a wake-up slower than the work) finds none left and
+    costs the caller nothing but the hand-off, where over_parts' fixed ranges
+    wait for it (decode attention: a few blocks of keys a layer, ~100 us)."""
+    if blocks <= 1 or threads <= 1:
+        for b in range(blocks):
+            run(b)
+        return
+    state = _Blocks(blocks)
+    for _ in range(min(threads, blocks) - 1):
+        pool().submit(state.work, run)
+    state.work(run)
+    state.finished.wait()
+    if state.error is not None:
+        raise state.error

@@ -205,7 +205,7 @@ def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):
     token as a decode runs: prefill chunks between the decode steps, every
     key visible, a sliding window dropping the oldest (the cache's buffers
     sliding), contexts past 1000, two layers sharing the work buffer, and the
-    keys cut into ranges for two threads (a range of 40 keys here, so that
+    keys cut into blocks shared by two threads (blocks of 40 keys here, so that
     some ranges see no key at all under the window of 7); groups of four
     query heads and more (their keys in pairs and fours, odd counts left
     over), and of fewer."""
@@ -213,7 +213,8 @@ def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):
     from rkc.runtime.llm.decode_attention import RowAttention, RowWork
     from rkc.runtime.llm.kvcache import KVCache
 
-    monkeypatch.setattr(decode_attention, "KEYS_PER_PART", 40)
+    monkeypatch.setattr(decode_attention, "KEYS_PER_BLOCK", 40)
+    monkeypatch.setattr(decode_attention, "SHARED_KEYS", 80)
     rng = np.random.default_rng(hd * 100 + hkv * 10 + g + hdv)
     scale = hd ** -0.5
     for window in (0, 7, 300):
@@ -249,7 +250,8 @@ def test_decode_attention_sees_no_key(monkeypatch):
     from rkc.runtime.llm import decode_attention
     from rkc.runtime.llm.decode_attention import RowAttention, RowWork
 
-    monkeypatch.setattr(decode_attention, "KEYS_PER_PART", 40)
+    monkeypatch.setattr(decode_attention, "KEYS_PER_BLOCK", 40)
+    monkeypatch.setattr(decode_attention, "SHARED_KEYS", 80)
     rng = np.random.default_rng(3)
     keys, values = rng.standard_normal((2, 90, 1, 8)).astype(np.float16)
     q = rng.standard_normal((1, 2, 8)).astype(np.float32)
