@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -99,6 +99,41 @@ class _Schedule:
         self.images: dict[int, tuple] = {}  # first step -> (its steps, image_edges.image_plan)
         self.native_plans: dict[int, tuple] = {}  # id(step) -> what feature_edges worked out at the first run
         self.views: dict[int, tuple[int, ...]] = {}  # step -> its output's shape: a reshape of a host tensor
+        self.fed: tuple | None = None  # ((name, shape, dtype), ...) of the inputs, from the first checked run
+        # per fp16_outputs: step -> the closure feature_edges prepared for it (`note_direct`), and the steps looked at
+        self.direct: dict[bool, dict[int, Callable[[object], bool]]] = {False: {}, True: {}}
+        self.looked: dict[bool, set[int]] = {False: set(), True: set()}
+
+    def note_direct(self, run: "_Run", step: Step, index: int) -> None:
+        """After the step's first unobserved run through `_Run.cpu` (no fused pass starts at
+        it: `fused_end` declined it for good), keep the closure the native path prepared for
+        it, if any, for run_program to call straight: the same call `_Run.cpu` reaches
+        through the view, fp16-output, decline and run_step checks (~2-3 us a step, load 4)."""
+        key = bool(run.fp16_outputs)
+        self.looked[key].add(index)
+        prepared = self.native_plans.get(native_maps.prepared_key(run, step))
+        if prepared is not None and index in self.no_fused and index not in self.views:
+            self.direct[key][index] = prepared
+
+    def note_feeds(self, tensors: Mapping[str, TensorInfo]) -> None:
+        """Keep each input's shape and dtype (after a run whose feeds check_feeds accepted)."""
+        if self.fed is None:
+            self.fed = tuple((n, tuple(tensors[n].shape), _dtype(tensors[n])) for n in self.program.inputs)
+
+    def ready_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict | None:
+        """The feeds as they are when each is an array of its input's exact shape and dtype
+        and there are no others (what check_feeds would accept unchanged), else None:
+        check_feeds' sets, conversions and messages cost ~3-5 us of a ~50 us inference."""
+        fed = self.fed
+        if fed is None or len(feeds) != len(fed):
+            return None
+        ready = {}
+        for name, shape, dtype in fed:
+            value = feeds.get(name)
+            if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
+                return None
+            ready[name] = value
+        return ready
 
     def note_view(self, index: int, step: Step, model) -> None:
         """Take the step as a reshape of its first input from now on (`views`) when it is one
@@ -260,11 +295,6 @@ class _Run:
                 _jobs(step, self.model.bos), chained=step.chained and device.supports_chaining)
         run()
 
-    def free_dead(self, index: int) -> None:
-        env = self.env
-        for name in self.schedule.dead[index]:
-            env.pop(name, None)
-
 
 def _jobs(step: Step, bos) -> list[Job]:
     jobs = []
@@ -335,40 +365,52 @@ def run_program(model, program: Program, feeds: Mapping[str, np.ndarray], observ
     that float16 array (`_Run.keeps_fp16`); the others as the program declares them."""
     run = _Run(model, program, fp16_outputs)
     stats = RunStats()
-    ready = check_feeds(program, model.tensors, feeds)
+    ready = run.schedule.ready_feeds(feeds)
+    if ready is None:
+        ready = check_feeds(program, model.tensors, feeds)
+        run.schedule.note_feeds(model.tensors)
     for name, value in ready.items():
         run.write(name, value)
     start = time.perf_counter()
     steps, skip, schedule = program.steps, -1, run.schedule
     clock = time.perf_counter
+    direct, looked = (schedule.direct[bool(fp16_outputs)], schedule.looked[bool(fp16_outputs)]) \
+        if observe is None else ({}, None)
+    times, dead, env = stats.step_seconds, schedule.dead, run.env
     try:  # host kernels' rule (runtime/blas.py: BLAS's spinning pool cost 6x), set once a run where needed
         for i, step in enumerate(steps):
-            if i <= skip:  # done with an earlier step's fused pass
-                stats.step_seconds.append(0.0)
-                run.free_dead(i)
-                continue
-            t = clock()
-            if step.kind == "cpu":
-                # an edge out of a feature map whose float32 result only feeds element-wise steps and an
-                # edge back into one (int8 <-> fp16 in a mixed-precision program, a ReLU left on the CPU)
-                # is one pass; observed runs keep every tensor
-                end = schedule.fused_end(run, i) if observe is None else None
-                if end is not None:
-                    skip = end
+            if i > skip:
+                t = clock()
+                prepared = direct.get(i)
+                on_cpu = step.kind == "cpu"
+                if prepared is not None and prepared(run):  # (False: not this run's inputs: the path below)
+                    pass
+                elif on_cpu:
+                    # an edge out of a feature map whose float32 result only feeds element-wise steps and an
+                    # edge back into one (int8 <-> fp16 in a mixed-precision program, a ReLU left on the CPU)
+                    # is one pass; observed runs keep every tensor
+                    end = schedule.fused_end(run, i) if observe is None else None
+                    if end is not None:
+                        skip = end
+                    else:
+                        run.cpu(step, i)
+                        if looked is not None and i not in looked:
+                            schedule.note_direct(run, step, i)
                 else:
-                    run.cpu(step, i)
-            else:
-                run.npu(step)
-                stats.submits += 1
-            dt = clock() - t
-            if observe is not None:
-                observe(step, run.read)
-            stats.step_seconds.append(dt)
-            if step.kind == "cpu":
-                stats.cpu_seconds += dt
-            else:
-                stats.npu_seconds += dt
-            run.free_dead(i)
+                    run.npu(step)
+                    stats.submits += 1
+                dt = clock() - t
+                if observe is not None:
+                    observe(step, run.read)
+                times.append(dt)
+                if on_cpu:
+                    stats.cpu_seconds += dt
+                else:
+                    stats.npu_seconds += dt
+            else:  # done with an earlier step's fused pass
+                times.append(0.0)
+            for name in dead[i]:  # host tensors past their last reader (_Schedule.dead)
+                env.pop(name, None)
     finally:
         if run.blas is not None:
             run.blas.__exit__(None, None, None)

@@ -391,7 +391,9 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 def _rows_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     """An fp16 Cast into or out of a GEMM operand [M, K] ([K/C2][rows][C2] atoms): rounded
     straight into the atoms (rows past M and channels past K zeroed) or widened straight
-    out of them (runtime/half.py, numpy's bits), as runtime/plan.py's edges do."""
+    out of them (runtime/half.py, numpy's bits), as runtime/plan.py's edges do. Worked out
+    at its first run into a closure `run_step` calls from then on (the checks and places
+    around the ~2 us kernel cost ~10 us a run, as `_output_edge`'s did)."""
     from rkc.runtime import half
 
     into = src.region is None
@@ -400,21 +402,33 @@ def _rows_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
             or (not into and run.keeps_fp16(step)):
         return False
     m, k = int(gemm.shape[-2]), int(gemm.shape[-1])
-    if into:
-        value = run.read(step.inputs[0])
-        if value.dtype != np.float32 or list(value.shape) != list(dst.shape):
-            return False
     bo, lo, hi, _, (c1, rows, _, c2), _ = native_maps.place(run, gemm)
-    device = run.model.device
-    device.prepare_cpu_access(bo)
-    try:
-        atoms = bo.host[lo:hi].view(np.uint16).reshape(c1, rows, c2)  # every stored row: zeroed past M
-        if into:
-            half.narrow_into_atoms(value.reshape(m, k).view(np.uint32), atoms)
+    device, shape, name = run.model.device, tuple(dst.shape), step.inputs[0] if into else step.outputs[0]
+
+    if into:
+        def edge(run) -> bool:
+            value = run.read(name)
+            if value.dtype != np.float32 or value.shape != shape:
+                return False  # (the interpreter's path then names what is wrong)
+            device.prepare_cpu_access(bo)
+            try:  # every stored row: zeroed past M
+                atoms = bo.host[lo:hi].view(np.uint16).reshape(c1, rows, c2)
+                half.narrow_into_atoms(value.reshape(m, k).view(np.uint32), atoms)
+            finally:
+                device.finish_cpu_access(bo)
             return True
-        out = np.empty((m, k), np.float32)
-        half.widen_atoms(atoms, m, k, out.T.view(np.uint32))
-    finally:
-        device.finish_cpu_access(bo)
-    run.env[step.outputs[0]] = out.reshape(dst.shape)
+    else:
+        def edge(run) -> bool:
+            out = np.empty((m, k), np.float32)
+            device.prepare_cpu_access(bo)
+            try:
+                half.widen_atoms(bo.host[lo:hi].view(np.uint16).reshape(c1, rows, c2), m, k, out.T.view(np.uint32))
+            finally:
+                device.finish_cpu_access(bo)
+            run.env[name] = out.reshape(shape)
+            return True
+
+    if not edge(run):
+        return False
+    run.schedule.native_plans[native_maps.prepared_key(run, step)] = edge
     return True

@@ -188,3 +188,27 @@ def test_average_pool_matches_float64(shape, kernel, strides, pads, dilations, c
     want = _average_pool_reference(x, kernel, strides, pads, dilations, include_pad, ceil_mode)
     assert got.dtype == dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("shape, axis, scale_shape, bias", [
+    ((4, 128), -1, (128,), True), ((1, 7, 96), -1, (96,), True), ((2, 3, 5, 8), 2, (5, 8), True),
+    ((3, 17), 0, (3, 17), False), ((2, 6, 9), 1, (1, 9), True), ((5, 1), -1, (1,), True),
+    ((1, 2048), 1, (2048,), False), ((3, 4, 33), -1, (), True)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_layer_normalization_matches_float64(shape, axis, scale_shape, bias, dtype):
+    rng = np.random.default_rng(sum(shape) + len(scale_shape))
+    x = (rng.standard_normal(shape) * 3 + 1.5).astype(dtype)
+    scale = rng.standard_normal(scale_shape).astype(np.float32)
+    b = rng.standard_normal(scale_shape).astype(np.float32) if bias else None
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    xd = x.astype(np.float64)
+    mean = xd.mean(axis=axes, keepdims=True)
+    inv_std = 1 / np.sqrt(((xd - mean) ** 2).mean(axis=axes, keepdims=True) + 1e-5)
+    want = (xd - mean) * inv_std * scale.astype(np.float64) + (0.0 if b is None else b.astype(np.float64))
+    y, got_mean, got_inv_std = run_kernel("LayerNormalization", [x, scale, b], {"axis": axis}, n_outputs=3)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert got_mean.shape == got_inv_std.shape == mean.shape
+    tol = {np.float16: (1e-3, 1e-3), np.float32: (1e-6, 1e-6), np.float64: (1e-12, 1e-12)}[dtype]
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol[0], atol=tol[1] * np.abs(want).max())
+    np.testing.assert_allclose(got_mean, mean, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got_inv_std, inv_std, rtol=1e-6)

@@ -50,3 +50,22 @@ def test_a_declared_shape_no_kernel_gives_fails_the_first_run():
     with pytest.raises(RkcError, match="came out"):
         run_program(model, program, {"x": np.zeros((2, 3, 4), np.float32)})
     assert 1 not in model.schedules[id(program)].views
+
+
+def test_feeds_taken_as_they_are_only_when_check_feeds_would_take_them_unchanged():
+    from rkc.runtime.execute import InputError
+
+    model, program = _model([4, 6])
+    x = np.random.default_rng(1).standard_normal((2, 3, 4)).astype(np.float32)
+    for _ in range(2):  # the first run checked by check_feeds, the second taken straight
+        out, _ = run_program(model, program, {"x": x})
+        np.testing.assert_array_equal(out["back"], x)
+    assert model.schedules[id(program)].fed is not None
+    out, _ = run_program(model, program, {"x": x.astype(np.float64)})  # converted, as check_feeds does
+    assert out["back"].dtype == np.float32
+    np.testing.assert_array_equal(out["back"], x)
+    out, _ = run_program(model, program, {"x": x.tolist()})  # not an array: converted
+    np.testing.assert_array_equal(out["back"], x)
+    for bad in ({"x": x, "y": x}, {"y": x}, {"x": x[:1]}, {"x": x.astype(np.int32)}, {"x": x.reshape(4, 6)}):
+        with pytest.raises(InputError):
+            run_program(model, program, bad)
