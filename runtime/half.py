@@ -30,7 +30,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from rkc.runtime.kernels.threads import over_rows
+from rkc.runtime.kernels.threads import over_rows, threads_for
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -201,6 +201,19 @@ def unpack_feature_bits(fm: np.ndarray, out: np.ndarray) -> None:
         raise ValueError("the rows of an fp16 map's channels go into a C-contiguous array")
     fm = np.ascontiguousarray(fm)  # a copy only if it is not: the line kernels view atoms as words
     over_rows(lambda lo, hi: _unpack_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1], fm.size)
+
+
+def feature_rows_kernel(fm_shape: tuple[int, ...], out_shape: tuple[int, ...], kept: bool):
+    """unpack_feature_bits (kept) or widen_feature, fn(fm, out), for C-contiguous maps of these
+    shapes, bound once: the line kernel itself where one thread takes the whole map and it is
+    more than one pixel (the wrappers' checks and thread choice, made here, cost ~3-4 us a call
+    of a detector's output steps, each ~5-50 us), else the wrapper."""
+    wrapper, lines = (unpack_feature_bits, _unpack_lines) if kept else (widen_feature, _widen_lines)
+    if tuple(out_shape[1:]) == (1, 1) or tuple(fm_shape[1:3]) == (1, 1) \
+            or threads_for(int(np.prod(fm_shape))) != 1 or len(fm_shape) != 4:
+        return wrapper
+    rows = int(fm_shape[0]) * int(fm_shape[1])
+    return lambda fm, out: lines(fm, out, 0, rows)
 
 
 def one_pixel_lanes(fm: np.ndarray, out: np.ndarray) -> np.ndarray | None:
