@@ -322,16 +322,17 @@ def _eight_atoms_signature(src, s, dst, d, stride, dst_dtype):
 
 
 @intrinsic
-def _eight_atoms(typingctx, src, s, dst, d, stride):
+def eight_atoms(typingctx, src, s, dst, d, stride):
     """dst[d + b * stride + j] = src[s + 8 j + b], b, j < 8: eight fp16 atoms (bits, flat C arrays)
-    as eight rows. The caller keeps every index in its array (no checks)."""
+    as eight rows (also runtime/kernels/gather_jit.move_blocks). The caller keeps every index in
+    its array (no checks)."""
     return _eight_atoms_signature(src, s, dst, d, stride, types.uint16), \
         lambda context, builder, signature, args: _eight_atoms_ir(context, builder, signature, args, False)
 
 
 @intrinsic
 def _eight_atoms_widened(typingctx, src, s, dst, d, stride):
-    """_eight_atoms into float32 bits (uint32 dst), each lane as widen_bits widens it."""
+    """eight_atoms into float32 bits (uint32 dst), each lane as widen_bits widens it."""
     return _eight_atoms_signature(src, s, dst, d, stride, types.uint32), \
         lambda context, builder, signature, args: _eight_atoms_ir(context, builder, signature, args, True)
 
@@ -343,7 +344,7 @@ def _lanes8_rows(atoms, out, at, stride):
     a = atoms.reshape(atoms.size)
     body = w - w % 8
     for i in range(0, body, 8):
-        _eight_atoms(a, 8 * i, out, at + i, stride)
+        eight_atoms(a, 8 * i, out, at + i, stride)
     for i in range(body, w):
         for b in range(8):
             out[at + b * stride + i] = a[8 * i + b]

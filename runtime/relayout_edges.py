@@ -19,9 +19,9 @@ def _native_positions(info: TensorInfo) -> np.ndarray:
 
 
 def _relayout_plan(run, step: Step) -> tuple:
-    """Per result of the step, (result, its padding positions, [(source, runs, result positions,
-    source positions)], scale), or () for the interpreter's path: per source its moves as runs
-    or as element lists (`_moves`). The step's inputs are its sources, then one index map per
+    """Per result of the step, (result, its padding positions, [(source, blocks, runs, result
+    positions, source positions)], scale), or () for the interpreter's path: per source its moves
+    as blocks and runs or as element lists (`_moves`). The step's inputs are its sources, then one index map per
     result (the kernel's: runtime/kernels/shape.relayout)."""
     tensors = run.model.tensors
     scale = step.attrs.get("scale", 1.0)
@@ -48,7 +48,8 @@ def _relayout_plan(run, step: Step) -> tuple:
             mine = (index >= starts[k]) & (index < starts[k + 1])
             if mine.any():  # in the result's order: the writes run through it once
                 order = np.argsort(into[mine], kind="stable")
-                moves.append((info, *_moves(into[mine][order], _native_positions(info)[index[mine] - starts[k]][order])))
+                moves.append((info, *_moves(into[mine][order], _native_positions(info)[index[mine] - starts[k]][order],
+                                            float(factor) == 1.0)))
         padding = np.setdiff1d(np.arange(dst.nbytes // 2, dtype=np.int64), into, assume_unique=True)
         plans.append((dst, padding, moves, np.float32(factor)))
     return plans
@@ -57,16 +58,22 @@ def _relayout_plan(run, step: Step) -> tuple:
 RUN_ELEMENTS = 4  # a source's moves kept as runs when they average at least this many elements a run
 
 
-def _moves(into: np.ndarray, frm: np.ndarray) -> tuple:
-    """(runs, None, None) of gather_jit.strided_runs where the moves form long enough runs
+def _moves(into: np.ndarray, frm: np.ndarray, unscaled: bool) -> tuple:
+    """(blocks, runs, None, None) of gather_jit.strided_runs where the moves form long enough runs
     (YOLO11n's: 8 to 51,200 elements a run; each run's loop over contiguous or evenly strided
-    memory, 4 integers a run against 2 an element), else (None, into, frm) as int32 element lists."""
+    memory, 4 integers a run against 2 an element), unscaled eight-lane transposes among them as
+    gather_jit.eight_lane_blocks (else blocks None), else (None, None, into, frm) as int32
+    element lists."""
     from rkc.runtime.kernels import gather_jit
 
     runs = gather_jit.strided_runs(into.astype(np.int64), frm.astype(np.int64))
-    if len(runs) * RUN_ELEMENTS <= len(into):
-        return runs, None, None
-    return None, into.astype(np.int32), frm.astype(np.int32)
+    if len(runs) * RUN_ELEMENTS > len(into):
+        return None, None, into.astype(np.int32), frm.astype(np.int32)
+    if unscaled:
+        blocks, rest = gather_jit.eight_lane_blocks(runs)
+        if len(blocks):
+            return blocks, rest, None, None
+    return None, runs, None, None
 
 
 def prepare_relayout(run, step: Step) -> tuple:
@@ -91,8 +98,8 @@ def relayout(run, step: Step) -> bool:
     hold = native_maps.Hold(run.model.device, [bos[info.region] for dst, _, moves, _ in plans
                                                for info in (dst, *(move[0] for move in moves))])
     results = [((bos[dst.region], dst.offset, dst.offset + dst.nbytes), padding if padding.size else None, scale,
-                [(bos[info.region], info.offset, info.offset + info.nbytes, runs, into, frm)
-                 for info, runs, into, frm in moves])
+                [(bos[info.region], info.offset, info.offset + info.nbytes, blocks, runs, into, frm)
+                 for info, blocks, runs, into, frm in moves])
                for dst, padding, moves, scale in plans]
     from rkc.runtime.kernels import gather_jit  # numba: loaded by programs that relay NPU buffers
 
@@ -102,8 +109,10 @@ def relayout(run, step: Step) -> bool:
                 out = bo.host[lo:hi].view(np.uint16)
                 if padding is not None:
                     out[padding] = 0
-                for bo, lo, hi, runs, into, frm in sources:
+                for bo, lo, hi, blocks, runs, into, frm in sources:
                     src = bo.host[lo:hi].view(np.uint16)
+                    if blocks is not None:
+                        gather_jit.move_blocks(src, blocks, out)
                     if runs is not None:
                         gather_jit.move_runs(src, runs, out, scale)
                     else:
