@@ -14,7 +14,8 @@
   before the second's run-time B, into the B's weights (SoftmaxTranspose);
 * ops that only move elements between fp16 NPU groups (the qkv map cut into
   per-head operands, the heads' products put back into a map) are one gather
-  per result, its index map composed at compile time (compiler/relayout.py),
+  per result, its index map composed at compile time (compiler/relayout.py;
+  the gathers whose sources are all on the NPU when one is due: one step),
   or a view where the result is a run of its source's bytes as they lie (or
   each of its sources a run of the result's: the sources' producers write it);
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);

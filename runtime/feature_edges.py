@@ -25,9 +25,9 @@ element, which made a 640x640 detector's input and outputs most of its host time
   first GEMM wrote them, the probabilities written as atoms of the same layout, the
   second GEMM's A (ScaledSoftmax), or as its run-time weights (SoftmaxTranspose)
   (runtime/kernels/softmax_jit.py, runtime/map_ops.py);
-* a Relayout between fp16 NPU buffers (compiler/relayout.py): its index map turned,
-  at the program's first run, into native element positions of each source and of
-  the result, then one gather per source (runtime/relayout_edges.py).
+* a Relayout between fp16 NPU buffers (compiler/relayout.py): each result's index map
+  turned, at load, into native element positions of each source and of the result,
+  then one gather per source and result (runtime/relayout_edges.py).
 
 A uint8 image's chain into the first map runs as one pass (runtime/image_edges.py,
 called by runtime/execute.py); where a map lies and how the host holds it is
