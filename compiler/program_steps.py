@@ -14,7 +14,8 @@
   before the second's run-time B, into the B's weights (SoftmaxTranspose);
 * ops that only move elements between fp16 NPU groups (the qkv map cut into
   per-head operands, the heads' products put back into a map) are one gather
-  per result, its index map composed at compile time (compiler/relayout.py),
+  per result, its index map composed at compile time (compiler/relayout.py;
+  the gathers whose sources are all on the NPU when one is due: one step),
   or a view where the result is a run of its source's bytes as they lie (or
   each of its sources a run of the result's: the sources' producers write it);
 * an NPU segment becomes one NPU step (compiler/emitter_ops.py);
@@ -377,10 +378,44 @@ class _Lowering:
         return slices
 
     def gather(self, result) -> None:
-        """A relayout.Result into each layout the fp16 NPU groups read it in."""
+        """A relayout.Result into each layout the fp16 NPU groups read it in, and with it
+        every later result whose sources are all on the NPU by now: one Relayout step for
+        them all (YOLO11n's K and V^T of each head and V's map, five gathers from the qkv
+        map: one hold of the buffers and one dispatch instead of five, ~10-15 us each)."""
+        moves = self.gather_targets(result)
+        if not moves:
+            return
+        ready = {b for copies in self.copies.values() for b, d in copies if d == "fp16"}
+        for later in (r for results in self.gathers.values() for r in results):
+            if later is not result and all(npu_name(t, "fp16", self.precision) in ready for t in later.sources):
+                moves += self.gather_targets(later)
+        sources = list(dict.fromkeys(t for _, r in moves for t in r.sources))
+        sizes = {t: int(np.prod(self.graph.tensors[t].type.shape, dtype=np.int64)) for t in sources}
+        first = dict(zip(sources, np.cumsum([0, *sizes.values()])[:-1].tolist()))
+        indexes = []
+        for target, r in moves:  # each result's element numbers over all the step's sources
+            index = f"{target}.relayout"
+            if index not in self.builder.tensors:
+                starts = np.cumsum([0, *(sizes[t] for t in r.sources)])
+                which = np.searchsorted(starts, r.index, side="right") - 1
+                shift = np.array([first[t] - s for t, s in zip(r.sources, starts)], np.int64)
+                self.builder.host_const(index, (r.index + shift[which]).astype(np.int32))
+            indexes.append(index)
+        scales = [r.scale for _, r in moves]
+        self.add(Step(kind="cpu", name="relayout:" + "+".join(r.tensor for _, r in moves), op="Relayout",
+                      inputs=[*(npu_name(t, "fp16", self.precision) for t in sources), *indexes],
+                      outputs=[target for target, _ in moves], attrs={"scale": scales[0] if len(moves) == 1 else scales},
+                      stats={"conversion": True, "macs": 0,
+                             "ddr_bytes": sum(cost.tensor_bytes(self.graph, r.tensor) * 2 for _, r in moves)}))
+        self.stats.conversions += len(moves)
+
+    def gather_targets(self, result) -> list[tuple[str, object]]:
+        """(NPU buffer, result) for each layout the fp16 NPU groups read `result` in that is
+        not yet on the NPU and needs moves: a buffer that is a run of a source's bytes, or
+        whose sources are runs of its own, becomes a view instead (no step)."""
         layouts = {g.reads[result.tensor] for g in self.groups.values()
                    if result.tensor in g.reads and g.dtype == "fp16"}
-        index = f"{result.tensor}.relayout"
+        moves = []
         for layout_name in sorted(layouts):
             relaid = (layout_name == "native" and npu_layout(self.graph, result.tensor) == "native-gemm") \
                 or layout_name == "native-weights"
@@ -388,8 +423,6 @@ class _Lowering:
                 else npu_name(result.tensor, "fp16", self.precision)
             if target in self.on_npu:
                 continue
-            if index not in self.builder.tensors:
-                self.builder.host_const(index, result.index)
             self.npu_tensor(result.tensor, layout_name, "fp16", target)
             offset = self.byte_slice(result, target)
             if offset is not None and self.builder.add_views(
@@ -398,12 +431,8 @@ class _Lowering:
             slices = self.source_slices(result, target)
             if slices is not None and self.builder.add_views([(b, target, o) for b, o in slices], [target]):
                 continue  # no step: the sources' producers write the target's bytes
-            self.add(Step(kind="cpu", name=f"relayout:{result.tensor}", op="Relayout",
-                          inputs=[*(npu_name(t, "fp16", self.precision) for t in result.sources), index],
-                          outputs=[target], attrs={"scale": result.scale},
-                          stats={"conversion": True, "macs": 0,
-                                 "ddr_bytes": cost.tensor_bytes(self.graph, result.tensor) * 2}))
-            self.stats.conversions += 1
+            moves.append((target, result))
+        return moves
 
     def moved_between_groups(self, op) -> bool:
         """Lower a moving op (relayout.MOVES) that did not become a view as gathers, when

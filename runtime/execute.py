@@ -249,6 +249,9 @@ class _Run:
 
     # -- steps --------------------------------------------------------------------------
     def cpu(self, step: Step, index: int = -1) -> None:
+        prepared = self.schedule.native_plans.get(native_maps.prepared_key(self, step))
+        if prepared is not None and prepared(self):  # worked out at its first run (feature_edges.run_step)
+            return  # (before the checks below: ~2-4 us of a YOLO output step's ~10-15 around its kernel)
         view = self.schedule.views.get(index)
         if view is not None:  # a reshape of a host tensor, checked at the first run
             self.env[step.outputs[0]] = self.env[step.inputs[0]].reshape(view)

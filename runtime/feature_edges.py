@@ -25,9 +25,9 @@ element, which made a 640x640 detector's input and outputs most of its host time
   first GEMM wrote them, the probabilities written as atoms of the same layout, the
   second GEMM's A (ScaledSoftmax), or as its run-time weights (SoftmaxTranspose)
   (runtime/kernels/softmax_jit.py, runtime/map_ops.py);
-* a Relayout between fp16 NPU buffers (compiler/relayout.py): its index map turned,
-  at the program's first run, into native element positions of each source and of
-  the result, then one gather per source (runtime/relayout_edges.py).
+* a Relayout between fp16 NPU buffers (compiler/relayout.py): each result's index map
+  turned, at load, into native element positions of each source and of the result,
+  then one gather per source and result (runtime/relayout_edges.py).
 
 A uint8 image's chain into the first map runs as one pass (runtime/image_edges.py,
 called by runtime/execute.py); where a map lies and how the host holds it is
@@ -74,10 +74,11 @@ def _one_scale(run, step: Step) -> tuple[float, int] | None:
 
 def run_step(run, step: Step) -> bool:
     """Run `step` on the native layout of its feature maps if it is one of the
-    cases above (True), else do nothing (False)."""
-    prepared = run.schedule.native_plans.get(native_maps.prepared_key(run, step))
-    if prepared is not None and prepared(run):  # an edge worked out at its first run (`_input_edge`)
-        return True
+    cases above (True), else do nothing (False). A step worked out at its first run into a
+    closure (`_input_edge`) is kept under native_maps.prepared_key, which runtime/execute.py's
+    `cpu` calls from then on, before this."""
+    if step.op == "Relayout":  # (one step may gather several results)
+        return relayout_edges.relayout(run, step)
     if len(step.outputs) != 1 or not step.inputs or not step.inputs[0]:
         return False
     tensors = run.model.tensors
@@ -92,8 +93,6 @@ def run_step(run, step: Step) -> bool:
         return (step.op == "MaxPool" and map_ops.max_pool(run, step, src, dst)) or map_ops.plane_op(run, step, src, dst)
     if step.op == "Conv" and native_maps.in_bo(run, src) and native_maps.in_bo(run, dst) and src.dtype == dst.dtype == DType.FP16:
         return map_ops.depthwise(run, step, src, dst)
-    if step.op == "Relayout":
-        return relayout_edges.relayout(run, step)
     if (step.op, dst.layout) in (("ScaledSoftmax", "native-gemm"), ("SoftmaxTranspose", "native-weights")) \
             and src.layout == "native-gemm" and src.dtype == dst.dtype == DType.FP16 \
             and src.region in run.model.bos and dst.region in run.model.bos:
@@ -282,7 +281,7 @@ def _tiles_into_feature(run, step: Step, following: Step, mid: TensorInfo | None
 
 def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     """A float32 map quantized or rounded to fp16 into a feature map (an image: whole atoms
-    in one pass, pixels_jit). Worked out at its first run into a closure `run_step` calls
+    in one pass, pixels_jit). Worked out at its first run into a closure runtime/execute.py calls
     from then on, as `_output_edge`."""
     from rkc.runtime import half
     from rkc.runtime.kernels import pixels_jit, quant_jit  # numba: loaded by programs with these edges only
@@ -299,12 +298,9 @@ def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         if params is None or dst.dtype != "int8":
             return False
     bo, lo, hi, dtype, stored, h = native_maps.place(run, dst)
-    device, shape, name = run.model.device, tuple(dst.shape), step.inputs[0]
-    device.prepare_cpu_access(bo)
-    try:  # (a view only while the BO is held)
+    hold, shape, name = native_maps.Hold(run.model.device, [bo]), tuple(dst.shape), step.inputs[0]
+    with hold:  # (a view only while the BO is held)
         image = pixels_jit.is_image(shape[1], bo.host[lo:hi].view(dtype).reshape(stored)[:, :h])
-    finally:
-        device.finish_cpu_access(bo)
     if params is None and image:
         def kernel(planes, fm):
             pixels_jit.narrow_image(planes.view(np.uint32), fm.view(np.uint16))
@@ -323,11 +319,8 @@ def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         value = run.read(name)
         if value.dtype != np.float32 or value.shape != shape:
             return False  # (the interpreter's path then names what is wrong)
-        device.prepare_cpu_access(bo)
-        try:
+        with hold:
             kernel(value.reshape(shape[1:]), bo.host[lo:hi].view(dtype).reshape(stored)[:, :h])
-        finally:
-            device.finish_cpu_access(bo)
         return True
 
     edge(run)
@@ -338,7 +331,7 @@ def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
 
 def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     """A feature map dequantized or widened into the row-major result (or handed over as
-    its fp16 values: `keeps_fp16`). Worked out at its first run into a closure `run_step`
+    its fp16 values: `keeps_fp16`). Worked out at its first run into a closure runtime/execute.py
     calls from then on: hold the BO, run the kernel, keep the result (the checks, places,
     imports and views around the logits' ~5 us kernel cost ~15 us a run, load 10). A map
     stored row after row (no taller surfaces) is seen, with the output, as long lines
@@ -365,20 +358,19 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
             quant_jit.dequantize_feature(fm, *params, planes)
         codes, values = np.int8, np.float32
     bo, lo, hi, _, stored, h = native_maps.place(run, src)
-    device, shape, name = run.model.device, tuple(dst.shape), step.outputs[0]
+    hold, shape, name = native_maps.Hold(run.model.device, [bo]), tuple(dst.shape), step.outputs[0]
     c1, rows, w, c2 = stored
     lines = rows == h and len(shape) == 4
     fm_shape, out_shape = ((c1, 1, h * w, c2), (shape[1], 1, h * w)) if lines else (stored, shape[1:])
+    if lines and params is None:  # (both C-contiguous: the BO's bytes and a new array)
+        kernel = half.feature_rows_kernel(fm_shape, out_shape, kept)
     out_dtype = np.float16 if kept else np.float32
 
     def edge(run) -> bool:
         out = np.empty(shape, out_dtype)
-        device.prepare_cpu_access(bo)
-        try:  # the view made while the BO is held
+        with hold:  # the view made while the BO is held
             fm = bo.host[lo:hi].view(codes).reshape(fm_shape)
             kernel(fm if lines else fm[:, :h], out.view(values).reshape(out_shape))
-        finally:
-            device.finish_cpu_access(bo)
         run.env[name] = out  # (a host tensor: dst has no region)
         return True
 
@@ -403,28 +395,23 @@ def _rows_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         return False
     m, k = int(gemm.shape[-2]), int(gemm.shape[-1])
     bo, lo, hi, _, (c1, rows, _, c2), _ = native_maps.place(run, gemm)
-    device, shape, name = run.model.device, tuple(dst.shape), step.inputs[0] if into else step.outputs[0]
+    hold, shape = native_maps.Hold(run.model.device, [bo]), tuple(dst.shape)
+    name = step.inputs[0] if into else step.outputs[0]
 
     if into:
         def edge(run) -> bool:
             value = run.read(name)
             if value.dtype != np.float32 or value.shape != shape:
                 return False  # (the interpreter's path then names what is wrong)
-            device.prepare_cpu_access(bo)
-            try:  # every stored row: zeroed past M
+            with hold:  # every stored row: zeroed past M
                 atoms = bo.host[lo:hi].view(np.uint16).reshape(c1, rows, c2)
                 half.narrow_into_atoms(value.reshape(m, k).view(np.uint32), atoms)
-            finally:
-                device.finish_cpu_access(bo)
             return True
     else:
         def edge(run) -> bool:
             out = np.empty((m, k), np.float32)
-            device.prepare_cpu_access(bo)
-            try:
+            with hold:
                 half.widen_atoms(bo.host[lo:hi].view(np.uint16).reshape(c1, rows, c2), m, k, out.T.view(np.uint32))
-            finally:
-                device.finish_cpu_access(bo)
             run.env[name] = out.reshape(shape)
             return True
 

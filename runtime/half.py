@@ -30,7 +30,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from rkc.runtime.kernels.threads import over_rows
+from rkc.runtime.kernels.threads import over_rows, threads_for
 
 _JIT = {"cache": True, "nogil": True}
 
@@ -203,6 +203,19 @@ def unpack_feature_bits(fm: np.ndarray, out: np.ndarray) -> None:
     over_rows(lambda lo, hi: _unpack_lines(fm, out, lo, hi), fm.shape[0] * fm.shape[1], fm.size)
 
 
+def feature_rows_kernel(fm_shape: tuple[int, ...], out_shape: tuple[int, ...], kept: bool):
+    """unpack_feature_bits (kept) or widen_feature, fn(fm, out), for C-contiguous maps of these
+    shapes, bound once: the line kernel itself where one thread takes the whole map and it is
+    more than one pixel (the wrappers' checks and thread choice, made here, cost ~3-4 us a call
+    of a detector's output steps, each ~5-50 us), else the wrapper."""
+    wrapper, lines = (unpack_feature_bits, _unpack_lines) if kept else (widen_feature, _widen_lines)
+    if tuple(out_shape[1:]) == (1, 1) or tuple(fm_shape[1:3]) == (1, 1) \
+            or threads_for(int(np.prod(fm_shape))) != 1 or len(fm_shape) != 4:
+        return wrapper
+    rows = int(fm_shape[0]) * int(fm_shape[1])
+    return lambda fm, out: lines(fm, out, 0, rows)
+
+
 def one_pixel_lanes(fm: np.ndarray, out: np.ndarray) -> np.ndarray | None:
     """A feature map fm [C1, 1, 1, C2] of one pixel (a classifier's [1, C, 1, 1] logits) as
     its atoms' lanes [C1, C2] (lane b of atom a is channel a * C2 + b; a view, the atoms
@@ -309,16 +322,17 @@ def _eight_atoms_signature(src, s, dst, d, stride, dst_dtype):
 
 
 @intrinsic
-def _eight_atoms(typingctx, src, s, dst, d, stride):
+def eight_atoms(typingctx, src, s, dst, d, stride):
     """dst[d + b * stride + j] = src[s + 8 j + b], b, j < 8: eight fp16 atoms (bits, flat C arrays)
-    as eight rows. The caller keeps every index in its array (no checks)."""
+    as eight rows (also runtime/kernels/gather_jit.move_blocks). The caller keeps every index in
+    its array (no checks)."""
     return _eight_atoms_signature(src, s, dst, d, stride, types.uint16), \
         lambda context, builder, signature, args: _eight_atoms_ir(context, builder, signature, args, False)
 
 
 @intrinsic
 def _eight_atoms_widened(typingctx, src, s, dst, d, stride):
-    """_eight_atoms into float32 bits (uint32 dst), each lane as widen_bits widens it."""
+    """eight_atoms into float32 bits (uint32 dst), each lane as widen_bits widens it."""
     return _eight_atoms_signature(src, s, dst, d, stride, types.uint32), \
         lambda context, builder, signature, args: _eight_atoms_ir(context, builder, signature, args, True)
 
@@ -330,7 +344,7 @@ def _lanes8_rows(atoms, out, at, stride):
     a = atoms.reshape(atoms.size)
     body = w - w % 8
     for i in range(0, body, 8):
-        _eight_atoms(a, 8 * i, out, at + i, stride)
+        eight_atoms(a, 8 * i, out, at + i, stride)
     for i in range(body, w):
         for b in range(8):
             out[at + b * stride + i] = a[8 * i + b]

@@ -139,7 +139,7 @@ def softmax_probabilities(run, step: Step, src: TensorInfo, dst: TensorInfo) -> 
     as P's atoms in the scores' own layout (ScaledSoftmax: the next product's A, "native-gemm";
     dst may be src's bytes) or as P^T [N, M]'s fp16 run-time weights (SoftmaxTranspose). Where
     the bytes lie is worked out at the program's first run (`_softmax_plan`: ~20 us a step
-    every run before) into a closure feature_edges.run_step calls from then on; the views are
+    every run before) into a closure runtime/execute.py calls from then on; the views are
     made inside the hold bracket each run."""
     plans = run.schedule.native_plans
     plan = plans.get(id(step))
@@ -148,18 +148,12 @@ def softmax_probabilities(run, step: Step, src: TensorInfo, dst: TensorInfo) -> 
     if not plan:
         return False
     kernel, m, n, scale, places = plan
-    device = run.model.device
-    bos = list({id(bo): bo for bo, *_ in places}.values())
+    hold = native_maps.Hold(run.model.device, [bo for bo, *_ in places])
 
     def probabilities(run) -> bool:
-        for bo in bos:
-            device.prepare_cpu_access(bo)
-        try:
+        with hold:
             atoms, out = (bo.host[lo:hi].view(np.uint16).reshape(shape) for bo, lo, hi, shape in places)
             kernel(atoms, m, n, out, scale)
-        finally:
-            for bo in bos:
-                device.finish_cpu_access(bo)
         return True
 
     plans[native_maps.prepared_key(run, step)] = probabilities

@@ -49,24 +49,41 @@ def long_lines(*maps: np.ndarray) -> tuple[np.ndarray, ...]:
     return tuple(m.reshape(m.shape[0], 1, m.shape[1] * m.shape[2], *m.shape[3:]) for m in maps)
 
 
+class Hold:
+    """Some BOs held for CPU access over a `with` block (prepare_cpu_access on entry,
+    finish_cpu_access on exit, also on an error). Made once with a step's plan and entered
+    every run: a plain object, not a generator per run (the steps around it cost ~5-10 us)."""
+
+    __slots__ = ("bos", "prepare", "finish")
+
+    def __init__(self, device, bos) -> None:
+        self.bos = tuple({id(bo): bo for bo in bos}.values())
+        self.prepare, self.finish = device.prepare_cpu_access, device.finish_cpu_access
+
+    def __enter__(self) -> None:
+        for bo in self.bos:
+            self.prepare(bo)  # host is writable from here on
+
+    def __exit__(self, *exc) -> None:
+        for bo in self.bos:
+            self.finish(bo)
+
+
 class Held:
     """The feature maps of some BO tensors, held for CPU access while a step runs. Where
     each lies (its BO, its bytes, its stored shape) is worked out once per tensor and kept
     with the program's plans (`place`); the views are made each time, inside the bracket."""
 
     def __init__(self, run, infos: list[TensorInfo]) -> None:
-        self.device = run.model.device
         self.places = [place(run, info) for info in infos]
-        self.bos = list({id(p[0]): p[0] for p in self.places}.values())
+        self.hold = Hold(run.model.device, [p[0] for p in self.places])
 
     def __enter__(self) -> list[np.ndarray]:
-        for bo in self.bos:
-            self.device.prepare_cpu_access(bo)  # host is writable from here on
+        self.hold.__enter__()
         return _views(self.places)
 
     def __exit__(self, *exc) -> None:
-        for bo in self.bos:
-            self.device.finish_cpu_access(bo)
+        self.hold.__exit__()
 
 
 def _views(places) -> list[np.ndarray]:
@@ -74,7 +91,7 @@ def _views(places) -> list[np.ndarray]:
 
 
 def prepared_key(run, step) -> tuple:
-    """Where a step's closure prepared at its first run is kept (feature_edges.run_step calls it)."""
+    """Where a step's closure prepared at its first run is kept (runtime/execute.py's `cpu` calls it)."""
     return "prepared", id(step), run.fp16_outputs
 
 
@@ -83,18 +100,12 @@ def held_step(run, infos: list[TensorInfo], body: Callable[..., bool]) -> Callab
     held for CPU access (as Held, their places worked out now, once), its result the
     step's (False: the interpreter's path takes the run). Held's per-run work and the
     dispatch to the step's kind cost ~10-15 us a step (load 2-6)."""
-    device = run.model.device
     places = [place(run, info) for info in infos]
-    bos = list({id(p[0]): p[0] for p in places}.values())
+    hold = Hold(run.model.device, [p[0] for p in places])
 
     def step(run) -> bool:
-        for bo in bos:
-            device.prepare_cpu_access(bo)
-        try:  # (the views only while the BOs are held)
+        with hold:  # (the views only while the BOs are held)
             return body(run, *_views(places))
-        finally:
-            for bo in bos:
-                device.finish_cpu_access(bo)
 
     return step
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.half import narrow_bits, narrow_value, widen_value
+from rkc.runtime.half import eight_atoms, narrow_bits, narrow_value, widen_value
 from rkc.runtime.kernels.threads import over_rows
 
 
@@ -133,3 +133,47 @@ def move_runs(src, runs, out, scale):
         for k in range(length):
             v = src[np.uint64(f + k * step)]
             out[np.uint64(o + k)] = v if one else narrow_value(widen_value(v) * scale)
+
+
+@njit(cache=True, nogil=True)
+def eight_lane_blocks(runs):
+    """(blocks [B, 4], the other runs [R, 4]) of `strided_runs`' runs: a block is eight runs of
+    one length (a multiple of 8) and source step 8 whose sources are the eight lanes of the same
+    atoms (first positions f, f + 1, ..., f + 7) and whose results lie `stride` apart (first
+    positions o, o + stride, ...), kept as (o, f, length, stride): every eight atoms of it one
+    8x8 transpose (`move_blocks`). YOLO11n's V^T gathers are such blocks (a head's 64 channels
+    read across 400 positions into the GEMM's weights)."""
+    n = runs.shape[0]
+    blocks = np.empty((n // 8, 4), np.int64)
+    rest = np.empty((n, 4), np.int64)
+    nb, nr, r = 0, 0, 0
+    while r < n:
+        o, f, length, step = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
+        whole = step == _ATOM_LANES and length % _ATOM_LANES == 0 and r + _ATOM_LANES <= n
+        if whole:
+            stride = runs[r + 1, 0] - o
+            for b in range(1, _ATOM_LANES):
+                if runs[r + b, 0] != o + b * stride or runs[r + b, 1] != f + b or runs[r + b, 2] != length \
+                        or runs[r + b, 3] != step:
+                    whole = False
+                    break
+        if whole:
+            blocks[nb, 0], blocks[nb, 1], blocks[nb, 2], blocks[nb, 3] = o, f, length, stride
+            nb += 1
+            r += _ATOM_LANES
+            continue
+        rest[nr] = runs[r]
+        nr += 1
+        r += 1
+    return blocks[:nb].copy(), rest[:nr].copy()
+
+
+@njit(cache=True, nogil=True)
+def move_blocks(src, blocks, out):
+    """out[o + b * stride + k] = src[f + 8 k + b] for b < 8, k < length, each block (o, f, length,
+    stride) of `eight_lane_blocks` (unscaled: fp16 bits moved as they are), eight atoms at a time
+    by half.eight_atoms' shuffles. The caller keeps the blocks inside both arrays."""
+    for r in range(blocks.shape[0]):
+        o, f, length, stride = blocks[r, 0], blocks[r, 1], blocks[r, 2], blocks[r, 3]
+        for k in range(0, length, _ATOM_LANES):
+            eight_atoms(src, f + _ATOM_LANES * k, out, o + k, stride)

@@ -148,11 +148,17 @@ def space_to_depth(x, *, blocksize):
 def relayout(*inputs, scale=1.0):
     """Elements of the sources (their row-major elements one after the other) at an
     index map of the result's shape, times `scale` where it is not 1: the data
-    movement between NPU buffers that compiler/relayout.py composes into one map."""
-    *sources, index = inputs
+    movement between NPU buffers that compiler/relayout.py composes into one map.
+    Several results of one step: `scale` is a list of one factor per result, and the
+    last len(scale) inputs are their index maps."""
+    scales = scale if isinstance(scale, (list, tuple)) else [scale]
+    sources, indexes = inputs[:-len(scales)], inputs[-len(scales):]
     flat = np.concatenate([np.asarray(s).reshape(-1) for s in sources])
-    out = flat[np.asarray(index, np.int64)]
-    return out if scale == 1.0 else (out.astype(np.float32) * np.float32(scale)).astype(out.dtype)
+    outs = []
+    for index, factor in zip(indexes, scales):
+        out = flat[np.asarray(index, np.int64)]
+        outs.append(out if factor == 1.0 else (out.astype(np.float32) * np.float32(factor)).astype(out.dtype))
+    return outs[0] if scales is not scale else tuple(outs)
 
 
 KERNELS = {

@@ -4,14 +4,15 @@ rows, a Concat of whole pieces, lanes read across rows as a transpose does, a
 permutation with no runs, backward steps, runs of 1 and 63-65 elements around the
 view threshold) covers every move exactly once, and `move_runs` writes what the
 element moves write: bit for bit unscaled, and within fp16's rounding of a float64
-product scaled."""
+product scaled. Eight-lane transposes among the runs (`eight_lane_blocks`: YOLO11n's V^T
+gathers) moved by `move_blocks` write what their runs write, bit for bit."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rkc.runtime.kernels.gather_jit import move_elements, move_runs, strided_runs
+from rkc.runtime.kernels.gather_jit import eight_lane_blocks, move_blocks, move_elements, move_runs, strided_runs
 
 
 def _maps(name: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -22,6 +23,15 @@ def _maps(name: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         return np.arange(300), np.concatenate([np.arange(200) + 700, np.arange(100)])
     if name == "transpose":  # result [8, 40] from source [40, 8]: runs of 8 lanes, step 8
         return np.arange(320), np.arange(320).reshape(40, 8).T.reshape(-1)
+    if name in ("weights", "weights_shifted"):  # channels of a [C1, 50, 8] map into groups of 16 positions
+        first = 0 if name == "weights" else 3  # shifted: channels 3-26, two atoms' worth whole
+        into, frm = [], []
+        for g in range(0, 50, 16):
+            for c in range(first, first + 24):
+                p = np.arange(g, min(g + 16, 50))
+                frm.append(((c // 8) * 50 + p) * 8 + c % 8)
+        frm = np.concatenate(frm)
+        return np.arange(frm.size), frm
     if name == "backward":
         return np.arange(100), 500 - 3 * np.arange(100)
     if name == "permutation":
@@ -72,3 +82,26 @@ def test_moves_by_runs_are_the_element_moves(kind, scale):
     # the float32 product rounded to fp16: half an fp16 ulp (2^-11 of the value) plus float32's 2^-24
     assert (np.abs(got.view(np.float16)[into].astype(np.float64) - exact) <= 2.0 ** -11 * np.abs(exact)
             + 2.0 ** -24 + 2.0 ** -25).all()
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "weights", "weights_shifted"])
+def test_eight_lane_blocks_move_what_their_runs_move(kind):
+    into, frm = _maps(kind, np.random.default_rng(13))
+    runs = strided_runs(into.astype(np.int64), frm.astype(np.int64))
+    blocks, rest = eight_lane_blocks(runs)
+    covered = [o + s * b + np.arange(n) for o, _, n, s in blocks for b in range(8)] + [o + np.arange(n) for o, _, n, _ in rest]
+    assert np.array_equal(np.sort(np.concatenate(covered)), into)
+    if kind in ("transpose", "weights"):  # all of it but the weights' last group of 2 positions (24 runs)
+        assert (len(blocks), len(rest)) == ((1, 0) if kind == "transpose" else (3 * 3, 24))
+    if kind == "weights_shifted":  # channels 8-15 and 16-23 of each group are whole atoms; 3-7, 24-26 not
+        assert len(blocks) == 2 * 3
+    if kind in ("rows", "permutation"):
+        assert len(blocks) == 0
+    rng = np.random.default_rng(17)
+    src = rng.integers(0, 1 << 16, int(frm.max()) + 1).astype(np.uint16)  # any bits (NaNs too): moved as they are
+    size = int(into.max()) + 1  # (gaps in the result: around_views)
+    want, got = np.zeros(size, np.uint16), np.zeros(size, np.uint16)
+    move_elements(src, frm.astype(np.int32), want, into.astype(np.int32), np.float32(1.0))
+    move_blocks(src, blocks, got)
+    move_runs(src, rest, got, np.float32(1.0))
+    assert np.array_equal(got, want)

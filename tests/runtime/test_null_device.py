@@ -75,3 +75,24 @@ def test_host_view_is_writable_only_in_the_cpu_bracket():
     assert bo.host[0] == 1 and not bo.host.flags.writeable
     assert bo.size % 4096 == 0 and bo.iova % 4096 == 0 and bo.iova > 0
     assert np.count_nonzero(dev.create_bo(10).host) == 0
+
+
+def test_a_hold_lends_its_bos_for_one_block_and_takes_them_back_on_an_error():
+    """native_maps.Hold, entered again and again: each BO held once (named twice), writable
+    inside the block only, handed back when the block raises."""
+    from rkc.runtime.native_maps import Hold
+
+    dev = NullDevice()
+    a, b = dev.create_bo(64), dev.create_bo(64)
+    hold = Hold(dev, [a, b, a])
+    assert hold.bos == (a, b)
+    for _ in range(2):
+        with hold:
+            a.host[0] = b.host[1] = 7
+        assert not a.host.flags.writeable and not b.host.flags.writeable
+    with pytest.raises(ZeroDivisionError):
+        with hold:
+            1 / 0
+    assert not a.host.flags.writeable and not b.host.flags.writeable and not dev._held
+    with pytest.raises(ValueError):
+        a.host[0] = 1
