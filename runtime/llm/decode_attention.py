@@ -310,6 +310,19 @@ def combine(parts, mx, total, acc, dst):
             dst[i, d] *= inv
 
 
+@njit(**_JIT)
+def attend_blocks(q, keys, values, kpos, p0, scale, window, blocks, s, e_bits, acc, mx, total, dst):
+    """attend_keys over the keys cut into `blocks` contiguous ranges, one
+    after another, then combine into dst: RowAttention's one-thread path as
+    one compiled call (a call per block and one to combine cost ~2 us of
+    dispatch each, a Python closure and loop more)."""
+    p = kpos.shape[0]
+    for b in range(blocks):
+        attend_keys(q, keys, values, kpos, p0, scale, window, p * b // blocks, p * (b + 1) // blocks, s, e_bits,
+                    acc[b], mx[b], total[b])
+    combine(blocks, mx, total, acc, dst)
+
+
 class RowWork:
     """The scores and exp scratch of a one-row attention, shared by every
     layer of an engine's plans (their steps run one at a time); grown to the
@@ -354,10 +367,13 @@ class RowAttention:
                 self.scale, self.window)
 
         blocks = max(1, min(BLOCKS_MAX, p // KEYS_PER_BLOCK))
+        if p < SHARED_KEYS or self.threads == 1:
+            attend_blocks(*args, blocks, s, bits, self.acc, self.mx, self.total, self.dst)
+            return self.full
 
         def run(b: int) -> None:
             attend_keys(*args, p * b // blocks, p * (b + 1) // blocks, s, bits, self.acc[b], self.mx[b], self.total[b])
-        threads.over_blocks(run, blocks, self.threads if p >= SHARED_KEYS else 1)
+        threads.over_blocks(run, blocks, self.threads)
         combine(blocks, self.mx, self.total, self.acc, self.dst)
         return self.full
 

@@ -132,6 +132,10 @@ class _InEdge:
         return (self.dequant is not None and self.partial is None and self.residual is None
                 and self.int4 is None and not self.fresh)
 
+    def half_row(self) -> bool:
+        """A fp16 row of one term, widened into a buffer made once."""
+        return self.atoms.dtype == np.uint16 and self.residual is None and self.int4 is None and not self.fresh
+
     def _flat(self, out: np.ndarray) -> np.ndarray:
         flat = out.reshape(-1)
         return flat.view(np.uint32) if self.atoms.dtype == np.uint16 else flat
@@ -167,7 +171,9 @@ class _InEdge:
 def in_edges_run(edges: Sequence[_InEdge], label: str) -> Callable[[], None]:
     """A function running `edges` in turn: two or three plain int8 ones (an
     attention stretch's q, k, v) as one compiled call (jit.dequantize_three),
-    their values into their slots."""
+    or fp16 ones (jit.half_three), their values into their slots."""
+    if len(edges) in (2, 3) and all(e.half_row() for e in edges):
+        return _half_edges_run(edges)
     if len(edges) not in (2, 3) or not all(e.plain_int8() for e in edges):
         def each():
             for e in edges:
@@ -189,6 +195,20 @@ def in_edges_run(edges: Sequence[_InEdge], label: str) -> Callable[[], None]:
     def three():
         kernel(a0, k0, rows_scale(s0), c0, b0, h0, f0, a1, k1, rows_scale(s1), c1, b1, h1, f1,
                a2, n2, rows_scale(s2), c2, b2, h2, f2)
+        for i, v in stores:
+            slots[i] = v
+    return three
+
+
+def _half_edges_run(edges: Sequence[_InEdge]) -> Callable[[], None]:
+    """Two or three fp16 in edges as one compiled call (jit.half_three)."""
+    slots, third = edges[0].slots, edges[2] if len(edges) == 3 else edges[1]
+    (a0, k0, f0), (a1, k1, f1) = ((e.atoms, e.k, e.flat) for e in edges[:2])
+    a2, k2, f2 = third.atoms, third.k if len(edges) == 3 else 0, third.flat
+    stores, kernel = [(e.slot, e.out) for e in edges], jit.half_three
+
+    def three():
+        kernel(a0, k0, f0, a1, k1, f1, a2, k2, f2)
         for i, v in stores:
             slots[i] = v
     return three
@@ -348,6 +368,11 @@ def residual_stretch(plan, steps: Sequence[Step], bind, outputs: set) -> list[Ca
                         _residual_int8(edge_in, edge_out, slots, o_res, k, (w1, e1, first_norm, scale, has_scale,
                                        w2, e2, last_norm, n1, total, scaled, n2), list(zip(o_body, body_out)),
                                        label), label)
+    if edge_in.half_row() and edge_out.half is not None:  # fp16 in and out: one compiled call
+        return _bracket(plan, steps, [edge_in], edge_out,
+                        _residual_half(edge_in, edge_out, slots, o_res, k, (w1, e1, first_norm, scale, has_scale,
+                                       w2, e2, last_norm, n1, total, scaled, n2), list(zip(o_body, body_out)),
+                                       label), label)
 
     def call():
         a = edge_in.run(label)
@@ -383,6 +408,26 @@ def _residual_int8(edge_in: _InEdge, edge_out: _OutEdge, slots, o_res: int, k: i
         for o, v in stores:
             slots[o] = v
         slots[q_slot] = qscale
+    return call
+
+
+def _residual_half(edge_in: _InEdge, edge_out: _OutEdge, slots, o_res: int, k: int, body: tuple,
+                   stores: list, label: str) -> Callable[[], None]:
+    """The residual stretch between two fp16 products as one compiled call
+    (jit.residual_half_row): three dispatches and their glue before."""
+    w1, e1, first_norm, scale, has_scale, w2, e2, last_norm, n1, total, scaled, n2 = body
+    atoms, flat, x, x_slot, half, kernel = edge_in.atoms, edge_in.flat, edge_in.out, edge_in.slot, edge_out.half, \
+        jit.residual_half_row
+
+    def call():
+        res = slots[o_res]
+        if res.shape != (1, k) or res.dtype != F32:
+            raise_shape(label, "residual", res)
+        kernel(atoms, k, flat, x, w1, e1, first_norm, res, scale, has_scale, w2, e2, last_norm, n1, total, scaled,
+               n2, half)
+        slots[x_slot] = x
+        for o, v in stores:
+            slots[o] = v
     return call
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.half import narrow_bits, widen_bits
+from rkc.runtime.half import narrow_bits, narrow_into_atoms, widen_bits
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
 from rkc.runtime.llm.prefill_kernels import activation
 
@@ -572,6 +572,25 @@ def residual_row(src, n, row_scale, ch_scale, bias, has_bias, flat, x, w1, eps1,
 
 
 @njit(**_JIT)
+def residual_half_row(src, n, flat, x, w1, eps1, first_norm, res, scale, has_scale, w2, eps2, last_norm, n1, total,
+                      scaled, n2, half):
+    """A fp16 residual stretch of one row in one call (residual_row's form
+    for fp16 products): half_atoms_to_float of the segment's fp16 row into x
+    (`flat`: x's bits), norm_add_norm, then its last value rounded to fp16
+    into the next segment's atoms `half` (half.narrow_into_atoms): the
+    three calls' values, one dispatch."""
+    half_atoms_to_float(src, n, flat)
+    norm_add_norm(x, w1, eps1, first_norm, res, scale, has_scale, w2, eps2, last_norm, n1, total, scaled, n2)
+    if last_norm:
+        y = n2
+    elif has_scale:
+        y = scaled
+    else:
+        y = total
+    narrow_into_atoms(y.view(np.uint32), half)
+
+
+@njit(**_JIT)
 def gated_row(gate, g_rs, g_ch, g_bias, g_has_bias, up, u_rs, u_ch, u_bias, u_has_bias, n, act, g_flat, u_flat,
               g, u, a, hidden, signs, block, norm, factor, work, codes, qscale):
     """An int8 gated FFN stretch of one row in one call: dequantize_atoms of
@@ -600,6 +619,16 @@ def dequantize_three(src0, n0, rs0, ch0, bias0, has_bias0, out0, src1, n1, rs1, 
     dequantize_atoms(src1, n1, rs1, ch1, bias1, has_bias1, out1)
     if n2:
         dequantize_atoms(src2, n2, rs2, ch2, bias2, has_bias2, out2)
+
+
+@njit(**_JIT)
+def half_three(src0, n0, out0, src1, n1, out1, src2, n2, out2):
+    """half_atoms_to_float of three fp16 rows (an attention stretch's q, k
+    and v in edges) in one call; a row of width 0 is skipped."""
+    half_atoms_to_float(src0, n0, out0)
+    half_atoms_to_float(src1, n1, out1)
+    if n2:
+        half_atoms_to_float(src2, n2, out2)
 
 
 @njit(**_JIT)

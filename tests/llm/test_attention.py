@@ -205,8 +205,9 @@ def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):
     token as a decode runs: prefill chunks between the decode steps, every
     key visible, a sliding window dropping the oldest (the cache's buffers
     sliding), contexts past 1000, two layers sharing the work buffer, and the
-    keys cut into blocks shared by two threads (blocks of 40 keys here, so that
-    some ranges see no key at all under the window of 7); groups of four
+    keys cut into blocks shared by two threads or run on one in one call
+    (blocks of 40 keys here, so that some ranges see no key at all under the
+    window of 7); groups of four
     query heads and more (their keys in pairs and fours, odd counts left
     over), and of fewer."""
     from rkc.runtime.llm import decode_attention
@@ -221,6 +222,7 @@ def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):
         windows = [window, 0]
         cache, work = KVCache(2, windows, 2000), RowWork()
         attend_ = [RowAttention(hkv * g, hkv, hd, hdv, scale, w, work, threads_max=2) for w in windows]
+        alone = [RowAttention(hkv * g, hkv, hd, hdv, scale, w, work, threads_max=1) for w in windows]
         pos, steps = 0, 0
         for t in [3, 1, 1, 9, 1, 1, 290, 1, 1, 120, 1, 600, 1]:
             k = rng.standard_normal((t, hkv, hd)).astype(np.float32)
@@ -238,6 +240,8 @@ def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):
                 np.testing.assert_array_equal(seen, kpos)
                 np.testing.assert_array_equal(keys, k16.astype(np.float32))
                 got = attend_[layer](q, k16, v16, kpos, pos)
+                within_float32(got, q, keys, values, kpos, p, windows[layer], scale, 1)
+                got = alone[layer](q, k16, v16, kpos, pos)  # every block on this thread, in one call
                 within_float32(got, q, keys, values, kpos, p, windows[layer], scale, 1)
                 steps += 1
             pos += 1

@@ -298,3 +298,58 @@ def test_embedding_row_is_the_float64_formula(cols, kind, token):
     n64 = _rms(e64 * np.float64(F32(25.3)), w, 1e-6)
     _close(normed, n64, 2 * NORM_TOL)
     _check_codes(codes, qs, _rotated64(n64[0], rot))
+
+
+def _half_atoms_of(x: np.ndarray) -> np.ndarray:
+    """A row's fp16 bits as an NPU output's [C1, 8] atoms (pad channels a NaN's bits: never read)."""
+    k = x.shape[0]
+    atoms = np.full((-(-k // 8), 8), 0x7E00, np.uint16)
+    atoms.reshape(-1)[:k] = x.astype(np.float16).view(np.uint16)
+    return atoms
+
+
+@pytest.mark.parametrize("k", [1, 7, 64, 640, 1155, 2048])
+@pytest.mark.parametrize("first_norm,has_scale,last_norm", [(True, False, True), (False, False, True),
+                                                            (True, False, False), (True, True, True)])
+def test_residual_half_row_is_the_float64_formula(k, first_norm, has_scale, last_norm):
+    """residual_half_row: a fp16 row widened (exactly), [norm1], + residual,
+    [scale], [norm2], rounded to fp16 into the next segment's atoms (within
+    one fp16 step of float64; pad channels and rows zero), every row it
+    writes against float64."""
+    rng = np.random.default_rng([k, first_norm, has_scale, last_norm])
+    x16 = (rng.standard_normal(k) * rng.uniform(0.1, 40)).astype(np.float16)
+    res = (rng.standard_normal((1, k)) * 10).astype(F32)
+    w1, w2 = (rng.standard_normal(k).astype(F32) for _ in range(2))
+    scale = rng.uniform(0.05, 2.0, 1).astype(F32)
+    x, n1, total, scaled, n2 = (np.full((1, k), np.nan, F32) for _ in range(5))
+    half = np.full((-(-k // 8), 2, 8), 0x3C00, np.uint16)  # (1.0's bits: what must be zeroed past the row)
+    jit.residual_half_row(_half_atoms_of(x16), k, x.reshape(-1).view(np.uint32), x, w1, F32(1e-6), first_norm, res,
+                          scale, has_scale, w2, F32(1e-6), last_norm, n1, total, scaled, n2, half)
+    x64 = x16.astype(np.float64)[None]
+    np.testing.assert_array_equal(x, x64)  # (fp16 -> float32 is exact)
+    t64 = (_rms(x64, w1, 1e-6) if first_norm else x64) + res
+    _close(total, t64, 2 * NORM_TOL)
+    if has_scale:
+        t64 = t64 * np.float64(scale[0])
+    y64 = _rms(t64, w2, 1e-6) if last_norm else t64
+    _close(n2 if last_norm else (scaled if has_scale else total), y64, 2 * NORM_TOL)
+    got = half[:, 0, :].reshape(-1)
+    assert not got[k:].any() and not half[:, 1, :].any()
+    assert np.all(np.abs(got[:k].view(np.float16).astype(np.float64) - y64[0]) <= _fp16_step(y64[0]))
+
+
+@pytest.mark.parametrize("widths", [(1024, 256, 256), (640, 1, 7), (2048, 512, 0)])
+def test_half_three_widens_each_row(widths):
+    """half_three: two or three fp16 rows (an attention stretch's q, k, v in
+    edges) widened exactly into their float32 rows; a width of 0 leaves the
+    third untouched."""
+    rng = np.random.default_rng(list(widths))
+    rows = [(rng.standard_normal(max(n, 1)) * 5).astype(np.float16) for n in widths]
+    outs = [np.full(max(n, 1), np.nan, F32) for n in widths]
+    args = [a for n, r, o in zip(widths, rows, outs) for a in (_half_atoms_of(r), n, o.view(np.uint32))]
+    jit.half_three(*args)
+    for n, r, o in zip(widths, rows, outs):
+        if n:
+            np.testing.assert_array_equal(o[:n], r[:n].astype(F32))
+        else:
+            assert np.isnan(o).all()
