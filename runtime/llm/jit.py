@@ -25,7 +25,7 @@ from numba import njit
 
 from rkc.runtime.half import narrow_bits, narrow_into_atoms, widen_bits
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
-from rkc.runtime.llm.prefill_kernels import activation
+from rkc.runtime.llm.prefill_kernels import _hadamard_stages, activation
 
 # error_model "numpy": a float division by zero gives numpy's inf / NaN instead of raising, so no
 # check per element stops a loop from vectorising (a 8960-wide SiLU's divisions 9 -> 4.8 us); the
@@ -146,32 +146,6 @@ def hadamard_rows(x, signs, block, norm, out):
     which the compiler vectorises (a 2048-wide row: 11 -> 2.7 us, from
     butterflies over runs of 1, 2, 4 ...)."""
     _hadamard_stages(x, signs, block, norm, out, np.empty((2, x.shape[1]), np.float32))
-
-
-@njit(**_JIT)
-def _hadamard_stages(x, signs, block, norm, out, work):
-    """hadamard_rows with its two scratch rows `work` [2, K]."""
-    rows, k = x.shape
-    half = block // 2
-    for m in range(rows):
-        src = work[0]
-        dst = work[1]
-        for i in range(k):
-            src[i] = x[m, i] * signs[i]
-        h = 1
-        while h < block:
-            for base in range(0, k, block):
-                s = src[base:base + block]
-                d = dst[base:base + block]
-                for j in range(half):
-                    u = s[2 * j]
-                    v = s[2 * j + 1]
-                    d[j] = u + v
-                    d[j + half] = u - v
-            src, dst = dst, src
-            h *= 2
-        for i in range(k):
-            out[m, i] = src[i] * norm
 
 
 @njit(**_JIT)

@@ -23,8 +23,9 @@ import numpy as np
 from numba import njit
 
 from rkc.runtime.half import narrow_value, widen_value
-from rkc.runtime.llm.prefill_kernels import (_FFN_JIT, _JIT, LANES, _butterflies, _load_tile, _signed_tile,
-                                             activation, butterfly_stages, scaled_amax)
+from rkc.runtime.llm.prefill_kernels import (_F32_JIT, _JIT, LANES, _butterflies, _hadamard_stages, _load_tile,
+                                             _magnitude_peak, _signed_tile, activation, butterfly_stages,
+                                             rotated_row_scale, scaled_amax)
 from rkc.runtime.llm.prefill_rows import _INT32_C2, _ffn_rotated_rows, _residual_rotated_rows
 
 IN_HALF, IN_DEQUANT = 0, 1
@@ -266,23 +267,84 @@ def out_edge_tiles(x, out_kind, dst, signs, block, hnorm, scale, rotated, tile_l
     """A many-row out edge on its own: rows x [M, K] into the next segment's
     atoms as residual_tiles' out edge writes them (fp16; rotated and
     quantized; or rotated by blocks for a factor's product), tiles
-    tile_lo..tile_hi-1; the padding rows zeroed by the call ending at the last tile."""
+    tile_lo..tile_hi-1; the padding rows zeroed by the call ending at the last tile.
+    Rotated rows contiguous in memory go row by row (_rows_to_blocks,
+    _rows_into_atoms); others (an NPU output's column-major rows) and fp16
+    by [K, LANES] tiles (a contiguous load)."""
     rows, k = x.shape
     tiles = (rows + LANES - 1) // LANES
-    buf = np.empty((k, LANES), np.float32)
-    amax = np.empty(LANES, np.float32)
-    signed = out_kind != OUT_HALF  # the rotation's signs taken in the transposing load
-    for tile in range(tile_lo, tile_hi):
-        m0 = tile * LANES
-        r = min(LANES, rows - m0)
-        if signed:
-            _signed_tile(x, signs, m0, r, buf)
+    if out_kind != OUT_HALF and x.strides[1] == x.itemsize:
+        lo, hi = tile_lo * LANES, min(rows, tile_hi * LANES)
+        if out_kind == OUT_ROTATED:
+            _rows_to_blocks(x, signs, block, hnorm, rotated, lo, hi)
         else:
-            _load_tile(x, m0, r, buf)
-        _out_edge(buf, buf.view(np.uint32), m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale, rotated,
-                  amax)
+            _rows_into_atoms(x, signs, block, hnorm, dst, scale, lo, hi)
+    else:
+        buf = np.empty((k, LANES), np.float32)
+        amax = np.empty(LANES, np.float32)
+        signed = out_kind != OUT_HALF  # the rotation's signs taken in the transposing load
+        for tile in range(tile_lo, tile_hi):
+            m0 = tile * LANES
+            r = min(LANES, rows - m0)
+            if signed:
+                _signed_tile(x, signs, m0, r, buf)
+            else:
+                _load_tile(x, m0, r, buf)
+            _out_edge(buf, buf.view(np.uint32), m0, r, k, out_kind, dst, signs, signed, block, hnorm, scale,
+                      rotated, amax)
     if out_kind != OUT_ROTATED and tile_hi == tiles:
         zero_rows(dst, rows)
+
+
+@njit(**_JIT)
+def _rows_to_blocks(x, signs, block, hnorm, rotated, lo, hi):
+    """out_edge_tiles' rotation into a factor's blocks for rows lo..hi-1 of
+    x [M, K] whose rows are contiguous, row by row: jit.hadamard_rows' stages
+    (self-sorting, each a contiguous loop that vectorises, the row in L1), then
+    each block's run into rotated[b, m * block:(m + 1) * block]. The same
+    operations as the [K, LANES] tiles (the same bits), 0.65x their time over
+    128 x 1536 (0.39 against 0.60 ms, one thread; h51f's note)."""
+    k = x.shape[1]
+    work = np.empty((2, k), np.float32)
+    out = np.empty((1, k), np.float32)
+    row = out[0]
+    for m in range(lo, hi):
+        _hadamard_stages(x[m:m + 1], signs, block, hnorm, out, work)
+        for b in range(k // block):
+            run, src = rotated[b, m * block:(m + 1) * block], row[b * block:(b + 1) * block]
+            for j in range(block):
+                run[j] = src[j]
+
+
+@njit(**_JIT)
+def _rows_into_atoms(x, signs, block, hnorm, dst, scale, lo, hi):
+    """out_edge_tiles' rotation (no factor) and int8 codes for rows lo..hi-1
+    of x [M, K] whose rows are contiguous, row by row (rotated_row_scale: the
+    row kernels' bits), each row's codes by one contiguous pass into a
+    [LANES, C1 x C2] tile, whose runs go into dst [C1, R, C2] atom by atom
+    (LANES rows of an atom contiguous; channels past K zeroed), as
+    half_rows_into_atoms."""
+    k = x.shape[1]
+    c1, _, c2 = dst.shape
+    work = np.empty((2, k), np.float32)
+    out = np.empty((1, k), np.float32)
+    row = out[0]
+    peak = np.zeros(1, np.uint32)
+    tile = np.zeros((LANES, c1 * c2), np.int8)  # channels past K stay 0
+    for m0 in range(lo, hi, LANES):
+        r = min(LANES, hi - m0)
+        for lane in range(r):
+            s = rotated_row_scale(x, m0 + lane, signs, block, hnorm, out, work, peak)
+            scale[m0 + lane] = s
+            codes = tile[lane]
+            for i in range(k):
+                codes[i] = np.int8(min(max(np.rint(row[i] / s), np.float32(-127.0)), np.float32(127.0)))
+        for a in range(c1):
+            blk = dst[a]
+            for lane in range(r):
+                d, run = blk[m0 + lane], tile[lane, a * c2:(a + 1) * c2]
+                for j in range(c2):
+                    d[j] = run[j]
 
 
 @njit(**_JIT)
@@ -410,23 +472,6 @@ def zero_rows(dst, rows):
                 dst[a, m, b] = 0
 
 
-_MAGNITUDE = np.uint32(0x7FFFFFFF)  # a float32's bits without the sign
-
-
-@njit(**_JIT)
-def _magnitude_peak(run, peak):
-    """max(peak, the largest |value| of `run` as float32 bits without the sign):
-    an unsigned maximum orders non-negative floats as the floats (+inf the
-    largest), and a NaN's bits lie above +inf's, so a NaN stays the maximum
-    (jit.quantize_rows' amax). An integer reduction vectorises; the float
-    select with its NaN test (the previous form) stayed scalar: ~80 % of the
-    codes' time (1.06 of 1.33 ms over 128 x 8960)."""
-    for i in range(run.shape[0]):
-        v = run[i] & _MAGNITUDE
-        peak = v if v > peak else peak
-    return peak
-
-
 @njit(**_JIT)
 def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
     """quantize_into_atoms of rows lo..hi-1 of [M, K] given by blocks, x [K /
@@ -513,7 +558,7 @@ def quantize_into_atoms(x, q, scale):
 _CHUNK = 256  # channels of an fp16 FFN stretch taken at once: [256, LANES] float32, 16 KB a buffer (L1)
 
 
-@njit(**_FFN_JIT)
+@njit(**_F32_JIT)
 def _act_mul(g, u, act, signs, signed):
     """g = act(g) * u (times the rotation's signs when `signed`), one pass
     over the tile [K, LANES]: the activation (prefill_kernels.activation) inlined,
@@ -524,7 +569,7 @@ def _act_mul(g, u, act, signs, signed):
             g[i, lane] = activation(g[i, lane], act) * (u[i, lane] * si)
 
 
-@njit(**_FFN_JIT)
+@njit(**_F32_JIT)
 def ffn_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias,
               up_src, up_extra, up_rs, up_ch, up_bias, up_has_bias, act, rows, k,
               out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):

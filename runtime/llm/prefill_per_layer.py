@@ -28,7 +28,7 @@ from rkc.ir.program import Step
 from rkc.runtime.llm import prefill_channels as channels
 from rkc.runtime.llm import prefill_fused as kernels
 from rkc.runtime.llm.fused import raise_shape
-from rkc.runtime.llm.prefill_kernels import _FFN_JIT, LANES, live_rows
+from rkc.runtime.llm.prefill_kernels import _F32_JIT, LANES, live_rows
 from rkc.runtime.llm.stretch_match import const, host
 from rkc.runtime.llm.threads import over_ranges, threads_for
 
@@ -114,7 +114,7 @@ def per_layer_chain(plan, steps: Sequence[Step], first: int, outputs: set, state
     return call, [first, reshape, norm, add, mix]
 
 
-@njit(**_FFN_JIT)
+@njit(**_F32_JIT)
 def gate_tiles(in_kind, gate_src, gate_extra, gate_rs, gate_ch, gate_bias, gate_has_bias, up, act, rows, k,
                out_kind, dst, signs, block, hnorm, scale, rotated, tile_lo, tile_hi):
     """ffn_tiles' stretch with its up row a host float32 [rows, K] (any

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.llm.prefill_kernels import _FFN_JIT, _JIT, LANES, activation
+from rkc.runtime.llm.prefill_kernels import _F32_JIT, LANES, activation
 
 _INT32_C2 = 4  # channels of an int32 atom (16 bytes)
 
@@ -25,7 +25,7 @@ _INT32_C2 = 4  # channels of an int32 atom (16 bytes)
 _RESIDUAL_SLAB = 16  # rows a slab: [K / 4, 64] float32 (96 KB at K = 1536, in L2)
 
 
-@njit(**_JIT)
+@njit(**_F32_JIT)
 def _inv_rms(sums, nr, k, eps, inv):
     """inv[m] = 1 / sqrt(mean square + eps) of rows m < nr from their four
     float64 partial sums of squares sums[4 m..4 m + 3] (as _normalise's)."""
@@ -34,7 +34,7 @@ def _inv_rms(sums, nr, k, eps, inv):
         inv[m] = np.float32(1.0 / np.sqrt(np.float64(np.float32(s / k) + eps)))
 
 
-@njit(**_JIT)
+@njit(**_F32_JIT)
 def _h4(x0, x1, x2, x3, w0, w1, w2, w3):
     """A row's 4 channels of an atom times their weights (the last norm's and
     the rotation's signs), then the rotation's two butterfly stages within
@@ -48,7 +48,7 @@ def _h4(x0, x1, x2, x3, w0, w1, w2, w3):
     return b0 + b2, b1 + b3, b0 - b2, b1 - b3
 
 
-@njit(**_JIT)
+@njit(**_F32_JIT)
 def _atom_tail(x0, x1, x2, x3, h4, ws, j, s0, s1, s2, s3):
     """The end of a row pass over one atom (_rows_in_edge, _rows_norm_add):
     its 4 values as stored (through _h4 with ws[j..j + 3] when `h4`) and the
@@ -67,7 +67,7 @@ def _atom_tail(x0, x1, x2, x3, h4, ws, j, s0, s1, s2, s3):
     return x0, x1, x2, x3, s0, s1, s2, s3
 
 
-@njit(**_JIT)
+@njit(**_F32_JIT)
 def _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, add, keep_x, x_out, keep_total, total_out, h4, ws,
                   m0, nr, buf, sums):
     """Rows m0..m0+nr-1 of int32 atoms src [C1, R, 4] (plus `extra`'s, a second
@@ -116,7 +116,7 @@ def _rows_in_edge(src, extra, rs, ch, bias, res, body_scale, add, keep_x, x_out,
         sums[q], sums[q + 1], sums[q + 2], sums[q + 3] = s0, s1, s2, s3
 
 
-@njit(**_JIT)
+@njit(**_F32_JIT)
 def _rows_norm_add(buf, inv, w, res, body_scale, keep_n, n_out, keep_total, total_out, h4, ws, m0, nr, sums):
     """Gemma's first norm and the Add on a slab in buf (the atoms' order): n =
     (x inv[m]) w, total = (n + res) body_scale into buf (through _h4 when `h4`),
@@ -143,7 +143,7 @@ def _rows_norm_add(buf, inv, w, res, body_scale, keep_n, n_out, keep_total, tota
         sums[q], sums[q + 1], sums[q + 2], sums[q + 3] = s0, s1, s2, s3
 
 
-@njit(**_JIT)
+@njit(**_F32_JIT)
 def _rows_norm_kept(buf, inv, w, signs, n_out, m0, nr, k):
     """The last norm with its values kept (n2 = (total inv[m]) w stored),
     then through _h4 (times the signs, the stages within an atom): the
@@ -160,7 +160,7 @@ def _rows_norm_kept(buf, inv, w, signs, n_out, m0, nr, k):
         inv[m] = np.float32(1.0)
 
 
-@njit(**_JIT)
+@njit(**_F32_JIT)
 def _atom_butterflies(buf, atoms, per, n):
     """The rotation's butterfly stages across atoms (channel distance >= 4)
     within each block of `per` atoms, on buf's atom rows [:n] (vector
@@ -189,7 +189,7 @@ def _atom_butterflies(buf, atoms, per, n):
                     p1[i] = x0 - x1
 
 
-@njit(**_JIT)
+@njit(**_F32_JIT)
 def _residual_rotated_slab(src, extra, rs, ch, bias, first_norm, w1, e1, res, body_scale, last_norm, w2, ws, e2,
                            keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
                            signs, block, hnorm, m0, nr, buf, sums, inv, rotated):
@@ -233,7 +233,7 @@ def _residual_rotated_slab(src, extra, rs, ch, bias, first_norm, w1, e1, res, bo
                 run[d], run[d + 1], run[d + 2], run[d + 3] = t[q] * s, t[q + 1] * s, t[q + 2] * s, t[q + 3] * s
 
 
-@njit(**_JIT)
+@njit(**_F32_JIT)
 def _residual_rotated_rows(src, extra, rs, ch, bias, has_bias, first_norm, w1, e1, res, body_scale, last_norm,
                            w2, e2, keep_x, keep_n1, keep_total, keep_n2, x_out, n1_out, total_out, n2_out,
                            signs, block, hnorm, rotated, lo, hi):
@@ -257,7 +257,7 @@ _SLAB_VALUES = 1 << 16  # rows x block of a rotated FFN slab: [block / 4, rows x
 # L2 is 512 KB); 64 KB measured slower at block 512-1024 (slabs of 16-32 rows: short atom runs)
 
 
-@njit(**_FFN_JIT)
+@njit(**_F32_JIT)
 def _atom_scales(rs, ch, bias, has_bias, signs, signed, m0, nr, j, scale, offset):
     """One int32 atom's dequantization for rows m0..m0+nr-1 in the atom's own
     order (row-major, 4 channels a row): scale[i] = rs[m] * ch[j + b] (times
@@ -271,7 +271,7 @@ def _atom_scales(rs, ch, bias, has_bias, signs, signed, m0, nr, j, scale, offset
             offset[i] = o * signs[j + b] if signed else o
 
 
-@njit(**_FFN_JIT)
+@njit(**_F32_JIT)
 def _ffn_rotated_slab(gate, gate_rs, gate_ch, gate_bias, gate_has_bias, up, up_rs, up_ch, up_bias, up_has_bias,
                       act, c0, m0, nr, signs, block, hnorm, buf, dst_b):
     """ffn_tiles' rotated out edge for int32 gate and up, channels c0..c0+block-1
@@ -309,7 +309,7 @@ def _ffn_rotated_slab(gate, gate_rs, gate_ch, gate_bias, gate_has_bias, up, up_r
             dst_b[d + 3] = (b1 - b3) * hnorm
 
 
-@njit(**_FFN_JIT)
+@njit(**_F32_JIT)
 def _ffn_rotated_rows(gate, gate_rs, gate_ch, gate_bias, gate_has_bias, up, up_rs, up_ch, up_bias, up_has_bias,
                       act, k, signs, block, hnorm, rotated, lo, hi):
     """ffn_tiles' int32-in, rotated-out stretch over rows lo..hi-1: each
@@ -328,7 +328,7 @@ def _ffn_rotated_rows(gate, gate_rs, gate_ch, gate_bias, gate_has_bias, up, up_r
 _MIX_COLUMNS = 1024  # columns of hartley_mix's passes at once: [m, 1024] float32 scratch, 140 KB at m = 35 (L2)
 
 
-@njit(**_FFN_JIT)
+@njit(**_F32_JIT)
 def _mix_pass(src, rows, h, s0, w, dst, drows):
     """dst[drows[k], :w] = sum_n h[k, n] src[rows[n], s0:s0 + w] (rows of C-order 2-d arrays: each run
     a contiguous 1-d view taken as a slice first, so each multiply-add pass is one vector loop: indexed
@@ -350,7 +350,7 @@ def _mix_pass(src, rows, h, s0, w, dst, drows):
                 d[j] += c * s[j]
 
 
-@njit(**_FFN_JIT)
+@njit(**_F32_JIT)
 def hartley_mix(x, out, h1, h2, pin, pout, lo, hi):
     """out[:, lo:hi] = H_m x[:, lo:hi] for the order-m Hartley factor in its
     prime-factor form (hadamard.hartley_split: m = m1 m2 coprime, h1 and h2

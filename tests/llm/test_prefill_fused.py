@@ -307,16 +307,18 @@ def test_in_edge_tiles_match_a_float64_reference(rows, k, kind, partials, bias):
 
 @pytest.mark.parametrize("rows", [16, 37, 80])
 @pytest.mark.parametrize("k,kind", [(640, "kron"), (640, "block"), (256, "kron"), (1536, "kron"),
-                                    (640, "hartley")])
+                                    (640, "hartley"), (2048, "auto")])
 @pytest.mark.parametrize("out,order", [("fp16", "C"), ("int8", "C"), ("int8", "F")])
 def test_out_edge_tiles_match_a_float64_reference(rows, k, kind, out, order):
     """A stand-alone many-row out edge (fused_rows.edge_rows: attention's
     output into the projection's operand): rows into fp16 atoms (the
     reference's half or a neighbour), or rotated (with and without a
-    block-mixing factor, its product as fused_rows runs it) and quantized into
-    int8 atoms: scales within 1e-5 relative, codes within 1, at most 0.5 % off;
-    the padding rows zeroed. Rows in either memory order (fused_rows passes
-    the per-step kernels' column-major rows as they are)."""
+    block-mixing factor, its product as fused_rows runs it; Gemma 4 E2B's
+    H2048 without) and quantized into int8 atoms: scales within 1e-5
+    relative, codes within 1, at most 0.5 % off; the padding rows zeroed.
+    Rows in either memory order (fused_rows passes the per-step kernels'
+    column-major rows as they are: the tiles; C-order int8 rows go row by
+    row, _rows_to_blocks and _rows_into_atoms)."""
     rng = np.random.default_rng(rows * k)
     x = (rng.standard_normal((rows, k)) * np.exp(rng.standard_normal((rows, 1)) * 2)).astype(F32)
     x[rows // 2, 3] = 300.0  # an outlier channel
