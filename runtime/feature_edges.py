@@ -354,9 +354,9 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         if params is None or src.dtype != "int8":
             return False
 
-        def kernel(fm, planes):
+        def dequantize(fm, planes):
             quant_jit.dequantize_feature(fm, *params, planes)
-        codes, values = np.int8, np.float32
+        kernel, codes, values = dequantize, np.int8, np.float32
     bo, lo, hi, _, stored, h = native_maps.place(run, src)
     hold, shape, name = native_maps.Hold(run.model.device, [bo]), tuple(dst.shape), step.outputs[0]
     c1, rows, w, c2 = stored

@@ -528,6 +528,17 @@ def rotate_quantize_row(x, signs, block, norm, factor, work, codes, scale):
 
 
 @njit(**_JIT)
+def _stretch_value(last_norm, has_scale, n2, scaled, total):
+    """The value a residual stretch hands on (norm_add_norm's buffers): the
+    last norm's output, else the scaled sum, else the sum."""
+    if last_norm:
+        return n2
+    if has_scale:
+        return scaled
+    return total
+
+
+@njit(**_JIT)
 def residual_row(src, n, row_scale, ch_scale, bias, has_bias, flat, x, w1, eps1, first_norm, res, scale, has_scale,
                  w2, eps2, last_norm, n1, total, scaled, n2, signs, block, norm, factor, work, codes, qscale):
     """An int8 residual stretch of one row in one call: dequantize_atoms of
@@ -536,12 +547,7 @@ def residual_row(src, n, row_scale, ch_scale, bias, has_bias, flat, x, w1, eps1,
     codes: the per-step kernels' arithmetic, but for the factor's sums."""
     dequantize_atoms(src, n, row_scale, ch_scale, bias, has_bias, flat)
     norm_add_norm(x, w1, eps1, first_norm, res, scale, has_scale, w2, eps2, last_norm, n1, total, scaled, n2)
-    if last_norm:
-        y = n2
-    elif has_scale:
-        y = scaled
-    else:
-        y = total
+    y = _stretch_value(last_norm, has_scale, n2, scaled, total)
     rotate_quantize_row(y, signs, block, norm, factor, work, codes, qscale)
 
 
@@ -555,12 +561,7 @@ def residual_half_row(src, n, flat, x, w1, eps1, first_norm, res, scale, has_sca
     three calls' values, one dispatch."""
     half_atoms_to_float(src, n, flat)
     norm_add_norm(x, w1, eps1, first_norm, res, scale, has_scale, w2, eps2, last_norm, n1, total, scaled, n2)
-    if last_norm:
-        y = n2
-    elif has_scale:
-        y = scaled
-    else:
-        y = total
+    y = _stretch_value(last_norm, has_scale, n2, scaled, total)
     narrow_into_atoms(y.view(np.uint32), half)
 
 

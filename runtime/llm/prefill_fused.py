@@ -339,12 +339,20 @@ def _rows_into_atoms(x, signs, block, hnorm, dst, scale, lo, hi):
             codes = tile[lane]
             for i in range(k):
                 codes[i] = np.int8(min(max(np.rint(row[i] / s), np.float32(-127.0)), np.float32(127.0)))
-        for a in range(c1):
-            blk = dst[a]
-            for lane in range(r):
-                d, run = blk[m0 + lane], tile[lane, a * c2:(a + 1) * c2]
-                for j in range(c2):
-                    d[j] = run[j]
+        _tile_into_atoms(tile, dst, m0, r)
+
+
+@njit(**_JIT)
+def _tile_into_atoms(tile, dst, m0, r):
+    """A [LANES, C1 x C2] tile's first r rows into atoms dst [C1, R, C2] at
+    rows m0..m0+r-1: each atom's rows are contiguous runs of C2 channels."""
+    c1, _, c2 = dst.shape
+    for a in range(c1):
+        block = dst[a]
+        for lane in range(r):
+            d, run = block[m0 + lane], tile[lane, a * c2:(a + 1) * c2]
+            for b in range(c2):
+                d[b] = run[b]
 
 
 @njit(**_JIT)
@@ -368,12 +376,7 @@ def half_rows_into_atoms(x, dst, tile_lo, tile_hi):
             src, half = x[m0 + lane], tile[lane]
             for i in range(k):
                 half[i] = narrow_value(src[i])
-        for a in range(c1):
-            block = dst[a]
-            for lane in range(r):
-                d, run = block[m0 + lane], tile[lane, a * c2:(a + 1) * c2]
-                for b in range(c2):
-                    d[b] = run[b]
+        _tile_into_atoms(tile, dst, m0, r)
     if tile_hi == (rows + LANES - 1) // LANES:
         zero_rows(dst, rows)
 
