@@ -243,7 +243,8 @@ class LlmEngine:
                 run.npu(step)
                 self.times.npu_s += time.perf_counter() - t
                 self.times.submits += 1
-            run.free_dead(i)
+            for name in run.schedule.dead[i]:  # host tensors past their last reader, as run_program frees them
+                run.env.pop(name, None)
 
     def close(self) -> None:
         self.model.close()
