@@ -151,14 +151,15 @@ def relayout(*inputs, scale=1.0):
     movement between NPU buffers that compiler/relayout.py composes into one map.
     Several results of one step: `scale` is a list of one factor per result, and the
     last len(scale) inputs are their index maps."""
-    scales = scale if isinstance(scale, (list, tuple)) else [scale]
+    several = isinstance(scale, (list, tuple))
+    scales = scale if several else [scale]
     sources, indexes = inputs[:-len(scales)], inputs[-len(scales):]
     flat = np.concatenate([np.asarray(s).reshape(-1) for s in sources])
     outs = []
     for index, factor in zip(indexes, scales):
         out = flat[np.asarray(index, np.int64)]
         outs.append(out if factor == 1.0 else (out.astype(np.float32) * np.float32(factor)).astype(out.dtype))
-    return outs[0] if scales is not scale else tuple(outs)
+    return tuple(outs) if several else outs[0]
 
 
 KERNELS = {

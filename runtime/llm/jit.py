@@ -25,7 +25,7 @@ from numba import njit
 
 from rkc.runtime.half import narrow_bits, narrow_into_atoms, widen_bits
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
-from rkc.runtime.llm.prefill_kernels import _hadamard_stages, activation
+from rkc.runtime.llm.prefill_kernels import _hadamard_stages, activation, int8_code, int8_scale
 
 # error_model "numpy": a float division by zero gives numpy's inf / NaN instead of raising, so no
 # check per element stops a loop from vectorising (a 8960-wide SiLU's divisions 9 -> 4.8 us); the
@@ -172,11 +172,10 @@ def quantize_rows(x, q, scale):
             a = abs(x[m, i])
             if a > amax or a != a:  # a NaN stays the maximum, as in numpy's max (so the scale is 1)
                 amax = a
-        s = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
+        s = int8_scale(amax)
         scale[m] = s
         for i in range(k):
-            t = np.rint(x[m, i] / s)
-            q[m, i] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+            q[m, i] = int8_code(x[m, i] / s)
 
 
 @njit(**_JIT)

@@ -25,7 +25,7 @@ from numba import njit
 from rkc.runtime.half import narrow_value, widen_value
 from rkc.runtime.llm.prefill_kernels import (_F32_JIT, _JIT, LANES, _butterflies, _hadamard_stages, _load_tile,
                                              _magnitude_peak, _signed_tile, activation, butterfly_stages,
-                                             rotated_row_scale, scaled_amax)
+                                             int8_code, int8_scale, rotated_row_scale, scaled_amax)
 from rkc.runtime.llm.prefill_rows import _INT32_C2, _ffn_rotated_rows, _residual_rotated_rows
 
 IN_HALF, IN_DEQUANT = 0, 1
@@ -338,7 +338,7 @@ def _rows_into_atoms(x, signs, block, hnorm, dst, scale, lo, hi):
             scale[m0 + lane] = s
             codes = tile[lane]
             for i in range(k):
-                codes[i] = np.int8(min(max(np.rint(row[i] / s), np.float32(-127.0)), np.float32(127.0)))
+                codes[i] = int8_code(row[i] / s)
         _tile_into_atoms(tile, dst, m0, r)
 
 
@@ -434,7 +434,7 @@ def _quantize_tile(buf, m0, r, k, dst, hnorm, scale, amax):
         for lane in range(r):
             d, t = dst[a, m0 + lane], ratio[lane]
             for b in range(n):
-                d[b] = np.int8(min(max(np.rint(t[b]), np.float32(-127.0)), np.float32(127.0)))
+                d[b] = int8_code(t[b])
             for b in range(max(n, 0), c2):  # channels past K: zeros
                 d[b] = 0
 
@@ -497,7 +497,7 @@ def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
     amaxes = peak.view(np.float32)
     for m in range(lo, hi):
         amax = amaxes[m - lo]
-        scale[m] = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
+        scale[m] = int8_scale(amax)
     if block % c2 == 0:
         for b in range(blocks):
             for m in range(lo, hi):
@@ -507,8 +507,7 @@ def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
                     # indexed 3-d it stayed mostly scalar: 0.59 against 0.35 ms over 128 x 8960)
                     qa, xs = q[(b * block + j0) // c2, m], x[b, base + j0:base + j0 + c2]
                     for c in range(c2):
-                        t = np.rint(xs[c] / s)
-                        qa[c] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+                        qa[c] = int8_code(xs[c] / s)
         for a in range(k // c2, c1):  # atoms past K
             for m in range(lo, hi):
                 for c in range(c2):
@@ -520,8 +519,7 @@ def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
                 for c in range(c2):
                     i = a * c2 + c
                     if i < k:
-                        t = np.rint(x[i // block, m * block + i % block] / s)
-                        q[a, m, c] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+                        q[a, m, c] = int8_code(x[i // block, m * block + i % block] / s)
                     else:
                         q[a, m, c] = 0
     if hi == rows:
@@ -540,14 +538,13 @@ def quantize_into_atoms(x, q, scale):
             a = abs(x[m, i])
             if a > amax or a != a:
                 amax = a
-        s = amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
+        s = int8_scale(amax)
         scale[m] = s
         for a in range(c1):
             for b in range(c2):
                 j = a * c2 + b
                 if j < k:
-                    t = np.rint(x[m, j] / s)
-                    q[a, m, b] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+                    q[a, m, b] = int8_code(x[m, j] / s)
                 else:
                     q[a, m, b] = 0
     zero_rows(q, rows)

@@ -39,6 +39,22 @@ _JIT = {"cache": True, "nogil": True}
 _F32_JIT = {**_JIT, "error_model": "numpy", "fastmath": {"contract"}}
 _BLOCK = 128  # numpy's pairwise leaf (jit._BLOCK)
 
+_INT8_LIMIT = np.float32(127.0)  # symmetric int8: codes in [-127, 127] (-128 unused)
+
+
+@njit(inline="always")
+def int8_code(t):
+    """The int8 code of t = x / scale: rint, clipped to [-127, 127] (inlined:
+    the callers' loops stay vectorisable)."""
+    return np.int8(min(max(np.rint(t), -_INT8_LIMIT), _INT8_LIMIT))
+
+
+@njit(inline="always")
+def int8_scale(amax):
+    """A row's int8 scale from its max |value|: amax / 127, 1 for a zero row
+    or one whose maximum is a NaN."""
+    return amax / _INT8_LIMIT if amax > 0 else np.float32(1.0)
+
 
 def pairwise_program(k: int) -> np.ndarray:
     """numpy's pairwise summation of k values as a post-order program of
@@ -311,7 +327,7 @@ def rotated_row_scale(x, m, signs, block, norm, out, work, peak):
     _hadamard_stages(x[m:m + 1], signs, block, norm, out, work)
     peak[0] = _magnitude_peak(out[0].view(np.uint32), np.uint32(0))
     amax = peak.view(np.float32)[0]
-    return amax / np.float32(127.0) if amax > 0 else np.float32(1.0)
+    return int8_scale(amax)
 
 
 @njit(**_JIT)
@@ -331,8 +347,7 @@ def rotate_quantize_rows(x, signs, block, norm, q, scale):
         scale[m] = s
         qm = q[m]
         for i in range(k):
-            t = np.rint(row[i] / s)
-            qm[i] = np.int8(min(max(t, np.float32(-127.0)), np.float32(127.0)))
+            qm[i] = int8_code(row[i] / s)
 
 
 @njit(**_JIT)
