@@ -250,26 +250,25 @@ def softmax_of_logits(lanes: np.ndarray, params: tuple[float, int] | None, out: 
     call for the model's last DequantizeLinear / Cast, Flatten and Softmax steps
     (runtime/logits_edges.py)."""
     if params is None:
-        _widened_softmax(lanes, out, np.empty(out.shape[0], np.int32), np.empty(_LANES, np.float32))
+        _widened_softmax(lanes, out)
     else:
-        _dequantized_softmax(lanes, np.float32(params[0]), np.float32(params[1]), out,
-                             np.empty(out.shape[0], np.int32), np.empty(_LANES, np.float32))
+        _dequantized_softmax(lanes, params[0], params[1], out)
 
 
 @njit(**_JIT)
-def _dequantized_softmax(lanes, scale, zp, out, bits, work):
-    c2 = lanes.shape[1]
+def _dequantized_softmax(lanes, scale, zero_point, out):
+    c2, scale, zp = lanes.shape[1], np.float32(scale), np.float32(zero_point)
     for j in range(out.shape[0]):
         out[j] = (np.float32(lanes[j // c2, j % c2]) - zp) * scale
-    _softmax_into(out, out, out.shape[0], bits, work)
+    _softmax_into(out, out, out.shape[0], np.empty(out.shape[0], np.int32), np.empty(_LANES, np.float32))
 
 
 @njit(**_JIT)
-def _widened_softmax(lanes, out, bits, work):
+def _widened_softmax(lanes, out):
     c2 = lanes.shape[1]
     for j in range(out.shape[0]):
         out[j] = widen_value(lanes[j // c2, j % c2])
-    _softmax_into(out, out, out.shape[0], bits, work)
+    _softmax_into(out, out, out.shape[0], np.empty(out.shape[0], np.int32), np.empty(_LANES, np.float32))
 
 
 def softmax_into_weights(atoms: np.ndarray, m: int, n: int, out: np.ndarray, scale: float = 1.0) -> None:
