@@ -33,7 +33,7 @@ from rkc.ir.npu import geometry
 from rkc.ir.npu.regcmd import ENTRY_BYTES
 from rkc.ir.program import Program, Step, TensorInfo
 from rkc.ir.types import DType
-from rkc.runtime import blas, feature_edges, image_edges, native_maps, relayout_edges
+from rkc.runtime import blas, feature_edges, image_edges, logits_edges, native_maps, relayout_edges
 from rkc.runtime.device import Job, Task
 from rkc.runtime.kernels import NO_PRODUCTS, run_kernel
 
@@ -97,6 +97,7 @@ class _Schedule:
         self.no_fused: set[int] = set()  # steps that start no fused pass feature_edges accepts
         self.chains: dict[int, tuple] = {}  # first step -> (its chain's steps, feature_edges.chain_plan)
         self.images: dict[int, tuple] = {}  # first step -> (its steps, image_edges.image_plan)
+        self.tails: dict[int, Callable[[object], None]] = {}  # first step -> logits_edges.logits_plan's closure
         self.native_plans: dict[int, tuple] = {}  # id(step) -> what feature_edges worked out at the first run
         self.views: dict[int, tuple[int, ...]] = {}  # step -> its output's shape: a reshape of a host tensor
         self.fed: tuple | None = None  # ((name, shape, dtype), ...) of the inputs, from the first checked run
@@ -150,7 +151,8 @@ class _Schedule:
 
     def fused_end(self, run: "_Run", i: int) -> int | None:
         """Run the steps from `i` as one pass (feature_edges: a recoding chain, or a
-        learned upsampling quantized into its map) if they are one; the index of
+        learned upsampling quantized into its map; a classifier's logits tail: logits_edges)
+        if they are one; the index of
         the last step it ran, or None (nothing ran)."""
         if i in self.no_fused:
             return None
@@ -166,6 +168,14 @@ class _Schedule:
                 image = self.images[i] = (list(steps[i:end + 1]), plan)
         if image is not None and image_edges.run_image(run, *image):
             return i + len(image[0]) - 1
+        tail = self.tails.get(i)
+        if tail is None and (end := logits_edges.logits_chain_end(steps, i, self.last_use, outputs)) is not None:
+            tail = logits_edges.logits_plan(run, list(steps[i:end + 1]))
+            if tail is not None:
+                self.tails[i] = tail
+        if tail is not None:  # a classifier's logits, Flatten and Softmax
+            tail(run)
+            return i + 2
         chain = self.chains.get(i)
         if chain is None:
             end = feature_edges.chain_end(steps, i, self.last_use, outputs)

@@ -53,7 +53,7 @@ from rkc.runtime.kernels import run_kernel
 PLANE_OPS = frozenset({"MaxPool", "Resize"})
 
 
-def _one_scale(run, step: Step) -> tuple[float, int] | None:
+def one_scale(run, step: Step) -> tuple[float, int] | None:
     """(scale, zero point) of a per-tensor (De)QuantizeLinear with an int8 zero point;
     read once when both are the program's constants (a step of the first run keeps them)."""
     if len(step.inputs) != 3 or not step.inputs[2] or step.attrs.get("block_size", 0):
@@ -266,7 +266,7 @@ def _tiles_into_feature(run, step: Step, following: Step, mid: TensorInfo | None
     if mid is None or dst is None or mid.region is not None or mid.dtype != "fp32" or not native_maps.in_bo(run, dst) \
             or dst.dtype != "int8" or list(mid.shape) != list(dst.shape) or len(dst.shape) != 4 or dst.shape[0] != 1:
         return False
-    params = _one_scale(run, following)
+    params = one_scale(run, following)
     inputs = [run.read(n) if n else None for n in step.inputs]
     if params is None or inputs[0] is None or inputs[0].dtype != np.float32:
         return False
@@ -294,7 +294,7 @@ def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         if dst.dtype != "fp16":
             return False
     else:
-        params = _one_scale(run, step)
+        params = one_scale(run, step)
         if params is None or dst.dtype != "int8":
             return False
     bo, lo, hi, dtype, stored, h = native_maps.place(run, dst)
@@ -350,7 +350,7 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         kernel = half.unpack_feature_bits if kept else half.widen_feature
         codes, values = np.uint16, np.uint16 if kept else np.uint32  # (bits both sides)
     else:
-        params = _one_scale(run, step)
+        params = one_scale(run, step)
         if params is None or src.dtype != "int8":
             return False
 

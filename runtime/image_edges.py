@@ -92,12 +92,12 @@ def image_plan(run, steps: list[Step]) -> tuple | None:
     with native_maps.Held(run, [dst]) as (fm,):
         if not (pixels_jit.is_rgb_blocks(fm) if blocks else pixels_jit.is_image(c, fm)):
             return None
-    affine = _affine_codes(tables, before_last[0, :, 0], w) if blocks and dst.dtype == "fp16" else None
+    affine = _affine_codes(tables, before_last[0, :, 0]) if blocks and dst.dtype == "fp16" else None
     return first.inputs[0], dst, tables, blocks, affine
 
 
-def _affine_codes(tables: np.ndarray, values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(scales, offsets) for an image `width` pixels wide (pixels_jit.affine_rows) with which
+def _affine_codes(tables: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scales, offsets) per block lane (pixels_jit.affine_lanes) with which
     pixels_jit.pixels_into_blocks' computed codes are the tables' for every pixel value of
     every channel (checked by the kernel itself on an image holding each value), from the
     float32 values [3, 256] the last conversion rounds (a normalisation's x * scale +
@@ -114,8 +114,8 @@ def _affine_codes(tables: np.ndarray, values: np.ndarray, width: int) -> tuple[n
     image[1] = image[0, ::-1]
     looked, computed = (np.zeros((2, 1, 128, 8), np.uint16) for _ in range(2))
     pixels_jit.pixels_into_blocks(image, tables, looked)
-    pixels_jit.pixels_into_blocks(image, tables, computed, pixels_jit.affine_rows(scales, offsets, 256))
-    return pixels_jit.affine_rows(scales, offsets, width) if np.array_equal(looked, computed) else None
+    pixels_jit.pixels_into_blocks(image, tables, computed, pixels_jit.affine_lanes(scales, offsets))
+    return pixels_jit.affine_lanes(scales, offsets) if np.array_equal(looked, computed) else None
 
 
 def run_image(run, steps: list[Step], plan: tuple) -> bool:

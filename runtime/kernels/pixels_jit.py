@@ -25,7 +25,9 @@ a float64 reference.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from rkc.runtime.half import narrow_bits, narrow_value
 from rkc.runtime.kernels.quant_jit import quantize_row
@@ -67,13 +69,17 @@ def is_rgb_blocks(fm: np.ndarray) -> bool:
     return fm.shape[3] * fm.itemsize == ATOM_BYTES and fm.flags.c_contiguous and fm.shape[0] * fm.shape[3] == 16
 
 
-_NO_AFFINE = (np.ones(1, np.float32), np.zeros(1, np.float32))  # (not read: the codes are looked up)
+_NO_AFFINE = (np.ones(16, np.float32), np.zeros(16, np.float32))  # (not read: the codes are looked up)
+BLOCK_LANES = 12  # an RGB block's values: 2 rows x 2 pixels x 3 channels
 
 
-def affine_rows(scales: np.ndarray, offsets: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel scales and offsets [3] as pixels_into_blocks takes them: one per value
-    of an image row of `width` RGB pixels (made once: np.tile costs ~30 us a call)."""
-    return np.tile(scales.astype(np.float32), width), np.tile(offsets.astype(np.float32), width)
+def affine_lanes(scales: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel scales and offsets [3] as pixels_into_blocks takes them: one per lane of a
+    block's 16 (SpaceToDepth's channel order: lane k holds channel k % 3; lanes past 12 zero)."""
+    lanes = np.zeros((2, 16), np.float32)
+    lanes[0, :BLOCK_LANES] = np.tile(scales.astype(np.float32), BLOCK_LANES // 3)
+    lanes[1, :BLOCK_LANES] = np.tile(offsets.astype(np.float32), BLOCK_LANES // 3)
+    return lanes[0], lanes[1]
 
 
 def pixels_into_blocks(pixels: np.ndarray, tables: np.ndarray, fm: np.ndarray,
@@ -82,14 +88,14 @@ def pixels_into_blocks(pixels: np.ndarray, tables: np.ndarray, fm: np.ndarray,
     image [H, W, 3]: block pixel (y, x), channel (py * 2 + px) * 3 + c holds the code of
     pixels[2y + py, 2x + px, c] (SpaceToDepth's channel order, runtime/kernels/shape.py),
     channels 12-15 zero. The code is tables[c, pixel] or, with `affine` = (scales,
-    offsets) (float32, one per value of an image row, [W * 3]: `affine_rows`; fp16 maps
-    only), the fp16 bits of float32(pixel) * scale + offset, computed a row at a time
-    (vectorised) where a lookup a value is not: image_plan uses it only where it gives
-    the tables' codes for every pixel value. A block's six values of one image row are contiguous in
-    the row's codes; each atom is built as two 64-bit words and stored whole: the pass
-    reads the image once and writes half (fp16) or a quarter (int8) of the plain map's
-    bytes."""
+    offsets) (float32, one per lane of a block: `affine_lanes`; fp16 maps only), the fp16
+    bits of float32(pixel) * scale + offset, a block's 12 values converted as one vector
+    (`_affine_block`) where a lookup a value is not: image_plan uses it only where it gives
+    the tables' codes for every pixel value. Each atom is stored
+    whole: the pass reads the image once and writes half (fp16) or a quarter (int8) of the
+    plain map's bytes."""
     words = fm.view(np.uint64).reshape(fm.shape[0], fm.shape[1], fm.shape[2], 2)
+    pixels = np.ascontiguousarray(pixels)  # (its rows flat: `_block_rows`)
     scales, offsets = affine if affine is not None else _NO_AFFINE
     over_rows(lambda lo, hi: _block_rows(pixels, tables, scales, offsets, affine is not None, words, lo, hi),
               fm.shape[1], fm.size)
@@ -254,27 +260,60 @@ def _pixel_rows(pixels, tables, width, words, lo, hi):
 
 @njit(cache=True, nogil=True)
 def _block_rows(pixels, tables, scales, offsets, affine, words, lo, hi):
-    _, w, c = pixels.shape
-    n = w * c
-    codes = np.empty((2, n), np.uint16)  # affine: the block row's two image rows' codes
-    for y in range(lo, hi):
-        if not affine:
+    if not affine:
+        for y in range(lo, hi):
             _looked_up_blocks(pixels[2 * y], pixels[2 * y + 1], tables, words, y)
-            continue
-        for r in range(2):
-            src, dst = pixels[2 * y + r].reshape(n), codes[r]
-            for j in range(n):
-                dst[j] = narrow_value(np.float32(src[j]) * scales[j] + offsets[j])
-        # a block's six codes of a row are three 32-bit words: lanes 0-7 (row 0's six, row 1's
-        # first two) the first atom, 8-11 the second's
-        a, b = codes[0].view(np.uint32), codes[1].view(np.uint32)
-        first, second = words[0, y], words[1, y]
-        for x in range(first.shape[0]):
-            k = 3 * x
-            first[x, 0] = np.uint64(a[k]) | (np.uint64(a[k + 1]) << np.uint64(32))
-            first[x, 1] = np.uint64(a[k + 2]) | (np.uint64(b[k]) << np.uint64(32))
-            second[x, 0] = np.uint64(b[k + 1]) | (np.uint64(b[k + 2]) << np.uint64(32))
-            second[x, 1] = 0
+        return
+    h, w, c = pixels.shape
+    rows = pixels.reshape(h, w * c)
+    atoms = words.view(np.uint16).reshape(words.shape[0], words.shape[1], -1)  # [2, H/2, W/2 * 8]
+    for y in range(lo, hi):
+        r0, r1, first, second = rows[2 * y], rows[2 * y + 1], atoms[0, y], atoms[1, y]
+        for x in range(first.shape[0] // 8):
+            _affine_block(r0, r1, 6 * x, scales, offsets, first, second, 8 * x)
+
+
+def _affine_block_ir(context, builder, signature, args):
+    """first[d:d + 8], second[d:d + 8] = the fp16 bits of float32(v) * scales + offsets for v the
+    block's 12 bytes (r0[s:s + 6] then r1[s:s + 6]), lanes 12-15 zero: two 6-byte loads, one
+    shuffle, 16 lanes converted at once (fmul, fadd, fptrunc: each rounded as numba's scalar
+    code rounds them, no contraction), two 16-byte stores. Portable IR: x86 and arm64 alike."""
+    r0, r1, s, scales, offsets, first, second, d = args
+    i8, i16, f32, i32 = ir.IntType(8), ir.IntType(16), ir.FloatType(), ir.IntType(32)
+
+    def data(k):
+        return context.make_array(signature.args[k])(context, builder, args[k]).data
+
+    def at(k, index, vector):
+        return builder.bitcast(builder.gep(data(k), [index]), vector.as_pointer())
+
+    six, f16 = ir.VectorType(i8, 6), ir.VectorType(f32, 16)
+    halves = [builder.load(at(k, s, six), align=1) for k in (0, 1)]
+    lanes = builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(i32, 16), list(range(12)) + [0] * 4))
+    origin = ir.Constant(s.type, 0)
+    values = builder.fadd(builder.fmul(builder.uitofp(lanes, f16), builder.load(at(3, origin, f16), align=4)),
+                          builder.load(at(4, origin, f16), align=4))
+    bits = builder.bitcast(builder.fptrunc(values, ir.VectorType(ir.HalfType(), 16)), ir.VectorType(i16, 16))
+    bits = builder.shuffle_vector(bits, ir.Constant(ir.VectorType(i16, 16), [0] * 16),
+                                  ir.Constant(ir.VectorType(i32, 16), list(range(12)) + [16] * 4))
+    v8 = ir.VectorType(i16, 8)
+    for k, part in ((5, range(8)), (6, range(8, 16))):
+        half8 = builder.shuffle_vector(bits, bits, ir.Constant(ir.VectorType(i32, 8), list(part)))
+        builder.store(half8, at(k, d, v8), align=2)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _affine_block(typingctx, r0, r1, s, scales, offsets, first, second, d):
+    """One block of pixels_into_blocks' affine codes (`_affine_block_ir`); the caller keeps every
+    index in its array (no checks)."""
+    def flat(a, dtype):
+        return isinstance(a, types.Array) and a.dtype == dtype and a.ndim == 1 and a.layout == "C"
+    if not (flat(r0, types.uint8) and flat(r1, types.uint8) and flat(scales, types.float32)
+            and flat(offsets, types.float32) and flat(first, types.uint16) and flat(second, types.uint16)
+            and isinstance(s, types.Integer) and isinstance(d, types.Integer)):
+        return None
+    return types.void(r0, r1, types.intp, scales, offsets, first, second, types.intp), _affine_block_ir
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -242,6 +242,35 @@ def softmax_rows(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def softmax_of_logits(lanes: np.ndarray, params: tuple[float, int] | None, out: np.ndarray) -> None:
+    """out[j] = softmax over j < len(out) of a classifier's logits held as one pixel's atoms
+    (lanes [C1, C2]: lane b of atom a is logit a * C2 + b, half.one_pixel_lanes): int8 codes
+    dequantized by params = (scale, zero point) (float32((q - zp) * scale), exact: a code
+    times a float32 scale), or fp16 bits widened (params None), then `_softmax_into`. One
+    call for the model's last DequantizeLinear / Cast, Flatten and Softmax steps
+    (runtime/logits_edges.py)."""
+    if params is None:
+        _widened_softmax(lanes, out)
+    else:
+        _dequantized_softmax(lanes, params[0], params[1], out)
+
+
+@njit(**_JIT)
+def _dequantized_softmax(lanes, scale, zero_point, out):
+    c2, scale, zp = lanes.shape[1], np.float32(scale), np.float32(zero_point)
+    for j in range(out.shape[0]):
+        out[j] = (np.float32(lanes[j // c2, j % c2]) - zp) * scale
+    _softmax_into(out, out, out.shape[0], np.empty(out.shape[0], np.int32), np.empty(_LANES, np.float32))
+
+
+@njit(**_JIT)
+def _widened_softmax(lanes, out):
+    c2 = lanes.shape[1]
+    for j in range(out.shape[0]):
+        out[j] = widen_value(lanes[j // c2, j % c2])
+    _softmax_into(out, out, out.shape[0], np.empty(out.shape[0], np.int32), np.empty(_LANES, np.float32))
+
+
 def softmax_into_weights(atoms: np.ndarray, m: int, n: int, out: np.ndarray, scale: float = 1.0) -> None:
     """P = softmax over the keys of scale times the fp16 scores S [m, n] held as GEMM output atoms
     [C1, >= m, 8] (uint16 bits), written as the fp16 run-time weights of P^T

@@ -99,6 +99,25 @@ def test_pixels_go_into_the_block_map(h, w, dtype):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("h, w", [(2, 2), (4, 6), (6, 34), (10, 640), (2, 18)])
+def test_computed_fp16_blocks_over_map_sizes_are_the_float32_values_cast(h, w):
+    """The affine codes of every block (one vector of 12 lanes a block) over map sizes:
+    numpy's fp16 cast of float32(pixel) * scale + offset in SpaceToDepth's order, lanes
+    12-15 zero (stale bytes overwritten)."""
+    rng = np.random.default_rng(h + w)
+    pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    s, o = np.float32([1 / 58.4, 1 / 57.1, 1 / 57.4]), np.float32([-2.1, -2.0, -1.8])
+    values = (pixels.transpose(2, 0, 1).astype(np.float32) * s[:, None, None] + o[:, None, None]).astype(np.float16)
+    blocks = shape_kernels.space_to_depth(values[None], blocksize=2)[0]  # [12, H/2, W/2]
+    lanes = np.zeros((16, h // 2, w // 2), np.float16)
+    lanes[:12] = blocks
+    want = lanes.reshape(2, 8, h // 2, w // 2).transpose(0, 2, 3, 1).view(np.uint16)
+    got = np.full(want.shape, 0x55, np.uint16)
+    unused = np.zeros((3, 256), np.uint16)  # (the tables: not read by the computed codes)
+    pixels_jit.pixels_into_blocks(pixels, unused, got, pixels_jit.affine_lanes(s, o))
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("scales, offsets", [
     ((1 / 255, 1 / 255, 1 / 255), (0, 0, 0)),  # ultralytics' pixel / 255
     (tuple(1 / s for s in STD), tuple(-m / s for m, s in zip(MEAN, STD))),  # ImageNet's
@@ -116,9 +135,9 @@ def test_computed_fp16_codes_are_the_cast_of_the_affine_values(scales, offsets):
                            for c in range(3)])
     looked, computed = (np.full((2, 2, 128, 8), 0x55, np.uint16) for _ in range(2))
     pixels_jit.pixels_into_blocks(pixels, tables, looked)
-    pixels_jit.pixels_into_blocks(pixels, tables, computed, pixels_jit.affine_rows(s, o, 256))
+    pixels_jit.pixels_into_blocks(pixels, tables, computed, pixels_jit.affine_lanes(s, o))
     np.testing.assert_array_equal(computed, looked)
     values = np.arange(256, dtype=np.float32)[None] * s[:, None] + o[:, None]
-    assert image_edges._affine_codes(tables, values, 256) is not None
+    assert image_edges._affine_codes(tables, values) is not None
     tables[1, 7] ^= 1  # a table no affine form gives: looked up
-    assert image_edges._affine_codes(tables, values, 256) is None
+    assert image_edges._affine_codes(tables, values) is None
