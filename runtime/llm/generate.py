@@ -13,6 +13,7 @@ from rkc.ir.atomic import atomic_output
 from rkc.ir.errors import RkcError
 from rkc.ir.llm import DECODE
 from rkc.ir.npu.perf import describe
+from rkc.runtime.llm.top_k import largest_indices
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.kvcache import KVCache
 
@@ -66,7 +67,7 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.constraint is None:
-            token = self._choose(np.asarray(logits, dtype=np.float64).reshape(-1))
+            token = self._choose(_values(logits))
         else:
             token = self._choose(self.constraint.logits(logits))  # (the order and argmax: the same in float32)
             self.constraint.accept(token)
@@ -92,18 +93,24 @@ class Sampler:
 
 def top_order(logits: np.ndarray, k: int) -> np.ndarray:
     """np.argsort(-logits, kind="stable")[:k] (all of it for k <= 0): the k
-    largest, ties in index order, found by a partition and sorted alone (a
+    largest, ties in index order, from one compiled pass (runtime/llm/top_k.py; a
     stable sort of a 262144-wide vocabulary is ~100 ms, most of a sampled
     token's host time)."""
-    n = logits.size
-    if k <= 0 or k >= n or np.isnan(logits).any():  # (NaNs: the sort's own order)
-        order = np.argsort(-logits, kind="stable")
-        return order if k <= 0 else order[:k]
-    neg = -logits
-    kth = np.partition(neg, k - 1)[k - 1]
-    ahead = np.flatnonzero(neg < kth)
-    chosen = np.sort(np.concatenate([ahead, np.flatnonzero(neg == kth)[: k - len(ahead)]]))
-    return chosen[np.argsort(neg[chosen], kind="stable")]  # index order first: ties stay in it
+    if 0 < k < logits.size:
+        chosen = largest_indices(_values(logits), k)
+        if chosen is not None:
+            return chosen
+    order = np.argsort(-logits, kind="stable")  # (NaNs: the sort's own order)
+    return order if k <= 0 else order[:k]
+
+
+def _values(logits: np.ndarray) -> np.ndarray:
+    """The logits as a flat float32 or float64 row, not copied when they are
+    one: their order and argmax are the same in either (float32 widens
+    exactly), and a float64 copy of a 262144-wide row cost a greedy token
+    ~0.3-0.8 ms."""
+    x = np.asarray(logits).reshape(-1)
+    return x if x.dtype in (np.float32, np.float64) else x.astype(np.float64)
 
 
 @dataclass(frozen=True)
