@@ -26,6 +26,7 @@ from rkc.runtime.llm.kernels import KERNELS as LLM_KERNELS
 from rkc.runtime.llm.kvcache import KVCache
 from rkc.runtime.llm.prepared import BINDERS as PREPARED
 from rkc.runtime.llm.tokenizer import LlmTokenizer
+from rkc.runtime.llm.top_k import largest_indices
 from rkc.runtime.loader import LoadedModel, needs_device
 from rkc.runtime.plan import ProgramPlan, standard_binder
 
@@ -193,7 +194,7 @@ class LlmEngine:
         calls, now rather than in a request: each prefill program's host steps
         run once from an empty KV cache, the smallest again over a filled one,
         then decode's, all on a scratch cache and without NPU submits
-        (ProgramPlan.run_host_steps). A cold cache compiled for ~25 s in the first
+        (ProgramPlan.run_host_steps); then the sampler's top-k. A cold cache compiled for ~25 s in the first
         request of Gemma 3 270M; a warm one still loaded for ~0.8 s
         (docs/notes/2026-12-06-first-request.md). `on_compile`: called once, when
         the first kernel is compiled (not when all load from the cache), to say so."""
@@ -216,6 +217,8 @@ class LlmEngine:
             self._state.cache, self._state.valid = cache, valid
             plan = self.plans[program.name]
             plan.run_host_steps([feeds[n] for n in plan.program.inputs])
+        for dtype in (np.float32, np.float64):  # the sampler's top-k: the logits' row, and logprobs' float64 one
+            largest_indices(np.arange(64, dtype=dtype), 8)
 
     def run_interpreted(self, program: str, tokens: np.ndarray, positions: np.ndarray,
                         cache: KVCache) -> np.ndarray:

@@ -1,6 +1,7 @@
 """rkc.load compiles every host kernel (numba) before the first request
 (LlmEngine.warm_up): in a fresh process, a chat of two turns (every prefill
-chunk program, a prefix reused, past the sliding window, decode) adds no
+chunk program, a prefix reused, past the sliding window, decode, greedy
+then sampled tokens with their logprobs) adds no
 compiled signature to any of rkc's kernels; without the warm-up it does (so
 the check can fail)."""
 
@@ -32,7 +33,7 @@ with rkc.load(path, device="null", warm_up=warm) as model:
     turn = [{"role": "user", "content": "the cat and the dog " * 6}]
     r = model.chat(turn, max_tokens=4, temperature=0, ignore_eos=True)
     turn += [{"role": "assistant", "content": r.text}, {"role": "user", "content": "hello world " * 3}]
-    r2 = model.chat(turn, max_tokens=4, temperature=0, ignore_eos=True)
+    r2 = model.chat(turn, max_tokens=4, temperature=0.8, top_k=40, seed=0, logprobs=2, ignore_eos=True)
     assert r2.cached_tokens > 0
     after = signatures()
 print(json.dumps({k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}))
