@@ -118,9 +118,10 @@ def attend_blocks(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.
     mask, max, exp, sum and division in float32, one pass each over
     contiguous rows), then the values product of all the job's heads at once
     ([(head, row), hd_v]; one product per head ran ~1.2x its CPU at
-    Qwen2.5's 6 heads a key head), copied into their columns of out. The jobs are shared among the host threads (BLAS and
-    the compiled softmax release the GIL). `work`: kept for the callers'
-    API (each thread keeps its own buffers)."""
+    Qwen2.5's 6 heads a key head), copied into their columns of out. The
+    jobs are shared among the host threads (BLAS and the compiled softmax
+    release the GIL). `work`: kept for the callers' API (each thread keeps
+    its own buffers)."""
     T, H, hd = q.shape
     Hkv, hd_v = keys.shape[1], values.shape[-1]
     G = H // Hkv
