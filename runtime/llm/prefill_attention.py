@@ -62,7 +62,6 @@ class Workspace:
     def __init__(self) -> None:
         self.buf = np.empty(0, F32)
         self.queries = np.empty(0, F32)
-        self.values = np.empty(0, F32)
 
     def take(self, rows: int, cols: int) -> np.ndarray:
         n = rows * cols
@@ -76,13 +75,6 @@ class Workspace:
         if self.queries.size < n:
             self.queries = np.empty(n, F32)
         return self.queries[:n].reshape(rows, cols)
-
-    def take_values(self, rows: int, cols: int) -> np.ndarray:
-        """A third buffer, for a job's weighted values before they go to their heads' columns."""
-        n = rows * cols
-        if self.values.size < n:
-            self.values = np.empty(n, F32)
-        return self.values[:n].reshape(rows, cols)
 
 
 def contract(eq: str, swapped: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -116,12 +108,10 @@ def attend_blocks(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.
     tokens innermost, or rows), the scores one sgemm over the keys the block
     can see, the compiled softmax (prefill_kernels.softmax_columns: scale,
     mask, max, exp, sum and division in float32, one pass each over
-    contiguous rows), then the values product of all the job's heads at once
-    ([(head, row), hd_v]; one product per head ran ~1.2x its CPU at
-    Qwen2.5's 6 heads a key head), copied into their columns of out. The
-    jobs are shared among the host threads (BLAS and the compiled softmax
-    release the GIL). `work`: kept for the callers' API (each thread keeps
-    its own buffers)."""
+    contiguous rows), then each head's values product written into its rows
+    of out in place. The jobs are shared among the host threads (BLAS and
+    the compiled softmax release the GIL). `work`: kept for the callers'
+    API (each thread keeps its own buffers)."""
     T, H, hd = q.shape
     Hkv, hd_v = keys.shape[1], values.shape[-1]
     G = H // Hkv
@@ -149,12 +139,9 @@ def attend_blocks(q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.
         s = w.take(hi - lo, per * n)
         matmul(keys[lo:hi, k], qm, out=s)  # [keys, (head, row)]
         softmax(s, F32(scale), kp64[lo:hi], tile(pq, per), int(window))
-        if per == 1:
-            matmul(s.T, values[lo:hi, k], out=out[t0:t1, h0 * hd_v:(h0 + 1) * hd_v])
-            return
-        o = w.take_values(per * n, hd_v)
-        matmul(s.T, values[lo:hi, k], out=o)  # [(head, row), hd_v]: one product for the job's heads
-        out[t0:t1, h0 * hd_v:(h0 + per) * hd_v].reshape(n, per, hd_v)[...] = o.reshape(per, n, hd_v).transpose(1, 0, 2)
+        for j in range(per):
+            h = h0 + j
+            matmul(s[:, j * n:(j + 1) * n].T, values[lo:hi, k], out=out[t0:t1, h * hd_v:(h + 1) * hd_v])
     each(run, jobs)
 
 
