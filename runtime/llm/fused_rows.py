@@ -10,8 +10,8 @@ decode runs). A decoder layer's residual stretch between two NPU segments
 runs as one compiled call over tiles of rows (runtime/llm/prefill_fused.py)
 that reads the previous segment's output from its BO's atoms and writes the
 next segment's input into its BO's atoms, no array in between. A rotation
-with a block-mixing factor takes the per-step path's numpy product between
-the two compiled calls. The values a later step reads (the residual sum, the
+with a block-mixing factor takes its product and the codes in a second
+compiled call after the tiles (prefill_fused.mix_into_atoms). The values a later step reads (the residual sum, the
 row scales) land in their slots, in buffers made once; values nothing else
 reads are not stored. The arithmetic is the per-step kernels' (the same bits:
 tests/llm/test_plan.py, tests/llm/test_prefill_fused.py).
@@ -157,7 +157,7 @@ class _OutEdge:
             return
         blocks = k // form.block  # by blocks [K / block, M x block]: the factor's product is one GEMM
         self.kind, self.rotated = kernels.OUT_ROTATED, np.empty((blocks, m * form.block), F32)
-        self.mix = block_mix(form.factor)  # chosen once: the plan's factor is fixed
+        self.mix = factor_operands(form.factor)  # chosen once: the plan's factor is fixed
         self.mixed = np.empty_like(self.rotated)
 
     @staticmethod
@@ -177,14 +177,13 @@ class _OutEdge:
         return compiled_form(step_rotation(plan, step), k) is not None
 
     def finish(self, slots, threads: int = THREADS) -> None:
-        """After the tiles: a factor's product (numpy's, as the prepared QuantizeRows
-        runs it) and the quantization into the atoms, on `threads` threads;
-        the scales into their slot."""
+        """After the tiles: a factor's product and the codes into the atoms
+        (prefill_fused.mix_into_atoms, one compiled call a range of rows on
+        `threads` threads); the scales into their slot."""
         if self.mix is not None:
-            mixed, block, dst, scale = self.mixed, self.block, self.dst, self.scale
-            mix_then_quantize(self.mix, self.rotated, mixed, block,
-                              lambda lo, hi: kernels.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi),
-                              threads)
+            args = (self.rotated, self.mixed, *self.mix, self.block, self.dst, self.scale)
+            over_ranges(lambda lo, hi: kernels.mix_into_atoms(*args, lo, hi), self.rotated.shape[1] // self.block,
+                        threads)
         if self.scale_slot is not None:
             slots[self.scale_slot] = self.scale
 
@@ -196,12 +195,9 @@ def mix_then_quantize(mix: Callable[[np.ndarray, np.ndarray, int, int], None], r
     over rows given by blocks (rotated, mixed [K / block, M x block], C
     order), then quantize(lo, hi) of those rows: each of the pool's row
     ranges takes its columns' product, then their codes, _SLAB rows at a
-    time (a slab's mixed rows are quantized while in cache). Columns are
-    independent products, so the values are one product's over all rows; as
-    one GEMM on the caller's thread the product was a serial section (~1.2
-    ms of a 128 x 8960 FFN stretch's ~8:
-    docs/notes/2026-12-06-qwen-prefill-host.md). The caller holds `mix` from
-    load (looked up at each call, block_mix hashed the factor's ~5 KB)."""
+    time (a slab's mixed rows are quantized while in cache). For a
+    quantizer other than the int8 codes (the int4 nibbles'); the int8 out
+    edges take prefill_fused.mix_into_atoms, one compiled call a range."""
 
     def part(lo: int, hi: int) -> None:
         for s in range(lo, hi, _SLAB):
@@ -211,30 +207,40 @@ def mix_then_quantize(mix: Callable[[np.ndarray, np.ndarray, int, int], None], r
     over_ranges(part, rotated.shape[1] // block, threads)
 
 
-_MIXES: dict = {}  # a factor's bytes -> its product (a few factors a model)
+_FACTORS: dict = {}  # a factor's bytes -> its operands (a few factors a model)
+_NO_SPLIT = (np.zeros((0, 0), F32), np.zeros((0, 0), F32), np.zeros((0, 0), np.int64), np.zeros((0, 0), np.int64))
+
+
+def factor_operands(factor: np.ndarray) -> tuple:
+    """prefill_rows.factor_mix's operands for a block-mixing factor: (factor,
+    h1, h2, pin, pout), a Hartley factor of coprime composite order (Qwen2.5's
+    C35 at K = 8960) in its prime-factor form (12 multiply-adds a value for
+    35), any other (h1 empty) by its own product. Looked up once at load (the
+    factor's ~5 KB hashed)."""
+    key = (factor.shape, factor.tobytes())
+    ops = _FACTORS.get(key)
+    if ops is None:
+        m, f = factor.shape[0], np.ascontiguousarray(factor, F32)
+        split = hartley_split(m) if np.array_equal(factor, hartley_matrix(m).astype(F32)) else None
+        if split is None:
+            ops = (f, *_NO_SPLIT)
+        else:
+            m1, m2, pin, pout = split
+            ops = (f, hartley_matrix(m1).astype(F32), hartley_matrix(m2).astype(F32), pin, pout)
+        _FACTORS[key] = ops
+    return ops
+
+
+_NO_PEAK = np.zeros(0, np.uint32)
 
 
 def block_mix(factor: np.ndarray) -> Callable[[np.ndarray, np.ndarray, int, int], None]:
-    """mix(x, out, lo, hi): out[:, lo:hi] = factor @ x[:, lo:hi]. A Hartley
-    factor of coprime composite order (Qwen2.5's C35 at K = 8960) in its
-    prime-factor form (prefill_rows.hartley_mix: 12 multiply-adds a value
-    for 35; 128 x 8960: 1.73 -> 1.34 ms, one thread); any other, numpy's
-    product (BLAS sums)."""
-    key = (factor.shape, factor.tobytes())
-    mix = _MIXES.get(key)
-    if mix is None:
-        m = factor.shape[0]
-        split = hartley_split(m) if np.array_equal(factor, hartley_matrix(m).astype(F32)) else None
-        if split is None:
-            def mix(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
-                np.matmul(factor, x[:, lo:hi], out=out[:, lo:hi])
-        else:
-            m1, m2, pin, pout = split
-            h1, h2 = hartley_matrix(m1).astype(F32), hartley_matrix(m2).astype(F32)
+    """mix(x, out, lo, hi): out[:, lo:hi] = factor @ x[:, lo:hi]
+    (prefill_rows.factor_mix with factor_operands', no peaks)."""
+    ops = factor_operands(factor)
 
-            def mix(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
-                prefill_rows.hartley_mix(x, out, h1, h2, pin, pout, lo, hi)
-        _MIXES[key] = mix
+    def mix(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+        prefill_rows.factor_mix(x, out, *ops, lo, hi, 1, 0, _NO_PEAK)
     return mix
 
 

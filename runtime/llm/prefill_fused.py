@@ -13,8 +13,7 @@ the atoms' own order instead (runtime/llm/prefill_rows.py).
 The values are float32 computations within float32 tolerance of the
 per-step path (issue 37; tests/llm/test_prefill_fused.py states the
 tolerances). A rotation with a block-mixing factor leaves its rotated rows
-for the caller's product (fused_rows.block_mix) and
-`quantize_blocks_into_atoms` takes them from there.
+for `mix_into_atoms`: the factor's product and the codes, after the tiles.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from rkc.runtime.half import narrow_value, widen_value
 from rkc.runtime.llm.prefill_kernels import (_F32_JIT, _JIT, LANES, _butterflies, _hadamard_stages, _load_tile,
                                              _magnitude_peak, _signed_tile, activation, butterfly_stages,
                                              int8_code, int8_scale, rotated_row_scale, scaled_amax)
-from rkc.runtime.llm.prefill_rows import _INT32_C2, _ffn_rotated_rows, _residual_rotated_rows
+from rkc.runtime.llm.prefill_rows import _INT32_C2, _ffn_rotated_rows, _residual_rotated_rows, factor_mix
 
 IN_HALF, IN_DEQUANT = 0, 1
 OUT_HALF, OUT_QUANT, OUT_ROTATED = 0, 1, 2  # fp16 atoms; int8 atoms (+ scale); rotated rows for a factor
@@ -482,18 +481,28 @@ def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
     the padding rows zeroed by the call whose range ends at M. Two passes in
     x's memory order (a row's blocks lie M x block apart: row by row, every
     block is a fresh page), the first keeping each row's largest magnitude
-    (_magnitude_peak: a NaN kept), the second writing the codes one atom (C2 channels,
-    contiguous on both sides) at a time when a block is a whole number of
-    atoms (block and C2 powers of two, block >= C2)."""
+    (_magnitude_peak: a NaN kept), the second the codes (_block_codes)."""
     blocks = x.shape[0]
-    rows = x.shape[1] // block
-    c1, _, c2 = q.shape
-    k = blocks * block
     bits = x.view(np.uint32)
     peak = np.zeros(hi - lo, np.uint32)
     for b in range(blocks):
         for m in range(lo, hi):
             peak[m - lo] = _magnitude_peak(bits[b, m * block:(m + 1) * block], peak[m - lo])
+    _block_codes(x, block, q, scale, peak, lo, hi)
+
+
+@njit(**_JIT)
+def _block_codes(x, block, q, scale, peak, lo, hi):
+    """The codes of rows lo..hi-1 of x by blocks (quantize_blocks_into_atoms')
+    given each row's largest magnitude's bits peak[m - lo]: scale[m] = peak /
+    127 (1 for a zero row), the codes one atom (C2 channels, contiguous on
+    both sides) at a time when a block is a whole number of atoms (block and
+    C2 powers of two, block >= C2); the padding rows zeroed by the call
+    whose range ends at M."""
+    blocks = x.shape[0]
+    rows = x.shape[1] // block
+    c1, _, c2 = q.shape
+    k = blocks * block
     amaxes = peak.view(np.float32)
     for m in range(lo, hi):
         amax = amaxes[m - lo]
@@ -524,6 +533,27 @@ def quantize_blocks_into_atoms(x, block, q, scale, lo, hi):
                         q[a, m, c] = 0
     if hi == rows:
         zero_rows(q, rows)
+
+
+_MIX_SLAB = LANES  # rows of a factor's product then codes at once: 573 KB of mixed rows at K = 8960 (an L2)
+
+
+@njit(**_F32_JIT)
+def mix_into_atoms(x, mixed, factor, h1, h2, pin, pout, block, q, scale, lo, hi):
+    """Rows lo..hi-1 of rotated rows by blocks x [K / block, M x block] (an
+    out edge's, for a rotation with a block-mixing factor): the factor's
+    product into `mixed` (prefill_rows.factor_mix: in prime-factor form
+    when h1 has rows) by slabs of _MIX_SLAB rows, each row's largest
+    magnitude taken as the product's last pass writes it, then the slab's
+    int8 codes into the atoms q and its scales (_block_codes) while its
+    mixed rows are in cache. One compiled call a range of rows (disjoint
+    ranges may run at once on other threads); the padding rows zeroed by
+    the call whose range ends at M."""
+    for s in range(lo, hi, _MIX_SLAB):
+        e = min(hi, s + _MIX_SLAB)
+        peak = np.zeros(e - s, np.uint32)
+        factor_mix(x, mixed, factor, h1, h2, pin, pout, s * block, e * block, block, s, peak)
+        _block_codes(mixed, block, q, scale, peak, s, e)
 
 
 @njit(**_JIT)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rkc.runtime.llm.prefill_kernels import _F32_JIT, LANES, activation
+from rkc.runtime.llm.prefill_kernels import _F32_JIT, LANES, _magnitude_peak, activation
 
 _INT32_C2 = 4  # channels of an int32 atom (16 bytes)
 
@@ -325,16 +325,16 @@ def _ffn_rotated_rows(gate, gate_rs, gate_ch, gate_bias, gate_has_bias, up, up_r
                               rotated[c0 // block])
 
 
-_MIX_COLUMNS = 1024  # columns of hartley_mix's passes at once: [m, 1024] float32 scratch, 140 KB at m = 35 (L2)
+_MIX_COLUMNS = 1024  # columns of a factor's passes at once: [m, 1024] float32 scratch, 140 KB at m = 35 (L2)
 
 
 @njit(**_F32_JIT)
-def _mix_pass(src, rows, h, s0, w, dst, drows):
-    """dst[drows[k], :w] = sum_n h[k, n] src[rows[n], s0:s0 + w] (rows of C-order 2-d arrays: each run
+def _mix_pass(src, rows, h, s0, w, dst, drows, d0):
+    """dst[drows[k], d0:d0 + w] = sum_n h[k, n] src[rows[n], s0:s0 + w] (rows of C-order 2-d arrays: each run
     a contiguous 1-d view taken as a slice first, so each multiply-add pass is one vector loop: indexed
     src[r, s0 + j], a possibly negative index (numba wraps those) kept it scalar, 2.5x the time)."""
     for k in range(h.shape[0]):
-        d = dst[drows[k]]
+        d = dst[drows[k], d0:d0 + w]
         c, s = h[k, 0], src[rows[0], s0:s0 + w]
         for j in range(w):
             d[j] = c * s[j]
@@ -351,13 +351,48 @@ def _mix_pass(src, rows, h, s0, w, dst, drows):
 
 
 @njit(**_F32_JIT)
-def hartley_mix(x, out, h1, h2, pin, pout, lo, hi):
+def _run_peaks(run, c0, block, row0, peak):
+    """peak[m - row0] = max(itself, the largest magnitude's bits of row m's values in `run`), `run`
+    holding columns c0.. of a row of blocks (row m: columns m block..(m + 1) block - 1), read right
+    after the pass that wrote it (in L1); nothing when peak is empty."""
+    if peak.shape[0] == 0:
+        return
+    bits, w, j = run.view(np.uint32), run.shape[0], 0
+    while j < w:
+        m = (c0 + j) // block
+        e = min(w, (m + 1) * block - c0)
+        peak[m - row0] = _magnitude_peak(bits[j:e], peak[m - row0])
+        j = e
+
+
+@njit(**_F32_JIT)
+def factor_mix(x, out, factor, h1, h2, pin, pout, lo, hi, block, row0, peak):
+    """out[:, lo:hi] = factor @ x[:, lo:hi] (x and out C order, [m, columns]):
+    in prime-factor form when h1 has rows (hartley_mix), else the factor's
+    product, two inputs a pass; with a non-empty `peak`, the largest
+    magnitude's bits of each row of blocks (columns m block..: row m,
+    peak[m - row0]) taken from the last pass's output while in L1
+    (_run_peaks), not by another pass over `out`."""
+    if h1.shape[0] > 0:
+        hartley_mix(x, out, h1, h2, pin, pout, lo, hi, block, row0, peak)
+        return
+    m = factor.shape[0]
+    rows = np.arange(m)
+    for c0 in range(lo, hi, _MIX_COLUMNS):
+        w = min(_MIX_COLUMNS, hi - c0)
+        _mix_pass(x, rows, factor, c0, w, out, rows, c0)
+        for r in range(m):
+            _run_peaks(out[r, c0:c0 + w], c0, block, row0, peak)
+
+
+@njit(**_F32_JIT)
+def hartley_mix(x, out, h1, h2, pin, pout, lo, hi, block, row0, peak):
     """out[:, lo:hi] = H_m x[:, lo:hi] for the order-m Hartley factor in its
     prime-factor form (hadamard.hartley_split: m = m1 m2 coprime, h1 and h2
     their orthonormal Hartley matrices, pin and pout the index maps): H_m1
     along n1, H_m2 along n2, then the four-term cas identity; m1 + m2
     multiply-adds a value where numpy's product takes m (x and out C order,
-    [m, columns])."""
+    [m, columns]); the peaks as factor_mix's."""
     m1, m2 = h1.shape[0], h2.shape[0]
     t = np.empty((m1 * m2, _MIX_COLUMNS), np.float32)  # row k1 m2 + n2: H_m1 applied
     u = np.empty((m1 * m2, _MIX_COLUMNS), np.float32)  # row k1 m2 + k2: then H_m2
@@ -366,10 +401,10 @@ def hartley_mix(x, out, h1, h2, pin, pout, lo, hi):
     for c0 in range(lo, hi, _MIX_COLUMNS):
         w = min(_MIX_COLUMNS, hi - c0)
         for n2 in range(m2):
-            _mix_pass(x, pin[:, n2], h1, c0, w, t, stride + n2)
+            _mix_pass(x, pin[:, n2], h1, c0, w, t, stride + n2, 0)
         for k1 in range(m1):
             r = np.arange(m2) + k1 * m2
-            _mix_pass(t, r, h2, 0, w, u, r)
+            _mix_pass(t, r, h2, 0, w, u, r, 0)
         for k1 in range(m1):
             r1 = (m1 - k1) % m1
             for k2 in range(m2):
@@ -378,3 +413,4 @@ def hartley_mix(x, out, h1, h2, pin, pout, lo, hi):
                 o = out[pout[k1, k2], c0:c0 + w]
                 for j in range(w):
                     o[j] = half * ((a[j] + b[j]) + (e[j] - f[j]))
+                _run_peaks(o, c0, block, row0, peak)

@@ -25,7 +25,7 @@ from rkc.ir.program import Step, TensorInfo
 from rkc.runtime.execute import to_layout
 from rkc.runtime.kernels.hadamard import hartley_matrix, make_rotation, rotate
 from rkc.runtime.llm import prefill_fused as pf
-from rkc.runtime.llm.fused_rows import block_mix, mix_then_quantize
+from rkc.runtime.llm.fused_rows import block_mix, factor_operands, mix_then_quantize
 from rkc.runtime.llm.prefill_kernels import LANES
 from rkc.runtime.llm.threads import over_ranges
 from rkc.runtime.llm import kernels, prepared
@@ -35,11 +35,51 @@ F32 = np.float32
 
 
 def _mix_then_quantize(rot, rotated: np.ndarray, dst: np.ndarray, scale: np.ndarray) -> None:
-    """The factor's product and the codes as fused_rows._OutEdge.finish runs them (by slabs of rows on the
-    pool's threads)."""
+    """The factor's product and the codes as fused_rows._OutEdge.finish runs them (mix_into_atoms, one
+    call a range of rows on the pool's threads)."""
     mixed, block = np.full_like(rotated, np.nan), rot.block
-    mix_then_quantize(block_mix(rot.factor.astype(F32)), rotated, mixed, block,
-                      lambda lo, hi: pf.quantize_blocks_into_atoms(mixed, block, dst, scale, lo, hi))
+    args = (rotated, mixed, *factor_operands(rot.factor.astype(F32)), block, dst, scale)
+    over_ranges(lambda lo, hi: pf.mix_into_atoms(*args, lo, hi), rotated.shape[1] // block)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 37, 80])
+@pytest.mark.parametrize("k,kind", [(1536, "auto"), (8960, "auto"), (640, "auto"), (3072, "hartley"), (240, "hartley"),
+                                    (80, "kron")])
+def test_mix_into_atoms_matches_a_float64_reference(rows, k, kind):
+    """prefill_fused.mix_into_atoms (the factor's product by slabs of rows, the peaks taken as the last
+    pass writes them, then the codes) over disjoint ranges of rows on two threads: the mixed rows F @
+    rotated within float32 rounding of float64 (4e-6 of the largest |value|; Paley's 12 and 20, the latter
+    on blocks of 4, narrower than an atom; Hartley's C35 and C15 in prime-factor form, C3 by its product),
+    each row's scale max|mixed| / 127 exactly (a zero row's 1, a NaN row's 1), codes clip(rint(mixed /
+    scale)) exactly; channels past K and the padding rows zeroed."""
+    rot = make_rotation(k, kind)
+    block, blocks = rot.block, k // rot.block
+    rng = np.random.default_rng(rows + k)
+    rotated = (rng.standard_normal((blocks, rows * block)) * 3).astype(F32)
+    if rows > 3:
+        rotated[:, block:2 * block] = 0.0  # row 1: zero
+        rotated[blocks // 2, 2 * block + block // 2] = np.nan  # row 2: a NaN, through the product into every block
+    out_bt, _, _ = _operand(rows, k, "int8")
+    dst, stored = out_bt.atoms, out_bt.atoms.shape[1]
+    scale = np.full(rows, -1.0, F32)
+    mixed = np.full_like(rotated, np.nan)
+    args = (rotated, mixed, *factor_operands(rot.factor.astype(F32)), block, dst, scale)
+    over_ranges(lambda lo, hi: pf.mix_into_atoms(*args, lo, hi), rows, threads=2)
+    want = rot.factor.astype(np.float64) @ rotated.astype(np.float64)
+    finite = np.isfinite(want)
+    assert np.all(np.abs(mixed[finite] - want[finite]) <= 4e-6 * np.abs(want[finite]).max())
+    y = mixed.reshape(blocks, rows, block).transpose(1, 0, 2).reshape(rows, k)  # rows in channel order
+    with np.errstate(invalid="ignore"):
+        peak = np.abs(y).max(axis=1)
+        want_scale = np.where(peak > 0, peak / F32(127.0), F32(1.0)).astype(F32)
+        codes_want = np.clip(np.rint(y / want_scale[:, None]), -127, 127)
+    np.testing.assert_array_equal(scale, want_scale)
+    if rows > 3:
+        assert scale[1] == 1.0 and scale[2] == 1.0
+    codes = np.asarray(dst.transpose(1, 0, 2).reshape(stored, -1), np.int32)
+    ok = np.isfinite(codes_want)
+    np.testing.assert_array_equal(codes[:rows, :k][ok], codes_want[ok])
+    assert not codes[:rows, k:].any() and not codes[rows:].any()
 
 
 @pytest.mark.parametrize("rows", [1, 16, 37, 80])
