@@ -80,8 +80,8 @@ _ATOM = 8  # fp16 lanes of a GEMM output atom (layout.c2_for(2))
 # The weights are rounded to fp16 (half an ulp: 2^-11 of the value), so exp needs far less than
 # float32's last bits: it is taken as 2^v with log2(e) folded into the scale (one multiply per
 # score), v = k + r, k = round(v), and 2^r for |r| <= 1/2 by a degree-5 polynomial (a
-# relative-error fit, /tmp-free: the coefficients below; 7.5e-8 in float64, 2.3e-7 evaluated in
-# float32), against exp_f32's range reduction in two parts and degree 7 (the LLM's kernels keep
+# least-squares fit of the relative error, reweighted towards its peaks: 7.5e-8 in float64, 2.3e-7
+# evaluated in float32), against exp_f32's range reduction in two parts and degree 7 (the LLM's kernels keep
 # theirs). The maxima are taken on the fp16 scores as 16-bit keys (16 lanes a vector, no widened
 # copy): scaling by a positive number keeps their order, so the row's maximum scaled is the
 # maximum of the scaled scores exactly.
@@ -210,7 +210,8 @@ def _groups_into_kernels(atoms, rows, n, c, kg, out, lo, hi):
     """Kernel groups [lo, hi) of P^T's fp16 weights `out` (flat bits, pack_weights' order: kernel
     groups of kg kernels of cp = n rounded up to the atom, each group's whole 32-channel tiles
     then its last shorter one) <- the softmax of scale times query rows [g kg, g kg + kg) of the
-    fp16 scores atoms [C1, >= rows, 8] (bits, N = n keys); kernels from `rows` on zero."""
+    fp16 scores atoms [C1, >= rows, 8] (bits, N = n keys), c = scale log2(e); kernels from `rows`
+    on zero."""
     c1, stored, _ = atoms.shape
     flat = atoms.reshape(c1 * stored * _ATOM)  # C-contiguous (softmax_into_weights checks)
     units = (n + _ATOM - 1) // _ATOM
@@ -251,8 +252,8 @@ def _groups_into_kernels(atoms, rows, n, c, kg, out, lo, hi):
 def _groups_into_atoms(atoms, rows, n, c, kg, out, lo, hi):
     """Row groups [lo, hi) (kg query rows each) of P's fp16 atoms `out` [C1, stored, 8] (bits,
     the scores' own layout: the next product's A) <- the softmax of scale times those rows of
-    the fp16 scores `atoms` (the same layout; `out` may be `atoms`: a group's rows are all read
-    before any is written); stored rows past `rows` zero."""
+    the fp16 scores `atoms` (the same layout; `out` may be `atoms`: every row's maximum is taken
+    before any row is written), c = scale log2(e); stored rows past `rows` zero."""
     c1, stored, _ = atoms.shape
     flat, into = atoms.reshape(c1 * stored * _ATOM), out.reshape(c1 * stored * _ATOM)
     units = (n + _ATOM - 1) // _ATOM
@@ -309,8 +310,8 @@ def softmax_into_weights(atoms: np.ndarray, m: int, n: int, out: np.ndarray, sca
         raise ValueError(f"softmax_into_weights: {list(atoms.shape)} atoms or {out.size} weights "
                          f"do not hold [{m}, {n}] scores")
     groups = kernels // kg
-    over_rows(lambda lo, hi: _groups_into_kernels(atoms, m, n, np.float32(scale * _LOG2E), kg, out[:kernels * cp], lo, hi),
-              groups, m * n)
+    c = np.float32(scale * _LOG2E)
+    over_rows(lambda lo, hi: _groups_into_kernels(atoms, m, n, c, kg, out[:kernels * cp], lo, hi), groups, m * n)
 
 
 def softmax_into_atoms(atoms: np.ndarray, m: int, n: int, out: np.ndarray, scale: float = 1.0) -> None:
@@ -323,4 +324,5 @@ def softmax_into_atoms(atoms: np.ndarray, m: int, n: int, out: np.ndarray, scale
         raise ValueError(f"softmax_into_atoms: {list(atoms.shape)} atoms into {list(out.shape)} "
                          f"do not hold [{m}, {n}] scores")
     groups = -(-atoms.shape[1] // kg)
-    over_rows(lambda lo, hi: _groups_into_atoms(atoms, m, n, np.float32(scale * _LOG2E), kg, out, lo, hi), groups, m * n)
+    c = np.float32(scale * _LOG2E)
+    over_rows(lambda lo, hi: _groups_into_atoms(atoms, m, n, c, kg, out, lo, hi), groups, m * n)
