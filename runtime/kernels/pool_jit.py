@@ -334,8 +334,8 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     3x3/2 pool compares as often either way, and one pass writes no rows).
     fp16 is pooled as uint16 keys that order as the values do (numba has no
     fp16), made as each value is read. Maps whose pixels are whole 16-byte units
-    (an NPU feature map's planes: 16 int8 or 8 fp16 lanes) take `_fused_max`, whose
-    loops all run the length of a row: the window kernels' lane loop per tap cost
+    (an NPU feature map's planes: 16 int8 or 8 fp16 lanes) take `_fused_max` (`_plane_max`
+    at stride 1), whose loops all run the length of a row: the window kernels' lane loop per tap cost
     more in its setup than the comparisons (ResNet-50's int8 stem pool, 64x112x112
     3x3/2: 0.45 ms CPU before, 0.07-0.13 after, one thread)."""
     n, c = x.shape[:2]
