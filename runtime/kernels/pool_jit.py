@@ -277,6 +277,44 @@ def _fused_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
             dst[j] = _atom_value(acc[j], dst[j])
 
 
+@njit(cache=True, nogil=True)
+def _plane_max(x, low, b, kh, kw, dy, dx, pt, pl, out, lo, hi):
+    """A stride-1 pool of whole planes [lo, hi): x [P, H, W * b] (fp16 as bits), out [P, OH,
+    OW * b] of x's dtype, b elements a pixel, keys (`_atom_key`) of `low` where a window leaves
+    the map. Each plane is keyed into a padded copy (pt, pl low pixels before the map, low ones
+    after it to the last a window reaches), and both passes run over the whole plane as one flat
+    line, three taps a pass: the map rows' maxima (taps dx b elements apart; the positions past a
+    row's last window are computed and never read; the padding rows' stay low), then the
+    columns' (taps dy rows apart). A row at a time (`_fused_max`), a small map's rows (YOLO's
+    SPPF: 20 pixels of 8 lanes) paid the setup of five or six short loops each
+    (docs/notes/2026-12-07-yolo-host-4.md)."""
+    h, w = x.shape[1], x.shape[2] // b
+    oh, ow = out.shape[1], out.shape[2] // b
+    wp = max(pl + w, ow + (kw - 1) * dx)  # padded pixels a row
+    hp = max(pt + h, oh + (kh - 1) * dy)  # padded rows
+    row = wp * b
+    padded = np.full(hp * row, low)  # its pad pixels stay low: each plane writes the map's pixels only
+    across = np.full(hp * row, low)  # the padding rows' maxima: low, never written
+    down = np.empty(oh * row, padded.dtype)
+    first, n_across, n_down = pt * row, h * row - (kw - 1) * dx * b, oh * row
+    for p in range(lo, hi):
+        for y in range(h):
+            src, dst = x[p, y], padded[(pt + y) * row + pl * b:(pt + y) * row + (pl + w) * b]
+            for i in range(dst.shape[0]):
+                dst[i] = _atom_key(src[i])
+        for g in range(0, kw, 3):
+            a, c, e = first + g * dx * b, first + min(g + 1, kw - 1) * dx * b, first + min(g + 2, kw - 1) * dx * b
+            _rows_max(padded[a:a + n_across], padded[c:c + n_across], padded[e:e + n_across], g == 0,
+                      across[first:first + n_across])
+        for g in range(0, kh, 3):
+            a, c, e = g * dy * row, min(g + 1, kh - 1) * dy * row, min(g + 2, kh - 1) * dy * row
+            _rows_max(across[a:a + n_down], across[c:c + n_down], across[e:e + n_down], g == 0, down)
+        for oy in range(oh):
+            src, dst = down[oy * row:oy * row + ow * b], out[p, oy]
+            for j in range(dst.shape[0]):
+                dst[j] = _atom_value(src[j], dst[j])
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _taps_max(a, c, e, dst):
     """dst[j] = the value of the largest of keys a[j], c[j], e[j]."""
@@ -296,8 +334,8 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     3x3/2 pool compares as often either way, and one pass writes no rows).
     fp16 is pooled as uint16 keys that order as the values do (numba has no
     fp16), made as each value is read. Maps whose pixels are whole 16-byte units
-    (an NPU feature map's planes: 16 int8 or 8 fp16 lanes) take `_fused_max`, whose
-    loops all run the length of a row: the window kernels' lane loop per tap cost
+    (an NPU feature map's planes: 16 int8 or 8 fp16 lanes) take `_fused_max` (`_plane_max`
+    at stride 1), whose loops all run the length of a row: the window kernels' lane loop per tap cost
     more in its setup than the comparisons (ResNet-50's int8 stem pool, 64x112x112
     3x3/2: 0.45 ms CPU before, 0.07-0.13 after, one thread)."""
     n, c = x.shape[:2]
@@ -358,7 +396,8 @@ def atoms_pooler(dtype, in_shape, out_shape, kernel, strides, dilations, begin, 
     if low is None:
         low = np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
     low = np.int16(_sign_key(np.asarray(low, np.float16).view(np.uint16)[()])) if half else dtype.type(low)  # a key
-    units, jobs = c2 * dtype.itemsize // 16, c1 * out_shape[1]
+    planes = (sy, sx) == (1, 1)  # whole planes a pass (`_plane_max`); output rows otherwise
+    units, jobs = c2 * dtype.itemsize // 16, c1 if planes else c1 * out_shape[1]
     # threads by the output's size: these passes cost ~0.1 ns an input element, so the input's
     # count overstated the work (the 64x112x112 int8 stem pool: 0.068 ms CPU on one thread, 0.094 on two)
     threads = threads_for(int(np.prod(out_shape)))
@@ -375,7 +414,10 @@ def atoms_pooler(dtype, in_shape, out_shape, kernel, strides, dilations, begin, 
         dense = target if target.flags.c_contiguous else np.empty(out_shape, codes_dtype)
         rows = dense.reshape(c1, out_shape[1], -1)
         def run(lo: int, hi: int) -> None:
-            _fused_max(codes, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, rows, lo, hi)
+            if planes:
+                _plane_max(codes, low, c2, kh, kw, dy, dx, pt, pl, rows, lo, hi)
+            else:
+                _fused_max(codes, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, rows, lo, hi)
         if threads == 1:
             run(0, jobs)
         else:

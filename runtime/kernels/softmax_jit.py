@@ -9,7 +9,7 @@ transposed, P V^T: compiler/passes/heads.py; `softmax_into_atoms`), or as P^T [N
 its run-time weights ("native-weights": kernel m is P's row m, channels grouped by 32,
 kernels by 16, ir/npu/layout.py's pack_weights; `softmax_into_weights`). One pass per
 group of 16 query rows reads their scores where the NPU wrote them, takes the softmax in
-float32 (exp: prefill_kernels.exp_f32's polynomial, vectorised) and writes the rows,
+float32 (exp as 2^v by a short polynomial, vectorised: below) and writes the rows,
 rounded to fp16, straight into their atoms or kernels: no widened copy, no transpose, no
 pack (four passes over M x N before). Row groups are shared by the host threads
 (runtime/kernels/threads.py).
@@ -23,7 +23,7 @@ from numba import njit
 from rkc.ir.npu import layout
 from rkc.runtime.half import narrow_value, widen_value
 from rkc.runtime.kernels.threads import over_rows
-from rkc.runtime.llm.prefill_kernels import exp_f32, exp_parts
+from rkc.runtime.llm.prefill_kernels import exp_parts
 
 # the maximum and the sum reassociate (vectorised); no nnan/ninf: a row of -inf scores stays NaN as numpy's
 _JIT = {"cache": True, "nogil": True, "fastmath": {"reassoc", "contract", "nsz", "arcp"}}
@@ -71,36 +71,78 @@ def _softmax_into(src, dst, n, bits, lanes):
 _ATOM = 8  # fp16 lanes of a GEMM output atom (layout.c2_for(2))
 
 
-# The pass below works on one kernel group (kg query rows) at a time: its rows' atoms of one key
+# The passes below work on one kernel group (kg query rows) at a time: its rows' atoms of one key
 # group lie side by side ([kg rows, 8 keys], 256 bytes), so every loop runs over kg * 8
 # contiguous elements, which LLVM vectorises; a row at a time read 8 keys every 6.4 KB and its
 # per-atom loops stayed scalar. 400x400 head, one thread: 0.35-0.46 -> 0.15-0.2 ms (2026-12-07
 # notes). Unsigned positions: a signed one makes numba test each index for wraparound (scalar).
-@njit(inline="always")
-def _widened(src, dst, scale):
-    for i in range(dst.size):
-        u = np.uint64(i)
-        dst[u] = widen_value(src[u]) * scale
+#
+# The weights are rounded to fp16 (half an ulp: 2^-11 of the value), so exp needs far less than
+# float32's last bits: it is taken as 2^v with log2(e) folded into the scale (one multiply per
+# score), v = k + r, k = round(v), and 2^r for |r| <= 1/2 by a degree-5 polynomial (a
+# least-squares fit of the relative error, reweighted towards its peaks: 7.5e-8 in float64, 2.3e-7
+# evaluated in float32), against exp_f32's range reduction in two parts and degree 7 (the LLM's kernels keep
+# theirs). The maxima are taken on the fp16 scores as 16-bit keys (16 lanes a vector, no widened
+# copy): scaling by a positive number keeps their order, so the row's maximum scaled is the
+# maximum of the scaled scores exactly.
+_LOG2E = 1.4426950408889634
+_EXP2_LO, _EXP2_HI = np.float32(-126.0), np.float32(127.0)  # 2^k stays a normal float32
+_P0, _P1, _P2 = np.float32(1.0000001192092896), np.float32(0.6931469440460205), np.float32(0.24022118747234344)
+_P3, _P4, _P5 = np.float32(0.055507078766822815), np.float32(0.009675555862486362), np.float32(0.0013278163969516754)
 
 
 @njit(inline="always")
-def _larger(x, m, into):
-    """into = the lane-wise maximum of x and m, a NaN in x passed over (vmaxps). `into` is not
-    `m`: written back into m LLVM makes the store a masked one (vmaskmovps, x NaN -> m unchanged),
-    microcoded on x86 (0.08 against 0.015 ms for 160k maxima)."""
-    for i in range(into.size):
-        u = np.uint64(i)
-        v, w = x[u], m[u]
-        into[u] = v if v > w else w
+def _exp2(v):
+    """2^v in float32 (relative error < 3e-7; v clamped to [-126, 127])."""
+    v = min(max(v, _EXP2_LO), _EXP2_HI)
+    k = np.floor(v + np.float32(0.5))
+    r = v - k  # exact
+    p = ((((_P5 * r + _P4) * r + _P3) * r + _P2) * r + _P1) * r + _P0
+    return p * np.int32((np.int32(k) + np.int32(127)) << 23).view(np.float32)
 
 
 @njit(inline="always")
-def _exp_summed(x, mx, sums):
-    """x = exp(x - mx) in place, sums += x (lane-wise)."""
-    for i in range(x.size):
+def _key(bits, flip):
+    """fp16 bits -> an int16 in the values' order (a sign-magnitude number's negative half
+    flipped; its own inverse), all bits flipped too where `flip` is -1 (a negative scale: the
+    largest scaled score is the least score). A NaN sorts past +-inf (positive NaNs at the top:
+    a row holding one is NaN throughout, as numpy's softmax)."""
+    s = np.int16(bits)
+    return np.int16(np.int16(s ^ ((s >> 15) & 0x7FFF)) ^ flip)
+
+
+@njit(inline="always")
+def _keys_larger(src, keys, tail, flip):
+    """keys = the lane-wise maximum of keys and src's keys (`_key`), lanes b >= tail of each
+    atom left alone (the last atom's padding: not scores)."""
+    least = np.int16(-0x8000)
+    for i in range(keys.size):
         u = np.uint64(i)
-        e = exp_f32(x[u] - mx[u])
-        x[u] = e
+        k = _key(src[u], flip) if (u & np.uint64(7)) < np.uint64(tail) else least
+        w = keys[u]
+        keys[u] = k if k > w else w
+
+
+@njit(inline="always")
+def _row_keys(keys, n):
+    """keys[8r:8r+8] = their maximum, rows r < n."""
+    for r in range(n):
+        x = keys[r * _ATOM]
+        for b in range(1, _ATOM):
+            y = keys[r * _ATOM + b]
+            x = y if y > x else x
+        keys[r * _ATOM:(r + 1) * _ATOM] = x
+
+
+@njit(inline="always")
+def _exp_summed(src, c, mx, t, sums, tail):
+    """t = 2^(c s - mx) of the fp16 scores `src` (lane-wise), sums += t; lanes b >= tail of
+    each atom (the last atom's padding) 0."""
+    for i in range(t.size):
+        u = np.uint64(i)
+        e = _exp2(widen_value(src[u]) * c - mx[u])
+        e = e if (u & np.uint64(7)) < np.uint64(tail) else np.float32(0.0)
+        t[u] = e
         sums[u] += e
 
 
@@ -112,61 +154,74 @@ def _narrowed(x, inv, q):
 
 
 @njit(inline="always")
-def _lanes_combined(v, n, larger):
-    """v[8r:8r+8] = their maximum (larger) or their sum's reciprocal (not larger), rows r < n."""
+def _reciprocals(v, n):
+    """v[8r:8r+8] = 1 / their sum, rows r < n."""
     for r in range(n):
         x = v[r * _ATOM]
         for b in range(1, _ATOM):
-            y = v[r * _ATOM + b]
-            x = (y if y > x else x) if larger else x + y
-        if not larger:
-            x = np.float32(1.0) / x
-        v[r * _ATOM:(r + 1) * _ATOM] = x
+            x = x + v[r * _ATOM + b]
+        v[r * _ATOM:(r + 1) * _ATOM] = np.float32(1.0) / x
 
 
 @njit(inline="always")
-def _group_exps(flat, stored, m0, live, n, scale, t, mx, other, inv):
-    """t[a kg 8 + 8 r + b] <- exp(scale s - the row's maximum) of query row m0 + r, key 8a + b,
-    rows [m0, m0 + live) of the fp16 scores `flat` (bits of atoms [C1, stored, 8]); inv[8 r + b]
-    <- 1 / the row's sum. Keys past n (the last atom's padding lanes) count as -inf: exp gives
-    ~1e-38 there, rounded to fp16 zero (the padding the next product reads)."""
+def _row_maxima(flat, stored, r0, r1, n, c):
+    """mx[8 (r - r0) + b] <- the maximum of c s over query row r's keys (every lane b), rows
+    [r0, r1) of the fp16 scores `flat` (bits of atoms [C1, stored, 8]). One pass a key group over
+    its rows' atoms, which lie one after another: read in the order they are stored, the scores
+    are streamed from memory (the per-group passes that follow then find them in the cache);
+    group by group, 16 rows' atoms of one key group (256 bytes) every 6.4 KB missed the
+    prefetcher: a 400x400 head took ~2x its warm time when cold."""
     units = (n + _ATOM - 1) // _ATOM  # key groups: one atom of each row
-    width = mx.size  # one key group of a kernel group's rows
-    span = live * _ATOM
-    for a in range(units):
-        at = a * stored * _ATOM + m0 * _ATOM
-        _widened(flat[at:at + span], t[a * width:a * width + span], scale)
+    span = (r1 - r0) * _ATOM
     tail = n - (units - 1) * _ATOM  # keys in the last atom
-    if tail < _ATOM:
-        for r in range(live):
-            t[(units - 1) * width + r * _ATOM + tail:(units - 1) * width + (r + 1) * _ATOM] = -np.inf
-    mx[:span] = t[:span]
-    for a in range(1, units):
-        _larger(t[a * width:a * width + span], mx[:span], other[:span])
-        mx, other = other, mx
-    _lanes_combined(mx, live, True)
+    flip = np.int16(0) if c >= 0 else np.int16(-1)
+    keys = np.full(span, np.int16(-0x8000))
+    for a in range(units):
+        at = (a * stored + r0) * _ATOM
+        _keys_larger(flat[at:at + span], keys, tail if a == units - 1 else _ATOM, flip)
+    _row_keys(keys, r1 - r0)
+    mx = np.empty(span, np.float32)
+    for i in range(span):  # the key back to its fp16 bits, then scaled as every score is
+        k = np.int16(keys[i] ^ flip)
+        mx[i] = widen_value(np.uint16(np.int16(k ^ ((k >> 15) & 0x7FFF)))) * c
+    return mx
+
+
+@njit(inline="always")
+def _group_exps(flat, stored, m0, live, n, c, t, mx, inv):
+    """t[a kg 8 + 8 r + b] <- exp(scale s - the row's maximum) of query row m0 + r, key 8a + b,
+    rows [m0, m0 + live) of the fp16 scores `flat` (bits of atoms [C1, stored, 8]), computed as
+    2^(c s - mx), c = scale log2(e), mx their rows' maxima (`_row_maxima`); inv[8 r + b] <- 1 /
+    the row's sum. Keys past n (the last atom's padding lanes) are 0 in t and out of the sum."""
+    units = (n + _ATOM - 1) // _ATOM
+    width = inv.size  # one key group of a kernel group's rows
+    span = live * _ATOM
+    tail = n - (units - 1) * _ATOM
     inv[:span] = 0
     for a in range(units):
-        _exp_summed(t[a * width:a * width + span], mx[:span], inv[:span])
-    _lanes_combined(inv, live, False)
+        at = a * stored * _ATOM + m0 * _ATOM
+        _exp_summed(flat[at:at + span], c, mx, t[a * width:a * width + span], inv[:span],
+                    tail if a == units - 1 else _ATOM)
+    _reciprocals(inv, live)
 
 
 @njit(**_JIT)
-def _groups_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
+def _groups_into_kernels(atoms, rows, n, c, kg, out, lo, hi):
     """Kernel groups [lo, hi) of P^T's fp16 weights `out` (flat bits, pack_weights' order: kernel
     groups of kg kernels of cp = n rounded up to the atom, each group's whole 32-channel tiles
     then its last shorter one) <- the softmax of scale times query rows [g kg, g kg + kg) of the
-    fp16 scores atoms [C1, >= rows, 8] (bits, N = n keys); kernels from `rows` on zero."""
+    fp16 scores atoms [C1, >= rows, 8] (bits, N = n keys), c = scale log2(e); kernels from `rows`
+    on zero."""
     c1, stored, _ = atoms.shape
     flat = atoms.reshape(c1 * stored * _ATOM)  # C-contiguous (softmax_into_weights checks)
     units = (n + _ATOM - 1) // _ATOM
     cp = units * _ATOM
     width = kg * _ATOM
     t = np.empty(units * width, np.float32)
-    mx = np.empty(width, np.float32)
-    other = np.empty(width, np.float32)
     inv = np.empty(width, np.float32)
     q = np.empty(units * width, np.uint16)
+    r0 = min(lo * kg, rows)
+    mx = _row_maxima(flat, stored, r0, max(min(hi * kg, rows), r0), n, c)
     q64, out64 = q.view(np.uint64), out.view(np.uint64)  # 8 fp16 lanes = two 64-bit moves
     tile = layout.CHANNEL_GROUP
     for grp in range(lo, hi):
@@ -178,7 +233,7 @@ def _groups_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
         if live <= 0:
             continue
         span = live * _ATOM
-        _group_exps(flat, stored, m0, live, n, scale, t, mx, other, inv)
+        _group_exps(flat, stored, m0, live, n, c, t, mx[(m0 - r0) * _ATOM:(m0 - r0) * _ATOM + span], inv)
         for a in range(units):
             _narrowed(t[a * width:a * width + span], inv[:span], q[a * width:a * width + span])
         for a in range(units):  # atom (a, row r) -> tile a // 4 of the group, kernel r, channels 8 (a % 4) on
@@ -194,19 +249,19 @@ def _groups_into_kernels(atoms, rows, n, scale, kg, out, lo, hi):
 
 
 @njit(**_JIT)
-def _groups_into_atoms(atoms, rows, n, scale, kg, out, lo, hi):
+def _groups_into_atoms(atoms, rows, n, c, kg, out, lo, hi):
     """Row groups [lo, hi) (kg query rows each) of P's fp16 atoms `out` [C1, stored, 8] (bits,
     the scores' own layout: the next product's A) <- the softmax of scale times those rows of
-    the fp16 scores `atoms` (the same layout; `out` may be `atoms`: a group's rows are all read
-    before any is written); stored rows past `rows` zero."""
+    the fp16 scores `atoms` (the same layout; `out` may be `atoms`: every row's maximum is taken
+    before any row is written), c = scale log2(e); stored rows past `rows` zero."""
     c1, stored, _ = atoms.shape
     flat, into = atoms.reshape(c1 * stored * _ATOM), out.reshape(c1 * stored * _ATOM)
     units = (n + _ATOM - 1) // _ATOM
     width = kg * _ATOM
     t = np.empty(units * width, np.float32)
-    mx = np.empty(width, np.float32)
-    other = np.empty(width, np.float32)
     inv = np.empty(width, np.float32)
+    r0 = min(lo * kg, rows)  # (the maxima are taken before any row is written: `out` may be `atoms`)
+    mx = _row_maxima(flat, stored, r0, max(min(hi * kg, rows), r0), n, c)
     for grp in range(lo, hi):
         m0 = grp * kg
         live = min(kg, stored - m0)
@@ -217,7 +272,7 @@ def _groups_into_atoms(atoms, rows, n, scale, kg, out, lo, hi):
         if scored <= 0:
             continue
         span = scored * _ATOM
-        _group_exps(flat, stored, m0, scored, n, scale, t, mx, other, inv)
+        _group_exps(flat, stored, m0, scored, n, c, t, mx[(m0 - r0) * _ATOM:(m0 - r0) * _ATOM + span], inv)
         for a in range(units):
             at = (a * stored + m0) * _ATOM
             _narrowed(t[a * width:a * width + span], inv[:span], into[at:at + span])
@@ -284,8 +339,8 @@ def softmax_into_weights(atoms: np.ndarray, m: int, n: int, out: np.ndarray, sca
         raise ValueError(f"softmax_into_weights: {list(atoms.shape)} atoms or {out.size} weights "
                          f"do not hold [{m}, {n}] scores")
     groups = kernels // kg
-    over_rows(lambda lo, hi: _groups_into_kernels(atoms, m, n, np.float32(scale), kg, out[:kernels * cp], lo, hi),
-              groups, m * n)
+    c = np.float32(scale * _LOG2E)
+    over_rows(lambda lo, hi: _groups_into_kernels(atoms, m, n, c, kg, out[:kernels * cp], lo, hi), groups, m * n)
 
 
 def softmax_into_atoms(atoms: np.ndarray, m: int, n: int, out: np.ndarray, scale: float = 1.0) -> None:
@@ -298,4 +353,5 @@ def softmax_into_atoms(atoms: np.ndarray, m: int, n: int, out: np.ndarray, scale
         raise ValueError(f"softmax_into_atoms: {list(atoms.shape)} atoms into {list(out.shape)} "
                          f"do not hold [{m}, {n}] scores")
     groups = -(-atoms.shape[1] // kg)
-    over_rows(lambda lo, hi: _groups_into_atoms(atoms, m, n, np.float32(scale), kg, out, lo, hi), groups, m * n)
+    c = np.float32(scale * _LOG2E)
+    over_rows(lambda lo, hi: _groups_into_atoms(atoms, m, n, c, kg, out, lo, hi), groups, m * n)

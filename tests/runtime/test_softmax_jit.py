@@ -11,6 +11,7 @@ import pytest
 
 from rkc.ir.npu import geometry
 from rkc.runtime.kernels import run_kernel
+from rkc.runtime.kernels import softmax_jit
 from rkc.runtime.kernels.softmax_jit import softmax_into_atoms, softmax_into_weights
 
 SHAPES = [(400, 400), (1, 8), (5, 3), (17, 33), (45, 45), (33, 30), (16, 100), (64, 40), (3, 65), (40, 70), (100, 37)]
@@ -63,6 +64,36 @@ def test_scores_atoms_into_atoms(m, n, scale, in_place):
     assert _within(got, _reference(s, scale))
     # padding lanes and rows are zero: the bytes are exactly the pack of the values
     assert np.array_equal(geometry.pack(got, "native-gemm").reshape(-1).view(np.uint16), out.reshape(-1))
+
+
+@pytest.mark.parametrize("m,n", [(400, 400), (45, 45), (33, 30)])
+@pytest.mark.parametrize("scale", [0.17677669, -0.5])
+def test_row_groups_split_as_the_threads_share_them(m, n, scale):
+    """The kernels over row groups [lo, hi) and [hi, end) (two threads' shares: each takes
+    its own rows' maxima first) give the bytes of one call over all of them, in place too;
+    a negative scale (the largest scaled score is the least score) against the reference."""
+    rng = np.random.default_rng(m + n)
+    s = (rng.standard_normal((m, n)) * 6).astype(np.float16)
+    _, _, rows, _ = geometry.feature_map((m, n), "native-gemm")
+    atoms = geometry.pack(s, "native-gemm").reshape(-1, rows, 8).view(np.uint16)
+    whole = np.empty_like(atoms)
+    softmax_into_atoms(atoms, m, n, whole, scale)
+    assert _within(geometry.unpack(whole.reshape(-1).view(np.uint8), (m, n), "native-gemm", np.float16),
+                   _reference(s, scale))
+    groups, c = -(-rows // 16), np.float32(scale * softmax_jit._LOG2E)
+    in_place = atoms.copy()
+    for src, out in ((atoms, np.empty_like(atoms)), (in_place, in_place)):
+        for lo, hi in ((0, groups // 2), (groups // 2, groups)):
+            softmax_jit._groups_into_atoms(src, m, n, c, 16, out, lo, hi)
+        assert np.array_equal(out, whole)
+    weights = np.empty(geometry.nbytes((n, m), "native-weights", 2) // 2, np.uint16)
+    split = np.empty_like(weights)
+    softmax_into_weights(atoms, m, n, weights, scale)
+    kernels = -(-m // 16)
+    cp = -(-n // 8) * 8
+    for lo, hi in ((0, kernels // 2), (kernels // 2, kernels)):
+        softmax_jit._groups_into_kernels(atoms, m, n, c, 16, split[:kernels * 16 * cp], lo, hi)
+    assert np.array_equal(split[:kernels * 16 * cp], weights[:kernels * 16 * cp])
 
 
 def test_atoms_of_another_shape_are_refused():
