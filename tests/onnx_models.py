@@ -140,20 +140,30 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
 
 
+def compile_calibrated(tmp_path: Path, path: Path, shape, precision: str, seed: int, int8_only: bool = True,
+                       name: str = "x"):
+    """Compile the ONNX at `path` to tmp_path / "m.rkbin" at `precision` (int8: calibrated on 4
+    random inputs `name` of `shape`; int8_only: kept int8 where fp16 throughout would model
+    faster, as tests of the int8 lowering want): (the build report, the seeded generator past
+    the calibration's draws, for the test's inputs)."""
+    from rkc.compiler.build import BuildOptions, build
+
+    options = BuildOptions(precision=precision, int8_only=int8_only)
+    rng = np.random.default_rng(seed)
+    if precision == "int8":
+        options.calib = tmp_path / "calib.npz"
+        np.savez(options.calib, **{name: rng.standard_normal((4, *shape)).astype(np.float32)})
+    return build(path, tmp_path / "m.rkbin", options), rng
+
+
 def build_and_run(tmp_path: Path, model: onnx.ModelProto, shape, precision: str):
     """Compile `model` (input x, output y) at `precision` (int8: calibrated on 4 random
     inputs, and kept int8 where fp16 throughout would model faster: these test the int8
     lowering), run one random x on the simulator: (build report, rkc's y, onnxruntime's y)."""
     from rkc import runtime
-    from rkc.compiler.build import BuildOptions, build
 
     path = save(model, tmp_path / "m.onnx")
-    options = BuildOptions(precision=precision, int8_only=precision == "int8")
-    rng = np.random.default_rng(7)
-    if precision == "int8":
-        options.calib = tmp_path / "calib.npz"
-        np.savez(options.calib, x=rng.standard_normal((4, *shape)).astype(np.float32))
-    report = build(path, tmp_path / "m.rkbin", options)
+    report, rng = compile_calibrated(tmp_path, path, shape, precision, 7, int8_only=precision == "int8")
     x = rng.standard_normal(shape).astype(np.float32)
     with runtime.load(tmp_path / "m.rkbin") as m:
         got = m.run({"x": x})["y"]

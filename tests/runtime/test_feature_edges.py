@@ -16,7 +16,7 @@ from rkc.compiler.build import BuildOptions, build
 from rkc.ir.npu import geometry, layout
 from rkc.runtime import feature_edges, half, logits_edges, native_maps
 from rkc.runtime.kernels import gather_jit, nn, quant, quant_jit, run_kernel
-from onnx_models import cosine, cpu_max_pools, onnxruntime_outputs, save
+from onnx_models import compile_calibrated, cosine, cpu_max_pools, onnxruntime_outputs, save
 from onnx_models import example as example_module
 
 @pytest.fixture(autouse=True)
@@ -216,12 +216,7 @@ def _detector_like(c: int):
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precision, monkeypatch):
     path = save(_detector_like(12), tmp_path / "m.onnx")
-    options = BuildOptions(precision=precision, int8_only=True)
-    rng = np.random.default_rng(3)
-    if precision == "int8":
-        options.calib = tmp_path / "calib.npz"
-        np.savez(options.calib, x=rng.standard_normal((4, 1, 3, 12, 14)).astype(np.float32))
-    build(path, tmp_path / "m.rkbin", options)
+    _, rng = compile_calibrated(tmp_path, path, (1, 3, 12, 14), precision, 3)
     x, x2 = rng.standard_normal((2, 1, 3, 12, 14)).astype(np.float32)
     taken, pairs = [], []
     real_step, real_chain = feature_edges.run_step, feature_edges.run_chain
@@ -262,12 +257,7 @@ def test_fp16_outputs_are_the_npus_values_as_they_are(tmp_path, precision, monke
     float16 array, whose widening is the default run's float32 output bit for bit (any other
     output stays float32); the interpreter's path gives the same."""
     path = save(_detector_like(12), tmp_path / "m.onnx")
-    options = BuildOptions(precision=precision, int8_only=True)
-    rng = np.random.default_rng(4)
-    if precision == "int8":
-        options.calib = tmp_path / "calib.npz"
-        np.savez(options.calib, x=rng.standard_normal((4, 1, 3, 12, 14)).astype(np.float32))
-    build(path, tmp_path / "m.rkbin", options)
+    _, rng = compile_calibrated(tmp_path, path, (1, 3, 12, 14), precision, 4)
     x = rng.standard_normal((1, 3, 12, 14)).astype(np.float32)
     edges = []  # outputs kept or widened on the native layout (an edge prepared at its first run from then on)
     real_step = feature_edges.run_step
@@ -534,12 +524,7 @@ def test_gemm_operand_edges_are_the_interpreters(tmp_path, example, precision, m
     precision's bound (the examples' random weights, seeded)."""
     path = save(example_module(example).build_model(), tmp_path / "m.onnx")
     name, shape = ("x", (4, 64)) if example == "mlp" else ("x", (1, 3, 32, 32))
-    rng = np.random.default_rng(5)
-    options = BuildOptions(precision=precision)
-    if precision == "int8":
-        options.calib = tmp_path / "calib.npz"
-        np.savez(options.calib, **{name: rng.standard_normal((4, *shape)).astype(np.float32)})
-    build(path, tmp_path / "m.rkbin", options)
+    _, rng = compile_calibrated(tmp_path, path, shape, precision, 5, int8_only=False, name=name)
     x, x2 = rng.standard_normal((2, *shape)).astype(np.float32)
     taken = []
     real_step = feature_edges.run_step

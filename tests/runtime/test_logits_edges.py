@@ -12,10 +12,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 from rkc import runtime
-from rkc.compiler.build import BuildOptions, build
 from rkc.runtime import logits_edges
 from rkc.runtime.kernels import softmax_jit
-from onnx_models import cosine, graph_model, onnxruntime_outputs, save
+from onnx_models import compile_calibrated, cosine, graph_model, onnxruntime_outputs, save
 
 CLASSES = [1, 2, 7, 8, 16, 37, 1000, 1001]
 
@@ -93,12 +92,7 @@ def _classifier(classes: int, reshape: bool):
 @pytest.mark.parametrize("classes, reshape", [(37, False), (1000, True)])
 def test_a_classifier_tail_is_the_interpreters_steps(tmp_path, precision, classes, reshape, monkeypatch):
     path = save(_classifier(classes, reshape), tmp_path / "m.onnx")
-    options = BuildOptions(precision=precision, int8_only=precision == "int8")
-    rng = np.random.default_rng(5)
-    if precision == "int8":
-        options.calib = tmp_path / "calib.npz"
-        np.savez(options.calib, x=rng.standard_normal((4, 1, 3, 10, 12)).astype(np.float32))
-    build(path, tmp_path / "m.rkbin", options)
+    _, rng = compile_calibrated(tmp_path, path, (1, 3, 10, 12), precision, 5, int8_only=precision == "int8")
     x, x2 = rng.standard_normal((2, 1, 3, 10, 12)).astype(np.float32)
     tails = []
     real_plan = logits_edges.logits_plan
