@@ -95,9 +95,10 @@ class _Schedule:
         self.no_native: set[int] = set()  # steps feature_edges.run_step declined
         self.program = program
         self.no_fused: set[int] = set()  # steps that start no fused pass feature_edges accepts
-        self.chains: dict[int, tuple] = {}  # first step -> (its chain's steps, feature_edges.chain_plan)
-        self.images: dict[int, tuple] = {}  # first step -> (its steps, image_edges.image_plan)
-        self.tails: dict[int, Callable[[object], None]] = {}  # first step -> logits_edges.logits_plan's closure
+        # first step -> its fused pass, worked out at the first run; None: the steps are no such pass
+        self.chains: dict[int, tuple | None] = {}  # (its chain's steps, feature_edges.chain_plan)
+        self.images: dict[int, tuple | None] = {}  # (its steps, image_edges.image_plan)
+        self.tails: dict[int, tuple[int, Callable[[object], None]] | None] = {}  # (last step, logits_plan's closure)
         self.native_plans: dict[int, tuple] = {}  # id(step) -> what feature_edges worked out at the first run
         self.views: dict[int, tuple[int, ...]] = {}  # step -> its output's shape: a reshape of a host tensor
         self.fed: tuple | None = None  # ((name, shape, dtype), ...) of the inputs, from the first checked run
@@ -157,33 +158,32 @@ class _Schedule:
         if i in self.no_fused:
             return None
         steps, outputs = self.program.steps, self.program.outputs
-        image = self.images.get(i)
-        if image is None and steps[i].op == "Transpose":  # the model's uint8 image into its first map
+        if i not in self.images and steps[i].op == "Transpose":  # the model's uint8 image into its first map
             end = image_edges.image_chain_end(steps, i, self.last_use, outputs,
                                               lambda n: native_maps.in_bo(run, run.model.tensors.get(n)))
             if end is not None:
                 run.one_thread()  # (the plans run the reference kernels once)
             plan = None if end is None else image_edges.image_plan(run, list(steps[i:end + 1]))
-            if plan is not None:
-                image = self.images[i] = (list(steps[i:end + 1]), plan)
+            self.images[i] = None if plan is None else (list(steps[i:end + 1]), plan)
+        image = self.images.get(i)
         if image is not None and image_edges.run_image(run, *image):
             return i + len(image[0]) - 1
-        tail = self.tails.get(i)
-        if tail is None and (end := logits_edges.logits_chain_end(steps, i, self.last_use, outputs)) is not None:
-            tail = logits_edges.logits_plan(run, list(steps[i:end + 1]))
-            if tail is not None:
-                self.tails[i] = tail
+        if i not in self.tails:
+            end = logits_edges.logits_chain_end(steps, i, self.last_use, outputs)
+            tail = None if end is None else logits_edges.logits_plan(run, list(steps[i:end + 1]))
+            self.tails[i] = None if tail is None else (end, tail)
+        tail = self.tails[i]
         if tail is not None:  # a classifier's logits, Flatten and Softmax
-            tail(run)
-            return i + 2
-        chain = self.chains.get(i)
-        if chain is None:
+            end, run_tail = tail
+            run_tail(run)
+            return end
+        if i not in self.chains:
             end = feature_edges.chain_end(steps, i, self.last_use, outputs)
             if end is not None:
                 run.one_thread()
             plan = None if end is None else feature_edges.chain_plan(run, list(steps[i:end + 1]))
-            if plan is not None:
-                chain = self.chains[i] = (list(steps[i:end + 1]), plan)
+            self.chains[i] = None if plan is None else (list(steps[i:end + 1]), plan)
+        chain = self.chains[i]
         if chain is not None:
             if feature_edges.run_chain(run, *chain):
                 return i + len(chain[0]) - 1

@@ -58,7 +58,7 @@ def one_scale(run, step: Step) -> tuple[float, int] | None:
     read once when both are the program's constants (a step of the first run keeps them)."""
     if len(step.inputs) != 3 or not step.inputs[2] or step.attrs.get("block_size", 0):
         return None
-    key = ("scale", id(step))
+    key = _scale_key(step)
     params = run.schedule.native_plans.get(key)
     if params is not None:
         return params
@@ -70,6 +70,16 @@ def one_scale(run, step: Step) -> tuple[float, int] | None:
     if all(n in tensors and tensors[n].region in host for n in step.inputs[1:]):
         run.schedule.native_plans[key] = params
     return params
+
+
+def scale_is_constant(run, step: Step) -> bool:
+    """Whether `one_scale` found the step's scale and zero point among the program's
+    constants (then they are the same every run, and a closure may keep them)."""
+    return _scale_key(step) in run.schedule.native_plans
+
+
+def _scale_key(step: Step) -> tuple:
+    return "scale", id(step)
 
 
 def run_step(run, step: Step) -> bool:
@@ -324,7 +334,7 @@ def _input_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         return True
 
     edge(run)
-    if params is None or ("scale", id(step)) in run.schedule.native_plans:  # its scale a constant, read once
+    if params is None or scale_is_constant(run, step):  # its scale a constant, read once
         run.schedule.native_plans[native_maps.prepared_key(run, step)] = edge
     return True
 
@@ -375,7 +385,7 @@ def _output_edge(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
         return True
 
     edge(run)
-    if params is None or ("scale", id(step)) in run.schedule.native_plans:  # its scale a constant, read once
+    if params is None or scale_is_constant(run, step):  # its scale a constant, read once
         run.schedule.native_plans[native_maps.prepared_key(run, step)] = edge
     return True
 

@@ -58,7 +58,7 @@ def logits_plan(run, steps: list[Step]) -> Callable[[object], None] | None:
             return None
     else:
         params, codes = feature_edges.one_scale(run, convert), np.int8
-        if params is None or src.dtype != "int8" or ("scale", id(convert)) not in run.schedule.native_plans:
+        if params is None or src.dtype != "int8" or not feature_edges.scale_is_constant(run, convert):
             return None  # (its scale not a constant of the program)
     bo, lo, hi, _, stored, _ = native_maps.place(run, src)
     hold, name = native_maps.Hold(run.model.device, [bo]), soft.outputs[0]

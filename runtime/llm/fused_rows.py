@@ -474,7 +474,8 @@ def _heads_chain(plan, steps: Sequence[Step], first: int, outputs: set, state) -
     [hd] weight) and/or RoPE at the chunk's positions, each reading only the
     one before, as two compiled calls: the lone in edge's (prefill_fused.in_edge_tiles,
     over tiles) into column-major rows, then prefill_channels.norm_rope in
-    place (over heads), the per-step kernels' arithmetic and layout. Returns (the call, the indices of the steps it runs), or None."""
+    place (over heads), the per-step kernels' arithmetic and layout. Returns (the
+    call, the indices of the steps it runs), or None."""
     step = steps[first]
     if step.op not in ("DequantizeRows", "Cast") or state is None:
         return None

@@ -13,9 +13,9 @@ from rkc.ir.atomic import atomic_output
 from rkc.ir.errors import RkcError
 from rkc.ir.llm import DECODE
 from rkc.ir.npu.perf import describe
-from rkc.runtime.llm.top_k import largest_indices
 from rkc.runtime.llm.engine import LlmEngine
 from rkc.runtime.llm.kvcache import KVCache
+from rkc.runtime.llm.top_k import largest_indices
 
 
 MAX_TOP_LOGPROBS = 20  # alternatives a token's logprobs may list (OpenAI's limit)

@@ -231,11 +231,17 @@ def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precisio
         if done:
             pairs.append(tuple(s.op for s in steps))
         return done
+    looked_at = []  # (planner, step index): each fused pass is worked out once, taken or declined
+    for module, name in ((feature_edges, "chain_end"), (logits_edges, "logits_chain_end")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda steps, i, *rest, real=real, name=name:
+                            looked_at.append((name, i)) or real(steps, i, *rest))
     monkeypatch.setattr(feature_edges, "run_step", counted)
     monkeypatch.setattr(feature_edges, "run_chain", counted_chain)
     with runtime.load(tmp_path / "m.rkbin") as model:
         fast = model.run({"x": x})
         again = model.run({"x": x2})  # the second run takes the paths (closures) the first prepared
+    assert looked_at and len(set(looked_at)) == len(looked_at), looked_at
     assert all(done for op, done in taken if op in ("MaxPool", "Resize", "Cast", "QuantizeLinear")), taken
     assert {op for op, done in taken if done} >= {"MaxPool", "Resize"}
     assert pairs == ([("DequantizeLinear", "Cast")] * 2 if precision == "int8" else []), pairs
