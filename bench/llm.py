@@ -11,7 +11,8 @@ projected rate chunk / (modelled NPU + host), llama.cpp's CPU prefill of the
 same chunk of the same GGUF in the same run, the vendor's published first
 token time at 128 tokens for a model of the same widths (bench/published.py),
 and with --prompt N the host time of a whole N-token prompt in the runs the
-generator takes (and in the rows rule's, interleaved), the runs' modelled
+generator takes (and in the rows rule's, interleaved; with two precisions or
+more, also their prompts alternating in one process), the runs' modelled
 NPU time (the figures the compiler recorded), against llama.cpp's prefill
 of it. With --sim, also the simulator's wall time per token (slow: seconds
 per Gemma token). Prints a table, and with
@@ -135,6 +136,32 @@ def host_prompt(engine: LlmEngine, cache, plans: dict[str, list[tuple[int, int]]
                 pos += n
             times[key].append(CLOCK() - t)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def prompts_alternating(rows: list[dict], tokens: int, repeats: int = 5) -> dict[str, float]:
+    """Median seconds of the `tokens`-token prompt (each rkbin's generator
+    runs) of every row's rkbin, the engines loaded together and their prompts
+    alternating (the order swapped each round, after a warm-up each): on a
+    shared machine one precision's time window against another's differs by
+    up to 40 % for one code (docs/notes/2026-12-07-gemma-prefill-int8-edges.md),
+    far more than what tells the precisions apart."""
+    engines = {}
+    try:
+        for r in rows:
+            engine = LlmEngine(r["rkbin"], device="null")
+            engines[r["precision"]] = (engine, engine.new_cache(max(tokens, *engine.chunks)),
+                                       {"plan": prompt_plans(engine, tokens)["plan"]})
+        for engine, cache, plans in engines.values():
+            host_prompt(engine, cache, plans, repeats=1)  # the warm-up: buffers made, kernels loaded
+        times: dict[str, list[float]] = {k: [] for k in engines}
+        for i in range(repeats):
+            for key in (list(engines) if i % 2 == 0 else list(engines)[::-1]):
+                engine, cache, plans = engines[key]
+                times[key].append(host_prompt(engine, cache, plans, repeats=1)["plan"])
+        return {k: statistics.median(v) for k, v in times.items()}
+    finally:
+        for engine, _, _ in engines.values():
+            engine.close()
 
 
 def vendor_ttft_128(cfg) -> tuple[str, float] | None:
@@ -368,6 +395,11 @@ def main() -> None:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         rows = [bench(gguf, p, args, workdir) for p in args.precision]
+        if args.prompt and len(rows) > 1:
+            for r in rows:  # (prompt_plans' first key: the generator's runs)
+                r["prompt"]["host_s_alternating"] = None
+            for key, s in prompts_alternating(rows, args.prompt).items():
+                next(r for r in rows if r["precision"] == key)["prompt"]["host_s_alternating"] = s
     if args.host_costs:
         write_host_costs(args.host_costs, gguf, rows, args.positions[0])
     if args.json:
@@ -414,6 +446,9 @@ def main() -> None:
             if "llama_cpp_s" in p:
                 line += (f", llama.cpp's CPU prefill {p['llama_cpp_s'] * 1e3:.1f} ms "
                          f"(host / llama.cpp {p['host_over_llama_cpp']:.2f})")
+            if p.get("host_s_alternating") is not None:
+                line += (f"; the precisions' prompts alternating in one process: host "
+                         f"{p['host_s_alternating'] * 1e3:.1f} ms")
             print(line)
     if args.profile:
         for r in rows:
