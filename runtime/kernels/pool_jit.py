@@ -206,10 +206,11 @@ def _rows_max(a, b, c, first, dst):
 
 
 @njit(cache=True, nogil=True)
-def _fused_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
-    """Pixels of whole 16-byte units (`units` a pixel; an NPU atom is one): x [P, H, W * b] (fp16 as bits),
-    out [P, OH, OW * b] of x's dtype, b elements a pixel, for output rows [lo, hi) of
-    P * OH. Every loop is long and unit-stride, so that it vectorises, and reads up to
+def _fused_max(x, gx, h, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, go, oh, lo, hi):
+    """Pixels of whole 16-byte units (`units` a pixel; an NPU atom is one): x the rows (W * b elements,
+    fp16 as bits) of P maps of h rows, map p's row y at x[p * gx + y], out the rows (OW * b, x's
+    dtype) of P maps of oh rows, at out[p * go + oy] (`_map_rows`), b elements a pixel, for output
+    rows [lo, hi) of P * OH. Every loop is long and unit-stride, so that it vectorises, and reads up to
     three streams at once: per output row, (1) the window's input rows' maximum, three
     rows a pass (`_rows_max`), as keys (`_atom_key`), into a row padded with `low` pixels
     on both sides (the window's columns outside the map); (2) at a stride, that row's
@@ -222,8 +223,7 @@ def _fused_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
     13x13 maps 0.59-0.67x (528x13x13 71 -> 48 us), 3x3/2 0.77-0.89x (64x112x112 134 ->
     103); int8 3x3/1 0.52-0.71x, 3x3/2 0.84-0.92x; every result byte the same
     (docs/notes/2026-12-07-cnn-host-rows-2.md)."""
-    h, row = x.shape[1], x.shape[2]
-    oh, orow = out.shape[1], out.shape[2]
+    row, orow = x.shape[1], out.shape[1]
     w, ow = row // b, orow // b
     # padded row: pl low pixels, the map's w, low pixels to the last column a window reaches
     width = max(pl + w, (ow - 1) * sx + (kw - 1) * dx + 1)
@@ -247,8 +247,8 @@ def _fused_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
         if m == 0:
             line[:] = low
         for g in range(0, m, 3):
-            a = x[p, rows_at[g]]
-            _rows_max(a, x[p, rows_at[min(g + 1, m - 1)]], x[p, rows_at[min(g + 2, m - 1)]], g == 0, line)
+            a = x[p * gx + rows_at[g]]
+            _rows_max(a, x[p * gx + rows_at[min(g + 1, m - 1)]], x[p * gx + rows_at[min(g + 2, m - 1)]], g == 0, line)
         if sx > 1:
             for r in range(sx):
                 # phase r holds padded pixels r, r + sx, ...: map pixel q = i * sx + r - pl
@@ -265,7 +265,7 @@ def _fused_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
                 for i in range(i1 - i0):
                     for u in range(units):
                         to[i * units + u] = src[i * sx * units + u]
-        dst = out[p, oy]
+        dst = out[p * go + oy]
         if kw <= 3:
             a, c, e = taps[0], taps[min(1, kw - 1)], taps[min(2, kw - 1)]
             _taps_max(phases[a:a + orow], phases[c:c + orow], phases[e:e + orow], dst)
@@ -278,18 +278,18 @@ def _fused_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
 
 
 @njit(cache=True, nogil=True)
-def _plane_max(x, low, b, kh, kw, dy, dx, pt, pl, out, lo, hi):
-    """A stride-1 pool of whole planes [lo, hi): x [P, H, W * b] (fp16 as bits), out [P, OH,
-    OW * b] of x's dtype, b elements a pixel, keys (`_atom_key`) of `low` where a window leaves
-    the map. Each plane is keyed into a padded copy (pt, pl low pixels before the map, low ones
+def _plane_max(x, gx, h, low, b, kh, kw, dy, dx, pt, pl, out, go, oh, lo, hi):
+    """A stride-1 pool of whole planes [lo, hi): x and out the rows of P maps (`_fused_max`'s
+    form: h and oh rows, plane p's row y at x[p * gx + y], out[p * go + y]; fp16 as bits, out
+    of x's dtype), b elements a pixel, keys (`_atom_key`) of `low` where a window leaves the
+    map. Each plane is keyed into a padded copy (pt, pl low pixels before the map, low ones
     after it to the last a window reaches), and both passes run over the whole plane as one flat
     line, three taps a pass: the map rows' maxima (taps dx b elements apart; the positions past a
     row's last window are computed and never read; the padding rows' stay low), then the
     columns' (taps dy rows apart). A row at a time (`_fused_max`), a small map's rows (YOLO's
     SPPF: 20 pixels of 8 lanes) paid the setup of five or six short loops each
     (docs/notes/2026-12-07-yolo-host-4.md)."""
-    h, w = x.shape[1], x.shape[2] // b
-    oh, ow = out.shape[1], out.shape[2] // b
+    w, ow = x.shape[1] // b, out.shape[1] // b
     wp = max(pl + w, ow + (kw - 1) * dx)  # padded pixels a row
     hp = max(pt + h, oh + (kh - 1) * dy)  # padded rows
     row = wp * b
@@ -299,7 +299,7 @@ def _plane_max(x, low, b, kh, kw, dy, dx, pt, pl, out, lo, hi):
     first, n_across, n_down = pt * row, h * row - (kw - 1) * dx * b, oh * row
     for p in range(lo, hi):
         for y in range(h):
-            src, dst = x[p, y], padded[(pt + y) * row + pl * b:(pt + y) * row + (pl + w) * b]
+            src, dst = x[p * gx + y], padded[(pt + y) * row + pl * b:(pt + y) * row + (pl + w) * b]
             for i in range(dst.shape[0]):
                 dst[i] = _atom_key(src[i])
         for g in range(0, kw, 3):
@@ -310,7 +310,7 @@ def _plane_max(x, low, b, kh, kw, dy, dx, pt, pl, out, lo, hi):
             a, c, e = g * dy * row, min(g + 1, kh - 1) * dy * row, min(g + 2, kh - 1) * dy * row
             _rows_max(across[a:a + n_down], across[c:c + n_down], across[e:e + n_down], g == 0, down)
         for oy in range(oh):
-            src, dst = down[oy * row:oy * row + ow * b], out[p, oy]
+            src, dst = down[oy * row:oy * row + ow * b], out[p * go + oy]
             for j in range(dst.shape[0]):
                 dst[j] = _atom_value(src[j], dst[j])
 
@@ -372,10 +372,10 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
 def max_pool_atoms(fm: np.ndarray, kernel, strides, dilations, begin, out: np.ndarray) -> None:
     """out[p, oy, ox, :] = the maximum of each window of fm's pixels, for a feature map's
     atoms: fm [C1, H, W, C2] and out [C1, OH, OW, C2] of one dtype, C2 * itemsize a whole
-    number of 16-byte units (an NPU map: 16 int8 or 8 fp16 lanes), each channel group of `out`
-    C-contiguous (it is written in place: the next segment's input; the groups may lie apart,
-    a map stored over zero rows, whose rows past OH are left alone). Positions outside the
-    map (padding, ceil mode's overhang) never win: they read as the dtype's least value."""
+    number of 16-byte units (an NPU map: 16 int8 or 8 fp16 lanes), `out` written in place (the
+    next segment's input; a view of a map stored over zero rows has its rows past OH left
+    alone). Positions outside the map (padding, ceil mode's overhang) never win: they read
+    as the dtype's least value."""
     atoms_pooler(fm.dtype, fm.shape, out.shape, kernel, strides, dilations, begin)(fm, out)
 
 
@@ -383,7 +383,9 @@ def atoms_pooler(dtype, in_shape, out_shape, kernel, strides, dilations, begin, 
     """`max_pool_atoms` for maps of one dtype and shapes, its geometry, padding value (`low`;
     the dtype's least by default) and thread count worked out once: a callable (fm, out) a
     CPU step keeps from its first run (the per-call work around the kernel was ~6 us of a
-    20-50 us pool, load 2)."""
+    20-50 us pool, load 2). fm and out may be the maps or the C-contiguous arrays they are
+    stored in (over more rows: a map of few rows stored over zero rows), read and written in
+    place, their rows past the maps' not touched."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES or in_shape[3] * dtype.itemsize % 16 or in_shape[0] != out_shape[0] \
             or in_shape[3] != out_shape[3]:
@@ -403,29 +405,47 @@ def atoms_pooler(dtype, in_shape, out_shape, kernel, strides, dilations, begin, 
     threads = threads_for(int(np.prod(out_shape)))
 
     def pool(fm: np.ndarray, out: np.ndarray) -> None:
-        if fm.dtype != dtype or fm.shape != tuple(in_shape) or out.dtype != dtype or out.shape != tuple(out_shape) \
-                or not (out.shape[0] == 0 or out[0].flags.c_contiguous):
-            raise ValueError("max_pool_atoms: maps of the pooler's dtype and shapes, each channel group of the "
-                             "output C-contiguous")
-        # dense: a map of few rows stored over zero rows has its groups apart, and a strided array keeps
-        # numba's loops scalar (PP-OCR cls's 200x2x96 fp16 2x2/2 pool: 53 us strided, 16 dense + 3 the copy)
-        codes = np.ascontiguousarray(fm.view(codes_dtype)).reshape(c1, h, w * c2)
+        if fm.dtype != dtype or out.dtype != dtype or not _holds(fm.shape, in_shape) \
+                or not _holds(out.shape, out_shape):
+            raise ValueError("max_pool_atoms: maps of the pooler's dtype and shapes (or the arrays they are "
+                             "stored in, over as many rows or more)")
+        # each map as rows (`_map_rows`): a map stored over zero rows (PP-OCR cls's 200x2x96 fp16 map)
+        # given as the array it is stored in is read and written in place; its view is copied into a
+        # dense map and back (that pool 35 -> 22 us, load ~6: docs/notes/2026-12-07-cnn-host-rows-4.md)
+        src, gx, _ = _map_rows(fm.view(codes_dtype))
         target = out.view(codes_dtype)
-        dense = target if target.flags.c_contiguous else np.empty(out_shape, codes_dtype)
-        rows = dense.reshape(c1, out_shape[1], -1)
+        dst, go, in_place = _map_rows(target, writes=True)
+
         def run(lo: int, hi: int) -> None:
             if planes:
-                _plane_max(codes, low, c2, kh, kw, dy, dx, pt, pl, rows, lo, hi)
+                _plane_max(src, gx, h, low, c2, kh, kw, dy, dx, pt, pl, dst, go, out_shape[1], lo, hi)
             else:
-                _fused_max(codes, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, rows, lo, hi)
+                _fused_max(src, gx, h, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, dst, go, out_shape[1], lo, hi)
         if threads == 1:
             run(0, jobs)
         else:
             over_ranges(run, jobs, threads)
-        if dense is not target:  # groups apart (stored over zero rows): pooled densely, then copied over
-            target[...] = dense
+        if not in_place:  # pooled into a dense map: copied over
+            target[...] = dst.reshape(target.shape)
 
     return pool
+
+
+def _holds(shape: tuple, form: tuple) -> bool:
+    """An array of `shape` is a map of `form` [C1, H, W, C2] or the array it is stored in
+    (the same but over H rows or more)."""
+    return len(shape) == 4 and shape[0] == form[0] and shape[1] >= form[1] and tuple(shape[2:]) == tuple(form[2:])
+
+
+def _map_rows(a: np.ndarray, writes: bool = False) -> tuple[np.ndarray, int, bool]:
+    """A map [C1, R, W, C2] as (rows, R, in place): [C1 * R, W * C2] rows, group p's row y at
+    p * R + y; the array itself if it is C-contiguous, else a dense copy (a written one
+    empty: the caller copies it back)."""
+    c1, r, w, c2 = a.shape
+    if a.flags.c_contiguous:
+        return a.reshape(c1 * r, w * c2), r, True
+    dense = np.empty(a.shape, a.dtype) if writes else np.ascontiguousarray(a)
+    return dense.reshape(c1 * r, w * c2), r, False
 
 
 @njit(cache=True, nogil=True)
