@@ -47,7 +47,8 @@ CASES = [((1, 3, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0),  # ResNet's st
          ((1, 8, 9, 8), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2), 0),
          ((1, 24, 6, 17), (1, 4), (1, 1), (1, 3), (0, 2, 0, 1), 0),  # stride 1, dilated, one row a window
          ((1, 40, 3, 3), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2), 0),  # windows past the map on every side
-         ((1, 9, 13, 4), (3, 1), (1, 1), (2, 1), (2, 0, 0, 0), 1)]  # one column a window, rows dilated
+         ((1, 9, 13, 4), (3, 1), (1, 1), (2, 1), (2, 0, 0, 0), 1),  # one column a window, rows dilated
+         ((1, 16, 9, 14), (2, 5), (2, 3), (1, 2), (1, 2, 0, 1), 1)]  # strided, dilated, 5 column taps
 
 
 def _values(rng, shape, dtype):
@@ -95,7 +96,7 @@ def test_feature_map_planes_pool_in_place_as_the_reference(dtype, shape, kernel,
                                   _reference(planes, kernel, strides, dilations, pads, ceil_mode))
 
 
-@pytest.mark.parametrize("channels", [2, 4])  # 4 float32 channels: whole 16-byte pixels (_fused_max)
+@pytest.mark.parametrize("channels", [2, 4])  # 4 float32 channels: whole 16-byte pixels (_plane_max)
 def test_a_nan_in_a_window_is_its_maximum_as_in_numpy(channels):
     x = np.random.default_rng(0).standard_normal((1, channels, 6, 6)).astype(np.float32)
     x[0, 1, 2, 3] = np.nan
