@@ -85,13 +85,14 @@ def max_pool(run, step: Step, src: TensorInfo, dst: TensorInfo) -> bool:
     """A 2-D MaxPool from one feature map into another, pooled atom by atom and written
     straight into the result's bytes (pool_jit.atoms_pooler; no copy after it), with
     its geometry worked out at the program's first run (`_max_pool_plan`)."""
-    return _map_to_map(run, step, src, dst, _max_pool_plan)
+    return _map_to_map(run, step, src, dst, _max_pool_plan, stored=True)
 
 
-def _map_to_map(run, step: Step, src: TensorInfo, dst: TensorInfo, make_kernel) -> bool:
+def _map_to_map(run, step: Step, src: TensorInfo, dst: TensorInfo, make_kernel, stored: bool = False) -> bool:
     """kernel(input map, output map), made at the program's first run by
     make_kernel(run, step, src, dst) (None: the step is not this case), and the step
-    prepared for later runs (native_maps.held_step)."""
+    prepared for later runs (native_maps.held_step; `stored`: the kernel takes the arrays
+    the maps are stored in)."""
     plans = run.schedule.native_plans
     kernel = plans.get(id(step))
     if kernel is None:
@@ -103,7 +104,7 @@ def _map_to_map(run, step: Step, src: TensorInfo, dst: TensorInfo, make_kernel) 
         kernel(fin, fout)
         return True
 
-    prepared = plans[native_maps.prepared_key(run, step)] = native_maps.held_step(run, [src, dst], body)
+    prepared = plans[native_maps.prepared_key(run, step)] = native_maps.held_step(run, [src, dst], body, stored)
     return prepared(run)
 
 

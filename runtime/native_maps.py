@@ -90,22 +90,30 @@ def _views(places) -> list[np.ndarray]:
     return [bo.host[lo:hi].view(dtype).reshape(stored)[:, :h] for bo, lo, hi, dtype, stored, h in places]
 
 
+def _stored(places) -> list[np.ndarray]:
+    return [bo.host[lo:hi].view(dtype).reshape(stored) for bo, lo, hi, dtype, stored, _ in places]
+
+
 def prepared_key(run, step) -> tuple:
     """Where a step's closure prepared at its first run is kept (runtime/execute.py's `cpu` calls it)."""
     return "prepared", id(step), run.fp16_outputs
 
 
-def held_step(run, infos: list[TensorInfo], body: Callable[..., bool]) -> Callable[[object], bool]:
+def held_step(run, infos: list[TensorInfo], body: Callable[..., bool], stored: bool = False) \
+        -> Callable[[object], bool]:
     """A step's closure for later runs: body(run, *maps) with the feature maps of `infos`
     held for CPU access (as Held, their places worked out now, once), its result the
     step's (False: the interpreter's path takes the run). Held's per-run work and the
-    dispatch to the step's kind cost ~10-15 us a step (load 2-6)."""
+    dispatch to the step's kind cost ~10-15 us a step (load 2-6). `stored`: each map as
+    the C-contiguous array it is stored in [C1, stored rows, W, C2] (a map stored over zero
+    rows whole), for a body that reads its rows in place."""
     places = [place(run, info) for info in infos]
     hold = Hold(run.model.device, [p[0] for p in places])
+    views = _stored if stored else _views
 
     def step(run) -> bool:
         with hold:  # (the views only while the BOs are held)
-            return body(run, *_views(places))
+            return body(run, *views(places))
 
     return step
 

@@ -153,7 +153,7 @@ def _column_max(rows, low, kh, sy, dy, pt, out, lo, hi):
 
 
 def _atom_key(v):
-    """An atom lane as `_fused_max` orders it: fp16 bits (uint16) as a signed 16-bit key
+    """An atom lane as `_block_max` orders it: fp16 bits (uint16) as a signed 16-bit key
     (`_sign_key`); any other dtype as it is."""
 
 
@@ -206,90 +206,18 @@ def _rows_max(a, b, c, first, dst):
 
 
 @njit(cache=True, nogil=True)
-def _fused_max(x, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
-    """Pixels of whole 16-byte units (`units` a pixel; an NPU atom is one): x [P, H, W * b] (fp16 as bits),
-    out [P, OH, OW * b] of x's dtype, b elements a pixel, for output rows [lo, hi) of
-    P * OH. Every loop is long and unit-stride, so that it vectorises, and reads up to
-    three streams at once: per output row, (1) the window's input rows' maximum, three
-    rows a pass (`_rows_max`), as keys (`_atom_key`), into a row padded with `low` pixels
-    on both sides (the window's columns outside the map); (2) at a stride, that row's
-    pixels dealt into sx phases (padded pixel i * sx + r to phase r, moved 16 bytes at a
-    time as complex128, numba's 16-byte scalar); (3) per column tap, its phase is the
-    outputs' row shifted by whole pixels: three taps a pass, the last pass turning keys
-    back into values. Against the kernel before (one pass a window row and a column tap,
-    each reading and writing the running maximum; fp16 keys by a branch), kernel alone,
-    process CPU, the two alternating in one process, load 4.6: fp16 3x3/1 over 27x27 and
-    13x13 maps 0.59-0.67x (528x13x13 71 -> 48 us), 3x3/2 0.77-0.89x (64x112x112 134 ->
-    103); int8 3x3/1 0.52-0.71x, 3x3/2 0.84-0.92x; every result byte the same
-    (docs/notes/2026-12-07-cnn-host-rows-2.md)."""
-    h, row = x.shape[1], x.shape[2]
-    oh, orow = out.shape[1], out.shape[2]
-    w, ow = row // b, orow // b
-    # padded row: pl low pixels, the map's w, low pixels to the last column a window reaches
-    width = max(pl + w, (ow - 1) * sx + (kw - 1) * dx + 1)
-    span = -(-width // sx)  # pixels per phase
-    padded = np.full(sx * span * b, low)  # (keys: low's type) its pad pixels stay low
-    phases = padded if sx == 1 else np.full(sx * span * b, low)  # and each phase's: the deal moves map pixels
-    rows16, phases16 = padded.view(np.complex128), phases.view(np.complex128)
-    taps = np.empty(kw, np.int64)  # per column tap: its phase's element for output 0
-    for kx in range(kw):
-        u = kx * dx  # padded pixel of output 0's tap
-        taps[kx] = ((u % sx) * span + u // sx) * b
-    rows_at = np.empty(max(kh, 1), np.int64)
-    acc = np.full(orow if kw > 3 else 0, low)
-    line = padded[pl * b:(pl + w) * b]
-    for job in range(lo, hi):
-        p, oy = job // oh, job % oh
-        y0, ky0, ky1 = _taps(oy, sy, pt, kh, dy, h)
-        m = ky1 - ky0
-        for k in range(m):
-            rows_at[k] = y0 + (ky0 + k) * dy
-        if m == 0:
-            line[:] = low
-        for g in range(0, m, 3):
-            a = x[p, rows_at[g]]
-            _rows_max(a, x[p, rows_at[min(g + 1, m - 1)]], x[p, rows_at[min(g + 2, m - 1)]], g == 0, line)
-        if sx > 1:
-            for r in range(sx):
-                # phase r holds padded pixels r, r + sx, ...: map pixel q = i * sx + r - pl
-                i0 = max(0, -(-(pl - r) // sx))
-                i1 = min(span, -(-(w + pl - r) // sx))
-                # (loops from 0 over views: an index numba cannot prove >= 0 is checked for wrapping
-                # at every move, which made the deal 4x slower)
-                if units == 1:  # an NPU atom: one move a pixel (a loop over units cost 4x, 1.6 ns a move)
-                    src, to = rows16[r + i0 * sx:], phases16[r * span + i0:r * span + i1]
-                    for i in range(i1 - i0):
-                        to[i] = src[i * sx]
-                    continue
-                src, to = rows16[(r + i0 * sx) * units:], phases16[(r * span + i0) * units:(r * span + i1) * units]
-                for i in range(i1 - i0):
-                    for u in range(units):
-                        to[i * units + u] = src[i * sx * units + u]
-        dst = out[p, oy]
-        if kw <= 3:
-            a, c, e = taps[0], taps[min(1, kw - 1)], taps[min(2, kw - 1)]
-            _taps_max(phases[a:a + orow], phases[c:c + orow], phases[e:e + orow], dst)
-            continue
-        for g in range(0, kw, 3):
-            a, c, e = taps[g], taps[min(g + 1, kw - 1)], taps[min(g + 2, kw - 1)]
-            _rows_max(phases[a:a + orow], phases[c:c + orow], phases[e:e + orow], g == 0, acc)
-        for j in range(orow):
-            dst[j] = _atom_value(acc[j], dst[j])
-
-
-@njit(cache=True, nogil=True)
-def _plane_max(x, low, b, kh, kw, dy, dx, pt, pl, out, lo, hi):
-    """A stride-1 pool of whole planes [lo, hi): x [P, H, W * b] (fp16 as bits), out [P, OH,
-    OW * b] of x's dtype, b elements a pixel, keys (`_atom_key`) of `low` where a window leaves
-    the map. Each plane is keyed into a padded copy (pt, pl low pixels before the map, low ones
+def _plane_max(x, gx, h, low, b, kh, kw, dy, dx, pt, pl, out, go, oh, lo, hi):
+    """A stride-1 pool of whole planes [lo, hi): x and out the rows of P maps (`_block_max`'s
+    form: h and oh rows, plane p's row y at x[p * gx + y], out[p * go + y]; fp16 as bits, out
+    of x's dtype), b elements a pixel, keys (`_atom_key`) of `low` where a window leaves the
+    map. Each plane is keyed into a padded copy (pt, pl low pixels before the map, low ones
     after it to the last a window reaches), and both passes run over the whole plane as one flat
     line, three taps a pass: the map rows' maxima (taps dx b elements apart; the positions past a
     row's last window are computed and never read; the padding rows' stay low), then the
-    columns' (taps dy rows apart). A row at a time (`_fused_max`), a small map's rows (YOLO's
+    columns' (taps dy rows apart). A row at a time (the kernel before `_block_max`), a small map's rows (YOLO's
     SPPF: 20 pixels of 8 lanes) paid the setup of five or six short loops each
     (docs/notes/2026-12-07-yolo-host-4.md)."""
-    h, w = x.shape[1], x.shape[2] // b
-    oh, ow = out.shape[1], out.shape[2] // b
+    w, ow = x.shape[1] // b, out.shape[1] // b
     wp = max(pl + w, ow + (kw - 1) * dx)  # padded pixels a row
     hp = max(pt + h, oh + (kh - 1) * dy)  # padded rows
     row = wp * b
@@ -299,7 +227,7 @@ def _plane_max(x, low, b, kh, kw, dy, dx, pt, pl, out, lo, hi):
     first, n_across, n_down = pt * row, h * row - (kw - 1) * dx * b, oh * row
     for p in range(lo, hi):
         for y in range(h):
-            src, dst = x[p, y], padded[(pt + y) * row + pl * b:(pt + y) * row + (pl + w) * b]
+            src, dst = x[p * gx + y], padded[(pt + y) * row + pl * b:(pt + y) * row + (pl + w) * b]
             for i in range(dst.shape[0]):
                 dst[i] = _atom_key(src[i])
         for g in range(0, kw, 3):
@@ -310,16 +238,82 @@ def _plane_max(x, low, b, kh, kw, dy, dx, pt, pl, out, lo, hi):
             a, c, e = g * dy * row, min(g + 1, kh - 1) * dy * row, min(g + 2, kh - 1) * dy * row
             _rows_max(across[a:a + n_down], across[c:c + n_down], across[e:e + n_down], g == 0, down)
         for oy in range(oh):
-            src, dst = down[oy * row:oy * row + ow * b], out[p, oy]
+            src, dst = down[oy * row:oy * row + ow * b], out[p * go + oy]
             for j in range(dst.shape[0]):
                 dst[j] = _atom_value(src[j], dst[j])
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _taps_max(a, c, e, dst):
-    """dst[j] = the value of the largest of keys a[j], c[j], e[j]."""
-    for j in range(dst.shape[0]):
-        dst[j] = _atom_value(_max2(_max2(a[j], c[j]), e[j]), dst[j])
+BLOCK_KEYS = 8192  # keys of a block of output rows' window-row maxima (`_block_max`: 16 KB of int16, in L1)
+
+
+@njit(cache=True, nogil=True)
+def _block_max(x, gx, h, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, go, oh, lo, hi):
+    """A pool at a stride, of pixels of whole 16-byte units (`units` a pixel; an NPU atom is one):
+    x the rows (W * b elements, fp16 as bits) of P maps of h rows, map p's row y at x[p * gx + y],
+    out the rows (OW * b, x's dtype) of P maps of oh rows, at out[p * go + oy] (`_map_rows`), b
+    elements a pixel, for planes [lo, hi), by blocks of output rows: (1) per output row, its window
+    rows' maximum as keys (`_rows_max`) into a block of padded rows (each sx * span pixels: pl low
+    pixels, the map's, low ones to the end), (2) the block dealt into its sx phases as one line
+    (padded pixel k * sx + r to phase r's k: the rows' phases follow each other, span pixels a
+    row), (3) the taps over the block as one line (tap kx of output (oy, ox) is phase
+    (kx * dx) % sx's pixel oy * span + ox + (kx * dx) // sx: a row's outputs never read past its
+    own span; the positions from ow to span are computed and never read), (4) each row's keys
+    back into values. Every loop is unit-stride and vectorises, reading up to three streams
+    at once (`_rows_max`); two short loops an output row where the kernel before (one output
+    row a job, its deal and taps a row at a time) ran five: fp16 3x3/2 over 56x56 and 28x28
+    maps 0.84x / 0.73x of it, others 0.91-1.02x, every result byte the same
+    (docs/notes/2026-12-07-cnn-host-rows-4.md; before that, docs/notes/2026-12-07-cnn-host-rows-2.md)."""
+    row, orow = x.shape[1], out.shape[1]
+    w, ow = row // b, orow // b
+    width = max(pl + w, (ow - 1) * sx + (kw - 1) * dx + 1)
+    span = -(-width // sx)  # pixels per phase a row
+    wide = span * sx * b  # a padded row's keys
+    block = max(1, min(oh, BLOCK_KEYS // wide))  # output rows a block
+    padded = np.full(block * wide, low)  # its pad pixels stay low
+    phases = padded if sx == 1 else np.full(block * wide, low)  # phase r at [r * block * span * b, ...)
+    rows16, phases16 = padded.view(np.complex128), phases.view(np.complex128)
+    acc = np.full(block * span * b, low)
+    reach = (kw - 1) * dx // sx  # the last tap's pixels past its output's
+    taps = np.empty(kw, np.int64)  # per column tap: its phase's element for output 0
+    for kx in range(kw):
+        u = kx * dx
+        taps[kx] = ((u % sx) * block * span + u // sx) * b
+    rows_at = np.empty(max(kh, 1), np.int64)
+    for p in range(lo, hi):
+        for oy0 in range(0, oh, block):
+            n = min(block, oh - oy0)
+            for k in range(n):
+                y0, ky0, ky1 = _taps(oy0 + k, sy, pt, kh, dy, h)
+                m = ky1 - ky0
+                line = padded[k * wide + pl * b:k * wide + (pl + w) * b]
+                if m == 0:
+                    line[:] = low
+                for j in range(m):
+                    rows_at[j] = p * gx + y0 + (ky0 + j) * dy
+                for g in range(0, m, 3):
+                    _rows_max(x[rows_at[g]], x[rows_at[min(g + 1, m - 1)]], x[rows_at[min(g + 2, m - 1)]], g == 0,
+                              line)
+            count = n * span
+            if sx > 1:
+                for r in range(sx):
+                    if units == 1:  # an NPU atom: one 16-byte move a pixel
+                        src, to = rows16[r:], phases16[r * block * span:r * block * span + count]
+                        for i in range(count):
+                            to[i] = src[i * sx]
+                    else:
+                        src = rows16[r * units:]
+                        to = phases16[r * block * span * units:(r * block * span + count) * units]
+                        for i in range(count):
+                            for u in range(units):
+                                to[i * units + u] = src[i * sx * units + u]
+            length = (count - reach) * b  # the block's outputs, and the positions between its rows
+            for g in range(0, kw, 3):
+                a, c, e = taps[g], taps[min(g + 1, kw - 1)], taps[min(g + 2, kw - 1)]
+                _rows_max(phases[a:a + length], phases[c:c + length], phases[e:e + length], g == 0, acc[:length])
+            for k in range(n):
+                dst, keys = out[p * go + oy0 + k], acc[k * span * b:k * span * b + orow]
+                for j in range(orow):
+                    dst[j] = _atom_value(keys[j], dst[j])
 
 
 def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -> np.ndarray:
@@ -334,7 +328,7 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
     3x3/2 pool compares as often either way, and one pass writes no rows).
     fp16 is pooled as uint16 keys that order as the values do (numba has no
     fp16), made as each value is read. Maps whose pixels are whole 16-byte units
-    (an NPU feature map's planes: 16 int8 or 8 fp16 lanes) take `_fused_max` (`_plane_max`
+    (an NPU feature map's planes: 16 int8 or 8 fp16 lanes) take `_block_max` (`_plane_max`
     at stride 1), whose loops all run the length of a row: the window kernels' lane loop per tap cost
     more in its setup than the comparisons (ResNet-50's int8 stem pool, 64x112x112
     3x3/2: 0.45 ms CPU before, 0.07-0.13 after, one thread)."""
@@ -372,10 +366,10 @@ def max_pool_2d(x: np.ndarray, low, kernel, strides, dilations, begin, out_hw) -
 def max_pool_atoms(fm: np.ndarray, kernel, strides, dilations, begin, out: np.ndarray) -> None:
     """out[p, oy, ox, :] = the maximum of each window of fm's pixels, for a feature map's
     atoms: fm [C1, H, W, C2] and out [C1, OH, OW, C2] of one dtype, C2 * itemsize a whole
-    number of 16-byte units (an NPU map: 16 int8 or 8 fp16 lanes), each channel group of `out`
-    C-contiguous (it is written in place: the next segment's input; the groups may lie apart,
-    a map stored over zero rows, whose rows past OH are left alone). Positions outside the
-    map (padding, ceil mode's overhang) never win: they read as the dtype's least value."""
+    number of 16-byte units (an NPU map: 16 int8 or 8 fp16 lanes), `out` written in place (the
+    next segment's input; a view of a map stored over zero rows has its rows past OH left
+    alone). Positions outside the map (padding, ceil mode's overhang) never win: they read
+    as the dtype's least value."""
     atoms_pooler(fm.dtype, fm.shape, out.shape, kernel, strides, dilations, begin)(fm, out)
 
 
@@ -383,7 +377,9 @@ def atoms_pooler(dtype, in_shape, out_shape, kernel, strides, dilations, begin, 
     """`max_pool_atoms` for maps of one dtype and shapes, its geometry, padding value (`low`;
     the dtype's least by default) and thread count worked out once: a callable (fm, out) a
     CPU step keeps from its first run (the per-call work around the kernel was ~6 us of a
-    20-50 us pool, load 2)."""
+    20-50 us pool, load 2). fm and out may be the maps or the C-contiguous arrays they are
+    stored in (over more rows: a map of few rows stored over zero rows), read and written in
+    place, their rows past the maps' not touched."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES or in_shape[3] * dtype.itemsize % 16 or in_shape[0] != out_shape[0] \
             or in_shape[3] != out_shape[3]:
@@ -396,36 +392,54 @@ def atoms_pooler(dtype, in_shape, out_shape, kernel, strides, dilations, begin, 
     if low is None:
         low = np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
     low = np.int16(_sign_key(np.asarray(low, np.float16).view(np.uint16)[()])) if half else dtype.type(low)  # a key
-    planes = (sy, sx) == (1, 1)  # whole planes a pass (`_plane_max`); output rows otherwise
-    units, jobs = c2 * dtype.itemsize // 16, c1 if planes else c1 * out_shape[1]
+    planes = (sy, sx) == (1, 1)  # whole planes a pass (`_plane_max`); blocks of output rows otherwise
+    units, jobs = c2 * dtype.itemsize // 16, c1
     # threads by the output's size: these passes cost ~0.1 ns an input element, so the input's
     # count overstated the work (the 64x112x112 int8 stem pool: 0.068 ms CPU on one thread, 0.094 on two)
     threads = threads_for(int(np.prod(out_shape)))
 
     def pool(fm: np.ndarray, out: np.ndarray) -> None:
-        if fm.dtype != dtype or fm.shape != tuple(in_shape) or out.dtype != dtype or out.shape != tuple(out_shape) \
-                or not (out.shape[0] == 0 or out[0].flags.c_contiguous):
-            raise ValueError("max_pool_atoms: maps of the pooler's dtype and shapes, each channel group of the "
-                             "output C-contiguous")
-        # dense: a map of few rows stored over zero rows has its groups apart, and a strided array keeps
-        # numba's loops scalar (PP-OCR cls's 200x2x96 fp16 2x2/2 pool: 53 us strided, 16 dense + 3 the copy)
-        codes = np.ascontiguousarray(fm.view(codes_dtype)).reshape(c1, h, w * c2)
+        if fm.dtype != dtype or out.dtype != dtype or not _holds(fm.shape, in_shape) \
+                or not _holds(out.shape, out_shape):
+            raise ValueError("max_pool_atoms: maps of the pooler's dtype and shapes (or the arrays they are "
+                             "stored in, over as many rows or more)")
+        # each map as rows (`_map_rows`): a map stored over zero rows (PP-OCR cls's 200x2x96 fp16 map)
+        # given as the array it is stored in is read and written in place; its view is copied into a
+        # dense map and back (that pool 35 -> 22 us, load ~6: docs/notes/2026-12-07-cnn-host-rows-4.md)
+        src, gx, _ = _map_rows(fm.view(codes_dtype))
         target = out.view(codes_dtype)
-        dense = target if target.flags.c_contiguous else np.empty(out_shape, codes_dtype)
-        rows = dense.reshape(c1, out_shape[1], -1)
+        dst, go, in_place = _map_rows(target, writes=True)
+
         def run(lo: int, hi: int) -> None:
             if planes:
-                _plane_max(codes, low, c2, kh, kw, dy, dx, pt, pl, rows, lo, hi)
+                _plane_max(src, gx, h, low, c2, kh, kw, dy, dx, pt, pl, dst, go, out_shape[1], lo, hi)
             else:
-                _fused_max(codes, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, rows, lo, hi)
+                _block_max(src, gx, h, low, c2, units, kh, kw, sy, sx, dy, dx, pt, pl, dst, go, out_shape[1], lo, hi)
         if threads == 1:
             run(0, jobs)
         else:
             over_ranges(run, jobs, threads)
-        if dense is not target:  # groups apart (stored over zero rows): pooled densely, then copied over
-            target[...] = dense
+        if not in_place:  # pooled into a dense map: copied over
+            target[...] = dst.reshape(target.shape)
 
     return pool
+
+
+def _holds(shape: tuple, form: tuple) -> bool:
+    """An array of `shape` is a map of `form` [C1, H, W, C2] or the array it is stored in
+    (the same but over H rows or more)."""
+    return len(shape) == 4 and shape[0] == form[0] and shape[1] >= form[1] and tuple(shape[2:]) == tuple(form[2:])
+
+
+def _map_rows(a: np.ndarray, writes: bool = False) -> tuple[np.ndarray, int, bool]:
+    """A map [C1, R, W, C2] as (rows, R, in place): [C1 * R, W * C2] rows, group p's row y at
+    p * R + y; the array itself if it is C-contiguous, else a dense copy (a written one
+    empty: the caller copies it back)."""
+    c1, r, w, c2 = a.shape
+    if a.flags.c_contiguous:
+        return a.reshape(c1 * r, w * c2), r, True
+    dense = np.empty(a.shape, a.dtype) if writes else np.ascontiguousarray(a)
+    return dense.reshape(c1 * r, w * c2), r, False
 
 
 @njit(cache=True, nogil=True)

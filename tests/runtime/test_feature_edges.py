@@ -187,10 +187,10 @@ def test_fp16_max_pool_keys_order_every_value_as_numpy():
     np.testing.assert_array_equal(got.reshape(-1), want)  # NaN == NaN here, -0.0 == 0.0
 
 
-def _detector_like(c: int):
+def _detector_like(c: int, h: int = 12):
     """Conv -> ReLU -> Conv -> SiLU -> a strided max pool -> SPPF's 5x5 pools -> conv -> nearest
     x2 upsampling -> conv, two outputs (the input edge, an int8 -> fp16 edge in an
-    int8 build, the plane ops and the output edges)."""
+    int8 build, the plane ops and the output edges), on a [1, 3, h, 14] image."""
     rng = np.random.default_rng(c)
     nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c0"], ["x1"]),  # an int8 group before the fp16 (SiLU) ones
@@ -207,17 +207,18 @@ def _detector_like(c: int):
              "w2": rng.standard_normal((c, c, 1, 1)) / np.sqrt(c),
              "w3": rng.standard_normal((5, c, 3, 3)) / np.sqrt(9 * c),
              "w4": rng.standard_normal((7, c, 1, 1)) / np.sqrt(c), "scales": [1, 1, 2, 2]}
-    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 14])],
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, h, 14])],
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")],
                               [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precision, monkeypatch):
-    path = save(_detector_like(12), tmp_path / "m.onnx")
-    _, rng = compile_calibrated(tmp_path, path, (1, 3, 12, 14), precision, 3)
-    x, x2 = rng.standard_normal((2, 1, 3, 12, 14)).astype(np.float32)
+@pytest.mark.parametrize("h", [12, 4])  # 4: the pools' maps of 2 rows, stored over zero rows (pooled in place)
+def test_a_model_through_the_native_steps_is_the_interpreters(tmp_path, precision, h, monkeypatch):
+    path = save(_detector_like(12, h), tmp_path / "m.onnx")
+    _, rng = compile_calibrated(tmp_path, path, (1, 3, h, 14), precision, 3)
+    x, x2 = rng.standard_normal((2, 1, 3, h, 14)).astype(np.float32)
     taken, pairs = [], []
     real_step, real_chain = feature_edges.run_step, feature_edges.run_chain
 

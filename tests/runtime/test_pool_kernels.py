@@ -47,7 +47,8 @@ CASES = [((1, 3, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0),  # ResNet's st
          ((1, 8, 9, 8), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2), 0),
          ((1, 24, 6, 17), (1, 4), (1, 1), (1, 3), (0, 2, 0, 1), 0),  # stride 1, dilated, one row a window
          ((1, 40, 3, 3), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2), 0),  # windows past the map on every side
-         ((1, 9, 13, 4), (3, 1), (1, 1), (2, 1), (2, 0, 0, 0), 1)]  # one column a window, rows dilated
+         ((1, 9, 13, 4), (3, 1), (1, 1), (2, 1), (2, 0, 0, 0), 1),  # one column a window, rows dilated
+         ((1, 16, 9, 14), (2, 5), (2, 3), (1, 2), (1, 2, 0, 1), 1)]  # strided, dilated, 5 column taps
 
 
 def _values(rng, shape, dtype):
@@ -95,7 +96,7 @@ def test_feature_map_planes_pool_in_place_as_the_reference(dtype, shape, kernel,
                                   _reference(planes, kernel, strides, dilations, pads, ceil_mode))
 
 
-@pytest.mark.parametrize("channels", [2, 4])  # 4 float32 channels: whole 16-byte pixels (_fused_max)
+@pytest.mark.parametrize("channels", [2, 4])  # 4 float32 channels: whole 16-byte pixels (_plane_max)
 def test_a_nan_in_a_window_is_its_maximum_as_in_numpy(channels):
     x = np.random.default_rng(0).standard_normal((1, channels, 6, 6)).astype(np.float32)
     x[0, 1, 2, 3] = np.nan
@@ -154,26 +155,34 @@ def test_a_feature_map_pools_straight_into_the_next_map(dtype, shape, kernel, st
     """pool_jit.max_pool_atoms with conv.max_pool_window's geometry (runtime/feature_edges.py's
     MaxPool between two maps): the result, written in place over stale bytes into a map
     inside a larger buffer (its groups `zero_rows` rows apart: a map stored over more rows
-    than it has), is the reference's on the same planes, and no byte around it moves."""
+    than it has), is the reference's on the same planes, and no byte around it moves;
+    given the maps' views (copied densely around the kernel) and, through atoms_pooler, the
+    arrays they are stored in (read and written in place, the input's rows past the map's
+    random: a row read from there would show)."""
     from rkc.runtime.kernels import conv, pool_jit
 
     rng = np.random.default_rng(sum(shape) + 2)
     lanes = 16 // np.dtype(dtype).itemsize
-    fm = _values(rng, (-(-shape[1] // lanes), *shape[2:], lanes), dtype)
+    stored_in = _values(rng, (-(-shape[1] // lanes), shape[2] + zero_rows, shape[3], lanes), dtype)
     if dtype == np.float16:
-        flat = fm.reshape(-1)
+        flat = stored_in[:, :shape[2]].reshape(-1)
         flat[rng.choice(flat.size, 4, replace=False)] = [np.nan, np.inf, -np.inf, -0.0]
+        stored_in[:, :shape[2]] = flat.reshape(stored_in[:, :shape[2]].shape)
+    fm = stored_in[:, :shape[2]]
     attrs = {"kernel_shape": list(kernel), "strides": list(strides), "dilations": list(dilations),
              "pads": list(pads), "ceil_mode": ceil_mode}
     kernel_, strides_, dilations_, begin, out_hw = conv.max_pool_window(list(shape[2:]), **attrs)
     stored = (fm.shape[0], out_hw[0] + zero_rows, out_hw[1], lanes)
     n = int(np.prod(stored))
-    buffer = np.full(n + 2 * lanes, 0x5A, np.uint8 if np.dtype(dtype).itemsize == 1 else np.uint16)
-    whole = buffer[lanes:lanes + n].view(dtype).reshape(stored)
-    out = whole[:, :out_hw[0]]
-    pool_jit.max_pool_atoms(fm, kernel_, strides_, dilations_, begin, out)
-    planes = fm.transpose(0, 3, 1, 2)
-    np.testing.assert_array_equal(out.transpose(0, 3, 1, 2).astype(np.float64),
-                                  _reference(planes, kernel, strides, dilations, pads, ceil_mode))
-    assert (buffer[:lanes] == 0x5A).all() and (buffer[lanes + n:] == 0x5A).all()
-    assert (whole[:, out_hw[0]:].view(buffer.dtype) == 0x5A).all()  # the rows past the map's
+    expected = _reference(fm.transpose(0, 3, 1, 2), kernel, strides, dilations, pads, ceil_mode)
+    for as_stored in (False, True):
+        buffer = np.full(n + 2 * lanes, 0x5A, np.uint8 if np.dtype(dtype).itemsize == 1 else np.uint16)
+        whole = buffer[lanes:lanes + n].view(dtype).reshape(stored)
+        out = whole[:, :out_hw[0]]
+        if as_stored:
+            pool_jit.atoms_pooler(dtype, fm.shape, out.shape, kernel_, strides_, dilations_, begin)(stored_in, whole)
+        else:
+            pool_jit.max_pool_atoms(fm, kernel_, strides_, dilations_, begin, out)
+        np.testing.assert_array_equal(out.transpose(0, 3, 1, 2).astype(np.float64), expected)
+        assert (buffer[:lanes] == 0x5A).all() and (buffer[lanes + n:] == 0x5A).all()
+        assert (whole[:, out_hw[0]:].view(buffer.dtype) == 0x5A).all()  # the rows past the map's
