@@ -32,7 +32,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from rkc.runtime.half import widen_value
-from rkc.runtime.llm import threads
+from rkc.runtime.llm import jit, threads
 from rkc.runtime.llm.prefill_kernels import exp_into
 
 F32 = np.float32
@@ -323,6 +323,34 @@ def attend_blocks(q, keys, values, kpos, p0, scale, window, blocks, s, e_bits, a
     combine(blocks, mx, total, acc, dst)
 
 
+@njit(**_JIT)
+def attend_span(q, keys, values, kpos, s, e, p0, scale, window, blocks, scores, e_bits, acc, mx, total, dst):
+    """attend_blocks over rows [s, e) of a layer's whole cache buffers
+    keys [capacity, Hkv, hd] / values [capacity, Hkv, hdv] (fp16 bits) and
+    positions kpos [capacity], for q [H, hd], in `blocks` ranges
+    (RowAttention.blocks): RowAttention's one-thread path with its slices and
+    reshapes made here (each a numpy view of ~0.3-1 us in Python, ten a
+    layer). `scale` a float, narrowed to float32 here (RowAttention's F32 of
+    it); `scores` and `e_bits` RowWork's flat buffers."""
+    p, nq = e - s, q.shape[0]
+    attend_blocks(q, keys[s:e].reshape(-1, keys.shape[2]), values[s:e].reshape(-1, values.shape[2]), kpos[s:e], p0,
+                  np.float32(scale), window, blocks, scores[:nq * p].reshape(nq, p), e_bits, acc, mx, total, dst)
+
+
+@njit(**_JIT)
+def front_and_attend(q, k, v, qw, qeps, kw, keps, vw, veps, norms, v_norm, qn, kn, vn, qx, kx, cos, sin, dims, neox,
+                     qr, kr, kr_bits, v_bits, k16, v16, kpos, s, e, p0, scale, window, blocks, scores, e_bits, acc,
+                     mx, total, dst):
+    """A one-row attention stretch's compiled work in one call: jit.attention_front
+    (its cache row written into row e - 1 of k16 / v16) then attend_span of
+    qr over rows [s, e). The eps values are floats, narrowed to float32 here
+    (the F32 the stretch would pass: the same bits); one dispatch and no
+    numpy scalar arguments instead of two dispatches and the views between."""
+    jit.attention_front(q, k, v, qw, np.float32(qeps), kw, np.float32(keps), vw, np.float32(veps), norms, v_norm,
+                        qn, kn, vn, qx, kx, cos, sin, dims, neox, qr, kr, kr_bits, v_bits, k16, v16, e - 1)
+    attend_span(qr[0], k16, v16, kpos, s, e, p0, scale, window, blocks, scores, e_bits, acc, mx, total, dst)
+
+
 class RowWork:
     """The scores and exp scratch of a one-row attention, shared by every
     layer of an engine's plans (their steps run one at a time); grown to the
@@ -350,12 +378,22 @@ class RowAttention:
                  threads_max: int = threads.THREADS) -> None:
         self.heads, self.hd, self.hdv = heads, hd, hdv
         self.scale, self.window, self.work = F32(scale), int(window), work
+        self.scale_value = float(self.scale)  # (attend_span narrows it back: the same float32)
         self.full = np.zeros((1, heads * hdv), F32)
         self.dst = self.full[0].reshape(heads, hdv)
         self.threads = max(1, threads_max)
         self.mx = np.empty((BLOCKS_MAX, heads), F32)
         self.total = np.empty((BLOCKS_MAX, heads), F32)
         self.acc = np.empty((BLOCKS_MAX, heads, hdv), F32)
+
+    def one_thread(self, keys: int) -> bool:
+        """Whether `keys` keys run on the caller's thread alone (attend_span's path)."""
+        return keys < SHARED_KEYS or self.threads == 1
+
+    @staticmethod
+    def blocks(keys: int) -> int:
+        """The ranges `keys` keys are cut into (each its own float32 sums)."""
+        return max(1, min(BLOCKS_MAX, keys // KEYS_PER_BLOCK))
 
     def __call__(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, p0: int) -> np.ndarray:
         p = len(kpos)
@@ -366,8 +404,8 @@ class RowAttention:
                 v2.view(np.uint16) if v2.dtype == np.float16 else v2, np.asarray(kpos, np.int64), int(p0),
                 self.scale, self.window)
 
-        blocks = max(1, min(BLOCKS_MAX, p // KEYS_PER_BLOCK))
-        if p < SHARED_KEYS or self.threads == 1:
+        blocks = self.blocks(p)
+        if self.one_thread(p):
             attend_blocks(*args, blocks, s, bits, self.acc, self.mx, self.total, self.dst)
             return self.full
 
