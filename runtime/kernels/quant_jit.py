@@ -111,9 +111,12 @@ def _quantize_tile_lines(tiles, scale, zero_point, fm, lo, hi):
 
 @njit(cache=True, nogil=True)
 def _dequantize_pixel(lanes, scale, zero_point, out):
-    zp, c2 = np.float64(zero_point), lanes.shape[1]
-    for j in range(out.shape[0]):
-        out[j] = np.float32((np.float64(lanes[j // c2, j % c2]) - zp) * scale)
+    # by atoms and lanes: a channel's j // C2, j % C2 (a division by a runtime C2) cost ~1 ns each
+    # (ZFNet's 4096 features: 10 -> 5.5 us, load ~2)
+    zp, (c1, c2), c = np.float64(zero_point), lanes.shape, out.shape[0]
+    for a in range(c1):
+        for b in range(min(c2, c - a * c2)):
+            out[a * c2 + b] = np.float32((np.float64(lanes[a, b]) - zp) * scale)
 
 
 @njit(cache=True, nogil=True)

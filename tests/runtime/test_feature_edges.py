@@ -83,6 +83,29 @@ def test_a_map_widens_every_fp16_pattern_as_numpy(stored):
     np.testing.assert_array_equal(wide, want.view(np.float16).astype(np.float32).view(np.uint32))
 
 
+def test_a_one_pixel_map_narrows_float32_patterns_as_numpy():
+    """The one-pixel path of half.narrow_into_feature (a classifier's features): random
+    float32 bit patterns (NaN payloads, signalling ones, infinities, subnormals, values
+    past fp16's range) rounded as numpy's cast, into atoms stored next to each other and
+    spaced out (a map of one row stored over four), stale lanes past C zeroed, the
+    spacing rows untouched."""
+    rng = np.random.default_rng(7)
+    for c in (4096, 1000, 37, 8, 1):
+        bits = rng.integers(0, 1 << 32, c, dtype=np.uint64).astype(np.uint32)
+        bits[:6] = [0x7F800001, 0xFF800000, 0x7FC00000, 0x00000001, 0x477FF000, 0x80000000][:c] if c >= 6 \
+            else bits[:6]
+        with np.errstate(over="ignore"):  # (values past fp16's range: inf, as the cast)
+            want = bits.view(np.float32).astype(np.float16).view(np.uint16)
+        c1 = -(-c // 8)
+        lanes = np.zeros(c1 * 8, np.uint16)
+        lanes[:c] = want
+        spaced = np.full((c1, 4, 1, 8), 0x5555, np.uint16)
+        for fm in (np.full((c1, 1, 1, 8), 0x5555, np.uint16), spaced[:, :1]):
+            half.narrow_into_feature(bits.reshape(c, 1, 1), fm)
+            np.testing.assert_array_equal(fm[:, 0, 0].reshape(-1), lanes)
+        assert (spaced[:, 1:] == 0x5555).all()
+
+
 def _widened_and_kept_as_numpy(bits, fm):
     assert half.one_pixel_lanes(fm, np.empty((bits.size, 1, 1), np.uint32)) is not None
     out = np.empty((bits.size, 1, 1), np.uint32)
