@@ -196,8 +196,8 @@ def test_prefill_attention_of_peaked_scores(spread):
     assert np.abs(got - exact).max() <= max(2 * err, 1e-6 * np.abs(exact).max())
 
 
-@pytest.mark.parametrize("hd,hdv", [(8, 8), (64, 64), (256, 256), (16, 8)])
-@pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2), (4, 1), (2, 4), (1, 9)])
+@pytest.mark.parametrize("hd,hdv", [(8, 8), (64, 64), (256, 256), (16, 8), (80, 40), (128, 128)])
+@pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2), (4, 1), (2, 4), (1, 9), (1, 6)])
 def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):
     """A fused attention stretch's one-row attention (decode_attention.RowAttention
     over the cache's fp16 rows, its output row made once) within float32
