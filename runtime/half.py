@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 from rkc.runtime.kernels.threads import over_rows, threads_for
 
-_JIT = {"cache": True, "nogil": True}
+_JIT = {"cache": True, "nogil": True, "fastmath": False}
 
 
 def _widened_bits_ir(builder, h16, lanes: int = 0, nan_free: bool = False):

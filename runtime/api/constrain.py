@@ -29,7 +29,7 @@ from rkc.runtime.api.errors import RequestError
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _mask(logits, bits):  # pragma: no cover (compiled)
     # in place, a word of the mask at a time: a word of all ones (most of them while a string is written) costs
     # its read; only forbidden tokens are written. Against a masked copy (0.21 ms for 262k, 0.33 in the decode

@@ -56,7 +56,7 @@ def depthwise_feature(fm: np.ndarray, weights: np.ndarray, bias: np.ndarray, str
               dst.shape[0] * dst.shape[1], vector_ops)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _depthwise_lines(src, w, b, dst, sh, sw, top, left, dh, dw, lo, hi):
     # One output row at a time. The input rows it reads are widened once into one float32 line per lane
     # (`wide`, [kh, C2, span], the zero padding written out), the row is summed in `acc` ([C2, span], the

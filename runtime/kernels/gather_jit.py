@@ -17,7 +17,7 @@ from rkc.runtime.half import eight_atoms, narrow_bits, narrow_value, widen_value
 from rkc.runtime.kernels.threads import over_rows
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _gather_2d(x, rows, cols, out, lo, hi):
     """x [N, H, W, C] -> out [N, len(rows), len(cols), C], output rows [lo, hi) of N * OH."""
     oh, ow, c = out.shape[1], out.shape[2], out.shape[3]
@@ -42,7 +42,7 @@ def gather_2d(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     return out.transpose(0, 3, 1, 2)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _gather_atoms(x, rows, cols, out, lo, hi):
     """x [C1, H, W, 2] -> out [C1, len(rows), len(cols), 2] (64-bit words), output rows [lo, hi) of C1 * OH."""
     oh, ow = out.shape[1], out.shape[2]
@@ -67,7 +67,7 @@ def gather_atoms(fm: np.ndarray, rows: np.ndarray, cols: np.ndarray, out: np.nda
     over_rows(lambda lo, hi: _gather_atoms(*args, lo, hi), out.shape[0] * out.shape[1], into.size // 2)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def move_elements(src, frm, out, into, scale):
     """out[into[i]] = src[frm[i]] (times `scale` where it is not 1, in float32): fp16
     elements as uint16 bits, a Relayout between NPU buffers (runtime/feature_edges.py)."""
@@ -79,7 +79,7 @@ def move_elements(src, frm, out, into, scale):
         out[into[i]] = narrow_bits(np.float32(widen_value(src[frm[i]]) * scale).view(np.uint32))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def strided_runs(into, frm):
     """The moves out[into[i]] = src[frm[i]] (into increasing) as runs [R, 4] of (first
     result position, first source position, length, source step): consecutive result
@@ -105,7 +105,7 @@ _LONG_RUN = 64  # elements: a run this long is copied through views (their makin
 _ATOM_LANES = 8  # fp16 elements of a 16-byte atom
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def move_runs(src, runs, out, scale):
     """out[o + k] = src[f + k * step] for k < length, each run (o, f, length, step) of
     `strided_runs` (times `scale` where it is not 1, in float32): move_elements by runs.
@@ -135,7 +135,7 @@ def move_runs(src, runs, out, scale):
             out[np.uint64(o + k)] = v if one else narrow_value(widen_value(v) * scale)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def eight_lane_blocks(runs):
     """(blocks [B, 4], the other runs [R, 4]) of `strided_runs`' runs: a block is eight runs of
     one length (a multiple of 8) and source step 8 whose sources are the eight lanes of the same
@@ -168,7 +168,7 @@ def eight_lane_blocks(runs):
     return blocks[:nb].copy(), rest[:nr].copy()
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def move_blocks(src, blocks, out):
     """out[o + b * stride + k] = src[f + 8 k + b] for b < 8, k < length, each block (o, f, length,
     stride) of `eight_lane_blocks` (unscaled: fp16 bits moved as they are), eight atoms at a time

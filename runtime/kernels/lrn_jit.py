@@ -14,7 +14,7 @@ from numba import njit
 from rkc.runtime.kernels.threads import over_rows
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _window_sums(x, below, above, scale, bias, out, lo, hi):
     """out[n, c] = bias + scale * sum of x[n, j]^2 over j in [c - below, c + above]
     (clipped to the channels), for the (n, c) planes [lo, hi) of N * C; x and out [N, C, P]."""

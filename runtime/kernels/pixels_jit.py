@@ -155,7 +155,7 @@ def _product_codes(a, b, c, d, channels, inverse, zp, out):
     return near
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _quantize_rows(x, scale, zero_point, fast, words, lo, hi):
     """Rows [lo, hi): `_product_codes` where `fast`, then the reference's way (quant_jit.quantize_row,
     float64) for the rows it flags; words [H, 4 * W] uint32."""
@@ -201,7 +201,7 @@ def _narrowed(a, b, c, d, channels, out):
     return nan
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _narrow_rows(x, values, words, lo, hi):
     """Rows [lo, hi): `_narrowed`, then numpy's bits (runtime/half.py `narrow_bits`) for the
     rows holding a NaN; x the float32 bits (uint32) of `values`, words [H, 2 * W] uint64."""
@@ -231,7 +231,7 @@ def _pack_row(lanes, width, out):
         out[2 * i + 1] = 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _pixel_rows(pixels, tables, width, words, lo, hi):
     _, w, c = pixels.shape
     s1, s2, s3 = np.uint64(width), np.uint64(2 * width), np.uint64(3 * width)
@@ -258,7 +258,7 @@ def _pixel_rows(pixels, tables, width, words, lo, hi):
                 out[i, 1] = 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _block_rows(pixels, tables, scales, offsets, affine, words, lo, hi):
     if not affine:
         for y in range(lo, hi):

@@ -29,7 +29,7 @@ DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.
                                          np.int64))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _taps(o, stride, pad, k, dil, size):
     """The window taps [lo, hi) of output position o that fall inside the map."""
     start = o * stride - pad
@@ -82,7 +82,7 @@ def _greater(v, cur):
     return (v > cur or v != v) and cur == cur
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _window_max(x, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
     """One pass: out[p, oy, ox] = the maximum of each whole window, for output
     rows [lo, hi) of P * OH; lanes L innermost (keys, turned back into values)."""
@@ -107,7 +107,7 @@ def _window_max(x, low, kh, kw, sy, sx, dy, dx, pt, pl, out, lo, hi):
                 dst[lane] = _value(dst[lane])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _row_max(x, low, kw, sx, dx, pl, rows, lo, hi):
     """First pass: rows[p, y, ox] = the maximum over the window's columns of
     input row y, for rows [lo, hi) of P * H (as keys); lanes L innermost."""
@@ -128,7 +128,7 @@ def _row_max(x, low, kw, sx, dx, pl, rows, lo, hi):
                     dst[lane] = v if _greater(v, cur) else cur
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _column_max(rows, low, kh, sy, dy, pt, out, lo, hi):
     """Second pass: out[p, oy, ox] = the maximum over the window's rows of the
     first pass, for output rows [lo, hi) of P * OH (keys turned back into values)."""
@@ -205,7 +205,7 @@ def _rows_max(a, b, c, first, dst):
             dst[i] = _max2(dst[i], _max2(_max2(_atom_key(a[i]), _atom_key(b[i])), _atom_key(c[i])))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _plane_max(x, gx, h, low, b, kh, kw, dy, dx, pt, pl, out, go, oh, lo, hi):
     """A stride-1 pool of whole planes [lo, hi): x and out the rows of P maps (`_block_max`'s
     form: h and oh rows, plane p's row y at x[p * gx + y], out[p * go + y]; fp16 as bits, out
@@ -246,7 +246,7 @@ def _plane_max(x, gx, h, low, b, kh, kw, dy, dx, pt, pl, out, go, oh, lo, hi):
 BLOCK_KEYS = 8192  # keys of a block of output rows' window-row maxima (`_block_max`: 16 KB of int16, in L1)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _block_max(x, gx, h, low, b, units, kh, kw, sy, sx, dy, dx, pt, pl, out, go, oh, lo, hi):
     """A pool at a stride, of pixels of whole 16-byte units (`units` a pixel; an NPU atom is one):
     x the rows (W * b elements, fp16 as bits) of P maps of h rows, map p's row y at x[p * gx + y],
@@ -442,7 +442,7 @@ def _map_rows(a: np.ndarray, writes: bool = False) -> tuple[np.ndarray, int, boo
     return dense.reshape(c1 * r, w * c2), r, False
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _window_mean(x, kh, kw, sy, sx, dy, dx, pt, pl, divisor, out, lo, hi):
     """out[p, oy, ox] = the sum of each window's taps inside the map over divisor[oy, ox],
     for output rows [lo, hi) of P * OH; lanes L innermost, summed in x's float type."""

@@ -50,7 +50,7 @@ def dequantize_feature(fm: np.ndarray, scale: float, zero_point: int, out: np.nd
 TIE_MARGIN = 2.0 ** -30  # a product this close to a half-integer is re-rounded from the division
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def quantize_row(src, scale, inverse, zp, dst):
     """dst[i] = saturate(rint(float64(src[i]) / scale) + zp) as int8 codes (any
     integer dtype of dst), with quant.py's arithmetic: the quotient taken as a
@@ -70,7 +70,7 @@ def quantize_row(src, scale, inverse, zp, dst):
             dst[i] = np.int8(min(max(q, -128.0), 127.0))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _quantize_lines(x, scale, zero_point, fm, lo, hi):
     c, h, w = x.shape
     c2 = fm.shape[3]
@@ -86,7 +86,7 @@ def _quantize_lines(x, scale, zero_point, fm, lo, hi):
         rows_to_lanes(rows, fm[a, y])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _quantize_tile_lines(tiles, scale, zero_point, fm, lo, hi):
     c, kh, kw, ih, iw = tiles.shape
     h, w = ih * kh, iw * kw
@@ -109,7 +109,7 @@ def _quantize_tile_lines(tiles, scale, zero_point, fm, lo, hi):
         rows_to_lanes(rows, fm[a, y])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _dequantize_pixel(lanes, scale, zero_point, out):
     # by atoms and lanes: a channel's j // C2, j % C2 (a division by a runtime C2) cost ~1 ns each
     # (ZFNet's 4096 features: 10 -> 5.5 us, load ~2)
@@ -119,7 +119,7 @@ def _dequantize_pixel(lanes, scale, zero_point, out):
             out[a * c2 + b] = np.float32((np.float64(lanes[a, b]) - zp) * scale)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _dequantize_lines(fm, scale, zero_point, out, lo, hi):
     c, h, w = out.shape
     c2 = fm.shape[3]
@@ -168,7 +168,7 @@ def recode_feature(src: np.ndarray, table: np.ndarray, dst: np.ndarray, channels
               dst.size)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _recode_halves(src, table, dst, c, lo, hi):
     """`_recode_lines` from 16-lane atoms (int8) into 8-lane ones (fp16): dst group a is
     lanes 8 * (a % 2) .. + 8 of src group a // 2, each pixel's eight lookups written out
@@ -197,7 +197,7 @@ def _recode_halves(src, table, dst, c, lo, hi):
             out[o + 7] = table[lanes[k + 7]]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _recode_lines(src, table, dst, c, lo, hi):
     h, w, c2 = dst.shape[1], dst.shape[2], dst.shape[3]
     s2 = src.shape[3]

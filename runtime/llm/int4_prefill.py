@@ -33,7 +33,7 @@ from rkc.runtime.llm.int4_jit import _abs_max_bits, _nibbles
 from rkc.runtime.llm.prefill_fused import _act_mul, _rotate_tile, _scaled_body, _tile_scales, zero_rows
 from rkc.runtime.llm.prefill_kernels import LANES
 
-_JIT = {"cache": True, "nogil": True}
+_JIT = {"cache": True, "nogil": True, "fastmath": False}
 GATHERED = 8  # rows quantize_nibble_blocks_into_atoms takes from their blocks at once
 
 

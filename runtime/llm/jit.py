@@ -30,7 +30,7 @@ from rkc.runtime.llm.prefill_kernels import _hadamard_stages, activation, int8_c
 # error_model "numpy": a float division by zero gives numpy's inf / NaN instead of raising, so no
 # check per element stops a loop from vectorising (a 8960-wide SiLU's divisions 9 -> 4.8 us); the
 # quotients of nonzero divisors are the same bits
-_JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
+_JIT = {"cache": True, "nogil": True, "error_model": "numpy", "fastmath": False}
 _BLOCK = 128  # numpy's PW_BLOCKSIZE: the pairwise sum's leaf
 
 

@@ -39,7 +39,7 @@ KEY_ALIGN = layout.CHANNEL_GROUP  # key slots come in whole 32-channel weight ro
 KG = layout.kernel_group_for(2)  # fp16 kernels per weight group (16)
 C2_HALF = layout.c2_for(2)  # fp16 channels per atom (8)
 C2_FLOAT = layout.c2_for(4)  # fp32 channels per atom (4)
-_JIT = {"cache": True, "nogil": True}
+_JIT = {"cache": True, "nogil": True, "fastmath": False}
 
 
 def feature_rows(rows: int) -> int:
@@ -140,7 +140,7 @@ _HALF_REBIAS = np.uint32((((15 - 127) << 23) + 0xFFF) & 0xFFFFFFFF)  # (uint32 s
 _DENORMAL_MAGIC = np.uint32(126 << 23)  # float32 0.5: x + 0.5 leaves x's fp16 denormal in the low bits, rounded to even
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _halves_of_units(x, lo, hi, shifted, out):
     """out[j] = fp16 bits of x[j] for j in [lo, hi), x float32 in [0, 1],
     rounded to nearest even as numpy's astype rounds (tests/llm/

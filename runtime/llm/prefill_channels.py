@@ -17,7 +17,7 @@ from numba import njit
 
 from rkc.runtime.half import narrow_value, widen_value
 
-_JIT = {"cache": True, "nogil": True}
+_JIT = {"cache": True, "nogil": True, "fastmath": False}
 
 
 def channel_major(a: np.ndarray) -> np.ndarray | None:

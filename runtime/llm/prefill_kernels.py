@@ -32,7 +32,7 @@ def live_rows(state, m: int) -> int:
     runtime/llm/generate.chunk_plan counts on it). Without a state: all m."""
     rows = m if state is None else min(m, max(1, int(state.valid)))
     return min(m, -(-rows // LANES) * LANES)
-_JIT = {"cache": True, "nogil": True}
+_JIT = {"cache": True, "nogil": True, "fastmath": False}
 # The float32 kernels not held to the per-step bits (issue 37): divisions without a zero check (Python's error
 # model: they vectorise), and a * b + c contracted into one FMA (one rounding, not two: within the same float32
 # tolerance; the exp's polynomial and the in edges' dequantization take ~0.85x the time, h50r's note).

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_JIT = {"cache": True, "nogil": True}
+_JIT = {"cache": True, "nogil": True, "fastmath": False}
 _BLOCK = 64  # logits screened against the heap's root at a time
 
 
