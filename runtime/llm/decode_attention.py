@@ -32,7 +32,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from rkc.runtime.half import widen_value
-from rkc.runtime.llm import threads
+from rkc.runtime.llm import jit, threads
 from rkc.runtime.llm.prefill_kernels import exp_into
 
 F32 = np.float32
@@ -193,6 +193,110 @@ def _weighted_quad(s, p, i, values, r, step, acc):
         acc[i + 3, d] += w30 * x0 + w31 * x1 + w32 * x2 + w33 * x3
 
 
+# keys a run of _weighted_tile calls takes before the next: their value rows stay in L1 across the dims
+KEY_TILE = 32
+VEC = 8  # floats a vector register holds (AVX2)
+TILE = 16  # output dims a _weighted_tile call holds: two 8-float vectors per query head
+
+
+@intrinsic
+def _weighted_tile(typingctx, s, i, values, r0, step, lo, hi, d, acc):
+    """acc[i + c, d:d + TILE] += sum over keys p in [lo, hi) of s[i + c, p] *
+    values[r0 + (p - lo) * step, d:d + TILE] for the four query heads c < 4,
+    with fp16 values (uint16 bits; 2-d arrays, rows contiguous). The eight
+    accumulator vectors (two a head) stay in registers across the keys,
+    stored once, and each value chunk is widened once for the four heads;
+    per key and 16 dims: 2 value loads, 4 weight broadcasts, 8 FMAs.
+    Written as vector IR: numba's scalar form of it was not merged into
+    vectors (4x slower), and the loop-vectorised _weighted_quad loads and
+    stores the accumulators every four keys."""
+    arrays = (s, values, acc)
+    if (any(not isinstance(a, types.Array) or a.ndim != 2 for a in arrays) or values.dtype != types.uint16
+            or s.dtype != types.float32 or acc.dtype != types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f32, i16, i8p = ir.FloatType(), ir.IntType(16), ir.IntType(8).as_pointer()
+        vf, vh, vi = ir.VectorType(f32, VEC), ir.VectorType(ir.HalfType(), VEC), ir.VectorType(i16, VEC)
+        intp = context.get_value_type(types.intp)
+        s_a, v_a, acc_a = (context.make_array(sig.args[k])(context, builder, args[k]) for k in (0, 2, 8))
+        ii, r0_, step_, lo_, hi_, d_ = (context.cast(builder, args[k], sig.args[k], types.intp)
+                                        for k in (1, 3, 4, 5, 6, 7))
+
+        def at(ary, row, col, size):  # i8* of ary[row, col] (rows strided, columns contiguous)
+            stride = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
+            off = builder.add(builder.mul(row, stride), builder.mul(col, intp(size)))
+            return builder.gep(builder.bitcast(ary.data, i8p), [off])
+
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v8f32")
+        parts = TILE // VEC
+        slots = []  # (head, part, pointer into acc, the accumulator's alloca)
+        for c in range(4):
+            for j in range(parts):
+                ptr = builder.bitcast(at(acc_a, builder.add(ii, intp(c)), builder.add(d_, intp(j * VEC)), 4),
+                                      vf.as_pointer())
+                slot = cgutils.alloca_once(builder, vf)
+                builder.store(builder.load(ptr, align=4), slot)
+                slots.append((c, j, ptr, slot))
+        undef = ir.Constant(vf, ir.Undefined)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC)
+        with cgutils.for_range(builder, builder.sub(hi_, lo_)) as loop:
+            k = loop.index
+            p = builder.add(lo_, k)
+            r = builder.add(r0_, builder.mul(k, step_))
+            xs = []
+            for j in range(parts):
+                raw = builder.load(builder.bitcast(at(v_a, r, builder.add(d_, intp(j * VEC)), 2), vi.as_pointer()),
+                                   align=2)
+                xs.append(builder.fpext(builder.bitcast(raw, vh), vf))
+            ws = []
+            for c in range(4):
+                w = builder.load(builder.bitcast(at(s_a, builder.add(ii, intp(c)), p, 4), f32.as_pointer()), align=4)
+                ws.append(builder.shuffle_vector(builder.insert_element(undef, w, ir.IntType(32)(0)), undef, zeros))
+            for c, j, _, slot in slots:
+                builder.store(builder.call(fma, [ws[c], xs[j], builder.load(slot)]), slot)
+        for _, _, ptr, slot in slots:
+            builder.store(builder.load(slot), ptr, align=4)
+        return context.get_dummy_value()
+    return types.void(s, i, values, r0, step, lo, hi, d, acc), codegen
+
+
+@njit(**_JIT)
+def _weighted_dims(s, p, i, values, r, d0, acc):
+    """acc[i + c, d] += s[i + c, p] * values[r, d] for c < 4, d0 <= d < hdv
+    (the dims _weighted_tile's whole tiles leave)."""
+    for c in range(4):
+        w = s[i + c, p]
+        for d in range(d0, acc.shape[1]):
+            acc[i + c, d] += w * _value(values, r, d)
+
+
+def _weighted_tiles(s, i, values, h, hkv, lo, hi, acc):  # pragma: no cover - compiled through the overload below
+    """acc[i..i+3] += the weighted values of keys lo..hi-1 (all seen) of KV
+    head h by _weighted_tile, TILE dims at a time (the dims past the last
+    whole tile one key at a time): True; float32 values: False, nothing done
+    (the caller's loops take them)."""
+
+
+@overload(_weighted_tiles, jit_options=_JIT, inline="always")
+def _weighted_tiles_impl(s, i, values, h, hkv, lo, hi, acc):
+    if values.dtype != types.uint16:
+        return lambda s, i, values, h, hkv, lo, hi, acc: False
+
+    def tiles(s, i, values, h, hkv, lo, hi, acc):
+        hdv = acc.shape[1]
+        whole = hdv - hdv % TILE
+        for a in range(lo, hi, KEY_TILE):
+            b = min(a + KEY_TILE, hi)
+            for d in range(0, whole, TILE):
+                _weighted_tile(s, i, values, a * hkv + h, hkv, a, b, d, acc)
+            if whole < hdv:
+                for p in range(a, b):
+                    _weighted_dims(s, p, i, values, p * hkv + h, whole, acc)
+        return True
+    return tiles
+
+
 @njit(**_JIT)
 def _seen(kpos, p, n, p0, window) -> bool:
     """Keys p..p+n-1 all visible to the query at p0."""
@@ -216,7 +320,9 @@ def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, e_bits, acc
     [P] (int32) exp_into's scratch. Loops index 2-d arrays by (computed row,
     range index) and make no slices per key: what lets them vectorise.
     Query heads go four at a time while a group has four (the rest one at a
-    time): their scores two visible keys a pass, their weighted values four."""
+    time): their scores two visible keys a pass, their weighted values by
+    _weighted_tiles when the range's keys are all seen and fp16, else four
+    keys a pass."""
     hdv, nq = values.shape[1], q.shape[0]
     hkv = keys.shape[0] // kpos.shape[0]
     g = nq // hkv
@@ -264,6 +370,11 @@ def attend_keys(q, keys, values, kpos, p0, scale, window, lo, hi, s, e_bits, acc
         i = h * g
         while i < h * g + g:
             n = 4 if h * g + g - i >= 4 else 1
+            # every key seen (a decode step's usual range): fp16 values go by tiles of output dims
+            if n == 4 and hdv >= TILE and _seen(kpos, lo, hi - lo, p0, window) and _weighted_tiles(
+                    s, i, values, h, hkv, lo, hi, acc):
+                i += 4
+                continue
             p = lo
             while p < hi:
                 if p + AHEAD + 3 < hi:
@@ -323,6 +434,34 @@ def attend_blocks(q, keys, values, kpos, p0, scale, window, blocks, s, e_bits, a
     combine(blocks, mx, total, acc, dst)
 
 
+@njit(**_JIT)
+def attend_span(q, keys, values, kpos, s, e, p0, scale, window, blocks, scores, e_bits, acc, mx, total, dst):
+    """attend_blocks over rows [s, e) of a layer's whole cache buffers
+    keys [capacity, Hkv, hd] / values [capacity, Hkv, hdv] (fp16 bits) and
+    positions kpos [capacity], for q [H, hd], in `blocks` ranges
+    (RowAttention.blocks): RowAttention's one-thread path with its slices and
+    reshapes made here (each a numpy view of ~0.3-1 us in Python, ten a
+    layer). `scale` a float, narrowed to float32 here (RowAttention's F32 of
+    it); `scores` and `e_bits` RowWork's flat buffers."""
+    p, nq = e - s, q.shape[0]
+    attend_blocks(q, keys[s:e].reshape(-1, keys.shape[2]), values[s:e].reshape(-1, values.shape[2]), kpos[s:e], p0,
+                  np.float32(scale), window, blocks, scores[:nq * p].reshape(nq, p), e_bits, acc, mx, total, dst)
+
+
+@njit(**_JIT)
+def front_and_attend(q, k, v, qw, qeps, kw, keps, vw, veps, norms, v_norm, qn, kn, vn, qx, kx, cos, sin, dims, neox,
+                     qr, kr, kr_bits, v_bits, k16, v16, kpos, s, e, p0, scale, window, blocks, scores, e_bits, acc,
+                     mx, total, dst):
+    """A one-row attention stretch's compiled work in one call: jit.attention_front
+    (its cache row written into row e - 1 of k16 / v16) then attend_span of
+    qr over rows [s, e). The eps values are floats, narrowed to float32 here
+    (the F32 the stretch would pass: the same bits); one dispatch and no
+    numpy scalar arguments instead of two dispatches and the views between."""
+    jit.attention_front(q, k, v, qw, np.float32(qeps), kw, np.float32(keps), vw, np.float32(veps), norms, v_norm,
+                        qn, kn, vn, qx, kx, cos, sin, dims, neox, qr, kr, kr_bits, v_bits, k16, v16, e - 1)
+    attend_span(qr[0], k16, v16, kpos, s, e, p0, scale, window, blocks, scores, e_bits, acc, mx, total, dst)
+
+
 class RowWork:
     """The scores and exp scratch of a one-row attention, shared by every
     layer of an engine's plans (their steps run one at a time); grown to the
@@ -350,12 +489,22 @@ class RowAttention:
                  threads_max: int = threads.THREADS) -> None:
         self.heads, self.hd, self.hdv = heads, hd, hdv
         self.scale, self.window, self.work = F32(scale), int(window), work
+        self.scale_value = float(self.scale)  # (attend_span narrows it back: the same float32)
         self.full = np.zeros((1, heads * hdv), F32)
         self.dst = self.full[0].reshape(heads, hdv)
         self.threads = max(1, threads_max)
         self.mx = np.empty((BLOCKS_MAX, heads), F32)
         self.total = np.empty((BLOCKS_MAX, heads), F32)
         self.acc = np.empty((BLOCKS_MAX, heads, hdv), F32)
+
+    def one_thread(self, keys: int) -> bool:
+        """Whether `keys` keys run on the caller's thread alone (attend_span's path)."""
+        return keys < SHARED_KEYS or self.threads == 1
+
+    @staticmethod
+    def blocks(keys: int) -> int:
+        """The ranges `keys` keys are cut into (each its own float32 sums)."""
+        return max(1, min(BLOCKS_MAX, keys // KEYS_PER_BLOCK))
 
     def __call__(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, kpos: np.ndarray, p0: int) -> np.ndarray:
         p = len(kpos)
@@ -366,8 +515,8 @@ class RowAttention:
                 v2.view(np.uint16) if v2.dtype == np.float16 else v2, np.asarray(kpos, np.int64), int(p0),
                 self.scale, self.window)
 
-        blocks = max(1, min(BLOCKS_MAX, p // KEYS_PER_BLOCK))
-        if p < SHARED_KEYS or self.threads == 1:
+        blocks = self.blocks(p)
+        if self.one_thread(p):
             attend_blocks(*args, blocks, s, bits, self.acc, self.mx, self.total, self.dst)
             return self.full
 

@@ -186,11 +186,11 @@ def in_edges_run(edges: Sequence[_InEdge], label: str) -> Callable[[], None]:
     s2, a2, _, c2, b2, h2, f2 = parts[-1]
     stores, kernel = [(e.slot, e.out) for e in edges], jit.dequantize_three
 
-    def rows_scale(i: int):
+    def rows_scale(i: int):  # (the [1] array: the kernel reads its value, jit.row_value)
         rs = slots[i]
         if rs.shape != (1,) or rs.dtype != F32:
             raise_shape(label, "row scale", rs)
-        return rs[0]
+        return rs
 
     def three():
         kernel(a0, k0, rows_scale(s0), c0, b0, h0, f0, a1, k1, rows_scale(s1), c1, b1, h1, f1,
@@ -395,6 +395,9 @@ def _residual_int8(edge_in: _InEdge, edge_out: _OutEdge, slots, o_res: int, k: i
     w1, e1, first_norm, scale, has_scale, w2, e2, last_norm, n1, total, scaled, n2 = body
     atoms, flat, x, x_slot, kernel = edge_in.atoms, edge_in.flat, edge_in.out, edge_in.slot, jit.residual_row
     out, codes, qscale, q_slot = edge_out, edge_out.codes, edge_out.scale, edge_out.scale_slot
+    # floats and the row scale's [1] array: numpy float32 scalars cost more to dispatch (residual_row
+    # narrows the floats back to the same float32s and reads the row scale from its array)
+    e1, e2, norm = float(e1), float(e2), float(out.norm)
 
     def call():
         rs, res = slots[rs_slot], slots[o_res]
@@ -402,8 +405,8 @@ def _residual_int8(edge_in: _InEdge, edge_out: _OutEdge, slots, o_res: int, k: i
             raise_shape(label, "row scale", rs)
         if res.shape != (1, k) or res.dtype != F32:
             raise_shape(label, "residual", res)
-        kernel(atoms, k, rs[0], ch, bias, has_bias, flat, x, w1, e1, first_norm, res, scale, has_scale, w2, e2,
-               last_norm, n1, total, scaled, n2, out.signs, out.block, out.norm, out.factor, out.work, codes, qscale)
+        kernel(atoms, k, rs, ch, bias, has_bias, flat, x, w1, e1, first_norm, res, scale, has_scale, w2, e2,
+               last_norm, n1, total, scaled, n2, out.signs, out.block, norm, out.factor, out.work, codes, qscale)
         slots[x_slot] = x
         for o, v in stores:
             slots[o] = v

@@ -298,7 +298,10 @@ def _compiled_front(plan, edge_steps: Sequence[Step], steps: Sequence[Step], edg
     if v_norm:
         made.append((plan._slot(cv[1].outputs[0]), vx))
     made.append((plan._slot(ck[-1].outputs[0]), kr))
-    k_shape, v_shape, front = (hkv, hd), (hkv, hdv), jit.attention_front
+    k_shape, v_shape, front, both = (hkv, hd), (hkv, hdv), jit.attention_front, decode_attention.front_and_attend
+    # Python floats for the compiled call (a numpy float32 argument costs more to dispatch)
+    qeps_f, keps_f, veps_f = float(qeps), float(keps), float(veps)
+    a_scale, a_window, a_acc, a_mx, a_total = attend.scale_value, attend.window, attend.acc, attend.mx, attend.total
 
     def run() -> bool:
         pos = slots[ip]
@@ -307,12 +310,20 @@ def _compiled_front(plan, edge_steps: Sequence[Step], steps: Sequence[Step], edg
         cos, sin = tables.at(pos)
         cache = state.cache
         s, e = cache.half_row(layer, pos, k_shape, v_shape)
-        k16, v16, kpos = cache.half_buffers(layer)
-        front(q2, k2, v2, qw, qeps, kw, keps, vw, veps, norms, v_norm, qn, kn, vn, qx, kx, cos, sin, dims, neox,
-              qr, kr, kr_bits, v_bits, k16.view(np.uint16), v16.view(np.uint16), e - 1)
+        k16, v16, kpos = cache.half_bits(layer)
+        if attend.one_thread(e - s):  # the front and the attention as one compiled call
+            scores, bits = work.buffers(heads * (e - s), e - s)
+            both(q2, k2, v2, qw, qeps_f, kw, keps_f, vw, veps_f, norms, v_norm, qn, kn, vn, qx, kx, cos, sin, dims,
+                 neox, qr, kr, kr_bits, v_bits, k16, v16, kpos, s, e, int(pos[0]), a_scale, a_window,
+                 attend.blocks(e - s), scores, bits, a_acc, a_mx, a_total, attend.dst)
+            out = attend.full
+        else:
+            front(q2, k2, v2, qw, qeps, kw, keps, vw, veps, norms, v_norm, qn, kn, vn, qx, kx, cos, sin, dims, neox,
+                  qr, kr, kr_bits, v_bits, k16, v16, e - 1)
+            out = attend(qr, k16[s:e], v16[s:e], kpos[s:e], int(pos[0]))
         for i, x in made:
             slots[i] = x
-        slots[o] = attend(qr, k16[s:e], v16[s:e], kpos[s:e], int(pos[0]))
+        slots[o] = out
         return True
     return run
 

@@ -137,6 +137,7 @@ def _gated_int8(edge_gate: _InEdge, edge_up: _InEdge, edge_out: _OutEdge, op: st
     g, u, k, a, out, kernel = edge_gate.out, edge_up.out, edge_gate.k, np.empty_like(hidden), edge_out, jit.gated_row
     gate, up, g_flat, u_flat = edge_gate.atoms, edge_up.atoms, edge_gate.flat, edge_up.flat
     gs, us, q_slot = edge_gate.slot, edge_up.slot, edge_out.scale_slot
+    norm = float(out.norm)  # (a float and the row scales' [1] arrays: cheaper to dispatch, the same values)
 
     def call():
         g_rs, u_rs = slots[g_slot], slots[u_slot]
@@ -144,8 +145,8 @@ def _gated_int8(edge_gate: _InEdge, edge_up: _InEdge, edge_out: _OutEdge, op: st
             raise_shape(label, "row scale", g_rs)
         if u_rs.shape != (1,) or u_rs.dtype != F32:
             raise_shape(label, "row scale", u_rs)
-        kernel(gate, g_rs[0], g_ch, g_bias, g_hb, up, u_rs[0], u_ch, u_bias, u_hb, k, act, g_flat, u_flat, g, u, a,
-               hidden, out.signs, out.block, out.norm, out.factor, out.work, out.codes, out.scale)
+        kernel(gate, g_rs, g_ch, g_bias, g_hb, up, u_rs, u_ch, u_bias, u_hb, k, act, g_flat, u_flat, g, u, a,
+               hidden, out.signs, out.block, norm, out.factor, out.work, out.codes, out.scale)
         slots[gs], slots[us], slots[o_act], slots[o_mul], slots[q_slot] = g, u, a, hidden, out.scale
     return call
 

@@ -21,7 +21,8 @@ time an LLM runs) and later processes load the compiled code.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from rkc.runtime.half import narrow_bits, narrow_into_atoms, widen_bits
 from rkc.runtime.llm.prefill_fused import quantize_into_atoms
@@ -304,14 +305,28 @@ def half_atoms_to_float(src, n, out):
             out[base + b] = widen_bits(src[a, b])
 
 
+def row_value(x):  # pragma: no cover - compiled through the overload below
+    """x's value: a scalar as is, a one-element array's element (a decode
+    step hands the kernels its row scale slot, [1] float32, not x[0]: a numpy
+    scalar argument costs more to dispatch, and the indexing more again)."""
+
+
+@overload(row_value, jit_options=_JIT, inline="always")
+def _row_value_impl(x):
+    if isinstance(x, types.Array):
+        return lambda x: x[0]
+    return lambda x: x
+
+
 @njit(**_JIT)
 def dequantize_atoms(src, n, row_scale, ch_scale, bias, has_bias, out):
     """dequantize_rows of one row of int32 NPU accumulators read in their
     [C1, C2] atoms: the same float64 products, rounded once, into out[:n].
     Whole atoms of 4 (int32's C2) run a fixed inner loop, which the compiler
-    vectorises (a 262144-wide head: 470 -> 150 us)."""
+    vectorises (a 262144-wide head: 470 -> 150 us). row_scale: a scalar or
+    its [1] array (row_value)."""
     c1, c2 = src.shape
-    rs = np.float64(row_scale)
+    rs = np.float64(row_value(row_scale))
     full = n // 4 if c2 == 4 else 0
     if has_bias:
         for a in range(full):
@@ -543,11 +558,15 @@ def residual_row(src, n, row_scale, ch_scale, bias, has_bias, flat, x, w1, eps1,
     """An int8 residual stretch of one row in one call: dequantize_atoms of
     the segment's int32 row into x (`flat`: x's values), norm_add_norm,
     then rotate_quantize_row of its last value into the next segment's
-    codes: the per-step kernels' arithmetic, but for the factor's sums."""
+    codes: the per-step kernels' arithmetic, but for the factor's sums.
+    eps1, eps2 and norm may come as floats (a decode step's: cheaper
+    to dispatch than numpy float32 scalars), narrowed to float32 here: the
+    F32 values the steps hold, the same bits."""
     dequantize_atoms(src, n, row_scale, ch_scale, bias, has_bias, flat)
-    norm_add_norm(x, w1, eps1, first_norm, res, scale, has_scale, w2, eps2, last_norm, n1, total, scaled, n2)
+    norm_add_norm(x, w1, np.float32(eps1), first_norm, res, scale, has_scale, w2, np.float32(eps2), last_norm, n1,
+                  total, scaled, n2)
     y = _stretch_value(last_norm, has_scale, n2, scaled, total)
-    rotate_quantize_row(y, signs, block, norm, factor, work, codes, qscale)
+    rotate_quantize_row(y, signs, block, np.float32(norm), factor, work, codes, qscale)
 
 
 @njit(**_JIT)
@@ -574,21 +593,23 @@ def gated_row(gate, g_rs, g_ch, g_bias, g_has_bias, up, u_rs, u_ch, u_bias, u_ha
     prefill_kernels.activation, as the prefill FFN tiles compute them), hidden = a * u, then
     rotate_quantize_row of hidden into the down product's codes. Float32
     within a few ulps of float64 (tests/llm/test_decode_stretches.py), not
-    numpy's tanh / exp bits."""
+    numpy's tanh / exp bits. g_rs, u_rs: scalars or [1] arrays (row_value);
+    norm a float32 or a float (narrowed here)."""
     dequantize_atoms(gate, n, g_rs, g_ch, g_bias, g_has_bias, g_flat)
     dequantize_atoms(up, n, u_rs, u_ch, u_bias, u_has_bias, u_flat)
     for i in range(n):
         v = activation(g[0, i], act)
         a[0, i] = v
         hidden[0, i] = v * u[0, i]
-    rotate_quantize_row(hidden, signs, block, norm, factor, work, codes, qscale)
+    rotate_quantize_row(hidden, signs, block, np.float32(norm), factor, work, codes, qscale)
 
 
 @njit(**_JIT)
 def dequantize_three(src0, n0, rs0, ch0, bias0, has_bias0, out0, src1, n1, rs1, ch1, bias1, has_bias1, out1,
                      src2, n2, rs2, ch2, bias2, has_bias2, out2):
     """dequantize_atoms of three int32 rows (an attention stretch's q, k and
-    v in edges) in one call; a row of width 0 is skipped."""
+    v in edges) in one call; a row of width 0 is skipped. rs0-rs2: scalars
+    or [1] arrays (row_value)."""
     dequantize_atoms(src0, n0, rs0, ch0, bias0, has_bias0, out0)
     dequantize_atoms(src1, n1, rs1, ch1, bias1, has_bias1, out1)
     if n2:

@@ -59,6 +59,7 @@ class KVCache:
         self._v: list[np.ndarray | None] = [None] * n
         self._k16: list[np.ndarray | None] = [None] * n  # the same values as fp16
         self._v16: list[np.ndarray | None] = [None] * n
+        self._bits: list[tuple | None] = [None] * n  # the fp16 buffers' uint16 views (the compiled kernels' form)
         self._pos: list[np.ndarray] = [np.zeros(0, np.int64)] * n
         self.reset()
 
@@ -192,6 +193,13 @@ class KVCache:
         """The layer's fp16 keys, values (whole buffers) and positions."""
         return self._k16[layer], self._v16[layer], self._pos[layer]
 
+    def half_bits(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """half_buffers with the keys and values as their fp16 bits (uint16
+        views made once per buffer: a decode step's compiled call takes them
+        with no view made per layer)."""
+        k, v = self._bits[layer]
+        return k, v, self._pos[layer]
+
     def _store(self, layer: int, k: np.ndarray, v: np.ndarray, pos: np.ndarray, fp32: bool = True) -> tuple[int, int]:
         """Append the chunk (`fp32`: into the fp32 rows too, after the rows
         behind it are synced); the rows its queries see: [s, e) of the buffers."""
@@ -319,5 +327,6 @@ class KVCache:
             ks16[:kept], vs16[:kept] = self._k16[layer][first:e], self._v16[layer][first:e]
         self._k[layer], self._v[layer], self._pos[layer] = ks, vs, ps
         self._k16[layer], self._v16[layer] = ks16, vs16
+        self._bits[layer] = ks16.view(np.uint16), vs16.view(np.uint16)
         self._synced[layer] = max(0, self._synced[layer] - first) if store is not None else 0
         self._held[layer], self._start[layer], self._end[layer] = 0, s - first, e - first

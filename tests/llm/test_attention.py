@@ -196,8 +196,8 @@ def test_prefill_attention_of_peaked_scores(spread):
     assert np.abs(got - exact).max() <= max(2 * err, 1e-6 * np.abs(exact).max())
 
 
-@pytest.mark.parametrize("hd,hdv", [(8, 8), (64, 64), (256, 256), (16, 8)])
-@pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2), (4, 1), (2, 4), (1, 9)])
+@pytest.mark.parametrize("hd,hdv", [(8, 8), (64, 64), (256, 256), (16, 8), (80, 40), (128, 128)])
+@pytest.mark.parametrize("hkv,g", [(1, 1), (1, 4), (2, 3), (8, 2), (4, 1), (2, 4), (1, 9), (1, 6)])
 def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):
     """A fused attention stretch's one-row attention (decode_attention.RowAttention
     over the cache's fp16 rows, its output row made once) within float32
@@ -243,6 +243,17 @@ def test_decode_attention_over_the_fp16_rows(hd, hdv, hkv, g, monkeypatch):
                 within_float32(got, q, keys, values, kpos, p, windows[layer], scale, 1)
                 got = alone[layer](q, k16, v16, kpos, pos)  # every block on this thread, in one call
                 within_float32(got, q, keys, values, kpos, p, windows[layer], scale, 1)
+                # the fused stretch's call: the same blocks over the whole buffers' rows [s, e), sliced in it
+                kb, vb, pb = cache.half_bits(layer)
+                s = (k16.ctypes.data - kb.ctypes.data) // kb[0].nbytes
+                e = s + len(kpos)
+                np.testing.assert_array_equal(pb[s:e], kpos)
+                one = alone[layer]
+                scores, bits = work.buffers(hkv * g * (e - s), e - s)
+                dst = np.full((hkv * g, hdv), np.nan, np.float32)
+                decode_attention.attend_span(q[0], kb, vb, pb, s, e, pos, one.scale_value, one.window,
+                                             one.blocks(e - s), scores, bits, one.acc, one.mx, one.total, dst)
+                np.testing.assert_array_equal(dst.reshape(1, -1), got)
                 steps += 1
             pos += 1
         assert steps == 2 * 8

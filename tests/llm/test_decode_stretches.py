@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rkc.runtime.llm import jit
+from rkc.runtime.llm import decode_attention, jit
+from rkc.runtime.llm.decode_attention import RowAttention, RowWork
 from rkc.runtime.llm.prefill_kernels import ACT_GELU_TANH, ACT_SILU
 
 F32 = np.float32
@@ -128,6 +129,27 @@ def test_attention_front_is_the_float64_formula(heads, hkv, hd, dims, neox, norm
     qx2, qr2 = (np.empty_like(q) if norms else q), np.empty_like(q)
     jit.query_front(q[0], qw, F32(1e-6), norms, qx2[0], qx2, cos, sin, dims, neox, qr2)
     np.testing.assert_array_equal(qr2, qr)
+    # front_and_attend: the same front (eps as floats, narrowed in it), then the attention over rows
+    # [1, row + 1) of the cache: the bits of attention_front followed by RowAttention's call
+    k16[:row], v16[:row] = (rng.standard_normal((row, hkv, hd)) for _ in range(2))
+    kpos = np.arange(10, 15, dtype=np.int64)
+    one = RowAttention(heads, hkv, hd, hd, hd ** -0.5, 0, RowWork(), threads_max=1)
+    want = one(qr, k16[1:row + 1], v16[1:row + 1], kpos[1:row + 1], 20).copy()
+    fx, fr, fkx, fkr, fvx = (np.zeros_like(a) for a in (qx, qr, kx, kr, vx))
+    qxa, kxa, vxa = (b if on else a for a, b, on in ((q, fx, norms), (k, fkx, norms), (v, fvx, v_norm)))
+    k16b, v16b, scores, bits = k16.copy(), v16.copy(), np.empty(heads * 8, F32), np.empty(8, np.int32)
+    k16b[row] = v16b[row] = 0
+    dst = np.full((heads, hd), np.nan, F32)
+    decode_attention.front_and_attend(
+        q[0], k[0], v[0], qw, 1e-6, kw, 1e-6, np.ones(hd, F32), 1e-6, norms, v_norm, qxa[0], kxa[0], vxa[0], qxa,
+        kxa, cos, sin, dims, neox, fr, fkr, fkr.view(np.uint32), vxa.view(np.uint32), k16b.view(np.uint16),
+        v16b.view(np.uint16), kpos, 1, row + 1, 20, one.scale_value, 0, 1, scores, bits, one.acc, one.mx, one.total,
+        dst)
+    np.testing.assert_array_equal(fr, qr)
+    np.testing.assert_array_equal(fkr, kr)
+    np.testing.assert_array_equal(k16b, k16)
+    np.testing.assert_array_equal(v16b, v16)
+    np.testing.assert_array_equal(dst.reshape(1, -1), want)
 
 
 @pytest.mark.parametrize("k", [1, 13, 262144])
@@ -232,6 +254,14 @@ def test_residual_row_is_the_float64_formula(k, kind, first_norm, has_scale, las
     y64 = _rms(t64, w2, 1e-6) if last_norm else t64
     _close(n2 if last_norm else (scaled if has_scale else total), y64, 2 * NORM_TOL)
     _check_codes(codes, qs, _rotated64(y64[0], rot))
+    # the decode step's form (fused._residual_int8): the row scale's [1] array, eps and norm as floats
+    outs = [np.full((1, k), np.nan, F32) for _ in range(5)]
+    codes2, qs2 = np.full_like(codes, 7), np.empty(1, F32)
+    jit.residual_row(_atoms_of(acc), k, np.array([rs]), ch, bias, has_bias, outs[0].reshape(-1), outs[0], w1, 1e-6,
+                     first_norm, res, scale, has_scale, w2, 1e-6, last_norm, *outs[1:], signs, block, float(norm),
+                     factor, np.empty((4, k), F32), codes2, qs2)
+    for got, want in zip(outs + [codes2, qs2], [x, n1, total, scaled, n2, codes, qs]):
+        np.testing.assert_array_equal(got, want)
 
 
 def _gelu64(x: np.ndarray) -> np.ndarray:
@@ -264,6 +294,14 @@ def test_gated_row_is_the_float64_formula(k, kind, act):
     h64 = a64 * u64
     _close(hidden, h64[None], 2e-6)
     _check_codes(codes, qs, _rotated64(h64, rot))
+    # the decode step's form (fused_gate): the row scales' [1] arrays, norm as a float
+    outs = [np.full((1, k), np.nan, F32) for _ in range(4)]
+    codes2, qs2 = np.full_like(codes, 7), np.empty(1, F32)
+    jit.gated_row(_atoms_of(accs[0]), np.array([rss[0]]), chs[0], bias, True, _atoms_of(accs[1]), np.array([rss[1]]),
+                  chs[1], bias, False, k, kind_id, outs[0].reshape(-1), outs[1].reshape(-1), *outs, signs, block,
+                  float(norm), factor, np.empty((4, k), F32), codes2, qs2)
+    for got, want in zip(outs + [codes2, qs2], [g, u, a, hidden, codes, qs]):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("cols,kind", [(64, "none"), (640, "auto"), (1152, "hartley"), (2048, "block")])
