@@ -32,10 +32,13 @@ def live_rows(state, m: int) -> int:
     runtime/llm/generate.chunk_plan counts on it). Without a state: all m."""
     rows = m if state is None else min(m, max(1, int(state.valid)))
     return min(m, -(-rows // LANES) * LANES)
+# fastmath stated on every kernel, False or its flags: numba compiles a kernel that leaves it unset with
+# its first caller's flags, for every later call too (numba #7168; tests/runtime/test_jit_flags.py)
 _JIT = {"cache": True, "nogil": True, "fastmath": False}
 # The float32 kernels not held to the per-step bits (issue 37): divisions without a zero check (Python's error
 # model: they vectorise), and a * b + c contracted into one FMA (one rounding, not two: within the same float32
-# tolerance; the exp's polynomial and the in edges' dequantization take ~0.85x the time, h50r's note).
+# tolerance; the exp's polynomial takes ~0.85x the time, h50r's note). The helpers they share with _JIT
+# kernels (prefill_fused's _load_in, _out_edge, ...) are _JIT: the same code whichever kernel calls them.
 _F32_JIT = {**_JIT, "error_model": "numpy", "fastmath": {"contract"}}
 _BLOCK = 128  # numpy's pairwise leaf (jit._BLOCK)
 
@@ -440,7 +443,7 @@ def activation(x, act):
     return x / (np.float32(1.0) + exp_f32(t))
 
 
-@njit(**_JIT)
+@njit(**_F32_JIT)  # (the polynomial's a * b + c fused, as exp_f32 inlined in the prefill tiles)
 def exp_into(t, e, bits):
     """e[i] = exp(t[i]) over 1-d t (float32, relative error < 3e-7 for t in
     [-87, 88]; t outside is clamped there: exp(-87) ~ 1.6e-38 and exp(88) ~ 1.7e38
