@@ -11,10 +11,10 @@ projected rate chunk / (modelled NPU + host), llama.cpp's CPU prefill of the
 same chunk of the same GGUF in the same run, the vendor's published first
 token time at 128 tokens for a model of the same widths (bench/published.py),
 and with --prompt N the host time of a whole N-token prompt in the runs the
-generator takes (and in the rows rule's, interleaved; with two precisions or
-more, also their prompts alternating in one process), the runs' modelled
+generator takes (and in the rows rule's, interleaved), the runs' modelled
 NPU time (the figures the compiler recorded), against llama.cpp's prefill
-of it. With --sim, also the simulator's wall time per token (slow: seconds
+of it; then every precision's prompt and llama.cpp's prefill of it once more,
+taking turns in one process, so their ratio comes from one time window. With --sim, also the simulator's wall time per token (slow: seconds
 per Gemma token). Prints a table, and with
 --json one object.
 
@@ -138,30 +138,39 @@ def host_prompt(engine: LlmEngine, cache, plans: dict[str, list[tuple[int, int]]
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def prompts_alternating(rows: list[dict], tokens: int, repeats: int = 5) -> dict[str, float]:
+def prompts_alternating(rows: list[dict], tokens: int, repeats: int = 5,
+                        llama: tuple[Path, int] | None = None) -> dict[str, float]:
     """Median seconds of the `tokens`-token prompt (each rkbin's generator
     runs) of every row's rkbin, the engines loaded together and their prompts
     alternating (the order swapped each round, after a warm-up each): on a
     shared machine one precision's time window against another's differs by
     up to 40 % for one code (docs/notes/2026-12-07-gemma-prefill-int8-edges.md),
-    far more than what tells the precisions apart."""
-    engines = {}
+    far more than what tells the precisions apart. `llama` (gguf, threads):
+    llama.cpp's CPU prefill of the same prompt takes its turn in each round too
+    (key "llama.cpp"), so the ratio the issue's target asks for comes from one
+    time window."""
+    engines, model = {}, None
     try:
         for r in rows:
             engine = LlmEngine(r["rkbin"], device="null")
             engines[r["precision"]] = (engine, engine.new_cache(max(tokens, *engine.chunks)),
                                        {"plan": prompt_plans(engine, tokens)["plan"]})
-        for engine, cache, plans in engines.values():
-            host_prompt(engine, cache, plans, repeats=1)  # the warm-up: buffers made, kernels loaded
-        times: dict[str, list[float]] = {k: [] for k in engines}
+        turns = {key: (lambda e=e: host_prompt(e[0], e[1], e[2], repeats=1)["plan"]) for key, e in engines.items()}
+        if llama is not None:
+            model = _llama(llama[0], llama[1], tokens + 1)
+            turns["llama.cpp"] = lambda: _llama_prefill_once(model, tokens, llama[1])
+        for turn in turns.values():
+            turn()  # the warm-up: buffers made, kernels loaded
+        times: dict[str, list[float]] = {k: [] for k in turns}
         for i in range(repeats):
-            for key in (list(engines) if i % 2 == 0 else list(engines)[::-1]):
-                engine, cache, plans = engines[key]
-                times[key].append(host_prompt(engine, cache, plans, repeats=1)["plan"])
+            for key in (list(turns) if i % 2 == 0 else list(turns)[::-1]):
+                times[key].append(turns[key]())
         return {k: statistics.median(v) for k, v in times.items()}
     finally:
         for engine, _, _ in engines.values():
             engine.close()
+        if model is not None:
+            model.close()
 
 
 def vendor_ttft_128(cfg) -> tuple[str, float] | None:
@@ -224,18 +233,20 @@ def llama_cpp_prefill(gguf: Path, threads: int, chunks: list[int], repeats: int 
     """llama.cpp's median seconds to prefill `chunk` tokens from an empty
     context (CPU only, one batch), per chunk; with --clock cpu divided by the threads."""
     model = _llama(gguf, threads, max(chunks) + 1)
-    share = threads if CLOCK is time.process_time else 1
     out = {}
     for chunk in chunks:
-        times = []
-        for _ in range(repeats):
-            model.reset()  # (eval drops the cache past the reset position)
-            t = CLOCK()
-            model.eval([PROMPT_TOKEN] * chunk)
-            times.append((CLOCK() - t) / share)
-        out[str(chunk)] = statistics.median(times)
+        out[str(chunk)] = statistics.median(_llama_prefill_once(model, chunk, threads) for _ in range(repeats))
     model.close()
     return out
+
+
+def _llama_prefill_once(model, tokens: int, threads: int) -> float:
+    """Seconds of one llama.cpp prefill of `tokens` tokens from an empty context
+    (with --clock cpu: its CPU seconds divided by the threads)."""
+    model.reset()  # (eval drops the cache past the reset position)
+    t = CLOCK()
+    model.eval([PROMPT_TOKEN] * tokens)
+    return (CLOCK() - t) / (threads if CLOCK is time.process_time else 1)
 
 
 def llama_cpp_decode(gguf: Path, threads: int, start: int, tokens: int) -> float:
@@ -395,11 +406,16 @@ def main() -> None:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         rows = [bench(gguf, p, args, workdir) for p in args.precision]
-        if args.prompt and len(rows) > 1:
+        with_llama = not (args.no_llama or args.prefill_only)
+        if args.prompt and (len(rows) > 1 or with_llama):
+            llama = (gguf, max(args.llama_threads)) if with_llama else None
+            alternating = prompts_alternating(rows, args.prompt, llama=llama)
             for r in rows:  # (prompt_plans' first key: the generator's runs)
-                r["prompt"]["host_s_alternating"] = None
-            for key, s in prompts_alternating(rows, args.prompt).items():
-                next(r for r in rows if r["precision"] == key)["prompt"]["host_s_alternating"] = s
+                p = r["prompt"]
+                p["host_s_alternating"] = alternating[r["precision"]]
+                if llama:
+                    p["llama_cpp_s_alternating"] = alternating["llama.cpp"]
+                    p["host_over_llama_cpp_alternating"] = p["host_s_alternating"] / alternating["llama.cpp"]
     if args.host_costs:
         write_host_costs(args.host_costs, gguf, rows, args.positions[0])
     if args.json:
@@ -446,9 +462,11 @@ def main() -> None:
             if "llama_cpp_s" in p:
                 line += (f", llama.cpp's CPU prefill {p['llama_cpp_s'] * 1e3:.1f} ms "
                          f"(host / llama.cpp {p['host_over_llama_cpp']:.2f})")
-            if p.get("host_s_alternating") is not None:
-                line += (f"; the precisions' prompts alternating in one process: host "
-                         f"{p['host_s_alternating'] * 1e3:.1f} ms")
+            if "host_s_alternating" in p:
+                line += f"; alternating in one process: host {p['host_s_alternating'] * 1e3:.1f} ms"
+            if "llama_cpp_s_alternating" in p:
+                line += (f", llama.cpp {p['llama_cpp_s_alternating'] * 1e3:.1f} ms "
+                         f"(host / llama.cpp {p['host_over_llama_cpp_alternating']:.3f})")
             print(line)
     if args.profile:
         for r in rows:
