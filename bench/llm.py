@@ -5,7 +5,9 @@ wall time is the host's alone: CPU kernels, conversions, runtime
 bookkeeping), against llama.cpp's CPU decode of the same GGUF (llama-cpp-python,
 1 and 2 threads) in the same run; the modelled NPU figures of the compiled
 program (compiler/llm/report.py, 1 GHz, the model's DRAM bandwidth or --dram-gbps) and the projected decode rate
-1 / (modelled NPU time + host time). Prefill: the host time of each chunk of
+1 / (modelled NPU time + host time); decode is also timed with the positions
+interleaved (blocks of a few tokens a position: the figure to compare the
+growth with position by on a shared machine). Prefill: the host time of each chunk of
 128 and 512 on the whole compiled model (no extrapolation from a cut), the
 projected rate chunk / (modelled NPU + host), llama.cpp's CPU prefill of the
 same chunk of the same GGUF in the same run, the vendor's published first
@@ -84,6 +86,39 @@ def host_decode(engine: LlmEngine, cache, start: int, tokens: int) -> list[float
         engine.run("decode", np.asarray([PROMPT_TOKEN], np.int32), np.asarray([start + i], np.int32), cache)
         out.append(CLOCK() - t)
     return out
+
+
+DECODE_BLOCK = 4  # decode_interleaved's tokens a position runs back to back before the next position's
+
+
+def decode_interleaved(engine: LlmEngine, positions: list[int], tokens: int) -> dict[str, float]:
+    """Median seconds per decode token at each position (position ->
+    seconds), a cache each (filled as host_decode fills it, one untimed
+    token first) and the positions interleaved: each round DECODE_BLOCK
+    tokens of every position, the order rotated each round. host_decode
+    times the positions one after another, so a shared machine's load
+    drifting between their windows lands in the growth with position (stop
+    53's int8 +3.5..5.2 ms from 512 to 4096 against fp16's +1.35, wall;
+    interleaved, both grew alike: docs/notes/2026-12-08-decode-int8-positions.md).
+    One engine at a time: two engines interleaved evict each other's caches
+    (+0.6-1.1 ms a token here, more for int8's larger working set)."""
+    runs = []
+    for start in positions:
+        cache = engine.new_cache(min(engine.cfg.context_length, start + tokens + 1))
+        fill(engine, cache, start)
+        # the warm-up (buffers made, kernels loaded), then the cache back to `start`
+        engine.run("decode", np.asarray([PROMPT_TOKEN], np.int32), np.asarray([start], np.int32), cache)
+        cache.truncate(start)
+        runs.append((start, cache))
+    times: dict[int, list[float]] = {s: [] for s, _ in runs}
+    for i in range(0, tokens, DECODE_BLOCK):
+        k = i // DECODE_BLOCK % len(runs)
+        for start, cache in runs[k:] + runs[:k]:
+            for pos in range(start + i, start + min(i + DECODE_BLOCK, tokens)):
+                t = CLOCK()
+                engine.run("decode", np.asarray([PROMPT_TOKEN], np.int32), np.asarray([pos], np.int32), cache)
+                times[start].append(CLOCK() - t)
+    return {str(s): statistics.median(v) for s, v in times.items()}
 
 
 def prefill_samples(engine: LlmEngine, cache, chunk: int, repeats: int = 3) -> list[float]:
@@ -308,6 +343,7 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
     for start in args.positions:
         per_token = host_decode(engine, cache, start, args.tokens)
         decode[str(start)] = statistics.median(per_token)
+    interleaved = decode_interleaved(engine, args.positions, args.tokens)
     submits = engine.plans["decode"].submits
     profiled = {str(s): step_profile(engine, cache, s, args.tokens) for s in args.positions}
     profiles = {s: p[0] for s, p in profiled.items()}
@@ -322,7 +358,8 @@ def bench(gguf: Path, precision: str, args, workdir: Path) -> dict:
         row["prompt"]["llama_cpp_s"] = min(v[str(args.prompt)] for v in row["llama_cpp_s_per_prefill_chunk"].values())
         row["prompt"]["host_over_llama_cpp"] = row["prompt"]["host_s"] / row["prompt"]["llama_cpp_s"]
     row.update({
-        "host_s_per_decode_token": decode, "submits_per_token": submits,
+        "host_s_per_decode_token": decode, "host_s_per_decode_token_interleaved": interleaved,
+        "submits_per_token": submits,
         "host_us_per_submit": submit_row["us_per_call"] if submit_row else None,
         "modelled_npu_s_per_decode_token": npu_s,
         "projected_tokens_per_s": {s: 1.0 / (npu_s + h) for s, h in decode.items()},
@@ -425,14 +462,15 @@ def main() -> None:
     print(f"{gguf.name}: host time on the null device vs llama.cpp's CPU decode (same run, median "
           f"{'CPU' if args.clock == 'cpu' else 'wall'} time); NPU time modelled at "
           f"{args.perf_model.clock_hz / 1e9:g} GHz, DRAM {dram_source}")
-    head = ["precision", "position", "host ms/tok", *[f"llama.cpp {t}t ms/tok" for t in args.llama_threads],
+    head = ["precision", "position", "host ms/tok", "host ms/tok, positions interleaved",
+            *[f"llama.cpp {t}t ms/tok" for t in args.llama_threads],
             "host / llama.cpp", "NPU ms/tok (model)", "projected t/s", "submits/tok", "host us/submit"]
     if not args.prefill_only:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
-        llama = r.get("llama_cpp_s_per_decode_token")
+        llama, interleaved = r.get("llama_cpp_s_per_decode_token"), r.get("host_s_per_decode_token_interleaved", {})
         for s, h in r.get("host_s_per_decode_token", {}).items():
-            vals = [r["precision"], s, f"{h * 1e3:.2f}",
+            vals = [r["precision"], s, f"{h * 1e3:.2f}", f"{interleaved[s] * 1e3:.2f}" if s in interleaved else "-",
                     *[f"{llama[str(t)][s] * 1e3:.2f}" if llama else "-" for t in args.llama_threads],
                     f"{r['host_over_llama_cpp'][s]:.2f}" if llama else "-",
                     f"{r['modelled_npu_s_per_decode_token'] * 1e3:.2f}",
