@@ -186,3 +186,47 @@ def test_a_feature_map_pools_straight_into_the_next_map(dtype, shape, kernel, st
         np.testing.assert_array_equal(out.transpose(0, 3, 1, 2).astype(np.float64), expected)
         assert (buffer[:lanes] == 0x5A).all() and (buffer[lanes + n:] == 0x5A).all()
         assert (whole[:, out_hw[0]:].view(buffer.dtype) == 0x5A).all()  # the rows past the map's
+
+
+def test_fp16_keys_order_every_bit_pattern_and_map_back():
+    """pool_jit's fp16 keys over all 65536 bit patterns: strictly in the values' order (-0.0
+    just below +0.0), every NaN's (either sign, any payload) above +inf's, and back to the
+    bits (a NaN's to the positive quiet NaN, 0x7E00)."""
+    from rkc.runtime.kernels import pool_jit
+
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    keys = np.array([pool_jit._sign_key(b) for b in bits], np.int64)
+    values = bits.view(np.float16).astype(np.float64)
+    nan = np.isnan(values)
+    order = np.argsort(np.where(bits == 0x8000, -1e-300, values)[~nan])
+    assert (np.diff(keys[~nan][order]) > 0).all()
+    assert keys[nan].min() > keys[bits == 0x7C00][0]
+    back = np.array([pool_jit._sign_value(k) for k in keys], np.uint16)
+    np.testing.assert_array_equal(back[~nan], bits[~nan])
+    assert (back[nan] == 0x7E00).all()
+
+
+@pytest.mark.parametrize("shape, kernel, strides, dilations, pads, ceil_mode",
+                         [c for c in CASES if c[1][0] > 1 or c[1][1] > 1])
+def test_fp16_maps_of_any_bit_pattern_pool_as_the_reference(shape, kernel, strides, dilations, pads, ceil_mode):
+    """fp16 feature maps of random bit patterns (NaNs of both signs and any payload, infinities,
+    subnormals, -0.0) through atoms_pooler (strided: `_block_max`; stride 1: `_plane_max`): the
+    float64 reference's values, a window holding any NaN pooled to the positive quiet NaN."""
+    from rkc.runtime.kernels import conv, pool_jit
+
+    rng = np.random.default_rng(sum(shape) + 3)
+    bits = rng.integers(0, 65536, (-(-shape[1] // 8), *shape[2:], 8), dtype=np.uint16)
+    bits.reshape(-1)[rng.choice(bits.size, min(bits.size // 4, 64), replace=False)] = \
+        rng.integers(0xFC01, 0x10000, min(bits.size // 4, 64))  # negative NaNs: the keys' wrapped end
+    fm = bits.view(np.float16)
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "dilations": list(dilations),
+             "pads": list(pads), "ceil_mode": ceil_mode}
+    kernel_, strides_, dilations_, begin, out_hw = conv.max_pool_window(list(shape[2:]), **attrs)
+    out = np.empty((fm.shape[0], *out_hw, 8), np.float16)
+    pool_jit.atoms_pooler(np.float16, fm.shape, out.shape, kernel_, strides_, dilations_, begin)(fm, out)
+    planes = fm.transpose(0, 3, 1, 2)
+    with np.errstate(invalid="ignore"):
+        want = _reference(planes, kernel, strides, dilations, pads, ceil_mode)
+    got = out.transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+    assert (got.view(np.uint16)[np.isnan(want)] == 0x7E00).all()
