@@ -562,21 +562,21 @@ def quantize_into_atoms(x, q, scale):
     int8 atoms q [C1, R, C2] (channels past K and rows past M zeroed)."""
     rows, k = x.shape
     c1, _, c2 = q.shape
+    full = k // c2
     for m in range(rows):
-        amax = np.float32(0.0)
-        for i in range(k):
-            a = abs(x[m, i])
-            if a > amax or a != a:
-                amax = a
-        s = int8_scale(amax)
+        # the largest magnitude by its bits (_magnitude_peak, a NaN kept): the float select with its NaN
+        # test stayed scalar, ~2.5 of a 2048-wide decode row's 5 us
+        peak = np.empty(1, np.uint32)
+        peak[0] = _magnitude_peak(x[m].view(np.uint32), np.uint32(0))
+        s = int8_scale(peak.view(np.float32)[0])
         scale[m] = s
-        for a in range(c1):
+        for a in range(full):  # whole atoms: no test per channel, so the loop vectorises
+            for b in range(c2):
+                q[a, m, b] = int8_code(x[m, a * c2 + b] / s)
+        for a in range(full, c1):
             for b in range(c2):
                 j = a * c2 + b
-                if j < k:
-                    q[a, m, b] = int8_code(x[m, j] / s)
-                else:
-                    q[a, m, b] = 0
+                q[a, m, b] = int8_code(x[m, j] / s) if j < k else 0
     zero_rows(q, rows)
 
 

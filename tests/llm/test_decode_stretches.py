@@ -209,6 +209,33 @@ def _atoms_of(acc: np.ndarray) -> np.ndarray:
 _KINDS = [(64, "none"), (64, "block"), (640, "auto"), (1152, "hartley"), (1536, "auto"), (2048, "block")]
 
 
+@pytest.mark.parametrize("k,c2", [(7, 16), (640, 16), (1000, 16), (2048, 32), (37, 8)])
+def test_codes_into_atoms_are_quantize_rows(k, c2):
+    """quantize_into_atoms (the int8 out edges' codes) gives jit.quantize_rows'
+    codes and scales in the atoms, pad channels and rows zero, over rows with
+    their largest magnitude negative, an infinity, a NaN (the scale then 1),
+    all zeros, and subnormals only."""
+    from rkc.runtime.llm.prefill_fused import quantize_into_atoms
+
+    rng = np.random.default_rng(k)
+    x = (rng.standard_normal((6, k)) * 30).astype(F32)
+    x[0, k // 2] = -1e4
+    x[1, k - 1] = np.inf
+    x[2, k // 3] = np.nan
+    x[3] = 0
+    x[4] = rng.standard_normal(k).astype(F32) * F32(1e-40)
+    want_q, want_s = np.empty((6, k), np.int8), np.empty(6, F32)
+    jit.quantize_rows(x, want_q, want_s)
+    c1 = -(-k // c2)
+    q, s = np.full((c1, 8, c2), 7, np.int8), np.full(6, np.nan, F32)
+    quantize_into_atoms(x, q, s)
+    np.testing.assert_array_equal(s.view(np.uint32), want_s.view(np.uint32))
+    got = q.transpose(1, 0, 2).reshape(8, -1)
+    np.testing.assert_array_equal(got[:6, :k], want_q)
+    assert not got[:, k:].any() and not got[6:].any()
+    assert want_s[2] == 1 and want_s[3] == 1 and want_s[0] == F32(1e4) / F32(127)
+
+
 @pytest.mark.parametrize("k,kind", _KINDS)
 def test_rotate_quantize_row_is_the_float64_rotation(k, kind):
     """rotate_row (signs, butterflies, a block-mixing factor or none) and its
